@@ -1,0 +1,52 @@
+"""`tqc bench`: seconds per epoch of stage one and stage two at the same batch size.
+
+Both stages train the same model on the same rows for the same number of steps; the
+figure that matters is the ratio, measured in one run, since these machines are noisy.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tqc.config import Params
+from tqc.device import pick_device, seed_everything
+from tqc.mining import mine
+from tqc.model.encoder import BiEncoder
+from tqc.schema import Catalog, load_questions
+from tqc.stages import stage_one, stage_two
+from tqc.training import gold_indices
+
+
+def run(params: Params, steps: int, batch_size: int, data_dir: Path = Path("data/validated"),
+        train_path: Path = Path("data/augmented/train.jsonl")) -> dict:
+    seed_everything(params.seed)
+    catalog = Catalog.load(data_dir / "catalog.jsonl")
+    train_rows = load_questions(train_path)
+    validation = load_questions(data_dir / "validation.jsonl")[:8]  # validation is not what is timed
+    model = BiEncoder.from_params(params.model).to(pick_device())
+    model.set_augmentation(params.augment.implicit, params.augment.rate)
+
+    questions = model.question.encode([q.text for q in train_rows]).numpy()
+    negatives, _ = mine(questions, model.standard.encode(catalog.texts).numpy(), gold_indices(train_rows, catalog), params.mine.k)
+
+    common = {"epochs": 1, "batch_size": batch_size, "max_steps": steps}
+    one = stage_one.train(model, train_rows, validation, catalog, params.stage_one.model_copy(update=common), params.seed)
+    two = stage_two.train(model, train_rows, torch.as_tensor(negatives), validation, catalog,
+                          params.stage_two.model_copy(update=common), params.seed)
+    steps_per_epoch = int(np.ceil(len(train_rows) / batch_size))
+    report = {
+        "rows": len(train_rows),
+        "batch_size": batch_size,
+        "timed_steps": steps,
+        "k": int(negatives.shape[1]),
+        "stage_one_seconds_per_epoch": one.seconds_per_epoch / steps * steps_per_epoch,
+        "stage_two_seconds_per_epoch": two.seconds_per_epoch / steps * steps_per_epoch,
+    }
+    report["stage_two_over_stage_one"] = report["stage_two_seconds_per_epoch"] / report["stage_one_seconds_per_epoch"]
+    for key, value in report.items():
+        print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
+    return report

@@ -1,0 +1,105 @@
+"""`tqc`: one sub-command per pipeline stage (what dvc.yaml runs), plus `bench`.
+
+Each sub-command reads `params.yaml`, takes its input and output paths from the command
+line (dvc.yaml names them), calls the stage's `run()`, and turns known errors into a
+one-line message and a non-zero exit code instead of a stack trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from tqc.config import ConfigError, load_params
+
+
+def _paths(parser: argparse.ArgumentParser, *names: str) -> None:
+    for name in names:
+        parser.add_argument(f"--{name}", type=Path, required=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tqc", description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("-v", "--verbose", action="store_true")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    _paths(commands.add_parser("ingest", help="read raw data, split validation, quarantine bad lines"), "out", "quarantine", "report")
+    _paths(commands.add_parser("validate", help="run the Great Expectations suite"), "data", "out", "quarantine", "report")
+    _paths(commands.add_parser("augment", help="rebalance tail classes"), "train", "out", "report")
+    _paths(commands.add_parser("stage-one", help="train both encoders with in-batch NT-Xent"), "data", "train", "out", "history")
+    _paths(commands.add_parser("mine", help="mine the K hardest wrong standard questions"), "data", "train", "model", "out", "report")
+    _paths(commands.add_parser("stage-two", help="retrain against the mined negatives"), "data", "train", "negatives", "model", "out", "history")
+    _paths(commands.add_parser("baseline-nc", help="train the NC (encoder + linear head) baseline"), "data", "train", "out", "history")
+    _paths(commands.add_parser("evaluate", help="score ADMC and its baselines; write metrics and plots"),
+           "data", "train", "stage-one", "stage-two", "nc", "metrics", "classes", "plots")
+    bench = commands.add_parser("bench", help="seconds per epoch of stage one vs stage two at the same batch size")
+    bench.add_argument("--steps", type=int, default=20)
+    bench.add_argument("--batch-size", type=int, default=32)
+    return parser
+
+
+def dispatch(args: argparse.Namespace) -> None:
+    params = load_params(args.params)
+    command = args.command
+    if command == "ingest":
+        from tqc.stages import ingest
+
+        ingest.run(params.data, params.seed, args.out, args.quarantine, args.report)
+    elif command == "validate":
+        from tqc.stages import validate
+
+        validate.run(args.data, params.validate_, args.out, args.quarantine, args.report)
+    elif command == "augment":
+        from tqc.stages import augment
+
+        augment.run(args.train, params.augment, params.seed, args.out, args.report)
+    elif command == "stage-one":
+        from tqc.stages import stage_one
+
+        stage_one.run(args.data, args.train, params.model, params.augment, params.stage_one, params.seed, args.out, args.history)
+    elif command == "mine":
+        from tqc.stages import mine
+
+        mine.run(args.data, args.train, args.model, params.mine, args.out, args.report)
+    elif command == "stage-two":
+        from tqc.stages import stage_two
+
+        stage_two.run(args.data, args.train, args.negatives, args.model, params.augment, params.stage_two, params.seed,
+                      args.out, args.history)
+    elif command == "baseline-nc":
+        from tqc.stages import baseline_nc
+
+        baseline_nc.run(args.data, args.train, params.model, params.augment, params.baseline_nc, params.seed, args.out, args.history)
+    elif command == "evaluate":
+        from tqc.pipeline import ChainOutputs
+        from tqc.stages import evaluate
+
+        models = ChainOutputs(args.stage_one, args.stage_two, args.nc)
+        evaluate.run(args.data, args.train, models, params, args.metrics, args.classes, args.plots)
+    elif command == "bench":
+        from tqc import bench
+
+        bench.run(params, args.steps, args.batch_size)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "urllib3", "filelock", "great_expectations", "faiss", "matplotlib"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from tqc.readers import ReaderError
+    from tqc.stages.validate import ValidationFailed
+
+    try:
+        dispatch(args)
+    except (ConfigError, ReaderError, ValidationFailed, FileNotFoundError) as exc:
+        print(f"tqc {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Typed, strict configuration: one section per stage of `params.yaml`.
+
+Unknown keys are errors (`extra="forbid"`), so a typo or a tuner's stray value never
+silently vanishes. Each stage loads only the sections it needs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DatasetName = Literal["trec6", "trec50", "covidq-categories", "covidq-classes", "custom"]
+ImplicitAugmentation = Literal["dropout", "cutoff"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CustomData(Strict):
+    """A user's own CSV or JSONL files, read through a column mapping."""
+
+    train: str | None = None
+    test: str | None = None
+    catalog: str | None = None  # CSV or JSONL with class_id and text; None derives texts from labels
+    text_column: str = "text"
+    label_column: str = "label"
+    catalog_id_column: str = "class_id"
+    catalog_text_column: str = "text"
+
+
+class DataParams(Strict):
+    dataset: DatasetName = "trec6"
+    data_dir: str = "../shared/datasets"
+    validation_fraction: float = Field(0.1, gt=0.0, lt=0.5)
+    custom: CustomData = CustomData()
+
+    @model_validator(mode="after")
+    def _custom_needs_files(self) -> "DataParams":
+        if self.dataset == "custom" and not (self.custom.train and self.custom.test):
+            raise ValueError("data.dataset is 'custom' but data.custom.train and data.custom.test are not both set")
+        return self
+
+
+ExpectationName = Literal["schema", "non_empty_text", "label_in_catalog", "no_train_test_overlap"]
+
+
+class ValidateParams(Strict):
+    # Failing rows are always quarantined. A critical expectation also stops the stage when
+    # more than `max_quarantined_fraction` of a split's rows fail it (a wrong column mapping,
+    # a foreign catalog); a warning one is only logged and reported.
+    critical: list[ExpectationName] = ["schema", "non_empty_text", "label_in_catalog", "no_train_test_overlap"]
+    max_quarantined_fraction: float = Field(0.05, ge=0.0, le=1.0)
+    max_text_chars: int = Field(1000, gt=0)
+
+
+class AugmentParams(Strict):
+    rebalance: Literal["none", "mean"] = "mean"  # oversample every class up to the mean count per class
+    implicit: list[ImplicitAugmentation] = ["dropout", "cutoff"]
+    rate: float = Field(0.1, ge=0.0, lt=1.0)  # dropout / cutoff rate on token embeddings
+
+
+class ModelParams(Strict):
+    pretrained: str = "sentence-transformers/all-MiniLM-L6-v2"
+    tied: bool = False
+    pooling: Literal["mean", "cls", "attention"] = "mean"
+    similarity: Literal["cosine", "inner"] = "cosine"
+    max_length: int = Field(48, ge=8, le=512)
+
+
+LossName = Literal["nt_xent", "bpr", "hinge", "sdml"]
+
+
+class TrainParams(Strict):
+    """Shared by both contrastive stages and the NC baseline."""
+
+    epochs: int = Field(3, ge=1)
+    batch_size: int = Field(64, ge=2)
+    learning_rate: float = Field(5e-5, gt=0.0)
+    weight_decay: float = Field(0.01, ge=0.0)
+    warmup_ratio: float = Field(0.1, ge=0.0, lt=1.0)
+    patience: int = Field(2, ge=1)  # epochs without a validation macro-F1 gain before stopping
+    temperature: float = Field(0.1, gt=0.0)
+    loss: LossName = "nt_xent"
+    margin: float = Field(0.2, ge=0.0)  # hinge only
+    smoothing: float = Field(0.0, ge=0.0, lt=1.0)  # sdml only
+    max_steps: int | None = Field(None, ge=1)  # cap per epoch, for quick runs and benchmarks
+
+
+class StageOneParams(TrainParams):
+    # in_batch: the paper's Eq. 1, over the batch's distinct standard questions;
+    # all_classes: score against the whole catalog (exact and cheap when P is small).
+    negatives: Literal["in_batch", "all_classes"] = "in_batch"
+
+
+class MineParams(Strict):
+    k: int = Field(5, ge=1)
+    batch_size: int = Field(256, ge=1)
+
+
+class StageTwoParams(TrainParams):
+    batch_size: int = Field(32, ge=2)
+
+
+class BaselineNCParams(Strict):
+    epochs: int = Field(5, ge=1)
+    batch_size: int = Field(64, ge=2)
+    learning_rate: float = Field(5e-5, gt=0.0)
+    head_learning_rate: float = Field(1e-3, gt=0.0)
+    weight_decay: float = Field(0.01, ge=0.0)
+    warmup_ratio: float = Field(0.1, ge=0.0, lt=1.0)
+    patience: int = Field(2, ge=1)
+    max_steps: int | None = Field(None, ge=1)
+
+
+class EvaluateParams(Strict):
+    seeds: int = Field(1, ge=1)  # N > 1 retrains the whole pipeline N-1 more times for mean ± std
+    top_k: int = Field(10, ge=1)
+    confused_pairs: int = Field(10, ge=1)
+    profile_questions: int = Field(4, ge=1)  # Figure 3 similarity profiles
+    batch_size: int = Field(256, ge=1)
+
+
+class Params(Strict):
+    seed: int = 0
+    data: DataParams = DataParams()
+    validate_: ValidateParams = Field(ValidateParams(), alias="validate")
+    augment: AugmentParams = AugmentParams()
+    model: ModelParams = ModelParams()
+    stage_one: StageOneParams = StageOneParams()
+    mine: MineParams = MineParams()
+    stage_two: StageTwoParams = StageTwoParams()
+    baseline_nc: BaselineNCParams = BaselineNCParams()
+    evaluate: EvaluateParams = EvaluateParams()
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def load_params(path: str | Path = "params.yaml", overrides: dict | None = None) -> Params:
+    """Read and check `params.yaml`; `overrides` is a nested dict merged on top."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: parameters file not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if overrides:
+        raw = deep_merge(raw, overrides)
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: invalid parameters:\n{exc}") from None
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

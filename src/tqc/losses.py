@@ -1,0 +1,82 @@
+"""Contrastive losses as small pure functions over a score matrix.
+
+Every loss takes scores (B, C) of each question against C candidate standard questions,
+the target column of each row (B,), and an optional `excluded` mask (B, C) of columns that
+must count neither as positive nor as negative (other copies of the row's own class).
+Scores are similarities (higher = closer); temperature τ divides them (scale = 1/τ).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def same_class_mask(row_labels: torch.Tensor, column_labels: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """(B,) row classes, (C,) column classes, (B,) target columns → (B, C) bool.
+
+    True where a column holds the row's own class but is not its target column: such a
+    column is a false negative and must not push the question away from its own class.
+    """
+    same = row_labels.unsqueeze(1) == column_labels.unsqueeze(0)  # (B, C)
+    is_target = F.one_hot(target, num_classes=column_labels.shape[0]).bool()  # (B, C)
+    return same & ~is_target
+
+
+def _masked(scores: torch.Tensor, excluded: torch.Tensor | None) -> torch.Tensor:
+    return scores if excluded is None else scores.masked_fill(excluded, float("-inf"))
+
+
+def nt_xent(scores: torch.Tensor, target: torch.Tensor, excluded: torch.Tensor | None = None, *, temperature: float = 0.1) -> torch.Tensor:
+    """ADMC Eq. 1/3: −log softmax(scores/τ)[target], averaged over rows."""
+    logits = _masked(scores / temperature, excluded)  # (B, C)
+    return F.cross_entropy(logits, target)
+
+
+def sdml(scores: torch.Tensor, target: torch.Tensor, excluded: torch.Tensor | None = None, *, temperature: float = 0.1, smoothing: float = 0.3) -> torch.Tensor:
+    """SDML: softmax over scores/τ with a smoothed target (1−ε)·onehot + ε/N over valid columns."""
+    logits = _masked(scores / temperature, excluded)  # (B, C)
+    valid = torch.isfinite(logits)  # (B, C)
+    log_probs = logits.log_softmax(dim=-1).masked_fill(~valid, 0.0)
+    smooth = valid.float() / valid.sum(dim=-1, keepdim=True)  # uniform ε/N over valid columns
+    target_dist = (1 - smoothing) * F.one_hot(target, scores.shape[1]).float() + smoothing * smooth
+    return -(target_dist * log_probs).sum(dim=-1).mean()
+
+
+def _positive_and_negatives(scores, target, excluded):
+    positive = scores.gather(1, target.unsqueeze(1))  # (B, 1)
+    negative = ~F.one_hot(target, scores.shape[1]).bool()  # (B, C)
+    if excluded is not None:
+        negative &= ~excluded
+    return positive, negative
+
+
+def bpr(scores: torch.Tensor, target: torch.Tensor, excluded: torch.Tensor | None = None, *, temperature: float = 0.1) -> torch.Tensor:
+    """ADMC Eq. 4: −mean over negatives of log σ((s⁺ − s⁻)/τ)."""
+    positive, negative = _positive_and_negatives(scores, target, excluded)
+    pair_loss = -F.logsigmoid((positive - scores) / temperature)  # (B, C)
+    return (pair_loss * negative).sum() / negative.sum().clamp(min=1)
+
+
+def hinge(scores: torch.Tensor, target: torch.Tensor, excluded: torch.Tensor | None = None, *, margin: float = 0.2) -> torch.Tensor:
+    """ADMC Eq. 5: Σ over negatives of max(0, m − s⁺ + s⁻), averaged over rows."""
+    positive, negative = _positive_and_negatives(scores, target, excluded)
+    pair_loss = F.relu(margin - positive + scores)  # (B, C)
+    return (pair_loss * negative).sum(dim=1).mean()
+
+
+def make_loss(name: str, temperature: float, margin: float, smoothing: float) -> LossFn:
+    if name == "nt_xent":
+        return partial(nt_xent, temperature=temperature)
+    if name == "sdml":
+        return partial(sdml, temperature=temperature, smoothing=smoothing)
+    if name == "bpr":
+        return partial(bpr, temperature=temperature)
+    if name == "hinge":
+        return partial(hinge, margin=margin)
+    raise ValueError(f"unknown loss {name!r}")

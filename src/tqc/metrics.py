@@ -1,0 +1,53 @@
+"""Classification and retrieval metrics from a score matrix, as fractions in [0, 1]."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+
+def gold_ranks(scores: np.ndarray, gold: np.ndarray) -> np.ndarray:
+    """scores (N, P), gold (N,) → 1-based rank of the gold class in each row (ties count against it)."""
+    gold_scores = scores[np.arange(len(gold)), gold][:, None]  # (N, 1)
+    return (scores >= gold_scores).sum(axis=1)
+
+
+def per_class_prf(gold: np.ndarray, predicted: np.ndarray, labels: np.ndarray) -> dict[int, dict[str, float]]:
+    """Precision, recall, F1 and support for each label; 0 where undefined (as scikit-learn)."""
+    result = {}
+    for label in labels:
+        true_positive = int(np.sum((predicted == label) & (gold == label)))
+        predicted_count, support = int(np.sum(predicted == label)), int(np.sum(gold == label))
+        precision = true_positive / predicted_count if predicted_count else 0.0
+        recall = true_positive / support if support else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        result[int(label)] = {"precision": precision, "recall": recall, "f1": f1, "support": support}
+    return result
+
+
+def macro_f1(gold: np.ndarray, predicted: np.ndarray) -> float:
+    """Mean F1 over the labels in gold ∪ predicted, as scikit-learn's default."""
+    labels = np.union1d(gold, predicted)
+    return float(np.mean([v["f1"] for v in per_class_prf(gold, predicted, labels).values()])) if len(labels) else 0.0
+
+
+def summary(scores: np.ndarray, gold: np.ndarray, hits_at: tuple[int, ...] = (1, 3, 10)) -> dict[str, float]:
+    """The headline metrics, in a fixed key order."""
+    predicted = scores.argmax(axis=1)
+    ranks = gold_ranks(scores, gold)
+    metrics = {
+        "accuracy": float(np.mean(predicted == gold)),
+        "macro_f1": macro_f1(gold, predicted),
+        "mrr": float(np.mean(1.0 / ranks)),
+    }
+    for k in hits_at:
+        metrics[f"hits_at_{k}"] = float(np.mean(ranks <= k))
+    metrics["n"] = int(len(gold))
+    return metrics
+
+
+def confused_pairs(gold: np.ndarray, predicted: np.ndarray, top: int) -> list[tuple[int, int, int]]:
+    """The `top` most frequent (gold, predicted, count) errors, most frequent first."""
+    errors = Counter((int(g), int(p)) for g, p in zip(gold, predicted) if g != p)
+    return [(g, p, n) for (g, p), n in sorted(errors.items(), key=lambda kv: (-kv[1], kv[0]))[:top]]

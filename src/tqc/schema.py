@@ -1,0 +1,69 @@
+"""The data model: a catalog of standard questions and labeled user questions."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tqc.io import read_jsonl, write_jsonl
+
+
+@dataclass(frozen=True)
+class StandardQuestion:
+    class_id: str
+    text: str
+    derived: bool = False  # True when no catalog text existed and one was made from the label
+
+
+@dataclass(frozen=True)
+class LabeledQuestion:
+    text: str
+    class_id: str
+    source: str = ""  # "file:line" it was read from, for quarantine and error messages
+    generated: bool = False  # True for rows made by augmentation (never in validation or test)
+
+
+@dataclass
+class Catalog:
+    """Class id → standard-question text, in a fixed order that defines class indices."""
+
+    questions: list[StandardQuestion] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        ids = [q.class_id for q in self.questions]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ValueError(f"catalog has duplicate class ids: {duplicates}")
+        self._index = {q.class_id: i for i, q in enumerate(self.questions)}
+
+    def __len__(self) -> int:
+        return len(self.questions)
+
+    def __contains__(self, class_id: str) -> bool:
+        return class_id in self._index
+
+    @property
+    def class_ids(self) -> list[str]:
+        return [q.class_id for q in self.questions]
+
+    @property
+    def texts(self) -> list[str]:
+        return [q.text for q in self.questions]
+
+    def index(self, class_id: str) -> int:
+        return self._index[class_id]
+
+    def save(self, path: str | Path) -> None:
+        write_jsonl(path, (asdict(q) for q in self.questions))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Catalog":
+        return cls([StandardQuestion(**row) for row in read_jsonl(path)])
+
+
+def save_questions(path: str | Path, questions: list[LabeledQuestion]) -> int:
+    return write_jsonl(path, (asdict(q) for q in questions))
+
+
+def load_questions(path: str | Path) -> list[LabeledQuestion]:
+    return [LabeledQuestion(**row) for row in read_jsonl(path)]

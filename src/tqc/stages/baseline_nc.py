@@ -1,0 +1,97 @@
+"""NC baseline (the paper's naive classification): one encoder + a linear head, cross-entropy.
+
+Trained on the same augmented data as ADMC, with a budget of its own in params (by default
+the epochs of stage one and stage two together), and the same early stopping.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from tqc.config import AugmentParams, BaselineNCParams, ModelParams
+from tqc.device import pick_device, seed_everything
+from tqc.metrics import summary
+from tqc.model.encoder import EmbeddingAugmentation, TextEncoder
+from tqc.schema import Catalog, LabeledQuestion, load_questions
+from tqc.training import FitResult, fit, gold_indices, write_history
+
+log = logging.getLogger(__name__)
+
+
+class LinearClassifier(nn.Module):
+    def __init__(self, encoder: TextEncoder, n_classes: int):
+        super().__init__()
+        self.encoder = encoder
+        self.head = nn.Linear(encoder.hidden_size, n_classes)
+
+    def forward(self, texts: list[str]) -> torch.Tensor:
+        return self.head(self.encoder(texts))  # (B, P) logits
+
+    @torch.no_grad()
+    def logits(self, texts: list[str], batch_size: int = 256) -> np.ndarray:
+        embeddings = self.encoder.encode(texts, batch_size, "NC: encoding")  # (N, D)
+        return self.head(embeddings.to(self.head.weight.device)).float().cpu().numpy()  # (N, P)
+
+    def save(self, directory: Path) -> None:
+        self.encoder.save(directory)
+        save_file({k: v.contiguous().cpu() for k, v in self.head.state_dict().items()}, directory / "head.safetensors")
+        (directory / "tqc_model.json").write_text(json.dumps({"kind": "linear_classifier", "classes": self.head.out_features}, indent=2))
+
+    @classmethod
+    def load(cls, directory: Path) -> "LinearClassifier":
+        config = json.loads((directory / "tqc_model.json").read_text())
+        model = cls(TextEncoder.load(directory), config["classes"])
+        model.head.load_state_dict(load_file(directory / "head.safetensors"))
+        return model
+
+
+def train(model: LinearClassifier, train_rows: list[LabeledQuestion], validation: list[LabeledQuestion], catalog: Catalog,
+          params: BaselineNCParams, seed: int) -> FitResult:
+    gold = torch.as_tensor(gold_indices(train_rows, catalog))
+    texts = [q.text for q in train_rows]
+    validation_gold = gold_indices(validation, catalog)
+
+    def batch_loss(rows: list[int]) -> torch.Tensor:
+        logits = model([texts[i] for i in rows])  # (B, P)
+        return F.cross_entropy(logits, gold[rows].to(logits.device))
+
+    return fit(
+        model,
+        [{"params": model.encoder.parameters(), "lr": params.learning_rate},
+         {"params": model.head.parameters(), "lr": params.head_learning_rate}],
+        batch_loss,
+        len(train_rows),
+        lambda: summary(model.logits([q.text for q in validation]), validation_gold),
+        epochs=params.epochs,
+        batch_size=params.batch_size,
+        weight_decay=params.weight_decay,
+        warmup_ratio=params.warmup_ratio,
+        patience=params.patience,
+        max_steps=params.max_steps,
+        seed=seed,
+        description="NC baseline",
+    )
+
+
+def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_params: AugmentParams,
+        params: BaselineNCParams, seed: int, out_dir: Path, history_path: Path) -> FitResult:
+    seed_everything(seed)
+    catalog = Catalog.load(data_dir / "catalog.jsonl")
+    train_rows, validation = load_questions(train_path), load_questions(data_dir / "validation.jsonl")
+    encoder = TextEncoder.from_pretrained(model_params.pretrained, model_params.pooling, model_params.max_length)
+    encoder.augmentation = EmbeddingAugmentation(augment_params.implicit, augment_params.rate)
+    model = LinearClassifier(encoder, len(catalog)).to(pick_device())
+    log.info("NC baseline: %d training rows, %d classes", len(train_rows), len(catalog))
+    result = train(model, train_rows, validation, catalog, params, seed)
+    model.save(out_dir)
+    write_history(history_path, result.history)
+    log.info("NC baseline: wrote %s and %s", out_dir, history_path)
+    return result

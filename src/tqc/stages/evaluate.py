@@ -1,0 +1,176 @@
+"""Evaluate: ADMC (stage two) against its baselines on the test split, plus plots.
+
+Baselines: zero-shot (the pretrained encoder, no training), AC (stage one alone) and NC
+(encoder + linear head). Nothing here chooses anything: validation is reported beside test.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tqc.config import Params
+from tqc.io import atomic_path, write_json
+from tqc.metrics import confused_pairs, per_class_prf, summary
+from tqc.model.encoder import BiEncoder, TextEncoder
+from tqc.pipeline import ChainOutputs, train_chain
+from tqc.schema import Catalog, LabeledQuestion, load_questions
+from tqc.stages.baseline_nc import LinearClassifier
+from tqc.training import catalog_scores, gold_indices
+
+log = logging.getLogger(__name__)
+
+MODELS = ("admc", "stage_one", "nc", "zero_shot")
+
+
+def load_models(models: ChainOutputs, params: Params) -> dict:
+    """Every evaluated model, each as a function texts' questions → scores (N, P)."""
+    batch = params.evaluate.batch_size
+    zero_shot = BiEncoder(TextEncoder.from_pretrained(params.model.pretrained, params.model.pooling, params.model.max_length),
+                          None, params.model.similarity)
+    bi_encoders = {"admc": BiEncoder.load(models.stage_two), "stage_one": BiEncoder.load(models.stage_one), "zero_shot": zero_shot}
+    nc = LinearClassifier.load(models.nc)
+    scorers = {name: (lambda qs, c, m=model: catalog_scores(m, qs, c, batch)) for name, model in bi_encoders.items()}
+    scorers["nc"] = lambda qs, c: nc.logits([q.text for q in qs], batch)
+    return scorers
+
+
+def evaluate_models(models: ChainOutputs, params: Params, splits: dict[str, list[LabeledQuestion]], catalog: Catalog) -> dict:
+    """{model: {split: metrics}} and the raw scores (N, P) per split and model."""
+    scorers = load_models(models, params)
+    results: dict[str, dict] = {name: {} for name in MODELS}
+    scores_by_split = {}
+    for split, questions in splits.items():
+        gold = gold_indices(questions, catalog)
+        scores_by_split[split] = {name: scorers[name](questions, catalog) for name in MODELS}
+        for name, scores in scores_by_split[split].items():
+            results[name][split] = summary(scores, gold)
+    return {"metrics": results, "scores": scores_by_split}
+
+
+def seed_statistics(per_seed: list[dict]) -> dict:
+    """Mean ± std over seeds of every model's test accuracy and macro-F1."""
+    stats = {"n": len(per_seed)}
+    for name in MODELS:
+        stats[name] = {}
+        for metric in ("accuracy", "macro_f1"):
+            values = [run[name]["test"][metric] for run in per_seed]
+            stats[name][metric] = {"mean": float(np.mean(values)), "std": float(np.std(values)), "values": values}
+    return stats
+
+
+def run(data_dir: Path, train_path: Path, models: ChainOutputs, params: Params, metrics_path: Path,
+        classes_path: Path, plots_dir: Path) -> dict:
+    started = time.perf_counter()
+    catalog = Catalog.load(data_dir / "catalog.jsonl")
+    splits = {"test": load_questions(data_dir / "test.jsonl"), "validation": load_questions(data_dir / "validation.jsonl")}
+    evaluated = evaluate_models(models, params, splits, catalog)
+    per_seed = [evaluated["metrics"]] + _extra_seeds(params, data_dir, train_path, splits, catalog)
+
+    metrics = _metrics_document(params, evaluated["metrics"], seed_statistics(per_seed))
+    write_json(metrics_path, metrics)
+    test_scores = evaluated["scores"]["test"]
+    write_json(classes_path, _class_report(test_scores["admc"], splits["test"], catalog, params.evaluate.confused_pairs))
+    _write_confusion(plots_dir / "confusion.csv", test_scores["admc"], splits["test"], catalog)
+    _write_similarity_profile(plots_dir, test_scores, splits["test"], catalog, params)
+    log.info("evaluate: test accuracy %.4f macro-F1 %.4f (AC %.4f, NC %.4f, zero-shot %.4f); wrote %s, %s, %s (%.1fs)",
+             metrics["test"]["accuracy"], metrics["test"]["macro_f1"], metrics["stage_one"]["test"]["macro_f1"],
+             metrics["nc"]["test"]["macro_f1"], metrics["zero_shot"]["test"]["macro_f1"], metrics_path, classes_path,
+             plots_dir, time.perf_counter() - started)
+    return metrics
+
+
+def _extra_seeds(params: Params, data_dir: Path, train_path: Path, splits, catalog) -> list[dict]:
+    """Seeds 2..N: the whole training chain again, through the same stage functions."""
+    runs = []
+    for offset in range(1, params.evaluate.seeds):
+        seed = params.seed + offset
+        log.info("evaluate: full training %d/%d with seed %d", offset + 1, params.evaluate.seeds, seed)
+        with tempfile.TemporaryDirectory(prefix=f"tqc-seed{seed}-") as work:
+            outputs = train_chain(params, data_dir, train_path, Path(work), seed)
+            runs.append(evaluate_models(outputs, params, splits, catalog)["metrics"])
+    return runs
+
+
+def _metrics_document(params: Params, metrics: dict, seeds: dict) -> dict:
+    """metrics.json in a fixed key order, so `git diff` and `dvc metrics diff` read well."""
+    admc, stage_one, nc = metrics["admc"], metrics["stage_one"], metrics["nc"]
+    return {
+        "dataset": params.data.dataset,
+        "test": admc["test"],
+        "validation": admc["validation"],
+        "stage_one": stage_one,
+        "nc": nc,
+        "zero_shot": metrics["zero_shot"],
+        "gains_on_test": {
+            "macro_f1_stage_two_minus_stage_one": admc["test"]["macro_f1"] - stage_one["test"]["macro_f1"],
+            "macro_f1_admc_minus_nc": admc["test"]["macro_f1"] - nc["test"]["macro_f1"],
+            "accuracy_admc_minus_nc": admc["test"]["accuracy"] - nc["test"]["accuracy"],
+        },
+        "seeds": seeds,
+        "run": {"code_version": _code_version(), "params": params.to_dict()},
+    }
+
+
+def _class_report(scores: np.ndarray, questions: list[LabeledQuestion], catalog: Catalog, top: int) -> dict:
+    gold, predicted = gold_indices(questions, catalog), scores.argmax(axis=1)
+    per_class = per_class_prf(gold, predicted, np.arange(len(catalog)))
+    return {
+        "per_class": {catalog.class_ids[i]: v for i, v in per_class.items()},
+        "most_confused": [{"gold": catalog.class_ids[g], "predicted": catalog.class_ids[p], "count": n}
+                          for g, p, n in confused_pairs(gold, predicted, top)],
+    }
+
+
+def _write_confusion(path: Path, scores: np.ndarray, questions: list[LabeledQuestion], catalog: Catalog) -> None:
+    predicted = scores.argmax(axis=1)
+    lines = ["actual,predicted"] + [f"{_csv(q.class_id)},{_csv(catalog.class_ids[p])}" for q, p in zip(questions, predicted)]
+    with atomic_path(path) as tmp:
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _write_similarity_profile(plots_dir: Path, scores: dict[str, np.ndarray], questions: list[LabeledQuestion],
+                              catalog: Catalog, params: Params) -> None:
+    """The paper's Figure 3: each sampled question's similarity to every standard question, before and after training."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sample = sorted(random.Random(params.seed).sample(range(len(questions)), min(params.evaluate.profile_questions, len(questions))))
+    rows = ["question,gold,class,before,after"]
+    figure, axes = plt.subplots(len(sample), 1, figsize=(max(6, 0.25 * len(catalog) + 2), 2.2 * len(sample)), squeeze=False)
+    for axis, i in zip(axes[:, 0], sample):
+        before, after = scores["zero_shot"][i], scores["admc"][i]
+        for c, class_id in enumerate(catalog.class_ids):
+            rows.append(f"{i},{_csv(questions[i].class_id)},{_csv(class_id)},{before[c]:.6f},{after[c]:.6f}")
+        x = np.arange(len(catalog))
+        axis.bar(x - 0.2, before, 0.4, label="before (zero-shot)")
+        axis.bar(x + 0.2, after, 0.4, label="after (ADMC)")
+        axis.axvline(catalog.index(questions[i].class_id), color="black", linestyle=":", linewidth=1)
+        axis.set_title(questions[i].text[:90], fontsize=8)
+        axis.set_xticks(x, catalog.class_ids if len(catalog) <= 20 else [""] * len(catalog), fontsize=6, rotation=45)
+    axes[0, 0].legend(fontsize=7)
+    figure.tight_layout()
+    with atomic_path(plots_dir / "similarity_profile.csv") as tmp:
+        tmp.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    with atomic_path(plots_dir / "similarity_profile.png") as tmp:
+        figure.savefig(tmp, format="png", dpi=110)
+    plt.close(figure)
+
+
+def _csv(value: str) -> str:
+    return '"' + value.replace('"', '""') + '"' if ("," in value or '"' in value) else value
+
+
+def _code_version() -> str:
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"

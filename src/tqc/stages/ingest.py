@@ -1,0 +1,72 @@
+"""Ingest: read the raw dataset, carve a stratified validation split, quarantine unparseable rows."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import defaultdict
+from dataclasses import asdict
+from pathlib import Path
+
+from tqc.config import DataParams
+from tqc.io import write_json, write_jsonl
+from tqc.readers import RejectedRow, read_dataset
+from tqc.schema import LabeledQuestion, save_questions
+
+log = logging.getLogger(__name__)
+
+
+def stratified_split(
+    questions: list[LabeledQuestion], fraction: float, seed: int
+) -> tuple[list[LabeledQuestion], list[LabeledQuestion]]:
+    """Seeded per-class split into (train, validation).
+
+    Each class with at least 3 rows gives max(1, round(fraction·n)) rows to validation, so
+    early stopping sees every class; rarer classes stay whole in train.
+    """
+    by_class: dict[str, list[LabeledQuestion]] = defaultdict(list)
+    for question in questions:
+        by_class[question.class_id].append(question)
+    rng = random.Random(seed)
+    train, validation = [], []
+    for class_id in sorted(by_class):
+        members = list(by_class[class_id])
+        rng.shuffle(members)
+        n_validation = max(1, round(fraction * len(members))) if len(members) >= 3 else 0
+        validation.extend(members[:n_validation])
+        train.extend(members[n_validation:])
+    return train, validation
+
+
+def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, report_path: Path) -> dict:
+    started = time.perf_counter()
+    splits = read_dataset(params)
+    train, validation = stratified_split(splits.train.rows, params.validation_fraction, seed)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    splits.catalog.save(out_dir / "catalog.jsonl")
+    save_questions(out_dir / "train.jsonl", train)
+    save_questions(out_dir / "validation.jsonl", validation)
+    save_questions(out_dir / "test.jsonl", splits.test.rows)
+    rejected: list[RejectedRow] = splits.train.rejected + splits.test.rejected
+    write_jsonl(quarantine_path, (dict(asdict(r), stage="ingest") for r in rejected))
+
+    report = {
+        "dataset": params.dataset,
+        "classes": len(splits.catalog),
+        "derived_classes": sum(q.derived for q in splits.catalog.questions),
+        "read": {"train": len(splits.train.rows) + len(splits.train.rejected), "test": len(splits.test.rows) + len(splits.test.rejected)},
+        "rows": {"train": len(train), "validation": len(validation), "test": len(splits.test.rows)},
+        "quarantined": len(rejected),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+    write_json(report_path, report)
+    log.info(
+        "ingest %s: %d classes; train %d, validation %d, test %d; %d rows quarantined to %s; wrote %s in %.1fs",
+        params.dataset, report["classes"], len(train), len(validation), len(splits.test.rows),
+        len(rejected), quarantine_path, out_dir, report["seconds"],
+    )
+    for row in rejected:
+        log.warning("quarantined %s, line %d: %s", row.file, row.line, row.reason)
+    return report

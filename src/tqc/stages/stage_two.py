@@ -1,0 +1,99 @@
+"""Stage two: continue from stage one against each question's K mined negatives (ADMC Eq. 3).
+
+The batch's distinct standard questions (gold ∪ mined) are encoded once, never K+1 times
+per row; each row then gathers its own [gold, negatives] columns.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from tqc.config import AugmentParams, StageTwoParams
+from tqc.device import pick_device, seed_everything
+from tqc.losses import make_loss
+from tqc.model.encoder import BiEncoder
+from tqc.schema import Catalog, LabeledQuestion, load_questions
+from tqc.stages.mine import load_negatives
+from tqc.training import FitResult, bi_encoder_validator, fit, gold_indices, write_history
+
+log = logging.getLogger(__name__)
+
+
+def candidate_columns(batch_gold: torch.Tensor, batch_negatives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """batch_gold (B,), batch_negatives (B, K) → (distinct classes (U,), per-row columns (B, K+1)).
+
+    Column 0 of each row is its gold class, so the target is always 0.
+    """
+    per_row = torch.cat([batch_gold.unsqueeze(1), batch_negatives], dim=1)  # (B, K+1)
+    distinct, columns = torch.unique(per_row, return_inverse=True)
+    return distinct, columns
+
+
+def train(
+    model: BiEncoder,
+    train_rows: list[LabeledQuestion],
+    negatives: torch.Tensor,
+    validation: list[LabeledQuestion],
+    catalog: Catalog,
+    params: StageTwoParams,
+    seed: int,
+    on_epoch=None,
+) -> FitResult:
+    gold = torch.as_tensor(gold_indices(train_rows, catalog))
+    texts = [q.text for q in train_rows]
+    loss_fn = make_loss(params.loss, params.temperature, params.margin, params.smoothing)
+
+    def batch_loss(rows: list[int]) -> torch.Tensor:
+        distinct, columns = candidate_columns(gold[rows], negatives[rows])
+        questions = model.question([texts[i] for i in rows])  # (B, D)
+        standards = model.standard([catalog.texts[c] for c in distinct.tolist()])  # (U, D)
+        scores = model.score(questions, standards).gather(1, columns.to(questions.device))  # (B, K+1)
+        target = torch.zeros(len(rows), dtype=torch.long, device=questions.device)
+        return loss_fn(scores, target, None)
+
+    return fit(
+        model,
+        [{"params": model.parameters(), "lr": params.learning_rate}],
+        batch_loss,
+        len(train_rows),
+        bi_encoder_validator(model, validation, catalog),
+        epochs=params.epochs,
+        batch_size=params.batch_size,
+        weight_decay=params.weight_decay,
+        warmup_ratio=params.warmup_ratio,
+        patience=params.patience,
+        max_steps=params.max_steps,
+        seed=seed,
+        description="stage two",
+        on_epoch=on_epoch,
+    )
+
+
+def run(
+    data_dir: Path,
+    train_path: Path,
+    negatives_path: Path,
+    stage_one_dir: Path,
+    augment_params: AugmentParams,
+    params: StageTwoParams,
+    seed: int,
+    out_dir: Path,
+    history_path: Path,
+    on_epoch=None,
+) -> FitResult:
+    seed_everything(seed)
+    catalog = Catalog.load(data_dir / "catalog.jsonl")
+    train_rows, validation = load_questions(train_path), load_questions(data_dir / "validation.jsonl")
+    negatives = torch.as_tensor(load_negatives(negatives_path, catalog, len(train_rows)))
+    model = BiEncoder.load(stage_one_dir).to(pick_device())
+    model.set_augmentation(augment_params.implicit, augment_params.rate)
+    log.info("stage two: %d training rows × %d negatives, %d validation", len(train_rows), negatives.shape[1], len(validation))
+    result = train(model, train_rows, negatives, validation, catalog, params, seed, on_epoch)
+    model.save(out_dir, {"stage": "stage_two", "best_epoch": result.best_epoch,
+                         "validation_macro_f1": result.best_validation_macro_f1, "params": params.model_dump(mode="json")})
+    write_history(history_path, result.history)
+    log.info("stage two: wrote %s and %s", out_dir, history_path)
+    return result

@@ -1,0 +1,167 @@
+"""The training loop shared by stage one, stage two and the NC baseline.
+
+Each caller supplies `batch_loss(row_indices) -> loss` and `validate() -> metrics`; this
+module owns the optimiser, schedule, progress bar, early stopping on validation macro-F1
+and keeping the best weights. The same loop runs on CPU and CUDA (bf16 autocast).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from tqc.device import autocast
+from tqc.io import atomic_path
+from tqc.metrics import summary
+from tqc.model.encoder import BiEncoder
+from tqc.schema import Catalog, LabeledQuestion
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    epoch: int
+    train_loss: float
+    validation_accuracy: float
+    validation_macro_f1: float
+    seconds: float
+
+
+@dataclass
+class FitResult:
+    history: list[EpochRecord]
+    best_epoch: int
+    best_validation_macro_f1: float
+    seconds_per_epoch: float
+
+
+def batches(n_rows: int, batch_size: int, rng: random.Random, max_steps: int | None) -> list[list[int]]:
+    order = list(range(n_rows))
+    rng.shuffle(order)
+    chunks = [order[i : i + batch_size] for i in range(0, n_rows, batch_size)]
+    # A trailing batch of one row has no in-batch negatives; fold it into the previous batch.
+    if len(chunks) > 1 and len(chunks[-1]) == 1:
+        chunks[-2].extend(chunks.pop())
+    return chunks[:max_steps] if max_steps else chunks
+
+
+def linear_warmup(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float):
+    warmup = max(1, int(total_steps * warmup_ratio))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def fit(
+    model: nn.Module,
+    param_groups: list[dict],
+    batch_loss: Callable[[list[int]], torch.Tensor],
+    n_rows: int,
+    validate: Callable[[], dict],
+    *,
+    epochs: int,
+    batch_size: int,
+    weight_decay: float,
+    warmup_ratio: float,
+    patience: int,
+    max_steps: int | None,
+    seed: int,
+    description: str,
+    on_epoch: Callable[[EpochRecord], None] | None = None,
+) -> FitResult:
+    """Train with early stopping on validation macro-F1; `model` ends holding its best weights.
+
+    Epoch 0 is the starting point, validated before any step, so a stage never ends worse on
+    validation than it began (stage two starts from stage one's weights).
+    """
+    rng = random.Random(seed)
+    steps_per_epoch = len(batches(n_rows, batch_size, random.Random(0), max_steps))
+    optimizer = torch.optim.AdamW(param_groups, weight_decay=weight_decay)
+    scheduler = linear_warmup(optimizer, steps_per_epoch * epochs, warmup_ratio)
+    device = next(model.parameters()).device
+
+    history = [_record(0, math.nan, validate(), 0.0)]
+    best_f1, best_epoch, best_state = history[0].validation_macro_f1, 0, _snapshot(model)
+    log.info("%s: epoch 0 (start) validation macro-F1 %.4f", description, best_f1)
+    for epoch in range(1, epochs + 1):
+        started = time.perf_counter()
+        model.train()
+        losses = []
+        progress = tqdm(batches(n_rows, batch_size, rng, max_steps), desc=f"{description} epoch {epoch}/{epochs}", leave=False)
+        for rows in progress:
+            with autocast(device):
+                loss = batch_loss(rows)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            progress.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+        train_seconds = time.perf_counter() - started  # the epoch's training steps only, not validation
+        record = _record(epoch, float(np.mean(losses)), validate(), train_seconds)
+        history.append(record)
+        if on_epoch:
+            on_epoch(record)
+        log.info(
+            "%s: epoch %d loss %.4f validation accuracy %.4f macro-F1 %.4f (%.1fs)",
+            description, epoch, record.train_loss, record.validation_accuracy, record.validation_macro_f1, record.seconds,
+        )
+        if record.validation_macro_f1 > best_f1:
+            best_f1, best_epoch, best_state = record.validation_macro_f1, epoch, _snapshot(model)
+        elif epoch - best_epoch >= patience:
+            log.info("%s: no validation gain for %d epochs; stopping early", description, patience)
+            break
+    model.load_state_dict(best_state)
+    trained = [r.seconds for r in history[1:]]
+    log.info("%s: kept epoch %d (validation macro-F1 %.4f)", description, best_epoch, best_f1)
+    return FitResult(history, best_epoch, best_f1, float(np.mean(trained)) if trained else 0.0)
+
+
+def _record(epoch: int, loss: float, metrics: dict, seconds: float) -> EpochRecord:
+    return EpochRecord(epoch, loss, metrics["accuracy"], metrics["macro_f1"], round(seconds, 3))
+
+
+def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def catalog_scores(model: BiEncoder, questions: list[LabeledQuestion], catalog: Catalog, batch_size: int = 256) -> np.ndarray:
+    """Scores (N, P) of each question against every standard question, for prediction and ranking."""
+    standards = model.standard.encode(catalog.texts, batch_size, "encoding catalog")  # (P, D)
+    encoded = model.question.encode([q.text for q in questions], batch_size, "encoding questions")  # (N, D)
+    return model.score(encoded, standards).numpy()
+
+
+def gold_indices(questions: list[LabeledQuestion], catalog: Catalog) -> np.ndarray:
+    return np.array([catalog.index(q.class_id) for q in questions], dtype=np.int64)
+
+
+def bi_encoder_validator(model: BiEncoder, validation: list[LabeledQuestion], catalog: Catalog) -> Callable[[], dict]:
+    gold = gold_indices(validation, catalog)
+    return lambda: summary(catalog_scores(model, validation, catalog), gold)
+
+
+def _csv_value(value) -> str:
+    return "" if isinstance(value, float) and math.isnan(value) else str(value)
+
+
+def write_history(path, history: list[EpochRecord]) -> None:
+    """Training curves as CSV, the format DVC plots read."""
+    fields = list(asdict(history[0]))
+    with atomic_path(path) as tmp:
+        lines = [",".join(fields)] + [",".join(_csv_value(v) for v in asdict(r).values()) for r in history]
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
