@@ -1,0 +1,85 @@
+import pytest
+import torch
+
+from tqc.losses import bpr, hinge, make_loss, nt_xent, same_class_mask, sdml
+from tqc.stages.stage_one import candidate_classes
+from tqc.stages.stage_two import candidate_columns
+
+
+def test_same_class_mask_hides_other_copies_of_own_class_only():
+    row_labels = torch.tensor([0, 1, 0])
+    column_labels = torch.tensor([0, 1, 0])  # per-row standard questions, as in a naive in-batch setup
+    target = torch.tensor([0, 1, 2])
+    mask = same_class_mask(row_labels, column_labels, target)
+    assert mask.tolist() == [[False, False, True], [False, False, False], [True, False, False]]
+
+
+def test_masked_in_batch_loss_equals_deduplicated_loss():
+    torch.manual_seed(0)
+    labels = torch.tensor([2, 0, 2, 1])  # class 2 twice, the others once
+    class_vectors = torch.randn(3, 8)
+    questions = torch.randn(4, 8)
+    # Naive in-batch: one standard-question column per row, same-class duplicates masked.
+    per_row_scores = questions @ class_vectors[labels].T  # (4, 4)
+    masked = nt_xent(per_row_scores, torch.arange(4), same_class_mask(labels, labels, torch.arange(4)))
+    # Deduplicated: one column per distinct class in the batch.
+    candidates, target = candidate_classes(labels, 3, "in_batch")
+    deduplicated = nt_xent(questions @ class_vectors[candidates].T, target)
+    # Both treat each distinct class once: same denominator, same loss.
+    assert torch.allclose(masked, deduplicated, atol=1e-6)
+
+
+def test_unmasked_duplicates_would_push_a_question_from_its_own_class():
+    labels = torch.tensor([0, 0])
+    scores = torch.tensor([[1.0, 1.0], [1.0, 1.0]], requires_grad=True)  # both columns are class 0
+    nt_xent(scores, torch.arange(2)).backward()
+    assert scores.grad[0, 1] > 0  # without the mask, the same-class column is a negative
+    scores.grad = None
+    nt_xent(scores, torch.arange(2), same_class_mask(labels, labels, torch.arange(2))).backward()
+    assert scores.grad[0, 1] == 0
+
+
+@pytest.mark.parametrize("name", ["nt_xent", "bpr", "hinge", "sdml"])
+def test_gradients_pull_the_positive_up_and_push_negatives_down(name):
+    loss_fn = make_loss(name, temperature=0.1, margin=1.0, smoothing=0.0)
+    scores = torch.tensor([[0.3, 0.2, 0.1], [0.0, 0.5, 0.4]], requires_grad=True)
+    target = torch.tensor([0, 1])
+    loss_fn(scores, target, None).backward()
+    grad = scores.grad
+    # Gradient descent moves scores by −grad: the positive must rise, the negatives fall.
+    assert grad[0, 0] < 0 and grad[1, 1] < 0
+    assert (grad[0, 1:] > 0).all() and grad[1, 0] > 0 and grad[1, 2] > 0
+
+
+def test_nt_xent_matches_hand_computation():
+    scores = torch.tensor([[0.5, 0.1, -0.2]])
+    tau = 0.1
+    expected = -torch.log(torch.exp(torch.tensor(5.0)) / torch.exp(scores[0] / tau).sum())
+    assert torch.allclose(nt_xent(scores, torch.tensor([0]), temperature=tau), expected)
+
+
+def test_sdml_smoothing_still_pulls_the_positive_and_pushes_the_hardest_negative():
+    scores = torch.tensor([[0.3, 0.25, -0.5]], requires_grad=True)
+    sdml(scores, torch.tensor([0]), smoothing=0.3).backward()
+    assert scores.grad[0, 0] < 0 and scores.grad[0, 1] > 0
+
+
+def test_sdml_without_smoothing_is_nt_xent():
+    scores = torch.randn(4, 6)
+    target = torch.tensor([0, 3, 5, 1])
+    assert torch.allclose(sdml(scores, target, smoothing=0.0), nt_xent(scores, target), atol=1e-6)
+
+
+def test_hinge_is_zero_once_margin_is_met_and_bpr_is_positive():
+    scores = torch.tensor([[1.0, 0.2, 0.1]])
+    assert hinge(scores, torch.tensor([0]), margin=0.5).item() == 0.0
+    assert hinge(scores, torch.tensor([0]), margin=0.9).item() > 0.0
+    assert bpr(scores, torch.tensor([0])).item() > 0.0
+
+
+def test_stage_two_columns_put_gold_first_and_encode_each_class_once():
+    gold = torch.tensor([3, 1])
+    negatives = torch.tensor([[1, 4], [3, 4]])
+    distinct, columns = candidate_columns(gold, negatives)
+    assert distinct.tolist() == [1, 3, 4]  # 6 slots, 3 distinct standard questions
+    assert distinct[columns].tolist() == [[3, 1, 4], [1, 3, 4]]

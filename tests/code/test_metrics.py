@@ -1,0 +1,48 @@
+import numpy as np
+import pytest
+from sklearn.metrics import accuracy_score, f1_score, precision_recall_fscore_support
+
+from tqc.metrics import confused_pairs, gold_ranks, macro_f1, per_class_prf, summary
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_classification_metrics_match_scikit_learn(seed):
+    rng = np.random.default_rng(seed)
+    scores = rng.normal(size=(300, 7))
+    gold = rng.integers(0, 7, size=300)
+    scores[np.arange(300), gold] += rng.uniform(0, 2, size=300)  # better than chance
+    predicted = scores.argmax(axis=1)
+    metrics = summary(scores, gold)
+    assert metrics["accuracy"] == pytest.approx(accuracy_score(gold, predicted))
+    assert metrics["macro_f1"] == pytest.approx(f1_score(gold, predicted, average="macro"))
+    precision, recall, f1, support = precision_recall_fscore_support(gold, predicted, labels=np.arange(7), zero_division=0)
+    ours = per_class_prf(gold, predicted, np.arange(7))
+    assert [ours[c]["precision"] for c in range(7)] == pytest.approx(precision.tolist())
+    assert [ours[c]["recall"] for c in range(7)] == pytest.approx(recall.tolist())
+    assert [ours[c]["f1"] for c in range(7)] == pytest.approx(f1.tolist())
+    assert [ours[c]["support"] for c in range(7)] == support.tolist()
+
+
+def test_macro_f1_counts_predicted_only_labels_like_scikit_learn():
+    gold, predicted = np.array([0, 0, 1]), np.array([0, 2, 1])
+    assert macro_f1(gold, predicted) == pytest.approx(f1_score(gold, predicted, average="macro"))
+
+
+def test_ranks_hits_and_mrr_by_hand():
+    scores = np.array([[0.9, 0.1, 0.0], [0.2, 0.5, 0.9], [0.1, 0.3, 0.2]])
+    gold = np.array([0, 0, 2])  # ranks 1, 3, 2
+    assert gold_ranks(scores, gold).tolist() == [1, 3, 2]
+    metrics = summary(scores, gold, hits_at=(1, 2))
+    assert metrics["hits_at_1"] == pytest.approx(1 / 3)
+    assert metrics["hits_at_2"] == pytest.approx(2 / 3)
+    assert metrics["mrr"] == pytest.approx((1 + 1 / 3 + 1 / 2) / 3)
+
+
+def test_ties_never_flatter_the_gold_class():
+    assert gold_ranks(np.array([[0.5, 0.5]]), np.array([1])).tolist() == [2]
+
+
+def test_confused_pairs_are_sorted_by_count():
+    gold = np.array([0, 0, 0, 1, 1, 2])
+    predicted = np.array([1, 1, 0, 0, 2, 2])
+    assert confused_pairs(gold, predicted, 2) == [(0, 1, 2), (1, 0, 1)]

@@ -1,0 +1,118 @@
+import logging
+from pathlib import Path
+
+import pytest
+
+from tqc.config import DataParams
+from tqc.readers import (
+    ReaderError,
+    label_in_words,
+    read_catalog_file,
+    read_dataset,
+    read_headerless_pairs,
+    read_table,
+    read_trec,
+    shipped_catalog,
+    with_derived_classes,
+)
+from tqc.schema import Catalog
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
+
+
+def write(tmp_path: Path, name: str, data: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def test_trec_coarse_and_fine_labels(tmp_path):
+    path = write(tmp_path, "t.label", b"DESC:manner How did serfdom develop ?\nLOC:city What city is it ?\n")
+    assert [(q.class_id, q.text) for q in read_trec(path, "coarse").rows] == [("DESC", "How did serfdom develop ?"), ("LOC", "What city is it ?")]
+    assert [q.class_id for q in read_trec(path, "fine").rows] == ["DESC:manner", "LOC:city"]
+    assert read_trec(path, "fine").rows[1].source == f"{path}:2"
+
+
+def test_trec_malformed_lines_are_rejected_with_line_and_reason(tmp_path):
+    path = write(tmp_path, "t.label", b"NUM:How count many innings ?\nno label here\nHUM:ind Who ?\n")
+    result = read_trec(path, "fine")
+    assert [q.text for q in result.rows] == ["Who ?"]
+    assert [(r.line, r.content) for r in result.rejected] == [(1, "NUM:How count many innings ?"), (2, "no label here")]
+    assert all("TREC" in r.reason for r in result.rejected)
+
+
+def test_latin1_bom_and_crlf_are_read(tmp_path, caplog):
+    latin = write(tmp_path, "latin.label", "HUM:ind Who is Beyoncé ?\r\n".encode("latin-1"))
+    with caplog.at_level(logging.WARNING):
+        assert read_trec(latin, "coarse").rows[0].text == "Who is Beyoncé ?"
+    assert "latin.label" in caplog.text and "Latin-1" in caplog.text
+    bom = write(tmp_path, "bom.csv", "\ufeffwhat is covid,Origin\r\nis it safe,Prevention\r\n".encode("utf-8"))
+    assert [(q.text, q.class_id) for q in read_headerless_pairs(bom).rows] == [("what is covid", "Origin"), ("is it safe", "Prevention")]
+
+
+def test_headerless_pairs_reject_wrong_column_counts_and_keep_quoted_newlines(tmp_path):
+    path = write(tmp_path, "p.csv", b'"a question, with a comma",Origin\njust one column\n"multi\nline",Testing\n')
+    result = read_headerless_pairs(path)
+    assert [(q.text, q.class_id) for q in result.rows] == [("a question, with a comma", "Origin"), ("multi\nline", "Testing")]
+    assert [(r.line, "2 columns" in r.reason) for r in result.rejected] == [(2, True)]
+    assert result.rows[1].source.endswith(":3")
+
+
+def test_empty_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ReaderError, match="empty"):
+        read_headerless_pairs(write(tmp_path, "e.csv", b""))
+
+
+def test_custom_csv_and_jsonl_through_a_column_mapping(tmp_path):
+    csv_path = write(tmp_path, "q.csv", b"id,question,intent\n1,how do i pay,billing\n2,lost my card\n3,,cards\n")
+    result = read_table(csv_path, "question", "intent")
+    assert [(q.text, q.class_id) for q in result.rows] == [("how do i pay", "billing"), ("", "cards")]
+    assert [(r.line, "missing column" in r.reason) for r in result.rejected] == [(3, True)]
+    jsonl = write(tmp_path, "q.jsonl", b'{"question": "reset pin", "intent": "cards"}\nnot json\n{"question": "x", "intent": null}\n')
+    result = read_table(jsonl, "question", "intent")
+    assert [(q.text, q.class_id) for q in result.rows] == [("reset pin", "cards")]
+    assert [r.line for r in result.rejected] == [2, 3]
+
+
+def test_missing_catalog_texts_are_derived_with_a_warning(caplog):
+    catalog = Catalog()
+    with caplog.at_level(logging.WARNING):
+        derived = with_derived_classes(catalog, ["lost_card", "lost_card", "billing-question"])
+    assert [(q.class_id, q.text, q.derived) for q in derived.questions] == [
+        ("billing-question", "billing question", True), ("lost_card", "lost card", True)]
+    assert "lost_card" in caplog.text
+    assert label_in_words("ENTY:dismed") == "ENTY dismed"
+
+
+def test_catalog_file_with_duplicate_ids_is_an_error(tmp_path):
+    path = write(tmp_path, "c.csv", b"class_id,text\na,one\na,two\n")
+    with pytest.raises(ReaderError, match="duplicate"):
+        read_catalog_file(path)
+
+
+@pytest.mark.parametrize("dataset,classes", [("trec6", 6), ("trec50", 50), ("covidq-categories", 15), ("covidq-classes", 90)])
+def test_shipped_catalogs_have_natural_texts(dataset, classes):
+    catalog = shipped_catalog(dataset)
+    assert len(catalog) == classes
+    assert all(q.text and not q.derived for q in catalog.questions)
+
+
+def test_custom_dataset_paths_are_relative_to_data_dir(tmp_path):
+    from tests.conftest import write_custom_dataset
+
+    write_custom_dataset(tmp_path)
+    params = DataParams(dataset="custom", data_dir=str(tmp_path),
+                        custom={"train": "train.csv", "test": "test.csv", "catalog": "catalog.csv", "text_column": "question"})
+    splits = read_dataset(params)
+    assert len(splits.catalog) == 3 and splits.train.rows and splits.test.rows
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="shared datasets not present")
+@pytest.mark.parametrize("dataset,train,test,classes", [
+    ("trec6", 5444, 499, 6), ("trec50", 5444, 499, 50), ("covidq-categories", 300, 668, 15), ("covidq-classes", 267, 460, 90)])
+def test_real_datasets_read_every_line(dataset, train, test, classes):
+    splits = read_dataset(DataParams(dataset=dataset, data_dir=str(SHARED)))
+    assert len(splits.train.rows) + len(splits.train.rejected) == train  # nothing silently lost
+    assert len(splits.test.rows) + len(splits.test.rejected) == test
+    assert {q.class_id for q in splits.train.rows} <= set(splits.catalog.class_ids)
+    assert len(splits.catalog) == classes

@@ -1,0 +1,82 @@
+"""Shared fixtures: a tiny random BERT built on the spot (no download) and tiny synthetic data.
+
+The synthetic questions below are made up for tests only; they are not a dataset.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+CLASSES = {
+    "LOC": ("Where is the place?", ["where is {}", "where can i find {}", "in which country is {}"]),
+    "HUM": ("Who is the person?", ["who is {}", "who invented {}", "who wrote about {}"]),
+    "NUM": ("How many are there?", ["how many {} are there", "how much does {} cost", "how many people like {}"]),
+}
+NOUNS = ["paris", "the tower", "a river", "the moon", "music", "bread", "a bridge", "the lake", "chess", "tea",
+         "the museum", "gold", "a castle", "the island", "coffee", "a planet"]
+
+
+def synthetic_questions(seed: int, per_class: int) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    rows = []
+    for label, (_, templates) in CLASSES.items():
+        for _ in range(per_class):
+            rows.append((rng.choice(templates).format(rng.choice(NOUNS)), label))
+    rng.shuffle(rows)
+    return rows
+
+
+def tiny_vocabulary() -> list[str]:
+    words = set()
+    for standard, templates in CLASSES.values():
+        words.update(standard.lower().replace("?", " ?").split())
+        for template in templates:
+            words.update(template.replace("{}", "").split())
+    for noun in NOUNS:
+        words.update(noun.split())
+    return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "?", ",", "."] + sorted(words)
+
+
+def build_tiny_bert(directory: Path) -> Path:
+    """A 2-layer, 32-wide random BERT with a word-level vocabulary, saved as an HF folder."""
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = tiny_vocabulary()
+    tokenizer = BertTokenizerFast(vocab={word: i for i, word in enumerate(vocab)}, do_lower_case=True)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64)
+    import torch
+
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture
+def tiny_model_copy(tiny_model_dir, tmp_path) -> Path:
+    """A private copy, so a test that writes into it cannot affect another."""
+    return Path(shutil.copytree(tiny_model_dir, tmp_path / "tiny-bert"))
+
+
+def write_custom_dataset(directory: Path, seed: int = 0, per_class: int = 12, test_per_class: int = 4) -> None:
+    """Synthetic custom-format files: train.csv, test.csv, catalog.csv."""
+    directory.mkdir(parents=True, exist_ok=True)
+    train = synthetic_questions(seed, per_class)
+    train_texts = {t for t, _ in train}
+    test = [(t, l) for t, l in synthetic_questions(seed + 1000, test_per_class * 3) if t not in train_texts][: test_per_class * 3]
+    for name, rows in (("train.csv", train), ("test.csv", test)):
+        lines = ["question,label"] + [f"{t},{l}" for t, l in rows]
+        (directory / name).write_text("\n".join(lines) + "\n")
+    catalog = ["class_id,text"] + [f"{c},{s}" for c, (s, _) in CLASSES.items()]
+    (directory / "catalog.csv").write_text("\n".join(catalog) + "\n")

@@ -1,0 +1,86 @@
+from pathlib import Path
+
+import pytest
+import torch
+
+from tqc.config import ModelParams, StageOneParams
+from tqc.model.encoder import BiEncoder, EmbeddingAugmentation, TextEncoder, resolve_pretrained
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+from tqc.stages import stage_one
+from tests.conftest import CLASSES, synthetic_questions
+
+TEXTS = ["where is paris", "who invented chess", "how many people like tea"]
+
+
+def tiny_bi_encoder(model_dir, **overrides) -> BiEncoder:
+    return BiEncoder.from_params(ModelParams(pretrained=str(model_dir), **overrides))
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "attention"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_save_and_load_round_trip_with_safetensors_only(tiny_model_dir, tmp_path, pooling, tied):
+    torch.manual_seed(0)
+    model = tiny_bi_encoder(tiny_model_dir, pooling=pooling, tied=tied)
+    if pooling == "attention":  # make the pooling weights non-trivial so the round trip is tested
+        torch.nn.init.normal_(model.question.pooling.attention.weight)
+    model.save(tmp_path / "m")
+    loaded = BiEncoder.load(tmp_path / "m")
+    assert loaded.tied == tied
+    assert torch.allclose(model.question.encode(TEXTS), loaded.question.encode(TEXTS), atol=1e-6)
+    assert torch.allclose(model.standard.encode(TEXTS), loaded.standard.encode(TEXTS), atol=1e-6)
+    files = {p.suffix for p in (tmp_path / "m").rglob("*") if p.is_file()}
+    assert ".safetensors" in files and not files & {".bin", ".pt", ".pkl", ".pth"}
+
+
+def test_tied_shares_one_encoder_and_untied_has_two(tiny_model_dir):
+    tied, untied = tiny_bi_encoder(tiny_model_dir, tied=True), tiny_bi_encoder(tiny_model_dir, tied=False)
+    assert tied.standard is tied.question and untied.standard is not untied.question
+    assert sum(p.numel() for p in untied.parameters()) == 2 * sum(p.numel() for p in tied.parameters())
+
+
+def test_cutoff_zeroes_whole_feature_dimensions_per_sentence():
+    torch.manual_seed(0)
+    augmentation = EmbeddingAugmentation(["cutoff"], 0.5).train()
+    out = augmentation(torch.ones(4, 5, 64))  # (B, T, D)
+    zero_dims = (out == 0).all(dim=1)  # (B, D): a dim is cut at every token or at none
+    assert ((out == 0).any(dim=1) == zero_dims).all()
+    assert 0.3 < zero_dims.float().mean() < 0.7
+    assert torch.equal(augmentation.eval()(torch.ones(4, 5, 64)), torch.ones(4, 5, 64))
+
+
+def test_implicit_augmentation_perturbs_questions_in_training_only(tiny_model_dir):
+    model = tiny_bi_encoder(tiny_model_dir)
+    model.set_augmentation(["dropout", "cutoff"], 0.1)
+    model.eval()
+    assert torch.equal(model.question(TEXTS), model.question(TEXTS))
+    model.train()
+    for module in model.modules():  # isolate the embedding augmentation from the backbone's own dropout
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    assert not torch.equal(model.question(TEXTS), model.question(TEXTS))
+    assert torch.equal(model.standard(TEXTS), model.standard(TEXTS))  # the catalog side is never augmented
+
+
+def test_local_folders_resolve_to_themselves_and_the_packaged_id_to_the_package(tiny_model_dir):
+    assert resolve_pretrained(str(tiny_model_dir)) == str(tiny_model_dir)
+    packaged = resolve_pretrained("sentence-transformers/all-MiniLM-L6-v2")
+    assert (Path(packaged) / "config.json").is_file()
+    assert resolve_pretrained("some-org/some-model") == "some-org/some-model"
+
+
+def test_an_unloadable_encoder_is_a_clear_error(tmp_path):
+    with pytest.raises(OSError, match="could not load encoder"):
+        TextEncoder.from_pretrained(str(tmp_path / "missing-and-not-a-hub-id" / "x"))
+
+
+def test_stage_one_learns_the_synthetic_classes(tiny_model_dir):
+    """Minimum functionality: a few epochs of stage one beat the untrained start on validation."""
+    torch.manual_seed(0)
+    catalog = Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()])
+    rows = [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 40)]
+    validation = [LabeledQuestion(t, c) for t, c in synthetic_questions(1, 10)]
+    model = tiny_bi_encoder(tiny_model_dir)
+    params = StageOneParams(epochs=4, batch_size=16, learning_rate=2e-3, patience=4, warmup_ratio=0.0)
+    result = stage_one.train(model, rows, validation, catalog, params, seed=0)
+    assert result.best_validation_macro_f1 > result.history[0].validation_macro_f1
+    assert result.best_validation_macro_f1 >= 0.9
