@@ -34,7 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     _paths(commands.add_parser("stage-two", help="retrain against the mined negatives"), "data", "train", "negatives", "model", "out", "history")
     _paths(commands.add_parser("baseline-nc", help="train the NC (encoder + linear head) baseline"), "data", "train", "out", "history")
     _paths(commands.add_parser("evaluate", help="score ADMC and its baselines; write metrics and plots"),
-           "data", "train", "stage-one", "stage-two", "nc", "metrics", "classes", "plots")
+           "data", "train", "stage-one", "stage-two", "nc", "metrics", "classes", "plots", "predictions")
+    fetch = commands.add_parser("fetch", help="download the public datasets (needs network), verified by SHA-256")
+    fetch.add_argument("--dest", type=Path, required=True)
+    fetch.add_argument("--verify-only", action="store_true", help="check the files already in --dest; no network")
     bench = commands.add_parser("bench", help="seconds per epoch of stage one vs stage two at the same batch size")
     bench.add_argument("--steps", type=int, default=20)
     bench.add_argument("--batch-size", type=int, default=32)
@@ -42,8 +45,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def dispatch(args: argparse.Namespace) -> None:
-    params = load_params(args.params)
     command = args.command
+    if command == "fetch":
+        from tqc import fetch
+
+        if not args.verify_only:
+            fetch.fetch(args.dest)
+        for path, ok in fetch.verify(args.dest).items():
+            print(f"{'ok' if ok else 'MISSING OR CHANGED'}  {path}")
+        return
+    params = load_params(args.params)
     if command == "ingest":
         from tqc.stages import ingest
 
@@ -78,7 +89,7 @@ def dispatch(args: argparse.Namespace) -> None:
         from tqc.stages import evaluate
 
         models = ChainOutputs(args.stage_one, args.stage_two, args.nc)
-        evaluate.run(args.data, args.train, models, params, args.metrics, args.classes, args.plots)
+        evaluate.run(args.data, args.train, models, params, args.metrics, args.classes, args.plots, args.predictions)
     elif command == "bench":
         from tqc import bench
 

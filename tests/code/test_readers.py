@@ -116,3 +116,28 @@ def test_real_datasets_read_every_line(dataset, train, test, classes):
     assert len(splits.test.rows) + len(splits.test.rejected) == test
     assert {q.class_id for q in splits.train.rows} <= set(splits.catalog.class_ids)
     assert len(splits.catalog) == classes
+
+
+def test_fetch_verifies_checksums_and_never_keeps_a_bad_download(tmp_path):
+    import hashlib
+    import io
+
+    from tqc.fetch import ChecksumMismatch, RemoteFile, fetch, verify
+
+    good = b"DESC:def What is it ?\n"
+    files = [RemoteFile("trec/x.label", "https://example.invalid/x", hashlib.sha256(good).hexdigest())]
+    assert fetch(tmp_path, files, opener=lambda url: io.BytesIO(good)) == [tmp_path / "trec/x.label"]
+    assert verify(tmp_path, files) == {"trec/x.label": True}
+    assert fetch(tmp_path, files, opener=lambda url: pytest.fail("no download when the checksum matches")) == []
+    (tmp_path / "trec/x.label").write_bytes(b"tampered")
+    with pytest.raises(ChecksumMismatch):
+        fetch(tmp_path, files, opener=lambda url: io.BytesIO(b"also wrong"))
+    assert (tmp_path / "trec/x.label").read_bytes() == b"tampered"  # the atomic write left nothing half-done
+    assert [p.name for p in (tmp_path / "trec").iterdir()] == ["x.label"]
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="shared datasets not present")
+def test_shared_datasets_match_the_recorded_checksums():
+    from tqc.fetch import verify
+
+    assert all(verify(SHARED).values())

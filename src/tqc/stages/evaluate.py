@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from tqc.config import Params
-from tqc.io import atomic_path, write_json
+from tqc.io import atomic_path, write_json, write_jsonl
 from tqc.metrics import confused_pairs, per_class_prf, summary
 from tqc.model.encoder import BiEncoder, TextEncoder
 from tqc.pipeline import ChainOutputs, train_chain
@@ -66,7 +66,7 @@ def seed_statistics(per_seed: list[dict]) -> dict:
 
 
 def run(data_dir: Path, train_path: Path, models: ChainOutputs, params: Params, metrics_path: Path,
-        classes_path: Path, plots_dir: Path) -> dict:
+        classes_path: Path, plots_dir: Path, predictions_path: Path) -> dict:
     started = time.perf_counter()
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     splits = {"test": load_questions(data_dir / "test.jsonl"), "validation": load_questions(data_dir / "validation.jsonl")}
@@ -77,6 +77,7 @@ def run(data_dir: Path, train_path: Path, models: ChainOutputs, params: Params, 
     write_json(metrics_path, metrics)
     test_scores = evaluated["scores"]["test"]
     write_json(classes_path, _class_report(test_scores["admc"], splits["test"], catalog, params.evaluate.confused_pairs))
+    _write_predictions(predictions_path, test_scores["admc"], splits["test"], catalog, params.evaluate.top_k)
     _write_confusion(plots_dir / "confusion.csv", test_scores["admc"], splits["test"], catalog)
     _write_similarity_profile(plots_dir, test_scores, splits["test"], catalog, params)
     log.info("evaluate: test accuracy %.4f macro-F1 %.4f (AC %.4f, NC %.4f, zero-shot %.4f); wrote %s, %s, %s (%.1fs)",
@@ -126,6 +127,14 @@ def _class_report(scores: np.ndarray, questions: list[LabeledQuestion], catalog:
         "most_confused": [{"gold": catalog.class_ids[g], "predicted": catalog.class_ids[p], "count": n}
                           for g, p, n in confused_pairs(gold, predicted, top)],
     }
+
+
+def _write_predictions(path: Path, scores: np.ndarray, questions: list[LabeledQuestion], catalog: Catalog, top_k: int) -> None:
+    """ADMC's top-k standard questions with scores for every test question (Algorithm 1, lines 16–19)."""
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :top_k]  # (N, k)
+    write_jsonl(path, ({"text": q.text, "gold": q.class_id,
+                        "top_k": [{"class_id": catalog.class_ids[c], "standard_question": catalog.texts[c], "score": round(float(scores[i, c]), 6)}
+                                  for c in top[i]]} for i, q in enumerate(questions)))
 
 
 def _write_confusion(path: Path, scores: np.ndarray, questions: list[LabeledQuestion], catalog: Catalog) -> None:

@@ -1,0 +1,34 @@
+# The two commands of the README: `make run` (install + dvc repro) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch==2.13.0 first: it is the CPU wheel on these machines; a bare `torch` pulls CUDA packages.
+TORCH ?= torch==2.13.0
+
+.PHONY: run test install install-test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
+
+run: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
+
+test: install-test
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "not slow and not gpu"
+
+bench: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/tqc bench

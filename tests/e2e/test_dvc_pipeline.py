@@ -1,0 +1,76 @@
+"""End to end: `dvc repro` on a tiny random model and tiny synthetic data, in a scratch project."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import write_custom_dataset
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
+
+
+def tiny_params(data_dir: Path, model_dir: Path) -> dict:
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["data"].update(dataset="custom", data_dir=str(data_dir),
+                          custom={**params["data"]["custom"], "train": "train.csv", "test": "test.csv",
+                                  "catalog": "catalog.csv", "text_column": "question"})
+    params["model"].update(pretrained=str(model_dir), max_length=16)
+    for stage in ("stage_one", "stage_two", "baseline_nc"):
+        params[stage].update(epochs=1, batch_size=8, learning_rate=1e-3)
+    params["mine"]["k"] = 2
+    params["evaluate"]["profile_questions"] = 2
+    return params
+
+
+def run(command: list[str], cwd: Path) -> str:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result.stdout + result.stderr
+
+
+@pytest.fixture
+def project(tmp_path, tiny_model_dir) -> Path:
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(REPO / "dvc.yaml", project)
+    shutil.copytree(REPO / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    write_custom_dataset(tmp_path / "raw")
+    (project / "params.yaml").write_text(yaml.safe_dump(tiny_params(tmp_path / "raw", tiny_model_dir)))
+    run(["git", "init", "-q"], project)
+    run([sys.executable, "-m", "dvc", "init", "-q"], project)
+    return project
+
+
+def test_dvc_repro_end_to_end_then_nothing_then_only_evaluate(project):
+    run([sys.executable, "-m", "dvc", "repro"], project)
+    metrics = json.loads((project / "reports" / "metrics.json").read_text())
+    assert metrics["dataset"] == "custom"
+    for key in ("test", "stage_one.test", "nc.test", "zero_shot.test"):
+        node = metrics
+        for part in key.split("."):
+            node = node[part]
+        assert 0.0 <= node["accuracy"] <= 1.0 and 0.0 <= node["macro_f1"] <= 1.0
+    assert 0.0 <= metrics["test"]["mrr"] <= 1.0 and 0.0 <= metrics["test"]["hits_at_1"] <= 1.0
+    for path in ("models/stage_one/tqc_model.json", "models/stage_two/question_encoder/model.safetensors",
+                 "data/mined/negatives.jsonl", "reports/plots/confusion.csv", "reports/plots/similarity_profile.png",
+                 "reports/training/stage_two.csv", "reports/validation.json", "data/predictions/test.jsonl"):
+        assert (project / path).exists(), path
+
+    second = run([sys.executable, "-m", "dvc", "repro"], project)
+    assert "Running stage" not in second
+
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["evaluate"]["confused_pairs"] = 3
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    third = run([sys.executable, "-m", "dvc", "repro"], project)
+    assert [line for line in third.splitlines() if line.startswith("Running stage")] == ["Running stage 'evaluate':"]
