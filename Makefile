@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # torch==2.13.0 first: it is the CPU wheel on these machines; a bare `torch` pulls CUDA packages.
 TORCH ?= torch==2.13.0
 
-.PHONY: run test install install-test bench clean
+.PHONY: run test install install-test bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,4 +31,5 @@ test: install-test
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "not slow and not gpu"
 
 bench: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/tqc bench
+	$(BIN)/tqc bench epochs
+	$(BIN)/tqc bench validate --dataset trec50

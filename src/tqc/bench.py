@@ -6,6 +6,9 @@ figure that matters is the ratio, measured in one run, since these machines are 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,8 +24,8 @@ from tqc.stages import stage_one, stage_two
 from tqc.training import gold_indices
 
 
-def run(params: Params, steps: int, batch_size: int, data_dir: Path = Path("data/validated"),
-        train_path: Path = Path("data/augmented/train.jsonl")) -> dict:
+def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("data/validated"),
+           train_path: Path = Path("data/augmented/train.jsonl")) -> dict:
     seed_everything(params.seed)
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     train_rows = load_questions(train_path)
@@ -49,4 +52,24 @@ def run(params: Params, steps: int, batch_size: int, data_dir: Path = Path("data
     report["stage_two_over_stage_one"] = report["stage_two_seconds_per_epoch"] / report["stage_one_seconds_per_epoch"]
     for key, value in report.items():
         print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
+    return report
+
+
+def validate_stage(params_path: Path, dataset: str) -> dict:
+    """Wall-clock seconds the validate stage adds to `dvc repro` (process start included) on `dataset`."""
+    from tqc.config import load_params
+    from tqc.stages import ingest
+
+    params = load_params(params_path, {"data": {"dataset": dataset}})
+    with tempfile.TemporaryDirectory(prefix="tqc-bench-") as work:
+        work = Path(work)
+        (work / "params.yaml").write_text(__import__("yaml").safe_dump(params.to_dict()))
+        ingest.run(params.data, params.seed, work / "ingested", work / "q.jsonl", work / "ingest.json")
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "tqc.cli", "--params", str(work / "params.yaml"), "validate",
+                        "--data", str(work / "ingested"), "--out", str(work / "validated"), "--quarantine",
+                        str(work / "vq.jsonl"), "--report", str(work / "validation.json"), "--docs", str(work / "docs")], check=True)
+        seconds = time.perf_counter() - started
+    report = {"dataset": dataset, "validate_stage_seconds": seconds}
+    print(f"dataset: {dataset}\nvalidate_stage_seconds: {seconds:.2f}")
     return report

@@ -45,16 +45,23 @@ class DataParams(Strict):
         return self
 
 
-ExpectationName = Literal["schema", "non_empty_text", "label_in_catalog", "no_train_test_overlap"]
+ExpectationName = Literal[
+    "schema", "non_empty_text", "text_length", "no_control_characters", "label_in_catalog", "no_duplicates",
+    "no_label_conflicts", "no_leakage", "min_examples_per_class", "class_imbalance",
+    "catalog_unique_ids", "catalog_non_empty_texts", "catalog_unique_texts",
+]
 
 
 class ValidateParams(Strict):
-    # Failing rows are always quarantined. A critical expectation also stops the stage when
-    # more than `max_quarantined_fraction` of a split's rows fail it (a wrong column mapping,
-    # a foreign catalog); a warning one is only logged and reported.
-    critical: list[ExpectationName] = ["schema", "non_empty_text", "label_in_catalog", "no_train_test_overlap"]
+    # Failing rows are always quarantined. A critical expectation also stops the stage: a
+    # table-level one whenever it fails, a row-level one when more than
+    # `max_quarantined_fraction` of a split fails it. A warning is logged and reported.
+    critical: list[ExpectationName] = ["schema", "non_empty_text", "label_in_catalog", "no_leakage",
+                                       "catalog_unique_ids", "catalog_non_empty_texts", "catalog_unique_texts"]
     max_quarantined_fraction: float = Field(0.05, ge=0.0, le=1.0)
     max_text_chars: int = Field(1000, gt=0)
+    min_examples_per_class: int = Field(5, ge=0)  # in train, after quarantine
+    max_imbalance_ratio: float = Field(50.0, ge=1.0)  # largest / smallest class in train
 
 
 class AugmentParams(Strict):

@@ -8,42 +8,87 @@ from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, save_question
 from tqc.stages.validate import ValidationFailed, run
 
 
-def write_splits(directory, train, validation, test):
+def write_splits(directory, train, validation, test, catalog=(("a", "Question a?"), ("b", "Question b?"))):
     directory.mkdir(parents=True, exist_ok=True)
-    Catalog([StandardQuestion("a", "Question a?"), StandardQuestion("b", "Question b?")]).save(directory / "catalog.jsonl")
+    Catalog([StandardQuestion(c, t) for c, t in catalog]).save(directory / "catalog.jsonl")
     for name, rows in (("train", train), ("validation", validation), ("test", test)):
         save_questions(directory / f"{name}.jsonl", [LabeledQuestion(t, c, f"{name}.csv:{i + 1}") for i, (t, c) in enumerate(rows)])
 
 
-def run_validate(tmp_path, params=None):
-    return run(tmp_path / "in", params or ValidateParams(max_quarantined_fraction=0.5), tmp_path / "out",
-               tmp_path / "quarantine.jsonl", tmp_path / "validation.json")
+def run_validate(tmp_path, params=None, docs=False):
+    return run(tmp_path / "in", params or ValidateParams(max_quarantined_fraction=0.5, min_examples_per_class=1),
+               tmp_path / "out", tmp_path / "quarantine.jsonl", tmp_path / "validation.json",
+               tmp_path / "docs" if docs else None)
 
 
-def test_bad_rows_are_quarantined_with_file_line_and_expectation(tmp_path):
-    train = [("good one", "a"), ("", "a"), ("unknown label", "zzz"), ("Shared  WITH test", "b"), ("good two", "b"), ("good three", "a")]
-    write_splits(tmp_path / "in", train, [("fine", "a")], [("shared with test", "b"), ("held out", "a")])
+def test_bad_rows_are_quarantined_with_file_line_expectation_and_content(tmp_path):
+    train = [("good one", "a"), ("", "a"), ("unknown label", "zzz"), ("Shared  WITH test", "b"), ("good two", "b"),
+             ("good three", "a"), ("GOOD one", "a"), ("bell\x07", "b"), ("x" * 1001, "a"), ("in validation", "a")]
+    write_splits(tmp_path / "in", train, [("fine", "a"), ("in validation", "a")], [("shared with test", "b"), ("held out", "a")])
     report = run_validate(tmp_path)
     quarantined = read_jsonl(tmp_path / "quarantine.jsonl")
     reasons = {(q["file"], q["line"]): q["expectations"] for q in quarantined}
-    assert reasons == {("train.csv", 2): ["non_empty_text"], ("train.csv", 3): ["label_in_catalog"],
-                       ("train.csv", 4): ["no_train_test_overlap"]}
+    assert reasons == {
+        ("train.csv", 2): ["non_empty_text"],
+        ("train.csv", 3): ["label_in_catalog"],
+        ("train.csv", 4): ["no_leakage"],
+        ("train.csv", 7): ["no_duplicates"],
+        ("train.csv", 8): ["no_control_characters"],
+        ("train.csv", 9): ["text_length"],
+        ("train.csv", 10): ["no_leakage"],
+    }
+    assert quarantined[0]["content"] == {"text": "", "class_id": "a"}
     assert [q["text"] for q in read_jsonl(tmp_path / "out" / "train.jsonl")] == ["good one", "good two", "good three"]
     for split in ("train", "validation", "test"):  # nothing silently lost
         assert report["accepted"][split] + report["quarantined"][split] == report["read"][split]
     assert read_json(tmp_path / "validation.json") == report
 
 
+def test_a_label_conflict_keeps_neither_row(tmp_path):
+    write_splits(tmp_path / "in", [("is it safe", "a"), ("Is it  safe", "b"), ("other", "b")], [("fine", "a")], [("held out", "a")])
+    report = run_validate(tmp_path)
+    assert [q["text"] for q in read_jsonl(tmp_path / "out" / "train.jsonl")] == ["other"]
+    assert report["quarantined_by_expectation"]["no_label_conflicts"] == 2
+
+
 def test_a_critical_expectation_failing_wholesale_stops_the_stage_and_names_it(tmp_path):
     write_splits(tmp_path / "in", [("x", "zzz"), ("y", "zzz"), ("z", "a")], [("fine", "a")], [("held out", "a")])
     with pytest.raises(ValidationFailed, match="label_in_catalog on train"):
-        run_validate(tmp_path, ValidateParams(max_quarantined_fraction=0.1))
+        run_validate(tmp_path, ValidateParams(max_quarantined_fraction=0.1, min_examples_per_class=1))
 
 
 def test_a_warning_expectation_only_quarantines(tmp_path):
     write_splits(tmp_path / "in", [("x", "zzz"), ("y", "zzz"), ("z", "a")], [("fine", "a")], [("held out", "a")])
-    params = ValidateParams(critical=["schema"], max_quarantined_fraction=0.1)
+    params = ValidateParams(critical=["schema"], max_quarantined_fraction=0.1, min_examples_per_class=1)
     report = run_validate(tmp_path, params)
     assert report["accepted"]["train"] == 1
-    failed = [e for e in report["expectations"] if not e["success"]]
-    assert [(e["name"], e["severity"]) for e in failed] == [("label_in_catalog", "warning")]
+    failed = {(e["name"], e["table"], e["severity"]) for e in report["expectations"] if not e["success"]}
+    assert ("label_in_catalog", "train", "warning") in failed
+
+
+def test_class_counts_and_imbalance_are_reported_and_warn(tmp_path, caplog):
+    train = [(f"a question {i}", "a") for i in range(12)] + [("b question", "b")]
+    write_splits(tmp_path / "in", train, [("fine", "a")], [("held out", "a")])
+    report = run_validate(tmp_path, ValidateParams(min_examples_per_class=2, max_imbalance_ratio=10))
+    assert report["class_imbalance_ratio"] == 12.0
+    assert report["classes_below_min_examples"] == ["b"]
+    failed = {e["name"] for e in report["expectations"] if not e["success"]}
+    assert {"min_examples_per_class", "class_imbalance"} <= failed
+    assert "class_imbalance" in caplog.text
+
+
+@pytest.mark.parametrize("catalog,expectation", [
+    ((("a", "Same text?"), ("b", "same  TEXT?")), "catalog_unique_texts"),
+    ((("a", "Question a?"), ("b", "")), "catalog_non_empty_texts"),
+])
+def test_a_broken_catalog_stops_the_stage(tmp_path, catalog, expectation):
+    write_splits(tmp_path / "in", [("x", "a"), ("y", "b")], [("fine", "a")], [("held out", "a")], catalog=catalog)
+    with pytest.raises(ValidationFailed, match=f"{expectation} on catalog"):
+        run_validate(tmp_path)
+
+
+def test_data_docs_are_built_as_html(tmp_path):
+    write_splits(tmp_path / "in", [("x", "a"), ("y", "b")], [("fine", "a")], [("held out", "a")])
+    run_validate(tmp_path, docs=True)
+    assert (tmp_path / "docs" / "index.html").is_file()
+    assert list((tmp_path / "docs" / "validations").rglob("*.html"))

@@ -63,14 +63,20 @@ def test_dvc_repro_end_to_end_then_nothing_then_only_evaluate(project):
     assert 0.0 <= metrics["test"]["mrr"] <= 1.0 and 0.0 <= metrics["test"]["hits_at_1"] <= 1.0
     for path in ("models/stage_one/tqc_model.json", "models/stage_two/question_encoder/model.safetensors",
                  "data/mined/negatives.jsonl", "reports/plots/confusion.csv", "reports/plots/similarity_profile.png",
-                 "reports/training/stage_two.csv", "reports/validation.json", "data/predictions/test.jsonl"):
+                 "reports/training/stage_two.csv", "reports/validation.json", "data/predictions/test.jsonl",
+                 "reports/data_docs/index.html"):
         assert (project / path).exists(), path
 
     second = run([sys.executable, "-m", "dvc", "repro"], project)
     assert "Running stage" not in second
 
     params = yaml.safe_load((project / "params.yaml").read_text())
-    params["evaluate"]["confused_pairs"] = 3
+    params["evaluate"].update(confused_pairs=3, seeds=2)  # evaluate params only
     (project / "params.yaml").write_text(yaml.safe_dump(params))
     third = run([sys.executable, "-m", "dvc", "repro"], project)
     assert [line for line in third.splitlines() if line.startswith("Running stage")] == ["Running stage 'evaluate':"]
+    seeds = json.loads((project / "reports" / "metrics.json").read_text())["seeds"]
+    assert seeds["n"] == 2
+    values = seeds["admc"]["macro_f1"]["values"]
+    assert len(values) == 2 and values[0] == pytest.approx(metrics["test"]["macro_f1"])
+    assert seeds["admc"]["macro_f1"]["mean"] == pytest.approx(sum(values) / 2)

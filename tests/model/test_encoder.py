@@ -84,3 +84,14 @@ def test_stage_one_learns_the_synthetic_classes(tiny_model_dir):
     result = stage_one.train(model, rows, validation, catalog, params, seed=0)
     assert result.best_validation_macro_f1 > result.history[0].validation_macro_f1
     assert result.best_validation_macro_f1 >= 0.9
+
+
+def test_nc_classifier_round_trip(tiny_model_dir, tmp_path):
+    from tqc.stages.baseline_nc import LinearClassifier
+
+    torch.manual_seed(0)
+    model = LinearClassifier(TextEncoder.from_pretrained(str(tiny_model_dir)), n_classes=3)
+    model.save(tmp_path / "nc")
+    loaded = LinearClassifier.load(tmp_path / "nc")
+    assert loaded.logits(TEXTS).shape == (3, 3)
+    assert torch.allclose(torch.as_tensor(model.logits(TEXTS)), torch.as_tensor(loaded.logits(TEXTS)), atol=1e-6)

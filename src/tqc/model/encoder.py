@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -19,6 +17,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from tqc.config import ModelParams
+from tqc.io import atomic_directory
 from tqc.model.similarity import pairwise_scores
 
 log = logging.getLogger(__name__)
@@ -191,21 +190,12 @@ class BiEncoder(nn.Module):
         return pairwise_scores(questions, standards, self.similarity)
 
     def save(self, directory: Path, metadata: dict | None = None) -> None:
-        """Write atomically: a crash mid-save never leaves a half-written model folder."""
-        directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-        try:
+        with atomic_directory(directory) as staging:
             self.question.save(staging / "question_encoder")
             if not self.tied:
                 self.standard.save(staging / "standard_encoder")
             config = {"tied": self.tied, "similarity": self.similarity, **(metadata or {})}
             (staging / MODEL_CONFIG).write_text(json.dumps(config, indent=2))
-            if directory.exists():
-                shutil.rmtree(directory)
-            staging.rename(directory)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
 
     @classmethod
     def load(cls, directory: Path) -> "BiEncoder":

@@ -18,6 +18,7 @@ from torch import nn
 
 from tqc.config import AugmentParams, BaselineNCParams, ModelParams
 from tqc.device import pick_device, seed_everything
+from tqc.io import atomic_directory
 from tqc.metrics import summary
 from tqc.model.encoder import EmbeddingAugmentation, TextEncoder
 from tqc.schema import Catalog, LabeledQuestion, load_questions
@@ -41,9 +42,10 @@ class LinearClassifier(nn.Module):
         return self.head(embeddings.to(self.head.weight.device)).float().cpu().numpy()  # (N, P)
 
     def save(self, directory: Path) -> None:
-        self.encoder.save(directory)
-        save_file({k: v.contiguous().cpu() for k, v in self.head.state_dict().items()}, directory / "head.safetensors")
-        (directory / "tqc_model.json").write_text(json.dumps({"kind": "linear_classifier", "classes": self.head.out_features}, indent=2))
+        with atomic_directory(directory) as staging:
+            self.encoder.save(staging)
+            save_file({k: v.contiguous().cpu() for k, v in self.head.state_dict().items()}, staging / "head.safetensors")
+            (staging / "tqc_model.json").write_text(json.dumps({"kind": "linear_classifier", "classes": self.head.out_features}, indent=2))
 
     @classmethod
     def load(cls, directory: Path) -> "LinearClassifier":

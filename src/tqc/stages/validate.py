@@ -1,16 +1,20 @@
-"""Validate: a Great Expectations suite over the ingested splits; failing rows are quarantined.
+"""Validate: a Great Expectations contract over the ingested splits and the catalog.
 
-Row-level expectations (non-empty text, label in catalog, no train/test overlap) quarantine
-the rows they reject, so the pipeline trains on clean rows. An expectation named in
-`validate.critical` stops the stage when more than `max_quarantined_fraction` of a split
-fails it: a few bad rows are routine, a wholesale failure means the input is wrong.
+Row-level expectations quarantine the rows they reject, so the pipeline trains on clean
+rows; table-level ones (schema, class counts, imbalance, the catalog) judge a whole table.
+Each expectation is critical or a warning (`validate.critical`). A critical table-level
+failure stops the stage; a critical row-level one stops it when more than
+`max_quarantined_fraction` of a split fails it: a few bad rows are routine, a wholesale
+failure means the input is wrong (a bad column mapping, a foreign catalog).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -23,6 +27,9 @@ log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test")
 COLUMNS = ["text", "class_id", "source", "generated"]
+CONTROL_CHARACTERS = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
+# Leakage: a row of the first split whose text also appears in the second is quarantined.
+LEAKAGE_PAIRS = {"train": ("validation", "test"), "validation": ("test",), "test": ()}
 
 
 class ValidationFailed(RuntimeError):
@@ -30,104 +37,165 @@ class ValidationFailed(RuntimeError):
 
 
 def normalise(text: str) -> str:
-    """Case- and whitespace-insensitive form used for overlap checks."""
+    """Case- and whitespace-insensitive form used for duplicate, conflict and leakage checks."""
     return " ".join(text.casefold().split())
 
 
 @dataclass(frozen=True)
 class ExpectationOutcome:
     name: str
-    split: str
+    table: str  # a split, "class_counts" or "catalog"
     success: bool
     failing_rows: list[int]
+    row_level: bool
     critical: bool
+    observed: dict
 
 
-def build_suite(catalog: Catalog, params: ValidateParams, check_overlap: bool):
-    """The expectations for one split, each tagged in `meta.name` with its params name."""
+def annotate(splits: dict[str, list[LabeledQuestion]]) -> dict[str, pd.DataFrame]:
+    """One frame per split with the derived columns the row-level expectations test."""
+    normalised = {split: [normalise(q.text) for q in rows] for split, rows in splits.items()}
+    frames = {}
+    for split, rows in splits.items():
+        frame = pd.DataFrame([{c: getattr(q, c) for c in COLUMNS} for q in rows], columns=COLUMNS)
+        keys = normalised[split]
+        labels_per_text: dict[str, set[str]] = {}
+        for key, q in zip(keys, rows):
+            labels_per_text.setdefault(key, set()).add(q.class_id)
+        seen: set[str] = set()
+        repeated = []
+        for key in keys:
+            repeated.append(key in seen)
+            seen.add(key)
+        later_splits = [set(normalised[other]) for other in LEAKAGE_PAIRS[split]]
+        frame["is_repeat"] = repeated
+        frame["label_conflict"] = [len(labels_per_text[key]) > 1 for key in keys]
+        frame["leaks"] = [any(key in other for other in later_splits) for key in keys]
+        frames[split] = frame.reset_index(drop=True)
+    return frames
+
+
+def row_expectations(catalog: Catalog, params: ValidateParams) -> list:
     import great_expectations as gx
 
-    suite = gx.ExpectationSuite(name="tqc_questions")
-    suite.add_expectation(
-        gx.expectations.ExpectTableColumnsToMatchSet(column_set=COLUMNS + ["seen_in_test"], exact_match=True, meta={"name": "schema"})
-    )
-    suite.add_expectation(
-        gx.expectations.ExpectColumnValuesToBeOfType(column="text", type_="str", meta={"name": "schema"})
-    )
-    suite.add_expectation(
-        gx.expectations.ExpectColumnValueLengthsToBeBetween(
-            column="text", min_value=1, max_value=params.max_text_chars, meta={"name": "non_empty_text"}
-        )
-    )
-    suite.add_expectation(
-        gx.expectations.ExpectColumnValuesToBeInSet(column="class_id", value_set=catalog.class_ids, meta={"name": "label_in_catalog"})
-    )
-    if check_overlap:
-        suite.add_expectation(
-            gx.expectations.ExpectColumnValuesToBeInSet(column="seen_in_test", value_set=[False], meta={"name": "no_train_test_overlap"})
-        )
-    return suite
+    e = gx.expectations
+    return [
+        e.ExpectTableColumnsToMatchSet(column_set=COLUMNS + ["is_repeat", "label_conflict", "leaks"], exact_match=True, meta={"name": "schema"}),
+        e.ExpectColumnValuesToBeOfType(column="text", type_="str", meta={"name": "schema"}),
+        e.ExpectColumnValuesToNotBeNull(column="class_id", meta={"name": "schema"}),
+        e.ExpectColumnValueLengthsToBeBetween(column="text", min_value=1, meta={"name": "non_empty_text"}),
+        e.ExpectColumnValueLengthsToBeBetween(column="text", max_value=params.max_text_chars, meta={"name": "text_length"}),
+        e.ExpectColumnValuesToNotMatchRegex(column="text", regex=CONTROL_CHARACTERS, meta={"name": "no_control_characters"}),
+        e.ExpectColumnValuesToBeInSet(column="class_id", value_set=catalog.class_ids, meta={"name": "label_in_catalog"}),
+        e.ExpectColumnValuesToBeInSet(column="is_repeat", value_set=[False], meta={"name": "no_duplicates"}),
+        e.ExpectColumnValuesToBeInSet(column="label_conflict", value_set=[False], meta={"name": "no_label_conflicts"}),
+        e.ExpectColumnValuesToBeInSet(column="leaks", value_set=[False], meta={"name": "no_leakage"}),
+    ]
 
 
-def validate_split(frame: pd.DataFrame, split: str, catalog: Catalog, params: ValidateParams) -> list[ExpectationOutcome]:
+def class_count_expectations(params: ValidateParams) -> list:
     import great_expectations as gx
 
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-
-    context = gx.get_context(mode="ephemeral")
-    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
-    asset = context.data_sources.add_pandas("tqc").add_dataframe_asset(name=split)
-    batch = asset.add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame})
-    result = batch.validate(build_suite(catalog, params, check_overlap=split != "test"), result_format="COMPLETE")
-    outcomes = []
-    for expectation_result in result.results:
-        name = expectation_result.expectation_config.meta["name"]
-        failing = [int(i) for i in expectation_result.result.get("unexpected_index_list") or []]
-        outcomes.append(ExpectationOutcome(name, split, bool(expectation_result.success), failing, name in params.critical))
-    return outcomes
+    return [
+        gx.expectations.ExpectColumnValuesToBeBetween(
+            column="count", min_value=params.min_examples_per_class, meta={"name": "min_examples_per_class"}),
+        gx.expectations.ExpectColumnMaxToBeBetween(
+            column="imbalance_ratio", max_value=params.max_imbalance_ratio, meta={"name": "class_imbalance"}),
+    ]
 
 
-def to_frame(questions: list[LabeledQuestion], test_texts: set[str]) -> pd.DataFrame:
-    frame = pd.DataFrame([asdict(q) for q in questions], columns=COLUMNS)
-    frame["seen_in_test"] = [normalise(q.text) in test_texts for q in questions]
-    return frame.reset_index(drop=True)
+def catalog_expectations() -> list:
+    import great_expectations as gx
+
+    e = gx.expectations
+    return [
+        e.ExpectColumnValuesToBeUnique(column="class_id", meta={"name": "catalog_unique_ids"}),
+        e.ExpectColumnValueLengthsToBeBetween(column="text", min_value=1, meta={"name": "catalog_non_empty_texts"}),
+        e.ExpectColumnValuesToBeUnique(column="normalised_text", meta={"name": "catalog_unique_texts"}),
+    ]
 
 
-def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Path, report_path: Path) -> dict:
-    started = time.perf_counter()
-    catalog = Catalog.load(in_dir / "catalog.jsonl")
-    splits = {split: load_questions(in_dir / f"{split}.jsonl") for split in SPLITS}
-    test_texts = {normalise(q.text) for q in splits["test"]}
+ROW_LEVEL = {"non_empty_text", "text_length", "no_control_characters", "label_in_catalog", "no_duplicates",
+             "no_label_conflicts", "no_leakage"}
 
+
+class Validator:
+    """One ephemeral Great Expectations context; each table is validated by a checkpoint
+    whose results also feed the HTML data docs when `docs_dir` is given."""
+
+    def __init__(self, docs_dir: Path | None):
+        import great_expectations as gx
+        from great_expectations.data_context.types.base import ProgressBarsConfig
+
+        self.gx = gx
+        self.context = gx.get_context(mode="ephemeral")
+        self.context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
+        self.source = self.context.data_sources.add_pandas("tqc")
+        self.actions = []
+        if docs_dir is not None:
+            self.context.add_data_docs_site(site_name="tqc", site_config={
+                "class_name": "SiteBuilder",
+                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir.resolve())},
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}})
+            self.actions = [gx.checkpoint.UpdateDataDocsAction(name="data_docs", site_names=["tqc"])]
+
+    def validate(self, table: str, frame: pd.DataFrame, expectations: list, critical: set[str]) -> list[ExpectationOutcome]:
+        gx = self.gx
+        batch_definition = self.source.add_dataframe_asset(name=table).add_batch_definition_whole_dataframe("all")
+        suite = self.context.suites.add(gx.ExpectationSuite(name=f"tqc_{table}", expectations=expectations))
+        definition = self.context.validation_definitions.add(gx.ValidationDefinition(name=table, data=batch_definition, suite=suite))
+        checkpoint = self.context.checkpoints.add(gx.Checkpoint(
+            name=f"{table}_checkpoint", validation_definitions=[definition], actions=self.actions, result_format="COMPLETE"))
+        result = checkpoint.run(batch_parameters={"dataframe": frame})
+        outcomes = []
+        for validation in result.run_results.values():
+            for r in validation.results:
+                name = r.expectation_config.meta["name"]
+                failing = [int(i) for i in r.result.get("unexpected_index_list") or []]
+                observed = {k: _plain(v) for k, v in r.result.items() if k in ("observed_value", "unexpected_count", "element_count")}
+                outcomes.append(ExpectationOutcome(name, table, bool(r.success), failing, name in ROW_LEVEL, name in critical, observed))
+        return outcomes
+
+
+def _plain(value):
+    return value.item() if hasattr(value, "item") else value
+
+
+def class_counts(questions: list[LabeledQuestion], catalog: Catalog) -> pd.DataFrame:
+    counts = Counter(q.class_id for q in questions)
+    frame = pd.DataFrame({"class_id": catalog.class_ids, "count": [counts.get(c, 0) for c in catalog.class_ids]})
+    present = frame["count"][frame["count"] > 0]
+    frame["imbalance_ratio"] = float(present.max() / present.min()) if len(present) else 0.0
+    return frame
+
+
+def catalog_frame(catalog: Catalog) -> pd.DataFrame:
+    return pd.DataFrame({"class_id": catalog.class_ids, "text": catalog.texts,
+                         "normalised_text": [normalise(t) for t in catalog.texts]})
+
+
+def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: ValidateParams,
+          docs_dir: Path | None = None) -> tuple[dict[str, list[LabeledQuestion]], list[dict], list[ExpectationOutcome]]:
+    """Run the whole contract: (accepted rows per split, quarantine records, outcomes)."""
+    validator = Validator(docs_dir)
+    critical = set(params.critical)
+    outcomes = validator.validate("catalog", catalog_frame(catalog), catalog_expectations(), critical)
     accepted: dict[str, list[LabeledQuestion]] = {}
     quarantined: list[dict] = []
-    outcomes: list[ExpectationOutcome] = []
-    for split, questions in splits.items():
-        split_outcomes = validate_split(to_frame(questions, test_texts), split, catalog, params)
+    for split, frame in annotate(splits).items():
+        split_outcomes = validator.validate(split, frame, row_expectations(catalog, params), critical)
         outcomes += split_outcomes
         reasons: dict[int, list[str]] = {}
         for outcome in split_outcomes:
             for row in outcome.failing_rows:
                 reasons.setdefault(row, []).append(outcome.name)
-        accepted[split] = [q for i, q in enumerate(questions) if i not in reasons]
-        quarantined += [_quarantine_record(questions[i], split, names) for i, names in sorted(reasons.items())]
-
-    report = _report(catalog, splits, accepted, quarantined, outcomes, params, time.perf_counter() - started)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    catalog.save(out_dir / "catalog.jsonl")
-    for split, questions in accepted.items():
-        save_questions(out_dir / f"{split}.jsonl", questions)
-    write_jsonl(quarantine_path, quarantined)
-    write_json(report_path, report)
-    log.info(
-        "validate: accepted %s, quarantined %d rows to %s; report %s (%.1fs)",
-        report["accepted"], len(quarantined), quarantine_path, report_path, report["seconds"],
-    )
-    _raise_on_critical(report, params)
-    return report
+        accepted[split] = [q for i, q in enumerate(splits[split]) if i not in reasons]
+        quarantined += [quarantine_record(splits[split][i], split, names) for i, names in sorted(reasons.items())]
+    outcomes += validator.validate("class_counts", class_counts(accepted["train"], catalog), class_count_expectations(params), critical)
+    return accepted, quarantined, outcomes
 
 
-def _quarantine_record(question: LabeledQuestion, split: str, expectations: list[str]) -> dict:
+def quarantine_record(question: LabeledQuestion, split: str, expectations: list[str]) -> dict:
     file, _, line = question.source.rpartition(":")
     return {
         "stage": "validate",
@@ -135,45 +203,72 @@ def _quarantine_record(question: LabeledQuestion, split: str, expectations: list
         "file": file,
         "line": int(line) if line.isdigit() else None,
         "expectations": expectations,
-        "text": question.text,
-        "class_id": question.class_id,
+        "content": {"text": question.text, "class_id": question.class_id},
     }
 
 
-def _report(catalog, splits, accepted, quarantined, outcomes, params, seconds) -> dict:
+def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Path, report_path: Path,
+        docs_dir: Path | None = None) -> dict:
+    started = time.perf_counter()
+    catalog = Catalog.load(in_dir / "catalog.jsonl")
+    splits = {split: load_questions(in_dir / f"{split}.jsonl") for split in SPLITS}
+    accepted, quarantined, outcomes = check(splits, catalog, params, docs_dir)
+
+    report = summarise(catalog, splits, accepted, quarantined, outcomes, params, time.perf_counter() - started)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    catalog.save(out_dir / "catalog.jsonl")
+    for split, questions in accepted.items():
+        save_questions(out_dir / f"{split}.jsonl", questions)
+    write_jsonl(quarantine_path, quarantined)
+    write_json(report_path, report)
+    log.info("validate: accepted %s, quarantined %d rows to %s; report %s%s (%.1fs)",
+             report["accepted"], len(quarantined), quarantine_path, report_path,
+             f", data docs {docs_dir}" if docs_dir else "", report["seconds"])
+    raise_on_critical(report, params)
+    return report
+
+
+def summarise(catalog, splits, accepted, quarantined, outcomes, params, seconds) -> dict:
     expectations = []
     for outcome in outcomes:
-        total = len(splits[outcome.split]) or 1
-        expectations.append(
-            {
-                "name": outcome.name,
-                "split": outcome.split,
-                "severity": "critical" if outcome.critical else "warning",
-                "success": outcome.success,
-                "failing_rows": len(outcome.failing_rows),
-                "failing_fraction": round(len(outcome.failing_rows) / total, 6),
-            }
-        )
+        total = len(splits[outcome.table]) if outcome.table in splits else 0
+        expectations.append({
+            "name": outcome.name,
+            "table": outcome.table,
+            "severity": "critical" if outcome.critical else "warning",
+            "success": outcome.success,
+            "failing_rows": len(outcome.failing_rows) if outcome.row_level else None,
+            "failing_fraction": round(len(outcome.failing_rows) / total, 6) if outcome.row_level and total else None,
+            "observed": outcome.observed,
+        })
+    train_counts = class_counts(accepted["train"], catalog)
     return {
         "classes": len(catalog),
         "read": {split: len(rows) for split, rows in splits.items()},
         "accepted": {split: len(rows) for split, rows in accepted.items()},
         "quarantined": {split: sum(1 for q in quarantined if q["split"] == split) for split in splits},
+        "quarantined_by_expectation": dict(sorted(Counter(n for q in quarantined for n in q["expectations"]).items())),
+        "class_imbalance_ratio": round(float(train_counts["imbalance_ratio"].iloc[0]), 4) if len(train_counts) else None,
+        "classes_below_min_examples": train_counts.loc[train_counts["count"] < params.min_examples_per_class, "class_id"].tolist(),
         "expectations": expectations,
         "seconds": round(seconds, 2),
     }
 
 
-def _raise_on_critical(report: dict, params: ValidateParams) -> None:
+def raise_on_critical(report: dict, params: ValidateParams) -> None:
     failures = []
     for e in report["expectations"]:
         if e["success"]:
             continue
-        row_level = e["failing_rows"] > 0
+        where = f"{e['name']} on {e['table']}"
+        row_level = e["failing_rows"] is not None
         too_many = not row_level or e["failing_fraction"] > params.max_quarantined_fraction
         if e["severity"] == "critical" and too_many:
-            failures.append(f"{e['name']} on {e['split']} ({e['failing_rows']} rows, {e['failing_fraction']:.1%})")
+            detail = f" ({e['failing_rows']} rows, {e['failing_fraction']:.1%})" if row_level else f" ({e['observed']})"
+            failures.append(where + detail)
+        elif row_level:
+            log.warning("expectation %s failed for %d rows: rows quarantined", where, e["failing_rows"])
         else:
-            log.warning("expectation %s failed on %s for %d rows: rows quarantined", e["name"], e["split"], e["failing_rows"])
+            log.warning("expectation %s failed (warning): %s", where, e["observed"])
     if failures:
         raise ValidationFailed("critical expectation(s) failed: " + "; ".join(failures))

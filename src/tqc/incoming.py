@@ -1,0 +1,59 @@
+"""`tqc validate FILE`: check a new batch of labeled questions before it enters the pipeline.
+
+The batch is judged by the validate stage's own contract, against the current catalog and
+splits: the new rows join the current training rows (so a repeat of a known question or a
+label conflicting with one is caught), and leakage into validation or test is checked.
+Exit code 0: clean; 1: some rows would be quarantined; 2: the file is unusable.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+from tqc.config import Params
+from tqc.readers import ReaderError, read_table
+from tqc.schema import Catalog, load_questions
+from tqc.stages.validate import ValidationFailed, check, raise_on_critical, summarise
+
+log = logging.getLogger(__name__)
+
+CLEAN, QUARANTINED, UNUSABLE = 0, 1, 2
+
+
+def check_batch(path: Path, against: Path, params: Params) -> dict:
+    """What would be accepted and what quarantined, and why. Raises ReaderError or ValidationFailed."""
+    catalog = Catalog.load(against / "catalog.jsonl")
+    current = {split: load_questions(against / f"{split}.jsonl") for split in ("train", "validation", "test")}
+    parsed = read_table(path, params.data.custom.text_column, params.data.custom.label_column)
+    if not parsed.rows:
+        reason = parsed.rejected[0].reason if parsed.rejected else "no rows"
+        raise ReaderError(f"{path}: no usable row ({reason})")
+    splits = {"train": current["train"] + parsed.rows, "validation": current["validation"], "test": current["test"]}
+    accepted, quarantined, outcomes = check(splits, catalog, params.validate_)
+    raise_on_critical(summarise(catalog, splits, accepted, quarantined, outcomes, params.validate_, 0.0), params.validate_)
+    mine = f"{path}:"
+    rejected = [{"file": r.file, "line": r.line, "expectations": ["parse"], "reason": r.reason, "content": r.content}
+                for r in parsed.rejected]
+    rejected += [q for q in quarantined if q["split"] == "train" and f"{q['file']}:" == mine]
+    return {
+        "file": str(path),
+        "read": len(parsed.rows) + len(parsed.rejected),
+        "accepted": [asdict(q) for q in accepted["train"] if q.source.startswith(mine)],
+        "quarantined": sorted(rejected, key=lambda q: q["line"] or 0),
+    }
+
+
+def main(path: Path, against: Path, params: Params) -> int:
+    try:
+        report = check_batch(path, against, params)
+    except (ReaderError, ValidationFailed, FileNotFoundError) as exc:
+        print(f"{path}: unusable: {exc}")
+        return UNUSABLE
+    print(f"{path}: {report['read']} rows read, {len(report['accepted'])} would be accepted, "
+          f"{len(report['quarantined'])} quarantined")
+    for row in report["quarantined"]:
+        why = row.get("reason") or ", ".join(row["expectations"])
+        print(f"  line {row['line']}: {why}: {row['content']!r}")
+    return QUARANTINED if report["quarantined"] else CLEAN
