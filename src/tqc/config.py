@@ -81,8 +81,8 @@ class ModelParams(Strict):
 LossName = Literal["nt_xent", "bpr", "hinge", "sdml"]
 
 
-class TrainParams(Strict):
-    """Shared by both contrastive stages and the NC baseline."""
+class Schedule(Strict):
+    """How long and how fast a model trains; shared by both stages and the NC baseline."""
 
     epochs: int = Field(3, ge=1)
     batch_size: int = Field(64, ge=2)
@@ -90,11 +90,16 @@ class TrainParams(Strict):
     weight_decay: float = Field(0.01, ge=0.0)
     warmup_ratio: float = Field(0.1, ge=0.0, lt=1.0)
     patience: int = Field(2, ge=1)  # epochs without a validation macro-F1 gain before stopping
+    max_steps: int | None = Field(None, ge=1)  # cap per epoch, for quick runs and benchmarks
+
+
+class TrainParams(Schedule):
+    """A contrastive stage: the schedule plus its loss."""
+
     temperature: float = Field(0.1, gt=0.0)
     loss: LossName = "nt_xent"
     margin: float = Field(0.2, ge=0.0)  # hinge only
     smoothing: float = Field(0.0, ge=0.0, lt=1.0)  # sdml only
-    max_steps: int | None = Field(None, ge=1)  # cap per epoch, for quick runs and benchmarks
 
 
 class StageOneParams(TrainParams):
@@ -112,15 +117,9 @@ class StageTwoParams(TrainParams):
     batch_size: int = Field(32, ge=2)
 
 
-class BaselineNCParams(Strict):
+class BaselineNCParams(Schedule):
     epochs: int = Field(5, ge=1)
-    batch_size: int = Field(64, ge=2)
-    learning_rate: float = Field(5e-5, gt=0.0)
     head_learning_rate: float = Field(1e-3, gt=0.0)
-    weight_decay: float = Field(0.01, ge=0.0)
-    warmup_ratio: float = Field(0.1, ge=0.0, lt=1.0)
-    patience: int = Field(2, ge=1)
-    max_steps: int | None = Field(None, ge=1)
 
 
 class EvaluateParams(Strict):

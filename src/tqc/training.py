@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from tqc.config import Schedule
 from tqc.device import autocast
 from tqc.io import atomic_path
 from tqc.metrics import summary
@@ -72,13 +73,8 @@ def fit(
     batch_loss: Callable[[list[int]], torch.Tensor],
     n_rows: int,
     validate: Callable[[], dict],
+    schedule: Schedule,
     *,
-    epochs: int,
-    batch_size: int,
-    weight_decay: float,
-    warmup_ratio: float,
-    patience: int,
-    max_steps: int | None,
     seed: int,
     description: str,
     on_epoch: Callable[[EpochRecord], None] | None = None,
@@ -88,10 +84,11 @@ def fit(
     Epoch 0 is the starting point, validated before any step, so a stage never ends worse on
     validation than it began (stage two starts from stage one's weights).
     """
+    epochs, batch_size, max_steps, patience = schedule.epochs, schedule.batch_size, schedule.max_steps, schedule.patience
     rng = random.Random(seed)
     steps_per_epoch = len(batches(n_rows, batch_size, random.Random(0), max_steps))
-    optimizer = torch.optim.AdamW(param_groups, weight_decay=weight_decay)
-    scheduler = linear_warmup(optimizer, steps_per_epoch * epochs, warmup_ratio)
+    optimizer = torch.optim.AdamW(param_groups, weight_decay=schedule.weight_decay)
+    scheduler = linear_warmup(optimizer, steps_per_epoch * epochs, schedule.warmup_ratio)
     device = next(model.parameters()).device
 
     history = [_record(0, math.nan, validate(), 0.0)]

@@ -72,12 +72,7 @@ def train(model: LinearClassifier, train_rows: list[LabeledQuestion], validation
         batch_loss,
         len(train_rows),
         lambda: summary(model.logits([q.text for q in validation]), validation_gold),
-        epochs=params.epochs,
-        batch_size=params.batch_size,
-        weight_decay=params.weight_decay,
-        warmup_ratio=params.warmup_ratio,
-        patience=params.patience,
-        max_steps=params.max_steps,
+        params,
         seed=seed,
         description="NC baseline",
     )
