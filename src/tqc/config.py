@@ -115,6 +115,10 @@ class MineParams(Strict):
 
 class StageTwoParams(TrainParams):
     batch_size: int = Field(32, ge=2)
+    # mined: the paper's Eq. 3, gold against its K mined negatives only;
+    # mined_and_in_batch: gold against every distinct class the batch encodes (all rows'
+    # gold and mined classes), so the hard negatives sharpen without losing the rest.
+    negatives: Literal["mined", "mined_and_in_batch"] = "mined"
 
 
 class BaselineNCParams(Schedule):

@@ -95,3 +95,22 @@ def test_nc_classifier_round_trip(tiny_model_dir, tmp_path):
     loaded = LinearClassifier.load(tmp_path / "nc")
     assert loaded.logits(TEXTS).shape == (3, 3)
     assert torch.allclose(torch.as_tensor(model.logits(TEXTS)), torch.as_tensor(loaded.logits(TEXTS)), atol=1e-6)
+
+
+@pytest.mark.parametrize("negatives", ["mined", "mined_and_in_batch"])
+def test_stage_two_trains_against_mined_negatives(tiny_model_dir, negatives):
+    from tqc.config import StageTwoParams
+    from tqc.mining import mine
+    from tqc.stages import stage_two
+    from tqc.training import gold_indices
+
+    torch.manual_seed(0)
+    catalog = Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()])
+    rows = [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 40)]
+    validation = [LabeledQuestion(t, c) for t, c in synthetic_questions(1, 10)]
+    model = tiny_bi_encoder(tiny_model_dir)
+    mined, _ = mine(model.question.encode([q.text for q in rows]).numpy(), model.standard.encode(catalog.texts).numpy(),
+                    gold_indices(rows, catalog), k=1)
+    params = StageTwoParams(epochs=4, batch_size=16, learning_rate=2e-3, patience=4, warmup_ratio=0.0, negatives=negatives)
+    result = stage_two.train(model, rows, torch.as_tensor(mined), validation, catalog, params, seed=0)
+    assert result.best_validation_macro_f1 > result.history[0].validation_macro_f1

@@ -50,9 +50,11 @@ def train(
         distinct, columns = candidate_columns(gold[rows], negatives[rows])
         questions = model.question([texts[i] for i in rows])  # (B, D)
         standards = model.standard([catalog.texts[c] for c in distinct.tolist()])  # (U, D)
-        scores = model.score(questions, standards).gather(1, columns.to(questions.device))  # (B, K+1)
-        target = torch.zeros(len(rows), dtype=torch.long, device=questions.device)
-        return loss_fn(scores, target, None)
+        scores = model.score(questions, standards)  # (B, U)
+        columns = columns.to(questions.device)
+        if params.negatives == "mined_and_in_batch":
+            return loss_fn(scores, columns[:, 0], None)  # each class appears once in U: label-aware
+        return loss_fn(scores.gather(1, columns), torch.zeros_like(columns[:, 0]), None)  # (B, K+1), gold first
 
     return fit(
         model,
