@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--steps", type=int, default=20)
     bench.add_argument("--batch-size", type=int, default=32)
     bench.add_argument("--dataset", default="trec50")
+    bench.add_argument("--data", type=Path, default=Path("data/validated"), help="epochs: validated data folder")
+    bench.add_argument("--train", type=Path, default=Path("data/augmented/train.jsonl"), help="epochs: training rows")
     return parser
 
 
@@ -108,7 +110,7 @@ def dispatch(args: argparse.Namespace) -> None:
         from tqc import bench
 
         if args.what == "epochs":
-            bench.epochs(params, args.steps, args.batch_size)
+            bench.epochs(params, args.steps, args.batch_size, args.data, args.train)
         else:
             bench.validate_stage(args.params, args.dataset)
 
