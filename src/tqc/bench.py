@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from tqc.config import Params
 from tqc.device import pick_device, seed_everything
@@ -63,7 +64,7 @@ def validate_stage(params_path: Path, dataset: str) -> dict:
     params = load_params(params_path, {"data": {"dataset": dataset}})
     with tempfile.TemporaryDirectory(prefix="tqc-bench-") as work:
         work = Path(work)
-        (work / "params.yaml").write_text(__import__("yaml").safe_dump(params.to_dict()))
+        (work / "params.yaml").write_text(yaml.safe_dump(params.to_dict()))
         ingest.run(params.data, params.seed, work / "ingested", work / "q.jsonl", work / "ingest.json")
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "tqc.cli", "--params", str(work / "params.yaml"), "validate",

@@ -128,6 +128,9 @@ def read_table(path: Path, text_column: str, label_column: str) -> ReadResult:
     records = _jsonl_records(path) if path.suffix.lower() in {".jsonl", ".ndjson"} else _csv_dict_records(path)
     result = ReadResult()
     for line_number, record, original in records:
+        if isinstance(record, str):  # the record could not be parsed; the string says why
+            result.rejected.append(RejectedRow(str(path), line_number, record, original))
+            continue
         missing = [c for c in (text_column, label_column) if c not in record]
         if missing:
             result.rejected.append(RejectedRow(str(path), line_number, f"missing column(s) {missing}", original))
@@ -140,22 +143,22 @@ def read_table(path: Path, text_column: str, label_column: str) -> ReadResult:
     return result
 
 
-def _csv_dict_records(path: Path) -> list[tuple[int, dict, str]]:
+def _csv_dict_records(path: Path) -> list[tuple[int, dict | str, str]]:
+    """(line, record or the reason it is unusable, original content) for each data row."""
     records = _csv_records(path)
-    header_line, header = records[0]
-    header = [h.strip() for h in header]
+    header = [h.strip() for h in records[0][1]]
     rows = []
     for line_number, fields in records[1:]:
         if not any(f.strip() for f in fields):
             continue
         if len(fields) != len(header):
-            rows.append((line_number, {}, ",".join(fields)))  # rejected later as missing columns
+            rows.append((line_number, f"expected {len(header)} columns as in the header, found {len(fields)}", ",".join(fields)))
             continue
         rows.append((line_number, dict(zip(header, fields)), ",".join(fields)))
     return rows
 
 
-def _jsonl_records(path: Path) -> list[tuple[int, dict, str]]:
+def _jsonl_records(path: Path) -> list[tuple[int, dict | str, str]]:
     rows = []
     text = decode_file(path)
     if not text.strip():
@@ -165,9 +168,9 @@ def _jsonl_records(path: Path) -> list[tuple[int, dict, str]]:
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
-            record = None
-        rows.append((line_number, record if isinstance(record, dict) else {}, line))
+        except json.JSONDecodeError as exc:
+            record = f"not valid JSON: {exc.msg}"
+        rows.append((line_number, record if isinstance(record, (dict, str)) else "not a JSON object", line))
     return rows
 
 

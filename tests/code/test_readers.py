@@ -67,11 +67,11 @@ def test_custom_csv_and_jsonl_through_a_column_mapping(tmp_path):
     csv_path = write(tmp_path, "q.csv", b"id,question,intent\n1,how do i pay,billing\n2,lost my card\n3,,cards\n")
     result = read_table(csv_path, "question", "intent")
     assert [(q.text, q.class_id) for q in result.rows] == [("how do i pay", "billing"), ("", "cards")]
-    assert [(r.line, "missing column" in r.reason) for r in result.rejected] == [(3, True)]
+    assert [(r.line, r.reason) for r in result.rejected] == [(3, "expected 3 columns as in the header, found 2")]
     jsonl = write(tmp_path, "q.jsonl", b'{"question": "reset pin", "intent": "cards"}\nnot json\n{"question": "x", "intent": null}\n')
     result = read_table(jsonl, "question", "intent")
     assert [(q.text, q.class_id) for q in result.rows] == [("reset pin", "cards")]
-    assert [r.line for r in result.rejected] == [2, 3]
+    assert [(r.line, r.reason.split(":")[0]) for r in result.rejected] == [(2, "not valid JSON"), (3, "empty label")]
 
 
 def test_missing_catalog_texts_are_derived_with_a_warning(caplog):
