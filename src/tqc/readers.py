@@ -13,8 +13,10 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from importlib import resources
 from pathlib import Path
+from typing import Callable
 
 from tqc.config import DataParams
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
@@ -203,29 +205,38 @@ def with_derived_classes(catalog: Catalog, labels: list[str]) -> Catalog:
     return Catalog(catalog.questions + [StandardQuestion(c, label_in_words(c), derived=True) for c in missing])
 
 
-def read_dataset(params: DataParams) -> DatasetSplits:
-    """Read the configured dataset's official train and test splits and its catalog."""
+def require_rows(result: ReadResult, path: Path) -> ReadResult:
+    """A split with no usable row (a header only, every line rejected) is an error, not an empty run."""
+    if not result.rows:
+        why = f"; first rejected line {result.rejected[0].line}: {result.rejected[0].reason}" if result.rejected else ""
+        raise ReaderError(f"{path}: no usable rows ({len(result.rejected)} rejected{why})")
+    return result
+
+
+def official_files(params: DataParams) -> tuple[Path, Path, Callable[[Path], ReadResult]]:
+    """(train file, test file, reader) of a shipped dataset."""
     root = Path(params.data_dir)
     if params.dataset in ("trec6", "trec50"):
         granularity = "coarse" if params.dataset == "trec6" else "fine"
-        return DatasetSplits(
-            read_trec(root / "trec" / "train_5500.label", granularity),
-            read_trec(root / "trec" / "TREC_10.label", granularity),
-            shipped_catalog(params.dataset),
-        )
-    if params.dataset == "covidq-categories":
-        folder = root / "covid-q" / "categories"
-        return DatasetSplits(read_headerless_pairs(folder / "train20.csv"), read_headerless_pairs(folder / "testA.csv"), shipped_catalog(params.dataset))
-    if params.dataset == "covidq-classes":
-        folder = root / "covid-q" / "classes"
-        return DatasetSplits(read_headerless_pairs(folder / "train3.csv"), read_headerless_pairs(folder / "testA.csv"), shipped_catalog(params.dataset))
-    return _read_custom(params)
+        return root / "trec" / "train_5500.label", root / "trec" / "TREC_10.label", partial(read_trec, granularity=granularity)
+    folder, train_file = {"covidq-categories": ("categories", "train20.csv"), "covidq-classes": ("classes", "train3.csv")}[params.dataset]
+    return root / "covid-q" / folder / train_file, root / "covid-q" / folder / "testA.csv", read_headerless_pairs
+
+
+def read_dataset(params: DataParams) -> DatasetSplits:
+    """Read the configured dataset's official train and test splits and its catalog."""
+    if params.dataset == "custom":
+        return _read_custom(params)
+    train_path, test_path, reader = official_files(params)
+    return DatasetSplits(require_rows(reader(train_path), train_path), require_rows(reader(test_path), test_path),
+                         shipped_catalog(params.dataset))
 
 
 def _read_custom(params: DataParams) -> DatasetSplits:
     custom, root = params.custom, Path(params.data_dir)  # relative paths are under data_dir (a DVC dependency)
-    train = read_table(root / custom.train, custom.text_column, custom.label_column)
-    test = read_table(root / custom.test, custom.text_column, custom.label_column)
+    train_path, test_path = root / custom.train, root / custom.test
+    train = require_rows(read_table(train_path, custom.text_column, custom.label_column), train_path)
+    test = require_rows(read_table(test_path, custom.text_column, custom.label_column), test_path)
     catalog = (
         read_catalog_file(root / custom.catalog, custom.catalog_id_column, custom.catalog_text_column)
         if custom.catalog

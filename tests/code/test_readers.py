@@ -141,3 +141,12 @@ def test_shared_datasets_match_the_recorded_checksums():
     from tqc.fetch import verify
 
     assert all(verify(SHARED).values())
+
+
+@pytest.mark.parametrize("train", [b"question,label\n", b"question,label\nonly one column\n"])
+def test_a_split_with_no_usable_row_is_a_clear_error(tmp_path, train):
+    write(tmp_path, "train.csv", train)
+    write(tmp_path, "test.csv", b"question,label\nhi,a\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), custom={"train": "train.csv", "test": "test.csv", "text_column": "question"})
+    with pytest.raises(ReaderError, match=r"train\.csv: no usable rows"):
+        read_dataset(params)
