@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tqc.config import Params
-from tqc.readers import ReaderError, read_table
+from tqc.readers import ReaderError, read_table, require_rows
 from tqc.schema import Catalog, load_questions
 from tqc.stages.validate import ValidationFailed, check, raise_on_critical, summarise
 
@@ -26,10 +26,7 @@ def check_batch(path: Path, against: Path, params: Params) -> dict:
     """What would be accepted and what quarantined, and why. Raises ReaderError or ValidationFailed."""
     catalog = Catalog.load(against / "catalog.jsonl")
     current = {split: load_questions(against / f"{split}.jsonl") for split in ("train", "validation", "test")}
-    parsed = read_table(path, params.data.custom.text_column, params.data.custom.label_column)
-    if not parsed.rows:
-        reason = parsed.rejected[0].reason if parsed.rejected else "no rows"
-        raise ReaderError(f"{path}: no usable row ({reason})")
+    parsed = require_rows(read_table(path, params.data.custom.text_column, params.data.custom.label_column), path)
     splits = {"train": current["train"] + parsed.rows, "validation": current["validation"], "test": current["test"]}
     accepted, quarantined, outcomes = check(splits, catalog, params.validate_)
     raise_on_critical(summarise(catalog, splits, accepted, quarantined, outcomes, params.validate_, 0.0), params.validate_)
