@@ -74,7 +74,7 @@ class ModelParams(Strict):
     pretrained: str = "sentence-transformers/all-MiniLM-L6-v2"
     tied: bool = False
     pooling: Literal["mean", "cls", "attention"] = "mean"
-    similarity: Literal["cosine", "inner"] = "cosine"
+    similarity: Literal["cosine", "inner", "mlp"] = "cosine"  # mlp: cosine + a 2-layer MLP on pair features
     max_length: int = Field(48, ge=8, le=512)
 
 

@@ -136,11 +136,12 @@ def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@torch.no_grad()
 def catalog_scores(model: BiEncoder, questions: list[LabeledQuestion], catalog: Catalog, batch_size: int = 256) -> np.ndarray:
     """Scores (N, P) of each question against every standard question, for prediction and ranking."""
     standards = model.standard.encode(catalog.texts, batch_size, "encoding catalog")  # (P, D)
     encoded = model.question.encode([q.text for q in questions], batch_size, "encoding questions")  # (N, D)
-    return model.score(encoded, standards).numpy()
+    return model.score(encoded, standards).float().cpu().numpy()
 
 
 def gold_indices(questions: list[LabeledQuestion], catalog: Catalog) -> np.ndarray:

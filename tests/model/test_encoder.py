@@ -32,6 +32,22 @@ def test_save_and_load_round_trip_with_safetensors_only(tiny_model_dir, tmp_path
     assert ".safetensors" in files and not files & {".bin", ".pt", ".pkl", ".pth"}
 
 
+def test_the_mlp_scorer_trains_and_round_trips(tiny_model_dir, tmp_path):
+    torch.manual_seed(0)
+    catalog = Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()])
+    rows = [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 20)]
+    model = tiny_bi_encoder(tiny_model_dir, similarity="mlp")
+    before = model.scorer.layers[-1].weight.detach().clone()
+    params = StageOneParams(epochs=1, batch_size=16, learning_rate=2e-3, warmup_ratio=0.0)
+    stage_one.train(model, rows, rows[:6], catalog, params, seed=0)
+    assert not torch.equal(model.scorer.layers[-1].weight, before)  # the scorer is trained with the encoders
+    model.save(tmp_path / "m")
+    loaded = BiEncoder.load(tmp_path / "m")
+    q, s = model.question.encode(TEXTS), model.standard.encode(catalog.texts)
+    assert torch.allclose(model.score(q, s), loaded.score(q, s), atol=1e-6)
+    assert (tmp_path / "m" / "scorer.safetensors").is_file()
+
+
 def test_tied_shares_one_encoder_and_untied_has_two(tiny_model_dir):
     tied, untied = tiny_bi_encoder(tiny_model_dir, tied=True), tiny_bi_encoder(tiny_model_dir, tied=False)
     assert tied.standard is tied.question and untied.standard is not untied.question

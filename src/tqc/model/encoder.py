@@ -18,13 +18,14 @@ from tqdm.auto import tqdm
 
 from tqc.config import ModelParams
 from tqc.io import atomic_directory
-from tqc.model.similarity import pairwise_scores
+from tqc.model.similarity import make_scorer
 
 log = logging.getLogger(__name__)
 
 PACKAGED_MINILM_IDS = {"sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"}
 ENCODER_CONFIG = "tqc_encoder.json"
 MODEL_CONFIG = "tqc_model.json"
+SCORER_WEIGHTS = "scorer.safetensors"
 
 
 def resolve_pretrained(name: str) -> str:
@@ -171,6 +172,7 @@ class BiEncoder(nn.Module):
         self.question = question
         self.standard = standard if standard is not None else question
         self.similarity = similarity
+        self.scorer = make_scorer(similarity, question.hidden_size)
 
     @property
     def tied(self) -> bool:
@@ -187,13 +189,17 @@ class BiEncoder(nn.Module):
         self.question.augmentation = EmbeddingAugmentation(kinds, rate)
 
     def score(self, questions: torch.Tensor, standards: torch.Tensor) -> torch.Tensor:
-        return pairwise_scores(questions, standards, self.similarity)
+        """questions (B, D), standards (C, D) → scores (B, C), on the model's device."""
+        device = self.question.device
+        return self.scorer(questions.to(device), standards.to(device))
 
     def save(self, directory: Path, metadata: dict | None = None) -> None:
         with atomic_directory(directory) as staging:
             self.question.save(staging / "question_encoder")
             if not self.tied:
                 self.standard.save(staging / "standard_encoder")
+            if any(True for _ in self.scorer.parameters()):
+                save_file({k: v.contiguous().cpu() for k, v in self.scorer.state_dict().items()}, staging / SCORER_WEIGHTS)
             config = {"tied": self.tied, "similarity": self.similarity, **(metadata or {})}
             (staging / MODEL_CONFIG).write_text(json.dumps(config, indent=2))
 
@@ -203,4 +209,7 @@ class BiEncoder(nn.Module):
         config = json.loads((directory / MODEL_CONFIG).read_text())
         question = TextEncoder.load(directory / "question_encoder")
         standard = None if config["tied"] else TextEncoder.load(directory / "standard_encoder")
-        return cls(question, standard, config["similarity"])
+        model = cls(question, standard, config["similarity"])
+        if (directory / SCORER_WEIGHTS).exists():
+            model.scorer.load_state_dict(load_file(directory / SCORER_WEIGHTS))
+        return model

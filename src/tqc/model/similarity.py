@@ -1,24 +1,71 @@
-"""Pairwise similarity between question and standard-question embeddings."""
+"""Pairwise similarity between question and standard-question embeddings: small scorer modules.
+
+Each scorer maps questions (B, D) and standard questions (C, D) to scores (B, C).
+`cosine` and `inner` have no weights; `mlp` is a 2-layer MLP over the pair features
+[q; s; q⊙s; |q−s|] of the normalised vectors, added to their cosine. Its last layer starts
+at zero, so an untrained MLP scorer *is* cosine: training starts from the pretrained
+geometry instead of from random scores.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+SIMILARITIES = ("cosine", "inner", "mlp")
+
+
+class CosineScorer(nn.Module):
+    kind = "cosine"
+
+    def forward(self, questions: torch.Tensor, standards: torch.Tensor) -> torch.Tensor:
+        return F.normalize(questions, dim=-1) @ F.normalize(standards, dim=-1).T
+
+
+class InnerProductScorer(nn.Module):
+    kind = "inner"
+
+    def forward(self, questions: torch.Tensor, standards: torch.Tensor) -> torch.Tensor:
+        return questions @ standards.T
+
+
+class MLPScorer(nn.Module):
+    """cosine(q, s) + MLP([q; s; q⊙s; |q−s|]) on the normalised vectors."""
+
+    kind = "mlp"
+
+    def __init__(self, dim: int, hidden: int | None = None, chunk_rows: int = 256):
+        super().__init__()
+        hidden = hidden or dim
+        self.layers = nn.Sequential(nn.Linear(4 * dim, hidden), nn.GELU(), nn.Linear(hidden, 1))
+        nn.init.zeros_(self.layers[-1].weight)
+        nn.init.zeros_(self.layers[-1].bias)
+        self.chunk_rows = chunk_rows  # bounds the (rows, C, 4D) pair tensor when scoring a whole catalog
+
+    def forward(self, questions: torch.Tensor, standards: torch.Tensor) -> torch.Tensor:
+        questions, standards = F.normalize(questions, dim=-1), F.normalize(standards, dim=-1)
+        return torch.cat([self._score(chunk, standards) for chunk in questions.split(self.chunk_rows)])
+
+    def _score(self, questions: torch.Tensor, standards: torch.Tensor) -> torch.Tensor:
+        q = questions.unsqueeze(1).expand(-1, standards.shape[0], -1)  # (B, C, D)
+        s = standards.unsqueeze(0).expand(questions.shape[0], -1, -1)  # (B, C, D)
+        pairs = torch.cat([q, s, q * s, (q - s).abs()], dim=-1)  # (B, C, 4D)
+        return (q * s).sum(-1) + self.layers(pairs).squeeze(-1)  # (B, C)
+
+
+def make_scorer(kind: str, dim: int) -> nn.Module:
+    if kind == "cosine":
+        return CosineScorer()
+    if kind == "inner":
+        return InnerProductScorer()
+    if kind == "mlp":
+        return MLPScorer(dim)
+    raise ValueError(f"unknown similarity {kind!r}; expected one of {', '.join(SIMILARITIES)}")
 
 
 def pairwise_scores(questions: torch.Tensor, standards: torch.Tensor, kind: str) -> torch.Tensor:
-    """questions (B, D), standards (C, D) → scores (B, C)."""
-    if kind == "cosine":
-        questions, standards = F.normalize(questions, dim=-1), F.normalize(standards, dim=-1)
-    elif kind != "inner":
-        raise ValueError(f"unknown similarity {kind!r}")
-    return questions @ standards.T
-
-
-def rowwise_scores(questions: torch.Tensor, candidates: torch.Tensor, kind: str) -> torch.Tensor:
-    """questions (B, D), candidates (B, C, D) → scores (B, C): each row against its own candidates."""
-    if kind == "cosine":
-        questions, candidates = F.normalize(questions, dim=-1), F.normalize(candidates, dim=-1)
-    elif kind != "inner":
-        raise ValueError(f"unknown similarity {kind!r}")
-    return torch.einsum("bd,bcd->bc", questions, candidates)
+    """questions (B, D), standards (C, D) → scores (B, C) for the weight-free similarities."""
+    if kind == "mlp":
+        raise ValueError("the mlp similarity has weights: score through BiEncoder.score")
+    return make_scorer(kind, questions.shape[-1])(questions, standards)
