@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from tqc.config import ConfigError, load_params
+from tqc.tracking import stage_run
 
 
 def _paths(parser: argparse.ArgumentParser, *names: str) -> None:
@@ -37,8 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     _paths(commands.add_parser("mine", help="mine the K hardest wrong standard questions"), "data", "train", "model", "out", "report")
     _paths(commands.add_parser("stage-two", help="retrain against the mined negatives"), "data", "train", "negatives", "model", "out", "history")
     _paths(commands.add_parser("baseline-nc", help="train the NC (encoder + linear head) baseline"), "data", "train", "out", "history")
-    _paths(commands.add_parser("evaluate", help="score ADMC and its baselines; write metrics and plots"),
-           "data", "train", "stage-one", "stage-two", "nc", "metrics", "classes", "plots", "predictions")
+    evaluate = commands.add_parser("evaluate", help="score ADMC and its baselines; write metrics and plots")
+    _paths(evaluate, "data", "train", "stage-one", "stage-two", "nc", "metrics", "classes", "plots", "predictions")
+    evaluate.add_argument("--validation-report", type=Path, help="the validate stage's report, logged with the run")
+    _paths(commands.add_parser("promote", help="register the stage-two model; move the champion alias if it wins"),
+           "data", "model", "report")
     fetch = commands.add_parser("fetch", help="download the public datasets (needs network), verified by SHA-256")
     fetch.add_argument("--dest", type=Path, required=True)
     fetch.add_argument("--verify-only", action="store_true", help="check the files already in --dest; no network")
@@ -86,26 +90,46 @@ def dispatch(args: argparse.Namespace) -> None:
     elif command == "stage-one":
         from tqc.stages import stage_one
 
-        stage_one.run(args.data, args.train, params.model, params.augment, params.stage_one, params.seed, args.out, args.history)
+        with stage_run("stage_one", params, [args.data, args.train]) as tracker:
+            result = stage_one.run(args.data, args.train, params.model, params.augment, params.stage_one, params.seed,
+                                   args.out, args.history, on_epoch=tracker.on_epoch("stage_one"))
+            _log_fit(tracker, "stage_one", result, args.history)
     elif command == "mine":
         from tqc.stages import mine
 
-        mine.run(args.data, args.train, args.model, params.mine, args.out, args.report)
+        with stage_run("mine", params, [args.data, args.train, args.model]) as tracker:
+            tracker.log_metrics(mine.run(args.data, args.train, args.model, params.mine, args.out, args.report), prefix="mine.")
     elif command == "stage-two":
         from tqc.stages import stage_two
 
-        stage_two.run(args.data, args.train, args.negatives, args.model, params.augment, params.stage_two, params.seed,
-                      args.out, args.history)
+        with stage_run("stage_two", params, [args.data, args.train, args.negatives, args.model]) as tracker:
+            result = stage_two.run(args.data, args.train, args.negatives, args.model, params.augment, params.stage_two,
+                                   params.seed, args.out, args.history, on_epoch=tracker.on_epoch("stage_two"))
+            _log_fit(tracker, "stage_two", result, args.history)
     elif command == "baseline-nc":
         from tqc.stages import baseline_nc
 
-        baseline_nc.run(args.data, args.train, params.model, params.augment, params.baseline_nc, params.seed, args.out, args.history)
+        with stage_run("baseline_nc", params, [args.data, args.train]) as tracker:
+            result = baseline_nc.run(args.data, args.train, params.model, params.augment, params.baseline_nc, params.seed,
+                                     args.out, args.history, on_epoch=tracker.on_epoch("baseline_nc"))
+            _log_fit(tracker, "baseline_nc", result, args.history)
     elif command == "evaluate":
         from tqc.pipeline import ChainOutputs
         from tqc.stages import evaluate
 
         models = ChainOutputs(args.stage_one, args.stage_two, args.nc)
-        evaluate.run(args.data, args.train, models, params, args.metrics, args.classes, args.plots, args.predictions)
+        with stage_run("evaluate", params, [args.data, args.train, args.stage_one, args.stage_two, args.nc]) as tracker:
+            metrics = evaluate.run(args.data, args.train, models, params, args.metrics, args.classes, args.plots,
+                                   args.predictions)
+            tracker.log_metrics(metrics)
+            for artifact in (args.metrics, args.classes, args.plots, args.validation_report):
+                if artifact is not None:
+                    tracker.log_artifact(artifact)
+    elif command == "promote":
+        from tqc.stages import promote
+
+        with stage_run("promote", params, [args.data, args.model]) as tracker:
+            promote.run(args.data, args.model, params.promote, args.report, tracker, params.seed)
     elif command == "bench":
         from tqc import bench
 
@@ -113,6 +137,12 @@ def dispatch(args: argparse.Namespace) -> None:
             bench.epochs(params, args.steps, args.batch_size, args.data, args.train)
         else:
             bench.validate_stage(args.params, args.dataset)
+
+
+def _log_fit(tracker, stage: str, result, history: Path) -> None:
+    tracker.log_metrics({"best_epoch": result.best_epoch, "best_validation_macro_f1": result.best_validation_macro_f1,
+                         "seconds_per_epoch": result.seconds_per_epoch}, prefix=f"{stage}.")
+    tracker.log_artifact(history)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -134,6 +134,62 @@ class EvaluateParams(Strict):
     batch_size: int = Field(256, ge=1)
 
 
+class TrackingParams(Strict):
+    """MLflow. The URI: this value, else $MLFLOW_TRACKING_URI, else a local SQLite store."""
+
+    enabled: bool = True
+    uri: str | None = None  # e.g. http://mlflow.internal:5000 or postgresql://…; None = env or local
+    experiment: str = "tqc"
+
+
+class PromoteParams(Strict):
+    """The champion/challenger gate on the *validation* split (never test)."""
+
+    model_name: str = "tqc-admc"  # registered model name
+    alias: str = "champion"
+    bootstrap_samples: int = Field(2000, ge=100)
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    # Promote when the lower confidence bound of (challenger − champion) accuracy exceeds this.
+    min_improvement: float = Field(0.0, ge=-1.0, le=1.0)
+    tail_fraction: float = Field(1 / 3, gt=0.0, le=1.0)  # the rarest classes in train, by count
+    tail_tolerance: float = Field(0.02, ge=0.0, le=1.0)  # allowed drop of tail-class macro-F1
+    top_k: int = Field(5, ge=1)  # what the served model returns per question
+
+
+class SearchDimension(Strict):
+    """One tuned knob: a float/int range (log-scaled or not) or a set of choices.
+
+    `when` makes it conditional, e.g. the hinge margin only when the loss is hinge.
+    """
+
+    low: int | float | None = None
+    high: int | float | None = None
+    log: bool = False
+    choices: list[str | int | float | bool] | None = None
+    when: dict[str, str | int | float | bool] = {}
+
+    @model_validator(mode="after")
+    def _range_or_choices(self) -> "SearchDimension":
+        if (self.choices is None) == (self.low is None or self.high is None):
+            raise ValueError("give either low and high, or choices")
+        if self.choices is None and self.low > self.high:
+            raise ValueError(f"low {self.low} is above high {self.high}")
+        return self
+
+
+class TuneParams(Strict):
+    study: str = "tqc-admc"
+    storage: str = "sqlite:///optuna.db"  # any SQLAlchemy URL; workers sharing it share the study
+    trials: int = Field(12, ge=1)  # per worker process
+    pruner: Literal["median", "hyperband", "none"] = "median"
+    startup_trials: int = Field(2, ge=0)  # median: trials that always run in full
+    warmup_epochs: int = Field(2, ge=0)  # median: epochs before a trial may be pruned
+    seed: int = 0
+    enqueue_defaults: bool = True  # trial 0 runs the base params: the baseline the search must beat
+    keep_models: bool = False  # keep each trial's model folders (disk: two encoders per trial)
+    space: dict[str, SearchDimension] = {}
+
+
 class Params(Strict):
     seed: int = 0
     data: DataParams = DataParams()
@@ -145,11 +201,30 @@ class Params(Strict):
     stage_two: StageTwoParams = StageTwoParams()
     baseline_nc: BaselineNCParams = BaselineNCParams()
     evaluate: EvaluateParams = EvaluateParams()
+    tracking: TrackingParams = TrackingParams()
+    promote: PromoteParams = PromoteParams()
+    tune: TuneParams = TuneParams()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
 
     def to_dict(self) -> dict:
         return self.model_dump(mode="json", by_alias=True)
+
+    def with_overrides(self, overrides: dict) -> "Params":
+        """A new, re-validated Params with a nested dict merged on top."""
+        try:
+            return Params.model_validate(deep_merge(self.to_dict(), overrides))
+        except ValidationError as exc:
+            raise ConfigError(f"invalid parameter overrides {overrides}:\n{exc}") from None
+
+    @model_validator(mode="after")
+    def _search_space_names_real_params(self) -> "Params":
+        known = flatten(self.model_dump(mode="json", by_alias=True, exclude={"tune"}))
+        for name, dimension in self.tune.space.items():
+            for path in (name, *dimension.when):
+                if path not in known:
+                    raise ValueError(f"tune.space: {path!r} is not a parameter (e.g. stage_one.temperature)")
+        return self
 
 
 class ConfigError(ValueError):
@@ -171,6 +246,29 @@ def load_params(path: str | Path = "params.yaml", overrides: dict | None = None)
         return Params.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(f"{path}: invalid parameters:\n{exc}") from None
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} → {"a.b": 1}."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def unflatten(flat: dict) -> dict:
+    """{"a.b": 1} → {"a": {"b": 1}}."""
+    tree: dict = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split(".")
+        node = tree
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return tree
 
 
 def deep_merge(base: dict, update: dict) -> dict:

@@ -94,6 +94,8 @@ def fit(
     history = [_record(0, math.nan, validate(), 0.0)]
     best_f1, best_epoch, best_state = history[0].validation_macro_f1, 0, _snapshot(model)
     log.info("%s: epoch 0 (start) validation macro-F1 %.4f", description, best_f1)
+    if on_epoch:
+        on_epoch(history[0])
     for epoch in range(1, epochs + 1):
         started = time.perf_counter()
         model.train()

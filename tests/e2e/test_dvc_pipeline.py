@@ -64,7 +64,7 @@ def test_dvc_repro_end_to_end_then_nothing_then_only_evaluate(project):
     for path in ("models/stage_one/tqc_model.json", "models/stage_two/question_encoder/model.safetensors",
                  "data/mined/negatives.jsonl", "reports/plots/confusion.csv", "reports/plots/similarity_profile.png",
                  "reports/training/stage_two.csv", "reports/validation.json", "data/predictions/test.jsonl",
-                 "reports/data_docs/index.html"):
+                 "reports/data_docs/index.html", "reports/promotion.json"):
         assert (project / path).exists(), path
 
     second = run([sys.executable, "-m", "dvc", "repro"], project)
@@ -80,3 +80,39 @@ def test_dvc_repro_end_to_end_then_nothing_then_only_evaluate(project):
     values = seeds["admc"]["macro_f1"]["values"]
     assert len(values) == 2 and values[0] == pytest.approx(metrics["test"]["macro_f1"])
     assert seeds["admc"]["macro_f1"]["mean"] == pytest.approx(sum(values) / 2)
+
+    check_mlflow_records_both_repros(project)
+
+
+def check_mlflow_records_both_repros(project: Path) -> None:
+    """Two repros that ran something → two parent runs in the local store, each with its stages nested."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tqc")
+    parents = client.search_runs([experiment.experiment_id], "tags.`tqc.kind` = 'pipeline'", order_by=["attributes.start_time ASC"])
+    assert len(parents) == 2 and all(p.info.status == "FINISHED" for p in parents)
+
+    def stages(parent) -> dict:
+        children = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+        return {c.data.tags["tqc.stage"]: c for c in children}
+
+    first, second = stages(parents[0]), stages(parents[1])
+    assert set(first) == {"stage_one", "mine", "stage_two", "baseline_nc", "evaluate", "promote"}
+    assert set(second) == {"evaluate"}  # the evaluate-only change re-ran evaluate alone
+    assert parents[0].data.params["stage_one.temperature"] == "0.1"
+    assert parents[1].data.params["evaluate.seeds"] == "2" and parents[0].data.params["evaluate.seeds"] == "1"
+
+    curve = client.get_metric_history(first["stage_one"].info.run_id, "stage_one.validation_macro_f1")
+    assert [m.step for m in curve] == [0, 1]
+    final_metrics = json.loads((project / "reports" / "metrics.json").read_text())  # written by the second parent
+    assert second["evaluate"].data.metrics["test.accuracy"] == pytest.approx(final_metrics["test"]["accuracy"])
+    lock = yaml.safe_load((project / "dvc.lock").read_text())
+    locked = {d["path"]: d["md5"] for d in lock["stages"]["stage_one"]["deps"]}
+    assert first["stage_one"].data.tags["dvc.data/validated"] == locked["data/validated"]
+    artifacts = {a.path for a in client.list_artifacts(second["evaluate"].info.run_id)}
+    assert {"metrics.json", "plots", "validation.json"} <= artifacts
+
+    promotion = json.loads((project / "reports" / "promotion.json").read_text())
+    assert promotion["promoted"] and promotion["challenger_version"] == "1"
+    assert str(client.get_model_version_by_alias("tqc-admc", "champion").version) == "1"

@@ -56,7 +56,7 @@ class LinearClassifier(nn.Module):
 
 
 def train(model: LinearClassifier, train_rows: list[LabeledQuestion], validation: list[LabeledQuestion], catalog: Catalog,
-          params: BaselineNCParams, seed: int) -> FitResult:
+          params: BaselineNCParams, seed: int, on_epoch=None) -> FitResult:
     gold = torch.as_tensor(gold_indices(train_rows, catalog))
     texts = [q.text for q in train_rows]
     validation_gold = gold_indices(validation, catalog)
@@ -75,11 +75,12 @@ def train(model: LinearClassifier, train_rows: list[LabeledQuestion], validation
         params,
         seed=seed,
         description="NC baseline",
+        on_epoch=on_epoch,
     )
 
 
 def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_params: AugmentParams,
-        params: BaselineNCParams, seed: int, out_dir: Path, history_path: Path) -> FitResult:
+        params: BaselineNCParams, seed: int, out_dir: Path, history_path: Path, on_epoch=None) -> FitResult:
     seed_everything(seed)
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     train_rows, validation = load_questions(train_path), load_questions(data_dir / "validation.jsonl")
@@ -87,7 +88,7 @@ def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_par
     encoder.augmentation = EmbeddingAugmentation(augment_params.implicit, augment_params.rate)
     model = LinearClassifier(encoder, len(catalog)).to(pick_device())
     log.info("NC baseline: %d training rows, %d classes", len(train_rows), len(catalog))
-    result = train(model, train_rows, validation, catalog, params, seed)
+    result = train(model, train_rows, validation, catalog, params, seed, on_epoch)
     model.save(out_dir)
     write_history(history_path, result.history)
     log.info("NC baseline: wrote %s and %s", out_dir, history_path)

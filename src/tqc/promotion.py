@@ -1,0 +1,91 @@
+"""The champion/challenger gate, as pure functions of validation predictions.
+
+A challenger replaces the champion only when both hold, on the validation split:
+1. a paired bootstrap over validation questions puts the lower bound of the confidence
+   interval of (challenger − champion) accuracy above `min_improvement`;
+2. on the tail classes (the rarest `tail_fraction` of classes by training count) its
+   macro-F1 is no more than `tail_tolerance` below the champion's.
+Pairing matters: both models answer the same questions, so the per-question difference
+cancels the questions' own difficulty and the interval is far tighter than two unpaired ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from tqc.config import PromoteParams
+from tqc.metrics import per_class_prf
+
+
+@dataclass(frozen=True)
+class BootstrapResult:
+    difference: float  # challenger − champion accuracy on the observed questions
+    low: float
+    high: float
+    confidence: float
+    samples: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    promote: bool
+    reasons: list[str]
+    bootstrap: BootstrapResult | None
+    tail_classes: list[str]
+    challenger_tail_macro_f1: float
+    champion_tail_macro_f1: float | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def paired_bootstrap(challenger_correct: np.ndarray, champion_correct: np.ndarray, samples: int, confidence: float,
+                     seed: int = 0) -> BootstrapResult:
+    """Both (N,) booleans over the same questions → the accuracy difference and its percentile CI."""
+    if challenger_correct.shape != champion_correct.shape or challenger_correct.ndim != 1:
+        raise ValueError("paired bootstrap needs two (N,) arrays over the same questions")
+    differences = challenger_correct.astype(float) - champion_correct.astype(float)  # (N,) in {-1, 0, 1}
+    rows = np.random.default_rng(seed).integers(0, len(differences), size=(samples, len(differences)))  # (S, N)
+    resampled = differences[rows].mean(axis=1)  # (S,)
+    alpha = (1.0 - confidence) / 2
+    low, high = np.quantile(resampled, [alpha, 1.0 - alpha])
+    return BootstrapResult(float(differences.mean()), float(low), float(high), confidence, samples)
+
+
+def tail_classes(train_class_ids: list[str], catalog_ids: list[str], fraction: float) -> list[str]:
+    """The rarest ⌈fraction · P⌉ classes by training count (ties broken by id, for stability)."""
+    counts = Counter(train_class_ids)
+    ranked = sorted(catalog_ids, key=lambda c: (counts.get(c, 0), c))
+    return ranked[: max(1, math.ceil(fraction * len(catalog_ids)))]
+
+
+def macro_f1_over(gold: np.ndarray, predicted: np.ndarray, labels: np.ndarray) -> float:
+    """Mean F1 over exactly `labels` (tail classes with no validation row still count, as 0)."""
+    per_class = per_class_prf(gold, predicted, labels)
+    return float(np.mean([v["f1"] for v in per_class.values()])) if len(labels) else 0.0
+
+
+def decide(gold: np.ndarray, challenger: np.ndarray, champion: np.ndarray | None, tail_labels: np.ndarray,
+           tail_ids: list[str], params: PromoteParams, seed: int = 0) -> Decision:
+    """gold, challenger, champion: (N,) class indices on the validation split."""
+    challenger_tail = macro_f1_over(gold, challenger, tail_labels)
+    if champion is None:
+        return Decision(True, ["no champion yet: the first model becomes champion"], None, tail_ids, challenger_tail, None)
+    bootstrap = paired_bootstrap(challenger == gold, champion == gold, params.bootstrap_samples, params.confidence, seed)
+    champion_tail = macro_f1_over(gold, champion, tail_labels)
+    reasons = []
+    better = bootstrap.low > params.min_improvement
+    reasons.append(
+        f"accuracy difference {bootstrap.difference:+.4f}, {bootstrap.confidence:.0%} CI [{bootstrap.low:+.4f}, "
+        f"{bootstrap.high:+.4f}]: lower bound {'above' if better else 'not above'} {params.min_improvement:+.4f}"
+    )
+    tail_ok = challenger_tail >= champion_tail - params.tail_tolerance
+    reasons.append(
+        f"tail-class macro-F1 {challenger_tail:.4f} vs champion {champion_tail:.4f}: "
+        f"{'within' if tail_ok else 'beyond'} the tolerance {params.tail_tolerance:.4f}"
+    )
+    return Decision(better and tail_ok, reasons, bootstrap, tail_ids, challenger_tail, champion_tail)

@@ -1,0 +1,80 @@
+"""The stage-two model as an MLflow pyfunc: questions in, top-k standard questions with scores out.
+
+    model = mlflow.pyfunc.load_model("models:/tqc-admc@champion")
+    model.predict(pd.DataFrame({"question": ["how do I reset my PIN?"]}), params={"top_k": 3})
+
+returns one row per (question, rank): question, rank, class_id, standard_question, score.
+The artifacts are the model's safetensors folder and the catalog; the `tqc` package must be
+installed where the model is loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow.pyfunc
+import pandas as pd
+from mlflow.models import ModelSignature
+from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
+
+OUTPUT_COLUMNS = ["question", "rank", "class_id", "standard_question", "score"]
+
+
+class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
+    def load_context(self, context) -> None:
+        from tqc.model.encoder import BiEncoder
+        from tqc.schema import Catalog
+
+        self.model = BiEncoder.load(Path(context.artifacts["model"])).eval()
+        self.catalog = Catalog.load(context.artifacts["catalog"])
+        self.standards = self.model.standard.encode(self.catalog.texts)  # (P, D), encoded once per load
+        self.default_top_k = int((context.model_config or {}).get("top_k", 5))
+
+    def predict(self, context, model_input, params=None) -> pd.DataFrame:
+        import torch
+
+        questions = _questions(model_input)
+        top_k = min(int((params or {}).get("top_k", self.default_top_k)), len(self.catalog))
+        with torch.no_grad():
+            scores = self.model.score(self.model.question.encode(questions), self.standards).float().cpu()  # (N, P)
+        values, indices = scores.topk(top_k, dim=1)  # (N, k)
+        rows = [
+            (question, rank + 1, self.catalog.class_ids[i], self.catalog.texts[i], float(v))
+            for question, row_values, row_indices in zip(questions, values.tolist(), indices.tolist())
+            for rank, (v, i) in enumerate(zip(row_values, row_indices))
+        ]
+        return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
+
+
+def _questions(model_input) -> list[str]:
+    if isinstance(model_input, pd.DataFrame):
+        column = "question" if "question" in model_input.columns else model_input.columns[0]
+        return [str(q) for q in model_input[column].tolist()]
+    if isinstance(model_input, str):
+        return [model_input]
+    return [str(q) for q in model_input]
+
+
+SIGNATURE = ModelSignature(
+    inputs=Schema([ColSpec("string", "question")]),
+    outputs=Schema([ColSpec("string", "question"), ColSpec("long", "rank"), ColSpec("string", "class_id"),
+                    ColSpec("string", "standard_question"), ColSpec("double", "score")]),
+    params=ParamSchema([ParamSpec("top_k", "long", 5)]),
+)
+
+
+def log_and_register(model_dir: Path, catalog_path: Path, model_name: str, top_k: int) -> str:
+    """Log the model in the active run and register it; returns the new version."""
+    import tqc
+
+    info = mlflow.pyfunc.log_model(
+        name="model",
+        python_model=StandardQuestionMatcher(),
+        artifacts={"model": str(model_dir), "catalog": str(catalog_path)},
+        model_config={"top_k": top_k},
+        signature=SIGNATURE,
+        # Listed, not inferred: inference would load the model in a subprocess to trace imports.
+        pip_requirements=[f"tqc=={tqc.__version__}", "torch", "transformers", "safetensors", "pandas"],
+        registered_model_name=model_name,
+    )
+    return str(info.registered_model_version)

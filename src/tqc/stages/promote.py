@@ -1,0 +1,97 @@
+"""Promote: register the stage-two model; move the champion alias only if it wins on validation.
+
+Runs inside an active MLflow run (the entry point sets tracking up). The challenger and the
+champion answer the validation questions through the same pyfunc the registry serves, so the
+gate compares what would really be deployed. The decision and its figures go to
+`reports/promotion.json` and to the run.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from tqc.config import PromoteParams
+from tqc.io import write_json
+from tqc.promotion import decide, tail_classes
+from tqc.schema import Catalog, load_questions
+from tqc.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+def run(data_dir: Path, model_dir: Path, params: PromoteParams, report_path: Path, tracker: Tracker, seed: int = 0) -> dict:
+    if not tracker.active:
+        report = {"promoted": False, "reasons": ["tracking is disabled (tracking.enabled: false): no registry to promote in"]}
+        write_json(report_path, report)
+        log.warning("promote: %s", report["reasons"][0])
+        return report
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    from tqc.serving import log_and_register
+
+    catalog = Catalog.load(data_dir / "catalog.jsonl")
+    validation = load_questions(data_dir / "validation.jsonl")
+    gold = np.array([catalog.index(q.class_id) for q in validation])
+    client = mlflow.MlflowClient()
+
+    version = log_and_register(model_dir, data_dir / "catalog.jsonl", params.model_name, params.top_k)
+    challenger = _validation_predictions(f"models:/{params.model_name}/{version}", validation, catalog)
+    try:
+        champion_version = str(client.get_model_version_by_alias(params.model_name, params.alias).version)
+    except MlflowException:
+        champion_version = None
+    champion = (_validation_predictions(f"models:/{params.model_name}/{champion_version}", validation, catalog)
+                if champion_version else None)
+
+    tail_ids = tail_classes([q.class_id for q in load_questions(data_dir / "train.jsonl")], catalog.class_ids,
+                            params.tail_fraction)
+    decision = decide(gold, challenger, champion, np.array([catalog.index(c) for c in tail_ids]), tail_ids, params, seed)
+    if champion is not None and np.any(champion < 0):
+        decision = _incomparable(decision)
+    if decision.promote:
+        client.set_registered_model_alias(params.model_name, params.alias, version)
+    report = {
+        "model_name": params.model_name,
+        "alias": params.alias,
+        "challenger_version": version,
+        "champion_version_before": champion_version,
+        "champion_version_after": version if decision.promote else champion_version,
+        "promoted": decision.promote,
+        "validation": {
+            "n": len(validation),
+            "challenger_accuracy": float(np.mean(challenger == gold)),
+            "champion_accuracy": float(np.mean(champion == gold)) if champion is not None else None,
+        },
+        **decision.to_dict(),
+    }
+    write_json(report_path, report)
+    client.set_model_version_tag(params.model_name, version, "promotion", "champion" if decision.promote else "rejected")
+    tracker.log_metrics({"promoted": int(decision.promote), **report["validation"],
+                         **({"ci_low": decision.bootstrap.low, "ci_high": decision.bootstrap.high,
+                             "difference": decision.bootstrap.difference} if decision.bootstrap else {})}, prefix="promotion.")
+    tracker.log_artifact(report_path)
+    log.info("promote: %s v%s %s; %s", params.model_name, version,
+             f"is now {params.alias}" if decision.promote else f"not promoted ({params.alias} stays v{champion_version})",
+             "; ".join(decision.reasons))
+    return report
+
+
+def _validation_predictions(uri: str, validation, catalog: Catalog) -> np.ndarray:
+    """(N,) catalog indices predicted by a registered model; -1 for a class the catalog lacks."""
+    import mlflow.pyfunc
+    import pandas as pd
+
+    questions = pd.DataFrame({"question": [q.text for q in validation]})
+    answers = mlflow.pyfunc.load_model(uri).predict(questions, params={"top_k": 1})
+    top = answers[answers["rank"] == 1]["class_id"].tolist()  # (N,), in question order
+    return np.array([catalog.index(c) if c in catalog else -1 for c in top])
+
+
+def _incomparable(decision):
+    from dataclasses import replace
+
+    return replace(decision, promote=False,
+                   reasons=decision.reasons + ["the champion answers with classes outside this catalog: not comparable"])

@@ -1,0 +1,243 @@
+"""MLflow tracking, set up by the entry points only (the CLI, the tuner, the flows), never at import.
+
+One `dvc repro` is one *parent* run; each stage that trains or evaluates is a nested run in
+it. DVC runs every stage as its own process, so a stage finds its parent by the `dvc`
+process above it (its pid and start time, tagged on the parent run): the first tracked stage
+of a repro creates the parent, the others join it. `TQC_PARENT_RUN_ID` pins the parent
+explicitly (for callers that own a run, such as the Prefect flows).
+
+The store is `tracking.uri`, else `$MLFLOW_TRACKING_URI`, else the local `sqlite:///mlflow.db`:
+no server to start, and the same runs go to a shared server by configuration alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Iterator
+
+from tqc.config import Params, TrackingParams, flatten
+
+log = logging.getLogger(__name__)
+
+LOCAL_STORE = "sqlite:///mlflow.db"
+PARENT_ENV = "TQC_PARENT_RUN_ID"
+PIPELINE_TAG, REPRO_TAG, PARAMS_TAG, COMMIT_TAG = "tqc.kind", "tqc.repro", "tqc.params_hash", "tqc.git_commit"
+
+
+def tracking_uri(params: TrackingParams) -> str:
+    return params.uri or os.environ.get("MLFLOW_TRACKING_URI") or LOCAL_STORE
+
+
+def git_commit() -> str:
+    """HEAD, with '-dirty' when tracked files differ from it; 'unknown' outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head}-dirty" if dirty else head
+
+
+def dvc_md5(path: Path) -> str:
+    """The hash DVC records for `path` in dvc.lock: md5 of a file, or of a directory's listing + '.dir'."""
+    path = Path(path)
+    if path.is_file():
+        return _file_md5(path)
+    entries = sorted(({"md5": _file_md5(f), "relpath": f.relative_to(path).as_posix()} for f in path.rglob("*") if f.is_file()),
+                     key=lambda e: e["relpath"])
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest() + ".dir"
+
+
+def _file_md5(path: Path) -> str:
+    digest = hashlib.md5()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def params_hash(params: Params) -> str:
+    tracked = params.model_dump(mode="json", by_alias=True, exclude={"tracking", "tune"})
+    return hashlib.sha256(json.dumps(tracked, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class Tracker:
+    """What a stage logs; the no-op version (tracking disabled) has the same interface."""
+
+    def __init__(self, mlflow_module=None):
+        self._mlflow = mlflow_module
+
+    @property
+    def active(self) -> bool:
+        return self._mlflow is not None
+
+    @property
+    def run_id(self) -> str | None:
+        return self._mlflow.active_run().info.run_id if self._mlflow else None
+
+    def on_epoch(self, prefix: str):
+        """A `fit` callback that logs each epoch's loss and validation metrics at step=epoch."""
+
+        def log_epoch(record) -> None:
+            values = {k: v for k, v in asdict(record).items() if k != "epoch" and v == v}  # NaN loss at epoch 0
+            self.log_metrics({f"{prefix}.{k}": v for k, v in values.items()}, step=record.epoch)
+
+        return log_epoch
+
+    def log_metrics(self, metrics: dict, step: int | None = None, prefix: str = "") -> None:
+        if self._mlflow:
+            numeric = {f"{prefix}{k}": float(v) for k, v in flatten(metrics).items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            self._mlflow.log_metrics(numeric, step=step)
+
+    def log_params(self, params: dict) -> None:
+        if self._mlflow:
+            for chunk in param_chunks(params):
+                self._mlflow.log_params(chunk)
+
+    def log_inputs(self, paths: list[Path]) -> None:
+        """DVC's hash of each input, as tags `dvc.<path>`: the exact data a run read."""
+        if self._mlflow:
+            self._mlflow.set_tags({f"dvc.{Path(p).as_posix()}": dvc_md5(Path(p)) for p in paths if Path(p).exists()})
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        if self._mlflow and Path(path).exists():
+            path = Path(path)
+            if path.is_dir():
+                self._mlflow.log_artifacts(str(path), artifact_path or path.name)
+            else:
+                self._mlflow.log_artifact(str(path), artifact_path)
+
+    def set_tags(self, tags: dict) -> None:
+        if self._mlflow:
+            self._mlflow.set_tags({k: str(v) for k, v in tags.items()})
+
+
+def param_chunks(params: dict, size: int = 100) -> list[dict[str, str]]:
+    """Nested params as flat 'section.key' strings, in chunks of MLflow's batch limit."""
+    items = [(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v)) for k, v in flatten(params).items()]
+    return [dict(items[start : start + size]) for start in range(0, len(items), size)]
+
+
+def _client_and_experiment(params: TrackingParams):
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri(params))
+    experiment = mlflow.set_experiment(params.experiment)
+    return mlflow, mlflow.MlflowClient(), experiment.experiment_id
+
+
+def repro_id() -> str:
+    """Who ran this stage: the `dvc` process above us (one `dvc repro`), else this process.
+
+    DVC runs each stage as a child process, so every stage of one repro shares that ancestor;
+    its pid and start time identify the repro without any state of our own.
+    """
+    import psutil
+
+    for process in psutil.Process().parents():
+        try:
+            argv = process.cmdline()
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            continue
+        if _is_dvc(argv):
+            return f"dvc-{process.pid}-{int(process.create_time())}"
+    me = psutil.Process()
+    return f"process-{me.pid}-{int(me.create_time())}"
+
+
+def _is_dvc(argv: list[str]) -> bool:
+    """`dvc …`, `python …/dvc …` or `python -m dvc …`."""
+    head = [Path(a).name for a in argv[:2]]
+    return "dvc" in head or argv[1:3] == ["-m", "dvc"]
+
+
+def _pipeline_parent(client, experiment_id: str, params: Params, commit: str) -> str:
+    """The run id of this repro's parent run: pinned by the environment, found, or created."""
+    if os.environ.get(PARENT_ENV):
+        return os.environ[PARENT_ENV]
+    repro = repro_id()
+    found = client.search_runs([experiment_id], filter_string=f"tags.`{REPRO_TAG}` = '{repro}'", max_results=1)
+    if found:
+        return found[0].info.run_id
+    run = client.create_run(experiment_id, run_name=f"dvc repro {params.data.dataset}",
+                            tags={PIPELINE_TAG: "pipeline", REPRO_TAG: repro, PARAMS_TAG: params_hash(params),
+                                  COMMIT_TAG: commit, "dataset": params.data.dataset})
+    from mlflow.entities import Param
+
+    for chunk in param_chunks(params.model_dump(mode="json", by_alias=True, exclude={"tune"})):
+        client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in chunk.items()])
+    log.info("mlflow: new pipeline run %s for %s", run.info.run_id, repro)
+    return run.info.run_id
+
+
+@contextmanager
+def stage_run(stage: str, params: Params, inputs: list[Path] = ()) -> Iterator[Tracker]:
+    """A nested MLflow run for one pipeline stage, under this repro's parent run.
+
+    The parent is RUNNING while a stage runs and FINISHED (or FAILED) after it, so after the
+    repro it is FINISHED, ending with its last stage, whichever stages DVC chose to run.
+    """
+    if not params.tracking.enabled:
+        yield Tracker(None)
+        return
+    mlflow, client, experiment_id = _client_and_experiment(params.tracking)
+    commit = git_commit()
+    parent_id = _pipeline_parent(client, experiment_id, params, commit)
+    owns_parent = not os.environ.get(PARENT_ENV)
+    if owns_parent:
+        client.update_run(parent_id, status="RUNNING")
+    status = "FAILED"
+    try:
+        with mlflow.start_run(run_name=stage, experiment_id=experiment_id, parent_run_id=parent_id,
+                              tags={"tqc.stage": stage, COMMIT_TAG: commit}):
+            tracker = Tracker(mlflow)
+            tracker.log_params(_stage_params(stage, params))
+            tracker.log_inputs(list(inputs))
+            yield tracker
+        status = "FINISHED"
+    finally:
+        if owns_parent:
+            client.set_terminated(parent_id, status=status)
+
+
+def _stage_params(stage: str, params: Params) -> dict:
+    full = params.model_dump(mode="json", by_alias=True, exclude={"tune"})
+    sections = {"stage_one": ("seed", "model", "augment", "stage_one"), "mine": ("mine",),
+                "stage_two": ("seed", "augment", "stage_two"), "baseline_nc": ("seed", "model", "augment", "baseline_nc"),
+                "promote": ("promote",)}.get(stage)
+    return {k: full[k] for k in sections} if sections else full
+
+
+@contextmanager
+def standalone_run(name: str, params: TrackingParams, tags: dict | None = None) -> Iterator[Tracker]:
+    """A top-level run outside the pipeline (a tuning study, a flow); nested runs go under it."""
+    if not params.enabled:
+        yield Tracker(None)
+        return
+    mlflow, _, experiment_id = _client_and_experiment(params)
+    with mlflow.start_run(run_name=name, experiment_id=experiment_id, tags=tags or {}):
+        yield Tracker(mlflow)
+
+
+@contextmanager
+def nested_run(name: str, tags: dict | None = None) -> Iterator[Tracker]:
+    """A run nested in the active one (a tuning trial); no-op when no run is active."""
+    try:
+        import mlflow
+    except ImportError:  # pragma: no cover - mlflow is a dependency
+        yield Tracker(None)
+        return
+    if mlflow.active_run() is None:
+        yield Tracker(None)
+        return
+    with mlflow.start_run(run_name=name, nested=True, tags=tags or {}):
+        yield Tracker(mlflow)

@@ -1,0 +1,64 @@
+import numpy as np
+import pytest
+
+from tqc.config import PromoteParams
+from tqc.promotion import decide, macro_f1_over, paired_bootstrap, tail_classes
+
+
+def test_paired_bootstrap_interval_brackets_the_observed_difference():
+    rng = np.random.default_rng(0)
+    champion = rng.random(400) < 0.7
+    challenger = champion | (rng.random(400) < 0.3)  # fixes some errors, breaks none
+    result = paired_bootstrap(challenger, champion, samples=2000, confidence=0.95)
+    assert result.difference == pytest.approx(challenger.mean() - champion.mean())
+    assert 0.0 < result.low < result.difference < result.high
+
+
+def test_identical_models_have_a_zero_width_interval_and_are_not_promoted():
+    correct = np.array([True, False, True, True])
+    result = paired_bootstrap(correct, correct, samples=500, confidence=0.9)
+    assert result.low == result.high == result.difference == 0.0
+
+
+def test_the_tail_is_the_rarest_third_of_classes_by_training_count():
+    train = ["a"] * 10 + ["b"] * 1 + ["c"] * 5 + ["d"] * 2 + ["e"] * 8 + ["f"] * 9
+    assert tail_classes(train, ["a", "b", "c", "d", "e", "f"], 1 / 3) == ["b", "d"]
+    assert tail_classes(train, ["a", "b", "c", "d", "e", "f", "g"], 0.1) == ["g"]  # never seen in train: rarest
+
+
+def test_tail_macro_f1_counts_only_the_tail_labels():
+    gold, predicted = np.array([0, 0, 1, 2]), np.array([0, 0, 2, 2])
+    assert macro_f1_over(gold, predicted, np.array([0])) == 1.0
+    assert macro_f1_over(gold, predicted, np.array([1, 2])) == pytest.approx((0.0 + 2 / 3) / 2)
+
+
+GOLD = np.array([0] * 40 + [1] * 40 + [2] * 10)
+TAIL = np.array([2])
+
+
+def test_a_clearly_better_challenger_is_promoted():
+    champion = GOLD.copy()
+    champion[:30] = 1  # 30 errors on the head class
+    decision = decide(GOLD, GOLD.copy(), champion, TAIL, ["2"], PromoteParams())
+    assert decision.promote and decision.bootstrap.low > 0
+
+
+def test_a_worse_challenger_is_not_promoted():
+    challenger = GOLD.copy()
+    challenger[:30] = 1
+    decision = decide(GOLD, challenger, GOLD.copy(), TAIL, ["2"], PromoteParams())
+    assert not decision.promote and "not above" in decision.reasons[0]
+
+
+def test_a_better_overall_challenger_that_loses_the_tail_is_not_promoted():
+    champion = GOLD.copy()
+    champion[:30] = 1
+    challenger = GOLD.copy()
+    challenger[80:86] = 0  # 6 of the 10 tail questions lost, still +24 questions overall
+    decision = decide(GOLD, challenger, champion, TAIL, ["2"], PromoteParams(tail_tolerance=0.05))
+    assert decision.bootstrap.low > 0 and not decision.promote and "beyond" in decision.reasons[1]
+
+
+def test_the_first_model_becomes_champion():
+    decision = decide(GOLD, GOLD.copy(), None, TAIL, ["2"], PromoteParams())
+    assert decision.promote and decision.bootstrap is None

@@ -1,0 +1,86 @@
+"""The promotion gate against a real (local SQLite) MLflow registry, with tiny models."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from tqc.config import ModelParams, PromoteParams, StageOneParams, TrackingParams
+from tqc.model.encoder import BiEncoder
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, save_questions
+from tqc.stages import promote, stage_one
+from tqc.tracking import standalone_run
+from tests.conftest import CLASSES, synthetic_questions
+
+
+@pytest.fixture
+def registry(tmp_path):
+    import mlflow
+
+    before = mlflow.get_tracking_uri()
+    yield TrackingParams(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="promotion-test")
+    mlflow.set_tracking_uri(before)
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    directory = tmp_path / "validated"
+    catalog = Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()])
+    catalog.save(directory / "catalog.jsonl")
+    save_questions(directory / "train.jsonl", [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 40)])
+    save_questions(directory / "validation.jsonl", [LabeledQuestion(t, c) for t, c in synthetic_questions(1, 20)])
+    return directory
+
+
+def untrained(tiny_model_dir, out):
+    torch.manual_seed(1)
+    BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir))).save(out)
+    return out
+
+
+def trained(tiny_model_dir, data_dir, out):
+    from tqc.schema import load_questions
+
+    torch.manual_seed(0)
+    model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+    catalog = Catalog.load(data_dir / "catalog.jsonl")
+    params = StageOneParams(epochs=4, batch_size=16, learning_rate=2e-3, patience=4, warmup_ratio=0.0)
+    stage_one.train(model, load_questions(data_dir / "train.jsonl"), load_questions(data_dir / "validation.jsonl")[:9],
+                    catalog, params, seed=0)
+    model.save(out)
+    return out
+
+
+def test_the_alias_moves_to_a_better_challenger_and_stays_for_a_worse_one(tiny_model_dir, data_dir, tmp_path, registry):
+    import mlflow
+
+    weak, strong = untrained(tiny_model_dir, tmp_path / "weak"), trained(tiny_model_dir, data_dir, tmp_path / "strong")
+    params = PromoteParams(bootstrap_samples=500, top_k=2)
+    reports = []
+    for model_dir in (weak, strong, weak):
+        with standalone_run("promote", registry) as tracker:
+            reports.append(promote.run(data_dir, model_dir, params, tmp_path / "promotion.json", tracker))
+
+    first, better, worse = reports
+    assert first["promoted"] and first["champion_version_after"] == "1"
+    assert better["promoted"] and better["champion_version_before"] == "1" and better["champion_version_after"] == "2"
+    assert better["bootstrap"]["low"] > 0
+    assert not worse["promoted"] and worse["champion_version_after"] == "2"
+    assert worse["bootstrap"]["high"] < 0
+    assert json.loads((tmp_path / "promotion.json").read_text())["challenger_version"] == "3"
+    assert str(mlflow.MlflowClient().get_model_version_by_alias("tqc-admc", "champion").version) == "2"
+
+    served = mlflow.pyfunc.load_model("models:/tqc-admc@champion")
+    answers = served.predict(pd.DataFrame({"question": ["where is paris", "who invented chess"]}), params={"top_k": 2})
+    assert list(answers.columns) == ["question", "rank", "class_id", "standard_question", "score"]
+    assert len(answers) == 4 and answers.groupby("question")["rank"].apply(list).tolist() == [[1, 2], [1, 2]]
+    top = answers[answers["rank"] == 1].set_index("question")["class_id"]
+    assert top["where is paris"] == "LOC" and top["who invented chess"] == "HUM"
+
+
+def test_promote_without_tracking_says_so(data_dir, tmp_path):
+    from tqc.tracking import Tracker
+
+    report = promote.run(data_dir, tmp_path / "unused", PromoteParams(), tmp_path / "promotion.json", Tracker(None))
+    assert not report["promoted"] and "tracking is disabled" in report["reasons"][0]
