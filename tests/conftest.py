@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 CLASSES = {
     "LOC": ("Where is the place?", ["where is {}", "where can i find {}", "in which country is {}"]),
@@ -80,3 +81,17 @@ def write_custom_dataset(directory: Path, seed: int = 0, per_class: int = 12, te
         (directory / name).write_text("\n".join(lines) + "\n")
     catalog = ["class_id,text"] + [f"{c},{s}" for c, (s, _) in CLASSES.items()]
     (directory / "catalog.csv").write_text("\n".join(catalog) + "\n")
+
+
+def tiny_params(data_dir: Path, model_dir: Path) -> dict:
+    """The repository's params.yaml shrunk to the tiny model and the synthetic custom dataset."""
+    params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    params["data"].update(dataset="custom", data_dir=str(data_dir),
+                          custom={**params["data"]["custom"], "train": "train.csv", "test": "test.csv",
+                                  "catalog": "catalog.csv", "text_column": "question"})
+    params["model"].update(pretrained=str(model_dir), max_length=16)
+    for stage in ("stage_one", "stage_two", "baseline_nc"):
+        params[stage].update(epochs=1, batch_size=8, learning_rate=1e-3)
+    params["mine"]["k"] = 2
+    params["evaluate"]["profile_questions"] = 2
+    return params

@@ -24,6 +24,8 @@ def _paths(parser: argparse.ArgumentParser, *names: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tqc", description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a param for this command, e.g. --set data.dataset=covidq-categories")
     parser.add_argument("-v", "--verbose", action="store_true")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -46,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = commands.add_parser("fetch", help="download the public datasets (needs network), verified by SHA-256")
     fetch.add_argument("--dest", type=Path, required=True)
     fetch.add_argument("--verify-only", action="store_true", help="check the files already in --dest; no network")
+    tune = commands.add_parser("tune", help="Optuna search on validation macro-F1 (tune section of params.yaml)")
+    tune.add_argument("--trials", type=int, help="trials for this worker (default tune.trials)")
+    tune.add_argument("--worker", type=int, default=0, help="this worker's index: its sampler seed is tune.seed + index")
+    tune.add_argument("--out", type=Path, default=Path("reports/tuning"))
+    tune.add_argument("--work", type=Path, default=Path("tuning"), help="trial folders and prepared data")
+    tune.add_argument("--apply", type=Path, metavar="BEST_PARAMS", help="write a best_params.yaml into --params; no search")
     bench = commands.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument("what", choices=["epochs", "validate"], help="epochs: seconds per epoch, stage one vs stage two "
                        "at the same batch size; validate: seconds the validate stage adds on --dataset")
@@ -67,7 +75,13 @@ def dispatch(args: argparse.Namespace) -> None:
         for path, ok in fetch.verify(args.dest).items():
             print(f"{'ok' if ok else 'MISSING OR CHANGED'}  {path}")
         return
-    params = load_params(args.params)
+    if command == "tune" and args.apply:
+        from tqc.tune import apply_best
+
+        for key, value in apply_best(args.apply, args.params).items():
+            print(f"{args.params}: {key} = {value}")
+        return
+    params = load_params(args.params, parse_overrides(args.overrides))
     if command == "ingest":
         from tqc.stages import ingest
 
@@ -130,6 +144,11 @@ def dispatch(args: argparse.Namespace) -> None:
 
         with stage_run("promote", params, [args.data, args.model]) as tracker:
             promote.run(args.data, args.model, params.promote, args.report, tracker, params.seed)
+    elif command == "tune":
+        from tqc.tune import tune
+
+        result = tune(params, args.out, args.work, args.worker, args.trials)
+        print(f"best validation macro-F1 {result.summary['best']['validation_macro_f1']:.4f}: {result.best_params}")
     elif command == "bench":
         from tqc import bench
 
@@ -137,6 +156,21 @@ def dispatch(args: argparse.Namespace) -> None:
             bench.epochs(params, args.steps, args.batch_size, args.data, args.train)
         else:
             bench.validate_stage(args.params, args.dataset)
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """['stage_one.epochs=5', …] → nested overrides; values are read as YAML (5 → int, [a] → list)."""
+    import yaml
+
+    from tqc.config import unflatten
+
+    flat = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set stage_one.epochs=5")
+        flat[key.strip()] = yaml.safe_load(value)
+    return unflatten(flat)
 
 
 def _log_fit(tracker, stage: str, result, history: Path) -> None:

@@ -1,16 +1,24 @@
-"""The training chain (stage one → mine → stage two, plus the NC baseline) as one call.
+"""The pipeline's stage functions chained in a working folder, for callers other than DVC.
 
-DVC runs these stages one by one; the evaluate stage's extra seeds, the tuner and the
-flows call this to run the *same* stage functions end to end in a working folder.
+DVC runs the stages one by one; the evaluate stage's extra seeds, the tuner and the flows
+call these to run the *same* stage functions end to end, never a copy of them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from tqc.config import Params
-from tqc.stages import baseline_nc, mine, stage_one, stage_two
+from tqc.stages import augment, baseline_nc, ingest, mine, stage_one, stage_two, validate
+from tqc.training import EpochRecord, FitResult
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    directory: Path  # catalog.jsonl, train/validation/test.jsonl after validation
+    train: Path  # the augmented training rows
 
 
 @dataclass(frozen=True)
@@ -18,16 +26,38 @@ class ChainOutputs:
     stage_one: Path
     stage_two: Path
     nc: Path
+    fits: dict[str, FitResult] = field(default_factory=dict, compare=False)
 
 
-def train_chain(params: Params, data_dir: Path, train_path: Path, work_dir: Path, seed: int, with_nc: bool = True) -> ChainOutputs:
+EpochHook = Callable[[str, EpochRecord], None]  # (stage name, epoch record)
+
+
+def prepare_data(params: Params, work_dir: Path) -> PreparedData:
+    """ingest → validate → augment into `work_dir`, as `dvc repro` does into data/."""
+    ingest.run(params.data, params.seed, work_dir / "ingested", work_dir / "quarantine" / "ingest.jsonl",
+               work_dir / "reports" / "ingest.json")
+    validate.run(work_dir / "ingested", params.validate_, work_dir / "validated", work_dir / "quarantine" / "validate.jsonl",
+                 work_dir / "reports" / "validation.json")
+    augment.run(work_dir / "validated" / "train.jsonl", params.augment, params.seed, work_dir / "augmented" / "train.jsonl",
+                work_dir / "reports" / "augment.json")
+    return PreparedData(work_dir / "validated", work_dir / "augmented" / "train.jsonl")
+
+
+def train_chain(params: Params, data_dir: Path, train_path: Path, work_dir: Path, seed: int, with_nc: bool = True,
+                on_epoch: EpochHook | None = None) -> ChainOutputs:
+    """stage one → mine → stage two (→ the NC baseline) in `work_dir`; `on_epoch` sees every epoch."""
     outputs = ChainOutputs(work_dir / "stage_one", work_dir / "stage_two", work_dir / "nc")
-    stage_one.run(data_dir, train_path, params.model, params.augment, params.stage_one, seed,
-                  outputs.stage_one, work_dir / "stage_one.csv")
+
+    def hook(stage: str):
+        return (lambda record: on_epoch(stage, record)) if on_epoch else None
+
+    outputs.fits["stage_one"] = stage_one.run(data_dir, train_path, params.model, params.augment, params.stage_one, seed,
+                                              outputs.stage_one, work_dir / "stage_one.csv", on_epoch=hook("stage_one"))
     mine.run(data_dir, train_path, outputs.stage_one, params.mine, work_dir / "negatives.jsonl", work_dir / "mining.json")
-    stage_two.run(data_dir, train_path, work_dir / "negatives.jsonl", outputs.stage_one, params.augment, params.stage_two,
-                  seed, outputs.stage_two, work_dir / "stage_two.csv")
+    outputs.fits["stage_two"] = stage_two.run(data_dir, train_path, work_dir / "negatives.jsonl", outputs.stage_one,
+                                              params.augment, params.stage_two, seed, outputs.stage_two,
+                                              work_dir / "stage_two.csv", on_epoch=hook("stage_two"))
     if with_nc:
-        baseline_nc.run(data_dir, train_path, params.model, params.augment, params.baseline_nc, seed,
-                        outputs.nc, work_dir / "nc.csv")
+        outputs.fits["baseline_nc"] = baseline_nc.run(data_dir, train_path, params.model, params.augment, params.baseline_nc,
+                                                      seed, outputs.nc, work_dir / "nc.csv", on_epoch=hook("baseline_nc"))
     return outputs

@@ -25,3 +25,24 @@ def test_overrides_reach_the_params(tmp_path):
 def test_custom_dataset_needs_its_files():
     with pytest.raises(ValueError, match="custom"):
         Params.model_validate({"data": {"dataset": "custom"}})
+
+
+def test_a_search_space_must_name_real_params_and_ranges_or_choices():
+    from tqc.config import ConfigError, Params
+
+    with pytest.raises(Exception, match="'stage_one.temprature' is not a parameter"):
+        Params.model_validate({"tune": {"space": {"stage_one.temprature": {"low": 0.01, "high": 0.1}}}})
+    with pytest.raises(Exception, match="either low and high, or choices"):
+        Params.model_validate({"tune": {"space": {"mine.k": {"low": 1}}}})
+    with pytest.raises(ConfigError, match="invalid parameter overrides"):
+        Params().with_overrides({"mine": {"k": 0}})
+
+
+def test_set_overrides_are_read_as_yaml_values():
+    from tqc.cli import parse_overrides
+    from tqc.config import ConfigError
+
+    assert parse_overrides(["stage_one.epochs=5", "data.dataset=trec50", "augment.implicit=[dropout]"]) == {
+        "stage_one": {"epochs": 5}, "data": {"dataset": "trec50"}, "augment": {"implicit": ["dropout"]}}
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_overrides(["stage_one.epochs"])

@@ -12,23 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import write_custom_dataset
+from tests.conftest import tiny_params, write_custom_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
-
-
-def tiny_params(data_dir: Path, model_dir: Path) -> dict:
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["data"].update(dataset="custom", data_dir=str(data_dir),
-                          custom={**params["data"]["custom"], "train": "train.csv", "test": "test.csv",
-                                  "catalog": "catalog.csv", "text_column": "question"})
-    params["model"].update(pretrained=str(model_dir), max_length=16)
-    for stage in ("stage_one", "stage_two", "baseline_nc"):
-        params[stage].update(epochs=1, batch_size=8, learning_rate=1e-3)
-    params["mine"]["k"] = 2
-    params["evaluate"]["profile_questions"] = 2
-    return params
 
 
 def run(command: list[str], cwd: Path) -> str:

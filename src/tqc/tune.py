@@ -1,0 +1,296 @@
+"""Optuna search over the ADMC chain, scored on validation macro-F1 (test is never used to choose).
+
+Each trial merges its sampled values into the base params, re-validates them (so a bad
+search space fails like a bad params.yaml), and runs `pipeline.train_chain`, the same stage
+functions `dvc repro` runs. Every epoch's validation macro-F1 (the best so far, which is what
+the trial would return if stopped there) is reported to the pruner: stage one's epochs are
+steps 1..E₁, stage two's E₁+1.. . Storage is any database URL; workers pointed at one study
+share it, each sampling with its own seed.
+
+    tqc --set data.dataset=covidq-categories tune --trials 12
+    python -c "from tqc.tune import tune; from tqc.config import load_params; tune(load_params())"
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from tqc.config import ConfigError, Params, SearchDimension, flatten, unflatten
+from tqc.io import atomic_path, write_json
+from tqc.pipeline import PreparedData, prepare_data, train_chain
+from tqc.tracking import Tracker, nested_run, standalone_run
+
+log = logging.getLogger(__name__)
+
+# Knobs that change the prepared data: the tuner prepares data once, so it cannot search them.
+DATA_PREPARATION = ("seed", "data.", "validate.", "augment.rebalance")
+
+
+def sample_overrides(trial, space: dict[str, SearchDimension], base: dict) -> dict:
+    """The trial's values, as flat 'section.key' overrides. A dimension whose `when` does not
+    hold (on the values sampled so far, else the base params) is not sampled at all."""
+    values: dict = {}
+    for name, dimension in space.items():
+        if any(values.get(path, base.get(path)) != wanted for path, wanted in dimension.when.items()):
+            continue
+        values[name] = _suggest(trial, name, dimension)
+    return values
+
+
+def _suggest(trial, name: str, dimension: SearchDimension):
+    if dimension.choices is not None:
+        return trial.suggest_categorical(name, dimension.choices)
+    if isinstance(dimension.low, int) and isinstance(dimension.high, int):
+        return trial.suggest_int(name, dimension.low, dimension.high, log=dimension.log)
+    return trial.suggest_float(name, float(dimension.low), float(dimension.high), log=dimension.log)
+
+
+def default_values(space: dict[str, SearchDimension], base: dict) -> dict:
+    """The base params' own value of every dimension that applies to them: trial 0."""
+    values: dict = {}
+    for name, dimension in space.items():
+        if all(values.get(path, base.get(path)) == wanted for path, wanted in dimension.when.items()):
+            values[name] = base[name]
+    return values
+
+
+def check_space(params: Params) -> None:
+    for name in params.tune.space:
+        if name.startswith(DATA_PREPARATION) or name == "seed":
+            raise ConfigError(f"tune.space: {name!r} changes the prepared data; tune it with separate studies")
+    if not params.tune.space:
+        raise ConfigError("tune.space is empty: nothing to tune")
+
+
+class EpochReporter:
+    """Reports each epoch to the trial (and MLflow) and raises TrialPruned when the pruner says so."""
+
+    def __init__(self, trial, params: Params, tracker: Tracker):
+        self.trial, self.tracker = trial, tracker
+        self.offsets = {"stage_one": 0, "stage_two": params.stage_one.epochs}
+        self.best = -np.inf
+
+    def __call__(self, stage: str, record) -> None:
+        import optuna
+
+        step = self.offsets[stage] + record.epoch
+        self.tracker.log_metrics({f"{stage}.validation_macro_f1": record.validation_macro_f1,
+                                  f"{stage}.validation_accuracy": record.validation_accuracy}, step=step)
+        if record.epoch == 0:
+            return  # the starting point: the pretrained encoder, or stage one's result again
+        self.best = max(self.best, record.validation_macro_f1)
+        self.trial.report(self.best, step)
+        if self.trial.should_prune():
+            raise optuna.TrialPruned(f"pruned at {stage} epoch {record.epoch} (best so far {self.best:.4f})")
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    study_name: str
+    best_params: dict  # nested, in params.yaml's layout
+    summary: dict
+
+
+def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path = Path("tuning"), worker: int = 0,
+         trials: int | None = None, data: PreparedData | None = None) -> TuneResult:
+    """Run `trials` (default tune.trials) trials of this worker in the shared study; write the reports."""
+    import optuna
+
+    check_space(params)
+    settings = params.tune
+    study = optuna.create_study(study_name=settings.study, storage=settings.storage, direction="maximize",
+                                load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=settings.seed + worker,
+                                                                                         n_startup_trials=4),
+                                pruner=_pruner(params))
+    base = flatten(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))
+    if settings.enqueue_defaults:
+        # The baseline samples nothing (its values may lie outside the space); it runs the base params.
+        study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": default_values(settings.space, base)},
+                            skip_if_exists=True)
+    study_dir = work_dir / settings.study
+    data = data or prepare_data(params, study_dir / f"data-worker-{worker}")
+
+    with standalone_run(f"tune {settings.study} worker {worker}", params.tracking,
+                        tags={"tqc.kind": "tune", "optuna.study": settings.study}) as parent:
+        parent.log_params({"tune": params.tune.model_dump(mode="json"), "data.dataset": params.data.dataset})
+        objective = _objective(params, base, data, study_dir, worker)
+        study.optimize(objective, n_trials=trials or settings.trials, catch=())
+        result = write_reports(study, params, data, study_dir, out_dir)
+        parent.log_metrics({"best_validation_macro_f1": result.summary["best"]["validation_macro_f1"]})
+        parent.log_artifact(out_dir)
+    return result
+
+
+def _pruner(params: Params):
+    import optuna
+
+    settings = params.tune
+    if settings.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=settings.startup_trials, n_warmup_steps=settings.warmup_epochs)
+    if settings.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=params.stage_one.epochs + params.stage_two.epochs)
+    return optuna.pruners.NopPruner()
+
+
+def _objective(params: Params, base: dict, data: PreparedData, study_dir: Path, worker: int):
+    import optuna
+
+    def objective(trial) -> float:
+        overrides = {} if trial.user_attrs.get("baseline") else sample_overrides(trial, params.tune.space, base)
+        trial_params = params.with_overrides(unflatten(overrides))
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}:{worker}")
+        trial_dir = study_dir / f"trial-{trial.number:04d}"
+        with nested_run(f"trial {trial.number}", tags={"optuna.trial": str(trial.number)}) as tracker:
+            tracker.log_params(overrides)
+            try:
+                outputs = train_chain(trial_params, data.directory, data.train, trial_dir, trial_params.seed, with_nc=False,
+                                      on_epoch=EpochReporter(trial, trial_params, tracker))
+            except optuna.TrialPruned:
+                tracker.set_tags({"optuna.state": "PRUNED"})
+                _drop_models(trial_dir, params)
+                raise
+            value = outputs.fits["stage_two"].best_validation_macro_f1
+            tracker.set_tags({"optuna.state": "COMPLETE"})
+            tracker.log_metrics({"validation_macro_f1": value})
+        if not _worth_keeping(trial, value):
+            _drop_models(trial_dir, params)
+        return value
+
+    return objective
+
+
+def _worth_keeping(trial, value: float) -> bool:
+    """The baseline trial and a new best keep their models, to score them on test at the end."""
+    if trial.user_attrs.get("baseline"):
+        return True
+    try:
+        return value > trial.study.best_value
+    except ValueError:  # no completed trial yet
+        return True
+
+
+def _drop_models(trial_dir: Path, params: Params) -> None:
+    if not params.tune.keep_models:
+        for name in ("stage_one", "stage_two"):
+            shutil.rmtree(trial_dir / name, ignore_errors=True)
+
+
+def write_reports(study, params: Params, data: PreparedData, study_dir: Path, out_dir: Path) -> TuneResult:
+    """best_params.yaml (what dvc repro consumes after `tqc tune --apply`), summary.json, trials.csv, plots."""
+    import optuna
+
+    complete = study.get_trials(deepcopy=False, states=[optuna.trial.TrialState.COMPLETE])
+    if not complete:
+        raise RuntimeError(f"study {study.study_name!r} has no completed trial")
+    best = study.best_trial
+    baseline = next((t for t in complete if t.user_attrs.get("baseline")), None)
+    best_params = unflatten(_values(best))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out_dir / "best_params.yaml") as tmp:
+        tmp.write_text(f"# Optuna study {study.study_name!r}, trial {best.number}: validation macro-F1 {best.value:.4f}\n"
+                       f"# apply with: tqc tune --apply {out_dir / 'best_params.yaml'}\n" + yaml.safe_dump(best_params))
+    states = {state.name: len(study.get_trials(deepcopy=False, states=[state])) for state in optuna.trial.TrialState}
+    summary = {
+        "study": study.study_name,
+        "dataset": params.data.dataset,
+        "objective": "validation macro-F1 of stage two (the best epoch)",
+        "trials": {k: v for k, v in states.items() if v},
+        "workers": sorted({t.user_attrs.get("worker", "?") for t in study.trials}),
+        "best": _trial_summary(best, study_dir, data, params),
+        "baseline": _trial_summary(baseline, study_dir, data, params) if baseline else None,
+        "note": "test figures are reported for the best and baseline trials only; they never choose anything",
+    }
+    write_json(out_dir / "summary.json", summary)
+    study.trials_dataframe().to_csv(out_dir / "trials.csv", index=False)
+    _plots(study, out_dir)
+    log.info("tune: best trial %d validation macro-F1 %.4f (baseline %s); wrote %s", best.number, best.value,
+             f"{baseline.value:.4f}" if baseline else "n/a", out_dir)
+    return TuneResult(study.study_name, best_params, summary)
+
+
+def _values(trial) -> dict:
+    """A trial's tuned values: sampled, or the base params' own for the baseline trial."""
+    return trial.params or trial.user_attrs.get("base_values", {})
+
+
+def _trial_summary(trial, study_dir: Path, data: PreparedData, params: Params) -> dict:
+    summary = {"number": trial.number, "validation_macro_f1": trial.value,
+               "params": _values(trial)}
+    model_dir = study_dir / f"trial-{trial.number:04d}" / "stage_two"
+    if (model_dir / "tqc_model.json").exists():
+        summary["test"] = _test_metrics(model_dir, data, params)
+    return summary
+
+
+def _test_metrics(model_dir: Path, data: PreparedData, params: Params) -> dict:
+    from tqc.metrics import summary
+    from tqc.model.encoder import BiEncoder
+    from tqc.schema import Catalog, load_questions
+    from tqc.training import catalog_scores, gold_indices
+
+    catalog = Catalog.load(data.directory / "catalog.jsonl")
+    test = load_questions(data.directory / "test.jsonl")
+    scores = catalog_scores(BiEncoder.load(model_dir), test, catalog, params.evaluate.batch_size)
+    metrics = summary(scores, gold_indices(test, catalog))
+    return {k: metrics[k] for k in ("accuracy", "macro_f1", "n")}
+
+
+def _plots(study, out_dir: Path) -> None:
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as optuna_plots
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # optuna marks its matplotlib plots experimental
+        for name, plot in (("history", optuna_plots.plot_optimization_history),
+                           ("importance", optuna_plots.plot_param_importances)):
+            try:
+                axes = plot(study)
+            except (ValueError, RuntimeError) as exc:  # e.g. importance needs two completed trials
+                log.warning("tune: no %s plot: %s", name, exc)
+                continue
+            figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
+            figure.tight_layout()
+            with atomic_path(out_dir / f"{name}.png") as tmp:
+                figure.savefig(tmp, format="png", dpi=110)
+            plt.close(figure)
+
+
+def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) -> dict:
+    """Write the tuned values into params.yaml in place, keeping its comments and layout."""
+    from io import StringIO
+
+    from ruamel.yaml import YAML
+
+    best = flatten(yaml.safe_load(best_params_file.read_text(encoding="utf-8")) or {})
+    editor = YAML()
+    document = editor.load(params_file.read_text(encoding="utf-8"))
+    for path, value in best.items():
+        node = document
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.get(key) if hasattr(node, "get") else None
+        if not hasattr(node, "get") or leaf not in node:
+            raise ConfigError(f"{best_params_file}: {path!r} is not in {params_file}")
+        node[leaf] = value
+    text = StringIO()
+    editor.dump(document, text)
+    try:
+        Params.model_validate(yaml.safe_load(text.getvalue()))
+    except Exception as exc:  # pydantic's ValidationError: refuse before touching params.yaml
+        raise ConfigError(f"{best_params_file}: applying it would make {params_file} invalid: {exc}") from None
+    with atomic_path(params_file) as tmp:
+        tmp.write_text(text.getvalue(), encoding="utf-8")
+    return best

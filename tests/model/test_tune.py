@@ -1,0 +1,173 @@
+"""The tuner: sampled values reach the stage functions, pruning, shared studies, applying the best."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from tqc.config import Params, SearchDimension, load_params
+from tqc.tune import EpochReporter, apply_best, default_values, sample_overrides, tune
+from tests.conftest import tiny_params, write_custom_dataset
+
+SPACE = {
+    "stage_one.temperature": {"low": 0.05, "high": 0.5, "log": True},
+    "stage_two.temperature": {"low": 0.05, "high": 0.5},
+    "mine.k": {"low": 1, "high": 2},
+    "stage_two.loss": {"choices": ["hinge", "sdml"]},
+    "stage_two.margin": {"low": 0.1, "high": 0.9, "when": {"stage_two.loss": "hinge"}},
+    "stage_two.smoothing": {"low": 0.05, "high": 0.3, "when": {"stage_two.loss": "sdml"}},
+    "stage_one.learning_rate": {"low": 1e-4, "high": 3e-3, "log": True},
+    "stage_two.learning_rate": {"low": 1e-4, "high": 3e-3, "log": True},
+}
+
+
+def tuning_params(tmp_path: Path, model_dir: Path, **tune) -> dict:
+    write_custom_dataset(tmp_path / "raw")
+    raw = tiny_params(tmp_path / "raw", model_dir)
+    for stage in ("stage_one", "stage_two"):
+        raw[stage].update(epochs=2, patience=2)
+    raw["tracking"] = {"enabled": True, "uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "tune-test"}
+    raw["tune"] = {"study": "test", "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "trials": 3, "pruner": "none",
+                   "space": SPACE, **tune}
+    return raw
+
+
+@pytest.fixture
+def restore_mlflow_uri():
+    import mlflow
+
+    before = mlflow.get_tracking_uri()
+    yield
+    mlflow.set_tracking_uri(before)
+
+
+def test_every_sampled_value_reaches_the_training_run(tmp_path, tiny_model_dir, restore_mlflow_uri):
+    params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir, keep_models=True))
+    result = tune(params, tmp_path / "reports", tmp_path / "work")
+
+    study = optuna.load_study(study_name="test", storage=params.tune.storage)
+    trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(trials) == 3 and trials[0].user_attrs["baseline"] and trials[0].params == {}
+    assert trials[0].user_attrs["base_values"]["stage_two.loss"] == "nt_xent"  # the base, though outside the choices
+    for trial in trials:
+        trial_dir = tmp_path / "work" / "test" / f"trial-{trial.number:04d}"
+        # What the stage functions themselves recorded about the run they trained:
+        one = json.loads((trial_dir / "stage_one" / "tqc_model.json").read_text())["params"]
+        two = json.loads((trial_dir / "stage_two" / "tqc_model.json").read_text())["params"]
+        mined = json.loads((trial_dir / "mining.json").read_text())
+        expected = trial.user_attrs["base_values"] if trial.number == 0 else trial.params
+        assert one["temperature"] == pytest.approx(expected["stage_one.temperature"])
+        assert one["learning_rate"] == pytest.approx(expected["stage_one.learning_rate"])
+        assert two["temperature"] == pytest.approx(expected["stage_two.temperature"])
+        assert two["learning_rate"] == pytest.approx(expected["stage_two.learning_rate"])
+        assert mined["k"] == expected["mine.k"]
+        assert two["loss"] == expected["stage_two.loss"]
+        if expected["stage_two.loss"] == "hinge":
+            assert two["margin"] == pytest.approx(expected["stage_two.margin"]) and "stage_two.smoothing" not in expected
+        elif expected["stage_two.loss"] == "sdml":
+            assert two["smoothing"] == pytest.approx(expected["stage_two.smoothing"]) and "stage_two.margin" not in expected
+
+    reports = tmp_path / "reports"
+    best = yaml.safe_load((reports / "best_params.yaml").read_text())
+    best_values = study.best_trial.params or study.best_trial.user_attrs["base_values"]
+    assert best == result.best_params and best["stage_one"]["temperature"] == best_values["stage_one.temperature"]
+    summary = json.loads((reports / "summary.json").read_text())
+    assert summary["best"]["validation_macro_f1"] == pytest.approx(study.best_value)
+    assert "test" in summary["best"] and "test" in summary["baseline"]
+    assert (reports / "history.png").stat().st_size > 0 and (reports / "trials.csv").exists()
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(params.tracking.uri)
+    runs = client.search_runs([client.get_experiment_by_name("tune-test").experiment_id])
+    parent = [r for r in runs if r.data.tags.get("tqc.kind") == "tune"]
+    nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id]
+    assert len(parent) == 1 and len(nested) == 3
+    assert {r.data.tags["optuna.state"] for r in nested} == {"COMPLETE"}
+
+
+def test_the_baseline_trial_uses_the_base_params_own_values():
+    base = {"stage_two.loss": "nt_xent", "stage_two.margin": 0.2, "stage_one.temperature": 0.1}
+    space = {k: SearchDimension(**v) for k, v in SPACE.items() if k in ("stage_two.margin", "stage_one.temperature")}
+    assert default_values(space, base) == {"stage_one.temperature": 0.1}  # margin only applies to hinge
+    shipped = load_params(Path(__file__).resolve().parents[2] / "params.yaml")
+    assert {"stage_one.temperature", "stage_two.temperature", "mine.k", "stage_two.loss", "stage_two.margin",
+            "stage_two.smoothing", "stage_one.learning_rate"} <= set(shipped.tune.space)
+
+
+def test_conditional_dimensions_are_sampled_only_with_their_loss():
+    space = {k: SearchDimension(**v) for k, v in SPACE.items()}
+    for loss, present, absent in (("hinge", "stage_two.margin", "stage_two.smoothing"),
+                                  ("sdml", "stage_two.smoothing", "stage_two.margin")):
+        trial = optuna.trial.FixedTrial({"stage_one.temperature": 0.1, "stage_two.temperature": 0.1, "mine.k": 2,
+                                         "stage_two.loss": loss, present: 0.2, "stage_one.learning_rate": 1e-3,
+                                         "stage_two.learning_rate": 1e-3})
+        values = sample_overrides(trial, space, {})
+        assert values["stage_two.loss"] == loss and present in values and absent not in values
+
+
+def test_the_reporter_prunes_when_the_pruner_says_so():
+    from tqc.tracking import Tracker
+    from tqc.training import EpochRecord
+
+    class Trial:
+        reported: list = []
+
+        def report(self, value, step):
+            self.reported.append((step, value))
+
+        def should_prune(self):
+            return len(self.reported) >= 2
+
+    trial = Trial()
+    reporter = EpochReporter(trial, Params(), Tracker(None))
+    reporter("stage_one", EpochRecord(0, float("nan"), 0.1, 0.1, 0.0))  # the start is not reported
+    reporter("stage_one", EpochRecord(1, 1.0, 0.5, 0.6, 1.0))
+    with pytest.raises(optuna.TrialPruned):
+        reporter("stage_two", EpochRecord(1, 1.0, 0.5, 0.4, 1.0))
+    assert trial.reported == [(1, 0.6), (Params().stage_one.epochs + 1, 0.6)]  # the best so far, on one step axis
+
+
+def test_two_worker_processes_share_one_study(tmp_path, tiny_model_dir):
+    raw = tuning_params(tmp_path, tiny_model_dir, trials=2, enqueue_defaults=False)
+    raw["tracking"]["enabled"] = False
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    workers = [subprocess.Popen([sys.executable, "-m", "tqc.cli", "--params", str(tmp_path / "params.yaml"), "tune",
+                                 "--worker", str(i), "--out", str(tmp_path / f"reports-{i}"), "--work", str(tmp_path / "work")],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+    outputs = [w.communicate(timeout=600)[0] for w in workers]
+    assert all(w.returncode == 0 for w in workers), "\n".join(o[-2000:] for o in outputs)
+
+    study = optuna.load_study(study_name="test", storage=raw["tune"]["storage"])
+    by_worker: dict[str, list[int]] = {}
+    for trial in study.trials:
+        by_worker.setdefault(trial.user_attrs["worker"], []).append(trial.number)
+    assert len(study.trials) == 4 and len(by_worker) == 2 and all(len(n) == 2 for n in by_worker.values())
+
+
+def test_apply_writes_the_best_values_and_keeps_the_comments(tmp_path):
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
+    best = tmp_path / "best_params.yaml"
+    best.write_text("stage_one:\n  temperature: 0.05\nmine:\n  k: 7\n")
+    apply_best(best, params_file)
+    text = params_file.read_text()
+    assert "# Every knob of the pipeline" in text and "# in_batch | all_classes" in text
+    params = load_params(params_file)
+    assert params.stage_one.temperature == 0.05 and params.mine.k == 7
+
+    best.write_text("mine:\n  k: 0\n")  # invalid: k ≥ 1
+    with pytest.raises(Exception, match="would make"):
+        apply_best(best, params_file)
+    assert load_params(params_file).mine.k == 7
+    best.write_text("mine:\n  kk: 3\n")
+    with pytest.raises(Exception, match="is not in"):
+        apply_best(best, params_file)
