@@ -37,6 +37,10 @@ class DataParams(Strict):
     data_dir: str = "../shared/datasets"
     validation_fraction: float = Field(0.1, gt=0.0, lt=0.5)
     custom: CustomData = CustomData()
+    # Labeled questions and standard questions accepted by the retrain flow, merged on top of
+    # the dataset: <additions>/labeled.jsonl and <additions>/catalog.jsonl (DVC-tracked).
+    # Relative to the project, not data_dir. Missing files mean no additions.
+    additions: str | None = "data/raw"
 
     @model_validator(mode="after")
     def _custom_needs_files(self) -> "DataParams":
@@ -190,6 +194,19 @@ class TuneParams(Strict):
     space: dict[str, SearchDimension] = {}
 
 
+class RetrainParams(Strict):
+    """The retrain flow: an inbox of new labeled questions, merged into data.additions."""
+
+    inbox: str = "data/incoming"  # drop *.csv / *.jsonl here; catalog*.csv / catalog*.jsonl add standard questions
+    archive: str = "data/archive"  # processed files, with manifest.jsonl (sha256, counts, outcome)
+    quarantine: str = "data/quarantine/incoming.jsonl"  # rejected rows with file, line and reason
+    work_dir: str = "data/retrain"  # staging: nothing outside it changes until the commit step
+    lock: str = "data/retrain.lock"  # two retrains never run at once
+    retries: int = Field(2, ge=0)  # for steps that can flake (training, the registry)
+    retry_delay_seconds: float = Field(10.0, ge=0.0)
+    push: bool = True  # dvc push after the commit when a DVC remote is configured
+
+
 class Params(Strict):
     seed: int = 0
     data: DataParams = DataParams()
@@ -204,6 +221,7 @@ class Params(Strict):
     tracking: TrackingParams = TrackingParams()
     promote: PromoteParams = PromoteParams()
     tune: TuneParams = TuneParams()
+    retrain: RetrainParams = RetrainParams()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
 
@@ -219,7 +237,7 @@ class Params(Strict):
 
     @model_validator(mode="after")
     def _search_space_names_real_params(self) -> "Params":
-        known = flatten(self.model_dump(mode="json", by_alias=True, exclude={"tune"}))
+        known = flatten(self.model_dump(mode="json", by_alias=True, exclude={"tune", "retrain"}))
         for name, dimension in self.tune.space.items():
             for path in (name, *dimension.when):
                 if path not in known:

@@ -232,6 +232,26 @@ def read_dataset(params: DataParams) -> DatasetSplits:
                          shipped_catalog(params.dataset))
 
 
+ADDED_QUESTIONS, ADDED_CATALOG = "labeled.jsonl", "catalog.jsonl"
+
+
+def read_additions(directory: Path | None) -> tuple[ReadResult, list[StandardQuestion]]:
+    """The retrain flow's accepted labeled questions and new standard questions, if any."""
+    result, standard = ReadResult([], []), []
+    if directory is None:
+        return result, standard
+    if (directory / ADDED_CATALOG).exists():
+        standard = read_catalog_file(directory / ADDED_CATALOG).questions
+    if (directory / ADDED_QUESTIONS).exists():
+        result = read_table(directory / ADDED_QUESTIONS, "text", "class_id")
+    return result, standard
+
+
+def with_added_classes(catalog: Catalog, added: list[StandardQuestion]) -> Catalog:
+    """New class ids are appended (existing indices never move); a known id keeps its text."""
+    return Catalog(catalog.questions + [q for q in added if q.class_id not in catalog])
+
+
 def _read_custom(params: DataParams) -> DatasetSplits:
     custom, root = params.custom, Path(params.data_dir)  # relative paths are under data_dir (a DVC dependency)
     train_path, test_path = root / custom.train, root / custom.test

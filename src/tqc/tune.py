@@ -106,10 +106,7 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
 
     check_space(params)
     settings = params.tune
-    study = optuna.create_study(study_name=settings.study, storage=settings.storage, direction="maximize",
-                                load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=settings.seed + worker,
-                                                                                         n_startup_trials=4),
-                                pruner=_pruner(params))
+    study = _open_study(params, worker)
     base = flatten(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))
     if settings.enqueue_defaults:
         # The baseline samples nothing (its values may lie outside the space); it runs the base params.
@@ -127,6 +124,26 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
         parent.log_metrics({"best_validation_macro_f1": result.summary["best"]["validation_macro_f1"]})
         parent.log_artifact(out_dir)
     return result
+
+
+def _open_study(params: Params, worker: int, attempts: int = 5):
+    """Create or join the study. Workers starting together race to create the storage's tables;
+    the loser of that race simply tries again."""
+    import time
+
+    import optuna
+    from sqlalchemy.exc import SQLAlchemyError
+
+    settings = params.tune
+    for attempt in range(attempts):
+        try:
+            return optuna.create_study(study_name=settings.study, storage=settings.storage, direction="maximize",
+                                       load_if_exists=True, pruner=_pruner(params),
+                                       sampler=optuna.samplers.TPESampler(seed=settings.seed + worker, n_startup_trials=4))
+        except SQLAlchemyError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1.0 + worker)
 
 
 def _pruner(params: Params):

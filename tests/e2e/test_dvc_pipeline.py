@@ -31,6 +31,7 @@ def project(tmp_path, tiny_model_dir) -> Path:
     project.mkdir()
     shutil.copy(REPO / "dvc.yaml", project)
     shutil.copytree(REPO / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copytree(REPO / "data" / "raw", project / "data" / "raw", ignore=shutil.ignore_patterns("*.jsonl", "*.dvc"))
     write_custom_dataset(tmp_path / "raw")
     (project / "params.yaml").write_text(yaml.safe_dump(tiny_params(tmp_path / "raw", tiny_model_dir)))
     run(["git", "init", "-q"], project)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from tqc.config import DataParams
 from tqc.io import write_json, write_jsonl
-from tqc.readers import RejectedRow, read_dataset
+from tqc.readers import RejectedRow, read_additions, read_dataset, with_added_classes
 from tqc.schema import LabeledQuestion, save_questions
 
 log = logging.getLogger(__name__)
@@ -39,23 +40,38 @@ def stratified_split(
     return train, validation
 
 
+def stable_split(questions: list[LabeledQuestion], fraction: float, seed: int) -> tuple[list, list]:
+    """Each added question's split is a hash of its text: it never changes as more data arrives,
+    so a champion is never judged on validation questions it was trained on."""
+    def in_validation(question: LabeledQuestion) -> bool:
+        digest = hashlib.sha256(f"{seed}:{question.text}".encode("utf-8")).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+    return [q for q in questions if not in_validation(q)], [q for q in questions if in_validation(q)]
+
+
 def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, report_path: Path) -> dict:
     started = time.perf_counter()
     splits = read_dataset(params)
+    added, added_classes = read_additions(Path(params.additions) if params.additions else None)
     train, validation = stratified_split(splits.train.rows, params.validation_fraction, seed)
+    added_train, added_validation = stable_split(added.rows, params.validation_fraction, seed)
+    train, validation = train + added_train, validation + added_validation
+    catalog = with_added_classes(splits.catalog, added_classes)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    splits.catalog.save(out_dir / "catalog.jsonl")
+    catalog.save(out_dir / "catalog.jsonl")
     save_questions(out_dir / "train.jsonl", train)
     save_questions(out_dir / "validation.jsonl", validation)
     save_questions(out_dir / "test.jsonl", splits.test.rows)
-    rejected: list[RejectedRow] = splits.train.rejected + splits.test.rejected
+    rejected: list[RejectedRow] = splits.train.rejected + splits.test.rejected + added.rejected
     write_jsonl(quarantine_path, (dict(asdict(r), stage="ingest") for r in rejected))
 
     report = {
         "dataset": params.dataset,
-        "classes": len(splits.catalog),
-        "derived_classes": sum(q.derived for q in splits.catalog.questions),
+        "classes": len(catalog),
+        "derived_classes": sum(q.derived for q in catalog.questions),
+        "added": {"questions": len(added.rows), "classes": len(catalog) - len(splits.catalog)},
         "read": {"train": len(splits.train.rows) + len(splits.train.rejected), "test": len(splits.test.rows) + len(splits.test.rejected)},
         "rows": {"train": len(train), "validation": len(validation), "test": len(splits.test.rows)},
         "quarantined": len(rejected),

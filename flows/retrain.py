@@ -1,0 +1,87 @@
+"""The `retrain` flow: new labeled questions from the inbox → validated, merged, trained, judged, committed.
+
+    python flows/retrain.py                      # once, locally, on Prefect's embedded default
+    prefect deploy --all                         # the cron deployment in prefect.yaml (GPU work pool)
+
+Each step is a function of `tqc.retrain` (the pipeline's own stage functions underneath);
+this file only makes them Prefect tasks, with retries where a step can flake.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from tqc import retrain as steps
+from tqc.config import Params, load_params
+from tqc.tracking import nested_run, standalone_run
+
+
+@task(cache_policy=NO_CACHE)
+def pick_up(params: Params):
+    return steps.pick_up(params.retrain)
+
+
+@task(cache_policy=NO_CACHE)
+def stage(files, params: Params, staging: Path) -> steps.Staged:
+    return steps.stage(files, params, staging)
+
+
+@task(cache_policy=NO_CACHE)
+def train(params: Params, staged: steps.Staged, staging: Path) -> steps.Trained:
+    with nested_run("train", tags={"tqc.stage": "retrain.train"}) as tracker:
+        trained = steps.train(params, staged, staging)
+        tracker.log_metrics({"stage_two.best_validation_macro_f1": trained.validation_macro_f1})
+    return trained
+
+
+@task(cache_policy=NO_CACHE)
+def judge(params: Params, trained: steps.Trained, staging: Path) -> dict:
+    from tqc.stages import promote
+
+    with nested_run("promote", tags={"tqc.stage": "promote"}) as tracker:
+        return promote.run(trained.data, trained.model, params.promote, staging / "promotion.json", tracker, params.seed)
+
+
+@task(cache_policy=NO_CACHE)
+def commit(params: Params, staged: steps.Staged, files, repeats) -> dict:
+    return steps.commit(params, staged, files, repeats)
+
+
+@flow(name="retrain", log_prints=True)
+def retrain(params_path: str = "params.yaml") -> dict:
+    """Returns what happened: {"status": "nothing to do" | "retrained" | "no rows accepted", …}."""
+    logger = get_run_logger()
+    params = load_params(params_path)
+    retries = {"retries": params.retrain.retries, "retry_delay_seconds": params.retrain.retry_delay_seconds}
+    with steps.retrain_lock(params.retrain):
+        files, repeats = pick_up(params)
+        if not files and not repeats:
+            logger.info("retrain: no new files in %s; nothing to do", params.retrain.inbox)
+            return {"status": "nothing to do"}
+        staging = Path(params.retrain.work_dir)
+        staged = stage(files, params, staging) if files else steps.Staged(staging / "raw")
+        if not staged.accepted:
+            result = commit(params, staged, files, repeats)  # archives the files; the data is unchanged
+            logger.info("retrain: no row accepted from %d file(s); nothing to train", len(files) + len(repeats))
+            create_markdown_artifact(steps.summary_markdown(staged, None, None), key="retrain-summary")
+            return {"status": "no rows accepted", **result}
+        with standalone_run("retrain", params.tracking, tags={"tqc.kind": "retrain"}):
+            trained = train.with_options(**retries)(params, staged, staging)
+            promotion = judge.with_options(**retries)(params, trained, staging)
+        result = commit(params, staged, files, repeats)
+        create_markdown_artifact(steps.summary_markdown(staged, promotion, trained), key="retrain-summary",
+                                 description="rows accepted and the challenger against the champion")
+        shutil.rmtree(staging, ignore_errors=True)
+        logger.info("retrain: %d rows and %d classes added; %s", staged.accepted - staged.new_classes, staged.new_classes,
+                    "promoted" if promotion["promoted"] else "champion kept")
+        return {"status": "retrained", "accepted": staged.accepted - staged.new_classes, "new_classes": staged.new_classes,
+                "promoted": promotion["promoted"], **result}
+
+
+if __name__ == "__main__":
+    retrain()

@@ -1,0 +1,43 @@
+"""The `tune` flow: the Optuna study of `tqc tune`, its workers run in parallel as Prefect tasks.
+
+    python flows/tune.py                          # locally: 2 workers share the study in tune.storage
+
+Each task is one `tqc tune --worker i` process (separate processes, so trials really run in
+parallel); they share one study through `tune.storage`, and the last one writes the reports.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from tqc.config import load_params
+
+
+@task(cache_policy=NO_CACHE)
+def tune_worker(params_path: str, worker: int, trials: int, overrides: list[str], out: str, work: str) -> str:
+    command = [sys.executable, "-m", "tqc.cli", "--params", params_path, *sum((["--set", o] for o in overrides), []),
+               "tune", "--worker", str(worker), "--trials", str(trials), "--out", out, "--work", work]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"tune worker {worker} failed:\n{result.stderr[-3000:]}")
+    return result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+
+
+@flow(name="tune", log_prints=True)
+def tune(params_path: str = "params.yaml", workers: int = 2, trials_per_worker: int | None = None,
+         overrides: list[str] | None = None, out: str = "reports/tuning", work: str = "tuning") -> list[str]:
+    """`overrides`: KEY=VALUE params for the study, as `tqc --set` takes them."""
+    params = load_params(params_path)
+    trials = trials_per_worker or max(1, params.tune.trials // workers)
+    futures = [tune_worker.submit(params_path, i, trials, overrides or [], out, work) for i in range(workers)]
+    results = [f.result() for f in futures]
+    get_run_logger().info("tune: %d workers × %d trials in study %r: %s", workers, trials, params.tune.study, results)
+    return results
+
+
+if __name__ == "__main__":
+    tune()

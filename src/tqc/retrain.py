@@ -1,0 +1,314 @@
+"""The retrain flow's steps, as plain functions (flows/retrain.py makes them Prefect tasks).
+
+New labeled questions arrive as files in an inbox. A retrain:
+
+1. `pick_up`: lists the inbox; a file whose sha256 is already in the archive manifest is a
+   repeat delivery and is archived as such, adding nothing.
+2. `stage`: copies the current additions (data/raw) into a staging folder and merges the new
+   files into the copy: catalog files first (new standard questions, i.e. new classes), then
+   labeled files, each judged by the validate stage's own contract against the current data
+   (`tqc.incoming.check_batch`). Rejected rows go to quarantine with file, line and reason.
+3. `train` / `judge`: the pipeline's stage functions on the staged data, then the promotion
+   gate against the registry's champion.
+4. `commit`: the staged additions replace data/raw atomically, `dvc add` records the new data
+   version (`dvc push` when a remote is configured), then the inbox files move to the archive
+   and the manifest. Until this step nothing outside the staging folder has changed, so a
+   failed or killed retrain leaves the raw data as it was; the champion alias moves only in
+   `judge`, after a model is fully trained.
+
+A label is never lost: a file stays in the inbox until its rows are committed. A label is
+never counted twice: a repeated file is recognised by hash, and a repeated row is
+quarantined as a duplicate of the current data by the validate contract.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import subprocess
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from tqc.config import Params, RetrainParams
+from tqc.io import atomic_path, read_jsonl, write_jsonl
+from tqc.readers import ADDED_CATALOG, ADDED_QUESTIONS, ReaderError, read_catalog_file
+from tqc.schema import Catalog
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.jsonl"
+SUFFIXES = {".csv", ".jsonl", ".ndjson"}
+
+
+class RetrainBusy(RuntimeError):
+    pass
+
+
+@contextmanager
+def retrain_lock(params: RetrainParams) -> Iterator[None]:
+    """An OS-level file lock: released by the kernel even when the holder is killed."""
+    from filelock import FileLock, Timeout
+
+    Path(params.lock).parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(params.lock)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise RetrainBusy(f"another retrain holds {params.lock}; not starting a second one") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+@dataclass(frozen=True)
+class Incoming:
+    path: Path
+    sha256: str
+
+    @property
+    def is_catalog(self) -> bool:
+        return self.path.name.lower().startswith("catalog")
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def manifest(params: RetrainParams) -> list[dict]:
+    path = Path(params.archive) / MANIFEST
+    return read_jsonl(path) if path.exists() else []
+
+
+def pick_up(params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
+    """(new files, repeat deliveries): the inbox's files in name order, split by the manifest."""
+    inbox = Path(params.inbox)
+    if not inbox.is_dir():
+        return [], []
+    seen = {entry["sha256"] for entry in manifest(params) if entry["outcome"] != "unusable"}
+    files = [Incoming(p, sha256(p)) for p in sorted(inbox.iterdir()) if p.is_file() and p.suffix.lower() in SUFFIXES]
+    new, repeats, batch = [], [], set()
+    for incoming in files:
+        (repeats if incoming.sha256 in seen | batch else new).append(incoming)
+        batch.add(incoming.sha256)
+    return new, repeats
+
+
+@dataclass
+class FileOutcome:
+    file: str
+    sha256: str
+    kind: str  # labeled | catalog
+    outcome: str  # merged | unusable | repeat
+    read: int = 0
+    accepted: int = 0
+    quarantined: int = 0
+    reason: str = ""
+
+
+@dataclass
+class Staged:
+    raw: Path  # the staged additions folder (labeled.jsonl, catalog.jsonl)
+    outcomes: list[FileOutcome] = field(default_factory=list)
+    quarantined_rows: list[dict] = field(default_factory=list)
+
+    @property
+    def accepted(self) -> int:
+        return sum(o.accepted for o in self.outcomes)
+
+    @property
+    def new_classes(self) -> int:
+        return sum(o.accepted for o in self.outcomes if o.kind == "catalog")
+
+
+def stage(files: list[Incoming], params: Params, staging: Path) -> Staged:
+    """Merge the new files into a staged copy of the additions; the real ones are untouched."""
+    from tqc.pipeline import prepare_data
+
+    raw = staging / "raw"
+    if raw.exists():
+        shutil.rmtree(raw)
+    raw.mkdir(parents=True)
+    current = additions_dir(params)
+    for name in (ADDED_QUESTIONS, ADDED_CATALOG):
+        if (current / name).exists():
+            shutil.copy2(current / name, raw / name)
+    staged = Staged(raw)
+    catalogs = [f for f in files if f.is_catalog]
+    for incoming in catalogs:
+        staged.outcomes.append(_merge_catalog(incoming, params, raw))
+    labeled = [f for f in files if not f.is_catalog]
+    if labeled:
+        # The current data (with the new classes) is what each new file is judged against.
+        reference = prepare_data(_with_additions(params, raw), staging / "reference")
+        accepted_texts: set[str] = set()
+        for incoming in labeled:
+            staged.outcomes.append(_merge_labeled(incoming, params, raw, reference.directory, accepted_texts, staged))
+    return staged
+
+
+def additions_dir(params: Params) -> Path:
+    if not params.data.additions:
+        from tqc.config import ConfigError
+
+        raise ConfigError("the retrain flow merges into data.additions, which is not set in params.yaml")
+    return Path(params.data.additions)
+
+
+def _with_additions(params: Params, raw: Path) -> Params:
+    return params.with_overrides({"data": {"additions": str(raw)}})
+
+
+def _merge_catalog(incoming: Incoming, params: Params, raw: Path) -> FileOutcome:
+    outcome = FileOutcome(str(incoming.path), incoming.sha256, "catalog", "merged")
+    try:
+        added = read_catalog_file(incoming.path, params.data.custom.catalog_id_column,
+                                  params.data.custom.catalog_text_column).questions
+    except (ReaderError, ValueError) as exc:
+        outcome.outcome, outcome.reason = "unusable", str(exc)
+        return outcome
+    known = {row["class_id"] for row in (read_jsonl(raw / ADDED_CATALOG) if (raw / ADDED_CATALOG).exists() else [])}
+    known |= set(_base_catalog(params).class_ids)
+    new = [q for q in added if q.class_id not in known]
+    outcome.read, outcome.accepted = len(added), len(new)
+    outcome.reason = f"{len(added) - len(new)} class id(s) already in the catalog kept their text" if len(new) < len(added) else ""
+    rows = (read_jsonl(raw / ADDED_CATALOG) if (raw / ADDED_CATALOG).exists() else []) + [asdict(q) for q in new]
+    write_jsonl(raw / ADDED_CATALOG, rows)
+    return outcome
+
+
+def _base_catalog(params: Params) -> Catalog:
+    from tqc.readers import read_dataset
+
+    return read_dataset(params.data.model_copy(update={"additions": None})).catalog
+
+
+def _merge_labeled(incoming: Incoming, params: Params, raw: Path, reference: Path, accepted_texts: set[str],
+                   staged: Staged) -> FileOutcome:
+    from tqc.incoming import check_batch
+    from tqc.stages.validate import ValidationFailed
+
+    outcome = FileOutcome(str(incoming.path), incoming.sha256, "labeled", "merged")
+    try:
+        report = check_batch(incoming.path, reference, params)
+    except (ReaderError, ValidationFailed) as exc:
+        outcome.outcome, outcome.reason = "unusable", str(exc)
+        staged.quarantined_rows.append({"file": str(incoming.path), "line": None, "reason": f"unusable file: {exc}"})
+        return outcome
+    new_rows, quarantined = [], list(report["quarantined"])
+    for row in report["accepted"]:
+        if row["text"] in accepted_texts:  # the same question in two files of one delivery
+            line = int(row["source"].rsplit(":", 1)[1])
+            quarantined.append({"file": str(incoming.path), "line": line, "reason": "duplicate of a row in an earlier file",
+                                "content": row["text"]})
+            continue
+        accepted_texts.add(row["text"])
+        new_rows.append({"text": row["text"], "class_id": row["class_id"], "source": f"{incoming.path.name}:{row['source'].rsplit(':', 1)[1]}"})
+    existing = read_jsonl(raw / ADDED_QUESTIONS) if (raw / ADDED_QUESTIONS).exists() else []
+    write_jsonl(raw / ADDED_QUESTIONS, existing + new_rows)
+    outcome.read, outcome.accepted, outcome.quarantined = report["read"], len(new_rows), len(quarantined)
+    staged.quarantined_rows.extend({"file": str(incoming.path), "sha256": incoming.sha256, **q} for q in quarantined)
+    return outcome
+
+
+@dataclass(frozen=True)
+class Trained:
+    data: Path  # the staged validated data
+    model: Path  # the stage-two model
+    validation_macro_f1: float
+
+
+def train(params: Params, staged: Staged, staging: Path) -> Trained:
+    """The pipeline's own stage functions on the staged data (ingest → … → stage two)."""
+    from tqc.pipeline import prepare_data, train_chain
+
+    staged_params = _with_additions(params, staged.raw)
+    data = prepare_data(staged_params, staging / "data")
+    outputs = train_chain(staged_params, data.directory, data.train, staging / "models", staged_params.seed, with_nc=False)
+    return Trained(data.directory, outputs.stage_two, outputs.fits["stage_two"].best_validation_macro_f1)
+
+
+def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[Incoming]) -> dict:
+    """The commit point: staged additions → data/raw (atomic), dvc add (+ push), then archive."""
+    raw = additions_dir(params)
+    raw.mkdir(parents=True, exist_ok=True)
+    committed = []
+    for name in (ADDED_QUESTIONS, ADDED_CATALOG):
+        if (staged.raw / name).exists():
+            with atomic_path(raw / name) as tmp:
+                shutil.copy2(staged.raw / name, tmp)
+            committed.append(raw / name)
+    dvc = _dvc_record(committed, params.retrain.push)
+    if staged.quarantined_rows:
+        _append_jsonl(Path(params.retrain.quarantine), staged.quarantined_rows)
+    by_file = {o.file: o for o in staged.outcomes}
+    entries = [archive(f, by_file[str(f.path)], params.retrain) for f in files]
+    entries += [archive(f, FileOutcome(str(f.path), f.sha256, "catalog" if f.is_catalog else "labeled", "repeat",
+                                       reason="already processed (same sha256)"), params.retrain) for f in repeats]
+    return {"committed": [str(p) for p in committed], "dvc": dvc, "archived": entries}
+
+
+def archive(incoming: Incoming, outcome: FileOutcome, params: RetrainParams) -> dict:
+    """Move a processed file out of the inbox and record it; the manifest write is atomic."""
+    archive_dir = Path(params.archive)
+    archive_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    target = archive_dir / f"{stamp}-{incoming.sha256[:12]}-{incoming.path.name}"
+    entry = {**asdict(outcome), "archived_as": str(target), "at": stamp}
+    entries = manifest(params) + [entry]
+    with atomic_path(archive_dir / MANIFEST) as tmp:
+        write_jsonl(tmp, entries)
+    shutil.move(str(incoming.path), target)
+    return entry
+
+
+def _append_jsonl(path: Path, rows: list[dict]) -> None:
+    existing = read_jsonl(path) if path.exists() else []
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl(path, existing + rows)
+
+
+def _dvc_record(paths: list[Path], push: bool) -> dict:
+    """`dvc add` the additions (the new data version); `dvc push` them when a remote exists."""
+    if not paths:
+        return {"added": [], "pushed": False}
+    if not _in_dvc_repo():
+        log.warning("retrain: not inside a DVC repository; %s not versioned", ", ".join(map(str, paths)))
+        return {"added": [], "pushed": False}
+    subprocess.run(["dvc", "add", "-q", *map(str, paths)], check=True)
+    remotes = subprocess.run(["dvc", "remote", "list"], capture_output=True, text=True, check=True).stdout.strip()
+    pushed = bool(push and remotes)
+    if pushed:
+        subprocess.run(["dvc", "push", "-q", *(f"{p}.dvc" for p in paths)], check=True)
+    return {"added": [f"{p}.dvc" for p in paths], "pushed": pushed}
+
+
+def _in_dvc_repo() -> bool:
+    return subprocess.run(["dvc", "root"], capture_output=True, text=True).returncode == 0
+
+
+def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | None) -> str:
+    """The flow's Prefect artifact: what came in, and the challenger against the champion."""
+    lines = ["# Retrain", "", "| file | kind | outcome | read | accepted | quarantined |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {Path(o.file).name} | {o.kind} | {o.outcome} | {o.read} | {o.accepted} | {o.quarantined} |" for o in staged.outcomes]
+    lines += ["", f"Accepted rows: **{staged.accepted - staged.new_classes}**; new classes: **{staged.new_classes}**."]
+    if promotion and trained:
+        validation = promotion.get("validation", {})
+        champion = validation.get("champion_accuracy")
+        challenger = validation.get("challenger_accuracy")
+        lines += ["", "## Challenger vs champion (validation)", "", "| metric | champion | challenger | Δ |", "| --- | --- | --- | --- |"]
+        if champion is not None:
+            lines.append(f"| accuracy | {champion:.4f} | {challenger:.4f} | {challenger - champion:+.4f} |")
+            lines.append(f"| tail macro-F1 | {promotion['champion_tail_macro_f1']:.4f} | "
+                         f"{promotion['challenger_tail_macro_f1']:.4f} | "
+                         f"{promotion['challenger_tail_macro_f1'] - promotion['champion_tail_macro_f1']:+.4f} |")
+        else:
+            lines.append(f"| accuracy | (none) | {challenger:.4f} | |")
+        lines += ["", f"**{'Promoted' if promotion['promoted'] else 'Not promoted'}**: "
+                  f"version {promotion['challenger_version']}; champion is now version {promotion['champion_version_after']}.", ""]
+        lines += [f"- {reason}" for reason in promotion["reasons"]]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,70 @@
+"""A scratch project for the flows: tiny params, git + DVC initialised, Prefect's test harness."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import CLASSES, NOUNS, tiny_params, write_custom_dataset
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from the test server
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+@pytest.fixture
+def project(tmp_path, tiny_model_dir, monkeypatch) -> Path:
+    import mlflow
+
+    project = tmp_path / "project"
+    (project / "data" / "raw").mkdir(parents=True)
+    write_custom_dataset(tmp_path / "dataset")
+    params = tiny_params(tmp_path / "dataset", tiny_model_dir)
+    params["tracking"] = {"enabled": True, "uri": f"sqlite:///{project / 'mlflow.db'}", "experiment": "flows"}
+    params["retrain"] = {**params["retrain"], "retries": 0, "retry_delay_seconds": 0}
+    params["validate"]["max_quarantined_fraction"] = 1.0  # the synthetic train has sampled repeats
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    subprocess.run(["git", "init", "-q"], check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], check=True)
+    before = mlflow.get_tracking_uri()
+    yield project
+    mlflow.set_tracking_uri(before)
+
+
+def unseen_questions(project: Path, label: str, count: int, skip: int = 0) -> list[str]:
+    """Synthetic questions of one class that are in neither the dataset nor the additions yet."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    dataset = Path(params["data"]["data_dir"])
+    known = "\n".join((dataset / f).read_text() for f in ("train.csv", "test.csv"))
+    candidates = [t.format(n) for t in CLASSES[label][1] for n in NOUNS]
+    fresh = [c for c in candidates if f"\n{c}," not in "\n" + known]
+    return fresh[skip : skip + count]
+
+
+def drop(project: Path, name: str, rows: list[tuple[str, str]]) -> Path:
+    inbox = project / "data" / "incoming"
+    inbox.mkdir(parents=True, exist_ok=True)
+    path = inbox / name
+    path.write_text("question,label\n" + "".join(f"{t},{l}\n" for t, l in rows))
+    return path
+
+
+def added_rows(project: Path) -> list[dict]:
+    import json
+
+    path = project / "data" / "raw" / "labeled.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

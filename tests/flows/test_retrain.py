@@ -1,0 +1,157 @@
+"""The retrain flow under Prefect's test harness, on a tiny model and synthetic data."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.retrain import retrain
+from tests.flows.conftest import REPO, added_rows, drop, unseen_questions
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def champion_version(project: Path) -> str | None:
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(MlflowClient(f"sqlite:///{project / 'mlflow.db'}").get_model_version_by_alias("tqc-admc", "champion").version)
+    except MlflowException:
+        return None
+
+
+def manifest(project: Path) -> list[dict]:
+    path = project / "data" / "archive" / "manifest.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def latest_artifact_markdown(contains: str, timeout: float = 30.0) -> str:
+    """The newest `retrain-summary` artifact that mentions `contains`, read through the REST API
+    (this Prefect client's read_artifacts sends nulls its server rejects); artifacts land
+    asynchronously, so poll briefly."""
+    from prefect.client.orchestration import get_client
+
+    deadline = time.time() + timeout
+    with get_client(sync_client=True) as client:
+        while True:
+            response = client.request("POST", "/artifacts/filter", json={
+                "artifacts": {"key": {"any_": ["retrain-summary"]}}, "sort": "CREATED_DESC", "limit": 5, "offset": 0})
+            response.raise_for_status()
+            found = [a["data"] for a in response.json() if contains in a["data"]]
+            if found or time.time() > deadline:
+                return found[0] if found else ""
+            time.sleep(0.5)
+
+
+def test_a_file_is_merged_trained_judged_then_nothing_then_a_repeat_adds_nothing(project):
+    rows = [(q, "LOC") for q in unseen_questions(project, "LOC", 4)] + [(q, "HUM") for q in unseen_questions(project, "HUM", 4)]
+    drop(project, "batch-1.csv", rows)
+
+    first = retrain(params_path="params.yaml")
+    assert first["status"] == "retrained" and first["accepted"] == 8 and first["promoted"]
+    assert sorted(r["text"] for r in added_rows(project)) == sorted(t for t, _ in rows)  # grew by exactly the accepted rows
+    assert champion_version(project) == "1"
+    assert (project / "data" / "raw" / "labeled.jsonl.dvc").exists()  # the data version DVC recorded
+    assert not (project / "data" / "incoming" / "batch-1.csv").exists() and manifest(project)[0]["accepted"] == 8
+    markdown = latest_artifact_markdown("batch-1.csv")
+    assert "batch-1.csv" in markdown and "Promoted" in markdown
+
+    assert retrain(params_path="params.yaml") == {"status": "nothing to do"}
+
+    archived = Path(manifest(project)[0]["archived_as"])
+    drop(project, "batch-1-again.csv", [])
+    (project / "data" / "incoming" / "batch-1-again.csv").write_bytes(archived.read_bytes())  # the same file, redelivered
+    again = retrain(params_path="params.yaml")
+    assert again["status"] == "no rows accepted" and len(added_rows(project)) == 8
+    assert manifest(project)[-1]["outcome"] == "repeat" and champion_version(project) == "1"
+
+
+def test_bad_rows_go_to_quarantine_and_the_good_ones_are_used(project):
+    good = [(q, "NUM") for q in unseen_questions(project, "NUM", 3)]
+    bad = [("   ", "NUM"), (unseen_questions(project, "LOC", 1)[0], "NOT_A_CLASS")]
+    drop(project, "mixed.csv", good + bad)
+
+    result = retrain(params_path="params.yaml")
+    assert result["status"] == "retrained" and result["accepted"] == 3
+    assert sorted(r["text"] for r in added_rows(project)) == sorted(t for t, _ in good)
+    quarantined = [json.loads(line) for line in (project / "data" / "quarantine" / "incoming.jsonl").read_text().splitlines()]
+    assert sorted(q["line"] for q in quarantined) == [5, 6]  # header is line 1: the two bad rows, by file line
+    assert all(q["file"].endswith("mixed.csv") for q in quarantined)
+
+
+def test_a_new_standard_question_arrives_with_its_examples(project):
+    inbox = project / "data" / "incoming"
+    inbox.mkdir(parents=True)
+    (inbox / "catalog-2026-11.csv").write_text("class_id,text\nDESC,What does it mean?\n")
+    drop(project, "new-class.csv", [("what does chess mean", "DESC"), ("what does tea mean", "DESC"),
+                                    ("what does gold mean", "DESC"), ("what does music mean", "DESC")])
+    result = retrain(params_path="params.yaml")
+    assert result["status"] == "retrained" and result["new_classes"] == 1 and result["accepted"] == 4
+    catalog = [json.loads(line) for line in (project / "data" / "raw" / "catalog.jsonl").read_text().splitlines()]
+    assert catalog == [{"class_id": "DESC", "text": "What does it mean?", "derived": False}]
+
+
+def test_two_retrains_never_run_at_once(project):
+    from tqc.config import load_params
+    from tqc.retrain import RetrainBusy, retrain_lock
+
+    drop(project, "a.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
+    with retrain_lock(load_params("params.yaml").retrain):
+        with pytest.raises(Exception, match="another retrain holds"):
+            retrain(params_path="params.yaml")
+    assert (project / "data" / "incoming" / "a.csv").exists() and not added_rows(project)
+
+
+def test_files_arriving_during_a_retrain_are_kept_for_the_next_one(project):
+    first = [(q, "LOC") for q in unseen_questions(project, "LOC", 3)]
+    late = [(q, "LOC") for q in unseen_questions(project, "LOC", 3, skip=3)]
+    drop(project, "first.csv", first)
+
+    def deliver_when_staging_starts():
+        while not (project / "data" / "retrain" / "raw").exists():
+            time.sleep(0.05)
+        drop(project, "late.csv", late)
+
+    courier = threading.Thread(target=deliver_when_staging_starts)
+    courier.start()
+    result = retrain(params_path="params.yaml")
+    courier.join()
+    assert result["accepted"] == 3 and (project / "data" / "incoming" / "late.csv").exists()
+
+    second = retrain(params_path="params.yaml")
+    assert second["accepted"] == 3
+    texts = [r["text"] for r in added_rows(project)]
+    assert sorted(texts) == sorted(t for t, _ in first + late) and len(texts) == len(set(texts))  # none lost, none twice
+
+
+def test_a_killed_retrain_leaves_the_champion_and_the_raw_data_as_they_were(project):
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
+    assert retrain(params_path="params.yaml")["promoted"]
+    raw_before = (project / "data" / "raw" / "labeled.jsonl").read_bytes()
+    champion_before = champion_version(project)
+    drop(project, "two.csv", [(q, "NUM") for q in unseen_questions(project, "NUM", 3)])
+
+    flow = subprocess.Popen([sys.executable, str(REPO / "flows" / "retrain.py")], cwd=project, env=os.environ.copy(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    training = project / "data" / "retrain" / "models"
+    deadline = time.time() + 300
+    while not training.exists() and flow.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert flow.poll() is None, "the flow ended before training started"
+    os.killpg(flow.pid, signal.SIGKILL)  # mid-training, no chance to clean up
+    flow.wait()
+
+    assert (project / "data" / "raw" / "labeled.jsonl").read_bytes() == raw_before
+    assert champion_version(project) == champion_before
+    assert (project / "data" / "incoming" / "two.csv").exists()
+    after = retrain(params_path="params.yaml")  # the lock died with the process; the file is picked up again
+    assert after["status"] == "retrained" and after["accepted"] == 3
