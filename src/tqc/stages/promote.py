@@ -65,7 +65,7 @@ def run(data_dir: Path, model_dir: Path, params: PromoteParams, report_path: Pat
             "challenger_accuracy": float(np.mean(challenger == gold)),
             "champion_accuracy": float(np.mean(champion == gold)) if champion is not None else None,
         },
-        **decision.to_dict(),
+        **{k: v for k, v in decision.to_dict().items() if k != "promote"},  # "promoted" above says it
     }
     write_json(report_path, report)
     client.set_model_version_tag(params.model_name, version, "promotion", "champion" if decision.promote else "rejected")
