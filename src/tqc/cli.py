@@ -192,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ReaderError, ValidationFailed, FileNotFoundError) as exc:
         print(f"tqc {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a tracking server or study database that cannot be reached, said in one line
+        if type(exc).__module__.split(".")[0] not in ("mlflow", "optuna", "sqlalchemy"):
+            raise
+        print(f"tqc {args.command}: error from {type(exc).__module__.split('.')[0]}: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
