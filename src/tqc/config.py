@@ -41,6 +41,9 @@ class DataParams(Strict):
     # the dataset: <additions>/labeled.jsonl and <additions>/catalog.jsonl (DVC-tracked).
     # Relative to the project, not data_dir. Missing files mean no additions.
     additions: str | None = "data/raw"
+    # SharpReCL's long tail: the i-th largest class keeps n·ir^(−i/(C−1)) training rows (n: the
+    # largest class). None keeps the dataset as it is. Test is never subsampled.
+    imbalance_ratio: float | None = Field(None, ge=1.0)
 
     @model_validator(mode="after")
     def _custom_needs_files(self) -> "DataParams":
@@ -70,6 +73,8 @@ class ValidateParams(Strict):
 
 class AugmentParams(Strict):
     rebalance: Literal["none", "mean"] = "mean"  # oversample every class up to the mean count per class
+    explicit: Literal["none", "eda"] = "none"  # how the extra rows are made: copies, or EDA (swap/delete/insert)
+    eda_alpha: float = Field(0.1, gt=0.0, le=0.5)  # share of a question's words one EDA operation touches
     implicit: list[ImplicitAugmentation] = ["dropout", "cutoff"]
     rate: float = Field(0.1, ge=0.0, lt=1.0)  # dropout / cutoff rate on token embeddings
 

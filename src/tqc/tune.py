@@ -31,7 +31,7 @@ from tqc.tracking import Tracker, nested_run, standalone_run
 log = logging.getLogger(__name__)
 
 # Knobs that change the prepared data: the tuner prepares data once, so it cannot search them.
-DATA_PREPARATION = ("seed", "data.", "validate.", "augment.rebalance")
+DATA_PREPARATION = ("seed", "data.", "validate.", "augment.rebalance", "augment.explicit", "augment.eda_alpha")
 
 
 def sample_overrides(trial, space: dict[str, SearchDimension], base: dict) -> dict:

@@ -28,3 +28,34 @@ def test_oversampling_lifts_every_class_to_the_mean_and_marks_copies():
     assert len(copies) == 16 and all(q.source.startswith("oversample:") for q in copies)
     tail_texts = Counter(q.text for q in augmented if q.class_id == "tail")
     assert max(tail_texts.values()) - min(tail_texts.values()) <= 1  # originals repeated evenly
+
+
+def test_eda_rows_are_perturbed_with_words_of_their_own_class_and_marked_generated():
+    import random
+
+    from tqc.eda import augment_text, random_delete, random_insert, random_swap
+
+    rng = random.Random(0)
+    assert sorted(random_swap("a b c d".split(), 2, rng)) == ["a", "b", "c", "d"]
+    assert len(random_delete("a b c d".split(), 10, rng)) == 1  # never deletes every word
+    assert random_insert(["a"], 2, ["x"], rng).count("x") == 2
+
+    questions = [LabeledQuestion(f"where is the river {i}", "LOC") for i in range(8)] + \
+                [LabeledQuestion("who wrote the book", "HUM"), LabeledQuestion("who painted the wall", "HUM")]
+    augmented = oversample(questions, target=8, seed=0, explicit="eda", alpha=0.3)
+    generated = [q for q in augmented if q.generated]
+    assert len(generated) == 6 and all(q.class_id == "HUM" and q.source.startswith("eda:") for q in generated)
+    hum_words = {"who", "wrote", "the", "book", "painted", "wall"}
+    assert all(set(q.text.split()) <= hum_words for q in generated)  # no LOC word leaks in
+    assert any(q.text not in {"who wrote the book", "who painted the wall"} for q in generated)  # texts really change
+    copies = oversample(questions, target=8, seed=0)
+    assert {q.text for q in copies if q.generated} <= {"who wrote the book", "who painted the wall"}
+
+
+def test_the_long_tail_follows_sharprecl_counts():
+    from tqc.stages.ingest import long_tail
+
+    questions = [LabeledQuestion(f"q{c}{i}", c) for c, n in (("A", 100), ("B", 90), ("C", 80)) for i in range(n)]
+    counts = Counter(q.class_id for q in long_tail(questions, ratio=10, seed=0))
+    assert counts == {"A": 100, "B": int(100 * 10 ** -0.5), "C": 10}  # n·ir^(−i/(C−1)), i = 0, 1, 2
+    assert Counter(q.class_id for q in long_tail(questions, ratio=10, seed=0)) == counts  # seeded

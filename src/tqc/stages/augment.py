@@ -26,12 +26,17 @@ def rebalance_target(counts: Counter) -> int:
     return math.ceil(sum(counts.values()) / len(counts)) if counts else 0
 
 
-def oversample(questions: list[LabeledQuestion], target: int, seed: int) -> list[LabeledQuestion]:
-    """Add seeded copies of each class's rows until it has at least `target` rows.
+def oversample(questions: list[LabeledQuestion], target: int, seed: int, explicit: str = "none",
+               alpha: float = 0.1) -> list[LabeledQuestion]:
+    """Add seeded rows to each class until it has at least `target` rows.
 
-    Copies cycle through a shuffled order, so every original is repeated about equally often
-    rather than a few being drawn many times. Copies are marked `generated`.
+    Each new row starts from an original, cycling through a shuffled order so every original
+    is used about equally often; with `explicit: eda` its text is then perturbed (swap,
+    delete, or insert a word of the same class). New rows are marked `generated`.
     """
+    from tqc.eda import augment_text, class_vocabularies
+
+    vocabularies = class_vocabularies(questions) if explicit == "eda" else {}
     by_class: dict[str, list[LabeledQuestion]] = defaultdict(list)
     for question in questions:
         by_class[question.class_id].append(question)
@@ -43,7 +48,11 @@ def oversample(questions: list[LabeledQuestion], target: int, seed: int) -> list
         rng.shuffle(order)
         for i in range(max(0, target - len(members))):
             original = order[i % len(order)]
-            extra.append(replace(original, generated=True, source=f"oversample:{original.source}"))
+            if explicit == "eda":
+                text = augment_text(original.text, vocabularies[class_id], rng, alpha)
+                extra.append(replace(original, text=text, generated=True, source=f"eda:{original.source}"))
+            else:
+                extra.append(replace(original, generated=True, source=f"oversample:{original.source}"))
     return questions + extra
 
 
@@ -52,12 +61,13 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
     questions = load_questions(train_path)
     before = Counter(q.class_id for q in questions)
     target = rebalance_target(before) if params.rebalance == "mean" else 0
-    augmented = oversample(questions, target, seed) if target else questions
+    augmented = oversample(questions, target, seed, params.explicit, params.eda_alpha) if target else questions
     after = Counter(q.class_id for q in augmented)
 
     save_questions(out_path, augmented)
     report = {
         "rebalance": params.rebalance,
+        "explicit": params.explicit,
         "target_per_class": target,
         "implicit": list(params.implicit),
         "rate": params.rate,

@@ -40,6 +40,21 @@ def stratified_split(
     return train, validation
 
 
+def long_tail(questions: list[LabeledQuestion], ratio: float, seed: int) -> list[LabeledQuestion]:
+    """SharpReCL's imbalanced version: classes ranked by size (then id), the i-th keeps
+    ⌊n · ratio^(−i/(C−1))⌋ rows (at least one), n being the largest class; seeded choice."""
+    by_class: dict[str, list[LabeledQuestion]] = defaultdict(list)
+    for question in questions:
+        by_class[question.class_id].append(question)
+    ranked = sorted(by_class, key=lambda c: (-len(by_class[c]), c))
+    largest, rng, kept = len(by_class[ranked[0]]), random.Random(seed), []
+    for i, class_id in enumerate(ranked):
+        exponent = i / (len(ranked) - 1) if len(ranked) > 1 else 0.0
+        keep = max(1, min(len(by_class[class_id]), int(largest * ratio ** -exponent)))
+        kept.extend(rng.sample(by_class[class_id], keep))
+    return kept
+
+
 def stable_split(questions: list[LabeledQuestion], fraction: float, seed: int) -> tuple[list, list]:
     """Each added question's split is a hash of its text: it never changes as more data arrives,
     so a champion is never judged on validation questions it was trained on."""
@@ -54,7 +69,8 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
     started = time.perf_counter()
     splits = read_dataset(params)
     added, added_classes = read_additions(Path(params.additions) if params.additions else None)
-    train, validation = stratified_split(splits.train.rows, params.validation_fraction, seed)
+    official_train = long_tail(splits.train.rows, params.imbalance_ratio, seed) if params.imbalance_ratio else splits.train.rows
+    train, validation = stratified_split(official_train, params.validation_fraction, seed)
     added_train, added_validation = stable_split(added.rows, params.validation_fraction, seed)
     train, validation = train + added_train, validation + added_validation
     catalog = with_added_classes(splits.catalog, added_classes)
