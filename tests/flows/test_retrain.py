@@ -75,7 +75,8 @@ def test_a_file_is_merged_trained_judged_then_nothing_then_a_repeat_adds_nothing
     assert manifest(project)[-1]["outcome"] == "repeat" and champion_version(project) == "1"
 
 
-def test_bad_rows_go_to_quarantine_and_the_good_ones_are_used(project):
+def test_bad_rows_go_to_quarantine_and_the_good_ones_are_used(project, tmp_path):
+    subprocess.run(["dvc", "remote", "add", "-q", "-d", "store", str(tmp_path / "remote")], check=True)
     good = [(q, "NUM") for q in unseen_questions(project, "NUM", 3)]
     bad = [("   ", "NUM"), (unseen_questions(project, "LOC", 1)[0], "NOT_A_CLASS")]
     drop(project, "mixed.csv", good + bad)
@@ -86,6 +87,7 @@ def test_bad_rows_go_to_quarantine_and_the_good_ones_are_used(project):
     quarantined = [json.loads(line) for line in (project / "data" / "quarantine" / "incoming.jsonl").read_text().splitlines()]
     assert sorted(q["line"] for q in quarantined) == [5, 6]  # header is line 1: the two bad rows, by file line
     assert all(q["file"].endswith("mixed.csv") for q in quarantined)
+    assert result["dvc"]["pushed"] and any((tmp_path / "remote").rglob("*"))  # the new data version is on the remote
 
 
 def test_a_new_standard_question_arrives_with_its_examples(project):

@@ -171,3 +171,20 @@ def test_apply_writes_the_best_values_and_keeps_the_comments(tmp_path):
     best.write_text("mine:\n  kk: 3\n")
     with pytest.raises(Exception, match="is not in"):
         apply_best(best, params_file)
+
+
+def test_a_hyperband_study_runs_and_reports(tmp_path, tiny_model_dir, restore_mlflow_uri):
+    raw = tuning_params(tmp_path, tiny_model_dir, trials=2, pruner="hyperband", keep_models=True,
+                        space={"stage_one.temperature": SPACE["stage_one.temperature"],
+                               "model.similarity": {"choices": ["cosine", "inner", "mlp"]}})
+    raw["tracking"]["enabled"] = False
+    params = Params.model_validate(raw)
+    result = tune(params, tmp_path / "reports", tmp_path / "work")
+    from tqc.tune import _pruner
+
+    assert isinstance(_pruner(params), optuna.pruners.HyperbandPruner)
+    study = optuna.load_study(study_name="test", storage=params.tune.storage)
+    assert len(study.trials) == 2 and sum(result.summary["trials"].values()) == 2
+    sampled = study.trials[1].params["model.similarity"]  # trial 0 is the baseline (cosine)
+    saved = json.loads((tmp_path / "work" / "test" / "trial-0001" / "stage_two" / "tqc_model.json").read_text())
+    assert saved["similarity"] == sampled  # the distance the tuner chose is the one the model was trained with
