@@ -7,13 +7,12 @@ access to rebuild that folder from the original public repositories.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqc.io import atomic_path
+from tqc.io import atomic_path, file_digest
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +45,7 @@ class ChecksumMismatch(ValueError):
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_digest(path, "sha256")
 
 
 def verify(data_dir: Path, files: list[RemoteFile] = FILES) -> dict[str, bool]:

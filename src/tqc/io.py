@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -9,6 +10,12 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
+
+
+def file_digest(path: str | Path, algorithm: str) -> str:
+    """Hex digest of a file's bytes, read in blocks (md5 for DVC's hashes, sha256 for checksums)."""
+    with Path(path).open("rb") as handle:
+        return hashlib.file_digest(handle, algorithm).hexdigest()
 
 
 @contextmanager

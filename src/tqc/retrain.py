@@ -23,7 +23,6 @@ quarantined as a duplicate of the current data by the validate contract.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 import subprocess
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Iterator
 
 from tqc.config import Params, RetrainParams
-from tqc.io import atomic_path, read_jsonl, write_jsonl
+from tqc.io import atomic_path, file_digest, read_jsonl, write_jsonl
 from tqc.readers import ADDED_CATALOG, ADDED_QUESTIONS, ReaderError, read_catalog_file
 from tqc.schema import Catalog
 
@@ -76,12 +75,16 @@ class Incoming:
 
 
 def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return file_digest(path, "sha256")
+
+
+def _rows(path: Path) -> list[dict]:
+    """A JSONL file's rows; none when it does not exist yet."""
+    return read_jsonl(path) if path.exists() else []
 
 
 def manifest(params: RetrainParams) -> list[dict]:
-    path = Path(params.archive) / MANIFEST
-    return read_jsonl(path) if path.exists() else []
+    return _rows(Path(params.archive) / MANIFEST)
 
 
 def pick_up(params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
@@ -171,13 +174,12 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path) -> FileOutcome
     except (ReaderError, ValueError) as exc:
         outcome.outcome, outcome.reason = "unusable", str(exc)
         return outcome
-    known = {row["class_id"] for row in (read_jsonl(raw / ADDED_CATALOG) if (raw / ADDED_CATALOG).exists() else [])}
-    known |= set(_base_catalog(params).class_ids)
+    staged_rows = _rows(raw / ADDED_CATALOG)
+    known = {row["class_id"] for row in staged_rows} | set(_base_catalog(params).class_ids)
     new = [q for q in added if q.class_id not in known]
     outcome.read, outcome.accepted = len(added), len(new)
     outcome.reason = f"{len(added) - len(new)} class id(s) already in the catalog kept their text" if len(new) < len(added) else ""
-    rows = (read_jsonl(raw / ADDED_CATALOG) if (raw / ADDED_CATALOG).exists() else []) + [asdict(q) for q in new]
-    write_jsonl(raw / ADDED_CATALOG, rows)
+    write_jsonl(raw / ADDED_CATALOG, staged_rows + [asdict(q) for q in new])
     return outcome
 
 
@@ -208,8 +210,7 @@ def _merge_labeled(incoming: Incoming, params: Params, raw: Path, reference: Pat
             continue
         accepted_texts.add(row["text"])
         new_rows.append({"text": row["text"], "class_id": row["class_id"], "source": f"{incoming.path.name}:{row['source'].rsplit(':', 1)[1]}"})
-    existing = read_jsonl(raw / ADDED_QUESTIONS) if (raw / ADDED_QUESTIONS).exists() else []
-    write_jsonl(raw / ADDED_QUESTIONS, existing + new_rows)
+    write_jsonl(raw / ADDED_QUESTIONS, _rows(raw / ADDED_QUESTIONS) + new_rows)
     outcome.read, outcome.accepted, outcome.quarantined = report["read"], len(new_rows), len(quarantined)
     staged.quarantined_rows.extend({"file": str(incoming.path), "sha256": incoming.sha256, **q} for q in quarantined)
     return outcome
@@ -267,7 +268,7 @@ def archive(incoming: Incoming, outcome: FileOutcome, params: RetrainParams) -> 
 
 
 def _append_jsonl(path: Path, rows: list[dict]) -> None:
-    existing = read_jsonl(path) if path.exists() else []
+    existing = _rows(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_jsonl(path, existing + rows)
 

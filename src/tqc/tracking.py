@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterator
 
 from tqc.config import Params, TrackingParams, flatten
+from tqc.io import file_digest
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +58,7 @@ def dvc_md5(path: Path) -> str:
 
 
 def _file_md5(path: Path) -> str:
-    digest = hashlib.md5()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_digest(path, "md5")
 
 
 def params_hash(params: Params) -> str:
@@ -78,10 +75,6 @@ class Tracker:
     @property
     def active(self) -> bool:
         return self._mlflow is not None
-
-    @property
-    def run_id(self) -> str | None:
-        return self._mlflow.active_run().info.run_id if self._mlflow else None
 
     def on_epoch(self, prefix: str):
         """A `fit` callback that logs each epoch's loss and validation metrics at step=epoch."""
