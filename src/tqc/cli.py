@@ -54,6 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", type=Path, default=Path("reports/tuning"))
     tune.add_argument("--work", type=Path, default=Path("tuning"), help="trial folders and prepared data")
     tune.add_argument("--apply", type=Path, metavar="BEST_PARAMS", help="write a best_params.yaml into --params; no search")
+    ablate = commands.add_parser("ablate", help="the ablation grids of params.yaml as DVC experiments; writes reports/ablations.md")
+    ablate.add_argument("--grid", action="append", help="a grid of ablate.grids (repeatable; default all)")
+    ablate.add_argument("--variant", action="append", help="only these variants (repeatable)")
+    ablate.add_argument("--seeds", type=int, nargs="+", help="default ablate.seeds")
+    ablate.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                        help="only cells with this param value, e.g. --where data.imbalance_ratio=50")
+    ablate.add_argument("--report-only", action="store_true", help="train nothing; tabulate the experiments that exist")
+    ablate.add_argument("--rerun", action="store_true", help="run cells again even when their experiment exists")
+    ablate.add_argument("--out", type=Path, default=Path("reports"))
     bench = commands.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument("what", choices=["epochs", "validate"], help="epochs: seconds per epoch, stage one vs stage two "
                        "at the same batch size; validate: seconds the validate stage adds on --dataset")
@@ -149,6 +158,18 @@ def dispatch(args: argparse.Namespace) -> None:
 
         result = tune(params, args.out, args.work, args.worker, args.trials)
         print(f"best validation macro-F1 {result.summary['best']['validation_macro_f1']:.4f}: {result.best_params}")
+    elif command == "ablate":
+        from tqc.ablate import ablate
+
+        from tqc.config import flatten
+
+        where = flatten(parse_overrides(args.where))
+        results = ablate(params, Path.cwd(), args.out, args.grid, args.variant, args.seeds, not args.report_only, args.rerun,
+                         where)
+        failed = [r.cell.name for r in results if r.status != "done"]
+        if failed:
+            print(f"tqc ablate: {len(failed)} cell(s) without a finished experiment: {', '.join(failed)}", file=sys.stderr)
+            raise SystemExit(1)
     elif command == "bench":
         from tqc import bench
 

@@ -131,6 +131,9 @@ class StageTwoParams(TrainParams):
 
 
 class BaselineNCParams(Schedule):
+    # false: the stage writes a marker instead of a model and evaluate reports no NC figures
+    # (ablation grids compare ADMC variants with each other and skip the NC training).
+    enabled: bool = True
     epochs: int = Field(5, ge=1)
     head_learning_rate: float = Field(1e-3, gt=0.0)
 
@@ -212,6 +215,29 @@ class RetrainParams(Strict):
     push: bool = True  # dvc push after the commit when a DVC remote is configured
 
 
+ParamValue = str | int | float | bool | None | list
+
+
+class AblationGrid(Strict):
+    """One ablation: cells = variants × the cartesian product of `matrix`, each on `base`.
+
+    Keys are dotted param paths (`augment.rebalance`); every cell is `dvc exp run -S` of them.
+    """
+
+    title: str
+    base: dict[str, ParamValue] = {}
+    variants: dict[str, dict[str, ParamValue]] = {"default": {}}
+    matrix: dict[str, list[ParamValue]] = {}
+
+
+class AblateParams(Strict):
+    """tqc ablate: the paper's ablations as DVC experiments, several seeds per cell."""
+
+    seeds: list[int] = Field([0, 1, 2], min_length=1)
+    budget: dict[str, ParamValue] = {}  # applied to every cell first: what fits this machine
+    grids: dict[str, AblationGrid] = {}
+
+
 class Params(Strict):
     seed: int = 0
     data: DataParams = DataParams()
@@ -227,6 +253,7 @@ class Params(Strict):
     promote: PromoteParams = PromoteParams()
     tune: TuneParams = TuneParams()
     retrain: RetrainParams = RetrainParams()
+    ablate: AblateParams = AblateParams()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
 
@@ -242,12 +269,26 @@ class Params(Strict):
 
     @model_validator(mode="after")
     def _search_space_names_real_params(self) -> "Params":
-        known = flatten(self.model_dump(mode="json", by_alias=True, exclude={"tune", "retrain"}))
+        known = self._tunable_paths()
         for name, dimension in self.tune.space.items():
             for path in (name, *dimension.when):
                 if path not in known:
                     raise ValueError(f"tune.space: {path!r} is not a parameter (e.g. stage_one.temperature)")
         return self
+
+    @model_validator(mode="after")
+    def _ablation_keys_are_params(self) -> "Params":
+        known = self._tunable_paths()
+        for grid_name, grid in self.ablate.grids.items():
+            overrides = [self.ablate.budget, grid.base, grid.matrix, *grid.variants.values()]
+            for path in (path for override in overrides for path in override):
+                if path not in known:
+                    raise ValueError(f"ablate.grids.{grid_name}: {path!r} is not a parameter (e.g. augment.rebalance)")
+        return self
+
+    def _tunable_paths(self) -> set[str]:
+        """Dotted paths of every training/data param (a list or empty dict counts as a leaf)."""
+        return set(flatten(self.model_dump(mode="json", by_alias=True, exclude={"tune", "retrain", "ablate"})))
 
 
 class ConfigError(ValueError):

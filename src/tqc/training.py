@@ -161,7 +161,7 @@ def _csv_value(value) -> str:
 
 def write_history(path, history: list[EpochRecord]) -> None:
     """Training curves as CSV, the format DVC plots read."""
-    fields = list(asdict(history[0]))
+    fields = list(EpochRecord.__dataclass_fields__)
     with atomic_path(path) as tmp:
         lines = [",".join(fields)] + [",".join(_csv_value(v) for v in asdict(r).values()) for r in history]
         tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")

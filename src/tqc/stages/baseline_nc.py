@@ -26,6 +26,13 @@ from tqc.training import FitResult, fit, gold_indices, write_history
 
 log = logging.getLogger(__name__)
 
+DISABLED_MARKER = "disabled.json"
+
+
+def is_disabled(directory: Path) -> bool:
+    """True for the marker folder the stage writes when `baseline_nc.enabled` is false."""
+    return (Path(directory) / DISABLED_MARKER).exists()
+
 
 class LinearClassifier(nn.Module):
     def __init__(self, encoder: TextEncoder, n_classes: int):
@@ -81,6 +88,8 @@ def train(model: LinearClassifier, train_rows: list[LabeledQuestion], validation
 
 def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_params: AugmentParams,
         params: BaselineNCParams, seed: int, out_dir: Path, history_path: Path, on_epoch=None) -> FitResult:
+    if not params.enabled:
+        return _write_disabled(out_dir, history_path)
     seed_everything(seed)
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     train_rows, validation = load_questions(train_path), load_questions(data_dir / "validation.jsonl")
@@ -93,3 +102,11 @@ def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_par
     write_history(history_path, result.history)
     log.info("NC baseline: wrote %s and %s", out_dir, history_path)
     return result
+
+
+def _write_disabled(out_dir: Path, history_path: Path) -> FitResult:
+    with atomic_directory(out_dir) as staging:
+        (staging / DISABLED_MARKER).write_text(json.dumps({"reason": "baseline_nc.enabled is false"}) + "\n")
+    write_history(history_path, [])
+    log.info("NC baseline: disabled (baseline_nc.enabled: false); wrote the marker %s", out_dir / DISABLED_MARKER)
+    return FitResult([], 0, float("nan"), 0.0)

@@ -21,7 +21,7 @@ from tqc.metrics import confused_pairs, per_class_prf, summary
 from tqc.model.encoder import BiEncoder, TextEncoder
 from tqc.pipeline import ChainOutputs, train_chain
 from tqc.schema import Catalog, LabeledQuestion, load_questions
-from tqc.stages.baseline_nc import LinearClassifier
+from tqc.stages.baseline_nc import LinearClassifier, is_disabled
 from tqc.training import catalog_scores, gold_indices
 
 log = logging.getLogger(__name__)
@@ -35,20 +35,21 @@ def load_models(models: ChainOutputs, params: Params) -> dict:
     zero_shot = BiEncoder(TextEncoder.from_pretrained(params.model.pretrained, params.model.pooling, params.model.max_length),
                           None, params.model.similarity)
     bi_encoders = {"admc": BiEncoder.load(models.stage_two), "stage_one": BiEncoder.load(models.stage_one), "zero_shot": zero_shot}
-    nc = LinearClassifier.load(models.nc)
     scorers = {name: (lambda qs, c, m=model: catalog_scores(m, qs, c, batch)) for name, model in bi_encoders.items()}
-    scorers["nc"] = lambda qs, c: nc.logits([q.text for q in qs], batch)
-    return scorers
+    if not is_disabled(models.nc):
+        nc = LinearClassifier.load(models.nc)
+        scorers["nc"] = lambda qs, c: nc.logits([q.text for q in qs], batch)
+    return {name: scorers[name] for name in MODELS if name in scorers}
 
 
 def evaluate_models(models: ChainOutputs, params: Params, splits: dict[str, list[LabeledQuestion]], catalog: Catalog) -> dict:
     """{model: {split: metrics}} and the raw scores (N, P) per split and model."""
     scorers = load_models(models, params)
-    results: dict[str, dict] = {name: {} for name in MODELS}
+    results: dict[str, dict] = {name: {} for name in scorers}
     scores_by_split = {}
     for split, questions in splits.items():
         gold = gold_indices(questions, catalog)
-        scores_by_split[split] = {name: scorers[name](questions, catalog) for name in MODELS}
+        scores_by_split[split] = {name: scorer(questions, catalog) for name, scorer in scorers.items()}
         for name, scores in scores_by_split[split].items():
             results[name][split] = summary(scores, gold)
     return {"metrics": results, "scores": scores_by_split}
@@ -57,7 +58,7 @@ def evaluate_models(models: ChainOutputs, params: Params, splits: dict[str, list
 def seed_statistics(per_seed: list[dict]) -> dict:
     """Mean ± std over seeds of every model's test accuracy and macro-F1."""
     stats = {"n": len(per_seed)}
-    for name in MODELS:
+    for name in (name for name in MODELS if name in per_seed[0]):
         stats[name] = {}
         for metric in ("accuracy", "macro_f1"):
             values = [run[name]["test"][metric] for run in per_seed]
@@ -82,7 +83,7 @@ def run(data_dir: Path, train_path: Path, models: ChainOutputs, params: Params, 
     _write_similarity_profile(plots_dir, test_scores, splits["test"], catalog, params)
     log.info("evaluate: test accuracy %.4f macro-F1 %.4f (AC %.4f, NC %.4f, zero-shot %.4f); wrote %s, %s, %s (%.1fs)",
              metrics["test"]["accuracy"], metrics["test"]["macro_f1"], metrics["stage_one"]["test"]["macro_f1"],
-             metrics["nc"]["test"]["macro_f1"], metrics["zero_shot"]["test"]["macro_f1"], metrics_path, classes_path,
+             (metrics["nc"] or {"test": {"macro_f1": float("nan")}})["test"]["macro_f1"], metrics["zero_shot"]["test"]["macro_f1"], metrics_path, classes_path,
              plots_dir, time.perf_counter() - started)
     return metrics
 
@@ -101,7 +102,7 @@ def _extra_seeds(params: Params, data_dir: Path, train_path: Path, splits, catal
 
 def _metrics_document(params: Params, metrics: dict, seeds: dict) -> dict:
     """metrics.json in a fixed key order, so `git diff` and `dvc metrics diff` read well."""
-    admc, stage_one, nc = metrics["admc"], metrics["stage_one"], metrics["nc"]
+    admc, stage_one, nc = metrics["admc"], metrics["stage_one"], metrics.get("nc")  # nc: None when disabled
     return {
         "dataset": params.data.dataset,
         "test": admc["test"],
@@ -111,8 +112,8 @@ def _metrics_document(params: Params, metrics: dict, seeds: dict) -> dict:
         "zero_shot": metrics["zero_shot"],
         "gains_on_test": {
             "macro_f1_stage_two_minus_stage_one": admc["test"]["macro_f1"] - stage_one["test"]["macro_f1"],
-            "macro_f1_admc_minus_nc": admc["test"]["macro_f1"] - nc["test"]["macro_f1"],
-            "accuracy_admc_minus_nc": admc["test"]["accuracy"] - nc["test"]["accuracy"],
+            **({"macro_f1_admc_minus_nc": admc["test"]["macro_f1"] - nc["test"]["macro_f1"],
+                "accuracy_admc_minus_nc": admc["test"]["accuracy"] - nc["test"]["accuracy"]} if nc else {}),
         },
         "seeds": seeds,
         # Only what trained and evaluated these models (the sections dvc.yaml makes evaluate depend on).

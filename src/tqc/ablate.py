@@ -1,0 +1,245 @@
+"""The paper's ablations as DVC experiments: one `dvc exp run --temp` per cell and seed.
+
+A cell is the ordinary pipeline up to `evaluate`, with its params set by `-S`, so every
+figure in `reports/ablations.md` is what `dvc repro` trains with those params, and each run
+stays in DVC as a named experiment (`dvc exp show`, `dvc exp apply <name>`). A cell whose
+experiment already exists is read back, never trained again, so an interrupted grid resumes.
+Names carry a hash of the cell's params: change the budget or a variant and the cell is new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from tqc.config import AblationGrid, Params
+from tqc.io import atomic_path, write_json, write_text
+
+log = logging.getLogger(__name__)
+
+# What a cell reports: ADMC (stage two) and AC (stage one alone) on test; validation beside.
+FIGURES = {
+    "admc_accuracy": ("test", "accuracy"),
+    "admc_macro_f1": ("test", "macro_f1"),
+    "ac_accuracy": ("stage_one", "test", "accuracy"),
+    "ac_macro_f1": ("stage_one", "test", "macro_f1"),
+    "admc_validation_macro_f1": ("validation", "macro_f1"),
+}
+
+
+@dataclass(frozen=True)
+class Cell:
+    grid: str
+    variant: str  # the variant name, then any matrix values, e.g. "oversample · ir=50"
+    seed: int
+    overrides: dict  # dotted param path → value, in the order they apply
+    local: dict = field(default_factory=dict, compare=False)  # this machine's paths: not part of the name
+
+    @property
+    def name(self) -> str:
+        """A DVC experiment name (a git ref component): grid, variant, hash of its params, seed."""
+        shared = {path: value for path, value in self.overrides.items() if path != "seed"}  # one hash for all seeds
+        digest = hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).hexdigest()[:8]
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{self.grid}-{self.variant}").strip("-").lower()
+        return f"abl-{slug}-{digest}-s{self.seed}"
+
+
+@dataclass
+class CellResult:
+    cell: Cell
+    status: str  # done | failed | missing
+    figures: dict = field(default_factory=dict)
+    generated_rows: int | None = None
+    experiment_rev: str | None = None
+
+
+def grid_cells(name: str, grid: AblationGrid, seeds: list[int], budget: dict, local: dict) -> list[Cell]:
+    """Every (variant × matrix combination × seed) cell; later overrides win over earlier ones."""
+    axes = list(grid.matrix.items())
+    cells = []
+    for variant, variant_overrides in grid.variants.items():
+        for values in itertools.product(*(choices for _, choices in axes)):
+            combination = {path: value for (path, _), value in zip(axes, values)}
+            label = " · ".join([variant] + [f"{_short(path)}={value}" for path, value in combination.items()])
+            for seed in seeds:
+                overrides = {**budget, **grid.base, **variant_overrides, **combination, "seed": seed}
+                cells.append(Cell(name, label, seed, overrides, local))
+    return cells
+
+
+def _short(path: str) -> str:
+    return {"data.imbalance_ratio": "ir"}.get(path, path.rsplit(".", 1)[-1])
+
+
+def local_overrides(params: Params, project: Path) -> dict:
+    """Paths that must survive the copy DVC runs an experiment in (.dvc/tmp/exps/…)."""
+    overrides = {"data.data_dir": str((project / params.data.data_dir).resolve())}
+    if params.tracking.enabled and not params.tracking.uri and not os.environ.get("MLFLOW_TRACKING_URI"):
+        overrides["tracking.uri"] = f"sqlite:///{(project / 'mlflow.db').resolve()}"
+    return overrides
+
+
+def set_arguments(overrides: dict) -> list[str]:
+    """{"augment.implicit": []} → ["-S", "++augment.implicit=[]"]; values as YAML, which `-S` parses."""
+    arguments = []
+    for path, value in overrides.items():
+        text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+        arguments += ["-S", f"++{path}={text.removesuffix('...').strip()}"]  # ++: add the key when params.yaml lacks it
+    return arguments
+
+
+def experiment_refs(project: Path) -> dict[str, str]:
+    """Experiment name → its git ref, over every baseline commit."""
+    listing = _git(project, "for-each-ref", "--format=%(refname)", "refs/exps")
+    return {ref.rsplit("/", 1)[-1]: ref for ref in listing.splitlines() if ref.count("/") >= 4}  # refs/exps/<ab>/<baseline rest>/<name>
+
+
+def run_cell(cell: Cell, project: Path) -> bool:
+    """`dvc exp run --temp -n NAME -S … evaluate`: the pipeline up to evaluate, promote skipped."""
+    command = ["dvc", "exp", "run", "--temp", "-n", cell.name, *set_arguments({**cell.overrides, **cell.local}), "evaluate"]
+    log.info("ablate: %s (%s, seed %d): %s", cell.name, cell.variant, cell.seed, " ".join(command))
+    started = time.perf_counter()
+    finished = subprocess.run(command, cwd=project)
+    log.info("ablate: %s %s in %.0fs", cell.name, "finished" if finished.returncode == 0 else "FAILED",
+             time.perf_counter() - started)
+    return finished.returncode == 0
+
+
+def read_cell(cell: Cell, project: Path, refs: dict[str, str]) -> CellResult:
+    ref = refs.get(cell.name)
+    if ref is None:
+        return CellResult(cell, "missing")
+    metrics = json.loads(_git(project, "show", f"{ref}:reports/metrics.json"))
+    augment = json.loads(_git(project, "show", f"{ref}:reports/augment.json"))
+    figures = {name: _dig(metrics, keys) for name, keys in FIGURES.items()}
+    return CellResult(cell, "done", figures, augment["rows"]["generated"], _git(project, "rev-parse", ref).strip()[:10])
+
+
+def _dig(tree: dict, keys: tuple[str, ...]):
+    for key in keys:
+        tree = tree[key]
+    return tree
+
+
+def _git(project: Path, *arguments: str) -> str:
+    return subprocess.run(["git", *arguments], cwd=project, check=True, capture_output=True, text=True).stdout
+
+
+def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None = None, variants: list[str] | None = None,
+           seeds: list[int] | None = None, run: bool = True, rerun: bool = False, where: dict | None = None) -> list[CellResult]:
+    """Run the missing cells of the chosen grids (all by default), then write the report.
+
+    `variants` and `where` ({"data.imbalance_ratio": 50}) narrow the cells; the order is the
+    grid's, variants first, so the first cells of a long grid finish all their seeds early.
+    """
+    chosen = grids or list(params.ablate.grids)
+    unknown = [g for g in chosen if g not in params.ablate.grids]
+    if unknown:
+        raise ValueError(f"unknown ablation grid(s) {unknown}; params.yaml has {sorted(params.ablate.grids)}")
+    local = local_overrides(params, project)
+    cells = [cell for grid in chosen
+             for cell in grid_cells(grid, params.ablate.grids[grid], seeds or params.ablate.seeds, params.ablate.budget, local)
+             if (not variants or cell.variant.split(" · ")[0] in variants)
+             and all(cell.overrides.get(path) == value for path, value in (where or {}).items())]
+    if run:
+        refs = experiment_refs(project)
+        for cell in cells:
+            if rerun or cell.name not in refs:
+                run_cell(cell, project)
+    refs = experiment_refs(project)
+    results = [read_cell(cell, project, refs) for cell in cells]
+    write_report(params, chosen, results, out_dir)
+    return results
+
+
+def summarise(results: list[CellResult]) -> list[dict]:
+    """Cells grouped by (grid, variant): mean and std over the seeds that finished."""
+    groups: dict[tuple[str, str], list[CellResult]] = {}
+    for result in results:
+        groups.setdefault((result.cell.grid, result.cell.variant), []).append(result)
+    rows = []
+    for (grid, variant), members in groups.items():
+        done = [m for m in members if m.status == "done"]
+        row = {"grid": grid, "variant": variant, "seeds_done": [m.cell.seed for m in done],
+               "seeds_missing": [m.cell.seed for m in members if m.status != "done"],
+               "generated_rows": [m.generated_rows for m in done], "experiments": [m.cell.name for m in done]}
+        for figure in FIGURES:
+            values = [m.figures[figure] for m in done]
+            row[figure] = {"mean": float(np.mean(values)) if values else None,
+                           "std": float(np.std(values)) if values else None, "values": values}
+        rows.append(row)
+    return rows
+
+
+def write_report(params: Params, grids: list[str], results: list[CellResult], out_dir: Path) -> None:
+    rows = summarise(results)
+    write_json(out_dir / "ablations.json", {"seeds": params.ablate.seeds, "budget": params.ablate.budget, "rows": rows})
+    write_text(out_dir / "ablations.md", render_markdown(params, grids, rows))
+    plot(rows, grids, out_dir / "ablations.png")
+    log.info("ablate: %d of %d cells done; wrote %s", sum(r.status == "done" for r in results), len(results), out_dir / "ablations.md")
+
+
+def _cell_text(figure: dict) -> str:
+    if figure["mean"] is None:
+        return "—"
+    return f"{100 * figure['mean']:.2f} ± {100 * figure['std']:.2f}"
+
+
+def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
+    budget = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in params.ablate.budget.items()) or "the params as they are"
+    lines = ["# Ablations", "",
+             "Written by `tqc ablate` from DVC experiments (`dvc exp show` lists them by the names below). "
+             f"Test figures in %, mean ± std over seeds; budget: {budget}. AC is stage one alone, ADMC stage two, "
+             "both from the same run. Nothing was chosen on test.", ""]
+    for grid in grids:
+        spec = params.ablate.grids[grid]
+        lines += [f"## {spec.title}", "", f"Grid `{grid}`; common params: "
+                  + (", ".join(f"`{k}={json.dumps(v)}`" for k, v in spec.base.items()) or "none") + ".", "",
+                  "| variant | ADMC accuracy | ADMC macro-F1 | AC accuracy | AC macro-F1 | generated rows | seeds |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in (r for r in rows if r["grid"] == grid):
+            generated = row["generated_rows"][0] if row["generated_rows"] else "—"
+            seeds = ", ".join(map(str, row["seeds_done"])) + (f" (missing {row['seeds_missing']})" if row["seeds_missing"] else "")
+            lines.append(f"| {row['variant']} | {_cell_text(row['admc_accuracy'])} | {_cell_text(row['admc_macro_f1'])} | "
+                         f"{_cell_text(row['ac_accuracy'])} | {_cell_text(row['ac_macro_f1'])} | {generated} | {seeds} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], grids: list[str], path: Path) -> None:
+    """One panel per grid: macro-F1 (mean ± std over seeds) of ADMC and AC per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(len(grids), 1, figsize=(10, 3.2 * len(grids)), squeeze=False)
+    for axis, grid in zip(axes[:, 0], grids):
+        members = [r for r in rows if r["grid"] == grid and r["admc_macro_f1"]["mean"] is not None]
+        positions = np.arange(len(members))
+        for offset, (figure_name, label) in enumerate((("ac_macro_f1", "AC"), ("admc_macro_f1", "ADMC"))):
+            means = [100 * r[figure_name]["mean"] for r in members]
+            stds = [100 * r[figure_name]["std"] for r in members]
+            axis.bar(positions + (offset - 0.5) * 0.4, means, 0.4, yerr=stds, capsize=3, label=label)
+        axis.set_xticks(positions, [r["variant"] for r in members], rotation=20, ha="right", fontsize=8)
+        axis.set_ylabel("test macro-F1 (%)")
+        axis.set_title(grid)
+        if members:
+            low = min(100 * min(r["ac_macro_f1"]["mean"], r["admc_macro_f1"]["mean"]) for r in members)
+            axis.set_ylim(max(0.0, low - 10), 100)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, format="png", dpi=110)
+    plt.close(figure)

@@ -1,0 +1,106 @@
+"""SharpReCL's rebalancing in embedding space, for the bi-encoder (METHOD.md, SharpReCL).
+
+Prototypes: the encoded standard question of every class, added to every batch so every
+class is seen at every step. For each class c, its *hard positives* are its batch members
+least similar to the prototype, its *hard negatives* the other classes' members most similar
+to it. A balanced set of `per_class` rows per class mixes simple samples (real members) with
+synthetic vectors made by mixup of two hard vectors, α ~ Beta(λ, λ), renormalised; the
+synthetic share rises from 0.5 to 1.0 over training. A mixed hard negative keeps its own
+class (both ends of the pair come from that class), so every synthetic row has a label.
+Logit compensation adds w·log π_y (the class prior of the training rows) to the logits.
+
+Pure functions of tensors and a torch.Generator; the stage supplies the encoded vectors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class BalancedSet:
+    vectors: torch.Tensor  # (M, D) unit-norm
+    labels: torch.Tensor  # (M,) class indices
+    synthetic: torch.Tensor  # (M,) bool: made by mixup rather than sampled
+
+
+def synthetic_share(step: int, total_steps: int, start: float = 0.5, end: float = 1.0) -> float:
+    """SharpReCL's schedule: start + (t / T)·(end − start), t the step, T the total steps."""
+    return start + (end - start) * min(1.0, step / max(1, total_steps))
+
+
+def hard_sets(similarity: torch.Tensor, labels: torch.Tensor, k: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """similarity (B, P) of each row to each prototype, labels (B,) → per class c:
+    (hard positives: ≤k rows of c least similar to prototype c,
+     hard negatives: ≤k rows of other classes most similar to prototype c), as row indices."""
+    positives, negatives = [], []
+    for c in range(similarity.shape[1]):
+        members = (labels == c).nonzero().squeeze(1)
+        others = (labels != c).nonzero().squeeze(1)
+        column = similarity[:, c]
+        positives.append(members[column[members].argsort()[:k]])  # ascending: least similar first
+        negatives.append(others[column[others].argsort(descending=True)[:k]])
+    return positives, negatives
+
+
+def mixup(vectors: torch.Tensor, first: torch.Tensor, second: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """vectors (N, D), pair indices (M,), (M,), weights α (M,) → normalise(α·v_i + (1−α)·v_j) (M, D)."""
+    mixed = alpha.unsqueeze(1) * vectors[first] + (1 - alpha.unsqueeze(1)) * vectors[second]
+    return F.normalize(mixed, dim=-1)
+
+
+def _draw(pool: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+    return pool[torch.randint(len(pool), (n,), generator=generator)] if n and len(pool) else pool[:0]
+
+
+def _same_class_partner(rows: torch.Tensor, pool: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """For each row, a random row of `pool` with the same label (the row itself when it is alone)."""
+    partners = []
+    for row in rows.tolist():
+        same = pool[labels[pool] == labels[row]]
+        partners.append(int(same[torch.randint(len(same), (1,), generator=generator)]))
+    return torch.tensor(partners, dtype=torch.long)
+
+
+def balanced_set(questions: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor, per_class: int, share: float,
+                 hard_k: int, beta: float, generator: torch.Generator) -> BalancedSet:
+    """questions (B, D), labels (B,), prototypes (P, D) → `per_class` rows for every class.
+
+    round(share·per_class) rows of each class are synthetic (half hard-positive mixups labelled
+    c, half hard-negative mixups labelled with their own class, near c's prototype); the rest
+    are real members of c drawn with replacement. A class with no member in the batch gets its
+    prototype as its one member (SharpReCL's replenishing), so it is never left out.
+    """
+    questions, prototypes = F.normalize(questions, dim=-1), F.normalize(prototypes, dim=-1)
+    n_classes = prototypes.shape[0]
+    absent = torch.tensor([c for c in range(n_classes) if not (labels == c).any()], dtype=torch.long)
+    pool = torch.cat([questions, prototypes[absent]])  # (B + A, D)
+    pool_labels = torch.cat([labels.cpu(), absent]).to(labels.device)
+    positives, negatives = hard_sets(pool @ prototypes.T, pool_labels, hard_k)
+    beta_distribution = torch.distributions.Beta(torch.tensor(beta), torch.tensor(beta))
+
+    n_synthetic = round(share * per_class)
+    n_positive_mix = math.ceil(n_synthetic / 2)
+    parts, part_labels, part_synthetic = [], [], []
+    for c in range(n_classes):
+        members = (pool_labels == c).nonzero().squeeze(1)
+        real = _draw(members, per_class - n_synthetic, generator)
+        pos_i, pos_j = _draw(positives[c], n_positive_mix, generator), _draw(positives[c], n_positive_mix, generator)
+        neg_i = _draw(negatives[c], n_synthetic - n_positive_mix, generator)
+        neg_j = _same_class_partner(neg_i, negatives[c], pool_labels, generator).to(neg_i.device)
+        first, second = torch.cat([pos_i, neg_i]), torch.cat([pos_j, neg_j])
+        alpha = beta_distribution.sample((len(first),)).to(pool.device)
+        parts += [pool[real], mixup(pool, first, second, alpha)]
+        part_labels += [pool_labels[real], pool_labels[first]]
+        part_synthetic += [torch.zeros(len(real), dtype=torch.bool), torch.ones(len(first), dtype=torch.bool)]
+    return BalancedSet(torch.cat(parts), torch.cat(part_labels), torch.cat(part_synthetic))
+
+
+def log_prior(class_counts: torch.Tensor) -> torch.Tensor:
+    """(P,) training counts → (P,) log π, with one pseudo-count so no class is −∞."""
+    counts = class_counts.float() + 1.0
+    return (counts / counts.sum()).log()

@@ -1,0 +1,88 @@
+"""SharpReCL prototype mixup and CEAA cross-encoding: what each adds to what the encoder sees."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tqc.model.cross_encoding import joined_inputs
+from tqc.model.prototype_mixup import balanced_set, hard_sets, log_prior, mixup, synthetic_share
+
+
+def test_synthetic_share_rises_from_half_to_one():
+    assert synthetic_share(0, 100) == 0.5
+    assert synthetic_share(50, 100) == pytest.approx(0.75)
+    assert synthetic_share(100, 100) == 1.0 and synthetic_share(150, 100) == 1.0
+
+
+def test_hard_positives_are_least_similar_members_and_hard_negatives_most_similar_others():
+    # 5 rows, 2 prototypes; similarity to prototype 0 and 1 given directly.
+    similarity = torch.tensor([[0.9, 0.1], [0.2, 0.3], [0.5, 0.8], [0.7, 0.6], [0.1, 0.95]])
+    labels = torch.tensor([0, 0, 0, 1, 1])
+    positives, negatives = hard_sets(similarity, labels, k=2)
+    assert positives[0].tolist() == [1, 2]  # class 0 members by ascending similarity: rows 1 (0.2), 2 (0.5)
+    assert negatives[0].tolist() == [3, 4]  # others most similar to prototype 0: rows 3 (0.7), 4 (0.1)
+    assert positives[1].tolist() == [3, 4]
+    assert negatives[1].tolist() == [2, 1]  # 0.8, then 0.3
+
+
+def test_mixup_lies_between_its_two_vectors_and_is_unit_norm():
+    vectors = F.normalize(torch.randn(4, 8), dim=-1)
+    mixed = mixup(vectors, torch.tensor([0, 1]), torch.tensor([2, 3]), torch.tensor([1.0, 0.3]))
+    assert torch.allclose(mixed.norm(dim=-1), torch.ones(2), atol=1e-6)
+    assert torch.allclose(mixed[0], vectors[0], atol=1e-6)  # α = 1 keeps the first vector
+    expected = F.normalize(0.3 * vectors[1] + 0.7 * vectors[3], dim=0)
+    assert torch.allclose(mixed[1], expected, atol=1e-6)
+
+
+def test_balanced_set_gives_every_class_the_same_rows_even_a_class_missing_from_the_batch():
+    torch.manual_seed(0)
+    questions = F.normalize(torch.randn(10, 16), dim=-1)
+    labels = torch.tensor([0] * 8 + [1] * 2)  # class 2 has no member in this batch
+    prototypes = F.normalize(torch.randn(3, 16), dim=-1)
+    generator = torch.Generator().manual_seed(0)
+    early = balanced_set(questions, labels, prototypes, per_class=4, share=0.5, hard_k=3, beta=0.5, generator=generator)
+    assert early.vectors.shape == (12, 16)
+    assert torch.bincount(early.labels[~early.synthetic], minlength=3).tolist() == [2, 2, 2]  # simple samples
+    assert early.synthetic.sum() == 6  # share 0.5 of 4 rows × 3 classes
+    late = balanced_set(questions, labels, prototypes, per_class=4, share=1.0, hard_k=3, beta=0.5, generator=generator)
+    assert late.synthetic.all()
+    assert torch.allclose(late.vectors.norm(dim=-1), torch.ones(12), atol=1e-5)
+    # The absent class is present through its prototype: its simple samples are the prototype itself.
+    class_two_real = early.vectors[(early.labels == 2) & ~early.synthetic]
+    assert torch.allclose(class_two_real, prototypes[2].expand_as(class_two_real), atol=1e-6)
+
+
+def test_balanced_set_carries_gradients_back_to_the_encoded_questions():
+    questions = torch.randn(6, 8, requires_grad=True)
+    prototypes = torch.randn(2, 8, requires_grad=True)
+    result = balanced_set(questions, torch.tensor([0, 0, 0, 0, 0, 1]), prototypes, 3, 1.0, 2, 0.5, torch.Generator().manual_seed(1))
+    (result.vectors @ F.normalize(prototypes, dim=-1).T).sum().backward()
+    assert questions.grad.abs().sum() > 0 and prototypes.grad.abs().sum() > 0
+
+
+def test_log_prior_ranks_rare_classes_lowest_and_never_minus_infinity():
+    prior = log_prior(torch.tensor([100, 10, 0]))
+    assert prior[0] > prior[1] > prior[2] > float("-inf")
+    assert torch.exp(prior).sum() == pytest.approx(1.0)
+
+
+def test_joined_inputs_pair_questions_with_gold_as_relevant_and_other_batch_classes_as_not():
+    questions = ["where is paris", "who wrote it", "how many cats", "where is rome"]
+    gold = [0, 1, 2, 0]
+    catalog = ["Where is the place?", "Who is the person?", "How many are there?"]
+    joined = joined_inputs(questions, gold, [0, 1, 2], catalog, "[SEP]", share=0.5, negatives=2, rng=random.Random(0))
+    assert len(set(joined.rows)) == 2 and len(joined.texts) == 2 * 3  # two rows, each 1 relevant + 2 not
+    for text, relevant, row in zip(joined.texts, joined.relevant, joined.rows):
+        question, standard = text.split(" [SEP] ")
+        assert question == questions[row]
+        assert (standard == catalog[gold[row]]) == relevant
+    assert sum(joined.relevant) == 2
+
+
+def test_joined_inputs_take_at_least_one_row_and_no_more_negatives_than_the_batch_has():
+    joined = joined_inputs(["a"], [0], [0, 1], ["A", "B"], "[SEP]", share=0.1, negatives=5, rng=random.Random(0))
+    assert joined.texts == ["a [SEP] A", "a [SEP] B"] and joined.relevant == [True, False]
