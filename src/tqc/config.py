@@ -71,12 +71,71 @@ class ValidateParams(Strict):
     max_imbalance_ratio: float = Field(50.0, ge=1.0)  # largest / smallest class in train
 
 
+class Seq2SeqParams(Strict):
+    """Local seq2seq models for `paraphrase` and `backtranslate` (folders, or hub ids where reachable)."""
+
+    paraphrase_model: str | None = None  # e.g. a T5/Pegasus paraphraser folder
+    paraphrase_prefix: str = ""  # prepended to each input, e.g. "paraphrase: " for T5 paraphrasers
+    forward_model: str | None = None  # backtranslate: source → pivot, e.g. a Helsinki-NLP/opus-mt-en-de folder
+    backward_model: str | None = None  # pivot → source, e.g. opus-mt-de-en
+    sample: bool = True  # nucleus sampling gives varied rewrites of the same question; false: beam search
+    top_p: float = Field(0.9, gt=0.0, le=1.0)
+    num_beams: int = Field(4, ge=1)  # beam search only
+    max_input_tokens: int = Field(128, ge=8)
+    max_new_tokens: int = Field(64, ge=1)
+    batch_size: int = Field(16, ge=1)
+
+
+class PrototypeMixupParams(Strict):
+    """SharpReCL in stage one: prototypes in every batch, hard mixup, a balanced set, class prior."""
+
+    enabled: bool = False
+    per_class: int = Field(4, ge=1)  # balanced-set rows per class and batch
+    hard_k: int = Field(20, ge=1)  # hard positives / negatives per class (SharpReCL: 20)
+    beta: float = Field(0.5, gt=0.0)  # mixup weight α ~ Beta(beta, beta)
+    synthetic_start: float = Field(0.5, ge=0.0, le=1.0)  # synthetic share of the balanced set, rising ...
+    synthetic_end: float = Field(1.0, ge=0.0, le=1.0)  # ... linearly to this over training
+    prior_weight: float = Field(1.0, ge=0.0)  # logit compensation w·log π_y (0: off)
+    weight: float = Field(1.0, ge=0.0)  # the balanced set's loss weight (SharpReCL's μ)
+
+
+class CrossEncodingParams(Strict):
+    """CEAA in stage one: "question [SEP] standard question" inputs with an "is relevant" target."""
+
+    enabled: bool = False
+    share: float = Field(0.25, gt=0.0, le=1.0)  # batch rows that also enter joined
+    negatives: int = Field(1, ge=0)  # joins with other batch classes per row, target "is not relevant"
+    relevant_text: str = "is relevant"
+    irrelevant_text: str = "is not relevant"
+    weight: float = Field(1.0, ge=0.0)
+
+
 class AugmentParams(Strict):
-    rebalance: Literal["none", "mean"] = "mean"  # oversample every class up to the mean count per class
-    explicit: Literal["none", "eda"] = "none"  # how the extra rows are made: copies, or EDA (swap/delete/insert)
+    # Which classes get extra rows: none; mean (ADMC §3.2.1: every class up to the mean count
+    # per class); max (up to the largest class); count (up to target_count).
+    rebalance: Literal["none", "mean", "max", "count"] = "mean"
+    target_count: int | None = Field(None, ge=1)  # rebalance: count
+    # How the extra rows are made: none (copies), eda (swap/delete/insert of same-class words),
+    # paraphrase or backtranslate (through the seq2seq models below).
+    explicit: Literal["none", "eda", "paraphrase", "backtranslate"] = "none"
     eda_alpha: float = Field(0.1, gt=0.0, le=0.5)  # share of a question's words one EDA operation touches
+    seq2seq: Seq2SeqParams = Seq2SeqParams()
     implicit: list[ImplicitAugmentation] = ["dropout", "cutoff"]
     rate: float = Field(0.1, ge=0.0, lt=1.0)  # dropout / cutoff rate on token embeddings
+    prototype_mixup: PrototypeMixupParams = PrototypeMixupParams()
+    cross_encoding: CrossEncodingParams = CrossEncodingParams()
+
+    @model_validator(mode="after")
+    def _explicit_needs_its_models(self) -> "AugmentParams":
+        if self.rebalance == "count" and self.target_count is None:
+            raise ValueError("augment.rebalance is 'count' but augment.target_count is not set")
+        if self.explicit == "paraphrase" and not self.seq2seq.paraphrase_model:
+            raise ValueError("augment.explicit is 'paraphrase' but augment.seq2seq.paraphrase_model is not set "
+                             "(a local seq2seq folder, see the README)")
+        if self.explicit == "backtranslate" and not (self.seq2seq.forward_model and self.seq2seq.backward_model):
+            raise ValueError("augment.explicit is 'backtranslate' but augment.seq2seq.forward_model and backward_model "
+                             "are not both set (a Marian pair such as opus-mt-en-de / opus-mt-de-en)")
+        return self
 
 
 class ModelParams(Strict):

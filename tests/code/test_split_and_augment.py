@@ -59,3 +59,27 @@ def test_the_long_tail_follows_sharprecl_counts():
     counts = Counter(q.class_id for q in long_tail(questions, ratio=10, seed=0))
     assert counts == {"A": 100, "B": int(100 * 10 ** -0.5), "C": 10}  # n·ir^(−i/(C−1)), i = 0, 1, 2
     assert Counter(q.class_id for q in long_tail(questions, ratio=10, seed=0)) == counts  # seeded
+
+
+def test_rebalance_targets_none_mean_max_and_a_fixed_count():
+    counts = Counter({"head": 30, "mid": 9, "tail": 3})
+    assert rebalance_target(counts, "none") == 0
+    assert rebalance_target(counts, "mean") == 14
+    assert rebalance_target(counts, "max") == 30
+    assert rebalance_target(counts, "count", 20) == 20
+    augmented = oversample(questions(dict(counts)), rebalance_target(counts, "max"), seed=0, explicit="eda")
+    assert set(Counter(q.class_id for q in augmented).values()) == {30}  # the target applies to eda rows too
+
+
+def test_the_augment_stage_reports_generated_rows_per_class(tmp_path):
+    from tqc.config import AugmentParams
+    from tqc.schema import load_questions, save_questions
+    from tqc.stages.augment import run
+
+    save_questions(tmp_path / "train.jsonl", questions({"head": 10, "tail": 2}))
+    report = run(tmp_path / "train.jsonl", AugmentParams(rebalance="max", explicit="eda"), 0, tmp_path / "out.jsonl",
+                 tmp_path / "augment.json")
+    assert report["per_class"]["tail"] == {"before": 2, "after": 10, "generated": 8}
+    assert report["per_class"]["head"]["generated"] == 0 and report["explicit"] == "eda"
+    written = load_questions(tmp_path / "out.jsonl")
+    assert sum(q.generated for q in written) == 8 == report["rows"]["generated"]

@@ -1,7 +1,11 @@
-"""Augment / rebalance: oversample tail classes up to the mean count per class (ADMC §3.2.1).
+"""Augment / rebalance: give tail classes extra rows (ADMC §3.2.1), made one of several ways.
 
-The implicit augmentations (dropout and feature cutoff on token embeddings) act inside the
-encoder during training; this stage records them and writes the explicit training set.
+`rebalance` picks the count every class is raised to (the mean count per class by default);
+`explicit` picks how each extra row is made from an original of its class: a copy, EDA, or a
+rewrite by local seq2seq models (paraphrase, back-translation). Extra rows are marked
+`generated` and only ever join train (validation and test are split before this stage).
+The implicit augmentations (dropout, cutoff) and the in-batch ones (prototype mixup, cross-
+encoding) act inside stage one's training; this stage records them in its report.
 """
 
 from __future__ import annotations
@@ -14,55 +18,81 @@ from collections import Counter, defaultdict
 from dataclasses import replace
 from pathlib import Path
 
-from tqc.config import AugmentParams
+from tqc.config import AugmentParams, Seq2SeqParams
 from tqc.io import write_json
 from tqc.schema import LabeledQuestion, load_questions, save_questions
 
 log = logging.getLogger(__name__)
 
 
-def rebalance_target(counts: Counter) -> int:
-    """The count every class is raised to: the mean count per class, rounded up."""
-    return math.ceil(sum(counts.values()) / len(counts)) if counts else 0
+def rebalance_target(counts: Counter, rebalance: str = "mean", target_count: int | None = None) -> int:
+    """The count every class is raised to (0: no rebalancing)."""
+    if not counts or rebalance == "none":
+        return 0
+    if rebalance == "max":
+        return max(counts.values())
+    if rebalance == "count":
+        return int(target_count)
+    return math.ceil(sum(counts.values()) / len(counts))  # mean, rounded up
 
 
-def oversample(questions: list[LabeledQuestion], target: int, seed: int, explicit: str = "none",
-               alpha: float = 0.1) -> list[LabeledQuestion]:
-    """Add seeded rows to each class until it has at least `target` rows.
-
-    Each new row starts from an original, cycling through a shuffled order so every original
-    is used about equally often; with `explicit: eda` its text is then perturbed (swap,
-    delete, or insert a word of the same class). New rows are marked `generated`.
-    """
-    from tqc.eda import augment_text, class_vocabularies
-
-    vocabularies = class_vocabularies(questions) if explicit == "eda" else {}
+def pick_originals(questions: list[LabeledQuestion], target: int, rng: random.Random) -> list[LabeledQuestion]:
+    """For every class under `target`, the originals the extra rows start from: a shuffled
+    cycle through its rows, so every original is used about equally often."""
     by_class: dict[str, list[LabeledQuestion]] = defaultdict(list)
     for question in questions:
         by_class[question.class_id].append(question)
-    rng = random.Random(seed)
-    extra = []
+    picks = []
     for class_id in sorted(by_class):
-        members = by_class[class_id]
-        order = list(members)
+        order = list(by_class[class_id])
         rng.shuffle(order)
-        for i in range(max(0, target - len(members))):
-            original = order[i % len(order)]
-            if explicit == "eda":
-                text = augment_text(original.text, vocabularies[class_id], rng, alpha)
-                extra.append(replace(original, text=text, generated=True, source=f"eda:{original.source}"))
-            else:
-                extra.append(replace(original, generated=True, source=f"oversample:{original.source}"))
-    return questions + extra
+        picks += [order[i % len(order)] for i in range(max(0, target - len(order)))]
+    return picks
+
+
+def make_texts(originals: list[LabeledQuestion], questions: list[LabeledQuestion], explicit: str, rng: random.Random,
+               seed: int, alpha: float, seq2seq: Seq2SeqParams | None) -> list[str]:
+    """The text of each extra row, by the `explicit` method."""
+    if explicit == "none":
+        return [q.text for q in originals]
+    if explicit == "eda":
+        from tqc.eda import augment_text, class_vocabularies
+
+        vocabularies = class_vocabularies(questions)
+        return [augment_text(q.text, vocabularies[q.class_id], rng, alpha) for q in originals]
+    from tqc.seq2seq import Rewriter
+
+    rewrites = Rewriter(explicit, seq2seq or Seq2SeqParams()).rewrite([q.text for q in originals], seed) if originals else []
+    # An empty rewrite is no question: keep the original's text rather than train on nothing.
+    return [rewrite or original.text for rewrite, original in zip(rewrites, originals)]
+
+
+SOURCE_PREFIX = {"none": "oversample", "eda": "eda", "paraphrase": "paraphrase", "backtranslate": "backtranslate"}
+
+
+def oversample(questions: list[LabeledQuestion], target: int, seed: int, explicit: str = "none", alpha: float = 0.1,
+               seq2seq: Seq2SeqParams | None = None) -> list[LabeledQuestion]:
+    """The rows, then seeded extra rows until every class has at least `target` rows.
+
+    New rows are marked `generated`, with `source` naming the method and the original's source.
+    """
+    rng = random.Random(seed)
+    originals = pick_originals(questions, target, rng)
+    texts = make_texts(originals, questions, explicit, rng, seed, alpha, seq2seq)
+    prefix = SOURCE_PREFIX[explicit]
+    return questions + [replace(original, text=text, generated=True, source=f"{prefix}:{original.source}")
+                        for original, text in zip(originals, texts)]
 
 
 def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, report_path: Path) -> dict:
     started = time.perf_counter()
     questions = load_questions(train_path)
     before = Counter(q.class_id for q in questions)
-    target = rebalance_target(before) if params.rebalance == "mean" else 0
-    augmented = oversample(questions, target, seed, params.explicit, params.eda_alpha) if target else questions
+    target = rebalance_target(before, params.rebalance, params.target_count)
+    augmented = oversample(questions, target, seed, params.explicit, params.eda_alpha, params.seq2seq) if target else questions
     after = Counter(q.class_id for q in augmented)
+    originals = {(q.class_id, q.text) for q in questions}
+    same_as_an_original = sum((q.class_id, q.text) in originals for q in augmented[len(questions):])
 
     save_questions(out_path, augmented)
     report = {
@@ -71,7 +101,9 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
         "target_per_class": target,
         "implicit": list(params.implicit),
         "rate": params.rate,
-        "rows": {"before": len(questions), "after": len(augmented), "generated": len(augmented) - len(questions)},
+        "in_batch": {"prototype_mixup": params.prototype_mixup.enabled, "cross_encoding": params.cross_encoding.enabled},
+        "rows": {"before": len(questions), "after": len(augmented), "generated": len(augmented) - len(questions),
+                 "generated_same_as_an_original": same_as_an_original},
         "per_class": {c: {"before": before[c], "after": after[c], "generated": after[c] - before[c]} for c in sorted(after)},
         "seconds": round(time.perf_counter() - started, 2),
     }

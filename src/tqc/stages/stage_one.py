@@ -3,21 +3,30 @@
 Label-aware negatives: a batch's standard questions are deduplicated by class before they
 are encoded, so a question is never pushed away from its own standard question appearing
 elsewhere in the batch, and each standard question is encoded once per batch.
+
+In-batch augmentations (augment section): `prototype_mixup` (SharpReCL) puts every class's
+standard question in every batch, adds a balanced set of mixed-up hard vectors and shifts the
+logits by the class prior; `cross_encoding` (CEAA) adds "question [SEP] standard question"
+inputs whose target is an "is relevant" / "is not relevant" text.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from tqc.config import AugmentParams, ModelParams, StageOneParams
+from tqc.config import AugmentParams, CrossEncodingParams, ModelParams, PrototypeMixupParams, StageOneParams
 from tqc.device import pick_device, seed_everything
-from tqc.losses import make_loss
+from tqc.losses import LossFn, make_loss
+from tqc.model.cross_encoding import joined_inputs
 from tqc.model.encoder import BiEncoder
+from tqc.model.prototype_mixup import balanced_set, log_prior, synthetic_share
 from tqc.schema import Catalog, LabeledQuestion, load_questions
-from tqc.training import FitResult, bi_encoder_validator, fit, gold_indices, write_history
+from tqc.training import FitResult, batches, bi_encoder_validator, fit, gold_indices, write_history
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +50,33 @@ def train(
     params: StageOneParams,
     seed: int,
     on_epoch=None,
+    augment: AugmentParams | None = None,
 ) -> FitResult:
+    augment = augment or AugmentParams()
     gold = torch.as_tensor(gold_indices(train_rows, catalog))
     texts = [q.text for q in train_rows]
     loss_fn = make_loss(params.loss, params.temperature, params.margin, params.smoothing)
+    mixup = augment.prototype_mixup
+    # Logit compensation (SharpReCL): + w·log π_y on the logits, i.e. τ·w·log π_y on the scores.
+    prior_shift = params.temperature * mixup.prior_weight * log_prior(torch.bincount(gold, minlength=len(catalog)))
+    negatives = "all_classes" if mixup.enabled else params.negatives  # prototypes of every class in every batch
+    total_steps = params.epochs * len(batches(len(train_rows), params.batch_size, random.Random(0), params.max_steps))
+    mixup_term = _prototype_mixup_term(model, loss_fn, mixup, prior_shift, total_steps, seed) if mixup.enabled else None
+    cross_term = _cross_encoding_term(model, loss_fn, augment.cross_encoding, catalog, seed) if augment.cross_encoding.enabled else None
 
     def batch_loss(rows: list[int]) -> torch.Tensor:
-        candidates, target = candidate_classes(gold[rows], len(catalog), params.negatives)
+        candidates, target = candidate_classes(gold[rows], len(catalog), negatives)
         questions = model.question([texts[i] for i in rows])  # (B, D)
         standards = model.standard([catalog.texts[c] for c in candidates.tolist()])  # (U, D)
-        return loss_fn(model.score(questions, standards), target.to(questions.device), None)
+        scores = model.score(questions, standards)  # (B, U)
+        if mixup.enabled:
+            scores = scores + prior_shift.to(scores.device)  # U = P here: every class is a column
+        loss = loss_fn(scores, target.to(questions.device), None)
+        if mixup_term:
+            loss = loss + mixup.weight * mixup_term(questions, gold[rows], standards)
+        if cross_term:
+            loss = loss + augment.cross_encoding.weight * cross_term([texts[i] for i in rows], gold[rows], candidates, standards)
+        return loss
 
     return fit(
         model,
@@ -63,6 +89,39 @@ def train(
         description="stage one",
         on_epoch=on_epoch,
     )
+
+
+def _prototype_mixup_term(model: BiEncoder, loss_fn: LossFn, params: PrototypeMixupParams, prior_shift: torch.Tensor,
+                          total_steps: int, seed: int) -> Callable:
+    """The balanced set's loss against every prototype; its synthetic share rises with the steps taken."""
+    generator = torch.Generator().manual_seed(seed)
+    steps = [0]
+
+    def term(questions: torch.Tensor, batch_gold: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:
+        share = synthetic_share(steps[0], total_steps, params.synthetic_start, params.synthetic_end)
+        steps[0] += 1
+        balanced = balanced_set(questions, batch_gold.to(questions.device), prototypes, params.per_class, share,
+                                params.hard_k, params.beta, generator)  # (P·per_class, D)
+        scores = model.score(balanced.vectors, prototypes) + prior_shift.to(questions.device)  # (M, P)
+        return loss_fn(scores, balanced.labels.to(scores.device), None)
+
+    return term
+
+
+def _cross_encoding_term(model: BiEncoder, loss_fn: LossFn, params: CrossEncodingParams, catalog: Catalog, seed: int) -> Callable:
+    """Joined inputs scored against the batch's standard questions plus the two relevance texts."""
+    rng = random.Random(seed)
+    separator = model.question.tokenizer.sep_token or "[SEP]"
+
+    def term(batch_texts: list[str], batch_gold: torch.Tensor, candidates: torch.Tensor, standards: torch.Tensor) -> torch.Tensor:
+        joined = joined_inputs(batch_texts, batch_gold.tolist(), candidates.tolist(), catalog.texts, separator,
+                               params.share, params.negatives, rng)
+        relevance = model.standard([params.relevant_text, params.irrelevant_text])  # (2, D)
+        scores = model.score(model.question(joined.texts), torch.cat([standards, relevance.to(standards.device)]))  # (J, U+2)
+        target = torch.tensor([standards.shape[0] + (0 if r else 1) for r in joined.relevant], device=scores.device)
+        return loss_fn(scores, target, None)
+
+    return term
 
 
 def run(
@@ -82,7 +141,7 @@ def run(
     model = BiEncoder.from_params(model_params).to(pick_device())
     model.set_augmentation(augment_params.implicit, augment_params.rate)
     log.info("stage one: %d training rows, %d validation, %d classes on %s", len(train_rows), len(validation), len(catalog), pick_device())
-    result = train(model, train_rows, validation, catalog, params, seed, on_epoch)
+    result = train(model, train_rows, validation, catalog, params, seed, on_epoch, augment_params)
     model.save(out_dir, {"stage": "stage_one", "pretrained": model_params.pretrained, "best_epoch": result.best_epoch,
                          "validation_macro_f1": result.best_validation_macro_f1, "params": params.model_dump(mode="json")})
     write_history(history_path, result.history)

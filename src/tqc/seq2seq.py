@@ -1,0 +1,67 @@
+"""Explicit rewrites through local sequence-to-sequence models: paraphrase and back-translation.
+
+Any Hugging Face seq2seq folder (or hub id, where the hub is reachable) works: a T5 or
+Pegasus paraphraser for `paraphrase`, a Marian pair such as opus-mt-en-de / opus-mt-de-en for
+`backtranslate` (source → pivot → source). Nothing is downloaded unless a hub id is given.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from tqc.config import Seq2SeqParams
+
+log = logging.getLogger(__name__)
+
+
+class Seq2SeqModel:
+    """One seq2seq checkpoint: texts in, one generated text out per input."""
+
+    def __init__(self, name: str, params: Seq2SeqParams, prefix: str = ""):
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(name)
+            self.model = AutoModelForSeq2SeqLM.from_pretrained(name).eval()
+        except OSError as exc:
+            where = "folder" if Path(name).is_dir() else "model id"
+            raise OSError(f"augment.seq2seq: could not load the seq2seq {where} {name!r}: {exc}") from None
+        self.name, self.params, self.prefix = name, params, prefix
+
+    @torch.no_grad()
+    def generate(self, texts: list[str], seed: int) -> list[str]:
+        torch.manual_seed(seed)  # sampling is reproducible per call
+        outputs = []
+        size = self.params.batch_size
+        for start in tqdm(range(0, len(texts), size), desc=f"rewriting with {Path(self.name).name}", leave=False,
+                          disable=len(texts) <= size):
+            batch = self.tokenizer([self.prefix + t for t in texts[start : start + size]], padding=True, truncation=True,
+                                   max_length=self.params.max_input_tokens, return_tensors="pt")
+            batch.pop("token_type_ids", None)
+            generated = self.model.generate(**batch, max_new_tokens=self.params.max_new_tokens, do_sample=self.params.sample,
+                                            top_p=self.params.top_p if self.params.sample else None,
+                                            num_beams=1 if self.params.sample else self.params.num_beams)
+            outputs += [t.strip() for t in self.tokenizer.batch_decode(generated, skip_special_tokens=True)]
+        return outputs
+
+
+class Rewriter:
+    """paraphrase: one model; backtranslate: the forward model, then the backward model."""
+
+    def __init__(self, method: str, params: Seq2SeqParams):
+        if method == "paraphrase":
+            self.models = [Seq2SeqModel(params.paraphrase_model, params, params.paraphrase_prefix)]
+        elif method == "backtranslate":
+            self.models = [Seq2SeqModel(params.forward_model, params), Seq2SeqModel(params.backward_model, params)]
+        else:
+            raise ValueError(f"no seq2seq rewriter for {method!r}")
+        self.method = method
+
+    def rewrite(self, texts: list[str], seed: int) -> list[str]:
+        for model in self.models:
+            texts = model.generate(texts, seed)
+        return texts

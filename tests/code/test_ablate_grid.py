@@ -1,0 +1,59 @@
+"""tqc ablate without running anything: cells, names, -S arguments, and the table."""
+
+from __future__ import annotations
+
+import pytest
+
+from tqc.ablate import Cell, CellResult, grid_cells, render_markdown, set_arguments, summarise
+from tqc.config import AblationGrid, Params
+
+GRID = AblationGrid(title="Options on long tails", base={"data.dataset": "trec6"},
+                    variants={"none": {"augment.rebalance": "none"}, "eda": {"augment.rebalance": "mean", "augment.explicit": "eda"}},
+                    matrix={"data.imbalance_ratio": [50, 10]})
+
+
+def test_cells_are_variants_times_matrix_times_seeds_with_later_overrides_winning():
+    cells = grid_cells("aug", GRID, [0, 1], {"stage_one.epochs": 2, "augment.rebalance": "max"}, {"data.data_dir": "/x"})
+    assert len(cells) == 2 * 2 * 2
+    eda = [c for c in cells if c.variant == "eda · ir=10" and c.seed == 1][0]
+    assert eda.overrides == {"stage_one.epochs": 2, "augment.rebalance": "mean", "data.dataset": "trec6",
+                             "augment.explicit": "eda", "data.imbalance_ratio": 10, "seed": 1}
+
+
+def test_names_share_one_hash_over_seeds_ignore_local_paths_and_change_with_params():
+    cells = grid_cells("aug", GRID, [0, 1], {}, {"data.data_dir": "/here"})
+    elsewhere = grid_cells("aug", GRID, [0, 1], {}, {"data.data_dir": "/there"})
+    assert [c.name for c in cells] == [c.name for c in elsewhere]
+    assert cells[0].name.rsplit("-", 1)[0] == cells[1].name.rsplit("-", 1)[0] and cells[0].name.endswith("-s0")
+    longer = grid_cells("aug", GRID, [0, 1], {"stage_one.epochs": 9}, {})
+    assert longer[0].name != cells[0].name
+    assert all(part.replace("-", "").isalnum() for part in [c.name for c in cells])  # a valid git ref component
+
+
+def test_set_arguments_are_yaml_values_that_add_missing_keys():
+    assert set_arguments({"augment.implicit": [], "baseline_nc.enabled": False, "data.imbalance_ratio": 50,
+                          "augment.seq2seq.paraphrase_model": "/m/t5"}) == [
+        "-S", "++augment.implicit=[]", "-S", "++baseline_nc.enabled=false", "-S", "++data.imbalance_ratio=50",
+        "-S", "++augment.seq2seq.paraphrase_model=/m/t5"]
+
+
+def test_the_table_gives_mean_and_std_over_finished_seeds_and_names_missing_ones():
+    def result(variant, seed, f1, status="done"):
+        cell = Cell("aug", variant, seed, {"seed": seed})
+        figures = {"admc_accuracy": 0.9, "admc_macro_f1": f1, "ac_accuracy": 0.8, "ac_macro_f1": f1 - 0.1,
+                   "admc_validation_macro_f1": 0.5}
+        return CellResult(cell, status, figures if status == "done" else {}, 10 if status == "done" else None)
+
+    rows = summarise([result("none", 0, 0.5), result("none", 1, 0.7), result("eda", 0, 0.8), result("eda", 1, 0, "missing")])
+    none = rows[0]
+    assert none["admc_macro_f1"]["mean"] == pytest.approx(0.6) and none["admc_macro_f1"]["std"] == pytest.approx(0.1)
+    assert rows[1]["seeds_missing"] == [1]
+    params = Params.model_validate({"ablate": {"grids": {"aug": GRID.model_dump()}}})
+    table = render_markdown(params, ["aug"], rows)
+    assert "| none | 90.00 ± 0.00 | 60.00 ± 10.00 | 80.00 ± 0.00 | 50.00 ± 10.00 | 10 | 0, 1 |" in table
+    assert "(missing [1])" in table
+
+
+def test_grid_keys_must_be_real_params():
+    with pytest.raises(ValueError, match="augment.rebalanse"):
+        Params.model_validate({"ablate": {"grids": {"x": {"title": "t", "variants": {"a": {"augment.rebalanse": "mean"}}}}}})

@@ -1,0 +1,76 @@
+"""Stage one with SharpReCL prototype mixup and CEAA cross-encoding: what the encoders see."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.conftest import CLASSES, synthetic_questions
+from tqc.config import AugmentParams, ModelParams, StageOneParams
+from tqc.model.encoder import BiEncoder
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+from tqc.stages import stage_one
+
+CATALOG = Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()])
+PARAMS = StageOneParams(epochs=1, batch_size=8, learning_rate=1e-3, warmup_ratio=0.0, max_steps=4)
+
+
+def long_tail_rows() -> list[LabeledQuestion]:
+    rows = [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 16)]
+    return [r for r in rows if r.class_id != "NUM"] + [r for r in rows if r.class_id == "NUM"][:2]  # NUM: 2 rows
+
+
+class Recorder:
+    """Wraps an encoder's forward to record the texts of every call."""
+
+    def __init__(self, encoder):
+        self.calls: list[list[str]] = []
+        original = encoder.forward
+
+        def forward(texts):
+            self.calls.append(list(texts))
+            return original(texts)
+
+        encoder.forward = forward
+
+
+def train_recording(tiny_model_dir, augment: AugmentParams):
+    torch.manual_seed(0)
+    model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+    questions, standards = Recorder(model.question), Recorder(model.standard)
+    rows = long_tail_rows()
+    result = stage_one.train(model, rows, rows[:4], CATALOG, PARAMS, seed=0, augment=augment)
+    return result, questions.calls, standards.calls
+
+
+def test_prototype_mixup_puts_every_class_in_every_batch(tiny_model_dir):
+    _, _, plain = train_recording(tiny_model_dir, AugmentParams())
+    result, _, mixed = train_recording(tiny_model_dir, AugmentParams(prototype_mixup={"enabled": True, "per_class": 3}))
+    # Batches of 8 from a long tail: without prototypes, some batch misses the rare class.
+    assert any(CLASSES["NUM"][0] not in call for call in plain)
+    assert mixed and all(sorted(call) == sorted(CATALOG.texts) for call in mixed)
+    assert result.history[-1].train_loss > 0
+
+
+def test_prototype_mixup_adds_the_balanced_term_and_prior_to_the_loss(tiny_model_dir):
+    def first_loss(augment: AugmentParams) -> float:
+        torch.manual_seed(0)
+        model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+        params = PARAMS.model_copy(update={"learning_rate": 1e-12, "negatives": "all_classes"})  # same columns, no step
+        return stage_one.train(model, long_tail_rows(), long_tail_rows()[:4], CATALOG, params, seed=0, augment=augment).history[1].train_loss
+
+    base = first_loss(AugmentParams(implicit=[]))
+    prior_only = first_loss(AugmentParams(implicit=[], prototype_mixup={"enabled": True, "weight": 0.0}))
+    with_mixup = first_loss(AugmentParams(implicit=[], prototype_mixup={"enabled": True, "prior_weight": 0.0}))
+    assert prior_only != base  # the class prior shifts the logits
+    assert with_mixup > base  # the balanced set adds a positive term
+
+
+def test_cross_encoding_feeds_joined_inputs_and_relevance_targets(tiny_model_dir):
+    _, plain_questions, _ = train_recording(tiny_model_dir, AugmentParams())
+    _, questions, standards = train_recording(tiny_model_dir, AugmentParams(cross_encoding={"enabled": True, "share": 0.5}))
+    assert not any("[SEP]" in text for call in plain_questions for text in call)
+    joined = [text for call in questions for text in call if " [SEP] " in text.upper()]
+    assert joined, "the question encoder never saw a joined input"
+    standard_texts = {s.lower() for s in CATALOG.texts}
+    assert all(text.split(" [SEP] ")[1].lower() in standard_texts for text in joined)
+    assert any(call == ["is relevant", "is not relevant"] for call in standards)

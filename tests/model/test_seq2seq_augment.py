@@ -1,0 +1,89 @@
+"""Paraphrase and back-translation through tiny random seq2seq models built here (no download)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import synthetic_questions, tiny_vocabulary
+from tqc.config import AugmentParams, Seq2SeqParams
+from tqc.schema import LabeledQuestion
+from tqc.seq2seq import Rewriter
+from tqc.stages.augment import oversample
+
+
+def build_tiny_seq2seq(directory: Path, seed: int) -> Path:
+    """A 1-layer, 16-wide random BART with the tests' word-level vocabulary, saved as an HF folder."""
+    import torch
+    from transformers import BartConfig, BartForConditionalGeneration, BertTokenizerFast
+
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = tiny_vocabulary()
+    tokenizer = BertTokenizerFast(vocab={word: i for i, word in enumerate(vocab)}, do_lower_case=True)
+    ids = {token: vocab.index(token) for token in ("[PAD]", "[CLS]", "[SEP]")}
+    config = BartConfig(vocab_size=len(vocab), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+                        pad_token_id=ids["[PAD]"], bos_token_id=ids["[CLS]"], eos_token_id=ids["[SEP]"],
+                        decoder_start_token_id=ids["[CLS]"], forced_bos_token_id=None, forced_eos_token_id=None)
+    torch.manual_seed(seed)
+    BartForConditionalGeneration(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tiny_seq2seq(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("seq2seq")
+    return build_tiny_seq2seq(root / "forward", 1), build_tiny_seq2seq(root / "backward", 2)
+
+
+def imbalanced_rows() -> list[LabeledQuestion]:
+    rows = synthetic_questions(0, 6)
+    kept, seen = [], Counter()
+    for text, label in rows:
+        if label != "LOC" or seen[label] < 2:  # LOC: 2 rows, the others 6
+            kept.append(LabeledQuestion(text=text, class_id=label, source="train"))
+            seen[label] += 1
+    return kept
+
+
+def test_paraphrase_rewrites_the_generated_rows_of_tail_classes_only(tiny_seq2seq):
+    params = Seq2SeqParams(paraphrase_model=str(tiny_seq2seq[0]), max_new_tokens=8)
+    rows = imbalanced_rows()
+    augmented = oversample(rows, target=6, seed=0, explicit="paraphrase", seq2seq=params)
+    generated = [q for q in augmented if q.generated]
+    assert Counter(q.class_id for q in generated) == {"LOC": 4}
+    originals = {q.text for q in rows}
+    assert all(q.source.startswith("paraphrase:") for q in generated)
+    assert sum(q.text not in originals for q in generated) >= 3  # the random model rewrites, not copies
+    vocabulary = set(tiny_vocabulary())
+    assert all(set(re.findall(r"\w+|[?,.]", q.text)) <= vocabulary for q in generated)  # the model's words
+    assert augmented[: len(rows)] == rows  # originals untouched and first
+
+
+def test_backtranslate_is_the_forward_model_then_the_backward_model(tiny_seq2seq):
+    forward, backward = tiny_seq2seq
+    params = Seq2SeqParams(forward_model=str(forward), backward_model=str(backward), sample=False, max_new_tokens=8)
+    texts = ["where is paris", "who invented chess"]
+    through_both = Rewriter("backtranslate", params).rewrite(texts, seed=0)
+    one_way = Rewriter("paraphrase", params.model_copy(update={"paraphrase_model": str(forward)})).rewrite(texts, seed=0)
+    back = Rewriter("paraphrase", params.model_copy(update={"paraphrase_model": str(backward)})).rewrite(one_way, seed=0)
+    assert through_both == back and through_both != one_way
+
+
+def test_explicit_seq2seq_without_a_model_is_a_clear_config_error():
+    with pytest.raises(ValueError, match="augment.seq2seq.paraphrase_model"):
+        AugmentParams(explicit="paraphrase")
+    with pytest.raises(ValueError, match="forward_model and backward_model"):
+        AugmentParams(explicit="backtranslate", seq2seq={"forward_model": "x"})
+
+
+def test_a_missing_model_folder_names_itself(tmp_path):
+    params = Seq2SeqParams(paraphrase_model=str(tmp_path / "nowhere"))
+    with pytest.raises(OSError, match="nowhere"):
+        Rewriter("paraphrase", params)
+
+
