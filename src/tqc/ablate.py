@@ -206,13 +206,14 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
         spec = params.ablate.grids[grid]
         lines += [f"## {spec.title}", "", f"Grid `{grid}`; common params: "
                   + (", ".join(f"`{k}={json.dumps(v)}`" for k, v in spec.base.items()) or "none") + ".", "",
-                  "| variant | ADMC accuracy | ADMC macro-F1 | AC accuracy | AC macro-F1 | generated rows | seeds |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| variant | ADMC accuracy | ADMC macro-F1 | AC accuracy | AC macro-F1 | ADMC validation macro-F1 | generated rows | seeds |",
+                  "|---|---|---|---|---|---|---|---|"]
         for row in (r for r in rows if r["grid"] == grid):
             generated = row["generated_rows"][0] if row["generated_rows"] else "—"
             seeds = ", ".join(map(str, row["seeds_done"])) + (f" (missing {row['seeds_missing']})" if row["seeds_missing"] else "")
             lines.append(f"| {row['variant']} | {_cell_text(row['admc_accuracy'])} | {_cell_text(row['admc_macro_f1'])} | "
-                         f"{_cell_text(row['ac_accuracy'])} | {_cell_text(row['ac_macro_f1'])} | {generated} | {seeds} |")
+                         f"{_cell_text(row['ac_accuracy'])} | {_cell_text(row['ac_macro_f1'])} | "
+                         f"{_cell_text(row['admc_validation_macro_f1'])} | {generated} | {seeds} |")
         lines.append("")
     return "\n".join(lines)
 

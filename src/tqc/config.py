@@ -112,8 +112,9 @@ class CrossEncodingParams(Strict):
 
 class AugmentParams(Strict):
     # Which classes get extra rows: none; mean (ADMC §3.2.1: every class up to the mean count
-    # per class); max (up to the largest class); count (up to target_count).
-    rebalance: Literal["none", "mean", "max", "count"] = "mean"
+    # per class); max (up to the largest class); count (up to target_count); sqrt (class c up
+    # to ⌈√(n_c·n_max)⌉: square-root rebalancing, gentler on the rarest classes).
+    rebalance: Literal["none", "mean", "max", "count", "sqrt"] = "mean"
     target_count: int | None = Field(None, ge=1)  # rebalance: count
     # How the extra rows are made: none (copies), eda (swap/delete/insert of same-class words),
     # paraphrase or backtranslate (through the seq2seq models below).

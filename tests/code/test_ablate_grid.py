@@ -50,7 +50,7 @@ def test_the_table_gives_mean_and_std_over_finished_seeds_and_names_missing_ones
     assert rows[1]["seeds_missing"] == [1]
     params = Params.model_validate({"ablate": {"grids": {"aug": GRID.model_dump()}}})
     table = render_markdown(params, ["aug"], rows)
-    assert "| none | 90.00 ± 0.00 | 60.00 ± 10.00 | 80.00 ± 0.00 | 50.00 ± 10.00 | 10 | 0, 1 |" in table
+    assert "| none | 90.00 ± 0.00 | 60.00 ± 10.00 | 80.00 ± 0.00 | 50.00 ± 10.00 | 50.00 ± 0.00 | 10 | 0, 1 |" in table
     assert "(missing [1])" in table
 
 

@@ -83,3 +83,13 @@ def test_the_augment_stage_reports_generated_rows_per_class(tmp_path):
     assert report["per_class"]["head"]["generated"] == 0 and report["explicit"] == "eda"
     written = load_questions(tmp_path / "out.jsonl")
     assert sum(q.generated for q in written) == 8 == report["rows"]["generated"]
+
+
+def test_sqrt_rebalancing_raises_each_class_to_the_root_of_its_size_times_the_largest():
+    from tqc.stages.augment import class_targets
+
+    counts = Counter({"head": 400, "mid": 100, "tail": 4})
+    assert class_targets(counts, "sqrt") == {"head": 400, "mid": 200, "tail": 40}
+    assert class_targets(counts, "mean") == {"head": 400, "mid": 168, "tail": 168}
+    augmented = oversample(questions(dict(counts)), class_targets(counts, "sqrt"), seed=0)
+    assert Counter(q.class_id for q in augmented) == {"head": 400, "mid": 200, "tail": 40}

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def rebalance_target(counts: Counter, rebalance: str = "mean", target_count: int | None = None) -> int:
-    """The count every class is raised to (0: no rebalancing)."""
+    """The one count every class is raised to (0: no rebalancing); `sqrt` has none (see class_targets)."""
     if not counts or rebalance == "none":
         return 0
     if rebalance == "max":
@@ -36,8 +36,22 @@ def rebalance_target(counts: Counter, rebalance: str = "mean", target_count: int
     return math.ceil(sum(counts.values()) / len(counts))  # mean, rounded up
 
 
-def pick_originals(questions: list[LabeledQuestion], target: int, rng: random.Random) -> list[LabeledQuestion]:
-    """For every class under `target`, the originals the extra rows start from: a shuffled
+def class_targets(counts: Counter, rebalance: str = "mean", target_count: int | None = None) -> dict[str, int]:
+    """class id → the rows it should end with (never fewer than it has).
+
+    sqrt: ⌈√(n_c · n_max)⌉, square-root rebalancing: a class 1/r the size of the largest is
+    raised to 1/√r of it, so the rarest classes are repeated far less than with `mean` or
+    `max`, where a handful of questions copied many times invites over-prediction.
+    """
+    if rebalance == "sqrt":
+        largest = max(counts.values(), default=0)
+        return {c: max(n, math.ceil(math.sqrt(n * largest))) for c, n in counts.items()}
+    target = rebalance_target(counts, rebalance, target_count)
+    return {c: max(n, target) for c, n in counts.items()}
+
+
+def pick_originals(questions: list[LabeledQuestion], targets: dict[str, int] | int, rng: random.Random) -> list[LabeledQuestion]:
+    """For every class under its target, the originals the extra rows start from: a shuffled
     cycle through its rows, so every original is used about equally often."""
     by_class: dict[str, list[LabeledQuestion]] = defaultdict(list)
     for question in questions:
@@ -46,6 +60,7 @@ def pick_originals(questions: list[LabeledQuestion], target: int, rng: random.Ra
     for class_id in sorted(by_class):
         order = list(by_class[class_id])
         rng.shuffle(order)
+        target = targets if isinstance(targets, int) else targets.get(class_id, 0)
         picks += [order[i % len(order)] for i in range(max(0, target - len(order)))]
     return picks
 
@@ -70,9 +85,9 @@ def make_texts(originals: list[LabeledQuestion], questions: list[LabeledQuestion
 SOURCE_PREFIX = {"none": "oversample", "eda": "eda", "paraphrase": "paraphrase", "backtranslate": "backtranslate"}
 
 
-def oversample(questions: list[LabeledQuestion], target: int, seed: int, explicit: str = "none", alpha: float = 0.1,
-               seq2seq: Seq2SeqParams | None = None) -> list[LabeledQuestion]:
-    """The rows, then seeded extra rows until every class has at least `target` rows.
+def oversample(questions: list[LabeledQuestion], target: dict[str, int] | int, seed: int, explicit: str = "none",
+               alpha: float = 0.1, seq2seq: Seq2SeqParams | None = None) -> list[LabeledQuestion]:
+    """The rows, then seeded extra rows until every class has at least its target (one int: all classes).
 
     New rows are marked `generated`, with `source` naming the method and the original's source.
     """
@@ -88,8 +103,9 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
     started = time.perf_counter()
     questions = load_questions(train_path)
     before = Counter(q.class_id for q in questions)
-    target = rebalance_target(before, params.rebalance, params.target_count)
-    augmented = oversample(questions, target, seed, params.explicit, params.eda_alpha, params.seq2seq) if target else questions
+    targets = class_targets(before, params.rebalance, params.target_count)
+    raised = any(targets[c] > n for c, n in before.items())
+    augmented = oversample(questions, targets, seed, params.explicit, params.eda_alpha, params.seq2seq) if raised else questions
     after = Counter(q.class_id for q in augmented)
     originals = {(q.class_id, q.text) for q in questions}
     same_as_an_original = sum((q.class_id, q.text) in originals for q in augmented[len(questions):])
@@ -98,7 +114,8 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
     report = {
         "rebalance": params.rebalance,
         "explicit": params.explicit,
-        "target_per_class": target,
+        "target_per_class": None if params.rebalance == "sqrt" else rebalance_target(before, params.rebalance, params.target_count),
+        "targets": targets,
         "implicit": list(params.implicit),
         "rate": params.rate,
         "in_batch": {"prototype_mixup": params.prototype_mixup.enabled, "cross_encoding": params.cross_encoding.enabled},
@@ -109,7 +126,7 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
     }
     write_json(report_path, report)
     log.info(
-        "augment: %d → %d training rows (%d generated, target %d per class); implicit %s at %.2f; wrote %s",
-        len(questions), len(augmented), len(augmented) - len(questions), target, params.implicit, params.rate, out_path,
+        "augment: %d → %d training rows (%d generated, rebalance %s); implicit %s at %.2f; wrote %s",
+        len(questions), len(augmented), len(augmented) - len(questions), params.rebalance, params.implicit, params.rate, out_path,
     )
     return report
