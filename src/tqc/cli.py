@@ -160,7 +160,6 @@ def dispatch(args: argparse.Namespace) -> None:
         print(f"best validation macro-F1 {result.summary['best']['validation_macro_f1']:.4f}: {result.best_params}")
     elif command == "ablate":
         from tqc.ablate import ablate
-
         from tqc.config import flatten
 
         where = flatten(parse_overrides(args.where))

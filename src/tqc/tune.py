@@ -31,7 +31,9 @@ from tqc.tracking import Tracker, nested_run, standalone_run
 log = logging.getLogger(__name__)
 
 # Knobs that change the prepared data: the tuner prepares data once, so it cannot search them.
-DATA_PREPARATION = ("seed", "data.", "validate.", "augment.rebalance", "augment.explicit", "augment.eda_alpha")
+# Every key the augment stage reads is one of them (implicit, rate and the in-batch options act in training).
+DATA_PREPARATION = ("seed", "data.", "validate.", "augment.rebalance", "augment.target_count", "augment.explicit",
+                    "augment.eda_alpha", "augment.seq2seq.")
 
 
 def sample_overrides(trial, space: dict[str, SearchDimension], base: dict) -> dict:

@@ -46,3 +46,17 @@ def test_set_overrides_are_read_as_yaml_values():
         "stage_one": {"epochs": 5}, "data": {"dataset": "trec50"}, "augment": {"implicit": ["dropout"]}}
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_overrides(["stage_one.epochs"])
+
+
+def test_the_tuner_refuses_knobs_the_augment_stage_reads():
+    """The tuner prepares data once: a knob of the augment stage would silently do nothing."""
+    import pytest
+
+    from tqc.config import ConfigError, Params
+    from tqc.tune import check_space
+
+    for name in ("augment.rebalance", "augment.target_count", "augment.explicit", "augment.seq2seq.top_p"):
+        params = Params.model_validate({"tune": {"space": {name: {"low": 0.1, "high": 0.9}}}})
+        with pytest.raises(ConfigError, match="changes the prepared data"):
+            check_space(params)
+    check_space(Params.model_validate({"tune": {"space": {"augment.rate": {"low": 0.0, "high": 0.2}}}}))
