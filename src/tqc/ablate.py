@@ -73,7 +73,7 @@ def grid_cells(name: str, grid: AblationGrid, seeds: list[int], budget: dict, lo
             combination = {path: value for (path, _), value in zip(axes, values)}
             label = " · ".join([variant] + [f"{_short(path)}={value}" for path, value in combination.items()])
             for seed in seeds:
-                overrides = {**budget, **grid.base, **variant_overrides, **combination, "seed": seed}
+                overrides = {**budget, **grid.budget, **grid.base, **variant_overrides, **combination, "seed": seed}
                 cells.append(Cell(name, label, seed, overrides, local))
     return cells
 
@@ -196,16 +196,20 @@ def _cell_text(figure: dict) -> str:
     return f"{100 * figure['mean']:.2f} ± {100 * figure['std']:.2f}"
 
 
+def _overrides_text(overrides: dict) -> str:
+    return ", ".join(f"`{k}={json.dumps(v)}`" for k, v in overrides.items())
+
+
 def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
-    budget = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in params.ablate.budget.items()) or "the params as they are"
+    budget = _overrides_text(params.ablate.budget) or "the params as they are"
     lines = ["# Ablations", "",
              "Written by `tqc ablate` from DVC experiments (`dvc exp show` lists them by the names below). "
              f"Test figures in %, mean ± std over seeds; budget: {budget}. AC is stage one alone, ADMC stage two, "
              "both from the same run. Nothing was chosen on test.", ""]
     for grid in grids:
         spec = params.ablate.grids[grid]
-        lines += [f"## {spec.title}", "", f"Grid `{grid}`; common params: "
-                  + (", ".join(f"`{k}={json.dumps(v)}`" for k, v in spec.base.items()) or "none") + ".", "",
+        lines += [f"## {spec.title}", "", f"Grid `{grid}`; common params: {_overrides_text(spec.base) or 'none'}"
+                  + (f"; this grid's budget: {_overrides_text(spec.budget)}" if spec.budget else "") + ".", "",
                   "| variant | ADMC accuracy | ADMC macro-F1 | AC accuracy | AC macro-F1 | ADMC validation macro-F1 | generated rows | seeds |",
                   "|---|---|---|---|---|---|---|---|"]
         for row in (r for r in rows if r["grid"] == grid):

@@ -285,6 +285,7 @@ class AblationGrid(Strict):
     """
 
     title: str
+    budget: dict[str, ParamValue] = {}  # over ablate.budget for this grid's cells (e.g. more epochs)
     base: dict[str, ParamValue] = {}
     variants: dict[str, dict[str, ParamValue]] = {"default": {}}
     matrix: dict[str, list[ParamValue]] = {}
@@ -340,7 +341,7 @@ class Params(Strict):
     def _ablation_keys_are_params(self) -> "Params":
         known = self._tunable_paths()
         for grid_name, grid in self.ablate.grids.items():
-            overrides = [self.ablate.budget, grid.base, grid.matrix, *grid.variants.values()]
+            overrides = [self.ablate.budget, grid.budget, grid.base, grid.matrix, *grid.variants.values()]
             for path in (path for override in overrides for path in override):
                 if path not in known:
                     raise ValueError(f"ablate.grids.{grid_name}: {path!r} is not a parameter (e.g. augment.rebalance)")

@@ -20,6 +20,16 @@ def test_cells_are_variants_times_matrix_times_seeds_with_later_overrides_winnin
                              "augment.explicit": "eda", "data.imbalance_ratio": 10, "seed": 1}
 
 
+def test_a_grid_budget_overrides_the_common_budget_and_names_new_cells():
+    longer = GRID.model_copy(update={"budget": {"stage_one.epochs": 5}})
+    common = {"stage_one.epochs": 2, "stage_two.epochs": 1}
+    cells = grid_cells("aug", longer, [0], common, {})
+    assert all(c.overrides["stage_one.epochs"] == 5 and c.overrides["stage_two.epochs"] == 1 for c in cells)
+    assert {c.name for c in cells}.isdisjoint(c.name for c in grid_cells("aug", GRID, [0], common, {}))
+    params = Params.model_validate({"ablate": {"grids": {"aug": longer.model_dump()}}})
+    assert "this grid's budget: `stage_one.epochs=5`" in render_markdown(params, ["aug"], [])
+
+
 def test_names_share_one_hash_over_seeds_ignore_local_paths_and_change_with_params():
     cells = grid_cells("aug", GRID, [0, 1], {}, {"data.data_dir": "/here"})
     elsewhere = grid_cells("aug", GRID, [0, 1], {}, {"data.data_dir": "/there"})
