@@ -12,7 +12,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import yaml
 
@@ -22,7 +21,7 @@ from tqc.mining import mine
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, load_questions
 from tqc.stages import stage_one, stage_two
-from tqc.training import gold_indices
+from tqc.training import gold_indices, steps_per_epoch
 
 
 def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("data/validated"),
@@ -41,14 +40,14 @@ def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("d
     one = stage_one.train(model, train_rows, validation, catalog, params.stage_one.model_copy(update=common), params.seed)
     two = stage_two.train(model, train_rows, torch.as_tensor(negatives), validation, catalog,
                           params.stage_two.model_copy(update=common), params.seed)
-    steps_per_epoch = int(np.ceil(len(train_rows) / batch_size))
+    full_epoch = steps_per_epoch(len(train_rows), batch_size, None)
     report = {
         "rows": len(train_rows),
         "batch_size": batch_size,
         "timed_steps": steps,
         "k": int(negatives.shape[1]),
-        "stage_one_seconds_per_epoch": one.seconds_per_epoch / steps * steps_per_epoch,
-        "stage_two_seconds_per_epoch": two.seconds_per_epoch / steps * steps_per_epoch,
+        "stage_one_seconds_per_epoch": one.seconds_per_epoch / steps * full_epoch,
+        "stage_two_seconds_per_epoch": two.seconds_per_epoch / steps * full_epoch,
     }
     report["stage_two_over_stage_one"] = report["stage_two_seconds_per_epoch"] / report["stage_one_seconds_per_epoch"]
     for key, value in report.items():

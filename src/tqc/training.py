@@ -56,6 +56,11 @@ def batches(n_rows: int, batch_size: int, rng: random.Random, max_steps: int | N
     return chunks[:max_steps] if max_steps else chunks
 
 
+def steps_per_epoch(n_rows: int, batch_size: int, max_steps: int | None) -> int:
+    """How many optimizer steps one epoch of `batches` takes (the shuffle does not change it)."""
+    return len(batches(n_rows, batch_size, random.Random(0), max_steps))
+
+
 def linear_warmup(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float):
     warmup = max(1, int(total_steps * warmup_ratio))
 
@@ -86,9 +91,8 @@ def fit(
     """
     epochs, batch_size, max_steps, patience = schedule.epochs, schedule.batch_size, schedule.max_steps, schedule.patience
     rng = random.Random(seed)
-    steps_per_epoch = len(batches(n_rows, batch_size, random.Random(0), max_steps))
     optimizer = torch.optim.AdamW(param_groups, weight_decay=schedule.weight_decay)
-    scheduler = linear_warmup(optimizer, steps_per_epoch * epochs, schedule.warmup_ratio)
+    scheduler = linear_warmup(optimizer, steps_per_epoch(n_rows, batch_size, max_steps) * epochs, schedule.warmup_ratio)
     device = next(model.parameters()).device
 
     history = [_record(0, math.nan, validate(), 0.0)]

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score, f1_score, precision_recall_fscore_support
 
-from tqc.metrics import confused_pairs, gold_ranks, macro_f1, per_class_prf, summary
+from tqc.metrics import confused_pairs, gold_ranks, macro_f1, macro_f1_gold_classes, per_class_prf, summary
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -26,6 +26,14 @@ def test_classification_metrics_match_scikit_learn(seed):
 def test_macro_f1_counts_predicted_only_labels_like_scikit_learn():
     gold, predicted = np.array([0, 0, 1]), np.array([0, 2, 1])
     assert macro_f1(gold, predicted) == pytest.approx(f1_score(gold, predicted, average="macro"))
+
+
+def test_macro_f1_over_gold_classes_leaves_out_predicted_only_labels_like_scikit_learn_with_labels():
+    gold, predicted = np.array([0, 0, 1, 1]), np.array([0, 2, 1, 3])
+    expected = f1_score(gold, predicted, average="macro", labels=np.unique(gold))
+    assert macro_f1_gold_classes(gold, predicted) == pytest.approx(expected)
+    assert macro_f1_gold_classes(gold, predicted) > macro_f1(gold, predicted)  # labels 2 and 3 add zeros there
+    assert summary(np.eye(4)[predicted], gold)["macro_f1_gold_classes"] == pytest.approx(expected)
 
 
 def test_ranks_hits_and_mrr_by_hand():

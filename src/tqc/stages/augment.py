@@ -104,8 +104,7 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
     questions = load_questions(train_path)
     before = Counter(q.class_id for q in questions)
     targets = class_targets(before, params.rebalance, params.target_count)
-    raised = any(targets[c] > n for c, n in before.items())
-    augmented = oversample(questions, targets, seed, params.explicit, params.eda_alpha, params.seq2seq) if raised else questions
+    augmented = oversample(questions, targets, seed, params.explicit, params.eda_alpha, params.seq2seq)  # no class short: unchanged
     after = Counter(q.class_id for q in augmented)
     originals = {(q.class_id, q.text) for q in questions}
     same_as_an_original = sum((q.class_id, q.text) in originals for q in augmented[len(questions):])
@@ -114,8 +113,7 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
     report = {
         "rebalance": params.rebalance,
         "explicit": params.explicit,
-        "target_per_class": None if params.rebalance == "sqrt" else rebalance_target(before, params.rebalance, params.target_count),
-        "targets": targets,
+        "targets": targets,  # per class; `after` may exceed it where a class already had more
         "implicit": list(params.implicit),
         "rate": params.rate,
         "in_batch": {"prototype_mixup": params.prototype_mixup.enabled, "cross_encoding": params.cross_encoding.enabled},

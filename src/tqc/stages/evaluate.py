@@ -60,7 +60,7 @@ def seed_statistics(per_seed: list[dict]) -> dict:
     stats = {"n": len(per_seed)}
     for name in (name for name in MODELS if name in per_seed[0]):
         stats[name] = {}
-        for metric in ("accuracy", "macro_f1"):
+        for metric in ("accuracy", "macro_f1", "macro_f1_gold_classes"):
             values = [run[name]["test"][metric] for run in per_seed]
             stats[name][metric] = {"mean": float(np.mean(values)), "std": float(np.std(values)), "values": values}
     return stats
@@ -81,10 +81,11 @@ def run(data_dir: Path, train_path: Path, models: ChainOutputs, params: Params, 
     _write_predictions(predictions_path, test_scores["admc"], splits["test"], catalog, params.evaluate.top_k)
     _write_confusion(plots_dir / "confusion.csv", test_scores["admc"], splits["test"], catalog)
     _write_similarity_profile(plots_dir, test_scores, splits["test"], catalog, params)
+    nc_macro_f1 = metrics["nc"]["test"]["macro_f1"] if metrics["nc"] else float("nan")  # NC may be disabled
     log.info("evaluate: test accuracy %.4f macro-F1 %.4f (AC %.4f, NC %.4f, zero-shot %.4f); wrote %s, %s, %s (%.1fs)",
              metrics["test"]["accuracy"], metrics["test"]["macro_f1"], metrics["stage_one"]["test"]["macro_f1"],
-             (metrics["nc"] or {"test": {"macro_f1": float("nan")}})["test"]["macro_f1"], metrics["zero_shot"]["test"]["macro_f1"], metrics_path, classes_path,
-             plots_dir, time.perf_counter() - started)
+             nc_macro_f1, metrics["zero_shot"]["test"]["macro_f1"], metrics_path, classes_path, plots_dir,
+             time.perf_counter() - started)
     return metrics
 
 

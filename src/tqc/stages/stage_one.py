@@ -26,7 +26,7 @@ from tqc.model.cross_encoding import joined_inputs
 from tqc.model.encoder import BiEncoder
 from tqc.model.prototype_mixup import balanced_set, log_prior, synthetic_share
 from tqc.schema import Catalog, LabeledQuestion, load_questions
-from tqc.training import FitResult, batches, bi_encoder_validator, fit, gold_indices, write_history
+from tqc.training import FitResult, bi_encoder_validator, fit, gold_indices, steps_per_epoch, write_history
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def train(
     # Logit compensation (SharpReCL): + w·log π_y on the logits, i.e. τ·w·log π_y on the scores.
     prior_shift = params.temperature * mixup.prior_weight * log_prior(torch.bincount(gold, minlength=len(catalog)))
     negatives = "all_classes" if mixup.enabled else params.negatives  # prototypes of every class in every batch
-    total_steps = params.epochs * len(batches(len(train_rows), params.batch_size, random.Random(0), params.max_steps))
+    total_steps = params.epochs * steps_per_epoch(len(train_rows), params.batch_size, params.max_steps)
     mixup_term = _prototype_mixup_term(model, loss_fn, mixup, prior_shift, total_steps, seed) if mixup.enabled else None
     cross_term = _cross_encoding_term(model, loss_fn, augment.cross_encoding, catalog, seed) if augment.cross_encoding.enabled else None
 
