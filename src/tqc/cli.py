@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import subprocess
 import sys
 from pathlib import Path
 
@@ -74,6 +75,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+TRAINING_COMMANDS = ("stage-one", "stage-two", "baseline-nc")
+
+
+def _join_or_launch(params, args: argparse.Namespace) -> None:
+    """`distributed.nproc_per_node > 1`: run this very command under torchrun and exit with its
+    status; under torchrun (ours or the user's): join the process group."""
+    from tqc import distributed
+
+    command = distributed.relaunch_command(params.distributed.nproc_per_node, args.argv)
+    if command is not None:
+        logging.getLogger(__name__).info("distributed: launching %s", " ".join(command))
+        raise SystemExit(subprocess.call(command))
+    distributed.setup(params.distributed.backend)
+
+
 def dispatch(args: argparse.Namespace) -> None:
     command = args.command
     if command == "fetch":
@@ -91,6 +107,8 @@ def dispatch(args: argparse.Namespace) -> None:
             print(f"{args.params}: {key} = {value}")
         return
     params = load_params(args.params, parse_overrides(args.overrides))
+    if command in TRAINING_COMMANDS:
+        _join_or_launch(params, args)
     if command == "ingest":
         from tqc.stages import ingest
 
@@ -200,7 +218,9 @@ def _log_fit(tracker, stage: str, result, history: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # what a torchrun relaunch repeats
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "urllib3", "filelock", "great_expectations", "faiss", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -209,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         dispatch(args)
+        from tqc import distributed
+
+        distributed.teardown()  # under torchrun: every process leaves the group together
     except (ConfigError, ReaderError, ValidationFailed, FileNotFoundError) as exc:
         print(f"tqc {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -299,6 +299,13 @@ class AblateParams(Strict):
     grids: dict[str, AblationGrid] = {}
 
 
+class DistributedParams(Strict):
+    """Data-parallel training (stage one, stage two, NC) through torchrun; see tqc.distributed."""
+
+    nproc_per_node: int = Field(1, ge=1)  # >1: the training stages re-launch themselves with torchrun
+    backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on CUDA, gloo on CPU
+
+
 class Params(Strict):
     seed: int = 0
     data: DataParams = DataParams()
@@ -309,6 +316,7 @@ class Params(Strict):
     mine: MineParams = MineParams()
     stage_two: StageTwoParams = StageTwoParams()
     baseline_nc: BaselineNCParams = BaselineNCParams()
+    distributed: DistributedParams = DistributedParams()
     evaluate: EvaluateParams = EvaluateParams()
     tracking: TrackingParams = TrackingParams()
     promote: PromoteParams = PromoteParams()

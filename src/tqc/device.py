@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from contextlib import AbstractContextManager
 
@@ -10,7 +11,10 @@ import torch
 
 
 def pick_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """CUDA when present (the process's own GPU under torchrun: LOCAL_RANK), else CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
 
 
 def autocast(device: torch.device) -> AbstractContextManager:

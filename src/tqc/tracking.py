@@ -22,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
 
+from tqc import distributed
 from tqc.config import Params, TrackingParams, flatten
 from tqc.io import file_digest
 
@@ -179,7 +180,7 @@ def stage_run(stage: str, params: Params, inputs: list[Path] = ()) -> Iterator[T
     The parent is RUNNING while a stage runs and FINISHED (or FAILED) after it, so after the
     repro it is FINISHED, ending with its last stage, whichever stages DVC chose to run.
     """
-    if not params.tracking.enabled:
+    if not params.tracking.enabled or not distributed.is_main():  # under torchrun, rank 0 records the run
         yield Tracker(None)
         return
     mlflow, client, experiment_id = _client_and_experiment(params.tracking)

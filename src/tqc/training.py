@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from tqc import distributed
 from tqc.config import Schedule
 from tqc.device import autocast
 from tqc.io import atomic_path
@@ -50,8 +51,8 @@ def batches(n_rows: int, batch_size: int, rng: random.Random, max_steps: int | N
     order = list(range(n_rows))
     rng.shuffle(order)
     chunks = [order[i : i + batch_size] for i in range(0, n_rows, batch_size)]
-    # A trailing batch of one row has no in-batch negatives; fold it into the previous batch.
-    if len(chunks) > 1 and len(chunks[-1]) == 1:
+    # A trailing batch with under two rows per process has no in-batch negatives; fold it into the previous one.
+    if len(chunks) > 1 and len(chunks[-1]) < 2 * distributed.world_size():
         chunks[-2].extend(chunks.pop())
     return chunks[:max_steps] if max_steps else chunks
 
@@ -87,13 +88,17 @@ def fit(
     """Train with early stopping on validation macro-F1; `model` ends holding its best weights.
 
     Epoch 0 is the starting point, validated before any step, so a stage never ends worse on
-    validation than it began (stage two starts from stage one's weights).
+    validation than it began (stage two starts from stage one's weights). Under torchrun each
+    process takes its share of every batch and the gradients are averaged (tqc.distributed);
+    every process validates, so all of them make the same early-stopping choice.
     """
     epochs, batch_size, max_steps, patience = schedule.epochs, schedule.batch_size, schedule.max_steps, schedule.patience
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(param_groups, weight_decay=schedule.weight_decay)
     scheduler = linear_warmup(optimizer, steps_per_epoch(n_rows, batch_size, max_steps) * epochs, schedule.warmup_ratio)
     device = next(model.parameters()).device
+    distributed.broadcast_parameters(model)
+    on_epoch = on_epoch if distributed.is_main() else None  # tracking and callbacks: rank 0 only
 
     history = [_record(0, math.nan, validate(), 0.0)]
     best_f1, best_epoch, best_state = history[0].validation_macro_f1, 0, _snapshot(model)
@@ -104,18 +109,20 @@ def fit(
         started = time.perf_counter()
         model.train()
         losses = []
-        progress = tqdm(batches(n_rows, batch_size, rng, max_steps), desc=f"{description} epoch {epoch}/{epochs}", leave=False)
+        progress = tqdm(batches(n_rows, batch_size, rng, max_steps), desc=f"{description} epoch {epoch}/{epochs}", leave=False,
+                        disable=not distributed.is_main())
         for rows in progress:
             with autocast(device):
-                loss = batch_loss(rows)
+                loss = batch_loss(distributed.shard(rows))
             loss.backward()
+            distributed.average_gradients(model)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())
             progress.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
         train_seconds = time.perf_counter() - started  # the epoch's training steps only, not validation
-        record = _record(epoch, float(np.mean(losses)), validate(), train_seconds)
+        record = _record(epoch, distributed.mean_over_processes(float(np.mean(losses))), validate(), train_seconds)
         history.append(record)
         if on_epoch:
             on_epoch(record)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from tqc import distributed
 from tqc.config import AugmentParams, BaselineNCParams, ModelParams
 from tqc.device import pick_device, seed_everything
 from tqc.io import atomic_directory
@@ -98,6 +99,8 @@ def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_par
     model = LinearClassifier(encoder, len(catalog)).to(pick_device())
     log.info("NC baseline: %d training rows, %d classes", len(train_rows), len(catalog))
     result = train(model, train_rows, validation, catalog, params, seed, on_epoch)
+    if not distributed.is_main():  # the replicas hold the same weights; rank 0 writes them
+        return result
     model.save(out_dir)
     write_history(history_path, result.history)
     log.info("NC baseline: wrote %s and %s", out_dir, history_path)

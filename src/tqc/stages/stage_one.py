@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from tqc import distributed
 from tqc.config import AugmentParams, CrossEncodingParams, ModelParams, PrototypeMixupParams, StageOneParams
 from tqc.device import pick_device, seed_everything
 from tqc.losses import LossFn, make_loss
@@ -142,6 +143,8 @@ def run(
     model.set_augmentation(augment_params.implicit, augment_params.rate)
     log.info("stage one: %d training rows, %d validation, %d classes on %s", len(train_rows), len(validation), len(catalog), pick_device())
     result = train(model, train_rows, validation, catalog, params, seed, on_epoch, augment_params)
+    if not distributed.is_main():  # the replicas hold the same weights; rank 0 writes them
+        return result
     model.save(out_dir, {"stage": "stage_one", "pretrained": model_params.pretrained, "best_epoch": result.best_epoch,
                          "validation_macro_f1": result.best_validation_macro_f1, "params": params.model_dump(mode="json")})
     write_history(history_path, result.history)

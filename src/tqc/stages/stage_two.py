@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from tqc import distributed
 from tqc.config import AugmentParams, StageTwoParams
 from tqc.device import pick_device, seed_everything
 from tqc.losses import make_loss
@@ -89,6 +90,8 @@ def run(
     model.set_augmentation(augment_params.implicit, augment_params.rate)
     log.info("stage two: %d training rows × %d negatives, %d validation", len(train_rows), negatives.shape[1], len(validation))
     result = train(model, train_rows, negatives, validation, catalog, params, seed, on_epoch)
+    if not distributed.is_main():  # the replicas hold the same weights; rank 0 writes them
+        return result
     model.save(out_dir, {"stage": "stage_two", "best_epoch": result.best_epoch,
                          "validation_macro_f1": result.best_validation_macro_f1, "params": params.model_dump(mode="json")})
     write_history(history_path, result.history)

@@ -1,0 +1,149 @@
+"""Data-parallel training through torch's own launcher (`torchrun`), one code path for 1..N processes.
+
+torchrun sets RANK / WORLD_SIZE / LOCAL_RANK; without them this is one process and every
+function here is a no-op, so single-process runs are unchanged to the bit. With them:
+
+- each global batch (`batch_size` rows) is split across the processes by `shard`;
+- after `backward`, `average_gradients` all-reduces the gradients, so every process takes
+  the same optimizer step and the replicas never drift (checked against a single process
+  in tests/model/test_distributed.py);
+- only rank 0 writes models, reports and tracking runs (`is_main`).
+
+In-batch negatives come from each process's share of the batch (as in most multi-GPU
+bi-encoder training without an all-gather); stage two's mined negatives are per question, so
+its loss is the single-process loss exactly. NCCL on CUDA, gloo on CPU (`distributed.backend`).
+
+`distributed.nproc_per_node > 1` in params.yaml makes the training stages re-launch themselves
+under `python -m torch.distributed.run`; a multi-node job runs `torchrun … -m tqc.cli stage-one …`
+directly, and the stages find the environment torchrun made.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def active() -> bool:
+    """Under torchrun with the process group joined. (torch is imported only when launched, so
+    the CLI's other commands start fast.)"""
+    if world_size() <= 1:
+        return False
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def setup(backend: str = "auto") -> None:
+    """Join the process group torchrun described (no-op for one process or when joined already)."""
+    import torch
+    import torch.distributed as dist
+
+    if world_size() <= 1 or dist.is_initialized():
+        return
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(local_rank())
+    chosen = ("nccl" if cuda else "gloo") if backend == "auto" else backend
+    dist.init_process_group(chosen, timeout=timedelta(minutes=30))
+    if not is_main():
+        logging.getLogger("tqc").setLevel(logging.WARNING)  # one log, from rank 0
+    log.info("distributed: %d processes, backend %s", world_size(), chosen)
+
+
+def shard(rows: list[int]) -> list[int]:
+    """This process's share of a global batch: every world_size-th row from its rank."""
+    return rows[rank() :: world_size()] if active() else rows
+
+
+def broadcast_parameters(model: nn.Module) -> None:
+    """Start every replica from rank 0's weights (randomly initialised heads included)."""
+    if active():
+        import torch.distributed as dist
+
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, src=0)
+
+
+def average_gradients(model: nn.Module) -> None:
+    """Mean of every parameter's gradient over the processes; a missing gradient counts as zero
+    (a process whose share never reached some parameter), so every process joins every all-reduce."""
+    if not active():
+        return
+    import torch
+    import torch.distributed as dist
+
+    for parameter in model.parameters():
+        if not parameter.requires_grad:
+            continue
+        if parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
+        dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
+        parameter.grad /= world_size()
+
+
+def mean_over_processes(value: float) -> float:
+    """A float averaged over the processes (the epoch's training loss)."""
+    if not active():
+        return value
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([value], dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return float(tensor.item()) / world_size()
+
+
+def barrier() -> None:
+    if active():
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def teardown() -> None:
+    if active():
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def relaunch_command(nproc_per_node: int, argv: list[str]) -> list[str] | None:
+    """The torchrun command that runs this CLI call in `nproc_per_node` processes, or None when
+    there is nothing to launch (one process asked for, or already under torchrun)."""
+    if nproc_per_node <= 1 or "WORLD_SIZE" in os.environ:
+        return None
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}",
+            "-m", "tqc.cli", *argv]
+
+
+def _collective_device():
+    import torch
+    import torch.distributed as dist
+
+    return torch.device("cuda", local_rank()) if dist.get_backend() == "nccl" else torch.device("cpu")

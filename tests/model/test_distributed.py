@@ -1,0 +1,126 @@
+"""Data-parallel training on CPU (gloo): two processes take the single process's steps.
+
+Stage two's loss is per question (its mined negatives), so two processes that each take half
+of every batch and average their gradients must end with the weights one process gets from
+the whole batch. Stage one and NC are run the way `distributed.nproc_per_node: 2` runs them,
+through the CLI and torchrun, and must write one model.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as multiprocessing
+from torch import nn
+
+import yaml
+
+from tests.conftest import CLASSES, synthetic_questions, tiny_params, write_custom_dataset
+from tqc import distributed
+from tqc.config import ModelParams, StageTwoParams
+from tqc.model.encoder import BiEncoder
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _always_better(*_):
+    """A validator whose macro-F1 rises every epoch."""
+    epochs = iter(range(1000))
+    return lambda: {"accuracy": 0.0, "macro_f1": next(epochs) / 1000}
+
+
+def _stage_two_weights(model_dir: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One epoch of stage two on synthetic rows, dropout off so runs are comparable; the weights before and after."""
+    from tqc.mining import mine
+    from tqc.stages import stage_two
+    from tqc.training import gold_indices
+
+    torch.manual_seed(0)
+    catalog = Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()])
+    rows = [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 16)]  # 48 rows: 3 batches of 16, halves of 8
+    validation = [LabeledQuestion(t, c) for t, c in synthetic_questions(1, 4)]
+    model = BiEncoder.from_params(ModelParams(pretrained=model_dir))
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    mined, _ = mine(model.question.encode([q.text for q in rows]).numpy(), model.standard.encode(catalog.texts).numpy(),
+                    gold_indices(rows, catalog), k=2)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    params = StageTwoParams(epochs=1, batch_size=16, learning_rate=1e-3, patience=1, warmup_ratio=0.0)
+    real_validator, stage_two.bi_encoder_validator = stage_two.bi_encoder_validator, _always_better  # keep the trained epoch
+    try:
+        stage_two.train(model, rows, torch.as_tensor(mined), validation, catalog, params, seed=0)
+    finally:
+        stage_two.bi_encoder_validator = real_validator
+    return before, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    distributed.setup("gloo")
+    try:
+        assert distributed.active() and distributed.shard(list(range(6))) == list(range(rank, 6, world))
+        seen, real_shard = [], distributed.shard
+        distributed.shard = lambda rows: seen.extend(real_shard(rows)) or real_shard(rows)  # rows this process trains on
+        try:
+            weights = _stage_two_weights(model_dir)[1]
+        finally:
+            distributed.shard = real_shard
+        torch.save({"weights": weights, "rows_seen": len(seen)}, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        distributed.teardown()
+
+
+def test_without_torchrun_everything_is_one_process(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not distributed.active() and distributed.is_main()
+    assert distributed.shard([3, 1, 2]) == [3, 1, 2]
+    assert distributed.mean_over_processes(1.5) == 1.5
+    assert distributed.relaunch_command(1, ["stage-one"]) is None
+    command = distributed.relaunch_command(2, ["stage-one", "--out", "m"])
+    assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert command[-4:] == ["tqc.cli", "stage-one", "--out", "m"]
+    monkeypatch.setenv("WORLD_SIZE", "2")  # already launched: never launch again
+    assert distributed.relaunch_command(2, ["stage-one"]) is None
+
+
+def test_two_processes_end_with_the_weights_of_one_process_on_the_whole_batch(tiny_model_dir, tmp_path):
+    start, single = _stage_two_weights(str(tiny_model_dir))
+    assert any(not torch.equal(start[k], single[k]) for k in single)  # the epoch trained something
+    multiprocessing.spawn(_worker, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
+    saved = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    assert [r["rows_seen"] for r in saved] == [24, 24]  # each process trained on half of the 48 rows
+    replicas = [r["weights"] for r in saved]
+    for name, tensor in single.items():
+        assert torch.equal(replicas[0][name], replicas[1][name]), f"replicas drifted apart at {name}"
+        assert torch.allclose(replicas[0][name], tensor, atol=2e-5), f"{name}: two processes differ from one"
+
+
+def test_the_cli_relaunches_a_training_stage_under_torchrun_and_rank_0_writes(tiny_model_dir, tmp_path):
+    """`distributed.nproc_per_node: 2` → `tqc stage-one` runs as two gloo processes; one model folder, one history."""
+    project = tmp_path / "project"
+    project.mkdir()
+    write_custom_dataset(tmp_path / "raw")
+    (project / "params.yaml").write_text(yaml.safe_dump(tiny_params(tmp_path / "raw", tiny_model_dir)))
+    subprocess.run([sys.executable, "-m", "tqc.cli", "ingest", "--out", "data/ingested", "--quarantine", "q.jsonl",
+                    "--report", "ingest.json"], cwd=project, check=True)
+    environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    finished = subprocess.run(
+        [sys.executable, "-m", "tqc.cli", "--set", "distributed.nproc_per_node=2", "--set", "tracking.enabled=false",
+         "stage-one", "--data", "data/ingested", "--train", "data/ingested/train.jsonl", "--out", "models/stage_one",
+         "--history", "history.csv"], cwd=project, env=environment, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "distributed: 2 processes, backend gloo" in finished.stderr
+    assert (project / "models/stage_one/tqc_model.json").exists()
+    assert len((project / "history.csv").read_text().splitlines()) >= 2
