@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import random
 from contextlib import AbstractContextManager
 
 import numpy as np
 import torch
 
+from tqc import distributed
+
 
 def pick_device() -> torch.device:
     """CUDA when present (the process's own GPU under torchrun: LOCAL_RANK), else CPU."""
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", distributed.local_rank())
     return torch.device("cpu")
 
 

@@ -90,20 +90,24 @@ def broadcast_parameters(model: nn.Module) -> None:
 
 
 def average_gradients(model: nn.Module) -> None:
-    """Mean of every parameter's gradient over the processes; a missing gradient counts as zero
-    (a process whose share never reached some parameter), so every process joins every all-reduce."""
+    """Mean of every parameter's gradient over the processes, in one all-reduce of all of them
+    flattened (one collective per step, not one per tensor); a missing gradient counts as zero
+    (a process whose share never reached some parameter), so every process sends the same layout."""
     if not active():
         return
     import torch
     import torch.distributed as dist
 
-    for parameter in model.parameters():
-        if not parameter.requires_grad:
-            continue
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for parameter in trainable:
         if parameter.grad is None:
             parameter.grad = torch.zeros_like(parameter)
-        dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
-        parameter.grad /= world_size()
+    grads = [p.grad for p in trainable]
+    flat = torch.cat([g.reshape(-1) for g in grads])  # (total parameters,)
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat /= world_size()
+    for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
+        grad.copy_(part.view_as(grad))
 
 
 def mean_over_processes(value: float) -> float:
@@ -116,13 +120,6 @@ def mean_over_processes(value: float) -> float:
     tensor = torch.tensor([value], dtype=torch.float64, device=_collective_device())
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return float(tensor.item()) / world_size()
-
-
-def barrier() -> None:
-    if active():
-        import torch.distributed as dist
-
-        dist.barrier()
 
 
 def teardown() -> None:

@@ -26,10 +26,13 @@ def per_class_prf(gold: np.ndarray, predicted: np.ndarray, labels: np.ndarray) -
     return result
 
 
+def _mean_f1(gold: np.ndarray, predicted: np.ndarray, labels: np.ndarray) -> float:
+    return float(np.mean([v["f1"] for v in per_class_prf(gold, predicted, labels).values()])) if len(labels) else 0.0
+
+
 def macro_f1(gold: np.ndarray, predicted: np.ndarray) -> float:
     """Mean F1 over the labels in gold ∪ predicted, as scikit-learn's default."""
-    labels = np.union1d(gold, predicted)
-    return float(np.mean([v["f1"] for v in per_class_prf(gold, predicted, labels).values()])) if len(labels) else 0.0
+    return _mean_f1(gold, predicted, np.union1d(gold, predicted))
 
 
 def macro_f1_gold_classes(gold: np.ndarray, predicted: np.ndarray) -> float:
@@ -39,8 +42,7 @@ def macro_f1_gold_classes(gold: np.ndarray, predicted: np.ndarray) -> float:
     prediction of a class absent from gold adds an F1 of 0 to `macro_f1`'s mean; this variant
     leaves such classes out (their false positives still cost the gold classes' recall).
     """
-    labels = np.unique(gold)
-    return float(np.mean([v["f1"] for v in per_class_prf(gold, predicted, labels).values()])) if len(labels) else 0.0
+    return _mean_f1(gold, predicted, np.unique(gold))
 
 
 def summary(scores: np.ndarray, gold: np.ndarray, hits_at: tuple[int, ...] = (1, 3, 10)) -> dict[str, float]:
