@@ -147,7 +147,7 @@ class ModelParams(Strict):
     max_length: int = Field(48, ge=8, le=512)
 
 
-LossName = Literal["nt_xent", "bpr", "hinge", "sdml"]
+LossName = Literal["nt_xent", "decoupled", "bpr", "hinge", "sdml"]
 
 
 class Schedule(Strict):

@@ -38,6 +38,24 @@ def nt_xent(scores: torch.Tensor, target: torch.Tensor, excluded: torch.Tensor |
     return F.cross_entropy(logits, target)
 
 
+def decoupled(scores: torch.Tensor, target: torch.Tensor, excluded: torch.Tensor | None = None, *, temperature: float = 0.1) -> torch.Tensor:
+    """ADMC Eq. 1/3 as printed: −log(exp(s⁺/τ) / Σ over negatives only of exp(s⁻/τ)).
+
+    The positive is left out of the denominator (decoupled contrastive learning, Yeh et al.
+    2022). With it in (`nt_xent`), a row whose positive already wins gets a vanishing gradient
+    (softmax → 1); here every row keeps pulling its positive up with weight 1/τ, and the
+    negatives are pushed in proportion to their softmax among themselves, so the hardest
+    mined negatives still get most of the push once the row is classified right.
+    A row with no negative column contributes nothing.
+    """
+    positive, negative = _positive_and_negatives(scores, target, excluded)  # (B, 1), (B, C)
+    has_negative = negative.any(dim=1)  # (B,)
+    # Rows without negatives get finite dummy logits so that logsumexp and its gradient stay finite.
+    logits = (scores / temperature).masked_fill(~negative, float("-inf")).masked_fill(~has_negative.unsqueeze(1), 0.0)
+    row_loss = torch.logsumexp(logits, dim=1) - positive.squeeze(1) / temperature  # (B,)
+    return torch.where(has_negative, row_loss, torch.zeros_like(row_loss)).sum() / has_negative.sum().clamp(min=1)
+
+
 def sdml(scores: torch.Tensor, target: torch.Tensor, excluded: torch.Tensor | None = None, *, temperature: float = 0.1, smoothing: float = 0.3) -> torch.Tensor:
     """SDML: softmax over scores/τ with a smoothed target (1−ε)·onehot + ε/N over valid columns."""
     logits = _masked(scores / temperature, excluded)  # (B, C)
@@ -73,6 +91,8 @@ def hinge(scores: torch.Tensor, target: torch.Tensor, excluded: torch.Tensor | N
 def make_loss(name: str, temperature: float, margin: float, smoothing: float) -> LossFn:
     if name == "nt_xent":
         return partial(nt_xent, temperature=temperature)
+    if name == "decoupled":
+        return partial(decoupled, temperature=temperature)
     if name == "sdml":
         return partial(sdml, temperature=temperature, smoothing=smoothing)
     if name == "bpr":

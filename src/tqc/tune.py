@@ -106,6 +106,13 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
     """Run `trials` (default tune.trials) trials of this worker in the shared study; write the reports."""
     import optuna
 
+    from tqc import distributed
+
+    if distributed.world_size() > 1:
+        # A pruned trial raises on rank 0 alone (its callback runs there), which would leave the
+        # other ranks waiting in a collective; tuning scales out by workers on one storage instead.
+        raise ConfigError("tqc tune runs each trial in one process and does not run under torchrun; "
+                          "start more workers (tqc tune --worker N) on a shared tune.storage instead")
     check_space(params)
     settings = params.tune
     study = _open_study(params, worker)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tqc.losses import bpr, hinge, make_loss, nt_xent, same_class_mask, sdml
+from tqc.losses import bpr, decoupled, hinge, make_loss, nt_xent, same_class_mask, sdml
 from tqc.stages.stage_one import candidate_classes
 from tqc.stages.stage_two import candidate_columns
 
@@ -39,7 +39,7 @@ def test_unmasked_duplicates_would_push_a_question_from_its_own_class():
     assert scores.grad[0, 1] == 0
 
 
-@pytest.mark.parametrize("name", ["nt_xent", "bpr", "hinge", "sdml"])
+@pytest.mark.parametrize("name", ["nt_xent", "decoupled", "bpr", "hinge", "sdml"])
 def test_gradients_pull_the_positive_up_and_push_negatives_down(name):
     loss_fn = make_loss(name, temperature=0.1, margin=1.0, smoothing=0.0)
     scores = torch.tensor([[0.3, 0.2, 0.1], [0.0, 0.5, 0.4]], requires_grad=True)
@@ -56,6 +56,33 @@ def test_nt_xent_matches_hand_computation():
     tau = 0.1
     expected = -torch.log(torch.exp(torch.tensor(5.0)) / torch.exp(scores[0] / tau).sum())
     assert torch.allclose(nt_xent(scores, torch.tensor([0]), temperature=tau), expected)
+
+
+def test_decoupled_leaves_the_positive_out_of_the_denominator():
+    scores = torch.tensor([[0.5, 0.1, -0.2], [0.0, 0.3, 0.4]])
+    tau = 0.1
+    expected = torch.stack([-5.0 + torch.logsumexp(torch.tensor([1.0, -2.0]), 0),
+                            -3.0 + torch.logsumexp(torch.tensor([0.0, 4.0]), 0)]).mean()
+    assert torch.allclose(decoupled(scores, torch.tensor([0, 1]), temperature=tau), expected)
+
+
+def test_decoupled_keeps_pulling_a_positive_that_already_wins():
+    easy = torch.tensor([[0.9, -0.9, -0.9]], requires_grad=True)  # the positive wins by far
+    nt_xent(easy, torch.tensor([0])).backward()
+    assert abs(easy.grad[0, 0]) < 1e-6  # softmax ≈ 1: NT-Xent has nothing left to say
+    easy.grad = None
+    decoupled(easy, torch.tensor([0]), temperature=0.1).backward()
+    assert torch.isclose(easy.grad[0, 0], torch.tensor(-10.0))  # −1/τ, whatever the margin
+
+
+def test_decoupled_masks_same_class_columns_and_skips_rows_without_negatives():
+    scores = torch.tensor([[0.2, 0.9, 0.1], [0.4, 0.3, 0.0]], requires_grad=True)
+    excluded = torch.tensor([[False, True, False], [False, True, True]])  # row 1 keeps only its target
+    loss = decoupled(scores, torch.tensor([0, 0]), excluded, temperature=0.1)
+    assert torch.allclose(loss, -2.0 + torch.tensor(1.0))  # row 0 only: −s⁺/τ + log exp(s₂/τ)
+    loss.backward()
+    assert torch.isfinite(scores.grad).all()
+    assert scores.grad[0, 1] == 0 and (scores.grad[1] == 0).all()
 
 
 def test_sdml_smoothing_still_pulls_the_positive_and_pushes_the_hardest_negative():

@@ -1,12 +1,17 @@
 from collections import Counter
 
 from tqc.schema import LabeledQuestion
-from tqc.stages.augment import oversample, rebalance_target
+from tqc.stages.augment import class_targets, oversample, rebalance_target
 from tqc.stages.ingest import stratified_split
 
 
 def questions(counts: dict[str, int]) -> list[LabeledQuestion]:
     return [LabeledQuestion(f"{label} question {i}", label, f"f:{i}") for label, n in counts.items() for i in range(n)]
+
+
+def at_least(rows: list[LabeledQuestion], count: int) -> dict[str, int]:
+    """Every class of `rows` raised to `count` (the `count` rebalancing)."""
+    return class_targets(Counter(q.class_id for q in rows), "count", count)
 
 
 def test_stratified_split_is_seeded_and_covers_every_class():
@@ -21,7 +26,7 @@ def test_oversampling_lifts_every_class_to_the_mean_and_marks_copies():
     rows = questions({"head": 30, "mid": 9, "tail": 3})
     target = rebalance_target(Counter(q.class_id for q in rows))
     assert target == 14
-    augmented = oversample(rows, target, seed=0)
+    augmented = oversample(rows, class_targets(Counter(q.class_id for q in rows)), seed=0)
     counts = Counter(q.class_id for q in augmented)
     assert counts == {"head": 30, "mid": 14, "tail": 14}
     copies = [q for q in augmented if q.generated]
@@ -42,13 +47,13 @@ def test_eda_rows_are_perturbed_with_words_of_their_own_class_and_marked_generat
 
     questions = [LabeledQuestion(f"where is the river {i}", "LOC") for i in range(8)] + \
                 [LabeledQuestion("who wrote the book", "HUM"), LabeledQuestion("who painted the wall", "HUM")]
-    augmented = oversample(questions, target=8, seed=0, explicit="eda", alpha=0.3)
+    augmented = oversample(questions, at_least(questions, 8), seed=0, explicit="eda", alpha=0.3)
     generated = [q for q in augmented if q.generated]
     assert len(generated) == 6 and all(q.class_id == "HUM" and q.source.startswith("eda:") for q in generated)
     hum_words = {"who", "wrote", "the", "book", "painted", "wall"}
     assert all(set(q.text.split()) <= hum_words for q in generated)  # no LOC word leaks in
     assert any(q.text not in {"who wrote the book", "who painted the wall"} for q in generated)  # texts really change
-    copies = oversample(questions, target=8, seed=0)
+    copies = oversample(questions, at_least(questions, 8), seed=0)
     assert {q.text for q in copies if q.generated} <= {"who wrote the book", "who painted the wall"}
 
 
@@ -67,7 +72,7 @@ def test_rebalance_targets_none_mean_max_and_a_fixed_count():
     assert rebalance_target(counts, "mean") == 14
     assert rebalance_target(counts, "max") == 30
     assert rebalance_target(counts, "count", 20) == 20
-    augmented = oversample(questions(dict(counts)), rebalance_target(counts, "max"), seed=0, explicit="eda")
+    augmented = oversample(questions(dict(counts)), class_targets(counts, "max"), seed=0, explicit="eda")
     assert set(Counter(q.class_id for q in augmented).values()) == {30}  # the target applies to eda rows too
 
 
@@ -86,8 +91,6 @@ def test_the_augment_stage_reports_generated_rows_per_class(tmp_path):
 
 
 def test_sqrt_rebalancing_raises_each_class_to_the_root_of_its_size_times_the_largest():
-    from tqc.stages.augment import class_targets
-
     counts = Counter({"head": 400, "mid": 100, "tail": 4})
     assert class_targets(counts, "sqrt") == {"head": 400, "mid": 200, "tail": 40}
     assert class_targets(counts, "mean") == {"head": 400, "mid": 168, "tail": 168}

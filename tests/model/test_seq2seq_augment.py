@@ -53,7 +53,7 @@ def imbalanced_rows() -> list[LabeledQuestion]:
 def test_paraphrase_rewrites_the_generated_rows_of_tail_classes_only(tiny_seq2seq):
     params = Seq2SeqParams(paraphrase_model=str(tiny_seq2seq[0]), max_new_tokens=8)
     rows = imbalanced_rows()
-    augmented = oversample(rows, target=6, seed=0, explicit="paraphrase", seq2seq=params)
+    augmented = oversample(rows, {"LOC": 6}, seed=0, explicit="paraphrase", seq2seq=params)
     generated = [q for q in augmented if q.generated]
     assert Counter(q.class_id for q in generated) == {"LOC": 4}
     originals = {q.text for q in rows}

@@ -188,3 +188,13 @@ def test_a_hyperband_study_runs_and_reports(tmp_path, tiny_model_dir, restore_ml
     sampled = study.trials[1].params["model.similarity"]  # trial 0 is the baseline (cosine)
     saved = json.loads((tmp_path / "work" / "test" / "trial-0001" / "stage_two" / "tqc_model.json").read_text())
     assert saved["similarity"] == sampled  # the distance the tuner chose is the one the model was trained with
+
+
+def test_the_tuner_refuses_to_run_under_torchrun(tmp_path, tiny_model_dir, monkeypatch):
+    from tqc.config import ConfigError
+
+    params = Params(**tuning_params(tmp_path, tiny_model_dir))
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets in each process
+    with pytest.raises(ConfigError, match="torchrun"):
+        tune(params, tmp_path / "reports", tmp_path / "work")
+    assert not (tmp_path / "optuna.db").exists()  # refused before the study was opened

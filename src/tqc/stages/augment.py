@@ -50,7 +50,7 @@ def class_targets(counts: Counter, rebalance: str = "mean", target_count: int | 
     return {c: max(n, target) for c, n in counts.items()}
 
 
-def pick_originals(questions: list[LabeledQuestion], targets: dict[str, int] | int, rng: random.Random) -> list[LabeledQuestion]:
+def pick_originals(questions: list[LabeledQuestion], targets: dict[str, int], rng: random.Random) -> list[LabeledQuestion]:
     """For every class under its target, the originals the extra rows start from: a shuffled
     cycle through its rows, so every original is used about equally often."""
     by_class: dict[str, list[LabeledQuestion]] = defaultdict(list)
@@ -60,8 +60,7 @@ def pick_originals(questions: list[LabeledQuestion], targets: dict[str, int] | i
     for class_id in sorted(by_class):
         order = list(by_class[class_id])
         rng.shuffle(order)
-        target = targets if isinstance(targets, int) else targets.get(class_id, 0)
-        picks += [order[i % len(order)] for i in range(max(0, target - len(order)))]
+        picks += [order[i % len(order)] for i in range(max(0, targets.get(class_id, 0) - len(order)))]
     return picks
 
 
@@ -85,14 +84,14 @@ def make_texts(originals: list[LabeledQuestion], questions: list[LabeledQuestion
 SOURCE_PREFIX = {"none": "oversample", "eda": "eda", "paraphrase": "paraphrase", "backtranslate": "backtranslate"}
 
 
-def oversample(questions: list[LabeledQuestion], target: dict[str, int] | int, seed: int, explicit: str = "none",
+def oversample(questions: list[LabeledQuestion], targets: dict[str, int], seed: int, explicit: str = "none",
                alpha: float = 0.1, seq2seq: Seq2SeqParams | None = None) -> list[LabeledQuestion]:
-    """The rows, then seeded extra rows until every class has at least its target (one int: all classes).
+    """The rows, then seeded extra rows until every class has at least its target (`class_targets`).
 
     New rows are marked `generated`, with `source` naming the method and the original's source.
     """
     rng = random.Random(seed)
-    originals = pick_originals(questions, target, rng)
+    originals = pick_originals(questions, targets, rng)
     texts = make_texts(originals, questions, explicit, rng, seed, alpha, seq2seq)
     prefix = SOURCE_PREFIX[explicit]
     return questions + [replace(original, text=text, generated=True, source=f"{prefix}:{original.source}")
