@@ -136,11 +136,20 @@ def _git(project: Path, *arguments: str) -> str:
     return subprocess.run(["git", *arguments], cwd=project, check=True, capture_output=True, text=True).stdout
 
 
+def matches(cell: Cell, where: dict) -> bool:
+    """`where` narrows the cells that set a path; a cell that leaves it at the pipeline's value stays.
+
+    So `--where data.imbalance_ratio=50` keeps the ir = 50 slice of the augmentation grid and
+    every TREC-50 cell of the other grids, and one report can hold both.
+    """
+    return all(cell.overrides[path] == value for path, value in where.items() if path in cell.overrides)
+
+
 def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None = None, variants: list[str] | None = None,
            seeds: list[int] | None = None, run: bool = True, rerun: bool = False, where: dict | None = None) -> list[CellResult]:
     """Run the missing cells of the chosen grids (all by default), then write the report.
 
-    `variants` and `where` ({"data.imbalance_ratio": 50}) narrow the cells; the order is the
+    `variants` and `where` ({"data.imbalance_ratio": 50}, see `matches`) narrow the cells; the order is the
     grid's, variants first, so the first cells of a long grid finish all their seeds early.
     """
     chosen = grids or list(params.ablate.grids)
@@ -150,8 +159,7 @@ def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None
     local = local_overrides(params, project)
     cells = [cell for grid in chosen
              for cell in grid_cells(grid, params.ablate.grids[grid], seeds or params.ablate.seeds, params.ablate.budget, local)
-             if (not variants or cell.variant.split(" · ")[0] in variants)
-             and all(cell.overrides.get(path) == value for path, value in (where or {}).items())]
+             if (not variants or cell.variant.split(" · ")[0] in variants) and matches(cell, where or {})]
     if run:
         refs = experiment_refs(project)
         for cell in cells:

@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     ablate.add_argument("--variant", action="append", help="only these variants (repeatable)")
     ablate.add_argument("--seeds", type=int, nargs="+", help="default ablate.seeds")
     ablate.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
-                        help="only cells with this param value, e.g. --where data.imbalance_ratio=50")
+                        help="of the cells that set this param, only those with this value (cells that do not set it stay), "
+                             "e.g. --where data.imbalance_ratio=50")
     ablate.add_argument("--report-only", action="store_true", help="train nothing; tabulate the experiments that exist")
     ablate.add_argument("--rerun", action="store_true", help="run cells again even when their experiment exists")
     ablate.add_argument("--out", type=Path, default=Path("reports"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tqc.ablate import Cell, CellResult, grid_cells, render_markdown, set_arguments, summarise
+from tqc.ablate import Cell, CellResult, grid_cells, matches, render_markdown, set_arguments, summarise
 from tqc.config import AblationGrid, Params
 
 GRID = AblationGrid(title="Options on long tails", base={"data.dataset": "trec6"},
@@ -67,3 +67,11 @@ def test_the_table_gives_mean_and_std_over_finished_seeds_and_names_missing_ones
 def test_grid_keys_must_be_real_params():
     with pytest.raises(ValueError, match="augment.rebalanse"):
         Params.model_validate({"ablate": {"grids": {"x": {"title": "t", "variants": {"a": {"augment.rebalanse": "mean"}}}}}})
+
+
+def test_where_narrows_the_cells_that_set_the_path_and_keeps_the_others():
+    imbalanced = grid_cells("aug", GRID, [0], {}, {})
+    trec50 = grid_cells("t5", AblationGrid(title="AC vs ADMC", variants={"trec50": {"data.dataset": "trec50"}}), [0], {}, {})
+    kept = [c.variant for c in imbalanced + trec50 if matches(c, {"data.imbalance_ratio": 50})]
+    assert kept == ["none · ir=50", "eda · ir=50", "trec50"]
+    assert [c.variant for c in imbalanced if matches(c, {"data.imbalance_ratio": 50, "augment.rebalance": "mean"})] == ["eda · ir=50"]
