@@ -34,7 +34,8 @@ def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("d
     model.set_augmentation(params.augment.implicit, params.augment.rate)
 
     questions = model.question.encode([q.text for q in train_rows]).numpy()
-    negatives, _ = mine(questions, model.standard.encode(catalog.texts).numpy(), gold_indices(train_rows, catalog), params.mine.k)
+    negatives, _ = mine(questions, model.standard.encode(catalog.texts).numpy(), gold_indices(train_rows, catalog), params.mine.k,
+                        model.similarity, model.score)
 
     common = {"epochs": 1, "batch_size": batch_size, "max_steps": steps}
     one = stage_one.train(model, train_rows, validation, catalog, params.stage_one.model_copy(update=common), params.seed)

@@ -1,22 +1,33 @@
 """Dynamic negative mining (ADMC Algorithm 1, lines 7–10), split into small steps:
 index → retrieve → exclude the gold class → report statistics.
+
+Negatives are ranked by the similarity the model predicts with, so the mined ones are the
+classes it actually confuses: FAISS inner product on L2-normalised vectors for `cosine`,
+on the raw vectors for `inner` (maximum inner-product search), and the model's own scorer
+for `mlp`, whose learned term no index can search (exact over the catalog, which is small).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 
 import faiss
 import numpy as np
+import torch
 
 log = logging.getLogger(__name__)
 
 
-def build_index(standards: np.ndarray) -> faiss.Index:
-    """Exact inner-product index over L2-normalised standard questions (P, D), on a GPU when present."""
-    vectors = np.ascontiguousarray(standards, dtype=np.float32)
-    faiss.normalize_L2(vectors)
+Scorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # questions (B, D), standards (P, D) → (B, P)
+
+
+def build_index(standards: np.ndarray, normalise: bool = True) -> faiss.Index:
+    """Exact inner-product index over standard questions (P, D), L2-normalised for cosine; on a GPU when present."""
+    vectors = np.array(standards, dtype=np.float32, order="C")  # a copy: normalize_L2 works in place
+    if normalise:
+        faiss.normalize_L2(vectors)
     index = faiss.IndexFlatIP(vectors.shape[1])
     if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
         index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
@@ -24,11 +35,39 @@ def build_index(standards: np.ndarray) -> faiss.Index:
     return index
 
 
-def retrieve(index: faiss.Index, questions: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+def retrieve(index: faiss.Index, questions: np.ndarray, depth: int, normalise: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """questions (N, D) → (similarities (N, depth), class indices (N, depth)), nearest first."""
-    vectors = np.ascontiguousarray(questions, dtype=np.float32)
-    faiss.normalize_L2(vectors)
+    vectors = np.array(questions, dtype=np.float32, order="C")  # a copy: normalize_L2 works in place
+    if normalise:
+        faiss.normalize_L2(vectors)
     return index.search(vectors, depth)
+
+
+@torch.no_grad()
+def retrieve_by_scorer(scorer: Scorer, questions: np.ndarray, standards: np.ndarray, depth: int,
+                       chunk_rows: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """The `retrieve` contract through a learned scorer: exact scores (chunk, P), top `depth` per row."""
+    standard_vectors = torch.from_numpy(np.asarray(standards, dtype=np.float32))
+    similarities, neighbours = [], []
+    for start in range(0, len(questions), chunk_rows):
+        chunk = torch.from_numpy(np.asarray(questions[start : start + chunk_rows], dtype=np.float32))
+        top = scorer(chunk, standard_vectors).float().cpu().topk(depth, dim=1)  # (chunk, depth), nearest first
+        similarities.append(top.values.numpy())
+        neighbours.append(top.indices.numpy())
+    if not similarities:
+        return np.empty((0, depth), np.float32), np.empty((0, depth), np.int64)
+    return np.concatenate(similarities), np.concatenate(neighbours)
+
+
+def nearest(questions: np.ndarray, standards: np.ndarray, depth: int, similarity: str = "cosine",
+            scorer: Scorer | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The `depth` highest-scoring standard questions per question under the model's similarity."""
+    if similarity in ("cosine", "inner"):
+        normalise = similarity == "cosine"
+        return retrieve(build_index(standards, normalise), questions, depth, normalise)
+    if scorer is None:
+        raise ValueError(f"similarity {similarity!r} has learned weights: mining needs the model's scorer")
+    return retrieve_by_scorer(scorer, questions, standards, depth)
 
 
 def exclude_gold(neighbours: np.ndarray, gold: np.ndarray, k: int) -> np.ndarray:
@@ -44,13 +83,14 @@ def exclude_gold(neighbours: np.ndarray, gold: np.ndarray, k: int) -> np.ndarray
     return np.take_along_axis(neighbours, order, axis=1)[:, :k]
 
 
-def mine(questions: np.ndarray, standards: np.ndarray, gold: np.ndarray, k: int) -> tuple[np.ndarray, dict]:
-    """The k hardest wrong standard questions for each question, and mining statistics."""
+def mine(questions: np.ndarray, standards: np.ndarray, gold: np.ndarray, k: int, similarity: str = "cosine",
+         scorer: Scorer | None = None) -> tuple[np.ndarray, dict]:
+    """The k hardest wrong standard questions for each question under `similarity`, and mining statistics."""
     n_classes = standards.shape[0]
     if k > n_classes - 1:
         log.warning("mine.k=%d but only %d wrong classes exist; mining %d", k, n_classes - 1, n_classes - 1)
         k = n_classes - 1
-    similarities, neighbours = retrieve(build_index(standards), questions, min(k + 1, n_classes))
+    similarities, neighbours = nearest(questions, standards, min(k + 1, n_classes), similarity, scorer)
     negatives = exclude_gold(neighbours, gold, k)
     return negatives, statistics(similarities, neighbours, negatives, gold)
 

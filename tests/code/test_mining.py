@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -42,3 +44,58 @@ def test_k_above_the_wrong_class_count_is_capped():
 def test_exclude_gold_handles_gold_outside_the_retrieved_list():
     neighbours = np.array([[4, 2, 1], [0, 3, 2]])
     assert exclude_gold(neighbours, np.array([9, 3]), 2).tolist() == [[4, 2], [0, 2]]
+
+
+def _ranked_wrong(scores: np.ndarray, gold: np.ndarray, k: int) -> list[list[int]]:
+    return [[c for c in np.argsort(-row, kind="stable") if c != g][:k] for row, g in zip(scores, gold)]
+
+
+def test_inner_similarity_mines_by_raw_inner_product_not_cosine():
+    rng = np.random.default_rng(8)
+    standards = random_unit(6, 8, 9) * rng.uniform(0.2, 5.0, size=(6, 1)).astype(np.float32)  # norms differ
+    questions = random_unit(40, 8, 10)
+    gold = rng.integers(0, 6, size=40)
+    standards_before = standards.copy()
+    by_inner, stats = mine(questions, standards, gold, 3, similarity="inner")
+    by_cosine, _ = mine(questions, standards, gold, 3, similarity="cosine")
+    assert by_inner.tolist() == _ranked_wrong(questions @ standards.T, gold, 3)
+    assert by_inner.tolist() != by_cosine.tolist()  # the norms change the ranking
+    assert np.array_equal(standards, standards_before)  # FAISS normalises in place: mining works on copies
+    assert stats["k"] == 3
+
+
+def test_learned_similarity_mines_through_the_model_scorer():
+    import torch
+
+    standards, questions = random_unit(7, 8, 11), random_unit(30, 8, 12)
+    gold = np.random.default_rng(13).integers(0, 7, size=30)
+
+    def farthest_first(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:  # a scorer no index could search
+        return -(q @ s.T)
+
+    negatives, _ = mine(questions, standards, gold, 4, similarity="mlp", scorer=farthest_first)
+    assert negatives.tolist() == _ranked_wrong(-(questions @ standards.T), gold, 4)
+    with pytest.raises(ValueError, match="scorer"):
+        mine(questions, standards, gold, 4, similarity="mlp")
+
+
+def _write_negatives(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_load_negatives_refuses_stale_or_self_negatives(tmp_path):
+    from tqc.schema import Catalog, StandardQuestion
+    from tqc.stages.mine import load_negatives
+
+    catalog = Catalog([StandardQuestion(c, f"{c}?") for c in "abc"])
+    path = tmp_path / "negatives.jsonl"
+    _write_negatives(path, [{"row": 0, "class_id": "a", "negatives": ["b", "c"]},
+                            {"row": 1, "class_id": "b", "negatives": ["c", "a"]}])
+    assert load_negatives(path, catalog, ["a", "b"]).tolist() == [[1, 2], [2, 0]]
+    with pytest.raises(ValueError, match="row 1 .*stale"):
+        load_negatives(path, catalog, ["a", "c"])  # same length, another training set
+    with pytest.raises(ValueError, match="2 rows of mined negatives for 3"):
+        load_negatives(path, catalog, ["a", "b", "c"])
+    _write_negatives(path, [{"row": 0, "class_id": "a", "negatives": ["a", "c"]}])
+    with pytest.raises(ValueError, match="its own class"):
+        load_negatives(path, catalog, ["a"])

@@ -77,6 +77,28 @@ def test_implicit_augmentation_perturbs_questions_in_training_only(tiny_model_di
     assert torch.equal(model.standard(TEXTS), model.standard(TEXTS))  # the catalog side is never augmented
 
 
+def test_a_tied_encoder_augments_questions_but_not_the_catalog(tiny_model_dir):
+    model = tiny_bi_encoder(tiny_model_dir, tied=True)
+    model.set_augmentation(["dropout", "cutoff"], 0.3)
+    model.train()
+    for module in model.modules():  # only the embedding augmentation may differ between calls
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    assert not torch.equal(model.embed_questions(TEXTS), model.embed_questions(TEXTS))
+    assert torch.equal(model.embed_standards(TEXTS), model.embed_standards(TEXTS))  # one module, two roles
+    model.eval()
+    assert torch.equal(model.embed_questions(TEXTS), model.embed_standards(TEXTS))
+
+
+def test_scores_are_float32_under_bf16_autocast(tiny_model_dir):
+    model = tiny_bi_encoder(tiny_model_dir)
+    questions, standards = torch.randn(3, 32, dtype=torch.bfloat16), torch.randn(4, 32, dtype=torch.bfloat16)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        scores = model.score(questions, standards)  # (3, 4)
+    assert scores.dtype == torch.float32
+    assert torch.allclose(scores, model.score(questions.float(), standards.float()))
+
+
 def test_local_folders_resolve_to_themselves_and_the_packaged_id_to_the_package(tiny_model_dir):
     assert resolve_pretrained(str(tiny_model_dir)) == str(tiny_model_dir)
     packaged = resolve_pretrained("sentence-transformers/all-MiniLM-L6-v2")

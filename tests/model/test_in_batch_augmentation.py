@@ -26,9 +26,9 @@ class Recorder:
         self.calls: list[list[str]] = []
         original = encoder.forward
 
-        def forward(texts):
+        def forward(texts, **options):
             self.calls.append(list(texts))
-            return original(texts)
+            return original(texts, **options)
 
         encoder.forward = forward
 

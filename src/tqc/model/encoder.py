@@ -125,11 +125,13 @@ class TextEncoder(nn.Module):
         batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
         return {k: v.to(self.device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
-    def forward(self, texts: list[str]) -> torch.Tensor:
-        """texts (B,) → embeddings (B, D)."""
+    def forward(self, texts: list[str], augment: bool = True) -> torch.Tensor:
+        """texts (B,) → embeddings (B, D); `augment=False` skips the implicit augmentation (the catalog side)."""
         batch = self.tokenize(texts)
         input_ids = batch.pop("input_ids")
-        embeddings = self.augmentation(self.backbone.get_input_embeddings()(input_ids))  # (B, T, D)
+        embeddings = self.backbone.get_input_embeddings()(input_ids)  # (B, T, D)
+        if augment:
+            embeddings = self.augmentation(embeddings)
         states = self.backbone(inputs_embeds=embeddings, **batch).last_hidden_state  # (B, T, D)
         return self.pooling(states, batch["attention_mask"])
 
@@ -188,10 +190,23 @@ class BiEncoder(nn.Module):
         """Implicit augmentation applies to user questions only, never to the catalog."""
         self.question.augmentation = EmbeddingAugmentation(kinds, rate)
 
+    def embed_questions(self, texts: list[str]) -> torch.Tensor:
+        """User questions (B,) → (B, D), with the implicit augmentation in training."""
+        return self.question(texts)
+
+    def embed_standards(self, texts: list[str]) -> torch.Tensor:
+        """Standard questions (C,) → (C, D), never augmented, also when the encoder is tied."""
+        return self.standard(texts, augment=False)
+
     def score(self, questions: torch.Tensor, standards: torch.Tensor) -> torch.Tensor:
-        """questions (B, D), standards (C, D) → scores (B, C), on the model's device."""
+        """questions (B, D), standards (C, D) → scores (B, C) in float32 on the model's device.
+
+        Outside bf16 autocast: the scores are divided by τ (down to 0.02 in the tuner's range),
+        and bf16's ~3 significant digits would turn into logit noise of 0.1 or more.
+        """
         device = self.question.device
-        return self.scorer(questions.to(device), standards.to(device))
+        with torch.autocast(device_type=device.type, enabled=False):
+            return self.scorer(questions.to(device).float(), standards.to(device).float())
 
     def save(self, directory: Path, metadata: dict | None = None) -> None:
         with atomic_directory(directory) as staging:

@@ -32,7 +32,9 @@ def run(data_dir: Path, train_path: Path, model_dir: Path, params: MineParams, o
     questions = encoded[[position[q.text] for q in train_rows]]  # (N, D)
     standards = model.standard.encode(catalog.texts, params.batch_size, "mining: encoding catalog").numpy()  # (P, D)
 
-    negatives, stats = mine(questions, standards, gold_indices(train_rows, catalog), params.k)
+    gold = gold_indices(train_rows, catalog)
+    negatives, stats = mine(questions, standards, gold, params.k, model.similarity, model.score)
+    stats["similarity"] = model.similarity
     write_jsonl(out_path, ({"row": i, "class_id": q.class_id, "negatives": [catalog.class_ids[c] for c in negatives[i]]}
                            for i, q in enumerate(train_rows)))
     stats["most_mined_classes"] = [[catalog.class_ids[c], n] for c, n in stats["most_mined_classes"]]
@@ -43,11 +45,17 @@ def run(data_dir: Path, train_path: Path, model_dir: Path, params: MineParams, o
     return stats
 
 
-def load_negatives(path: Path, catalog: Catalog, n_rows: int) -> np.ndarray:
-    """The mined negatives as class indices (N, K), checked to align row by row with training."""
+def load_negatives(path: Path, catalog: Catalog, train_class_ids: list[str]) -> np.ndarray:
+    """The mined negatives as class indices (N, K), checked row by row against the training rows' classes."""
     from tqc.io import read_jsonl
 
     rows = read_jsonl(path)
-    if len(rows) != n_rows or any(r["row"] != i for i, r in enumerate(rows)):
-        raise ValueError(f"{path}: mined negatives do not align with the {n_rows} training rows; re-run mining")
+    if len(rows) != len(train_class_ids):
+        raise ValueError(f"{path}: {len(rows)} rows of mined negatives for {len(train_class_ids)} training rows; re-run mining")
+    for i, (mined, class_id) in enumerate(zip(rows, train_class_ids)):
+        if mined["row"] != i or mined["class_id"] != class_id:
+            raise ValueError(f"{path}: row {i} was mined for row {mined['row']} (class {mined['class_id']!r}), but training "
+                             f"row {i} is class {class_id!r}: the negatives are stale; re-run mining")
+        if class_id in mined["negatives"]:
+            raise ValueError(f"{path}: row {i} lists its own class {class_id!r} as a negative")
     return np.array([[catalog.index(c) for c in r["negatives"]] for r in rows], dtype=np.int64)

@@ -67,8 +67,8 @@ def train(
 
     def batch_loss(rows: list[int]) -> torch.Tensor:
         candidates, target = candidate_classes(gold[rows], len(catalog), negatives)
-        questions = model.question([texts[i] for i in rows])  # (B, D)
-        standards = model.standard([catalog.texts[c] for c in candidates.tolist()])  # (U, D)
+        questions = model.embed_questions([texts[i] for i in rows])  # (B, D)
+        standards = model.embed_standards([catalog.texts[c] for c in candidates.tolist()])  # (U, D)
         scores = model.score(questions, standards)  # (B, U)
         if mixup.enabled:
             scores = scores + prior_shift.to(scores.device)  # U = P here: every class is a column
@@ -117,8 +117,8 @@ def _cross_encoding_term(model: BiEncoder, loss_fn: LossFn, params: CrossEncodin
     def term(batch_texts: list[str], batch_gold: torch.Tensor, candidates: torch.Tensor, standards: torch.Tensor) -> torch.Tensor:
         joined = joined_inputs(batch_texts, batch_gold.tolist(), candidates.tolist(), catalog.texts, separator,
                                params.share, params.negatives, rng)
-        relevance = model.standard([params.relevant_text, params.irrelevant_text])  # (2, D)
-        scores = model.score(model.question(joined.texts), torch.cat([standards, relevance.to(standards.device)]))  # (J, U+2)
+        relevance = model.embed_standards([params.relevant_text, params.irrelevant_text])  # (2, D)
+        scores = model.score(model.embed_questions(joined.texts), torch.cat([standards, relevance.to(standards.device)]))  # (J, U+2)
         target = torch.tensor([standards.shape[0] + (0 if r else 1) for r in joined.relevant], device=scores.device)
         return loss_fn(scores, target, None)
 

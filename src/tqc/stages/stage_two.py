@@ -49,8 +49,8 @@ def train(
 
     def batch_loss(rows: list[int]) -> torch.Tensor:
         distinct, columns = candidate_columns(gold[rows], negatives[rows])
-        questions = model.question([texts[i] for i in rows])  # (B, D)
-        standards = model.standard([catalog.texts[c] for c in distinct.tolist()])  # (U, D)
+        questions = model.embed_questions([texts[i] for i in rows])  # (B, D)
+        standards = model.embed_standards([catalog.texts[c] for c in distinct.tolist()])  # (U, D)
         scores = model.score(questions, standards)  # (B, U)
         columns = columns.to(questions.device)
         if params.negatives == "mined_and_in_batch":
@@ -85,7 +85,7 @@ def run(
     seed_everything(seed)
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     train_rows, validation = load_questions(train_path), load_questions(data_dir / "validation.jsonl")
-    negatives = torch.as_tensor(load_negatives(negatives_path, catalog, len(train_rows)))
+    negatives = torch.as_tensor(load_negatives(negatives_path, catalog, [q.class_id for q in train_rows]))
     model = BiEncoder.load(stage_one_dir).to(pick_device())
     model.set_augmentation(augment_params.implicit, augment_params.rate)
     log.info("stage two: %d training rows × %d negatives, %d validation", len(train_rows), negatives.shape[1], len(validation))
