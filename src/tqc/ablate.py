@@ -25,6 +25,7 @@ import yaml
 
 from tqc.config import AblationGrid, Params
 from tqc.io import atomic_path, write_json, write_text
+from tqc.metrics import seed_std
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,7 @@ def summarise(results: list[CellResult]) -> list[dict]:
         for figure in FIGURES:
             values = [m.figures[figure] for m in done]
             row[figure] = {"mean": float(np.mean(values)) if values else None,
-                           "std": float(np.std(values)) if values else None, "values": values}
+                           "std": seed_std(values) if values else None, "values": values}
         rows.append(row)
     return rows
 
@@ -212,7 +213,7 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
     budget = _overrides_text(params.ablate.budget) or "the params as they are"
     lines = ["# Ablations", "",
              "Written by `tqc ablate` from DVC experiments (`dvc exp show` lists them by the names below). "
-             f"Test figures in %, mean ± std over seeds; budget: {budget}. AC is stage one alone, ADMC stage two, "
+             f"Test figures in %, mean ± sample std (ddof = 1) over seeds; budget: {budget}. AC is stage one alone, ADMC stage two, "
              "both from the same run. Nothing was chosen on test.", ""]
     for grid in grids:
         spec = params.ablate.grids[grid]

@@ -65,3 +65,9 @@ def confused_pairs(gold: np.ndarray, predicted: np.ndarray, top: int) -> list[tu
     """The `top` most frequent (gold, predicted, count) errors, most frequent first."""
     errors = Counter((int(g), int(p)) for g, p in zip(gold, predicted) if g != p)
     return [(g, p, n) for (g, p), n in sorted(errors.items(), key=lambda kv: (-kv[1], kv[0]))[:top]]
+
+
+def seed_std(values: list[float]) -> float:
+    """The sample standard deviation over seeds (ddof = 1: a few seeds estimate the spread, they are not
+    all of it); 0 for a single seed."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0

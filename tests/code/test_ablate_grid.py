@@ -56,11 +56,11 @@ def test_the_table_gives_mean_and_std_over_finished_seeds_and_names_missing_ones
 
     rows = summarise([result("none", 0, 0.5), result("none", 1, 0.7), result("eda", 0, 0.8), result("eda", 1, 0, "missing")])
     none = rows[0]
-    assert none["admc_macro_f1"]["mean"] == pytest.approx(0.6) and none["admc_macro_f1"]["std"] == pytest.approx(0.1)
+    assert none["admc_macro_f1"]["mean"] == pytest.approx(0.6) and none["admc_macro_f1"]["std"] == pytest.approx(0.1 * 2 ** 0.5)  # sample std
     assert rows[1]["seeds_missing"] == [1]
     params = Params.model_validate({"ablate": {"grids": {"aug": GRID.model_dump()}}})
     table = render_markdown(params, ["aug"], rows)
-    assert "| none | 90.00 ± 0.00 | 60.00 ± 10.00 | 80.00 ± 0.00 | 50.00 ± 10.00 | 50.00 ± 0.00 | 10 | 0, 1 |" in table
+    assert "| none | 90.00 ± 0.00 | 60.00 ± 14.14 | 80.00 ± 0.00 | 50.00 ± 14.14 | 50.00 ± 0.00 | 10 | 0, 1 |" in table
     assert "(missing [1])" in table
 
 

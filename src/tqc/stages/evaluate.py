@@ -17,7 +17,7 @@ import numpy as np
 
 from tqc.config import Params
 from tqc.io import atomic_path, write_json, write_jsonl
-from tqc.metrics import confused_pairs, per_class_prf, summary
+from tqc.metrics import confused_pairs, per_class_prf, seed_std, summary
 from tqc.model.encoder import BiEncoder, TextEncoder
 from tqc.pipeline import ChainOutputs, train_chain
 from tqc.schema import Catalog, LabeledQuestion, load_questions
@@ -56,13 +56,13 @@ def evaluate_models(models: ChainOutputs, params: Params, splits: dict[str, list
 
 
 def seed_statistics(per_seed: list[dict]) -> dict:
-    """Mean ± std over seeds of every model's test accuracy and macro-F1."""
+    """Mean ± sample std over seeds of every model's test accuracy and macro-F1."""
     stats = {"n": len(per_seed)}
     for name in (name for name in MODELS if name in per_seed[0]):
         stats[name] = {}
         for metric in ("accuracy", "macro_f1", "macro_f1_gold_classes"):
             values = [run[name]["test"][metric] for run in per_seed]
-            stats[name][metric] = {"mean": float(np.mean(values)), "std": float(np.std(values)), "values": values}
+            stats[name][metric] = {"mean": float(np.mean(values)), "std": seed_std(values), "values": values}
     return stats
 
 
