@@ -28,7 +28,7 @@ def check_batch(path: Path, against: Path, params: Params) -> dict:
     current = {split: load_questions(against / f"{split}.jsonl") for split in ("train", "validation", "test")}
     parsed = require_rows(read_table(path, params.data.custom.text_column, params.data.custom.label_column), path)
     splits = {"train": current["train"] + parsed.rows, "validation": current["validation"], "test": current["test"]}
-    accepted, quarantined, outcomes = check(splits, catalog, params.validate_)
+    accepted, quarantined, _, outcomes = check(splits, catalog, params.validate_)
     raise_on_critical(summarise(catalog, splits, accepted, quarantined, outcomes, params.validate_, 0.0), params.validate_)
     mine = f"{path}:"
     rejected = [{"file": r.file, "line": r.line, "expectations": ["parse"], "reason": r.reason, "content": r.content}

@@ -92,3 +92,16 @@ def test_data_docs_are_built_as_html(tmp_path):
     run_validate(tmp_path, docs=True)
     assert (tmp_path / "docs" / "index.html").is_file()
     assert list((tmp_path / "docs" / "validations").rglob("*.html"))
+
+
+def test_test_rows_leave_test_only_when_they_cannot_be_scored(tmp_path):
+    test = [("held out", "a"), ("Held  out", "a"), ("bell\x07", "b"), ("", "a"), ("unknown label", "zzz"), ("other", "b")]
+    write_splits(tmp_path / "in", [("x", "a"), ("y", "b")], [("fine", "a")], test)
+    report = run_validate(tmp_path, ValidateParams(max_quarantined_fraction=0.5, min_examples_per_class=1))
+    kept = [q["text"] for q in read_jsonl(tmp_path / "out" / "test.jsonl")]
+    assert kept == ["held out", "Held  out", "bell\x07", "other"]  # a repeat and a control character are scored
+    flagged = {(q["line"], tuple(q["expectations"])) for q in report["test_rows_kept_with_warnings"]}
+    assert flagged == {(2, ("no_duplicates",)), (3, ("no_control_characters",))}
+    quarantined = {q["line"]: q["expectations"] for q in read_jsonl(tmp_path / "quarantine.jsonl")}
+    assert quarantined == {4: ["non_empty_text"], 5: ["label_in_catalog"]}
+    assert report["accepted"]["test"] + report["quarantined"]["test"] == report["read"]["test"]

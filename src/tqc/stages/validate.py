@@ -115,6 +115,10 @@ def catalog_expectations() -> list:
     ]
 
 
+# A test row that fails these cannot be scored, whatever their severity; any other warning leaves it in
+# test (flagged), since dropping it would change what every model is measured on.
+UNSCORABLE = {"non_empty_text", "label_in_catalog"}
+
 ROW_LEVEL = {"non_empty_text", "text_length", "no_control_characters", "label_in_catalog", "no_duplicates",
              "no_label_conflicts", "no_leakage"}
 
@@ -175,13 +179,14 @@ def catalog_frame(catalog: Catalog) -> pd.DataFrame:
 
 
 def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: ValidateParams,
-          docs_dir: Path | None = None) -> tuple[dict[str, list[LabeledQuestion]], list[dict], list[ExpectationOutcome]]:
-    """Run the whole contract: (accepted rows per split, quarantine records, outcomes)."""
+          docs_dir: Path | None = None) -> tuple[dict[str, list[LabeledQuestion]], list[dict], list[dict], list[ExpectationOutcome]]:
+    """Run the whole contract: (accepted rows per split, quarantine records, flagged test rows, outcomes)."""
     validator = Validator(docs_dir)
     critical = set(params.critical)
     outcomes = validator.validate("catalog", catalog_frame(catalog), catalog_expectations(), critical)
     accepted: dict[str, list[LabeledQuestion]] = {}
     quarantined: list[dict] = []
+    flagged: list[dict] = []  # test rows kept despite a warning
     for split, frame in annotate(splits).items():
         split_outcomes = validator.validate(split, frame, row_expectations(catalog, params), critical)
         outcomes += split_outcomes
@@ -189,10 +194,14 @@ def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: Va
         for outcome in split_outcomes:
             for row in outcome.failing_rows:
                 reasons.setdefault(row, []).append(outcome.name)
+        if split == "test":
+            kept = {i: names for i, names in reasons.items() if not set(names) & (critical | UNSCORABLE)}
+            flagged += [quarantine_record(splits[split][i], split, names) for i, names in sorted(kept.items())]
+            reasons = {i: names for i, names in reasons.items() if i not in kept}
         accepted[split] = [q for i, q in enumerate(splits[split]) if i not in reasons]
         quarantined += [quarantine_record(splits[split][i], split, names) for i, names in sorted(reasons.items())]
     outcomes += validator.validate("class_counts", class_counts(accepted["train"], catalog), class_count_expectations(params), critical)
-    return accepted, quarantined, outcomes
+    return accepted, quarantined, flagged, outcomes
 
 
 def quarantine_record(question: LabeledQuestion, split: str, expectations: list[str]) -> dict:
@@ -212,9 +221,13 @@ def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Pa
     started = time.perf_counter()
     catalog = Catalog.load(in_dir / "catalog.jsonl")
     splits = {split: load_questions(in_dir / f"{split}.jsonl") for split in SPLITS}
-    accepted, quarantined, outcomes = check(splits, catalog, params, docs_dir)
+    accepted, quarantined, flagged, outcomes = check(splits, catalog, params, docs_dir)
 
     report = summarise(catalog, splits, accepted, quarantined, outcomes, params, time.perf_counter() - started)
+    report["test_rows_kept_with_warnings"] = flagged
+    if flagged:
+        log.warning("validate: %d test rows fail a warning-level expectation and stay in test (listed in %s)",
+                    len(flagged), report_path)
     out_dir.mkdir(parents=True, exist_ok=True)
     catalog.save(out_dir / "catalog.jsonl")
     for split, questions in accepted.items():
