@@ -72,8 +72,9 @@ def retrain(params_path: str = "params.yaml") -> dict:
             return {"status": "no rows accepted", **result}
         with standalone_run("retrain", params.tracking, tags={"tqc.kind": "retrain"}):
             trained = train.with_options(**retries)(params, staged, staging)
+            # The data version before the champion: a commit that fails leaves both as they were.
+            result = commit(params, staged, files, repeats)
             promotion = judge.with_options(**retries)(params, trained, staging)
-        result = commit(params, staged, files, repeats)
         create_markdown_artifact(steps.summary_markdown(staged, promotion, trained), key="retrain-summary",
                                  description="rows accepted and the challenger against the champion")
         shutil.rmtree(staging, ignore_errors=True)

@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,10 +109,12 @@ def experiment_refs(project: Path) -> dict[str, str]:
 
 def run_cell(cell: Cell, project: Path) -> bool:
     """`dvc exp run --temp -n NAME -S … evaluate`: the pipeline up to evaluate, promote skipped."""
-    command = ["dvc", "exp", "run", "--temp", "-n", cell.name, *set_arguments({**cell.overrides, **cell.local}), "evaluate"]
+    command = [sys.executable, "-m", "dvc", "exp", "run", "--temp", "-n", cell.name, *set_arguments({**cell.overrides, **cell.local}), "evaluate"]
     log.info("ablate: %s (%s, seed %d): %s", cell.name, cell.variant, cell.seed, " ".join(command))
     started = time.perf_counter()
-    finished = subprocess.run(command, cwd=project)
+    # dvc.yaml's stages call `tqc`: put this environment's scripts first on PATH even when the venv is not active.
+    env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    finished = subprocess.run(command, cwd=project, env=env)
     log.info("ablate: %s %s in %.0fs", cell.name, "finished" if finished.returncode == 0 else "FAILED",
              time.perf_counter() - started)
     return finished.returncode == 0

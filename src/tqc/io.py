@@ -18,6 +18,12 @@ def file_digest(path: str | Path, algorithm: str) -> str:
         return hashlib.file_digest(handle, algorithm).hexdigest()
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside `path`; it replaces `path` only if the block succeeds."""
@@ -26,6 +32,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    tmp_path.chmod(0o666 & ~_umask())  # mkstemp makes it 0600; the file should read like any other the user writes
     try:
         yield tmp_path
         os.replace(tmp_path, path)
@@ -40,6 +47,7 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    staging.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700: shared caches, registries and servers must read it
     try:
         yield staging
         if path.exists():

@@ -7,6 +7,7 @@ Checks on rows that *do* parse (labels, duplicates, leakage) belong to the valid
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -58,16 +59,25 @@ class DatasetSplits:
 
 
 def decode_file(path: Path) -> str:
-    """Text of `path`: UTF-8 (BOM stripped) when it decodes, else Latin-1, with a warning."""
+    """Text of `path` as UTF-8 (BOM stripped). A line that is not valid UTF-8 is read as Latin-1 on
+    its own, with a warning naming it, so one stray byte never garbles the file's other lines."""
     if not path.is_file():
         raise ReaderError(f"{path}: file not found")
     raw = path.read_bytes()
     try:
         return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        log.warning("%s, line %d: not valid UTF-8 (%s); reading the file as Latin-1", path, line, exc.reason)
-        return raw.decode("latin-1")
+    except UnicodeDecodeError:
+        pass
+    lines, latin = [], []
+    for number, line in enumerate(raw.removeprefix(codecs.BOM_UTF8).split(b"\n"), start=1):
+        try:
+            lines.append(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            lines.append(line.decode("latin-1"))
+            latin.append(number)
+    shown = ", ".join(map(str, latin[:10])) + (f" and {len(latin) - 10} more" if len(latin) > 10 else "")
+    log.warning("%s: line(s) %s not valid UTF-8; read those as Latin-1", path, shown)
+    return "\n".join(lines)
 
 
 def _lines(text: str) -> list[str]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.jsonl"
 SUFFIXES = {".csv", ".jsonl", ".ndjson"}
+DVC = (sys.executable, "-m", "dvc")  # the dvc beside this Python, whatever PATH a worker starts with
 
 
 class RetrainBusy(RuntimeError):
@@ -234,16 +236,24 @@ def train(params: Params, staged: Staged, staging: Path) -> Trained:
 
 
 def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[Incoming]) -> dict:
-    """The commit point: staged additions → data/raw (atomic), dvc add (+ push), then archive."""
+    """The commit point: staged additions → data/raw (atomic), dvc add (+ push), then archive.
+
+    When dvc add or push fails, data/raw is put back as it was and the files stay in the inbox,
+    so the next run sees exactly what this one saw.
+    """
     raw = additions_dir(params)
     raw.mkdir(parents=True, exist_ok=True)
-    committed = []
-    for name in (ADDED_QUESTIONS, ADDED_CATALOG):
-        if (staged.raw / name).exists():
+    names = [name for name in (ADDED_QUESTIONS, ADDED_CATALOG) if (staged.raw / name).exists()]
+    previous = {name: (raw / name).read_bytes() if (raw / name).exists() else None for name in names}
+    try:
+        for name in names:
             with atomic_path(raw / name) as tmp:
                 shutil.copy2(staged.raw / name, tmp)
-            committed.append(raw / name)
-    dvc = _dvc_record(committed, params.retrain.push)
+        dvc = _dvc_record([raw / name for name in names], params.retrain.push)
+    except BaseException:
+        _restore(raw, previous)
+        raise
+    committed = [raw / name for name in names]
     if staged.quarantined_rows:
         _append_jsonl(Path(params.retrain.quarantine), staged.quarantined_rows)
     by_file = {o.file: o for o in staged.outcomes}
@@ -251,6 +261,16 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
     entries += [archive(f, FileOutcome(str(f.path), f.sha256, "catalog" if f.is_catalog else "labeled", "repeat",
                                        reason="already processed (same sha256)"), params.retrain) for f in repeats]
     return {"committed": [str(p) for p in committed], "dvc": dvc, "archived": entries}
+
+
+def _restore(raw: Path, previous: dict[str, bytes | None]) -> None:
+    for name, content in previous.items():
+        if content is None:
+            (raw / name).unlink(missing_ok=True)
+        else:
+            with atomic_path(raw / name) as tmp:
+                tmp.write_bytes(content)
+    log.error("retrain: the commit failed; %s restored to what it was", raw)
 
 
 def archive(incoming: Incoming, outcome: FileOutcome, params: RetrainParams) -> dict:
@@ -280,16 +300,16 @@ def _dvc_record(paths: list[Path], push: bool) -> dict:
     if not _in_dvc_repo():
         log.warning("retrain: not inside a DVC repository; %s not versioned", ", ".join(map(str, paths)))
         return {"added": [], "pushed": False}
-    subprocess.run(["dvc", "add", "-q", *map(str, paths)], check=True)
-    remotes = subprocess.run(["dvc", "remote", "list"], capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run([*DVC, "add", "-q", *map(str, paths)], check=True)
+    remotes = subprocess.run([*DVC, "remote", "list"], capture_output=True, text=True, check=True).stdout.strip()
     pushed = bool(push and remotes)
     if pushed:
-        subprocess.run(["dvc", "push", "-q", *(f"{p}.dvc" for p in paths)], check=True)
+        subprocess.run([*DVC, "push", "-q", *(f"{p}.dvc" for p in paths)], check=True)
     return {"added": [f"{p}.dvc" for p in paths], "pushed": pushed}
 
 
 def _in_dvc_repo() -> bool:
-    return subprocess.run(["dvc", "root"], capture_output=True, text=True).returncode == 0
+    return subprocess.run([*DVC, "root"], capture_output=True, text=True).returncode == 0
 
 
 def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | None) -> str:
@@ -297,7 +317,9 @@ def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | 
     lines = ["# Retrain", "", "| file | kind | outcome | read | accepted | quarantined |", "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {Path(o.file).name} | {o.kind} | {o.outcome} | {o.read} | {o.accepted} | {o.quarantined} |" for o in staged.outcomes]
     lines += ["", f"Accepted rows: **{staged.accepted - staged.new_classes}**; new classes: **{staged.new_classes}**."]
-    if promotion and trained:
+    if promotion and trained and "challenger_version" not in promotion:  # tracking off: no registry to judge in
+        lines += ["", "**Not promoted**:", ""] + [f"- {reason}" for reason in promotion["reasons"]]
+    elif promotion and trained:
         validation = promotion.get("validation", {})
         champion = validation.get("champion_accuracy")
         challenger = validation.get("challenger_accuracy")

@@ -37,12 +37,16 @@ def tracking_uri(params: TrackingParams) -> str:
     return params.uri or os.environ.get("MLFLOW_TRACKING_URI") or LOCAL_STORE
 
 
+# What makes a result: a run that rewrites dvc.lock or reports/ on its way is not "dirty" for that.
+CODE_AND_CONFIG = ("src", "flows", "params.yaml", "dvc.yaml", "pyproject.toml")
+
+
 def git_commit() -> str:
-    """HEAD, with '-dirty' when tracked files differ from it; 'unknown' outside a git checkout."""
+    """HEAD, with '-dirty' when the code or config differs from it; 'unknown' outside a git checkout."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                               check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_AND_CONFIG],
+                               capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{head}-dirty" if dirty else head

@@ -46,6 +46,15 @@ def test_latin1_bom_and_crlf_are_read(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         assert read_trec(latin, "coarse").rows[0].text == "Who is Beyoncé ?"
     assert "latin.label" in caplog.text and "Latin-1" in caplog.text
+
+
+def test_one_latin1_line_does_not_garble_the_utf8_lines_around_it(tmp_path, caplog):
+    mixed = write(tmp_path, "mixed.label", "HUM:ind Who is Beyoncé ?\n".encode("utf-8") + "LOC:city Where is Malmö ?\n".encode("latin-1")
+                  + "ENTY:food What is crème brûlée ?\n".encode("utf-8"))
+    with caplog.at_level(logging.WARNING):
+        texts = [q.text for q in read_trec(mixed, "coarse").rows]
+    assert texts == ["Who is Beyoncé ?", "Where is Malmö ?", "What is crème brûlée ?"]
+    assert "mixed.label: line(s) 2 not valid UTF-8" in caplog.text
     bom = write(tmp_path, "bom.csv", "\ufeffwhat is covid,Origin\r\nis it safe,Prevention\r\n".encode("utf-8"))
     assert [(q.text, q.class_id) for q in read_headerless_pairs(bom).rows] == [("what is covid", "Origin"), ("is it safe", "Prevention")]
 

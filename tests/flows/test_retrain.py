@@ -157,3 +157,23 @@ def test_a_killed_retrain_leaves_the_champion_and_the_raw_data_as_they_were(proj
     assert (project / "data" / "incoming" / "two.csv").exists()
     after = retrain(params_path="params.yaml")  # the lock died with the process; the file is picked up again
     assert after["status"] == "retrained" and after["accepted"] == 3
+
+
+def test_a_failed_data_commit_leaves_the_raw_data_the_champion_and_the_inbox_as_they_were(project, monkeypatch):
+    from tqc import retrain as steps
+
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
+    assert retrain(params_path="params.yaml")["promoted"]
+    raw_before = (project / "data" / "raw" / "labeled.jsonl").read_bytes()
+    champion_before = champion_version(project)
+    drop(project, "two.csv", [(q, "NUM") for q in unseen_questions(project, "NUM", 3)])
+
+    def remote_down(paths, push):
+        raise RuntimeError("dvc push: remote unreachable")
+
+    monkeypatch.setattr(steps, "_dvc_record", remote_down)
+    with pytest.raises(RuntimeError, match="remote unreachable"):
+        retrain(params_path="params.yaml")
+    assert (project / "data" / "raw" / "labeled.jsonl").read_bytes() == raw_before
+    assert champion_version(project) == champion_before
+    assert (project / "data" / "incoming" / "two.csv").exists()

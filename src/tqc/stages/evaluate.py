@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import random
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -183,7 +182,6 @@ def _csv(value: str) -> str:
 
 
 def _code_version() -> str:
-    try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    from tqc.tracking import git_commit
+
+    return git_commit()

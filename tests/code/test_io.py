@@ -1,0 +1,36 @@
+"""Atomic writes: all or nothing, and files as readable as any other the user writes."""
+
+import os
+import stat
+
+import pytest
+
+from tqc.io import atomic_directory, read_jsonl, write_json, write_jsonl
+
+
+@pytest.fixture
+def umask_022():
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def test_atomic_files_and_folders_follow_the_umask_not_the_temp_file_mode(tmp_path, umask_022):
+    write_json(tmp_path / "report.json", {"a": 1})
+    with atomic_directory(tmp_path / "model") as staging:
+        (staging / "weights.safetensors").write_bytes(b"x")
+    assert stat.S_IMODE((tmp_path / "report.json").stat().st_mode) == 0o644  # mkstemp alone gives 0o600
+    assert stat.S_IMODE((tmp_path / "model").stat().st_mode) == 0o755  # mkdtemp alone gives 0o700
+
+
+def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path):
+    write_jsonl(tmp_path / "rows.jsonl", [{"a": 1}])
+
+    def rows_then_crash():
+        yield {"a": 2}
+        raise RuntimeError("killed mid-write")
+
+    with pytest.raises(RuntimeError):
+        write_jsonl(tmp_path / "rows.jsonl", rows_then_crash())
+    assert read_jsonl(tmp_path / "rows.jsonl") == [{"a": 1}]
+    assert [p.name for p in tmp_path.iterdir()] == ["rows.jsonl"]

@@ -1,0 +1,23 @@
+"""The retrain flow's summary artifact, with and without a registry to judge in."""
+
+from pathlib import Path
+
+from tqc.retrain import FileOutcome, Staged, Trained, summary_markdown
+
+STAGED = Staged(Path("raw"), [FileOutcome("inbox/a.csv", "0" * 64, "labeled", "merged", read=3, accepted=3)])
+TRAINED = Trained(Path("data"), Path("model"), 0.9)
+
+
+def test_the_summary_says_why_nothing_was_judged_when_tracking_is_off():
+    promotion = {"promoted": False, "reasons": ["tracking is disabled (tracking.enabled: false): no registry to promote in"]}
+    text = summary_markdown(STAGED, promotion, TRAINED)
+    assert "| a.csv | labeled | merged | 3 | 3 | 0 |" in text
+    assert "**Not promoted**" in text and "tracking is disabled" in text
+
+
+def test_the_summary_compares_challenger_and_champion():
+    promotion = {"promoted": True, "reasons": ["better"], "challenger_version": "2", "champion_version_after": "2",
+                 "validation": {"challenger_accuracy": 0.9, "champion_accuracy": 0.8},
+                 "challenger_tail_macro_f1": 0.7, "champion_tail_macro_f1": 0.6}
+    text = summary_markdown(STAGED, promotion, TRAINED)
+    assert "| accuracy | 0.8000 | 0.9000 | +0.1000 |" in text and "champion is now version 2" in text
