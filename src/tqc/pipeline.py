@@ -6,13 +6,17 @@ call these to run the *same* stage functions end to end, never a copy of them.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from tqc import distributed
 from tqc.config import Params
 from tqc.stages import augment, baseline_nc, ingest, mine, stage_one, stage_two, validate
 from tqc.training import EpochRecord, FitResult
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,11 @@ def prepare_data(params: Params, work_dir: Path) -> PreparedData:
 def train_chain(params: Params, data_dir: Path, train_path: Path, work_dir: Path, seed: int, with_nc: bool = True,
                 on_epoch: EpochHook | None = None) -> ChainOutputs:
     """stage one → mine → stage two (→ the NC baseline) in `work_dir`; `on_epoch` sees every epoch."""
+    if params.distributed.nproc_per_node > 1 and distributed.world_size() == 1:
+        # Only the CLI's stage commands relaunch themselves under torchrun; said once, not silently ignored.
+        log.warning("distributed.nproc_per_node=%d: this chain (retrain, tune or evaluate's extra seeds) trains in "
+                    "one process; the dvc stages (tqc stage-one / stage-two / baseline-nc) are the ones that use "
+                    "torchrun", params.distributed.nproc_per_node)
     outputs = ChainOutputs(work_dir / "stage_one", work_dir / "stage_two", work_dir / "nc")
 
     def hook(stage: str):

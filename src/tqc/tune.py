@@ -117,10 +117,9 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
     settings = params.tune
     study = _open_study(params, worker)
     base = flatten(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))
+    check_study_base(study, params, base)
     if settings.enqueue_defaults:
-        # The baseline samples nothing (its values may lie outside the space); it runs the base params.
-        study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": default_values(settings.space, base)},
-                            skip_if_exists=True)
+        enqueue_baseline(study, default_values(settings.space, base))
     study_dir = work_dir / settings.study
     data = data or prepare_data(params, study_dir / f"data-worker-{worker}")
 
@@ -133,6 +132,43 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
         parent.log_metrics({"best_validation_macro_f1": result.summary["best"]["validation_macro_f1"]})
         parent.log_artifact(out_dir)
     return result
+
+
+# Params a study's trials do not depend on: where things are, how they are logged, what runs around them.
+NOT_TUNED_ON = ("data.data_dir", "tracking.", "promote.", "retrain.", "ablate.", "distributed.", "evaluate.")
+
+
+def study_base(params: Params, base: dict) -> dict:
+    """The params every trial of a study shares: all but the searched ones and the ones no trial depends on."""
+    return {key: value for key, value in base.items()
+            if key not in params.tune.space and not key.startswith(NOT_TUNED_ON)}
+
+
+def check_study_base(study, params: Params, base: dict) -> None:
+    """A study holds trials of one base configuration: the first worker records it, later ones must match it,
+    so a study name reused for another dataset (or other fixed params) is refused instead of mixed."""
+    mine = study_base(params, base)
+    recorded = study.user_attrs.get("base_params")
+    if recorded is None:
+        study.set_user_attr("base_params", mine)
+        return
+    differing = sorted(key for key in recorded.keys() | mine.keys() if recorded.get(key) != mine.get(key))
+    if differing:
+        shown = ", ".join(f"{key}: {recorded.get(key)!r} there, {mine.get(key)!r} here" for key in differing[:5])
+        raise ConfigError(f"study {params.tune.study!r} in {params.tune.storage} holds trials of other params ({shown}"
+                          f"{' …' if len(differing) > 5 else ''}); name another study with tune.study")
+
+
+def enqueue_baseline(study, base_values: dict) -> None:
+    """Trial 0 of these params: it samples nothing (its values may lie outside the space) and runs the base
+    params. Enqueued again whenever the searched params' base values change (e.g. after `tune --apply`)."""
+    from optuna.trial import TrialState
+
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE,
+                                                           TrialState.PRUNED, TrialState.FAIL)):
+        if trial.user_attrs.get("baseline") and trial.user_attrs.get("base_values") == base_values:
+            return
+    study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": base_values})
 
 
 def _open_study(params: Params, worker: int, attempts: int = 5):

@@ -198,3 +198,23 @@ def test_the_tuner_refuses_to_run_under_torchrun(tmp_path, tiny_model_dir, monke
     with pytest.raises(ConfigError, match="torchrun"):
         tune(params, tmp_path / "reports", tmp_path / "work")
     assert not (tmp_path / "optuna.db").exists()  # refused before the study was opened
+
+
+def test_a_study_refuses_other_base_params_and_requeues_its_baseline_when_the_base_values_change(tmp_path, tiny_model_dir):
+    from tqc.config import ConfigError, flatten
+    from tqc.tune import check_study_base, enqueue_baseline
+
+    params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir))
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}", direction="maximize")
+    base = flatten(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))
+    check_study_base(study, params, base)
+    check_study_base(study, params, {**base, "data.data_dir": "/elsewhere", "stage_one.temperature": 0.3})  # not fixed params
+    with pytest.raises(ConfigError, match="data.dataset: 'custom' there, 'trec50' here"):
+        check_study_base(study, params, {**base, "data.dataset": "trec50"})
+
+    values = default_values(params.tune.space, base)
+    enqueue_baseline(study, values)
+    enqueue_baseline(study, values)
+    assert len(study.get_trials()) == 1  # the same base values: one baseline
+    enqueue_baseline(study, {**values, "stage_one.temperature": 0.2})  # after --apply: a new baseline
+    assert [t.user_attrs["base_values"]["stage_one.temperature"] for t in study.get_trials()] == [values["stage_one.temperature"], 0.2]
