@@ -30,9 +30,10 @@ def tune_worker(params_path: str, worker: int, trials: int, overrides: list[str]
 @flow(name="tune", log_prints=True)
 def tune(params_path: str = "params.yaml", workers: int = 2, trials_per_worker: int | None = None,
          overrides: list[str] | None = None, out: str = "reports/tuning", work: str = "tuning") -> list[str]:
-    """`overrides`: KEY=VALUE params for the study, as `tqc --set` takes them."""
+    """`overrides`: KEY=VALUE params for the study, as `tqc --set` takes them; each worker runs
+    `trials_per_worker` trials, by default `tune.trials` (a per-worker count, as for `tqc tune`)."""
     params = load_params(params_path)
-    trials = trials_per_worker or max(1, params.tune.trials // workers)
+    trials = trials_per_worker or params.tune.trials
     futures = [tune_worker.submit(params_path, i, trials, overrides or [], out, work) for i in range(workers)]
     results = [f.result() for f in futures]
     get_run_logger().info("tune: %d workers × %d trials in study %r: %s", workers, trials, params.tune.study, results)
