@@ -19,7 +19,14 @@ def file_digest(path: str | Path, algorithm: str) -> str:
 
 
 def _umask() -> int:
-    mask = os.umask(0)
+    """The process umask, read without changing it where Linux says it (threads may be creating files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)  # elsewhere: set and restore; a file made in between is private, never world-writable
     os.umask(mask)
     return mask
 

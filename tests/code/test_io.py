@@ -8,19 +8,17 @@ import pytest
 from tqc.io import atomic_directory, read_jsonl, write_json, write_jsonl
 
 
-@pytest.fixture
-def umask_022():
-    previous = os.umask(0o022)
-    yield
-    os.umask(previous)
-
-
-def test_atomic_files_and_folders_follow_the_umask_not_the_temp_file_mode(tmp_path, umask_022):
-    write_json(tmp_path / "report.json", {"a": 1})
-    with atomic_directory(tmp_path / "model") as staging:
-        (staging / "weights.safetensors").write_bytes(b"x")
-    assert stat.S_IMODE((tmp_path / "report.json").stat().st_mode) == 0o644  # mkstemp alone gives 0o600
-    assert stat.S_IMODE((tmp_path / "model").stat().st_mode) == 0o755  # mkdtemp alone gives 0o700
+@pytest.mark.parametrize("umask, file_mode, folder_mode", [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)])
+def test_atomic_files_and_folders_follow_the_umask_not_the_temp_file_mode(tmp_path, umask, file_mode, folder_mode):
+    previous = os.umask(umask)
+    try:
+        write_json(tmp_path / "report.json", {"a": 1})
+        with atomic_directory(tmp_path / "model") as staging:
+            (staging / "weights.safetensors").write_bytes(b"x")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "report.json").stat().st_mode) == file_mode  # mkstemp alone gives 0o600
+    assert stat.S_IMODE((tmp_path / "model").stat().st_mode) == folder_mode  # mkdtemp alone gives 0o700
 
 
 def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path):
