@@ -244,16 +244,16 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
     raw = additions_dir(params)
     raw.mkdir(parents=True, exist_ok=True)
     names = [name for name in (ADDED_QUESTIONS, ADDED_CATALOG) if (staged.raw / name).exists()]
+    committed = [raw / name for name in names]
     previous = {name: (raw / name).read_bytes() if (raw / name).exists() else None for name in names}
     try:
         for name in names:
             with atomic_path(raw / name) as tmp:
                 shutil.copy2(staged.raw / name, tmp)
-        dvc = _dvc_record([raw / name for name in names], params.retrain.push)
+        dvc = _dvc_record(committed, params.retrain.push)
     except BaseException:
         _restore(raw, previous)
         raise
-    committed = [raw / name for name in names]
     if staged.quarantined_rows:
         _append_jsonl(Path(params.retrain.quarantine), staged.quarantined_rows)
     by_file = {o.file: o for o in staged.outcomes}

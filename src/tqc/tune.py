@@ -162,10 +162,7 @@ def check_study_base(study, params: Params, base: dict) -> None:
 def enqueue_baseline(study, base_values: dict) -> None:
     """Trial 0 of these params: it samples nothing (its values may lie outside the space) and runs the base
     params. Enqueued again whenever the searched params' base values change (e.g. after `tune --apply`)."""
-    from optuna.trial import TrialState
-
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE,
-                                                           TrialState.PRUNED, TrialState.FAIL)):
+    for trial in study.get_trials(deepcopy=False):  # every state: a waiting or failed baseline counts too
         if trial.user_attrs.get("baseline") and trial.user_attrs.get("base_values") == base_values:
             return
     study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": base_values})

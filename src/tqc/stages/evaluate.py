@@ -20,6 +20,7 @@ from tqc.metrics import confused_pairs, per_class_prf, seed_std, summary
 from tqc.model.encoder import BiEncoder, TextEncoder
 from tqc.pipeline import ChainOutputs, train_chain
 from tqc.schema import Catalog, LabeledQuestion, load_questions
+from tqc.tracking import git_commit
 from tqc.stages.baseline_nc import LinearClassifier, is_disabled
 from tqc.training import catalog_scores, gold_indices
 
@@ -117,7 +118,7 @@ def _metrics_document(params: Params, metrics: dict, seeds: dict) -> dict:
         },
         "seeds": seeds,
         # Only what trained and evaluated these models (the sections dvc.yaml makes evaluate depend on).
-        "run": {"code_version": _code_version(),
+        "run": {"code_version": git_commit(),
                 "params": {k: v for k, v in params.to_dict().items() if k not in ("tracking", "promote", "tune", "retrain")}},
     }
 
@@ -180,8 +181,3 @@ def _write_similarity_profile(plots_dir: Path, scores: dict[str, np.ndarray], qu
 def _csv(value: str) -> str:
     return '"' + value.replace('"', '""') + '"' if ("," in value or '"' in value) else value
 
-
-def _code_version() -> str:
-    from tqc.tracking import git_commit
-
-    return git_commit()
