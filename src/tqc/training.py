@@ -62,6 +62,20 @@ def steps_per_epoch(n_rows: int, batch_size: int, max_steps: int | None) -> int:
     return len(batches(n_rows, batch_size, random.Random(0), max_steps))
 
 
+def parameter_groups(module: nn.Module, learning_rate: float) -> list[dict]:
+    """AdamW groups for `module`: weight decay on matrices only.
+
+    Biases and LayerNorm scales (every parameter under two dimensions) are left undecayed, as
+    BERT and the Hugging Face Trainer do: decaying a norm's scale toward zero shrinks its
+    activations rather than regularising a mapping.
+    """
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    decayed = [p for p in trainable if p.ndim >= 2]
+    undecayed = [p for p in trainable if p.ndim < 2]
+    groups = [{"params": decayed, "lr": learning_rate}, {"params": undecayed, "lr": learning_rate, "weight_decay": 0.0}]
+    return [group for group in groups if group["params"]]
+
+
 def linear_warmup(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float):
     warmup = max(1, int(total_steps * warmup_ratio))
 

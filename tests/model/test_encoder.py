@@ -7,6 +7,7 @@ from tqc.config import ModelParams, StageOneParams
 from tqc.model.encoder import BiEncoder, EmbeddingAugmentation, TextEncoder, resolve_pretrained
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
 from tqc.stages import stage_one
+from tqc.training import parameter_groups
 from tests.conftest import CLASSES, synthetic_questions
 
 TEXTS = ["where is paris", "who invented chess", "how many people like tea"]
@@ -152,3 +153,25 @@ def test_stage_two_trains_against_mined_negatives(tiny_model_dir, negatives):
     params = StageTwoParams(epochs=4, batch_size=16, learning_rate=2e-3, patience=4, warmup_ratio=0.0, negatives=negatives)
     result = stage_two.train(model, rows, torch.as_tensor(mined), validation, catalog, params, seed=0)
     assert result.best_validation_macro_f1 > result.history[0].validation_macro_f1
+
+
+def test_weight_decay_reaches_matrices_but_not_biases_or_layer_norms(tiny_model_dir):
+    model = tiny_bi_encoder(tiny_model_dir, similarity="mlp")
+    groups = parameter_groups(model, learning_rate=1e-2)
+    grouped = [p for group in groups for p in group["params"]]
+    assert sorted(map(id, grouped)) == sorted(id(p) for p in model.parameters())  # each parameter once
+    names = {id(p): name for name, p in model.named_parameters()}
+    undecayed = {names[id(p)] for g in groups if g.get("weight_decay") == 0.0 for p in g["params"]}
+    assert undecayed and all(n.endswith("bias") or "LayerNorm" in n for n in undecayed)
+
+    # With zero gradients, one AdamW step is pure decay: matrices shrink, biases and norms stay.
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    optimizer = torch.optim.AdamW(groups, weight_decay=0.5)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for name, p in model.named_parameters():
+        if name in undecayed:
+            assert torch.equal(p, before[name]), name
+        elif before[name].any():  # the MLP scorer's last layer starts at zero
+            assert p.norm() < before[name].norm(), name

@@ -23,7 +23,7 @@ from tqc.io import atomic_directory
 from tqc.metrics import summary
 from tqc.model.encoder import EmbeddingAugmentation, TextEncoder
 from tqc.schema import Catalog, LabeledQuestion, load_questions
-from tqc.training import FitResult, fit, gold_indices, write_history
+from tqc.training import FitResult, fit, gold_indices, parameter_groups, write_history
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,7 @@ def train(model: LinearClassifier, train_rows: list[LabeledQuestion], validation
 
     return fit(
         model,
-        [{"params": model.encoder.parameters(), "lr": params.learning_rate},
-         {"params": model.head.parameters(), "lr": params.head_learning_rate}],
+        parameter_groups(model.encoder, params.learning_rate) + parameter_groups(model.head, params.head_learning_rate),
         batch_loss,
         len(train_rows),
         lambda: summary(model.logits([q.text for q in validation]), validation_gold),

@@ -27,7 +27,7 @@ from tqc.model.cross_encoding import joined_inputs
 from tqc.model.encoder import BiEncoder
 from tqc.model.prototype_mixup import balanced_set, log_prior, synthetic_share
 from tqc.schema import Catalog, LabeledQuestion, load_questions
-from tqc.training import FitResult, bi_encoder_validator, fit, gold_indices, steps_per_epoch, write_history
+from tqc.training import FitResult, bi_encoder_validator, fit, gold_indices, parameter_groups, steps_per_epoch, write_history
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def train(
 
     return fit(
         model,
-        [{"params": model.parameters(), "lr": params.learning_rate}],
+        parameter_groups(model, params.learning_rate),
         batch_loss,
         len(train_rows),
         bi_encoder_validator(model, validation, catalog),

@@ -18,7 +18,7 @@ from tqc.losses import make_loss
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.stages.mine import load_negatives
-from tqc.training import FitResult, bi_encoder_validator, fit, gold_indices, write_history
+from tqc.training import FitResult, bi_encoder_validator, fit, gold_indices, parameter_groups, write_history
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def train(
 
     return fit(
         model,
-        [{"params": model.parameters(), "lr": params.learning_rate}],
+        parameter_groups(model, params.learning_rate),
         batch_loss,
         len(train_rows),
         bi_encoder_validator(model, validation, catalog),
