@@ -185,7 +185,8 @@ def summarise(results: list[CellResult]) -> list[dict]:
         done = [m for m in members if m.status == "done"]
         row = {"grid": grid, "variant": variant, "seeds_done": [m.cell.seed for m in done],
                "seeds_missing": [m.cell.seed for m in members if m.status != "done"],
-               "generated_rows": [m.generated_rows for m in done], "experiments": [m.cell.name for m in done]}
+               "generated_rows": [m.generated_rows for m in done], "experiments": [m.cell.name for m in done],
+               "settings": {path: value for path, value in members[0].cell.overrides.items() if path != "seed"}}
         for figure in FIGURES:
             values = [m.figures[figure] for m in done]
             row[figure] = {"mean": float(np.mean(values)) if values else None,
@@ -231,7 +232,34 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
                          f"{_cell_text(row['ac_accuracy'])} | {_cell_text(row['ac_macro_f1'])} | "
                          f"{_cell_text(row['admc_validation_macro_f1'])} | {generated} | {seeds} |")
         lines.append("")
+        if len(spec.matrix) == 2:
+            lines += pivot_tables(spec, [r for r in rows if r["grid"] == grid])
     return "\n".join(lines)
+
+
+def _pivot_text(row: dict) -> str:
+    figure, seeds = row["admc_macro_f1"], len(row["seeds_done"])
+    return f"{100 * figure['mean']:.2f} (1)" if seeds == 1 else f"{_cell_text(figure)} ({seeds})"
+
+
+def pivot_tables(spec: AblationGrid, rows: list[dict]) -> list[str]:
+    """A two-axis matrix as the paper lays it out: first axis down, second across, ADMC macro-F1 in the cells."""
+    (down, down_values), (across, across_values) = spec.matrix.items()
+    lines = []
+    for variant in spec.variants:
+        cells = {(r["settings"].get(down), r["settings"].get(across)): r for r in rows
+                 if r["variant"].split(" · ")[0] == variant}
+        lines += [f"ADMC test macro-F1 ({variant}; seeds per cell in brackets):", "",
+                  f"| {_short(down)} \\ {_short(across)} | " + " | ".join(map(str, across_values)) + " |",
+                  "|---" * (len(across_values) + 1) + "|"]
+        for value in down_values:
+            texts = []
+            for other in across_values:
+                row = cells.get((value, other))
+                texts.append(_pivot_text(row) if row and row["seeds_done"] else "—")
+            lines.append(f"| {value} | " + " | ".join(texts) + " |")
+        lines.append("")
+    return lines
 
 
 def plot(rows: list[dict], grids: list[str], path: Path) -> None:

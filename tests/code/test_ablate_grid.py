@@ -64,6 +64,24 @@ def test_the_table_gives_mean_and_std_over_finished_seeds_and_names_missing_ones
     assert "(missing [1])" in table
 
 
+def test_a_two_axis_matrix_is_also_laid_out_as_the_paper_does():
+    grid = AblationGrid(title="Loss × distance", base={"data.dataset": "trec50"},
+                        matrix={"stage_two.loss": ["nt_xent", "bpr"], "model.similarity": ["cosine", "mlp"]})
+    cells = grid_cells("ld", grid, [0, 1], {}, {})
+    f1 = {("nt_xent", "cosine", 0): 0.80, ("nt_xent", "cosine", 1): 0.82, ("bpr", "mlp", 0): 0.70}
+    results = []
+    for cell in cells:
+        key = (cell.overrides["stage_two.loss"], cell.overrides["model.similarity"], cell.seed)
+        figures = {name: f1.get(key, 0.0) for name in ("admc_accuracy", "admc_macro_f1", "ac_accuracy", "ac_macro_f1",
+                                                       "admc_validation_macro_f1")}
+        results.append(CellResult(cell, "done" if key in f1 else "missing", figures if key in f1 else {}))
+    params = Params.model_validate({"ablate": {"grids": {"ld": grid.model_dump()}}})
+    table = render_markdown(params, ["ld"], summarise(results))
+    assert "| loss \\ similarity | cosine | mlp |" in table
+    assert "| nt_xent | 81.00 ± 1.41 (2) | — |" in table  # mean ± sample std, and how many seeds
+    assert "| bpr | — | 70.00 (1) |" in table  # one seed: no spread to show
+
+
 def test_grid_keys_must_be_real_params():
     with pytest.raises(ValueError, match="augment.rebalanse"):
         Params.model_validate({"ablate": {"grids": {"x": {"title": "t", "variants": {"a": {"augment.rebalanse": "mean"}}}}}})
