@@ -200,6 +200,7 @@ class BaselineNCParams(Schedule):
 
 class EvaluateParams(Strict):
     seeds: int = Field(1, ge=1)  # N > 1 retrains the whole pipeline N-1 more times for mean ± std
+    resplit: bool = False  # each extra seed also draws its own validation split (small data: the split's variance)
     top_k: int = Field(10, ge=1)
     confused_pairs: int = Field(10, ge=1)
     profile_questions: int = Field(4, ge=1)  # Figure 3 similarity profiles

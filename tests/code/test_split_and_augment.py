@@ -96,3 +96,27 @@ def test_sqrt_rebalancing_raises_each_class_to_the_root_of_its_size_times_the_la
     assert class_targets(counts, "mean") == {"head": 400, "mid": 168, "tail": 168}
     augmented = oversample(questions(dict(counts)), class_targets(counts, "sqrt"), seed=0)
     assert Counter(q.class_id for q in augmented) == {"head": 400, "mid": 200, "tail": 40}
+
+
+def test_resplit_draws_a_new_validation_split_of_the_same_rows_and_augments_its_train(tmp_path):
+    from tqc.config import Params
+    from tqc.schema import Catalog, StandardQuestion, load_questions, save_questions
+    from tqc.stages.evaluate import resplit
+
+    validated = tmp_path / "validated"
+    train, validation = stratified_split(questions({"a": 30, "b": 10, "c": 4}), 0.2, seed=0)
+    save_questions(validated / "train.jsonl", train)
+    save_questions(validated / "validation.jsonl", validation)
+    Catalog([StandardQuestion(c, f"standard {c}?") for c in "abc"]).save(validated / "catalog.jsonl")
+    params = Params.model_validate({"data": {"validation_fraction": 0.2}, "augment": {"rebalance": "mean"}})
+
+    seed_dir, seed_train = resplit(params, validated, seed=1, out_dir=tmp_path / "seed1")
+
+    new_train, new_validation = load_questions(seed_dir / "train.jsonl"), load_questions(seed_dir / "validation.jsonl")
+    assert set(new_validation) != set(validation)  # another draw ...
+    assert Counter(q.class_id for q in new_validation) == Counter(q.class_id for q in validation)  # ... as stratified
+    assert set(new_train) | set(new_validation) == set(train) | set(validation) and not set(new_train) & set(new_validation)
+    assert Catalog.load(seed_dir / "catalog.jsonl").class_ids == ["a", "b", "c"]
+    augmented = load_questions(seed_train)  # the augment stage ran on the new train: tail classes lifted, originals kept
+    assert Counter(q.class_id for q in augmented)["c"] > Counter(q.class_id for q in new_train)["c"]
+    assert [q for q in augmented if not q.generated] == new_train

@@ -59,12 +59,12 @@ def test_dvc_repro_end_to_end_then_nothing_then_only_evaluate(project):
     assert "Running stage" not in second
 
     params = yaml.safe_load((project / "params.yaml").read_text())
-    params["evaluate"].update(confused_pairs=3, seeds=2)  # evaluate params only
+    params["evaluate"].update(confused_pairs=3, seeds=2, resplit=True)  # evaluate params only; seed 2 on its own split
     (project / "params.yaml").write_text(yaml.safe_dump(params))
     third = run([sys.executable, "-m", "dvc", "repro"], project)
     assert [line for line in third.splitlines() if line.startswith("Running stage")] == ["Running stage 'evaluate':"]
     seeds = json.loads((project / "reports" / "metrics.json").read_text())["seeds"]
-    assert seeds["n"] == 2
+    assert seeds["n"] == 2 and seeds["resplit"] is True
     values = seeds["admc"]["macro_f1"]["values"]
     assert len(values) == 2 and values[0] == pytest.approx(metrics["test"]["macro_f1"])
     assert seeds["admc"]["macro_f1"]["mean"] == pytest.approx(sum(values) / 2)
