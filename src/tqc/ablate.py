@@ -232,6 +232,9 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
                          f"{_cell_text(row['ac_accuracy'])} | {_cell_text(row['ac_macro_f1'])} | "
                          f"{_cell_text(row['admc_validation_macro_f1'])} | {generated} | {seeds} |")
         lines.append("")
+        settings = [f"`{name}`: {_overrides_text(overrides)}" for name, overrides in spec.variants.items() if overrides]
+        if settings:  # what each variant sets over the common params, so the table explains itself
+            lines += ["Variants: " + "; ".join(settings) + ".", ""]
         if len(spec.matrix) == 2:
             lines += pivot_tables(spec, [r for r in rows if r["grid"] == grid])
     return "\n".join(lines)
