@@ -203,9 +203,11 @@ def write_report(params: Params, grids: list[str], results: list[CellResult], ou
     log.info("ablate: %d of %d cells done; wrote %s", sum(r.status == "done" for r in results), len(results), out_dir / "ablations.md")
 
 
-def _cell_text(figure: dict) -> str:
+def _cell_text(figure: dict, seeds: int = 2) -> str:
     if figure["mean"] is None:
         return "—"
+    if seeds == 1:  # one seed has no spread to show
+        return f"{100 * figure['mean']:.2f}"
     return f"{100 * figure['mean']:.2f} ± {100 * figure['std']:.2f}"
 
 
@@ -228,9 +230,8 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
         for row in (r for r in rows if r["grid"] == grid):
             generated = row["generated_rows"][0] if row["generated_rows"] else "—"
             seeds = ", ".join(map(str, row["seeds_done"])) + (f" (missing {row['seeds_missing']})" if row["seeds_missing"] else "")
-            lines.append(f"| {row['variant']} | {_cell_text(row['admc_accuracy'])} | {_cell_text(row['admc_macro_f1'])} | "
-                         f"{_cell_text(row['ac_accuracy'])} | {_cell_text(row['ac_macro_f1'])} | "
-                         f"{_cell_text(row['admc_validation_macro_f1'])} | {generated} | {seeds} |")
+            figures = [_cell_text(row[figure], len(row["seeds_done"])) for figure in FIGURES]
+            lines.append(f"| {row['variant']} | " + " | ".join(figures) + f" | {generated} | {seeds} |")
         lines.append("")
         settings = [f"`{name}`: {_overrides_text(overrides)}" for name, overrides in spec.variants.items() if overrides]
         if settings:  # what each variant sets over the common params, so the table explains itself
@@ -242,7 +243,7 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
 
 def _pivot_text(row: dict) -> str:
     figure, seeds = row["admc_macro_f1"], len(row["seeds_done"])
-    return f"{100 * figure['mean']:.2f} (1)" if seeds == 1 else f"{_cell_text(figure)} ({seeds})"
+    return f"{_cell_text(figure, seeds)} ({seeds})"
 
 
 def pivot_tables(spec: AblationGrid, rows: list[dict]) -> list[str]:

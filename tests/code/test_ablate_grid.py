@@ -62,6 +62,7 @@ def test_the_table_gives_mean_and_std_over_finished_seeds_and_names_missing_ones
     table = render_markdown(params, ["aug"], rows)
     assert "| none | 90.00 ± 0.00 | 60.00 ± 14.14 | 80.00 ± 0.00 | 50.00 ± 14.14 | 50.00 ± 0.00 | 10 | 0, 1 |" in table
     assert "(missing [1])" in table
+    assert "| eda | 90.00 | 80.00 | 80.00 | 70.00 | 50.00 | 10 | 0 (missing [1]) |" in table  # one seed: no ± 0.00
     assert ('Variants: `none`: `augment.rebalance="none"`; `eda`: `augment.rebalance="mean"`, `augment.explicit="eda"`.'
             in table)  # what each variant sets
 
