@@ -203,7 +203,7 @@ def write_report(params: Params, grids: list[str], results: list[CellResult], ou
     log.info("ablate: %d of %d cells done; wrote %s", sum(r.status == "done" for r in results), len(results), out_dir / "ablations.md")
 
 
-def _cell_text(figure: dict, seeds: int = 2) -> str:
+def _cell_text(figure: dict, seeds: int) -> str:
     if figure["mean"] is None:
         return "—"
     if seeds == 1:  # one seed has no spread to show

@@ -58,7 +58,7 @@ def evaluate_models(models: ChainOutputs, params: Params, splits: dict[str, list
     return {"metrics": results, "scores": scores_by_split}
 
 
-def seed_statistics(per_seed: list[dict], resplit: bool = False) -> dict:
+def seed_statistics(per_seed: list[dict], resplit: bool) -> dict:
     """Mean ± sample std over seeds of every model's test accuracy and macro-F1."""
     stats = {"n": len(per_seed), "resplit": resplit}
     for name in (name for name in MODELS if name in per_seed[0]):
@@ -105,10 +105,11 @@ def _extra_seeds(params: Params, data_dir: Path, train_path: Path, splits, catal
         log.info("evaluate: full training %d/%d with seed %d%s", offset + 1, params.evaluate.seeds, seed,
                  " on its own validation split" if params.evaluate.resplit else "")
         with tempfile.TemporaryDirectory(prefix=f"tqc-seed{seed}-") as work:
-            seed_dir, seed_train = (resplit(params, data_dir, seed, Path(work) / "data") if params.evaluate.resplit
-                                    else (data_dir, train_path))
+            seed_dir, seed_train, seed_splits = data_dir, train_path, splits
+            if params.evaluate.resplit:  # its own validation split; test stays the one every seed is scored on
+                seed_dir, seed_train = resplit(params, data_dir, seed, Path(work) / "data")
+                seed_splits = {**splits, "validation": load_questions(seed_dir / "validation.jsonl")}
             outputs = train_chain(params, seed_dir, seed_train, Path(work), seed)
-            seed_splits = {**splits, "validation": load_questions(seed_dir / "validation.jsonl")}
             runs.append(evaluate_models(outputs, params, seed_splits, catalog)["metrics"])
     return runs
 
