@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--against", type=Path, default=Path("data/validated"), help="with FILE: the current catalog and splits")
     for name in ("data", "out", "quarantine", "report", "docs"):
         validate.add_argument(f"--{name}", type=Path)
-    _paths(commands.add_parser("augment", help="rebalance tail classes"), "train", "out", "report")
+    augment = commands.add_parser("augment", help="rebalance tail classes")
+    _paths(augment, "train", "out", "report")
+    augment.add_argument("--generated", type=Path, help="validated rows made offline (augment.explicit: file)")
     _paths(commands.add_parser("stage-one", help="train both encoders with in-batch NT-Xent"), "data", "train", "out", "history")
     _paths(commands.add_parser("mine", help="mine the K hardest wrong standard questions"), "data", "train", "model", "out", "report")
     _paths(commands.add_parser("stage-two", help="retrain against the mined negatives"), "data", "train", "negatives", "model", "out", "history")
@@ -128,7 +130,7 @@ def dispatch(args: argparse.Namespace) -> None:
     elif command == "augment":
         from tqc.stages import augment
 
-        augment.run(args.train, params.augment, params.seed, args.out, args.report)
+        augment.run(args.train, params.augment, params.seed, args.out, args.report, args.generated)
     elif command == "stage-one":
         from tqc.stages import stage_one
 

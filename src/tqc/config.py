@@ -32,6 +32,20 @@ class CustomData(Strict):
     catalog_text_column: str = "text"
 
 
+class GeneratedData(Strict):
+    """Rows made offline from the training questions (paraphrases from another machine, or a
+    dataset's own expansion such as COVID-Q's train20_augmented.csv); `augment.explicit: file`
+    draws its extra rows from them. Each row is attributed to the training question(s) it was
+    made from, so rows made from a validation question never enter train."""
+
+    path: str | None = None  # under data_dir, in the dataset's own format (COVID-Q: headerless question,label)
+    # A row's origins: the same-class training questions whose word overlap (Jaccard of the
+    # lowercased word sets) is within `margin` of its best, which must be at least `min_overlap`;
+    # augment uses a row only when every origin is in train. Rows under min_overlap are quarantined.
+    min_overlap: float = Field(0.5, gt=0.0, le=1.0)
+    margin: float = Field(0.1, ge=0.0, le=1.0)
+
+
 class DataParams(Strict):
     dataset: DatasetName = "trec6"
     data_dir: str = "../shared/datasets"
@@ -44,6 +58,7 @@ class DataParams(Strict):
     # SharpReCL's long tail: the i-th largest class keeps n·ir^(−i/(C−1)) training rows (n: the
     # largest class). None keeps the dataset as it is. Test is never subsampled.
     imbalance_ratio: float | None = Field(None, ge=1.0)
+    generated: GeneratedData = GeneratedData()
 
     @model_validator(mode="after")
     def _custom_needs_files(self) -> "DataParams":
@@ -117,8 +132,9 @@ class AugmentParams(Strict):
     rebalance: Literal["none", "mean", "max", "count", "sqrt"] = "mean"
     target_count: int | None = Field(None, ge=1)  # rebalance: count
     # How the extra rows are made: none (copies), eda (swap/delete/insert of same-class words),
-    # paraphrase or backtranslate (through the seq2seq models below).
-    explicit: Literal["none", "eda", "paraphrase", "backtranslate"] = "none"
+    # paraphrase or backtranslate (through the seq2seq models below), file (rows made offline:
+    # data.generated, attributed to their training questions at ingest).
+    explicit: Literal["none", "eda", "paraphrase", "backtranslate", "file"] = "none"
     eda_alpha: float = Field(0.1, gt=0.0, le=0.5)  # share of a question's words one EDA operation touches
     seq2seq: Seq2SeqParams = Seq2SeqParams()
     implicit: list[ImplicitAugmentation] = ["dropout", "cutoff"]
@@ -336,6 +352,13 @@ class Params(Strict):
             return Params.model_validate(deep_merge(self.to_dict(), overrides))
         except ValidationError as exc:
             raise ConfigError(f"invalid parameter overrides {overrides}:\n{exc}") from None
+
+    @model_validator(mode="after")
+    def _file_augmentation_needs_its_file(self) -> "Params":
+        if self.augment.explicit == "file" and not self.data.generated.path:
+            raise ValueError("augment.explicit is 'file' but data.generated.path is not set (a file of rows made "
+                             "offline, under data.data_dir, e.g. covid-q/categories/train20_augmented.csv)")
+        return self
 
     @model_validator(mode="after")
     def _search_space_names_real_params(self) -> "Params":

@@ -43,7 +43,7 @@ def prepare_data(params: Params, work_dir: Path) -> PreparedData:
     validate.run(work_dir / "ingested", params.validate_, work_dir / "validated", work_dir / "quarantine" / "validate.jsonl",
                  work_dir / "reports" / "validation.json")
     augment.run(work_dir / "validated" / "train.jsonl", params.augment, params.seed, work_dir / "augmented" / "train.jsonl",
-                work_dir / "reports" / "augment.json")
+                work_dir / "reports" / "augment.json", work_dir / "validated" / "generated.jsonl")
     return PreparedData(work_dir / "validated", work_dir / "augmented" / "train.jsonl")
 
 

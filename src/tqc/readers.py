@@ -242,6 +242,18 @@ def read_dataset(params: DataParams) -> DatasetSplits:
                          shipped_catalog(params.dataset))
 
 
+def read_generated(params: DataParams) -> ReadResult:
+    """`data.generated.path`'s rows made offline, read in the dataset's own format; none when unset."""
+    if not params.generated.path:
+        return ReadResult()
+    path = Path(params.data_dir) / params.generated.path
+    if params.dataset == "custom":
+        reader = partial(read_table, text_column=params.custom.text_column, label_column=params.custom.label_column)
+    else:
+        reader = official_files(params)[2]
+    return require_rows(reader(path), path)
+
+
 ADDED_QUESTIONS, ADDED_CATALOG = "labeled.jsonl", "catalog.jsonl"
 
 

@@ -21,6 +21,13 @@ class LabeledQuestion:
     class_id: str
     source: str = ""  # "file:line" it was read from, for quarantine and error messages
     generated: bool = False  # True for rows made by augmentation (never in validation or test)
+    # A row made offline (data.generated): the sources of the training question(s) it was made
+    # from. Augment uses it only when all of them are in train, so nothing made from a
+    # validation question is trained on.
+    origins: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "origins", tuple(self.origins))  # JSON gives a list
 
 
 @dataclass
@@ -61,8 +68,15 @@ class Catalog:
         return cls([StandardQuestion(**row) for row in read_jsonl(path)])
 
 
+def _record(question: LabeledQuestion) -> dict:
+    record = asdict(question)
+    if not record["origins"]:  # most rows have none; their files stay as they were before the field existed
+        del record["origins"]
+    return record
+
+
 def save_questions(path: str | Path, questions: list[LabeledQuestion]) -> int:
-    return write_jsonl(path, (asdict(q) for q in questions))
+    return write_jsonl(path, (_record(q) for q in questions))
 
 
 def load_questions(path: str | Path) -> list[LabeledQuestion]:

@@ -1,8 +1,9 @@
 """Augment / rebalance: give tail classes extra rows (ADMC §3.2.1), made one of several ways.
 
 `rebalance` picks the count every class is raised to (the mean count per class by default);
-`explicit` picks how each extra row is made from an original of its class: a copy, EDA, or a
-rewrite by local seq2seq models (paraphrase, back-translation). Extra rows are marked
+`explicit` picks how each extra row is made from an original of its class: a copy, EDA, a
+rewrite by local seq2seq models (paraphrase, back-translation), or a row made offline
+(`file`: data.generated, attributed to its originals at ingest). Extra rows are marked
 `generated` and only ever join train (validation and test are split before this stage).
 The implicit augmentations (dropout, cutoff) and the in-batch ones (prototype mixup, cross-
 encoding) act inside stage one's training; this stage records them in its report.
@@ -81,16 +82,47 @@ def make_texts(originals: list[LabeledQuestion], questions: list[LabeledQuestion
     return [rewrite or original.text for rewrite, original in zip(rewrites, originals)]
 
 
-SOURCE_PREFIX = {"none": "oversample", "eda": "eda", "paraphrase": "paraphrase", "backtranslate": "backtranslate"}
+SOURCE_PREFIX = {"none": "oversample", "eda": "eda", "paraphrase": "paraphrase", "backtranslate": "backtranslate",
+                 "file": "file"}
+
+
+def usable_generated(questions: list[LabeledQuestion], generated: list[LabeledQuestion]) -> list[LabeledQuestion]:
+    """The rows made offline whose every origin is one of these training rows: a row that may have
+    been made from a validation question (after any re-split) is never trained on."""
+    in_train = {q.source for q in questions}
+    return [row for row in generated if row.origins and set(row.origins) <= in_train]
+
+
+def draw_generated(questions: list[LabeledQuestion], targets: dict[str, int], generated: list[LabeledQuestion],
+                   rng: random.Random) -> list[LabeledQuestion]:
+    """Extra rows from the usable offline rows of each class, seeded, up to its target; a class
+    whose offline rows run out is topped up with copies (marked `oversample`)."""
+    have = Counter(q.class_id for q in questions)
+    pool: dict[str, list[LabeledQuestion]] = defaultdict(list)
+    for row in usable_generated(questions, generated):
+        pool[row.class_id].append(row)
+    drawn, short = [], {}
+    for class_id in sorted(have):
+        need = max(0, targets.get(class_id, 0) - have[class_id])
+        rows = sorted(pool[class_id], key=lambda r: r.source)  # file order, then a seeded shuffle
+        rng.shuffle(rows)
+        drawn += [replace(row, source=f"file:{row.source}") for row in rows[:need]]
+        short[class_id] = have[class_id] + max(0, need - len(rows))
+    copies = pick_originals(questions, short, rng)
+    return drawn + [replace(q, generated=True, source=f"oversample:{q.source}") for q in copies]
 
 
 def oversample(questions: list[LabeledQuestion], targets: dict[str, int], seed: int, explicit: str = "none",
-               alpha: float = 0.1, seq2seq: Seq2SeqParams | None = None) -> list[LabeledQuestion]:
+               alpha: float = 0.1, seq2seq: Seq2SeqParams | None = None,
+               generated: list[LabeledQuestion] = ()) -> list[LabeledQuestion]:
     """The rows, then seeded extra rows until every class has at least its target (`class_targets`).
 
-    New rows are marked `generated`, with `source` naming the method and the original's source.
+    New rows are marked `generated`, with `source` naming the method and the original's source
+    (for `file`, the offline row's own file and line).
     """
     rng = random.Random(seed)
+    if explicit == "file":
+        return questions + draw_generated(questions, targets, list(generated), rng)
     originals = pick_originals(questions, targets, rng)
     texts = make_texts(originals, questions, explicit, rng, seed, alpha, seq2seq)
     prefix = SOURCE_PREFIX[explicit]
@@ -98,12 +130,32 @@ def oversample(questions: list[LabeledQuestion], targets: dict[str, int], seed: 
                         for original, text in zip(originals, texts)]
 
 
-def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, report_path: Path) -> dict:
+def load_generated(path: Path | None, explicit: str) -> list[LabeledQuestion]:
+    """The validated offline rows `explicit: file` draws from (ingest's generated.jsonl after validate)."""
+    if explicit != "file":
+        return []
+    if path is None or not path.exists():
+        raise FileNotFoundError(f"augment.explicit is 'file' but {path} does not exist: ingest writes it when "
+                                "data.generated.path is set (run ingest and validate again)")
+    return load_questions(path)
+
+
+def _file_report(questions: list[LabeledQuestion], generated: list[LabeledQuestion], extra: list[LabeledQuestion]) -> dict:
+    usable = usable_generated(questions, generated)
+    return {"offline_rows": len(generated), "usable": len(usable), "made_from_held_out_questions": len(generated) - len(usable),
+            "drawn": sum(q.source.startswith("file:") for q in extra),
+            "copies_where_too_few": sum(q.source.startswith("oversample:") for q in extra)}
+
+
+def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, report_path: Path,
+        generated_path: Path | None = None) -> dict:
     started = time.perf_counter()
     questions = load_questions(train_path)
+    generated = load_generated(generated_path, params.explicit)
     before = Counter(q.class_id for q in questions)
     targets = class_targets(before, params.rebalance, params.target_count)
-    augmented = oversample(questions, targets, seed, params.explicit, params.eda_alpha, params.seq2seq)  # no class short: unchanged
+    augmented = oversample(questions, targets, seed, params.explicit, params.eda_alpha, params.seq2seq,
+                           generated)  # no class short: unchanged
     after = Counter(q.class_id for q in augmented)
     originals = {(q.class_id, q.text) for q in questions}
     same_as_an_original = sum((q.class_id, q.text) in originals for q in augmented[len(questions):])
@@ -118,6 +170,7 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
         "in_batch": {"prototype_mixup": params.prototype_mixup.enabled, "cross_encoding": params.cross_encoding.enabled},
         "rows": {"before": len(questions), "after": len(augmented), "generated": len(augmented) - len(questions),
                  "generated_same_as_an_original": same_as_an_original},
+        **({"file": _file_report(questions, generated, augmented[len(questions):])} if params.explicit == "file" else {}),
         "per_class": {c: {"before": before[c], "after": after[c], "generated": after[c] - before[c]} for c in sorted(after)},
         "seconds": round(time.perf_counter() - started, 2),
     }

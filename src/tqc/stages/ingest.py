@@ -7,12 +7,12 @@ import logging
 import random
 import time
 from collections import defaultdict
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from tqc.config import DataParams
+from tqc.config import DataParams, GeneratedData
 from tqc.io import write_json, write_jsonl
-from tqc.readers import RejectedRow, read_additions, read_dataset, with_added_classes
+from tqc.readers import RejectedRow, ReadResult, read_additions, read_dataset, read_generated, with_added_classes
 from tqc.schema import LabeledQuestion, save_questions
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,68 @@ def stable_split(questions: list[LabeledQuestion], fraction: float, seed: int) -
     return [q for q in questions if not in_validation(q)], [q for q in questions if in_validation(q)]
 
 
+@dataclass
+class Attribution:
+    """Generated rows with their origins, and what could not be used."""
+
+    rows: list[LabeledQuestion]
+    copies: int  # rows that were their original's own text: no new row, left out
+    rejected: list[RejectedRow]
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.casefold().split())
+
+
+def attribute_generated(generated: list[LabeledQuestion], originals: list[LabeledQuestion],
+                        params: GeneratedData) -> Attribution:
+    """Each generated row's origins: the same-class originals whose word overlap (Jaccard) is within
+    `params.margin` of the best, the best being at least `params.min_overlap`.
+
+    Keeping every near-best original, not just one, is what makes the leakage guard safe: when
+    a row could have come from a validation question, augment never uses it.
+    """
+    postings: dict[tuple[str, str], list[int]] = defaultdict(list)  # (class, word) → originals holding it
+    original_words = [_words(q.text) for q in originals]
+    for index, (question, words) in enumerate(zip(originals, original_words)):
+        for word in words:
+            postings[(question.class_id, word)].append(index)
+    attribution = Attribution([], 0, [])
+    for row in generated:
+        words = _words(row.text)
+        candidates = {i for word in words for i in postings.get((row.class_id, word), ())}
+        overlaps = {i: len(words & original_words[i]) / len(words | original_words[i]) for i in candidates}
+        best = max(overlaps.values(), default=0.0)
+        file, _, line = row.source.rpartition(":")
+        if best < params.min_overlap:
+            reason = "empty text" if not words else (f"cannot tell which training question of class {row.class_id!r} it was made from: best word "
+                      f"overlap {best:.2f} < data.generated.min_overlap {params.min_overlap}")
+            attribution.rejected.append(RejectedRow(file, int(line) if line.isdigit() else 0, reason,
+                                                    f"{row.text},{row.class_id}"))
+        elif any(originals[i].text.casefold().split() == row.text.casefold().split() for i in overlaps):
+            attribution.copies += 1
+        else:
+            origins = tuple(sorted(originals[i].source for i, o in overlaps.items() if o >= best - params.margin))
+            attribution.rows.append(replace(row, generated=True, origins=origins))
+    return attribution
+
+
+def _generated_rows(params: DataParams, originals: list[LabeledQuestion]) -> tuple[Attribution, int]:
+    """(data.generated's rows attributed to the official training questions, rows read)."""
+    generated: ReadResult = read_generated(params)
+    attribution = attribute_generated(generated.rows, originals, params.generated)
+    attribution.rejected[:0] = generated.rejected
+    return attribution, len(generated.rows) + len(generated.rejected)
+
+
+def _generated_report(generated: Attribution, read: int, train: list[LabeledQuestion]) -> dict:
+    in_train = {q.source for q in train}
+    usable = sum(set(row.origins) <= in_train for row in generated.rows)
+    return {"read": read, "attributed": len(generated.rows), "copies_of_their_original": generated.copies,
+            "quarantined": len(generated.rejected), "usable_with_this_split": usable,
+            "made_from_held_out_questions": len(generated.rows) - usable}
+
+
 def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, report_path: Path) -> dict:
     started = time.perf_counter()
     splits = read_dataset(params)
@@ -74,13 +136,16 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
     added_train, added_validation = stable_split(added.rows, params.validation_fraction, seed)
     train, validation = train + added_train, validation + added_validation
     catalog = with_added_classes(splits.catalog, added_classes)
+    generated, generated_read = _generated_rows(params, splits.train.rows)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     catalog.save(out_dir / "catalog.jsonl")
     save_questions(out_dir / "train.jsonl", train)
     save_questions(out_dir / "validation.jsonl", validation)
     save_questions(out_dir / "test.jsonl", splits.test.rows)
-    rejected: list[RejectedRow] = splits.train.rejected + splits.test.rejected + added.rejected
+    if params.generated.path:  # all attributed rows: augment uses those whose origins are all in its train
+        save_questions(out_dir / "generated.jsonl", generated.rows)
+    rejected: list[RejectedRow] = splits.train.rejected + splits.test.rejected + added.rejected + generated.rejected
     write_jsonl(quarantine_path, (dict(asdict(r), stage="ingest") for r in rejected))
 
     report = {
@@ -91,6 +156,7 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
         "read": {"train": len(splits.train.rows) + len(splits.train.rejected), "test": len(splits.test.rows) + len(splits.test.rejected)},
         "rows": {"train": len(train), "validation": len(validation), "test": len(splits.test.rows)},
         "quarantined": len(rejected),
+        **({"generated": _generated_report(generated, generated_read, train)} if params.generated.path else {}),
         "seconds": round(time.perf_counter() - started, 2),
     }
     write_json(report_path, report)
@@ -99,6 +165,9 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
         params.dataset, report["classes"], len(train), len(validation), len(splits.test.rows),
         len(rejected), quarantine_path, out_dir, report["seconds"],
     )
+    if params.generated.path:
+        log.info("ingest: generated rows (%s): %s", params.generated.path,
+                 ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in report["generated"].items()))
     for row in rejected:
         log.warning("quarantined %s, line %d: %s", row.file, row.line, row.reason)
     return report

@@ -26,10 +26,11 @@ from tqc.schema import Catalog, LabeledQuestion, load_questions, save_questions
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test")
+GENERATED = "generated"  # data.generated's attributed rows, when configured: checked like a split
 COLUMNS = ["text", "class_id", "source", "generated"]
 CONTROL_CHARACTERS = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
 # Leakage: a row of the first split whose text also appears in the second is quarantined.
-LEAKAGE_PAIRS = {"train": ("validation", "test"), "validation": ("test",), "test": ()}
+LEAKAGE_PAIRS = {"train": ("validation", "test"), "validation": ("test",), "test": (), GENERATED: ("validation", "test")}
 
 
 class ValidationFailed(RuntimeError):
@@ -221,6 +222,8 @@ def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Pa
     started = time.perf_counter()
     catalog = Catalog.load(in_dir / "catalog.jsonl")
     splits = {split: load_questions(in_dir / f"{split}.jsonl") for split in SPLITS}
+    if (in_dir / f"{GENERATED}.jsonl").exists():
+        splits[GENERATED] = load_questions(in_dir / f"{GENERATED}.jsonl")
     accepted, quarantined, flagged, outcomes = check(splits, catalog, params, docs_dir)
 
     report = summarise(catalog, splits, accepted, quarantined, outcomes, params, time.perf_counter() - started)

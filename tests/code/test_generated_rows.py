@@ -1,0 +1,134 @@
+"""augment.explicit: file — rows made offline, attributed to the training questions they came from."""
+
+import json
+from collections import Counter
+
+import pytest
+
+from tqc.config import AugmentParams, ConfigError, GeneratedData, load_params
+from tqc.schema import LabeledQuestion, load_questions, save_questions
+from tqc.stages import augment
+from tqc.stages.ingest import attribute_generated
+
+ORIGINALS = [
+    LabeledQuestion("how does the virus spread between people", "transmission", "train.csv:1"),
+    LabeledQuestion("can my dog give me covid", "transmission", "train.csv:2"),
+    LabeledQuestion("what are the first symptoms of covid", "symptoms", "train.csv:3"),
+    LabeledQuestion("is losing smell a symptom", "symptoms", "train.csv:4"),
+]
+
+
+def generated(*rows: tuple[str, str]) -> list[LabeledQuestion]:
+    return [LabeledQuestion(text, label, f"aug.csv:{i}") for i, (text, label) in enumerate(rows, start=1)]
+
+
+def test_each_row_is_attributed_to_the_question_it_was_made_from():
+    rows = generated(
+        ("how does the virus spread among people", "transmission"),   # synonym swap of line 1
+        ("can my dog give covid", "transmission"),                    # deletion from line 2
+        ("is losing smell a symptom", "symptoms"),                   # the original itself: not a new row
+        ("Is losing  smell a SYMPTOM", "symptoms"),                  # ... whatever its case and spacing
+    )
+    attribution = attribute_generated(rows, ORIGINALS, GeneratedData())
+    assert [(r.text, r.origins) for r in attribution.rows] == [
+        ("how does the virus spread among people", ("train.csv:1",)),
+        ("can my dog give covid", ("train.csv:2",)),
+    ]
+    assert all(r.generated for r in attribution.rows)
+    assert attribution.copies == 2 and attribution.rejected == []
+
+
+def test_a_row_no_question_of_its_class_explains_is_quarantined_with_file_line_and_reason():
+    rows = generated(("what are the first symptoms of covid", "transmission"),  # a symptoms question labelled otherwise
+                     ("", "symptoms"))
+    attribution = attribute_generated(rows, ORIGINALS, GeneratedData())
+    assert attribution.rows == [] and attribution.copies == 0
+    (first, second) = attribution.rejected
+    assert (first.file, first.line) == ("aug.csv", 1)
+    assert "cannot tell which training question of class 'transmission'" in first.reason and "min_overlap 0.5" in first.reason
+    assert (second.line, second.reason) == (2, "empty text")
+
+
+def test_a_row_close_to_two_questions_keeps_every_near_best_one_as_an_origin():
+    originals = [LabeledQuestion("when will covid end", "speculation", "t:1"),
+                 LabeledQuestion("when will covid end soon", "speculation", "t:2")]
+    rows = generated(("when covid end", "speculation"))  # word overlap 3/4 with t:1, 3/5 with t:2
+    assert attribute_generated(rows, originals, GeneratedData(margin=0.1)).rows[0].origins == ("t:1",)
+    assert attribute_generated(rows, originals, GeneratedData(margin=0.2)).rows[0].origins == ("t:1", "t:2")
+
+
+def offline(text: str, label: str, line: int, *origins: str) -> LabeledQuestion:
+    return LabeledQuestion(text, label, f"aug.csv:{line}", generated=True, origins=origins)
+
+
+def test_augment_draws_offline_rows_only_when_all_their_origins_are_in_train():
+    train = [LabeledQuestion(f"tail question {i}", "tail", f"t:{i}") for i in range(2)] + \
+            [LabeledQuestion(f"head question {i}", "head", f"t:{10 + i}") for i in range(6)]
+    pool = [offline(f"tail rewrite {i}", "tail", i, "t:0") for i in range(3)] + [
+        offline("made from a validation question", "tail", 3, "v:7"),
+        offline("made from train or validation", "tail", 4, "t:1", "v:7"),
+        offline("head rewrite", "head", 5, "t:10"),
+    ]
+    rows = augment.oversample(train, {"tail": 6, "head": 6}, seed=0, explicit="file", generated=pool)
+    extra = rows[len(train):]
+    assert Counter(q.class_id for q in rows) == {"tail": 6, "head": 6}
+    drawn = sorted(q.text for q in extra if q.source.startswith("file:"))
+    assert drawn == ["tail rewrite 0", "tail rewrite 1", "tail rewrite 2"]  # never the rows tied to v:7
+    copies = [q for q in extra if q.source.startswith("oversample:")]
+    assert len(copies) == 1 and copies[0].text in {"tail question 0", "tail question 1"}  # too few offline rows
+    assert all(q.generated for q in extra)
+    assert augment.oversample(train, {"tail": 6, "head": 6}, seed=0, explicit="file", generated=pool) == rows
+
+
+def test_the_augment_stage_reads_the_validated_offline_rows_and_reports_what_it_used(tmp_path):
+    train = [LabeledQuestion(f"question {i}", "a" if i < 4 else "b", f"t:{i}") for i in range(6)]
+    save_questions(tmp_path / "train.jsonl", train)
+    save_questions(tmp_path / "generated.jsonl", [offline("question zero again", "b", 1, "t:4"),
+                                                   offline("from validation", "b", 2, "v:1")])
+    params = AugmentParams(rebalance="mean", explicit="file", implicit=[])
+    report = augment.run(tmp_path / "train.jsonl", params, 0, tmp_path / "out.jsonl", tmp_path / "augment.json",
+                         tmp_path / "generated.jsonl")
+    assert report["file"] == {"offline_rows": 2, "usable": 1, "made_from_held_out_questions": 1, "drawn": 1,
+                              "copies_where_too_few": 0}
+    assert [q.text for q in load_questions(tmp_path / "out.jsonl") if q.generated] == ["question zero again"]
+    assert json.loads((tmp_path / "augment.json").read_text())["per_class"]["b"] == {"before": 2, "after": 3, "generated": 1}
+    with pytest.raises(FileNotFoundError, match="data.generated.path"):
+        augment.run(tmp_path / "train.jsonl", params, 0, tmp_path / "out.jsonl", tmp_path / "augment.json",
+                    tmp_path / "missing.jsonl")
+
+
+def test_file_augmentation_without_a_file_is_a_config_error(tmp_path):
+    (tmp_path / "params.yaml").write_text("augment: {explicit: file}\n")
+    with pytest.raises(ConfigError, match="data.generated.path is not set"):
+        load_params(tmp_path / "params.yaml")
+
+
+def test_ingest_and_validate_carry_offline_rows_in_the_dataset_format(tmp_path):
+    from tqc.pipeline import prepare_data
+
+    data = tmp_path / "data"
+    (data / "covid-q" / "categories").mkdir(parents=True)
+    train = "".join(f"question number {i} about {c},{c}\n" for c in ("Testing", "Origin") for i in range(10))
+    (data / "covid-q" / "categories" / "train20.csv").write_text(train)
+    (data / "covid-q" / "categories" / "testA.csv").write_text("where did it start,Origin\nhow do i get a test,Testing\n")
+    (data / "covid-q" / "categories" / "aug.csv").write_text(
+        "question number 3 on Testing,Testing\n"       # from line 4
+        "question number 3 about Testing,Testing\n"    # line 4 itself: dropped as a copy
+        "how do i get a test,Testing\n"                # cannot be attributed: quarantined
+        "question 5 about Origin,Origin\n")            # from line 16
+    params = load_params("params.yaml", {
+        "data": {"dataset": "covidq-categories", "data_dir": str(data), "additions": None,
+                 "generated": {"path": "covid-q/categories/aug.csv"}},
+        "augment": {"explicit": "file", "rebalance": "count", "target_count": 12}})
+    prepared = prepare_data(params, tmp_path / "work")
+    ingest_report = json.loads((tmp_path / "work" / "reports" / "ingest.json").read_text())
+    assert ingest_report["generated"]["read"] == 4
+    assert ingest_report["generated"]["attributed"] == 2 and ingest_report["generated"]["copies_of_their_original"] == 1
+    quarantined = [json.loads(line) for line in (tmp_path / "work" / "quarantine" / "ingest.jsonl").read_text().splitlines()]
+    assert [(q["line"], q["content"]) for q in quarantined] == [(3, "how do i get a test,Testing")]
+    validated = load_questions(prepared.directory / "generated.jsonl")
+    assert {q.origins[0].rsplit(":", 1)[1] for q in validated} == {"4", "16"}
+    in_train = {q.source for q in load_questions(prepared.directory / "train.jsonl")}
+    used = [q for q in load_questions(prepared.train) if q.source.startswith("file:")]
+    usable = [q for q in validated if set(q.origins) <= in_train]
+    assert usable and sorted(q.text for q in used) == sorted(q.text for q in usable)  # all of them: 3 needed a class
