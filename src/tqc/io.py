@@ -57,9 +57,14 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     staging.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700: shared caches, registries and servers must read it
     try:
         yield staging
-        if path.exists():
-            shutil.rmtree(path)
+        # Rename the old folder aside, the new one in, then delete the old: a crash or a failed delete
+        # leaves the old model beside `path` (`.name.….old`), never neither model.
+        retired = path.with_name(f"{staging.name}.old") if path.exists() else None
+        if retired:
+            path.rename(retired)
         staging.rename(path)
+        if retired:
+            shutil.rmtree(retired, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

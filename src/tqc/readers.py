@@ -80,9 +80,14 @@ def decode_file(path: Path) -> str:
     return "\n".join(lines)
 
 
+LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
 def _lines(text: str) -> list[str]:
-    # splitlines handles \n, \r\n and \r alike.
-    return text.splitlines()
+    # \n, \r\n and \r alike, and nothing else: str.splitlines also breaks at U+2028, U+0085 and the
+    # like, which a question may hold (and JSONL written with ensure_ascii=False keeps raw).
+    lines = LINE_BREAK.split(text)
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def read_trec(path: Path, granularity: str) -> ReadResult:
@@ -131,6 +136,9 @@ def read_headerless_pairs(path: Path) -> ReadResult:
             )
             continue
         text, label = (f.strip() for f in fields)
+        if not label:
+            result.rejected.append(RejectedRow(str(path), line_number, "empty label", ",".join(fields)))
+            continue
         result.rows.append(LabeledQuestion(text, label, f"{path}:{line_number}"))
     return result
 
@@ -148,7 +156,7 @@ def read_table(path: Path, text_column: str, label_column: str) -> ReadResult:
             result.rejected.append(RejectedRow(str(path), line_number, f"missing column(s) {missing}", original))
             continue
         text, label = record[text_column], record[label_column]
-        if label is None or (isinstance(label, float) and label != label):
+        if label is None or (isinstance(label, float) and label != label) or not str(label).strip():
             result.rejected.append(RejectedRow(str(path), line_number, "empty label", original))
             continue
         result.rows.append(LabeledQuestion(str(text or "").strip(), str(label).strip(), f"{path}:{line_number}"))

@@ -32,3 +32,18 @@ def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path
         write_jsonl(tmp_path / "rows.jsonl", rows_then_crash())
     assert read_jsonl(tmp_path / "rows.jsonl") == [{"a": 1}]
     assert [p.name for p in tmp_path.iterdir()] == ["rows.jsonl"]
+
+
+def test_an_atomic_folder_replaces_the_old_one_whole_and_leaves_nothing_beside_it(tmp_path):
+    with atomic_directory(tmp_path / "model") as staging:
+        (staging / "old.safetensors").write_bytes(b"old")
+    with atomic_directory(tmp_path / "model") as staging:
+        (staging / "new.safetensors").write_bytes(b"new")
+    assert [p.name for p in (tmp_path / "model").iterdir()] == ["new.safetensors"]
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+    with pytest.raises(RuntimeError):
+        with atomic_directory(tmp_path / "model") as staging:
+            (staging / "half.safetensors").write_bytes(b"x")
+            raise RuntimeError("killed mid-save")
+    assert [p.name for p in (tmp_path / "model").iterdir()] == ["new.safetensors"]
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]

@@ -159,3 +159,33 @@ def test_a_split_with_no_usable_row_is_a_clear_error(tmp_path, train):
     params = DataParams(dataset="custom", data_dir=str(tmp_path), custom={"train": "train.csv", "test": "test.csv", "text_column": "question"})
     with pytest.raises(ReaderError, match=r"train\.csv: no usable rows"):
         read_dataset(params)
+
+
+def test_a_unicode_line_separator_inside_a_question_does_not_split_its_line(tmp_path):
+    jsonl = write(tmp_path, "q.jsonl", '{"question": "reset\u2028pin", "intent": "cards"}\n{"question": "x\u0085y", "intent": "b"}\n'.encode())
+    result = read_table(jsonl, "question", "intent")
+    assert [(q.text, q.source.rsplit(":", 1)[1]) for q in result.rows] == [("reset\u2028pin", "1"), ("x\u0085y", "2")]
+    trec = write(tmp_path, "t.label", b"DESC:def What is a\x85b ?\r\nHUM:ind Who wrote it ?\rLOC:city Where ?\n")
+    assert [(q.class_id, q.source.rsplit(":", 1)[1]) for q in read_trec(trec, "coarse").rows] == [("DESC", "1"), ("HUM", "2"), ("LOC", "3")]
+
+
+@pytest.mark.parametrize("data", [b"question,label\nwhat is x,\nwhat is y,  \nwhat is z,Origin\n"])
+def test_an_empty_label_is_rejected_with_its_line_not_made_a_class(tmp_path, data):
+    table = read_table(write(tmp_path, "q.csv", data), "question", "label")
+    assert [q.class_id for q in table.rows] == ["Origin"]
+    assert [(r.line, r.reason) for r in table.rejected] == [(2, "empty label"), (3, "empty label")]
+    pairs = read_headerless_pairs(write(tmp_path, "p.csv", data.split(b"\n", 1)[1]))
+    assert [q.class_id for q in pairs.rows] == ["Origin"]
+    assert [(r.line, r.reason) for r in pairs.rejected] == [(1, "empty label"), (2, "empty label")]
+
+
+def test_data_too_small_for_a_validation_split_is_a_clear_error(tmp_path):
+    from tqc.stages import ingest
+
+    write(tmp_path, "train.csv", b"text,label\na one,a\na two,a\nb one,b\nb two,b\n")
+    write(tmp_path, "test.csv", b"text,label\na three,a\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None,
+                        custom={"train": "train.csv", "test": "test.csv"})
+    with pytest.raises(ReaderError, match="validation split carved from train is empty"):
+        ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
+    assert not (tmp_path / "out").exists()

@@ -61,7 +61,7 @@ def test_generated_files_never_crash_and_never_lose_a_row(tmp_path, rows, encodi
     (b"\xef\xbb\xbfquestion,label\nhi,a\n", 1, 0),                 # BOM
     (b"question,label\ncaf\xe9,a\n", 1, 0),                        # Latin-1
     (b"question,label\n" + b"x" * (1 << 20) + b",a\n", 1, 0),      # a 1 MB line
-    (b"question,label\nhi,\n", 1, 0),                              # empty label: validate quarantines it
+    (b"question,label\nhi,\n", 0, 1),                              # empty label: rejected, not derived as a class ""
 ])
 def test_awkward_csv_files(tmp_path, content, rows, rejected):
     path = tmp_path / "f.csv"

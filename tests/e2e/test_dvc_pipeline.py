@@ -43,6 +43,8 @@ def test_dvc_repro_end_to_end_then_nothing_then_only_evaluate(project):
     run([sys.executable, "-m", "dvc", "repro"], project)
     metrics = json.loads((project / "reports" / "metrics.json").read_text())
     assert metrics["dataset"] == "custom"
+    assert set(metrics["run"]["params"]) == {"seed", "data", "validate", "augment", "model", "stage_one", "mine",
+                                             "stage_two", "baseline_nc", "distributed", "evaluate"}  # no grids, tuner, flows
     for key in ("test", "stage_one.test", "nc.test", "zero_shot.test"):
         node = metrics
         for part in key.split("."):

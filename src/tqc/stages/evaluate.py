@@ -128,6 +128,9 @@ def resplit(params: Params, data_dir: Path, seed: int, out_dir: Path) -> tuple[P
     return out_dir, out_dir / "augmented.jsonl"
 
 
+NOT_PIPELINE_SECTIONS = ("tracking", "promote", "tune", "retrain", "ablate")
+
+
 def _metrics_document(params: Params, metrics: dict, seeds: dict) -> dict:
     """metrics.json in a fixed key order, so `git diff` and `dvc metrics diff` read well."""
     admc, stage_one, nc = metrics["admc"], metrics["stage_one"], metrics.get("nc")  # nc: None when disabled
@@ -144,9 +147,11 @@ def _metrics_document(params: Params, metrics: dict, seeds: dict) -> dict:
                 "accuracy_admc_minus_nc": admc["test"]["accuracy"] - nc["test"]["accuracy"]} if nc else {}),
         },
         "seeds": seeds,
-        # Only what trained and evaluated these models (the sections dvc.yaml makes evaluate depend on).
+        # The pipeline sections that shaped these models and scores; not the tuner's, the retrain flow's,
+        # the registry's, tracking's or the ablation grids' (no stage reads those, so a change to them
+        # would leave this record stale until evaluate next ran for another reason).
         "run": {"code_version": git_commit(),
-                "params": {k: v for k, v in params.to_dict().items() if k not in ("tracking", "promote", "tune", "retrain")}},
+                "params": {k: v for k, v in params.to_dict().items() if k not in NOT_PIPELINE_SECTIONS}},
     }
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tqc.config import DataParams, GeneratedData
 from tqc.io import write_json, write_jsonl
-from tqc.readers import RejectedRow, ReadResult, read_additions, read_dataset, read_generated, with_added_classes
+from tqc.readers import ReaderError, RejectedRow, ReadResult, read_additions, read_dataset, read_generated, with_added_classes
 from tqc.schema import LabeledQuestion, save_questions
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,10 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
     train, validation = stratified_split(official_train, params.validation_fraction, seed)
     added_train, added_validation = stable_split(added.rows, params.validation_fraction, seed)
     train, validation = train + added_train, validation + added_validation
+    if not validation:
+        raise ReaderError(f"{params.dataset}: the validation split carved from train is empty (only classes with at "
+                          "least 3 training rows give it rows), so early stopping and every selection would have "
+                          "nothing to judge by: add labeled questions")
     catalog = with_added_classes(splits.catalog, added_classes)
     generated, generated_read = _generated_rows(params, splits.train.rows)
 
