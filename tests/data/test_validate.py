@@ -105,3 +105,24 @@ def test_test_rows_leave_test_only_when_they_cannot_be_scored(tmp_path):
     quarantined = {q["line"]: q["expectations"] for q in read_jsonl(tmp_path / "quarantine.jsonl")}
     assert quarantined == {4: ["non_empty_text"], 5: ["label_in_catalog"]}
     assert report["accepted"]["test"] + report["quarantined"]["test"] == report["read"]["test"]
+
+
+def test_a_validation_split_emptied_by_quarantine_stops_the_stage(tmp_path):
+    write_splits(tmp_path / "in", [("good one", "a"), ("good two", "b")], [("good one", "zzz")], [("held out", "a")])
+    with pytest.raises(ValidationFailed, match="no validation rows left in .*validation.jsonl \\(1 quarantined"):
+        run_validate(tmp_path, ValidateParams(max_quarantined_fraction=1.0, min_examples_per_class=1))
+
+
+def test_offline_rows_are_checked_like_a_split_and_never_equal_a_held_out_question(tmp_path):
+    write_splits(tmp_path / "in", [("good one", "a"), ("good two", "b")], [("fine", "a")], [("held out", "a")])
+    save_questions(tmp_path / "in" / "generated.jsonl", [
+        LabeledQuestion("good one rewritten", "a", "aug.csv:1", generated=True, origins=("train.csv:1",)),
+        LabeledQuestion("Held  out", "a", "aug.csv:2", generated=True, origins=("train.csv:1",)),
+        LabeledQuestion("fine", "a", "aug.csv:3", generated=True, origins=("train.csv:1",)),
+        LabeledQuestion("no class", "zzz", "aug.csv:4", generated=True, origins=("train.csv:1",))])
+    report = run_validate(tmp_path, ValidateParams(max_quarantined_fraction=0.8, min_examples_per_class=1))
+    assert report["read"]["generated"] == 4 and report["accepted"]["generated"] == 1
+    reasons = {q["line"]: q["expectations"] for q in read_jsonl(tmp_path / "quarantine.jsonl") if q["split"] == "generated"}
+    assert reasons == {2: ["no_leakage"], 3: ["no_leakage"], 4: ["label_in_catalog"]}
+    (kept,) = read_jsonl(tmp_path / "out" / "generated.jsonl")
+    assert kept["text"] == "good one rewritten" and kept["origins"] == ["train.csv:1"]

@@ -241,6 +241,9 @@ def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Pa
              report["accepted"], len(quarantined), quarantine_path, report_path,
              f", data docs {docs_dir}" if docs_dir else "", report["seconds"])
     raise_on_critical(report, params)
+    if not accepted["validation"]:  # early stopping would score 0 every epoch and keep the starting weights
+        raise ValidationFailed(f"no validation rows left in {in_dir / 'validation.jsonl'} "
+                               f"({report['quarantined']['validation']} quarantined to {quarantine_path})")
     return report
 
 
