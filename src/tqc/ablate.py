@@ -30,14 +30,20 @@ from tqc.metrics import seed_std
 
 log = logging.getLogger(__name__)
 
-# What a cell reports: ADMC (stage two) and AC (stage one alone) on test; validation beside.
+# What a cell reports: ADMC (stage two) and AC (stage one alone) on test, NC where the cell
+# trained it (baseline_nc.enabled), ADMC's validation figure beside; the table's column names.
 FIGURES = {
     "admc_accuracy": ("test", "accuracy"),
     "admc_macro_f1": ("test", "macro_f1"),
     "ac_accuracy": ("stage_one", "test", "accuracy"),
     "ac_macro_f1": ("stage_one", "test", "macro_f1"),
+    "nc_accuracy": ("nc", "test", "accuracy"),
+    "nc_macro_f1": ("nc", "test", "macro_f1"),
     "admc_validation_macro_f1": ("validation", "macro_f1"),
 }
+COLUMNS = {"admc_accuracy": "ADMC accuracy", "admc_macro_f1": "ADMC macro-F1", "ac_accuracy": "AC accuracy",
+           "ac_macro_f1": "AC macro-F1", "nc_accuracy": "NC accuracy", "nc_macro_f1": "NC macro-F1",
+           "admc_validation_macro_f1": "ADMC validation macro-F1"}
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,8 @@ def read_cell(cell: Cell, project: Path, refs: dict[str, str]) -> CellResult:
 
 def _dig(tree: dict, keys: tuple[str, ...]):
     for key in keys:
+        if tree is None:  # a section the cell did not produce (nc: null when NC was not trained)
+            return None
         tree = tree[key]
     return tree
 
@@ -188,7 +196,7 @@ def summarise(results: list[CellResult]) -> list[dict]:
                "generated_rows": [m.generated_rows for m in done], "experiments": [m.cell.name for m in done],
                "settings": {path: value for path, value in members[0].cell.overrides.items() if path != "seed"}}
         for figure in FIGURES:
-            values = [m.figures[figure] for m in done]
+            values = [m.figures[figure] for m in done if m.figures.get(figure) is not None]
             row[figure] = {"mean": float(np.mean(values)) if values else None,
                            "std": seed_std(values) if values else None, "values": values}
         rows.append(row)
@@ -203,10 +211,10 @@ def write_report(params: Params, grids: list[str], results: list[CellResult], ou
     log.info("ablate: %d of %d cells done; wrote %s", sum(r.status == "done" for r in results), len(results), out_dir / "ablations.md")
 
 
-def _cell_text(figure: dict, seeds: int) -> str:
+def _cell_text(figure: dict) -> str:
     if figure["mean"] is None:
         return "—"
-    if seeds == 1:  # one seed has no spread to show
+    if len(figure["values"]) == 1:  # one seed has no spread to show
         return f"{100 * figure['mean']:.2f}"
     return f"{100 * figure['mean']:.2f} ± {100 * figure['std']:.2f}"
 
@@ -223,27 +231,30 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
              "both from the same run. Nothing was chosen on test.", ""]
     for grid in grids:
         spec = params.ablate.grids[grid]
+        grid_rows = [r for r in rows if r["grid"] == grid]
+        # NC's columns only where some cell of the grid trained it (most grids compare ADMC variants alone)
+        shown = [f for f in FIGURES if not f.startswith("nc_") or any(r[f]["mean"] is not None for r in grid_rows)]
         lines += [f"## {spec.title}", "", f"Grid `{grid}`; common params: {_overrides_text(spec.base) or 'none'}"
                   + (f"; this grid's budget: {_overrides_text(spec.budget)}" if spec.budget else "") + ".", "",
-                  "| variant | ADMC accuracy | ADMC macro-F1 | AC accuracy | AC macro-F1 | ADMC validation macro-F1 | generated rows | seeds |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for row in (r for r in rows if r["grid"] == grid):
+                  "| variant | " + " | ".join(COLUMNS[f] for f in shown) + " | generated rows | seeds |",
+                  "|---" * (len(shown) + 3) + "|"]
+        for row in grid_rows:
             generated = row["generated_rows"][0] if row["generated_rows"] else "—"
             seeds = ", ".join(map(str, row["seeds_done"])) + (f" (missing {row['seeds_missing']})" if row["seeds_missing"] else "")
-            figures = [_cell_text(row[figure], len(row["seeds_done"])) for figure in FIGURES]
+            figures = [_cell_text(row[figure]) for figure in shown]
             lines.append(f"| {row['variant']} | " + " | ".join(figures) + f" | {generated} | {seeds} |")
         lines.append("")
         settings = [f"`{name}`: {_overrides_text(overrides)}" for name, overrides in spec.variants.items() if overrides]
         if settings:  # what each variant sets over the common params, so the table explains itself
             lines += ["Variants: " + "; ".join(settings) + ".", ""]
         if len(spec.matrix) == 2:
-            lines += pivot_tables(spec, [r for r in rows if r["grid"] == grid])
+            lines += pivot_tables(spec, grid_rows)
     return "\n".join(lines)
 
 
 def _pivot_text(row: dict) -> str:
-    figure, seeds = row["admc_macro_f1"], len(row["seeds_done"])
-    return f"{_cell_text(figure, seeds)} ({seeds})"
+    figure = row["admc_macro_f1"]
+    return f"{_cell_text(figure)} ({len(figure['values'])})"
 
 
 def pivot_tables(spec: AblationGrid, rows: list[dict]) -> list[str]:

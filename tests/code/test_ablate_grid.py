@@ -51,7 +51,8 @@ def test_the_table_gives_mean_and_std_over_finished_seeds_and_names_missing_ones
     def result(variant, seed, f1, status="done"):
         cell = Cell("aug", variant, seed, {"seed": seed})
         figures = {"admc_accuracy": 0.9, "admc_macro_f1": f1, "ac_accuracy": 0.8, "ac_macro_f1": f1 - 0.1,
-                   "admc_validation_macro_f1": 0.5}
+                   "nc_accuracy": 0.7 if variant == "none" and seed == 0 else None,  # NC trained in one cell only
+                   "nc_macro_f1": 0.6 if variant == "none" and seed == 0 else None, "admc_validation_macro_f1": 0.5}
         return CellResult(cell, status, figures if status == "done" else {}, 10 if status == "done" else None)
 
     rows = summarise([result("none", 0, 0.5), result("none", 1, 0.7), result("eda", 0, 0.8), result("eda", 1, 0, "missing")])
@@ -60,9 +61,13 @@ def test_the_table_gives_mean_and_std_over_finished_seeds_and_names_missing_ones
     assert rows[1]["seeds_missing"] == [1]
     params = Params.model_validate({"ablate": {"grids": {"aug": GRID.model_dump()}}})
     table = render_markdown(params, ["aug"], rows)
-    assert "| none | 90.00 ± 0.00 | 60.00 ± 14.14 | 80.00 ± 0.00 | 50.00 ± 14.14 | 50.00 ± 0.00 | 10 | 0, 1 |" in table
+    assert none["nc_accuracy"]["values"] == [0.7] and rows[1]["nc_accuracy"]["mean"] is None
+    assert "| variant | ADMC accuracy | ADMC macro-F1 | AC accuracy | AC macro-F1 | NC accuracy | NC macro-F1 |" in table
+    assert "| none | 90.00 ± 0.00 | 60.00 ± 14.14 | 80.00 ± 0.00 | 50.00 ± 14.14 | 70.00 | 60.00 | 50.00 ± 0.00 | 10 | 0, 1 |" in table
     assert "(missing [1])" in table
-    assert "| eda | 90.00 | 80.00 | 80.00 | 70.00 | 50.00 | 10 | 0 (missing [1]) |" in table  # one seed: no ± 0.00
+    without_nc = render_markdown(params, ["aug"], summarise([result("eda", 0, 0.8)]))
+    assert "NC accuracy" not in without_nc and "| eda | 90.00 | 80.00 | 80.00 | 70.00 | 50.00 | 10 | 0 |" in without_nc
+    assert "| eda | 90.00 | 80.00 | 80.00 | 70.00 | — | — | 50.00 | 10 | 0 (missing [1]) |" in table  # one seed: no ± 0.00
     assert ('Variants: `none`: `augment.rebalance="none"`; `eda`: `augment.rebalance="mean"`, `augment.explicit="eda"`.'
             in table)  # what each variant sets
 
