@@ -95,6 +95,8 @@ def test_the_augment_stage_reads_the_validated_offline_rows_and_reports_what_it_
     with pytest.raises(FileNotFoundError, match="data.generated.path"):
         augment.run(tmp_path / "train.jsonl", params, 0, tmp_path / "out.jsonl", tmp_path / "augment.json",
                     tmp_path / "missing.jsonl")
+    with pytest.raises(FileNotFoundError, match="no file of offline rows was given"):
+        augment.run(tmp_path / "train.jsonl", params, 0, tmp_path / "out.jsonl", tmp_path / "augment.json")
 
 
 def test_file_augmentation_without_a_file_is_a_config_error(tmp_path):

@@ -135,8 +135,9 @@ def load_generated(path: Path | None, explicit: str) -> list[LabeledQuestion]:
     if explicit != "file":
         return []
     if path is None or not path.exists():
-        raise FileNotFoundError(f"augment.explicit is 'file' but {path} does not exist: ingest writes it when "
-                                "data.generated.path is set (run ingest and validate again)")
+        what = f"{path} does not exist" if path else "no file of offline rows was given (tqc augment --generated)"
+        raise FileNotFoundError(f"augment.explicit is 'file' but {what}: ingest writes it when data.generated.path "
+                                "is set, and validate passes it on (run both again)")
     return load_questions(path)
 
 
