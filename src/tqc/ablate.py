@@ -32,18 +32,15 @@ log = logging.getLogger(__name__)
 
 # What a cell reports: ADMC (stage two) and AC (stage one alone) on test, NC where the cell
 # trained it (baseline_nc.enabled), ADMC's validation figure beside; the table's column names.
-FIGURES = {
-    "admc_accuracy": ("test", "accuracy"),
-    "admc_macro_f1": ("test", "macro_f1"),
-    "ac_accuracy": ("stage_one", "test", "accuracy"),
-    "ac_macro_f1": ("stage_one", "test", "macro_f1"),
-    "nc_accuracy": ("nc", "test", "accuracy"),
-    "nc_macro_f1": ("nc", "test", "macro_f1"),
-    "admc_validation_macro_f1": ("validation", "macro_f1"),
+FIGURES = {  # name: (column, keys in metrics.json)
+    "admc_accuracy": ("ADMC accuracy", ("test", "accuracy")),
+    "admc_macro_f1": ("ADMC macro-F1", ("test", "macro_f1")),
+    "ac_accuracy": ("AC accuracy", ("stage_one", "test", "accuracy")),
+    "ac_macro_f1": ("AC macro-F1", ("stage_one", "test", "macro_f1")),
+    "nc_accuracy": ("NC accuracy", ("nc", "test", "accuracy")),
+    "nc_macro_f1": ("NC macro-F1", ("nc", "test", "macro_f1")),
+    "admc_validation_macro_f1": ("ADMC validation macro-F1", ("validation", "macro_f1")),
 }
-COLUMNS = {"admc_accuracy": "ADMC accuracy", "admc_macro_f1": "ADMC macro-F1", "ac_accuracy": "AC accuracy",
-           "ac_macro_f1": "AC macro-F1", "nc_accuracy": "NC accuracy", "nc_macro_f1": "NC macro-F1",
-           "admc_validation_macro_f1": "ADMC validation macro-F1"}
 
 
 @dataclass(frozen=True)
@@ -132,7 +129,7 @@ def read_cell(cell: Cell, project: Path, refs: dict[str, str]) -> CellResult:
         return CellResult(cell, "missing")
     metrics = json.loads(_git(project, "show", f"{ref}:reports/metrics.json"))
     augment = json.loads(_git(project, "show", f"{ref}:reports/augment.json"))
-    figures = {name: _dig(metrics, keys) for name, keys in FIGURES.items()}
+    figures = {name: _dig(metrics, keys) for name, (_, keys) in FIGURES.items()}
     return CellResult(cell, "done", figures, augment["rows"]["generated"], _git(project, "rev-parse", ref).strip()[:10])
 
 
@@ -236,7 +233,7 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
         shown = [f for f in FIGURES if not f.startswith("nc_") or any(r[f]["mean"] is not None for r in grid_rows)]
         lines += [f"## {spec.title}", "", f"Grid `{grid}`; common params: {_overrides_text(spec.base) or 'none'}"
                   + (f"; this grid's budget: {_overrides_text(spec.budget)}" if spec.budget else "") + ".", "",
-                  "| variant | " + " | ".join(COLUMNS[f] for f in shown) + " | generated rows | seeds |",
+                  "| variant | " + " | ".join(FIGURES[f][0] for f in shown) + " | generated rows | seeds |",
                   "|---" * (len(shown) + 3) + "|"]
         for row in grid_rows:
             generated = row["generated_rows"][0] if row["generated_rows"] else "—"

@@ -104,12 +104,12 @@ def draw_generated(questions: list[LabeledQuestion], targets: dict[str, int], ge
     drawn, short = [], {}
     for class_id in sorted(have):
         need = max(0, targets.get(class_id, 0) - have[class_id])
-        rows = sorted(pool[class_id], key=lambda r: r.source)  # file order, then a seeded shuffle
+        rows = sorted(pool[class_id], key=lambda r: r.source)  # a fixed order (by source), then a seeded shuffle
         rng.shuffle(rows)
-        drawn += [replace(row, source=f"file:{row.source}") for row in rows[:need]]
+        drawn += [replace(row, source=f"{SOURCE_PREFIX['file']}:{row.source}") for row in rows[:need]]
         short[class_id] = have[class_id] + max(0, need - len(rows))
     copies = pick_originals(questions, short, rng)
-    return drawn + [replace(q, generated=True, source=f"oversample:{q.source}") for q in copies]
+    return drawn + [replace(q, generated=True, source=f"{SOURCE_PREFIX['none']}:{q.source}") for q in copies]
 
 
 def oversample(questions: list[LabeledQuestion], targets: dict[str, int], seed: int, explicit: str = "none",
@@ -144,8 +144,8 @@ def load_generated(path: Path | None, explicit: str) -> list[LabeledQuestion]:
 def _file_report(questions: list[LabeledQuestion], generated: list[LabeledQuestion], extra: list[LabeledQuestion]) -> dict:
     usable = usable_generated(questions, generated)
     return {"offline_rows": len(generated), "usable": len(usable), "made_from_held_out_questions": len(generated) - len(usable),
-            "drawn": sum(q.source.startswith("file:") for q in extra),
-            "copies_where_too_few": sum(q.source.startswith("oversample:") for q in extra)}
+            "drawn": sum(q.source.startswith(f"{SOURCE_PREFIX['file']}:") for q in extra),
+            "copies_where_too_few": sum(q.source.startswith(f"{SOURCE_PREFIX['none']}:") for q in extra)}
 
 
 def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, report_path: Path,

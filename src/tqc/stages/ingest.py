@@ -14,6 +14,8 @@ from tqc.config import DataParams, GeneratedData
 from tqc.io import write_json, write_jsonl
 from tqc.readers import ReaderError, RejectedRow, ReadResult, read_additions, read_dataset, read_generated, with_added_classes
 from tqc.schema import LabeledQuestion, save_questions
+from tqc.stages.augment import usable_generated
+from tqc.stages.validate import normalise
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,7 @@ def attribute_generated(generated: list[LabeledQuestion], originals: list[Labele
     """
     postings: dict[tuple[str, str], list[int]] = defaultdict(list)  # (class, word) → originals holding it
     original_words = [_words(q.text) for q in originals]
+    original_keys = [normalise(q.text) for q in originals]
     for index, (question, words) in enumerate(zip(originals, original_words)):
         for word in words:
             postings[(question.class_id, word)].append(index)
@@ -97,13 +100,13 @@ def attribute_generated(generated: list[LabeledQuestion], originals: list[Labele
         candidates = {i for word in words for i in postings.get((row.class_id, word), ())}
         overlaps = {i: len(words & original_words[i]) / len(words | original_words[i]) for i in candidates}
         best = max(overlaps.values(), default=0.0)
-        file, _, line = row.source.rpartition(":")
         if best < params.min_overlap:
+            file, _, line = row.source.rpartition(":")
             reason = "empty text" if not words else (f"cannot tell which training question of class {row.class_id!r} it was made from: best word "
                       f"overlap {best:.2f} < data.generated.min_overlap {params.min_overlap}")
             attribution.rejected.append(RejectedRow(file, int(line) if line.isdigit() else 0, reason,
                                                     f"{row.text},{row.class_id}"))
-        elif any(originals[i].text.casefold().split() == row.text.casefold().split() for i in overlaps):
+        elif normalise(row.text) in {original_keys[i] for i in overlaps}:
             attribution.copies += 1
         else:
             origins = tuple(sorted(originals[i].source for i, o in overlaps.items() if o >= best - params.margin))
@@ -120,8 +123,7 @@ def _generated_rows(params: DataParams, originals: list[LabeledQuestion]) -> tup
 
 
 def _generated_report(generated: Attribution, read: int, train: list[LabeledQuestion]) -> dict:
-    in_train = {q.source for q in train}
-    usable = sum(set(row.origins) <= in_train for row in generated.rows)
+    usable = len(usable_generated(train, generated.rows))
     return {"read": read, "attributed": len(generated.rows), "copies_of_their_original": generated.copies,
             "quarantined": len(generated.rejected), "usable_with_this_split": usable,
             "made_from_held_out_questions": len(generated.rows) - usable}
