@@ -5,6 +5,11 @@ figure in `reports/ablations.md` is what `dvc repro` trains with those params, a
 stays in DVC as a named experiment (`dvc exp show`, `dvc exp apply <name>`). A cell whose
 experiment already exists is read back, never trained again, so an interrupted grid resumes.
 Names carry a hash of the cell's params: change the budget or a variant and the cell is new.
+
+Experiments live in one repository's git refs, but a report is committed and outlives the
+machine that ran its cells. So a cell that has no experiment here and is recorded, under the
+same name, in the `ablations.json` the report replaces is read from that record ("recorded",
+marked in the table), not trained again; `--rerun` trains it here.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ class Cell:
 @dataclass
 class CellResult:
     cell: Cell
-    status: str  # done | failed | missing
+    status: str  # done (an experiment here) | recorded (in the report this one replaces) | missing
     figures: dict = field(default_factory=dict)
     generated_rows: int | None = None
     experiment_rev: str | None = None
@@ -133,6 +138,35 @@ def read_cell(cell: Cell, project: Path, refs: dict[str, str]) -> CellResult:
     return CellResult(cell, "done", figures, augment["rows"]["generated"], _git(project, "rev-parse", ref).strip()[:10])
 
 
+def recorded_cells(report: Path) -> dict[str, CellResult]:
+    """Experiment name → what an earlier `ablations.json` recorded of it, seed by seed.
+
+    Reports since this format list each finished seed under `cells`; older ones only kept each
+    figure's values in `experiments` order, which can be paired with the names only where a
+    figure has a value for every seed (or none), so other rows are not read back.
+    """
+    if not report.exists():
+        return {}
+    recorded = {}
+    for row in json.loads(report.read_text(encoding="utf-8"))["rows"]:
+        for entry in row.get("cells") or _cells_of_old_row(row):
+            cell = Cell(row["grid"], row["variant"], entry["seed"], {})
+            figures = {name: entry["figures"].get(name) for name in FIGURES}
+            recorded[entry["experiment"]] = CellResult(cell, "recorded", figures, entry["generated_rows"], entry.get("rev"))
+    return recorded
+
+
+def _cells_of_old_row(row: dict) -> list[dict]:
+    names, count = row["experiments"], len(row["experiments"])
+    lengths = {len(row[name]["values"]) for name in FIGURES if name in row}
+    if not lengths <= {0, count} or len(row["generated_rows"]) != count:
+        log.warning("ablate: %s · %s: its recorded figures cannot be paired with seeds; not read back", row["grid"], row["variant"])
+        return []
+    return [{"experiment": name, "seed": seed, "generated_rows": row["generated_rows"][i],
+             "figures": {f: row[f]["values"][i] if f in row and row[f]["values"] else None for f in FIGURES}}
+            for i, (name, seed) in enumerate(zip(names, row["seeds_done"]))]
+
+
 def _dig(tree: dict, keys: tuple[str, ...]):
     for key in keys:
         if tree is None:  # a section the cell did not produce (nc: null when NC was not trained)
@@ -169,15 +203,24 @@ def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None
     cells = [cell for grid in chosen
              for cell in grid_cells(grid, params.ablate.grids[grid], seeds or params.ablate.seeds, params.ablate.budget, local)
              if (not variants or cell.variant.split(" · ")[0] in variants) and matches(cell, where or {})]
+    recorded = recorded_cells(out_dir / "ablations.json")
     if run:
         refs = experiment_refs(project)
         for cell in cells:
-            if rerun or cell.name not in refs:
+            if rerun or (cell.name not in refs and cell.name not in recorded):
                 run_cell(cell, project)
     refs = experiment_refs(project)
-    results = [read_cell(cell, project, refs) for cell in cells]
+    results = [_or_recorded(read_cell(cell, project, refs), recorded) for cell in cells]
     write_report(params, chosen, results, out_dir)
     return results
+
+
+def _or_recorded(result: CellResult, recorded: dict[str, CellResult]) -> CellResult:
+    """The experiment here wins; without one, the earlier report's record of the same name."""
+    if result.status != "missing" or result.cell.name not in recorded:
+        return result
+    record = recorded[result.cell.name]
+    return CellResult(result.cell, "recorded", record.figures, record.generated_rows, record.experiment_rev)
 
 
 def summarise(results: list[CellResult]) -> list[dict]:
@@ -187,11 +230,14 @@ def summarise(results: list[CellResult]) -> list[dict]:
         groups.setdefault((result.cell.grid, result.cell.variant), []).append(result)
     rows = []
     for (grid, variant), members in groups.items():
-        done = [m for m in members if m.status == "done"]
+        done = [m for m in members if m.status in ("done", "recorded")]
         row = {"grid": grid, "variant": variant, "seeds_done": [m.cell.seed for m in done],
-               "seeds_missing": [m.cell.seed for m in members if m.status != "done"],
+               "seeds_missing": [m.cell.seed for m in members if m.status not in ("done", "recorded")],
+               "seeds_recorded": [m.cell.seed for m in done if m.status == "recorded"],
                "generated_rows": [m.generated_rows for m in done], "experiments": [m.cell.name for m in done],
-               "settings": {path: value for path, value in members[0].cell.overrides.items() if path != "seed"}}
+               "settings": {path: value for path, value in members[0].cell.overrides.items() if path != "seed"},
+               "cells": [{"experiment": m.cell.name, "seed": m.cell.seed, "status": m.status, "rev": m.experiment_rev,
+                          "generated_rows": m.generated_rows, "figures": m.figures} for m in done]}
         for figure in FIGURES:
             values = [m.figures[figure] for m in done if m.figures.get(figure) is not None]
             row[figure] = {"mean": float(np.mean(values)) if values else None,
@@ -226,6 +272,9 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
              "Written by `tqc ablate` from DVC experiments (`dvc exp show` lists them by the names below). "
              f"Test figures in %, mean ± sample std (ddof = 1) over seeds; budget: {budget}. AC is stage one alone, ADMC stage two, "
              "both from the same run. Nothing was chosen on test.", ""]
+    if any(row["seeds_recorded"] for row in rows):
+        lines += ["Seeds marked † were read from the report this one replaced: their experiments ran on another "
+                  "machine and are not among this repository's (`tqc ablate --rerun` trains them here).", ""]
     for grid in grids:
         spec = params.ablate.grids[grid]
         grid_rows = [r for r in rows if r["grid"] == grid]
@@ -237,7 +286,8 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
                   "|---" * (len(shown) + 3) + "|"]
         for row in grid_rows:
             generated = row["generated_rows"][0] if row["generated_rows"] else "—"
-            seeds = ", ".join(map(str, row["seeds_done"])) + (f" (missing {row['seeds_missing']})" if row["seeds_missing"] else "")
+            seeds = ", ".join(f"{s}†" if s in row["seeds_recorded"] else str(s) for s in row["seeds_done"])
+            seeds += f" (missing {row['seeds_missing']})" if row["seeds_missing"] else ""
             figures = [_cell_text(row[figure]) for figure in shown]
             lines.append(f"| {row['variant']} | " + " | ".join(figures) + f" | {generated} | {seeds} |")
         lines.append("")

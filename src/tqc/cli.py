@@ -186,7 +186,7 @@ def dispatch(args: argparse.Namespace) -> None:
         where = flatten(parse_overrides(args.where))
         results = ablate(params, Path.cwd(), args.out, args.grid, args.variant, args.seeds, not args.report_only, args.rerun,
                          where)
-        failed = [r.cell.name for r in results if r.status != "done"]
+        failed = [r.cell.name for r in results if r.status == "missing"]
         if failed:
             print(f"tqc ablate: {len(failed)} cell(s) without a finished experiment: {', '.join(failed)}", file=sys.stderr)
             raise SystemExit(1)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tqc.ablate import Cell, CellResult, grid_cells, matches, render_markdown, set_arguments, summarise
+import json
+
+from tqc.ablate import (Cell, CellResult, _or_recorded, grid_cells, matches, recorded_cells, render_markdown, set_arguments,
+                        summarise)
 from tqc.config import AblationGrid, Params
 
 GRID = AblationGrid(title="Options on long tails", base={"data.dataset": "trec6"},
@@ -101,3 +104,50 @@ def test_where_narrows_the_cells_that_set_the_path_and_keeps_the_others():
     kept = [c.variant for c in imbalanced + trec50 if matches(c, {"data.imbalance_ratio": 50})]
     assert kept == ["none · ir=50", "eda · ir=50", "trec50"]
     assert [c.variant for c in imbalanced if matches(c, {"data.imbalance_ratio": 50, "augment.rebalance": "mean"})] == ["eda · ir=50"]
+
+
+def _figures(f1: float, nc: float | None = None) -> dict:
+    return {"admc_accuracy": 0.9, "admc_macro_f1": f1, "ac_accuracy": 0.8, "ac_macro_f1": f1 - 0.1,
+            "nc_accuracy": nc, "nc_macro_f1": nc, "admc_validation_macro_f1": 0.5}
+
+
+def test_a_cell_recorded_by_the_replaced_report_is_read_back_seed_by_seed_and_marked(tmp_path):
+    cells = grid_cells("aug", GRID, [0, 1], {}, {})
+    none_50 = [c for c in cells if c.variant == "none · ir=50"]
+    earlier = summarise([CellResult(none_50[0], "done", _figures(0.5, nc=0.7), 10, "abc"),
+                         CellResult(none_50[1], "done", _figures(0.7), 12, "def")])
+    (tmp_path / "ablations.json").write_text(json.dumps({"rows": earlier}))
+
+    recorded = recorded_cells(tmp_path / "ablations.json")
+    assert set(recorded) == {c.name for c in none_50}
+    assert recorded[none_50[0].name].figures["nc_accuracy"] == 0.7 and recorded[none_50[1].name].figures["nc_accuracy"] is None
+    # An experiment here wins over the record; a cell in neither stays missing.
+    here = _or_recorded(CellResult(none_50[0], "done", _figures(0.6), 10), recorded)
+    results = [here, _or_recorded(CellResult(none_50[1], "missing"), recorded),
+               _or_recorded(CellResult(cells[-1], "missing"), recorded)]
+    assert [r.status for r in results] == ["done", "recorded", "missing"]
+    assert results[1].generated_rows == 12 and results[1].experiment_rev == "def"
+    row = summarise(results)[0]
+    assert row["seeds_done"] == [0, 1] and row["seeds_recorded"] == [1]
+    assert row["admc_macro_f1"]["values"] == [0.6, 0.7]
+    params = Params.model_validate({"ablate": {"grids": {"aug": GRID.model_dump()}}})
+    table = render_markdown(params, ["aug"], summarise(results))
+    assert "| 0, 1† |" in table and "Seeds marked † were read from the report this one replaced" in table
+    assert "†" not in render_markdown(params, ["aug"], summarise([here]))
+
+
+def test_a_report_from_before_per_cell_records_is_read_back_where_its_values_pair_with_seeds(tmp_path):
+    def old_row(variant, values_by_figure):  # the format before `cells`: values in `experiments` order, None left out
+        row = {"grid": "aug", "variant": variant, "seeds_done": [0, 1], "experiments": [f"abl-{variant}-s0", f"abl-{variant}-s1"],
+               "generated_rows": [5, 5]}
+        for name in _figures(0.0):
+            values = values_by_figure.get(name, [0.9, 0.8])
+            row[name] = {"mean": None, "std": None, "values": values}
+        return row
+
+    rows = [old_row("paired", {"nc_accuracy": [], "nc_macro_f1": []}), old_row("ambiguous", {"nc_accuracy": [0.7]})]
+    (tmp_path / "ablations.json").write_text(json.dumps({"rows": rows}))
+    recorded = recorded_cells(tmp_path / "ablations.json")
+    assert set(recorded) == {"abl-paired-s0", "abl-paired-s1"}  # NC trained in one seed of two: which one is unknown
+    assert recorded["abl-paired-s1"].figures["admc_macro_f1"] == 0.8 and recorded["abl-paired-s1"].figures["nc_accuracy"] is None
+    assert recorded["abl-paired-s1"].cell.seed == 1 and recorded_cells(tmp_path / "none.json") == {}
