@@ -124,11 +124,17 @@ def _csv_records(path: Path) -> list[tuple[int, list[str]]]:
     return records
 
 
+def _blank(fields: list[str]) -> bool:
+    """A blank line (no field, or one of only spaces) is not a record. A record of empty fields (`,`)
+    is one, and is judged (quarantined) like any other: skipping it would lose a row silently."""
+    return len(fields) <= 1 and not "".join(fields).strip()
+
+
 def read_headerless_pairs(path: Path) -> ReadResult:
     """COVID-Q split files: no header, two columns (question, label)."""
     result = ReadResult()
     for line_number, fields in _csv_records(path):
-        if not any(f.strip() for f in fields):
+        if _blank(fields):
             continue
         if len(fields) != 2:
             result.rejected.append(
@@ -169,7 +175,7 @@ def _csv_dict_records(path: Path) -> list[tuple[int, dict | str, str]]:
     header = [h.strip() for h in records[0][1]]
     rows = []
     for line_number, fields in records[1:]:
-        if not any(f.strip() for f in fields):
+        if _blank(fields):
             continue
         if len(fields) != len(header):
             rows.append((line_number, f"expected {len(header)} columns as in the header, found {len(fields)}", ",".join(fields)))

@@ -67,6 +67,12 @@ def test_headerless_pairs_reject_wrong_column_counts_and_keep_quoted_newlines(tm
     assert result.rows[1].source.endswith(":3")
 
 
+def test_headerless_pairs_quarantine_a_record_of_empty_fields_and_skip_blank_lines(tmp_path):
+    result = read_headerless_pairs(write(tmp_path, "p.csv", b"is it safe,Prevention\n\n  \n,\n"))
+    assert [q.text for q in result.rows] == ["is it safe"]
+    assert [(r.line, r.reason) for r in result.rejected] == [(4, "empty label")]
+
+
 def test_empty_file_is_a_clear_error(tmp_path):
     with pytest.raises(ReaderError, match="empty"):
         read_headerless_pairs(write(tmp_path, "e.csv", b""))
