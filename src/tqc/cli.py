@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     ablate.add_argument("--report-only", action="store_true", help="train nothing; tabulate the experiments that exist")
     ablate.add_argument("--rerun", action="store_true", help="run cells again even when their experiment exists")
     ablate.add_argument("--out", type=Path, default=Path("reports"))
+    predict = commands.add_parser("predict", help="the top-k standard questions for questions, from a trained model "
+                                  "(the registry's pyfunc code, loaded locally); JSON lines")
+    predict.add_argument("questions", nargs="*", help="questions to match")
+    predict.add_argument("--file", type=Path, help="more questions, one a line ('-': standard input)")
+    predict.add_argument("--model", type=Path, default=Path("models/stage_two"))
+    predict.add_argument("--catalog", type=Path, default=Path("data/validated/catalog.jsonl"))
+    predict.add_argument("--top-k", type=int, default=3)
     bench = commands.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument("what", choices=["epochs", "validate"], help="epochs: seconds per epoch, stage one vs stage two "
                        "at the same batch size; validate: seconds the validate stage adds on --dataset")
@@ -102,6 +109,9 @@ def dispatch(args: argparse.Namespace) -> None:
             fetch.fetch(args.dest)
         for path, ok in fetch.verify(args.dest).items():
             print(f"{'ok' if ok else 'MISSING OR CHANGED'}  {path}")
+        return
+    if command == "predict":  # needs a model folder and a catalog, not params.yaml
+        _predict(args)
         return
     if command == "tune" and args.apply:
         from tqc.tune import apply_best
@@ -197,6 +207,24 @@ def dispatch(args: argparse.Namespace) -> None:
             bench.epochs(params, args.steps, args.batch_size, args.data, args.train)
         else:
             bench.validate_stage(args.params, args.dataset)
+
+
+def _predict(args: argparse.Namespace) -> None:
+    import json
+
+    from tqc.serving import local_matcher, ranked_records
+
+    questions = list(args.questions)
+    if args.file is not None:
+        text = sys.stdin.read() if str(args.file) == "-" else args.file.read_text(encoding="utf-8")
+        questions += [line.strip() for line in text.splitlines() if line.strip()]
+    if not questions:
+        raise ConfigError("no questions: give them as arguments or with --file")
+    if args.top_k < 1:
+        raise ConfigError(f"--top-k {args.top_k}: must be at least 1")
+    answers = local_matcher(args.model, args.catalog, args.top_k).predict(None, questions, {"top_k": args.top_k})
+    for record in ranked_records(questions, answers):
+        print(json.dumps(record, ensure_ascii=False))
 
 
 def parse_overrides(items: list[str]) -> dict:

@@ -46,6 +46,31 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
 
 
+def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5) -> StandardQuestionMatcher:
+    """The matcher the registry serves, loaded from local folders (`tqc predict`): the same code answers."""
+    from types import SimpleNamespace
+
+    from tqc.model.encoder import MODEL_CONFIG
+
+    if not (Path(model_dir) / MODEL_CONFIG).exists():
+        raise FileNotFoundError(f"{model_dir}: not a tqc model folder (no {MODEL_CONFIG}; `dvc repro` writes models/stage_two)")
+    if not Path(catalog_path).exists():
+        raise FileNotFoundError(f"{catalog_path}: no catalog there (`dvc repro` writes data/validated/catalog.jsonl)")
+    matcher = StandardQuestionMatcher()
+    matcher.load_context(SimpleNamespace(artifacts={"model": str(model_dir), "catalog": str(catalog_path)},
+                                         model_config={"top_k": top_k}))
+    return matcher
+
+
+def ranked_records(questions: list[str], answers: pd.DataFrame) -> list[dict]:
+    """`predict`'s rows (question, rank, …) → one record per question, as evaluate writes its predictions."""
+    per_question = len(answers) // len(questions) if questions else 0
+    return [{"text": question,
+             "top_k": [{"class_id": row.class_id, "standard_question": row.standard_question, "score": round(row.score, 6)}
+                       for row in answers.iloc[i * per_question:(i + 1) * per_question].itertuples()]}
+            for i, question in enumerate(questions)]
+
+
 def _questions(model_input) -> list[str]:
     if isinstance(model_input, pd.DataFrame):
         column = "question" if "question" in model_input.columns else model_input.columns[0]

@@ -1,0 +1,45 @@
+"""`tqc predict`: a saved model and catalog answer questions through the registry's own pyfunc code."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from tests.model.test_encoder import tiny_bi_encoder
+from tqc.cli import main
+from tqc.schema import Catalog, StandardQuestion
+
+CATALOG = Catalog([StandardQuestion("loc", "Where is it?"), StandardQuestion("hum", "Who is it?"),
+                   StandardQuestion("num", "How many are there?")])
+
+
+def test_predict_prints_each_questions_top_k_ranked_as_the_model_scores_them(tiny_model_dir, tmp_path, capsys):
+    torch.manual_seed(0)
+    model = tiny_bi_encoder(tiny_model_dir).eval()
+    model.save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    (tmp_path / "more.txt").write_text("who wrote it\n\n  how many cats  \n", encoding="utf-8")
+    questions = ["where is paris", "who wrote it", "how many cats"]
+
+    code = main(["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
+                 "--top-k", "2", questions[0], "--file", str(tmp_path / "more.txt")])
+
+    assert code == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["text"] for r in records] == questions  # arguments first, then the file's non-blank lines, stripped
+    with torch.no_grad():
+        scores = model.score(model.question.encode(questions), model.standard.encode(CATALOG.texts))  # (3, P)
+    for record, row in zip(records, scores):
+        expected = [CATALOG.class_ids[i] for i in row.argsort(descending=True)[:2].tolist()]
+        assert [a["class_id"] for a in record["top_k"]] == expected
+        assert record["top_k"][0]["score"] >= record["top_k"][1]["score"]
+        assert record["top_k"][0]["standard_question"] == CATALOG.texts[CATALOG.class_ids.index(expected[0])]
+
+
+def test_predict_without_a_model_or_questions_is_a_clear_error(tmp_path, capsys):
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    assert main(["predict", "--model", str(tmp_path / "nowhere"), "--catalog", str(tmp_path / "catalog.jsonl"), "q"]) == 2
+    assert "nowhere: not a tqc model folder" in capsys.readouterr().err
+    assert main(["predict", "--model", str(tmp_path / "nowhere")]) == 2
+    assert "no questions" in capsys.readouterr().err
