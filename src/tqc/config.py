@@ -44,6 +44,10 @@ class GeneratedData(Strict):
     # augment uses a row only when every origin is in train. Rows under min_overlap are quarantined.
     min_overlap: float = Field(0.5, gt=0.0, le=1.0)
     margin: float = Field(0.1, ge=0.0, le=1.0)
+    # `custom` only: the file's column holding the text of the training question each row was
+    # made from. Attribution is then exact (the same-class training question with that text, case
+    # and spaces aside), and the overlap rule above is not used; a row naming no such question is quarantined.
+    source_column: str | None = None
 
 
 class DataParams(Strict):
@@ -358,6 +362,13 @@ class Params(Strict):
         if self.augment.explicit == "file" and not self.data.generated.path:
             raise ValueError("augment.explicit is 'file' but data.generated.path is not set (a file of rows made "
                              "offline, under data.data_dir, e.g. covid-q/categories/train20_augmented.csv)")
+        return self
+
+    @model_validator(mode="after")
+    def _source_column_needs_a_custom_file(self) -> "Params":
+        if self.data.generated.source_column and self.data.dataset != "custom":
+            raise ValueError(f"data.generated.source_column is set but data.dataset is {self.data.dataset!r}: only a custom "
+                             "file (data.custom's columns) can name each row's source question")
         return self
 
     @model_validator(mode="after")

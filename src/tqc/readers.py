@@ -43,10 +43,13 @@ class RejectedRow:
 class ReadResult:
     rows: list[LabeledQuestion] = field(default_factory=list)
     rejected: list[RejectedRow] = field(default_factory=list)
+    # A row's source ("file:line") → the text in read_table's `source_column` (rows made offline)
+    named_sources: dict[str, str] = field(default_factory=dict)
 
     def extend(self, other: "ReadResult") -> None:
         self.rows.extend(other.rows)
         self.rejected.extend(other.rejected)
+        self.named_sources.update(other.named_sources)
 
 
 @dataclass
@@ -149,15 +152,16 @@ def read_headerless_pairs(path: Path) -> ReadResult:
     return result
 
 
-def read_table(path: Path, text_column: str, label_column: str) -> ReadResult:
-    """A user's CSV (with header) or JSONL file, through a column mapping."""
+def read_table(path: Path, text_column: str, label_column: str, source_column: str | None = None) -> ReadResult:
+    """A user's CSV (with header) or JSONL file, through a column mapping; `source_column`, for
+    rows made offline, names the question each row was made from (kept in `named_sources`)."""
     records = _jsonl_records(path) if path.suffix.lower() in {".jsonl", ".ndjson"} else _csv_dict_records(path)
     result = ReadResult()
     for line_number, record, original in records:
         if isinstance(record, str):  # the record could not be parsed; the string says why
             result.rejected.append(RejectedRow(str(path), line_number, record, original))
             continue
-        missing = [c for c in (text_column, label_column) if c not in record]
+        missing = [c for c in (text_column, label_column, source_column) if c is not None and c not in record]
         if missing:
             result.rejected.append(RejectedRow(str(path), line_number, f"missing column(s) {missing}", original))
             continue
@@ -166,6 +170,8 @@ def read_table(path: Path, text_column: str, label_column: str) -> ReadResult:
             result.rejected.append(RejectedRow(str(path), line_number, "empty label", original))
             continue
         result.rows.append(LabeledQuestion(str(text or "").strip(), str(label).strip(), f"{path}:{line_number}"))
+        if source_column is not None:
+            result.named_sources[f"{path}:{line_number}"] = str(record[source_column] or "").strip()
     return result
 
 
@@ -262,7 +268,8 @@ def read_generated(params: DataParams) -> ReadResult:
         return ReadResult()
     path = Path(params.data_dir) / params.generated.path
     if params.dataset == "custom":
-        reader = partial(read_table, text_column=params.custom.text_column, label_column=params.custom.label_column)
+        reader = partial(read_table, text_column=params.custom.text_column, label_column=params.custom.label_column,
+                         source_column=params.generated.source_column)
     else:
         reader = official_files(params)[2]
     return require_rows(reader(path), path)

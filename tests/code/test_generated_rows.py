@@ -134,3 +134,55 @@ def test_ingest_and_validate_carry_offline_rows_in_the_dataset_format(tmp_path):
     used = [q for q in load_questions(prepared.train) if q.source.startswith("file:")]
     usable = [q for q in validated if set(q.origins) <= in_train]
     assert usable and sorted(q.text for q in used) == sorted(q.text for q in usable)  # all of them: 3 needed a class
+
+
+def test_a_file_that_names_each_rows_source_is_attributed_exactly():
+    from tqc.stages.ingest import attribute_named
+
+    originals = ORIGINALS + [LabeledQuestion("Can my dog  give me COVID", "transmission", "train.csv:5")]  # a repeat
+    rows = generated(("will my pet infect me", "transmission"),            # no word in common: overlap could not tell
+                     ("what are the earliest signs", "symptoms"),
+                     ("is losing smell a symptom", "symptoms"),           # its source's own text
+                     ("how does it spread", "transmission"),              # names a question of another class
+                     ("", "symptoms"))
+    named = {"aug.csv:1": "can my dog give me covid", "aug.csv:2": "What are the first symptoms of COVID",
+             "aug.csv:3": "is losing smell a symptom", "aug.csv:4": "what are the first symptoms of covid",
+             "aug.csv:5": "is losing smell a symptom"}
+    attribution = attribute_named(rows, originals, named)
+    assert [(r.text, r.origins) for r in attribution.rows] == [
+        ("will my pet infect me", ("train.csv:2", "train.csv:5")),  # both copies of that text: either may land in validation
+        ("what are the earliest signs", ("train.csv:3",)),
+    ]
+    assert attribution.copies == 1
+    assert [(r.line, r.reason) for r in attribution.rejected] == [
+        (4, "its source question 'what are the first symptoms of covid' is not a training question of class 'transmission'"),
+        (5, "empty text")]
+
+
+def test_ingest_reads_the_source_column_of_a_custom_file(tmp_path):
+    from tqc.pipeline import prepare_data
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.csv").write_text("question,label\n" + "".join(
+        f"question number {i} about {c},{c}\n" for c in ("a", "b") for i in range(10)))
+    (data / "test.csv").write_text("question,label\nsomething else entirely,a\nand another one,b\n")
+    (data / "paraphrases.csv").write_text("question,label,made_from\n"
+                                          "a rewrite with no shared word,a,question number 3 about a\n"
+                                          "another rewrite,b,not a training question\n"
+                                          "a third rewrite,b\n")
+    custom = {"train": "train.csv", "test": "test.csv", "catalog": None, "text_column": "question", "label_column": "label"}
+    overrides = {"data": {"dataset": "custom", "data_dir": str(data), "additions": None, "custom": custom,
+                          "generated": {"path": "paraphrases.csv", "source_column": "made_from"}},
+                 "augment": {"explicit": "file", "rebalance": "count", "target_count": 12}}
+    prepare_data(load_params("params.yaml", overrides), tmp_path / "work")
+    report = json.loads((tmp_path / "work" / "reports" / "ingest.json").read_text())["generated"]
+    assert (report["read"], report["attributed"], report["quarantined"]) == (3, 1, 2)
+    quarantined = sorted((json.loads(line) for line in (tmp_path / "work" / "quarantine" / "ingest.jsonl").read_text().splitlines()),
+                         key=lambda q: q["line"])
+    assert [q["line"] for q in quarantined] == [3, 4]
+    assert "not a training question of class 'b'" in quarantined[0]["reason"] and "columns" in quarantined[1]["reason"]
+
+    overrides["data"]["dataset"] = "covidq-categories"
+    with pytest.raises(ConfigError, match="source_column is set but data.dataset is 'covidq-categories'"):
+        load_params("params.yaml", overrides)

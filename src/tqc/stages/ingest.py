@@ -114,10 +114,35 @@ def attribute_generated(generated: list[LabeledQuestion], originals: list[Labele
     return attribution
 
 
+def attribute_named(generated: list[LabeledQuestion], originals: list[LabeledQuestion], named: dict[str, str]) -> Attribution:
+    """Exact attribution: each row's origins are the same-class originals whose text is the one its
+    file names (`data.generated.source_column`), case and spaces aside; several when that text repeats."""
+    by_text: dict[tuple[str, str], list[str]] = defaultdict(list)  # (class, normalised text) → sources
+    for question in originals:
+        by_text[(question.class_id, normalise(question.text))].append(question.source)
+    attribution = Attribution([], 0, [])
+    for row in generated:
+        named_text = named.get(row.source, "")
+        origins = by_text.get((row.class_id, normalise(named_text)), [])
+        if not origins or not row.text.strip():
+            file, _, line = row.source.rpartition(":")
+            reason = "empty text" if not row.text.strip() else (
+                f"its source question {named_text!r} is not a training question of class {row.class_id!r}")
+            attribution.rejected.append(RejectedRow(file, int(line) if line.isdigit() else 0, reason, f"{row.text},{row.class_id}"))
+        elif normalise(row.text) == normalise(named_text):
+            attribution.copies += 1
+        else:
+            attribution.rows.append(replace(row, generated=True, origins=tuple(sorted(origins))))
+    return attribution
+
+
 def _generated_rows(params: DataParams, originals: list[LabeledQuestion]) -> tuple[Attribution, int]:
     """(data.generated's rows attributed to the official training questions, rows read)."""
     generated: ReadResult = read_generated(params)
-    attribution = attribute_generated(generated.rows, originals, params.generated)
+    if params.generated.source_column:
+        attribution = attribute_named(generated.rows, originals, generated.named_sources)
+    else:
+        attribution = attribute_generated(generated.rows, originals, params.generated)
     attribution.rejected[:0] = generated.rejected
     return attribution, len(generated.rows) + len(generated.rejected)
 
