@@ -3,7 +3,8 @@
     python flows/tune.py                          # locally: 2 workers share the study in tune.storage
 
 Each task is one `tqc tune --worker i` process (separate processes, so trials really run in
-parallel); they share one study through `tune.storage`, and the last one writes the reports.
+parallel); they share one study through `tune.storage`, and each writes the reports from the whole study
+under a file lock in `out`, so the last writer's reports hold every worker's trials.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
         parent.log_params({"tune": params.tune.model_dump(mode="json"), "data.dataset": params.data.dataset})
         objective = _objective(params, base, data, study_dir, worker)
         study.optimize(objective, n_trials=trials or settings.trials, catch=())
-        result = write_reports(study, params, data, study_dir, out_dir)
+        result = write_reports_locked(study, params, data, study_dir, out_dir)
         parent.log_metrics({"best_validation_macro_f1": result.summary["best"]["validation_macro_f1"]})
         parent.log_artifact(out_dir)
     return result
@@ -240,6 +240,18 @@ def _drop_models(trial_dir: Path, params: Params) -> None:
     if not params.tune.keep_models:
         for name in ("stage_one", "stage_two"):
             shutil.rmtree(trial_dir / name, ignore_errors=True)
+
+
+def write_reports_locked(study, params: Params, data: PreparedData, study_dir: Path, out_dir: Path) -> TuneResult:
+    """`write_reports` under a file lock in `out_dir`. Workers that share a study and an out_dir
+    finish at nearly the same time; without the lock, one that read the study before another's
+    last trial completed could write its stale summary last. Each reads the study inside the
+    lock, so the last writer has seen every trial finished before it."""
+    from filelock import FileLock
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out_dir / ".tune-reports.lock")):
+        return write_reports(study, params, data, study_dir, out_dir)
 
 
 def write_reports(study, params: Params, data: PreparedData, study_dir: Path, out_dir: Path) -> TuneResult:
