@@ -9,7 +9,8 @@ Names carry a hash of the cell's params: change the budget or a variant and the 
 Experiments live in one repository's git refs, but a report is committed and outlives the
 machine that ran its cells. So a cell that has no experiment here and is recorded, under the
 same name, in the `ablations.json` the report replaces is read from that record ("recorded",
-marked in the table), not trained again; `--rerun` trains it here.
+marked in the table), not trained again; `--rerun` trains it here. Records of cells outside a
+narrowed run (`--grid`, `--variant`, `--where`, `--seeds`) stay in the JSON (`other_cells`).
 """
 
 from __future__ import annotations
@@ -147,13 +148,21 @@ def recorded_cells(report: Path) -> dict[str, CellResult]:
     """
     if not report.exists():
         return {}
+    content = json.loads(report.read_text(encoding="utf-8"))
+    entries = [{"grid": row["grid"], "variant": row["variant"], **entry}
+               for row in content["rows"] for entry in (row.get("cells") or _cells_of_old_row(row))]
     recorded = {}
-    for row in json.loads(report.read_text(encoding="utf-8"))["rows"]:
-        for entry in row.get("cells") or _cells_of_old_row(row):
-            cell = Cell(row["grid"], row["variant"], entry["seed"], {})
-            figures = {name: entry["figures"].get(name) for name in FIGURES}
-            recorded[entry["experiment"]] = CellResult(cell, "recorded", figures, entry["generated_rows"], entry.get("rev"))
+    for entry in entries + content.get("other_cells", []):
+        cell = Cell(entry["grid"], entry["variant"], entry["seed"], {})
+        figures = {name: entry["figures"].get(name) for name in FIGURES}
+        recorded[entry["experiment"]] = CellResult(cell, "recorded", figures, entry["generated_rows"], entry.get("rev"))
     return recorded
+
+
+def _record(name: str, result: CellResult) -> dict:
+    return {"grid": result.cell.grid, "variant": result.cell.variant, "experiment": name, "seed": result.cell.seed,
+            "status": "recorded", "rev": result.experiment_rev, "generated_rows": result.generated_rows,
+            "figures": result.figures}
 
 
 def _cells_of_old_row(row: dict) -> list[dict]:
@@ -204,14 +213,21 @@ def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None
              for cell in grid_cells(grid, params.ablate.grids[grid], seeds or params.ablate.seeds, params.ablate.budget, local)
              if (not variants or cell.variant.split(" · ")[0] in variants) and matches(cell, where or {})]
     recorded = recorded_cells(out_dir / "ablations.json")
+    failed: set[str] = set()
     if run:
         refs = experiment_refs(project)
         for cell in cells:
-            if rerun or (cell.name not in refs and cell.name not in recorded):
-                run_cell(cell, project)
+            if (rerun or (cell.name not in refs and cell.name not in recorded)) and not run_cell(cell, project):
+                failed.add(cell.name)
     refs = experiment_refs(project)
-    results = [_or_recorded(read_cell(cell, project, refs), recorded) for cell in cells]
-    write_report(params, chosen, results, out_dir)
+    # A cell asked to train here (--rerun, or a failed run) is not stood in for by an old record.
+    fallback = {} if rerun and run else {name: r for name, r in recorded.items() if name not in failed}
+    results = [_or_recorded(read_cell(cell, project, refs), fallback) for cell in cells]
+    shown = {r.cell.name for r in results if r.status != "missing"}
+    kept = [_record(name, r) for name, r in recorded.items() if name not in shown]
+    if kept:
+        log.info("ablate: %d recorded cell(s) not in this report's table stay in its ablations.json", len(kept))
+    write_report(params, chosen, results, out_dir, kept)
     return results
 
 
@@ -246,12 +262,16 @@ def summarise(results: list[CellResult]) -> list[dict]:
     return rows
 
 
-def write_report(params: Params, grids: list[str], results: list[CellResult], out_dir: Path) -> None:
+def write_report(params: Params, grids: list[str], results: list[CellResult], out_dir: Path,
+                 other_cells: list[dict] | None = None) -> None:
+    """`other_cells`: records of earlier cells this report does not show, kept so that none is lost."""
     rows = summarise(results)
-    write_json(out_dir / "ablations.json", {"seeds": params.ablate.seeds, "budget": params.ablate.budget, "rows": rows})
+    write_json(out_dir / "ablations.json", {"seeds": params.ablate.seeds, "budget": params.ablate.budget, "rows": rows,
+                                            "other_cells": other_cells or []})
     write_text(out_dir / "ablations.md", render_markdown(params, grids, rows))
     plot(rows, grids, out_dir / "ablations.png")
-    log.info("ablate: %d of %d cells done; wrote %s", sum(r.status == "done" for r in results), len(results), out_dir / "ablations.md")
+    log.info("ablate: %d of %d cells done here, %d read from records; wrote %s", sum(r.status == "done" for r in results),
+             len(results), sum(r.status == "recorded" for r in results), out_dir / "ablations.md")
 
 
 def _cell_text(figure: dict) -> str:
@@ -273,8 +293,8 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
              f"Test figures in %, mean ± sample std (ddof = 1) over seeds; budget: {budget}. AC is stage one alone, ADMC stage two, "
              "both from the same run. Nothing was chosen on test.", ""]
     if any(row["seeds_recorded"] for row in rows):
-        lines += ["Seeds marked † were read from the report this one replaced: their experiments ran on another "
-                  "machine and are not among this repository's (`tqc ablate --rerun` trains them here).", ""]
+        lines += ["Seeds marked † were read from the report this one replaced: their experiments are not among this "
+                  "repository's (they ran in another clone; `tqc ablate --rerun` trains them here).", ""]
     for grid in grids:
         spec = params.ablate.grids[grid]
         grid_rows = [r for r in rows if r["grid"] == grid]

@@ -214,10 +214,13 @@ def _predict(args: argparse.Namespace) -> None:
 
     from tqc.serving import local_matcher, ranked_records
 
-    questions = list(args.questions)
+    lines = list(args.questions)
     if args.file is not None:
-        text = sys.stdin.read() if str(args.file) == "-" else args.file.read_text(encoding="utf-8")
-        questions += [line.strip() for line in text.splitlines() if line.strip()]
+        try:
+            lines += (sys.stdin.read() if str(args.file) == "-" else args.file.read_text(encoding="utf-8")).splitlines()
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{args.file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    questions = [line.strip() for line in lines if line.strip()]  # a blank argument or line is no question
     if not questions:
         raise ConfigError("no questions: give them as arguments or with --file")
     if args.top_k < 1:

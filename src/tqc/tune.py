@@ -13,12 +13,16 @@ share it, each sampling with its own seed.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
 import socket
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import yaml
@@ -128,9 +132,10 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
         parent.log_params({"tune": params.tune.model_dump(mode="json"), "data.dataset": params.data.dataset})
         objective = _objective(params, base, data, study_dir, worker)
         study.optimize(objective, n_trials=trials or settings.trials, catch=())
-        result = write_reports_locked(study, params, data, study_dir, out_dir)
-        parent.log_metrics({"best_validation_macro_f1": result.summary["best"]["validation_macro_f1"]})
-        parent.log_artifact(out_dir)
+        with reports_lock(out_dir):  # the reports this run logs are the ones it wrote, whole
+            result = write_reports(study, params, data, study_dir, out_dir)
+            parent.log_metrics({"best_validation_macro_f1": result.summary["best"]["validation_macro_f1"]})
+            parent.log_artifact(out_dir)
     return result
 
 
@@ -242,16 +247,20 @@ def _drop_models(trial_dir: Path, params: Params) -> None:
             shutil.rmtree(trial_dir / name, ignore_errors=True)
 
 
-def write_reports_locked(study, params: Params, data: PreparedData, study_dir: Path, out_dir: Path) -> TuneResult:
-    """`write_reports` under a file lock in `out_dir`. Workers that share a study and an out_dir
-    finish at nearly the same time; without the lock, one that read the study before another's
-    last trial completed could write its stale summary last. Each reads the study inside the
-    lock, so the last writer has seen every trial finished before it."""
+@contextmanager
+def reports_lock(out_dir: Path) -> Iterator[None]:
+    """One writer at a time for the reports in `out_dir`, across this machine's workers.
+
+    Workers that share a study and an out_dir finish at nearly the same time; without it, one that
+    read the study before another's last trial completed could write its stale summary last. Each
+    reads the study inside the lock, so the last writer has seen every trial finished before it.
+    The lock file lives in the system's temp folder (named by out_dir), not in the git-tracked reports.
+    """
     from filelock import FileLock
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(out_dir / ".tune-reports.lock")):
-        return write_reports(study, params, data, study_dir, out_dir)
+    key = hashlib.sha256(str(out_dir.resolve()).encode()).hexdigest()[:16]
+    with FileLock(str(Path(tempfile.gettempdir()) / f"tqc-tune-reports-{key}.lock")):
+        yield
 
 
 def write_reports(study, params: Params, data: PreparedData, study_dir: Path, out_dir: Path) -> TuneResult:
@@ -280,7 +289,8 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
         "note": "test figures are reported for the best and baseline trials only; they never choose anything",
     }
     write_json(out_dir / "summary.json", summary)
-    study.trials_dataframe().to_csv(out_dir / "trials.csv", index=False)
+    with atomic_path(out_dir / "trials.csv") as tmp:
+        study.trials_dataframe().to_csv(tmp, index=False)
     _plots(study, out_dir)
     log.info("tune: best trial %d validation macro-F1 %.4f (baseline %s); wrote %s", best.number, best.value,
              f"{baseline.value:.4f}" if baseline else "n/a", out_dir)

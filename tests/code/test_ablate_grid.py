@@ -151,3 +151,35 @@ def test_a_report_from_before_per_cell_records_is_read_back_where_its_values_pai
     assert set(recorded) == {"abl-paired-s0", "abl-paired-s1"}  # NC trained in one seed of two: which one is unknown
     assert recorded["abl-paired-s1"].figures["admc_macro_f1"] == 0.8 and recorded["abl-paired-s1"].figures["nc_accuracy"] is None
     assert recorded["abl-paired-s1"].cell.seed == 1 and recorded_cells(tmp_path / "none.json") == {}
+
+
+def test_a_narrowed_or_failed_run_keeps_every_earlier_record_in_the_json(tmp_path, monkeypatch):
+    import subprocess
+
+    from tqc import ablate as ablate_module
+
+    project = tmp_path / "project"
+    project.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    params = Params.model_validate({"ablate": {"seeds": [0], "budget": {}, "grids": {"aug": GRID.model_dump()}},
+                                    "data": {"data_dir": str(tmp_path)}, "tracking": {"enabled": False}})
+    cells = {c.variant: c for c in grid_cells("aug", GRID, [0], {}, {})}
+    earlier = summarise([CellResult(cells["none · ir=50"], "done", _figures(0.5), 0, "r1"),
+                         CellResult(cells["eda · ir=50"], "done", _figures(0.7), 9, "r2")])
+    out = tmp_path / "reports"
+    out.mkdir()
+    (out / "ablations.json").write_text(json.dumps({"rows": earlier}))
+
+    narrowed = ablate_module.ablate(params, project, out, variants=["none"], where={"data.imbalance_ratio": 50}, run=False)
+    assert [r.status for r in narrowed] == ["recorded"]
+    report = json.loads((out / "ablations.json").read_text())
+    assert [row["variant"] for row in report["rows"]] == ["none · ir=50"]
+    assert [c["experiment"] for c in report["other_cells"]] == [cells["eda · ir=50"].name]  # not in the table, not lost
+
+    # --rerun asks for training here: a failed run shows as missing, not as the old figures, and its record stays.
+    monkeypatch.setattr(ablate_module, "run_cell", lambda cell, project: False)
+    rerun = ablate_module.ablate(params, project, out, variants=["none"], where={"data.imbalance_ratio": 50}, rerun=True)
+    assert [r.status for r in rerun] == ["missing"]
+    whole = ablate_module.ablate(params, project, out, where={"data.imbalance_ratio": 50}, run=False)
+    assert {r.cell.variant: r.status for r in whole} == {"none · ir=50": "recorded", "eda · ir=50": "recorded"}
+    assert [r.figures["admc_macro_f1"] for r in whole] == [0.5, 0.7]

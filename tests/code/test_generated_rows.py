@@ -144,11 +144,12 @@ def test_a_file_that_names_each_rows_source_is_attributed_exactly():
                      ("what are the earliest signs", "symptoms"),
                      ("is losing smell a symptom", "symptoms"),           # its source's own text
                      ("how does it spread", "transmission"),              # names a question of another class
-                     ("", "symptoms"))
+                     ("", "symptoms"),
+                     ("how does the virus travel", "transmission"))       # names nothing
     named = {"aug.csv:1": "can my dog give me covid", "aug.csv:2": "What are the first symptoms of COVID",
              "aug.csv:3": "is losing smell a symptom", "aug.csv:4": "what are the first symptoms of covid",
-             "aug.csv:5": "is losing smell a symptom"}
-    attribution = attribute_named(rows, originals, named)
+             "aug.csv:5": "is losing smell a symptom", "aug.csv:6": " "}
+    attribution = attribute_named(rows, originals, named, "made_from")
     assert [(r.text, r.origins) for r in attribution.rows] == [
         ("will my pet infect me", ("train.csv:2", "train.csv:5")),  # both copies of that text: either may land in validation
         ("what are the earliest signs", ("train.csv:3",)),
@@ -156,7 +157,7 @@ def test_a_file_that_names_each_rows_source_is_attributed_exactly():
     assert attribution.copies == 1
     assert [(r.line, r.reason) for r in attribution.rejected] == [
         (4, "its source question 'what are the first symptoms of covid' is not a training question of class 'transmission'"),
-        (5, "empty text")]
+        (5, "empty text"), (6, "empty source question (column 'made_from')")]
 
 
 def test_ingest_reads_the_source_column_of_a_custom_file(tmp_path):

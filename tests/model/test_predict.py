@@ -41,5 +41,17 @@ def test_predict_without_a_model_or_questions_is_a_clear_error(tmp_path, capsys)
     CATALOG.save(tmp_path / "catalog.jsonl")
     assert main(["predict", "--model", str(tmp_path / "nowhere"), "--catalog", str(tmp_path / "catalog.jsonl"), "q"]) == 2
     assert "nowhere: not a tqc model folder" in capsys.readouterr().err
-    assert main(["predict", "--model", str(tmp_path / "nowhere")]) == 2
+    assert main(["predict", "--model", str(tmp_path / "nowhere"), " "]) == 2
     assert "no questions" in capsys.readouterr().err
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9?".encode("latin-1"))
+    assert main(["predict", "--file", str(tmp_path / "latin1.txt")]) == 2
+    assert "latin1.txt: not UTF-8 text" in capsys.readouterr().err
+
+
+def test_top_k_beyond_the_catalog_gives_every_standard_question_once(tiny_model_dir, tmp_path, capsys):
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    assert main(["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
+                 "--top-k", "10", "where is it", "who is it"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [sorted(a["class_id"] for a in r["top_k"]) for r in records] == [sorted(CATALOG.class_ids)] * 2

@@ -218,3 +218,25 @@ def test_a_study_refuses_other_base_params_and_requeues_its_baseline_when_the_ba
     assert len(study.get_trials()) == 1  # the same base values: one baseline
     enqueue_baseline(study, {**values, "stage_one.temperature": 0.2})  # after --apply: a new baseline
     assert [t.user_attrs["base_values"]["stage_one.temperature"] for t in study.get_trials()] == [values["stage_one.temperature"], 0.2]
+
+
+def test_report_writers_on_one_out_dir_wait_for_each_other_and_leave_no_lock_file_there(tmp_path):
+    import threading
+
+    from tqc.tune import reports_lock
+
+    out = tmp_path / "reports" / "tuning"
+    order: list[str] = []
+    def second_writer() -> None:
+        with reports_lock(out):
+            order.append("second")
+
+    with reports_lock(out):
+        other = threading.Thread(target=second_writer)
+        other.start()
+        other.join(timeout=0.5)
+        assert other.is_alive() and order == []  # the second writer waits while the first holds the lock
+        order.append("first")
+    other.join(timeout=10)
+    assert order == ["first", "second"]
+    assert not out.exists() or not any(out.iterdir())  # nothing left in the (git-tracked) reports folder

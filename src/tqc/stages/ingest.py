@@ -76,6 +76,12 @@ class Attribution:
     rejected: list[RejectedRow]
 
 
+def _rejected(row: LabeledQuestion, reason: str) -> RejectedRow:
+    """A generated row quarantined at its own file and line ("file:line" in its source)."""
+    file, _, line = row.source.rpartition(":")
+    return RejectedRow(file, int(line) if line.isdigit() else 0, reason, f"{row.text},{row.class_id}")
+
+
 def _words(text: str) -> frozenset[str]:
     return frozenset(text.casefold().split())
 
@@ -101,11 +107,9 @@ def attribute_generated(generated: list[LabeledQuestion], originals: list[Labele
         overlaps = {i: len(words & original_words[i]) / len(words | original_words[i]) for i in candidates}
         best = max(overlaps.values(), default=0.0)
         if best < params.min_overlap:
-            file, _, line = row.source.rpartition(":")
             reason = "empty text" if not words else (f"cannot tell which training question of class {row.class_id!r} it was made from: best word "
                       f"overlap {best:.2f} < data.generated.min_overlap {params.min_overlap}")
-            attribution.rejected.append(RejectedRow(file, int(line) if line.isdigit() else 0, reason,
-                                                    f"{row.text},{row.class_id}"))
+            attribution.rejected.append(_rejected(row, reason))
         elif normalise(row.text) in {original_keys[i] for i in overlaps}:
             attribution.copies += 1
         else:
@@ -114,7 +118,8 @@ def attribute_generated(generated: list[LabeledQuestion], originals: list[Labele
     return attribution
 
 
-def attribute_named(generated: list[LabeledQuestion], originals: list[LabeledQuestion], named: dict[str, str]) -> Attribution:
+def attribute_named(generated: list[LabeledQuestion], originals: list[LabeledQuestion], named: dict[str, str],
+                    column: str = "source") -> Attribution:
     """Exact attribution: each row's origins are the same-class originals whose text is the one its
     file names (`data.generated.source_column`), case and spaces aside; several when that text repeats."""
     by_text: dict[tuple[str, str], list[str]] = defaultdict(list)  # (class, normalised text) → sources
@@ -124,11 +129,13 @@ def attribute_named(generated: list[LabeledQuestion], originals: list[LabeledQue
     for row in generated:
         named_text = named.get(row.source, "")
         origins = by_text.get((row.class_id, normalise(named_text)), [])
-        if not origins or not row.text.strip():
-            file, _, line = row.source.rpartition(":")
-            reason = "empty text" if not row.text.strip() else (
-                f"its source question {named_text!r} is not a training question of class {row.class_id!r}")
-            attribution.rejected.append(RejectedRow(file, int(line) if line.isdigit() else 0, reason, f"{row.text},{row.class_id}"))
+        if not row.text.strip():
+            attribution.rejected.append(_rejected(row, "empty text"))
+        elif not named_text.strip():
+            attribution.rejected.append(_rejected(row, f"empty source question (column {column!r})"))
+        elif not origins:
+            attribution.rejected.append(_rejected(
+                row, f"its source question {named_text!r} is not a training question of class {row.class_id!r}"))
         elif normalise(row.text) == normalise(named_text):
             attribution.copies += 1
         else:
@@ -140,7 +147,7 @@ def _generated_rows(params: DataParams, originals: list[LabeledQuestion]) -> tup
     """(data.generated's rows attributed to the official training questions, rows read)."""
     generated: ReadResult = read_generated(params)
     if params.generated.source_column:
-        attribution = attribute_named(generated.rows, originals, generated.named_sources)
+        attribution = attribute_named(generated.rows, originals, generated.named_sources, params.generated.source_column)
     else:
         attribution = attribute_generated(generated.rows, originals, params.generated)
     attribution.rejected[:0] = generated.rejected
