@@ -24,7 +24,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -160,9 +160,9 @@ def recorded_cells(report: Path) -> dict[str, CellResult]:
 
 
 def _record(name: str, result: CellResult) -> dict:
-    return {"grid": result.cell.grid, "variant": result.cell.variant, "experiment": name, "seed": result.cell.seed,
-            "status": "recorded", "rev": result.experiment_rev, "generated_rows": result.generated_rows,
-            "figures": result.figures}
+    """One finished seed as ablations.json keeps it (a row's `cells`, and `other_cells` with grid and variant)."""
+    return {"experiment": name, "seed": result.cell.seed, "status": result.status, "rev": result.experiment_rev,
+            "generated_rows": result.generated_rows, "figures": result.figures}
 
 
 def _cells_of_old_row(row: dict) -> list[dict]:
@@ -224,7 +224,7 @@ def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None
     fallback = {} if rerun and run else {name: r for name, r in recorded.items() if name not in failed}
     results = [_or_recorded(read_cell(cell, project, refs), fallback) for cell in cells]
     shown = {r.cell.name for r in results if r.status != "missing"}
-    kept = [_record(name, r) for name, r in recorded.items() if name not in shown]
+    kept = [{"grid": r.cell.grid, "variant": r.cell.variant, **_record(name, r)} for name, r in recorded.items() if name not in shown]
     if kept:
         log.info("ablate: %d recorded cell(s) not in this report's table stay in its ablations.json", len(kept))
     write_report(params, chosen, results, out_dir, kept)
@@ -235,8 +235,7 @@ def _or_recorded(result: CellResult, recorded: dict[str, CellResult]) -> CellRes
     """The experiment here wins; without one, the earlier report's record of the same name."""
     if result.status != "missing" or result.cell.name not in recorded:
         return result
-    record = recorded[result.cell.name]
-    return CellResult(result.cell, "recorded", record.figures, record.generated_rows, record.experiment_rev)
+    return replace(recorded[result.cell.name], cell=result.cell)
 
 
 def summarise(results: list[CellResult]) -> list[dict]:
@@ -252,8 +251,7 @@ def summarise(results: list[CellResult]) -> list[dict]:
                "seeds_recorded": [m.cell.seed for m in done if m.status == "recorded"],
                "generated_rows": [m.generated_rows for m in done], "experiments": [m.cell.name for m in done],
                "settings": {path: value for path, value in members[0].cell.overrides.items() if path != "seed"},
-               "cells": [{"experiment": m.cell.name, "seed": m.cell.seed, "status": m.status, "rev": m.experiment_rev,
-                          "generated_rows": m.generated_rows, "figures": m.figures} for m in done]}
+               "cells": [_record(m.cell.name, m) for m in done]}
         for figure in FIGURES:
             values = [m.figures[figure] for m in done if m.figures.get(figure) is not None]
             row[figure] = {"mean": float(np.mean(values)) if values else None,

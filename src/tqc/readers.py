@@ -169,9 +169,10 @@ def read_table(path: Path, text_column: str, label_column: str, source_column: s
         if label is None or (isinstance(label, float) and label != label) or not str(label).strip():
             result.rejected.append(RejectedRow(str(path), line_number, "empty label", original))
             continue
-        result.rows.append(LabeledQuestion(str(text or "").strip(), str(label).strip(), f"{path}:{line_number}"))
+        source = f"{path}:{line_number}"
+        result.rows.append(LabeledQuestion(str(text or "").strip(), str(label).strip(), source))
         if source_column is not None:
-            result.named_sources[f"{path}:{line_number}"] = str(record[source_column] or "").strip()
+            result.named_sources[source] = str(record[source_column] or "").strip()
     return result
 
 

@@ -128,7 +128,8 @@ def attribute_named(generated: list[LabeledQuestion], originals: list[LabeledQue
     attribution = Attribution([], 0, [])
     for row in generated:
         named_text = named.get(row.source, "")
-        origins = by_text.get((row.class_id, normalise(named_text)), [])
+        named_key = normalise(named_text)
+        origins = by_text.get((row.class_id, named_key), [])
         if not row.text.strip():
             attribution.rejected.append(_rejected(row, "empty text"))
         elif not named_text.strip():
@@ -136,7 +137,7 @@ def attribute_named(generated: list[LabeledQuestion], originals: list[LabeledQue
         elif not origins:
             attribution.rejected.append(_rejected(
                 row, f"its source question {named_text!r} is not a training question of class {row.class_id!r}"))
-        elif normalise(row.text) == normalise(named_text):
+        elif normalise(row.text) == named_key:
             attribution.copies += 1
         else:
             attribution.rows.append(replace(row, generated=True, origins=tuple(sorted(origins))))
