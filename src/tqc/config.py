@@ -135,6 +135,9 @@ class AugmentParams(Strict):
     # to ⌈√(n_c·n_max)⌉: square-root rebalancing, gentler on the rarest classes).
     rebalance: Literal["none", "mean", "max", "count", "sqrt"] = "mean"
     target_count: int | None = Field(None, ge=1)  # rebalance: count
+    # Deferred re-balancing (DRW, Cao et al. 2019): stage one learns the representation from the
+    # original rows only, and the generated ones join in stage two, at its lower learning rate.
+    deferred: bool = False
     # How the extra rows are made: none (copies), eda (swap/delete/insert of same-class words),
     # paraphrase or backtranslate (through the seq2seq models below), file (rows made offline:
     # data.generated, attributed to their training questions at ingest).

@@ -74,3 +74,42 @@ def test_cross_encoding_feeds_joined_inputs_and_relevance_targets(tiny_model_dir
     standard_texts = {s.lower() for s in CATALOG.texts}
     assert all(text.split(" [SEP] ")[1].lower() in standard_texts for text in joined)
     assert any(call == ["is relevant", "is not relevant"] for call in standards)
+
+
+
+def test_deferred_rebalancing_keeps_generated_rows_out_of_stage_one_only(tiny_model_dir, tmp_path, monkeypatch):
+    from collections import Counter
+
+    from tqc.config import MineParams, StageTwoParams
+    from tqc.schema import save_questions
+    from tqc.stages import augment, mine, stage_two
+
+    rows = long_tail_rows()
+    rebalanced = augment.oversample(rows, augment.class_targets(Counter(q.class_id for q in rows), "mean"), seed=0)
+    assert len(rebalanced) > len(rows)
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    save_questions(tmp_path / "validation.jsonl", rows[:4])
+    save_questions(tmp_path / "train.jsonl", rebalanced)
+    seen: dict[str, list[LabeledQuestion]] = {}
+
+    def recording(stage: str, train):
+        def record(model, train_rows, *args, **kwargs):
+            seen[stage] = train_rows
+            return train(model, train_rows, *args, **kwargs)
+        return record
+
+    monkeypatch.setattr(stage_one, "train", recording("one", stage_one.train))
+    monkeypatch.setattr(stage_two, "train", recording("two", stage_two.train))
+    model_params = ModelParams(pretrained=str(tiny_model_dir))
+    for deferred in (False, True):
+        stage_one.run(tmp_path, tmp_path / "train.jsonl", model_params, AugmentParams(rebalance="mean", deferred=deferred),
+                      PARAMS, 0, tmp_path / f"one-{deferred}", tmp_path / "h1.csv")
+        seen[deferred] = seen.pop("one")
+    assert seen[False] == rebalanced
+    assert seen[True] == rows  # the original long tail, in its order: NUM keeps its 2 rows
+    # Mining and stage two read augment's rows as they are: the rebalanced set joins there.
+    mine.run(tmp_path, tmp_path / "train.jsonl", tmp_path / "one-True", MineParams(k=1), tmp_path / "neg.jsonl", tmp_path / "mine.json")
+    stage_two.run(tmp_path, tmp_path / "train.jsonl", tmp_path / "neg.jsonl", tmp_path / "one-True",
+                  AugmentParams(rebalance="mean", deferred=True), StageTwoParams(epochs=1, batch_size=8, max_steps=2),
+                  0, tmp_path / "two", tmp_path / "h2.csv")
+    assert seen["two"] == rebalanced

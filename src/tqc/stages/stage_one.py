@@ -43,6 +43,11 @@ def candidate_classes(batch_gold: torch.Tensor, n_classes: int, negatives: str) 
     return candidates, target
 
 
+def stage_one_rows(train_rows: list[LabeledQuestion], deferred: bool) -> list[LabeledQuestion]:
+    """The rows stage one trains on: all of augment's, or with `augment.deferred` only the original ones."""
+    return [q for q in train_rows if not q.generated] if deferred else train_rows
+
+
 def train(
     model: BiEncoder,
     train_rows: list[LabeledQuestion],
@@ -138,10 +143,13 @@ def run(
 ) -> FitResult:
     seed_everything(seed)
     catalog = Catalog.load(data_dir / "catalog.jsonl")
-    train_rows, validation = load_questions(train_path), load_questions(data_dir / "validation.jsonl")
+    train_rows = stage_one_rows(load_questions(train_path), augment_params.deferred)
+    validation = load_questions(data_dir / "validation.jsonl")
     model = BiEncoder.from_params(model_params).to(pick_device())
     model.set_augmentation(augment_params.implicit, augment_params.rate)
-    log.info("stage one: %d training rows, %d validation, %d classes on %s", len(train_rows), len(validation), len(catalog), pick_device())
+    log.info("stage one: %d training rows%s, %d validation, %d classes on %s", len(train_rows),
+             " (deferred re-balancing: generated rows wait for stage two)" if augment_params.deferred else "",
+             len(validation), len(catalog), pick_device())
     result = train(model, train_rows, validation, catalog, params, seed, on_epoch, augment_params)
     if not distributed.is_main():  # the replicas hold the same weights; rank 0 writes them
         return result
