@@ -153,6 +153,9 @@ class AugmentParams(Strict):
     def _explicit_needs_its_models(self) -> "AugmentParams":
         if self.rebalance == "count" and self.target_count is None:
             raise ValueError("augment.rebalance is 'count' but augment.target_count is not set")
+        if self.deferred and self.rebalance == "none":
+            raise ValueError("augment.deferred keeps the rebalanced rows for stage two, but augment.rebalance is 'none': "
+                             "there are none (set a rebalance target)")
         if self.explicit == "paraphrase" and not self.seq2seq.paraphrase_model:
             raise ValueError("augment.explicit is 'paraphrase' but augment.seq2seq.paraphrase_model is not set "
                              "(a local seq2seq folder, see the README)")

@@ -27,6 +27,12 @@ def test_custom_dataset_needs_its_files():
         Params.model_validate({"data": {"dataset": "custom"}})
 
 
+def test_deferred_rebalancing_needs_a_rebalance_target():
+    with pytest.raises(ValueError, match="augment.deferred .* augment.rebalance is 'none'"):
+        Params.model_validate({"augment": {"rebalance": "none", "deferred": True}})
+    assert Params.model_validate({"augment": {"rebalance": "sqrt", "deferred": True}}).augment.deferred
+
+
 def test_a_search_space_must_name_real_params_and_ranges_or_choices():
     from tqc.config import ConfigError, Params
 
