@@ -212,6 +212,8 @@ def dispatch(args: argparse.Namespace) -> None:
 def _predict(args: argparse.Namespace) -> None:
     import json
 
+    import pandas as pd
+
     from tqc.serving import local_matcher, ranked_records
 
     lines = list(args.questions)
@@ -225,7 +227,8 @@ def _predict(args: argparse.Namespace) -> None:
         raise ConfigError("no questions: give them as arguments or with --file")
     if args.top_k < 1:
         raise ConfigError(f"--top-k {args.top_k}: must be at least 1")
-    answers = local_matcher(args.model, args.catalog, args.top_k).predict(None, questions, {"top_k": args.top_k})
+    matcher = local_matcher(args.model, args.catalog, args.top_k)
+    answers = matcher.predict(None, pd.DataFrame({"question": questions}), {"top_k": args.top_k})
     for record in ranked_records(questions, answers):
         print(json.dumps(record, ensure_ascii=False))
 

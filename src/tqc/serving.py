@@ -30,7 +30,9 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         self.standards = self.model.standard.encode(self.catalog.texts)  # (P, D), encoded once per load
         self.default_top_k = int((context.model_config or {}).get("top_k", 5))
 
-    def predict(self, context, model_input, params=None) -> pd.DataFrame:
+    # The hint is the registry's contract (SIGNATURE: a "question" column); MLflow infers no schema
+    # from a DataFrame hint, so it keeps SIGNATURE, and without a hint it warns on every import.
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         import torch
 
         questions = _questions(model_input)

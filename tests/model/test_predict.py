@@ -55,3 +55,12 @@ def test_top_k_beyond_the_catalog_gives_every_standard_question_once(tiny_model_
                  "--top-k", "10", "where is it", "who is it"]) == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [sorted(a["class_id"] for a in r["top_k"]) for r in records] == [sorted(CATALOG.class_ids)] * 2
+
+
+def test_the_served_model_declares_its_input_so_mlflow_imports_it_without_a_warning():
+    import subprocess
+    import sys
+
+    imported = subprocess.run([sys.executable, "-c", "import tqc.serving"], capture_output=True, text=True, timeout=120)
+    assert imported.returncode == 0, imported.stderr
+    assert "type hints" not in imported.stderr  # MLflow warns when predict's input has no hint
