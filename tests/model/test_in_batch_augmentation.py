@@ -76,7 +76,6 @@ def test_cross_encoding_feeds_joined_inputs_and_relevance_targets(tiny_model_dir
     assert any(call == ["is relevant", "is not relevant"] for call in standards)
 
 
-
 def test_deferred_rebalancing_keeps_generated_rows_out_of_stage_one_only(tiny_model_dir, tmp_path, monkeypatch):
     from collections import Counter
 
@@ -90,11 +89,11 @@ def test_deferred_rebalancing_keeps_generated_rows_out_of_stage_one_only(tiny_mo
     CATALOG.save(tmp_path / "catalog.jsonl")
     save_questions(tmp_path / "validation.jsonl", rows[:4])
     save_questions(tmp_path / "train.jsonl", rebalanced)
-    seen: dict[str, list[LabeledQuestion]] = {}
+    trained_on: dict[str, list[list[LabeledQuestion]]] = {"one": [], "two": []}  # each call's rows, per stage
 
     def recording(stage: str, train):
         def record(model, train_rows, *args, **kwargs):
-            seen[stage] = train_rows
+            trained_on[stage].append(train_rows)
             return train(model, train_rows, *args, **kwargs)
         return record
 
@@ -104,12 +103,11 @@ def test_deferred_rebalancing_keeps_generated_rows_out_of_stage_one_only(tiny_mo
     for deferred in (False, True):
         stage_one.run(tmp_path, tmp_path / "train.jsonl", model_params, AugmentParams(rebalance="mean", deferred=deferred),
                       PARAMS, 0, tmp_path / f"one-{deferred}", tmp_path / "h1.csv")
-        seen[deferred] = seen.pop("one")
-    assert seen[False] == rebalanced
-    assert seen[True] == rows  # the original long tail, in its order: NUM keeps its 2 rows
+    # Not deferred: augment's rows; deferred: the original long tail, in its order (NUM keeps its 2 rows).
+    assert trained_on["one"] == [rebalanced, rows]
     # Mining and stage two read augment's rows as they are: the rebalanced set joins there.
     mine.run(tmp_path, tmp_path / "train.jsonl", tmp_path / "one-True", MineParams(k=1), tmp_path / "neg.jsonl", tmp_path / "mine.json")
     stage_two.run(tmp_path, tmp_path / "train.jsonl", tmp_path / "neg.jsonl", tmp_path / "one-True",
                   AugmentParams(rebalance="mean", deferred=True), StageTwoParams(epochs=1, batch_size=8, max_steps=2),
                   0, tmp_path / "two", tmp_path / "h2.csv")
-    assert seen["two"] == rebalanced
+    assert trained_on["two"] == [rebalanced]
