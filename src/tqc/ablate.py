@@ -133,10 +133,26 @@ def read_cell(cell: Cell, project: Path, refs: dict[str, str]) -> CellResult:
     ref = refs.get(cell.name)
     if ref is None:
         return CellResult(cell, "missing")
-    metrics = json.loads(_git(project, "show", f"{ref}:reports/metrics.json"))
+    metrics = without_prior_shift(json.loads(_git(project, "show", f"{ref}:reports/metrics.json")))
     augment = json.loads(_git(project, "show", f"{ref}:reports/augment.json"))
     figures = {name: _dig(metrics, keys) for name, (_, keys) in FIGURES.items()}
     return CellResult(cell, "done", figures, augment["rows"]["generated"], _git(project, "rev-parse", ref).strip()[:10])
+
+
+def without_prior_shift(metrics: dict) -> dict:
+    """A cell's metrics.json with each model's figures from before its class-prior shift.
+
+    The grids compare training variants, and their recorded cells ran before the prior stage
+    existed, so every cell is read without the post-hoc shift to keep them comparable.
+    """
+    shifted = metrics.get("prior_shift") or {}
+    unshifted = dict(metrics)
+    if "admc" in shifted:
+        unshifted.update(test=shifted["admc"]["test_unshifted"], validation=shifted["admc"]["validation_unshifted"])
+    for name in ("stage_one", "nc"):
+        if name in shifted:
+            unshifted[name] = {"test": shifted[name]["test_unshifted"], "validation": shifted[name]["validation_unshifted"]}
+    return unshifted
 
 
 def recorded_cells(report: Path) -> dict[str, CellResult]:
@@ -289,7 +305,8 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
     lines = ["# Ablations", "",
              "Written by `tqc ablate` from DVC experiments (`dvc exp show` lists them by the names below). "
              f"Test figures in %, mean ± sample std (ddof = 1) over seeds; budget: {budget}. AC is stage one alone, ADMC stage two, "
-             "both from the same run. Nothing was chosen on test.", ""]
+             "both from the same run, each before its class-prior shift (the `prior` stage; the grids compare training). "
+             "Nothing was chosen on test.", ""]
     if any(row["seeds_recorded"] for row in rows):
         lines += ["Seeds marked † were read from the report this one replaced: their experiments are not among this "
                   "repository's (they ran in another clone; `tqc ablate --rerun` trains them here).", ""]

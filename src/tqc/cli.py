@@ -43,11 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     _paths(commands.add_parser("mine", help="mine the K hardest wrong standard questions"), "data", "train", "model", "out", "report")
     _paths(commands.add_parser("stage-two", help="retrain against the mined negatives"), "data", "train", "negatives", "model", "out", "history")
     _paths(commands.add_parser("baseline-nc", help="train the NC (encoder + linear head) baseline"), "data", "train", "out", "history")
+    _paths(commands.add_parser("prior", help="fit each trained model's class-prior shift on validation"),
+           "data", "stage-one", "stage-two", "nc", "out")
     evaluate = commands.add_parser("evaluate", help="score ADMC and its baselines; write metrics and plots")
-    _paths(evaluate, "data", "train", "stage-one", "stage-two", "nc", "metrics", "classes", "plots", "predictions")
+    _paths(evaluate, "data", "train", "stage-one", "stage-two", "nc", "prior", "metrics", "classes", "plots", "predictions")
     evaluate.add_argument("--validation-report", type=Path, help="the validate stage's report, logged with the run")
     _paths(commands.add_parser("promote", help="register the stage-two model; move the champion alias if it wins"),
-           "data", "model", "report")
+           "data", "model", "prior", "report")
     fetch = commands.add_parser("fetch", help="download the public datasets (needs network), verified by SHA-256")
     fetch.add_argument("--dest", type=Path, required=True)
     fetch.add_argument("--verify-only", action="store_true", help="check the files already in --dest; no network")
@@ -73,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--file", type=Path, help="more questions, one a line ('-': standard input)")
     predict.add_argument("--model", type=Path, default=Path("models/stage_two"))
     predict.add_argument("--catalog", type=Path, default=Path("data/validated/catalog.jsonl"))
+    predict.add_argument("--prior", default="auto",
+                         help="the prior stage's file with --model's class-prior shift; auto (default): the prior.json "
+                              "beside --model when one of its entries was fitted for it; none: rank by similarity alone")
     predict.add_argument("--top-k", type=int, default=3)
     bench = commands.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument("what", choices=["epochs", "validate"], help="epochs: seconds per epoch, stage one vs stage two "
@@ -167,14 +172,22 @@ def dispatch(args: argparse.Namespace) -> None:
             result = baseline_nc.run(args.data, args.train, params.model, params.augment, params.baseline_nc, params.seed,
                                      args.out, args.history, on_epoch=tracker.on_epoch("baseline_nc"))
             _log_fit(tracker, "baseline_nc", result, args.history)
+    elif command == "prior":
+        from tqc.stages import prior
+
+        with stage_run("prior", params, [args.data, args.stage_one, args.stage_two, args.nc]) as tracker:
+            document = prior.run(args.data, args.stage_one, args.stage_two, args.nc, params, args.out)
+            tracker.log_metrics({f"{name}.weight": model["weight"] for name, model in document["models"].items()},
+                                prefix="prior.")
+            tracker.log_artifact(args.out)
     elif command == "evaluate":
         from tqc.pipeline import ChainOutputs
         from tqc.stages import evaluate
 
         models = ChainOutputs(args.stage_one, args.stage_two, args.nc)
         with stage_run("evaluate", params, [args.data, args.train, args.stage_one, args.stage_two, args.nc]) as tracker:
-            metrics = evaluate.run(args.data, args.train, models, params, args.metrics, args.classes, args.plots,
-                                   args.predictions)
+            metrics = evaluate.run(args.data, args.train, models, args.prior, params, args.metrics, args.classes,
+                                   args.plots, args.predictions)
             tracker.log_metrics(metrics)
             for artifact in (args.metrics, args.classes, args.plots, args.validation_report):
                 if artifact is not None:
@@ -182,8 +195,8 @@ def dispatch(args: argparse.Namespace) -> None:
     elif command == "promote":
         from tqc.stages import promote
 
-        with stage_run("promote", params, [args.data, args.model]) as tracker:
-            promote.run(args.data, args.model, params.promote, args.report, tracker, params.seed)
+        with stage_run("promote", params, [args.data, args.model, args.prior]) as tracker:
+            promote.run(args.data, args.model, args.prior, params.promote, args.report, tracker, params.seed)
     elif command == "tune":
         from tqc.tune import tune
 
@@ -227,10 +240,28 @@ def _predict(args: argparse.Namespace) -> None:
         raise ConfigError("no questions: give them as arguments or with --file")
     if args.top_k < 1:
         raise ConfigError(f"--top-k {args.top_k}: must be at least 1")
-    matcher = local_matcher(args.model, args.catalog, args.top_k)
+    prior_path, prior_model = _prior_for(args.model, args.prior)
+    matcher = local_matcher(args.model, args.catalog, args.top_k, prior_path, prior_model or "admc")
     answers = matcher.predict(None, pd.DataFrame({"question": questions}), {"top_k": args.top_k})
     for record in ranked_records(questions, answers):
         print(json.dumps(record, ensure_ascii=False))
+
+
+def _prior_for(model_dir: Path, choice: str) -> tuple[Path | None, str | None]:
+    """`tqc predict --prior`: (the prior file, its entry for `model_dir`), or (None, None) for no shift."""
+    from tqc.prior import entry_for
+
+    if choice == "none":
+        return None, None
+    path = model_dir.parent / "prior.json" if choice == "auto" else Path(choice)
+    if not path.exists():
+        if choice == "auto":
+            return None, None
+        raise ConfigError(f"--prior {path}: no such file (`dvc repro` writes models/prior.json; --prior none: no shift)")
+    entry = entry_for(path, model_dir)
+    if entry is None and choice != "auto":
+        raise ConfigError(f"--prior {path}: none of its entries was fitted for {model_dir}")
+    return (path, entry) if entry else (None, None)
 
 
 def parse_overrides(items: list[str]) -> dict:

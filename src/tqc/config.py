@@ -233,6 +233,13 @@ class EvaluateParams(Strict):
     batch_size: int = Field(256, ge=1)
 
 
+class PriorParams(Strict):
+    """The class-prior shift (tqc.prior): scores + τ·λ·log π, λ fitted on the validation likelihood."""
+
+    # Candidate λ: 0 is no shift, 1 the Bayes correction for traffic with the training rows' class mix.
+    weights: list[float] = Field([0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0, 1.25, 1.5], min_length=1)
+
+
 class TrackingParams(Strict):
     """MLflow. The URI: this value, else $MLFLOW_TRACKING_URI, else a local SQLite store."""
 
@@ -344,6 +351,7 @@ class Params(Strict):
     stage_two: StageTwoParams = StageTwoParams()
     baseline_nc: BaselineNCParams = BaselineNCParams()
     distributed: DistributedParams = DistributedParams()
+    prior: PriorParams = PriorParams()
     evaluate: EvaluateParams = EvaluateParams()
     tracking: TrackingParams = TrackingParams()
     promote: PromoteParams = PromoteParams()

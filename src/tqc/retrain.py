@@ -222,17 +222,21 @@ def _merge_labeled(incoming: Incoming, params: Params, raw: Path, reference: Pat
 class Trained:
     data: Path  # the staged validated data
     model: Path  # the stage-two model
+    prior: Path  # its class-prior shift (the prior stage's file)
     validation_macro_f1: float
 
 
 def train(params: Params, staged: Staged, staging: Path) -> Trained:
-    """The pipeline's own stage functions on the staged data (ingest → … → stage two)."""
+    """The pipeline's own stage functions on the staged data (ingest → … → stage two → prior)."""
     from tqc.pipeline import prepare_data, train_chain
+    from tqc.stages import prior
 
     staged_params = _with_additions(params, staged.raw)
     data = prepare_data(staged_params, staging / "data")
     outputs = train_chain(staged_params, data.directory, data.train, staging / "models", staged_params.seed, with_nc=False)
-    return Trained(data.directory, outputs.stage_two, outputs.fits["stage_two"].best_validation_macro_f1)
+    prior_path = staging / "models" / "prior.json"
+    prior.run(data.directory, outputs.stage_one, outputs.stage_two, None, staged_params, prior_path)
+    return Trained(data.directory, outputs.stage_two, prior_path, outputs.fits["stage_two"].best_validation_macro_f1)
 
 
 def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[Incoming]) -> dict:

@@ -4,8 +4,10 @@
     model.predict(pd.DataFrame({"question": ["how do I reset my PIN?"]}), params={"top_k": 3})
 
 returns one row per (question, rank): question, rank, class_id, standard_question, score.
-The artifacts are the model's safetensors folder and the catalog; the `tqc` package must be
-installed where the model is loaded.
+The artifacts are the model's safetensors folder, the catalog and, where the prior stage ran,
+its file: the score is then the similarity plus the class-prior shift fitted on validation
+(tqc.prior), which is what evaluate measured. The `tqc` package must be installed where the
+model is loaded.
 """
 
 from __future__ import annotations
@@ -18,17 +20,25 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 OUTPUT_COLUMNS = ["question", "rank", "class_id", "standard_question", "score"]
+SERVED_MODEL = "admc"  # the prior file's entry for the stage-two model
 
 
 class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
+        import torch
+
+        from tqc import prior
         from tqc.model.encoder import BiEncoder
         from tqc.schema import Catalog
 
         self.model = BiEncoder.load(Path(context.artifacts["model"])).eval()
         self.catalog = Catalog.load(context.artifacts["catalog"])
         self.standards = self.model.standard.encode(self.catalog.texts)  # (P, D), encoded once per load
-        self.default_top_k = int((context.model_config or {}).get("top_k", 5))
+        prior_file, config = context.artifacts.get("prior"), context.model_config or {}
+        shift = (prior.load(Path(prior_file), config.get("prior_model", SERVED_MODEL), self.catalog.class_ids) if prior_file
+                 else prior.no_shift(len(self.catalog))).shift
+        self.shift = torch.as_tensor(shift, dtype=torch.float32)  # (P,): 0 for a model registered without one
+        self.default_top_k = int(config.get("top_k", 5))
 
     # The hint is the registry's contract (SIGNATURE: a "question" column); MLflow infers no schema
     # from a DataFrame hint, so it keeps SIGNATURE, and without a hint it warns on every import.
@@ -38,7 +48,7 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         questions = _questions(model_input)
         top_k = min(int((params or {}).get("top_k", self.default_top_k)), len(self.catalog))
         with torch.no_grad():
-            scores = self.model.score(self.model.question.encode(questions), self.standards).float().cpu()  # (N, P)
+            scores = self.model.score(self.model.question.encode(questions), self.standards).float().cpu() + self.shift  # (N, P)
         values, indices = scores.topk(top_k, dim=1)  # (N, k)
         rows = [
             (question, rank + 1, self.catalog.class_ids[i], self.catalog.texts[i], float(v))
@@ -48,8 +58,11 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
 
 
-def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5) -> StandardQuestionMatcher:
-    """The matcher the registry serves, loaded from local folders (`tqc predict`): the same code answers."""
+def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_path: Path | None = None,
+                  prior_model: str = SERVED_MODEL) -> StandardQuestionMatcher:
+    """The matcher the registry serves, loaded from local folders (`tqc predict`): the same code answers.
+
+    `prior_path`: the prior stage's file, whose `prior_model` entry was fitted for `model_dir` (None: similarity alone)."""
     from types import SimpleNamespace
 
     from tqc.model.encoder import MODEL_CONFIG
@@ -59,8 +72,8 @@ def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5) -> Standa
     if not Path(catalog_path).exists():
         raise FileNotFoundError(f"{catalog_path}: no catalog there (`dvc repro` writes data/validated/catalog.jsonl)")
     matcher = StandardQuestionMatcher()
-    matcher.load_context(SimpleNamespace(artifacts={"model": str(model_dir), "catalog": str(catalog_path)},
-                                         model_config={"top_k": top_k}))
+    matcher.load_context(SimpleNamespace(artifacts=_artifacts(model_dir, catalog_path, prior_path),
+                                         model_config={"top_k": top_k, "prior_model": prior_model}))
     return matcher
 
 
@@ -90,14 +103,19 @@ SIGNATURE = ModelSignature(
 )
 
 
-def log_and_register(model_dir: Path, catalog_path: Path, model_name: str, top_k: int) -> str:
+def _artifacts(model_dir: Path, catalog_path: Path, prior_path: Path | None) -> dict[str, str]:
+    artifacts = {"model": str(model_dir), "catalog": str(catalog_path)}
+    return {**artifacts, "prior": str(prior_path)} if prior_path is not None else artifacts
+
+
+def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, top_k: int) -> str:
     """Log the model in the active run and register it; returns the new version."""
     import tqc
 
     info = mlflow.pyfunc.log_model(
         name="model",
         python_model=StandardQuestionMatcher(),
-        artifacts={"model": str(model_dir), "catalog": str(catalog_path)},
+        artifacts=_artifacts(model_dir, catalog_path, prior_path),
         model_config={"top_k": top_k},
         signature=SIGNATURE,
         # Listed, not inferred: inference would load the model in a subprocess to trace imports.

@@ -183,3 +183,19 @@ def test_a_narrowed_or_failed_run_keeps_every_earlier_record_in_the_json(tmp_pat
     whole = ablate_module.ablate(params, project, out, where={"data.imbalance_ratio": 50}, run=False)
     assert {r.cell.variant: r.status for r in whole} == {"none · ir=50": "recorded", "eda · ir=50": "recorded"}
     assert [r.figures["admc_macro_f1"] for r in whole] == [0.5, 0.7]
+
+
+def test_cells_are_read_before_their_class_prior_shift():
+    from tqc.ablate import FIGURES, _dig, without_prior_shift
+
+    def figures(accuracy: float) -> dict:
+        return {"accuracy": accuracy, "macro_f1": accuracy - 0.1, "macro_f1_gold_classes": accuracy}
+
+    metrics = {"test": figures(0.9), "validation": figures(0.8), "stage_one": {"test": figures(0.85), "validation": figures(0.8)},
+               "nc": None, "prior_shift": {"admc": {"weight": 0.5, "test_unshifted": figures(0.7), "validation_unshifted": figures(0.6)},
+                                           "stage_one": {"weight": 0.0, "test_unshifted": figures(0.85),
+                                                         "validation_unshifted": figures(0.8)}}}
+    read = {name: _dig(without_prior_shift(metrics), keys) for name, (_, keys) in FIGURES.items()}
+    assert read["admc_accuracy"] == 0.7 and read["admc_validation_macro_f1"] == pytest.approx(0.5)
+    assert read["ac_accuracy"] == 0.85 and read["nc_accuracy"] is None
+    assert without_prior_shift({"test": figures(0.9)})["test"]["accuracy"] == 0.9  # a cell from before the prior stage

@@ -5,7 +5,7 @@ from pathlib import Path
 from tqc.retrain import FileOutcome, Staged, Trained, summary_markdown
 
 STAGED = Staged(Path("raw"), [FileOutcome("inbox/a.csv", "0" * 64, "labeled", "merged", read=3, accepted=3)])
-TRAINED = Trained(Path("data"), Path("model"), 0.9)
+TRAINED = Trained(Path("data"), Path("model"), Path("prior.json"), 0.9)
 
 
 def test_the_summary_says_why_nothing_was_judged_when_tracking_is_off():

@@ -44,13 +44,17 @@ def test_dvc_repro_end_to_end_then_nothing_then_only_evaluate(project):
     metrics = json.loads((project / "reports" / "metrics.json").read_text())
     assert metrics["dataset"] == "custom"
     assert set(metrics["run"]["params"]) == {"seed", "data", "validate", "augment", "model", "stage_one", "mine",
-                                             "stage_two", "baseline_nc", "distributed", "evaluate"}  # no grids, tuner, flows
+                                             "stage_two", "baseline_nc", "prior", "distributed", "evaluate"}  # no grids, tuner, flows
     for key in ("test", "stage_one.test", "nc.test", "zero_shot.test"):
         node = metrics
         for part in key.split("."):
             node = node[part]
         assert 0.0 <= node["accuracy"] <= 1.0 and 0.0 <= node["macro_f1"] <= 1.0
     assert 0.0 <= metrics["test"]["mrr"] <= 1.0 and 0.0 <= metrics["test"]["hits_at_1"] <= 1.0
+    fitted = json.loads((project / "models" / "prior.json").read_text())["models"]
+    assert set(fitted) == set(metrics["prior_shift"]) == {"admc", "stage_one", "nc"}
+    for name, shift in metrics["prior_shift"].items():
+        assert shift["weight"] == fitted[name]["weight"] and 0.0 <= shift["test_unshifted"]["macro_f1"] <= 1.0
     for path in ("models/stage_one/tqc_model.json", "models/stage_two/question_encoder/model.safetensors",
                  "data/mined/negatives.jsonl", "reports/plots/confusion.csv", "reports/plots/similarity_profile.png",
                  "reports/training/stage_two.csv", "reports/validation.json", "data/predictions/test.jsonl",
@@ -88,7 +92,7 @@ def check_mlflow_records_both_repros(project: Path) -> None:
         return {c.data.tags["tqc.stage"]: c for c in children}
 
     first, second = stages(parents[0]), stages(parents[1])
-    assert set(first) == {"stage_one", "mine", "stage_two", "baseline_nc", "evaluate", "promote"}
+    assert set(first) == {"stage_one", "mine", "stage_two", "baseline_nc", "prior", "evaluate", "promote"}
     assert set(second) == {"evaluate"}  # the evaluate-only change re-ran evaluate alone
     assert parents[0].data.params["stage_one.temperature"] == "0.1"
     assert parents[1].data.params["evaluate.seeds"] == "2" and parents[0].data.params["evaluate.seeds"] == "1"

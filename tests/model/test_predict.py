@@ -64,3 +64,24 @@ def test_the_served_model_declares_its_input_so_mlflow_imports_it_without_a_warn
     imported = subprocess.run([sys.executable, "-c", "import tqc.serving"], capture_output=True, text=True, timeout=120)
     assert imported.returncode == 0, imported.stderr
     assert "type hints" not in imported.stderr  # MLflow warns when predict's input has no hint
+
+
+def test_predict_adds_the_class_prior_shift_fitted_for_its_model(tiny_model_dir, tmp_path, capsys):
+    from tqc.io import write_json
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "models" / "stage_two")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    shift = {"loc": 0.0, "hum": 0.0, "num": 100.0}  # large enough to outrank any similarity
+    write_json(tmp_path / "models" / "prior.json", {"weights": [0.0, 1.0], "models": {
+        "admc": {"model": str(tmp_path / "models" / "stage_two"), "weight": 1.0, "temperature": 0.1, "shift": shift}}})
+    ask = ["predict", "--model", str(tmp_path / "models" / "stage_two"), "--catalog", str(tmp_path / "catalog.jsonl"),
+           "--top-k", "1", "where is paris", "who wrote it"]
+
+    assert main(ask) == 0  # --prior auto: the prior.json beside the model, whose entry names it
+    shifted = [json.loads(line)["top_k"][0] for line in capsys.readouterr().out.splitlines()]
+    assert [a["class_id"] for a in shifted] == ["num", "num"] and all(a["score"] > 99 for a in shifted)
+    assert main(ask + ["--prior", "none"]) == 0
+    plain = [json.loads(line)["top_k"][0] for line in capsys.readouterr().out.splitlines()]
+    assert all(a["score"] <= 1.0 + 1e-6 for a in plain)  # cosine alone
+    assert main(ask + ["--prior", str(tmp_path / "missing.json")]) == 2
+    assert "missing.json: no such file" in capsys.readouterr().err

@@ -60,7 +60,7 @@ def test_the_alias_moves_to_a_better_challenger_and_stays_for_a_worse_one(tiny_m
     reports = []
     for model_dir in (weak, strong, weak):
         with standalone_run("promote", registry) as tracker:
-            reports.append(promote.run(data_dir, model_dir, params, tmp_path / "promotion.json", tracker))
+            reports.append(promote.run(data_dir, model_dir, None, params, tmp_path / "promotion.json", tracker))
 
     first, better, worse = reports
     assert first["promoted"] and first["champion_version_after"] == "1"
@@ -82,5 +82,5 @@ def test_the_alias_moves_to_a_better_challenger_and_stays_for_a_worse_one(tiny_m
 def test_promote_without_tracking_says_so(data_dir, tmp_path):
     from tqc.tracking import Tracker
 
-    report = promote.run(data_dir, tmp_path / "unused", PromoteParams(), tmp_path / "promotion.json", Tracker(None))
+    report = promote.run(data_dir, tmp_path / "unused", None, PromoteParams(), tmp_path / "promotion.json", Tracker(None))
     assert not report["promoted"] and "tracking is disabled" in report["reasons"][0]

@@ -1,7 +1,9 @@
 """Evaluate: ADMC (stage two) against its baselines on the test split, plus plots.
 
 Baselines: zero-shot (the pretrained encoder, no training), AC (stage one alone) and NC
-(encoder + linear head). Nothing here chooses anything: validation is reported beside test.
+(encoder + linear head). Each trained model is scored with the class-prior shift the prior
+stage fitted for it on validation (metrics.json also keeps its test figures without it).
+Nothing here chooses anything: validation is reported beside test.
 """
 
 from __future__ import annotations
@@ -15,16 +17,19 @@ from pathlib import Path
 
 import numpy as np
 
+from tqc import prior
 from tqc.config import Params
-from tqc.io import atomic_path, write_json, write_jsonl
+from tqc.io import atomic_path, read_json, write_json, write_jsonl
 from tqc.metrics import confused_pairs, per_class_prf, seed_std, summary
 from tqc.model.encoder import BiEncoder, TextEncoder
 from tqc.pipeline import ChainOutputs, train_chain
+from tqc.prior import PriorShift
 from tqc.schema import Catalog, LabeledQuestion, load_questions, save_questions
+from tqc.scoring import Scorer, trained_scorers
 from tqc.stages import augment
+from tqc.stages import prior as prior_stage
 from tqc.stages.ingest import stratified_split
 from tqc.tracking import git_commit
-from tqc.stages.baseline_nc import LinearClassifier, is_disabled
 from tqc.training import catalog_scores, gold_indices
 
 log = logging.getLogger(__name__)
@@ -32,30 +37,33 @@ log = logging.getLogger(__name__)
 MODELS = ("admc", "stage_one", "nc", "zero_shot")
 
 
-def load_models(models: ChainOutputs, params: Params) -> dict:
-    """Every evaluated model, each as a function texts' questions → scores (N, P)."""
-    batch = params.evaluate.batch_size
+def load_models(models: ChainOutputs, params: Params) -> dict[str, Scorer]:
+    """Every evaluated model as a scorer: the run's trained ones, and the pretrained encoder untrained."""
     zero_shot = BiEncoder(TextEncoder.from_pretrained(params.model.pretrained, params.model.pooling, params.model.max_length),
                           None, params.model.similarity)
-    bi_encoders = {"admc": BiEncoder.load(models.stage_two), "stage_one": BiEncoder.load(models.stage_one), "zero_shot": zero_shot}
-    scorers = {name: (lambda qs, c, m=model: catalog_scores(m, qs, c, batch)) for name, model in bi_encoders.items()}
-    if not is_disabled(models.nc):
-        nc = LinearClassifier.load(models.nc)
-        scorers["nc"] = lambda qs, c: nc.logits([q.text for q in qs], batch)
+    scorers = trained_scorers(models.stage_one, models.stage_two, models.nc, params.evaluate.batch_size)
+    scorers["zero_shot"] = lambda qs, c: catalog_scores(zero_shot, qs, c, params.evaluate.batch_size)
     return {name: scorers[name] for name in MODELS if name in scorers}
 
 
-def evaluate_models(models: ChainOutputs, params: Params, splits: dict[str, list[LabeledQuestion]], catalog: Catalog) -> dict:
-    """{model: {split: metrics}} and the raw scores (N, P) per split and model."""
+def evaluate_models(models: ChainOutputs, params: Params, splits: dict[str, list[LabeledQuestion]], catalog: Catalog,
+                    shifts: dict[str, PriorShift]) -> dict:
+    """{model: {split: metrics}}, the scores (N, P) per split and model with and without the shift,
+    and each shifted model's metrics without it. A model in `shifts` is scored with its class-prior shift
+    applied (the zero-shot encoder has none: it learned nothing from the labeled rows)."""
     scorers = load_models(models, params)
     results: dict[str, dict] = {name: {} for name in scorers}
-    scores_by_split = {}
+    unshifted: dict[str, dict] = {}
+    scores_by_split, raw_by_split = {}, {}
     for split, questions in splits.items():
         gold = gold_indices(questions, catalog)
-        scores_by_split[split] = {name: scorer(questions, catalog) for name, scorer in scorers.items()}
+        raw = raw_by_split[split] = {name: scorer(questions, catalog) for name, scorer in scorers.items()}
+        scores_by_split[split] = {name: shifts[name].apply(s) if name in shifts else s for name, s in raw.items()}
         for name, scores in scores_by_split[split].items():
             results[name][split] = summary(scores, gold)
-    return {"metrics": results, "scores": scores_by_split}
+            if name in shifts:
+                unshifted.setdefault(name, {})[split] = summary(raw[name], gold)
+    return {"metrics": results, "scores": scores_by_split, "raw_scores": raw_by_split, "unshifted": unshifted}
 
 
 def seed_statistics(per_seed: list[dict], resplit: bool) -> dict:
@@ -69,21 +77,23 @@ def seed_statistics(per_seed: list[dict], resplit: bool) -> dict:
     return stats
 
 
-def run(data_dir: Path, train_path: Path, models: ChainOutputs, params: Params, metrics_path: Path,
+def run(data_dir: Path, train_path: Path, models: ChainOutputs, prior_path: Path, params: Params, metrics_path: Path,
         classes_path: Path, plots_dir: Path, predictions_path: Path) -> dict:
     started = time.perf_counter()
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     splits = {"test": load_questions(data_dir / "test.jsonl"), "validation": load_questions(data_dir / "validation.jsonl")}
-    evaluated = evaluate_models(models, params, splits, catalog)
+    shifts = {name: prior.load(prior_path, name, catalog.class_ids) for name in read_json(prior_path)["models"]}
+    evaluated = evaluate_models(models, params, splits, catalog, shifts)
     per_seed = [evaluated["metrics"]] + _extra_seeds(params, data_dir, train_path, splits, catalog)
 
-    metrics = _metrics_document(params, evaluated["metrics"], seed_statistics(per_seed, params.evaluate.resplit))
+    metrics = _metrics_document(params, evaluated, shifts, seed_statistics(per_seed, params.evaluate.resplit))
     write_json(metrics_path, metrics)
     test_scores = evaluated["scores"]["test"]
     write_json(classes_path, _class_report(test_scores["admc"], splits["test"], catalog, params.evaluate.confused_pairs))
     _write_predictions(predictions_path, test_scores["admc"], splits["test"], catalog, params.evaluate.top_k)
     _write_confusion(plots_dir / "confusion.csv", test_scores["admc"], splits["test"], catalog)
-    _write_similarity_profile(plots_dir, test_scores, splits["test"], catalog, params)
+    # Figure 3 shows similarities: the scores before any class-prior shift
+    _write_similarity_profile(plots_dir, evaluated["raw_scores"]["test"], splits["test"], catalog, params)
     nc_macro_f1 = metrics["nc"]["test"]["macro_f1"] if metrics["nc"] else float("nan")  # NC may be disabled
     log.info("evaluate: test accuracy %.4f macro-F1 %.4f (AC %.4f, NC %.4f, zero-shot %.4f); wrote %s, %s, %s (%.1fs)",
              metrics["test"]["accuracy"], metrics["test"]["macro_f1"], metrics["stage_one"]["test"]["macro_f1"],
@@ -110,7 +120,8 @@ def _extra_seeds(params: Params, data_dir: Path, train_path: Path, splits, catal
                 seed_dir, seed_train = resplit(params, data_dir, seed, Path(work) / "data")
                 seed_splits = {**splits, "validation": load_questions(seed_dir / "validation.jsonl")}
             outputs = train_chain(params, seed_dir, seed_train, Path(work), seed)
-            runs.append(evaluate_models(outputs, params, seed_splits, catalog)["metrics"])
+            shifts = prior_stage.fit_shifts(seed_dir, outputs.stage_one, outputs.stage_two, outputs.nc, params)
+            runs.append(evaluate_models(outputs, params, seed_splits, catalog, shifts)["metrics"])
     return runs
 
 
@@ -128,11 +139,13 @@ def resplit(params: Params, data_dir: Path, seed: int, out_dir: Path) -> tuple[P
     return out_dir, out_dir / "augmented.jsonl"
 
 
+UNSHIFTED_FIGURES = ("accuracy", "macro_f1", "macro_f1_gold_classes")
 NOT_PIPELINE_SECTIONS = ("tracking", "promote", "tune", "retrain", "ablate")
 
 
-def _metrics_document(params: Params, metrics: dict, seeds: dict) -> dict:
+def _metrics_document(params: Params, evaluated: dict, shifts: dict[str, PriorShift], seeds: dict) -> dict:
     """metrics.json in a fixed key order, so `git diff` and `dvc metrics diff` read well."""
+    metrics = evaluated["metrics"]
     admc, stage_one, nc = metrics["admc"], metrics["stage_one"], metrics.get("nc")  # nc: None when disabled
     return {
         "dataset": params.data.dataset,
@@ -146,6 +159,11 @@ def _metrics_document(params: Params, metrics: dict, seeds: dict) -> dict:
             **({"macro_f1_admc_minus_nc": admc["test"]["macro_f1"] - nc["test"]["macro_f1"],
                 "accuracy_admc_minus_nc": admc["test"]["accuracy"] - nc["test"]["accuracy"]} if nc else {}),
         },
+        # Each trained model's class-prior shift (λ, fitted on validation) and its figures without it.
+        "prior_shift": {name: {"weight": shifts[name].weight,
+                               **{f"{split}_unshifted": {k: evaluated["unshifted"][name][split][k] for k in UNSHIFTED_FIGURES}
+                                  for split in ("test", "validation")}}
+                        for name in MODELS if name in evaluated["unshifted"]},
         "seeds": seeds,
         # The pipeline sections that shaped these models and scores; not the tuner's, the retrain flow's,
         # the registry's, tracking's or the ablation grids' (no stage reads those, so a change to them

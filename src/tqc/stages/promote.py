@@ -22,7 +22,9 @@ from tqc.tracking import Tracker
 log = logging.getLogger(__name__)
 
 
-def run(data_dir: Path, model_dir: Path, params: PromoteParams, report_path: Path, tracker: Tracker, seed: int = 0) -> dict:
+def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: PromoteParams, report_path: Path, tracker: Tracker,
+        seed: int = 0) -> dict:
+    """`prior_path`: the prior stage's file, registered with the model so that it serves with its class-prior shift."""
     if not tracker.active:
         report = {"promoted": False, "reasons": ["tracking is disabled (tracking.enabled: false): no registry to promote in"]}
         write_json(report_path, report)
@@ -37,7 +39,7 @@ def run(data_dir: Path, model_dir: Path, params: PromoteParams, report_path: Pat
     gold = np.array([catalog.index(q.class_id) for q in validation])
     client = mlflow.MlflowClient()
 
-    version = log_and_register(model_dir, data_dir / "catalog.jsonl", params.model_name, params.top_k)
+    version = log_and_register(model_dir, data_dir / "catalog.jsonl", prior_path, params.model_name, params.top_k)
     challenger = _validation_predictions(f"models:/{params.model_name}/{version}", validation, catalog)
     try:
         champion_version = str(client.get_model_version_by_alias(params.model_name, params.alias).version)

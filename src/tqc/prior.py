@@ -1,0 +1,111 @@
+"""The class-prior shift: add τ·λ·log π_c to every question's score for class c.
+
+Why: in-batch contrastive training (NT-Xent and its kin) learns a score whose optimum is the
+density ratio p(question | class) / p(question), with no class prior in it (InfoNCE's optimal
+critic), and rebalancing flattens the prior a classifier could have learned. Where incoming
+questions follow the labeled questions' class frequencies π, the Bayes decision on the
+logits s/τ adds log π_c ("logit adjustment", Menon et al. 2021). λ = 1 is that theory; λ = 0
+is no shift. λ is fitted on validation (the likelihood of the gold class, over a grid of
+candidates), never on test.
+
+The shift is in score units (τ·λ·log π_c), so a shifted score ranks exactly as s/τ + λ·log π_c.
+Pure functions over numpy arrays; the `prior` stage fits it and evaluate and serving apply it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tqc.io import read_json
+from tqc.metrics import summary
+
+
+@dataclass(frozen=True)
+class PriorShift:
+    """One model's fitted shift: `shift` (C,) in the catalog's class order."""
+
+    weight: float  # λ
+    temperature: float  # τ: the scale of the model's logits (scores / τ)
+    shift: np.ndarray  # (C,) τ·λ·log π
+    validation_by_weight: dict[str, dict[str, float]]  # λ → validation {"nll", "macro_f1"}
+
+    def apply(self, scores: np.ndarray) -> np.ndarray:
+        """scores (N, C) → shifted scores (N, C)."""
+        return scores + self.shift[None, :]
+
+    def to_json(self, class_ids: list[str]) -> dict:
+        return {"weight": self.weight, "temperature": self.temperature,
+                "validation_by_weight": self.validation_by_weight,
+                "shift": {class_id: float(value) for class_id, value in zip(class_ids, self.shift)}}
+
+    @classmethod
+    def from_json(cls, record: dict, class_ids: list[str], source: str = "prior file") -> "PriorShift":
+        missing = [c for c in class_ids if c not in record["shift"]]
+        if missing:
+            raise ValueError(f"{source}: no prior shift for classes {missing[:5]} of the catalog "
+                             f"({len(missing)} in all): it was fitted on another catalog; run the prior stage again")
+        shift = np.array([record["shift"][c] for c in class_ids], dtype=np.float64)
+        return cls(float(record["weight"]), float(record["temperature"]), shift,
+                   dict(record.get("validation_by_weight", {})))
+
+
+NO_SHIFT_WEIGHT = 0.0
+
+
+def log_prior(train_class_ids: list[str], class_ids: list[str], smoothing: float = 1.0) -> np.ndarray:
+    """log π (C,): the training rows' class frequencies, add-`smoothing` (a class with no row stays finite)."""
+    index = {c: i for i, c in enumerate(class_ids)}
+    counts = np.bincount([index[c] for c in train_class_ids], minlength=len(class_ids)).astype(np.float64)
+    counts += smoothing
+    return np.log(counts / counts.sum())
+
+
+def fit(validation_scores: np.ndarray, gold: np.ndarray, log_pi: np.ndarray, temperature: float,
+        weights: list[float]) -> PriorShift:
+    """The λ of `weights` with the lowest validation negative log-likelihood of the gold class under
+    softmax(scores / τ + λ·log π) (ties: the smallest |λ|).
+
+    The likelihood, not macro-F1, because λ is a calibration parameter: the likelihood moves
+    smoothly with it, while macro-F1 on a validation split with one or two questions in many
+    classes jumps by points with each question (TREC-50: 544 questions, 50 classes).
+    validation_scores (N, C), gold (N,), log_pi (C,).
+    """
+    by_weight: dict[str, dict[str, float]] = {}
+    best_nll, best = np.inf, NO_SHIFT_WEIGHT
+    for weight in sorted(weights, key=abs):  # smallest |λ| first, so a tie keeps the smaller shift
+        shifted = validation_scores + temperature * weight * log_pi[None, :]  # (N, C)
+        nll = gold_nll(shifted / temperature, gold)
+        by_weight[f"{weight:g}"] = {"nll": nll, "macro_f1": summary(shifted, gold)["macro_f1"]}
+        if nll < best_nll - 1e-12:
+            best_nll, best = nll, weight
+    return PriorShift(float(best), temperature, temperature * best * log_pi, by_weight)
+
+
+def gold_nll(logits: np.ndarray, gold: np.ndarray) -> float:
+    """Mean −log softmax(logits)[gold]; logits (N, C), gold (N,)."""
+    top = logits.max(axis=1, keepdims=True)  # (N, 1), for a stable log-sum-exp
+    log_normaliser = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))  # (N,)
+    return float(np.mean(log_normaliser - logits[np.arange(len(gold)), gold]))
+
+
+def no_shift(n_classes: int, temperature: float = 1.0) -> PriorShift:
+    return PriorShift(NO_SHIFT_WEIGHT, temperature, np.zeros(n_classes), {})
+
+
+def entry_for(path: Path, model_dir: Path) -> str | None:
+    """The name of the entry in a prior stage's file fitted for the model in `model_dir`, if any."""
+    models = read_json(path)["models"]
+    wanted = Path(model_dir).resolve()
+    return next((name for name, record in models.items() if record.get("model") and Path(record["model"]).resolve() == wanted),
+                None)
+
+
+def load(path: Path, model: str, class_ids: list[str]) -> PriorShift:
+    """The shift fitted for `model` ("admc", "stage_one", "nc") in a prior stage's file."""
+    document = read_json(path)
+    if model not in document["models"]:
+        raise ValueError(f"{path}: no prior shift for {model!r} (it has {sorted(document['models'])})")
+    return PriorShift.from_json(document["models"][model], class_ids, str(path))

@@ -1,0 +1,51 @@
+"""Prior: fit each trained model's class-prior shift on validation (tqc.prior).
+
+For ADMC, AC and NC alike: λ from `prior.weights` with the best validation likelihood, and
+π from the validated training rows before augmentation (the labeled traffic's own class mix,
+not the rebalanced one). Evaluate applies the shifts; promote registers ADMC's with the
+model, so the registry serves what evaluate measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from tqc import prior
+from tqc.config import Params
+from tqc.io import write_json
+from tqc.prior import PriorShift
+from tqc.schema import Catalog, load_questions
+from tqc.scoring import logit_temperatures, trained_scorers
+from tqc.training import gold_indices
+
+log = logging.getLogger(__name__)
+
+
+def fit_shifts(data_dir: Path, stage_one: Path, stage_two: Path, nc: Path | None, params: Params) -> dict[str, PriorShift]:
+    """{model: its shift}, each fitted on `data_dir`'s validation split."""
+    catalog = Catalog.load(data_dir / "catalog.jsonl")
+    train, validation = load_questions(data_dir / "train.jsonl"), load_questions(data_dir / "validation.jsonl")
+    log_pi = prior.log_prior([q.class_id for q in train], catalog.class_ids)  # (P,)
+    gold = gold_indices(validation, catalog)
+    temperatures = logit_temperatures(params)
+    return {name: prior.fit(scorer(validation, catalog), gold, log_pi, temperatures[name], params.prior.weights)
+            for name, scorer in trained_scorers(stage_one, stage_two, nc, params.evaluate.batch_size).items()}
+
+
+def run(data_dir: Path, stage_one: Path, stage_two: Path, nc: Path | None, params: Params, out_path: Path) -> dict:
+    """Fit the shifts of the run's models (NC: None or its disabled marker, none for it) and write them to `out_path`."""
+    started = time.perf_counter()
+    class_ids = Catalog.load(data_dir / "catalog.jsonl").class_ids
+    shifts = fit_shifts(data_dir, stage_one, stage_two, nc, params)
+    folders = {"admc": stage_two, "stage_one": stage_one, "nc": nc}  # each entry names its model, for `tqc predict`
+    document = {"weights": list(params.prior.weights),
+                "models": {name: {"model": str(folders[name]), **s.to_json(class_ids)} for name, s in shifts.items()}}
+    write_json(out_path, document)
+    for name, shift in shifts.items():
+        kept, unshifted = shift.validation_by_weight[f"{shift.weight:g}"], shift.validation_by_weight.get("0", {})
+        log.info("prior: %s keeps λ = %g (validation NLL %.4f, macro-F1 %.4f; unshifted %.4f, %.4f)", name, shift.weight,
+                 kept["nll"], kept["macro_f1"], unshifted.get("nll", float("nan")), unshifted.get("macro_f1", float("nan")))
+    log.info("prior: wrote %s (%.1fs)", out_path, time.perf_counter() - started)
+    return document

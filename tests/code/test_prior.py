@@ -1,0 +1,73 @@
+"""The class-prior shift: log π, the choice of λ on validation, and its file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tqc import prior
+from tqc.io import write_json
+
+CLASSES = ["common", "rare"]
+
+
+def test_log_prior_is_the_smoothed_training_class_mix():
+    log_pi = prior.log_prior(["common"] * 8 + ["rare"] * 0, CLASSES + ["unseen"], smoothing=1.0)
+    assert np.exp(log_pi) == pytest.approx([9 / 11, 1 / 11, 1 / 11])  # add-one: a class with no row stays finite
+    assert np.exp(log_pi).sum() == pytest.approx(1.0)
+
+
+def ambiguous_validation() -> tuple[np.ndarray, np.ndarray]:
+    """Ten questions: eight common, two rare. The rare ones score clearly rare; six common ones lean
+    slightly rare (similarity alone gets them wrong), two are clearly common."""
+    scores = np.array([[0.50, 0.52]] * 6 + [[0.9, 0.1]] * 2 + [[0.1, 0.9]] * 2)  # (10, 2)
+    gold = np.array([0] * 8 + [1] * 2)
+    return scores, gold
+
+
+def test_fit_keeps_the_most_likely_weight_and_the_prior_settles_near_ties():
+    scores, gold = ambiguous_validation()
+    log_pi = np.log([0.8, 0.2])
+    weights = [0.0, 0.5, 1.0, 2.0]
+    shift = prior.fit(scores, gold, log_pi, temperature=0.1, weights=weights)
+
+    nll = {w: prior.gold_nll((scores + 0.1 * w * log_pi) / 0.1, gold) for w in weights}
+    assert shift.weight == min(weights, key=nll.get) > 0.0
+    assert {w: v["nll"] for w, v in shift.validation_by_weight.items()} == pytest.approx({f"{w:g}": v for w, v in nll.items()})
+    assert shift.shift == pytest.approx(0.1 * shift.weight * log_pi)
+    assert shift.apply(scores).argmax(axis=1).tolist() == gold.tolist()  # the six near-ties go to the common class
+    assert shift.validation_by_weight["0"]["macro_f1"] < shift.validation_by_weight[f"{shift.weight:g}"]["macro_f1"] == 1.0
+
+
+def test_gold_nll_is_cross_entropy():
+    import torch
+
+    logits = np.random.default_rng(0).normal(size=(7, 4)) * 20  # large logits: the log-sum-exp must stay finite
+    gold = np.array([0, 1, 2, 3, 0, 1, 2])
+    expected = torch.nn.functional.cross_entropy(torch.tensor(logits), torch.tensor(gold)).item()
+    assert prior.gold_nll(logits, gold) == pytest.approx(expected)
+
+
+def test_fit_keeps_no_shift_when_the_prior_is_flat_or_hurts():
+    scores, gold = ambiguous_validation()
+    flat = prior.fit(scores, gold, np.log([0.5, 0.5]), 0.1, [1.0, 0.0, 0.5])
+    assert flat.weight == 0.0 and np.all(flat.shift == 0)  # every λ ties: the smallest shift is kept
+    # A prior that favours the wrong class only makes the gold classes less likely: λ stays 0.
+    clear = np.array([[0.9, 0.1]] * 8 + [[0.3, 0.7]] * 2)
+    assert prior.fit(clear, gold, np.log([0.01, 0.99]), 0.1, [0.0, 1.0]).weight == 0.0
+
+
+def test_the_prior_file_round_trips_and_refuses_another_catalog(tmp_path):
+    scores, gold = ambiguous_validation()
+    fitted = prior.fit(scores, gold, np.log([0.8, 0.2]), 0.1, [0.0, 0.5])
+    path = tmp_path / "prior.json"
+    write_json(path, {"weights": [0.0, 0.5], "models": {"admc": {"model": str(tmp_path / "stage_two"), **fitted.to_json(CLASSES)}}})
+
+    loaded = prior.load(path, "admc", list(reversed(CLASSES)))  # the catalog's order decides the vector's
+    assert loaded.weight == 0.5 and loaded.shift == pytest.approx(fitted.shift[::-1])
+    assert prior.entry_for(path, tmp_path / "stage_two") == "admc"
+    assert prior.entry_for(path, tmp_path / "stage_one") is None
+    with pytest.raises(ValueError, match=r"prior.json: no prior shift for classes \['new'\]"):
+        prior.load(path, "admc", CLASSES + ["new"])
+    with pytest.raises(ValueError, match="no prior shift for 'nc'"):
+        prior.load(path, "nc", CLASSES)
