@@ -2,7 +2,7 @@
 
 Baselines: zero-shot (the pretrained encoder, no training), AC (stage one alone) and NC
 (encoder + linear head). Each trained model is scored with the class-prior shift the prior
-stage fitted for it on validation (metrics.json also keeps its test figures without it).
+stage fitted for it on validation (metrics.json also keeps its figures without it).
 Nothing here chooses anything: validation is reported beside test.
 """
 
