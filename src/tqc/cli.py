@@ -240,28 +240,34 @@ def _predict(args: argparse.Namespace) -> None:
         raise ConfigError("no questions: give them as arguments or with --file")
     if args.top_k < 1:
         raise ConfigError(f"--top-k {args.top_k}: must be at least 1")
-    prior_path, prior_model = _prior_for(args.model, args.prior)
-    matcher = local_matcher(args.model, args.catalog, args.top_k, prior_path, prior_model or "admc")
+    matcher = local_matcher(args.model, args.catalog, args.top_k, _prior_for(args.model, args.prior))
     answers = matcher.predict(None, pd.DataFrame({"question": questions}), {"top_k": args.top_k})
     for record in ranked_records(questions, answers):
         print(json.dumps(record, ensure_ascii=False))
 
 
-def _prior_for(model_dir: Path, choice: str) -> tuple[Path | None, str | None]:
-    """`tqc predict --prior`: (the prior file, its entry for `model_dir`), or (None, None) for no shift."""
+def _prior_for(model_dir: Path, choice: str) -> Path | None:
+    """`tqc predict --prior`: the prior file with an entry for `model_dir`, or None for no shift."""
     from tqc.prior import entry_for
 
     if choice == "none":
-        return None, None
+        return None
     path = model_dir.parent / "prior.json" if choice == "auto" else Path(choice)
     if not path.exists():
         if choice == "auto":
-            return None, None
+            return None
         raise ConfigError(f"--prior {path}: no such file (`dvc repro` writes models/prior.json; --prior none: no shift)")
-    entry = entry_for(path, model_dir)
-    if entry is None and choice != "auto":
-        raise ConfigError(f"--prior {path}: none of its entries was fitted for {model_dir}")
-    return (path, entry) if entry else (None, None)
+    try:
+        entry = entry_for(path, model_dir)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if entry is None:
+        if choice != "auto":
+            raise ConfigError(f"--prior {path}: none of its entries was fitted for {model_dir}")
+        print(f"tqc predict: {path} has no class-prior shift fitted for {model_dir}: ranking by similarity alone",
+              file=sys.stderr)
+        return None
+    return path
 
 
 def parse_overrides(items: list[str]) -> dict:

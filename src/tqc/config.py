@@ -6,11 +6,12 @@ silently vanishes. Each stage loads only the sections it needs.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DatasetName = Literal["trec6", "trec50", "covidq-categories", "covidq-classes", "custom"]
 ImplicitAugmentation = Literal["dropout", "cutoff"]
@@ -238,6 +239,13 @@ class PriorParams(Strict):
 
     # Candidate λ: 0 is no shift, 1 the Bayes correction for traffic with the training rows' class mix.
     weights: list[float] = Field([0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0, 1.25, 1.5], min_length=1)
+
+    @field_validator("weights")
+    @classmethod
+    def _finite(cls, weights: list[float]) -> list[float]:
+        if not all(math.isfinite(w) for w in weights):
+            raise ValueError(f"prior.weights must be finite numbers, got {weights}")
+        return weights
 
 
 class TrackingParams(Strict):

@@ -33,8 +33,8 @@ class PriorShift:
     validation_by_weight: dict[str, dict[str, float]]  # λ → validation {"nll", "macro_f1"}
 
     def apply(self, scores: np.ndarray) -> np.ndarray:
-        """scores (N, C) → shifted scores (N, C)."""
-        return scores + self.shift[None, :]
+        """scores (N, C) → shifted scores (N, C), in the scores' own dtype (as serving adds it)."""
+        return scores + self.shift.astype(scores.dtype)[None, :]
 
     def to_json(self, class_ids: list[str]) -> dict:
         return {"weight": self.weight, "temperature": self.temperature,
@@ -44,9 +44,10 @@ class PriorShift:
     @classmethod
     def from_json(cls, record: dict, class_ids: list[str], source: str = "prior file") -> "PriorShift":
         missing = [c for c in class_ids if c not in record["shift"]]
-        if missing:
-            raise ValueError(f"{source}: no prior shift for classes {missing[:5]} of the catalog "
-                             f"({len(missing)} in all): it was fitted on another catalog; run the prior stage again")
+        extra = sorted(set(record["shift"]) - set(class_ids))
+        if missing or extra:
+            raise ValueError(f"{source}: fitted on another catalog (no shift for {missing[:5]}, {len(missing)} in all; "
+                             f"shifts for classes the catalog lacks: {extra[:5]}, {len(extra)} in all); run the prior stage again")
         shift = np.array([record["shift"][c] for c in class_ids], dtype=np.float64)
         return cls(float(record["weight"]), float(record["temperature"]), shift,
                    dict(record.get("validation_by_weight", {})))
@@ -91,21 +92,41 @@ def gold_nll(logits: np.ndarray, gold: np.ndarray) -> float:
     return float(np.mean(log_normaliser - logits[np.arange(len(gold)), gold]))
 
 
-def no_shift(n_classes: int, temperature: float = 1.0) -> PriorShift:
-    return PriorShift(NO_SHIFT_WEIGHT, temperature, np.zeros(n_classes), {})
+def no_shift(n_classes: int) -> PriorShift:
+    return PriorShift(NO_SHIFT_WEIGHT, 1.0, np.zeros(n_classes), {})
+
+
+ENTRY_KEYS = ("model", "weight", "temperature", "shift")
+
+
+def read_file(path: Path) -> dict[str, dict]:
+    """A prior stage's file → its entries {name: {model, weight, temperature, shift, …}}, checked.
+
+    Each entry's `model` is its model folder relative to the file's own folder, so the file
+    names its models from wherever it is read.
+    """
+    try:
+        entries = read_json(path)["models"]
+        for name, entry in entries.items():
+            absent = [key for key in ENTRY_KEYS if key not in entry]
+            if absent:
+                raise ValueError(f"{path}: entry {name!r} lacks {absent}")
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        reason = exc if isinstance(exc, ValueError) else f"not a prior stage's file (no {exc})"
+        raise ValueError(str(reason) if str(reason).startswith(str(path)) else f"{path}: {reason}") from None
+    return entries
 
 
 def entry_for(path: Path, model_dir: Path) -> str | None:
     """The name of the entry in a prior stage's file fitted for the model in `model_dir`, if any."""
-    models = read_json(path)["models"]
     wanted = Path(model_dir).resolve()
-    return next((name for name, record in models.items() if record.get("model") and Path(record["model"]).resolve() == wanted),
+    return next((name for name, entry in read_file(path).items() if (Path(path).parent / entry["model"]).resolve() == wanted),
                 None)
 
 
-def load(path: Path, model: str, class_ids: list[str]) -> PriorShift:
-    """The shift fitted for `model` ("admc", "stage_one", "nc") in a prior stage's file."""
-    document = read_json(path)
-    if model not in document["models"]:
-        raise ValueError(f"{path}: no prior shift for {model!r} (it has {sorted(document['models'])})")
-    return PriorShift.from_json(document["models"][model], class_ids, str(path))
+def load_for(path: Path, model_dir: Path, class_ids: list[str]) -> PriorShift:
+    """The shift a prior stage's file holds for the model in `model_dir`; an error naming both if it has none."""
+    name = entry_for(path, model_dir)
+    if name is None:
+        raise ValueError(f"{path}: none of its entries was fitted for {model_dir} (run the prior stage for it)")
+    return PriorShift.from_json(read_file(path)[name], class_ids, str(path))

@@ -19,18 +19,24 @@ from tqc.training import catalog_scores
 
 Scorer = Callable[[list[LabeledQuestion], Catalog], np.ndarray]  # (questions, catalog) → scores (N, P)
 
-# The trained models of a run, by the names metrics.json uses: ADMC (stage two), AC (stage one), NC.
-TRAINED = ("admc", "stage_one", "nc")
+
+def trained_folders(stage_one: Path, stage_two: Path, nc: Path | None) -> dict[str, Path]:
+    """The run's trained models by the names metrics.json uses: ADMC (stage two), AC (stage one), and NC
+    when it was trained (None, or its disabled marker: not)."""
+    folders = {"admc": stage_two, "stage_one": stage_one}
+    return {**folders, "nc": nc} if nc is not None and not is_disabled(nc) else folders
 
 
 def trained_scorers(stage_one: Path, stage_two: Path, nc: Path | None, batch_size: int) -> dict[str, Scorer]:
-    """Scorers of the run's trained models; NC only when it was trained (None, or its disabled marker: not)."""
+    """Scorers of the run's trained models (`trained_folders`)."""
+    folders = trained_folders(stage_one, stage_two, nc)
     scorers: dict[str, Scorer] = {}
-    for name, directory in (("admc", stage_two), ("stage_one", stage_one)):
+    for name in ("admc", "stage_one"):
+        directory = folders[name]
         model = BiEncoder.load(directory)
         scorers[name] = lambda qs, c, m=model: catalog_scores(m, qs, c, batch_size)
-    if nc is not None and not is_disabled(nc):
-        classifier = LinearClassifier.load(nc)
+    if "nc" in folders:
+        classifier = LinearClassifier.load(folders["nc"])
         scorers["nc"] = lambda qs, c: classifier.logits([q.text for q in qs], batch_size)
     return scorers
 

@@ -20,7 +20,6 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 OUTPUT_COLUMNS = ["question", "rank", "class_id", "standard_question", "score"]
-SERVED_MODEL = "admc"  # the prior file's entry for the stage-two model
 
 
 class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
@@ -29,14 +28,18 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
 
         from tqc import prior
         from tqc.model.encoder import BiEncoder
+        from tqc.prior import PriorShift
         from tqc.schema import Catalog
 
         self.model = BiEncoder.load(Path(context.artifacts["model"])).eval()
         self.catalog = Catalog.load(context.artifacts["catalog"])
         self.standards = self.model.standard.encode(self.catalog.texts)  # (P, D), encoded once per load
         prior_file, config = context.artifacts.get("prior"), context.model_config or {}
-        shift = (prior.load(Path(prior_file), config.get("prior_model", SERVED_MODEL), self.catalog.class_ids) if prior_file
-                 else prior.no_shift(len(self.catalog))).shift
+        if prior_file:  # the entry `_model_config` found for this model when it was logged
+            entry = prior.read_file(Path(prior_file))[config["prior_model"]]
+            shift = PriorShift.from_json(entry, self.catalog.class_ids, prior_file).shift
+        else:
+            shift = prior.no_shift(len(self.catalog)).shift
         self.shift = torch.as_tensor(shift, dtype=torch.float32)  # (P,): 0 for a model registered without one
         self.default_top_k = int(config.get("top_k", 5))
 
@@ -58,11 +61,10 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
 
 
-def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_path: Path | None = None,
-                  prior_model: str = SERVED_MODEL) -> StandardQuestionMatcher:
+def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_path: Path | None = None) -> StandardQuestionMatcher:
     """The matcher the registry serves, loaded from local folders (`tqc predict`): the same code answers.
 
-    `prior_path`: the prior stage's file, whose `prior_model` entry was fitted for `model_dir` (None: similarity alone)."""
+    `prior_path`: a prior stage's file with an entry fitted for `model_dir` (None: similarity alone)."""
     from types import SimpleNamespace
 
     from tqc.model.encoder import MODEL_CONFIG
@@ -73,7 +75,7 @@ def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_pat
         raise FileNotFoundError(f"{catalog_path}: no catalog there (`dvc repro` writes data/validated/catalog.jsonl)")
     matcher = StandardQuestionMatcher()
     matcher.load_context(SimpleNamespace(artifacts=_artifacts(model_dir, catalog_path, prior_path),
-                                         model_config={"top_k": top_k, "prior_model": prior_model}))
+                                         model_config=_model_config(model_dir, prior_path, top_k)))
     return matcher
 
 
@@ -103,6 +105,18 @@ SIGNATURE = ModelSignature(
 )
 
 
+def _model_config(model_dir: Path, prior_path: Path | None, top_k: int) -> dict:
+    """top_k, and the prior file's entry fitted for `model_dir` (an error naming the file if it has none)."""
+    from tqc import prior
+
+    if prior_path is None:
+        return {"top_k": top_k}
+    entry = prior.entry_for(prior_path, model_dir)
+    if entry is None:
+        raise ValueError(f"{prior_path}: none of its entries was fitted for {model_dir} (run the prior stage for it)")
+    return {"top_k": top_k, "prior_model": entry}
+
+
 def _artifacts(model_dir: Path, catalog_path: Path, prior_path: Path | None) -> dict[str, str]:
     artifacts = {"model": str(model_dir), "catalog": str(catalog_path)}
     return {**artifacts, "prior": str(prior_path)} if prior_path is not None else artifacts
@@ -116,7 +130,7 @@ def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | Non
         name="model",
         python_model=StandardQuestionMatcher(),
         artifacts=_artifacts(model_dir, catalog_path, prior_path),
-        model_config={"top_k": top_k},
+        model_config=_model_config(model_dir, prior_path, top_k),
         signature=SIGNATURE,
         # Listed, not inferred: inference would load the model in a subprocess to trace imports.
         pip_requirements=[f"tqc=={tqc.__version__}", "torch", "transformers", "safetensors", "pandas"],

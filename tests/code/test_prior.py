@@ -57,17 +57,40 @@ def test_fit_keeps_no_shift_when_the_prior_is_flat_or_hurts():
     assert prior.fit(clear, gold, np.log([0.01, 0.99]), 0.1, [0.0, 1.0]).weight == 0.0
 
 
-def test_the_prior_file_round_trips_and_refuses_another_catalog(tmp_path):
+def test_the_prior_file_round_trips_names_its_models_and_refuses_another_catalog(tmp_path, monkeypatch):
     scores, gold = ambiguous_validation()
     fitted = prior.fit(scores, gold, np.log([0.8, 0.2]), 0.1, [0.0, 0.5])
-    path = tmp_path / "prior.json"
-    write_json(path, {"weights": [0.0, 0.5], "models": {"admc": {"model": str(tmp_path / "stage_two"), **fitted.to_json(CLASSES)}}})
+    path = tmp_path / "models" / "prior.json"
+    write_json(path, {"weights": [0.0, 0.5], "models": {"admc": {"model": "stage_two", **fitted.to_json(CLASSES)}}})
+    monkeypatch.chdir(tmp_path)  # not the file's folder: its entries are relative to the file, not to here
 
-    loaded = prior.load(path, "admc", list(reversed(CLASSES)))  # the catalog's order decides the vector's
-    assert loaded.weight == 0.5 and loaded.shift == pytest.approx(fitted.shift[::-1])
-    assert prior.entry_for(path, tmp_path / "stage_two") == "admc"
-    assert prior.entry_for(path, tmp_path / "stage_one") is None
-    with pytest.raises(ValueError, match=r"prior.json: no prior shift for classes \['new'\]"):
-        prior.load(path, "admc", CLASSES + ["new"])
-    with pytest.raises(ValueError, match="no prior shift for 'nc'"):
-        prior.load(path, "nc", CLASSES)
+    loaded = prior.load_for(path, tmp_path / "models" / "stage_two", list(reversed(CLASSES)))
+    assert loaded.weight == 0.5 and loaded.shift == pytest.approx(fitted.shift[::-1])  # the catalog's order decides
+    assert prior.entry_for(path, tmp_path / "models" / "stage_one") is None
+    with pytest.raises(ValueError, match="prior.json: none of its entries was fitted for .*stage_one"):
+        prior.load_for(path, tmp_path / "models" / "stage_one", CLASSES)
+    with pytest.raises(ValueError, match=r"prior.json: fitted on another catalog \(no shift for \['new'\]"):
+        prior.load_for(path, tmp_path / "models" / "stage_two", CLASSES + ["new"])
+    with pytest.raises(ValueError, match=r"shifts for classes the catalog lacks: \['rare'\]"):
+        prior.load_for(path, tmp_path / "models" / "stage_two", ["common"])
+
+
+def test_a_file_that_is_not_a_prior_stages_says_so(tmp_path):
+    write_json(tmp_path / "other.json", {"test": {}})
+    with pytest.raises(ValueError, match=r"other.json: not a prior stage's file"):
+        prior.entry_for(tmp_path / "other.json", tmp_path / "stage_two")
+    write_json(tmp_path / "partial.json", {"models": {"admc": {"model": "stage_two", "weight": 1.0}}})
+    with pytest.raises(ValueError, match=r"partial.json: entry 'admc' lacks \['temperature', 'shift'\]"):
+        prior.read_file(tmp_path / "partial.json")
+
+
+def test_the_shift_keeps_the_scores_dtype():
+    shift = prior.PriorShift(1.0, 0.1, np.array([0.1, 0.2]), {})
+    assert shift.apply(np.zeros((3, 2), dtype=np.float32)).dtype == np.float32  # as serving adds it
+
+
+def test_weights_must_be_finite():
+    from tqc.config import ConfigError, Params
+
+    with pytest.raises(ConfigError, match="prior.weights must be finite"):
+        Params().with_overrides({"prior": {"weights": [0.0, float("nan")]}})

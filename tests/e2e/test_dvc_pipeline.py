@@ -61,6 +61,8 @@ def test_dvc_repro_end_to_end_then_nothing_then_only_evaluate(project):
                  "reports/data_docs/index.html", "reports/promotion.json"):
         assert (project / path).exists(), path
 
+    check_predict_ranks_as_evaluate(project)
+
     second = run([sys.executable, "-m", "dvc", "repro"], project)
     assert "Running stage" not in second
 
@@ -76,6 +78,17 @@ def test_dvc_repro_end_to_end_then_nothing_then_only_evaluate(project):
     assert seeds["admc"]["macro_f1"]["mean"] == pytest.approx(sum(values) / 2)
 
     check_mlflow_records_both_repros(project)
+
+
+def check_predict_ranks_as_evaluate(project: Path) -> None:
+    """`tqc predict` (the registry's pyfunc code, with the shift in models/prior.json) answers each test
+    question as evaluate's predictions do: the served ranking is the measured one."""
+    evaluated = [json.loads(line) for line in (project / "data" / "predictions" / "test.jsonl").read_text().splitlines()]
+    (project / "questions.txt").write_text("\n".join(r["text"] for r in evaluated) + "\n")
+    answered = run([sys.executable, "-m", "tqc.cli", "predict", "--file", "questions.txt", "--top-k", "3"], project)
+    served = [json.loads(line) for line in answered.splitlines() if line.startswith("{")]
+    assert [[a["class_id"] for a in r["top_k"]] for r in served] == [[a["class_id"] for a in r["top_k"][:3]] for r in evaluated]
+    assert [r["top_k"][0]["score"] for r in served] == pytest.approx([r["top_k"][0]["score"] for r in evaluated], abs=1e-4)
 
 
 def check_mlflow_records_both_repros(project: Path) -> None:

@@ -73,7 +73,7 @@ def test_predict_adds_the_class_prior_shift_fitted_for_its_model(tiny_model_dir,
     CATALOG.save(tmp_path / "catalog.jsonl")
     shift = {"loc": 0.0, "hum": 0.0, "num": 100.0}  # large enough to outrank any similarity
     write_json(tmp_path / "models" / "prior.json", {"weights": [0.0, 1.0], "models": {
-        "admc": {"model": str(tmp_path / "models" / "stage_two"), "weight": 1.0, "temperature": 0.1, "shift": shift}}})
+        "admc": {"model": "stage_two", "weight": 1.0, "temperature": 0.1, "shift": shift}}})
     ask = ["predict", "--model", str(tmp_path / "models" / "stage_two"), "--catalog", str(tmp_path / "catalog.jsonl"),
            "--top-k", "1", "where is paris", "who wrote it"]
 
@@ -85,3 +85,10 @@ def test_predict_adds_the_class_prior_shift_fitted_for_its_model(tiny_model_dir,
     assert all(a["score"] <= 1.0 + 1e-6 for a in plain)  # cosine alone
     assert main(ask + ["--prior", str(tmp_path / "missing.json")]) == 2
     assert "missing.json: no such file" in capsys.readouterr().err
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "models" / "other")  # beside the file, but not fitted in it
+    other = ["predict", "--model", str(tmp_path / "models" / "other"), "--catalog", str(tmp_path / "catalog.jsonl"), "q"]
+    assert main(other) == 0
+    assert "has no class-prior shift fitted for" in capsys.readouterr().err  # auto: said, then similarity alone
+    assert main(other + ["--prior", str(tmp_path / "models" / "prior.json")]) == 2
+    assert "none of its entries was fitted for" in capsys.readouterr().err

@@ -84,3 +84,30 @@ def test_promote_without_tracking_says_so(data_dir, tmp_path):
 
     report = promote.run(data_dir, tmp_path / "unused", None, PromoteParams(), tmp_path / "promotion.json", Tracker(None))
     assert not report["promoted"] and "tracking is disabled" in report["reasons"][0]
+
+
+def test_the_registry_serves_the_model_with_the_class_prior_shift_fitted_for_it(tiny_model_dir, data_dir, tmp_path, registry):
+    import mlflow
+
+    from tqc.io import write_json
+
+    models = tmp_path / "models"
+    strong = trained(tiny_model_dir, data_dir, models / "stage_two")
+    catalog = Catalog.load(data_dir / "catalog.jsonl")
+    shift = {c: (100.0 if c == "NUM" else 0.0) for c in catalog.class_ids}  # outranks any similarity
+    write_json(models / "prior.json", {"weights": [0.0, 1.0], "models": {
+        "stage_one": {"model": "stage_one", "weight": 0.0, "temperature": 0.1, "shift": {c: 0.0 for c in catalog.class_ids}},
+        "admc": {"model": "stage_two", "weight": 1.0, "temperature": 0.1, "shift": shift}}})
+    with standalone_run("promote", registry) as tracker:
+        report = promote.run(data_dir, strong, models / "prior.json", PromoteParams(bootstrap_samples=500), tmp_path / "p.json",
+                             tracker)
+    (models / "prior.json").unlink()  # the registry keeps its own copy
+
+    assert report["promoted"] and report["validation"]["challenger_accuracy"] < 0.5  # NUM for every question
+    answers = mlflow.pyfunc.load_model("models:/tqc-admc@champion").predict(
+        pd.DataFrame({"question": ["where is paris", "who invented chess"]}), params={"top_k": 1})
+    assert answers["class_id"].tolist() == ["NUM", "NUM"] and (answers["score"] > 99).all()
+
+    write_json(models / "prior.json", {"weights": [0.0], "models": {}})
+    with standalone_run("promote", registry) as tracker, pytest.raises(ValueError, match=r"prior.json: none of its entries"):
+        promote.run(data_dir, strong, models / "prior.json", PromoteParams(), tmp_path / "p.json", tracker)

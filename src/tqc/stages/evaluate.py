@@ -19,13 +19,13 @@ import numpy as np
 
 from tqc import prior
 from tqc.config import Params
-from tqc.io import atomic_path, read_json, write_json, write_jsonl
+from tqc.io import atomic_path, write_json, write_jsonl
 from tqc.metrics import confused_pairs, per_class_prf, seed_std, summary
 from tqc.model.encoder import BiEncoder, TextEncoder
 from tqc.pipeline import ChainOutputs, train_chain
 from tqc.prior import PriorShift
 from tqc.schema import Catalog, LabeledQuestion, load_questions, save_questions
-from tqc.scoring import Scorer, trained_scorers
+from tqc.scoring import Scorer, trained_folders, trained_scorers
 from tqc.stages import augment
 from tqc.stages import prior as prior_stage
 from tqc.stages.ingest import stratified_split
@@ -82,7 +82,8 @@ def run(data_dir: Path, train_path: Path, models: ChainOutputs, prior_path: Path
     started = time.perf_counter()
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     splits = {"test": load_questions(data_dir / "test.jsonl"), "validation": load_questions(data_dir / "validation.jsonl")}
-    shifts = {name: prior.load(prior_path, name, catalog.class_ids) for name in read_json(prior_path)["models"]}
+    shifts = {name: prior.load_for(prior_path, folder, catalog.class_ids)
+              for name, folder in trained_folders(models.stage_one, models.stage_two, models.nc).items()}
     evaluated = evaluate_models(models, params, splits, catalog, shifts)
     per_seed = [evaluated["metrics"]] + _extra_seeds(params, data_dir, train_path, splits, catalog)
 

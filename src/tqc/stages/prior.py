@@ -9,6 +9,7 @@ model, so the registry serves what evaluate measured.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -39,9 +40,12 @@ def run(data_dir: Path, stage_one: Path, stage_two: Path, nc: Path | None, param
     started = time.perf_counter()
     class_ids = Catalog.load(data_dir / "catalog.jsonl").class_ids
     shifts = fit_shifts(data_dir, stage_one, stage_two, nc, params)
-    folders = {"admc": stage_two, "stage_one": stage_one, "nc": nc}  # each entry names its model, for `tqc predict`
+    folders = {"admc": stage_two, "stage_one": stage_one, "nc": nc}
+    # Each entry names its model folder relative to this file's, so evaluate, promote and `tqc predict`
+    # find a model's own shift from any working directory.
     document = {"weights": list(params.prior.weights),
-                "models": {name: {"model": str(folders[name]), **s.to_json(class_ids)} for name, s in shifts.items()}}
+                "models": {name: {"model": os.path.relpath(folders[name], Path(out_path).parent), **s.to_json(class_ids)}
+                           for name, s in shifts.items()}}
     write_json(out_path, document)
     for name, shift in shifts.items():
         kept, unshifted = shift.validation_by_weight[f"{shift.weight:g}"], shift.validation_by_weight.get("0", {})
