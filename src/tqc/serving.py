@@ -20,6 +20,8 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 OUTPUT_COLUMNS = ["question", "rank", "class_id", "standard_question", "score"]
+# Versions registered before model_config named their prior file's entry always carried ADMC's.
+FIRST_REGISTERED_ENTRY = "admc"
 
 
 class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
@@ -36,7 +38,7 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         self.standards = self.model.standard.encode(self.catalog.texts)  # (P, D), encoded once per load
         prior_file, config = context.artifacts.get("prior"), context.model_config or {}
         if prior_file:  # the entry `_model_config` found for this model when it was logged
-            entry = prior.read_file(Path(prior_file))[config["prior_model"]]
+            entry = prior.read_file(Path(prior_file))[config.get("prior_model", FIRST_REGISTERED_ENTRY)]
             shift = PriorShift.from_json(entry, self.catalog.class_ids, prior_file).shift
         else:
             shift = prior.no_shift(len(self.catalog)).shift

@@ -92,3 +92,21 @@ def test_predict_adds_the_class_prior_shift_fitted_for_its_model(tiny_model_dir,
     assert "has no class-prior shift fitted for" in capsys.readouterr().err  # auto: said, then similarity alone
     assert main(other + ["--prior", str(tmp_path / "models" / "prior.json")]) == 2
     assert "none of its entries was fitted for" in capsys.readouterr().err
+
+
+def test_a_model_registered_before_its_config_named_the_prior_entry_serves_admcs_shift(tiny_model_dir, tmp_path):
+    from types import SimpleNamespace
+
+    from tqc.io import write_json
+    from tqc.serving import StandardQuestionMatcher
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "stage_two")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    zero = {"loc": 0.0, "hum": 0.0, "num": 0.0}
+    write_json(tmp_path / "prior.json", {"weights": [1.0], "models": {
+        "stage_one": {"model": "stage_one", "weight": 1.0, "temperature": 0.1, "shift": {**zero, "loc": 100.0}},
+        "admc": {"model": "stage_two", "weight": 1.0, "temperature": 0.1, "shift": {**zero, "num": 100.0}}}})
+    matcher = StandardQuestionMatcher()
+    matcher.load_context(SimpleNamespace(artifacts={"model": str(tmp_path / "stage_two"), "catalog": str(tmp_path / "catalog.jsonl"),
+                                                    "prior": str(tmp_path / "prior.json")}, model_config={"top_k": 1}))
+    assert matcher.predict(None, ["who wrote it"])["class_id"].tolist() == ["num"]
