@@ -111,3 +111,15 @@ def test_the_registry_serves_the_model_with_the_class_prior_shift_fitted_for_it(
     write_json(models / "prior.json", {"weights": [0.0], "models": {}})
     with standalone_run("promote", registry) as tracker, pytest.raises(ValueError, match=r"prior.json: none of its entries"):
         promote.run(data_dir, strong, models / "prior.json", PromoteParams(), tmp_path / "p.json", tracker)
+
+
+def test_a_version_that_could_not_be_judged_is_tagged_failed(tiny_model_dir, data_dir, tmp_path, registry, monkeypatch):
+    import mlflow
+
+    def unreachable(*_):
+        raise RuntimeError("the champion's artifacts are gone")
+
+    monkeypatch.setattr(promote, "_validation_predictions", unreachable)
+    with standalone_run("promote", registry) as tracker, pytest.raises(RuntimeError, match="artifacts are gone"):
+        promote.run(data_dir, untrained(tiny_model_dir, tmp_path / "model"), None, PromoteParams(), tmp_path / "p.json", tracker)
+    assert mlflow.MlflowClient().get_model_version("tqc-admc", "1").tags["promotion"] == "failed"

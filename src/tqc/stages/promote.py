@@ -40,13 +40,18 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     client = mlflow.MlflowClient()
 
     version = log_and_register(model_dir, data_dir / "catalog.jsonl", prior_path, params.model_name, params.top_k)
-    challenger = _validation_predictions(f"models:/{params.model_name}/{version}", validation, catalog)
     try:
-        champion_version = str(client.get_model_version_by_alias(params.model_name, params.alias).version)
-    except MlflowException:
-        champion_version = None
-    champion = (_validation_predictions(f"models:/{params.model_name}/{champion_version}", validation, catalog)
-                if champion_version else None)
+        challenger = _validation_predictions(f"models:/{params.model_name}/{version}", validation, catalog)
+        try:
+            champion_version = str(client.get_model_version_by_alias(params.model_name, params.alias).version)
+        except MlflowException:
+            champion_version = None
+        champion = (_validation_predictions(f"models:/{params.model_name}/{champion_version}", validation, catalog)
+                    if champion_version else None)
+    except Exception:
+        # Registered but never judged: the tag says so, so that a registry listing does not read it as a candidate.
+        client.set_model_version_tag(params.model_name, version, "promotion", "failed")
+        raise
 
     tail_ids = tail_classes([q.class_id for q in load_questions(data_dir / "train.jsonl")], catalog.class_ids,
                             params.tail_fraction)
