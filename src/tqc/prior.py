@@ -106,27 +106,33 @@ def read_file(path: Path) -> dict[str, dict]:
     names its models from wherever it is read.
     """
     try:
-        entries = read_json(path)["models"]
-        for name, entry in entries.items():
-            absent = [key for key in ENTRY_KEYS if key not in entry]
-            if absent:
-                raise ValueError(f"{path}: entry {name!r} lacks {absent}")
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        reason = exc if isinstance(exc, ValueError) else f"not a prior stage's file (no {exc})"
-        raise ValueError(str(reason) if str(reason).startswith(str(path)) else f"{path}: {reason}") from None
+        document = read_json(path)
+    except ValueError as exc:  # not JSON at all
+        raise ValueError(f"{path}: not a prior stage's file ({exc})") from None
+    entries = document.get("models") if isinstance(document, dict) else None
+    if not isinstance(entries, dict):
+        raise ValueError(f"{path}: not a prior stage's file (no 'models')")
+    for name, entry in entries.items():
+        absent = [key for key in ENTRY_KEYS if not isinstance(entry, dict) or key not in entry]
+        if absent:
+            raise ValueError(f"{path}: entry {name!r} lacks {absent}")
     return entries
 
 
 def entry_for(path: Path, model_dir: Path) -> str | None:
     """The name of the entry in a prior stage's file fitted for the model in `model_dir`, if any."""
-    wanted = Path(model_dir).resolve()
-    return next((name for name, entry in read_file(path).items() if (Path(path).parent / entry["model"]).resolve() == wanted),
-                None)
+    return _entry_in(read_file(path), path, model_dir)
 
 
 def load_for(path: Path, model_dir: Path, class_ids: list[str]) -> PriorShift:
     """The shift a prior stage's file holds for the model in `model_dir`; an error naming both if it has none."""
-    name = entry_for(path, model_dir)
+    entries = read_file(path)
+    name = _entry_in(entries, path, model_dir)
     if name is None:
         raise ValueError(f"{path}: none of its entries was fitted for {model_dir} (run the prior stage for it)")
-    return PriorShift.from_json(read_file(path)[name], class_ids, str(path))
+    return PriorShift.from_json(entries[name], class_ids, str(path))
+
+
+def _entry_in(entries: dict[str, dict], path: Path, model_dir: Path) -> str | None:
+    wanted = Path(model_dir).resolve()
+    return next((name for name, entry in entries.items() if (Path(path).parent / entry["model"]).resolve() == wanted), None)

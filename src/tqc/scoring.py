@@ -32,8 +32,7 @@ def trained_scorers(stage_one: Path, stage_two: Path, nc: Path | None, batch_siz
     folders = trained_folders(stage_one, stage_two, nc)
     scorers: dict[str, Scorer] = {}
     for name in ("admc", "stage_one"):
-        directory = folders[name]
-        model = BiEncoder.load(directory)
+        model = BiEncoder.load(folders[name])
         scorers[name] = lambda qs, c, m=model: catalog_scores(m, qs, c, batch_size)
     if "nc" in folders:
         classifier = LinearClassifier.load(folders["nc"])

@@ -79,6 +79,9 @@ def test_a_file_that_is_not_a_prior_stages_says_so(tmp_path):
     write_json(tmp_path / "other.json", {"test": {}})
     with pytest.raises(ValueError, match=r"other.json: not a prior stage's file"):
         prior.entry_for(tmp_path / "other.json", tmp_path / "stage_two")
+    (tmp_path / "broken.json").write_text("{", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"broken.json: not a prior stage's file"):
+        prior.read_file(tmp_path / "broken.json")
     write_json(tmp_path / "partial.json", {"models": {"admc": {"model": "stage_two", "weight": 1.0}}})
     with pytest.raises(ValueError, match=r"partial.json: entry 'admc' lacks \['temperature', 'shift'\]"):
         prior.read_file(tmp_path / "partial.json")

@@ -18,7 +18,7 @@ from tqc.config import Params
 from tqc.io import write_json
 from tqc.prior import PriorShift
 from tqc.schema import Catalog, load_questions
-from tqc.scoring import logit_temperatures, trained_scorers
+from tqc.scoring import logit_temperatures, trained_folders, trained_scorers
 from tqc.training import gold_indices
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def run(data_dir: Path, stage_one: Path, stage_two: Path, nc: Path | None, param
     started = time.perf_counter()
     class_ids = Catalog.load(data_dir / "catalog.jsonl").class_ids
     shifts = fit_shifts(data_dir, stage_one, stage_two, nc, params)
-    folders = {"admc": stage_two, "stage_one": stage_one, "nc": nc}
+    folders = trained_folders(stage_one, stage_two, nc)
     # Each entry names its model folder relative to this file's, so evaluate, promote and `tqc predict`
     # find a model's own shift from any working directory.
     document = {"weights": list(params.prior.weights),
