@@ -133,17 +133,24 @@ def read_cell(cell: Cell, project: Path, refs: dict[str, str]) -> CellResult:
     ref = refs.get(cell.name)
     if ref is None:
         return CellResult(cell, "missing")
-    metrics = without_prior_shift(json.loads(_git(project, "show", f"{ref}:reports/metrics.json")))
+    metrics = json.loads(_git(project, "show", f"{ref}:reports/metrics.json"))
+    metrics = metrics if reads_shifted(cell) else without_prior_shift(metrics)
     augment = json.loads(_git(project, "show", f"{ref}:reports/augment.json"))
     figures = {name: _dig(metrics, keys) for name, (_, keys) in FIGURES.items()}
     return CellResult(cell, "done", figures, augment["rows"]["generated"], _git(project, "rev-parse", ref).strip()[:10])
+
+
+def reads_shifted(cell: Cell) -> bool:
+    """A cell whose own params set the prior stage's (`prior.*`) is about the shift: it is read after it."""
+    return any(path.startswith("prior.") for path in cell.overrides)
 
 
 def without_prior_shift(metrics: dict) -> dict:
     """A cell's metrics.json with each model's figures from before its class-prior shift.
 
     The grids compare training variants, and their recorded cells ran before the prior stage
-    existed, so every cell is read without the post-hoc shift to keep them comparable.
+    existed, so cells are read without the post-hoc shift to keep them comparable (all but
+    those that set the shift's params, `reads_shifted`).
     """
     shifted = metrics.get("prior_shift") or {}
     unshifted = dict(metrics)
@@ -305,7 +312,8 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
     lines = ["# Ablations", "",
              "Written by `tqc ablate` from DVC experiments (`dvc exp show` lists them by the names below). "
              f"Test figures in %, mean ± sample std (ddof = 1) over seeds; budget: {budget}. AC is stage one alone, ADMC stage two, "
-             "both from the same run, each before its class-prior shift (the `prior` stage; the grids compare training). "
+             "both from the same run, each before its class-prior shift (the `prior` stage; the grids compare training), "
+             "except in variants that set `prior.*`, whose point is the shift. "
              "Nothing was chosen on test.", ""]
     if any(row["seeds_recorded"] for row in rows):
         lines += ["Seeds marked † were read from the report this one replaced: their experiments are not among this "

@@ -237,8 +237,13 @@ class EvaluateParams(Strict):
 class PriorParams(Strict):
     """The class-prior shift (tqc.prior): scores + τ·λ·log π, λ fitted on the validation likelihood."""
 
-    # Candidate λ: 0 is no shift, 1 the Bayes correction for traffic with the training rows' class mix.
-    weights: list[float] = Field([0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0, 1.25, 1.5], min_length=1)
+    # The class mix decisions should serve: labeled (traffic like the labeled questions: the likelihood
+    # over validation questions) or uniform (every class alike, as macro-F1 counts them: the
+    # class-balanced likelihood; post-hoc rebalancing for a long tail).
+    target: Literal["labeled", "uniform"] = "labeled"
+    # Candidate λ: 0 is no shift, 1 the Bayes correction toward the training rows' class mix, −1 away from it.
+    weights: list[float] = Field([-1.5, -1.25, -1.0, -0.875, -0.75, -0.625, -0.5, -0.375, -0.25, -0.125, 0.0,
+                                  0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0, 1.25, 1.5], min_length=1)
 
     @field_validator("weights")
     @classmethod

@@ -8,6 +8,12 @@ logits s/τ adds log π_c ("logit adjustment", Menon et al. 2021). λ = 1 is tha
 is no shift. λ is fitted on validation (the likelihood of the gold class, over a grid of
 candidates), never on test.
 
+Where every class should count alike instead (macro-F1 on a long-tailed training set whose
+traffic is not long-tailed: SharpReCL's setting), the Bayes decision for a uniform target mix
+subtracts what the scores carry of the training prior: a negative λ. The `uniform` target
+fits λ on the class-balanced likelihood (each validation class weighs the same), which is the
+likelihood under that mix. The same post-hoc rebalancing, applied to decisions instead of rows.
+
 The shift is in score units (τ·λ·log π_c), so a shifted score ranks exactly as s/τ + λ·log π_c.
 Pure functions over numpy arrays; the `prior` stage fits it and evaluate and serving apply it.
 """
@@ -30,14 +36,15 @@ class PriorShift:
     weight: float  # λ
     temperature: float  # τ: the scale of the model's logits (scores / τ)
     shift: np.ndarray  # (C,) τ·λ·log π
-    validation_by_weight: dict[str, dict[str, float]]  # λ → validation {"nll", "macro_f1"}
+    validation_by_weight: dict[str, dict[str, float]]  # λ → validation {"nll", "balanced_nll", "macro_f1"}
+    target: str = "labeled"  # the class mix λ was fitted for (TARGETS)
 
     def apply(self, scores: np.ndarray) -> np.ndarray:
         """scores (N, C) → shifted scores (N, C), in the scores' own dtype (as serving adds it)."""
         return scores + self.shift.astype(scores.dtype)[None, :]
 
     def to_json(self, class_ids: list[str]) -> dict:
-        return {"weight": self.weight, "temperature": self.temperature,
+        return {"weight": self.weight, "temperature": self.temperature, "target": self.target,
                 "validation_by_weight": self.validation_by_weight,
                 "shift": {class_id: float(value) for class_id, value in zip(class_ids, self.shift)}}
 
@@ -50,10 +57,12 @@ class PriorShift:
                              f"shifts for classes the catalog lacks: {extra[:5]}, {len(extra)} in all); run the prior stage again")
         shift = np.array([record["shift"][c] for c in class_ids], dtype=np.float64)
         return cls(float(record["weight"]), float(record["temperature"]), shift,
-                   dict(record.get("validation_by_weight", {})))
+                   dict(record.get("validation_by_weight", {})), record.get("target", "labeled"))  # files before targets: labeled
 
 
 NO_SHIFT_WEIGHT = 0.0
+# The class mix a shift aims at → the validation criterion λ minimises.
+TARGETS = {"labeled": "nll", "uniform": "balanced_nll"}
 
 
 def log_prior(train_class_ids: list[str], class_ids: list[str], smoothing: float = 1.0) -> np.ndarray:
@@ -65,31 +74,44 @@ def log_prior(train_class_ids: list[str], class_ids: list[str], smoothing: float
 
 
 def fit(validation_scores: np.ndarray, gold: np.ndarray, log_pi: np.ndarray, temperature: float,
-        weights: list[float]) -> PriorShift:
-    """The λ of `weights` with the lowest validation negative log-likelihood of the gold class under
-    softmax(scores / τ + λ·log π) (ties: the smallest |λ|).
+        weights: list[float], target: str = "labeled") -> PriorShift:
+    """The λ of `weights` under which validation's gold classes are most likely (ties: the smallest |λ|).
 
+    The likelihood is that of softmax(scores / τ + λ·log π). For the `labeled` target it is the
+    mean over validation questions, so classes weigh as the labeled mix has them; for `uniform`
+    it is the mean over classes of each class's mean (the likelihood of a class-balanced set).
     The likelihood, not macro-F1, because λ is a calibration parameter: the likelihood moves
-    smoothly with it, while macro-F1 on a validation split with one or two questions in many
-    classes jumps by points with each question (TREC-50: 544 questions, 50 classes).
+    smoothly with it (it is convex in λ), while macro-F1 on a validation split with one or two
+    questions in many classes jumps by points with each question (TREC-50: 544 questions, 50 classes).
     validation_scores (N, C), gold (N,), log_pi (C,).
     """
+    if target not in TARGETS:
+        raise ValueError(f"unknown prior target {target!r}; expected one of {sorted(TARGETS)}")
+    balanced = class_balanced_weights(gold)  # (N,)
     by_weight: dict[str, dict[str, float]] = {}
-    best_nll, best = np.inf, NO_SHIFT_WEIGHT
+    best_value, best = np.inf, NO_SHIFT_WEIGHT
     for weight in sorted(weights, key=abs):  # smallest |λ| first, so a tie keeps the smaller shift
         shifted = validation_scores + temperature * weight * log_pi[None, :]  # (N, C)
-        nll = gold_nll(shifted / temperature, gold)
-        by_weight[f"{weight:g}"] = {"nll": nll, "macro_f1": summary(shifted, gold)["macro_f1"]}
-        if nll < best_nll - 1e-12:
-            best_nll, best = nll, weight
-    return PriorShift(float(best), temperature, temperature * best * log_pi, by_weight)
+        figures = {"nll": gold_nll(shifted / temperature, gold),
+                   "balanced_nll": gold_nll(shifted / temperature, gold, balanced),
+                   "macro_f1": summary(shifted, gold)["macro_f1"]}
+        by_weight[f"{weight:g}"] = figures
+        if figures[TARGETS[target]] < best_value - 1e-12:
+            best_value, best = figures[TARGETS[target]], weight
+    return PriorShift(float(best), temperature, temperature * best * log_pi, by_weight, target)
 
 
-def gold_nll(logits: np.ndarray, gold: np.ndarray) -> float:
-    """Mean −log softmax(logits)[gold]; logits (N, C), gold (N,)."""
+def gold_nll(logits: np.ndarray, gold: np.ndarray, question_weights: np.ndarray | None = None) -> float:
+    """Mean −log softmax(logits)[gold], weighted by `question_weights` (N,) if given; logits (N, C), gold (N,)."""
     top = logits.max(axis=1, keepdims=True)  # (N, 1), for a stable log-sum-exp
     log_normaliser = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))  # (N,)
-    return float(np.mean(log_normaliser - logits[np.arange(len(gold)), gold]))
+    return float(np.average(log_normaliser - logits[np.arange(len(gold)), gold], weights=question_weights))
+
+
+def class_balanced_weights(gold: np.ndarray) -> np.ndarray:
+    """(N,) weights, 1 / (the question's class count), so each class present weighs the same."""
+    _, inverse, counts = np.unique(gold, return_inverse=True, return_counts=True)
+    return 1.0 / counts[inverse]
 
 
 def no_shift(n_classes: int) -> PriorShift:

@@ -199,3 +199,23 @@ def test_cells_are_read_before_their_class_prior_shift():
     assert read["admc_accuracy"] == 0.7 and read["admc_validation_macro_f1"] == pytest.approx(0.5)
     assert read["ac_accuracy"] == 0.85 and read["nc_accuracy"] is None
     assert without_prior_shift({"test": figures(0.9)})["test"]["accuracy"] == 0.9  # a cell from before the prior stage
+
+
+def test_a_variant_that_sets_the_prior_shift_is_read_after_it(monkeypatch):
+    from tqc import ablate as ablate_module
+
+    def figures(accuracy: float) -> dict:
+        return {"accuracy": accuracy, "macro_f1": accuracy - 0.1}
+
+    metrics = {"test": figures(0.9), "validation": figures(0.8), "stage_one": {"test": figures(0.85), "validation": figures(0.8)},
+               "nc": None, "prior_shift": {"admc": {"weight": -0.5, "test_unshifted": figures(0.7), "validation_unshifted": figures(0.6)}}}
+    shown = {"reports/metrics.json": json.dumps(metrics), "reports/augment.json": json.dumps({"rows": {"generated": 0}})}
+    monkeypatch.setattr(ablate_module, "_git", lambda project, *arguments: shown.get(arguments[-1].split(":")[-1], "abc123\n"))
+    grid = AblationGrid(title="t", base={"data.imbalance_ratio": 50},
+                        variants={"none": {}, "logit-adjusted": {"prior.target": "uniform"}})
+    cells = {c.variant: c for c in grid_cells("rebalancing", grid, [0], {}, {})}
+    refs = {c.name: f"refs/exps/ab/cd/{c.name}" for c in cells.values()}
+
+    plain, adjusted = (ablate_module.read_cell(cells[v], None, refs) for v in ("none", "logit-adjusted"))
+    assert plain.figures["admc_accuracy"] == 0.7  # the training variant: before its shift
+    assert adjusted.figures["admc_accuracy"] == 0.9 and adjusted.figures["ac_accuracy"] == 0.85  # the shift's variant: after

@@ -97,3 +97,36 @@ def test_weights_must_be_finite():
 
     with pytest.raises(ConfigError, match="prior.weights must be finite"):
         Params().with_overrides({"prior": {"weights": [0.0, float("nan")]}})
+
+
+def test_the_uniform_target_undoes_a_lean_toward_the_common_class_for_macro_f1():
+    """Eight common questions score common, six of them by a little; the two rare ones lean common too
+    (the scores carry the training mix). Over questions, a shift toward the common class is most
+    likely; over classes, a shift away from it (negative λ) wins the rare questions without losing
+    the common ones, and macro-F1 follows."""
+    scores = np.array([[0.58, 0.50]] * 6 + [[0.9, 0.1]] * 2 + [[0.53, 0.50]] * 2)  # (10, 2)
+    gold = np.array([0] * 8 + [1] * 2)
+    log_pi = np.log([0.8, 0.2])
+    weights = [-1.0, -0.5, 0.0, 0.5, 1.0]
+
+    labeled = prior.fit(scores, gold, log_pi, 0.1, weights, target="labeled")
+    uniform = prior.fit(scores, gold, log_pi, 0.1, weights, target="uniform")
+    assert labeled.weight > 0.0 and labeled.target == "labeled"
+    assert uniform.weight < 0.0 and uniform.target == "uniform"
+    balanced = {w: prior.gold_nll((scores + 0.1 * w * log_pi) / 0.1, gold, np.array([1 / 8] * 8 + [1 / 2] * 2)) for w in weights}
+    assert uniform.weight == min(weights, key=balanced.get)
+    assert uniform.apply(scores).argmax(axis=1).tolist() == gold.tolist()
+    assert uniform.validation_by_weight[f"{uniform.weight:g}"]["macro_f1"] == 1.0 > labeled.validation_by_weight[f"{labeled.weight:g}"]["macro_f1"]
+
+
+def test_class_balanced_weights_give_each_class_the_same_total():
+    gold = np.array([2, 0, 0, 0, 2, 1])
+    weights = prior.class_balanced_weights(gold)
+    assert weights.tolist() == pytest.approx([1 / 2, 1 / 3, 1 / 3, 1 / 3, 1 / 2, 1.0])
+    assert [weights[gold == c].sum() for c in (0, 1, 2)] == pytest.approx([1.0, 1.0, 1.0])
+
+
+def test_an_unknown_target_is_refused():
+    scores, gold = ambiguous_validation()
+    with pytest.raises(ValueError, match="unknown prior target 'traffic'"):
+        prior.fit(scores, gold, np.log([0.8, 0.2]), 0.1, [0.0], target="traffic")

@@ -161,7 +161,7 @@ def _metrics_document(params: Params, evaluated: dict, shifts: dict[str, PriorSh
                 "accuracy_admc_minus_nc": admc["test"]["accuracy"] - nc["test"]["accuracy"]} if nc else {}),
         },
         # Each trained model's class-prior shift (λ, fitted on validation) and its figures without it.
-        "prior_shift": {name: {"weight": shifts[name].weight,
+        "prior_shift": {name: {"weight": shifts[name].weight, "target": shifts[name].target,
                                **{f"{split}_unshifted": {k: evaluated["unshifted"][name][split][k] for k in UNSHIFTED_FIGURES}
                                   for split in ("test", "validation")}}
                         for name in MODELS if name in evaluated["unshifted"]},

@@ -1,8 +1,8 @@
 """Prior: fit each trained model's class-prior shift on validation (tqc.prior).
 
-For ADMC, AC and NC alike: λ from `prior.weights` with the best validation likelihood, and
-π from the validated training rows before augmentation (the labeled traffic's own class mix,
-not the rebalanced one). Evaluate applies the shifts; promote registers ADMC's with the
+For ADMC, AC and NC alike: λ from `prior.weights` with the best validation likelihood (for
+`prior.target`: over questions, or class-balanced), and π from the validated training rows
+before augmentation (the labeled traffic's own class mix, not the rebalanced one). Evaluate applies the shifts; promote registers ADMC's with the
 model, so the registry serves what evaluate measured.
 """
 
@@ -31,7 +31,8 @@ def fit_shifts(data_dir: Path, stage_one: Path, stage_two: Path, nc: Path | None
     log_pi = prior.log_prior([q.class_id for q in train], catalog.class_ids)  # (P,)
     gold = gold_indices(validation, catalog)
     temperatures = logit_temperatures(params)
-    return {name: prior.fit(scorer(validation, catalog), gold, log_pi, temperatures[name], params.prior.weights)
+    return {name: prior.fit(scorer(validation, catalog), gold, log_pi, temperatures[name], params.prior.weights,
+                           params.prior.target)
             for name, scorer in trained_scorers(stage_one, stage_two, nc, params.evaluate.batch_size).items()}
 
 
@@ -43,13 +44,15 @@ def run(data_dir: Path, stage_one: Path, stage_two: Path, nc: Path | None, param
     folders = trained_folders(stage_one, stage_two, nc)
     # Each entry names its model folder relative to this file's, so evaluate, promote and `tqc predict`
     # find a model's own shift from any working directory.
-    document = {"weights": list(params.prior.weights),
+    document = {"target": params.prior.target, "weights": list(params.prior.weights),
                 "models": {name: {"model": os.path.relpath(folders[name], Path(out_path).parent), **s.to_json(class_ids)}
                            for name, s in shifts.items()}}
     write_json(out_path, document)
     for name, shift in shifts.items():
+        criterion = prior.TARGETS[shift.target]
         kept, unshifted = shift.validation_by_weight[f"{shift.weight:g}"], shift.validation_by_weight.get("0", {})
-        log.info("prior: %s keeps λ = %g (validation NLL %.4f, macro-F1 %.4f; unshifted %.4f, %.4f)", name, shift.weight,
-                 kept["nll"], kept["macro_f1"], unshifted.get("nll", float("nan")), unshifted.get("macro_f1", float("nan")))
+        log.info("prior: %s keeps λ = %g for the %s mix (validation %s %.4f, macro-F1 %.4f; unshifted %.4f, %.4f)",
+                 name, shift.weight, shift.target, criterion, kept[criterion], kept["macro_f1"],
+                 unshifted.get(criterion, float("nan")), unshifted.get("macro_f1", float("nan")))
     log.info("prior: wrote %s (%.1fs)", out_path, time.perf_counter() - started)
     return document
