@@ -130,3 +130,28 @@ def test_an_unknown_target_is_refused():
     scores, gold = ambiguous_validation()
     with pytest.raises(ValueError, match="unknown prior target 'traffic'"):
         prior.fit(scores, gold, np.log([0.8, 0.2]), 0.1, [0.0], target="traffic")
+
+
+def test_the_prior_stage_fits_each_model_for_the_target_mix_and_writes_it(tmp_path, monkeypatch):
+    from tqc.config import Params
+    from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, save_questions
+    from tqc.stages import prior as prior_stage
+
+    data = tmp_path / "validated"
+    data.mkdir()
+    Catalog([StandardQuestion(c, f"a {c} question?") for c in CLASSES]).save(data / "catalog.jsonl")
+    save_questions(data / "train.jsonl", [LabeledQuestion(f"train {i}", "common") for i in range(8)]
+                   + [LabeledQuestion(f"train rare {i}", "rare") for i in range(2)])  # π = (0.8, 0.2), add-one: 9/12, 3/12
+    gold = ["common"] * 8 + ["rare"] * 2
+    save_questions(data / "validation.jsonl", [LabeledQuestion(f"validation {i}", c) for i, c in enumerate(gold)])
+    scores = np.array([[0.58, 0.50]] * 6 + [[0.9, 0.1]] * 2 + [[0.53, 0.50]] * 2)  # (10, 2): leaning to the common class
+    monkeypatch.setattr(prior_stage, "trained_scorers", lambda *args: {"admc": lambda qs, c: scores, "stage_one": lambda qs, c: scores})
+    models = tmp_path / "models"
+    params = Params().with_overrides({"prior": {"target": "uniform", "weights": [-1.0, -0.5, 0.0, 0.5, 1.0]}})
+
+    document = prior_stage.run(data, models / "stage_one", models / "stage_two", None, params, models / "prior.json")
+    assert document["target"] == "uniform" and set(document["models"]) == {"admc", "stage_one"}  # no NC: none for it
+    assert document["models"]["admc"]["model"] == "stage_two" and document["models"]["admc"]["target"] == "uniform"
+    loaded = prior.load_for(models / "prior.json", models / "stage_two", CLASSES)
+    assert loaded.weight < 0.0 and loaded.target == "uniform"
+    assert loaded.shift == pytest.approx(params.stage_two.temperature * loaded.weight * np.log([9 / 12, 3 / 12]))
