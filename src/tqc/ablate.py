@@ -56,6 +56,9 @@ class Cell:
     seed: int
     overrides: dict  # dotted param path → value, in the order they apply
     local: dict = field(default_factory=dict, compare=False)  # this machine's paths: not part of the name
+    # Its variant (or matrix value) sets the class-prior shift's params: the shift is the cell's point,
+    # so it is read after it (`read_cell`); not part of the name (the overrides are)
+    about_prior_shift: bool = field(default=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -85,7 +88,8 @@ def grid_cells(name: str, grid: AblationGrid, seeds: list[int], budget: dict, lo
             label = " · ".join([variant] + [f"{_short(path)}={value}" for path, value in combination.items()])
             for seed in seeds:
                 overrides = {**budget, **grid.budget, **grid.base, **variant_overrides, **combination, "seed": seed}
-                cells.append(Cell(name, label, seed, overrides, local))
+                own = {**variant_overrides, **combination}  # what sets this cell apart, not the grid's common params
+                cells.append(Cell(name, label, seed, overrides, local, any(path.startswith("prior.") for path in own)))
     return cells
 
 
@@ -134,15 +138,10 @@ def read_cell(cell: Cell, project: Path, refs: dict[str, str]) -> CellResult:
     if ref is None:
         return CellResult(cell, "missing")
     metrics = json.loads(_git(project, "show", f"{ref}:reports/metrics.json"))
-    metrics = metrics if reads_shifted(cell) else without_prior_shift(metrics)
+    metrics = metrics if cell.about_prior_shift else without_prior_shift(metrics)
     augment = json.loads(_git(project, "show", f"{ref}:reports/augment.json"))
     figures = {name: _dig(metrics, keys) for name, (_, keys) in FIGURES.items()}
     return CellResult(cell, "done", figures, augment["rows"]["generated"], _git(project, "rev-parse", ref).strip()[:10])
-
-
-def reads_shifted(cell: Cell) -> bool:
-    """A cell whose own params set the prior stage's (`prior.*`) is about the shift: it is read after it."""
-    return any(path.startswith("prior.") for path in cell.overrides)
 
 
 def without_prior_shift(metrics: dict) -> dict:
@@ -150,7 +149,7 @@ def without_prior_shift(metrics: dict) -> dict:
 
     The grids compare training variants, and their recorded cells ran before the prior stage
     existed, so cells are read without the post-hoc shift to keep them comparable (all but
-    those that set the shift's params, `reads_shifted`).
+    those whose variant sets the shift's params: `Cell.about_prior_shift`).
     """
     shifted = metrics.get("prior_shift") or {}
     unshifted = dict(metrics)
@@ -313,7 +312,8 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
              "Written by `tqc ablate` from DVC experiments (`dvc exp show` lists them by the names below). "
              f"Test figures in %, mean ± sample std (ddof = 1) over seeds; budget: {budget}. AC is stage one alone, ADMC stage two, "
              "both from the same run, each before its class-prior shift (the `prior` stage; the grids compare training), "
-             "except in variants that set `prior.*`, whose point is the shift. "
+             "except in variants that set `prior.*`, whose point is the shift (their validation figure is on the split "
+             "their λ was fitted on). "
              "Nothing was chosen on test.", ""]
     if any(row["seeds_recorded"] for row in rows):
         lines += ["Seeds marked † were read from the report this one replaced: their experiments are not among this "

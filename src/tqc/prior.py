@@ -9,10 +9,12 @@ is no shift. λ is fitted on validation (the likelihood of the gold class, over 
 candidates), never on test.
 
 Where every class should count alike instead (macro-F1 on a long-tailed training set whose
-traffic is not long-tailed: SharpReCL's setting), the Bayes decision for a uniform target mix
-subtracts what the scores carry of the training prior: a negative λ. The `uniform` target
-fits λ on the class-balanced likelihood (each validation class weighs the same), which is the
-likelihood under that mix. The same post-hoc rebalancing, applied to decisions instead of rows.
+traffic is not long-tailed: SharpReCL's setting), the target mix is uniform. For scores with no
+prior in them that is λ = 0; in practice in-batch negatives leave some of the training mix in
+the scores (frequent classes are in nearly every batch, rare ones seldom), and the decision
+for a uniform mix subtracts it: a negative λ. The `uniform` target fits λ on the class-balanced
+likelihood (each class present in validation weighs the same), the likelihood under a uniform
+mix over those classes. Post-hoc rebalancing, applied to decisions instead of rows.
 
 The shift is in score units (τ·λ·log π_c), so a shifted score ranks exactly as s/τ + λ·log π_c.
 Pure functions over numpy arrays; the `prior` stage fits it and evaluate and serving apply it.
@@ -75,7 +77,7 @@ def log_prior(train_class_ids: list[str], class_ids: list[str], smoothing: float
 
 def fit(validation_scores: np.ndarray, gold: np.ndarray, log_pi: np.ndarray, temperature: float,
         weights: list[float], target: str = "labeled") -> PriorShift:
-    """The λ of `weights` under which validation's gold classes are most likely (ties: the smallest |λ|).
+    """The λ of `weights` under which validation's gold classes are most likely (ties: the smallest |λ|, then the positive).
 
     The likelihood is that of softmax(scores / τ + λ·log π). For the `labeled` target it is the
     mean over validation questions, so classes weigh as the labeled mix has them; for `uniform`
@@ -87,10 +89,12 @@ def fit(validation_scores: np.ndarray, gold: np.ndarray, log_pi: np.ndarray, tem
     """
     if target not in TARGETS:
         raise ValueError(f"unknown prior target {target!r}; expected one of {sorted(TARGETS)}")
+    if len(gold) == 0:
+        raise ValueError("no validation questions to fit the class-prior shift on")
     balanced = class_balanced_weights(gold)  # (N,)
     by_weight: dict[str, dict[str, float]] = {}
     best_value, best = np.inf, NO_SHIFT_WEIGHT
-    for weight in sorted(weights, key=abs):  # smallest |λ| first, so a tie keeps the smaller shift
+    for weight in sorted(weights, key=lambda w: (abs(w), w < 0)):  # smallest |λ| first, so a tie keeps the smaller shift
         shifted = validation_scores + temperature * weight * log_pi[None, :]  # (N, C)
         figures = {"nll": gold_nll(shifted / temperature, gold),
                    "balanced_nll": gold_nll(shifted / temperature, gold, balanced),

@@ -211,9 +211,11 @@ def test_a_variant_that_sets_the_prior_shift_is_read_after_it(monkeypatch):
                "nc": None, "prior_shift": {"admc": {"weight": -0.5, "test_unshifted": figures(0.7), "validation_unshifted": figures(0.6)}}}
     shown = {"reports/metrics.json": json.dumps(metrics), "reports/augment.json": json.dumps({"rows": {"generated": 0}})}
     monkeypatch.setattr(ablate_module, "_git", lambda project, *arguments: shown.get(arguments[-1].split(":")[-1], "abc123\n"))
-    grid = AblationGrid(title="t", base={"data.imbalance_ratio": 50},
+    # The grid's common params set the shift too: that does not make every cell about it, only the variant's own do.
+    grid = AblationGrid(title="t", base={"data.imbalance_ratio": 50, "prior.weights": [0.0, -1.0]},
                         variants={"none": {}, "logit-adjusted": {"prior.target": "uniform"}})
     cells = {c.variant: c for c in grid_cells("rebalancing", grid, [0], {}, {})}
+    assert not cells["none"].about_prior_shift and cells["logit-adjusted"].about_prior_shift
     refs = {c.name: f"refs/exps/ab/cd/{c.name}" for c in cells.values()}
 
     plain, adjusted = (ablate_module.read_cell(cells[v], None, refs) for v in ("none", "logit-adjusted"))

@@ -155,3 +155,11 @@ def test_the_prior_stage_fits_each_model_for_the_target_mix_and_writes_it(tmp_pa
     loaded = prior.load_for(models / "prior.json", models / "stage_two", CLASSES)
     assert loaded.weight < 0.0 and loaded.target == "uniform"
     assert loaded.shift == pytest.approx(params.stage_two.temperature * loaded.weight * np.log([9 / 12, 3 / 12]))
+
+
+def test_ties_keep_the_smaller_then_the_positive_weight_and_an_empty_split_is_refused():
+    scores, gold = ambiguous_validation()
+    flat = np.log([0.5, 0.5])  # every λ ties
+    assert prior.fit(scores, gold, flat, 0.1, [-0.5, 0.5, -1.0]).weight == 0.5
+    with pytest.raises(ValueError, match="no validation questions"):
+        prior.fit(np.zeros((0, 2)), np.zeros(0, dtype=int), flat, 0.1, [0.0])

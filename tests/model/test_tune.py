@@ -209,6 +209,8 @@ def test_a_study_refuses_other_base_params_and_requeues_its_baseline_when_the_ba
     base = flatten(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))
     check_study_base(study, params, base)
     check_study_base(study, params, {**base, "data.data_dir": "/elsewhere", "stage_one.temperature": 0.3})  # not fixed params
+    # No trial runs the prior stage (the objective is before any shift): its params do not fix a study
+    check_study_base(study, params, {**base, "prior.target": "uniform", "prior.weights": [0.0]})
     with pytest.raises(ConfigError, match="data.dataset: 'custom' there, 'trec50' here"):
         check_study_base(study, params, {**base, "data.dataset": "trec50"})
 

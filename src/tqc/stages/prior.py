@@ -1,8 +1,8 @@
 """Prior: fit each trained model's class-prior shift on validation (tqc.prior).
 
-For ADMC, AC and NC alike: λ from `prior.weights` with the best validation likelihood (for
-`prior.target`: over questions, or class-balanced), and π from the validated training rows
-before augmentation (the labeled traffic's own class mix, not the rebalanced one). Evaluate applies the shifts; promote registers ADMC's with the
+For ADMC, AC and NC alike: λ from `prior.weights` with the best validation likelihood
+(`prior.target`: over questions, or class-balanced), and π from the validated training
+rows before augmentation (the labeled traffic's own class mix, not the rebalanced one). Evaluate applies the shifts; promote registers ADMC's with the
 model, so the registry serves what evaluate measured.
 """
 
