@@ -86,10 +86,11 @@ def grid_cells(name: str, grid: AblationGrid, seeds: list[int], budget: dict, lo
         for values in itertools.product(*(choices for _, choices in axes)):
             combination = {path: value for (path, _), value in zip(axes, values)}
             label = " · ".join([variant] + [f"{_short(path)}={value}" for path, value in combination.items()])
+            # what sets this cell apart (not the grid's common params) decides whether it is about the shift
+            about_prior_shift = any(path.startswith("prior.") for path in {**variant_overrides, **combination})
             for seed in seeds:
                 overrides = {**budget, **grid.budget, **grid.base, **variant_overrides, **combination, "seed": seed}
-                own = {**variant_overrides, **combination}  # what sets this cell apart, not the grid's common params
-                cells.append(Cell(name, label, seed, overrides, local, any(path.startswith("prior.") for path in own)))
+                cells.append(Cell(name, label, seed, overrides, local, about_prior_shift))
     return cells
 
 

@@ -96,8 +96,8 @@ def fit(validation_scores: np.ndarray, gold: np.ndarray, log_pi: np.ndarray, tem
     best_value, best = np.inf, NO_SHIFT_WEIGHT
     for weight in sorted(weights, key=lambda w: (abs(w), w < 0)):  # smallest |λ| first, so a tie keeps the smaller shift
         shifted = validation_scores + temperature * weight * log_pi[None, :]  # (N, C)
-        figures = {"nll": gold_nll(shifted / temperature, gold),
-                   "balanced_nll": gold_nll(shifted / temperature, gold, balanced),
+        nlls = question_nlls(shifted / temperature, gold)  # (N,), once for both criteria
+        figures = {"nll": float(np.mean(nlls)), "balanced_nll": float(np.average(nlls, weights=balanced)),
                    "macro_f1": summary(shifted, gold)["macro_f1"]}
         by_weight[f"{weight:g}"] = figures
         if figures[TARGETS[target]] < best_value - 1e-12:
@@ -107,9 +107,14 @@ def fit(validation_scores: np.ndarray, gold: np.ndarray, log_pi: np.ndarray, tem
 
 def gold_nll(logits: np.ndarray, gold: np.ndarray, question_weights: np.ndarray | None = None) -> float:
     """Mean −log softmax(logits)[gold], weighted by `question_weights` (N,) if given; logits (N, C), gold (N,)."""
+    return float(np.average(question_nlls(logits, gold), weights=question_weights))
+
+
+def question_nlls(logits: np.ndarray, gold: np.ndarray) -> np.ndarray:
+    """(N,) −log softmax(logits)[gold] per question; logits (N, C), gold (N,)."""
     top = logits.max(axis=1, keepdims=True)  # (N, 1), for a stable log-sum-exp
     log_normaliser = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))  # (N,)
-    return float(np.average(log_normaliser - logits[np.arange(len(gold)), gold], weights=question_weights))
+    return log_normaliser - logits[np.arange(len(gold)), gold]
 
 
 def class_balanced_weights(gold: np.ndarray) -> np.ndarray:

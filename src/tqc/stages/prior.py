@@ -2,8 +2,9 @@
 
 For ADMC, AC and NC alike: λ from `prior.weights` with the best validation likelihood
 (`prior.target`: over questions, or class-balanced), and π from the validated training
-rows before augmentation (the labeled traffic's own class mix, not the rebalanced one). Evaluate applies the shifts; promote registers ADMC's with the
-model, so the registry serves what evaluate measured.
+rows before augmentation (the labeled traffic's own class mix, not the rebalanced one).
+Evaluate applies the shifts; promote registers the promoted model's with it, so the
+registry serves what evaluate measured.
 """
 
 from __future__ import annotations
