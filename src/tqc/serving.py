@@ -12,6 +12,8 @@ model is loaded.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import mlflow.pyfunc
@@ -19,6 +21,8 @@ import pandas as pd
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
+# The model version tag holding `content_digest`: a version serving the same content is not registered again.
+DIGEST_TAG = "content_digest"
 OUTPUT_COLUMNS = ["question", "rank", "class_id", "standard_question", "score"]
 # Versions registered before model_config named their prior file's entry always carried ADMC's.
 FIRST_REGISTERED_ENTRY = "admc"
@@ -122,6 +126,40 @@ def _model_config(model_dir: Path, prior_path: Path | None, top_k: int) -> dict:
 def _artifacts(model_dir: Path, catalog_path: Path, prior_path: Path | None) -> dict[str, str]:
     artifacts = {"model": str(model_dir), "catalog": str(catalog_path)}
     return {**artifacts, "prior": str(prior_path)} if prior_path is not None else artifacts
+
+
+def content_digest(model_dir: Path, catalog_path: Path, prior_path: Path | None, top_k: int) -> str:
+    """sha256 of all that a registered version serves: the model folder's files, the catalog, the prior
+    entry fitted for the model, top_k and the tqc version (whose pyfunc code answers)."""
+    import tqc
+    from tqc import prior
+    from tqc.io import file_digest
+
+    model_dir = Path(model_dir)
+    config = _model_config(model_dir, prior_path, top_k)
+    parts = {
+        "model": {str(f.relative_to(model_dir)): file_digest(f, "sha256") for f in sorted(model_dir.rglob("*")) if f.is_file()},
+        "catalog": file_digest(Path(catalog_path), "sha256"),
+        "prior": prior.read_file(prior_path)[config["prior_model"]] if prior_path is not None else None,
+        "config": config,
+        "tqc": tqc.__version__,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, top_k: int) -> tuple[str, bool]:
+    """The registry version serving exactly this content → (version, whether it was there already).
+
+    A `dvc repro` that re-runs promote without changing the model (a code or report change
+    upstream) finds its version by the content digest tag, so the registry gains no copies.
+    """
+    digest = content_digest(model_dir, catalog_path, prior_path, top_k)
+    existing = mlflow.MlflowClient().search_model_versions(f"name='{model_name}' and tags.{DIGEST_TAG}='{digest}'")
+    if existing:
+        return str(min(int(v.version) for v in existing)), True
+    version = log_and_register(model_dir, catalog_path, prior_path, model_name, top_k)
+    mlflow.MlflowClient().set_model_version_tag(model_name, version, DIGEST_TAG, digest)
+    return version, False
 
 
 def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, top_k: int) -> str:

@@ -68,7 +68,10 @@ def test_the_alias_moves_to_a_better_challenger_and_stays_for_a_worse_one(tiny_m
     assert better["bootstrap"]["low"] > 0
     assert not worse["promoted"] and worse["champion_version_after"] == "2"
     assert worse["bootstrap"]["high"] < 0
-    assert json.loads((tmp_path / "promotion.json").read_text())["challenger_version"] == "3"
+    # The weak model again: its content is v1's, so v1 is judged again rather than registered as v3.
+    assert json.loads((tmp_path / "promotion.json").read_text())["challenger_version"] == "1"
+    assert worse["challenger_registered_before"] and not better["challenger_registered_before"]
+    assert len(mlflow.MlflowClient().search_model_versions("name='tqc-admc'")) == 2
     assert str(mlflow.MlflowClient().get_model_version_by_alias("tqc-admc", "champion").version) == "2"
 
     served = mlflow.pyfunc.load_model("models:/tqc-admc@champion")
@@ -123,3 +126,35 @@ def test_a_version_that_could_not_be_judged_is_tagged_failed(tiny_model_dir, dat
     with standalone_run("promote", registry) as tracker, pytest.raises(RuntimeError, match="artifacts are gone"):
         promote.run(data_dir, untrained(tiny_model_dir, tmp_path / "model"), None, PromoteParams(), tmp_path / "p.json", tracker)
     assert mlflow.MlflowClient().get_model_version("tqc-admc", "1").tags["promotion"] == "failed"
+
+
+def test_an_unchanged_model_is_not_registered_again_and_a_changed_shift_is(tiny_model_dir, data_dir, tmp_path, registry):
+    import mlflow
+
+    from tqc.io import write_json
+
+    models = tmp_path / "models"
+    model_dir = untrained(tiny_model_dir, models / "stage_two")
+    catalog = Catalog.load(data_dir / "catalog.jsonl")
+
+    def prior_file(num_shift: float):
+        shift = {c: (num_shift if c == "NUM" else 0.0) for c in catalog.class_ids}
+        write_json(models / "prior.json", {"weights": [0.0, 1.0], "models": {
+            "admc": {"model": "stage_two", "weight": 1.0, "temperature": 0.1, "shift": shift}}})
+        return models / "prior.json"
+
+    reports = []
+    for num_shift in (0.0, 0.0, 0.5):
+        with standalone_run("promote", registry) as tracker:
+            reports.append(promote.run(data_dir, model_dir, prior_file(num_shift), PromoteParams(bootstrap_samples=200),
+                                       tmp_path / "p.json", tracker))
+
+    first, again, shifted = reports
+    assert first["promoted"] and first["challenger_version"] == "1" and not first["challenger_registered_before"]
+    assert again["challenger_version"] == "1" and again["challenger_registered_before"]
+    assert not again["promoted"] and again["champion_version_after"] == "1"
+    assert again["reasons"][0].startswith("the challenger is the champion, v1")
+    assert shifted["challenger_version"] == "2" and not shifted["challenger_registered_before"]  # other shift, other content
+    client = mlflow.MlflowClient()
+    assert client.get_model_version("tqc-admc", "1").tags["promotion"] == "champion"  # not turned into "rejected"
+    assert client.get_model_version("tqc-admc", "1").tags["content_digest"] != client.get_model_version("tqc-admc", "2").tags["content_digest"]

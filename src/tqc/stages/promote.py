@@ -1,5 +1,9 @@
 """Promote: register the stage-two model; move the champion alias only if it wins on validation.
 
+A model whose content (model files, catalog, prior entry, top_k, tqc version) is in the registry
+already is not registered again: its version is the challenger, and if that is the champion the
+report says so and nothing moves.
+
 Runs inside an active MLflow run (the entry point sets tracking up). The challenger and the
 champion answer the validation questions through the same pyfunc the registry serves, so the
 gate compares what would really be deployed. The decision and its figures go to
@@ -32,31 +36,36 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         return report
     import mlflow
     from mlflow.exceptions import MlflowException
-    from tqc.serving import log_and_register
+    from tqc.serving import register
 
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     validation = load_questions(data_dir / "validation.jsonl")
     gold = np.array([catalog.index(q.class_id) for q in validation])
     client = mlflow.MlflowClient()
 
-    version = log_and_register(model_dir, data_dir / "catalog.jsonl", prior_path, params.model_name, params.top_k)
+    version, registered_before = register(model_dir, data_dir / "catalog.jsonl", prior_path, params.model_name, params.top_k)
+    try:
+        champion_version = str(client.get_model_version_by_alias(params.model_name, params.alias).version)
+    except MlflowException:
+        champion_version = None
     try:
         challenger = _validation_predictions(f"models:/{params.model_name}/{version}", validation, catalog)
-        try:
-            champion_version = str(client.get_model_version_by_alias(params.model_name, params.alias).version)
-        except MlflowException:
-            champion_version = None
-        champion = (_validation_predictions(f"models:/{params.model_name}/{champion_version}", validation, catalog)
-                    if champion_version else None)
+        if champion_version is None or champion_version == version:  # none, or the same content: nothing to predict again
+            champion = None if champion_version is None else challenger
+        else:
+            champion = _validation_predictions(f"models:/{params.model_name}/{champion_version}", validation, catalog)
     except Exception:
         # Registered but never judged: the tag says so, so that a registry listing does not read it as a candidate.
-        client.set_model_version_tag(params.model_name, version, "promotion", "failed")
+        if champion_version != version:
+            client.set_model_version_tag(params.model_name, version, "promotion", "failed")
         raise
 
     tail_ids = tail_classes([q.class_id for q in load_questions(data_dir / "train.jsonl")], catalog.class_ids,
                             params.tail_fraction)
     decision = decide(gold, challenger, champion, np.array([catalog.index(c) for c in tail_ids]), tail_ids, params, seed)
-    if champion is not None and np.any(champion < 0):
+    if champion_version == version:
+        decision = _already_champion(decision, version)
+    elif champion is not None and np.any(champion < 0):
         decision = _incomparable(decision)
     if decision.promote:
         client.set_registered_model_alias(params.model_name, params.alias, version)
@@ -64,6 +73,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         "model_name": params.model_name,
         "alias": params.alias,
         "challenger_version": version,
+        "challenger_registered_before": registered_before,  # the same content (tag content_digest) was there: not registered again
         "champion_version_before": champion_version,
         "champion_version_after": version if decision.promote else champion_version,
         "promoted": decision.promote,
@@ -75,7 +85,8 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         **{k: v for k, v in decision.to_dict().items() if k != "promote"},  # "promoted" above says it
     }
     write_json(report_path, report)
-    client.set_model_version_tag(params.model_name, version, "promotion", "champion" if decision.promote else "rejected")
+    if champion_version != version:
+        client.set_model_version_tag(params.model_name, version, "promotion", "champion" if decision.promote else "rejected")
     tracker.log_metrics({"promoted": int(decision.promote), **report["validation"],
                          **({"ci_low": decision.bootstrap.low, "ci_high": decision.bootstrap.high,
                              "difference": decision.bootstrap.difference} if decision.bootstrap else {})}, prefix="promotion.")
@@ -95,6 +106,14 @@ def _validation_predictions(uri: str, validation, catalog: Catalog) -> np.ndarra
     answers = mlflow.pyfunc.load_model(uri).predict(questions, params={"top_k": 1})
     top = answers[answers["rank"] == 1]["class_id"].tolist()  # (N,), in question order
     return np.array([catalog.index(c) if c in catalog else -1 for c in top])
+
+
+def _already_champion(decision, version: str):
+    from dataclasses import replace
+
+    return replace(decision, promote=False,
+                   reasons=[f"the challenger is the champion, v{version}: the same content digest (model, catalog, "
+                            "prior entry, top_k, tqc version)"] + decision.reasons)
 
 
 def _incomparable(decision):
