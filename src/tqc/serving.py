@@ -153,13 +153,25 @@ def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model
     A `dvc repro` that re-runs promote without changing the model (a code or report change
     upstream) finds its version by the content digest tag, so the registry gains no copies.
     """
+    client = mlflow.MlflowClient()
     digest = content_digest(model_dir, catalog_path, prior_path, top_k)
-    existing = mlflow.MlflowClient().search_model_versions(f"name='{model_name}' and tags.{DIGEST_TAG}='{digest}'")
+    existing = client.search_model_versions(f"name='{model_name}' and tags.{DIGEST_TAG}='{digest}'")
     if existing:
         return str(min(int(v.version) for v in existing)), True
     version = log_and_register(model_dir, catalog_path, prior_path, model_name, top_k)
-    mlflow.MlflowClient().set_model_version_tag(model_name, version, DIGEST_TAG, digest)
+    for key, value in {DIGEST_TAG: digest, **_prior_tags(model_dir, prior_path)}.items():
+        client.set_model_version_tag(model_name, version, key, value)
     return version, False
+
+
+def _prior_tags(model_dir: Path, prior_path: Path | None) -> dict[str, str]:
+    """The class-prior shift the version serves, for a registry listing: its target mix and λ ("none": similarity alone)."""
+    from tqc import prior
+
+    if prior_path is None:
+        return {"prior_target": "none", "prior_weight": "0"}
+    entry = prior.read_file(prior_path)[_model_config(model_dir, prior_path, 1)["prior_model"]]
+    return {"prior_target": entry.get("target", "labeled"), "prior_weight": str(entry["weight"])}
 
 
 def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, top_k: int) -> str:

@@ -137,16 +137,16 @@ def test_an_unchanged_model_is_not_registered_again_and_a_changed_shift_is(tiny_
     model_dir = untrained(tiny_model_dir, models / "stage_two")
     catalog = Catalog.load(data_dir / "catalog.jsonl")
 
-    def prior_file(num_shift: float):
+    def prior_file(num_shift: float, target: str | None):
         shift = {c: (num_shift if c == "NUM" else 0.0) for c in catalog.class_ids}
-        write_json(models / "prior.json", {"weights": [0.0, 1.0], "models": {
-            "admc": {"model": "stage_two", "weight": 1.0, "temperature": 0.1, "shift": shift}}})
+        entry = {"model": "stage_two", "weight": 1.0, "temperature": 0.1, "shift": shift, **({"target": target} if target else {})}
+        write_json(models / "prior.json", {"weights": [0.0, 1.0], "models": {"admc": entry}})
         return models / "prior.json"
 
     reports = []
-    for num_shift in (0.0, 0.0, 0.5):
+    for num_shift, target in ((0.0, None), (0.0, None), (0.5, "uniform")):  # None: a file from before targets
         with standalone_run("promote", registry) as tracker:
-            reports.append(promote.run(data_dir, model_dir, prior_file(num_shift), PromoteParams(bootstrap_samples=200),
+            reports.append(promote.run(data_dir, model_dir, prior_file(num_shift, target), PromoteParams(bootstrap_samples=200),
                                        tmp_path / "p.json", tracker))
 
     first, again, shifted = reports
@@ -157,4 +157,7 @@ def test_an_unchanged_model_is_not_registered_again_and_a_changed_shift_is(tiny_
     assert shifted["challenger_version"] == "2" and not shifted["challenger_registered_before"]  # other shift, other content
     client = mlflow.MlflowClient()
     assert client.get_model_version("tqc-admc", "1").tags["promotion"] == "champion"  # not turned into "rejected"
-    assert client.get_model_version("tqc-admc", "1").tags["content_digest"] != client.get_model_version("tqc-admc", "2").tags["content_digest"]
+    first_tags, shifted_tags = client.get_model_version("tqc-admc", "1").tags, client.get_model_version("tqc-admc", "2").tags
+    assert first_tags["content_digest"] != shifted_tags["content_digest"]
+    assert first_tags["prior_target"] == "labeled" and first_tags["prior_weight"] == "1.0"  # what each version serves
+    assert shifted_tags["prior_target"] == "uniform"
