@@ -115,7 +115,9 @@ def _csv_records(path: Path) -> list[tuple[int, list[str]]]:
         raise ReaderError(f"{path}: file is empty")
     # Long rows (a 1 MB question) are read whole and judged by the validate stage's length bound.
     csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
-    reader = csv.reader(io.StringIO(text, newline=""))
+    # strict: a stray quote (`"Jaws" was directed by whom?`, or one never closed) is an error naming its
+    # line, where the lenient default would drop the quotes or swallow the next rows into one field.
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     records = []
     try:
         line_number = reader.line_num + 1
@@ -123,7 +125,9 @@ def _csv_records(path: Path) -> list[tuple[int, list[str]]]:
             records.append((line_number, fields))
             line_number = reader.line_num + 1
     except csv.Error as exc:
-        raise ReaderError(f"{path}, line {reader.line_num}: malformed CSV: {exc}") from None
+        where = f"line {line_number}" + (f" (the record starting there, at line {reader.line_num})"
+                                          if reader.line_num != line_number else "")
+        raise ReaderError(f"{path}, {where}: malformed CSV: {exc}") from None
     return records
 
 
@@ -152,40 +156,62 @@ def read_headerless_pairs(path: Path) -> ReadResult:
     return result
 
 
+@dataclass(frozen=True)
+class _Unusable:
+    """A record that could not be parsed, and why."""
+
+    reason: str
+
+
 def read_table(path: Path, text_column: str, label_column: str, source_column: str | None = None) -> ReadResult:
     """A user's CSV (with header) or JSONL file, through a column mapping; `source_column`, for
     rows made offline, names the question each row was made from (kept in `named_sources`)."""
     records = _jsonl_records(path) if path.suffix.lower() in {".jsonl", ".ndjson"} else _csv_dict_records(path)
     result = ReadResult()
     for line_number, record, original in records:
-        if isinstance(record, str):  # the record could not be parsed; the string says why
-            result.rejected.append(RejectedRow(str(path), line_number, record, original))
-            continue
-        missing = [c for c in (text_column, label_column, source_column) if c is not None and c not in record]
-        if missing:
-            result.rejected.append(RejectedRow(str(path), line_number, f"missing column(s) {missing}", original))
+        reason = record.reason if isinstance(record, _Unusable) else _unusable_values(record, text_column, label_column,
+                                                                                      source_column)
+        if reason:
+            result.rejected.append(RejectedRow(str(path), line_number, reason, original))
             continue
         text, label = record[text_column], record[label_column]
-        if label is None or (isinstance(label, float) and label != label) or not str(label).strip():
-            result.rejected.append(RejectedRow(str(path), line_number, "empty label", original))
-            continue
         source = f"{path}:{line_number}"
-        result.rows.append(LabeledQuestion(str(text or "").strip(), str(label).strip(), source))
+        result.rows.append(LabeledQuestion((text or "").strip(), str(label).strip(), source))
         if source_column is not None:
-            result.named_sources[source] = str(record[source_column] or "").strip()
+            result.named_sources[source] = (record[source_column] or "").strip()
     return result
+
+
+def _unusable_values(record: dict, text_column: str, label_column: str, source_column: str | None) -> str:
+    """Why a parsed record's values cannot be a row ("" when they can). JSON values must be what a
+    CSV cell would hold: a string (null: empty) or, for the label, an integer id. Anything else
+    (1.0, true, NaN, a list) is refused rather than turned into a class named "1.0" or "True"."""
+    missing = [c for c in (text_column, label_column, source_column) if c is not None and c not in record]
+    if missing:
+        return f"missing column(s) {missing}"
+    for column in (text_column, source_column):
+        if column is not None and not isinstance(record[column], (str, type(None))):
+            return f"{column!r} is a JSON {type(record[column]).__name__}, not a string"
+    label = record[label_column]
+    if isinstance(label, bool) or not isinstance(label, (str, int, type(None))):
+        return f"label {label_column!r} is a JSON {type(label).__name__} ({label!r}), not a string or integer"
+    return "" if label is not None and str(label).strip() else "empty label"
 
 
 def _csv_dict_records(path: Path) -> list[tuple[int, dict | str, str]]:
     """(line, record or the reason it is unusable, original content) for each data row."""
-    records = _csv_records(path)
-    header = [h.strip() for h in records[0][1]]
+    records = [(line_number, fields) for line_number, fields in _csv_records(path) if not _blank(fields)]
+    if not records:
+        raise ReaderError(f"{path}: file is empty")
+    header_line, header = records[0][0], [h.strip() for h in records[0][1]]  # the first record that is not blank
+    repeated = sorted({h for h in header if header.count(h) > 1})
+    if repeated:
+        raise ReaderError(f"{path}, line {header_line}: the header repeats column(s) {repeated}")
     rows = []
     for line_number, fields in records[1:]:
-        if _blank(fields):
-            continue
         if len(fields) != len(header):
-            rows.append((line_number, f"expected {len(header)} columns as in the header, found {len(fields)}", ",".join(fields)))
+            rows.append((line_number, _Unusable(f"expected {len(header)} columns as in the header, found {len(fields)}"),
+                         ",".join(fields)))
             continue
         rows.append((line_number, dict(zip(header, fields)), ",".join(fields)))
     return rows
@@ -202,8 +228,10 @@ def _jsonl_records(path: Path) -> list[tuple[int, dict | str, str]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            record = f"not valid JSON: {exc.msg}"
-        rows.append((line_number, record if isinstance(record, (dict, str)) else "not a JSON object", line))
+            record = _Unusable(f"not valid JSON: {exc.msg}")
+        except RecursionError:
+            record = _Unusable("not valid JSON: nested too deeply")
+        rows.append((line_number, record if isinstance(record, (dict, _Unusable)) else _Unusable("not a JSON object"), line))
     return rows
 
 
@@ -212,11 +240,26 @@ def label_in_words(class_id: str) -> str:
     return re.sub(r"[_\-:/.]+", " ", class_id).strip()
 
 
-def read_catalog_file(path: Path, id_column: str = "class_id", text_column: str = "text") -> Catalog:
+def read_catalog_file(path: Path, id_column: str = "class_id", text_column: str = "text",
+                      taken: dict[str, str] | None = None) -> Catalog:
+    """A catalog file; an error naming the file and line for a row without text, or whose text repeats
+    another class's (within the file, or one of `taken`: normalised text → the class id that has it)."""
+    from tqc.stages.validate import normalise
+
     result = read_table(path, text_column=text_column, label_column=id_column)
     if result.rejected:
         bad = result.rejected[0]
         raise ReaderError(f"{bad.file}, line {bad.line}: catalog row unusable: {bad.reason}")
+    owners = dict(taken or {})
+    for row in result.rows:
+        line = row.source.rsplit(":", 1)[1]
+        if not row.text:
+            raise ReaderError(f"{path}, line {line}: catalog row unusable: class {row.class_id!r} has an empty standard "
+                              "question (leave the class out to get a text derived from its label)")
+        owner = owners.setdefault(normalise(row.text), row.class_id)
+        if owner != row.class_id:
+            raise ReaderError(f"{path}, line {line}: catalog row unusable: class {row.class_id!r} has the standard question "
+                              f"of class {owner!r} ({row.text!r}); each class needs its own")
     try:
         return Catalog([StandardQuestion(class_id=row.class_id, text=row.text) for row in result.rows])
     except ValueError as exc:

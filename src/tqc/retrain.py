@@ -95,6 +95,9 @@ def pick_up(params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
     if not inbox.is_dir():
         return [], []
     seen = {entry["sha256"] for entry in manifest(params) if entry["outcome"] != "unusable"}
+    others = sorted(p.name for p in inbox.iterdir() if p.is_file() and p.suffix.lower() not in SUFFIXES)
+    if others:  # left in the inbox, and said each run, rather than read as some format they may not be
+        log.warning("retrain: %s: not read (only %s files are): %s", inbox, ", ".join(sorted(SUFFIXES)), ", ".join(others))
     files = [Incoming(p, sha256(p)) for p in sorted(inbox.iterdir()) if p.is_file() and p.suffix.lower() in SUFFIXES]
     new, repeats, batch = [], [], set()
     for incoming in files:
@@ -150,7 +153,7 @@ def stage(files: list[Incoming], params: Params, staging: Path) -> Staged:
     if labeled:
         # The current data (with the new classes) is what each new file is judged against.
         reference = prepare_data(_with_additions(params, raw), staging / "reference")
-        accepted_texts: set[str] = set()
+        accepted_texts: dict[str, str] = {}  # normalised text → label, over this delivery's files
         for incoming in labeled:
             staged.outcomes.append(_merge_labeled(incoming, params, raw, reference.directory, accepted_texts, staged))
     return staged
@@ -169,15 +172,20 @@ def _with_additions(params: Params, raw: Path) -> Params:
 
 
 def _merge_catalog(incoming: Incoming, params: Params, raw: Path) -> FileOutcome:
+    """New classes from a catalog file. A row without text, or whose text is another class's, makes the
+    file unusable here, by file and line: merged, it would fail the validate contract on every retrain."""
+    from tqc.stages.validate import normalise
+
     outcome = FileOutcome(str(incoming.path), incoming.sha256, "catalog", "merged")
+    staged_rows = _rows(raw / ADDED_CATALOG)
+    current = [(q.class_id, q.text) for q in _base_catalog(params).questions] + [(r["class_id"], r["text"]) for r in staged_rows]
     try:
-        added = read_catalog_file(incoming.path, params.data.custom.catalog_id_column,
-                                  params.data.custom.catalog_text_column).questions
+        added = read_catalog_file(incoming.path, params.data.custom.catalog_id_column, params.data.custom.catalog_text_column,
+                                  taken={normalise(text): class_id for class_id, text in current}).questions
     except (ReaderError, ValueError) as exc:
         outcome.outcome, outcome.reason = "unusable", str(exc)
         return outcome
-    staged_rows = _rows(raw / ADDED_CATALOG)
-    known = {row["class_id"] for row in staged_rows} | set(_base_catalog(params).class_ids)
+    known = {class_id for class_id, _ in current}
     new = [q for q in added if q.class_id not in known]
     outcome.read, outcome.accepted = len(added), len(new)
     outcome.reason = f"{len(added) - len(new)} class id(s) already in the catalog kept their text" if len(new) < len(added) else ""
@@ -191,10 +199,10 @@ def _base_catalog(params: Params) -> Catalog:
     return read_dataset(params.data.model_copy(update={"additions": None})).catalog
 
 
-def _merge_labeled(incoming: Incoming, params: Params, raw: Path, reference: Path, accepted_texts: set[str],
+def _merge_labeled(incoming: Incoming, params: Params, raw: Path, reference: Path, accepted_texts: dict[str, str],
                    staged: Staged) -> FileOutcome:
     from tqc.incoming import check_batch
-    from tqc.stages.validate import ValidationFailed
+    from tqc.stages.validate import ValidationFailed, normalise
 
     outcome = FileOutcome(str(incoming.path), incoming.sha256, "labeled", "merged")
     try:
@@ -205,12 +213,15 @@ def _merge_labeled(incoming: Incoming, params: Params, raw: Path, reference: Pat
         return outcome
     new_rows, quarantined = [], list(report["quarantined"])
     for row in report["accepted"]:
-        if row["text"] in accepted_texts:  # the same question in two files of one delivery
+        key = normalise(row["text"])  # as the validate contract compares questions (case, spacing)
+        if key in accepted_texts:  # the same question in two files of one delivery
             line = int(row["source"].rsplit(":", 1)[1])
-            quarantined.append({"file": str(incoming.path), "line": line, "reason": "duplicate of a row in an earlier file",
-                                "content": row["text"]})
+            earlier = accepted_texts[key]
+            reason = ("duplicate of a row in an earlier file" if earlier == row["class_id"] else
+                      f"conflicts with a row in an earlier file, labeled {earlier!r}")
+            quarantined.append({"file": str(incoming.path), "line": line, "reason": reason, "content": row["text"]})
             continue
-        accepted_texts.add(row["text"])
+        accepted_texts[key] = row["class_id"]
         new_rows.append({"text": row["text"], "class_id": row["class_id"], "source": f"{incoming.path.name}:{row['source'].rsplit(':', 1)[1]}"})
     write_jsonl(raw / ADDED_QUESTIONS, _rows(raw / ADDED_QUESTIONS) + new_rows)
     outcome.read, outcome.accepted, outcome.quarantined = report["read"], len(new_rows), len(quarantined)
@@ -247,7 +258,9 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
     """
     raw = additions_dir(params)
     raw.mkdir(parents=True, exist_ok=True)
-    names = [name for name in (ADDED_QUESTIONS, ADDED_CATALOG) if (staged.raw / name).exists()]
+    # Nothing accepted (repeats only, or every row quarantined): the data stays as it is. The staging
+    # folder may then hold anything, a failed earlier run's rows say, and must not be copied.
+    names = [name for name in (ADDED_QUESTIONS, ADDED_CATALOG) if staged.accepted and (staged.raw / name).exists()]
     committed = [raw / name for name in names]
     previous = {name: (raw / name).read_bytes() if (raw / name).exists() else None for name in names}
     try:

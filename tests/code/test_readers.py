@@ -195,3 +195,65 @@ def test_data_too_small_for_a_validation_split_is_a_clear_error(tmp_path):
     with pytest.raises(ReaderError, match="validation split carved from train is empty"):
         ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content,line", [
+    ('text,label\n"Jaws is by whom?,HUM\nWhat does "LOL" mean?,DESC\nok,a\n', 2),  # a quote never closed: would swallow rows
+    ('text,label\nok,a\n"Jaws" was directed by whom?,HUM\n', 3),                  # a stray quote: would vanish from the text
+])
+def test_a_stray_quote_is_an_error_naming_its_line_not_rows_merged_or_quotes_dropped(tmp_path, content, line):
+    path = tmp_path / "stray.csv"
+    path.write_text(content)
+    with pytest.raises(ReaderError, match=rf"stray.csv, line {line}\b.*malformed CSV"):
+        read_table(path, "text", "label")
+
+
+def test_the_header_is_the_first_line_that_is_not_blank_and_may_not_repeat_a_column(tmp_path):
+    leading_blank = tmp_path / "blank.csv"
+    leading_blank.write_text("\ntext,label\nhi,a\n")
+    result = read_table(leading_blank, "text", "label")
+    assert [(q.text, q.class_id, q.source) for q in result.rows] == [("hi", "a", f"{leading_blank}:3")] and not result.rejected
+
+    repeated = tmp_path / "repeated.csv"
+    repeated.write_text("text,label,text\nreal question,a,other\n")
+    with pytest.raises(ReaderError, match=r"repeated.csv, line 1: the header repeats column\(s\) \['text'\]"):
+        read_table(repeated, "text", "label")
+
+
+def test_jsonl_values_must_be_what_a_csv_cell_holds(tmp_path):
+    path = tmp_path / "values.jsonl"
+    path.write_text("\n".join([
+        '{"text": "integer id", "label": 3}',
+        '{"text": "float", "label": 1.0}',
+        '{"text": "boolean", "label": true}',
+        '{"text": "list", "label": ["a"]}',
+        '"just a string"',
+        '{"text": 0, "label": "a"}',
+        "[" * 100_000,
+    ]) + "\n")
+    result = read_table(path, "text", "label")
+    assert [(q.text, q.class_id) for q in result.rows] == [("integer id", "3")]
+    assert [(r.line, r.reason) for r in result.rejected] == [
+        (2, "label 'label' is a JSON float (1.0), not a string or integer"),
+        (3, "label 'label' is a JSON bool (True), not a string or integer"),
+        (4, "label 'label' is a JSON list (['a']), not a string or integer"),
+        (5, "not a JSON object"),
+        (6, "'text' is a JSON int, not a string"),
+        (7, "not valid JSON: nested too deeply"),
+    ]
+
+
+def test_a_catalog_row_without_text_or_with_another_class_text_is_an_error_naming_its_line(tmp_path):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("class_id,text\nA,Where is it?\nB,\n")
+    with pytest.raises(ReaderError, match=r"empty.csv, line 3: .*class 'B' has an empty standard question"):
+        read_catalog_file(empty)
+    shared = tmp_path / "shared.csv"
+    shared.write_text("class_id,text\nA,Where is it?\nB,where is  IT?\n")
+    with pytest.raises(ReaderError, match=r"shared.csv, line 3: .*class 'B' has the standard question of class 'A'"):
+        read_catalog_file(shared)
+    again = tmp_path / "again.csv"
+    again.write_text("class_id,text\nA,Where is it?\nC,Who is it?\n")
+    assert read_catalog_file(again, taken={"where is it?": "A"}).class_ids == ["A", "C"]  # A keeps its own text
+    with pytest.raises(ReaderError, match=r"again.csv, line 3: .*class 'C' has the standard question of class 'Z'"):
+        read_catalog_file(again, taken={"who is it?": "Z"})  # a class already in the catalog has C's text

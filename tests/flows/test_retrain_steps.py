@@ -1,0 +1,82 @@
+"""The retrain flow's steps called directly (no Prefect, no training): how a delivery is judged and committed."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from tqc import retrain as steps
+from tqc.config import load_params
+from tests.flows.conftest import added_rows, drop, unseen_questions
+
+
+def deliver(project: Path) -> tuple[steps.Staged, list[steps.Incoming]]:
+    params = load_params(project / "params.yaml")
+    files, repeats = steps.pick_up(params.retrain)
+    assert not repeats
+    return steps.stage(files, params, Path(params.retrain.work_dir)), files
+
+
+def outcome_of(staged: steps.Staged, name: str) -> steps.FileOutcome:
+    return next(o for o in staged.outcomes if o.file.endswith(name))
+
+
+def test_a_catalog_file_without_text_is_unusable_by_line_and_blocks_nothing_else(project):
+    inbox = project / "data" / "incoming"
+    inbox.mkdir(parents=True)
+    (inbox / "catalog-new.csv").write_text("class_id,text\nFOOD,\n")
+    drop(project, "batch.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
+
+    staged, _ = deliver(project)  # before: the merged empty text failed the validate contract here, on every retrain
+
+    catalog = outcome_of(staged, "catalog-new.csv")
+    assert catalog.outcome == "unusable" and "catalog-new.csv, line 2" in catalog.reason and "'FOOD'" in catalog.reason
+    assert outcome_of(staged, "batch.csv").accepted == 2
+
+
+def test_a_new_class_may_not_take_the_standard_question_of_another(project):
+    inbox = project / "data" / "incoming"
+    inbox.mkdir(parents=True)
+    (inbox / "catalog-new.csv").write_text("class_id,text\nLOC,Where is the place?\nPLACE,where is  THE place?\n")
+
+    staged, _ = deliver(project)
+
+    catalog = outcome_of(staged, "catalog-new.csv")  # LOC again with its own text is fine; PLACE copies LOC's
+    assert catalog.outcome == "unusable" and "line 3" in catalog.reason and "of class 'LOC'" in catalog.reason
+
+
+def test_the_same_question_in_two_files_of_a_delivery_is_compared_as_validate_compares_it(project):
+    where, who = unseen_questions(project, "LOC", 2)
+    drop(project, "1.csv", [(where, "LOC"), (who, "LOC")])
+    drop(project, "2.csv", [(f"  {where.upper()} ", "HUM"), (who.title(), "LOC")])  # case and spacing differ
+
+    staged, _ = deliver(project)
+
+    assert outcome_of(staged, "1.csv").accepted == 2 and outcome_of(staged, "2.csv").accepted == 0
+    reasons = sorted(q["reason"] for q in staged.quarantined_rows if q["file"].endswith("2.csv"))
+    assert reasons == ["conflicts with a row in an earlier file, labeled 'LOC'", "duplicate of a row in an earlier file"]
+
+
+def test_a_delivery_that_adds_nothing_commits_no_data_whatever_staging_holds(project):
+    params = load_params(project / "params.yaml")
+    raw = project / "data" / "raw"
+    (raw / "labeled.jsonl").write_text(json.dumps({"text": "committed row", "class_id": "LOC", "source": "a.csv:2"}) + "\n")
+    leftover = Path(params.retrain.work_dir) / "raw"  # a failed earlier run's staging
+    leftover.mkdir(parents=True)
+    (leftover / "labeled.jsonl").write_text(json.dumps({"text": "never accepted", "class_id": "LOC", "source": "x:2"}) + "\n")
+    repeat = steps.Incoming(drop(project, "again.csv", [("where is paris", "LOC")]), "0" * 64)
+
+    result = steps.commit(params, steps.Staged(leftover), [], [repeat])
+
+    assert [r["text"] for r in added_rows(project)] == ["committed row"]
+    assert result["committed"] == [] and result["archived"][0]["outcome"] == "repeat"
+
+
+def test_files_of_other_kinds_in_the_inbox_are_named_in_a_warning(project, caplog):
+    inbox = project / "data" / "incoming"
+    inbox.mkdir(parents=True)
+    (inbox / "batch.tsv").write_text("question\tlabel\nwhere is paris\tLOC\n")
+    with caplog.at_level(logging.WARNING, logger="tqc.retrain"):
+        assert steps.pick_up(load_params(project / "params.yaml").retrain) == ([], [])
+    assert "batch.tsv" in caplog.text and "not read" in caplog.text
