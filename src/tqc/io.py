@@ -33,7 +33,12 @@ def _umask() -> int:
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; it replaces `path` only if the block succeeds."""
+    """Yield a temporary path beside `path`; it replaces `path` only if the block succeeds.
+
+    The new bytes reach the disk (fsync) before the rename and the rename before returning
+    (fsync of the folder), so after a power loss `path` holds the old content or the new,
+    never an empty file: the retrain's manifest and data commit rely on it.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -42,9 +47,19 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp_path.chmod(0o666 & ~_umask())  # mkstemp makes it 0600; the file should read like any other the user writes
     try:
         yield tmp_path
+        _fsync(tmp_path, os.O_RDONLY)
         os.replace(tmp_path, path)
+        _fsync(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def _fsync(path: Path, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextmanager

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from tqc.io import atomic_directory, read_jsonl, write_json, write_jsonl
+from tqc.io import atomic_directory, read_jsonl, write_json, write_jsonl, write_text
 
 
 @pytest.mark.parametrize("umask, file_mode, folder_mode", [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)])
@@ -47,3 +47,20 @@ def test_an_atomic_folder_replaces_the_old_one_whole_and_leaves_nothing_beside_i
             raise RuntimeError("killed mid-save")
     assert [p.name for p in (tmp_path / "model").iterdir()] == ["new.safetensors"]
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_an_atomic_write_reaches_the_disk_before_the_rename_and_the_rename_after(tmp_path, monkeypatch):
+    import os
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(b))), real_replace(a, b))[1])
+    path = tmp_path / "manifest.jsonl"
+
+    write_text(path, "new\n")
+
+    assert path.read_text() == "new\n"
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["fsync", "replace", "fsync"]
+    assert events[0][1].startswith(str(tmp_path / ".manifest.jsonl.")) and events[2][1] == str(tmp_path)
