@@ -198,7 +198,7 @@ def _unusable_values(record: dict, text_column: str, label_column: str, source_c
     return "" if label is not None and str(label).strip() else "empty label"
 
 
-def _csv_dict_records(path: Path) -> list[tuple[int, dict | str, str]]:
+def _csv_dict_records(path: Path) -> list[tuple[int, dict | _Unusable, str]]:
     """(line, record or the reason it is unusable, original content) for each data row."""
     records = [(line_number, fields) for line_number, fields in _csv_records(path) if not _blank(fields)]
     if not records:
@@ -217,7 +217,7 @@ def _csv_dict_records(path: Path) -> list[tuple[int, dict | str, str]]:
     return rows
 
 
-def _jsonl_records(path: Path) -> list[tuple[int, dict | str, str]]:
+def _jsonl_records(path: Path) -> list[tuple[int, dict | _Unusable, str]]:
     rows = []
     text = decode_file(path)
     if not text.strip():

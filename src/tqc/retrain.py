@@ -95,10 +95,11 @@ def pick_up(params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
     if not inbox.is_dir():
         return [], []
     seen = {entry["sha256"] for entry in manifest(params) if entry["outcome"] != "unusable"}
-    others = sorted(p.name for p in inbox.iterdir() if p.is_file() and p.suffix.lower() not in SUFFIXES)
+    present = [p for p in sorted(inbox.iterdir()) if p.is_file()]
+    others = [p.name for p in present if p.suffix.lower() not in SUFFIXES]
     if others:  # left in the inbox, and said each run, rather than read as some format they may not be
         log.warning("retrain: %s: not read (only %s files are): %s", inbox, ", ".join(sorted(SUFFIXES)), ", ".join(others))
-    files = [Incoming(p, sha256(p)) for p in sorted(inbox.iterdir()) if p.is_file() and p.suffix.lower() in SUFFIXES]
+    files = [Incoming(p, sha256(p)) for p in present if p.suffix.lower() in SUFFIXES]
     new, repeats, batch = [], [], set()
     for incoming in files:
         (repeats if incoming.sha256 in seen | batch else new).append(incoming)

@@ -128,19 +128,18 @@ def _artifacts(model_dir: Path, catalog_path: Path, prior_path: Path | None) -> 
     return {**artifacts, "prior": str(prior_path)} if prior_path is not None else artifacts
 
 
-def content_digest(model_dir: Path, catalog_path: Path, prior_path: Path | None, top_k: int) -> str:
-    """sha256 of all that a registered version serves: the model folder's files, the catalog, the prior
-    entry fitted for the model, top_k and the tqc version (whose pyfunc code answers)."""
+def content_digest(model_dir: Path, catalog_path: Path, config: dict, prior_entry: dict | None) -> str:
+    """sha256 of all that a registered version serves: the model folder's files, the catalog, its
+    model_config (top_k, the prior entry's name), the prior entry itself and the tqc version (whose
+    pyfunc code answers)."""
     import tqc
-    from tqc import prior
     from tqc.io import file_digest
 
     model_dir = Path(model_dir)
-    config = _model_config(model_dir, prior_path, top_k)
     parts = {
         "model": {str(f.relative_to(model_dir)): file_digest(f, "sha256") for f in sorted(model_dir.rglob("*")) if f.is_file()},
         "catalog": file_digest(Path(catalog_path), "sha256"),
-        "prior": prior.read_file(prior_path)[config["prior_model"]] if prior_path is not None else None,
+        "prior": prior_entry,
         "config": config,
         "tqc": tqc.__version__,
     }
@@ -153,36 +152,37 @@ def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model
     A `dvc repro` that re-runs promote without changing the model (a code or report change
     upstream) finds its version by the content digest tag, so the registry gains no copies.
     """
+    from tqc import prior
+
     client = mlflow.MlflowClient()
-    digest = content_digest(model_dir, catalog_path, prior_path, top_k)
+    config = _model_config(model_dir, prior_path, top_k)  # the prior file read once, for all below
+    entry = prior.read_file(prior_path)[config["prior_model"]] if prior_path is not None else None
+    digest = content_digest(model_dir, catalog_path, config, entry)
     existing = client.search_model_versions(f"name='{model_name}' and tags.{DIGEST_TAG}='{digest}'")
     if existing:
         return str(min(int(v.version) for v in existing)), True
-    version = log_and_register(model_dir, catalog_path, prior_path, model_name, top_k)
-    for key, value in {DIGEST_TAG: digest, **_prior_tags(model_dir, prior_path)}.items():
+    version = log_and_register(model_dir, catalog_path, prior_path, model_name, config)
+    for key, value in {DIGEST_TAG: digest, **_prior_tags(entry)}.items():
         client.set_model_version_tag(model_name, version, key, value)
     return version, False
 
 
-def _prior_tags(model_dir: Path, prior_path: Path | None) -> dict[str, str]:
-    """The class-prior shift the version serves, for a registry listing: its target mix and λ ("none": similarity alone)."""
-    from tqc import prior
-
-    if prior_path is None:
+def _prior_tags(entry: dict | None) -> dict[str, str]:
+    """The class-prior shift a version serves, for a registry listing: its target mix and λ ("none": similarity alone)."""
+    if entry is None:
         return {"prior_target": "none", "prior_weight": "0"}
-    entry = prior.read_file(prior_path)[_model_config(model_dir, prior_path, 1)["prior_model"]]
     return {"prior_target": entry.get("target", "labeled"), "prior_weight": str(entry["weight"])}
 
 
-def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, top_k: int) -> str:
-    """Log the model in the active run and register it; returns the new version."""
+def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, config: dict) -> str:
+    """Log the model in the active run and register it, serving with `config` (`_model_config`); returns the new version."""
     import tqc
 
     info = mlflow.pyfunc.log_model(
         name="model",
         python_model=StandardQuestionMatcher(),
         artifacts=_artifacts(model_dir, catalog_path, prior_path),
-        model_config=_model_config(model_dir, prior_path, top_k),
+        model_config=config,
         signature=SIGNATURE,
         # Listed, not inferred: inference would load the model in a subprocess to trace imports.
         pip_requirements=[f"tqc=={tqc.__version__}", "torch", "transformers", "safetensors", "pandas"],

@@ -48,22 +48,25 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         champion_version = str(client.get_model_version_by_alias(params.model_name, params.alias).version)
     except MlflowException:
         champion_version = None
+    is_champion = champion_version == version  # the same content as the champion: its tags and alias stay
     try:
         challenger = _validation_predictions(f"models:/{params.model_name}/{version}", validation, catalog)
-        if champion_version is None or champion_version == version:  # none, or the same content: nothing to predict again
-            champion = None if champion_version is None else challenger
+        if champion_version is None:
+            champion = None
+        elif is_champion:
+            champion = challenger  # nothing to predict again
         else:
             champion = _validation_predictions(f"models:/{params.model_name}/{champion_version}", validation, catalog)
     except Exception:
         # Registered but never judged: the tag says so, so that a registry listing does not read it as a candidate.
-        if champion_version != version:
+        if not is_champion:
             client.set_model_version_tag(params.model_name, version, "promotion", "failed")
         raise
 
     tail_ids = tail_classes([q.class_id for q in load_questions(data_dir / "train.jsonl")], catalog.class_ids,
                             params.tail_fraction)
     decision = decide(gold, challenger, champion, np.array([catalog.index(c) for c in tail_ids]), tail_ids, params, seed)
-    if champion_version == version:
+    if is_champion:
         decision = _already_champion(decision, version)
     elif champion is not None and np.any(champion < 0):
         decision = _incomparable(decision)
@@ -85,7 +88,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         **{k: v for k, v in decision.to_dict().items() if k != "promote"},  # "promoted" above says it
     }
     write_json(report_path, report)
-    if champion_version != version:
+    if not is_champion:
         client.set_model_version_tag(params.model_name, version, "promotion", "champion" if decision.promote else "rejected")
     tracker.log_metrics({"promoted": int(decision.promote), **report["validation"],
                          **({"ci_low": decision.bootstrap.low, "ci_high": decision.bootstrap.high,
