@@ -136,6 +136,9 @@ class AugmentParams(Strict):
     # to ⌈√(n_c·n_max)⌉: square-root rebalancing, gentler on the rarest classes).
     rebalance: Literal["none", "mean", "max", "count", "sqrt"] = "mean"
     target_count: int | None = Field(None, ge=1)  # rebalance: count
+    # A class grows to at most max_factor × its own count, whatever the target (null: no cap):
+    # a handful of questions copied many times shifts the boundary toward their class.
+    max_factor: float | None = Field(None, ge=1.0)
     # Deferred re-balancing (DRW, Cao et al. 2019): stage one learns the representation from the
     # original rows only, and the generated ones join in stage two, at its lower learning rate.
     deferred: bool = False

@@ -120,3 +120,19 @@ def test_resplit_draws_a_new_validation_split_of_the_same_rows_and_augments_its_
     augmented = load_questions(seed_train)  # the augment stage ran on the new train: tail classes lifted, originals kept
     assert Counter(q.class_id for q in augmented)["c"] > Counter(q.class_id for q in new_train)["c"]
     assert [q for q in augmented if not q.generated] == new_train
+
+
+def test_max_factor_caps_each_class_at_a_multiple_of_its_own_count(tmp_path):
+    from tqc.config import AugmentParams
+    from tqc.schema import load_questions, save_questions
+    from tqc.stages.augment import run
+
+    counts = Counter({"head": 400, "mid": 100, "tail": 4})
+    # the mean (168) would copy the tail's 4 questions 42 times; ×4 stops it at 16, and the mid class at 168 < 400
+    assert class_targets(counts, "mean", max_factor=4) == {"head": 400, "mid": 168, "tail": 16}
+    assert class_targets(counts, "sqrt", max_factor=2.5) == {"head": 400, "mid": 200, "tail": 10}
+    save_questions(tmp_path / "train.jsonl", questions(dict(counts)))
+    report = run(tmp_path / "train.jsonl", AugmentParams(rebalance="mean", explicit="eda", max_factor=4), 0,
+                 tmp_path / "out.jsonl", tmp_path / "augment.json")
+    assert {c: v["after"] for c, v in report["per_class"].items()} == {"head": 400, "mid": 168, "tail": 16}
+    assert Counter(q.class_id for q in load_questions(tmp_path / "out.jsonl") if q.generated) == {"mid": 68, "tail": 12}
