@@ -267,8 +267,10 @@ class TrackingParams(Strict):
 class PromoteParams(Strict):
     """The champion/challenger gate on the *validation* split (never test)."""
 
-    model_name: str = "tqc-admc"  # registered model name
-    alias: str = "champion"
+    # Registered model name and alias. No quotes or backslashes: the name goes into MLflow's
+    # search filter (name='…' and tags.content_digest='…'), which has no escape for them.
+    model_name: str = Field("tqc-admc", min_length=1)
+    alias: str = Field("champion", pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
     bootstrap_samples: int = Field(2000, ge=100)
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
     # Promote when the lower confidence bound of (challenger − champion) accuracy exceeds this.
@@ -276,6 +278,13 @@ class PromoteParams(Strict):
     tail_fraction: float = Field(1 / 3, gt=0.0, le=1.0)  # the rarest classes in train, by count
     tail_tolerance: float = Field(0.02, ge=0.0, le=1.0)  # allowed drop of tail-class macro-F1
     top_k: int = Field(5, ge=1)  # what the served model returns per question
+
+    @field_validator("model_name")
+    @classmethod
+    def _filter_safe(cls, name: str) -> str:
+        if any(c in name for c in "'\"\\"):
+            raise ValueError(f"{name!r} has a quote or backslash, which MLflow's search filter cannot escape")
+        return name
 
 
 class SearchDimension(Strict):

@@ -33,6 +33,16 @@ def test_deferred_rebalancing_needs_a_rebalance_target():
     assert Params.model_validate({"augment": {"rebalance": "sqrt", "deferred": True}}).augment.deferred
 
 
+def test_a_registered_model_name_with_a_quote_is_refused(tmp_path):
+    # the name is quoted inside MLflow's search filter, which cannot escape it
+    path = tmp_path / "params.yaml"
+    for name in ("tqc's model", 'say "hi"', "back\\slash", ""):
+        path.write_text(f"promote:\n  model_name: '{name.replace(chr(39), chr(39) * 2)}'\n")
+        with pytest.raises(ConfigError, match="model_name"):
+            load_params(path)
+    assert Params.model_validate({"promote": {"model_name": "bank FAQ matcher-v2.1"}}).promote.model_name
+
+
 def test_a_search_space_must_name_real_params_and_ranges_or_choices():
     from tqc.config import ConfigError, Params
 
