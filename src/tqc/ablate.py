@@ -106,24 +106,56 @@ def local_overrides(params: Params, project: Path) -> dict:
     return overrides
 
 
+def override_value(value) -> str:
+    """A param value in Hydra's override grammar, which `dvc exp run -S` parses: strings single-quoted.
+
+    Bare, a path such as /home/josé/a,b would be read as an escape and a sweep, and '1e3' as a float.
+    """
+    if isinstance(value, str):
+        # Hydra escapes a quote with a backslash, and doubles only backslashes that precede a quote.
+        escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+        return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped) + "'"
+    if isinstance(value, list):
+        return "[" + ",".join(override_value(v) for v in value) + "]"
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+
+
 def set_arguments(overrides: dict) -> list[str]:
-    """{"augment.implicit": []} → ["-S", "++augment.implicit=[]"]; values as YAML, which `-S` parses."""
-    arguments = []
-    for path, value in overrides.items():
-        text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
-        arguments += ["-S", f"++{path}={text.removesuffix('...').strip()}"]  # ++: add the key when params.yaml lacks it
-    return arguments
+    """{"augment.implicit": ["dropout"]} → ["-S", "++augment.implicit=['dropout']"] (++: add the key when params.yaml lacks it)."""
+    return [argument for path, value in overrides.items() for argument in ("-S", f"++{path}={override_value(value)}")]
 
 
 def experiment_refs(project: Path) -> dict[str, str]:
-    """Experiment name → its git ref, over every baseline commit."""
-    listing = _git(project, "for-each-ref", "--format=%(refname)", "refs/exps")
-    return {ref.rsplit("/", 1)[-1]: ref for ref in listing.splitlines() if ref.count("/") >= 4}  # refs/exps/<ab>/<baseline rest>/<name>
+    """Experiment name → its git ref, over every baseline commit (refs/exps/<ab>/<baseline rest>/<name>).
+
+    A name run under several baselines (--rerun after a commit) reads the one under HEAD, else the
+    most recently committed: for-each-ref sorted by date, so later entries win.
+    """
+    listing = _git(project, "for-each-ref", "--sort=committerdate", "--format=%(refname)", "refs/exps")
+    head = subprocess.run(["git", "rev-parse", "-q", "--verify", "HEAD"], cwd=project, capture_output=True, text=True).stdout.strip()
+    refs: dict[str, str] = {}
+    for ref in listing.splitlines():
+        parts = ref.split("/")
+        if len(parts) != 5:  # refs/exps/exec/… and the like
+            continue
+        name = parts[4]
+        if _under(ref, head) or name not in refs or not _under(refs[name], head):
+            refs[name] = ref
+    return refs
 
 
-def run_cell(cell: Cell, project: Path) -> bool:
-    """`dvc exp run --temp -n NAME -S … evaluate`: the pipeline up to evaluate, promote skipped."""
-    command = [sys.executable, "-m", "dvc", "exp", "run", "--temp", "-n", cell.name, *set_arguments({**cell.overrides, **cell.local}), "evaluate"]
+def _under(ref: str, commit: str) -> bool:
+    parts = ref.split("/")
+    return parts[2] + parts[3] == commit
+
+
+def run_cell(cell: Cell, project: Path, force: bool = False) -> bool:
+    """`dvc exp run --temp -n NAME -S … evaluate`: the pipeline up to evaluate, promote skipped.
+
+    force (--rerun): -f, which replaces an experiment of the same name and reruns every stage.
+    """
+    command = [sys.executable, "-m", "dvc", "exp", "run", "--temp", *(["-f"] if force else []), "-n", cell.name,
+               *set_arguments({**cell.overrides, **cell.local}), "evaluate"]
     log.info("ablate: %s (%s, seed %d): %s", cell.name, cell.variant, cell.seed, " ".join(command))
     started = time.perf_counter()
     # dvc.yaml's stages call `tqc`: put this environment's scripts first on PATH even when the venv is not active.
@@ -231,6 +263,10 @@ def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None
     unknown = [g for g in chosen if g not in params.ablate.grids]
     if unknown:
         raise ValueError(f"unknown ablation grid(s) {unknown}; params.yaml has {sorted(params.ablate.grids)}")
+    known = {variant for grid in chosen for variant in params.ablate.grids[grid].variants}
+    unknown = sorted(set(variants or []) - known)
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown} in grid(s) {chosen}; they have {sorted(known)}")
     local = local_overrides(params, project)
     cells = [cell for grid in chosen
              for cell in grid_cells(grid, params.ablate.grids[grid], seeds or params.ablate.seeds, params.ablate.budget, local)
@@ -240,12 +276,14 @@ def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None
     if run:
         refs = experiment_refs(project)
         for cell in cells:
-            if (rerun or (cell.name not in refs and cell.name not in recorded)) and not run_cell(cell, project):
+            if (rerun or (cell.name not in refs and cell.name not in recorded)) and not run_cell(cell, project, rerun):
                 failed.add(cell.name)
     refs = experiment_refs(project)
     # A cell asked to train here (--rerun, or a failed run) is not stood in for by an old record.
     fallback = {} if rerun and run else {name: r for name, r in recorded.items() if name not in failed}
-    results = [_or_recorded(read_cell(cell, project, refs), fallback) for cell in cells]
+    # A cell that failed here is missing, not read from an older experiment of its name.
+    results = [CellResult(cell, "missing") if cell.name in failed else _or_recorded(read_cell(cell, project, refs), fallback)
+               for cell in cells]
     shown = {r.cell.name for r in results if r.status != "missing"}
     kept = [{"grid": r.cell.grid, "variant": r.cell.variant, **_record(name, r)} for name, r in recorded.items() if name not in shown]
     if kept:
@@ -287,10 +325,11 @@ def write_report(params: Params, grids: list[str], results: list[CellResult], ou
                  other_cells: list[dict] | None = None) -> None:
     """`other_cells`: records of earlier cells this report does not show, kept so that none is lost."""
     rows = summarise(results)
+    markdown = render_markdown(params, grids, rows)  # before any write: a failure leaves the three files as they were
+    plot(rows, grids, out_dir / "ablations.png")
     write_json(out_dir / "ablations.json", {"seeds": params.ablate.seeds, "budget": params.ablate.budget, "rows": rows,
                                             "other_cells": other_cells or []})
-    write_text(out_dir / "ablations.md", render_markdown(params, grids, rows))
-    plot(rows, grids, out_dir / "ablations.png")
+    write_text(out_dir / "ablations.md", markdown)
     log.info("ablate: %d of %d cells done here, %d read from records; wrote %s", sum(r.status == "done" for r in results),
              len(results), sum(r.status == "recorded" for r in results), out_dir / "ablations.md")
 
@@ -353,7 +392,7 @@ def pivot_tables(spec: AblationGrid, rows: list[dict]) -> list[str]:
     (down, down_values), (across, across_values) = spec.matrix.items()
     lines = []
     for variant in spec.variants:
-        cells = {(r["settings"].get(down), r["settings"].get(across)): r for r in rows
+        cells = {(_key(r["settings"].get(down)), _key(r["settings"].get(across))): r for r in rows
                  if r["variant"].split(" · ")[0] == variant}
         lines += [f"ADMC test macro-F1 ({variant}; seeds per cell in brackets):", "",
                   f"| {_short(down)} \\ {_short(across)} | " + " | ".join(map(str, across_values)) + " |",
@@ -361,11 +400,16 @@ def pivot_tables(spec: AblationGrid, rows: list[dict]) -> list[str]:
         for value in down_values:
             texts = []
             for other in across_values:
-                row = cells.get((value, other))
+                row = cells.get((_key(value), _key(other)))
                 texts.append(_pivot_text(row) if row and row["seeds_done"] else "—")
             lines.append(f"| {value} | " + " | ".join(texts) + " |")
         lines.append("")
     return lines
+
+
+def _key(value) -> str:
+    """A matrix value as a dict key: a list axis (augment.implicit: [[], [dropout]]) is not hashable."""
+    return json.dumps(value, sort_keys=True)
 
 
 def plot(rows: list[dict], grids: list[str], path: Path) -> None:

@@ -43,11 +43,24 @@ def test_names_share_one_hash_over_seeds_ignore_local_paths_and_change_with_para
     assert all(part.replace("-", "").isalnum() for part in [c.name for c in cells])  # a valid git ref component
 
 
-def test_set_arguments_are_yaml_values_that_add_missing_keys():
+def test_set_arguments_are_override_values_that_add_missing_keys():
     assert set_arguments({"augment.implicit": [], "baseline_nc.enabled": False, "data.imbalance_ratio": 50,
                           "augment.seq2seq.paraphrase_model": "/m/t5"}) == [
         "-S", "++augment.implicit=[]", "-S", "++baseline_nc.enabled=false", "-S", "++data.imbalance_ratio=50",
-        "-S", "++augment.seq2seq.paraphrase_model=/m/t5"]
+        "-S", "++augment.seq2seq.paraphrase_model='/m/t5'"]
+
+
+@pytest.mark.parametrize("text", ["/home/josé/a,b/(copy) #1 [x] {y}", "it's", "1e3", "C:\\data\\", "a=b", ""])
+def test_strings_reach_params_yaml_unchanged_through_dvc_overrides(tmp_path, text):
+    # dvc exp run -S parses Hydra's grammar: bare, a comma is a sweep, \x an escape, 1e3 a float
+    from dvc.utils.hydra import apply_overrides
+    import yaml
+
+    path = tmp_path / "params.yaml"
+    path.write_text("data: {data_dir: x}\n")
+    apply_overrides(str(path), set_arguments({"data.data_dir": text, "augment.implicit": [text, "cutoff"]})[1::2])
+    written = yaml.safe_load(path.read_text())
+    assert written["data"]["data_dir"] == text and written["augment"]["implicit"] == [text, "cutoff"]
 
 
 def test_the_table_gives_mean_and_std_over_finished_seeds_and_names_missing_ones():
@@ -177,7 +190,7 @@ def test_a_narrowed_or_failed_run_keeps_every_earlier_record_in_the_json(tmp_pat
     assert [c["experiment"] for c in report["other_cells"]] == [cells["eda · ir=50"].name]  # not in the table, not lost
 
     # --rerun asks for training here: a failed run shows as missing, not as the old figures, and its record stays.
-    monkeypatch.setattr(ablate_module, "run_cell", lambda cell, project: False)
+    monkeypatch.setattr(ablate_module, "run_cell", lambda cell, project, force=False: False)
     rerun = ablate_module.ablate(params, project, out, variants=["none"], where={"data.imbalance_ratio": 50}, rerun=True)
     assert [r.status for r in rerun] == ["missing"]
     whole = ablate_module.ablate(params, project, out, where={"data.imbalance_ratio": 50}, run=False)
@@ -221,3 +234,65 @@ def test_a_variant_that_sets_the_prior_shift_is_read_after_it(monkeypatch):
     plain, adjusted = (ablate_module.read_cell(cells[v], None, refs) for v in ("none", "logit-adjusted"))
     assert plain.figures["admc_accuracy"] == 0.7  # the training variant: before its shift
     assert adjusted.figures["admc_accuracy"] == 0.9 and adjusted.figures["ac_accuracy"] == 0.85  # the shift's variant: after
+
+
+def test_a_rerun_forces_dvc_and_a_failed_cell_is_not_read_from_its_old_experiment(monkeypatch, tmp_path):
+    from tqc import ablate as ablate_module
+
+    params = Params.model_validate({"ablate": {"grids": {"aug": GRID.model_dump()}, "seeds": [0]},
+                                    "data": {"data_dir": str(tmp_path)}, "tracking": {"enabled": False}})
+    commands = []
+    monkeypatch.setattr(ablate_module.subprocess, "run", lambda command, **_: commands.append(command) or type("R", (), {"returncode": 1}))
+    monkeypatch.setattr(ablate_module, "experiment_refs", lambda project: {c.name: "refs/exps/ab/cd/" + c.name
+                                                                           for c in grid_cells("aug", GRID, [0], {}, {})})
+    monkeypatch.setattr(ablate_module, "read_cell", lambda cell, project, refs: CellResult(cell, "done", _figures(0.9), 0, "old"))
+    results = ablate_module.ablate(params, tmp_path, tmp_path, variants=["none"], where={"data.imbalance_ratio": 50}, rerun=True)
+    assert "-f" in commands[0] and commands[0].index("-f") < commands[0].index("-n")
+    assert [r.status for r in results] == ["missing"]  # not the old experiment's figures
+
+
+def test_an_unknown_variant_is_refused(tmp_path):
+    from tqc import ablate as ablate_module
+
+    params = Params.model_validate({"ablate": {"grids": {"aug": GRID.model_dump()}}, "tracking": {"enabled": False}})
+    with pytest.raises(ValueError, match="unknown variant.*oversampel"):
+        ablate_module.ablate(params, tmp_path, tmp_path, variants=["oversampel"], run=False)
+
+
+def test_a_matrix_axis_of_lists_pivots(tmp_path):
+    grid = AblationGrid(title="t", matrix={"augment.implicit": [[], ["dropout"]], "data.imbalance_ratio": [50, 10]})
+    cells = grid_cells("g", grid, [0], {}, {})
+    params = Params.model_validate({"ablate": {"grids": {"g": grid.model_dump()}}})
+    text = render_markdown(params, ["g"], summarise([CellResult(c, "done", _figures(0.5), 1) for c in cells]))
+    assert "| ['dropout'] | 50.00 (1) | 50.00 (1) |" in text
+
+
+def test_a_name_run_under_several_baselines_reads_the_one_under_head_else_the_newest(tmp_path):
+    import subprocess
+
+    from tqc.ablate import experiment_refs
+
+    def git(*arguments, date="2026-01-01T00:00:00"):
+        env = {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}
+        return subprocess.run(["git", *arguments], cwd=tmp_path, check=True, capture_output=True, text=True, env=env).stdout.strip()
+
+    git("init", "-q")
+    git("commit", "-q", "--allow-empty", "-m", "old")
+    old_base = git("rev-parse", "HEAD")
+    git("commit", "-q", "--allow-empty", "-m", "head", date="2026-02-01T00:00:00")
+    head = git("rev-parse", "HEAD")
+    tree = git("rev-parse", "HEAD^{tree}")
+    experiment = {day: git("commit-tree", tree, "-m", day, date=f"2026-03-{day}T00:00:00") for day in ("01", "02", "03")}
+
+    def ref(base, name):
+        return f"refs/exps/{base[:2]}/{base[2:]}/{name}"
+
+    # fake baselines that sort first and last, so the refs' order by name decides nothing
+    first, last = "0" * 40, "f" * 40
+    git("update-ref", ref(last, "cell"), experiment["03"])  # newer, but not under HEAD
+    git("update-ref", ref(head, "cell"), experiment["01"])
+    git("update-ref", ref(first, "elsewhere"), experiment["02"])
+    git("update-ref", ref(old_base, "elsewhere"), experiment["01"])
+    refs = experiment_refs(tmp_path)
+    assert refs["cell"] == ref(head, "cell") and refs["elsewhere"] == ref(first, "elsewhere")
