@@ -305,6 +305,8 @@ class SearchDimension(Strict):
             raise ValueError("give either low and high, or choices")
         if self.choices is None and self.low > self.high:
             raise ValueError(f"low {self.low} is above high {self.high}")
+        if self.choices is None and self.log and self.low <= 0:
+            raise ValueError(f"a log-scaled range needs low > 0, not {self.low}")
         return self
 
 

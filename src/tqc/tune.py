@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import shutil
 import socket
@@ -36,33 +37,42 @@ log = logging.getLogger(__name__)
 
 # Knobs that change the prepared data: the tuner prepares data once, so it cannot search them.
 # Every key the augment stage reads is one of them (implicit, rate and the in-batch options act in training).
-DATA_PREPARATION = ("seed", "data.", "validate.", "augment.rebalance", "augment.target_count", "augment.explicit",
-                    "augment.eda_alpha", "augment.seq2seq.")
+DATA_PREPARATION = ("seed", "data.", "validate.", "augment.rebalance", "augment.target_count", "augment.max_factor",
+                    "augment.explicit", "augment.eda_alpha", "augment.seq2seq.")
 
 
 def sample_overrides(trial, space: dict[str, SearchDimension], base: dict) -> dict:
     """The trial's values, as flat 'section.key' overrides. A dimension whose `when` does not
     hold (on the values sampled so far, else the base params) is not sampled at all."""
     values: dict = {}
-    for name, dimension in space.items():
+    for name, dimension in _conditions_first(space):
         if any(values.get(path, base.get(path)) != wanted for path, wanted in dimension.when.items()):
             continue
-        values[name] = _suggest(trial, name, dimension)
+        values[name] = _suggest(trial, name, dimension, base.get(name))
     return values
 
 
-def _suggest(trial, name: str, dimension: SearchDimension):
+def _conditions_first(space: dict[str, SearchDimension]) -> list[tuple[str, SearchDimension]]:
+    """The dimensions another one's `when` names come first, so `when` reads this trial's value
+    of them wherever they are listed (else a margin listed before its loss would read the base loss)."""
+    named = {path for dimension in space.values() for path in dimension.when}
+    return sorted(space.items(), key=lambda item: item[0] not in named)  # stable: the order as listed otherwise
+
+
+def _suggest(trial, name: str, dimension: SearchDimension, base_value=None):
+    """An integer knob (its base value an int, e.g. mine.k) gets integers, any other range floats,
+    whatever the YAML bounds look like (low: 0 for a margin, high: 12.0 for K)."""
     if dimension.choices is not None:
         return trial.suggest_categorical(name, dimension.choices)
-    if isinstance(dimension.low, int) and isinstance(dimension.high, int):
-        return trial.suggest_int(name, dimension.low, dimension.high, log=dimension.log)
+    if isinstance(base_value, int) and not isinstance(base_value, bool):
+        return trial.suggest_int(name, math.ceil(dimension.low), math.floor(dimension.high), log=dimension.log)
     return trial.suggest_float(name, float(dimension.low), float(dimension.high), log=dimension.log)
 
 
 def default_values(space: dict[str, SearchDimension], base: dict) -> dict:
     """The base params' own value of every dimension that applies to them: trial 0."""
     values: dict = {}
-    for name, dimension in space.items():
+    for name, dimension in _conditions_first(space):
         if all(values.get(path, base.get(path)) == wanted for path, wanted in dimension.when.items()):
             values[name] = base[name]
     return values
@@ -122,7 +132,7 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
     study = _open_study(params, worker)
     base = flatten(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))
     check_study_base(study, params, base)
-    if settings.enqueue_defaults:
+    if settings.enqueue_defaults and worker == 0:  # one enqueuer: workers starting together would each add one
         enqueue_baseline(study, default_values(settings.space, base))
     study_dir = work_dir / settings.study
     data = data or prepare_data(params, study_dir / f"data-worker-{worker}")

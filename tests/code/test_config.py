@@ -71,8 +71,20 @@ def test_the_tuner_refuses_knobs_the_augment_stage_reads():
     from tqc.config import ConfigError, Params
     from tqc.tune import check_space
 
-    for name in ("augment.rebalance", "augment.target_count", "augment.explicit", "augment.seq2seq.top_p"):
+    from tqc.config import AugmentParams
+
+    # every augment knob but those that act in training; a new one lands here by default
+    in_training = {"implicit", "rate", "prototype_mixup", "cross_encoding", "deferred"}
+    sections = {"seq2seq"}  # its keys, e.g. augment.seq2seq.top_p below
+    names = [f"augment.{field}" for field in AugmentParams.model_fields if field not in in_training | sections]
+    assert "augment.max_factor" in names
+    for name in [*names, "augment.seq2seq.top_p"]:
         params = Params.model_validate({"tune": {"space": {name: {"low": 0.1, "high": 0.9}}}})
         with pytest.raises(ConfigError, match="changes the prepared data"):
             check_space(params)
     check_space(Params.model_validate({"tune": {"space": {"augment.rate": {"low": 0.0, "high": 0.2}}}}))
+
+
+def test_a_log_scaled_search_range_must_start_above_zero():
+    with pytest.raises(ValueError, match="log-scaled range needs low > 0"):
+        Params.model_validate({"tune": {"space": {"stage_two.smoothing": {"low": 0.0, "high": 0.3, "log": True}}}})

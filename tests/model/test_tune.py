@@ -113,6 +113,26 @@ def test_conditional_dimensions_are_sampled_only_with_their_loss():
         assert values["stage_two.loss"] == loss and present in values and absent not in values
 
 
+def test_a_condition_reads_this_trials_value_wherever_its_dimension_is_listed():
+    # margin listed before the loss it depends on, and a base loss that is not hinge
+    space = {"stage_two.margin": SearchDimension(low=0.1, high=0.5, when={"stage_two.loss": "hinge"}),
+             "stage_two.loss": SearchDimension(choices=["hinge", "bpr"])}
+    base = {"stage_two.loss": "nt_xent", "stage_two.margin": 0.2}
+    hinge = sample_overrides(optuna.trial.FixedTrial({"stage_two.loss": "hinge", "stage_two.margin": 0.3}), space, base)
+    assert hinge == {"stage_two.loss": "hinge", "stage_two.margin": 0.3}
+    assert sample_overrides(optuna.trial.FixedTrial({"stage_two.loss": "bpr"}), space, {**base, "stage_two.loss": "hinge"}) == {
+        "stage_two.loss": "bpr"}
+
+
+def test_integer_or_float_sampling_follows_the_param_not_the_yaml_bounds():
+    space = {"stage_two.margin": SearchDimension(low=0, high=1), "mine.k": SearchDimension(low=2, high=12.0)}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    sampled = [sample_overrides(study.ask(), space, {"stage_two.margin": 0.2, "mine.k": 5}) for _ in range(20)]
+    assert all(isinstance(s["mine.k"], int) and 2 <= s["mine.k"] <= 12 for s in sampled)
+    margins = {s["stage_two.margin"] for s in sampled}
+    assert all(isinstance(m, float) for m in margins) and len(margins) > 2  # not just {0, 1}
+
+
 def test_the_reporter_prunes_when_the_pruner_says_so():
     from tqc.tracking import Tracker
     from tqc.training import EpochRecord
