@@ -274,6 +274,15 @@ def reports_lock(out_dir: Path) -> Iterator[None]:
         yield
 
 
+def current_baseline(complete: list, params: Params):
+    """The completed baseline of params.yaml's values as they are now (after `--apply` there is a
+    newer one than trial 0), else the newest baseline."""
+    base = flatten(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))
+    baselines = [t for t in complete if t.user_attrs.get("baseline")]
+    now = default_values(params.tune.space, base)
+    return next((t for t in reversed(baselines) if t.user_attrs.get("base_values") == now), baselines[-1] if baselines else None)
+
+
 def write_reports(study, params: Params, data: PreparedData, study_dir: Path, out_dir: Path) -> TuneResult:
     """best_params.yaml (what dvc repro consumes after `tqc tune --apply`), summary.json, trials.csv, plots."""
     import optuna
@@ -282,7 +291,7 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
     if not complete:
         raise RuntimeError(f"study {study.study_name!r} has no completed trial")
     best = study.best_trial
-    baseline = next((t for t in complete if t.user_attrs.get("baseline")), None)
+    baseline = current_baseline(complete, params)
     best_params = unflatten(_values(best))
     out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_path(out_dir / "best_params.yaml") as tmp:

@@ -133,6 +133,24 @@ def test_integer_or_float_sampling_follows_the_param_not_the_yaml_bounds():
     assert all(isinstance(m, float) for m in margins) and len(margins) > 2  # not just {0, 1}
 
 
+def test_the_reported_baseline_is_the_one_of_the_params_as_they_are_now():
+    from tqc.tune import current_baseline
+
+    def params(temperature: float) -> Params:
+        return Params.model_validate({"stage_one": {"temperature": temperature},
+                                      "tune": {"space": {"stage_one.temperature": {"low": 0.05, "high": 0.2}}}})
+
+    study = optuna.create_study(direction="maximize")
+    for value, attrs in [(0.80, {"baseline": True, "base_values": {"stage_one.temperature": 0.1}}),
+                         (0.86, {}),  # a sampled trial at 0.07, then applied: --apply requeues a baseline
+                         (0.86, {"baseline": True, "base_values": {"stage_one.temperature": 0.07}})]:
+        study.add_trial(optuna.trial.create_trial(value=value, params={}, distributions={}, user_attrs=attrs))
+    complete = study.get_trials(states=[optuna.trial.TrialState.COMPLETE])
+    assert current_baseline(complete, params(0.07)).number == 2
+    assert current_baseline(complete, params(0.1)).number == 0  # its values, though not the newest
+    assert current_baseline(complete[:2], params(0.07)).number == 0  # none of these values: the newest baseline
+
+
 def test_the_reporter_prunes_when_the_pruner_says_so():
     from tqc.tracking import Tracker
     from tqc.training import EpochRecord
