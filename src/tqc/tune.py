@@ -163,6 +163,7 @@ def study_base(params: Params, base: dict) -> dict:
 def check_study_base(study, params: Params, base: dict) -> None:
     """A study holds trials of one base configuration: the first worker records it, later ones must match it,
     so a study name reused for another dataset (or other fixed params) is refused instead of mixed."""
+    check_study_space(study, params, base)
     mine = study_base(params, base)
     recorded = study.user_attrs.get("base_params")
     if recorded is None:
@@ -173,6 +174,28 @@ def check_study_base(study, params: Params, base: dict) -> None:
         shown = ", ".join(f"{key}: {recorded.get(key)!r} there, {mine.get(key)!r} here" for key in differing[:5])
         raise ConfigError(f"study {params.tune.study!r} in {params.tune.storage} holds trials of other params ({shown}"
                           f"{' …' if len(differing) > 5 else ''}); name another study with tune.study")
+
+
+def space_kinds(space: dict[str, SearchDimension], base: dict) -> dict:
+    """What Optuna cannot change under a parameter name once a study has sampled it: the choices
+    of a categorical dimension, or whether a range is sampled as integers (see _suggest)."""
+    return {name: list(dimension.choices) if dimension.choices is not None
+            else ("int" if isinstance(base.get(name), int) and not isinstance(base.get(name), bool) else "float")
+            for name, dimension in space.items()}
+
+
+def check_study_space(study, params: Params, base: dict) -> None:
+    """Refuse, before any work, a dimension whose choices or kind changed since the study sampled it:
+    Optuna would fail mid-trial ("dynamic value space"). New, removed and re-bounded ranges are fine."""
+    mine = space_kinds(params.tune.space, base)
+    recorded = study.user_attrs.get("space_kinds") or {}
+    changed = sorted(name for name in mine.keys() & recorded.keys() if mine[name] != recorded[name])
+    if changed:
+        shown = ", ".join(f"{name}: {recorded[name]!r} there, {mine[name]!r} here" for name in changed)
+        raise ConfigError(f"study {params.tune.study!r} in {params.tune.storage} sampled other values for {shown}; "
+                          "Optuna cannot change them within a study: name another study with tune.study")
+    if mine.keys() - recorded.keys():
+        study.set_user_attr("space_kinds", {**recorded, **mine})
 
 
 def enqueue_baseline(study, base_values: dict) -> None:

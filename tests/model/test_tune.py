@@ -252,6 +252,17 @@ def test_a_study_refuses_other_base_params_and_requeues_its_baseline_when_the_ba
     with pytest.raises(ConfigError, match="data.dataset: 'custom' there, 'trec50' here"):
         check_study_base(study, params, {**base, "data.dataset": "trec50"})
 
+    # a changed set of choices, or int / float, is refused before any work (Optuna would fail mid-trial)
+    space = params.tune.space
+    grown = params.model_copy(update={"tune": params.tune.model_copy(update={"space": {
+        **space, "stage_two.loss": SearchDimension(choices=["nt_xent", "hinge", "bpr", "sdml", "decoupled"])}})})
+    with pytest.raises(ConfigError, match="stage_two.loss: .* there, .* here"):
+        check_study_base(study, grown, base)
+    with pytest.raises(ConfigError, match="mine.k: 'int' there, 'float' here"):
+        check_study_base(study, params, {**base, "mine.k": 5.0})
+    rebounded = {**space, "mine.k": SearchDimension(low=3, high=20)}  # new bounds: fine for Optuna
+    check_study_base(study, params.model_copy(update={"tune": params.tune.model_copy(update={"space": rebounded})}), base)
+
     values = default_values(params.tune.space, base)
     enqueue_baseline(study, values)
     enqueue_baseline(study, values)
