@@ -392,14 +392,34 @@ def _plots(study, out_dir: Path) -> None:
             plt.close(figure)
 
 
+def _layout_keeping_yaml():
+    """ruamel round-trip YAML that rewrites nothing but the values set: no re-wrapping of long flow
+    lists, quotes and `null` kept, floats with a dot (1.0e-05: PyYAML, which load_params uses,
+    reads 1e-05 as a string)."""
+    from ruamel.yaml import YAML
+
+    editor = YAML()
+    editor.width = 1_000_000
+    editor.preserve_quotes = True
+    editor.representer.add_representer(type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null"))
+
+    def represent_float(representer, value: float):
+        text = repr(value)
+        mantissa, e, exponent = text.partition("e")
+        if e and "." not in mantissa:
+            text = f"{mantissa}.0e{exponent}"
+        return representer.represent_scalar("tag:yaml.org,2002:float", text)
+
+    editor.representer.add_representer(float, represent_float)
+    return editor
+
+
 def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) -> dict:
     """Write the tuned values into params.yaml in place, keeping its comments and layout."""
     from io import StringIO
 
-    from ruamel.yaml import YAML
-
     best = flatten(yaml.safe_load(best_params_file.read_text(encoding="utf-8")) or {})
-    editor = YAML()
+    editor = _layout_keeping_yaml()
     document = editor.load(params_file.read_text(encoding="utf-8"))
     for path, value in best.items():
         node = document

@@ -195,12 +195,17 @@ def test_apply_writes_the_best_values_and_keeps_the_comments(tmp_path):
     params_file = tmp_path / "params.yaml"
     params_file.write_text((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
     best = tmp_path / "best_params.yaml"
-    best.write_text("stage_one:\n  temperature: 0.05\nmine:\n  k: 7\n")
+    shipped = params_file.read_text().splitlines()
+    best.write_text("stage_one:\n  temperature: 0.05\n  learning_rate: 1.0e-05\nmine:\n  k: 7\n")
     apply_best(best, params_file)
     text = params_file.read_text()
     assert "# Every knob of the pipeline" in text and "# in_batch | all_classes" in text
+    # only the three values' lines change: no re-wrapped lists, nulls and quotes kept, floats PyYAML reads as floats
+    changed = [(a, b) for a, b in zip(shipped, text.splitlines()) if a != b]
+    assert len(text.splitlines()) == len(shipped) and len(changed) == 3, changed
+    assert any(b.strip().startswith("learning_rate: 1.0e-05") for _, b in changed)
     params = load_params(params_file)
-    assert params.stage_one.temperature == 0.05 and params.mine.k == 7
+    assert params.stage_one.temperature == 0.05 and params.mine.k == 7 and params.stage_one.learning_rate == 1e-5
 
     best.write_text("mine:\n  k: 0\n")  # invalid: k ≥ 1
     with pytest.raises(Exception, match="would make"):
