@@ -129,24 +129,13 @@ def experiment_refs(project: Path) -> dict[str, str]:
     """Experiment name → its git ref, over every baseline commit (refs/exps/<ab>/<baseline rest>/<name>).
 
     A name run under several baselines (--rerun after a commit) reads the one under HEAD, else the
-    most recently committed: for-each-ref sorted by date, so later entries win.
+    most recently committed: later entries win, so refs go by date, those under HEAD last.
     """
     listing = _git(project, "for-each-ref", "--sort=committerdate", "--format=%(refname)", "refs/exps")
     head = subprocess.run(["git", "rev-parse", "-q", "--verify", "HEAD"], cwd=project, capture_output=True, text=True).stdout.strip()
-    refs: dict[str, str] = {}
-    for ref in listing.splitlines():
-        parts = ref.split("/")
-        if len(parts) != 5:  # refs/exps/exec/… and the like
-            continue
-        name = parts[4]
-        if _under(ref, head) or name not in refs or not _under(refs[name], head):
-            refs[name] = ref
-    return refs
-
-
-def _under(ref: str, commit: str) -> bool:
-    parts = ref.split("/")
-    return parts[2] + parts[3] == commit
+    by_date = [ref.split("/") for ref in listing.splitlines() if ref.count("/") == 4]  # not refs/exps/exec/… and the like
+    ordered = sorted(by_date, key=lambda parts: parts[2] + parts[3] == head)  # stable: by date, HEAD's last
+    return {parts[4]: "/".join(parts) for parts in ordered}
 
 
 def run_cell(cell: Cell, project: Path, force: bool = False) -> bool:

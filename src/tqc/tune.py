@@ -64,9 +64,19 @@ def _suggest(trial, name: str, dimension: SearchDimension, base_value=None):
     whatever the YAML bounds look like (low: 0 for a margin, high: 12.0 for K)."""
     if dimension.choices is not None:
         return trial.suggest_categorical(name, dimension.choices)
-    if isinstance(base_value, int) and not isinstance(base_value, bool):
+    if _samples_integers(base_value):
         return trial.suggest_int(name, math.ceil(dimension.low), math.floor(dimension.high), log=dimension.log)
     return trial.suggest_float(name, float(dimension.low), float(dimension.high), log=dimension.log)
+
+
+def _samples_integers(base_value) -> bool:
+    """An int param (mine.k, not a bool) is searched over integers; every other range over floats."""
+    return isinstance(base_value, int) and not isinstance(base_value, bool)
+
+
+def flat_base(params: Params) -> dict:
+    """params as flat 'section.key' values, the study's own settings left out: what trials start from."""
+    return flatten(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))
 
 
 def default_values(space: dict[str, SearchDimension], base: dict) -> dict:
@@ -130,7 +140,7 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
     check_space(params)
     settings = params.tune
     study = _open_study(params, worker)
-    base = flatten(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))
+    base = flat_base(params)
     check_study_base(study, params, base)
     if settings.enqueue_defaults and worker == 0:  # one enqueuer: workers starting together would each add one
         enqueue_baseline(study, default_values(settings.space, base))
@@ -180,7 +190,7 @@ def space_kinds(space: dict[str, SearchDimension], base: dict) -> dict:
     """What Optuna cannot change under a parameter name once a study has sampled it: the choices
     of a categorical dimension, or whether a range is sampled as integers (see _suggest)."""
     return {name: list(dimension.choices) if dimension.choices is not None
-            else ("int" if isinstance(base.get(name), int) and not isinstance(base.get(name), bool) else "float")
+            else ("int" if _samples_integers(base.get(name)) else "float")
             for name, dimension in space.items()}
 
 
@@ -300,9 +310,8 @@ def reports_lock(out_dir: Path) -> Iterator[None]:
 def current_baseline(complete: list, params: Params):
     """The completed baseline of params.yaml's values as they are now (after `--apply` there is a
     newer one than trial 0), else the newest baseline."""
-    base = flatten(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))
     baselines = [t for t in complete if t.user_attrs.get("baseline")]
-    now = default_values(params.tune.space, base)
+    now = default_values(params.tune.space, flat_base(params))
     return next((t for t in reversed(baselines) if t.user_attrs.get("base_values") == now), baselines[-1] if baselines else None)
 
 
