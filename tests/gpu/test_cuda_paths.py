@@ -1,0 +1,117 @@
+"""The CUDA paths (marker `gpu`): skipped where no GPU is present, run with `pytest -m gpu` on a GPU machine.
+
+The code has no CUDA fork (`tqc.device` picks the device and bf16 autocast), so these check that
+the same stage functions train, mine, score and save on a GPU: weights stay float32 under
+autocast, a model trained on the GPU scores alike on the CPU, and FAISS's GPU index (faiss-gpu,
+the `gpu` extra) ranks as the CPU index does. They build on the tiny random BERT and write the
+pipeline's data files directly, so they need neither DVC nor Great Expectations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import CLASSES, synthetic_questions, tiny_params
+from tqc.config import ModelParams, Params, StageOneParams, StageTwoParams
+from tqc.device import autocast, pick_device
+from tqc.mining import build_index, mine, retrieve
+from tqc.model.encoder import BiEncoder
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, save_questions
+from tqc.stages import stage_one, stage_two
+from tqc.training import catalog_scores, gold_indices
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+CATALOG = Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()])
+
+
+def _rows(seed: int, per_class: int) -> list[LabeledQuestion]:
+    return [LabeledQuestion(t, c) for t, c in synthetic_questions(seed, per_class)]
+
+
+def _float_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
+
+
+def test_the_device_is_the_gpu_and_autocast_runs_matmuls_in_bf16():
+    device = pick_device()
+    assert device.type == "cuda"
+    a, b = torch.randn(8, 8, device=device), torch.randn(8, 8, device=device)
+    with autocast(device):
+        assert (a @ b).dtype == torch.bfloat16
+    assert (a @ b).dtype == torch.float32  # outside the context: float32 again
+
+
+@pytest.mark.parametrize("similarity", ["cosine", "mlp"])
+def test_both_stages_train_on_the_gpu_keep_float32_weights_and_score_alike_on_the_cpu(tiny_model_dir, tmp_path, similarity):
+    torch.manual_seed(0)
+    train, validation = _rows(0, 16), _rows(1, 4)
+    model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir), similarity=similarity)).to(pick_device())
+    before = _float_weights(model)
+    one = stage_one.train(model, train, validation, CATALOG,
+                          StageOneParams(epochs=2, batch_size=8, learning_rate=1e-3, patience=2), seed=0)
+    questions = model.question.encode([q.text for q in train]).numpy()  # (N, D) float32 on the CPU
+    assert questions.dtype == np.float32 and np.isfinite(questions).all()
+    negatives, stats = mine(questions, model.standard.encode(CATALOG.texts).numpy(), gold_indices(train, CATALOG), 2,
+                            model.similarity, model.score)
+    assert negatives.shape == (len(train), 2)
+    assert not (negatives == gold_indices(train, CATALOG)[:, None]).any()  # gold never mined, on the GPU's vectors too
+    two = stage_two.train(model, train, torch.as_tensor(negatives), validation, CATALOG,
+                          StageTwoParams(epochs=1, batch_size=8, learning_rate=1e-3, patience=1), seed=0)
+
+    after = _float_weights(model)
+    assert all(v.dtype == torch.float32 and v.device.type == "cuda" for v in after.values())
+    assert any(not torch.equal(before[k], after[k]) for k in after)  # it trained
+    assert all(np.isfinite(r.train_loss) for r in one.history + two.history if r.epoch > 0)  # epoch 0: before training
+
+    model.save(tmp_path / "model")
+    on_cpu = BiEncoder.load(tmp_path / "model")
+    assert on_cpu.question.device.type == "cpu"
+    gpu_scores = catalog_scores(model, validation, CATALOG)  # (N, P): bf16 encoders on the GPU
+    cpu_scores = catalog_scores(on_cpu, validation, CATALOG)  # float32 on the CPU
+    assert np.abs(gpu_scores - cpu_scores).max() < 0.05  # bf16 has ~3 significant digits
+    assert (gpu_scores.argmax(1) == cpu_scores.argmax(1)).mean() >= 0.9
+
+
+def test_the_gpu_index_ranks_as_the_cpu_index_does():
+    import faiss
+
+    if not (hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0):
+        pytest.skip("this faiss has no GPU support (install the gpu extra: faiss-gpu-cu12)")
+    rng = np.random.default_rng(0)
+    standards, questions = rng.normal(size=(50, 32)), rng.normal(size=(200, 32))  # (P, D), (N, D)
+    index = build_index(standards)
+    assert "Gpu" in type(index).__name__
+    cpu_index = faiss.IndexFlatIP(32)
+    normalised = (standards / np.linalg.norm(standards, axis=1, keepdims=True)).astype(np.float32)
+    cpu_index.add(normalised)
+    gpu_similarities, gpu_neighbours = retrieve(index, questions, 5)
+    cpu_similarities, cpu_neighbours = retrieve(cpu_index, questions, 5)
+    np.testing.assert_allclose(gpu_similarities, cpu_similarities, atol=1e-4)
+    assert (gpu_neighbours == cpu_neighbours).mean() > 0.99  # ties aside
+
+
+def test_the_chain_trains_every_model_on_the_gpu_and_evaluates(tiny_model_dir, tmp_path):
+    """stage one → mine → stage two → NC → prior → evaluate through the functions the DVC stages call."""
+    from tqc.pipeline import train_chain
+    from tqc.stages import evaluate
+    from tqc.stages import prior as prior_stage
+
+    data = tmp_path / "validated"
+    CATALOG.save(data / "catalog.jsonl")
+    for split, rows in (("train", _rows(0, 12)), ("validation", _rows(1, 4)), ("test", _rows(2, 4))):
+        save_questions(data / f"{split}.jsonl", rows)
+    params = Params.model_validate(tiny_params(tmp_path / "unused", tiny_model_dir))
+    outputs = train_chain(params, data, data / "train.jsonl", tmp_path / "work", seed=0)
+    for folder in (outputs.stage_one, outputs.stage_two, outputs.nc):
+        assert any(Path(folder).glob("**/*.safetensors")) and not any(Path(folder).glob("**/*.bin"))
+    shifts = prior_stage.fit_shifts(data, outputs.stage_one, outputs.stage_two, outputs.nc, params)
+    splits = {"test": _rows(2, 4)}
+    evaluated = evaluate.evaluate_models(outputs, params, splits, CATALOG, shifts)
+    for name in ("admc", "stage_one", "nc", "zero_shot"):
+        figures = evaluated["metrics"][name]["test"]
+        assert 0.0 <= figures["accuracy"] <= 1.0 and 0.0 <= figures["macro_f1"] <= 1.0
