@@ -1,0 +1,223 @@
+"""The ablation grids on a GPU machine that has no DVC, no Great Expectations and no network.
+
+`tqc ablate` is the product's way to run the grids: one `dvc exp run` per cell, which works
+as is on a GPU machine with the project installed. This script is for a lent GPU box that has
+torch and transformers but none of the pipeline's other tools. It runs the *same* cells
+(`ablate.grid_cells`) through the *same* stage functions (`pipeline.prepare_data`,
+`pipeline.train_chain`, the prior stage's `fit_shifts`, evaluate's `evaluate_models` and
+metrics document), split where the tools are:
+
+    prepare  (here, with GE)  ingest → validate → augment of every cell's data, into one folder
+    train    (the GPU box)    stage one → mine → stage two → prior → evaluate of each cell, several
+                              worker processes sharing the GPU, until a deadline; resumable
+    report   (here)           ablations.md / .json / .png in `tqc ablate`'s layout
+
+A GPU budget (`-B stage_one.epochs=10 …`) replaces the CPU budgets of params.yaml (the common
+one and each grid's), so the cells' names differ from the CPU cells' and the report says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from tqc.ablate import FIGURES, CellResult, _dig, grid_cells, local_overrides, without_prior_shift, write_report
+from tqc.config import Params, load_params, unflatten
+from tqc.io import write_json
+
+log = logging.getLogger("gpu_grid")
+
+PREPARATION_SECTIONS = ("seed", "data", "validate_", "augment")  # what ingest → validate → augment read
+
+
+def gpu_params(params: Params, budget: dict) -> Params:
+    """params with the GPU budget as the grids' only budget (each grid's CPU budget dropped)."""
+    def on_gpu(grid):
+        title = f"{grid.title} (here at the GPU budget instead)" if grid.budget else grid.title
+        return grid.model_copy(update={"budget": {}, "title": title})
+
+    ablate = params.ablate.model_copy(update={"budget": {**params.ablate.budget, **budget},
+                                              "grids": {name: on_gpu(grid) for name, grid in params.ablate.grids.items()}})
+    return params.model_copy(update={"ablate": ablate})
+
+
+def cells(params: Params, grids: list[str], seeds: list[int] | None = None, local: dict | None = None):
+    return [cell for grid in grids
+            for cell in grid_cells(grid, params.ablate.grids[grid], seeds or params.ablate.seeds, params.ablate.budget,
+                                   local or {})]
+
+
+def cell_params(base: Params, cell, extra: dict | None = None) -> Params:
+    return base.with_overrides(unflatten({**cell.local, **cell.overrides, **(extra or {})}))
+
+
+def preparation_key(params: Params) -> str:
+    """A digest of the params sections data preparation reads: cells that share it share their data."""
+    sections = {name: getattr(params, name).model_dump(mode="json") if name != "seed" else params.seed
+                for name in PREPARATION_SECTIONS}
+    sections["data"].pop("data_dir", None)  # a machine's path, not what the data is
+    return hashlib.sha256(json.dumps(sections, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def prepare(base: Params, grids: list[str], out: Path, project: Path) -> None:
+    from tqc.pipeline import prepare_data
+
+    local = local_overrides(base, project)
+    todo = {}
+    for cell in cells(base, grids, local=local):
+        params = cell_params(base, cell)
+        todo.setdefault(preparation_key(params), params)
+    log.info("prepare: %d data preparations for %d grids", len(todo), len(grids))
+    for number, (key, params) in enumerate(todo.items(), 1):
+        if (out / key / "augmented" / "train.jsonl").exists():
+            continue
+        work = out / f".{key}.partial"
+        shutil.rmtree(work, ignore_errors=True)
+        prepare_data(params, work)
+        for leftover in ("ingested", "quarantine"):  # not read by training: keep what travels small
+            shutil.rmtree(work / leftover, ignore_errors=True)
+        work.rename(out / key)
+        log.info("prepare: %d/%d %s", number, len(todo), key)
+
+
+def train_cell(base: Params, cell, prepared: Path, work: Path, device_overrides: dict) -> dict:
+    """One cell on this machine: the chain, the prior shifts, the evaluate stage's metrics document."""
+    from tqc.pipeline import train_chain
+    from tqc.schema import Catalog, load_questions
+    from tqc.stages import evaluate
+    from tqc.stages import prior as prior_stage
+
+    params = cell_params(base, cell, device_overrides)
+    data = prepared / preparation_key(params)
+    started = time.perf_counter()
+    # NC as the DVC stage runs it: baseline_nc.enabled false leaves a marker that scoring skips
+    outputs = train_chain(params, data / "validated", data / "augmented" / "train.jsonl", work, cell.seed)
+    shifts = prior_stage.fit_shifts(data / "validated", outputs.stage_one, outputs.stage_two, outputs.nc, params)
+    catalog = Catalog.load(data / "validated" / "catalog.jsonl")
+    splits = {"test": load_questions(data / "validated" / "test.jsonl"),
+              "validation": load_questions(data / "validated" / "validation.jsonl")}
+    evaluated = evaluate.evaluate_models(outputs, params, splits, catalog, shifts)
+    metrics = evaluate._metrics_document(params, evaluated, shifts, evaluate.seed_statistics([evaluated["metrics"]], False))
+    metrics = metrics if cell.about_prior_shift else without_prior_shift(metrics)
+    augment_report = json.loads((data / "reports" / "augment.json").read_text())
+    return {"experiment": cell.name, "grid": cell.grid, "variant": cell.variant, "seed": cell.seed,
+            "figures": {name: _dig(metrics, keys) for name, (_, keys) in FIGURES.items()},
+            "generated_rows": augment_report["rows"]["generated"], "seconds": time.perf_counter() - started,
+            "epochs_trained": {stage: len(fit.history) - 1 for stage, fit in outputs.fits.items() if fit.history}}
+
+
+def worker(base: Params, todo: list, prepared: Path, results: Path, claims: Path, deadline: float, device_overrides: dict) -> None:
+    """Take unclaimed cells in order (a claim is a file created exclusively) until the deadline nears."""
+    import torch
+
+    torch.set_num_threads(2)
+    longest = 0.0
+    for cell in todo:
+        if time.time() + 1.2 * longest > deadline:
+            return
+        try:
+            os.close(os.open(claims / cell.name, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            continue
+        work = results.parent / "work" / cell.name
+        try:
+            record = train_cell(base, cell, prepared, work, device_overrides)
+        except Exception:  # one broken cell is reported, not the end of this worker's share
+            log.exception("failed %s", cell.name)
+            continue
+        shutil.rmtree(work, ignore_errors=True)
+        longest = max(longest, record["seconds"])
+        (results / f"{cell.name}.json").write_text(json.dumps(record))
+        log.info("done %s in %.0fs: ADMC macro-F1 %.4f", cell.name, record["seconds"], record["figures"]["admc_macro_f1"])
+
+
+def read_results(paths: list[Path]) -> dict[str, dict]:
+    records = {}
+    for path in paths:
+        for line in path.read_text().splitlines() if path.exists() else []:
+            if line.strip():
+                record = json.loads(line)
+                records[record["experiment"]] = record
+    return records
+
+
+def report(base: Params, grids: list[str], result_files: list[Path], out_dir: Path, where_it_ran: str) -> None:
+    records = read_results(result_files)
+    results = [CellResult(cell, "done", records[cell.name]["figures"], records[cell.name]["generated_rows"])
+               if cell.name in records else CellResult(cell, "missing") for cell in cells(base, grids)]
+    write_report(base, grids, results, out_dir)
+    markdown = (out_dir / "ablations.md").read_text()
+    markdown = markdown.replace("Written by `tqc ablate` from DVC experiments (`dvc exp show` lists them by the names below).",
+                                "Written by `scripts/gpu_grid.py report` from cells trained on a GPU by `scripts/gpu_grid.py train` "
+                                "(the stage functions `dvc repro` runs, without DVC; not DVC experiments).")
+    seconds = sorted(r["seconds"] for r in records.values())
+    markdown += (f"\n## Where this ran\n\n{where_it_ran}\n\n{len(records)} cells; seconds per cell (one of several "
+                 f"worker processes sharing the GPU): median {seconds[len(seconds) // 2]:.0f}, "
+                 f"max {seconds[-1]:.0f}.\n" if seconds else "")
+    (out_dir / "ablations.md").write_text(markdown)
+
+
+def _budget(pairs: list[str]) -> dict:
+    return {key: yaml.safe_load(value) for key, value in (pair.split("=", 1) for pair in pairs)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["prepare", "train", "worker", "report"])
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--grid", action="append", required=True)
+    parser.add_argument("-B", "--budget", action="append", default=[], help="GPU budget: dotted.key=value")
+    parser.add_argument("-D", "--device-set", action="append", default=[], help="this machine's params, e.g. model.pretrained=/x")
+    parser.add_argument("--prepared", type=Path, default=Path(".devcarry/prepared"))
+    parser.add_argument("--out", type=Path, default=Path("gpu-grid"))
+    parser.add_argument("--done", type=Path, action="append", default=[], help="results.jsonl of earlier runs: skipped")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--minutes", type=float, default=8.0)
+    parser.add_argument("--deadline", type=float, default=0.0)
+    parser.add_argument("--where-it-ran", default="")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    base = gpu_params(load_params(args.params), _budget(args.budget))
+    device_overrides = _budget(args.device_set)
+    if args.command == "prepare":
+        prepare(base, args.grid, args.prepared, Path.cwd())
+    elif args.command == "report":
+        report(base, args.grid, args.done, args.out, args.where_it_ran)
+    else:
+        done = read_results(args.done)
+        todo = [cell for cell in cells(base, args.grid) if cell.name not in done]
+        results, claims = args.out / "results", args.out / "claims"
+        if args.command == "worker":
+            worker(base, todo, args.prepared, results, claims, args.deadline, device_overrides)
+            return
+        results.mkdir(parents=True, exist_ok=True)
+        claims.mkdir(parents=True, exist_ok=True)
+        deadline = time.time() + 60 * args.minutes
+        log.info("train: %d cells to do, %d workers, until %s", len(todo), args.workers, time.ctime(deadline))
+        forwarded = [a for a in (argv or sys.argv[1:]) if a not in ("train",)]
+        workers = [subprocess.Popen([sys.executable, __file__, "worker", *forwarded, "--deadline", str(deadline)],
+                                    stdout=open(args.out / f"worker{i}.log", "w"), stderr=subprocess.STDOUT)
+                   for i in range(args.workers)]
+        for process in workers:
+            try:
+                process.wait(timeout=max(1.0, deadline + 30 - time.time()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+        finished = [json.loads(p.read_text()) for p in sorted(results.glob("*.json"))]
+        (args.out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in finished))
+        log.info("train: %d cells finished here, %d of %d left", len(finished), len(todo) - len(finished), len(todo))
+
+
+if __name__ == "__main__":
+    main()

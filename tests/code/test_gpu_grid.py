@@ -1,0 +1,67 @@
+"""scripts/gpu_grid.py: the ablation cells run without DVC, on a GPU box, then reported in `tqc ablate`'s layout."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from tqc.ablate import FIGURES
+from tqc.config import load_params
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def gpu_grid():
+    spec = importlib.util.spec_from_file_location("gpu_grid", ROOT / "scripts" / "gpu_grid.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def params():
+    return load_params(ROOT / "params.yaml")
+
+
+def test_the_gpu_budget_replaces_every_cpu_budget_and_renames_the_cells(gpu_grid, params):
+    budget = {"stage_one.epochs": 10, "stage_two.epochs": 5}
+    on_gpu = gpu_grid.gpu_params(params, budget)
+    assert all(grid.budget == {} for grid in on_gpu.ablate.grids.values())
+    assert on_gpu.ablate.budget == {**params.ablate.budget, **budget}
+    assert "GPU budget" in on_gpu.ablate.grids["rebalancing"].title  # its CPU title names 5 / 2 epochs
+    cells = gpu_grid.cells(on_gpu, ["rebalancing"])
+    assert all(c.overrides["stage_one.epochs"] == 10 and c.overrides["stage_two.epochs"] == 5 for c in cells)
+    cpu_names = {c.name for c in gpu_grid.cells(params, ["rebalancing"])}
+    assert cpu_names.isdisjoint(c.name for c in cells)  # never mistaken for the DVC experiments of the CPU budget
+
+
+def test_cells_that_differ_only_in_training_share_their_prepared_data(gpu_grid, params):
+    cells = {(c.variant, c.seed): c for c in gpu_grid.cells(params, ["loss_distance", "augmentation"])}
+    key = lambda cell, local=None: gpu_grid.preparation_key(gpu_grid.cell_params(params, cell, local))
+    nt_xent = cells[("default · loss=nt_xent · similarity=cosine", 0)]
+    assert key(nt_xent) == key(cells[("default · loss=hinge · similarity=mlp", 0)])
+    assert key(nt_xent) != key(cells[("default · loss=nt_xent · similarity=cosine", 1)])  # the seed splits validation
+    assert key(cells[("none · ir=50", 0)]) != key(cells[("eda · ir=50", 0)])  # EDA rows are data
+    assert key(nt_xent) == key(nt_xent, {"data.data_dir": "/elsewhere"})  # a machine's path is not the data
+
+
+def test_the_report_shows_finished_cells_and_marks_the_rest_missing(gpu_grid, params, tmp_path):
+    on_gpu = gpu_grid.gpu_params(params, {"stage_one.epochs": 10})
+    cells = gpu_grid.cells(on_gpu, ["ac_vs_admc"])
+    finished = [c for c in cells if c.variant == "trec50"]
+    records = [{"experiment": c.name, "grid": c.grid, "variant": c.variant, "seed": c.seed, "generated_rows": 7,
+                "seconds": 60.0 + c.seed, "figures": {name: 0.8 + 0.01 * c.seed for name in FIGURES}} for c in finished]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    gpu_grid.main(["report", "--params", str(ROOT / "params.yaml"), "--grid", "ac_vs_admc", "-B", "stage_one.epochs=10",
+                   "--done", str(results), "--out", str(tmp_path / "out"), "--where-it-ran", "a test box"])
+    markdown = (tmp_path / "out" / "ablations.md").read_text()
+    assert "| trec50 | 81.00 ± 1.00 |" in markdown  # mean ± sample std of 0.80, 0.81, 0.82
+    assert "(missing [0, 1, 2])" in markdown and "a test box" in markdown and "median 61" in markdown
+    assert "not DVC experiments" in markdown
+    rows = json.loads((tmp_path / "out" / "ablations.json").read_text())["rows"]
+    assert [r["seeds_done"] for r in rows if r["variant"] == "trec50"] == [[0, 1, 2]]
