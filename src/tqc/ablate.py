@@ -411,6 +411,11 @@ def plot(rows: list[dict], grids: list[str], path: Path) -> None:
     figure, axes = plt.subplots(len(grids), 1, figsize=(10, 3.2 * len(grids)), squeeze=False)
     for axis, grid in zip(axes[:, 0], grids):
         members = [r for r in rows if r["grid"] == grid and r["admc_macro_f1"]["mean"] is not None]
+        axis.set_title(grid)
+        if not members:  # say so, rather than draw empty axes with a legend of nothing
+            axis.text(0.5, 0.5, "no finished cells", ha="center", va="center", transform=axis.transAxes)
+            axis.set_axis_off()
+            continue
         positions = np.arange(len(members))
         for offset, (figure_name, label) in enumerate((("ac_macro_f1", "AC"), ("admc_macro_f1", "ADMC"))):
             means = [100 * r[figure_name]["mean"] for r in members]
@@ -418,10 +423,8 @@ def plot(rows: list[dict], grids: list[str], path: Path) -> None:
             axis.bar(positions + (offset - 0.5) * 0.4, means, 0.4, yerr=stds, capsize=3, label=label)
         axis.set_xticks(positions, [r["variant"] for r in members], rotation=20, ha="right", fontsize=8)
         axis.set_ylabel("test macro-F1 (%)")
-        axis.set_title(grid)
-        if members:
-            low = min(100 * min(r["ac_macro_f1"]["mean"], r["admc_macro_f1"]["mean"]) for r in members)
-            axis.set_ylim(max(0.0, low - 10), 100)
+        low = min(100 * min(r["ac_macro_f1"]["mean"], r["admc_macro_f1"]["mean"]) for r in members)
+        axis.set_ylim(max(0.0, low - 10), 100)
         axis.legend(fontsize=8)
     figure.tight_layout()
     with atomic_path(path) as tmp:

@@ -296,3 +296,19 @@ def test_a_name_run_under_several_baselines_reads_the_one_under_head_else_the_ne
     git("update-ref", ref(old_base, "elsewhere"), experiment["01"])
     refs = experiment_refs(tmp_path)
     assert refs["cell"] == ref(head, "cell") and refs["elsewhere"] == ref(first, "elsewhere")
+
+
+def test_a_grid_without_finished_cells_gets_a_panel_that_says_so(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from tqc.ablate import plot
+
+    drawn = []
+    monkeypatch.setattr(plt, "close", lambda figure: drawn.append(figure))
+    figure = {"mean": 0.9, "std": 0.01, "values": [0.9, 0.91]}
+    rows = [{"grid": "done", "variant": "none", "admc_macro_f1": figure, "ac_macro_f1": figure}]
+    plot(rows, ["done", "empty"], tmp_path / "ablations.png")
+    done, empty = drawn[0].axes
+    assert len(done.patches) == 2 and done.get_legend() is not None  # AC and ADMC bars
+    assert [t.get_text() for t in empty.texts] == ["no finished cells"] and not empty.patches
+    assert (tmp_path / "ablations.png").stat().st_size > 0
