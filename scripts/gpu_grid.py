@@ -34,11 +34,13 @@ import yaml
 
 from tqc.ablate import FIGURES, CellResult, _dig, grid_cells, local_overrides, without_prior_shift, write_report
 from tqc.config import Params, load_params, unflatten
-from tqc.io import write_json
+from tqc.io import file_digest, write_json
 
 log = logging.getLogger("gpu_grid")
 
 PREPARATION_SECTIONS = ("seed", "data", "validate_", "augment")  # what ingest → validate → augment read
+PREPARATION_CODE = ("readers.py", "schema.py", "stages/ingest.py", "stages/validate.py", "stages/augment.py", "eda.py",
+                    "seq2seq.py")  # their code (dvc.yaml's deps of those stages)
 
 
 def gpu_params(params: Params, budget: dict) -> Params:
@@ -70,7 +72,23 @@ def preparation_key(params: Params) -> str:
     return hashlib.sha256(json.dumps(sections, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def inputs_digest(params: Params, project: Path) -> str:
+    """A digest of what data preparation reads besides params: every file of the data directory and
+    of the additions, and the preparation code. DVC tracks the same as the stages' deps."""
+    code = Path(__file__).resolve().parents[1] / "src" / "tqc"
+    roots = [Path(params.data.data_dir), code / "catalogs"] + ([project / params.data.additions] if params.data.additions else [])
+    files = [path for root in roots if root.exists() for path in sorted(root.rglob("*")) if path.is_file()]
+    files += [code / name for name in PREPARATION_CODE]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.name}:{file_digest(path, 'sha256')}\n".encode())
+    return digest.hexdigest()[:12]
+
+
 def prepare(base: Params, grids: list[str], out: Path, project: Path) -> None:
+    """Each distinct preparation into `out/<params key>-<inputs digest>`; `out/index.json` maps the
+    params key to the folder, so the GPU box, which has neither the raw files nor this project's
+    data, finds each cell's data by its params alone. Changed inputs make new folders."""
     from tqc.pipeline import prepare_data
 
     local = local_overrides(base, project)
@@ -79,16 +97,21 @@ def prepare(base: Params, grids: list[str], out: Path, project: Path) -> None:
         params = cell_params(base, cell)
         todo.setdefault(preparation_key(params), params)
     log.info("prepare: %d data preparations for %d grids", len(todo), len(grids))
+    index_path = out / "index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else {}
     for number, (key, params) in enumerate(todo.items(), 1):
-        if (out / key / "augmented" / "train.jsonl").exists():
+        folder = f"{key}-{inputs_digest(params, project)}"
+        index[key] = folder
+        if (out / folder / "augmented" / "train.jsonl").exists():
             continue
-        work = out / f".{key}.partial"
+        work = out / f".{folder}.partial"
         shutil.rmtree(work, ignore_errors=True)
         prepare_data(params, work)
         for leftover in ("ingested", "quarantine"):  # not read by training: keep what travels small
             shutil.rmtree(work / leftover, ignore_errors=True)
-        work.rename(out / key)
-        log.info("prepare: %d/%d %s", number, len(todo), key)
+        work.rename(out / folder)
+        log.info("prepare: %d/%d %s", number, len(todo), folder)
+    write_json(index_path, index)
 
 
 def train_cell(base: Params, cell, prepared: Path, work: Path, device_overrides: dict) -> dict:
@@ -99,7 +122,7 @@ def train_cell(base: Params, cell, prepared: Path, work: Path, device_overrides:
     from tqc.stages import prior as prior_stage
 
     params = cell_params(base, cell, device_overrides)
-    data = prepared / preparation_key(params)
+    data = prepared / json.loads((prepared / "index.json").read_text())[preparation_key(params)]
     started = time.perf_counter()
     # NC as the DVC stage runs it: baseline_nc.enabled false leaves a marker that scoring skips
     outputs = train_chain(params, data / "validated", data / "augmented" / "train.jsonl", work, cell.seed)
@@ -138,7 +161,7 @@ def worker(base: Params, todo: list, prepared: Path, results: Path, claims: Path
             continue
         shutil.rmtree(work, ignore_errors=True)
         longest = max(longest, record["seconds"])
-        (results / f"{cell.name}.json").write_text(json.dumps(record))
+        write_json(results / f"{cell.name}.json", record)  # atomic: a worker killed mid-write leaves no half record
         log.info("done %s in %.0fs: ADMC macro-F1 %.4f", cell.name, record["seconds"], record["figures"]["admc_macro_f1"])
 
 
@@ -153,7 +176,8 @@ def read_results(paths: list[Path]) -> dict[str, dict]:
 
 
 def report(base: Params, grids: list[str], result_files: list[Path], out_dir: Path, where_it_ran: str) -> None:
-    records = read_results(result_files)
+    shown = {cell.name for cell in cells(base, grids)}
+    records = {name: record for name, record in read_results(result_files).items() if name in shown}
     results = [CellResult(cell, "done", records[cell.name]["figures"], records[cell.name]["generated_rows"])
                if cell.name in records else CellResult(cell, "missing") for cell in cells(base, grids)]
     write_report(base, grids, results, out_dir)
@@ -162,10 +186,18 @@ def report(base: Params, grids: list[str], result_files: list[Path], out_dir: Pa
                                 "Written by `scripts/gpu_grid.py report` from cells trained on a GPU by `scripts/gpu_grid.py train` "
                                 "(the stage functions `dvc repro` runs, without DVC; not DVC experiments).")
     seconds = sorted(r["seconds"] for r in records.values())
-    markdown += (f"\n## Where this ran\n\n{where_it_ran}\n\n{len(records)} cells; seconds per cell (one of several "
+    markdown += (f"\n## Where this ran\n\n{where_it_ran}\n\n{len(records)} cells in these tables; seconds per cell (one of several "
                  f"worker processes sharing the GPU): median {seconds[len(seconds) // 2]:.0f}, "
                  f"max {seconds[-1]:.0f}.\n" if seconds else "")
     (out_dir / "ablations.md").write_text(markdown)
+
+
+def _worker_arguments(args: argparse.Namespace) -> list[str]:
+    """`train`'s own arguments for its workers, rebuilt from the parsed values (not filtered text)."""
+    arguments = ["--params", str(args.params), "--prepared", str(args.prepared), "--out", str(args.out)]
+    for flag, values in (("--grid", args.grid), ("-B", args.budget), ("-D", args.device_set), ("--done", args.done)):
+        arguments += [item for value in values for item in (flag, str(value))]
+    return arguments
 
 
 def _budget(pairs: list[str]) -> dict:
@@ -188,6 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--where-it-ran", default="")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.command != "prepare" and not args.budget:
+        parser.error("give the GPU budget (-B stage_one.epochs=… …): it names the cells and heads the report")
     base = gpu_params(load_params(args.params), _budget(args.budget))
     device_overrides = _budget(args.device_set)
     if args.command == "prepare":
@@ -203,19 +237,31 @@ def main(argv: list[str] | None = None) -> None:
             return
         results.mkdir(parents=True, exist_ok=True)
         claims.mkdir(parents=True, exist_ok=True)
+        # One `train` per --out: a claim without a result is a cell an earlier, ended run never finished
+        for claim in claims.iterdir():
+            if not (results / f"{claim.name}.json").exists():
+                claim.unlink()
         deadline = time.time() + 60 * args.minutes
         log.info("train: %d cells to do, %d workers, until %s", len(todo), args.workers, time.ctime(deadline))
-        forwarded = [a for a in (argv or sys.argv[1:]) if a not in ("train",)]
-        workers = [subprocess.Popen([sys.executable, __file__, "worker", *forwarded, "--deadline", str(deadline)],
+        workers = [subprocess.Popen([sys.executable, __file__, "worker", *_worker_arguments(args), "--deadline", str(deadline)],
                                     stdout=open(args.out / f"worker{i}.log", "w"), stderr=subprocess.STDOUT)
                    for i in range(args.workers)]
-        for process in workers:
+        for number, process in enumerate(workers):
             try:
                 process.wait(timeout=max(1.0, deadline + 30 - time.time()))
             except subprocess.TimeoutExpired:
                 process.kill()
+                process.wait()
+            if process.returncode:
+                log.warning("train: worker %d ended with exit code %d (see %s)", number, process.returncode,
+                            args.out / f"worker{number}.log")
         finished = [json.loads(p.read_text()) for p in sorted(results.glob("*.json"))]
         (args.out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in finished))
+        done_here = {r["experiment"] for r in finished}
+        unfinished = sorted(c.name for c in claims.iterdir() if c.name not in done_here)
+        if unfinished:
+            log.warning("train: %d cell(s) started but not finished (killed at the deadline or failed): %s",
+                        len(unfinished), ", ".join(unfinished))
         log.info("train: %d cells finished here, %d of %d left", len(finished), len(todo) - len(finished), len(todo))
 
 

@@ -28,8 +28,9 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   d=/tmp/prepared/$(python3 -c "
-from scripts.gpu_grid import preparation_key; from tqc.config import load_params
-print(preparation_key(load_params('params.yaml', {'data': {'dataset': 'trec50'}})))")
+import json; from scripts.gpu_grid import preparation_key; from tqc.config import load_params
+index = json.load(open('/tmp/prepared/index.json'))
+print(index[preparation_key(load_params('params.yaml', {'data': {'dataset': 'trec50'}}))])")
   python3 -m tqc.cli --set model.pretrained=/tmp/minilm --set tracking.enabled=false bench epochs --data $d/validated --train $d/augmented/train.jsonl --batch-size 32 --steps 60 2>&1 | grep -v "it/s" | tail -8 | tee $OUT/bench.log
 fi
 left=$(( total - SECONDS - 45 ))

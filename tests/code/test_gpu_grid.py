@@ -65,3 +65,66 @@ def test_the_report_shows_finished_cells_and_marks_the_rest_missing(gpu_grid, pa
     assert "not DVC experiments" in markdown
     rows = json.loads((tmp_path / "out" / "ablations.json").read_text())["rows"]
     assert [r["seeds_done"] for r in rows if r["variant"] == "trec50"] == [[0, 1, 2]]
+
+
+def _tiny_project(tmp_path: Path, tiny_model_dir: Path) -> Path:
+    """A params.yaml on the synthetic custom data and the tiny BERT, with a two-variant grid that differs in training only."""
+    import yaml
+
+    from tests.conftest import tiny_params, write_custom_dataset
+
+    write_custom_dataset(tmp_path / "raw")
+    params = tiny_params(tmp_path / "raw", tiny_model_dir)
+    params["tracking"]["enabled"] = False
+    params["ablate"] = {"seeds": [0], "budget": {"baseline_nc.enabled": False},
+                        "grids": {"tiny": {"title": "tiny", "variants": {"nt-xent": {}, "bpr": {"stage_two.loss": "bpr"}}}}}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+def test_prepare_then_train_runs_every_cell_once_and_a_stale_claim_does_not_block_it(gpu_grid, tiny_model_dir, tmp_path,
+                                                                                      monkeypatch):
+    monkeypatch.chdir(tmp_path)  # data.additions (data/raw) is read relative to the project
+    params_path = _tiny_project(tmp_path, tiny_model_dir)
+    common = ["--params", str(params_path), "--grid", "tiny", "--prepared", str(tmp_path / "prepared")]
+    budget = ["-B", "stage_one.epochs=1", "-B", "stage_two.epochs=1"]
+    gpu_grid.main(["prepare", *common])
+    index = json.loads((tmp_path / "prepared" / "index.json").read_text())
+    assert len(index) == 1  # the two variants differ in training only: one preparation
+    folder = tmp_path / "prepared" / next(iter(index.values()))
+    assert (folder / "augmented" / "train.jsonl").exists() and (folder / "validated" / "test.jsonl").exists()
+
+    on_gpu = gpu_grid.gpu_params(load_params(params_path), {"stage_one.epochs": 1, "stage_two.epochs": 1})
+    names = [c.name for c in gpu_grid.cells(on_gpu, ["tiny"])]
+    claims = tmp_path / "out" / "claims"
+    claims.mkdir(parents=True)
+    (claims / names[0]).touch()  # left by a worker of an earlier run that was killed
+    gpu_grid.main(["train", *common, *budget, "--out", str(tmp_path / "out"), "--workers", "1", "--minutes", "3"])
+    records = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["experiment"] for r in records) == sorted(names)
+    for record in records:
+        assert all(0.0 <= record["figures"][f] <= 1.0 for f in ("admc_macro_f1", "ac_macro_f1", "admc_accuracy"))
+        assert record["figures"]["nc_macro_f1"] is None  # baseline_nc.enabled false: no NC figures
+        assert record["epochs_trained"] == {"stage_one": 1, "stage_two": 1}
+
+
+def test_changed_input_files_make_a_new_preparation(gpu_grid, tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    params_path = _tiny_project(tmp_path, tiny_model_dir)
+    command = ["prepare", "--params", str(params_path), "--grid", "tiny", "--prepared", str(tmp_path / "prepared")]
+    gpu_grid.main(command)
+    before = json.loads((tmp_path / "prepared" / "index.json").read_text())
+    catalog = tmp_path / "raw" / "catalog.csv"
+    catalog.write_text(catalog.read_text().replace("Where is the place?", "Where is this place located?"))
+    gpu_grid.main(command)
+    after = json.loads((tmp_path / "prepared" / "index.json").read_text())
+    assert before.keys() == after.keys() and before != after  # same params, new data: a new folder
+    old_catalog, new_catalog = (tmp_path / "prepared" / index[next(iter(index))] / "validated" / "catalog.jsonl"
+                                for index in (before, after))
+    assert "this place located" in new_catalog.read_text() and "this place located" not in old_catalog.read_text()
+
+
+def test_train_and_report_need_the_gpu_budget(gpu_grid, tmp_path):
+    with pytest.raises(SystemExit):
+        gpu_grid.main(["report", "--params", str(ROOT / "params.yaml"), "--grid", "rebalancing", "--out", str(tmp_path)])
