@@ -1,0 +1,37 @@
+"""`tqc bench epochs`: seconds per epoch of both stages at one batch size, warm-up steps untimed."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import CLASSES, synthetic_questions, tiny_params
+from tqc import bench
+from tqc.config import Params
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, save_questions
+from tqc.stages import stage_one, stage_two
+
+
+def test_both_stages_are_timed_after_untimed_warm_up_steps(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    data = tmp_path / "validated"
+    Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()]).save(data / "catalog.jsonl")
+    rows = [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 20)]  # 60 rows
+    save_questions(data / "train.jsonl", rows)
+    save_questions(data / "validation.jsonl", [LabeledQuestion(t, c) for t, c in synthetic_questions(1, 3)])
+    params = Params.model_validate(tiny_params(tmp_path / "unused", tiny_model_dir))
+    steps_seen = {"stage one": [], "stage two": []}
+    for name, module in (("stage one", stage_one), ("stage two", stage_two)):
+        real = module.train
+
+        def recording(*args, _real=real, _name=name, **kwargs):
+            steps_seen[_name].append(args[-2].max_steps)  # the schedule each call trains with
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, "train", recording)
+
+    report = bench.epochs(params, steps=4, batch_size=8, data_dir=data, train_path=data / "train.jsonl")
+    assert steps_seen == {"stage one": [3, 4], "stage two": [3, 4]}  # warm-up first, then the timed run
+    assert report["rows"] == 60 and report["timed_steps"] == 4 and report["k"] == 2
+    assert report["stage_one_seconds_per_epoch"] > 0 and report["stage_two_seconds_per_epoch"] > 0
+    assert report["stage_two_over_stage_one"] == pytest.approx(
+        report["stage_two_seconds_per_epoch"] / report["stage_one_seconds_per_epoch"])
+    assert "stage_two_over_stage_one:" in capsys.readouterr().out
