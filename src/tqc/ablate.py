@@ -112,6 +112,9 @@ def override_value(value) -> str:
     Bare, a path such as /home/josé/a,b would be read as an escape and a sweep, and '1e3' as a float.
     """
     if isinstance(value, str):
+        # OmegaConf, under Hydra, reads ${…} as an interpolation unless a backslash precedes it
+        # (and a backslash of the text before it is then doubled), or -S '/data/${USER}' fails.
+        value = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", value)
         # Hydra escapes a quote with a backslash, and doubles only backslashes that precede a quote.
         escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
         return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped) + "'"

@@ -50,7 +50,8 @@ def test_set_arguments_are_override_values_that_add_missing_keys():
         "-S", "++augment.seq2seq.paraphrase_model='/m/t5'"]
 
 
-@pytest.mark.parametrize("text", ["/home/josé/a,b/(copy) #1 [x] {y}", "it's", "1e3", "C:\\data\\", "a=b", ""])
+@pytest.mark.parametrize("text", ["/home/josé/a,b/(copy) #1 [x] {y}", "it's", "1e3", "C:\\data\\", "a=b", "",
+                                  "/data/${USER}/q", "C:\\${x}", "it's ${a.b} and ${c}"])  # ${…}: OmegaConf's interpolation
 def test_strings_reach_params_yaml_unchanged_through_dvc_overrides(tmp_path, text):
     # dvc exp run -S parses Hydra's grammar: bare, a comma is a sweep, \x an escape, 1e3 a float
     from dvc.utils.hydra import apply_overrides
