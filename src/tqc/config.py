@@ -235,6 +235,9 @@ class EvaluateParams(Strict):
     confused_pairs: int = Field(10, ge=1)
     profile_questions: int = Field(4, ge=1)  # Figure 3 similarity profiles
     batch_size: int = Field(256, ge=1)
+    # Also score ADMC's question encoder by each class's k nearest labeled training questions (0: not):
+    # reported beside ADMC as `exemplars`; the headline stays the standard-question rule
+    exemplar_k: int = Field(3, ge=0)
 
 
 class PriorParams(Strict):

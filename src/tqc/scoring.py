@@ -1,7 +1,8 @@
 """Each trained model as a scorer: questions → scores (N, P) against the whole catalog.
 
 Shared by the prior stage (which fits a class-prior shift per model on validation) and
-evaluate (which applies it), so both score a model the same way.
+evaluate (which applies it), so both score a model the same way. Also the exemplar rule:
+classes scored by their nearest labeled questions instead of their standard question.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 
 from tqc.config import Params
 from tqc.model.encoder import BiEncoder
@@ -43,3 +45,32 @@ def trained_scorers(stage_one: Path, stage_two: Path, nc: Path | None, batch_siz
 def logit_temperatures(params: Params) -> dict[str, float]:
     """τ with which each model's scores became logits in training (scores / τ); NC's are logits already."""
     return {"admc": params.stage_two.temperature, "stage_one": params.stage_one.temperature, "nc": 1.0}
+
+
+def exemplar_scores(questions: torch.Tensor, exemplars: torch.Tensor, exemplar_classes: np.ndarray, n_classes: int,
+                    k: int) -> np.ndarray:
+    """questions (N, D), labeled exemplars (M, D) of classes (M,) → scores (N, P): for each class, the mean
+    cosine similarity of its k most similar exemplars (all of them where it has fewer). A class without
+    exemplars scores −inf: it is never predicted, and ranks last."""
+    similarity = (torch.nn.functional.normalize(questions.float(), dim=-1)
+                  @ torch.nn.functional.normalize(exemplars.float(), dim=-1).T).numpy()  # (N, M)
+    scores = np.full((len(questions), n_classes), -np.inf)
+    for c in np.unique(exemplar_classes):
+        own = similarity[:, exemplar_classes == c]  # (N, M_c)
+        nearest = min(k, own.shape[1])
+        scores[:, c] = np.partition(own, own.shape[1] - nearest, axis=1)[:, -nearest:].mean(axis=1)
+    return scores
+
+
+def exemplar_scorer(model: BiEncoder, exemplars: list[LabeledQuestion], k: int, batch_size: int) -> Scorer:
+    """A scorer from a trained model's question encoder and labeled questions (the training rows): each
+    class by its k nearest exemplars (`exemplar_scores`). Both sides pass the question encoder, so the rule
+    compares questions with questions; exemplars are encoded once."""
+    encoded = model.question.encode([q.text for q in exemplars], batch_size, "encoding exemplars")  # (M, D)
+
+    def score(questions: list[LabeledQuestion], catalog: Catalog) -> np.ndarray:
+        classes = np.array([catalog.index(q.class_id) for q in exemplars], dtype=np.int64)  # (M,)
+        asked = model.question.encode([q.text for q in questions], batch_size, "encoding questions")  # (N, D)
+        return exemplar_scores(asked, encoded, classes, len(catalog), k)
+
+    return score

@@ -45,7 +45,7 @@ def test_dvc_repro_end_to_end_then_nothing_then_only_evaluate(project):
     assert metrics["dataset"] == "custom"
     assert set(metrics["run"]["params"]) == {"seed", "data", "validate", "augment", "model", "stage_one", "mine",
                                              "stage_two", "baseline_nc", "prior", "distributed", "evaluate"}  # no grids, tuner, flows
-    for key in ("test", "stage_one.test", "nc.test", "zero_shot.test"):
+    for key in ("test", "stage_one.test", "nc.test", "zero_shot.test", "exemplars.test"):
         node = metrics
         for part in key.split("."):
             node = node[part]

@@ -1,7 +1,8 @@
 """Evaluate: ADMC (stage two) against its baselines on the test split, plus plots.
 
 Baselines: zero-shot (the pretrained encoder, no training), AC (stage one alone) and NC
-(encoder + linear head). Each trained model is scored with the class-prior shift the prior
+(encoder + linear head). Beside them, `exemplars`: ADMC's question encoder deciding by each
+class's nearest labeled training questions instead of its standard question. Each trained model is scored with the class-prior shift the prior
 stage fitted for it on validation (metrics.json also keeps its figures without it).
 Nothing here chooses anything: validation is reported beside test.
 """
@@ -25,7 +26,7 @@ from tqc.model.encoder import BiEncoder, TextEncoder
 from tqc.pipeline import ChainOutputs, train_chain
 from tqc.prior import PriorShift
 from tqc.schema import Catalog, LabeledQuestion, load_questions, save_questions
-from tqc.scoring import Scorer, trained_folders, trained_scorers
+from tqc.scoring import Scorer, exemplar_scorer, trained_folders, trained_scorers
 from tqc.stages import augment
 from tqc.stages import prior as prior_stage
 from tqc.stages.ingest import stratified_split
@@ -34,24 +35,29 @@ from tqc.training import catalog_scores, gold_indices
 
 log = logging.getLogger(__name__)
 
-MODELS = ("admc", "stage_one", "nc", "zero_shot")
+MODELS = ("admc", "stage_one", "nc", "zero_shot", "exemplars")
 
 
-def load_models(models: ChainOutputs, params: Params) -> dict[str, Scorer]:
-    """Every evaluated model as a scorer: the run's trained ones, and the pretrained encoder untrained."""
+def load_models(models: ChainOutputs, params: Params, exemplars: list[LabeledQuestion] | None = None) -> dict[str, Scorer]:
+    """Every evaluated model as a scorer: the run's trained ones, the pretrained encoder untrained, and
+    ADMC's encoder by its nearest `exemplars` (the labeled training rows) where given and `exemplar_k` > 0."""
     zero_shot = BiEncoder(TextEncoder.from_pretrained(params.model.pretrained, params.model.pooling, params.model.max_length),
                           None, params.model.similarity)
     scorers = trained_scorers(models.stage_one, models.stage_two, models.nc, params.evaluate.batch_size)
     scorers["zero_shot"] = lambda qs, c: catalog_scores(zero_shot, qs, c, params.evaluate.batch_size)
+    if exemplars and params.evaluate.exemplar_k > 0:
+        scorers["exemplars"] = exemplar_scorer(BiEncoder.load(models.stage_two), exemplars, params.evaluate.exemplar_k,
+                                               params.evaluate.batch_size)
     return {name: scorers[name] for name in MODELS if name in scorers}
 
 
 def evaluate_models(models: ChainOutputs, params: Params, splits: dict[str, list[LabeledQuestion]], catalog: Catalog,
-                    shifts: dict[str, PriorShift]) -> dict:
+                    shifts: dict[str, PriorShift], exemplars: list[LabeledQuestion] | None = None) -> dict:
     """{model: {split: metrics}}, the scores (N, P) per split and model with and without the shift,
     and each shifted model's metrics without it. A model in `shifts` is scored with its class-prior shift
-    applied (the zero-shot encoder has none: it learned nothing from the labeled rows)."""
-    scorers = load_models(models, params)
+    applied (the zero-shot encoder has none: it learned nothing from the labeled rows, and the exemplar
+    rule none either: no shift was fitted for it)."""
+    scorers = load_models(models, params, exemplars)
     results: dict[str, dict] = {name: {} for name in scorers}
     unshifted: dict[str, dict] = {}
     scores_by_split, raw_by_split = {}, {}
@@ -84,7 +90,8 @@ def run(data_dir: Path, train_path: Path, models: ChainOutputs, prior_path: Path
     splits = {"test": load_questions(data_dir / "test.jsonl"), "validation": load_questions(data_dir / "validation.jsonl")}
     shifts = {name: prior.load_for(prior_path, folder, catalog.class_ids)
               for name, folder in trained_folders(models.stage_one, models.stage_two, models.nc).items()}
-    evaluated = evaluate_models(models, params, splits, catalog, shifts)
+    # The labeled training rows as they were validated: no rebalancing copies or generated rows
+    evaluated = evaluate_models(models, params, splits, catalog, shifts, load_questions(data_dir / "train.jsonl"))
     per_seed = [evaluated["metrics"]] + _extra_seeds(params, data_dir, train_path, splits, catalog)
 
     metrics = _metrics_document(params, evaluated, shifts, seed_statistics(per_seed, params.evaluate.resplit))
@@ -122,7 +129,8 @@ def _extra_seeds(params: Params, data_dir: Path, train_path: Path, splits, catal
                 seed_splits = {**splits, "validation": load_questions(seed_dir / "validation.jsonl")}
             outputs = train_chain(params, seed_dir, seed_train, Path(work), seed)
             shifts = prior_stage.fit_shifts(seed_dir, outputs.stage_one, outputs.stage_two, outputs.nc, params)
-            runs.append(evaluate_models(outputs, params, seed_splits, catalog, shifts)["metrics"])
+            runs.append(evaluate_models(outputs, params, seed_splits, catalog, shifts,
+                                        load_questions(seed_dir / "train.jsonl"))["metrics"])
     return runs
 
 
@@ -155,6 +163,7 @@ def _metrics_document(params: Params, evaluated: dict, shifts: dict[str, PriorSh
         "stage_one": stage_one,
         "nc": nc,
         "zero_shot": metrics["zero_shot"],
+        "exemplars": metrics.get("exemplars"),  # None when evaluate.exemplar_k is 0
         "gains_on_test": {
             "macro_f1_stage_two_minus_stage_one": admc["test"]["macro_f1"] - stage_one["test"]["macro_f1"],
             **({"macro_f1_admc_minus_nc": admc["test"]["macro_f1"] - nc["test"]["macro_f1"],

@@ -1,0 +1,50 @@
+"""The exemplar rule: classes scored by their nearest labeled questions through the question encoder."""
+
+import numpy as np
+import pytest
+import torch
+
+from tqc.config import ModelParams
+from tqc.model.encoder import BiEncoder
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+from tqc.scoring import exemplar_scorer, exemplar_scores
+
+
+def unit(*angles_in_degrees: float) -> torch.Tensor:
+    """Unit vectors (n, 2) at the given angles."""
+    radians = torch.tensor(angles_in_degrees, dtype=torch.float64) * np.pi / 180
+    return torch.stack([radians.cos(), radians.sin()], dim=1)
+
+
+def test_each_class_scores_the_mean_cosine_of_its_k_nearest_exemplars():
+    question = unit(0.0)  # (1, 2)
+    exemplars = torch.cat([unit(0.0, 60.0, 90.0), unit(30.0)]) * torch.tensor([[2.0], [1.0], [3.0], [0.5]])  # lengths differ: cosine
+    classes = np.array([0, 0, 0, 1])
+    scores = exemplar_scores(question, exemplars, classes, n_classes=3, k=2)  # (1, 3)
+    assert scores.shape == (1, 3)
+    assert scores[0, 0] == pytest.approx((1.0 + 0.5) / 2)  # the two nearest of class 0: 0° and 60°, not 90°
+    assert scores[0, 1] == pytest.approx(np.cos(np.pi / 6))  # one exemplar only: k larger than the class
+    assert scores[0, 2] == -np.inf  # no exemplar: never predicted
+
+
+def test_k_one_is_the_nearest_neighbour_and_a_larger_k_can_overrule_it():
+    question = unit(0.0)
+    exemplars = unit(5.0, 80.0, 85.0, 20.0, 25.0)  # class 0: one close and two far; class 1: two fairly close
+    classes = np.array([0, 0, 0, 1, 1])
+    assert exemplar_scores(question, exemplars, classes, 2, k=1).argmax() == 0
+    assert exemplar_scores(question, exemplars, classes, 2, k=3).argmax() == 1
+
+
+def test_the_scorer_ranks_a_question_first_for_the_class_of_its_own_text(tiny_model_dir):
+    torch.manual_seed(0)
+    model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+    catalog = Catalog([StandardQuestion("a", "first"), StandardQuestion("b", "second"), StandardQuestion("c", "third")])
+    exemplars = [LabeledQuestion("where is paris", "a"), LabeledQuestion("who invented chess", "b"),
+                 LabeledQuestion("how many people like tea", "b")]
+    score = exemplar_scorer(model, exemplars, k=1, batch_size=2)
+    asked = [LabeledQuestion("who invented chess", "b"), LabeledQuestion("where is paris", "a")]
+    scores = score(asked, catalog)  # (2, 3)
+    assert scores.shape == (2, 3)
+    assert list(scores.argmax(axis=1)) == [1, 0]  # cosine 1 with its own text, whatever the random weights
+    assert scores[0, 1] == pytest.approx(1.0, abs=1e-5)
+    assert np.all(scores[:, 2] == -np.inf)  # class c has no labeled question
