@@ -237,7 +237,7 @@ class EvaluateParams(Strict):
     batch_size: int = Field(256, ge=1)
     # Also score ADMC's question encoder by each class's k nearest labeled training questions (0: not):
     # reported beside ADMC as `exemplars`; the headline stays the standard-question rule
-    exemplar_k: int = Field(3, ge=0)
+    exemplar_k: int = Field(2, ge=0)
 
 
 class PriorParams(Strict):
