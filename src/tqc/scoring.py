@@ -71,6 +71,9 @@ def exemplar_scorer(model: BiEncoder, exemplars: list[LabeledQuestion], k: int, 
     def score(questions: list[LabeledQuestion], catalog: Catalog) -> np.ndarray:
         classes = np.array([catalog.index(q.class_id) for q in exemplars], dtype=np.int64)  # (M,)
         asked = model.question.encode([q.text for q in questions], batch_size, "encoding questions")  # (N, D)
-        return exemplar_scores(asked, encoded, classes, len(catalog), k)
+        # In chunks of questions: the similarities are (chunk, M), never (N, M) for a large training set
+        chunks = [exemplar_scores(asked[start:start + batch_size], encoded, classes, len(catalog), k)
+                  for start in range(0, len(asked), batch_size)]
+        return np.concatenate(chunks) if chunks else np.empty((0, len(catalog)))
 
     return score

@@ -42,9 +42,10 @@ def test_the_scorer_ranks_a_question_first_for_the_class_of_its_own_text(tiny_mo
     exemplars = [LabeledQuestion("where is paris", "a"), LabeledQuestion("who invented chess", "b"),
                  LabeledQuestion("how many people like tea", "b")]
     score = exemplar_scorer(model, exemplars, k=1, batch_size=2)
-    asked = [LabeledQuestion("who invented chess", "b"), LabeledQuestion("where is paris", "a")]
-    scores = score(asked, catalog)  # (2, 3)
-    assert scores.shape == (2, 3)
-    assert list(scores.argmax(axis=1)) == [1, 0]  # cosine 1 with its own text, whatever the random weights
+    asked = [LabeledQuestion("who invented chess", "b"), LabeledQuestion("where is paris", "a"),
+             LabeledQuestion("how many people like tea", "b")]
+    scores = score(asked, catalog)  # (3, 3), scored in chunks of 2 questions
+    assert scores.shape == (3, 3)
+    assert list(scores.argmax(axis=1)) == [1, 0, 1]  # cosine 1 with its own text, whatever the random weights
     assert scores[0, 1] == pytest.approx(1.0, abs=1e-5)
     assert np.all(scores[:, 2] == -np.inf)  # class c has no labeled question
