@@ -34,7 +34,13 @@ def main() -> None:
     catalog = Catalog.load(arguments.data / "catalog.jsonl")
     splits = {split: load_questions(arguments.data / f"{split}.jsonl") for split in ("test", "validation")}
     models = ChainOutputs(arguments.stage_one, arguments.stage_two, arguments.nc)
-    exemplars = load_questions(arguments.data / "train.jsonl")
+    train_path = arguments.data / "train.jsonl"
+    exemplars = None
+    if params.evaluate.exemplar_k > 0:  # the exemplar rule needs the training rows; without them it is skipped
+        if train_path.exists():
+            exemplars = load_questions(train_path)
+        else:
+            print(f"{train_path}: missing, so no `exemplars` figures (evaluate.exemplar_k={params.evaluate.exemplar_k})")
     for name, by_split in evaluate_models(models, params, splits, catalog, shifts={}, exemplars=exemplars)["metrics"].items():
         for split, metrics in by_split.items():
             print(f"{name:10s} {split:10s} accuracy {100 * metrics['accuracy']:6.2f}  macro-F1 {100 * metrics['macro_f1']:6.2f}"

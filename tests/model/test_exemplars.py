@@ -7,7 +7,7 @@ import torch
 from tqc.config import ModelParams
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
-from tqc.scoring import exemplar_scorer, exemplar_scores
+from tqc.exemplars import exemplar_scorer, exemplar_scores
 
 
 def unit(*angles_in_degrees: float) -> torch.Tensor:
@@ -41,7 +41,7 @@ def test_the_scorer_ranks_a_question_first_for_the_class_of_its_own_text(tiny_mo
     catalog = Catalog([StandardQuestion("a", "first"), StandardQuestion("b", "second"), StandardQuestion("c", "third")])
     exemplars = [LabeledQuestion("where is paris", "a"), LabeledQuestion("who invented chess", "b"),
                  LabeledQuestion("how many people like tea", "b")]
-    score = exemplar_scorer(model, exemplars, k=1, batch_size=2)
+    score = exemplar_scorer(model.question, exemplars, k=1, batch_size=2)
     asked = [LabeledQuestion("who invented chess", "b"), LabeledQuestion("where is paris", "a"),
              LabeledQuestion("how many people like tea", "b")]
     scores = score(asked, catalog)  # (3, 3), scored in chunks of 2 questions

@@ -26,7 +26,8 @@ from tqc.model.encoder import BiEncoder, TextEncoder
 from tqc.pipeline import ChainOutputs, train_chain
 from tqc.prior import PriorShift
 from tqc.schema import Catalog, LabeledQuestion, load_questions, save_questions
-from tqc.scoring import Scorer, exemplar_scorer, trained_folders, trained_scorers
+from tqc.exemplars import exemplar_scorer
+from tqc.scoring import Scorer, scorer_for, trained_folders, trained_models
 from tqc.stages import augment
 from tqc.stages import prior as prior_stage
 from tqc.stages.ingest import stratified_split
@@ -43,10 +44,11 @@ def load_models(models: ChainOutputs, params: Params, exemplars: list[LabeledQue
     ADMC's encoder by its nearest `exemplars` (the labeled training rows) where given and `exemplar_k` > 0."""
     zero_shot = BiEncoder(TextEncoder.from_pretrained(params.model.pretrained, params.model.pooling, params.model.max_length),
                           None, params.model.similarity)
-    scorers = trained_scorers(models.stage_one, models.stage_two, models.nc, params.evaluate.batch_size)
+    trained = trained_models(models.stage_one, models.stage_two, models.nc)
+    scorers = {name: scorer_for(model, params.evaluate.batch_size) for name, model in trained.items()}
     scorers["zero_shot"] = lambda qs, c: catalog_scores(zero_shot, qs, c, params.evaluate.batch_size)
-    if exemplars and params.evaluate.exemplar_k > 0:
-        scorers["exemplars"] = exemplar_scorer(BiEncoder.load(models.stage_two), exemplars, params.evaluate.exemplar_k,
+    if exemplars and params.evaluate.exemplar_k > 0:  # ADMC's own question encoder, not a second copy
+        scorers["exemplars"] = exemplar_scorer(trained["admc"].question, exemplars, params.evaluate.exemplar_k,
                                                params.evaluate.batch_size)
     return {name: scorers[name] for name in MODELS if name in scorers}
 
