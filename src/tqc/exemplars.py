@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from tqc.model.encoder import TextEncoder
+from tqc.model.similarity import CosineScorer
 from tqc.schema import Catalog, LabeledQuestion
 from tqc.scoring import Scorer
 
@@ -20,8 +21,7 @@ def exemplar_scores(questions: torch.Tensor, exemplars: torch.Tensor, exemplar_c
     """questions (N, D), labeled exemplars (M, D) of classes (M,) → scores (N, P): for each class, the mean
     cosine similarity of its k most similar exemplars (all of them where it has fewer). A class without
     exemplars scores −inf: it is never predicted, and ranks last."""
-    similarity = (torch.nn.functional.normalize(questions.float(), dim=-1)
-                  @ torch.nn.functional.normalize(exemplars.float(), dim=-1).T).numpy()  # (N, M)
+    similarity = CosineScorer()(questions.float(), exemplars.float()).numpy()  # (N, M)
     scores = np.full((len(questions), n_classes), -np.inf)
     for c in np.unique(exemplar_classes):
         own = similarity[:, exemplar_classes == c]  # (N, M_c)
@@ -40,8 +40,6 @@ def exemplar_scorer(encoder: TextEncoder, exemplars: list[LabeledQuestion], k: i
         classes = np.array([catalog.index(q.class_id) for q in exemplars], dtype=np.int64)  # (M,)
         asked = encoder.encode([q.text for q in questions], batch_size, "encoding questions")  # (N, D)
         # In chunks of questions: the similarities are (chunk, M), never (N, M) for a large training set
-        chunks = [exemplar_scores(asked[start:start + batch_size], encoded, classes, len(catalog), k)
-                  for start in range(0, len(asked), batch_size)]
-        return np.concatenate(chunks) if chunks else np.empty((0, len(catalog)))
+        return np.concatenate([exemplar_scores(chunk, encoded, classes, len(catalog), k) for chunk in asked.split(batch_size)])
 
     return score

@@ -48,4 +48,3 @@ def trained_scorers(stage_one: Path, stage_two: Path, nc: Path | None, batch_siz
 def logit_temperatures(params: Params) -> dict[str, float]:
     """τ with which each model's scores became logits in training (scores / τ); NC's are logits already."""
     return {"admc": params.stage_two.temperature, "stage_one": params.stage_one.temperature, "nc": 1.0}
-

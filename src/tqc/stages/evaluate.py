@@ -2,8 +2,9 @@
 
 Baselines: zero-shot (the pretrained encoder, no training), AC (stage one alone) and NC
 (encoder + linear head). Beside them, `exemplars`: ADMC's question encoder deciding by each
-class's nearest labeled training questions instead of its standard question. Each trained model is scored with the class-prior shift the prior
-stage fitted for it on validation (metrics.json also keeps its figures without it).
+class's nearest labeled training questions instead of its standard question. Each trained
+model is scored with the class-prior shift the prior stage fitted for it on validation
+(metrics.json also keeps its figures without it).
 Nothing here chooses anything: validation is reported beside test.
 """
 
@@ -20,13 +21,13 @@ import numpy as np
 
 from tqc import prior
 from tqc.config import Params
+from tqc.exemplars import exemplar_scorer
 from tqc.io import atomic_path, write_json, write_jsonl
 from tqc.metrics import confused_pairs, per_class_prf, seed_std, summary
 from tqc.model.encoder import BiEncoder, TextEncoder
 from tqc.pipeline import ChainOutputs, train_chain
 from tqc.prior import PriorShift
 from tqc.schema import Catalog, LabeledQuestion, load_questions, save_questions
-from tqc.exemplars import exemplar_scorer
 from tqc.scoring import Scorer, scorer_for, trained_folders, trained_models
 from tqc.stages import augment
 from tqc.stages import prior as prior_stage
