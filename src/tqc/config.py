@@ -55,6 +55,11 @@ class DataParams(Strict):
     dataset: DatasetName = "trec6"
     data_dir: str = "../shared/datasets"
     validation_fraction: float = Field(0.1, gt=0.0, lt=0.5)
+    # A file of labeled questions under data_dir, in the dataset's format, used whole as the validation
+    # split instead of carving validation_fraction out of train (which then trains whole): a larger,
+    # steadier judge for early stopping and every selection where train is small, e.g. COVID-Q's own
+    # second test set, covid-q/categories/testB.csv. Never the test file.
+    validation_file: str | None = None
     custom: CustomData = CustomData()
     # Labeled questions and standard questions accepted by the retrain flow, merged on top of
     # the dataset: <additions>/labeled.jsonl and <additions>/catalog.jsonl (DVC-tracked).
@@ -413,6 +418,13 @@ class Params(Strict):
         if self.data.generated.source_column and self.data.dataset != "custom":
             raise ValueError(f"data.generated.source_column is set but data.dataset is {self.data.dataset!r}: only a custom "
                              "file (data.custom's columns) can name each row's source question")
+        return self
+
+    @model_validator(mode="after")
+    def _fixed_validation_is_not_resplit(self) -> "Params":
+        if self.data.validation_file and self.evaluate.resplit:
+            raise ValueError(f"evaluate.resplit is true but data.validation_file ({self.data.validation_file}) is the "
+                             "validation split: re-splitting would train on it. Set one of them, not both")
         return self
 
     @model_validator(mode="after")

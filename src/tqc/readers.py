@@ -311,12 +311,31 @@ def read_generated(params: DataParams) -> ReadResult:
     if not params.generated.path:
         return ReadResult()
     path = Path(params.data_dir) / params.generated.path
+    return require_rows(_dataset_reader(params, params.generated.source_column)(path), path)
+
+
+def read_validation(params: DataParams) -> ReadResult | None:
+    """`data.validation_file`'s labeled questions, read in the dataset's own format; None when unset
+    (ingest then carves validation out of train)."""
+    if not params.validation_file:
+        return None
+    path, test_path = Path(params.data_dir) / params.validation_file, _test_file(params)
+    if path.resolve() == test_path.resolve():
+        raise ReaderError(f"data.validation_file {path} is the test split ({test_path}): selecting checkpoints on it "
+                          "would make the test figures meaningless; name another file")
+    return require_rows(_dataset_reader(params)(path), path)
+
+
+def _test_file(params: DataParams) -> Path:
+    return Path(params.data_dir) / params.custom.test if params.dataset == "custom" else official_files(params)[1]
+
+
+def _dataset_reader(params: DataParams, source_column: str | None = None) -> Callable[[Path], ReadResult]:
+    """The reader of the dataset's own file format: a shipped dataset's, or custom's column mapping."""
     if params.dataset == "custom":
-        reader = partial(read_table, text_column=params.custom.text_column, label_column=params.custom.label_column,
-                         source_column=params.generated.source_column)
-    else:
-        reader = official_files(params)[2]
-    return require_rows(reader(path), path)
+        return partial(read_table, text_column=params.custom.text_column, label_column=params.custom.label_column,
+                       source_column=source_column)
+    return official_files(params)[2]
 
 
 ADDED_QUESTIONS, ADDED_CATALOG = "labeled.jsonl", "catalog.jsonl"

@@ -197,6 +197,51 @@ def test_data_too_small_for_a_validation_split_is_a_clear_error(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_validation_file_is_the_validation_split_whole_and_train_trains_whole(tmp_path):
+    from tqc.schema import load_questions
+    from tqc.stages import ingest
+
+    write(tmp_path, "train.csv", b"text,label\na one,a\na two,a\nb one,b\nb two,b\n")
+    write(tmp_path, "dev.csv", b"text,label\na dev,a\nb bad,\nb dev,b\n")  # line 3: no label
+    write(tmp_path, "test.csv", b"text,label\na three,a\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None, validation_file="dev.csv",
+                        custom={"train": "train.csv", "test": "test.csv"})
+    report = ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
+    assert [q.text for q in load_questions(tmp_path / "out" / "train.jsonl")] == ["a one", "a two", "b one", "b two"]
+    assert [q.text for q in load_questions(tmp_path / "out" / "validation.jsonl")] == ["a dev", "b dev"]
+    assert report["rows"] == {"train": 4, "validation": 2, "test": 1} and report["validation_from"] == "dev.csv"
+    quarantined = (tmp_path / "q.jsonl").read_text()
+    assert "dev.csv" in quarantined and '"line": 3' in quarantined  # the bad row is quarantined, not lost
+
+
+def test_the_test_file_cannot_be_the_validation_file(tmp_path):
+    from tqc.stages import ingest
+
+    write(tmp_path, "train.csv", b"text,label\na one,a\na two,a\na four,a\n")
+    write(tmp_path, "test.csv", b"text,label\na three,a\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None, validation_file="./test.csv",
+                        custom={"train": "train.csv", "test": "test.csv"})
+    with pytest.raises(ReaderError, match="validation_file .*test.csv is the test split"):
+        ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
+
+
+def test_a_fixed_validation_file_cannot_be_resplit():
+    from tqc.config import ConfigError, Params
+
+    with pytest.raises((ValueError, ConfigError), match="evaluate.resplit is true but data.validation_file"):
+        Params.model_validate({"data": {"validation_file": "dev.csv"}, "evaluate": {"resplit": True}})
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="shared datasets not present")
+def test_covidq_testB_reads_as_a_validation_file():
+    from tqc.readers import read_validation
+
+    params = DataParams(dataset="covidq-categories", data_dir=str(SHARED), validation_file="covid-q/categories/testB.csv")
+    result = read_validation(params)
+    assert len(result.rows) == 238 and not result.rejected
+    assert {q.class_id for q in result.rows} == set(read_dataset(params).catalog.class_ids)
+
+
 @pytest.mark.parametrize("content,line", [
     ('text,label\n"Jaws is by whom?,HUM\nWhat does "LOL" mean?,DESC\nok,a\n', 2),  # a quote never closed: would swallow rows
     ('text,label\nok,a\n"Jaws" was directed by whom?,HUM\n', 3),                  # a stray quote: would vanish from the text

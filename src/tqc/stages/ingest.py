@@ -12,7 +12,8 @@ from pathlib import Path
 
 from tqc.config import DataParams, GeneratedData
 from tqc.io import write_json, write_jsonl
-from tqc.readers import ReaderError, RejectedRow, ReadResult, read_additions, read_dataset, read_generated, with_added_classes
+from tqc.readers import (ReaderError, RejectedRow, ReadResult, read_additions, read_dataset, read_generated, read_validation,
+                         with_added_classes)
 from tqc.schema import LabeledQuestion, save_questions
 from tqc.stages.augment import usable_generated
 from tqc.stages.validate import normalise
@@ -40,6 +41,16 @@ def stratified_split(
         validation.extend(members[:n_validation])
         train.extend(members[n_validation:])
     return train, validation
+
+
+def validation_split(params: DataParams, official_train: list[LabeledQuestion],
+                     seed: int) -> tuple[list[LabeledQuestion], list[LabeledQuestion], list[RejectedRow]]:
+    """(train, validation, the validation file's rejected rows): `data.validation_file` whole when set,
+    the official train then training whole; otherwise a stratified split carved out of train."""
+    given = read_validation(params)
+    if given is None:
+        return *stratified_split(official_train, params.validation_fraction, seed), []
+    return official_train, given.rows, given.rejected
 
 
 def long_tail(questions: list[LabeledQuestion], ratio: float, seed: int) -> list[LabeledQuestion]:
@@ -167,13 +178,13 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
     splits = read_dataset(params)
     added, added_classes = read_additions(Path(params.additions) if params.additions else None)
     official_train = long_tail(splits.train.rows, params.imbalance_ratio, seed) if params.imbalance_ratio else splits.train.rows
-    train, validation = stratified_split(official_train, params.validation_fraction, seed)
+    train, validation, validation_rejected = validation_split(params, official_train, seed)
     added_train, added_validation = stable_split(added.rows, params.validation_fraction, seed)
     train, validation = train + added_train, validation + added_validation
     if not validation:
         raise ReaderError(f"{params.dataset}: the validation split carved from train is empty (only classes with at "
                           "least 3 training rows give it rows), so early stopping and every selection would have "
-                          "nothing to judge by: add labeled questions")
+                          "nothing to judge by: add labeled questions, or name a data.validation_file")
     catalog = with_added_classes(splits.catalog, added_classes)
     generated, generated_read = _generated_rows(params, splits.train.rows)
 
@@ -184,7 +195,8 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
     save_questions(out_dir / "test.jsonl", splits.test.rows)
     if params.generated.path:  # all attributed rows: augment uses those whose origins are all in its train
         save_questions(out_dir / "generated.jsonl", generated.rows)
-    rejected: list[RejectedRow] = splits.train.rejected + splits.test.rejected + added.rejected + generated.rejected
+    rejected: list[RejectedRow] = (splits.train.rejected + splits.test.rejected + validation_rejected + added.rejected
+                                   + generated.rejected)
     write_jsonl(quarantine_path, (dict(asdict(r), stage="ingest") for r in rejected))
 
     report = {
@@ -194,6 +206,7 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
         "added": {"questions": len(added.rows), "classes": len(catalog) - len(splits.catalog)},
         "read": {"train": len(splits.train.rows) + len(splits.train.rejected), "test": len(splits.test.rows) + len(splits.test.rejected)},
         "rows": {"train": len(train), "validation": len(validation), "test": len(splits.test.rows)},
+        "validation_from": params.validation_file or f"train ({params.validation_fraction:g})",
         "quarantined": len(rejected),
         **({"generated": _generated_report(generated, generated_read, train)} if params.generated.path else {}),
         "seconds": round(time.perf_counter() - started, 2),
