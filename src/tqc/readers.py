@@ -319,15 +319,21 @@ def read_validation(params: DataParams) -> ReadResult | None:
     (ingest then carves validation out of train)."""
     if not params.validation_file:
         return None
-    path, test_path = Path(params.data_dir) / params.validation_file, _test_file(params)
+    path, (train_path, test_path) = Path(params.data_dir) / params.validation_file, _split_files(params)
     if path.resolve() == test_path.resolve():
         raise ReaderError(f"data.validation_file {path} is the test split ({test_path}): selecting checkpoints on it "
                           "would make the test figures meaningless; name another file")
+    if path.resolve() == train_path.resolve():
+        raise ReaderError(f"data.validation_file {path} is the training split ({train_path}): validation must be "
+                          "questions the model is not trained on; name another file, or unset it to carve one from train")
     return require_rows(_dataset_reader(params)(path), path)
 
 
-def _test_file(params: DataParams) -> Path:
-    return Path(params.data_dir) / params.custom.test if params.dataset == "custom" else official_files(params)[1]
+def _split_files(params: DataParams) -> tuple[Path, Path]:
+    """(train file, test file) the dataset is read from."""
+    if params.dataset == "custom":
+        return Path(params.data_dir) / params.custom.train, Path(params.data_dir) / params.custom.test
+    return official_files(params)[:2]
 
 
 def _dataset_reader(params: DataParams, source_column: str | None = None) -> Callable[[Path], ReadResult]:

@@ -225,6 +225,36 @@ def test_the_test_file_cannot_be_the_validation_file(tmp_path):
         ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
 
 
+def test_the_train_file_cannot_be_the_validation_file(tmp_path):
+    from tqc.stages import ingest
+
+    write(tmp_path, "train.csv", b"text,label\na one,a\na two,a\na four,a\n")
+    write(tmp_path, "test.csv", b"text,label\na three,a\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None, validation_file="train.csv",
+                        custom={"train": "train.csv", "test": "test.csv"})
+    with pytest.raises(ReaderError, match="validation_file .*train.csv is the training split"):
+        ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
+
+
+def test_a_generated_row_made_from_a_validation_file_question_is_never_trained_on(tmp_path):
+    from tqc.stages import ingest
+    from tqc.stages.augment import usable_generated
+    from tqc.schema import load_questions
+
+    write(tmp_path, "train.csv", b"text,label\nhow do masks stop the virus spreading,a\nb one,b\nb two,b\n")
+    write(tmp_path, "dev.csv", b"text,label\ndo masks stop the virus spreading to others,a\nb dev,b\n")
+    write(tmp_path, "test.csv", b"text,label\na three,a\n")
+    # Closer to the validation question (Jaccard 0.89) than to the training one (0.60)
+    write(tmp_path, "gen.csv", b"text,label\ndo face masks stop the virus spreading to others,a\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None, validation_file="dev.csv",
+                        custom={"train": "train.csv", "test": "test.csv"}, generated={"path": "gen.csv"})
+    report = ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
+    train = load_questions(tmp_path / "out" / "train.jsonl")
+    assert not usable_generated(train, load_questions(tmp_path / "out" / "generated.jsonl"))
+    assert report["generated"]["made_from_held_out_questions"] == 1
+    assert report["read"]["validation"] == 2
+
+
 def test_a_fixed_validation_file_cannot_be_resplit():
     from tqc.config import ConfigError, Params
 

@@ -179,6 +179,8 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
     added, added_classes = read_additions(Path(params.additions) if params.additions else None)
     official_train = long_tail(splits.train.rows, params.imbalance_ratio, seed) if params.imbalance_ratio else splits.train.rows
     train, validation, validation_rejected = validation_split(params, official_train, seed)
+    # The validation file's questions are candidate origins too, so a row made from one is never trained on (usable_generated)
+    held_out = validation if params.validation_file else []
     added_train, added_validation = stable_split(added.rows, params.validation_fraction, seed)
     train, validation = train + added_train, validation + added_validation
     if not validation:
@@ -186,7 +188,7 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
                           "least 3 training rows give it rows), so early stopping and every selection would have "
                           "nothing to judge by: add labeled questions, or name a data.validation_file")
     catalog = with_added_classes(splits.catalog, added_classes)
-    generated, generated_read = _generated_rows(params, splits.train.rows)
+    generated, generated_read = _generated_rows(params, splits.train.rows + held_out)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     catalog.save(out_dir / "catalog.jsonl")
@@ -204,7 +206,8 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
         "classes": len(catalog),
         "derived_classes": sum(q.derived for q in catalog.questions),
         "added": {"questions": len(added.rows), "classes": len(catalog) - len(splits.catalog)},
-        "read": {"train": len(splits.train.rows) + len(splits.train.rejected), "test": len(splits.test.rows) + len(splits.test.rejected)},
+        "read": {"train": len(splits.train.rows) + len(splits.train.rejected), "test": len(splits.test.rows) + len(splits.test.rejected),
+                 **({"validation": len(held_out) + len(validation_rejected)} if params.validation_file else {})},
         "rows": {"train": len(train), "validation": len(validation), "test": len(splits.test.rows)},
         "validation_from": params.validation_file or f"train ({params.validation_fraction:g})",
         "quarantined": len(rejected),
