@@ -366,9 +366,8 @@ def with_added_classes(catalog: Catalog, added: list[StandardQuestion]) -> Catal
 
 def _read_custom(params: DataParams) -> DatasetSplits:
     custom, root = params.custom, Path(params.data_dir)  # relative paths are under data_dir (a DVC dependency)
-    train_path, test_path = root / custom.train, root / custom.test
-    train = require_rows(read_table(train_path, custom.text_column, custom.label_column), train_path)
-    test = require_rows(read_table(test_path, custom.text_column, custom.label_column), test_path)
+    (train_path, test_path), reader = _split_files(params), _dataset_reader(params)
+    train, test = require_rows(reader(train_path), train_path), require_rows(reader(test_path), test_path)
     catalog = (
         read_catalog_file(root / custom.catalog, custom.catalog_id_column, custom.catalog_text_column)
         if custom.catalog

@@ -214,25 +214,15 @@ def test_a_validation_file_is_the_validation_split_whole_and_train_trains_whole(
     assert "dev.csv" in quarantined and '"line": 3' in quarantined  # the bad row is quarantined, not lost
 
 
-def test_the_test_file_cannot_be_the_validation_file(tmp_path):
+@pytest.mark.parametrize("named,split", [("./test.csv", "test"), ("train.csv", "training")])
+def test_neither_the_train_nor_the_test_file_can_be_the_validation_file(tmp_path, named, split):
     from tqc.stages import ingest
 
     write(tmp_path, "train.csv", b"text,label\na one,a\na two,a\na four,a\n")
     write(tmp_path, "test.csv", b"text,label\na three,a\n")
-    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None, validation_file="./test.csv",
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None, validation_file=named,
                         custom={"train": "train.csv", "test": "test.csv"})
-    with pytest.raises(ReaderError, match="validation_file .*test.csv is the test split"):
-        ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
-
-
-def test_the_train_file_cannot_be_the_validation_file(tmp_path):
-    from tqc.stages import ingest
-
-    write(tmp_path, "train.csv", b"text,label\na one,a\na two,a\na four,a\n")
-    write(tmp_path, "test.csv", b"text,label\na three,a\n")
-    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None, validation_file="train.csv",
-                        custom={"train": "train.csv", "test": "test.csv"})
-    with pytest.raises(ReaderError, match="validation_file .*train.csv is the training split"):
+    with pytest.raises(ReaderError, match=f"validation_file .*{named.lstrip('./')} is the {split} split"):
         ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
 
 
