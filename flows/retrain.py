@@ -44,7 +44,8 @@ def judge(params: Params, trained: steps.Trained, staging: Path) -> dict:
     from tqc.stages import promote
 
     with nested_run("promote", tags={"tqc.stage": "promote"}) as tracker:
-        return promote.run(trained.data, trained.model, trained.prior, params.promote, staging / "promotion.json", tracker, params.seed)
+        return promote.run(trained.data, trained.model, trained.prior, params.promote, staging / "promotion.json", tracker, params.seed,
+                           params.evaluate.exemplar_k)
 
 
 @task(cache_policy=NO_CACHE)

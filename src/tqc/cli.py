@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the prior stage's file with --model's class-prior shift; auto (default): the prior.json "
                               "beside --model when one of its entries was fitted for it; none: rank by similarity alone")
     predict.add_argument("--top-k", type=int, default=3)
+    predict.add_argument("--exemplars", type=Path, default=None,
+                         help="labeled questions (JSONL of text, class_id, e.g. data/validated/train.jsonl): rank each "
+                              "class by its --exemplar-k nearest ones instead of its standard question (no shift)")
+    predict.add_argument("--exemplar-k", type=int, default=2)
     bench = commands.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument("what", choices=["epochs", "validate"], help="epochs: seconds per epoch, stage one vs stage two "
                        "at the same batch size; validate: seconds the validate stage adds on --dataset")
@@ -196,7 +200,8 @@ def dispatch(args: argparse.Namespace) -> None:
         from tqc.stages import promote
 
         with stage_run("promote", params, [args.data, args.model, args.prior]) as tracker:
-            promote.run(args.data, args.model, args.prior, params.promote, args.report, tracker, params.seed)
+            promote.run(args.data, args.model, args.prior, params.promote, args.report, tracker, params.seed,
+                        params.evaluate.exemplar_k)
     elif command == "tune":
         from tqc.tune import tune
 
@@ -227,7 +232,7 @@ def _predict(args: argparse.Namespace) -> None:
 
     import pandas as pd
 
-    from tqc.serving import local_matcher, ranked_records
+    from tqc.serving import ranked_records
 
     lines = list(args.questions)
     if args.file is not None:
@@ -240,10 +245,28 @@ def _predict(args: argparse.Namespace) -> None:
         raise ConfigError("no questions: give them as arguments or with --file")
     if args.top_k < 1:
         raise ConfigError(f"--top-k {args.top_k}: must be at least 1")
-    matcher = local_matcher(args.model, args.catalog, args.top_k, _prior_for(args.model, args.prior))
+    matcher = _matcher(args)
     answers = matcher.predict(None, pd.DataFrame({"question": questions}), {"top_k": args.top_k})
     for record in ranked_records(questions, answers):
         print(json.dumps(record, ensure_ascii=False))
+
+
+def _matcher(args: argparse.Namespace):
+    """`tqc predict`'s matcher: the standard-question rule with --model's class-prior shift, or with
+    --exemplars the exemplar rule, which has no shift."""
+    from tqc.serving import local_matcher
+
+    if args.exemplars is None:
+        return local_matcher(args.model, args.catalog, args.top_k, _prior_for(args.model, args.prior))
+    if args.exemplar_k < 1:
+        raise ConfigError(f"--exemplar-k {args.exemplar_k}: must be at least 1")
+    if args.prior not in ("auto", "none"):
+        raise ConfigError(f"--prior {args.prior} with --exemplars: the class-prior shift was fitted for the "
+                          "standard-question rule, and the exemplar rule has none")
+    try:
+        return local_matcher(args.model, args.catalog, args.top_k, None, (args.exemplars, args.exemplar_k))
+    except ValueError as exc:  # an exemplar file's bad row or unknown class: the message names both
+        raise ConfigError(str(exc)) from None
 
 
 def _prior_for(model_dir: Path, choice: str) -> Path | None:

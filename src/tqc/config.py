@@ -286,6 +286,10 @@ class PromoteParams(Strict):
     tail_fraction: float = Field(1 / 3, gt=0.0, le=1.0)  # the rarest classes in train, by count
     tail_tolerance: float = Field(0.02, ge=0.0, le=1.0)  # allowed drop of tail-class macro-F1
     top_k: int = Field(5, ge=1)  # what the served model returns per question
+    # How the registered version decides: standard (each class by its standard question, with the prior
+    # stage's shift: evaluate's ADMC) or exemplars (by its evaluate.exemplar_k nearest labeled training
+    # questions, no shift: evaluate's `exemplars`). The gate judges either on validation alike.
+    rule: Literal["standard", "exemplars"] = "standard"
 
     @field_validator("model_name")
     @classmethod
@@ -425,6 +429,13 @@ class Params(Strict):
         if self.data.validation_file and self.evaluate.resplit:
             raise ValueError(f"evaluate.resplit is true but data.validation_file ({self.data.validation_file}) is the "
                              "validation split: re-splitting would train on it. Set one of them, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _served_exemplars_have_a_k(self) -> "Params":
+        if self.promote.rule == "exemplars" and self.evaluate.exemplar_k == 0:
+            raise ValueError("promote.rule is 'exemplars' but evaluate.exemplar_k is 0: the rule scores each class by its "
+                             "exemplar_k nearest labeled questions, so set it (e.g. 2)")
         return self
 
     @model_validator(mode="after")

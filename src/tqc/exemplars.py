@@ -1,11 +1,15 @@
 """The exemplar rule: each class scored by its nearest labeled questions instead of its standard question.
 
 Evaluate reports it beside ADMC (`exemplars`, `evaluate.exemplar_k`) from ADMC's trained question
-encoder. With few labeled questions a class (COVID-Q's 20) they carry more of a class than one
-standard question does, and a newly labeled question joins the rule without retraining.
+encoder, and the registry and `tqc predict` can serve it (`promote.rule: exemplars`, `--exemplars`).
+With few labeled questions a class (COVID-Q's 20) they carry more of a class than one standard
+question does, and a newly labeled question joins the rule without retraining.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,6 +34,52 @@ def exemplar_scores(questions: torch.Tensor, exemplars: torch.Tensor, exemplar_c
     return scores
 
 
+def load_exemplars(path: Path) -> list[LabeledQuestion]:
+    """Labeled questions from a JSONL file of {"text", "class_id"} records (a pipeline's train.jsonl is one);
+    a record without both as non-empty strings is an error naming the file and the row."""
+    from tqc.io import read_jsonl
+
+    rows = read_jsonl(path)
+    for row, record in enumerate(rows, start=1):
+        if not isinstance(record, dict) or not all(isinstance(record.get(key), str) and record[key].strip()
+                                                   for key in ("text", "class_id")):
+            raise ValueError(f"{path}: row {row}: an exemplar needs non-empty string fields text and class_id, got {record!r}"[:300])
+    if not rows:
+        raise ValueError(f"{path}: no labeled questions, so the exemplar rule has nothing to score classes by")
+    return [LabeledQuestion(record["text"], record["class_id"]) for record in rows]
+
+
+def catalog_indices(exemplars: list[LabeledQuestion], catalog: Catalog, source: str) -> np.ndarray:
+    """Each exemplar's class as a catalog index (M,); a class the catalog lacks is an error naming `source` and the row."""
+    for row, question in enumerate(exemplars, start=1):
+        if question.class_id not in catalog:
+            raise ValueError(f"{source}: row {row}: class {question.class_id!r} is not in the catalog, so the exemplar "
+                             "rule cannot answer with it")
+    return np.array([catalog.index(q.class_id) for q in exemplars], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class ExemplarBank:
+    """Encoded exemplars (M, D), their catalog indices (M,), and k: what the rule needs to score questions."""
+
+    vectors: torch.Tensor
+    classes: np.ndarray
+    n_classes: int
+    k: int
+
+    @property
+    def answerable(self) -> int:
+        """How many classes have an exemplar: the rule ranks only those."""
+        return len(np.unique(self.classes))
+
+    def scores(self, questions: torch.Tensor, batch_size: int = 256) -> np.ndarray:
+        """Encoded questions (N, D) → scores (N, P), in chunks: the similarities are (chunk, M), never (N, M)."""
+        if len(questions) == 0:
+            return np.empty((0, self.n_classes))
+        return np.concatenate([exemplar_scores(chunk, self.vectors, self.classes, self.n_classes, self.k)
+                               for chunk in questions.split(batch_size)])
+
+
 def exemplar_scorer(encoder: TextEncoder, exemplars: list[LabeledQuestion], k: int, batch_size: int) -> Scorer:
     """A scorer from a trained question encoder and labeled questions (the training rows): each class by
     its k nearest exemplars (`exemplar_scores`). Both sides pass the question encoder, so the rule compares
@@ -37,9 +87,7 @@ def exemplar_scorer(encoder: TextEncoder, exemplars: list[LabeledQuestion], k: i
     encoded = encoder.encode([q.text for q in exemplars], batch_size, "encoding exemplars")  # (M, D)
 
     def score(questions: list[LabeledQuestion], catalog: Catalog) -> np.ndarray:
-        classes = np.array([catalog.index(q.class_id) for q in exemplars], dtype=np.int64)  # (M,)
-        asked = encoder.encode([q.text for q in questions], batch_size, "encoding questions")  # (N, D)
-        # In chunks of questions: the similarities are (chunk, M), never (N, M) for a large training set
-        return np.concatenate([exemplar_scores(chunk, encoded, classes, len(catalog), k) for chunk in asked.split(batch_size)])
+        bank = ExemplarBank(encoded, catalog_indices(exemplars, catalog, "training rows"), len(catalog), k)
+        return bank.scores(encoder.encode([q.text for q in questions], batch_size, "encoding questions"), batch_size)
 
     return score

@@ -6,8 +6,11 @@
 returns one row per (question, rank): question, rank, class_id, standard_question, score.
 The artifacts are the model's safetensors folder, the catalog and, where the prior stage ran,
 its file: the score is then the similarity plus the class-prior shift fitted on validation
-(tqc.prior), which is what evaluate measured. The `tqc` package must be installed where the
-model is loaded.
+(tqc.prior), which is what evaluate measured as ADMC. A version registered with the exemplar
+rule (`promote.rule: exemplars`) carries labeled questions instead of a prior file: each class
+scores the mean similarity of its k nearest ones (tqc.exemplars), what evaluate reports as
+`exemplars`, and the answer is still that class's standard question. The `tqc` package must be
+installed where the model is loaded.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         self.catalog = Catalog.load(context.artifacts["catalog"])
         self.standards = self.model.standard.encode(self.catalog.texts)  # (P, D), encoded once per load
         prior_file, config = context.artifacts.get("prior"), context.model_config or {}
+        self.exemplars = _exemplar_bank(self.model, self.catalog, context.artifacts.get("exemplars"), config)
         if prior_file:  # the entry `_model_config` found for this model when it was logged
             entry = prior.read_file(Path(prior_file))[config.get("prior_model", FIRST_REGISTERED_ENTRY)]
             shift = PriorShift.from_json(entry, self.catalog.class_ids, prior_file).shift
@@ -55,9 +59,14 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         import torch
 
         questions = _questions(model_input)
-        top_k = min(int((params or {}).get("top_k", self.default_top_k)), len(self.catalog))
         with torch.no_grad():
-            scores = self.model.score(self.model.question.encode(questions), self.standards).float().cpu() + self.shift  # (N, P)
+            asked = self.model.question.encode(questions)  # (N, D)
+            if self.exemplars is None:
+                scores = self.model.score(asked, self.standards).float().cpu() + self.shift  # (N, P)
+            else:  # classes without an exemplar score −inf: they are left out of the ranking below
+                scores = torch.as_tensor(self.exemplars.scores(asked), dtype=torch.float32)  # (N, P)
+        answerable = len(self.catalog) if self.exemplars is None else self.exemplars.answerable
+        top_k = min(int((params or {}).get("top_k", self.default_top_k)), answerable)
         values, indices = scores.topk(top_k, dim=1)  # (N, k)
         rows = [
             (question, rank + 1, self.catalog.class_ids[i], self.catalog.texts[i], float(v))
@@ -67,10 +76,23 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
 
 
-def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_path: Path | None = None) -> StandardQuestionMatcher:
+def _exemplar_bank(model, catalog, exemplars_file: str | None, config: dict):
+    """The exemplar rule's encoded labeled questions (None: the standard-question rule)."""
+    if exemplars_file is None:
+        return None
+    from tqc.exemplars import ExemplarBank, catalog_indices, load_exemplars
+
+    rows = load_exemplars(Path(exemplars_file))
+    vectors = model.question.encode([q.text for q in rows], description="encoding exemplars")  # (M, D), once per load
+    return ExemplarBank(vectors, catalog_indices(rows, catalog, exemplars_file), len(catalog), int(config["exemplar_k"]))
+
+
+def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_path: Path | None = None,
+                  exemplars: tuple[Path, int] | None = None) -> StandardQuestionMatcher:
     """The matcher the registry serves, loaded from local folders (`tqc predict`): the same code answers.
 
-    `prior_path`: a prior stage's file with an entry fitted for `model_dir` (None: similarity alone)."""
+    `prior_path`: a prior stage's file with an entry fitted for `model_dir` (None: similarity alone).
+    `exemplars`: (labeled questions JSONL, k) to serve the exemplar rule instead, which has no shift."""
     from types import SimpleNamespace
 
     from tqc.model.encoder import MODEL_CONFIG
@@ -79,9 +101,11 @@ def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_pat
         raise FileNotFoundError(f"{model_dir}: not a tqc model folder (no {MODEL_CONFIG}; `dvc repro` writes models/stage_two)")
     if not Path(catalog_path).exists():
         raise FileNotFoundError(f"{catalog_path}: no catalog there (`dvc repro` writes data/validated/catalog.jsonl)")
+    if exemplars is not None and not Path(exemplars[0]).exists():
+        raise FileNotFoundError(f"{exemplars[0]}: no labeled questions there (`dvc repro` writes data/validated/train.jsonl)")
     matcher = StandardQuestionMatcher()
-    matcher.load_context(SimpleNamespace(artifacts=_artifacts(model_dir, catalog_path, prior_path),
-                                         model_config=_model_config(model_dir, prior_path, top_k)))
+    matcher.load_context(SimpleNamespace(artifacts=_artifacts(model_dir, catalog_path, prior_path, exemplars),
+                                         model_config=_model_config(model_dir, prior_path, top_k, exemplars)))
     return matcher
 
 
@@ -111,10 +135,16 @@ SIGNATURE = ModelSignature(
 )
 
 
-def _model_config(model_dir: Path, prior_path: Path | None, top_k: int) -> dict:
-    """top_k, and the prior file's entry fitted for `model_dir` (an error naming the file if it has none)."""
+def _model_config(model_dir: Path, prior_path: Path | None, top_k: int, exemplars: tuple[Path, int] | None = None) -> dict:
+    """top_k, and the prior file's entry fitted for `model_dir` (an error naming the file if it has none),
+    or the exemplar rule's k (it has no shift: one was fitted for the standard-question scores only)."""
     from tqc import prior
 
+    if exemplars is not None:
+        if prior_path is not None:
+            raise ValueError(f"{prior_path}: a class-prior shift was fitted for the standard-question rule, and the "
+                             "exemplar rule has none: serve one of them")
+        return {"top_k": top_k, "rule": "exemplars", "exemplar_k": int(exemplars[1])}
     if prior_path is None:
         return {"top_k": top_k}
     entry = prior.entry_for(prior_path, model_dir)
@@ -123,15 +153,22 @@ def _model_config(model_dir: Path, prior_path: Path | None, top_k: int) -> dict:
     return {"top_k": top_k, "prior_model": entry}
 
 
-def _artifacts(model_dir: Path, catalog_path: Path, prior_path: Path | None) -> dict[str, str]:
+def _artifacts(model_dir: Path, catalog_path: Path, prior_path: Path | None,
+               exemplars: tuple[Path, int] | None = None) -> dict[str, str]:
     artifacts = {"model": str(model_dir), "catalog": str(catalog_path)}
-    return {**artifacts, "prior": str(prior_path)} if prior_path is not None else artifacts
+    if prior_path is not None:
+        artifacts["prior"] = str(prior_path)
+    if exemplars is not None:
+        artifacts["exemplars"] = str(exemplars[0])
+    return artifacts
 
 
-def content_digest(model_dir: Path, catalog_path: Path, config: dict, prior_entry: dict | None) -> str:
+def content_digest(model_dir: Path, catalog_path: Path, config: dict, prior_entry: dict | None,
+                   exemplars_path: Path | None = None) -> str:
     """sha256 of all that a registered version serves: the model folder's files, the catalog, its
-    model_config (top_k, the prior entry's name), the prior entry itself and the tqc version (whose
-    pyfunc code answers)."""
+    model_config (top_k, the prior entry's name or the rule's k), the prior entry itself, the exemplar
+    rule's labeled questions and the tqc version (whose pyfunc code answers). A standard-question version
+    has no exemplars key, so its digest is the one it had before the exemplar rule could be served."""
     import tqc
     from tqc.io import file_digest
 
@@ -142,27 +179,30 @@ def content_digest(model_dir: Path, catalog_path: Path, config: dict, prior_entr
         "prior": prior_entry,
         "config": config,
         "tqc": tqc.__version__,
+        **({"exemplars": file_digest(Path(exemplars_path), "sha256")} if exemplars_path is not None else {}),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, top_k: int) -> tuple[str, bool]:
+def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, top_k: int,
+             exemplars: tuple[Path, int] | None = None) -> tuple[str, bool]:
     """The registry version serving exactly this content → (version, whether it was there already).
 
     A `dvc repro` that re-runs promote without changing the model (a code or report change
     upstream) finds its version by the content digest tag, so the registry gains no copies.
+    `exemplars`: (labeled questions JSONL, k) to serve the exemplar rule; `prior_path` is then None.
     """
     from tqc import prior
 
     client = mlflow.MlflowClient()
-    config = _model_config(model_dir, prior_path, top_k)  # the prior file read once, for all below
+    config = _model_config(model_dir, prior_path, top_k, exemplars)  # the prior file read once, for all below
     entry = prior.read_file(prior_path)[config["prior_model"]] if prior_path is not None else None
-    digest = content_digest(model_dir, catalog_path, config, entry)
+    digest = content_digest(model_dir, catalog_path, config, entry, exemplars[0] if exemplars else None)
     existing = client.search_model_versions(f"name='{model_name}' and tags.{DIGEST_TAG}='{digest}'")
     if existing:
         return str(min(int(v.version) for v in existing)), True
-    version = log_and_register(model_dir, catalog_path, prior_path, model_name, config)
-    for key, value in {DIGEST_TAG: digest, **_prior_tags(entry)}.items():
+    version = log_and_register(model_dir, catalog_path, prior_path, model_name, config, exemplars)
+    for key, value in {DIGEST_TAG: digest, "rule": config.get("rule", "standard"), **_prior_tags(entry)}.items():
         client.set_model_version_tag(model_name, version, key, value)
     return version, False
 
@@ -174,14 +214,15 @@ def _prior_tags(entry: dict | None) -> dict[str, str]:
     return {"prior_target": entry.get("target", "labeled"), "prior_weight": str(entry["weight"])}
 
 
-def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, config: dict) -> str:
+def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, config: dict,
+                     exemplars: tuple[Path, int] | None = None) -> str:
     """Log the model in the active run and register it, serving with `config` (`_model_config`); returns the new version."""
     import tqc
 
     info = mlflow.pyfunc.log_model(
         name="model",
         python_model=StandardQuestionMatcher(),
-        artifacts=_artifacts(model_dir, catalog_path, prior_path),
+        artifacts=_artifacts(model_dir, catalog_path, prior_path, exemplars),
         model_config=config,
         signature=SIGNATURE,
         # Listed, not inferred: inference would load the model in a subprocess to trace imports.

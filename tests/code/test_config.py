@@ -33,6 +33,12 @@ def test_deferred_rebalancing_needs_a_rebalance_target():
     assert Params.model_validate({"augment": {"rebalance": "sqrt", "deferred": True}}).augment.deferred
 
 
+def test_serving_the_exemplar_rule_needs_a_k():
+    with pytest.raises(ValueError, match="promote.rule is 'exemplars' but evaluate.exemplar_k is 0"):
+        Params.model_validate({"promote": {"rule": "exemplars"}, "evaluate": {"exemplar_k": 0}})
+    assert Params.model_validate({"promote": {"rule": "exemplars"}}).evaluate.exemplar_k == 2
+
+
 def test_a_registered_model_name_with_a_quote_is_refused(tmp_path):
     # the name is quoted inside MLflow's search filter, which cannot escape it
     path = tmp_path / "params.yaml"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pytest
 import torch
 
 from tests.model.test_encoder import tiny_bi_encoder
@@ -110,3 +112,49 @@ def test_a_model_registered_before_its_config_named_the_prior_entry_serves_admcs
     matcher.load_context(SimpleNamespace(artifacts={"model": str(tmp_path / "stage_two"), "catalog": str(tmp_path / "catalog.jsonl"),
                                                     "prior": str(tmp_path / "prior.json")}, model_config={"top_k": 1}))
     assert matcher.predict(None, ["who wrote it"])["class_id"].tolist() == ["num"]
+
+
+def test_predict_with_exemplars_ranks_as_evaluate_scores_the_exemplar_rule(tiny_model_dir, tmp_path, capsys):
+    from tqc.exemplars import exemplar_scorer
+    from tqc.schema import LabeledQuestion, save_questions
+
+    torch.manual_seed(0)
+    model = tiny_bi_encoder(tiny_model_dir).eval()
+    model.save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    exemplars = [LabeledQuestion("where is paris", "loc"), LabeledQuestion("where was it found", "loc"),
+                 LabeledQuestion("who wrote it", "hum")]  # num has none: the rule cannot answer it
+    save_questions(tmp_path / "train.jsonl", exemplars)
+    questions = ["who wrote it", "where is the louvre", "how many cats"]
+
+    code = main(["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
+                 "--exemplars", str(tmp_path / "train.jsonl"), "--exemplar-k", "2", "--top-k", "3", *questions])
+
+    assert code == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    expected = exemplar_scorer(model.question, exemplars, k=2, batch_size=8)([LabeledQuestion(q, "loc") for q in questions],
+                                                                            CATALOG)  # (3, P): evaluate's scorer
+    for record, row in zip(records, expected):
+        assert [a["class_id"] for a in record["top_k"]] == [CATALOG.class_ids[i] for i in np.argsort(-row)[:2]]
+        assert [a["score"] for a in record["top_k"]] == pytest.approx(sorted(row[np.isfinite(row)], reverse=True), abs=1e-5)
+        assert record["top_k"][0]["standard_question"] == CATALOG.texts[CATALOG.class_ids.index(record["top_k"][0]["class_id"])]
+    assert records[0]["top_k"][0] == {"class_id": "hum", "standard_question": "Who is it?", "score": pytest.approx(1.0, abs=1e-5)}
+    assert all(len(r["top_k"]) == 2 for r in records)  # --top-k 3, but only two classes have exemplars
+
+
+def test_predict_with_a_bad_exemplar_file_names_the_file_and_row(tiny_model_dir, tmp_path, capsys):
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"), "where is it"]
+    (tmp_path / "no_label.jsonl").write_text('{"text": "where", "class_id": "loc"}\n{"text": "who"}\n', encoding="utf-8")
+    (tmp_path / "unknown.jsonl").write_text('{"text": "where", "class_id": "loc"}\n{"text": "when", "class_id": "date"}\n',
+                                            encoding="utf-8")
+
+    assert main([*ask, "--exemplars", str(tmp_path / "no_label.jsonl")]) == 2
+    assert "no_label.jsonl: row 2: an exemplar needs non-empty string fields text and class_id" in capsys.readouterr().err
+    assert main([*ask, "--exemplars", str(tmp_path / "unknown.jsonl")]) == 2
+    assert "unknown.jsonl: row 2: class 'date' is not in the catalog" in capsys.readouterr().err
+    assert main([*ask, "--exemplars", str(tmp_path / "nowhere.jsonl")]) == 2
+    assert "nowhere.jsonl: no labeled questions there" in capsys.readouterr().err
+    assert main([*ask, "--exemplars", str(tmp_path / "unknown.jsonl"), "--prior", str(tmp_path / "prior.json")]) == 2
+    assert "the exemplar rule has none" in capsys.readouterr().err

@@ -161,3 +161,35 @@ def test_an_unchanged_model_is_not_registered_again_and_a_changed_shift_is(tiny_
     assert first_tags["content_digest"] != shifted_tags["content_digest"]
     assert first_tags["prior_target"] == "labeled" and first_tags["prior_weight"] == "1.0"  # what each version serves
     assert shifted_tags["prior_target"] == "uniform"
+
+
+def test_the_registry_serves_the_exemplar_rule_with_the_training_rows_and_no_shift(tiny_model_dir, data_dir, tmp_path, registry):
+    import mlflow
+
+    from tqc.io import write_json
+    from tqc.serving import local_matcher
+
+    models = tmp_path / "models"
+    model_dir = untrained(tiny_model_dir, models / "stage_two")
+    catalog = Catalog.load(data_dir / "catalog.jsonl")
+    write_json(models / "prior.json", {"weights": [0.0, 1.0], "models": {"admc": {  # a shift the exemplar rule must not serve
+        "model": "stage_two", "weight": 1.0, "temperature": 0.1, "shift": {c: (100.0 if c == "NUM" else 0.0) for c in catalog.class_ids}}}})
+    reports = []
+    for rule in ("standard", "exemplars"):
+        with standalone_run("promote", registry) as tracker:
+            reports.append(promote.run(data_dir, model_dir, models / "prior.json", PromoteParams(bootstrap_samples=200, rule=rule),
+                                       tmp_path / "p.json", tracker, exemplar_k=1))
+
+    standard, exemplars = reports
+    assert (standard["rule"], exemplars["rule"]) == ("standard", "exemplars")
+    assert standard["validation"]["challenger_accuracy"] < 0.5  # NUM for every question, through the shift
+    assert exemplars["challenger_version"] == "2" and not exemplars["challenger_registered_before"]  # the same model, other content
+    assert exemplars["validation"]["challenger_accuracy"] > standard["validation"]["challenger_accuracy"]
+    assert exemplars["promoted"]  # judged on validation like any challenger
+    client = mlflow.MlflowClient()
+    assert client.get_model_version("tqc-admc", "2").tags["rule"] == "exemplars"
+    assert client.get_model_version("tqc-admc", "2").tags["prior_target"] == "none"
+    questions = pd.DataFrame({"question": ["where is paris", "who invented chess", "how many moons"]})
+    served = mlflow.pyfunc.load_model("models:/tqc-admc@champion").predict(questions, params={"top_k": 2})
+    local = local_matcher(model_dir, data_dir / "catalog.jsonl", 2, None, (data_dir / "train.jsonl", 1)).predict(None, questions)
+    pd.testing.assert_frame_equal(served, local)  # the registered copy of the training rows, k = 1

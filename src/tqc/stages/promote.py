@@ -27,8 +27,10 @@ log = logging.getLogger(__name__)
 
 
 def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: PromoteParams, report_path: Path, tracker: Tracker,
-        seed: int = 0) -> dict:
-    """`prior_path`: the prior stage's file, registered with the model so that it serves with its class-prior shift."""
+        seed: int = 0, exemplar_k: int = 2) -> dict:
+    """`prior_path`: the prior stage's file, registered with the model so that it serves with its class-prior shift.
+    With `params.rule` exemplars the version serves the exemplar rule instead: the validated training rows
+    (`data_dir`/train.jsonl, what evaluate scored it with) and `exemplar_k` (evaluate's), and no shift."""
     if not tracker.active:
         report = {"promoted": False, "reasons": ["tracking is disabled (tracking.enabled: false): no registry to promote in"]}
         write_json(report_path, report)
@@ -43,7 +45,9 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     gold = np.array([catalog.index(q.class_id) for q in validation])
     client = mlflow.MlflowClient()
 
-    version, registered_before = register(model_dir, data_dir / "catalog.jsonl", prior_path, params.model_name, params.top_k)
+    exemplars = (data_dir / "train.jsonl", exemplar_k) if params.rule == "exemplars" else None
+    version, registered_before = register(model_dir, data_dir / "catalog.jsonl", None if exemplars else prior_path,
+                                          params.model_name, params.top_k, exemplars)
     try:
         champion_version = str(client.get_model_version_by_alias(params.model_name, params.alias).version)
     except MlflowException:
@@ -76,6 +80,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         "model_name": params.model_name,
         "alias": params.alias,
         "challenger_version": version,
+        "rule": params.rule,
         "challenger_registered_before": registered_before,  # the same content (tag content_digest) was there: not registered again
         "champion_version_before": champion_version,
         "champion_version_after": version if decision.promote else champion_version,
