@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--exemplars", type=Path, default=None,
                          help="labeled questions (JSONL of text, class_id, e.g. data/validated/train.jsonl): rank each "
                               "class by its --exemplar-k nearest ones instead of its standard question (no shift)")
-    predict.add_argument("--exemplar-k", type=int, default=2)
+    predict.add_argument("--exemplar-k", type=int, default=None, help="with --exemplars: k (default 2)")
     bench = commands.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument("what", choices=["epochs", "validate"], help="epochs: seconds per epoch, stage one vs stage two "
                        "at the same batch size; validate: seconds the validate stage adds on --dataset")
@@ -257,15 +257,18 @@ def _matcher(args: argparse.Namespace):
     from tqc.serving import local_matcher
 
     if args.exemplars is None:
+        if args.exemplar_k is not None:
+            raise ConfigError("--exemplar-k without --exemplars: the standard-question rule has no k")
         return local_matcher(args.model, args.catalog, args.top_k, _prior_for(args.model, args.prior))
-    if args.exemplar_k < 1:
-        raise ConfigError(f"--exemplar-k {args.exemplar_k}: must be at least 1")
+    k = 2 if args.exemplar_k is None else args.exemplar_k
+    if k < 1:
+        raise ConfigError(f"--exemplar-k {k}: must be at least 1")
     if args.prior not in ("auto", "none"):
         raise ConfigError(f"--prior {args.prior} with --exemplars: the class-prior shift was fitted for the "
                           "standard-question rule, and the exemplar rule has none")
     try:
-        return local_matcher(args.model, args.catalog, args.top_k, None, (args.exemplars, args.exemplar_k))
-    except ValueError as exc:  # an exemplar file's bad row or unknown class: the message names both
+        return local_matcher(args.model, args.catalog, args.top_k, None, (args.exemplars, k))
+    except ValueError as exc:  # e.g. an exemplar file's bad line or unknown class: each message names its file
         raise ConfigError(str(exc)) from None
 
 

@@ -36,25 +36,39 @@ def exemplar_scores(questions: torch.Tensor, exemplars: torch.Tensor, exemplar_c
 
 def load_exemplars(path: Path) -> list[LabeledQuestion]:
     """Labeled questions from a JSONL file of {"text", "class_id"} records (a pipeline's train.jsonl is one);
-    a record without both as non-empty strings is an error naming the file and the row."""
-    from tqc.io import read_jsonl
+    blank lines are skipped, and a line that is not such a record is an error naming the file and the line."""
+    import json
 
-    rows = read_jsonl(path)
-    for row, record in enumerate(rows, start=1):
+    rows = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    for line_number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}, line {line_number}: not valid JSON: {exc}") from None
         if not isinstance(record, dict) or not all(isinstance(record.get(key), str) and record[key].strip()
                                                    for key in ("text", "class_id")):
-            raise ValueError(f"{path}: row {row}: an exemplar needs non-empty string fields text and class_id, got {record!r}"[:300])
+            raise ValueError(f"{path}, line {line_number}: an exemplar needs non-empty string fields text and class_id, "
+                             f"got {line.strip()[:200]}")
+        rows.append(LabeledQuestion(record["text"], record["class_id"], source=f"{path}:{line_number}"))
     if not rows:
         raise ValueError(f"{path}: no labeled questions, so the exemplar rule has nothing to score classes by")
-    return [LabeledQuestion(record["text"], record["class_id"]) for record in rows]
+    return rows
 
 
 def catalog_indices(exemplars: list[LabeledQuestion], catalog: Catalog, source: str) -> np.ndarray:
-    """Each exemplar's class as a catalog index (M,); a class the catalog lacks is an error naming `source` and the row."""
+    """Each exemplar's class as a catalog index (M,); a class the catalog lacks is an error naming where the
+    exemplar was read (its `source`, file:line) or else `source` and its row."""
     for row, question in enumerate(exemplars, start=1):
         if question.class_id not in catalog:
-            raise ValueError(f"{source}: row {row}: class {question.class_id!r} is not in the catalog, so the exemplar "
-                             "rule cannot answer with it")
+            where = question.source or f"{source}: row {row}"
+            raise ValueError(f"{where}: class {question.class_id!r} is not in the catalog, so the exemplar rule cannot "
+                             "answer with it")
     return np.array([catalog.index(q.class_id) for q in exemplars], dtype=np.int64)
 
 

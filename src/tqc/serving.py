@@ -42,9 +42,10 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
 
         self.model = BiEncoder.load(Path(context.artifacts["model"])).eval()
         self.catalog = Catalog.load(context.artifacts["catalog"])
-        self.standards = self.model.standard.encode(self.catalog.texts)  # (P, D), encoded once per load
         prior_file, config = context.artifacts.get("prior"), context.model_config or {}
         self.exemplars = _exemplar_bank(self.model, self.catalog, context.artifacts.get("exemplars"), config)
+        # (P, D), encoded once per load; the exemplar rule never reads them
+        self.standards = self.model.standard.encode(self.catalog.texts) if self.exemplars is None else None
         if prior_file:  # the entry `_model_config` found for this model when it was logged
             entry = prior.read_file(Path(prior_file))[config.get("prior_model", FIRST_REGISTERED_ENTRY)]
             shift = PriorShift.from_json(entry, self.catalog.class_ids, prior_file).shift
@@ -82,7 +83,7 @@ def _exemplar_bank(model, catalog, exemplars_file: str | None, config: dict):
         return None
     from tqc.exemplars import ExemplarBank, catalog_indices, load_exemplars
 
-    rows = load_exemplars(Path(exemplars_file))
+    rows = load_exemplars(Path(exemplars_file))  # a registered version reads its own copy of the file
     vectors = model.question.encode([q.text for q in rows], description="encoding exemplars")  # (M, D), once per load
     return ExemplarBank(vectors, catalog_indices(rows, catalog, exemplars_file), len(catalog), int(config["exemplar_k"]))
 

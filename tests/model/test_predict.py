@@ -142,19 +142,24 @@ def test_predict_with_exemplars_ranks_as_evaluate_scores_the_exemplar_rule(tiny_
     assert all(len(r["top_k"]) == 2 for r in records)  # --top-k 3, but only two classes have exemplars
 
 
-def test_predict_with_a_bad_exemplar_file_names_the_file_and_row(tiny_model_dir, tmp_path, capsys):
+def test_predict_with_a_bad_exemplar_file_names_the_file_and_line(tiny_model_dir, tmp_path, capsys):
     tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
     CATALOG.save(tmp_path / "catalog.jsonl")
     ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"), "where is it"]
-    (tmp_path / "no_label.jsonl").write_text('{"text": "where", "class_id": "loc"}\n{"text": "who"}\n', encoding="utf-8")
+    (tmp_path / "no_label.jsonl").write_text('{"text": "where", "class_id": "loc"}\n\n\n{"text": "who"}\n', encoding="utf-8")
     (tmp_path / "unknown.jsonl").write_text('{"text": "where", "class_id": "loc"}\n{"text": "when", "class_id": "date"}\n',
                                             encoding="utf-8")
+    (tmp_path / "latin1.jsonl").write_bytes('{"text": "caf\xe9", "class_id": "loc"}\n'.encode("latin-1"))
 
     assert main([*ask, "--exemplars", str(tmp_path / "no_label.jsonl")]) == 2
-    assert "no_label.jsonl: row 2: an exemplar needs non-empty string fields text and class_id" in capsys.readouterr().err
+    assert "no_label.jsonl, line 4: an exemplar needs non-empty string fields text and class_id" in capsys.readouterr().err
     assert main([*ask, "--exemplars", str(tmp_path / "unknown.jsonl")]) == 2
-    assert "unknown.jsonl: row 2: class 'date' is not in the catalog" in capsys.readouterr().err
+    assert "unknown.jsonl:2: class 'date' is not in the catalog" in capsys.readouterr().err
+    assert main([*ask, "--exemplars", str(tmp_path / "latin1.jsonl")]) == 2
+    assert "latin1.jsonl: not UTF-8 text" in capsys.readouterr().err
     assert main([*ask, "--exemplars", str(tmp_path / "nowhere.jsonl")]) == 2
     assert "nowhere.jsonl: no labeled questions there" in capsys.readouterr().err
     assert main([*ask, "--exemplars", str(tmp_path / "unknown.jsonl"), "--prior", str(tmp_path / "prior.json")]) == 2
     assert "the exemplar rule has none" in capsys.readouterr().err
+    assert main([*ask, "--exemplar-k", "3"]) == 2
+    assert "--exemplar-k without --exemplars" in capsys.readouterr().err

@@ -174,22 +174,30 @@ def test_the_registry_serves_the_exemplar_rule_with_the_training_rows_and_no_shi
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     write_json(models / "prior.json", {"weights": [0.0, 1.0], "models": {"admc": {  # a shift the exemplar rule must not serve
         "model": "stage_two", "weight": 1.0, "temperature": 0.1, "shift": {c: (100.0 if c == "NUM" else 0.0) for c in catalog.class_ids}}}})
-    reports = []
-    for rule in ("standard", "exemplars"):
-        with standalone_run("promote", registry) as tracker:
-            reports.append(promote.run(data_dir, model_dir, models / "prior.json", PromoteParams(bootstrap_samples=200, rule=rule),
-                                       tmp_path / "p.json", tracker, exemplar_k=1))
 
-    standard, exemplars = reports
+    def promote_with(rule: str) -> dict:
+        with standalone_run("promote", registry) as tracker:
+            return promote.run(data_dir, model_dir, models / "prior.json", PromoteParams(bootstrap_samples=200, rule=rule),
+                               tmp_path / "p.json", tracker, exemplar_k=1)
+
+    standard, exemplars, again = promote_with("standard"), promote_with("exemplars"), promote_with("exemplars")
+    first_rows = (data_dir / "train.jsonl").read_text(encoding="utf-8")
+    with (data_dir / "train.jsonl").open("a", encoding="utf-8") as rows:  # a newly labeled question: other content
+        rows.write('{"text": "where is the eiffel tower", "class_id": "LOC"}\n')
+    grown = promote_with("exemplars")
+
     assert (standard["rule"], exemplars["rule"]) == ("standard", "exemplars")
     assert standard["validation"]["challenger_accuracy"] < 0.5  # NUM for every question, through the shift
     assert exemplars["challenger_version"] == "2" and not exemplars["challenger_registered_before"]  # the same model, other content
     assert exemplars["validation"]["challenger_accuracy"] > standard["validation"]["challenger_accuracy"]
     assert exemplars["promoted"]  # judged on validation like any challenger
+    assert again["challenger_version"] == "2" and again["challenger_registered_before"]  # unchanged: found by its digest
+    assert grown["challenger_version"] == "3" and not grown["challenger_registered_before"]
     client = mlflow.MlflowClient()
     assert client.get_model_version("tqc-admc", "2").tags["rule"] == "exemplars"
     assert client.get_model_version("tqc-admc", "2").tags["prior_target"] == "none"
     questions = pd.DataFrame({"question": ["where is paris", "who invented chess", "how many moons"]})
-    served = mlflow.pyfunc.load_model("models:/tqc-admc@champion").predict(questions, params={"top_k": 2})
-    local = local_matcher(model_dir, data_dir / "catalog.jsonl", 2, None, (data_dir / "train.jsonl", 1)).predict(None, questions)
-    pd.testing.assert_frame_equal(served, local)  # the registered copy of the training rows, k = 1
+    (tmp_path / "first_rows.jsonl").write_text(first_rows, encoding="utf-8")
+    served = mlflow.pyfunc.load_model("models:/tqc-admc/2").predict(questions, params={"top_k": 2})
+    local = local_matcher(model_dir, data_dir / "catalog.jsonl", 2, None, (tmp_path / "first_rows.jsonl", 1)).predict(None, questions)
+    pd.testing.assert_frame_equal(served, local)  # v2 serves its registered copy of the rows as they were, k = 1

@@ -1,6 +1,6 @@
 """Promote: register the stage-two model; move the champion alias only if it wins on validation.
 
-A model whose content (model files, catalog, prior entry, top_k, tqc version) is in the registry
+A model whose content (model files, catalog, prior entry or exemplar rows and k, top_k, tqc version) is in the registry
 already is not registered again: its version is the challenger, and if that is the champion the
 report says so and nothing moves.
 
@@ -121,7 +121,7 @@ def _already_champion(decision, version: str):
 
     return replace(decision, promote=False,
                    reasons=[f"the challenger is the champion, v{version}: the same content digest (model, catalog, "
-                            "prior entry, top_k, tqc version)"] + decision.reasons)
+                            "prior entry or exemplar rows and k, top_k, tqc version)"] + decision.reasons)
 
 
 def _incomparable(decision):
