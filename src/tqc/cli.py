@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="labeled questions (JSONL of text, class_id, e.g. data/validated/train.jsonl): rank each "
                               "class by its --exemplar-k nearest ones instead of its standard question (no shift)")
     predict.add_argument("--exemplar-k", type=int, default=None, help="with --exemplars: k (default 2)")
+    predict.add_argument("--exemplar-cache", default=None,
+                         help="with --exemplars: a folder keeping their encoded vectors between calls, keyed by the "
+                              "model's and the file's sha256 (default $XDG_CACHE_HOME/tqc/exemplars, or "
+                              "~/.cache/tqc/exemplars; none: encode every call)")
     bench = commands.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument("what", choices=["epochs", "validate"], help="epochs: seconds per epoch, stage one vs stage two "
                        "at the same batch size; validate: seconds the validate stage adds on --dataset")
@@ -257,8 +261,8 @@ def _matcher(args: argparse.Namespace):
     from tqc.serving import local_matcher
 
     if args.exemplars is None:
-        if args.exemplar_k is not None:
-            raise ConfigError("--exemplar-k without --exemplars: the standard-question rule has no k")
+        if args.exemplar_k is not None or args.exemplar_cache is not None:
+            raise ConfigError("--exemplar-k or --exemplar-cache without --exemplars: the standard-question rule has neither")
         return local_matcher(args.model, args.catalog, args.top_k, _prior_for(args.model, args.prior))
     k = 2 if args.exemplar_k is None else args.exemplar_k
     if k < 1:
@@ -267,9 +271,20 @@ def _matcher(args: argparse.Namespace):
         raise ConfigError(f"--prior {args.prior} with --exemplars: the class-prior shift was fitted for the "
                           "standard-question rule, and the exemplar rule has none")
     try:
-        return local_matcher(args.model, args.catalog, args.top_k, None, (args.exemplars, k))
+        return local_matcher(args.model, args.catalog, args.top_k, None, (args.exemplars, k), _exemplar_cache(args.exemplar_cache))
     except ValueError as exc:  # e.g. an exemplar file's bad line or unknown class: each message names its file
         raise ConfigError(str(exc)) from None
+
+
+def _exemplar_cache(choice: str | None) -> Path | None:
+    """`--exemplar-cache`: the folder (default: the user's cache folder), or None for `none`."""
+    import os
+
+    if choice == "none":
+        return None
+    if choice is not None:
+        return Path(choice)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tqc" / "exemplars"
 
 
 def _prior_for(model_dir: Path, choice: str) -> Path | None:

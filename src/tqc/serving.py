@@ -32,6 +32,10 @@ FIRST_REGISTERED_ENTRY = "admc"
 
 
 class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
+    # `tqc predict` sets a folder where the exemplar rule's encoded questions are kept between calls;
+    # a registered model leaves it None and encodes them once per load.
+    exemplar_cache: Path | None = None
+
     def load_context(self, context) -> None:
         import torch
 
@@ -43,7 +47,8 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         self.model = BiEncoder.load(Path(context.artifacts["model"])).eval()
         self.catalog = Catalog.load(context.artifacts["catalog"])
         prior_file, config = context.artifacts.get("prior"), context.model_config or {}
-        self.exemplars = _exemplar_bank(self.model, self.catalog, context.artifacts.get("exemplars"), config)
+        self.exemplars = _exemplar_bank(self.model, Path(context.artifacts["model"]), self.catalog,
+                                        context.artifacts.get("exemplars"), config, self.exemplar_cache)
         # (P, D), encoded once per load; the exemplar rule never reads them
         self.standards = self.model.standard.encode(self.catalog.texts) if self.exemplars is None else None
         if prior_file:  # the entry `_model_config` found for this model when it was logged
@@ -77,23 +82,51 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
 
 
-def _exemplar_bank(model, catalog, exemplars_file: str | None, config: dict):
+def _exemplar_bank(model, model_dir: Path, catalog, exemplars_file: str | None, config: dict, cache_dir: Path | None):
     """The exemplar rule's encoded labeled questions (None: the standard-question rule)."""
     if exemplars_file is None:
         return None
     from tqc.exemplars import ExemplarBank, catalog_indices, load_exemplars
 
     rows = load_exemplars(Path(exemplars_file))  # a registered version reads its own copy of the file
-    vectors = model.question.encode([q.text for q in rows], description="encoding exemplars")  # (M, D), once per load
+    vectors = _encoded_exemplars(model, rows, model_dir, Path(exemplars_file), cache_dir)  # (M, D)
     return ExemplarBank(vectors, catalog_indices(rows, catalog, exemplars_file), len(catalog), int(config["exemplar_k"]))
 
 
+def _encoded_exemplars(model, rows, model_dir: Path, exemplars_file: Path, cache_dir: Path | None):
+    """(M, D) question-encoder vectors of `rows`; with `cache_dir`, read from there when this model folder
+    encoded this exact file before (the key is the sha256 of both), else encoded and written there."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, save_file
+
+    from tqc.io import atomic_path, file_digest
+
+    def encode():
+        return model.question.encode([q.text for q in rows], description="encoding exemplars")
+
+    if cache_dir is None:
+        return encode()
+    key = hashlib.sha256(json.dumps({"model": folder_digest(model_dir), "exemplars": file_digest(exemplars_file, "sha256")},
+                                    sort_keys=True).encode()).hexdigest()
+    path = Path(cache_dir) / f"{key}.safetensors"
+    if path.exists():
+        try:
+            return load_file(path)["vectors"]
+        except (SafetensorError, KeyError, OSError):  # a damaged entry is encoded again and replaced
+            pass
+    vectors = encode()
+    with atomic_path(path) as tmp:
+        save_file({"vectors": vectors.contiguous()}, str(tmp))
+    return vectors
+
+
 def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_path: Path | None = None,
-                  exemplars: tuple[Path, int] | None = None) -> StandardQuestionMatcher:
+                  exemplars: tuple[Path, int] | None = None, exemplar_cache: Path | None = None) -> StandardQuestionMatcher:
     """The matcher the registry serves, loaded from local folders (`tqc predict`): the same code answers.
 
     `prior_path`: a prior stage's file with an entry fitted for `model_dir` (None: similarity alone).
-    `exemplars`: (labeled questions JSONL, k) to serve the exemplar rule instead, which has no shift."""
+    `exemplars`: (labeled questions JSONL, k) to serve the exemplar rule instead, which has no shift;
+    `exemplar_cache`: a folder keeping their encoded vectors between calls (None: encode every time)."""
     from types import SimpleNamespace
 
     from tqc.model.encoder import MODEL_CONFIG
@@ -105,6 +138,7 @@ def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_pat
     if exemplars is not None and not Path(exemplars[0]).exists():
         raise FileNotFoundError(f"{exemplars[0]}: no labeled questions there (`dvc repro` writes data/validated/train.jsonl)")
     matcher = StandardQuestionMatcher()
+    matcher.exemplar_cache = exemplar_cache
     matcher.load_context(SimpleNamespace(artifacts=_artifacts(model_dir, catalog_path, prior_path, exemplars),
                                          model_config=_model_config(model_dir, prior_path, top_k, exemplars)))
     return matcher
@@ -164,6 +198,14 @@ def _artifacts(model_dir: Path, catalog_path: Path, prior_path: Path | None,
     return artifacts
 
 
+def folder_digest(folder: Path) -> dict[str, str]:
+    """{relative path: sha256} of every file under a model folder."""
+    from tqc.io import file_digest
+
+    folder = Path(folder)
+    return {str(f.relative_to(folder)): file_digest(f, "sha256") for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
 def content_digest(model_dir: Path, catalog_path: Path, config: dict, prior_entry: dict | None,
                    exemplars_path: Path | None = None) -> str:
     """sha256 of all that a registered version serves: the model folder's files, the catalog, its
@@ -173,9 +215,8 @@ def content_digest(model_dir: Path, catalog_path: Path, config: dict, prior_entr
     import tqc
     from tqc.io import file_digest
 
-    model_dir = Path(model_dir)
     parts = {
-        "model": {str(f.relative_to(model_dir)): file_digest(f, "sha256") for f in sorted(model_dir.rglob("*")) if f.is_file()},
+        "model": folder_digest(model_dir),
         "catalog": file_digest(Path(catalog_path), "sha256"),
         "prior": prior_entry,
         "config": config,

@@ -12,6 +12,13 @@ from tests.model.test_encoder import tiny_bi_encoder
 from tqc.cli import main
 from tqc.schema import Catalog, StandardQuestion
 
+@pytest.fixture(autouse=True)
+def user_cache(tmp_path, monkeypatch):
+    """--exemplars keeps vectors in the user's cache folder by default: here, one of the test's own."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
+    return tmp_path / "user-cache" / "tqc" / "exemplars"
+
+
 CATALOG = Catalog([StandardQuestion("loc", "Where is it?"), StandardQuestion("hum", "Who is it?"),
                    StandardQuestion("num", "How many are there?")])
 
@@ -162,4 +169,38 @@ def test_predict_with_a_bad_exemplar_file_names_the_file_and_line(tiny_model_dir
     assert main([*ask, "--exemplars", str(tmp_path / "unknown.jsonl"), "--prior", str(tmp_path / "prior.json")]) == 2
     assert "the exemplar rule has none" in capsys.readouterr().err
     assert main([*ask, "--exemplar-k", "3"]) == 2
-    assert "--exemplar-k without --exemplars" in capsys.readouterr().err
+    assert "--exemplar-k or --exemplar-cache without --exemplars" in capsys.readouterr().err
+
+
+def test_predict_keeps_encoded_exemplars_between_calls_keyed_by_model_and_file(tiny_model_dir, tmp_path, capsys, monkeypatch,
+                                                                               user_cache):
+    from tqc.model.encoder import TextEncoder
+    from tqc.schema import LabeledQuestion, save_questions
+
+    torch.manual_seed(0)
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    save_questions(tmp_path / "train.jsonl", [LabeledQuestion("where is paris", "loc"), LabeledQuestion("who wrote it", "hum")])
+    ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
+           "--exemplars", str(tmp_path / "train.jsonl"), "--top-k", "2", "where is the louvre", "who painted it"]
+
+    assert main(ask) == 0
+    first = capsys.readouterr().out
+    assert len(list(user_cache.glob("*.safetensors"))) == 1  # the default folder: $XDG_CACHE_HOME/tqc/exemplars
+
+    encode = TextEncoder.encode
+
+    def questions_only(self, texts, batch_size=256, description="encoding"):
+        assert description != "encoding exemplars", "the cached vectors should have been read"
+        return encode(self, texts, batch_size, description)
+
+    monkeypatch.setattr(TextEncoder, "encode", questions_only)
+    assert main(ask) == 0
+    assert capsys.readouterr().out == first  # the same answers from the cached vectors
+
+    monkeypatch.setattr(TextEncoder, "encode", encode)
+    with (tmp_path / "train.jsonl").open("a", encoding="utf-8") as rows:  # another file: encoded anew, another entry
+        rows.write('{"text": "how many cats", "class_id": "num"}\n')
+    assert main(ask) == 0
+    assert len(list(user_cache.glob("*.safetensors"))) == 2
+    assert main([*ask, "--exemplar-cache", "none"]) == 0 and len(list(user_cache.glob("*.safetensors"))) == 2
