@@ -54,3 +54,17 @@ def test_confused_pairs_are_sorted_by_count():
     gold = np.array([0, 0, 0, 1, 1, 2])
     predicted = np.array([1, 1, 0, 0, 2, 2])
     assert confused_pairs(gold, predicted, 2) == [(0, 1, 2), (1, 0, 1)]
+
+
+def test_evaluate_names_the_rule_validation_prefers_by_the_gates_figure():
+    from tqc.stages.evaluate import rule_on_validation
+
+    def metrics(standard: float, nearest: float | None) -> dict:
+        exemplars = {"validation": {"accuracy": nearest, "macro_f1": 0.0}} if nearest is not None else None
+        return {"validation": {"accuracy": standard, "macro_f1": 1.0}, "exemplars": exemplars}
+
+    assert "prefers the exemplar rule (accuracy 0.7300 against the standard questions' 0.7200)" in rule_on_validation(metrics(0.72, 0.73))
+    assert "promote.rule: exemplars" in rule_on_validation(metrics(0.72, 0.73))
+    assert rule_on_validation(metrics(0.7342, 0.7300)).startswith("validation keeps the standard-question rule")
+    assert rule_on_validation(metrics(0.73, 0.73)).endswith("promote.rule: standard")  # a tie keeps the headline rule
+    assert "not scored" in rule_on_validation(metrics(0.73, None))

@@ -110,7 +110,22 @@ def run(data_dir: Path, train_path: Path, models: ChainOutputs, prior_path: Path
              metrics["test"]["accuracy"], metrics["test"]["macro_f1"], metrics["stage_one"]["test"]["macro_f1"],
              nc_macro_f1, metrics["zero_shot"]["test"]["macro_f1"], metrics_path, classes_path, plots_dir,
              time.perf_counter() - started)
+    log.info("evaluate: %s", rule_on_validation(metrics))
     return metrics
+
+
+def rule_on_validation(metrics: dict) -> str:
+    """Which rule validation prefers, by the promotion gate's figure (accuracy, each rule as it would be
+    served: ADMC with its shift, the exemplar rule without one), and the key that serves it."""
+    exemplars = metrics.get("exemplars")
+    if not exemplars:
+        return "the exemplar rule was not scored (evaluate.exemplar_k: 0)"
+    standard, nearest = metrics["validation"]["accuracy"], exemplars["validation"]["accuracy"]
+    if nearest > standard:
+        return (f"validation prefers the exemplar rule (accuracy {nearest:.4f} against the standard questions' "
+                f"{standard:.4f}): promote.rule: exemplars would serve it, if it passes the gate")
+    return (f"validation keeps the standard-question rule (accuracy {standard:.4f}, the exemplar rule "
+            f"{nearest:.4f}): promote.rule: standard")
 
 
 def _extra_seeds(params: Params, data_dir: Path, train_path: Path, splits, catalog) -> list[dict]:
