@@ -39,26 +39,21 @@ def load_exemplars(path: Path) -> list[LabeledQuestion]:
     blank lines are skipped, and a line that is not such a record is an error naming the file and the line."""
     import json
 
-    rows = []
+    from tqc.io import numbered_jsonl
+
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        records = numbered_jsonl(path)
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    for line_number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}, line {line_number}: not valid JSON: {exc}") from None
+    for line_number, record in records:
         if not isinstance(record, dict) or not all(isinstance(record.get(key), str) and record[key].strip()
                                                    for key in ("text", "class_id")):
             raise ValueError(f"{path}, line {line_number}: an exemplar needs non-empty string fields text and class_id, "
-                             f"got {line.strip()[:200]}")
-        rows.append(LabeledQuestion(record["text"], record["class_id"], source=f"{path}:{line_number}"))
-    if not rows:
+                             f"got {json.dumps(record, ensure_ascii=False)[:200]}")
+    if not records:
         raise ValueError(f"{path}: no labeled questions, so the exemplar rule has nothing to score classes by")
-    return rows
+    return [LabeledQuestion(record["text"], record["class_id"], source=f"{path}:{line_number}")
+            for line_number, record in records]
 
 
 def catalog_indices(exemplars: list[LabeledQuestion], catalog: Catalog, source: str) -> np.ndarray:

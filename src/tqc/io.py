@@ -109,14 +109,20 @@ def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
+    return [record for _, record in numbered_jsonl(path)]
+
+
+def numbered_jsonl(path: str | Path) -> list[tuple[int, object]]:
+    """(line number, record) of every non-blank line, so callers can name the line of a record they
+    refuse; a line that is not JSON is an error naming the file and the line."""
     path = Path(path)
-    rows = []
+    records = []
     with path.open(encoding="utf-8") as f:
         for line_number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
+                records.append((line_number, json.loads(line)))
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}, line {line_number}: not valid JSON: {exc}") from None
-    return rows
+    return records

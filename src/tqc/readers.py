@@ -320,10 +320,11 @@ def read_validation(params: DataParams) -> ReadResult | None:
     if not params.validation_file:
         return None
     path, (train_path, test_path) = Path(params.data_dir) / params.validation_file, _split_files(params)
-    if path.resolve() == test_path.resolve():
+    resolved = path.resolve()
+    if resolved == test_path.resolve():
         raise ReaderError(f"data.validation_file {path} is the test split ({test_path}): selecting checkpoints on it "
                           "would make the test figures meaningless; name another file")
-    if path.resolve() == train_path.resolve():
+    if resolved == train_path.resolve():
         raise ReaderError(f"data.validation_file {path} is the training split ({train_path}): validation must be "
                           "questions the model is not trained on; name another file, or unset it to carve one from train")
     return require_rows(_dataset_reader(params)(path), path)
