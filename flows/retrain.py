@@ -1,4 +1,5 @@
-"""The `retrain` flow: new labeled questions from the inbox → validated, merged, trained, judged, committed.
+"""The `retrain` flow: new labeled questions from the inbox → validated, merged, trained (or, with
+`retrain.mode: refresh`, served by the champion's encoder as exemplars), judged, committed.
 
     python flows/retrain.py                      # once, locally, on Prefect's embedded default
     prefect deploy --all                         # the cron deployment in prefect.yaml (GPU work pool)
@@ -40,6 +41,11 @@ def train(params: Params, staged: steps.Staged, staging: Path) -> steps.Trained:
 
 
 @task(cache_policy=NO_CACHE)
+def refresh(params: Params, staged: steps.Staged, staging: Path) -> steps.Trained:
+    return steps.refresh(params, staged, staging)
+
+
+@task(cache_policy=NO_CACHE)
 def judge(params: Params, trained: steps.Trained, staging: Path) -> dict:
     from tqc.stages import promote
 
@@ -54,10 +60,13 @@ def commit(params: Params, staged: steps.Staged, files, repeats) -> dict:
 
 
 @flow(name="retrain", log_prints=True)
-def retrain(params_path: str = "params.yaml") -> dict:
-    """Returns what happened: {"status": "nothing to do" | "retrained" | "no rows accepted", …}."""
+def retrain(params_path: str = "params.yaml", mode: str | None = None) -> dict:
+    """Returns what happened: {"status": "nothing to do" | "retrained" | "no rows accepted", …}.
+
+    `mode`: "train" or "refresh" for this run, instead of params.yaml's `retrain.mode` (one deployment
+    can then refresh often and train now and then: `prefect deployment run … -p mode=refresh`)."""
     logger = get_run_logger()
-    params = load_params(params_path)
+    params = load_params(params_path, {"retrain": {"mode": mode}} if mode else None)
     retries = {"retries": params.retrain.retries, "retry_delay_seconds": params.retrain.retry_delay_seconds}
     with steps.retrain_lock(params.retrain):
         files, repeats = pick_up(params)
@@ -72,7 +81,8 @@ def retrain(params_path: str = "params.yaml") -> dict:
             create_markdown_artifact(steps.summary_markdown(staged, None, None), key="retrain-summary")
             return {"status": "no rows accepted", **result}
         with standalone_run("retrain", params.tracking, tags={"tqc.kind": "retrain"}):
-            trained = train.with_options(**retries)(params, staged, staging)
+            renew = refresh if params.retrain.mode == "refresh" else train  # refresh: the exemplar rule, no training
+            trained = renew.with_options(**retries)(params, staged, staging)
             # The data version before the champion: a commit that fails leaves both as they were.
             result = commit(params, staged, files, repeats)
             promotion = judge.with_options(**retries)(params, trained, staging)
@@ -81,8 +91,8 @@ def retrain(params_path: str = "params.yaml") -> dict:
         shutil.rmtree(staging, ignore_errors=True)
         logger.info("retrain: %d rows and %d classes added; %s", staged.accepted - staged.new_classes, staged.new_classes,
                     "promoted" if promotion["promoted"] else "champion kept")
-        return {"status": "retrained", "accepted": staged.accepted - staged.new_classes, "new_classes": staged.new_classes,
-                "promoted": promotion["promoted"], **result}
+        return {"status": "retrained", "mode": params.retrain.mode, "accepted": staged.accepted - staged.new_classes,
+                "new_classes": staged.new_classes, "promoted": promotion["promoted"], **result}
 
 
 if __name__ == "__main__":

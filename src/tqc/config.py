@@ -346,6 +346,9 @@ class RetrainParams(Strict):
     retries: int = Field(2, ge=0)  # for steps that can flake (training, the registry)
     retry_delay_seconds: float = Field(10.0, ge=0.0)
     push: bool = True  # dvc push after the commit when a DVC remote is configured
+    # train: the pipeline's stages on the grown data. refresh (promote.rule exemplars only): no training;
+    # the champion's encoder serves the grown data's labeled questions as its exemplars, judged by the gate.
+    mode: Literal["train", "refresh"] = "train"
 
 
 ParamValue = str | int | float | bool | None | list
@@ -436,6 +439,19 @@ class Params(Strict):
         if self.promote.rule == "exemplars" and self.evaluate.exemplar_k == 0:
             raise ValueError("promote.rule is 'exemplars' but evaluate.exemplar_k is 0: the rule scores each class by its "
                              "exemplar_k nearest labeled questions, so set it (e.g. 2)")
+        return self
+
+    @model_validator(mode="after")
+    def _refresh_serves_exemplars(self) -> "Params":
+        if self.retrain.mode != "refresh":
+            return self
+        if self.promote.rule != "exemplars":
+            raise ValueError("retrain.mode is 'refresh' (new labeled questions join the served exemplars, no training) but "
+                             "promote.rule is 'standard', whose answers only training changes: set promote.rule: exemplars, "
+                             "or retrain.mode: train")
+        if not self.tracking.enabled:
+            raise ValueError("retrain.mode is 'refresh', which refreshes the registry's champion, but tracking.enabled is "
+                             "false: there is no registry")
         return self
 
     @model_validator(mode="after")

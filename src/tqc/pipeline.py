@@ -36,12 +36,18 @@ class ChainOutputs:
 EpochHook = Callable[[str, EpochRecord], None]  # (stage name, epoch record)
 
 
-def prepare_data(params: Params, work_dir: Path) -> PreparedData:
-    """ingest → validate → augment into `work_dir`, as `dvc repro` does into data/."""
+def validated_data(params: Params, work_dir: Path) -> Path:
+    """ingest → validate into `work_dir`, as `dvc repro` does into data/; returns the validated folder."""
     ingest.run(params.data, params.seed, work_dir / "ingested", work_dir / "quarantine" / "ingest.jsonl",
                work_dir / "reports" / "ingest.json")
     validate.run(work_dir / "ingested", params.validate_, work_dir / "validated", work_dir / "quarantine" / "validate.jsonl",
                  work_dir / "reports" / "validation.json")
+    return work_dir / "validated"
+
+
+def prepare_data(params: Params, work_dir: Path) -> PreparedData:
+    """ingest → validate → augment into `work_dir`, as `dvc repro` does into data/."""
+    validated_data(params, work_dir)
     augment.run(work_dir / "validated" / "train.jsonl", params.augment, params.seed, work_dir / "augmented" / "train.jsonl",
                 work_dir / "reports" / "augment.json", work_dir / "validated" / "generated.jsonl")
     return PreparedData(work_dir / "validated", work_dir / "augmented" / "train.jsonl")

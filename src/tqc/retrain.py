@@ -9,7 +9,9 @@ New labeled questions arrive as files in an inbox. A retrain:
    labeled files, each judged by the validate stage's own contract against the current data
    (`tqc.incoming.check_batch`). Rejected rows go to quarantine with file, line and reason.
 3. `train` / `judge`: the pipeline's stage functions on the staged data, then the promotion
-   gate against the registry's champion.
+   gate against the registry's champion. With `retrain.mode: refresh` (the exemplar rule only)
+   `refresh` replaces `train`: the champion's encoder, untrained, serves the grown data's
+   labeled questions, and the same gate judges it.
 4. `commit`: the staged additions replace data/raw atomically, `dvc add` records the new data
    version (`dvc push` when a remote is configured), then the inbox files move to the archive
    and the manifest. Until this step nothing outside the staging folder has changed, so a
@@ -234,8 +236,9 @@ def _merge_labeled(incoming: Incoming, params: Params, raw: Path, reference: Pat
 class Trained:
     data: Path  # the staged validated data
     model: Path  # the stage-two model
-    prior: Path  # its class-prior shift (the prior stage's file)
-    validation_macro_f1: float
+    prior: Path | None  # its class-prior shift (the prior stage's file); None for a refresh
+    validation_macro_f1: float | None  # stage two's best; None for a refresh, which trains nothing
+    refreshed_from: str | None = None  # a refresh: the champion version whose encoder it serves
 
 
 def train(params: Params, staged: Staged, staging: Path) -> Trained:
@@ -249,6 +252,41 @@ def train(params: Params, staged: Staged, staging: Path) -> Trained:
     prior_path = staging / "models" / "prior.json"
     prior.run(data.directory, outputs.stage_one, outputs.stage_two, None, staged_params, prior_path)
     return Trained(data.directory, outputs.stage_two, prior_path, outputs.fits["stage_two"].best_validation_macro_f1)
+
+
+class RefreshError(RuntimeError):
+    pass
+
+
+def refresh(params: Params, staged: Staged, staging: Path) -> Trained:
+    """The exemplar rule's light path (`retrain.mode: refresh`): no training. The champion's encoder, as
+    registered, with the staged data's validated labeled questions as its exemplars; the gate then judges
+    that version against the champion on the grown validation split like any challenger."""
+    from tqc.pipeline import validated_data
+
+    data = validated_data(_with_additions(params, staged.raw), staging / "data")
+    model, version = champion_model(params.promote.model_name, params.promote.alias, staging / "champion")
+    log.info("retrain: refresh: the encoder of %s v%s with %s's labeled questions as exemplars, no training",
+             params.promote.model_name, version, data / "train.jsonl")
+    return Trained(data, model, None, None, refreshed_from=version)
+
+
+def champion_model(model_name: str, alias: str, destination: Path) -> tuple[Path, str]:
+    """(the model folder of the registry's `alias` version, downloaded to `destination`; its version)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    from mlflow.models import Model
+
+    try:
+        version = str(mlflow.MlflowClient().get_model_version_by_alias(model_name, alias).version)
+    except MlflowException:
+        raise RefreshError(f"retrain.mode refresh: the registry ({mlflow.get_tracking_uri()}) has no {model_name}@{alias} "
+                           "to refresh; train one first (retrain.mode: train, or dvc repro)") from None
+    if destination.exists():
+        shutil.rmtree(destination)
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{version}", dst_path=str(destination)))
+    artifacts = Model.load(local).flavors["python_function"]["artifacts"]
+    return local / artifacts["model"]["path"], version
 
 
 def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[Incoming]) -> dict:
@@ -335,6 +373,9 @@ def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | 
     lines = ["# Retrain", "", "| file | kind | outcome | read | accepted | quarantined |", "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {Path(o.file).name} | {o.kind} | {o.outcome} | {o.read} | {o.accepted} | {o.quarantined} |" for o in staged.outcomes]
     lines += ["", f"Accepted rows: **{staged.accepted - staged.new_classes}**; new classes: **{staged.new_classes}**."]
+    if trained and trained.refreshed_from:
+        lines += ["", f"Refreshed, not trained: version {trained.refreshed_from}'s encoder with the grown labeled questions "
+                      "as its exemplars."]
     if promotion and trained and "challenger_version" not in promotion:  # tracking off: no registry to judge in
         lines += ["", "**Not promoted**:", ""] + [f"- {reason}" for reason in promotion["reasons"]]
     elif promotion and trained:

@@ -39,6 +39,14 @@ def test_serving_the_exemplar_rule_needs_a_k():
     assert Params.model_validate({"promote": {"rule": "exemplars"}}).evaluate.exemplar_k == 2
 
 
+def test_a_refresh_needs_the_exemplar_rule_and_a_registry():
+    with pytest.raises(ValueError, match="retrain.mode is 'refresh' .* but promote.rule is 'standard'"):
+        Params.model_validate({"retrain": {"mode": "refresh"}})
+    with pytest.raises(ValueError, match="tracking.enabled is false: there is no registry"):
+        Params.model_validate({"retrain": {"mode": "refresh"}, "promote": {"rule": "exemplars"}, "tracking": {"enabled": False}})
+    assert Params.model_validate({"retrain": {"mode": "refresh"}, "promote": {"rule": "exemplars"}}).retrain.mode == "refresh"
+
+
 def test_a_registered_model_name_with_a_quote_is_refused(tmp_path):
     # the name is quoted inside MLflow's search filter, which cannot escape it
     path = tmp_path / "params.yaml"

@@ -177,3 +177,63 @@ def test_a_failed_data_commit_leaves_the_raw_data_the_champion_and_the_inbox_as_
     assert (project / "data" / "raw" / "labeled.jsonl").read_bytes() == raw_before
     assert champion_version(project) == champion_before
     assert (project / "data" / "incoming" / "two.csv").exists()
+
+
+def set_params(project: Path, **sections) -> None:
+    """Update params.yaml sections in place: set_params(project, promote={"rule": "exemplars"})."""
+    import yaml
+
+    path = project / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    for section, values in sections.items():
+        params[section].update(values)
+    path.write_text(yaml.safe_dump(params))
+
+
+def registered_file(project: Path, version: str, artifact: str) -> Path:
+    """A registered version's artifact (its model folder, its exemplars), downloaded."""
+    import mlflow
+    from mlflow.models import Model
+
+    mlflow.set_tracking_uri(f"sqlite:///{project / 'mlflow.db'}")
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/tqc-admc/{version}",
+                                                      dst_path=str(project / "downloads" / version)))
+    return local / Model.load(local).flavors["python_function"]["artifacts"][artifact]["path"]
+
+
+def test_a_refresh_serves_the_new_questions_with_the_champions_encoder_and_trains_nothing(project, monkeypatch):
+    import tqc.pipeline
+    from tqc.serving import folder_digest
+
+    set_params(project, promote={"rule": "exemplars"})
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
+    first = retrain(params_path="params.yaml")  # trains the champion the refresh starts from
+    assert first["mode"] == "train" and first["promoted"] and champion_version(project) == "1"
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a refresh trained a model")
+
+    monkeypatch.setattr(tqc.pipeline, "train_chain", no_training)
+    set_params(project, retrain={"mode": "refresh"})
+    new = [(q, "LOC") for q in unseen_questions(project, "LOC", 4)]
+    drop(project, "two.csv", new)
+    second = retrain(params_path="params.yaml")
+
+    assert second["status"] == "retrained" and second["mode"] == "refresh" and second["accepted"] == 4
+    assert {t for t, _ in new} <= {r["text"] for r in added_rows(project)}  # the data grew as for a training retrain
+    # A new version: version 1's encoder to the byte, and exemplars that now hold the new questions
+    # (those the hash split sends to train; the others are in validation, where the gate judges it).
+    assert folder_digest(registered_file(project, "2", "model")) == folder_digest(registered_file(project, "1", "model"))
+    exemplars_before = {json.loads(line)["text"] for line in registered_file(project, "1", "exemplars").read_text().splitlines()}
+    exemplars_after = {json.loads(line)["text"] for line in registered_file(project, "2", "exemplars").read_text().splitlines()}
+    assert exemplars_before < exemplars_after and exemplars_after - exemplars_before <= {t for t, _ in new}
+    assert champion_version(project) == ("2" if second["promoted"] else "1")
+    assert "Refreshed, not trained: version 1's encoder" in latest_artifact_markdown("two.csv")
+
+
+def test_a_refresh_without_a_champion_says_what_to_do_and_changes_nothing(project):
+    set_params(project, promote={"rule": "exemplars"})
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
+    with pytest.raises(Exception, match=r"has no tqc-admc@champion to refresh; train one first"):
+        retrain(params_path="params.yaml", mode="refresh")  # the flow's parameter, over params.yaml's train
+    assert not added_rows(project) and (project / "data" / "incoming" / "one.csv").exists()
