@@ -237,3 +237,26 @@ def test_a_refresh_without_a_champion_says_what_to_do_and_changes_nothing(projec
     with pytest.raises(Exception, match=r"has no tqc-admc@champion to refresh; train one first"):
         retrain(params_path="params.yaml", mode="refresh")  # the flow's parameter, over params.yaml's train
     assert not added_rows(project) and (project / "data" / "incoming" / "one.csv").exists()
+
+
+def test_a_refresh_answers_a_new_class_from_its_labeled_questions_alone(project):
+    import mlflow.pyfunc
+    import pandas as pd
+
+    set_params(project, promote={"rule": "exemplars"})
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
+    assert retrain(params_path="params.yaml")["promoted"]  # version 1 knows no DESC
+    inbox = project / "data" / "incoming"
+    (inbox / "catalog-2026-11.csv").write_text("class_id,text\nDESC,What does it mean?\n")
+    drop(project, "new-class.csv", [(f"what does {noun} mean", "DESC") for noun in ("chess", "tea", "gold", "music", "rain")])
+    result = retrain(params_path="params.yaml", mode="refresh")
+    assert result["mode"] == "refresh" and result["new_classes"] == 1 and result["accepted"] == 5
+
+    exemplars = [json.loads(line) for line in registered_file(project, "2", "exemplars").read_text().splitlines()]
+    desc_questions = [row["text"] for row in exemplars if row["class_id"] == "DESC"]
+    assert desc_questions  # the hash split kept some in train: the new class has exemplars
+    # (registered_file pointed MLflow at the project's registry)
+    answers = {version: mlflow.pyfunc.load_model(f"models:/tqc-admc/{version}").predict(
+        pd.DataFrame({"question": desc_questions}), params={"top_k": 10}) for version in ("1", "2")}
+    assert "DESC" not in set(answers["1"]["class_id"])  # the old version cannot answer it ...
+    assert set(answers["2"][answers["2"]["rank"] == 1]["class_id"]) == {"DESC"}  # ... the refreshed one does, untrained
