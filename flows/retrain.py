@@ -50,8 +50,16 @@ def judge(params: Params, trained: steps.Trained, staging: Path) -> dict:
     from tqc.stages import promote
 
     with nested_run("promote", tags={"tqc.stage": "promote"}) as tracker:
-        return promote.run(trained.data, trained.model, trained.prior, params.promote, staging / "promotion.json", tracker, params.seed,
-                           params.evaluate.exemplar_k)
+        report = promote.run(trained.data, trained.model, trained.prior, params.promote, staging / "promotion.json", tracker,
+                             params.seed, params.evaluate.exemplar_k)
+    if trained.refreshed_from and report.get("challenger_version") and not report["challenger_registered_before"]:
+        steps.tag_refresh(params.promote.model_name, report["challenger_version"], trained.refreshed_from.version)
+    return report
+
+
+def retry_unless_permanent(task, task_run, state) -> bool:
+    """Prefect's retry condition: a step that failed for a reason a retry cannot change (no champion to refresh) is not retried."""
+    return not isinstance(state.result(raise_on_failure=False), steps.RefreshError)
 
 
 @task(cache_policy=NO_CACHE)
@@ -67,7 +75,8 @@ def retrain(params_path: str = "params.yaml", mode: str | None = None) -> dict:
     can then refresh often and train now and then: `prefect deployment run … -p mode=refresh`)."""
     logger = get_run_logger()
     params = load_params(params_path, {"retrain": {"mode": mode}} if mode else None)
-    retries = {"retries": params.retrain.retries, "retry_delay_seconds": params.retrain.retry_delay_seconds}
+    retries = {"retries": params.retrain.retries, "retry_delay_seconds": params.retrain.retry_delay_seconds,
+               "retry_condition_fn": retry_unless_permanent}
     with steps.retrain_lock(params.retrain):
         files, repeats = pick_up(params)
         if not files and not repeats:
@@ -80,7 +89,7 @@ def retrain(params_path: str = "params.yaml", mode: str | None = None) -> dict:
             logger.info("retrain: no row accepted from %d file(s); nothing to train", len(files) + len(repeats))
             create_markdown_artifact(steps.summary_markdown(staged, None, None), key="retrain-summary")
             return {"status": "no rows accepted", **result}
-        with standalone_run("retrain", params.tracking, tags={"tqc.kind": "retrain"}):
+        with standalone_run("retrain", params.tracking, tags={"tqc.kind": "retrain", "tqc.retrain.mode": params.retrain.mode}):
             renew = refresh if params.retrain.mode == "refresh" else train  # refresh: the exemplar rule, no training
             trained = renew.with_options(**retries)(params, staged, staging)
             # The data version before the champion: a commit that fails leaves both as they were.

@@ -451,7 +451,7 @@ class Params(Strict):
                              "or retrain.mode: train")
         if not self.tracking.enabled:
             raise ValueError("retrain.mode is 'refresh', which refreshes the registry's champion, but tracking.enabled is "
-                             "false: there is no registry")
+                             "false: there is no registry; set tracking.enabled: true, or retrain.mode: train")
         return self
 
     @model_validator(mode="after")

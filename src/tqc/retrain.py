@@ -238,7 +238,7 @@ class Trained:
     model: Path  # the stage-two model
     prior: Path | None  # its class-prior shift (the prior stage's file); None for a refresh
     validation_macro_f1: float | None  # stage two's best; None for a refresh, which trains nothing
-    refreshed_from: str | None = None  # a refresh: the champion version whose encoder it serves
+    refreshed_from: Champion | None = None  # a refresh: the champion whose encoder it serves
 
 
 def train(params: Params, staged: Staged, staging: Path) -> Trained:
@@ -255,7 +255,15 @@ def train(params: Params, staged: Staged, staging: Path) -> Trained:
 
 
 class RefreshError(RuntimeError):
-    pass
+    """A refresh that cannot start (no champion): permanent, so the flow does not retry it."""
+
+
+@dataclass(frozen=True)
+class Champion:
+    version: str
+    model: Path  # its model folder, downloaded
+    rule: str  # standard | exemplars (the version's `rule` tag)
+    exemplar_k: int | None  # what the exemplar rule served with; None for the standard rule
 
 
 def refresh(params: Params, staged: Staged, staging: Path) -> Trained:
@@ -264,29 +272,46 @@ def refresh(params: Params, staged: Staged, staging: Path) -> Trained:
     that version against the champion on the grown validation split like any challenger."""
     from tqc.pipeline import validated_data
 
+    champion = champion_model(params.promote.model_name, params.promote.alias, staging / "champion")  # first: it may not exist
+    if champion.rule != "exemplars" or champion.exemplar_k != params.evaluate.exemplar_k:
+        log.warning("retrain: refresh: %s v%s serves the %s rule%s; this refresh serves the exemplar rule with k = %d, "
+                    "so the gate also judges that change", params.promote.model_name, champion.version, champion.rule,
+                    f" with k = {champion.exemplar_k}" if champion.exemplar_k else "", params.evaluate.exemplar_k)
     data = validated_data(_with_additions(params, staged.raw), staging / "data")
-    model, version = champion_model(params.promote.model_name, params.promote.alias, staging / "champion")
     log.info("retrain: refresh: the encoder of %s v%s with %s's labeled questions as exemplars, no training",
-             params.promote.model_name, version, data / "train.jsonl")
-    return Trained(data, model, None, None, refreshed_from=version)
+             params.promote.model_name, champion.version, data / "train.jsonl")
+    return Trained(data, champion.model, None, None, refreshed_from=champion)
 
 
-def champion_model(model_name: str, alias: str, destination: Path) -> tuple[Path, str]:
-    """(the model folder of the registry's `alias` version, downloaded to `destination`; its version)."""
+def champion_model(model_name: str, alias: str, destination: Path) -> Champion:
+    """The registry's `alias` version, its model folder downloaded to `destination`."""
     import mlflow
     from mlflow.exceptions import MlflowException
     from mlflow.models import Model
 
+    client = mlflow.MlflowClient()
     try:
-        version = str(mlflow.MlflowClient().get_model_version_by_alias(model_name, alias).version)
-    except MlflowException:
+        version = client.get_model_version_by_alias(model_name, alias)
+    except MlflowException as exc:
+        if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):  # no model, no alias; else the registry failed
+            raise
         raise RefreshError(f"retrain.mode refresh: the registry ({mlflow.get_tracking_uri()}) has no {model_name}@{alias} "
                            "to refresh; train one first (retrain.mode: train, or dvc repro)") from None
     if destination.exists():
         shutil.rmtree(destination)
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{version}", dst_path=str(destination)))
-    artifacts = Model.load(local).flavors["python_function"]["artifacts"]
-    return local / artifacts["model"]["path"], version
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{version.version}",
+                                                     dst_path=str(destination)))
+    flavor = Model.load(local).flavors["python_function"]
+    config = flavor.get("config") or {}
+    return Champion(str(version.version), local / flavor["artifacts"]["model"]["path"], version.tags.get("rule", "standard"),
+                    int(config["exemplar_k"]) if "exemplar_k" in config else None)
+
+
+def tag_refresh(model_name: str, version: str, champion_version: str) -> None:
+    """Say in the registry that `version` is a refresh (no training) of `champion_version`'s encoder."""
+    import mlflow
+
+    mlflow.MlflowClient().set_model_version_tag(model_name, version, "refreshed_from", champion_version)
 
 
 def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[Incoming]) -> dict:
@@ -374,8 +399,10 @@ def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | 
     lines += [f"| {Path(o.file).name} | {o.kind} | {o.outcome} | {o.read} | {o.accepted} | {o.quarantined} |" for o in staged.outcomes]
     lines += ["", f"Accepted rows: **{staged.accepted - staged.new_classes}**; new classes: **{staged.new_classes}**."]
     if trained and trained.refreshed_from:
-        lines += ["", f"Refreshed, not trained: version {trained.refreshed_from}'s encoder with the grown labeled questions "
-                      "as its exemplars."]
+        champion = trained.refreshed_from
+        lines += ["", f"Refreshed, not trained: version {champion.version}'s encoder with the grown labeled questions "
+                      "as its exemplars" + ("." if champion.rule == "exemplars" else
+                                            f" (version {champion.version} serves the {champion.rule} rule).")]
     if promotion and trained and "challenger_version" not in promotion:  # tracking off: no registry to judge in
         lines += ["", "**Not promoted**:", ""] + [f"- {reason}" for reason in promotion["reasons"]]
     elif promotion and trained:

@@ -202,6 +202,8 @@ def registered_file(project: Path, version: str, artifact: str) -> Path:
 
 
 def test_a_refresh_serves_the_new_questions_with_the_champions_encoder_and_trains_nothing(project, monkeypatch):
+    from mlflow import MlflowClient
+
     import tqc.pipeline
     from tqc.serving import folder_digest
 
@@ -227,15 +229,22 @@ def test_a_refresh_serves_the_new_questions_with_the_champions_encoder_and_train
     exemplars_before = {json.loads(line)["text"] for line in registered_file(project, "1", "exemplars").read_text().splitlines()}
     exemplars_after = {json.loads(line)["text"] for line in registered_file(project, "2", "exemplars").read_text().splitlines()}
     assert exemplars_before < exemplars_after and exemplars_after - exemplars_before <= {t for t, _ in new}
-    assert champion_version(project) == ("2" if second["promoted"] else "1")
-    assert "Refreshed, not trained: version 1's encoder" in latest_artifact_markdown("two.csv")
+    assert MlflowClient().get_model_version("tqc-admc", "2").tags["refreshed_from"] == "1"
+    assert "Refreshed, not trained: version 1's encoder with the grown labeled questions as its exemplars." in \
+        latest_artifact_markdown("two.csv")
 
 
-def test_a_refresh_without_a_champion_says_what_to_do_and_changes_nothing(project):
-    set_params(project, promote={"rule": "exemplars"})
+def test_a_refresh_without_a_champion_says_what_to_do_changes_nothing_and_is_not_retried(project, monkeypatch):
+    from tqc import retrain as steps
+
+    set_params(project, promote={"rule": "exemplars"}, retrain={"retries": 2})
+    lookups = []
+    looked_up = steps.champion_model
+    monkeypatch.setattr(steps, "champion_model", lambda *args: lookups.append(args) or looked_up(*args))
     drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
     with pytest.raises(Exception, match=r"has no tqc-admc@champion to refresh; train one first"):
         retrain(params_path="params.yaml", mode="refresh")  # the flow's parameter, over params.yaml's train
+    assert len(lookups) == 1  # a missing champion is permanent: no retry
     assert not added_rows(project) and (project / "data" / "incoming" / "one.csv").exists()
 
 
@@ -243,20 +252,21 @@ def test_a_refresh_answers_a_new_class_from_its_labeled_questions_alone(project)
     import mlflow.pyfunc
     import pandas as pd
 
-    set_params(project, promote={"rule": "exemplars"})
     drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
-    assert retrain(params_path="params.yaml")["promoted"]  # version 1 knows no DESC
+    assert retrain(params_path="params.yaml")["promoted"]  # version 1: the standard-question rule, and no DESC
+    set_params(project, promote={"rule": "exemplars"})
     inbox = project / "data" / "incoming"
     (inbox / "catalog-2026-11.csv").write_text("class_id,text\nDESC,What does it mean?\n")
     drop(project, "new-class.csv", [(f"what does {noun} mean", "DESC") for noun in ("chess", "tea", "gold", "music", "rain")])
     result = retrain(params_path="params.yaml", mode="refresh")
     assert result["mode"] == "refresh" and result["new_classes"] == 1 and result["accepted"] == 5
+    assert "(version 1 serves the standard rule)" in latest_artifact_markdown("new-class.csv")  # the rule switch is said
 
     exemplars = [json.loads(line) for line in registered_file(project, "2", "exemplars").read_text().splitlines()]
-    desc_questions = [row["text"] for row in exemplars if row["class_id"] == "DESC"]
-    assert desc_questions  # the hash split kept some in train: the new class has exemplars
-    # (registered_file pointed MLflow at the project's registry)
+    assert any(row["class_id"] == "DESC" for row in exemplars)  # the hash split kept some in train
+    # (registered_file pointed MLflow at the project's registry.) Questions of the new class that no file held:
+    unseen = [f"what does {noun} mean" for noun in ("water", "paper", "silver")]
     answers = {version: mlflow.pyfunc.load_model(f"models:/tqc-admc/{version}").predict(
-        pd.DataFrame({"question": desc_questions}), params={"top_k": 10}) for version in ("1", "2")}
+        pd.DataFrame({"question": unseen}), params={"top_k": 10}) for version in ("1", "2")}
     assert "DESC" not in set(answers["1"]["class_id"])  # the old version cannot answer it ...
     assert set(answers["2"][answers["2"]["rank"] == 1]["class_id"]) == {"DESC"}  # ... the refreshed one does, untrained
