@@ -17,16 +17,8 @@ import numpy as np
 from tqc.config import load_params
 from tqc.metrics import macro_f1
 from tqc.schema import load_questions
+from tqc.serving import served_top1
 from tqc.tracking import tracking_uri
-
-
-def served_top1(uri: str, questions: list[str]) -> list[str]:
-    """(N,) the class id each question's first answer names."""
-    import mlflow.pyfunc
-    import pandas as pd
-
-    answers = mlflow.pyfunc.load_model(uri).predict(pd.DataFrame({"question": questions}), params={"top_k": 1})
-    return answers[answers["rank"] == 1]["class_id"].tolist()
 
 
 def main() -> None:

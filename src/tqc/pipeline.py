@@ -47,10 +47,10 @@ def validated_data(params: Params, work_dir: Path) -> Path:
 
 def prepare_data(params: Params, work_dir: Path) -> PreparedData:
     """ingest → validate → augment into `work_dir`, as `dvc repro` does into data/."""
-    validated_data(params, work_dir)
-    augment.run(work_dir / "validated" / "train.jsonl", params.augment, params.seed, work_dir / "augmented" / "train.jsonl",
-                work_dir / "reports" / "augment.json", work_dir / "validated" / "generated.jsonl")
-    return PreparedData(work_dir / "validated", work_dir / "augmented" / "train.jsonl")
+    validated = validated_data(params, work_dir)
+    augment.run(validated / "train.jsonl", params.augment, params.seed, work_dir / "augmented" / "train.jsonl",
+                work_dir / "reports" / "augment.json", validated / "generated.jsonl")
+    return PreparedData(validated, work_dir / "augmented" / "train.jsonl")
 
 
 def train_chain(params: Params, data_dir: Path, train_path: Path, work_dir: Path, seed: int, with_nc: bool = True,

@@ -287,7 +287,8 @@ def champion_model(model_name: str, alias: str, destination: Path) -> Champion:
     """The registry's `alias` version, its model folder downloaded to `destination`."""
     import mlflow
     from mlflow.exceptions import MlflowException
-    from mlflow.models import Model
+
+    from tqc.serving import registered_artifacts
 
     client = mlflow.MlflowClient()
     try:
@@ -299,11 +300,8 @@ def champion_model(model_name: str, alias: str, destination: Path) -> Champion:
                            "to refresh; train one first (retrain.mode: train, or dvc repro)") from None
     if destination.exists():
         shutil.rmtree(destination)
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{version.version}",
-                                                     dst_path=str(destination)))
-    flavor = Model.load(local).flavors["python_function"]
-    config = flavor.get("config") or {}
-    return Champion(str(version.version), local / flavor["artifacts"]["model"]["path"], version.tags.get("rule", "standard"),
+    artifacts, config = registered_artifacts(model_name, str(version.version), destination)
+    return Champion(str(version.version), artifacts["model"], version.tags.get("rule", "standard"),
                     int(config["exemplar_k"]) if "exemplar_k" in config else None)
 
 

@@ -144,6 +144,22 @@ def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_pat
     return matcher
 
 
+def served_top1(uri: str, questions: list[str]) -> list[str]:
+    """(N,) the class id of each question's first answer, from a registered version's pyfunc as it is served."""
+    answers = mlflow.pyfunc.load_model(uri).predict(pd.DataFrame({"question": questions}), params={"top_k": 1})
+    return answers[answers["rank"] == 1]["class_id"].tolist()  # in question order
+
+
+def registered_artifacts(model_name: str, version: str, destination: Path) -> tuple[dict[str, Path], dict]:
+    """A registered version downloaded to `destination`: ({artifact name: its local path}, its model_config)."""
+    import mlflow.artifacts
+    from mlflow.models import Model
+
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{version}", dst_path=str(destination)))
+    flavor = Model.load(local).flavors["python_function"]
+    return {name: local / artifact["path"] for name, artifact in flavor["artifacts"].items()}, flavor.get("config") or {}
+
+
 def ranked_records(questions: list[str], answers: pd.DataFrame) -> list[dict]:
     """`predict`'s rows (question, rank, …) → one record per question, as evaluate writes its predictions."""
     per_question = len(answers) // len(questions) if questions else 0

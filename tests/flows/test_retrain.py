@@ -193,12 +193,11 @@ def set_params(project: Path, **sections) -> None:
 def registered_file(project: Path, version: str, artifact: str) -> Path:
     """A registered version's artifact (its model folder, its exemplars), downloaded."""
     import mlflow
-    from mlflow.models import Model
+
+    from tqc.serving import registered_artifacts
 
     mlflow.set_tracking_uri(f"sqlite:///{project / 'mlflow.db'}")
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/tqc-admc/{version}",
-                                                      dst_path=str(project / "downloads" / version)))
-    return local / Model.load(local).flavors["python_function"]["artifacts"][artifact]["path"]
+    return registered_artifacts("tqc-admc", version, project / "downloads" / version)[0][artifact]
 
 
 def test_a_refresh_serves_the_new_questions_with_the_champions_encoder_and_trains_nothing(project, monkeypatch):

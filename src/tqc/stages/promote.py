@@ -107,13 +107,9 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
 
 def _validation_predictions(uri: str, validation, catalog: Catalog) -> np.ndarray:
     """(N,) catalog indices predicted by a registered model; -1 for a class the catalog lacks."""
-    import mlflow.pyfunc
-    import pandas as pd
+    from tqc.serving import served_top1
 
-    questions = pd.DataFrame({"question": [q.text for q in validation]})
-    answers = mlflow.pyfunc.load_model(uri).predict(questions, params={"top_k": 1})
-    top = answers[answers["rank"] == 1]["class_id"].tolist()  # (N,), in question order
-    return np.array([catalog.index(c) if c in catalog else -1 for c in top])
+    return np.array([catalog.index(c) if c in catalog else -1 for c in served_top1(uri, [q.text for q in validation])])
 
 
 def _already_champion(decision, version: str):
