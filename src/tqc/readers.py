@@ -62,8 +62,10 @@ class DatasetSplits:
 
 
 def decode_file(path: Path) -> str:
-    """Text of `path` as UTF-8 (BOM stripped). A line that is not valid UTF-8 is read as Latin-1 on
-    its own, with a warning naming it, so one stray byte never garbles the file's other lines."""
+    """Text of `path` as UTF-8 (BOM stripped). A line that is not valid UTF-8 is read on its own as
+    Windows-1252 (what such files mostly are: `what\x92s` is "what’s"), or as Latin-1 where it holds a
+    byte Windows-1252 leaves undefined, with a warning naming it, so one stray byte never garbles the
+    file's other lines. Lines are numbered as `_lines` numbers them (\n, \r\n or \r)."""
     if not path.is_file():
         raise ReaderError(f"{path}: file not found")
     raw = path.read_bytes()
@@ -71,16 +73,28 @@ def decode_file(path: Path) -> str:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         pass
-    lines, latin = [], []
-    for number, line in enumerate(raw.removeprefix(codecs.BOM_UTF8).split(b"\n"), start=1):
+    pieces = LINE_BREAK_BYTES.split(raw.removeprefix(codecs.BOM_UTF8))  # lines, each followed by its own line break
+    decoded, misread = [], []
+    for index, piece in enumerate(pieces):
         try:
-            lines.append(line.decode("utf-8"))
+            decoded.append(piece.decode("utf-8"))
         except UnicodeDecodeError:
-            lines.append(line.decode("latin-1"))
-            latin.append(number)
-    shown = ", ".join(map(str, latin[:10])) + (f" and {len(latin) - 10} more" if len(latin) > 10 else "")
-    log.warning("%s: line(s) %s not valid UTF-8; read those as Latin-1", path, shown)
-    return "\n".join(lines)
+            decoded.append(_single_byte(piece))
+            misread.append(index // 2 + 1)
+    shown = ", ".join(map(str, misread[:10])) + (f" and {len(misread) - 10} more" if len(misread) > 10 else "")
+    log.warning("%s: line(s) %s not valid UTF-8; read those as Windows-1252 (Latin-1 where it has no character)",
+                path, shown)
+    return "".join(decoded)
+
+
+def _single_byte(line: bytes) -> str:
+    try:
+        return line.decode("cp1252")
+    except UnicodeDecodeError:  # 0x81, 0x8d, 0x8f, 0x90, 0x9d: C1 controls, which validate quarantines
+        return line.decode("latin-1")
+
+
+LINE_BREAK_BYTES = re.compile(rb"(\r\n|\r|\n)")
 
 
 LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -195,7 +209,20 @@ def _unusable_values(record: dict, text_column: str, label_column: str, source_c
     label = record[label_column]
     if isinstance(label, bool) or not isinstance(label, (str, int, type(None))):
         return f"label {label_column!r} is a JSON {type(label).__name__} ({label!r}), not a string or integer"
+    for column in (text_column, label_column, source_column):
+        if column is not None and isinstance(record[column], str) and not _encodable(record[column]):
+            return f"{column!r} holds a lone surrogate (a JSON \\ud800-\\udfff escape that is half a pair), not text"
     return "" if label is not None and str(label).strip() else "empty label"
+
+
+def _encodable(text: str) -> bool:
+    """Whether `text` can be written as UTF-8: JSON's escapes can spell half a surrogate pair, which no
+    output file could hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _csv_dict_records(path: Path) -> list[tuple[int, dict | _Unusable, str]]:
@@ -226,13 +253,25 @@ def _jsonl_records(path: Path) -> list[tuple[int, dict | _Unusable, str]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json.loads(line, object_pairs_hook=_object_without_repeated_keys)
         except json.JSONDecodeError as exc:
             record = _Unusable(f"not valid JSON: {exc.msg}")
         except RecursionError:
             record = _Unusable("not valid JSON: nested too deeply")
+        except ValueError as exc:  # a repeated key, or an integer too long to convert (Python's 4300-digit limit)
+            record = _Unusable(f"not usable JSON: {exc}")
         rows.append((line_number, record if isinstance(record, (dict, _Unusable)) else _Unusable("not a JSON object"), line))
     return rows
+
+
+def _object_without_repeated_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys are distinct: `{"text": "a", "text": "b"}` would otherwise keep "b" and lose
+    "a" unseen, where a CSV header that repeats a column is refused."""
+    keys = [key for key, _ in pairs]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise ValueError(f"the object repeats key(s) {repeated}")
+    return dict(pairs)
 
 
 def label_in_words(class_id: str) -> str:
@@ -250,9 +289,13 @@ def read_catalog_file(path: Path, id_column: str = "class_id", text_column: str 
     if result.rejected:
         bad = result.rejected[0]
         raise ReaderError(f"{bad.file}, line {bad.line}: catalog row unusable: {bad.reason}")
-    owners = dict(taken or {})
+    owners, id_lines = dict(taken or {}), {}
     for row in result.rows:
         line = row.source.rsplit(":", 1)[1]
+        first = id_lines.setdefault(row.class_id, line)
+        if first != line:
+            raise ReaderError(f"{path}, line {line}: catalog row unusable: class {row.class_id!r} is already given at "
+                              f"line {first}; each class id once")
         if not row.text:
             raise ReaderError(f"{path}, line {line}: catalog row unusable: class {row.class_id!r} has an empty standard "
                               "question (leave the class out to get a text derived from its label)")
@@ -271,12 +314,30 @@ def shipped_catalog(dataset: str) -> Catalog:
         return read_catalog_file(path)
 
 
-def with_derived_classes(catalog: Catalog, labels: list[str]) -> Catalog:
-    """Add a derived standard question for each label the catalog lacks, with a warning."""
-    missing = sorted(set(labels) - set(catalog.class_ids))
-    for class_id in missing:
-        log.warning("class %r has no catalog text; using the derived text %r", class_id, label_in_words(class_id))
-    return Catalog(catalog.questions + [StandardQuestion(c, label_in_words(c), derived=True) for c in missing])
+def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion]) -> Catalog:
+    """Add a derived standard question for each training label the catalog lacks, with a warning. A derived
+    text that is empty (`___`) or another class's (`lost_card` and `lost-card`, or a catalog text) is an
+    error naming where the label is first used: the validate contract needs each class its own text."""
+    from tqc.stages.validate import normalise
+
+    first_use = {}
+    for row in rows:
+        first_use.setdefault(row.class_id, row.source)
+    owners = {normalise(q.text): q.class_id for q in catalog.questions}
+    derived = []
+    for class_id in sorted(set(first_use) - set(catalog.class_ids)):
+        text, where = label_in_words(class_id), first_use[class_id] or "training rows"
+        if not text:
+            raise ReaderError(f"{where}: class {class_id!r} has no catalog text and no words to derive one from; "
+                              "give it a standard question in the catalog")
+        owner = owners.setdefault(normalise(text), class_id)
+        if owner != class_id:
+            owner_at = f" (derived too, its label first at {first_use[owner]})" if owner in first_use else " in the catalog"
+            raise ReaderError(f"{where}: class {class_id!r} has no catalog text, and the one derived from its label, {text!r}, "
+                              f"is the text of class {owner!r}{owner_at}; give one of them a standard question in the catalog")
+        log.warning("class %r has no catalog text; using the derived text %r", class_id, text)
+        derived.append(StandardQuestion(class_id, text, derived=True))
+    return Catalog(catalog.questions + derived)
 
 
 def require_rows(result: ReadResult, path: Path) -> ReadResult:
@@ -375,4 +436,4 @@ def _read_custom(params: DataParams) -> DatasetSplits:
         else Catalog()
     )
     # Only training labels may create classes: a test label outside them is the validate stage's business.
-    return DatasetSplits(train, test, with_derived_classes(catalog, [row.class_id for row in train.rows]))
+    return DatasetSplits(train, test, with_derived_classes(catalog, train.rows))

@@ -15,7 +15,7 @@ from tqc.readers import (
     shipped_catalog,
     with_derived_classes,
 )
-from tqc.schema import Catalog
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
 
@@ -89,20 +89,61 @@ def test_custom_csv_and_jsonl_through_a_column_mapping(tmp_path):
     assert [(r.line, r.reason.split(":")[0]) for r in result.rejected] == [(2, "not valid JSON"), (3, "empty label")]
 
 
+def rows_labeled(*labels: str) -> list[LabeledQuestion]:
+    return [LabeledQuestion(f"question {i}", label, f"train.csv:{i + 2}") for i, label in enumerate(labels)]
+
+
 def test_missing_catalog_texts_are_derived_with_a_warning(caplog):
     catalog = Catalog()
     with caplog.at_level(logging.WARNING):
-        derived = with_derived_classes(catalog, ["lost_card", "lost_card", "billing-question"])
+        derived = with_derived_classes(catalog, rows_labeled("lost_card", "lost_card", "billing-question"))
     assert [(q.class_id, q.text, q.derived) for q in derived.questions] == [
         ("billing-question", "billing question", True), ("lost_card", "lost card", True)]
     assert "lost_card" in caplog.text
     assert label_in_words("ENTY:dismed") == "ENTY dismed"
 
 
-def test_catalog_file_with_duplicate_ids_is_an_error(tmp_path):
-    path = write(tmp_path, "c.csv", b"class_id,text\na,one\na,two\n")
-    with pytest.raises(ReaderError, match="duplicate"):
+@pytest.mark.parametrize("labels,catalog,message", [
+    (("lost_card", "billing", "lost-card"), Catalog(), r"train.csv:2: class 'lost_card' .* 'lost card', is the text of class 'lost-card' \(derived too, its label first at train.csv:4\)"),
+    (("billing", "lost_card"), Catalog([StandardQuestion("faq", "Lost  CARD")]), r"train.csv:3: class 'lost_card' .* is the text of class 'faq' in the catalog"),
+    (("billing", "___"), Catalog(), r"train.csv:3: class '___' has no catalog text and no words to derive one from"),
+])
+def test_a_derived_text_that_is_empty_or_another_classes_is_an_error_naming_the_first_row(labels, catalog, message):
+    with pytest.raises(ReaderError, match=message):
+        with_derived_classes(catalog, rows_labeled(*labels))
+
+
+@pytest.mark.parametrize("content,line", [(b"class_id,text\na,one\nb,two\na,three\n", 4),
+                                          (b"class_id,text\na,one\n a ,two\n", 3)])
+def test_catalog_file_with_duplicate_ids_is_an_error_naming_the_line(tmp_path, content, line):
+    path = write(tmp_path, "c.csv", content)
+    with pytest.raises(ReaderError, match=rf"c.csv, line {line}: .* class 'a' is already given at line 2"):
         read_catalog_file(path)
+    jsonl = write(tmp_path, "c.jsonl", b'{"class_id": 1, "text": "one"}\n{"class_id": "1", "text": "two"}\n')
+    with pytest.raises(ReaderError, match=r"c.jsonl, line 2: .* class '1' is already given at line 1"):
+        read_catalog_file(jsonl)
+
+
+def test_jsonl_lines_that_json_parses_but_no_row_can_hold_are_rejected_by_line(tmp_path):
+    """A repeated key (which json keeps the last of), an integer past Python's 4300-digit limit and half a
+    surrogate pair (which no UTF-8 output can hold) are each a rejected line with its reason."""
+    lines = [b'{"text": "first", "text": "second", "label": "a"}', b'{"text": "big", "label": ' + b"9" * 5000 + b"}",
+             b'{"text": "bad \\ud800 text", "label": "a"}', b'{"text": "fine", "label": "a"}']
+    result = read_table(write(tmp_path, "q.jsonl", b"\n".join(lines) + b"\n"), "text", "label")
+    assert [(q.text, q.source.rsplit(":", 1)[1]) for q in result.rows] == [("fine", "4")]
+    reasons = {r.line: r.reason for r in result.rejected}
+    assert set(reasons) == {1, 2, 3}
+    assert "repeats key(s) ['text']" in reasons[1]
+    assert "4300" in reasons[2]
+    assert "'text' holds a lone surrogate" in reasons[3]
+
+
+def test_a_line_that_is_not_utf8_is_read_as_windows_1252_and_numbered_with_any_line_break(tmp_path, caplog):
+    path = write(tmp_path, "q.csv", b"text,label\rwhat\x92s the fee,a\rok,b\r")
+    with caplog.at_level(logging.WARNING):
+        result = read_table(path, "text", "label")
+    assert [q.text for q in result.rows] == ["what\u2019s the fee", "ok"]
+    assert "line(s) 2 not valid UTF-8" in caplog.text
 
 
 @pytest.mark.parametrize("dataset,classes", [("trec6", 6), ("trec50", 50), ("covidq-categories", 15), ("covidq-classes", 90)])
@@ -212,6 +253,32 @@ def test_a_validation_file_is_the_validation_split_whole_and_train_trains_whole(
     assert report["rows"] == {"train": 4, "validation": 2, "test": 1} and report["validation_from"] == "dev.csv"
     quarantined = (tmp_path / "q.jsonl").read_text()
     assert "dev.csv" in quarantined and '"line": 3' in quarantined  # the bad row is quarantined, not lost
+
+
+def test_ingest_replaces_its_output_folder_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A failure while writing (a full disk, say) leaves the last run's folder as it was: never new
+    train and validation files beside an old test file."""
+    from tqc.stages import ingest
+
+    write(tmp_path, "train.csv", b"text,label\n" + b"".join(b"q%d,%s\n" % (i, b"ab"[i % 2 : i % 2 + 1]) for i in range(12)))
+    write(tmp_path, "test.csv", b"text,label\nheld out,a\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None,
+                        custom={"train": "train.csv", "test": "test.csv"})
+    ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
+    before = {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()}
+    write(tmp_path, "test.csv", b"text,label\nanother held out,b\n")
+    save = ingest.save_questions
+
+    def fail_on_test(path, rows):
+        if Path(path).name == "test.jsonl":
+            raise OSError("No space left on device")
+        save(path, rows)
+
+    monkeypatch.setattr(ingest, "save_questions", fail_on_test)
+    with pytest.raises(OSError, match="No space left"):
+        ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
+    assert {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()} == before
+    assert [f.name for f in tmp_path.iterdir() if f.name.startswith(".out")] == []  # no staging folder left behind
 
 
 @pytest.mark.parametrize("named,split", [("./test.csv", "test"), ("train.csv", "training")])

@@ -110,3 +110,24 @@ def test_validate_file_exit_codes(tmp_path, current_data, capsys):
     wrong_columns.write_text("text,intent\nhello,a\n")
     assert main(wrong_columns, current_data, params()) == UNUSABLE
     assert "missing column" in capsys.readouterr().out
+
+
+def test_a_batch_is_judged_by_its_own_rows_few_bad_rows_are_quarantined_a_wholesale_failure_is_unusable(
+        tmp_path, current_data, capsys):
+    """max_quarantined_fraction is of the file's rows: one empty text among 25 is quarantined by line and
+    the other 24 accepted, whatever the size of the current data; half the file failing makes it
+    unusable, and the message names the failing lines."""
+    strict = Params.model_validate({"data": {"custom": {"text_column": "question", "label_column": "label"}},
+                                    "validate": {"max_quarantined_fraction": 0.05, "min_examples_per_class": 1}})
+    one_bad = tmp_path / "one_bad.csv"
+    one_bad.write_text("question,label\n" + "".join(f"new question {i},a\n" for i in range(12)) + "   ,b\n"
+                       + "".join(f"other question {i},b\n" for i in range(12)))
+    assert main(one_bad, current_data, strict) == QUARANTINED  # 1 of 25 rows: 4 %, against 12 current rows: 2.7 %
+    assert "24 would be accepted, 1 quarantined" in capsys.readouterr().out
+
+    mostly_bad = tmp_path / "mostly_bad.csv"
+    mostly_bad.write_text("question,label\nfine question,a\nwho,zzz\nwhat,zzz\n")
+    assert main(mostly_bad, current_data, strict) == UNUSABLE
+    out = capsys.readouterr().out
+    assert "label_in_catalog on train (2 rows, 66.7%, e.g. " in out
+    assert f"{mostly_bad} line 3, {mostly_bad} line 4)" in out

@@ -57,6 +57,25 @@ def test_a_critical_expectation_failing_wholesale_stops_the_stage_and_names_it(t
         run_validate(tmp_path, ValidateParams(max_quarantined_fraction=0.1, min_examples_per_class=1))
 
 
+def test_a_stopped_stage_names_the_failing_rows_and_leaves_the_last_validated_data_as_it_was(tmp_path):
+    write_splits(tmp_path / "in", [("x", "a"), ("y", "b")], [("fine", "a")], [("held out", "a")])
+    run_validate(tmp_path)
+    before = {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()}
+    write_splits(tmp_path / "in", [("x", "zzz"), ("y", "zzz"), ("z", "a")], [("fine", "a")], [("held out", "a")])
+    with pytest.raises(ValidationFailed, match=r"label_in_catalog on train \(2 rows, 66.7%, e.g. train.csv line 1, "
+                                               r"train.csv line 2\); every failing row, with its reasons, is in .*quarantine.jsonl"):
+        run_validate(tmp_path, ValidateParams(max_quarantined_fraction=0.1, min_examples_per_class=1))
+    assert {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()} == before  # `tqc validate FILE` judges against it
+    assert len(read_jsonl(tmp_path / "quarantine.jsonl")) == 2  # the diagnosis is written all the same
+
+
+def test_c1_control_characters_from_mis_decoded_bytes_are_quarantined(tmp_path):
+    write_splits(tmp_path / "in", [("what\x92s the fee", "a"), ("fine question", "b"), ("tab\tand line ok", "a")],
+                 [("fine", "a")], [("held out", "a")])
+    run_validate(tmp_path)
+    assert [(q["line"], q["expectations"]) for q in read_jsonl(tmp_path / "quarantine.jsonl")] == [(1, ["no_control_characters"])]
+
+
 def test_a_warning_expectation_only_quarantines(tmp_path):
     write_splits(tmp_path / "in", [("x", "zzz"), ("y", "zzz"), ("z", "a")], [("fine", "a")], [("held out", "a")])
     params = ValidateParams(critical=["schema"], max_quarantined_fraction=0.1, min_examples_per_class=1)
@@ -81,9 +100,10 @@ def test_class_counts_and_imbalance_are_reported_and_warn(tmp_path, caplog):
     ((("a", "Same text?"), ("b", "same  TEXT?")), "catalog_unique_texts"),
     ((("a", "Question a?"), ("b", "")), "catalog_non_empty_texts"),
 ])
-def test_a_broken_catalog_stops_the_stage(tmp_path, catalog, expectation):
+def test_a_broken_catalog_stops_the_stage_naming_the_classes(tmp_path, catalog, expectation):
     write_splits(tmp_path / "in", [("x", "a"), ("y", "b")], [("fine", "a")], [("held out", "a")], catalog=catalog)
-    with pytest.raises(ValidationFailed, match=f"{expectation} on catalog"):
+    failing = "'a', 'b'" if expectation == "catalog_unique_texts" else "'b'"
+    with pytest.raises(ValidationFailed, match=f"{expectation} on catalog .*'classes': \\[{failing}\\]"):
         run_validate(tmp_path)
 
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from tqc.config import DataParams, GeneratedData
-from tqc.io import write_json, write_jsonl
+from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.readers import (ReaderError, RejectedRow, ReadResult, read_additions, read_dataset, read_generated, read_validation,
                          with_added_classes)
 from tqc.schema import LabeledQuestion, save_questions
@@ -190,13 +190,13 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
     catalog = with_added_classes(splits.catalog, added_classes)
     generated, generated_read = _generated_rows(params, splits.train.rows + held_out)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    catalog.save(out_dir / "catalog.jsonl")
-    save_questions(out_dir / "train.jsonl", train)
-    save_questions(out_dir / "validation.jsonl", validation)
-    save_questions(out_dir / "test.jsonl", splits.test.rows)
-    if params.generated.path:  # all attributed rows: augment uses those whose origins are all in its train
-        save_questions(out_dir / "generated.jsonl", generated.rows)
+    with atomic_directory(out_dir) as staging:  # the folder's files replace the last run's together or not at all
+        catalog.save(staging / "catalog.jsonl")
+        save_questions(staging / "train.jsonl", train)
+        save_questions(staging / "validation.jsonl", validation)
+        save_questions(staging / "test.jsonl", splits.test.rows)
+        if params.generated.path:  # all attributed rows: augment uses those whose origins are all in its train
+            save_questions(staging / "generated.jsonl", generated.rows)
     rejected: list[RejectedRow] = (splits.train.rejected + splits.test.rejected + validation_rejected + added.rejected
                                    + generated.rejected)
     write_jsonl(quarantine_path, (dict(asdict(r), stage="ingest") for r in rejected))

@@ -14,13 +14,13 @@ import logging
 import re
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 
 from tqc.config import ValidateParams
-from tqc.io import write_json, write_jsonl
+from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.schema import Catalog, LabeledQuestion, load_questions, save_questions
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "validation", "test")
 GENERATED = "generated"  # data.generated's attributed rows, when configured: checked like a split
 COLUMNS = ["text", "class_id", "source", "generated"]
-CONTROL_CHARACTERS = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
+CONTROL_CHARACTERS = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"  # C0 but tab and line breaks, DEL, C1 (mis-decoded bytes)
 # Leakage: a row of the first split whose text also appears in the second is quarantined.
 LEAKAGE_PAIRS = {"train": ("validation", "test"), "validation": ("test",), "test": (), GENERATED: ("validation", "test")}
 
@@ -184,7 +184,8 @@ def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: Va
     """Run the whole contract: (accepted rows per split, quarantine records, flagged test rows, outcomes)."""
     validator = Validator(docs_dir)
     critical = set(params.critical)
-    outcomes = validator.validate("catalog", catalog_frame(catalog), catalog_expectations(), critical)
+    outcomes = [_naming_classes(outcome, catalog)
+                for outcome in validator.validate("catalog", catalog_frame(catalog), catalog_expectations(), critical)]
     accepted: dict[str, list[LabeledQuestion]] = {}
     quarantined: list[dict] = []
     flagged: list[dict] = []  # test rows kept despite a warning
@@ -203,6 +204,14 @@ def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: Va
         quarantined += [quarantine_record(splits[split][i], split, names) for i, names in sorted(reasons.items())]
     outcomes += validator.validate("class_counts", class_counts(accepted["train"], catalog), class_count_expectations(params), critical)
     return accepted, quarantined, flagged, outcomes
+
+
+def _naming_classes(outcome: ExpectationOutcome, catalog: Catalog) -> ExpectationOutcome:
+    """A failed catalog expectation's observation with the class ids that fail it (the first 10), so its
+    error says which classes to fix, not only how many."""
+    if outcome.success or not outcome.failing_rows:
+        return outcome
+    return replace(outcome, observed={**outcome.observed, "classes": [catalog.class_ids[i] for i in outcome.failing_rows[:10]]})
 
 
 def quarantine_record(question: LabeledQuestion, split: str, expectations: list[str]) -> dict:
@@ -231,19 +240,20 @@ def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Pa
     if flagged:
         log.warning("validate: %d test rows fail a warning-level expectation and stay in test (listed in %s)",
                     len(flagged), report_path)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    catalog.save(out_dir / "catalog.jsonl")
-    for split, questions in accepted.items():
-        save_questions(out_dir / f"{split}.jsonl", questions)
-    write_jsonl(quarantine_path, quarantined)
+    write_jsonl(quarantine_path, quarantined)  # what failed and why, kept whether or not the stage stops
     write_json(report_path, report)
     log.info("validate: accepted %s, quarantined %d rows to %s; report %s%s (%.1fs)",
              report["accepted"], len(quarantined), quarantine_path, report_path,
              f", data docs {docs_dir}" if docs_dir else "", report["seconds"])
-    raise_on_critical(report, params)
+    raise_on_critical(report, params, quarantined, quarantine_path)
     if not accepted["validation"]:  # early stopping would score 0 every epoch and keep the starting weights
         raise ValidationFailed(f"no validation rows left in {in_dir / 'validation.jsonl'} "
                                f"({report['quarantined']['validation']} quarantined to {quarantine_path})")
+    # Only data that passed replaces the last validated data (`tqc validate FILE` judges batches against it)
+    with atomic_directory(out_dir) as staging:
+        catalog.save(staging / "catalog.jsonl")
+        for split, questions in accepted.items():
+            save_questions(staging / f"{split}.jsonl", questions)
     return report
 
 
@@ -274,7 +284,11 @@ def summarise(catalog, splits, accepted, quarantined, outcomes, params, seconds)
     }
 
 
-def raise_on_critical(report: dict, params: ValidateParams) -> None:
+def raise_on_critical(report: dict, params: ValidateParams, quarantined: list[dict] | None = None,
+                      quarantine_path: Path | None = None) -> None:
+    """Stop on a critical expectation that failed for a table, or for more than `max_quarantined_fraction` of
+    a split's rows; the error names the first failing rows (file and line, from `quarantined`) and where
+    every one of them is."""
     failures = []
     for e in report["expectations"]:
         if e["success"]:
@@ -283,11 +297,20 @@ def raise_on_critical(report: dict, params: ValidateParams) -> None:
         row_level = e["failing_rows"] is not None
         too_many = not row_level or e["failing_fraction"] > params.max_quarantined_fraction
         if e["severity"] == "critical" and too_many:
-            detail = f" ({e['failing_rows']} rows, {e['failing_fraction']:.1%})" if row_level else f" ({e['observed']})"
+            detail = (f" ({e['failing_rows']} rows, {e['failing_fraction']:.1%}{_first_rows(quarantined or [], e)})"
+                      if row_level else f" ({e['observed']})")
             failures.append(where + detail)
         elif row_level:
             log.warning("expectation %s failed for %d rows: rows quarantined", where, e["failing_rows"])
         else:
             log.warning("expectation %s failed (warning): %s", where, e["observed"])
     if failures:
-        raise ValidationFailed("critical expectation(s) failed: " + "; ".join(failures))
+        every = f"; every failing row, with its reasons, is in {quarantine_path}" if quarantine_path and quarantined else ""
+        raise ValidationFailed("critical expectation(s) failed: " + "; ".join(failures) + every)
+
+
+def _first_rows(quarantined: list[dict], expectation: dict, shown: int = 3) -> str:
+    """", e.g. train.csv line 4, line 9" : where the first rows failing `expectation` were read."""
+    rows = [q for q in quarantined if q.get("split") == expectation["table"] and expectation["name"] in q.get("expectations", ())]
+    places = [f"{q['file']} line {q['line']}" if q.get("line") is not None else q["file"] for q in rows[:shown]]
+    return f", e.g. {', '.join(places)}" if places else ""
