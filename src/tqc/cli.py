@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tqc.config import ConfigError, load_params
+from tqc.config import ConfigError, EvaluateParams, load_params
 from tqc.tracking import stage_run
 
 
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--exemplars", type=Path, default=None,
                          help="labeled questions (JSONL of text, class_id, e.g. data/validated/train.jsonl): rank each "
                               "class by its --exemplar-k nearest ones instead of its standard question (no shift)")
-    predict.add_argument("--exemplar-k", type=int, default=None, help="with --exemplars: k (default 2)")
+    predict.add_argument("--exemplar-k", type=int, default=None, help=f"with --exemplars: k (default {EvaluateParams().exemplar_k}, evaluate.exemplar_k's)")
     predict.add_argument("--exemplar-cache", default=None,
                          help="with --exemplars: a folder keeping their encoded vectors between calls, keyed by the "
                               "model's and the file's sha256 (default $XDG_CACHE_HOME/tqc/exemplars, or "
@@ -264,7 +264,7 @@ def _matcher(args: argparse.Namespace):
         if args.exemplar_k is not None or args.exemplar_cache is not None:
             raise ConfigError("--exemplar-k or --exemplar-cache without --exemplars: the standard-question rule has neither")
         return local_matcher(args.model, args.catalog, args.top_k, _prior_for(args.model, args.prior))
-    k = 2 if args.exemplar_k is None else args.exemplar_k
+    k = EvaluateParams().exemplar_k if args.exemplar_k is None else args.exemplar_k  # evaluate's default, as scored
     if k < 1:
         raise ConfigError(f"--exemplar-k {k}: must be at least 1")
     if args.prior not in ("auto", "none"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tqc.model.encoder import TextEncoder
+from tqc.model.encoder import LastEncodings, TextEncoder
 from tqc.model.similarity import CosineScorer
 from tqc.schema import Catalog, LabeledQuestion
 from tqc.scoring import Scorer
@@ -89,7 +89,7 @@ class ExemplarBank:
                                for chunk in questions.split(batch_size)])
 
 
-def exemplar_scorer(encoder: TextEncoder, exemplars: list[LabeledQuestion], k: int, batch_size: int) -> Scorer:
+def exemplar_scorer(encoder: TextEncoder | LastEncodings, exemplars: list[LabeledQuestion], k: int, batch_size: int) -> Scorer:
     """A scorer from a trained question encoder and labeled questions (the training rows): each class by
     its k nearest exemplars (`exemplar_scores`). Both sides pass the question encoder, so the rule compares
     questions with questions; exemplars are encoded once."""

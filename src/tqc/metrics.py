@@ -8,9 +8,20 @@ import numpy as np
 
 
 def gold_ranks(scores: np.ndarray, gold: np.ndarray) -> np.ndarray:
-    """scores (N, P), gold (N,) → 1-based rank of the gold class in each row (ties count against it)."""
+    """scores (N, P), gold (N,) → 1-based rank of the gold class in each row. A tie is ranked as `argmax`
+    predicts it, the lower class index first, so rank 1 is exactly a correct prediction (hits@1 = accuracy)."""
+    require_finite_or_minus_inf(scores)
     gold_scores = scores[np.arange(len(gold)), gold][:, None]  # (N, 1)
-    return (scores >= gold_scores).sum(axis=1)
+    ahead = (scores > gold_scores) | ((scores == gold_scores) & (np.arange(scores.shape[1]) < gold[:, None]))  # (N, P)
+    return 1 + ahead.sum(axis=1)
+
+
+def require_finite_or_minus_inf(scores: np.ndarray) -> None:
+    """NaN or +inf scores (a diverged model) would rank nothing and make MRR infinite: an error, not a figure.
+    −inf is a score: the exemplar rule gives it to a class without exemplars, which then ranks last."""
+    if np.isnan(scores).any() or np.isposinf(scores).any():
+        rows = sorted(set(np.argwhere(np.isnan(scores) | np.isposinf(scores))[:, 0].tolist()))
+        raise ValueError(f"scores hold NaN or +inf in {len(rows)} row(s) (first: {rows[:5]}): the model diverged")
 
 
 def per_class_prf(gold: np.ndarray, predicted: np.ndarray, labels: np.ndarray) -> dict[int, dict[str, float]]:
@@ -47,8 +58,8 @@ def macro_f1_gold_classes(gold: np.ndarray, predicted: np.ndarray) -> float:
 
 def summary(scores: np.ndarray, gold: np.ndarray, hits_at: tuple[int, ...] = (1, 3, 10)) -> dict[str, float]:
     """The headline metrics, in a fixed key order."""
-    predicted = scores.argmax(axis=1)
-    ranks = gold_ranks(scores, gold)
+    ranks = gold_ranks(scores, gold)  # (N,)
+    predicted = scores.argmax(axis=1)  # (N,)
     metrics = {
         "accuracy": float(np.mean(predicted == gold)),
         "macro_f1": macro_f1(gold, predicted),

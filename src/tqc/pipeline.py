@@ -29,7 +29,7 @@ class PreparedData:
 class ChainOutputs:
     stage_one: Path
     stage_two: Path
-    nc: Path
+    nc: Path | None  # None: not trained (train_chain's with_nc=False)
     fits: dict[str, FitResult] = field(default_factory=dict, compare=False)
 
 
@@ -61,7 +61,7 @@ def train_chain(params: Params, data_dir: Path, train_path: Path, work_dir: Path
         log.warning("distributed.nproc_per_node=%d: this chain (retrain, tune or evaluate's extra seeds) trains in "
                     "one process; the dvc stages (tqc stage-one / stage-two / baseline-nc) are the ones that use "
                     "torchrun", params.distributed.nproc_per_node)
-    outputs = ChainOutputs(work_dir / "stage_one", work_dir / "stage_two", work_dir / "nc")
+    outputs = ChainOutputs(work_dir / "stage_one", work_dir / "stage_two", work_dir / "nc" if with_nc else None)
 
     def hook(stage: str):
         return (lambda record: on_epoch(stage, record)) if on_epoch else None
@@ -72,7 +72,7 @@ def train_chain(params: Params, data_dir: Path, train_path: Path, work_dir: Path
     outputs.fits["stage_two"] = stage_two.run(data_dir, train_path, work_dir / "negatives.jsonl", outputs.stage_one,
                                               params.augment, params.stage_two, seed, outputs.stage_two,
                                               work_dir / "stage_two.csv", on_epoch=hook("stage_two"))
-    if with_nc:
+    if outputs.nc is not None:
         outputs.fits["baseline_nc"] = baseline_nc.run(data_dir, train_path, params.model, params.augment, params.baseline_nc,
                                                       seed, outputs.nc, work_dir / "nc.csv", on_epoch=hook("baseline_nc"))
     return outputs

@@ -24,7 +24,7 @@ from tqc.config import Schedule
 from tqc.device import autocast
 from tqc.io import atomic_path
 from tqc.metrics import summary
-from tqc.model.encoder import BiEncoder
+from tqc.model.encoder import BiEncoder, LastEncodings, TextEncoder
 from tqc.schema import Catalog, LabeledQuestion
 
 log = logging.getLogger(__name__)
@@ -164,10 +164,14 @@ def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def catalog_scores(model: BiEncoder, questions: list[LabeledQuestion], catalog: Catalog, batch_size: int = 256) -> np.ndarray:
-    """Scores (N, P) of each question against every standard question, for prediction and ranking."""
+def catalog_scores(model: BiEncoder, questions: list[LabeledQuestion], catalog: Catalog, batch_size: int = 256,
+                   question_encoder: TextEncoder | LastEncodings | None = None) -> np.ndarray:
+    """Scores (N, P) of each question against every standard question, for prediction and ranking.
+    `question_encoder`: what encodes the questions in place of `model.question` (evaluate passes one that
+    keeps its last encodings, so the exemplar rule reuses them)."""
     standards = model.standard.encode(catalog.texts, batch_size, "encoding catalog")  # (P, D)
-    encoded = model.question.encode([q.text for q in questions], batch_size, "encoding questions")  # (N, D)
+    encoder = question_encoder or model.question
+    encoded = encoder.encode([q.text for q in questions], batch_size, "encoding questions")  # (N, D)
     return model.score(encoded, standards).float().cpu().numpy()
 
 

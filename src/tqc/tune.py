@@ -364,6 +364,9 @@ def _trial_summary(trial, study_dir: Path, data: PreparedData, params: Params) -
 
 
 def _test_metrics(model_dir: Path, data: PreparedData, params: Params) -> dict:
+    """A trial's stage-two test figures, reported only (nothing is chosen by them), and before any class-prior
+    shift, since a trial fits none: compare them with metrics.json's `prior_shift.admc.test_unshifted`, not its
+    headline `test`."""
     from tqc.metrics import summary
     from tqc.model.encoder import BiEncoder
     from tqc.schema import Catalog, load_questions

@@ -46,8 +46,18 @@ def test_ranks_hits_and_mrr_by_hand():
     assert metrics["mrr"] == pytest.approx((1 + 1 / 3 + 1 / 2) / 3)
 
 
-def test_ties_never_flatter_the_gold_class():
-    assert gold_ranks(np.array([[0.5, 0.5]]), np.array([1])).tolist() == [2]
+def test_ties_rank_as_argmax_predicts_so_hits_at_1_is_accuracy():
+    scores = np.array([[0.5, 0.5, 0.1], [0.5, 0.5, 0.1], [0.2, 0.7, 0.7], [0.3, -np.inf, -np.inf]])  # (4, 3)
+    gold = np.array([1, 0, 2, 2])
+    assert gold_ranks(scores, gold).tolist() == [2, 1, 2, 3]  # a class without exemplars (−inf) ranks last
+    metrics = summary(scores, gold)
+    assert metrics["hits_at_1"] == metrics["accuracy"] == 0.25
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nan_or_infinite_scores_are_an_error_not_a_figure(bad):
+    with pytest.raises(ValueError, match=r"NaN or \+inf in 1 row\(s\) \(first: \[1\]\)"):
+        summary(np.array([[0.1, 0.9], [bad, 0.2]]), np.array([1, 0]))
 
 
 def test_confused_pairs_are_sorted_by_count():

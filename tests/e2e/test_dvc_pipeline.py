@@ -50,7 +50,11 @@ def test_dvc_repro_end_to_end_then_nothing_then_only_evaluate(project):
         for part in key.split("."):
             node = node[part]
         assert 0.0 <= node["accuracy"] <= 1.0 and 0.0 <= node["macro_f1"] <= 1.0
-    assert 0.0 <= metrics["test"]["mrr"] <= 1.0 and 0.0 <= metrics["test"]["hits_at_1"] <= 1.0
+    assert 0.0 <= metrics["test"]["mrr"] <= 1.0 and metrics["test"]["hits_at_1"] == metrics["test"]["accuracy"]
+    # The headline is what the written predictions say: their top-1 against gold, over every test row
+    predictions = [json.loads(line) for line in (project / "data" / "predictions" / "test.jsonl").read_text().splitlines()]
+    top1 = sum(p["top_k"][0]["class_id"] == p["gold"] for p in predictions) / len(predictions)
+    assert metrics["test"]["accuracy"] == pytest.approx(top1) and metrics["test"]["n"] == len(predictions) > 0
     fitted = json.loads((project / "models" / "prior.json").read_text())["models"]
     assert set(fitted) == set(metrics["prior_shift"]) == {"admc", "stage_one", "nc"}
     for name, shift in metrics["prior_shift"].items():

@@ -17,6 +17,7 @@ def deployments() -> dict[str, dict]:
 
 
 def test_every_deployment_entrypoint_is_a_prefect_flow():
+    assert set(deployments()) == {"retrain-nightly", "tune-weekly"}
     for name, deployment in deployments().items():
         path, function = deployment["entrypoint"].split(":")
         module = importlib.import_module(path.removesuffix(".py").replace("/", "."))

@@ -49,3 +49,27 @@ def test_the_scorer_ranks_a_question_first_for_the_class_of_its_own_text(tiny_mo
     assert list(scores.argmax(axis=1)) == [1, 0, 1]  # cosine 1 with its own text, whatever the random weights
     assert scores[0, 1] == pytest.approx(1.0, abs=1e-5)
     assert np.all(scores[:, 2] == -np.inf)  # class c has no labeled question
+
+
+def test_evaluate_encodes_each_split_once_for_the_standard_and_exemplar_rules(tiny_model_dir, monkeypatch):
+    """LastEncodings answers the same texts from its last call: the exemplar rule reuses ADMC's encodings of a
+    split, and the scores are those of encoding afresh."""
+    from tqc.model.encoder import LastEncodings
+    from tqc.training import catalog_scores
+
+    torch.manual_seed(0)
+    model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir), tied=False))  # the catalog: another encoder
+    catalog = Catalog([StandardQuestion("a", "where is it"), StandardQuestion("b", "who did it")])
+    exemplars = [LabeledQuestion("where is paris", "a"), LabeledQuestion("who invented chess", "b")]
+    split = [LabeledQuestion("where is rome", "a"), LabeledQuestion("who wrote hamlet", "b")]
+    calls = []
+    encode = model.question.encode
+    monkeypatch.setattr(model.question, "encode", lambda texts, *args: calls.append(list(texts)) or encode(texts, *args))
+    shared = LastEncodings(model.question)
+    exemplar_rule = exemplar_scorer(shared, exemplars, k=1, batch_size=8)  # encodes the exemplars
+    standard = catalog_scores(model, split, catalog, 8, shared)  # encodes the split ...
+    nearest = exemplar_rule(split, catalog)  # ... which this reuses
+    assert calls == [[q.text for q in exemplars], [q.text for q in split]]
+    monkeypatch.undo()
+    assert np.allclose(standard, catalog_scores(model, split, catalog, 8))
+    assert np.allclose(nearest, exemplar_scorer(model.question, exemplars, k=1, batch_size=8)(split, catalog))

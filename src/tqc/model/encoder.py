@@ -166,6 +166,22 @@ class TextEncoder(nn.Module):
         return encoder
 
 
+class LastEncodings:
+    """A text encoder that keeps its last call's encodings and answers the same texts again from them, so
+    two scorers over one trained encoder (evaluate's standard and exemplar rules) encode a split once."""
+
+    def __init__(self, encoder: TextEncoder):
+        self.encoder = encoder
+        self._texts: list[str] | None = None
+        self._encoded: torch.Tensor | None = None
+
+    def encode(self, texts: list[str], batch_size: int = 256, description: str = "encoding") -> torch.Tensor:
+        """texts (N,) → embeddings (N, D), as `TextEncoder.encode`."""
+        if texts != self._texts:
+            self._texts, self._encoded = list(texts), self.encoder.encode(texts, batch_size, description)
+        return self._encoded
+
+
 class BiEncoder(nn.Module):
     """A question encoder and a standard-question encoder (the same module when tied)."""
 
