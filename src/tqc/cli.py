@@ -12,8 +12,9 @@ import logging
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
-from tqc.config import ConfigError, EvaluateParams, load_params
+from tqc.config import ConfigError, EvaluateParams, Params, load_params
 from tqc.tracking import stage_run
 
 
@@ -114,121 +115,157 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
 
 
 def dispatch(args: argparse.Namespace) -> None:
-    command = args.command
-    if command == "fetch":
-        from tqc import fetch
-
-        if not args.verify_only:
-            fetch.fetch(args.dest)
-        for path, ok in fetch.verify(args.dest).items():
-            print(f"{'ok' if ok else 'MISSING OR CHANGED'}  {path}")
+    """Run one command: those that need no params.yaml first, then the rest with the loaded params."""
+    if args.command == "tune" and args.apply:  # writes a best_params.yaml into --params, which it does not load
+        _apply_tuned(args)
         return
-    if command == "predict":  # needs a model folder and a catalog, not params.yaml
-        _predict(args)
-        return
-    if command == "tune" and args.apply:
-        from tqc.tune import apply_best
-
-        for key, value in apply_best(args.apply, args.params).items():
-            print(f"{args.params}: {key} = {value}")
+    if args.command in WITHOUT_PARAMS:
+        WITHOUT_PARAMS[args.command](args)
         return
     params = load_params(args.params, parse_overrides(args.overrides))
-    if command in TRAINING_COMMANDS:
+    if args.command in TRAINING_COMMANDS:
         _join_or_launch(params, args)
-    if command == "ingest":
-        from tqc.stages import ingest
+    WITH_PARAMS[args.command](args, params)
 
-        ingest.run(params.data, params.seed, args.out, args.quarantine, args.report)
-    elif command == "validate" and args.file is not None:
+
+def _fetch(args: argparse.Namespace) -> None:
+    from tqc import fetch
+
+    if not args.verify_only:
+        fetch.fetch(args.dest)
+    for path, ok in fetch.verify(args.dest).items():
+        print(f"{'ok' if ok else 'MISSING OR CHANGED'}  {path}")
+
+
+def _apply_tuned(args: argparse.Namespace) -> None:
+    from tqc.tune import apply_best
+
+    for key, value in apply_best(args.apply, args.params).items():
+        print(f"{args.params}: {key} = {value}")
+
+
+def _ingest(args: argparse.Namespace, params: Params) -> None:
+    from tqc.stages import ingest
+
+    ingest.run(params.data, params.seed, args.out, args.quarantine, args.report)
+
+
+def _validate(args: argparse.Namespace, params: Params) -> None:
+    """The validate stage, or with FILE a check of a new batch against the current data (its exit code)."""
+    if args.file is not None:
         from tqc import incoming
 
         raise SystemExit(incoming.main(args.file, args.against, params))
-    elif command == "validate":
-        from tqc.stages import validate
+    from tqc.stages import validate
 
-        missing = [f"--{n}" for n in ("data", "out", "quarantine", "report") if getattr(args, n) is None]
-        if missing:
-            raise ConfigError(f"the validate stage needs {', '.join(missing)} (or give a FILE to check)")
-        validate.run(args.data, params.validate_, args.out, args.quarantine, args.report, args.docs)
-    elif command == "augment":
-        from tqc.stages import augment
+    missing = [f"--{n}" for n in ("data", "out", "quarantine", "report") if getattr(args, n) is None]
+    if missing:
+        raise ConfigError(f"the validate stage needs {', '.join(missing)} (or give a FILE to check)")
+    validate.run(args.data, params.validate_, args.out, args.quarantine, args.report, args.docs)
 
-        augment.run(args.train, params.augment, params.seed, args.out, args.report, args.generated)
-    elif command == "stage-one":
-        from tqc.stages import stage_one
 
-        with stage_run("stage_one", params, [args.data, args.train]) as tracker:
-            result = stage_one.run(args.data, args.train, params.model, params.augment, params.stage_one, params.seed,
-                                   args.out, args.history, on_epoch=tracker.on_epoch("stage_one"))
-            _log_fit(tracker, "stage_one", result, args.history)
-    elif command == "mine":
-        from tqc.stages import mine
+def _augment(args: argparse.Namespace, params: Params) -> None:
+    from tqc.stages import augment
 
-        with stage_run("mine", params, [args.data, args.train, args.model]) as tracker:
-            tracker.log_metrics(mine.run(args.data, args.train, args.model, params.mine, args.out, args.report), prefix="mine.")
-    elif command == "stage-two":
-        from tqc.stages import stage_two
+    augment.run(args.train, params.augment, params.seed, args.out, args.report, args.generated)
 
-        with stage_run("stage_two", params, [args.data, args.train, args.negatives, args.model]) as tracker:
-            result = stage_two.run(args.data, args.train, args.negatives, args.model, params.augment, params.stage_two,
-                                   params.seed, args.out, args.history, on_epoch=tracker.on_epoch("stage_two"))
-            _log_fit(tracker, "stage_two", result, args.history)
-    elif command == "baseline-nc":
-        from tqc.stages import baseline_nc
 
-        with stage_run("baseline_nc", params, [args.data, args.train]) as tracker:
-            result = baseline_nc.run(args.data, args.train, params.model, params.augment, params.baseline_nc, params.seed,
-                                     args.out, args.history, on_epoch=tracker.on_epoch("baseline_nc"))
-            _log_fit(tracker, "baseline_nc", result, args.history)
-    elif command == "prior":
-        from tqc.stages import prior
+def _training_stage(stage: str, deps: list[Path], train: Callable) -> Callable:
+    """A training command: `train(args, params, on_epoch)` in a tracked run, its fit and curves logged."""
+    def command(args: argparse.Namespace, params: Params) -> None:
+        with stage_run(stage, params, [getattr(args, name) for name in deps]) as tracker:
+            result = train(args, params, tracker.on_epoch(stage))
+            _log_fit(tracker, stage, result, args.history)
+    return command
 
-        with stage_run("prior", params, [args.data, args.stage_one, args.stage_two, args.nc]) as tracker:
-            document = prior.run(args.data, args.stage_one, args.stage_two, args.nc, params, args.out)
-            tracker.log_metrics({f"{name}.weight": model["weight"] for name, model in document["models"].items()},
-                                prefix="prior.")
-            tracker.log_artifact(args.out)
-    elif command == "evaluate":
-        from tqc.pipeline import ChainOutputs
-        from tqc.stages import evaluate
 
-        models = ChainOutputs(args.stage_one, args.stage_two, args.nc)
-        with stage_run("evaluate", params, [args.data, args.train, args.stage_one, args.stage_two, args.nc]) as tracker:
-            metrics = evaluate.run(args.data, args.train, models, args.prior, params, args.metrics, args.classes,
-                                   args.plots, args.predictions)
-            tracker.log_metrics(metrics)
-            for artifact in (args.metrics, args.classes, args.plots, args.validation_report):
-                if artifact is not None:
-                    tracker.log_artifact(artifact)
-    elif command == "promote":
-        from tqc.stages import promote
+def _stage_one(args: argparse.Namespace, params: Params, on_epoch):
+    from tqc.stages import stage_one
 
-        with stage_run("promote", params, [args.data, args.model, args.prior]) as tracker:
-            promote.run(args.data, args.model, args.prior, params.promote, args.report, tracker, params.seed,
-                        params.evaluate.exemplar_k)
-    elif command == "tune":
-        from tqc.tune import tune
+    return stage_one.run(args.data, args.train, params.model, params.augment, params.stage_one, params.seed, args.out,
+                         args.history, on_epoch=on_epoch)
 
-        result = tune(params, args.out, args.work, args.worker, args.trials)
-        print(f"best validation macro-F1 {result.summary['best']['validation_macro_f1']:.4f}: {result.best_params}")
-    elif command == "ablate":
-        from tqc.ablate import ablate
-        from tqc.config import flatten
 
-        where = flatten(parse_overrides(args.where))
-        results = ablate(params, Path.cwd(), args.out, args.grid, args.variant, args.seeds, not args.report_only, args.rerun,
-                         where)
-        failed = [r.cell.name for r in results if r.status == "missing"]
-        if failed:
-            print(f"tqc ablate: {len(failed)} cell(s) without a finished experiment: {', '.join(failed)}", file=sys.stderr)
-            raise SystemExit(1)
-    elif command == "bench":
-        from tqc import bench
+def _stage_two(args: argparse.Namespace, params: Params, on_epoch):
+    from tqc.stages import stage_two
 
-        if args.what == "epochs":
-            bench.epochs(params, args.steps, args.batch_size, args.data, args.train)
-        else:
-            bench.validate_stage(args.params, args.dataset)
+    return stage_two.run(args.data, args.train, args.negatives, args.model, params.augment, params.stage_two, params.seed,
+                         args.out, args.history, on_epoch=on_epoch)
+
+
+def _baseline_nc(args: argparse.Namespace, params: Params, on_epoch):
+    from tqc.stages import baseline_nc
+
+    return baseline_nc.run(args.data, args.train, params.model, params.augment, params.baseline_nc, params.seed, args.out,
+                           args.history, on_epoch=on_epoch)
+
+
+def _mine(args: argparse.Namespace, params: Params) -> None:
+    from tqc.stages import mine
+
+    with stage_run("mine", params, [args.data, args.train, args.model]) as tracker:
+        tracker.log_metrics(mine.run(args.data, args.train, args.model, params.mine, args.out, args.report), prefix="mine.")
+
+
+def _prior(args: argparse.Namespace, params: Params) -> None:
+    from tqc.stages import prior
+
+    with stage_run("prior", params, [args.data, args.stage_one, args.stage_two, args.nc]) as tracker:
+        document = prior.run(args.data, args.stage_one, args.stage_two, args.nc, params, args.out)
+        tracker.log_metrics({f"{name}.weight": model["weight"] for name, model in document["models"].items()},
+                            prefix="prior.")
+        tracker.log_artifact(args.out)
+
+
+def _evaluate(args: argparse.Namespace, params: Params) -> None:
+    from tqc.pipeline import ChainOutputs
+    from tqc.stages import evaluate
+
+    models = ChainOutputs(args.stage_one, args.stage_two, args.nc)
+    with stage_run("evaluate", params, [args.data, args.train, args.stage_one, args.stage_two, args.nc]) as tracker:
+        metrics = evaluate.run(args.data, args.train, models, args.prior, params, args.metrics, args.classes,
+                               args.plots, args.predictions)
+        tracker.log_metrics(metrics)
+        for artifact in (args.metrics, args.classes, args.plots, args.validation_report):
+            if artifact is not None:
+                tracker.log_artifact(artifact)
+
+
+def _promote(args: argparse.Namespace, params: Params) -> None:
+    from tqc.stages import promote
+
+    with stage_run("promote", params, [args.data, args.model, args.prior]) as tracker:
+        promote.run(args.data, args.model, args.prior, params.promote, args.report, tracker, params.seed,
+                    params.evaluate.exemplar_k)
+
+
+def _tune(args: argparse.Namespace, params: Params) -> None:
+    from tqc.tune import tune
+
+    result = tune(params, args.out, args.work, args.worker, args.trials)
+    print(f"best validation macro-F1 {result.summary['best']['validation_macro_f1']:.4f}: {result.best_params}")
+
+
+def _ablate(args: argparse.Namespace, params: Params) -> None:
+    from tqc.ablate import ablate
+    from tqc.config import flatten
+
+    where = flatten(parse_overrides(args.where))
+    results = ablate(params, Path.cwd(), args.out, args.grid, args.variant, args.seeds, not args.report_only, args.rerun,
+                     where)
+    failed = [r.cell.name for r in results if r.status == "missing"]
+    if failed:
+        print(f"tqc ablate: {len(failed)} cell(s) without a finished experiment: {', '.join(failed)}", file=sys.stderr)
+        raise SystemExit(1)
+
+
+def _bench(args: argparse.Namespace, params: Params) -> None:
+    from tqc import bench
+
+    if args.what == "epochs":
+        bench.epochs(params, args.steps, args.batch_size, args.data, args.train)
+    else:
+        bench.validate_stage(args.params, args.dataset)
 
 
 def _predict(args: argparse.Namespace) -> None:
@@ -324,6 +361,18 @@ def parse_overrides(items: list[str]) -> dict:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set stage_one.epochs=5")
         flat[key.strip()] = yaml.safe_load(value)
     return unflatten(flat)
+
+
+# Commands that need no params.yaml: predict reads a model folder and a catalog, fetch the network
+WITHOUT_PARAMS: dict[str, Callable[[argparse.Namespace], None]] = {"fetch": _fetch, "predict": _predict}
+WITH_PARAMS: dict[str, Callable[[argparse.Namespace, Params], None]] = {
+    "ingest": _ingest, "validate": _validate, "augment": _augment,
+    "stage-one": _training_stage("stage_one", ["data", "train"], _stage_one),
+    "mine": _mine,
+    "stage-two": _training_stage("stage_two", ["data", "train", "negatives", "model"], _stage_two),
+    "baseline-nc": _training_stage("baseline_nc", ["data", "train"], _baseline_nc),
+    "prior": _prior, "evaluate": _evaluate, "promote": _promote, "tune": _tune, "ablate": _ablate, "bench": _bench,
+}
 
 
 def _log_fit(tracker, stage: str, result, history: Path) -> None:

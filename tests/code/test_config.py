@@ -102,3 +102,13 @@ def test_the_tuner_refuses_knobs_the_augment_stage_reads():
 def test_a_log_scaled_search_range_must_start_above_zero():
     with pytest.raises(ValueError, match="log-scaled range needs low > 0"):
         Params.model_validate({"tune": {"space": {"stage_two.smoothing": {"low": 0.0, "high": 0.3, "log": True}}}})
+
+
+def test_every_command_of_the_parser_has_a_handler():
+    import argparse
+
+    from tqc.cli import WITH_PARAMS, WITHOUT_PARAMS, build_parser
+
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(subparsers.choices) == set(WITH_PARAMS) | set(WITHOUT_PARAMS)
+    assert not set(WITH_PARAMS) & set(WITHOUT_PARAMS)
