@@ -53,19 +53,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     except MlflowException:
         champion_version = None
     is_champion = champion_version == version  # the same content as the champion: its tags and alias stay
-    try:
-        challenger = _validation_predictions(f"models:/{params.model_name}/{version}", validation, catalog)
-        if champion_version is None:
-            champion = None
-        elif is_champion:
-            champion = challenger  # nothing to predict again
-        else:
-            champion = _validation_predictions(f"models:/{params.model_name}/{champion_version}", validation, catalog)
-    except Exception:
-        # Registered but never judged: the tag says so, so that a registry listing does not read it as a candidate.
-        if not is_champion:
-            client.set_model_version_tag(params.model_name, version, "promotion", "failed")
-        raise
+    challenger, champion = _answers_on_validation(client, params.model_name, version, champion_version, validation, catalog)
 
     tail_ids = tail_classes([q.class_id for q in load_questions(data_dir / "train.jsonl")], catalog.class_ids,
                             params.tail_fraction)
@@ -76,22 +64,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         decision = _incomparable(decision)
     if decision.promote:
         client.set_registered_model_alias(params.model_name, params.alias, version)
-    report = {
-        "model_name": params.model_name,
-        "alias": params.alias,
-        "challenger_version": version,
-        "rule": params.rule,
-        "challenger_registered_before": registered_before,  # the same content (tag content_digest) was there: not registered again
-        "champion_version_before": champion_version,
-        "champion_version_after": version if decision.promote else champion_version,
-        "promoted": decision.promote,
-        "validation": {
-            "n": len(validation),
-            "challenger_accuracy": float(np.mean(challenger == gold)),
-            "champion_accuracy": float(np.mean(champion == gold)) if champion is not None else None,
-        },
-        **{k: v for k, v in decision.to_dict().items() if k != "promote"},  # "promoted" above says it
-    }
+    report = _report(params, version, registered_before, champion_version, decision, gold, challenger, champion)
     write_json(report_path, report)
     if not is_champion:
         client.set_model_version_tag(params.model_name, version, "promotion", "champion" if decision.promote else "rejected")
@@ -103,6 +76,44 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
              f"is now {params.alias}" if decision.promote else f"not promoted ({params.alias} stays v{champion_version})",
              "; ".join(decision.reasons))
     return report
+
+
+def _answers_on_validation(client, model_name: str, version: str, champion_version: str | None, validation,
+                           catalog: Catalog) -> tuple[np.ndarray, np.ndarray | None]:
+    """(challenger's, champion's) first answers (N,) through the served pyfunc; the champion's None when there is
+    none. A challenger that cannot answer is tagged `promotion: failed` (registered, never judged) and the error raised."""
+    try:
+        challenger = _validation_predictions(f"models:/{model_name}/{version}", validation, catalog)
+        if champion_version is None:
+            return challenger, None
+        if champion_version == version:  # the challenger is the champion: nothing to predict again
+            return challenger, challenger
+        return challenger, _validation_predictions(f"models:/{model_name}/{champion_version}", validation, catalog)
+    except Exception:
+        # Registered but never judged: the tag says so, so that a registry listing does not read it as a candidate.
+        if champion_version != version:
+            client.set_model_version_tag(model_name, version, "promotion", "failed")
+        raise
+
+
+def _report(params: PromoteParams, version: str, registered_before: bool, champion_version: str | None, decision,
+            gold: np.ndarray, challenger: np.ndarray, champion: np.ndarray | None) -> dict:
+    return {
+        "model_name": params.model_name,
+        "alias": params.alias,
+        "challenger_version": version,
+        "rule": params.rule,
+        "challenger_registered_before": registered_before,  # the same content (tag content_digest) was there: not registered again
+        "champion_version_before": champion_version,
+        "champion_version_after": version if decision.promote else champion_version,
+        "promoted": decision.promote,
+        "validation": {
+            "n": len(gold),
+            "challenger_accuracy": float(np.mean(challenger == gold)),
+            "champion_accuracy": float(np.mean(champion == gold)) if champion is not None else None,
+        },
+        **{k: v for k, v in decision.to_dict().items() if k != "promote"},  # "promoted" above says it
+    }
 
 
 def _validation_predictions(uri: str, validation, catalog: Catalog) -> np.ndarray:
