@@ -119,19 +119,17 @@ def train_cell(base: Params, cell, prepared: Path, work: Path, device_overrides:
     from tqc.pipeline import train_chain
     from tqc.schema import Catalog, load_questions
     from tqc.stages import evaluate
-    from tqc.stages import prior as prior_stage
 
     params = cell_params(base, cell, device_overrides)
     data = prepared / json.loads((prepared / "index.json").read_text())[preparation_key(params)]
     started = time.perf_counter()
     # NC as the DVC stage runs it: baseline_nc.enabled false leaves a marker that scoring skips
     outputs = train_chain(params, data / "validated", data / "augmented" / "train.jsonl", work, cell.seed)
-    shifts = prior_stage.fit_shifts(data / "validated", outputs.stage_one, outputs.stage_two, outputs.nc, params)
     catalog = Catalog.load(data / "validated" / "catalog.jsonl")
     splits = {"test": load_questions(data / "validated" / "test.jsonl"),
               "validation": load_questions(data / "validated" / "validation.jsonl")}
-    evaluated = evaluate.evaluate_models(outputs, params, splits, catalog, shifts)
-    metrics = evaluate._metrics_document(params, evaluated, shifts, evaluate.seed_statistics([evaluated["metrics"]], False))
+    evaluated, shifts = evaluate.score_chain(outputs, params, data / "validated", splits, catalog)
+    metrics = evaluate.metrics_document(params, evaluated, shifts, evaluate.seed_statistics([evaluated["metrics"]], False))
     metrics = metrics if cell.about_prior_shift else without_prior_shift(metrics)
     augment_report = json.loads((data / "reports" / "augment.json").read_text())
     return {"experiment": cell.name, "grid": cell.grid, "variant": cell.variant, "seed": cell.seed,

@@ -99,7 +99,7 @@ def run(data_dir: Path, train_path: Path, models: ChainOutputs, prior_path: Path
     evaluated = evaluate_models(models, params, splits, catalog, shifts, load_questions(data_dir / "train.jsonl"))
     per_seed = [evaluated["metrics"]] + _extra_seeds(params, data_dir, train_path, splits, catalog)
 
-    metrics = _metrics_document(params, evaluated, shifts, seed_statistics(per_seed, params.evaluate.resplit))
+    metrics = metrics_document(params, evaluated, shifts, seed_statistics(per_seed, params.evaluate.resplit))
     write_json(metrics_path, metrics)
     test_scores = evaluated["scores"]["test"]
     write_json(classes_path, _class_report(test_scores["admc"], splits["test"], catalog, params.evaluate.confused_pairs))
@@ -150,10 +150,16 @@ def _extra_seeds(params: Params, data_dir: Path, train_path: Path, splits, catal
                 seed_dir, seed_train = resplit(params, data_dir, seed, Path(work) / "data")
                 seed_splits = {**splits, "validation": load_questions(seed_dir / "validation.jsonl")}
             outputs = train_chain(params, seed_dir, seed_train, Path(work), seed)
-            shifts = prior_stage.fit_shifts(seed_dir, outputs.stage_one, outputs.stage_two, outputs.nc, params)
-            runs.append(evaluate_models(outputs, params, seed_splits, catalog, shifts,
-                                        load_questions(seed_dir / "train.jsonl"))["metrics"])
+            runs.append(score_chain(outputs, params, seed_dir, seed_splits, catalog)[0]["metrics"])
     return runs
+
+
+def score_chain(outputs: ChainOutputs, params: Params, data_dir: Path, splits: dict[str, list[LabeledQuestion]],
+                catalog: Catalog) -> tuple[dict, dict[str, PriorShift]]:
+    """A freshly trained chain as the prior and evaluate stages score it: each model's class-prior shift fitted
+    on `data_dir`'s validation rows, then `evaluate_models` with `data_dir`'s training rows as exemplars."""
+    shifts = prior_stage.fit_shifts(data_dir, outputs.stage_one, outputs.stage_two, outputs.nc, params)
+    return evaluate_models(outputs, params, splits, catalog, shifts, load_questions(data_dir / "train.jsonl")), shifts
 
 
 def resplit(params: Params, data_dir: Path, seed: int, out_dir: Path) -> tuple[Path, Path]:
@@ -174,7 +180,7 @@ UNSHIFTED_FIGURES = ("accuracy", "macro_f1", "macro_f1_gold_classes")
 NOT_PIPELINE_SECTIONS = ("tracking", "promote", "tune", "retrain", "ablate")
 
 
-def _metrics_document(params: Params, evaluated: dict, shifts: dict[str, PriorShift], seeds: dict) -> dict:
+def metrics_document(params: Params, evaluated: dict, shifts: dict[str, PriorShift], seeds: dict) -> dict:
     """metrics.json in a fixed key order, so `git diff` and `dvc metrics diff` read well."""
     metrics = evaluated["metrics"]
     admc, stage_one, nc = metrics["admc"], metrics["stage_one"], metrics.get("nc")  # nc: None when disabled
