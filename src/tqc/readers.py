@@ -124,7 +124,7 @@ def read_trec(path: Path, granularity: str) -> ReadResult:
 
 def _csv_records(path: Path) -> list[tuple[int, list[str]]]:
     """(line number of the record's start, fields) for every CSV record; quoted newlines kept."""
-    text = decode_file(path)
+    text = _stray_carriage_returns_as_spaces(decode_file(path), path)
     if not text.strip():
         raise ReaderError(f"{path}: file is empty")
     # Long rows (a 1 MB question) are read whole and judged by the validate stage's length bound.
@@ -143,6 +143,22 @@ def _csv_records(path: Path) -> list[tuple[int, list[str]]]:
                                           if reader.line_num != line_number else "")
         raise ReaderError(f"{path}, {where}: malformed CSV: {exc}") from None
     return records
+
+
+BARE_CR = re.compile(r"\r(?!\n)")
+
+
+def _stray_carriage_returns_as_spaces(text: str, path: Path) -> str:
+    """In a file whose lines end in LF (or CRLF), a carriage return alone is a stray, not a line break (the
+    CSV reader would cut its row in two, keeping half as data): read as a space, with a warning naming
+    the lines. A file whose lines end in CR alone (old Mac) is left as it is."""
+    if "\n" not in text or not BARE_CR.search(text):
+        return text
+    lines = sorted({text.count("\n", 0, match.start()) + 1 for match in BARE_CR.finditer(text)})
+    shown = ", ".join(map(str, lines[:10])) + (f" and {len(lines) - 10} more" if len(lines) > 10 else "")
+    log.warning("%s: line(s) %s hold a carriage return inside the line, and the file ends its lines with LF: "
+                "read as a space", path, shown)
+    return BARE_CR.sub(" ", text)
 
 
 def _blank(fields: list[str]) -> bool:
