@@ -301,7 +301,8 @@ def _matcher(args: argparse.Namespace):
         if args.exemplar_k is not None or args.exemplar_cache is not None:
             raise ConfigError("--exemplar-k or --exemplar-cache without --exemplars: the standard-question rule has neither")
         return local_matcher(args.model, args.catalog, args.top_k, _prior_for(args.model, args.prior))
-    k = EvaluateParams().exemplar_k if args.exemplar_k is None else args.exemplar_k  # evaluate's default, as scored
+    # predict reads no params.yaml: evaluate.exemplar_k's default, not the project's setting
+    k = EvaluateParams().exemplar_k if args.exemplar_k is None else args.exemplar_k
     if k < 1:
         raise ConfigError(f"--exemplar-k {k}: must be at least 1")
     if args.prior not in ("auto", "none"):

@@ -9,13 +9,13 @@ Exit code 0: clean; 1: some rows would be quarantined; 2: the file is unusable.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 from tqc.config import Params
 from tqc.readers import ReaderError, read_table, require_rows
 from tqc.schema import Catalog, load_questions
-from tqc.stages.validate import ExpectationOutcome, ValidationFailed, check, raise_on_critical, summarise
+from tqc.stages.validate import ValidationFailed, check, raise_on_critical, summarise
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +25,10 @@ CLEAN, QUARANTINED, UNUSABLE = 0, 1, 2
 def check_batch(path: Path, against: Path, params: Params) -> dict:
     """What would be accepted and what quarantined, and why. Raises ReaderError or ValidationFailed.
 
-    A critical row-level expectation makes the file unusable when it fails for more than
-    `max_quarantined_fraction` of the file's own rows (a wrong column mapping, a foreign label set);
-    below that its failing rows are quarantined and the others accepted, as the validate stage does."""
+    The rows are judged as the training rows they would become: a critical row-level expectation makes
+    the file unusable when it would fail for more than `max_quarantined_fraction` of the grown training
+    set (a wholesale failure the validate stage would stop on); below that the failing rows are
+    quarantined, each with its line, and the others accepted."""
     catalog = Catalog.load(against / "catalog.jsonl")
     current = {split: load_questions(against / f"{split}.jsonl") for split in ("train", "validation", "test")}
     parsed = require_rows(read_table(path, params.data.custom.text_column, params.data.custom.label_column), path)
@@ -35,10 +36,8 @@ def check_batch(path: Path, against: Path, params: Params) -> dict:
     accepted, quarantined, _, outcomes = check(splits, catalog, params.validate_)
     mine = f"{path}:"
     batch_quarantined = [q for q in quarantined if q["split"] == "train" and f"{q['file']}:" == mine]
-    batch = {**splits, "train": parsed.rows}  # fractions of the file's rows, not of the grown training set
-    report = summarise(catalog, batch, accepted, batch_quarantined, _batch_rows(outcomes, len(current["train"])),
-                       params.validate_, 0.0)
-    raise_on_critical(report, params.validate_, batch_quarantined)
+    report = summarise(catalog, splits, accepted, quarantined, outcomes, params.validate_, 0.0)
+    raise_on_critical(report, params.validate_, batch_quarantined)  # the error names the file's failing lines
     rejected = [{"file": r.file, "line": r.line, "expectations": ["parse"], "reason": r.reason, "content": r.content}
                 for r in parsed.rejected]
     rejected += batch_quarantined
@@ -48,18 +47,6 @@ def check_batch(path: Path, against: Path, params: Params) -> dict:
         "accepted": [asdict(q) for q in accepted["train"] if q.source.startswith(mine)],
         "quarantined": sorted(rejected, key=lambda q: q["line"] or 0),
     }
-
-
-def _batch_rows(outcomes: list[ExpectationOutcome], first: int) -> list[ExpectationOutcome]:
-    """The training split's row-level outcomes narrowed to the batch's rows (from index `first`, renumbered
-    from 0): the current rows passed the contract when they were validated."""
-    narrowed = []
-    for outcome in outcomes:
-        if outcome.table == "train" and outcome.row_level:
-            rows = [i - first for i in outcome.failing_rows if i >= first]
-            outcome = replace(outcome, failing_rows=rows, success=not rows)
-        narrowed.append(outcome)
-    return narrowed
 
 
 def main(path: Path, against: Path, params: Params) -> int:

@@ -16,12 +16,16 @@ def gold_ranks(scores: np.ndarray, gold: np.ndarray) -> np.ndarray:
     return 1 + ahead.sum(axis=1)
 
 
+class DivergedScores(ValueError):
+    """Scores with NaN or +inf: the model diverged, and no figure of them would mean anything."""
+
+
 def require_finite_or_minus_inf(scores: np.ndarray) -> None:
     """NaN or +inf scores (a diverged model) would rank nothing and make MRR infinite: an error, not a figure.
     −inf is a score: the exemplar rule gives it to a class without exemplars, which then ranks last."""
     if np.isnan(scores).any() or np.isposinf(scores).any():
         rows = sorted(set(np.argwhere(np.isnan(scores) | np.isposinf(scores))[:, 0].tolist()))
-        raise ValueError(f"scores hold NaN or +inf in {len(rows)} row(s) (first: {rows[:5]}): the model diverged")
+        raise DivergedScores(f"scores hold NaN or +inf in {len(rows)} row(s) (first: {rows[:5]}): the model diverged")
 
 
 def per_class_prf(gold: np.ndarray, predicted: np.ndarray, labels: np.ndarray) -> dict[int, dict[str, float]]:

@@ -151,12 +151,14 @@ BARE_CR = re.compile(r"\r(?!\n)")
 def _stray_carriage_returns_as_spaces(text: str, path: Path) -> str:
     """In a file whose lines end in LF (or CRLF), a carriage return alone is a stray, not a line break (the
     CSV reader would cut its row in two, keeping half as data): read as a space, with a warning naming
-    the lines. A file whose lines end in CR alone (old Mac) is left as it is."""
-    if "\n" not in text or not BARE_CR.search(text):
+    the lines. A file whose lines end in CR alone (old Mac) is left as it is, even with an LF in a quoted
+    field or at its end: the lines end in LF when there are at least as many LFs as lone CRs."""
+    lone = len(BARE_CR.findall(text))
+    if not lone or text.count("\n") < lone:
         return text
     lines = sorted({text.count("\n", 0, match.start()) + 1 for match in BARE_CR.finditer(text)})
     shown = ", ".join(map(str, lines[:10])) + (f" and {len(lines) - 10} more" if len(lines) > 10 else "")
-    log.warning("%s: line(s) %s hold a carriage return inside the line, and the file ends its lines with LF: "
+    log.warning("%s: line(s) %s hold a carriage return inside the line, and the file ends its lines with LF (or CRLF): "
                 "read as a space", path, shown)
     return BARE_CR.sub(" ", text)
 
@@ -342,18 +344,26 @@ def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion]) -> Catal
     owners = {normalise(q.text): q.class_id for q in catalog.questions}
     derived = []
     for class_id in sorted(set(first_use) - set(catalog.class_ids)):
-        text, where = label_in_words(class_id), first_use[class_id] or "training rows"
+        text, where = label_in_words(class_id), _file_and_line(first_use[class_id])
         if not text:
             raise ReaderError(f"{where}: class {class_id!r} has no catalog text and no words to derive one from; "
                               "give it a standard question in the catalog")
         owner = owners.setdefault(normalise(text), class_id)
         if owner != class_id:
-            owner_at = f" (derived too, its label first at {first_use[owner]})" if owner in first_use else " in the catalog"
+            owner_at = f" (derived too, its label first at {_file_and_line(first_use[owner])})" if owner in first_use else " in the catalog"
             raise ReaderError(f"{where}: class {class_id!r} has no catalog text, and the one derived from its label, {text!r}, "
                               f"is the text of class {owner!r}{owner_at}; give one of them a standard question in the catalog")
         log.warning("class %r has no catalog text; using the derived text %r", class_id, text)
         derived.append(StandardQuestion(class_id, text, derived=True))
     return Catalog(catalog.questions + derived)
+
+
+def _file_and_line(source: str | None) -> str:
+    """A row's source ("file:line") as errors write it: "file, line N"."""
+    if not source:
+        return "training rows"
+    file, _, line = source.rpartition(":")
+    return f"{file}, line {line}" if line.isdigit() else source
 
 
 def require_rows(result: ReadResult, path: Path) -> ReadResult:

@@ -23,7 +23,7 @@ from tqc import distributed
 from tqc.config import Schedule
 from tqc.device import autocast
 from tqc.io import atomic_path
-from tqc.metrics import summary
+from tqc.metrics import DivergedScores, summary
 from tqc.model.encoder import BiEncoder, LastEncodings, TextEncoder
 from tqc.schema import Catalog, LabeledQuestion
 
@@ -114,7 +114,7 @@ def fit(
     distributed.broadcast_parameters(model)
     on_epoch = on_epoch if distributed.is_main() else None  # tracking and callbacks: rank 0 only
 
-    history = [_record(0, math.nan, validate(), 0.0)]
+    history = [_record(0, math.nan, _validated(validate, description, 0), 0.0)]
     best_f1, best_epoch, best_state = history[0].validation_macro_f1, 0, _snapshot(model)
     log.info("%s: epoch 0 (start) validation macro-F1 %.4f", description, best_f1)
     if on_epoch:
@@ -136,7 +136,8 @@ def fit(
             losses.append(loss.item())
             progress.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
         train_seconds = time.perf_counter() - started  # the epoch's training steps only, not validation
-        record = _record(epoch, distributed.mean_over_processes(float(np.mean(losses))), validate(), train_seconds)
+        record = _record(epoch, distributed.mean_over_processes(float(np.mean(losses))), _validated(validate, description, epoch),
+                         train_seconds)
         history.append(record)
         if on_epoch:
             on_epoch(record)
@@ -153,6 +154,16 @@ def fit(
     trained = [r.seconds for r in history[1:]]
     log.info("%s: kept epoch %d (validation macro-F1 %.4f)", description, best_epoch, best_f1)
     return FitResult(history, best_epoch, best_f1, float(np.mean(trained)) if trained else 0.0)
+
+
+def _validated(validate: Callable[[], dict], description: str, epoch: int) -> dict:
+    """The epoch's validation figures. A model that diverged (NaN scores) scores 0, so early stopping keeps
+    the best earlier epoch and the stage (or a tuning trial with too high a learning rate) finishes."""
+    try:
+        return validate()
+    except DivergedScores as exc:
+        log.warning("%s: epoch %d: validation %s; the epoch counts as accuracy and macro-F1 0", description, epoch, exc)
+        return {"accuracy": 0.0, "macro_f1": 0.0}
 
 
 def _record(epoch: int, loss: float, metrics: dict, seconds: float) -> EpochRecord:

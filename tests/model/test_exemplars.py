@@ -51,7 +51,7 @@ def test_the_scorer_ranks_a_question_first_for_the_class_of_its_own_text(tiny_mo
     assert np.all(scores[:, 2] == -np.inf)  # class c has no labeled question
 
 
-def test_evaluate_encodes_each_split_once_for_the_standard_and_exemplar_rules(tiny_model_dir, monkeypatch):
+def test_last_encodings_let_the_exemplar_rule_reuse_the_standard_rules_encodings_of_a_split(tiny_model_dir, monkeypatch):
     """LastEncodings answers the same texts from its last call: the exemplar rule reuses ADMC's encodings of a
     split, and the scores are those of encoding afresh."""
     from tqc.model.encoder import LastEncodings

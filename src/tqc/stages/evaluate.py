@@ -23,7 +23,7 @@ from tqc import prior
 from tqc.config import Params
 from tqc.exemplars import exemplar_scorer
 from tqc.io import atomic_path, write_json, write_jsonl
-from tqc.metrics import confused_pairs, per_class_prf, seed_std, summary
+from tqc.metrics import DivergedScores, confused_pairs, per_class_prf, seed_std, summary
 from tqc.model.encoder import BiEncoder, LastEncodings, TextEncoder
 from tqc.pipeline import ChainOutputs, train_chain
 from tqc.prior import PriorShift
@@ -71,7 +71,10 @@ def evaluate_models(models: ChainOutputs, params: Params, splits: dict[str, list
         raw = raw_by_split[split] = {name: scorer(questions, catalog) for name, scorer in scorers.items()}
         scores_by_split[split] = {name: shifts[name].apply(s) if name in shifts else s for name, s in raw.items()}
         for name, scores in scores_by_split[split].items():
-            results[name][split] = summary(scores, gold)
+            try:
+                results[name][split] = summary(scores, gold)
+            except DivergedScores as exc:
+                raise DivergedScores(f"{name} on {split}: {exc}") from None
             if name in shifts:
                 unshifted.setdefault(name, {})[split] = summary(raw[name], gold)
     return {"metrics": results, "scores": scores_by_split, "raw_scores": raw_by_split, "unshifted": unshifted}
