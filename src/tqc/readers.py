@@ -149,8 +149,9 @@ BARE_CR = re.compile(r"\r(?!\n)")
 
 
 def _stray_carriage_returns_as_spaces(text: str, path: Path) -> str:
-    """In a file whose lines end in LF (or CRLF), a carriage return alone is a stray, not a line break (the
-    CSV reader would cut its row in two, keeping half as data): read as a space, with a warning naming
+    """In a file whose lines end in LF (or CRLF), a carriage return alone is a stray, not a line break (a CSV
+    reader would cut its row in two, keeping half as data; in JSONL it may be JSON whitespace): read as a
+    space, with a warning naming
     the lines. A file whose lines end in CR alone (old Mac) is left as it is, even with an LF in a quoted
     field or at its end: the lines end in LF when there are at least as many LFs as lone CRs."""
     lone = len(BARE_CR.findall(text))
@@ -264,7 +265,7 @@ def _csv_dict_records(path: Path) -> list[tuple[int, dict | _Unusable, str]]:
 
 def _jsonl_records(path: Path) -> list[tuple[int, dict | _Unusable, str]]:
     rows = []
-    text = decode_file(path)
+    text = _stray_carriage_returns_as_spaces(decode_file(path), path)  # JSON whitespace may hold a CR: not a line break
     if not text.strip():
         raise ReaderError(f"{path}: file is empty")
     for line_number, line in enumerate(_lines(text), start=1):

@@ -138,6 +138,13 @@ def test_jsonl_lines_that_json_parses_but_no_row_can_hold_are_rejected_by_line(t
     assert "'text' holds a lone surrogate" in reasons[3]
 
 
+def test_a_stray_carriage_return_in_a_jsonl_file_is_whitespace_not_a_line_break(tmp_path):
+    path = write(tmp_path, "q.jsonl", b'{"text": "a b",\r "label": "x"}\n{"text": "c", "label": "y"}\n')
+    result = read_table(path, "text", "label")
+    assert [(q.text, q.class_id, q.source.rsplit(":", 1)[1]) for q in result.rows] == [("a b", "x", "1"), ("c", "y", "2")]
+    assert not result.rejected
+
+
 def test_a_line_that_is_not_utf8_is_read_as_windows_1252_and_numbered_with_any_line_break(tmp_path, caplog):
     path = write(tmp_path, "q.csv", b"text,label\rwhat\x92s the fee,a\rok,b\r")
     with caplog.at_level(logging.WARNING):
