@@ -310,7 +310,7 @@ def raise_on_critical(report: dict, params: ValidateParams, quarantined: list[di
 
 
 def _first_rows(quarantined: list[dict], expectation: dict, shown: int = 3) -> str:
-    """", e.g. train.csv line 4, line 9" : where the first rows failing `expectation` were read."""
+    """", e.g. train.csv line 4, train.csv line 9": where the first rows failing `expectation` were read."""
     rows = [q for q in quarantined if q.get("split") == expectation["table"] and expectation["name"] in q.get("expectations", ())]
     places = [f"{q['file']} line {q['line']}" if q.get("line") is not None else q["file"] for q in rows[:shown]]
     return f", e.g. {', '.join(places)}" if places else ""
