@@ -112,3 +112,20 @@ def test_every_command_of_the_parser_has_a_handler():
     subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert set(subparsers.choices) == set(WITH_PARAMS) | set(WITHOUT_PARAMS)
     assert not set(WITH_PARAMS) & set(WITHOUT_PARAMS)
+
+
+def test_tune_apply_through_the_cli_writes_params_without_loading_them(tmp_path, capsys):
+    """`tqc tune --apply` runs before params.yaml is loaded (it writes into it), so it works on a file whose
+    current values would not validate."""
+    from pathlib import Path
+
+    from tqc.cli import main
+
+    params_file = tmp_path / "params.yaml"
+    shipped = (Path(__file__).resolve().parents[2] / "params.yaml").read_text()
+    params_file.write_text(shipped.replace("  k: 5\n", "  k: 0\n", 1))  # mine.k: 0 does not validate
+    best = tmp_path / "best_params.yaml"
+    best.write_text("mine:\n  k: 7\n")
+    assert main(["--params", str(params_file), "tune", "--apply", str(best)]) in (0, None)
+    assert f"{params_file}: mine.k = 7" in capsys.readouterr().out
+    assert load_params(params_file).mine.k == 7
