@@ -121,23 +121,11 @@ def fit(
         on_epoch(history[0])
     for epoch in range(1, epochs + 1):
         started = time.perf_counter()
-        model.train()
-        losses = []
         progress = tqdm(batches(n_rows, batch_size, rng, max_steps), desc=f"{description} epoch {epoch}/{epochs}", leave=False,
                         disable=not distributed.is_main())
-        for rows in progress:
-            with autocast(device):
-                loss = batch_loss(distributed.shard(rows))
-            loss.backward()
-            distributed.average_gradients(model)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.item())
-            progress.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+        mean_loss = _train_epoch(model, batch_loss, progress, optimizer, scheduler, device)
         train_seconds = time.perf_counter() - started  # the epoch's training steps only, not validation
-        record = _record(epoch, distributed.mean_over_processes(float(np.mean(losses))), _validated(validate, description, epoch),
-                         train_seconds)
+        record = _record(epoch, mean_loss, _validated(validate, description, epoch), train_seconds)
         history.append(record)
         if on_epoch:
             on_epoch(record)
@@ -154,6 +142,25 @@ def fit(
     trained = [r.seconds for r in history[1:]]
     log.info("%s: kept epoch %d (validation macro-F1 %.4f)", description, best_epoch, best_f1)
     return FitResult(history, best_epoch, best_f1, float(np.mean(trained)) if trained else 0.0)
+
+
+def _train_epoch(model: nn.Module, batch_loss: Callable[[list[int]], torch.Tensor], progress, optimizer, scheduler,
+                 device: torch.device) -> float:
+    """One pass over the epoch's batches (`progress`: row indices per batch, with a progress bar); each process
+    takes its share of a batch and the gradients are averaged. Returns the mean loss over every process."""
+    model.train()
+    losses = []
+    for rows in progress:
+        with autocast(device):
+            loss = batch_loss(distributed.shard(rows))
+        loss.backward()
+        distributed.average_gradients(model)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        progress.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+    return distributed.mean_over_processes(float(np.mean(losses)))
 
 
 def _validated(validate: Callable[[], dict], description: str, epoch: int) -> dict:
