@@ -81,10 +81,15 @@ def decode_file(path: Path) -> str:
         except UnicodeDecodeError:
             decoded.append(_single_byte(piece))
             misread.append(index // 2 + 1)
-    shown = ", ".join(map(str, misread[:10])) + (f" and {len(misread) - 10} more" if len(misread) > 10 else "")
     log.warning("%s: line(s) %s not valid UTF-8; read those as Windows-1252 (Latin-1 where it has no character)",
-                path, shown)
+                path, _first_ten(misread))
     return "".join(decoded)
+
+
+def _first_ten(line_numbers: list[int]) -> str:
+    """"3, 8, … and 4 more": the line numbers a warning names."""
+    more = len(line_numbers) - 10
+    return ", ".join(map(str, line_numbers[:10])) + (f" and {more} more" if more > 0 else "")
 
 
 def _single_byte(line: bytes) -> str:
@@ -151,16 +156,15 @@ BARE_CR = re.compile(r"\r(?!\n)")
 def _stray_carriage_returns_as_spaces(text: str, path: Path) -> str:
     """In a file whose lines end in LF (or CRLF), a carriage return alone is a stray, not a line break (a CSV
     reader would cut its row in two, keeping half as data; in JSONL it may be JSON whitespace): read as a
-    space, with a warning naming
-    the lines. A file whose lines end in CR alone (old Mac) is left as it is, even with an LF in a quoted
-    field or at its end: the lines end in LF when there are at least as many LFs as lone CRs."""
+    space, with a warning naming the lines. A file whose lines end in CR alone (old Mac) is left as it is,
+    even with an LF in a quoted field or at its end: the lines end in LF when there are at least as many
+    LFs as lone CRs."""
     lone = len(BARE_CR.findall(text))
     if not lone or text.count("\n") < lone:
         return text
     lines = sorted({text.count("\n", 0, match.start()) + 1 for match in BARE_CR.finditer(text)})
-    shown = ", ".join(map(str, lines[:10])) + (f" and {len(lines) - 10} more" if len(lines) > 10 else "")
     log.warning("%s: line(s) %s hold a carriage return inside the line, and the file ends its lines with LF (or CRLF): "
-                "read as a space", path, shown)
+                "read as a space", path, _first_ten(lines))
     return BARE_CR.sub(" ", text)
 
 
@@ -322,10 +326,7 @@ def read_catalog_file(path: Path, id_column: str = "class_id", text_column: str 
         if owner != row.class_id:
             raise ReaderError(f"{path}, line {line}: catalog row unusable: class {row.class_id!r} has the standard question "
                               f"of class {owner!r} ({row.text!r}); each class needs its own")
-    try:
-        return Catalog([StandardQuestion(class_id=row.class_id, text=row.text) for row in result.rows])
-    except ValueError as exc:
-        raise ReaderError(f"{path}: {exc}") from None
+    return Catalog([StandardQuestion(class_id=row.class_id, text=row.text) for row in result.rows])  # ids checked above
 
 
 def shipped_catalog(dataset: str) -> Catalog:
