@@ -1,12 +1,17 @@
-"""Shared fixtures: a tiny random BERT built on the spot (no download) and tiny synthetic data.
+"""Shared fixtures: a tiny random BERT built on the spot (no download), tiny synthetic data, and throwaway
+shared servers (PostgreSQL, and MLflow on it) for the `server` tests.
 
 The synthetic questions below are made up for tests only; they are not a dataset.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import shutil
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,6 +64,23 @@ def build_tiny_bert(directory: Path) -> Path:
     return directory
 
 
+@pytest.fixture(autouse=True)
+def mlflow_tracking_left_as_found():
+    """A test's MLflow store stays its own. `mlflow.set_tracking_uri` also exports MLFLOW_TRACKING_URI, which
+    every later subprocess (the e2e test's `dvc repro`) would inherit and log to; and a test may move the
+    active experiment. Both are put back after each test that touched MLflow."""
+    exported = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if "mlflow" not in sys.modules:
+        return
+    import mlflow
+
+    mlflow.set_tracking_uri(None)  # unsets the variable too
+    if exported is not None:
+        os.environ["MLFLOW_TRACKING_URI"] = exported
+    mlflow.tracking.fluent._active_experiment_id = None  # no public way to clear it
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
@@ -95,3 +117,26 @@ def tiny_params(data_dir: Path, model_dir: Path) -> dict:
     params["mine"]["k"] = 2
     params["evaluate"]["profile_questions"] = 2
     return params
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster's base URL (tests/servers.py); skips where the machine has none."""
+    from tests.servers import ServerUnavailable, postgres_cluster
+
+    with contextlib.ExitStack() as stack:
+        try:
+            base_url = stack.enter_context(postgres_cluster())
+        except ServerUnavailable as reason:
+            pytest.skip(str(reason))
+        yield base_url
+
+
+@pytest.fixture
+def mlflow_on_postgres(postgres, tmp_path) -> Iterator[str]:
+    """The URL of an `mlflow server` on a fresh PostgreSQL database, with its artifacts under tmp_path."""
+    from tests.servers import create_database, mlflow_server
+
+    backend = create_database(postgres, f"mlflow_{tmp_path.name}".lower().replace("-", "_"))
+    with mlflow_server(backend, tmp_path / "mlflow-artifacts") as url:
+        yield url

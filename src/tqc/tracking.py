@@ -234,8 +234,12 @@ def nested_run(name: str, tags: dict | None = None) -> Iterator[Tracker]:
     except ImportError:  # pragma: no cover - mlflow is a dependency
         yield Tracker(None)
         return
-    if mlflow.active_run() is None:
+    parent = mlflow.active_run()
+    if parent is None:
         yield Tracker(None)
         return
-    with mlflow.start_run(run_name=name, nested=True, tags=tags or {}):
+    # The parent's experiment, named rather than left to MLflow's active one: a `set_experiment` that loses
+    # the race to create the experiment (tune workers starting together on a fresh one) returns without
+    # making it active, and a nested run would then land in "Default", apart from its parent.
+    with mlflow.start_run(run_name=name, nested=True, experiment_id=parent.info.experiment_id, tags=tags or {}):
         yield Tracker(mlflow)

@@ -1,4 +1,5 @@
-"""The promotion gate against a real (local SQLite) MLflow registry, with tiny models."""
+"""The promotion gate against a real MLflow registry (local SQLite; and an MLflow server on PostgreSQL, as a
+team shares one), with tiny models."""
 
 import json
 
@@ -52,7 +53,17 @@ def trained(tiny_model_dir, data_dir, out):
     return out
 
 
-def test_the_alias_moves_to_a_better_challenger_and_stays_for_a_worse_one(tiny_model_dir, data_dir, tmp_path, registry):
+@pytest.fixture(params=["sqlite", pytest.param("server-on-postgres", marks=pytest.mark.server)])
+def local_or_shared_registry(request, registry):
+    """The local store, and the shared one a team moves to: the same promote code against both."""
+    if request.param == "sqlite":
+        return registry
+    return TrackingParams(uri=request.getfixturevalue("mlflow_on_postgres"), experiment="promotion-test")
+
+
+def test_the_alias_moves_to_a_better_challenger_and_stays_for_a_worse_one(tiny_model_dir, data_dir, tmp_path,
+                                                                          local_or_shared_registry):
+    registry = local_or_shared_registry
     import mlflow
 
     weak, strong = untrained(tiny_model_dir, tmp_path / "weak"), trained(tiny_model_dir, data_dir, tmp_path / "strong")

@@ -173,9 +173,22 @@ def test_the_reporter_prunes_when_the_pruner_says_so():
     assert trial.reported == [(1, 0.6), (Params().stage_one.epochs + 1, 0.6)]  # the best so far, on one step axis
 
 
-def test_two_worker_processes_share_one_study(tmp_path, tiny_model_dir):
-    raw = tuning_params(tmp_path, tiny_model_dir, trials=2, enqueue_defaults=False)
-    raw["tracking"]["enabled"] = False
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.server)])
+def shared_stores(request, tmp_path) -> tuple[str, str | None]:
+    """(Optuna storage, MLflow tracking URI or None): local SQLite untracked, and what a team shares,
+    a study on PostgreSQL with every trial tracked on an MLflow server that is on PostgreSQL too."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'optuna.db'}", None
+    from tests.servers import create_database
+
+    optuna_url = create_database(request.getfixturevalue("postgres"), f"optuna_{tmp_path.name}".lower().replace("-", "_"))
+    return optuna_url, request.getfixturevalue("mlflow_on_postgres")
+
+
+def test_two_worker_processes_share_one_study(tmp_path, tiny_model_dir, shared_stores):
+    storage, tracking_uri = shared_stores
+    raw = tuning_params(tmp_path, tiny_model_dir, trials=2, enqueue_defaults=False, storage=storage)
+    raw["tracking"].update(enabled=tracking_uri is not None, uri=tracking_uri)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     workers = [subprocess.Popen([sys.executable, "-m", "tqc.cli", "--params", str(tmp_path / "params.yaml"), "tune",
@@ -184,11 +197,28 @@ def test_two_worker_processes_share_one_study(tmp_path, tiny_model_dir):
     outputs = [w.communicate(timeout=600)[0] for w in workers]
     assert all(w.returncode == 0 for w in workers), "\n".join(o[-2000:] for o in outputs)
 
-    study = optuna.load_study(study_name="test", storage=raw["tune"]["storage"])
+    study = optuna.load_study(study_name="test", storage=storage)
     by_worker: dict[str, list[int]] = {}
     for trial in study.trials:
         by_worker.setdefault(trial.user_attrs["worker"], []).append(trial.number)
     assert len(study.trials) == 4 and len(by_worker) == 2 and all(len(n) == 2 for n in by_worker.values())
+    if tracking_uri:  # every trial tracked once, beside its worker's study run (not in "Default")
+        runs = tracked_runs(tracking_uri)
+        experiment = next(run["experiment"] for run in runs if run["tags"].get("tqc.kind") == "tune")
+        tracked = sorted(int(run["tags"]["optuna.trial"]) for run in runs
+                         if "optuna.trial" in run["tags"] and run["experiment"] == experiment)
+        assert tracked == sorted(t.number for t in study.trials), runs
+
+
+def tracked_runs(tracking_uri: str) -> list[dict]:
+    """Every run the tracking server holds, in every experiment, with its name, parent and tags."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return [{"experiment": run.info.experiment_id, "name": run.info.run_name, "status": run.info.status,
+             "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.") or k == "mlflow.parentRunId"}}
+            for run in client.search_runs(experiments, max_results=1000)]
 
 
 def test_apply_writes_the_best_values_and_keeps_the_comments(tmp_path):

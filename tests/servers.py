@@ -1,0 +1,138 @@
+"""Throwaway shared servers for the `server` tests: a PostgreSQL cluster and an MLflow tracking server on it.
+
+They stand in for the engines a team moves to when one machine is outgrown (Optuna and MLflow on a shared
+database server), so those tests run the same tqc code against the real thing rather than SQLite. They need
+PostgreSQL's own `initdb` and `pg_ctl` on the machine (Debian's postgresql package puts them under
+/usr/lib/postgresql/<version>/bin) and a Python driver (`pip install -e '.[server]'`); without either the
+tests are skipped, never faked. PostgreSQL refuses to run as root, so under root the cluster runs as the
+`postgres` system user when there is one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+
+class ServerUnavailable(RuntimeError):
+    """This machine cannot run the server; the tests that need it are skipped with this reason."""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _postgres_bin() -> Path:
+    found = shutil.which("initdb")
+    candidates = [Path(found).parent] if found else [Path(p) for p in sorted(glob.glob("/usr/lib/postgresql/*/bin"))]
+    for directory in reversed(candidates):
+        if (directory / "initdb").exists() and (directory / "pg_ctl").exists():
+            return directory
+    raise ServerUnavailable("PostgreSQL's initdb and pg_ctl are not on this machine")
+
+
+def _as_cluster_user() -> list[str]:
+    """The command prefix that runs a PostgreSQL program as a user it accepts (not root)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("runuser") is None:
+        raise ServerUnavailable("running as root without runuser: PostgreSQL will not start as root")
+    try:
+        import pwd
+
+        pwd.getpwnam("postgres")
+    except KeyError as error:
+        raise ServerUnavailable("running as root and there is no `postgres` user to run the cluster as") from error
+    return ["runuser", "-u", "postgres", "--"]
+
+
+@contextlib.contextmanager
+def postgres_cluster(user: str = "tqc") -> Iterator[str]:
+    """A fresh cluster on a free local port with trust authentication; yields its base URL
+    (`postgresql://tqc@127.0.0.1:PORT`), to which a database name is appended. Stopped and removed after."""
+    try:
+        import psycopg2  # noqa: F401  (the driver SQLAlchemy picks for postgresql:// URLs)
+    except ImportError as error:
+        raise ServerUnavailable("no PostgreSQL driver: pip install -e '.[server]'") from error
+    bin_dir, prefix = _postgres_bin(), _as_cluster_user()
+    # Not under pytest's tmp_path: its parent is private to root, and the cluster user must reach the folder.
+    root = Path(tempfile.mkdtemp(prefix="tqc-postgres-"))
+    root.chmod(0o755)
+    if prefix:
+        shutil.chown(root, "postgres")
+    data, port = root / "data", free_port()
+    run = lambda *args: subprocess.run([*prefix, *map(str, args)], check=True, capture_output=True, text=True)  # noqa: E731
+    try:
+        run(bin_dir / "initdb", "-D", data, "-A", "trust", "-U", user)
+        run(bin_dir / "pg_ctl", "-D", data, "-l", root / "server.log", "-w", "start",
+            "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off")
+    except subprocess.CalledProcessError as error:
+        shutil.rmtree(root, ignore_errors=True)
+        raise ServerUnavailable(f"PostgreSQL did not start: {error.stderr.strip()[-500:]}") from error
+    try:
+        yield f"postgresql://{user}@127.0.0.1:{port}"
+    finally:
+        subprocess.run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+                       capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def create_database(base_url: str, name: str) -> str:
+    """A new, empty database on the cluster; returns its URL."""
+    import psycopg2
+
+    connection = psycopg2.connect(f"{base_url}/postgres")
+    connection.autocommit = True  # CREATE DATABASE cannot run inside a transaction
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        connection.close()
+    return f"{base_url}/{name}"
+
+
+@contextlib.contextmanager
+def mlflow_server(backend_uri: str, artifacts: Path, startup_seconds: float = 120.0) -> Iterator[str]:
+    """`mlflow server` on a backend store with proxied artifacts, as a team runs it; yields its http URL."""
+    port = free_port()
+    log = artifacts.parent / f"mlflow-server-{port}.log"
+    with log.open("w") as log_file:
+        server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
+                                   "--artifacts-destination", str(artifacts), "--host", "127.0.0.1",
+                                   "--port", str(port), "--workers", "1"],
+                                  stdout=log_file, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, server, log, startup_seconds)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def _wait_healthy(url: str, server: subprocess.Popen, log: Path, startup_seconds: float) -> None:
+    deadline = time.monotonic() + startup_seconds
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"mlflow server exited with {server.returncode}:\n{log.read_text()[-2000:]}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        time.sleep(0.5)
+    raise RuntimeError(f"mlflow server not healthy after {startup_seconds:.0f} s:\n{log.read_text()[-2000:]}")
