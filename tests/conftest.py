@@ -65,20 +65,24 @@ def build_tiny_bert(directory: Path) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def mlflow_tracking_left_as_found():
-    """A test's MLflow store stays its own. `mlflow.set_tracking_uri` also exports MLFLOW_TRACKING_URI, which
-    every later subprocess (the e2e test's `dvc repro`) would inherit and log to; and a test may move the
-    active experiment. Both are put back after each test that touched MLflow."""
-    exported = os.environ.get("MLFLOW_TRACKING_URI")
+def mlflow_left_as_found():
+    """A test's MLflow state stays its own. `mlflow.set_tracking_uri` and `set_experiment` also export
+    MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_ID, which every later subprocess (a `dvc repro`, a tune worker)
+    would inherit: logging to another store, or finding an experiment it should have been given. Every
+    MLFLOW_* variable and MLflow's own globals are put back after each test that touched MLflow."""
+    exported = {key: value for key, value in os.environ.items() if key.startswith("MLFLOW_")}
     yield
     if "mlflow" not in sys.modules:
         return
     import mlflow
 
-    mlflow.set_tracking_uri(None)  # unsets the variable too
-    if exported is not None:
-        os.environ["MLFLOW_TRACKING_URI"] = exported
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    mlflow.set_tracking_uri(None)
     mlflow.tracking.fluent._active_experiment_id = None  # no public way to clear it
+    for key in [key for key in os.environ if key.startswith("MLFLOW_")]:
+        del os.environ[key]
+    os.environ.update(exported)
 
 
 @pytest.fixture(scope="session")

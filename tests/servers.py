@@ -4,8 +4,9 @@ They stand in for the engines a team moves to when one machine is outgrown (Optu
 database server), so those tests run the same tqc code against the real thing rather than SQLite. They need
 PostgreSQL's own `initdb` and `pg_ctl` on the machine (Debian's postgresql package puts them under
 /usr/lib/postgresql/<version>/bin) and a Python driver (`pip install -e '.[server]'`); without either the
-tests are skipped, never faked. PostgreSQL refuses to run as root, so under root the cluster runs as the
-`postgres` system user when there is one.
+tests are skipped, never faked; a cluster or server that is installed but does not start is an error, with its
+log. PostgreSQL refuses to run as root, so under root the cluster runs as the `postgres` system user (through
+`runuser`); without one the tests are skipped too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-class ServerUnavailable(RuntimeError):
+class ServerUnavailable(Exception):
     """This machine cannot run the server; the tests that need it are skipped with this reason."""
 
 
@@ -35,12 +37,17 @@ def free_port() -> int:
 
 
 def _postgres_bin() -> Path:
+    """The folder with initdb and pg_ctl: PATH's first, else Debian's newest /usr/lib/postgresql/<version>/bin."""
     found = shutil.which("initdb")
-    candidates = [Path(found).parent] if found else [Path(p) for p in sorted(glob.glob("/usr/lib/postgresql/*/bin"))]
-    for directory in reversed(candidates):
+    debian = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: _version(Path(p).parent.name), reverse=True)
+    for directory in ([Path(found).parent] if found else []) + [Path(p) for p in debian]:
         if (directory / "initdb").exists() and (directory / "pg_ctl").exists():
             return directory
     raise ServerUnavailable("PostgreSQL's initdb and pg_ctl are not on this machine")
+
+
+def _version(name: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in name.split(".") if part.isdigit())
 
 
 def _as_cluster_user() -> list[str]:
@@ -59,9 +66,12 @@ def _as_cluster_user() -> list[str]:
 
 
 @contextlib.contextmanager
-def postgres_cluster(user: str = "tqc") -> Iterator[str]:
+def postgres_cluster(user: str = "tqc", attempts: int = 3) -> Iterator[str]:
     """A fresh cluster on a free local port with trust authentication; yields its base URL
-    (`postgresql://tqc@127.0.0.1:PORT`), to which a database name is appended. Stopped and removed after."""
+    (`postgresql://tqc@127.0.0.1:PORT`), to which a database name is appended. Stopped and removed after.
+
+    Only a machine without PostgreSQL (or without a driver, or a user to run it as) is a skip; a cluster
+    that is there but does not start is an error, with its log."""
     try:
         import psycopg2  # noqa: F401  (the driver SQLAlchemy picks for postgresql:// URLs)
     except ImportError as error:
@@ -72,21 +82,31 @@ def postgres_cluster(user: str = "tqc") -> Iterator[str]:
     root.chmod(0o755)
     if prefix:
         shutil.chown(root, "postgres")
-    data, port = root / "data", free_port()
-    run = lambda *args: subprocess.run([*prefix, *map(str, args)], check=True, capture_output=True, text=True)  # noqa: E731
+    data = root / "data"
+    pg_ctl = lambda *args: subprocess.run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), *map(str, args)],  # noqa: E731
+                                          capture_output=True, text=True)
     try:
-        run(bin_dir / "initdb", "-D", data, "-A", "trust", "-U", user)
-        run(bin_dir / "pg_ctl", "-D", data, "-l", root / "server.log", "-w", "start",
-            "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off")
-    except subprocess.CalledProcessError as error:
-        shutil.rmtree(root, ignore_errors=True)
-        raise ServerUnavailable(f"PostgreSQL did not start: {error.stderr.strip()[-500:]}") from error
-    try:
+        subprocess.run([*prefix, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", user],
+                       check=True, capture_output=True, text=True)
+        port = _start_on_a_free_port(pg_ctl, root, attempts)
         yield f"postgresql://{user}@127.0.0.1:{port}"
     finally:
-        subprocess.run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
-                       capture_output=True)
+        pg_ctl("-m", "immediate", "-w", "stop")
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _start_on_a_free_port(pg_ctl, root: Path, attempts: int) -> int:
+    """Another process may take the port between free_port() and the server's bind: then try another."""
+    log = root / "server.log"
+    for _ in range(attempts):
+        port = free_port()
+        started = pg_ctl("-l", log, "-w", "start",
+                         "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off")
+        if started.returncode == 0:
+            return port
+        if "already in use" not in log.read_text():
+            break
+    raise RuntimeError(f"PostgreSQL did not start: {started.stderr.strip()}\n{log.read_text()[-2000:]}")
 
 
 def create_database(base_url: str, name: str) -> str:
@@ -104,25 +124,44 @@ def create_database(base_url: str, name: str) -> str:
 
 
 @contextlib.contextmanager
-def mlflow_server(backend_uri: str, artifacts: Path, startup_seconds: float = 120.0) -> Iterator[str]:
-    """`mlflow server` on a backend store with proxied artifacts, as a team runs it; yields its http URL."""
-    port = free_port()
-    log = artifacts.parent / f"mlflow-server-{port}.log"
-    with log.open("w") as log_file:
-        server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
-                                   "--artifacts-destination", str(artifacts), "--host", "127.0.0.1",
-                                   "--port", str(port), "--workers", "1"],
-                                  stdout=log_file, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, server, log, startup_seconds)
-        yield url
-    finally:
-        server.terminate()
+def mlflow_server(backend_uri: str, artifacts: Path, startup_seconds: float = 120.0, attempts: int = 3) -> Iterator[str]:
+    """`mlflow server` on a backend store with proxied artifacts, as a team runs it; yields its http URL.
+
+    Its job runner is off: tqc submits no jobs, and its consumer processes outlive the server (and each
+    start leaves a folder in /dev/shm). The server runs in its own process group, stopped whole."""
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    for attempt in range(attempts):
+        port = free_port()
+        log = artifacts.parent / f"mlflow-server-{port}.log"
+        with log.open("w") as log_file:
+            server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
+                                       "--artifacts-destination", str(artifacts), "--host", "127.0.0.1",
+                                       "--port", str(port), "--workers", "1"],
+                                      stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+            url = f"http://127.0.0.1:{port}"
+            try:
+                _wait_healthy(url, server, log, startup_seconds)
+            except RuntimeError:
+                # another process took the port between free_port() and the server's bind: try another
+                if attempt < attempts - 1 and "already in use" in log.read_text():
+                    continue
+                raise
+            yield url
+            return
+        finally:
+            _stop_group(server)
+
+
+def _stop_group(server: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
 
 
 def _wait_healthy(url: str, server: subprocess.Popen, log: Path, startup_seconds: float) -> None:

@@ -21,9 +21,11 @@ def test_a_nested_run_lands_in_its_parents_experiment_whatever_experiment_is_act
 
     with standalone_run("tune study", TrackingParams(uri=local_store, experiment="tune-test")):
         assert mlflow.tracking.fluent._active_experiment_id == active_before  # the race's state: not made active
+        study_run = mlflow.active_run()
         with nested_run("trial 0", tags={"optuna.trial": "0"}) as trial:
             assert trial.active
             trial_run = mlflow.active_run()
 
+    assert study_run.info.experiment_id == study_experiment
     assert trial_run.info.experiment_id == study_experiment
-    assert trial_run.data.tags["mlflow.parentRunId"]
+    assert trial_run.data.tags["mlflow.parentRunId"] == study_run.info.run_id

@@ -190,11 +190,17 @@ def test_two_worker_processes_share_one_study(tmp_path, tiny_model_dir, shared_s
     raw = tuning_params(tmp_path, tiny_model_dir, trials=2, enqueue_defaults=False, storage=storage)
     raw["tracking"].update(enabled=tracking_uri is not None, uri=tracking_uri)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    # Workers as a scheduler starts them: no MLFLOW_* left over from earlier tests to stand in for their params.
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     workers = [subprocess.Popen([sys.executable, "-m", "tqc.cli", "--params", str(tmp_path / "params.yaml"), "tune",
                                  "--worker", str(i), "--out", str(tmp_path / f"reports-{i}"), "--work", str(tmp_path / "work")],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
-    outputs = [w.communicate(timeout=600)[0] for w in workers]
+    try:
+        outputs = [w.communicate(timeout=600)[0] for w in workers]
+    finally:
+        for worker in workers:
+            worker.kill()
     assert all(w.returncode == 0 for w in workers), "\n".join(o[-2000:] for o in outputs)
 
     study = optuna.load_study(study_name="test", storage=storage)
@@ -202,12 +208,13 @@ def test_two_worker_processes_share_one_study(tmp_path, tiny_model_dir, shared_s
     for trial in study.trials:
         by_worker.setdefault(trial.user_attrs["worker"], []).append(trial.number)
     assert len(study.trials) == 4 and len(by_worker) == 2 and all(len(n) == 2 for n in by_worker.values())
-    if tracking_uri:  # every trial tracked once, beside its worker's study run (not in "Default")
+    if tracking_uri:  # every trial tracked once, nested in a study run and in its experiment (not in "Default")
         runs = tracked_runs(tracking_uri)
-        experiment = next(run["experiment"] for run in runs if run["tags"].get("tqc.kind") == "tune")
-        tracked = sorted(int(run["tags"]["optuna.trial"]) for run in runs
-                         if "optuna.trial" in run["tags"] and run["experiment"] == experiment)
-        assert tracked == sorted(t.number for t in study.trials), runs
+        studies = {run["id"]: run["experiment"] for run in runs if run["tags"].get("tqc.kind") == "tune"}
+        trials = [run for run in runs if "optuna.trial" in run["tags"]]
+        assert len(studies) == 2 and len(set(studies.values())) == 1, runs
+        assert sorted(int(run["tags"]["optuna.trial"]) for run in trials) == sorted(t.number for t in study.trials), runs
+        assert all(studies.get(run["tags"].get("mlflow.parentRunId")) == run["experiment"] for run in trials), runs
 
 
 def tracked_runs(tracking_uri: str) -> list[dict]:
@@ -216,7 +223,7 @@ def tracked_runs(tracking_uri: str) -> list[dict]:
 
     client = MlflowClient(tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments()]
-    return [{"experiment": run.info.experiment_id, "name": run.info.run_name, "status": run.info.status,
+    return [{"id": run.info.run_id, "experiment": run.info.experiment_id, "name": run.info.run_name, "status": run.info.status,
              "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.") or k == "mlflow.parentRunId"}}
             for run in client.search_runs(experiments, max_results=1000)]
 
