@@ -141,6 +141,6 @@ def mlflow_on_postgres(postgres, tmp_path) -> Iterator[str]:
     """The URL of an `mlflow server` on a fresh PostgreSQL database, with its artifacts under tmp_path."""
     from tests.servers import create_database, mlflow_server
 
-    backend = create_database(postgres, f"mlflow_{tmp_path.name}".lower().replace("-", "_"))
+    backend = create_database(postgres, f"mlflow_{tmp_path.name}")
     with mlflow_server(backend, tmp_path / "mlflow-artifacts") as url:
         yield url

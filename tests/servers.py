@@ -110,9 +110,11 @@ def _start_on_a_free_port(pg_ctl, root: Path, attempts: int) -> int:
 
 
 def create_database(base_url: str, name: str) -> str:
-    """A new, empty database on the cluster; returns its URL."""
+    """A new, empty database on the cluster; returns its URL. `name` (a test's tmp_path name, say) is
+    folded to lower case with `_` for `-`, so the URL needs no quoting."""
     import psycopg2
 
+    name = name.lower().replace("-", "_")
     connection = psycopg2.connect(f"{base_url}/postgres")
     connection.autocommit = True  # CREATE DATABASE cannot run inside a transaction
     try:

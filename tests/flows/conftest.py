@@ -26,8 +26,6 @@ def prefect_harness():
 
 @pytest.fixture
 def project(tmp_path, tiny_model_dir, monkeypatch) -> Path:
-    import mlflow
-
     project = tmp_path / "project"
     (project / "data" / "raw").mkdir(parents=True)
     write_custom_dataset(tmp_path / "dataset")
@@ -40,9 +38,7 @@ def project(tmp_path, tiny_model_dir, monkeypatch) -> Path:
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     subprocess.run(["git", "init", "-q"], check=True)
     subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], check=True)
-    before = mlflow.get_tracking_uri()
-    yield project
-    mlflow.set_tracking_uri(before)
+    return project  # MLflow's global state is put back by the autouse fixture in tests/conftest.py
 
 
 def unseen_questions(project: Path, label: str, count: int, skip: int = 0) -> list[str]:

@@ -17,11 +17,7 @@ from tests.conftest import CLASSES, synthetic_questions
 
 @pytest.fixture
 def registry(tmp_path):
-    import mlflow
-
-    before = mlflow.get_tracking_uri()
-    yield TrackingParams(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="promotion-test")
-    mlflow.set_tracking_uri(before)
+    return TrackingParams(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="promotion-test")
 
 
 @pytest.fixture

@@ -39,16 +39,7 @@ def tuning_params(tmp_path: Path, model_dir: Path, **tune) -> dict:
     return raw
 
 
-@pytest.fixture
-def restore_mlflow_uri():
-    import mlflow
-
-    before = mlflow.get_tracking_uri()
-    yield
-    mlflow.set_tracking_uri(before)
-
-
-def test_every_sampled_value_reaches_the_training_run(tmp_path, tiny_model_dir, restore_mlflow_uri):
+def test_every_sampled_value_reaches_the_training_run(tmp_path, tiny_model_dir):
     params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir, keep_models=True))
     result = tune(params, tmp_path / "reports", tmp_path / "work")
 
@@ -181,7 +172,7 @@ def shared_stores(request, tmp_path) -> tuple[str, str | None]:
         return f"sqlite:///{tmp_path / 'optuna.db'}", None
     from tests.servers import create_database
 
-    optuna_url = create_database(request.getfixturevalue("postgres"), f"optuna_{tmp_path.name}".lower().replace("-", "_"))
+    optuna_url = create_database(request.getfixturevalue("postgres"), f"optuna_{tmp_path.name}")
     return optuna_url, request.getfixturevalue("mlflow_on_postgres")
 
 
@@ -253,7 +244,7 @@ def test_apply_writes_the_best_values_and_keeps_the_comments(tmp_path):
         apply_best(best, params_file)
 
 
-def test_a_hyperband_study_runs_and_reports(tmp_path, tiny_model_dir, restore_mlflow_uri):
+def test_a_hyperband_study_runs_and_reports(tmp_path, tiny_model_dir):
     raw = tuning_params(tmp_path, tiny_model_dir, trials=2, pruner="hyperband", keep_models=True,
                         space={"stage_one.temperature": SPACE["stage_one.temperature"],
                                "model.similarity": {"choices": ["cosine", "inner", "mlp"]}})
