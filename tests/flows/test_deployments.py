@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import yaml
 from prefect import Flow
@@ -27,3 +32,34 @@ def test_every_deployment_entrypoint_is_a_prefect_flow():
 def test_the_nightly_retrain_runs_one_at_a_time_and_queues_the_next():
     limit = ConcurrencyLimitConfig(**deployments()["retrain-nightly"]["concurrency_limit"])
     assert limit.limit == 1 and limit.collision_strategy == ConcurrencyLimitStrategy.ENQUEUE
+
+
+def test_prefect_deploy_puts_the_nightly_training_and_the_hourly_refresh_on_one_limited_deployment(prefect_harness, tmp_path):
+    """`prefect deploy --all`, the README's command, against a real (temporary) Prefect server: the refresh is a
+    schedule of the retrain deployment, so the deployment's limit of one run keeps it apart from a training."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    checkout = tmp_path / "checkout"  # a copy: `prefect deploy` must not write into the repository
+    shutil.copytree(REPO / "flows", checkout / "flows")
+    shutil.copy(REPO / "prefect.yaml", checkout)
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "TQC_PROJECT_DIR": str(checkout)}
+    prefect = [str(Path(sys.executable).parent / "prefect"), "--no-prompt"]
+    for command in (["work-pool", "create", "gpu", "--type", "process", "--overwrite"], ["deploy", "--all"]):
+        done = subprocess.run(prefect + command, cwd=checkout, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in checkout.iterdir()) == ["flows", "prefect.yaml"]
+
+    with get_client(sync_client=True) as client:
+        retrain = client.read_deployment_by_name("retrain/retrain-nightly")
+    schedules = {s.slug: s for s in retrain.schedules}
+    assert set(schedules) == {"train-nightly", "refresh-hourly"}
+    assert schedules["train-nightly"].active and schedules["train-nightly"].parameters == {}
+    assert schedules["train-nightly"].schedule.cron == "0 2 * * *"
+    # Off until the user serves the exemplar rule; when on, its runs pass the flow's own `mode` parameter.
+    assert not schedules["refresh-hourly"].active and schedules["refresh-hourly"].parameters == {"mode": "refresh"}
+    assert schedules["refresh-hourly"].schedule.cron == "0 * * * *"
+    assert "mode" in retrain.parameter_openapi_schema["properties"]
+    limit = retrain.global_concurrency_limit
+    assert limit.limit == 1 and retrain.concurrency_options.collision_strategy == ConcurrencyLimitStrategy.ENQUEUE
+    assert retrain.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(checkout)}}]
