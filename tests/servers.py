@@ -1,7 +1,9 @@
-"""Throwaway shared servers for the `server` tests: a PostgreSQL cluster and an MLflow tracking server on it.
+"""Throwaway shared servers for the `server` tests: a PostgreSQL cluster, and an MLflow tracking server and a
+Prefect server on it.
 
-They stand in for the engines a team moves to when one machine is outgrown (Optuna and MLflow on a shared
-database server), so those tests run the same tqc code against the real thing rather than SQLite. They need
+They stand in for the engines a team moves to when one machine is outgrown (Optuna, MLflow and Prefect's
+server on a shared database server), so those tests run the same tqc code against the real thing rather
+than SQLite. They need
 PostgreSQL's own `initdb` and `pg_ctl` on the machine (Debian's postgresql package puts them under
 /usr/lib/postgresql/<version>/bin) and a Python driver (`pip install -e '.[server]'`); without either the
 tests are skipped, never faked; a cluster or server that is installed but does not start is an error, with its
@@ -126,26 +128,49 @@ def create_database(base_url: str, name: str) -> str:
 
 
 @contextlib.contextmanager
-def mlflow_server(backend_uri: str, artifacts: Path, startup_seconds: float = 120.0, attempts: int = 3) -> Iterator[str]:
+def mlflow_server(backend_uri: str, artifacts: Path, startup_seconds: float = 120.0) -> Iterator[str]:
     """`mlflow server` on a backend store with proxied artifacts, as a team runs it; yields its http URL.
 
     Its job runner is off: tqc submits no jobs, and its consumer processes outlive the server (and each
-    start leaves a folder in /dev/shm). The server runs in its own process group, stopped whole."""
+    start leaves a folder in /dev/shm)."""
+    command = lambda port: [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,  # noqa: E731
+                            "--artifacts-destination", str(artifacts), "--host", "127.0.0.1", "--port", str(port),
+                            "--workers", "1"]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    with _http_server("mlflow server", command, "/health", env, artifacts.parent, startup_seconds) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def prefect_server(database_url: str, home: Path, startup_seconds: float = 180.0) -> Iterator[str]:
+    """`prefect server start` on a PostgreSQL database (`postgresql+asyncpg://…`), as the README runs a shared
+    one; yields its API URL. Its own PREFECT_HOME under `home`, no UI, no telemetry."""
+    command = lambda port: [str(Path(sys.executable).parent / "prefect"), "server", "start",  # noqa: E731
+                            "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
+    env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}  # a server, not a client
+    env |= {"PREFECT_SERVER_DATABASE_CONNECTION_URL": database_url, "PREFECT_HOME": str(home / "prefect-home"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    with _http_server("prefect server", command, "/api/health", env, home, startup_seconds) as url:
+        yield f"{url}/api"
+
+
+@contextlib.contextmanager
+def _http_server(name: str, command, health_path: str, env: dict, log_dir: Path, startup_seconds: float,
+                 attempts: int = 3) -> Iterator[str]:
+    """Runs `command(port)` in its own process group (stopped whole after) until `health_path` answers 200;
+    yields its base http URL. Another process may take the port between free_port() and the server's bind:
+    then it tries another."""
     for attempt in range(attempts):
         port = free_port()
-        log = artifacts.parent / f"mlflow-server-{port}.log"
+        log = log_dir / f"{name.replace(' ', '-')}-{port}.log"
         with log.open("w") as log_file:
-            server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
-                                       "--artifacts-destination", str(artifacts), "--host", "127.0.0.1",
-                                       "--port", str(port), "--workers", "1"],
-                                      stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            server = subprocess.Popen(command(port), stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                      start_new_session=True)
         try:
             url = f"http://127.0.0.1:{port}"
             try:
-                _wait_healthy(url, server, log, startup_seconds)
+                _wait_healthy(name, url + health_path, server, log, startup_seconds)
             except RuntimeError:
-                # another process took the port between free_port() and the server's bind: try another
                 if attempt < attempts - 1 and "already in use" in log.read_text():
                     continue
                 raise
@@ -166,14 +191,14 @@ def _stop_group(server: subprocess.Popen) -> None:
         server.wait()
 
 
-def _wait_healthy(url: str, server: subprocess.Popen, log: Path, startup_seconds: float) -> None:
+def _wait_healthy(name: str, health_url: str, server: subprocess.Popen, log: Path, startup_seconds: float) -> None:
     deadline = time.monotonic() + startup_seconds
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise RuntimeError(f"mlflow server exited with {server.returncode}:\n{log.read_text()[-2000:]}")
+            raise RuntimeError(f"{name} exited with {server.returncode}:\n{log.read_text()[-2000:]}")
         with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            with urllib.request.urlopen(health_url, timeout=2) as response:
                 if response.status == 200:
                     return
         time.sleep(0.5)
-    raise RuntimeError(f"mlflow server not healthy after {startup_seconds:.0f} s:\n{log.read_text()[-2000:]}")
+    raise RuntimeError(f"{name} not healthy after {startup_seconds:.0f} s:\n{log.read_text()[-2000:]}")

@@ -1,0 +1,58 @@
+"""The scale-out path of the README's "Scheduled retrains", end to end on one machine: Prefect's server on
+PostgreSQL, the process work pool `gpu`, `prefect deploy`, a deployment run, and a worker that picks it up and
+runs the retrain flow in the checkout that TQC_PROJECT_DIR names (marker `server`; tests/servers.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.flows.conftest import REPO, added_rows, drop, unseen_questions
+from tests.servers import create_database, prefect_server
+
+pytestmark = pytest.mark.server
+
+
+def test_a_worker_runs_the_retrain_deployment_against_prefect_on_postgresql(postgres, project, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    shutil.copytree(REPO / "flows", project / "flows")  # the worker's checkout: the project with prefect.yaml and flows/
+    shutil.copy(REPO / "prefect.yaml", project)
+    rows = [(q, "LOC") for q in unseen_questions(project, "LOC", 3)]
+    drop(project, "delivery.csv", rows)
+
+    database = create_database(postgres, f"prefect_{tmp_path.name}").replace("postgresql://", "postgresql+asyncpg://")
+    with prefect_server(database, tmp_path) as api_url:
+        env = {**os.environ, "PREFECT_API_URL": api_url, "TQC_PROJECT_DIR": str(project),
+               "PREFECT_HOME": str(tmp_path / "client-home")}
+        prefect = [str(Path(sys.executable).parent / "prefect"), "--no-prompt"]
+        for command in (["work-pool", "create", "gpu", "--type", "process"], ["deploy", "--name", "retrain-nightly"]):
+            done = subprocess.run(prefect + command, cwd=project, env=env, capture_output=True, text=True)
+            assert done.returncode == 0, done.stdout + done.stderr
+
+        with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+            deployment = client.read_deployment_by_name("retrain/retrain-nightly")
+            run = client.create_flow_run_from_deployment(deployment.id)
+            worker = subprocess.run(prefect + ["worker", "start", "--pool", "gpu", "--run-once"], cwd=tmp_path, env=env,
+                                    capture_output=True, text=True, timeout=600)
+            state = client.read_flow_run(run.id).state
+
+    assert state.is_completed(), f"{state}\n{worker.stdout[-3000:]}\n{worker.stderr[-3000:]}"
+    assert completed_in_postgres(database, run.id)  # the server kept it there, not in a SQLite file of its own
+    assert sorted(r["text"] for r in added_rows(project)) == sorted(t for t, _ in rows)  # the flow ran in the checkout
+    assert not (project / "data" / "incoming" / "delivery.csv").exists()  # and archived the delivery there
+
+
+def completed_in_postgres(database_url: str, flow_run_id) -> bool:
+    import psycopg2
+
+    with psycopg2.connect(database_url.replace("postgresql+asyncpg://", "postgresql://")) as connection:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT state_type FROM flow_run WHERE id = %s", (str(flow_run_id),))
+            return cursor.fetchone() == ("COMPLETED",)
