@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # torch==2.13.0 first: it is the CPU wheel on these machines; a bare `torch` pulls CUDA packages.
+# Elsewhere, public PyPI's Linux wheel is a CUDA build: for a CPU one,
+#   make run TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
 
 .PHONY: run test install install-test bench
@@ -12,7 +14,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e .
 	touch $@
 

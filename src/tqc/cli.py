@@ -1,4 +1,5 @@
-"""`tqc`: one sub-command per pipeline stage (what dvc.yaml runs), plus `bench`.
+"""`tqc`: one sub-command per pipeline stage (what dvc.yaml runs), plus the tools around it: `fetch`, `tune`,
+`ablate`, `predict` and `bench`.
 
 Each sub-command reads `params.yaml`, takes its input and output paths from the command
 line (dvc.yaml names them), calls the stage's `run()`, and turns known errors into a
@@ -24,7 +25,7 @@ def _paths(parser: argparse.ArgumentParser, *names: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tqc", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="tqc", description=__doc__.split("\n\n")[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a param for this command, e.g. --set data.dataset=covidq-categories")

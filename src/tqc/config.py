@@ -207,6 +207,9 @@ class TrainParams(Schedule):
 
 
 class StageOneParams(TrainParams):
+    # a missing key gets what params.yaml ships (tests/code/test_config.py holds the two together)
+    epochs: int = Field(2, ge=1)
+    learning_rate: float = Field(1e-4, gt=0.0)
     # in_batch: the paper's Eq. 1, over the batch's distinct standard questions;
     # all_classes: score against the whole catalog (exact and cheap when P is small).
     negatives: Literal["in_batch", "all_classes"] = "in_batch"
@@ -218,6 +221,7 @@ class MineParams(Strict):
 
 
 class StageTwoParams(TrainParams):
+    epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=2)
     # mined: the paper's Eq. 3, gold against its K mined negatives only;
     # mined_and_in_batch: gold against every distinct class the batch encodes (all rows'
@@ -229,7 +233,8 @@ class BaselineNCParams(Schedule):
     # false: the stage writes a marker instead of a model and evaluate reports no NC figures
     # (ablation grids compare ADMC variants with each other and skip the NC training).
     enabled: bool = True
-    epochs: int = Field(5, ge=1)
+    epochs: int = Field(3, ge=1)
+    learning_rate: float = Field(1e-4, gt=0.0)
     head_learning_rate: float = Field(1e-3, gt=0.0)
 
 
@@ -327,8 +332,8 @@ class TuneParams(Strict):
     storage: str = "sqlite:///optuna.db"  # any SQLAlchemy URL; workers sharing it share the study
     trials: int = Field(12, ge=1)  # per worker process
     pruner: Literal["median", "hyperband", "none"] = "median"
-    startup_trials: int = Field(2, ge=0)  # median: trials that always run in full
-    warmup_epochs: int = Field(2, ge=0)  # median: epochs before a trial may be pruned
+    startup_trials: int = Field(4, ge=0)  # median: trials that always run in full
+    warmup_epochs: int = Field(5, ge=0)  # median: epochs before a trial may be pruned
     seed: int = 0
     enqueue_defaults: bool = True  # trial 0 runs the base params: the baseline the search must beat
     keep_models: bool = False  # keep each trial's model folders (disk: two encoders per trial)

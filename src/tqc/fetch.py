@@ -32,6 +32,8 @@ FILES = [
     RemoteFile("trec/TREC_10.label", f"{TREC}/TREC_10.en.label", "edb2e413c306dc9b37defbfeb1706bc332461f2b0d2651ac5c43569c74c89ca9"),
     RemoteFile("covid-q/final_master_dataset.csv", f"{COVIDQ}/data/final_master_dataset.csv", "4de0989656bb3a8a52bc1215ef73e6f498405036c91fcf9d30c61bc704f6f089"),
     RemoteFile("covid-q/categories/train20.csv", f"{COVIDQ}/dataset_categories/train20.csv", "dd5cecc52fdfd1f2f8cbed73051cba4df444a1823928274e99eed45d48c5d053"),
+    # the authors' own EDA expansion of train20, for the `authors-eda200` ablation variants
+    RemoteFile("covid-q/categories/train20_augmented.csv", f"{COVIDQ}/dataset_categories/train20_augmented.csv", "a85d19bc139918d8567b7c14f032da71b75d64f33c3878b835e06ad71c05d06a"),
     RemoteFile("covid-q/categories/testA.csv", f"{COVIDQ}/dataset_categories/testA.csv", "e38aaccec3bb09fe83851fc259c9857a5de85fa9e356d25b40d2b8952f1c9a91"),
     RemoteFile("covid-q/categories/testB.csv", f"{COVIDQ}/dataset_categories/testB.csv", "be74faa20ac6a98844c7baf414b5057b837786188662fde1066ed3b2c3157c37"),
     RemoteFile("covid-q/classes/train3.csv", f"{COVIDQ}/dataset_classes/train3.csv", "b19f8603d0a54a37a53bea936248665107c0211d509b97b1d02d9b19680df391"),

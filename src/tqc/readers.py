@@ -127,9 +127,9 @@ def read_trec(path: Path, granularity: str) -> ReadResult:
     return result
 
 
-def _csv_records(path: Path) -> list[tuple[int, list[str]]]:
+def _csv_records(path: Path, header: bool = False) -> list[tuple[int, list[str]]]:
     """(line number of the record's start, fields) for every CSV record; quoted newlines kept."""
-    text = _stray_carriage_returns_as_spaces(decode_file(path), path)
+    text = _stray_carriage_returns_as_spaces(decode_file(path), path, header)
     if not text.strip():
         raise ReaderError(f"{path}: file is empty")
     # Long rows (a 1 MB question) are read whole and judged by the validate stage's length bound.
@@ -153,19 +153,27 @@ def _csv_records(path: Path) -> list[tuple[int, list[str]]]:
 BARE_CR = re.compile(r"\r(?!\n)")
 
 
-def _stray_carriage_returns_as_spaces(text: str, path: Path) -> str:
+def _stray_carriage_returns_as_spaces(text: str, path: Path, header: bool = False) -> str:
     """In a file whose lines end in LF (or CRLF), a carriage return alone is a stray, not a line break (a CSV
     reader would cut its row in two, keeping half as data; in JSONL it may be JSON whitespace): read as a
     space, with a warning naming the lines. A file whose lines end in CR alone (old Mac) is left as it is,
-    even with an LF in a quoted field or at its end: the lines end in LF when there are at least as many
-    LFs as lone CRs."""
+    even with an LF in a quoted field or at its end. Which one a file is: with a header, the header's own line
+    break (column names hold no stray CR); without one, LF when there are at least as many LFs as lone CRs
+    (a tiny file whose texts hold more lone CRs than it has lines reads as CR-ended: bytes cannot tell)."""
     lone = len(BARE_CR.findall(text))
-    if not lone or text.count("\n") < lone:
+    if not lone or not _lines_end_in_lf(text, lone, header):
         return text
     lines = sorted({text.count("\n", 0, match.start()) + 1 for match in BARE_CR.finditer(text)})
     log.warning("%s: line(s) %s hold a carriage return inside the line, and the file ends its lines with LF (or CRLF): "
                 "read as a space", path, _first_ten(lines))
     return BARE_CR.sub(" ", text)
+
+
+def _lines_end_in_lf(text: str, lone_crs: int, header: bool) -> bool:
+    first_break = LINE_BREAK.search(text)
+    if header and first_break is not None:
+        return first_break.group() != "\r"
+    return text.count("\n") >= lone_crs
 
 
 def _blank(fields: list[str]) -> bool:
@@ -250,7 +258,7 @@ def _encodable(text: str) -> bool:
 
 def _csv_dict_records(path: Path) -> list[tuple[int, dict | _Unusable, str]]:
     """(line, record or the reason it is unusable, original content) for each data row."""
-    records = [(line_number, fields) for line_number, fields in _csv_records(path) if not _blank(fields)]
+    records = [(line_number, fields) for line_number, fields in _csv_records(path, header=True) if not _blank(fields)]
     if not records:
         raise ReaderError(f"{path}: file is empty")
     header_line, header = records[0][0], [h.strip() for h in records[0][1]]  # the first record that is not blank

@@ -242,6 +242,11 @@ def _pruner(params: Params):
 
     settings = params.tune
     if settings.pruner == "median":
+        reported = params.stage_one.epochs + params.stage_two.epochs  # the last step a trial reports
+        if settings.warmup_epochs >= reported:
+            log.warning("tune: the median pruner will prune nothing: tune.warmup_epochs is %d, and a trial reports "
+                        "%d epochs (stage_one.epochs + stage_two.epochs); lower warmup_epochs or train longer",
+                        settings.warmup_epochs, reported)
         return optuna.pruners.MedianPruner(n_startup_trials=settings.startup_trials, n_warmup_steps=settings.warmup_epochs)
     if settings.pruner == "hyperband":
         return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=params.stage_one.epochs + params.stage_two.epochs)

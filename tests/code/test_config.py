@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from tqc.config import ConfigError, Params, load_params
@@ -129,3 +131,29 @@ def test_tune_apply_through_the_cli_writes_params_without_loading_them(tmp_path,
     assert main(["--params", str(params_file), "tune", "--apply", str(best)]) in (0, None)
     assert f"{params_file}: mine.k = 7" in capsys.readouterr().out
     assert load_params(params_file).mine.k == 7
+
+
+def test_a_key_left_out_of_params_yaml_gets_the_value_params_yaml_ships():
+    """The code's defaults are the shipped params: a params file that leaves a key out (a user's own, or an
+    older one) trains as the README says, not on a second set of numbers kept in config.py."""
+    shipped, defaults = dict(_leaves(load_params("params.yaml").model_dump())), dict(_leaves(Params().model_dump()))
+    differing = {key: (defaults[key], value) for key, value in shipped.items() if key in defaults
+                 and not _same(defaults[key], value)}
+    assert differing == {}, "config.py default vs params.yaml"
+
+
+def _same(default, shipped) -> bool:
+    if isinstance(default, float) and isinstance(shipped, float):
+        return math.isclose(default, shipped, rel_tol=1e-3)  # 1/3 in code is 0.3333 in YAML
+    return default == shipped
+
+
+def _leaves(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """Dotted keys of the scalar settings; the collections (ablation grids, the search space) have no defaults."""
+    leaves = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            leaves += _leaves(value, f"{prefix}{key}.")
+        elif not isinstance(value, list):
+            leaves.append((f"{prefix}{key}", value))
+    return leaves

@@ -3,7 +3,7 @@
 Stage two's loss is per question (its mined negatives), so two processes that each take half
 of every batch and average their gradients must end with the weights one process gets from
 the whole batch. Stage one and NC are run the way `distributed.nproc_per_node: 2` runs them,
-through the CLI and torchrun, and must write one model.
+through the CLI and torchrun, and must write one model; so must the README's two-node command.
 """
 
 from __future__ import annotations
@@ -122,5 +122,32 @@ def test_the_cli_relaunches_a_training_stage_under_torchrun_and_rank_0_writes(ti
          "--history", "history.csv"], cwd=project, env=environment, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "distributed: 2 processes, backend gloo" in finished.stderr
+    assert (project / "models/stage_one/tqc_model.json").exists()
+    assert len((project / "history.csv").read_text().splitlines()) >= 2
+
+
+def test_the_readmes_multi_node_command_trains_as_one_job_of_two_nodes(tiny_model_dir, tmp_path):
+    """README "Several GPUs": two nodes rendezvous through c10d (here two torchruns on one host, one process each);
+    each gets its own rank, they train as one job of two processes, and global rank 0 alone writes."""
+    project = tmp_path / "project"
+    project.mkdir()
+    write_custom_dataset(tmp_path / "raw")
+    (project / "params.yaml").write_text(yaml.safe_dump(tiny_params(tmp_path / "raw", tiny_model_dir)))
+    subprocess.run([sys.executable, "-m", "tqc.cli", "ingest", "--out", "data/ingested", "--quarantine", "q.jsonl",
+                    "--report", "ingest.json"], cwd=project, check=True)
+    environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+            "--rdzv_backend", "c10d", "--rdzv_id", "tqc", "--rdzv_endpoint", f"127.0.0.1:{_free_port()}",
+            "-m", "tqc.cli", "--set", "tracking.enabled=false", "stage-one", "--data", "data/ingested",
+            "--train", "data/ingested/train.jsonl", "--out", "models/stage_one", "--history", "history.csv"]
+    nodes = [subprocess.Popen(node, cwd=project, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    try:
+        logs = [process.communicate(timeout=300)[1] for process in nodes]
+    finally:
+        for process in nodes:
+            process.kill()
+    assert [process.returncode for process in nodes] == [0, 0], "\n".join(log[-2000:] for log in logs)
+    assert sum("distributed: 2 processes, backend gloo" in log for log in logs) == 1  # logged by global rank 0 only
     assert (project / "models/stage_one/tqc_model.json").exists()
     assert len((project / "history.csv").read_text().splitlines()) >= 2

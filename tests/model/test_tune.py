@@ -244,6 +244,21 @@ def test_apply_writes_the_best_values_and_keeps_the_comments(tmp_path):
         apply_best(best, params_file)
 
 
+def test_a_median_pruner_that_can_never_prune_is_named_at_the_start(caplog):
+    from tqc.tune import _pruner
+
+    short = Params().with_overrides({"stage_one": {"epochs": 2}, "stage_two": {"epochs": 1}, "tune": {"warmup_epochs": 3}})
+    with caplog.at_level("WARNING", logger="tqc.tune"):
+        _pruner(short)  # steps 1..3 are reported, and step 3 is the trial's last: nothing left to save
+    assert "will prune nothing: tune.warmup_epochs is 3, and a trial reports 3 epochs" in caplog.text
+
+    caplog.clear()
+    longer = short.with_overrides({"stage_two": {"epochs": 2}})
+    with caplog.at_level("WARNING", logger="tqc.tune"):
+        assert isinstance(_pruner(longer), optuna.pruners.MedianPruner)
+    assert "prune nothing" not in caplog.text
+
+
 def test_a_hyperband_study_runs_and_reports(tmp_path, tiny_model_dir):
     raw = tuning_params(tmp_path, tiny_model_dir, trials=2, pruner="hyperband", keep_models=True,
                         space={"stage_one.temperature": SPACE["stage_one.temperature"],
