@@ -74,7 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     predict = commands.add_parser("predict", help="the top-k standard questions for questions, from a trained model "
                                   "(the registry's pyfunc code, loaded locally); JSON lines")
     predict.add_argument("questions", nargs="*", help="questions to match")
-    predict.add_argument("--file", type=Path, help="more questions, one a line ('-': standard input)")
+    predict.add_argument("--file", type=Path, help="more questions: plain text, one a line ('-': standard input), or a "
+                         ".csv (with a header) or .jsonl file, read from its --column")
+    predict.add_argument("--column", default="text", help="with a .csv or .jsonl --file: the column holding the questions "
+                         "(default 'text', data.custom.text_column's default)")
     predict.add_argument("--model", type=Path, default=Path("models/stage_two"))
     predict.add_argument("--catalog", type=Path, default=Path("data/validated/catalog.jsonl"))
     predict.add_argument("--prior", default="auto",
@@ -276,12 +279,7 @@ def _predict(args: argparse.Namespace) -> None:
 
     from tqc.serving import ranked_records
 
-    lines = list(args.questions)
-    if args.file is not None:
-        try:
-            lines += (sys.stdin.read() if str(args.file) == "-" else args.file.read_text(encoding="utf-8")).splitlines()
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{args.file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    lines = list(args.questions) + _question_file_lines(args.file, args.column)
     questions = [line.strip() for line in lines if line.strip()]  # a blank argument or line is no question
     if not questions:
         raise ConfigError("no questions: give them as arguments or with --file")
@@ -291,6 +289,20 @@ def _predict(args: argparse.Namespace) -> None:
     answers = matcher.predict(None, pd.DataFrame({"question": questions}), {"top_k": args.top_k})
     for record in ranked_records(questions, answers):
         print(json.dumps(record, ensure_ascii=False))
+
+
+def _question_file_lines(path: Path | None, column: str) -> list[str]:
+    """`--file`: a .csv or .jsonl file's `column` (never its header or raw JSON as questions), else one a line."""
+    from tqc.readers import read_texts
+
+    if path is None:
+        return []
+    if str(path) != "-" and path.suffix.lower() in {".csv", ".jsonl", ".ndjson"}:
+        return read_texts(path, column)
+    try:
+        return (sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")).splitlines()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def _matcher(args: argparse.Namespace):

@@ -31,6 +31,16 @@ class CustomData(Strict):
     label_column: str = "label"
     catalog_id_column: str = "class_id"
     catalog_text_column: str = "text"
+    # a training label the catalog lacks: derive (a new class, its text derived from the label, with a warning)
+    # or quarantine (the row, with its file and line: a misspelt label never becomes a class)
+    unknown_labels: Literal["derive", "quarantine"] = "derive"
+
+    @model_validator(mode="after")
+    def _quarantine_needs_a_catalog(self) -> "CustomData":
+        if self.unknown_labels == "quarantine" and not self.catalog:
+            raise ValueError("data.custom.unknown_labels is 'quarantine' but data.custom.catalog is not set: "
+                             "there is no catalog to check the labels against")
+        return self
 
 
 class GeneratedData(Strict):

@@ -69,6 +69,11 @@ def decode_file(path: Path) -> str:
     if not path.is_file():
         raise ReaderError(f"{path}: file not found")
     raw = path.read_bytes()
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # Excel's "Unicode text", Notepad's "Unicode"
+        return _utf16(raw, path)
+    if raw.count(b"\x00") * 4 >= len(raw) > 0:
+        raise ReaderError(f"{path}: a quarter or more of its bytes are NUL: UTF-16 with no byte-order mark, or not a "
+                          "text file; save it as UTF-8")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -84,6 +89,16 @@ def decode_file(path: Path) -> str:
     log.warning("%s: line(s) %s not valid UTF-8; read those as Windows-1252 (Latin-1 where it has no character)",
                 path, _first_ten(misread))
     return "".join(decoded)
+
+
+def _utf16(raw: bytes, path: Path) -> str:
+    try:
+        text = raw.decode("utf-16")  # the byte-order mark says which end first, and is dropped
+    except UnicodeDecodeError as exc:
+        raise ReaderError(f"{path}: starts with a UTF-16 byte-order mark but is not UTF-16 ({exc.reason} at byte "
+                          f"{exc.start}); save it as UTF-8") from None
+    log.info("%s: read as UTF-16 (its byte-order mark)", path)
+    return text
 
 
 def _first_ten(line_numbers: list[int]) -> str:
@@ -151,6 +166,7 @@ def _csv_records(path: Path, header: bool = False) -> list[tuple[int, list[str]]
 
 
 BARE_CR = re.compile(r"\r(?!\n)")
+HEADER_BREAK = re.compile(r"[\r\n]+")
 
 
 def _stray_carriage_returns_as_spaces(text: str, path: Path, header: bool = False) -> str:
@@ -170,9 +186,10 @@ def _stray_carriage_returns_as_spaces(text: str, path: Path, header: bool = Fals
 
 
 def _lines_end_in_lf(text: str, lone_crs: int, header: bool) -> bool:
-    first_break = LINE_BREAK.search(text)
-    if header and first_break is not None:
-        return first_break.group() != "\r"
+    # the header's line break: the whole run of CRs and LFs after it (`\r\r\n`, a CRLF file converted twice, is LF)
+    after_header = HEADER_BREAK.search(text)
+    if header and after_header is not None:
+        return "\n" in after_header.group()
     return text.count("\n") >= lone_crs
 
 
@@ -211,7 +228,8 @@ class _Unusable:
 def read_table(path: Path, text_column: str, label_column: str, source_column: str | None = None) -> ReadResult:
     """A user's CSV (with header) or JSONL file, through a column mapping; `source_column`, for
     rows made offline, names the question each row was made from (kept in `named_sources`)."""
-    records = _jsonl_records(path) if path.suffix.lower() in {".jsonl", ".ndjson"} else _csv_dict_records(path)
+    columns = [c for c in (text_column, label_column, source_column) if c is not None]
+    records = _jsonl_records(path) if is_jsonl(path) else _csv_dict_records(path, columns)
     result = ReadResult()
     for line_number, record, original in records:
         reason = record.reason if isinstance(record, _Unusable) else _unusable_values(record, text_column, label_column,
@@ -256,8 +274,9 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _csv_dict_records(path: Path) -> list[tuple[int, dict | _Unusable, str]]:
-    """(line, record or the reason it is unusable, original content) for each data row."""
+def _csv_dict_records(path: Path, columns: list[str]) -> list[tuple[int, dict | _Unusable, str]]:
+    """(line, record or the reason it is unusable, original content) for each data row. A header without one of
+    `columns` is an error about the header, not a rejection of every row."""
     records = [(line_number, fields) for line_number, fields in _csv_records(path, header=True) if not _blank(fields)]
     if not records:
         raise ReaderError(f"{path}: file is empty")
@@ -265,6 +284,9 @@ def _csv_dict_records(path: Path) -> list[tuple[int, dict | _Unusable, str]]:
     repeated = sorted({h for h in header if header.count(h) > 1})
     if repeated:
         raise ReaderError(f"{path}, line {header_line}: the header repeats column(s) {repeated}")
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise ReaderError(f"{path}, line {header_line}: missing column(s) {missing}: the header has {header}")
     rows = []
     for line_number, fields in records[1:]:
         if len(fields) != len(header):
@@ -273,6 +295,32 @@ def _csv_dict_records(path: Path) -> list[tuple[int, dict | _Unusable, str]]:
             continue
         rows.append((line_number, dict(zip(header, fields)), ",".join(fields)))
     return rows
+
+
+def read_texts(path: Path, column: str) -> list[str]:
+    """The `column` of every row of a CSV (with a header) or JSONL file: questions to score, with no labels. A row
+    that cannot give one is an error naming its line (nothing to quarantine it to: the caller is a person)."""
+    records = _jsonl_records(path) if is_jsonl(path) else _csv_dict_records(path, [column])
+    texts = []
+    for line_number, record, _ in records:
+        reason = record.reason if isinstance(record, _Unusable) else _no_text(record, column)
+        if reason:
+            raise ReaderError(f"{path}, line {line_number}: {reason}")
+        texts.append((record[column] or "").strip())
+    return texts
+
+
+def _no_text(record: dict, column: str) -> str:
+    """Why `record` has no text in `column` ("" when it has one; null counts as empty text)."""
+    if column not in record:
+        return f"no {column!r} field"
+    if not isinstance(record[column], (str, type(None))):
+        return f"{column!r} is a JSON {type(record[column]).__name__}, not a string"
+    return ""
+
+
+def is_jsonl(path: Path) -> bool:
+    return path.suffix.lower() in {".jsonl", ".ndjson"}
 
 
 def _jsonl_records(path: Path) -> list[tuple[int, dict | _Unusable, str]]:
@@ -363,7 +411,8 @@ def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion]) -> Catal
             owner_at = f" (derived too, its label first at {_file_and_line(first_use[owner])})" if owner in first_use else " in the catalog"
             raise ReaderError(f"{where}: class {class_id!r} has no catalog text, and the one derived from its label, {text!r}, "
                               f"is the text of class {owner!r}{owner_at}; give one of them a standard question in the catalog")
-        log.warning("class %r has no catalog text; using the derived text %r", class_id, text)
+        log.warning("%s: class %r has no catalog text; using the derived text %r (a label missing from the catalog, "
+                    "or misspelt there?)", where, class_id, text)
         derived.append(StandardQuestion(class_id, text, derived=True))
     return Catalog(catalog.questions + derived)
 
@@ -471,5 +520,19 @@ def _read_custom(params: DataParams) -> DatasetSplits:
         if custom.catalog
         else Catalog()
     )
+    if custom.unknown_labels == "quarantine":
+        train = _unknown_labels_rejected(train, catalog, root / custom.catalog)
     # Only training labels may create classes: a test label outside them is the validate stage's business.
     return DatasetSplits(train, test, with_derived_classes(catalog, train.rows))
+
+
+def _unknown_labels_rejected(result: ReadResult, catalog: Catalog, catalog_path: Path) -> ReadResult:
+    """`unknown_labels: quarantine`: a row whose label the catalog lacks is rejected by file and line."""
+    known = set(catalog.class_ids)
+    rejected = []
+    for row in result.rows:
+        if row.class_id not in known:
+            file, _, line = row.source.rpartition(":")
+            rejected.append(RejectedRow(file, int(line), f"label {row.class_id!r} is not in the catalog {catalog_path} "
+                                        "(data.custom.unknown_labels: quarantine)", row.text))
+    return ReadResult([r for r in result.rows if r.class_id in known], result.rejected + rejected, result.named_sources)

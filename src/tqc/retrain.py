@@ -96,7 +96,9 @@ def pick_up(params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
     inbox = Path(params.inbox)
     if not inbox.is_dir():
         return [], []
-    seen = {entry["sha256"] for entry in manifest(params) if entry["outcome"] != "unusable"}
+    # a file nothing was taken from (unusable, or every row quarantined: a label not yet in the catalog, say)
+    # may come again once its reason is fixed; one that added rows or classes is a repeat
+    seen = {entry["sha256"] for entry in manifest(params) if entry["outcome"] == "merged" and entry.get("accepted", 0) > 0}
     present = [p for p in sorted(inbox.iterdir()) if p.is_file()]
     others = [p.name for p in present if p.suffix.lower() not in SUFFIXES]
     if others:  # left in the inbox, and said each run, rather than read as some format they may not be
@@ -159,6 +161,9 @@ def stage(files: list[Incoming], params: Params, staging: Path) -> Staged:
         accepted_texts: dict[str, str] = {}  # normalised text → label, over this delivery's files
         for incoming in labeled:
             staged.outcomes.append(_merge_labeled(incoming, params, raw, reference.directory, accepted_texts, staged))
+    for outcome in staged.outcomes:
+        if outcome.outcome == "unusable":  # said here and in the summary, not only in the manifest
+            log.warning("retrain: %s is unusable: %s", outcome.file, outcome.reason)
     return staged
 
 
@@ -391,10 +396,17 @@ def _in_dvc_repo() -> bool:
     return subprocess.run([*DVC, "root"], capture_output=True, text=True).returncode == 0
 
 
+def _cell(text: str) -> str:
+    """Text for a markdown table cell: one line, its pipes escaped."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
 def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | None) -> str:
     """The flow's Prefect artifact: what came in, and the challenger against the champion."""
-    lines = ["# Retrain", "", "| file | kind | outcome | read | accepted | quarantined |", "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {Path(o.file).name} | {o.kind} | {o.outcome} | {o.read} | {o.accepted} | {o.quarantined} |" for o in staged.outcomes]
+    lines = ["# Retrain", "", "| file | kind | outcome | read | accepted | quarantined | reason |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {Path(o.file).name} | {o.kind} | {o.outcome} | {o.read} | {o.accepted} | {o.quarantined} | {_cell(o.reason)} |"
+              for o in staged.outcomes]
     lines += ["", f"Accepted rows: **{staged.accepted - staged.new_classes}**; new classes: **{staged.new_classes}**."]
     if trained and trained.refreshed_from:
         champion = trained.refreshed_from

@@ -99,7 +99,8 @@ def test_missing_catalog_texts_are_derived_with_a_warning(caplog):
         derived = with_derived_classes(catalog, rows_labeled("lost_card", "lost_card", "billing-question"))
     assert [(q.class_id, q.text, q.derived) for q in derived.questions] == [
         ("billing-question", "billing question", True), ("lost_card", "lost card", True)]
-    assert "lost_card" in caplog.text
+    assert "train.csv, line 2: class 'lost_card' has no catalog text; using the derived text 'lost card'" in caplog.text
+    assert "train.csv, line 4: class 'billing-question'" in caplog.text  # where each label is first used
     assert label_in_words("ENTY:dismed") == "ENTY dismed"
 
 
@@ -168,6 +169,30 @@ def test_custom_dataset_paths_are_relative_to_data_dir(tmp_path):
                         custom={"train": "train.csv", "test": "test.csv", "catalog": "catalog.csv", "text_column": "question"})
     splits = read_dataset(params)
     assert len(splits.catalog) == 3 and splits.train.rows and splits.test.rows
+
+
+def test_a_label_the_catalog_lacks_is_a_derived_class_or_with_unknown_labels_quarantine_a_rejected_row(tmp_path):
+    from tests.conftest import write_custom_dataset
+    from tqc.config import ConfigError, Params
+
+    write_custom_dataset(tmp_path)
+    with (tmp_path / "train.csv").open("a") as train:
+        train.write("where is the louvre,LOCATION\n")  # the catalog's class is loc: a misspelt label
+    custom = {"train": "train.csv", "test": "test.csv", "catalog": "catalog.csv", "text_column": "question"}
+    line = len((tmp_path / "train.csv").read_text().splitlines())
+
+    derived = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom))
+    assert "LOCATION" in derived.catalog and not derived.train.rejected
+
+    strict = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom={**custom, "unknown_labels": "quarantine"}))
+    assert "LOCATION" not in strict.catalog and len(strict.train.rows) == len(derived.train.rows) - 1
+    [rejected] = strict.train.rejected
+    assert (rejected.file, rejected.line, rejected.content) == (str(tmp_path / "train.csv"), line, "where is the louvre")
+    assert rejected.reason.startswith("label 'LOCATION' is not in the catalog")
+
+    with pytest.raises(ConfigError, match="unknown_labels is 'quarantine' but data.custom.catalog is not set"):
+        Params().with_overrides({"data": {"dataset": "custom", "custom": {"train": "t.csv", "test": "u.csv",
+                                                                          "unknown_labels": "quarantine"}}})
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="shared datasets not present")

@@ -11,7 +11,7 @@ TRAINED = Trained(Path("data"), Path("model"), Path("prior.json"), 0.9)
 def test_the_summary_says_why_nothing_was_judged_when_tracking_is_off():
     promotion = {"promoted": False, "reasons": ["tracking is disabled (tracking.enabled: false): no registry to promote in"]}
     text = summary_markdown(STAGED, promotion, TRAINED)
-    assert "| a.csv | labeled | merged | 3 | 3 | 0 |" in text
+    assert "| a.csv | labeled | merged | 3 | 3 | 0 |  |" in text
     assert "**Not promoted**" in text and "tracking is disabled" in text
 
 
@@ -21,3 +21,10 @@ def test_the_summary_compares_challenger_and_champion():
                  "challenger_tail_macro_f1": 0.7, "champion_tail_macro_f1": 0.6}
     text = summary_markdown(STAGED, promotion, TRAINED)
     assert "| accuracy | 0.8000 | 0.9000 | +0.1000 |" in text and "champion is now version 2" in text
+
+
+def test_the_summary_says_why_a_file_was_unusable():
+    unusable = FileOutcome("inbox/catalog-x.csv", "1" * 64, "catalog", "unusable",
+                           reason="inbox/catalog-x.csv: missing column(s) ['intent_id']\n| a pipe")
+    text = summary_markdown(Staged(Path("raw"), [unusable]), None, None)
+    assert "| catalog-x.csv | catalog | unusable | 0 | 0 | 0 | inbox/catalog-x.csv: missing column(s) ['intent_id'] \\| a pipe |" in text

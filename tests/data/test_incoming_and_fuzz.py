@@ -51,6 +51,9 @@ def test_generated_files_never_crash_and_never_lose_a_row(tmp_path, rows, encodi
         result = read_headerless_pairs(path) if headerless else read_table(path, "question", "label")
     except ReaderError as exc:
         assert str(path) in str(exc)  # a clear, file-naming error, e.g. an empty file
+        if "NUL" in str(exc):  # a file a quarter NUL bytes is UTF-16 or not text, as the error says
+            assert content.count(b"\x00") * 4 >= len(content)
+            return
         assert headerless and non_blank(rows) == 0 or not headerless and not rows or "empty" in str(exc)
         return
     # With no header, a file whose texts hold more lone CRs than it has LFs reads as CR-ended, as the reader's
@@ -79,12 +82,22 @@ def test_generated_files_never_crash_and_never_lose_a_row(tmp_path, rows, encodi
     (b'question,label\r"two\nlines",a\rok,b\r', 2, 0),               # ... or in a quoted field
     (b"question,label\nw\rx\ry\rz,a\n", 1, 0),                       # more stray CRs than lines: the header's LF decides
     (b"question,label\n\r,\r,\r0\n", 0, 1),                          # ... and one record of three fields stays one
+    (b"question,label\r\r\nhi,a\r\r\nok,b\r\r\n", 2, 0),                 # a CRLF file converted twice: LF lines
+    ("question,label\r\ncafé,a\r\nok,b\r\n".encode("utf-16"), 2, 0),    # UTF-16 with its byte-order mark (Excel's "Unicode text")
+    ("question,label\nhi,a\n".encode("utf-16-be").join([b"\xfe\xff", b""]), 1, 0),  # ... big-endian
 ])
 def test_awkward_csv_files(tmp_path, content, rows, rejected):
     path = tmp_path / "f.csv"
     path.write_bytes(content)
     result = read_table(path, "question", "label")
     assert (len(result.rows), len(result.rejected)) == (rows, rejected)
+
+
+def test_a_utf16_file_with_no_byte_order_mark_is_named_as_such_not_misread_row_by_row(tmp_path):
+    path = tmp_path / "f.csv"
+    path.write_bytes("question,label\nhi,a\n".encode("utf-16-le"))
+    with pytest.raises(ReaderError, match=rf"{path}: a quarter or more of its bytes are NUL: UTF-16 with no byte-order mark"):
+        read_table(path, "question", "label")
 
 
 @pytest.fixture
@@ -123,7 +136,7 @@ def test_validate_file_exit_codes(tmp_path, current_data, capsys):
     wrong_columns = tmp_path / "wrong.csv"
     wrong_columns.write_text("text,intent\nhello,a\n")
     assert main(wrong_columns, current_data, params()) == UNUSABLE
-    assert "missing column" in capsys.readouterr().out
+    assert f"{wrong_columns}, line 1: missing column(s) ['question', 'label']: the header has ['text', 'intent']" in capsys.readouterr().out
 
 
 def test_a_few_bad_rows_are_quarantined_by_line_and_a_wholesale_failure_names_its_lines(tmp_path, current_data, capsys):

@@ -94,6 +94,16 @@ def test_class_counts_and_imbalance_are_reported_and_warn(tmp_path, caplog):
     failed = {e["name"] for e in report["expectations"] if not e["success"]}
     assert {"min_examples_per_class", "class_imbalance"} <= failed
     assert "class_imbalance" in caplog.text
+    assert "expectation min_examples_per_class on class_counts failed (warning)" in caplog.text
+    assert "'classes': ['b']" in caplog.text  # which class to give more examples, not only how many fail
+
+
+def test_empty_texts_are_empty_not_copies_of_each_other(tmp_path):
+    write_splits(tmp_path / "in", [("", "a"), ("", "b"), ("fine", "a"), ("good", "b"), ("great", "a")], [("also fine", "a")], [("", "a"), ("held out", "a")])
+    run_validate(tmp_path)
+    reasons = {(q["file"], q["line"]): q["expectations"] for q in read_jsonl(tmp_path / "quarantine.jsonl")}
+    assert reasons == {("train.csv", 1): ["non_empty_text"], ("train.csv", 2): ["non_empty_text"],
+                       ("test.csv", 1): ["non_empty_text"]}
 
 
 @pytest.mark.parametrize("catalog,expectation", [

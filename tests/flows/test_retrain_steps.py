@@ -22,6 +22,23 @@ def outcome_of(staged: steps.Staged, name: str) -> steps.FileOutcome:
     return next(o for o in staged.outcomes if o.file.endswith(name))
 
 
+def test_a_file_nothing_was_taken_from_may_be_delivered_again_and_one_that_added_rows_is_a_repeat(project):
+    params = load_params(project / "params.yaml").retrain
+    drop(project, "all-quarantined.csv", [(q, "FOOD") for q in unseen_questions(project, "LOC", 2)])
+    drop(project, "merged.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
+    inbox = Path(params.inbox)
+    archive = Path(params.archive)
+    archive.mkdir(parents=True, exist_ok=True)
+    (archive / steps.MANIFEST).write_text("".join(json.dumps(entry) + "\n" for entry in [
+        {"sha256": steps.sha256(inbox / "all-quarantined.csv"), "outcome": "merged", "accepted": 0, "quarantined": 2},
+        {"sha256": steps.sha256(inbox / "merged.csv"), "outcome": "merged", "accepted": 2, "quarantined": 0}]))
+
+    new, repeats = steps.pick_up(params)
+
+    assert [f.path.name for f in new] == ["all-quarantined.csv"]  # FOOD's standard question may have arrived since
+    assert [f.path.name for f in repeats] == ["merged.csv"]
+
+
 def test_a_catalog_file_without_text_is_unusable_by_line_and_blocks_nothing_else(project):
     inbox = project / "data" / "incoming"
     inbox.mkdir(parents=True)

@@ -57,6 +57,24 @@ def test_predict_without_a_model_or_questions_is_a_clear_error(tmp_path, capsys)
     assert "latin1.txt: not UTF-8 text" in capsys.readouterr().err
 
 
+def test_a_csv_or_jsonl_file_gives_its_question_column_not_its_header_or_raw_json(tiny_model_dir, tmp_path, capsys):
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    (tmp_path / "batch.csv").write_text("utterance,intent\nwhere is paris,loc\nwho wrote it,hum\n")
+    (tmp_path / "batch.jsonl").write_text('{"utterance": "how many cats", "intent": "num"}\n')
+    ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"), "--column", "utterance"]
+
+    for file, expected in (("batch.csv", ["where is paris", "who wrote it"]), ("batch.jsonl", ["how many cats"])):
+        assert main(ask + ["--file", str(tmp_path / file)]) == 0
+        assert [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()] == expected
+
+    assert main(ask[:-2] + ["--file", str(tmp_path / "batch.csv")]) == 2  # the default column, text, is not there
+    assert "batch.csv, line 1: missing column(s) ['text']: the header has ['utterance', 'intent']" in capsys.readouterr().err
+    (tmp_path / "odd.jsonl").write_text('{"utterance": "fine"}\n{"utterance": 3}\n')
+    assert main(ask + ["--file", str(tmp_path / "odd.jsonl")]) == 2
+    assert "odd.jsonl, line 2: 'utterance' is a JSON int, not a string" in capsys.readouterr().err
+
+
 def test_top_k_beyond_the_catalog_gives_every_standard_question_once(tiny_model_dir, tmp_path, capsys):
     tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
     CATALOG.save(tmp_path / "catalog.jsonl")

@@ -69,9 +69,11 @@ def annotate(splits: dict[str, list[LabeledQuestion]]) -> dict[str, pd.DataFrame
             repeated.append(key in seen)
             seen.add(key)
         later_splits = [set(normalised[other]) for other in LEAKAGE_PAIRS[split]]
-        frame["is_repeat"] = repeated
-        frame["label_conflict"] = [len(labels_per_text[key]) > 1 for key in keys]
-        frame["leaks"] = [any(key in other for other in later_splits) for key in keys]
+        # an empty text fails non_empty_text; it is no copy of another empty text, nor a question that leaks
+        has_text = [bool(key) for key in keys]
+        frame["is_repeat"] = [r and t for r, t in zip(repeated, has_text)]
+        frame["label_conflict"] = [len(labels_per_text[key]) > 1 and t for key, t in zip(keys, has_text)]
+        frame["leaks"] = [any(key in other for other in later_splits) and t for key, t in zip(keys, has_text)]
         frames[split] = frame.reset_index(drop=True)
     return frames
 
@@ -202,7 +204,9 @@ def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: Va
             reasons = {i: names for i, names in reasons.items() if i not in kept}
         accepted[split] = [q for i, q in enumerate(splits[split]) if i not in reasons]
         quarantined += [quarantine_record(splits[split][i], split, names) for i, names in sorted(reasons.items())]
-    outcomes += validator.validate("class_counts", class_counts(accepted["train"], catalog), class_count_expectations(params), critical)
+    outcomes += [_naming_classes(outcome, catalog)  # class_counts has one row per catalog class, in catalog order
+                 for outcome in validator.validate("class_counts", class_counts(accepted["train"], catalog),
+                                                   class_count_expectations(params), critical)]
     return accepted, quarantined, flagged, outcomes
 
 
