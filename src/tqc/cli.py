@@ -298,7 +298,12 @@ def _question_file_lines(path: Path | None, column: str) -> list[str]:
     if path is None:
         return []
     if str(path) != "-" and path.suffix.lower() in {".csv", ".jsonl", ".ndjson"}:
-        return read_texts(path, column)
+        rows = read_texts(path, column)
+        empty = [line for line, text in rows if not text]
+        if empty:  # said, since the answers then no longer line up with the file's rows one for one
+            logging.getLogger(__name__).warning("%s: line(s) %s have no text in %r: not scored", path,
+                                                ", ".join(map(str, empty[:10])), column)
+        return [text for _, text in rows]
     try:
         return (sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")).splitlines()
     except UnicodeDecodeError as exc:

@@ -69,8 +69,10 @@ def decode_file(path: Path) -> str:
     if not path.is_file():
         raise ReaderError(f"{path}: file not found")
     raw = path.read_bytes()
+    if raw.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):  # before UTF-16: FF FE 00 00 starts with FF FE
+        return _unicode(raw, "utf-32", path)
     if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # Excel's "Unicode text", Notepad's "Unicode"
-        return _utf16(raw, path)
+        return _unicode(raw, "utf-16", path)
     if raw.count(b"\x00") * 4 >= len(raw) > 0:
         raise ReaderError(f"{path}: a quarter or more of its bytes are NUL: UTF-16 with no byte-order mark, or not a "
                           "text file; save it as UTF-8")
@@ -91,13 +93,14 @@ def decode_file(path: Path) -> str:
     return "".join(decoded)
 
 
-def _utf16(raw: bytes, path: Path) -> str:
+def _unicode(raw: bytes, encoding: str, path: Path) -> str:
+    name = encoding.upper()
     try:
-        text = raw.decode("utf-16")  # the byte-order mark says which end first, and is dropped
+        text = raw.decode(encoding)  # the byte-order mark says which end first, and is dropped
     except UnicodeDecodeError as exc:
-        raise ReaderError(f"{path}: starts with a UTF-16 byte-order mark but is not UTF-16 ({exc.reason} at byte "
+        raise ReaderError(f"{path}: starts with a {name} byte-order mark but is not {name} ({exc.reason} at byte "
                           f"{exc.start}); save it as UTF-8") from None
-    log.info("%s: read as UTF-16 (its byte-order mark)", path)
+    log.info("%s: read as %s (its byte-order mark)", path, name)
     return text
 
 
@@ -187,7 +190,7 @@ def _stray_carriage_returns_as_spaces(text: str, path: Path, header: bool = Fals
 
 def _lines_end_in_lf(text: str, lone_crs: int, header: bool) -> bool:
     # the header's line break: the whole run of CRs and LFs after it (`\r\r\n`, a CRLF file converted twice, is LF)
-    after_header = HEADER_BREAK.search(text)
+    after_header = HEADER_BREAK.search(text, len(text) - len(text.lstrip("\r\n")))  # blank lines before it aside
     if header and after_header is not None:
         return "\n" in after_header.group()
     return text.count("\n") >= lone_crs
@@ -297,16 +300,17 @@ def _csv_dict_records(path: Path, columns: list[str]) -> list[tuple[int, dict | 
     return rows
 
 
-def read_texts(path: Path, column: str) -> list[str]:
-    """The `column` of every row of a CSV (with a header) or JSONL file: questions to score, with no labels. A row
-    that cannot give one is an error naming its line (nothing to quarantine it to: the caller is a person)."""
+def read_texts(path: Path, column: str) -> list[tuple[int, str]]:
+    """(line, text) of the `column` of every row of a CSV (with a header) or JSONL file: questions to score, with no
+    labels. A row that cannot give one is an error naming its line (nothing to quarantine it to: the caller is a
+    person)."""
     records = _jsonl_records(path) if is_jsonl(path) else _csv_dict_records(path, [column])
     texts = []
     for line_number, record, _ in records:
         reason = record.reason if isinstance(record, _Unusable) else _no_text(record, column)
         if reason:
             raise ReaderError(f"{path}, line {line_number}: {reason}")
-        texts.append((record[column] or "").strip())
+        texts.append((line_number, (record[column] or "").strip()))
     return texts
 
 
@@ -496,14 +500,17 @@ ADDED_QUESTIONS, ADDED_CATALOG = "labeled.jsonl", "catalog.jsonl"
 
 def read_additions(directory: Path | None) -> tuple[ReadResult, list[StandardQuestion]]:
     """The retrain flow's accepted labeled questions and new standard questions, if any."""
-    result, standard = ReadResult([], []), []
-    if directory is None:
-        return result, standard
-    if (directory / ADDED_CATALOG).exists():
-        standard = read_catalog_file(directory / ADDED_CATALOG).questions
-    if (directory / ADDED_QUESTIONS).exists():
+    result = ReadResult([], [])
+    if directory is not None and (directory / ADDED_QUESTIONS).exists():
         result = read_table(directory / ADDED_QUESTIONS, "text", "class_id")
-    return result, standard
+    return result, added_standard_questions(directory)
+
+
+def added_standard_questions(directory: Path | None) -> list[StandardQuestion]:
+    """The retrain flow's new standard questions (new classes), if any."""
+    if directory is None or not (directory / ADDED_CATALOG).exists():
+        return []
+    return read_catalog_file(directory / ADDED_CATALOG).questions
 
 
 def with_added_classes(catalog: Catalog, added: list[StandardQuestion]) -> Catalog:
@@ -520,8 +527,10 @@ def _read_custom(params: DataParams) -> DatasetSplits:
         if custom.catalog
         else Catalog()
     )
+    # the retrain flow's new classes are known labels, with their own standard questions (never derived ones)
+    catalog = with_added_classes(catalog, added_standard_questions(Path(params.additions) if params.additions else None))
     if custom.unknown_labels == "quarantine":
-        train = _unknown_labels_rejected(train, catalog, root / custom.catalog)
+        train = require_rows(_unknown_labels_rejected(train, catalog, root / custom.catalog), train_path)
     # Only training labels may create classes: a test label outside them is the validate stage's business.
     return DatasetSplits(train, test, with_derived_classes(catalog, train.rows))
 

@@ -2,8 +2,10 @@
 
 New labeled questions arrive as files in an inbox. A retrain:
 
-1. `pick_up`: lists the inbox; a file whose sha256 is already in the archive manifest is a
-   repeat delivery and is archived as such, adding nothing.
+1. `pick_up`: lists the inbox; a file that the archive manifest records, by sha256, as having
+   added rows or classes is a repeat delivery and is archived as such, adding nothing. One that
+   nothing was taken from (unusable, or every row quarantined) is judged again: its reason may
+   have been fixed since, and rows it shares with the current data are quarantined as duplicates.
 2. `stage`: copies the current additions (data/raw) into a staging folder and merges the new
    files into the copy: catalog files first (new standard questions, i.e. new classes), then
    labeled files, each judged by the validate stage's own contract against the current data

@@ -244,7 +244,9 @@ def _pruner(params: Params):
     if settings.pruner == "median":
         reported = params.stage_one.epochs + params.stage_two.epochs  # the last step a trial reports
         if settings.warmup_epochs >= reported:
-            log.warning("tune: the median pruner will prune nothing: tune.warmup_epochs is %d, and a trial reports "
+            # Optuna prunes from step == warmup on: at best at a trial's last epoch, when pruning saves nothing
+            # and only marks a trained trial PRUNED
+            log.warning("tune: the median pruner can save no epoch: tune.warmup_epochs is %d, and a trial reports "
                         "%d epochs (stage_one.epochs + stage_two.epochs); lower warmup_epochs or train longer",
                         settings.warmup_epochs, reported)
         return optuna.pruners.MedianPruner(n_startup_trials=settings.startup_trials, n_warmup_steps=settings.warmup_epochs)

@@ -190,6 +190,18 @@ def test_a_label_the_catalog_lacks_is_a_derived_class_or_with_unknown_labels_qua
     assert (rejected.file, rejected.line, rejected.content) == (str(tmp_path / "train.csv"), line, "where is the louvre")
     assert rejected.reason.startswith("label 'LOCATION' is not in the catalog")
 
+    additions = tmp_path / "raw"  # the retrain flow's new class: a known label, with its own standard question
+    additions.mkdir()
+    (additions / "catalog.jsonl").write_text('{"class_id": "LOCATION", "text": "Where is this place?"}\n')
+    grown = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), additions=str(additions),
+                                    custom={**custom, "unknown_labels": "quarantine"}))
+    assert not grown.train.rejected and grown.catalog.texts[grown.catalog.class_ids.index("LOCATION")] == "Where is this place?"
+
+    (tmp_path / "lower.csv").write_text("question,label\nwhere is it,loc\nwho is it,hum\n")  # the catalog's ids are LOC, HUM
+    with pytest.raises(ReaderError, match=r"lower.csv: no usable rows \(2 rejected; first rejected line 2: label 'loc' is not"):
+        read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path),
+                                custom={**custom, "train": "lower.csv", "unknown_labels": "quarantine"}))
+
     with pytest.raises(ConfigError, match="unknown_labels is 'quarantine' but data.custom.catalog is not set"):
         Params().with_overrides({"data": {"dataset": "custom", "custom": {"train": "t.csv", "test": "u.csv",
                                                                           "unknown_labels": "quarantine"}}})

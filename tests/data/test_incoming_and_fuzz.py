@@ -82,7 +82,9 @@ def test_generated_files_never_crash_and_never_lose_a_row(tmp_path, rows, encodi
     (b'question,label\r"two\nlines",a\rok,b\r', 2, 0),               # ... or in a quoted field
     (b"question,label\nw\rx\ry\rz,a\n", 1, 0),                       # more stray CRs than lines: the header's LF decides
     (b"question,label\n\r,\r,\r0\n", 0, 1),                          # ... and one record of three fields stays one
-    (b"question,label\r\r\nhi,a\r\r\nok,b\r\r\n", 2, 0),                 # a CRLF file converted twice: LF lines
+    (b"question,label\r\r\nw\rx,a\r\r\nok,b\r\r\n", 2, 0),              # a CRLF file converted twice: LF lines
+    (b"\n\nquestion,label\rhi,a\rok,b\r", 2, 0),                     # the header's break, after blank lines
+    ("question,label\nhi,a\n".encode("utf-32"), 1, 0),              # UTF-32, whose mark starts as UTF-16's does
     ("question,label\r\ncafé,a\r\nok,b\r\n".encode("utf-16"), 2, 0),    # UTF-16 with its byte-order mark (Excel's "Unicode text")
     ("question,label\nhi,a\n".encode("utf-16-be").join([b"\xfe\xff", b""]), 1, 0),  # ... big-endian
 ])

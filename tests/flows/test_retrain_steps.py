@@ -39,13 +39,16 @@ def test_a_file_nothing_was_taken_from_may_be_delivered_again_and_one_that_added
     assert [f.path.name for f in repeats] == ["merged.csv"]
 
 
-def test_a_catalog_file_without_text_is_unusable_by_line_and_blocks_nothing_else(project):
+def test_a_catalog_file_without_text_is_unusable_by_line_and_blocks_nothing_else(project, caplog):
     inbox = project / "data" / "incoming"
     inbox.mkdir(parents=True)
     (inbox / "catalog-new.csv").write_text("class_id,text\nFOOD,\n")
     drop(project, "batch.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
 
-    staged, _ = deliver(project)  # before: the merged empty text failed the validate contract here, on every retrain
+    with caplog.at_level(logging.WARNING, logger="tqc.retrain"):
+        staged, _ = deliver(project)  # before: the merged empty text failed the validate contract here, on every retrain
+
+    assert "catalog-new.csv is unusable: " in caplog.text and "catalog-new.csv, line 2" in caplog.text  # said in the log
 
     catalog = outcome_of(staged, "catalog-new.csv")
     assert catalog.outcome == "unusable" and "catalog-new.csv, line 2" in catalog.reason and "'FOOD'" in catalog.reason

@@ -57,7 +57,7 @@ def test_predict_without_a_model_or_questions_is_a_clear_error(tmp_path, capsys)
     assert "latin1.txt: not UTF-8 text" in capsys.readouterr().err
 
 
-def test_a_csv_or_jsonl_file_gives_its_question_column_not_its_header_or_raw_json(tiny_model_dir, tmp_path, capsys):
+def test_a_csv_or_jsonl_file_gives_its_question_column_not_its_header_or_raw_json(tiny_model_dir, tmp_path, capsys, caplog):
     tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
     CATALOG.save(tmp_path / "catalog.jsonl")
     (tmp_path / "batch.csv").write_text("utterance,intent\nwhere is paris,loc\nwho wrote it,hum\n")
@@ -67,6 +67,12 @@ def test_a_csv_or_jsonl_file_gives_its_question_column_not_its_header_or_raw_jso
     for file, expected in (("batch.csv", ["where is paris", "who wrote it"]), ("batch.jsonl", ["how many cats"])):
         assert main(ask + ["--file", str(tmp_path / file)]) == 0
         assert [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()] == expected
+
+    (tmp_path / "gappy.csv").write_text("utterance,intent\nwhere is paris,loc\n,hum\n")
+    with caplog.at_level("WARNING", logger="tqc.cli"):
+        assert main(ask + ["--file", str(tmp_path / "gappy.csv")]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
+    assert "gappy.csv: line(s) 3 have no text in 'utterance': not scored" in caplog.text
 
     assert main(ask[:-2] + ["--file", str(tmp_path / "batch.csv")]) == 2  # the default column, text, is not there
     assert "batch.csv, line 1: missing column(s) ['text']: the header has ['utterance', 'intent']" in capsys.readouterr().err

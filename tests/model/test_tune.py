@@ -250,13 +250,13 @@ def test_a_median_pruner_that_can_never_prune_is_named_at_the_start(caplog):
     short = Params().with_overrides({"stage_one": {"epochs": 2}, "stage_two": {"epochs": 1}, "tune": {"warmup_epochs": 3}})
     with caplog.at_level("WARNING", logger="tqc.tune"):
         _pruner(short)  # steps 1..3 are reported, and step 3 is the trial's last: nothing left to save
-    assert "will prune nothing: tune.warmup_epochs is 3, and a trial reports 3 epochs" in caplog.text
+    assert "can save no epoch: tune.warmup_epochs is 3, and a trial reports 3 epochs" in caplog.text
 
     caplog.clear()
     longer = short.with_overrides({"stage_two": {"epochs": 2}})
     with caplog.at_level("WARNING", logger="tqc.tune"):
         assert isinstance(_pruner(longer), optuna.pruners.MedianPruner)
-    assert "prune nothing" not in caplog.text
+    assert "can save no epoch" not in caplog.text
 
 
 def test_a_hyperband_study_runs_and_reports(tmp_path, tiny_model_dir):
