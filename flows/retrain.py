@@ -86,7 +86,8 @@ def retrain(params_path: str = "params.yaml", mode: str | None = None) -> dict:
         staged = stage(files, params, staging) if files else steps.Staged(staging / "raw")
         if not staged.accepted:
             result = commit(params, staged, files, repeats)  # archives the files; the data is unchanged
-            logger.info("retrain: no row accepted from %d file(s); nothing to train", len(files) + len(repeats))
+            logger.info("retrain: no row accepted from %d file(s) (%s); nothing to train", len(files) + len(repeats),
+                        steps.why_nothing_was_accepted(staged, repeats, Path(params.retrain.quarantine)))
             create_markdown_artifact(steps.summary_markdown(staged, None, None), key="retrain-summary")
             return {"status": "no rows accepted", **result}
         with standalone_run("retrain", params.tracking, tags={"tqc.kind": "retrain", "tqc.retrain.mode": params.retrain.mode}):

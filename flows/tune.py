@@ -15,6 +15,7 @@ import sys
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from tqc.cli import parse_overrides
 from tqc.config import load_params
 
 
@@ -33,7 +34,7 @@ def tune(params_path: str = "params.yaml", workers: int = 2, trials_per_worker: 
          overrides: list[str] | None = None, out: str = "reports/tuning", work: str = "tuning") -> list[str]:
     """`overrides`: KEY=VALUE params for the study, as `tqc --set` takes them; each worker runs
     `trials_per_worker` trials, by default `tune.trials` (a per-worker count, as for `tqc tune`)."""
-    params = load_params(params_path)
+    params = load_params(params_path, parse_overrides(overrides or []))  # as each worker reads them: study, trials
     trials = trials_per_worker or params.tune.trials
     futures = [tune_worker.submit(params_path, i, trials, overrides or [], out, work) for i in range(workers)]
     results = [f.result() for f in futures]

@@ -426,7 +426,7 @@ class Params(Strict):
         try:
             return Params.model_validate(deep_merge(self.to_dict(), overrides))
         except ValidationError as exc:
-            raise ConfigError(f"invalid parameter overrides {overrides}:\n{exc}") from None
+            raise ConfigError(f"invalid parameter overrides {overrides}:\n{problems(exc)}") from None
 
     @model_validator(mode="after")
     def _file_augmentation_needs_its_file(self) -> "Params":
@@ -511,7 +511,17 @@ def load_params(path: str | Path = "params.yaml", overrides: dict | None = None)
     try:
         return Params.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: invalid parameters:\n{exc}") from None
+        given = f" with {flatten(overrides)} set on top" if overrides else ""  # e.g. a Prefect run's parameter
+        raise ConfigError(f"{path}{given}: invalid parameters:\n{problems(exc)}") from None
+
+
+def problems(exc: ValidationError) -> str:
+    """One line a problem, `key.path: message`, without pydantic's dump of the whole input."""
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "params"
+        lines.append(f"- {where}: {error['msg'].removeprefix('Value error, ')}")
+    return "\n".join(lines)
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:

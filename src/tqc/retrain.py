@@ -398,6 +398,19 @@ def _in_dvc_repo() -> bool:
     return subprocess.run([*DVC, "root"], capture_output=True, text=True).returncode == 0
 
 
+def why_nothing_was_accepted(staged: Staged, repeats: list[Incoming], quarantine: Path) -> str:
+    """One line for the log: repeats, unusable files, and quarantined rows with the first one's line and reason."""
+    parts = [f"{len(repeats)} repeat(s)"] if repeats else []
+    unusable = [o for o in staged.outcomes if o.outcome == "unusable"]
+    parts += [f"{len(unusable)} unusable file(s)"] if unusable else []
+    rows = [q for q in staged.quarantined_rows if q.get("line") is not None]
+    if rows:
+        first = rows[0]
+        reason = first.get("reason") or ", ".join(first.get("expectations", []))
+        parts.append(f"{len(rows)} row(s) quarantined to {quarantine}, e.g. {first['file']}, line {first['line']}: {reason}")
+    return "; ".join(parts)
+
+
 def _cell(text: str) -> str:
     """Text for a markdown table cell: one line, its pipes escaped."""
     return " ".join(text.split()).replace("|", "\\|")

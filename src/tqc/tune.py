@@ -228,13 +228,17 @@ def _open_study(params: Params, worker: int, attempts: int = 5):
     settings = params.tune
     for attempt in range(attempts):
         try:
-            return optuna.create_study(study_name=settings.study, storage=settings.storage, direction="maximize",
-                                       load_if_exists=True, pruner=_pruner(params),
-                                       sampler=optuna.samplers.TPESampler(seed=settings.seed + worker, n_startup_trials=4))
+            study = optuna.create_study(study_name=settings.study, storage=settings.storage, direction="maximize",
+                                        load_if_exists=True, pruner=_pruner(params))
+            break
         except SQLAlchemyError:
             if attempt == attempts - 1:
                 raise
             time.sleep(1.0 + worker)
+    # Seeded by the trials already there too: a worker index that comes back to a study (a second `tqc tune`)
+    # would otherwise replay its earlier random draws, trial for trial. A new study seeds as seed + worker.
+    study.sampler = optuna.samplers.TPESampler(seed=settings.seed + worker + 1009 * len(study.trials), n_startup_trials=4)
+    return study
 
 
 def _pruner(params: Params):

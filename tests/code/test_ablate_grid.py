@@ -313,3 +313,31 @@ def test_a_grid_without_finished_cells_gets_a_panel_that_says_so(tmp_path, monke
     assert len(done.patches) == 2 and done.get_legend() is not None  # AC and ADMC bars
     assert [t.get_text() for t in empty.texts] == ["no finished cells"] and not empty.patches
     assert (tmp_path / "ablations.png").stat().st_size > 0
+
+
+def test_report_only_marks_cells_that_never_ran_and_exits_0_while_a_run_that_fails_cells_exits_1(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    import yaml
+
+    from tqc import ablate as ablate_module
+    from tqc.cli import main
+
+    project = tmp_path / "project"
+    project.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    raw = {"ablate": {"seeds": [0], "budget": {}, "grids": {"aug": GRID.model_dump()}},
+           "data": {"data_dir": str(tmp_path)}, "tracking": {"enabled": False}}
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(project)
+
+    assert main(["ablate", "--report-only", "--out", "reports"]) == 0  # nothing has run: a table of missing cells
+    err = capsys.readouterr().err
+    assert "4 cell(s) have no experiment here and no record in reports/ablations.json: marked missing" in err
+    assert "(missing [0])" in (project / "reports" / "ablations.md").read_text()
+
+    monkeypatch.setattr(ablate_module, "run_cell", lambda cell, project, force=False: False)  # training fails
+    with pytest.raises(SystemExit) as exited:
+        main(["ablate", "--out", "reports"])
+    assert exited.value.code == 1
+    assert "4 cell(s) without a finished experiment" in capsys.readouterr().err

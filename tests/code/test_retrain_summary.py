@@ -28,3 +28,14 @@ def test_the_summary_says_why_a_file_was_unusable():
                            reason="inbox/catalog-x.csv: missing column(s) ['intent_id']\n| a pipe")
     text = summary_markdown(Staged(Path("raw"), [unusable]), None, None)
     assert "| catalog-x.csv | catalog | unusable | 0 | 0 | 0 | inbox/catalog-x.csv: missing column(s) ['intent_id'] \\| a pipe |" in text
+
+
+def test_a_delivery_with_nothing_accepted_says_why_in_one_line():
+    from tqc.retrain import Incoming, why_nothing_was_accepted
+
+    staged = Staged(Path("raw"), [FileOutcome("inbox/b.csv", "2" * 64, "labeled", "merged", read=2, quarantined=2)],
+                    [{"file": "inbox/b.csv", "line": 2, "expectations": ["no_duplicates"]},
+                     {"file": "inbox/b.csv", "line": 3, "expectations": ["no_leakage"]}])
+    line = why_nothing_was_accepted(staged, [Incoming(Path("inbox/a.csv"), "3" * 64)], Path("data/quarantine/incoming.jsonl"))
+    assert line == ("1 repeat(s); 2 row(s) quarantined to data/quarantine/incoming.jsonl, "
+                    "e.g. inbox/b.csv, line 2: no_duplicates")

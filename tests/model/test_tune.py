@@ -339,3 +339,16 @@ def test_report_writers_on_one_out_dir_wait_for_each_other_and_leave_no_lock_fil
     other.join(timeout=10)
     assert order == ["first", "second"]
     assert not out.exists() or not any(out.iterdir())  # nothing left in the (git-tracked) reports folder
+
+
+def test_a_worker_that_comes_back_to_a_study_draws_anew_and_a_new_study_draws_as_before(tmp_path):
+    from tqc.tune import _open_study
+
+    params = Params().with_overrides({"tune": {"study": "again", "storage": f"sqlite:///{tmp_path / 'optuna.db'}"}})
+    space = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
+    first = _open_study(params, worker=0).ask(space).params["x"]  # the study now holds one trial
+    again = _open_study(params, worker=0).ask(space).params["x"]
+    assert again != first  # before: the same seed, so the same draw, trial for trial
+
+    fresh = params.with_overrides({"tune": {"study": "fresh", "storage": f"sqlite:///{tmp_path / 'other.db'}"}})
+    assert _open_study(fresh, worker=0).ask(space).params["x"] == first  # reproducible from an empty study
