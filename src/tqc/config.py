@@ -520,7 +520,9 @@ def problems(exc: ValidationError) -> str:
     lines = []
     for error in exc.errors():
         where = ".".join(str(part) for part in error["loc"]) or "params"
-        lines.append(f"- {where}: {error['msg'].removeprefix('Value error, ')}")
+        given = error.get("input")
+        value = f" (got {given!r})" if error["loc"] and not isinstance(given, (dict, list)) else ""  # not a whole section
+        lines.append(f"- {where}: {error['msg'].removeprefix('Value error, ')}{value}")
     return "\n".join(lines)
 
 

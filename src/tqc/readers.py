@@ -527,12 +527,14 @@ def _read_custom(params: DataParams) -> DatasetSplits:
         if custom.catalog
         else Catalog()
     )
-    # the retrain flow's new classes are known labels, with their own standard questions (never derived ones)
-    catalog = with_added_classes(catalog, added_standard_questions(Path(params.additions) if params.additions else None))
+    # The retrain flow's new classes are known labels with their own standard questions, never derived ones; ingest
+    # appends them after the derived classes (with_added_classes), so no class index moves.
+    known = with_added_classes(catalog, added_standard_questions(Path(params.additions) if params.additions else None))
     if custom.unknown_labels == "quarantine":
-        train = require_rows(_unknown_labels_rejected(train, catalog, root / custom.catalog), train_path)
+        train = require_rows(_unknown_labels_rejected(train, known, root / custom.catalog), train_path)
     # Only training labels may create classes: a test label outside them is the validate stage's business.
-    return DatasetSplits(train, test, with_derived_classes(catalog, train.rows))
+    derived = [q for q in with_derived_classes(known, train.rows).questions if q.derived]
+    return DatasetSplits(train, test, Catalog(catalog.questions + derived))
 
 
 def _unknown_labels_rejected(result: ReadResult, catalog: Catalog, catalog_path: Path) -> ReadResult:

@@ -408,7 +408,8 @@ def why_nothing_was_accepted(staged: Staged, repeats: list[Incoming], quarantine
         first = rows[0]
         reason = first.get("reason") or ", ".join(first.get("expectations", []))
         parts.append(f"{len(rows)} row(s) quarantined to {quarantine}, e.g. {first['file']}, line {first['line']}: {reason}")
-    return "; ".join(parts)
+    # otherwise, e.g. a catalog file whose class ids were all known: each file's own account
+    return "; ".join(parts or [f"{Path(o.file).name}: {o.reason or 'added nothing'}" for o in staged.outcomes])
 
 
 def _cell(text: str) -> str:

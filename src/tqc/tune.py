@@ -235,9 +235,11 @@ def _open_study(params: Params, worker: int, attempts: int = 5):
             if attempt == attempts - 1:
                 raise
             time.sleep(1.0 + worker)
-    # Seeded by the trials already there too: a worker index that comes back to a study (a second `tqc tune`)
-    # would otherwise replay its earlier random draws, trial for trial. A new study seeds as seed + worker.
-    study.sampler = optuna.samplers.TPESampler(seed=settings.seed + worker + 1009 * len(study.trials), n_startup_trials=4)
+    # Seeded by this worker index's own earlier trials too: one that comes back to a study (a second `tqc tune`)
+    # would otherwise replay its earlier random draws, trial for trial. Only its own, so that workers starting
+    # together on a new study seed as seed + worker whatever order they open it in.
+    own = sum(t.user_attrs.get("worker", "").endswith(f":{worker}") for t in study.get_trials(deepcopy=False))
+    study.sampler = optuna.samplers.TPESampler(seed=settings.seed + worker + 1009 * own, n_startup_trials=4)
     return study
 
 

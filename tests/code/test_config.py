@@ -164,5 +164,5 @@ def test_an_invalid_override_names_itself_and_each_problem_without_pydantics_inp
         load_params("params.yaml", {"retrain": {"mode": "refresh"}, "mine": {"k": 0}})
     message = str(raised.value)
     assert message.startswith("params.yaml with {'retrain.mode': 'refresh', 'mine.k': 0} set on top: invalid parameters:")
-    assert "- mine.k: Input should be greater than or equal to 1" in message
+    assert "- mine.k: Input should be greater than or equal to 1 (got 0)" in message
     assert "input_value" not in message

@@ -6,6 +6,7 @@ import pytest
 from tqc.config import DataParams
 from tqc.readers import (
     ReaderError,
+    added_standard_questions,
     label_in_words,
     read_catalog_file,
     read_dataset,
@@ -13,6 +14,7 @@ from tqc.readers import (
     read_table,
     read_trec,
     shipped_catalog,
+    with_added_classes,
     with_derived_classes,
 )
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
@@ -193,9 +195,18 @@ def test_a_label_the_catalog_lacks_is_a_derived_class_or_with_unknown_labels_qua
     additions = tmp_path / "raw"  # the retrain flow's new class: a known label, with its own standard question
     additions.mkdir()
     (additions / "catalog.jsonl").write_text('{"class_id": "LOCATION", "text": "Where is this place?"}\n')
-    grown = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), additions=str(additions),
-                                    custom={**custom, "unknown_labels": "quarantine"}))
-    assert not grown.train.rejected and grown.catalog.texts[grown.catalog.class_ids.index("LOCATION")] == "Where is this place?"
+    for mode in ("quarantine", "derive"):
+        grown = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), additions=str(additions),
+                                        custom={**custom, "unknown_labels": mode}))
+        assert not grown.train.rejected and "LOCATION" not in grown.catalog  # not derived: ingest appends it, as before
+        served = with_added_classes(grown.catalog, added_standard_questions(additions))  # as ingest does
+        assert served.class_ids == ["LOC", "HUM", "NUM", "LOCATION"]  # no class index moved
+        assert served.texts[-1] == "Where is this place?"
+    with (tmp_path / "train.csv").open("a") as train:
+        train.write("what does dna stand for,DEF\n")  # a derived class keeps its index before the added one
+    grown = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), additions=str(additions), custom=custom))
+    assert with_added_classes(grown.catalog, added_standard_questions(additions)).class_ids == [
+        "LOC", "HUM", "NUM", "DEF", "LOCATION"]
 
     (tmp_path / "lower.csv").write_text("question,label\nwhere is it,loc\nwho is it,hum\n")  # the catalog's ids are LOC, HUM
     with pytest.raises(ReaderError, match=r"lower.csv: no usable rows \(2 rejected; first rejected line 2: label 'loc' is not"):

@@ -39,3 +39,7 @@ def test_a_delivery_with_nothing_accepted_says_why_in_one_line():
     line = why_nothing_was_accepted(staged, [Incoming(Path("inbox/a.csv"), "3" * 64)], Path("data/quarantine/incoming.jsonl"))
     assert line == ("1 repeat(s); 2 row(s) quarantined to data/quarantine/incoming.jsonl, "
                     "e.g. inbox/b.csv, line 2: no_duplicates")
+
+    known = Staged(Path("raw"), [FileOutcome("inbox/catalog-y.csv", "4" * 64, "catalog", "merged", read=1,
+                                             reason="1 class id(s) already in the catalog kept their text")])
+    assert why_nothing_was_accepted(known, [], Path("q.jsonl")) == "catalog-y.csv: 1 class id(s) already in the catalog kept their text"

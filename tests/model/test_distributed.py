@@ -107,15 +107,20 @@ def test_two_processes_end_with_the_weights_of_one_process_on_the_whole_batch(ti
         assert torch.allclose(replicas[0][name], tensor, atol=2e-5), f"{name}: two processes differ from one"
 
 
-def test_the_cli_relaunches_a_training_stage_under_torchrun_and_rank_0_writes(tiny_model_dir, tmp_path):
-    """`distributed.nproc_per_node: 2` → `tqc stage-one` runs as two gloo processes; one model folder, one history."""
+def _ingested_project(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, dict]:
+    """A scratch project on the tiny model and synthetic data, ingested; and an environment not yet under torchrun."""
     project = tmp_path / "project"
     project.mkdir()
     write_custom_dataset(tmp_path / "raw")
     (project / "params.yaml").write_text(yaml.safe_dump(tiny_params(tmp_path / "raw", tiny_model_dir)))
     subprocess.run([sys.executable, "-m", "tqc.cli", "ingest", "--out", "data/ingested", "--quarantine", "q.jsonl",
                     "--report", "ingest.json"], cwd=project, check=True)
-    environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return project, {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+
+
+def test_the_cli_relaunches_a_training_stage_under_torchrun_and_rank_0_writes(tiny_model_dir, tmp_path):
+    """`distributed.nproc_per_node: 2` → `tqc stage-one` runs as two gloo processes; one model folder, one history."""
+    project, environment = _ingested_project(tmp_path, tiny_model_dir)
     finished = subprocess.run(
         [sys.executable, "-m", "tqc.cli", "--set", "distributed.nproc_per_node=2", "--set", "tracking.enabled=false",
          "stage-one", "--data", "data/ingested", "--train", "data/ingested/train.jsonl", "--out", "models/stage_one",
@@ -129,13 +134,7 @@ def test_the_cli_relaunches_a_training_stage_under_torchrun_and_rank_0_writes(ti
 def test_the_readmes_multi_node_command_trains_as_one_job_of_two_nodes(tiny_model_dir, tmp_path):
     """README "Several GPUs": two nodes rendezvous through c10d (here two torchruns on one host, one process each);
     each gets its own rank, they train as one job of two processes, and global rank 0 alone writes."""
-    project = tmp_path / "project"
-    project.mkdir()
-    write_custom_dataset(tmp_path / "raw")
-    (project / "params.yaml").write_text(yaml.safe_dump(tiny_params(tmp_path / "raw", tiny_model_dir)))
-    subprocess.run([sys.executable, "-m", "tqc.cli", "ingest", "--out", "data/ingested", "--quarantine", "q.jsonl",
-                    "--report", "ingest.json"], cwd=project, check=True)
-    environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    project, environment = _ingested_project(tmp_path, tiny_model_dir)
     node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
             "--rdzv_backend", "c10d", "--rdzv_id", "tqc", "--rdzv_endpoint", f"127.0.0.1:{_free_port()}",
             "-m", "tqc.cli", "--set", "tracking.enabled=false", "stage-one", "--data", "data/ingested",

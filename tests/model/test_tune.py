@@ -346,9 +346,17 @@ def test_a_worker_that_comes_back_to_a_study_draws_anew_and_a_new_study_draws_as
 
     params = Params().with_overrides({"tune": {"study": "again", "storage": f"sqlite:///{tmp_path / 'optuna.db'}"}})
     space = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
-    first = _open_study(params, worker=0).ask(space).params["x"]  # the study now holds one trial
-    again = _open_study(params, worker=0).ask(space).params["x"]
-    assert again != first  # before: the same seed, so the same draw, trial for trial
+
+    def draw(study, worker: int) -> float:
+        trial = study.ask(space)
+        trial.set_user_attr("worker", f"host:1:{worker}")  # as the objective tags each trial
+        return trial.params["x"]
+
+    first = draw(_open_study(params, worker=0), 0)  # the study now holds one trial of worker 0
+    assert draw(_open_study(params, worker=0), 0) != first  # before: the same seed, so the same draw, trial for trial
 
     fresh = params.with_overrides({"tune": {"study": "fresh", "storage": f"sqlite:///{tmp_path / 'other.db'}"}})
-    assert _open_study(fresh, worker=0).ask(space).params["x"] == first  # reproducible from an empty study
+    assert draw(_open_study(fresh, worker=0), 0) == first  # reproducible from an empty study
+    worker_1 = draw(_open_study(fresh, worker=1), 1)  # opened after worker 0's trial: its draw is still seed + 1
+    alone = params.with_overrides({"tune": {"study": "alone", "storage": f"sqlite:///{tmp_path / 'third.db'}"}})
+    assert draw(_open_study(alone, worker=1), 1) == worker_1
