@@ -144,8 +144,11 @@ def _fetch(args: argparse.Namespace) -> None:
 def _apply_tuned(args: argparse.Namespace) -> None:
     from tqc.tune import apply_best
 
-    for key, value in apply_best(args.apply, args.params).items():
+    changed = apply_best(args.apply, args.params)
+    for key, value in changed.items():
         print(f"{args.params}: {key} = {value}")
+    if not changed:
+        print(f"{args.params}: already holds every value of {args.apply}; left as it was")
 
 
 def _ingest(args: argparse.Namespace, params: Params) -> None:

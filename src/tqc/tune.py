@@ -439,13 +439,20 @@ def _layout_keeping_yaml():
     return editor
 
 
+def _same_value(current, new) -> bool:
+    """Equal, and of the same kind: 5 against 5.0, or 1 against true, would change what the param reads as."""
+    return current == new and all(isinstance(current, kind) == isinstance(new, kind) for kind in (float, bool))
+
+
 def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) -> dict:
-    """Write the tuned values into params.yaml in place, keeping its comments and layout."""
+    """Write the tuned values into params.yaml in place, keeping its comments and layout; returns those that changed
+    (a value equal to the current one, `0.0001` for `1.0e-4` say, is left as written)."""
     from io import StringIO
 
     best = flatten(yaml.safe_load(best_params_file.read_text(encoding="utf-8")) or {})
     editor = _layout_keeping_yaml()
     document = editor.load(params_file.read_text(encoding="utf-8"))
+    changed = {}
     for path, value in best.items():
         node = document
         *parents, leaf = path.split(".")
@@ -453,7 +460,8 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
             node = node.get(key) if hasattr(node, "get") else None
         if not hasattr(node, "get") or leaf not in node:
             raise ConfigError(f"{best_params_file}: {path!r} is not in {params_file}")
-        node[leaf] = value
+        if not _same_value(node[leaf], value):
+            node[leaf] = changed[path] = value
     text = StringIO()
     editor.dump(document, text)
     try:
@@ -462,4 +470,4 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
         raise ConfigError(f"{best_params_file}: applying it would make {params_file} invalid: {exc}") from None
     with atomic_path(params_file) as tmp:
         tmp.write_text(text.getvalue(), encoding="utf-8")
-    return best
+    return changed

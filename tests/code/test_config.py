@@ -131,6 +131,8 @@ def test_tune_apply_through_the_cli_writes_params_without_loading_them(tmp_path,
     assert main(["--params", str(params_file), "tune", "--apply", str(best)]) in (0, None)
     assert f"{params_file}: mine.k = 7" in capsys.readouterr().out
     assert load_params(params_file).mine.k == 7
+    assert main(["--params", str(params_file), "tune", "--apply", str(best)]) in (0, None)  # again: nothing to change
+    assert f"{params_file}: already holds every value of {best}; left as it was" in capsys.readouterr().out
 
 
 def test_a_key_left_out_of_params_yaml_gets_the_value_params_yaml_ships():

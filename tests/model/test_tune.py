@@ -235,6 +235,10 @@ def test_apply_writes_the_best_values_and_keeps_the_comments(tmp_path):
     params = load_params(params_file)
     assert params.stage_one.temperature == 0.05 and params.mine.k == 7 and params.stage_one.learning_rate == 1e-5
 
+    before = params_file.read_text()
+    best.write_text("stage_one:\n  temperature: 0.05\n  learning_rate: 0.00001\nmine:\n  k: 7\n")  # the same values
+    assert apply_best(best, params_file) == {} and params_file.read_text() == before  # nothing rewritten, nothing said
+
     best.write_text("mine:\n  k: 0\n")  # invalid: k ≥ 1
     with pytest.raises(Exception, match="would make"):
         apply_best(best, params_file)
