@@ -27,8 +27,9 @@ from typing import Iterator
 
 import numpy as np
 import yaml
+from pydantic import ValidationError
 
-from tqc.config import ConfigError, Params, SearchDimension, flatten, unflatten
+from tqc.config import ConfigError, Params, SearchDimension, flatten, problems, unflatten
 from tqc.io import atomic_path, write_json
 from tqc.pipeline import PreparedData, prepare_data, train_chain
 from tqc.tracking import Tracker, nested_run, standalone_run
@@ -247,8 +248,8 @@ def _pruner(params: Params):
     import optuna
 
     settings = params.tune
+    reported = params.stage_one.epochs + params.stage_two.epochs  # the last step a trial reports
     if settings.pruner == "median":
-        reported = params.stage_one.epochs + params.stage_two.epochs  # the last step a trial reports
         if settings.warmup_epochs >= reported:
             # Optuna prunes from step == warmup on: at best at a trial's last epoch, when pruning saves nothing
             # and only marks a trained trial PRUNED
@@ -257,7 +258,7 @@ def _pruner(params: Params):
                         settings.warmup_epochs, reported)
         return optuna.pruners.MedianPruner(n_startup_trials=settings.startup_trials, n_warmup_steps=settings.warmup_epochs)
     if settings.pruner == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=params.stage_one.epochs + params.stage_two.epochs)
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=reported)
     return optuna.pruners.NopPruner()
 
 
@@ -466,8 +467,8 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
     editor.dump(document, text)
     try:
         Params.model_validate(yaml.safe_load(text.getvalue()))
-    except Exception as exc:  # pydantic's ValidationError: refuse before touching params.yaml
-        raise ConfigError(f"{best_params_file}: applying it would make {params_file} invalid: {exc}") from None
+    except ValidationError as exc:  # refuse before touching params.yaml
+        raise ConfigError(f"{best_params_file}: applying it would make {params_file} invalid:\n{problems(exc)}") from None
     with atomic_path(params_file) as tmp:
         tmp.write_text(text.getvalue(), encoding="utf-8")
     return changed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,18 @@ import yaml
 from tests.conftest import CLASSES, NOUNS, tiny_params, write_custom_dataset
 
 REPO = Path(__file__).resolve().parents[2]
+PREFECT = [str(Path(sys.executable).parent / "prefect"), "--no-prompt"]
+
+
+def deploy_from_a_checkout(checkout: Path, env: dict, *deploy: str) -> None:
+    """The README's scale-out commands in `checkout`, given a copy of flows/ and prefect.yaml: the `gpu` process
+    pool, then `prefect deploy` with `deploy`'s arguments. `env` names the server (PREFECT_API_URL) and the
+    checkout the workers run in (TQC_PROJECT_DIR)."""
+    shutil.copytree(REPO / "flows", checkout / "flows")
+    shutil.copy(REPO / "prefect.yaml", checkout)
+    for command in (["work-pool", "create", "gpu", "--type", "process", "--overwrite"], ["deploy", *deploy]):
+        done = subprocess.run(PREFECT + command, cwd=checkout, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.fixture(scope="session")

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import importlib
 import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import yaml
 from prefect import Flow
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
-from tests.flows.conftest import REPO
+from tests.flows.conftest import REPO, deploy_from_a_checkout
 
 
 def deployments() -> dict[str, dict]:
@@ -41,13 +37,8 @@ def test_prefect_deploy_puts_the_nightly_training_and_the_hourly_refresh_on_one_
     from prefect.settings import PREFECT_API_URL
 
     checkout = tmp_path / "checkout"  # a copy: `prefect deploy` must not write into the repository
-    shutil.copytree(REPO / "flows", checkout / "flows")
-    shutil.copy(REPO / "prefect.yaml", checkout)
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "TQC_PROJECT_DIR": str(checkout)}
-    prefect = [str(Path(sys.executable).parent / "prefect"), "--no-prompt"]
-    for command in (["work-pool", "create", "gpu", "--type", "process", "--overwrite"], ["deploy", "--all"]):
-        done = subprocess.run(prefect + command, cwd=checkout, env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stdout + done.stderr
+    deploy_from_a_checkout(checkout, {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(),
+                                      "TQC_PROJECT_DIR": str(checkout)}, "--all")
     assert sorted(p.name for p in checkout.iterdir()) == ["flows", "prefect.yaml"]
 
     with get_client(sync_client=True) as client:

@@ -5,14 +5,11 @@ runs the retrain flow in the checkout that TQC_PROJECT_DIR names (marker `server
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.flows.conftest import REPO, added_rows, drop, unseen_questions
+from tests.flows.conftest import PREFECT, added_rows, deploy_from_a_checkout, drop, unseen_questions
 from tests.servers import create_database, prefect_server
 
 pytestmark = pytest.mark.server
@@ -22,8 +19,6 @@ def test_a_worker_runs_the_retrain_deployment_against_prefect_on_postgresql(post
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    shutil.copytree(REPO / "flows", project / "flows")  # the worker's checkout: the project with prefect.yaml and flows/
-    shutil.copy(REPO / "prefect.yaml", project)
     rows = [(q, "LOC") for q in unseen_questions(project, "LOC", 3)]
     drop(project, "delivery.csv", rows)
 
@@ -31,15 +26,12 @@ def test_a_worker_runs_the_retrain_deployment_against_prefect_on_postgresql(post
     with prefect_server(database, tmp_path) as api_url:
         env = {**os.environ, "PREFECT_API_URL": api_url, "TQC_PROJECT_DIR": str(project),
                "PREFECT_HOME": str(tmp_path / "client-home")}
-        prefect = [str(Path(sys.executable).parent / "prefect"), "--no-prompt"]
-        for command in (["work-pool", "create", "gpu", "--type", "process"], ["deploy", "--name", "retrain-nightly"]):
-            done = subprocess.run(prefect + command, cwd=project, env=env, capture_output=True, text=True)
-            assert done.returncode == 0, done.stdout + done.stderr
+        deploy_from_a_checkout(project, env, "--name", "retrain-nightly")  # the worker's checkout: the project
 
         with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
             deployment = client.read_deployment_by_name("retrain/retrain-nightly")
             run = client.create_flow_run_from_deployment(deployment.id)
-            worker = subprocess.run(prefect + ["worker", "start", "--pool", "gpu", "--run-once"], cwd=tmp_path, env=env,
+            worker = subprocess.run(PREFECT + ["worker", "start", "--pool", "gpu", "--run-once"], cwd=tmp_path, env=env,
                                     capture_output=True, text=True, timeout=600)
             state = client.read_flow_run(run.id).state
 
