@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from tqc.config import ConfigError, Params, SearchDimension, flatten, problems, unflatten
 from tqc.io import atomic_path, write_json
 from tqc.pipeline import PreparedData, prepare_data, train_chain
+from tqc.schema import Catalog
 from tqc.tracking import Tracker, nested_run, standalone_run
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,18 @@ def check_space(params: Params) -> None:
         raise ConfigError("tune.space is empty: nothing to tune")
 
 
+def within_wrong_classes(space: dict[str, SearchDimension], n_classes: int) -> dict[str, SearchDimension]:
+    """The space with mine.k's range cut to the wrong classes there are: mining clips K to C − 1 anyway, so
+    every K above it would train the same model (on TREC-6, 6 of the default 2..12 would be one trial repeated)."""
+    dimension, wrong = space.get("mine.k"), n_classes - 1
+    if dimension is None or dimension.choices is not None or dimension.high <= wrong:
+        return space
+    low = min(dimension.low, wrong)
+    log.info("tune: mine.k searched over %s..%s, not %s..%s: these data have %d classes, so at most %d wrong ones "
+             "to mine", low, wrong, dimension.low, dimension.high, n_classes, wrong)
+    return {**space, "mine.k": dimension.model_copy(update={"low": low, "high": wrong})}
+
+
 class EpochReporter:
     """Reports each epoch to the trial (and MLflow) and raises TrialPruned when the pruner says so."""
 
@@ -147,11 +160,12 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
         enqueue_baseline(study, default_values(settings.space, base))
     study_dir = work_dir / settings.study
     data = data or prepare_data(params, study_dir / f"data-worker-{worker}")
+    space = within_wrong_classes(settings.space, len(Catalog.load(data.directory / "catalog.jsonl").class_ids))
 
     with standalone_run(f"tune {settings.study} worker {worker}", params.tracking,
                         tags={"tqc.kind": "tune", "optuna.study": settings.study}) as parent:
         parent.log_params({"tune": params.tune.model_dump(mode="json"), "data.dataset": params.data.dataset})
-        objective = _objective(params, base, data, study_dir, worker)
+        objective = _objective(params, space, base, data, study_dir, worker)
         study.optimize(objective, n_trials=trials or settings.trials, catch=())
         with reports_lock(out_dir):  # the reports this run logs are the ones it wrote, whole
             result = write_reports(study, params, data, study_dir, out_dir)
@@ -161,8 +175,10 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
 
 
 # Params a study's trials do not depend on: where things are, how they are logged, what runs around them
-# (a trial's objective is stage two's validation macro-F1 before any class-prior shift: no trial runs the prior stage).
-NOT_TUNED_ON = ("data.data_dir", "tracking.", "promote.", "retrain.", "ablate.", "distributed.", "evaluate.", "prior.")
+# (a trial's objective is stage two's validation macro-F1 before any class-prior shift: no trial runs the prior stage,
+# nor trains the NC baseline).
+NOT_TUNED_ON = ("data.data_dir", "tracking.", "promote.", "retrain.", "ablate.", "distributed.", "evaluate.", "prior.",
+                "baseline_nc.")
 
 
 def study_base(params: Params, base: dict) -> dict:
@@ -180,6 +196,8 @@ def check_study_base(study, params: Params, base: dict) -> None:
     if recorded is None:
         study.set_user_attr("base_params", mine)
         return
+    # Keys that fix no study are left out of what older versions recorded too, so their studies stay open
+    recorded = {key: value for key, value in recorded.items() if not key.startswith(NOT_TUNED_ON)}
     differing = sorted(key for key in recorded.keys() | mine.keys() if recorded.get(key) != mine.get(key))
     if differing:
         shown = ", ".join(f"{key}: {recorded.get(key)!r} there, {mine.get(key)!r} here" for key in differing[:5])
@@ -262,11 +280,12 @@ def _pruner(params: Params):
     return optuna.pruners.NopPruner()
 
 
-def _objective(params: Params, base: dict, data: PreparedData, study_dir: Path, worker: int):
+def _objective(params: Params, space: dict[str, SearchDimension], base: dict, data: PreparedData, study_dir: Path,
+               worker: int):
     import optuna
 
     def objective(trial) -> float:
-        overrides = {} if trial.user_attrs.get("baseline") else sample_overrides(trial, params.tune.space, base)
+        overrides = {} if trial.user_attrs.get("baseline") else sample_overrides(trial, space, base)
         trial_params = params.with_overrides(unflatten(overrides))
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}:{worker}")
         trial_dir = study_dir / f"trial-{trial.number:04d}"

@@ -13,13 +13,13 @@ import pytest
 import yaml
 
 from tqc.config import Params, SearchDimension, load_params
-from tqc.tune import EpochReporter, apply_best, default_values, sample_overrides, tune
+from tqc.tune import EpochReporter, apply_best, default_values, sample_overrides, tune, within_wrong_classes
 from tests.conftest import tiny_params, write_custom_dataset
 
 SPACE = {
     "stage_one.temperature": {"low": 0.05, "high": 0.5, "log": True},
     "stage_two.temperature": {"low": 0.05, "high": 0.5},
-    "mine.k": {"low": 1, "high": 2},
+    "mine.k": {"low": 1, "high": 40},  # above the synthetic data's 2 wrong classes: the tuner cuts it to 1..2
     "stage_two.loss": {"choices": ["hinge", "sdml"]},
     "stage_two.margin": {"low": 0.1, "high": 0.9, "when": {"stage_two.loss": "hinge"}},
     "stage_two.smoothing": {"low": 0.05, "high": 0.3, "when": {"stage_two.loss": "sdml"}},
@@ -58,7 +58,7 @@ def test_every_sampled_value_reaches_the_training_run(tmp_path, tiny_model_dir):
         assert one["learning_rate"] == pytest.approx(expected["stage_one.learning_rate"])
         assert two["temperature"] == pytest.approx(expected["stage_two.temperature"])
         assert two["learning_rate"] == pytest.approx(expected["stage_two.learning_rate"])
-        assert mined["k"] == expected["mine.k"]
+        assert mined["k"] == expected["mine.k"]  # so no trial sampled a K that mining clipped
         assert two["loss"] == expected["stage_two.loss"]
         if expected["stage_two.loss"] == "hinge":
             assert two["margin"] == pytest.approx(expected["stage_two.margin"]) and "stage_two.smoothing" not in expected
@@ -122,6 +122,17 @@ def test_integer_or_float_sampling_follows_the_param_not_the_yaml_bounds():
     assert all(isinstance(s["mine.k"], int) and 2 <= s["mine.k"] <= 12 for s in sampled)
     margins = {s["stage_two.margin"] for s in sampled}
     assert all(isinstance(m, float) for m in margins) and len(margins) > 2  # not just {0, 1}
+
+
+def test_mine_k_is_searched_only_up_to_the_wrong_classes_there_are():
+    space = {"mine.k": SearchDimension(low=2, high=12), "stage_two.margin": SearchDimension(low=0.1, high=0.9)}
+    six_classes = within_wrong_classes(space, 6)
+    assert (six_classes["mine.k"].low, six_classes["mine.k"].high) == (2, 5) and six_classes["stage_two.margin"] == space["stage_two.margin"]
+    assert within_wrong_classes(space, 16) == space  # 15 wrong classes: the range fits
+    assert (within_wrong_classes(space, 2)["mine.k"].low, within_wrong_classes(space, 2)["mine.k"].high) == (1, 1)
+    choices = {"mine.k": SearchDimension(choices=[3, 8])}
+    assert within_wrong_classes(choices, 6) == choices  # a list of choices is the user's to keep
+    assert space["mine.k"].high == 12  # the params' own space is left as it is
 
 
 def test_the_reported_baseline_is_the_one_of_the_params_as_they_are_now():
@@ -301,6 +312,11 @@ def test_a_study_refuses_other_base_params_and_requeues_its_baseline_when_the_ba
     check_study_base(study, params, {**base, "data.data_dir": "/elsewhere", "stage_one.temperature": 0.3})  # not fixed params
     # No trial runs the prior stage (the objective is before any shift): its params do not fix a study
     check_study_base(study, params, {**base, "prior.target": "uniform", "prior.weights": [0.0]})
+    # nor trains the NC baseline: a worker that turned it off for a quicker `dvc repro` joins the same study
+    check_study_base(study, params, {**base, "baseline_nc.enabled": not base["baseline_nc.enabled"], "baseline_nc.epochs": 9})
+    older = optuna.create_study(study_name="older", storage=f"sqlite:///{tmp_path / 's.db'}", direction="maximize")
+    older.set_user_attr("base_params", {**study.user_attrs["base_params"], "baseline_nc.enabled": True})  # as recorded before
+    check_study_base(older, params, {**base, "baseline_nc.enabled": False})
     with pytest.raises(ConfigError, match="data.dataset: 'custom' there, 'trec50' here"):
         check_study_base(study, params, {**base, "data.dataset": "trec50"})
 
