@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from tqc.config import AblationGrid, Params
+from tqc.config import AblationGrid, ConfigError, Params, flatten
 from tqc.io import atomic_path, write_json, write_text
 from tqc.metrics import seed_std
 
@@ -141,13 +141,22 @@ def experiment_refs(project: Path) -> dict[str, str]:
     return {parts[4]: "/".join(parts) for parts in ordered}
 
 
+def experiment_overrides(cell: Cell, project: Path) -> dict:
+    """The cell's params for its experiment: this machine's paths, then the cell's own values over them (a grid
+    of its own data sets data.data_dir), each path made absolute so it holds in DVC's copy of the project."""
+    overrides = {**cell.local, **cell.overrides}
+    if "data.data_dir" in cell.overrides:
+        overrides["data.data_dir"] = str((project / cell.overrides["data.data_dir"]).resolve())
+    return overrides
+
+
 def run_cell(cell: Cell, project: Path, force: bool = False) -> bool:
     """`dvc exp run --temp -n NAME -S … evaluate`: the pipeline up to evaluate, promote skipped.
 
     force (--rerun): -f, which replaces an experiment of the same name and reruns every stage.
     """
     command = [sys.executable, "-m", "dvc", "exp", "run", "--temp", *(["-f"] if force else []), "-n", cell.name,
-               *set_arguments({**cell.overrides, **cell.local}), "evaluate"]
+               *set_arguments(experiment_overrides(cell, project)), "evaluate"]
     log.info("ablate: %s (%s, seed %d): %s", cell.name, cell.variant, cell.seed, " ".join(command))
     started = time.perf_counter()
     # dvc.yaml's stages call `tqc`: put this environment's scripts first on PATH even when the venv is not active.
@@ -244,6 +253,15 @@ def matches(cell: Cell, where: dict) -> bool:
     return all(cell.overrides[path] == value for path, value in where.items() if path in cell.overrides)
 
 
+def check_where(where: dict, params: Params, cells: list[Cell]) -> None:
+    """A --where key must be a param: a misspelt one narrows nothing (every cell leaves it at the pipeline's value),
+    and with training on, the whole grid would run."""
+    paths = set(flatten(params.model_dump(mode="json", by_alias=True))) | {path for cell in cells for path in cell.overrides}
+    unknown = sorted(path for path in where if path not in paths)
+    if unknown:
+        raise ConfigError(f"--where {', '.join(unknown)}: no such param (a misspelling would narrow nothing)")
+
+
 def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None = None, variants: list[str] | None = None,
            seeds: list[int] | None = None, run: bool = True, rerun: bool = False, where: dict | None = None) -> list[CellResult]:
     """Run the missing cells of the chosen grids (all by default), then write the report.
@@ -254,15 +272,19 @@ def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None
     chosen = grids or list(params.ablate.grids)
     unknown = [g for g in chosen if g not in params.ablate.grids]
     if unknown:
-        raise ValueError(f"unknown ablation grid(s) {unknown}; params.yaml has {sorted(params.ablate.grids)}")
+        raise ConfigError(f"unknown ablation grid(s) {unknown}; params.yaml has {sorted(params.ablate.grids)}")
     known = {variant for grid in chosen for variant in params.ablate.grids[grid].variants}
     unknown = sorted(set(variants or []) - known)
     if unknown:
-        raise ValueError(f"unknown variant(s) {unknown} in grid(s) {chosen}; they have {sorted(known)}")
+        raise ConfigError(f"unknown variant(s) {unknown} in grid(s) {chosen}; they have {sorted(known)}")
     local = local_overrides(params, project)
-    cells = [cell for grid in chosen
-             for cell in grid_cells(grid, params.ablate.grids[grid], seeds or params.ablate.seeds, params.ablate.budget, local)
+    every_cell = [cell for grid in chosen
+                  for cell in grid_cells(grid, params.ablate.grids[grid], seeds or params.ablate.seeds, params.ablate.budget, local)]
+    check_where(where or {}, params, every_cell)
+    cells = [cell for cell in every_cell
              if (not variants or cell.variant.split(" · ")[0] in variants) and matches(cell, where or {})]
+    if not cells:  # refused before the report is written: an empty table would replace it
+        raise ConfigError(f"no cell of grid(s) {chosen} is left by --variant {variants or 'any'} and --where {where or 'none'}")
     recorded = recorded_cells(out_dir / "ablations.json")
     failed: set[str] = set()
     if run:
@@ -360,7 +382,8 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
                   "| variant | " + " | ".join(FIGURES[f][0] for f in shown) + " | generated rows | seeds |",
                   "|---" * (len(shown) + 3) + "|"]
         for row in grid_rows:
-            generated = row["generated_rows"][0] if row["generated_rows"] else "—"
+            counts = sorted(set(row["generated_rows"]) - {None})  # seeds may draw other splits, so other counts
+            generated = "—" if not counts else str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
             seeds = ", ".join(f"{s}†" if s in row["seeds_recorded"] else str(s) for s in row["seeds_done"])
             seeds += f" (missing {row['seeds_missing']})" if row["seeds_missing"] else ""
             figures = [_cell_text(row[figure]) for figure in shown]

@@ -14,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tqc.config import Seq2SeqParams
+from tqc.model.encoder import unloadable
 
 log = logging.getLogger(__name__)
 
@@ -21,15 +22,14 @@ log = logging.getLogger(__name__)
 class Seq2SeqModel:
     """One seq2seq checkpoint: texts in, one generated text out per input."""
 
-    def __init__(self, name: str, params: Seq2SeqParams, prefix: str = ""):
+    def __init__(self, name: str, params: Seq2SeqParams, prefix: str = "", param: str = "paraphrase_model"):
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(name)
             self.model = AutoModelForSeq2SeqLM.from_pretrained(name).eval()
-        except OSError as exc:
-            where = "folder" if Path(name).is_dir() else "model id"
-            raise OSError(f"augment.seq2seq: could not load the seq2seq {where} {name!r}: {exc}") from None
+        except (OSError, ValueError) as exc:  # ValueError: a folder whose tokenizer files transformers cannot use
+            raise unloadable(f"augment.seq2seq.{param}", name, exc) from None
         self.name, self.params, self.prefix = name, params, prefix
 
     @torch.no_grad()
@@ -56,7 +56,8 @@ class Rewriter:
         if method == "paraphrase":
             self.models = [Seq2SeqModel(params.paraphrase_model, params, params.paraphrase_prefix)]
         elif method == "backtranslate":
-            self.models = [Seq2SeqModel(params.forward_model, params), Seq2SeqModel(params.backward_model, params)]
+            self.models = [Seq2SeqModel(params.forward_model, params, param="forward_model"),
+                           Seq2SeqModel(params.backward_model, params, param="backward_model")]
         else:
             raise ValueError(f"no seq2seq rewriter for {method!r}")
         self.method = method

@@ -6,9 +6,9 @@ import pytest
 
 import json
 
-from tqc.ablate import (Cell, CellResult, _or_recorded, grid_cells, matches, recorded_cells, render_markdown, set_arguments,
+from tqc.ablate import (Cell, CellResult, _or_recorded, experiment_overrides, grid_cells, matches, recorded_cells, render_markdown, set_arguments,
                         summarise)
-from tqc.config import AblationGrid, Params
+from tqc.config import AblationGrid, ConfigError, Params
 
 GRID = AblationGrid(title="Options on long tails", base={"data.dataset": "trec6"},
                     variants={"none": {"augment.rebalance": "none"}, "eda": {"augment.rebalance": "mean", "augment.explicit": "eda"}},
@@ -48,6 +48,17 @@ def test_set_arguments_are_override_values_that_add_missing_keys():
                           "augment.seq2seq.paraphrase_model": "/m/t5"}) == [
         "-S", "++augment.implicit=[]", "-S", "++baseline_nc.enabled=false", "-S", "++data.imbalance_ratio=50",
         "-S", "++augment.seq2seq.paraphrase_model='/m/t5'"]
+
+
+def test_a_cells_own_data_dir_wins_over_this_machines_and_holds_in_dvcs_copy(tmp_path):
+    local = {"data.data_dir": "/work/datasets", "tracking.uri": "sqlite:////work/p/mlflow.db"}
+    own_data = Cell("g", "v", 0, {"data.dataset": "custom", "data.data_dir": "mine/raw", "seed": 0}, local)
+    assert experiment_overrides(own_data, tmp_path) == {"data.data_dir": str((tmp_path / "mine" / "raw").resolve()),
+                                                        "tracking.uri": "sqlite:////work/p/mlflow.db",
+                                                        "data.dataset": "custom", "seed": 0}
+    absolute = Cell("g", "v", 0, {"data.data_dir": "/data/x", "tracking.uri": "http://mlflow:5000"}, local)
+    assert experiment_overrides(absolute, tmp_path) == {"data.data_dir": "/data/x", "tracking.uri": "http://mlflow:5000"}
+    assert experiment_overrides(Cell("g", "v", 0, {"seed": 1}, local), tmp_path) == {**local, "seed": 1}
 
 
 @pytest.mark.parametrize("text", ["/home/josé/a,b/(copy) #1 [x] {y}", "it's", "1e3", "C:\\data\\", "a=b", "",
@@ -105,6 +116,14 @@ def test_a_two_axis_matrix_is_also_laid_out_as_the_paper_does():
     assert "| loss \\ similarity | cosine | mlp |" in table
     assert "| nt_xent | 81.00 ± 1.41 (2) | — |" in table  # mean ± sample std, and how many seeds
     assert "| bpr | — | 70.00 (1) |" in table  # one seed: no spread to show
+
+
+def test_generated_rows_that_differ_between_seeds_show_as_a_range():
+    figures = {"admc_accuracy": 0.9, "admc_macro_f1": 0.8, "ac_accuracy": 0.8, "ac_macro_f1": 0.7, "admc_validation_macro_f1": 0.5}
+    rows = summarise([CellResult(Cell("aug", "eda", seed, {"seed": seed}), "done", figures, count)
+                      for seed, count in ((0, 952), (1, 940), (2, 952))])
+    params = Params.model_validate({"ablate": {"grids": {"aug": GRID.model_dump()}}})
+    assert "| 50.00 ± 0.00 | 940–952 | 0, 1, 2 |" in render_markdown(params, ["aug"], rows)
 
 
 def test_grid_keys_must_be_real_params():
@@ -258,6 +277,22 @@ def test_an_unknown_variant_is_refused(tmp_path):
     params = Params.model_validate({"ablate": {"grids": {"aug": GRID.model_dump()}}, "tracking": {"enabled": False}})
     with pytest.raises(ValueError, match="unknown variant.*oversampel"):
         ablate_module.ablate(params, tmp_path, tmp_path, variants=["oversampel"], run=False)
+
+
+def test_a_misspelt_where_key_or_a_selection_of_no_cell_is_refused_before_the_report_is_written(tmp_path, monkeypatch):
+    from tqc import ablate as ablate_module
+
+    monkeypatch.setattr(ablate_module, "experiment_refs", lambda project: {})
+
+    params = Params.model_validate({"ablate": {"grids": {"aug": GRID.model_dump()}}, "tracking": {"enabled": False}})
+    with pytest.raises(ConfigError, match="--where augment.rebalanse: no such param"):
+        ablate_module.ablate(params, tmp_path, tmp_path, where={"augment.rebalanse": "mean"}, run=False)
+    with pytest.raises(ConfigError, match="no cell of grid"):
+        ablate_module.ablate(params, tmp_path, tmp_path, where={"data.imbalance_ratio": 7}, run=False)
+    assert not (tmp_path / "ablations.md").exists()
+    # a real param that no cell sets narrows nothing, as documented: every cell stays
+    kept = ablate_module.ablate(params, tmp_path, tmp_path, where={"stage_two.loss": "bpr"}, run=False)
+    assert len(kept) == len(grid_cells("aug", GRID, params.ablate.seeds, {}, {}))
 
 
 def test_a_matrix_axis_of_lists_pivots(tmp_path):

@@ -156,3 +156,16 @@ def test_offline_rows_are_checked_like_a_split_and_never_equal_a_held_out_questi
     assert reasons == {2: ["no_leakage"], 3: ["no_leakage"], 4: ["label_in_catalog"]}
     (kept,) = read_jsonl(tmp_path / "out" / "generated.jsonl")
     assert kept["text"] == "good one rewritten" and kept["origins"] == ["train.csv:1"]
+
+
+def test_a_generated_row_that_is_another_classs_training_question_is_quarantined_and_the_training_row_kept(tmp_path):
+    write_splits(tmp_path / "in", [("what is x", "a"), ("who is y", "b"), ("what is z", "a")], [("fine", "a")], [("held out", "b")])
+    save_questions(tmp_path / "in" / "generated.jsonl", [
+        LabeledQuestion("What is  X", "b", "aug.csv:1", origins=("train.csv:2",)),   # a's training question, labelled b
+        LabeledQuestion("who is Y", "b", "aug.csv:2", origins=("train.csv:2",)),     # its own class's question: kept
+        LabeledQuestion("what was z", "a", "aug.csv:3", origins=("train.csv:3",))])
+    run_validate(tmp_path)
+    quarantined = read_jsonl(tmp_path / "quarantine.jsonl")
+    assert [(q["file"], q["line"], q["expectations"]) for q in quarantined] == [("aug.csv", 1, ["no_label_conflicts"])]
+    assert [q["text"] for q in read_jsonl(tmp_path / "out" / "generated.jsonl")] == ["who is Y", "what was z"]
+    assert len(read_jsonl(tmp_path / "out" / "train.jsonl")) == 3

@@ -107,9 +107,21 @@ def test_local_folders_resolve_to_themselves_and_the_packaged_id_to_the_package(
     assert resolve_pretrained("some-org/some-model") == "some-org/some-model"
 
 
-def test_an_unloadable_encoder_is_a_clear_error(tmp_path):
-    with pytest.raises(OSError, match="could not load encoder"):
-        TextEncoder.from_pretrained(str(tmp_path / "missing-and-not-a-hub-id" / "x"))
+def test_an_unloadable_encoder_says_which_param_and_why_in_one_line(tmp_path):
+    from tqc.config import ConfigError
+
+    (tmp_path / "not-a-model").mkdir()
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    for name, why in ((str(tmp_path / "missing" / "x"), "the folder '.*missing/x' does not exist"),
+                      (str(tmp_path / "not-a-model"), "the folder '.*not-a-model' holds no config.json"),
+                      (str(tmp_path / "broken"), "the folder '.*broken' holds no model that loads"),
+                      (str(tmp_path / "weights.bin"), "'.*weights.bin' is a file; give the model's folder"),
+                      ("some-org-that-is-not-cached/model", "'some-org-that-is-not-cached/model' is no local folder, .* neither cached here nor reachable")):
+        with pytest.raises(ConfigError, match=f"^model.pretrained: {why}") as raised:
+            TextEncoder.from_pretrained(name)
+        assert "\n" not in str(raised.value)
 
 
 def test_stage_one_learns_the_synthetic_classes(tiny_model_dir):

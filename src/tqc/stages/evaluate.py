@@ -110,10 +110,10 @@ def run(data_dir: Path, train_path: Path, models: ChainOutputs, prior_path: Path
     _write_confusion(plots_dir / "confusion.csv", test_scores["admc"], splits["test"], catalog)
     # Figure 3 shows similarities: the scores before any class-prior shift
     _write_similarity_profile(plots_dir, evaluated["raw_scores"]["test"], splits["test"], catalog, params)
-    nc_macro_f1 = metrics["nc"]["test"]["macro_f1"] if metrics["nc"] else float("nan")  # NC may be disabled
-    log.info("evaluate: test accuracy %.4f macro-F1 %.4f (AC %.4f, NC %.4f, zero-shot %.4f); wrote %s, %s, %s (%.1fs)",
+    nc = f"{metrics['nc']['test']['macro_f1']:.4f}" if metrics["nc"] else "not trained"  # baseline_nc.enabled: false
+    log.info("evaluate: test accuracy %.4f macro-F1 %.4f (AC %.4f, NC %s, zero-shot %.4f); wrote %s, %s, %s (%.1fs)",
              metrics["test"]["accuracy"], metrics["test"]["macro_f1"], metrics["stage_one"]["test"]["macro_f1"],
-             nc_macro_f1, metrics["zero_shot"]["test"]["macro_f1"], metrics_path, classes_path, plots_dir,
+             nc, metrics["zero_shot"]["test"]["macro_f1"], metrics_path, classes_path, plots_dir,
              time.perf_counter() - started)
     log.info("evaluate: %s", rule_on_validation(metrics))
     return metrics

@@ -61,6 +61,9 @@ def annotate(splits: dict[str, list[LabeledQuestion]]) -> dict[str, pd.DataFrame
         frame = pd.DataFrame([{c: getattr(q, c) for c in COLUMNS} for q in rows], columns=COLUMNS)
         keys = normalised[split]
         labels_per_text: dict[str, set[str]] = {}
+        if split == GENERATED:  # a made row that is another class's training question would teach it both labels
+            for key, q in zip(normalised["train"], splits["train"]):
+                labels_per_text.setdefault(key, set()).add(q.class_id)
         for key, q in zip(keys, rows):
             labels_per_text.setdefault(key, set()).add(q.class_id)
         seen: set[str] = set()
