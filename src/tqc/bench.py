@@ -62,12 +62,11 @@ def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("d
     return report
 
 
-def validate_stage(params_path: Path, dataset: str) -> dict:
+def validate_stage(params: Params, dataset: str) -> dict:
     """Wall-clock seconds the validate stage adds to `dvc repro` (process start included) on `dataset`."""
-    from tqc.config import load_params
     from tqc.stages import ingest
 
-    params = load_params(params_path, {"data": {"dataset": dataset}})
+    params = params.with_overrides({"data": {"dataset": dataset}})
     with tempfile.TemporaryDirectory(prefix="tqc-bench-") as work:
         work = Path(work)
         (work / "params.yaml").write_text(yaml.safe_dump(params.to_dict()))

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--dest", type=Path, required=True)
     fetch.add_argument("--verify-only", action="store_true", help="check the files already in --dest; no network")
     tune = commands.add_parser("tune", help="Optuna search on validation macro-F1 (tune section of params.yaml)")
-    tune.add_argument("--trials", type=int, help="trials for this worker (default tune.trials)")
+    tune.add_argument("--trials", type=at_least_one, help="trials for this worker (default tune.trials)")
     tune.add_argument("--worker", type=int, default=0, help="this worker's index: its sampler seed is tune.seed + index")
     tune.add_argument("--out", type=Path, default=Path("reports/tuning"))
     tune.add_argument("--work", type=Path, default=Path("tuning"), help="trial folders and prepared data")
@@ -95,9 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument("what", choices=["epochs", "validate"], help="epochs: seconds per epoch, stage one vs stage two "
                        "at the same batch size; validate: seconds the validate stage adds on --dataset")
-    bench.add_argument("--steps", type=int, default=20)
-    bench.add_argument("--batch-size", type=int, default=32)
-    bench.add_argument("--dataset", default="trec50")
+    bench.add_argument("--steps", type=at_least_one, default=20,
+                       help="epochs: timed steps per stage, after 3 untimed warm-up steps (default 20)")
+    bench.add_argument("--batch-size", type=at_least_one, default=32, help="epochs: both stages' batch size (default 32)")
+    bench.add_argument("--dataset", default="trec50", help="validate: the dataset to validate (default trec50)")
     bench.add_argument("--data", type=Path, default=Path("data/validated"), help="epochs: validated data folder")
     bench.add_argument("--train", type=Path, default=Path("data/augmented/train.jsonl"), help="epochs: training rows")
     return parser
@@ -279,7 +280,7 @@ def _bench(args: argparse.Namespace, params: Params) -> None:
     if args.what == "epochs":
         bench.epochs(params, args.steps, args.batch_size, args.data, args.train)
     else:
-        bench.validate_stage(args.params, args.dataset)
+        bench.validate_stage(params, args.dataset)
 
 
 def _predict(args: argparse.Namespace) -> None:
@@ -383,13 +384,36 @@ def parse_overrides(items: list[str]) -> dict:
 
     from tqc.config import unflatten
 
-    flat = {}
+    flat, space = {}, {}
     for item in items:
         key, sep, value = item.partition("=")
+        key = key.strip()
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set stage_one.epochs=5")
-        flat[key.strip()] = yaml.safe_load(value)
-    return unflatten(flat)
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: the value is not YAML ({' '.join(str(exc).split())})") from None
+        # tune.space's own keys are dotted param paths: tune.space.stage_two.loss={choices: [...]} is one dimension
+        if key.startswith(SPACE_PREFIX) and key != SPACE_PREFIX:
+            space[key.removeprefix(SPACE_PREFIX)] = parsed
+        else:
+            flat[key] = parsed
+    overrides = unflatten(flat)
+    if space:
+        overrides.setdefault("tune", {}).setdefault("space", {}).update(space)
+    return overrides
+
+
+SPACE_PREFIX = "tune.space."
+
+
+def at_least_one(text: str) -> int:
+    """argparse type for counts: 0 would mean 'no cap' or 'the default' further down, never what was asked."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return value
 
 
 # Commands that need no params.yaml: predict reads a model folder and a catalog, fetch the network

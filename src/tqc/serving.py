@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 from pathlib import Path
 
 import mlflow.pyfunc
@@ -64,6 +65,9 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         import torch
 
+        asked_k = (params or {}).get("top_k", self.default_top_k)
+        if isinstance(asked_k, bool) or not isinstance(asked_k, numbers.Integral) or asked_k < 1:  # before any encoding
+            raise ValueError(f"params top_k must be a whole number of at least 1, not {asked_k!r}")
         questions = _questions(model_input)
         with torch.no_grad():
             asked = self.model.question.encode(questions)  # (N, D)
@@ -72,7 +76,7 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
             else:  # classes without an exemplar score −inf: they are left out of the ranking below
                 scores = torch.as_tensor(self.exemplars.scores(asked), dtype=torch.float32)  # (N, P)
         answerable = len(self.catalog) if self.exemplars is None else self.exemplars.answerable
-        top_k = min(int((params or {}).get("top_k", self.default_top_k)), answerable)
+        top_k = min(int(asked_k), answerable)
         values, indices = scores.topk(top_k, dim=1)  # (N, k)
         rows = [
             (question, rank + 1, self.catalog.class_ids[i], self.catalog.texts[i], float(v))

@@ -20,6 +20,7 @@ import os
 import shutil
 import socket
 import tempfile
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,7 +167,7 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
                         tags={"tqc.kind": "tune", "optuna.study": settings.study}) as parent:
         parent.log_params({"tune": params.tune.model_dump(mode="json"), "data.dataset": params.data.dataset})
         objective = _objective(params, space, base, data, study_dir, worker)
-        study.optimize(objective, n_trials=trials or settings.trials, catch=())
+        study.optimize(objective, n_trials=settings.trials if trials is None else trials, catch=())
         with reports_lock(out_dir):  # the reports this run logs are the ones it wrote, whole
             result = write_reports(study, params, data, study_dir, out_dir)
             parent.log_metrics({"best_validation_macro_f1": result.summary["best"]["validation_macro_f1"]})
@@ -230,10 +231,18 @@ def check_study_space(study, params: Params, base: dict) -> None:
 def enqueue_baseline(study, base_values: dict) -> None:
     """Trial 0 of these params: it samples nothing (its values may lie outside the space) and runs the base
     params. Enqueued again whenever the searched params' base values change (e.g. after `tune --apply`)."""
-    for trial in study.get_trials(deepcopy=False):  # every state: a waiting or failed baseline counts too
-        if trial.user_attrs.get("baseline") and trial.user_attrs.get("base_values") == base_values:
+    import optuna
+
+    # A waiting, running or finished baseline counts; a failed one (interrupted with Ctrl-C, or a killed worker's,
+    # failed by the heartbeat check) is queued again, or the study would have no baseline to beat.
+    for trial in study.get_trials(deepcopy=False):
+        if (trial.user_attrs.get("baseline") and trial.user_attrs.get("base_values") == base_values
+                and trial.state != optuna.trial.TrialState.FAIL):
             return
     study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": base_values})
+
+
+HEARTBEAT_SECONDS, GRACE_SECONDS = 60, 240  # a running trial says it is alive every minute; 4 silent minutes fail it
 
 
 def _open_study(params: Params, worker: int, attempts: int = 5):
@@ -247,13 +256,22 @@ def _open_study(params: Params, worker: int, attempts: int = 5):
     settings = params.tune
     for attempt in range(attempts):
         try:
-            study = optuna.create_study(study_name=settings.study, storage=settings.storage, direction="maximize",
+            # Heartbeats: a trial whose worker was killed (no Ctrl-C to mark it) is failed once it has been silent
+            # for the grace period, instead of staying RUNNING for ever
+            with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9: said once here, not per run
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                storage = optuna.storages.RDBStorage(settings.storage, heartbeat_interval=HEARTBEAT_SECONDS,
+                                                     grace_period=GRACE_SECONDS)
+            study = optuna.create_study(study_name=settings.study, storage=storage, direction="maximize",
                                         load_if_exists=True, pruner=_pruner(params))
             break
         except SQLAlchemyError:
             if attempt == attempts - 1:
                 raise
             time.sleep(1.0 + worker)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)  # before the baseline is looked for: a killed one is queued again
     # Seeded by this worker index's own earlier trials too: one that comes back to a study (a second `tqc tune`)
     # would otherwise replay its earlier random draws, trial for trial. Only its own, so that workers starting
     # together on a new study seed as seed + worker whatever order they open it in.
@@ -469,7 +487,14 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
     (a value equal to the current one, `0.0001` for `1.0e-4` say, is left as written)."""
     from io import StringIO
 
-    best = flatten(yaml.safe_load(best_params_file.read_text(encoding="utf-8")) or {})
+    try:
+        best = yaml.safe_load(best_params_file.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{best_params_file}: not YAML ({' '.join(str(exc).split())})") from None
+    if not isinstance(best, dict):
+        raise ConfigError(f"{best_params_file}: expected params.yaml's layout (section: {{key: value}}), "
+                          f"not a {type(best).__name__}")
+    best = flatten(best)
     editor = _layout_keeping_yaml()
     document = editor.load(params_file.read_text(encoding="utf-8"))
     changed = {}

@@ -78,6 +78,22 @@ def test_set_overrides_are_read_as_yaml_values():
         "stage_one": {"epochs": 5}, "data": {"dataset": "trec50"}, "augment": {"implicit": ["dropout"]}}
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_overrides(["stage_one.epochs"])
+    with pytest.raises(ConfigError, match=r"--set 'stage_one.epochs=\[1': the value is not YAML"):
+        parse_overrides(["stage_one.epochs=[1"])  # was PyYAML's traceback
+    # a search dimension's name is itself a dotted param path: one key under tune.space, merged into the shipped space
+    dimension = parse_overrides(["tune.space.stage_two.loss={choices: [nt_xent, bpr]}", "tune.trials=3"])
+    assert dimension == {"tune": {"trials": 3, "space": {"stage_two.loss": {"choices": ["nt_xent", "bpr"]}}}}
+    params = load_params("params.yaml", dimension)
+    assert params.tune.space["stage_two.loss"].choices == ["nt_xent", "bpr"] and "mine.k" in params.tune.space
+
+
+def test_counts_on_the_command_line_are_at_least_one(capsys):
+    from tqc.cli import main
+
+    for argv in (["tune", "--trials", "0"], ["bench", "epochs", "--steps", "0"], ["bench", "epochs", "--batch-size", "-1"]):
+        with pytest.raises(SystemExit) as exited:  # argparse's usage error, before any params are read or work starts
+            main(argv)
+        assert exited.value.code == 2 and "must be at least 1" in capsys.readouterr().err
 
 
 def test_the_tuner_refuses_knobs_the_augment_stage_reads():

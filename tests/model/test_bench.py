@@ -35,3 +35,12 @@ def test_both_stages_are_timed_after_untimed_warm_up_steps(tiny_model_dir, tmp_p
     assert report["stage_two_over_stage_one"] == pytest.approx(
         report["stage_two_seconds_per_epoch"] / report["stage_one_seconds_per_epoch"])
     assert "stage_two_over_stage_one:" in capsys.readouterr().out
+
+
+def test_the_validate_benchmark_reads_the_params_it_is_given_with_their_overrides(tmp_path):
+    from tqc.config import load_params
+    from tqc.readers import ReaderError
+
+    elsewhere = load_params("params.yaml", {"data": {"data_dir": str(tmp_path / "nowhere")}})  # as --set gives them
+    with pytest.raises(ReaderError, match="nowhere/trec/train_5500.label: file not found"):  # before: params.yaml read again, so the shipped data timed
+        bench.validate_stage(elsewhere, "trec6")

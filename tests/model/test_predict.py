@@ -145,6 +145,22 @@ def test_a_model_registered_before_its_config_named_the_prior_entry_serves_admcs
     assert matcher.predict(None, ["who wrote it"])["class_id"].tolist() == ["num"]
 
 
+def test_the_served_model_refuses_a_top_k_below_one_or_not_whole(tiny_model_dir, tmp_path):
+    from types import SimpleNamespace
+
+    from tqc.serving import StandardQuestionMatcher
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "stage_two")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    matcher = StandardQuestionMatcher()
+    matcher.load_context(SimpleNamespace(artifacts={"model": str(tmp_path / "stage_two"), "catalog": str(tmp_path / "catalog.jsonl")},
+                                         model_config={"top_k": 1}))
+    for bad in (0, -1, 2.5, True, "2"):  # -1 was torch's "index k out of range", 0 an empty answer
+        with pytest.raises(ValueError, match="top_k must be a whole number of at least 1"):
+            matcher.predict(None, ["who wrote it"], {"top_k": bad})
+    assert len(matcher.predict(None, ["who wrote it"], {"top_k": np.int64(2)})) == 2  # MLflow may pass numpy ints
+
+
 def test_predict_with_exemplars_ranks_as_evaluate_scores_the_exemplar_rule(tiny_model_dir, tmp_path, capsys):
     from tqc.exemplars import exemplar_scorer
     from tqc.schema import LabeledQuestion, save_questions

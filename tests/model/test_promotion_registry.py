@@ -2,6 +2,7 @@
 team shares one), with tiny models."""
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -94,6 +95,14 @@ def test_promote_without_tracking_says_so(data_dir, tmp_path):
 
     report = promote.run(data_dir, tmp_path / "unused", None, PromoteParams(), tmp_path / "promotion.json", Tracker(None))
     assert not report["promoted"] and "tracking is disabled" in report["reasons"][0]
+    assert {"model_name", "alias", "challenger_version", "rule", "champion_version_after"} <= report.keys()  # the usual layout
+
+
+def test_the_promote_stage_reruns_when_tracking_changes():
+    import yaml
+
+    stages = yaml.safe_load((Path(__file__).resolve().parents[2] / "dvc.yaml").read_text())["stages"]
+    assert "tracking" in stages["promote"]["params"]  # turned back on, or another registry: promote again
 
 
 def test_the_registry_serves_the_model_with_the_class_prior_shift_fitted_for_it(tiny_model_dir, data_dir, tmp_path, registry):

@@ -380,3 +380,31 @@ def test_a_worker_that_comes_back_to_a_study_draws_anew_and_a_new_study_draws_as
     worker_1 = draw(_open_study(fresh, worker=1), 1)  # opened after worker 0's trial: its draw is still seed + 1
     alone = params.with_overrides({"tune": {"study": "alone", "storage": f"sqlite:///{tmp_path / 'third.db'}"}})
     assert draw(_open_study(alone, worker=1), 1) == worker_1
+
+
+def test_a_baseline_that_failed_or_whose_worker_was_killed_is_queued_again(tmp_path, monkeypatch):
+    import time
+
+    from tqc import tune as tune_module
+    from tqc.tune import _open_study, enqueue_baseline
+
+    params = Params().with_overrides({"tune": {"study": "killed", "storage": f"sqlite:///{tmp_path / 'optuna.db'}"}})
+    study = _open_study(params, worker=0)
+    values = {"stage_one.temperature": 0.1}
+    enqueue_baseline(study, values)
+    interrupted = study.ask()  # the baseline: Ctrl-C in its first epoch marks it FAIL
+    study.tell(interrupted, state=optuna.trial.TrialState.FAIL)
+    enqueue_baseline(study, values)
+    killed = study.ask()  # queued again; this time its worker is killed: it stays RUNNING, its heartbeat stops
+    study._storage.record_heartbeat(killed._trial_id)  # as optimize's heartbeat thread does
+    assert killed.user_attrs["baseline"] and killed.number == 1
+    enqueue_baseline(study, values)
+    assert len(study.get_trials()) == 2  # a running baseline counts: no second one while it may still be alive
+
+    monkeypatch.setattr(tune_module, "GRACE_SECONDS", 1)
+    time.sleep(2)  # silent for longer than the grace period
+    study = _open_study(params, worker=0)  # a worker that comes back fails the silent trial
+    assert study.get_trials()[1].state == optuna.trial.TrialState.FAIL
+    enqueue_baseline(study, values)
+    waiting = study.get_trials()[-1]
+    assert len(study.get_trials()) == 3 and waiting.state == optuna.trial.TrialState.WAITING and waiting.user_attrs["baseline"]

@@ -32,7 +32,11 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     With `params.rule` exemplars the version serves the exemplar rule instead: the validated training rows
     (`data_dir`/train.jsonl, what evaluate scored it with) and `exemplar_k` (evaluate's), and no shift."""
     if not tracker.active:
-        report = {"promoted": False, "reasons": ["tracking is disabled (tracking.enabled: false): no registry to promote in"]}
+        # promotion.json's usual keys, nothing registered: a reviewer's diff shows what changed, not a new layout
+        report = {"model_name": params.model_name, "alias": params.alias, "challenger_version": None, "rule": params.rule,
+                  "challenger_registered_before": False, "champion_version_before": None, "champion_version_after": None,
+                  "promoted": False,
+                  "reasons": ["tracking is disabled (tracking.enabled: false): no registry to promote in"]}
         write_json(report_path, report)
         log.warning("promote: %s", report["reasons"][0])
         return report
