@@ -114,6 +114,12 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
 
     command = distributed.relaunch_command(params.distributed.nproc_per_node, args.argv)
     if command is not None:
+        # What would fail in every process, said once here: under torchrun it comes back as its traceback
+        distributed.check_backend(params.distributed.backend)
+        for name in ("data", "train", "negatives", "model"):
+            path = getattr(args, name, None)
+            if path is not None and not Path(path).exists():
+                raise FileNotFoundError(f"--{name} {path}: no such file or folder")
         logging.getLogger(__name__).info("distributed: launching %s", " ".join(command))
         raise SystemExit(subprocess.call(command))
     distributed.setup(params.distributed.backend)

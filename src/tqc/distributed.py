@@ -58,6 +58,17 @@ def active() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def check_backend(backend: str) -> None:
+    """NCCL needs CUDA: said in one line before any process starts, not as each rank's traceback."""
+    import torch
+
+    if backend == "nccl" and not torch.cuda.is_available():
+        from tqc.config import ConfigError
+
+        raise ConfigError("distributed.backend is 'nccl', which needs a CUDA device, and this machine has none: "
+                          "use auto (nccl on GPUs, gloo otherwise) or gloo")
+
+
 def setup(backend: str = "auto") -> None:
     """Join the process group torchrun described (no-op for one process or when joined already)."""
     import torch
@@ -65,6 +76,7 @@ def setup(backend: str = "auto") -> None:
 
     if world_size() <= 1 or dist.is_initialized():
         return
+    check_backend(backend)
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(local_rank())

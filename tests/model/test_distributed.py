@@ -150,3 +150,21 @@ def test_the_readmes_multi_node_command_trains_as_one_job_of_two_nodes(tiny_mode
     assert sum("distributed: 2 processes, backend gloo" in log for log in logs) == 1  # logged by global rank 0 only
     assert (project / "models/stage_one/tqc_model.json").exists()
     assert len((project / "history.csv").read_text().splitlines()) >= 2
+
+
+def test_what_would_fail_in_every_process_is_one_line_before_torchrun_starts(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    import pytest
+
+    from tqc import cli
+
+    write_custom_dataset(tmp_path / "raw")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params(tmp_path / "raw", tiny_model_dir)))
+    monkeypatch.setattr(cli.subprocess, "call", lambda command: pytest.fail(f"torchrun started: {command}"))
+    stage_one = ["--params", str(tmp_path / "params.yaml"), "--set", "distributed.nproc_per_node=2", "stage-one",
+                 "--train", str(tmp_path / "nope.jsonl"), "--data", str(tmp_path), "--out", str(tmp_path / "m"),
+                 "--history", str(tmp_path / "h.csv")]
+    assert cli.main(stage_one) == 2  # was torchrun's 48-line ChildFailedError around the one line below
+    assert f"--train {tmp_path / 'nope.jsonl'}: no such file or folder" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert cli.main(stage_one[:4] + ["--set", "distributed.backend=nccl"] + stage_one[4:]) == 2
+        assert "distributed.backend is 'nccl', which needs a CUDA device" in capsys.readouterr().err
