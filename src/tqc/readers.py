@@ -477,6 +477,9 @@ def read_validation(params: DataParams) -> ReadResult | None:
     if resolved == train_path.resolve():
         raise ReaderError(f"data.validation_file {path} is the training split ({train_path}): validation must be "
                           "questions the model is not trained on; name another file, or unset it to carve one from train")
+    if not path.is_file():  # named here: the reader's own "file not found" would not say which param, nor that
+        raise ReaderError(f"data.validation_file {params.validation_file!r}: no file {path} (the path is relative to "
+                          f"data.data_dir, {params.data_dir})")
     return require_rows(_dataset_reader(params)(path), path)
 
 

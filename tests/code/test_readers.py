@@ -444,3 +444,14 @@ def test_a_catalog_row_without_text_or_with_another_class_text_is_an_error_namin
     assert read_catalog_file(again, taken={"where is it?": "A"}).class_ids == ["A", "C"]  # A keeps its own text
     with pytest.raises(ReaderError, match=r"again.csv, line 3: .*class 'C' has the standard question of class 'Z'"):
         read_catalog_file(again, taken={"who is it?": "Z"})  # a class already in the catalog has C's text
+
+
+def test_a_validation_file_that_is_not_there_names_the_param_and_where_it_was_looked_for(tmp_path):
+    from tqc.stages import ingest
+
+    write(tmp_path, "train.csv", b"text,label\na one,a\na two,a\na four,a\n")
+    write(tmp_path, "test.csv", b"text,label\na three,a\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None, validation_file="dev.csv",
+                        custom={"train": "train.csv", "test": "test.csv"})
+    with pytest.raises(ReaderError, match=r"^data.validation_file 'dev.csv': no file .*dev.csv \(the path is relative to data.data_dir"):
+        ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
