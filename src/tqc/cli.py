@@ -116,9 +116,9 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
     if command is not None:
         # What would fail in every process, said once here: under torchrun it comes back as its traceback
         distributed.check_backend(params.distributed.backend)
-        for name in ("data", "train", "negatives", "model"):
-            path = getattr(args, name, None)
-            if path is not None and not Path(path).exists():
+        for name in WITH_PARAMS[args.command].inputs:  # the stage's own input arguments (_training_stage)
+            path = getattr(args, name)
+            if not Path(path).exists():
                 raise FileNotFoundError(f"--{name} {path}: no such file or folder")
         logging.getLogger(__name__).info("distributed: launching %s", " ".join(command))
         raise SystemExit(subprocess.call(command))
@@ -184,12 +184,13 @@ def _augment(args: argparse.Namespace, params: Params) -> None:
     augment.run(args.train, params.augment, params.seed, args.out, args.report, args.generated)
 
 
-def _training_stage(stage: str, deps: list[Path], train: Callable) -> Callable:
+def _training_stage(stage: str, deps: list[str], train: Callable) -> Callable:
     """A training command: `train(args, params, on_epoch)` in a tracked run, its fit and curves logged."""
     def command(args: argparse.Namespace, params: Params) -> None:
         with stage_run(stage, params, [getattr(args, name) for name in deps]) as tracker:
             result = train(args, params, tracker.on_epoch(stage))
             _log_fit(tracker, stage, result, args.history)
+    command.inputs = deps  # checked before a torchrun relaunch, where a missing one would fail in every process
     return command
 
 
