@@ -310,6 +310,24 @@ def test_a_validation_file_is_the_validation_split_whole_and_train_trains_whole(
     assert "dev.csv" in quarantined and '"line": 3' in quarantined  # the bad row is quarantined, not lost
 
 
+def test_rows_left_out_by_the_imbalance_ratio_are_counted_in_the_report(tmp_path):
+    """The long tail drops rows on purpose; the report says how many, and what each class kept."""
+    from tqc.stages import ingest
+
+    rows = b"".join(b"a%d,a\n" % i for i in range(40)) + b"".join(b"b%d,b\n" % i for i in range(20))
+    write(tmp_path, "train.csv", b"text,label\n" + rows)
+    write(tmp_path, "test.csv", b"text,label\nheld out,a\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None, imbalance_ratio=10,
+                        custom={"train": "train.csv", "test": "test.csv"})
+    report = ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
+    assert report["imbalance"] == {"ratio": 10, "train_rows_left_out": 16, "per_class": {"a": 40, "b": 4}}
+    assert report["read"]["train"] - report["imbalance"]["train_rows_left_out"] == sum(
+        report["rows"][split] for split in ("train", "validation"))  # every read row is kept or counted
+    balanced = ingest.run(params.model_copy(update={"imbalance_ratio": None}), 0, tmp_path / "out2",
+                          tmp_path / "q2.jsonl", tmp_path / "r2.json")
+    assert "imbalance" not in balanced
+
+
 def test_ingest_replaces_its_output_folder_whole_or_not_at_all(tmp_path, monkeypatch):
     """A failure while writing (a full disk, say) leaves the last run's folder as it was: never new
     train and validation files beside an old test file."""

@@ -68,6 +68,14 @@ def long_tail(questions: list[LabeledQuestion], ratio: float, seed: int) -> list
     return kept
 
 
+def _class_counts(questions: list[LabeledQuestion]) -> dict[str, int]:
+    """Rows per class, largest first (then id): the long tail reads top to bottom."""
+    counts: dict[str, int] = defaultdict(int)
+    for question in questions:
+        counts[question.class_id] += 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
 def stable_split(questions: list[LabeledQuestion], fraction: float, seed: int) -> tuple[list, list]:
     """Each added question's split is a hash of its text: it never changes as more data arrives,
     so a champion is never judged on validation questions it was trained on."""
@@ -178,6 +186,7 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
     splits = read_dataset(params)
     added, added_classes = read_additions(Path(params.additions) if params.additions else None)
     official_train = long_tail(splits.train.rows, params.imbalance_ratio, seed) if params.imbalance_ratio else splits.train.rows
+    left_out = len(splits.train.rows) - len(official_train)  # by data.imbalance_ratio, on purpose: counted, not quarantined
     train, validation, validation_rejected = validation_split(params, official_train, seed)
     # The validation file's questions are candidate origins too, so a row made from one is never trained on (usable_generated)
     held_out = validation if params.validation_file else []
@@ -210,6 +219,8 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
                  **({"validation": len(held_out) + len(validation_rejected)} if params.validation_file else {})},
         "rows": {"train": len(train), "validation": len(validation), "test": len(splits.test.rows)},
         "validation_from": params.validation_file or f"train ({params.validation_fraction:g})",
+        **({"imbalance": {"ratio": params.imbalance_ratio, "train_rows_left_out": left_out,
+                          "per_class": _class_counts(official_train)}} if params.imbalance_ratio else {}),
         "quarantined": len(rejected),
         **({"generated": _generated_report(generated, generated_read, train)} if params.generated.path else {}),
         "seconds": round(time.perf_counter() - started, 2),
@@ -220,6 +231,9 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
         params.dataset, report["classes"], len(train), len(validation), len(splits.test.rows),
         len(rejected), quarantine_path, out_dir, report["seconds"],
     )
+    if params.imbalance_ratio:
+        log.info("ingest: data.imbalance_ratio %g left out %d of %d official training rows; kept per class: %s",
+                 params.imbalance_ratio, left_out, len(splits.train.rows), report["imbalance"]["per_class"])
     if params.generated.path:
         log.info("ingest: generated rows (%s): %s", params.generated.path,
                  ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in report["generated"].items()))
