@@ -442,7 +442,8 @@ def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | 
                          f"{promotion['challenger_tail_macro_f1']:.4f} | "
                          f"{promotion['challenger_tail_macro_f1'] - promotion['champion_tail_macro_f1']:+.4f} |")
         else:
-            lines.append(f"| accuracy | (none) | {challenger:.4f} | |")
+            absent = "(none)" if promotion.get("champion_version_before") is None else "(not comparable)"
+            lines.append(f"| accuracy | {absent} | {challenger:.4f} | |")
         lines += ["", f"**{'Promoted' if promotion['promoted'] else 'Not promoted'}**: "
                   f"version {promotion['challenger_version']}; champion is now version {promotion['champion_version_after']}.", ""]
         lines += [f"- {reason}" for reason in promotion["reasons"]]

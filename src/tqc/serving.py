@@ -226,17 +226,30 @@ def folder_digest(folder: Path) -> dict[str, str]:
     return {str(f.relative_to(folder)): file_digest(f, "sha256") for f in sorted(folder.rglob("*")) if f.is_file()}
 
 
+def served_files_digest(model_dir: Path) -> dict[str, str]:
+    """`folder_digest`, with only what loading reads of tqc_model.json (`SERVED_MODEL_KEYS`): the rest records how
+    the model was trained, so the weights stage two kept from stage one under other params are the same content."""
+    from tqc.model.encoder import MODEL_CONFIG, SERVED_MODEL_KEYS
+
+    files = folder_digest(model_dir)
+    if MODEL_CONFIG in files:
+        config = json.loads((Path(model_dir) / MODEL_CONFIG).read_text())
+        files[MODEL_CONFIG] = json.dumps({key: config[key] for key in SERVED_MODEL_KEYS if key in config}, sort_keys=True)
+    return files
+
+
 def content_digest(model_dir: Path, catalog_path: Path, config: dict, prior_entry: dict | None,
-                   exemplars_path: Path | None = None) -> str:
-    """sha256 of all that a registered version serves: the model folder's files, the catalog, its
-    model_config (top_k, the prior entry's name or the rule's k), the prior entry itself, the exemplar
-    rule's labeled questions and the tqc version (whose pyfunc code answers). A standard-question version
-    has no exemplars key, so its digest is the one it had before the exemplar rule could be served."""
+                   exemplars_path: Path | None = None, whole_model_config: bool = False) -> str:
+    """sha256 of all that a registered version serves: the model folder's files (`served_files_digest`), the
+    catalog, its model_config (top_k, the prior entry's name or the rule's k), the prior entry itself, the
+    exemplar rule's labeled questions and the tqc version (whose pyfunc code answers). A standard-question
+    version has no exemplars key, so its digest is the one it had before the exemplar rule could be served.
+    `whole_model_config`: the digest of versions registered before, which hashed tqc_model.json whole."""
     import tqc
     from tqc.io import file_digest
 
     parts = {
-        "model": folder_digest(model_dir),
+        "model": folder_digest(model_dir) if whole_model_config else served_files_digest(model_dir),
         "catalog": file_digest(Path(catalog_path), "sha256"),
         "prior": prior_entry,
         "config": config,
@@ -259,14 +272,24 @@ def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model
     client = mlflow.MlflowClient()
     config = _model_config(model_dir, prior_path, top_k, exemplars)  # the prior file read once, for all below
     entry = prior.read_file(prior_path)[config["prior_model"]] if prior_path is not None else None
-    digest = content_digest(model_dir, catalog_path, config, entry, exemplars[0] if exemplars else None)
-    existing = client.search_model_versions(f"name='{model_name}' and tags.{DIGEST_TAG}='{digest}'")
+    exemplar_rows = exemplars[0] if exemplars else None
+    digest = content_digest(model_dir, catalog_path, config, entry, exemplar_rows)
+    existing = _tagged_with(client, model_name, digest)
+    if not existing:  # a registry filled before knows it by the digest of tqc_model.json whole: its tag moves to this one
+        existing = _tagged_with(client, model_name, content_digest(model_dir, catalog_path, config, entry, exemplar_rows,
+                                                                   whole_model_config=True))
+        for version in existing:
+            client.set_model_version_tag(model_name, version.version, DIGEST_TAG, digest)
     if existing:
         return str(min(int(v.version) for v in existing)), True
     version = log_and_register(model_dir, catalog_path, prior_path, model_name, config, exemplars)
     for key, value in {DIGEST_TAG: digest, "rule": config.get("rule", "standard"), **_prior_tags(entry)}.items():
         client.set_model_version_tag(model_name, version, key, value)
     return version, False
+
+
+def _tagged_with(client, model_name: str, digest: str) -> list:
+    return client.search_model_versions(f"name='{model_name}' and tags.{DIGEST_TAG}='{digest}'")
 
 
 def _prior_tags(entry: dict | None) -> dict[str, str]:

@@ -23,6 +23,15 @@ def test_the_summary_compares_challenger_and_champion():
     assert "| accuracy | 0.8000 | 0.9000 | +0.1000 |" in text and "champion is now version 2" in text
 
 
+def test_the_summary_tells_a_first_version_from_a_champion_it_cannot_compare_with():
+    judged_alone = {"promoted": False, "reasons": ["not comparable: …"], "challenger_version": "2",
+                    "champion_version_before": "1", "champion_version_after": "1",
+                    "validation": {"challenger_accuracy": 0.9, "champion_accuracy": None}}
+    assert "| accuracy | (not comparable) | 0.9000 | |" in summary_markdown(STAGED, judged_alone, TRAINED)
+    first = {**judged_alone, "promoted": True, "champion_version_before": None, "champion_version_after": "2"}
+    assert "| accuracy | (none) | 0.9000 | |" in summary_markdown(STAGED, first, TRAINED)
+
+
 def test_the_summary_says_why_a_file_was_unusable():
     unusable = FileOutcome("inbox/catalog-x.csv", "1" * 64, "catalog", "unusable",
                            reason="inbox/catalog-x.csv: missing column(s) ['intent_id']\n| a pipe")

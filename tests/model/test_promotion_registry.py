@@ -144,6 +144,56 @@ def test_a_version_that_could_not_be_judged_is_tagged_failed(tiny_model_dir, dat
     assert mlflow.MlflowClient().get_model_version("tqc-admc", "1").tags["promotion"] == "failed"
 
 
+def test_a_champion_of_another_catalog_is_not_comparable_and_stays(tiny_model_dir, data_dir, tmp_path, registry):
+    """After a dataset switch the champion answers with classes this catalog lacks: no accuracy of 0 for it, a
+    version tagged `incomparable` (not `rejected`, which would say it lost), and what to do."""
+    import mlflow
+
+    other = tmp_path / "other"  # the same questions under other class ids: another dataset's catalog
+    Catalog([StandardQuestion(f"old-{c}", s) for c, (s, _) in CLASSES.items()]).save(other / "catalog.jsonl")
+    for split, seed, n in (("train", 0, 40), ("validation", 1, 20)):
+        save_questions(other / f"{split}.jsonl", [LabeledQuestion(t, f"old-{c}") for t, c in synthetic_questions(seed, n)])
+    model = untrained(tiny_model_dir, tmp_path / "model")
+    with standalone_run("promote", registry) as tracker:
+        assert promote.run(other, model, None, PromoteParams(), tmp_path / "p.json", tracker)["promoted"]
+    with standalone_run("promote", registry) as tracker:
+        report = promote.run(data_dir, trained(tiny_model_dir, data_dir, tmp_path / "new"), None, PromoteParams(),
+                             tmp_path / "p.json", tracker)
+    assert not report["promoted"] and report["champion_version_after"] == "1"
+    assert report["validation"]["champion_accuracy"] is None and report["bootstrap"] is None
+    assert len(report["reasons"]) == 1 and "not comparable" in report["reasons"][0] and "promote.model_name" in report["reasons"][0]
+    assert mlflow.MlflowClient().get_model_version("tqc-admc", report["challenger_version"]).tags["promotion"] == "incomparable"
+
+
+def test_the_same_weights_with_another_training_record_are_the_same_version(tiny_model_dir, data_dir, tmp_path, registry,
+                                                                          monkeypatch):
+    """tqc_model.json also records how a model was trained: stage two keeping stage one's weights under other params
+    serves what the champion serves, so it is the champion, not a new version rejected at a difference of 0."""
+    import mlflow
+
+    from tqc import serving
+
+    torch.manual_seed(1)
+    model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+    model.save(tmp_path / "a", {"stage": "stage_two", "params": {"learning_rate": 5e-5}})
+    model.save(tmp_path / "b", {"stage": "stage_two", "params": {"learning_rate": 1e-4}})
+
+    def promote_model(folder):
+        with standalone_run("promote", registry) as tracker:
+            return promote.run(data_dir, folder, None, PromoteParams(), tmp_path / "p.json", tracker)
+
+    with monkeypatch.context() as before:  # a registry filled by the code that hashed tqc_model.json whole
+        before.setattr(serving, "served_files_digest", serving.folder_digest)
+        assert promote_model(tmp_path / "a")["challenger_version"] == "1"
+    again = promote_model(tmp_path / "a")
+    assert again["challenger_version"] == "1" and again["challenger_registered_before"]  # found by the old digest
+    other_record = promote_model(tmp_path / "b")
+    assert other_record["challenger_version"] == "1" and other_record["challenger_registered_before"]
+    assert other_record["reasons"][0].startswith("the challenger is the champion, v1")
+    assert len(mlflow.MlflowClient().search_model_versions("name='tqc-admc'")) == 1
+    assert promote_model(trained(tiny_model_dir, data_dir, tmp_path / "c"))["challenger_version"] == "2"  # other weights
+
+
 def test_an_unchanged_model_is_not_registered_again_and_a_changed_shift_is(tiny_model_dir, data_dir, tmp_path, registry):
     import mlflow
 

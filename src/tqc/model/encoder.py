@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 PACKAGED_MINILM_IDS = {"sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"}
 ENCODER_CONFIG = "tqc_encoder.json"
 MODEL_CONFIG = "tqc_model.json"
+# What `BiEncoder.load` reads from MODEL_CONFIG; the rest of that file records how the model was trained
+SERVED_MODEL_KEYS = ("tied", "similarity")
 SCORER_WEIGHTS = "scorer.safetensors"
 
 

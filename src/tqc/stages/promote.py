@@ -61,17 +61,22 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
 
     tail_ids = tail_classes([q.class_id for q in load_questions(data_dir / "train.jsonl")], catalog.class_ids,
                             params.tail_fraction)
+    # A champion answering with classes this catalog lacks has no accuracy here that means anything: none is reported
+    incomparable = not is_champion and champion is not None and bool(np.any(champion < 0))
+    if incomparable:
+        champion = None
     decision = decide(gold, challenger, champion, np.array([catalog.index(c) for c in tail_ids]), tail_ids, params, seed)
     if is_champion:
         decision = _already_champion(decision, version)
-    elif champion is not None and np.any(champion < 0):
-        decision = _incomparable(decision)
+    elif incomparable:
+        decision = _incomparable(decision, champion_version, params)
     if decision.promote:
         client.set_registered_model_alias(params.model_name, params.alias, version)
     report = _report(params, version, registered_before, champion_version, decision, gold, challenger, champion)
     write_json(report_path, report)
     if not is_champion:
-        client.set_model_version_tag(params.model_name, version, "promotion", "champion" if decision.promote else "rejected")
+        outcome = "champion" if decision.promote else "incomparable" if incomparable else "rejected"
+        client.set_model_version_tag(params.model_name, version, "promotion", outcome)
     tracker.log_metrics({"promoted": int(decision.promote), **report["validation"],
                          **({"ci_low": decision.bootstrap.low, "ci_high": decision.bootstrap.high,
                              "difference": decision.bootstrap.difference} if decision.bootstrap else {})}, prefix="promotion.")
@@ -135,8 +140,12 @@ def _already_champion(decision, version: str):
                             "prior entry or exemplar rows and k, top_k, tqc version)"] + decision.reasons)
 
 
-def _incomparable(decision):
+def _incomparable(decision, champion_version: str, params: PromoteParams):
+    """The champion serves another catalog (another dataset, say): its accuracy here would only count its
+    answers wrong. Nothing moves, and the report says why and what to do."""
     from dataclasses import replace
 
-    return replace(decision, promote=False,
-                   reasons=decision.reasons + ["the champion answers with classes outside this catalog: not comparable"])
+    return replace(decision, promote=False, reasons=[
+        f"not comparable: the champion, v{champion_version}, answers with classes this catalog lacks, so it serves "
+        f"another catalog (another dataset, say) and the alias stays. A new catalog wants its own registered model "
+        f"(promote.model_name, now {params.model_name!r}); or move the alias by hand once you have judged the two"])
