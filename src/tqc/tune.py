@@ -14,6 +14,7 @@ share it, each sampling with its own seed.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import os
@@ -482,6 +483,21 @@ def _same_value(current, new) -> bool:
     return current == new and all(isinstance(current, kind) == isinstance(new, kind) for kind in (float, bool))
 
 
+def _check_tuned_dataset(best_params_file: Path, params_file: Path, dataset: str | None) -> None:
+    """Refuse values tuned on another dataset (the study's summary.json beside the file says which): a study run with
+    `--set data.dataset=…` leaves params.yaml's dataset as it was, and `dvc repro` would train that one with them."""
+    summary_file = best_params_file.parent / "summary.json"
+    if not summary_file.is_file():  # a file written by hand, or copied alone: nothing says where it was tuned
+        return
+    try:
+        tuned_on = json.loads(summary_file.read_text(encoding="utf-8")).get("dataset")
+    except (ValueError, AttributeError):
+        return
+    if tuned_on is not None and tuned_on != dataset:
+        raise ConfigError(f"{best_params_file}: tuned on data.dataset {tuned_on!r} ({summary_file}), but {params_file} "
+                          f"trains {dataset!r}: set data.dataset: {tuned_on} in {params_file} first, or tune on {dataset!r}")
+
+
 def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) -> dict:
     """Write the tuned values into params.yaml in place, keeping its comments and layout; returns those that changed
     (a value equal to the current one, `0.0001` for `1.0e-4` say, is left as written)."""
@@ -497,6 +513,7 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
     best = flatten(best)
     editor = _layout_keeping_yaml()
     document = editor.load(params_file.read_text(encoding="utf-8"))
+    _check_tuned_dataset(best_params_file, params_file, document.get("data", {}).get("dataset"))
     changed = {}
     for path, value in best.items():
         node = document

@@ -12,7 +12,7 @@ import optuna
 import pytest
 import yaml
 
-from tqc.config import Params, SearchDimension, load_params
+from tqc.config import ConfigError, Params, SearchDimension, load_params
 from tqc.tune import EpochReporter, apply_best, default_values, sample_overrides, tune, within_wrong_classes
 from tests.conftest import tiny_params, write_custom_dataset
 
@@ -259,6 +259,23 @@ def test_apply_writes_the_best_values_and_keeps_the_comments(tmp_path):
         apply_best(best, params_file)
 
 
+def test_apply_refuses_values_tuned_on_another_dataset(tmp_path):
+    """`tqc --set data.dataset=… tune` leaves params.yaml's dataset as it was: applying its values there would have
+    `dvc repro` train that dataset with them. The study's summary.json beside the file says where it was tuned."""
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
+    before = params_file.read_text()
+    best = tmp_path / "tuned" / "best_params.yaml"
+    best.parent.mkdir()
+    best.write_text("mine:\n  k: 4\n")
+    (best.parent / "summary.json").write_text(json.dumps({"study": "s", "dataset": "covidq-categories"}))
+    with pytest.raises(ConfigError, match="tuned on data.dataset 'covidq-categories'.*trains 'trec6'.*first"):
+        apply_best(best, params_file)
+    assert params_file.read_text() == before
+    (best.parent / "summary.json").write_text(json.dumps({"study": "s", "dataset": "trec6"}))
+    assert apply_best(best, params_file) == {"mine.k": 4}
+
+
 def test_a_median_pruner_that_can_never_prune_is_named_at_the_start(caplog):
     from tqc.tune import _pruner
 
@@ -292,8 +309,6 @@ def test_a_hyperband_study_runs_and_reports(tmp_path, tiny_model_dir):
 
 
 def test_the_tuner_refuses_to_run_under_torchrun(tmp_path, tiny_model_dir, monkeypatch):
-    from tqc.config import ConfigError
-
     params = Params(**tuning_params(tmp_path, tiny_model_dir))
     monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets in each process
     with pytest.raises(ConfigError, match="torchrun"):
@@ -302,7 +317,7 @@ def test_the_tuner_refuses_to_run_under_torchrun(tmp_path, tiny_model_dir, monke
 
 
 def test_a_study_refuses_other_base_params_and_requeues_its_baseline_when_the_base_values_change(tmp_path, tiny_model_dir):
-    from tqc.config import ConfigError, flatten
+    from tqc.config import flatten
     from tqc.tune import check_study_base, enqueue_baseline
 
     params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir))
