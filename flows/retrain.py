@@ -51,7 +51,7 @@ def judge(params: Params, trained: steps.Trained, staging: Path) -> dict:
 
     with nested_run("promote", tags={"tqc.stage": "promote"}) as tracker:
         report = promote.run(trained.data, trained.model, trained.prior, params.promote, staging / "promotion.json", tracker,
-                             params.seed, params.evaluate.exemplar_k)
+                             params.seed, params.evaluate.exemplar_k, refresh=trained.refreshed_from is not None)
     if trained.refreshed_from and report.get("challenger_version") and not report["challenger_registered_before"]:
         steps.tag_refresh(params.promote.model_name, report["challenger_version"], trained.refreshed_from.version)
     return report
@@ -69,7 +69,7 @@ def commit(params: Params, staged: steps.Staged, files, repeats) -> dict:
 
 @flow(name="retrain", log_prints=True)
 def retrain(params_path: str = "params.yaml", mode: str | None = None) -> dict:
-    """Returns what happened: {"status": "nothing to do" | "retrained" | "no rows accepted", …}.
+    """Returns what happened: {"status": "nothing to do" | "retrained" | "no rows accepted" | "busy", …}.
 
     `mode`: "train" or "refresh" for this run, instead of params.yaml's `retrain.mode` (one deployment
     can then refresh often and train now and then: `prefect deployment run … -p mode=refresh`)."""
@@ -77,32 +77,41 @@ def retrain(params_path: str = "params.yaml", mode: str | None = None) -> dict:
     params = load_params(params_path, {"retrain": {"mode": mode}} if mode else None)
     retries = {"retries": params.retrain.retries, "retry_delay_seconds": params.retrain.retry_delay_seconds,
                "retry_condition_fn": retry_unless_permanent}
-    with steps.retrain_lock(params.retrain):
-        files, repeats = pick_up(params)
-        if not files and not repeats:
-            logger.info("retrain: no new files in %s; nothing to do", params.retrain.inbox)
-            return {"status": "nothing to do"}
-        staging = Path(params.retrain.work_dir)
-        staged = stage(files, params, staging) if files else steps.Staged(staging / "raw")
-        if not staged.accepted:
-            result = commit(params, staged, files, repeats)  # archives the files; the data is unchanged
-            logger.info("retrain: no row accepted from %d file(s) (%s); nothing to train", len(files) + len(repeats),
-                        steps.why_nothing_was_accepted(staged, repeats, Path(params.retrain.quarantine)))
-            create_markdown_artifact(steps.summary_markdown(staged, None, None), key="retrain-summary")
-            return {"status": "no rows accepted", **result}
-        with standalone_run("retrain", params.tracking, tags={"tqc.kind": "retrain", "tqc.retrain.mode": params.retrain.mode}):
-            renew = refresh if params.retrain.mode == "refresh" else train  # refresh: the exemplar rule, no training
-            trained = renew.with_options(**retries)(params, staged, staging)
-            # The data version before the champion: a commit that fails leaves both as they were.
-            result = commit(params, staged, files, repeats)
-            promotion = judge.with_options(**retries)(params, trained, staging)
-        create_markdown_artifact(steps.summary_markdown(staged, promotion, trained), key="retrain-summary",
-                                 description="rows accepted and the challenger against the champion")
-        shutil.rmtree(staging, ignore_errors=True)
-        logger.info("retrain: %d rows and %d classes added; %s", staged.accepted - staged.new_classes, staged.new_classes,
-                    "promoted" if promotion["promoted"] else "champion kept")
-        return {"status": "retrained", "mode": params.retrain.mode, "accepted": staged.accepted - staged.new_classes,
-                "new_classes": staged.new_classes, "promoted": promotion["promoted"], **result}
+    try:
+        with steps.retrain_lock(params.retrain):
+            return _retrain_locked(params, retries, logger)
+    except steps.RetrainBusy as busy:  # not a failure: the files wait in the inbox for the next run
+        logger.warning("retrain: %s; this run did nothing", busy)
+        return {"status": "busy"}
+
+
+def _retrain_locked(params: Params, retries: dict, logger) -> dict:
+    """The flow's steps, under the retrain lock."""
+    files, repeats = pick_up(params)
+    if not files and not repeats:
+        logger.info("retrain: no new files in %s; nothing to do", params.retrain.inbox)
+        return {"status": "nothing to do"}
+    staging = Path(params.retrain.work_dir)
+    staged = stage(files, params, staging) if files else steps.Staged(staging / "raw")
+    if not staged.accepted:
+        result = commit(params, staged, files, repeats)  # archives the files; the data is unchanged
+        logger.info("retrain: no row accepted from %d file(s) (%s); nothing to train", len(files) + len(repeats),
+                    steps.why_nothing_was_accepted(staged, repeats, Path(params.retrain.quarantine)))
+        create_markdown_artifact(steps.summary_markdown(staged, None, None), key="retrain-summary")
+        return {"status": "no rows accepted", **result}
+    with standalone_run("retrain", params.tracking, tags={"tqc.kind": "retrain", "tqc.retrain.mode": params.retrain.mode}):
+        renew = refresh if params.retrain.mode == "refresh" else train  # refresh: the exemplar rule, no training
+        trained = renew.with_options(**retries)(params, staged, staging)
+        # The data version before the champion: a commit that fails leaves both as they were.
+        result = commit(params, staged, files, repeats)
+        promotion = judge.with_options(**retries)(params, trained, staging)
+    create_markdown_artifact(steps.summary_markdown(staged, promotion, trained), key="retrain-summary",
+                             description="rows accepted and the challenger against the champion")
+    shutil.rmtree(staging, ignore_errors=True)
+    logger.info("retrain: %d rows and %d classes added; %s", staged.accepted - staged.new_classes, staged.new_classes,
+                "promoted" if promotion["promoted"] else "champion kept")
+    return {"status": "retrained", "mode": params.retrain.mode, "accepted": staged.accepted - staged.new_classes,
+            "new_classes": staged.new_classes, "promoted": promotion["promoted"], **result}
 
 
 if __name__ == "__main__":

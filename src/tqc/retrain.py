@@ -49,6 +49,10 @@ SUFFIXES = {".csv", ".jsonl", ".ndjson"}
 DVC = (sys.executable, "-m", "dvc")  # the dvc beside this Python, whatever PATH a worker starts with
 
 
+class RetrainCommitError(RuntimeError):
+    """A dvc step of the data commit failed; the commit was rolled back."""
+
+
 class RetrainBusy(RuntimeError):
     pass
 
@@ -320,10 +324,11 @@ def tag_refresh(model_name: str, version: str, champion_version: str) -> None:
 
 
 def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[Incoming]) -> dict:
-    """The commit point: staged additions → data/raw (atomic), dvc add (+ push), then archive.
+    """The commit point: staged additions → data/raw (atomic), dvc add (+ push), the quarantine, then archive.
 
-    When dvc add or push fails, data/raw is put back as it was and the files stay in the inbox,
-    so the next run sees exactly what this one saw.
+    All or nothing: when a step fails (dvc add or push, a full disk while archiving), data/raw with its .dvc files
+    (and their git index entries), the quarantine and the manifest are put back as they were and archived files
+    return to the inbox, so the next run sees exactly what this one saw.
     """
     raw = additions_dir(params)
     raw.mkdir(parents=True, exist_ok=True)
@@ -331,45 +336,83 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
     # folder may then hold anything, a failed earlier run's rows say, and must not be copied.
     names = [name for name in (ADDED_QUESTIONS, ADDED_CATALOG) if staged.accepted and (staged.raw / name).exists()]
     committed = [raw / name for name in names]
-    previous = {name: (raw / name).read_bytes() if (raw / name).exists() else None for name in names}
+    touched = [*committed, *(Path(f"{p}.dvc") for p in committed), raw / ".gitignore",  # what dvc add writes
+               Path(params.retrain.quarantine), Path(params.retrain.archive) / MANIFEST]
+    before = {path: path.read_bytes() if path.exists() else None for path in touched}
+    archived: list[tuple[Path, Path]] = []  # (inbox path, archived as), to move back
     try:
         for name in names:
             with atomic_path(raw / name) as tmp:
                 shutil.copy2(staged.raw / name, tmp)
         dvc = _dvc_record(committed, params.retrain.push)
+        if staged.quarantined_rows:
+            _append_jsonl(Path(params.retrain.quarantine), staged.quarantined_rows)
+        by_file = {o.file: o for o in staged.outcomes}
+        entries = [archive(f, by_file[str(f.path)], params.retrain, archived) for f in files]
+        entries += [archive(f, FileOutcome(str(f.path), f.sha256, "catalog" if f.is_catalog else "labeled", "repeat",
+                                           reason="already processed (same sha256)"), params.retrain, archived)
+                    for f in repeats]
     except BaseException:
-        _restore(raw, previous)
+        _roll_back(before, archived, [Path(f"{p}.dvc") for p in committed] + [raw / ".gitignore"])
         raise
-    if staged.quarantined_rows:
-        _append_jsonl(Path(params.retrain.quarantine), staged.quarantined_rows)
-    by_file = {o.file: o for o in staged.outcomes}
-    entries = [archive(f, by_file[str(f.path)], params.retrain) for f in files]
-    entries += [archive(f, FileOutcome(str(f.path), f.sha256, "catalog" if f.is_catalog else "labeled", "repeat",
-                                       reason="already processed (same sha256)"), params.retrain) for f in repeats]
     return {"committed": [str(p) for p in committed], "dvc": dvc, "archived": entries}
 
 
-def _restore(raw: Path, previous: dict[str, bytes | None]) -> None:
-    for name, content in previous.items():
+def _roll_back(before: dict[Path, bytes | None], archived: list[tuple[Path, Path]], dvc_files: list[Path]) -> None:
+    for inbox_path, archived_as in reversed(archived):
+        shutil.move(str(archived_as), inbox_path)
+    for path, content in before.items():
         if content is None:
-            (raw / name).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
         else:
-            with atomic_path(raw / name) as tmp:
+            with atomic_path(path) as tmp:
                 tmp.write_bytes(content)
-    log.error("retrain: the commit failed; %s restored to what it was", raw)
+    _restage(dvc_files)
+    log.error("retrain: the commit failed; the data, its .dvc files, the quarantine, the manifest and the inbox are "
+              "as they were")
 
 
-def archive(incoming: Incoming, outcome: FileOutcome, params: RetrainParams) -> dict:
-    """Move a processed file out of the inbox and record it; the manifest write is atomic."""
+def _restage(paths: list[Path]) -> None:
+    """DVC's autostage git-added what `dvc add` wrote: the index follows the files put back."""
+    autostage = subprocess.run([*DVC, "config", "core.autostage"], capture_output=True, text=True)
+    if autostage.returncode != 0 or autostage.stdout.strip().lower() != "true":
+        return
+    present, absent = [str(p) for p in paths if p.exists()], [str(p) for p in paths if not p.exists()]
+    if present:
+        subprocess.run(["git", "add", "--", *present], capture_output=True)
+    if absent:
+        subprocess.run(["git", "rm", "-q", "--cached", "--ignore-unmatch", "--", *absent], capture_output=True)
+
+
+def archive(incoming: Incoming, outcome: FileOutcome, params: RetrainParams,
+            archived: list[tuple[Path, Path]] | None = None) -> dict:
+    """Move a processed file out of the inbox and record it; the manifest write is atomic.
+
+    A file whose bytes changed since it was picked up (rows appended during the run, or a copy still being
+    written) stays in the inbox: what this run read is merged, and the next run reads the file again, so no
+    row is lost (those merged already are quarantined there as duplicates)."""
     archive_dir = Path(params.archive)
     archive_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     target = archive_dir / f"{stamp}-{incoming.sha256[:12]}-{incoming.path.name}"
-    entry = {**asdict(outcome), "archived_as": str(target), "at": stamp}
+    if not incoming.path.exists():
+        not_moved = "removed from the inbox during the run: what this run read is recorded, nothing is archived"
+    elif sha256(incoming.path) != incoming.sha256:
+        not_moved = ("changed after it was picked up: it stays in the inbox and the next run reads it again (deliver "
+                     "a file under another name, e.g. .part, and rename it when it is whole)")
+    else:
+        not_moved = None
+    if not_moved:
+        log.warning("retrain: %s %s", incoming.path, not_moved)
+    entry = {**asdict(outcome), "archived_as": None if not_moved else str(target), "at": stamp,
+             **({"not_archived": not_moved} if not_moved else {})}
     entries = manifest(params) + [entry]
     with atomic_path(archive_dir / MANIFEST) as tmp:
         write_jsonl(tmp, entries)
-    shutil.move(str(incoming.path), target)
+    if not not_moved:
+        shutil.move(str(incoming.path), target)
+        if archived is not None:
+            archived.append((incoming.path, target))
     return entry
 
 
@@ -386,12 +429,21 @@ def _dvc_record(paths: list[Path], push: bool) -> dict:
     if not _in_dvc_repo():
         log.warning("retrain: not inside a DVC repository; %s not versioned", ", ".join(map(str, paths)))
         return {"added": [], "pushed": False}
-    subprocess.run([*DVC, "add", "-q", *map(str, paths)], check=True)
+    _dvc("add", *map(str, paths))
     remotes = subprocess.run([*DVC, "remote", "list"], capture_output=True, text=True, check=True).stdout.strip()
     pushed = bool(push and remotes)
     if pushed:
-        subprocess.run([*DVC, "push", "-q", *(f"{p}.dvc" for p in paths)], check=True)
+        _dvc("push", *(f"{p}.dvc" for p in paths))
     return {"added": [f"{p}.dvc" for p in paths], "pushed": pushed}
+
+
+def _dvc(command: str, *arguments: str) -> None:
+    """One dvc command; a failure is one line with DVC's own reason (its last error line), not an exit status."""
+    done = subprocess.run([*DVC, command, *arguments], capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        reason = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1] if lines else "no output")
+        raise RetrainCommitError(f"dvc {command} failed (exit {done.returncode}): {reason}")
 
 
 def _in_dvc_repo() -> bool:
@@ -429,7 +481,7 @@ def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | 
         lines += ["", f"Refreshed, not trained: version {champion.version}'s encoder with the grown labeled questions "
                       "as its exemplars" + ("." if champion.rule == "exemplars" else
                                             f" (version {champion.version} serves the {champion.rule} rule).")]
-    if promotion and trained and "challenger_version" not in promotion:  # tracking off: no registry to judge in
+    if promotion and trained and promotion.get("challenger_version") is None:  # tracking off: no registry to judge in
         lines += ["", "**Not promoted**:", ""] + [f"- {reason}" for reason in promotion["reasons"]]
     elif promotion and trained:
         validation = promotion.get("validation", {})

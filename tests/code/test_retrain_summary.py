@@ -8,8 +8,13 @@ STAGED = Staged(Path("raw"), [FileOutcome("inbox/a.csv", "0" * 64, "labeled", "m
 TRAINED = Trained(Path("data"), Path("model"), Path("prior.json"), 0.9)
 
 
-def test_the_summary_says_why_nothing_was_judged_when_tracking_is_off():
-    promotion = {"promoted": False, "reasons": ["tracking is disabled (tracking.enabled: false): no registry to promote in"]}
+def test_the_summary_says_why_nothing_was_judged_when_tracking_is_off(tmp_path):
+    from tqc.config import PromoteParams
+    from tqc.stages import promote
+    from tqc.tracking import Tracker
+
+    # promote's own report with tracking off: its usual keys, no version (a hand-made dict without them hid a crash)
+    promotion = promote.run(tmp_path, tmp_path, None, PromoteParams(), tmp_path / "promotion.json", Tracker(None))
     text = summary_markdown(STAGED, promotion, TRAINED)
     assert "| a.csv | labeled | merged | 3 | 3 | 0 |  |" in text
     assert "**Not promoted**" in text and "tracking is disabled" in text

@@ -104,12 +104,11 @@ def test_a_new_standard_question_arrives_with_its_examples(project):
 
 def test_two_retrains_never_run_at_once(project):
     from tqc.config import load_params
-    from tqc.retrain import RetrainBusy, retrain_lock
+    from tqc.retrain import retrain_lock
 
     drop(project, "a.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
     with retrain_lock(load_params("params.yaml").retrain):
-        with pytest.raises(Exception, match="another retrain holds"):
-            retrain(params_path="params.yaml")
+        assert retrain(params_path="params.yaml") == {"status": "busy"}  # one warning line, not a failed flow
     assert (project / "data" / "incoming" / "a.csv").exists() and not added_rows(project)
 
 

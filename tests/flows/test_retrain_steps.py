@@ -6,6 +6,8 @@ import json
 import logging
 from pathlib import Path
 
+import pytest
+
 from tqc import retrain as steps
 from tqc.config import load_params
 from tests.flows.conftest import added_rows, drop, unseen_questions
@@ -100,3 +102,60 @@ def test_files_of_other_kinds_in_the_inbox_are_named_in_a_warning(project, caplo
     with caplog.at_level(logging.WARNING, logger="tqc.retrain"):
         assert steps.pick_up(load_params(project / "params.yaml").retrain) == ([], [])
     assert "batch.tsv" in caplog.text and "not read" in caplog.text
+
+
+def test_rows_appended_to_a_file_during_a_run_are_read_by_the_next_one(project):
+    """The file stays in the inbox when its bytes changed after pick-up; archiving it would have hidden the
+    appended rows for good (the archived copy looks processed)."""
+    params = load_params(project / "params.yaml")
+    first, late = unseen_questions(project, "LOC", 3), unseen_questions(project, "LOC", 2, skip=3)
+    path = drop(project, "growing.csv", [(q, "LOC") for q in first])
+    staged, files = deliver(project)
+    with path.open("a") as appending:  # a courier still writing, or a second delivery to the same name
+        appending.write("".join(f"{q},LOC\n" for q in late))
+    entry, = steps.commit(params, staged, files, [])["archived"]
+
+    assert path.exists() and entry["archived_as"] is None and "next run reads it again" in entry["not_archived"]
+    staged_again, _ = deliver(project)  # a new sha256: not a repeat
+    assert outcome_of(staged_again, "growing.csv").accepted == 2  # the first three are in the data already
+    steps.commit(params, staged_again, steps.pick_up(params.retrain)[0], [])
+    assert sorted(r["text"] for r in added_rows(project)) == sorted(first + late) and not path.exists()
+
+
+def test_a_commit_that_fails_while_archiving_puts_everything_back(project, monkeypatch):
+    """dvc add has run, the quarantine is written, one file is archived, then the disk is full: the data, its .dvc
+    files (and their git index entries), the quarantine, the manifest and the inbox are all as they were."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "dvc", "config", "core.autostage", "true"], check=True)
+    params = load_params(project / "params.yaml")
+    drop(project, "a.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)] + [("", "HUM")])
+    drop(project, "b.csv", [(q, "NUM") for q in unseen_questions(project, "NUM", 2)])
+    staged, files = deliver(project)
+    assert staged.quarantined_rows  # the empty row: the quarantine would be written
+    watched = [project / "data" / "raw" / name for name in ("labeled.jsonl", "labeled.jsonl.dvc", ".gitignore")]
+    watched += [Path(params.retrain.quarantine), Path(params.retrain.archive) / steps.MANIFEST]
+    before = {path: path.read_bytes() if path.exists() else None for path in watched}
+    archive = steps.archive
+
+    def disk_full_at_the_second(incoming, *args):
+        if incoming.path.name == "b.csv":
+            raise OSError(28, "No space left on device")
+        return archive(incoming, *args)
+
+    monkeypatch.setattr(steps, "archive", disk_full_at_the_second)
+    with pytest.raises(OSError, match="No space left"):
+        steps.commit(params, staged, files, [])
+
+    assert {path: path.read_bytes() if path.exists() else None for path in watched} == before
+    assert sorted(p.name for p in (project / "data" / "incoming").iterdir()) == ["a.csv", "b.csv"]
+    staged_index = subprocess.run(["git", "diff", "--cached", "--name-only"], capture_output=True, text=True).stdout
+    assert "labeled.jsonl.dvc" not in staged_index
+
+
+def test_a_failed_dvc_command_says_dvcs_reason_in_one_line(project):
+    with pytest.raises(steps.RetrainCommitError) as failure:
+        steps._dvc("push", "no-such-file.dvc")
+    message = str(failure.value)
+    assert message.startswith("dvc push failed (exit") and "ERROR" in message and "\n" not in message

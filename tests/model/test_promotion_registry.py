@@ -194,6 +194,25 @@ def test_the_same_weights_with_another_training_record_are_the_same_version(tiny
     assert promote_model(trained(tiny_model_dir, data_dir, tmp_path / "c"))["challenger_version"] == "2"  # other weights
 
 
+def test_a_refresh_that_ties_the_champion_is_promoted_and_a_training_that_ties_is_not(tiny_model_dir, data_dir, tmp_path,
+                                                                                      registry):
+    """A refresh adds labeled questions to the champion's own encoder: on a validation split they leave as it was,
+    a tie (difference 0, CI [0, 0]) never cleared min_improvement 0, so such a refresh was never served."""
+    model = untrained(tiny_model_dir, tmp_path / "model")
+
+    def promote_with(top_k: int, refresh: bool) -> dict:  # another top_k: other content, the same first answers
+        with standalone_run("promote", registry) as tracker:
+            return promote.run(data_dir, model, None, PromoteParams(top_k=top_k), tmp_path / "p.json", tracker,
+                               refresh=refresh)
+
+    assert promote_with(5, refresh=False)["promoted"]
+    trained_tie = promote_with(4, refresh=False)
+    assert not trained_tie["promoted"] and trained_tie["bootstrap"]["low"] == 0.0
+    refreshed_tie = promote_with(3, refresh=True)
+    assert refreshed_tie["promoted"] and refreshed_tie["champion_version_after"] == refreshed_tie["challenger_version"]
+    assert "refresh_min_improvement" in refreshed_tie["reasons"][0]
+
+
 def test_an_unchanged_model_is_not_registered_again_and_a_changed_shift_is(tiny_model_dir, data_dir, tmp_path, registry):
     import mlflow
 

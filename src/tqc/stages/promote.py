@@ -13,6 +13,7 @@ gate compares what would really be deployed. The decision and its figures go to
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +28,12 @@ log = logging.getLogger(__name__)
 
 
 def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: PromoteParams, report_path: Path, tracker: Tracker,
-        seed: int = 0, exemplar_k: int = 2) -> dict:
+        seed: int = 0, exemplar_k: int = 2, refresh: bool = False) -> dict:
     """`prior_path`: the prior stage's file, registered with the model so that it serves with its class-prior shift.
     With `params.rule` exemplars the version serves the exemplar rule instead: the validated training rows
-    (`data_dir`/train.jsonl, what evaluate scored it with) and `exemplar_k` (evaluate's), and no shift."""
+    (`data_dir`/train.jsonl, what evaluate scored it with) and `exemplar_k` (evaluate's), and no shift.
+    `refresh`: the challenger is the champion's encoder refreshed with grown labeled questions, judged against
+    `params.refresh_min_improvement` (no worse) instead of `min_improvement`."""
     if not tracker.active:
         # promotion.json's usual keys, nothing registered: a reviewer's diff shows what changed, not a new layout
         report = {"model_name": params.model_name, "alias": params.alias, "challenger_version": None, "rule": params.rule,
@@ -65,7 +68,11 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     incomparable = not is_champion and champion is not None and bool(np.any(champion < 0))
     if incomparable:
         champion = None
-    decision = decide(gold, challenger, champion, np.array([catalog.index(c) for c in tail_ids]), tail_ids, params, seed)
+    gate = params.model_copy(update={"min_improvement": params.refresh_min_improvement}) if refresh else params
+    decision = decide(gold, challenger, champion, np.array([catalog.index(c) for c in tail_ids]), tail_ids, gate, seed)
+    if refresh and champion is not None:
+        decision = replace(decision, reasons=["a refresh of the champion's encoder needs only to be no worse: the bound "
+                                              "is promote.refresh_min_improvement"] + decision.reasons)
     if is_champion:
         decision = _already_champion(decision, version)
     elif incomparable:
@@ -133,8 +140,6 @@ def _validation_predictions(uri: str, validation, catalog: Catalog) -> np.ndarra
 
 
 def _already_champion(decision, version: str):
-    from dataclasses import replace
-
     return replace(decision, promote=False,
                    reasons=[f"the challenger is the champion, v{version}: the same content digest (model, catalog, "
                             "prior entry or exemplar rows and k, top_k, tqc version)"] + decision.reasons)
@@ -143,8 +148,6 @@ def _already_champion(decision, version: str):
 def _incomparable(decision, champion_version: str, params: PromoteParams):
     """The champion serves another catalog (another dataset, say): its accuracy here would only count its
     answers wrong. Nothing moves, and the report says why and what to do."""
-    from dataclasses import replace
-
     return replace(decision, promote=False, reasons=[
         f"not comparable: the champion, v{champion_version}, answers with classes this catalog lacks, so it serves "
         f"another catalog (another dataset, say) and the alias stays. A new catalog wants its own registered model "
