@@ -458,10 +458,23 @@ def why_nothing_was_accepted(staged: Staged, repeats: list[Incoming], quarantine
     rows = [q for q in staged.quarantined_rows if q.get("line") is not None]
     if rows:
         first = rows[0]
-        reason = first.get("reason") or ", ".join(first.get("expectations", []))
-        parts.append(f"{len(rows)} row(s) quarantined to {quarantine}, e.g. {first['file']}, line {first['line']}: {reason}")
+        parts.append(f"{len(rows)} row(s) quarantined to {quarantine}, e.g. {first['file']}, line {first['line']}: "
+                     f"{_row_reason(first)}")
     # otherwise, e.g. a catalog file whose class ids were all known: each file's own account
     return "; ".join(parts or [f"{Path(o.file).name}: {o.reason or 'added nothing'}" for o in staged.outcomes])
+
+
+def _row_reason(row: dict) -> str:
+    """A quarantined row's reason: its own, or the validate expectations it failed."""
+    return row.get("reason") or ", ".join(row.get("expectations", []))
+
+
+def _file_reason(outcome: FileOutcome, staged: Staged) -> str:
+    """The summary's reason cell: the file's own, or for rows quarantined, the first one's line and reason."""
+    if outcome.reason or not outcome.quarantined:
+        return outcome.reason
+    first = next((q for q in staged.quarantined_rows if q.get("file") == outcome.file and q.get("line") is not None), None)
+    return f"e.g. line {first['line']}: {_row_reason(first)}" if first else ""
 
 
 def _cell(text: str) -> str:
@@ -473,8 +486,8 @@ def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | 
     """The flow's Prefect artifact: what came in, and the challenger against the champion."""
     lines = ["# Retrain", "", "| file | kind | outcome | read | accepted | quarantined | reason |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {Path(o.file).name} | {o.kind} | {o.outcome} | {o.read} | {o.accepted} | {o.quarantined} | {_cell(o.reason)} |"
-              for o in staged.outcomes]
+    lines += [f"| {Path(o.file).name} | {o.kind} | {o.outcome} | {o.read} | {o.accepted} | {o.quarantined} | "
+              f"{_cell(_file_reason(o, staged))} |" for o in staged.outcomes]
     lines += ["", f"Accepted rows: **{staged.accepted - staged.new_classes}**; new classes: **{staged.new_classes}**."]
     if trained and trained.refreshed_from:
         champion = trained.refreshed_from

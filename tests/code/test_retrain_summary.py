@@ -57,3 +57,11 @@ def test_a_delivery_with_nothing_accepted_says_why_in_one_line():
     known = Staged(Path("raw"), [FileOutcome("inbox/catalog-y.csv", "4" * 64, "catalog", "merged", read=1,
                                              reason="1 class id(s) already in the catalog kept their text")])
     assert why_nothing_was_accepted(known, [], Path("q.jsonl")) == "catalog-y.csv: 1 class id(s) already in the catalog kept their text"
+
+
+def test_the_summary_gives_a_reason_for_a_file_whose_rows_were_quarantined():
+    """validate's contract rows carry the expectations they failed, not a reason: the cell said nothing."""
+    staged = Staged(Path("raw"), [FileOutcome("inbox/bad.csv", "5" * 64, "labeled", "merged", read=3, accepted=1, quarantined=2)],
+                    [{"file": "inbox/bad.csv", "line": 3, "expectations": ["no_leakage"]},
+                     {"file": "inbox/bad.csv", "line": 4, "reason": "duplicate of a row in an earlier file"}])
+    assert "| bad.csv | labeled | merged | 3 | 1 | 2 | e.g. line 3: no_leakage |" in summary_markdown(staged, None, None)

@@ -159,3 +159,11 @@ def test_a_failed_dvc_command_says_dvcs_reason_in_one_line(project):
         steps._dvc("push", "no-such-file.dvc")
     message = str(failure.value)
     assert message.startswith("dvc push failed (exit") and "ERROR" in message and "\n" not in message
+
+
+def test_the_summary_names_why_a_delivered_files_rows_were_quarantined(project):
+    fresh = unseen_questions(project, "LOC", 1)
+    drop(project, "mixed.csv", [(fresh[0], "LOC"), (fresh[0], "LOC"), ("", "LOC")])  # a duplicate, an empty text
+    staged, _ = deliver(project)
+    row = next(line for line in steps.summary_markdown(staged, None, None).splitlines() if line.startswith("| mixed.csv"))
+    assert row.split("|")[4:7] == [" 3 ", " 1 ", " 2 "] and "e.g. line " in row
