@@ -336,8 +336,8 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
     # folder may then hold anything, a failed earlier run's rows say, and must not be copied.
     names = [name for name in (ADDED_QUESTIONS, ADDED_CATALOG) if staged.accepted and (staged.raw / name).exists()]
     committed = [raw / name for name in names]
-    touched = [*committed, *(Path(f"{p}.dvc") for p in committed), raw / ".gitignore",  # what dvc add writes
-               Path(params.retrain.quarantine), Path(params.retrain.archive) / MANIFEST]
+    dvc_written = [*(Path(f"{p}.dvc") for p in committed), raw / ".gitignore"]  # what dvc add writes beside the data
+    touched = [*committed, *dvc_written, Path(params.retrain.quarantine), Path(params.retrain.archive) / MANIFEST]
     before = {path: path.read_bytes() if path.exists() else None for path in touched}
     archived: list[tuple[Path, Path]] = []  # (inbox path, archived as), to move back
     try:
@@ -353,7 +353,7 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
                                            reason="already processed (same sha256)"), params.retrain, archived)
                     for f in repeats]
     except BaseException:
-        _roll_back(before, archived, [Path(f"{p}.dvc") for p in committed] + [raw / ".gitignore"])
+        _roll_back(before, archived, dvc_written)
         raise
     return {"committed": [str(p) for p in committed], "dvc": dvc, "archived": entries}
 

@@ -246,6 +246,16 @@ def enqueue_baseline(study, base_values: dict) -> None:
 HEARTBEAT_SECONDS, GRACE_SECONDS = 60, 240  # a running trial says it is alive every minute; 4 silent minutes fail it
 
 
+@contextmanager
+def _heartbeats_are_experimental() -> Iterator[None]:
+    """Optuna warns that heartbeats are "experimental" (since 2.9) at each use; tqc relies on them knowingly."""
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield
+
+
 def _open_study(params: Params, worker: int, attempts: int = 5):
     """Create or join the study. Workers starting together race to create the storage's tables;
     the loser of that race simply tries again."""
@@ -259,8 +269,7 @@ def _open_study(params: Params, worker: int, attempts: int = 5):
         try:
             # Heartbeats: a trial whose worker was killed (no Ctrl-C to mark it) is failed once it has been silent
             # for the grace period, instead of staying RUNNING for ever
-            with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9: said once here, not per run
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            with _heartbeats_are_experimental():
                 storage = optuna.storages.RDBStorage(settings.storage, heartbeat_interval=HEARTBEAT_SECONDS,
                                                      grace_period=GRACE_SECONDS)
             study = optuna.create_study(study_name=settings.study, storage=storage, direction="maximize",
@@ -270,8 +279,7 @@ def _open_study(params: Params, worker: int, attempts: int = 5):
             if attempt == attempts - 1:
                 raise
             time.sleep(1.0 + worker)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    with _heartbeats_are_experimental():
         optuna.storages.fail_stale_trials(study)  # before the baseline is looked for: a killed one is queued again
     # Seeded by this worker index's own earlier trials too: one that comes back to a study (a second `tqc tune`)
     # would otherwise replay its earlier random draws, trial for trial. Only its own, so that workers starting

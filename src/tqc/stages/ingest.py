@@ -6,7 +6,7 @@ import hashlib
 import logging
 import random
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -70,9 +70,7 @@ def long_tail(questions: list[LabeledQuestion], ratio: float, seed: int) -> list
 
 def _class_counts(questions: list[LabeledQuestion]) -> dict[str, int]:
     """Rows per class, largest first (then id): the long tail reads top to bottom."""
-    counts: dict[str, int] = defaultdict(int)
-    for question in questions:
-        counts[question.class_id] += 1
+    counts = Counter(question.class_id for question in questions)
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
