@@ -66,9 +66,11 @@ def test_the_alias_moves_to_a_better_challenger_and_stays_for_a_worse_one(tiny_m
     weak, strong = untrained(tiny_model_dir, tmp_path / "weak"), trained(tiny_model_dir, data_dir, tmp_path / "strong")
     params = PromoteParams(bootstrap_samples=500, top_k=2)
     reports = []
+    tags_of_v1 = []
     for model_dir in (weak, strong, weak):
         with standalone_run("promote", registry) as tracker:
             reports.append(promote.run(data_dir, model_dir, None, params, tmp_path / "promotion.json", tracker))
+        tags_of_v1.append(mlflow.MlflowClient().get_model_version("tqc-admc", "1").tags)
 
     first, better, worse = reports
     assert first["promoted"] and first["champion_version_after"] == "1"
@@ -80,6 +82,10 @@ def test_the_alias_moves_to_a_better_challenger_and_stays_for_a_worse_one(tiny_m
     assert json.loads((tmp_path / "promotion.json").read_text())["challenger_version"] == "1"
     assert worse["challenger_registered_before"] and not better["challenger_registered_before"]
     assert len(mlflow.MlflowClient().search_model_versions("name='tqc-admc'")) == 2
+    # v1's tag follows the alias: champion, then superseded by v2, then (judged again) rejected against v2.
+    assert [t["promotion"] for t in tags_of_v1] == ["champion", "superseded", "rejected"]
+    assert tags_of_v1[1]["superseded_by"] == "2"
+    assert mlflow.MlflowClient().get_model_version("tqc-admc", "2").tags["promotion"] == "champion"
     assert str(mlflow.MlflowClient().get_model_version_by_alias("tqc-admc", "champion").version) == "2"
 
     served = mlflow.pyfunc.load_model("models:/tqc-admc@champion")

@@ -79,6 +79,9 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         decision = _incomparable(decision, champion_version, params)
     if decision.promote:
         client.set_registered_model_alias(params.model_name, params.alias, version)
+        if champion_version is not None:  # its `promotion: champion` tag would otherwise outlive the alias
+            client.set_model_version_tag(params.model_name, champion_version, "promotion", "superseded")
+            client.set_model_version_tag(params.model_name, champion_version, "superseded_by", version)
     report = _report(params, version, registered_before, champion_version, decision, gold, challenger, champion)
     write_json(report_path, report)
     if not is_champion:
