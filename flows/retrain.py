@@ -16,10 +16,15 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Failed
 
 from tqc import retrain as steps
-from tqc.config import Params, load_params
+from tqc.config import ConfigError, Params, load_params
 from tqc.tracking import nested_run, standalone_run
+
+
+# Failures whose message is the whole story (bad params, no champion to refresh, a dvc step of the commit)
+USER_ERRORS = (ConfigError, steps.RefreshError, steps.RetrainCommitError)
 
 
 @task(cache_policy=NO_CACHE)
@@ -74,15 +79,20 @@ def retrain(params_path: str = "params.yaml", mode: str | None = None) -> dict:
     `mode`: "train" or "refresh" for this run, instead of params.yaml's `retrain.mode` (one deployment
     can then refresh often and train now and then: `prefect deployment run … -p mode=refresh`)."""
     logger = get_run_logger()
-    params = load_params(params_path, {"retrain": {"mode": mode}} if mode else None)
-    retries = {"retries": params.retrain.retries, "retry_delay_seconds": params.retrain.retry_delay_seconds,
-               "retry_condition_fn": retry_unless_permanent}
     try:
+        params = load_params(params_path, {"retrain": {"mode": mode}} if mode else None)
+        retries = {"retries": params.retrain.retries, "retry_delay_seconds": params.retrain.retry_delay_seconds,
+                   "retry_condition_fn": retry_unless_permanent}
         with steps.retrain_lock(params.retrain):
             return _retrain_locked(params, retries, logger)
     except steps.RetrainBusy as busy:  # not a failure: the files wait in the inbox for the next run
         logger.warning("retrain: %s; this run did nothing", busy)
         return {"status": "busy"}
+    except USER_ERRORS as error:
+        # The run fails with the reason as its message, not a traceback through Prefect's engine; a caller
+        # (a test, `python flows/retrain.py`) still gets the exception itself.
+        logger.error("retrain: %s", error)
+        return Failed(message=str(error), data=error)
 
 
 def _retrain_locked(params: Params, retries: dict, logger) -> dict:
@@ -97,7 +107,7 @@ def _retrain_locked(params: Params, retries: dict, logger) -> dict:
         result = commit(params, staged, files, repeats)  # archives the files; the data is unchanged
         logger.info("retrain: no row accepted from %d file(s) (%s); nothing to train", len(files) + len(repeats),
                     steps.why_nothing_was_accepted(staged, repeats, Path(params.retrain.quarantine)))
-        create_markdown_artifact(steps.summary_markdown(staged, None, None), key="retrain-summary")
+        create_markdown_artifact(steps.summary_markdown(staged, None, None, repeats), key="retrain-summary")
         return {"status": "no rows accepted", **result}
     with standalone_run("retrain", params.tracking, tags={"tqc.kind": "retrain", "tqc.retrain.mode": params.retrain.mode}):
         renew = refresh if params.retrain.mode == "refresh" else train  # refresh: the exemplar rule, no training
@@ -105,7 +115,7 @@ def _retrain_locked(params: Params, retries: dict, logger) -> dict:
         # The data version before the champion: a commit that fails leaves both as they were.
         result = commit(params, staged, files, repeats)
         promotion = judge.with_options(**retries)(params, trained, staging)
-    create_markdown_artifact(steps.summary_markdown(staged, promotion, trained), key="retrain-summary",
+    create_markdown_artifact(steps.summary_markdown(staged, promotion, trained, repeats), key="retrain-summary",
                              description="rows accepted and the challenger against the champion")
     shutil.rmtree(staging, ignore_errors=True)
     logger.info("retrain: %d rows and %d classes added; %s", staged.accepted - staged.new_classes, staged.new_classes,
@@ -115,4 +125,7 @@ def _retrain_locked(params: Params, retries: dict, logger) -> dict:
 
 
 if __name__ == "__main__":
-    retrain()
+    try:
+        retrain()
+    except USER_ERRORS as error:  # said in the run's log already
+        raise SystemExit(f"retrain failed: {error}") from None

@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -109,6 +110,10 @@ def pick_up(params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
     others = [p.name for p in present if p.suffix.lower() not in SUFFIXES]
     if others:  # left in the inbox, and said each run, rather than read as some format they may not be
         log.warning("retrain: %s: not read (only %s files are): %s", inbox, ", ".join(sorted(SUFFIXES)), ", ".join(others))
+    folders = [p.name for p in sorted(inbox.iterdir()) if p.is_dir()]
+    if folders:  # a delivery unpacked into a folder would otherwise wait there unseen
+        log.warning("retrain: %s: folders are not read (deliver their files into the inbox itself): %s", inbox,
+                    ", ".join(folders))
     files = [Incoming(p, sha256(p)) for p in present if p.suffix.lower() in SUFFIXES]
     new, repeats, batch = [], [], set()
     for incoming in files:
@@ -164,12 +169,12 @@ def stage(files: list[Incoming], params: Params, staging: Path) -> Staged:
     if labeled:
         # The current data (with the new classes) is what each new file is judged against.
         reference = prepare_data(_with_additions(params, raw), staging / "reference")
-        accepted_texts: dict[str, str] = {}  # normalised text → label, over this delivery's files
-        for incoming in labeled:
-            staged.outcomes.append(_merge_labeled(incoming, params, raw, reference.directory, accepted_texts, staged))
+        staged.outcomes.extend(_merge_labeled(labeled, params, raw, reference.directory, staged))
     for outcome in staged.outcomes:
-        if outcome.outcome == "unusable":  # said here and in the summary, not only in the manifest
+        if outcome.outcome == "unusable":  # said here, in the quarantine and in the summary, not only in the manifest
             log.warning("retrain: %s is unusable: %s", outcome.file, outcome.reason)
+            staged.quarantined_rows.append({"file": outcome.file, "sha256": outcome.sha256, "line": None,
+                                            "reason": f"unusable file: {outcome.reason}"})
     return staged
 
 
@@ -198,6 +203,10 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path) -> FileOutcome
                                   taken={normalise(text): class_id for class_id, text in current}).questions
     except (ReaderError, ValueError) as exc:
         outcome.outcome, outcome.reason = "unusable", str(exc)
+        if "missing column" in outcome.reason:  # labeled questions, say, in a file whose name made it a catalog
+            outcome.reason += (f" (a file whose name begins with 'catalog' is read as a catalog: columns "
+                               f"{params.data.custom.catalog_id_column!r}, {params.data.custom.catalog_text_column!r}; "
+                               "labeled questions go in a file named otherwise)")
         return outcome
     known = {class_id for class_id, _ in current}
     new = [q for q in added if q.class_id not in known]
@@ -213,34 +222,63 @@ def _base_catalog(params: Params) -> Catalog:
     return read_dataset(params.data.model_copy(update={"additions": None})).catalog
 
 
-def _merge_labeled(incoming: Incoming, params: Params, raw: Path, reference: Path, accepted_texts: dict[str, str],
-                   staged: Staged) -> FileOutcome:
+def _merge_labeled(files: list[Incoming], params: Params, raw: Path, reference: Path, staged: Staged) -> list[FileOutcome]:
+    """Each file judged by the validate contract against the current data; then the delivery's files against each
+    other, as validate compares the rows of one file: of a question that several files carry with one label the
+    first copy is kept, and with two labels every copy is quarantined, since nothing says which label is right."""
     from tqc.incoming import check_batch
-    from tqc.stages.validate import ValidationFailed, normalise
+    from tqc.stages.validate import ValidationFailed
 
-    outcome = FileOutcome(str(incoming.path), incoming.sha256, "labeled", "merged")
-    try:
-        report = check_batch(incoming.path, reference, params)
-    except (ReaderError, ValidationFailed) as exc:
-        outcome.outcome, outcome.reason = "unusable", str(exc)
-        staged.quarantined_rows.append({"file": str(incoming.path), "line": None, "reason": f"unusable file: {exc}"})
-        return outcome
+    reports = {}  # file → check_batch's report, or the exception that made it unusable
+    for incoming in files:
+        try:
+            reports[incoming] = check_batch(incoming.path, reference, params)
+        except (ReaderError, ValidationFailed) as exc:
+            reports[incoming] = exc
+    copies = defaultdict(list)  # normalised text → [(file name, line, label)] over the delivery, in file order
+    for incoming, report in reports.items():
+        for row in [] if isinstance(report, Exception) else report["accepted"]:
+            copies[_text_key(row)].append((incoming.path.name, _line(row), row["class_id"]))
+    return [FileOutcome(str(incoming.path), incoming.sha256, "labeled", "unusable", reason=str(report))
+            if isinstance(report, Exception) else _merge_checked(incoming, report, copies, raw, staged)
+            for incoming, report in reports.items()]
+
+
+def _merge_checked(incoming: Incoming, report: dict, copies: dict[str, list[tuple[str, int, str]]], raw: Path,
+                   staged: Staged) -> FileOutcome:
+    """One file's rows that `check_batch` accepted, less those the delivery's other files rule out."""
     new_rows, quarantined = [], list(report["quarantined"])
     for row in report["accepted"]:
-        key = normalise(row["text"])  # as the validate contract compares questions (case, spacing)
-        if key in accepted_texts:  # the same question in two files of one delivery
-            line = int(row["source"].rsplit(":", 1)[1])
-            earlier = accepted_texts[key]
-            reason = ("duplicate of a row in an earlier file" if earlier == row["class_id"] else
-                      f"conflicts with a row in an earlier file, labeled {earlier!r}")
-            quarantined.append({"file": str(incoming.path), "line": line, "reason": reason, "content": row["text"]})
-            continue
-        accepted_texts[key] = row["class_id"]
-        new_rows.append({"text": row["text"], "class_id": row["class_id"], "source": f"{incoming.path.name}:{row['source'].rsplit(':', 1)[1]}"})
+        here = (incoming.path.name, _line(row), row["class_id"])
+        reason = _cross_file_reason(here, copies[_text_key(row)])
+        if reason:
+            quarantined.append({"file": str(incoming.path), "line": here[1], "reason": reason, "content": row["text"]})
+        else:
+            new_rows.append({"text": row["text"], "class_id": row["class_id"], "source": f"{here[0]}:{here[1]}"})
     write_jsonl(raw / ADDED_QUESTIONS, _rows(raw / ADDED_QUESTIONS) + new_rows)
-    outcome.read, outcome.accepted, outcome.quarantined = report["read"], len(new_rows), len(quarantined)
     staged.quarantined_rows.extend({"file": str(incoming.path), "sha256": incoming.sha256, **q} for q in quarantined)
-    return outcome
+    return FileOutcome(str(incoming.path), incoming.sha256, "labeled", "merged", read=report["read"],
+                       accepted=len(new_rows), quarantined=len(quarantined))
+
+
+def _cross_file_reason(here: tuple[str, int, str], copies: list[tuple[str, int, str]]) -> str:
+    """Why a row is quarantined for its copies in the delivery's files (its own among them); "" to keep it."""
+    other_label = next((c for c in copies if c[2] != here[2]), None)
+    if other_label:
+        return f"conflicts with {other_label[0]}, line {other_label[1]}, labeled {other_label[2]!r} (every copy quarantined)"
+    if copies[0] != here:
+        return f"duplicate of {copies[0][0]}, line {copies[0][1]}"
+    return ""
+
+
+def _text_key(row: dict) -> str:
+    from tqc.stages.validate import normalise
+
+    return normalise(row["text"])  # as the validate contract compares questions (case, spacing)
+
+
+def _line(row: dict) -> int:
+    return int(row["source"].rsplit(":", 1)[1])
 
 
 @dataclass(frozen=True)
@@ -349,13 +387,16 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
             _append_jsonl(Path(params.retrain.quarantine), staged.quarantined_rows)
         by_file = {o.file: o for o in staged.outcomes}
         entries = [archive(f, by_file[str(f.path)], params.retrain, archived) for f in files]
-        entries += [archive(f, FileOutcome(str(f.path), f.sha256, "catalog" if f.is_catalog else "labeled", "repeat",
-                                           reason="already processed (same sha256)"), params.retrain, archived)
-                    for f in repeats]
+        entries += [archive(f, repeat_outcome(f), params.retrain, archived) for f in repeats]
     except BaseException:
         _roll_back(before, archived, dvc_written)
         raise
     return {"committed": [str(p) for p in committed], "dvc": dvc, "archived": entries}
+
+
+def repeat_outcome(incoming: Incoming) -> FileOutcome:
+    return FileOutcome(str(incoming.path), incoming.sha256, "catalog" if incoming.is_catalog else "labeled", "repeat",
+                       reason="already processed (same sha256)")
 
 
 def _roll_back(before: dict[Path, bytes | None], archived: list[tuple[Path, Path]], dvc_files: list[Path]) -> None:
@@ -482,12 +523,12 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | None) -> str:
-    """The flow's Prefect artifact: what came in, and the challenger against the champion."""
+def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | None, repeats: list[Incoming] = ()) -> str:
+    """The flow's Prefect artifact: what came in (`repeats` too), and the challenger against the champion."""
     lines = ["# Retrain", "", "| file | kind | outcome | read | accepted | quarantined | reason |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {Path(o.file).name} | {o.kind} | {o.outcome} | {o.read} | {o.accepted} | {o.quarantined} | "
-              f"{_cell(_file_reason(o, staged))} |" for o in staged.outcomes]
+              f"{_cell(_file_reason(o, staged))} |" for o in [*staged.outcomes, *map(repeat_outcome, repeats)]]
     lines += ["", f"Accepted rows: **{staged.accepted - staged.new_classes}**; new classes: **{staged.new_classes}**."]
     if trained and trained.refreshed_from:
         champion = trained.refreshed_from

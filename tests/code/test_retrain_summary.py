@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from tqc.retrain import FileOutcome, Staged, Trained, summary_markdown
+from tqc.retrain import FileOutcome, Incoming, Staged, Trained, summary_markdown
 
 STAGED = Staged(Path("raw"), [FileOutcome("inbox/a.csv", "0" * 64, "labeled", "merged", read=3, accepted=3)])
 TRAINED = Trained(Path("data"), Path("model"), Path("prior.json"), 0.9)
@@ -63,5 +63,12 @@ def test_the_summary_gives_a_reason_for_a_file_whose_rows_were_quarantined():
     """validate's contract rows carry the expectations they failed, not a reason: the cell said nothing."""
     staged = Staged(Path("raw"), [FileOutcome("inbox/bad.csv", "5" * 64, "labeled", "merged", read=3, accepted=1, quarantined=2)],
                     [{"file": "inbox/bad.csv", "line": 3, "expectations": ["no_leakage"]},
-                     {"file": "inbox/bad.csv", "line": 4, "reason": "duplicate of a row in an earlier file"}])
+                     {"file": "inbox/bad.csv", "line": 4, "reason": "duplicate of good.csv, line 2"}])
     assert "| bad.csv | labeled | merged | 3 | 1 | 2 | e.g. line 3: no_leakage |" in summary_markdown(staged, None, None)
+
+
+def test_the_summary_lists_repeat_deliveries():
+    """A delivery of repeats only published a files table with no row."""
+    repeat = Incoming(Path("inbox/again.csv"), "6" * 64)
+    summary = summary_markdown(Staged(Path("raw")), None, None, [repeat])
+    assert "| again.csv | labeled | repeat | 0 | 0 | 0 | already processed (same sha256) |" in summary

@@ -45,7 +45,7 @@ def test_prefect_deploy_puts_the_nightly_training_and_the_hourly_refresh_on_one_
         retrain = client.read_deployment_by_name("retrain/retrain-nightly")
     schedules = {s.slug: s for s in retrain.schedules}
     assert set(schedules) == {"train-nightly", "refresh-hourly"}
-    assert schedules["train-nightly"].active and schedules["train-nightly"].parameters == {}
+    assert schedules["train-nightly"].active and schedules["train-nightly"].parameters == {"mode": "train"}
     assert schedules["train-nightly"].schedule.cron == "0 2 * * *"
     # Off until the user serves the exemplar rule; when on, its runs pass the flow's own `mode` parameter.
     assert not schedules["refresh-hourly"].active and schedules["refresh-hourly"].parameters == {"mode": "refresh"}

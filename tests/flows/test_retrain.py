@@ -240,10 +240,23 @@ def test_a_refresh_without_a_champion_says_what_to_do_changes_nothing_and_is_not
     looked_up = steps.champion_model
     monkeypatch.setattr(steps, "champion_model", lambda *args: lookups.append(args) or looked_up(*args))
     drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
-    with pytest.raises(Exception, match=r"has no tqc-admc@champion to refresh; train one first"):
-        retrain(params_path="params.yaml", mode="refresh")  # the flow's parameter, over params.yaml's train
+    state = retrain(params_path="params.yaml", mode="refresh", return_state=True)  # the parameter, over params.yaml's train
+    # The run fails with the reason as its message (no traceback through Prefect's engine), and the caller gets the error
+    assert state.is_failed() and "has no tqc-admc@champion to refresh; train one first" in state.message
+    assert isinstance(state.result(raise_on_failure=False), steps.RefreshError)
     assert len(lookups) == 1  # a missing champion is permanent: no retry
     assert not added_rows(project) and (project / "data" / "incoming" / "one.csv").exists()
+
+
+def test_bad_params_fail_the_run_with_the_key_and_the_reason(project):
+    from tqc.config import ConfigError
+
+    set_params(project, retrain={"mode": "trian"})
+    state = retrain(params_path="params.yaml", return_state=True)
+    # the run's message is the error's own, not "Flow run encountered an exception: ConfigError: …" with a traceback
+    assert state.is_failed() and state.message.startswith("params.yaml: invalid parameters")
+    assert "retrain.mode: Input should be 'train' or 'refresh' (got 'trian')" in state.message
+    assert isinstance(state.result(raise_on_failure=False), ConfigError)
 
 
 def test_a_refresh_answers_a_new_class_from_its_labeled_questions_alone(project):

@@ -10,6 +10,7 @@ import pytest
 
 from tqc import retrain as steps
 from tqc.config import load_params
+from tqc.io import read_jsonl
 from tests.flows.conftest import added_rows, drop, unseen_questions
 
 
@@ -55,6 +56,9 @@ def test_a_catalog_file_without_text_is_unusable_by_line_and_blocks_nothing_else
     catalog = outcome_of(staged, "catalog-new.csv")
     assert catalog.outcome == "unusable" and "catalog-new.csv, line 2" in catalog.reason and "'FOOD'" in catalog.reason
     assert outcome_of(staged, "batch.csv").accepted == 2
+    # in the quarantine too, as an unusable labeled file is: one row for the whole file
+    [row] = [q for q in staged.quarantined_rows if q["file"].endswith("catalog-new.csv")]
+    assert row["line"] is None and row["reason"] == f"unusable file: {catalog.reason}"
 
 
 def test_a_new_class_may_not_take_the_standard_question_of_another(project):
@@ -68,6 +72,16 @@ def test_a_new_class_may_not_take_the_standard_question_of_another(project):
     assert catalog.outcome == "unusable" and "line 3" in catalog.reason and "of class 'LOC'" in catalog.reason
 
 
+def test_labeled_questions_in_a_file_named_catalog_say_why_they_were_read_as_a_catalog(project):
+    drop(project, "catalog_additions.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
+
+    staged, _ = deliver(project)
+
+    catalog = outcome_of(staged, "catalog_additions.csv")
+    assert catalog.outcome == "unusable" and "missing column(s)" in catalog.reason
+    assert "a file whose name begins with 'catalog' is read as a catalog" in catalog.reason
+
+
 def test_the_same_question_in_two_files_of_a_delivery_is_compared_as_validate_compares_it(project):
     where, who = unseen_questions(project, "LOC", 2)
     drop(project, "1.csv", [(where, "LOC"), (who, "LOC")])
@@ -75,9 +89,13 @@ def test_the_same_question_in_two_files_of_a_delivery_is_compared_as_validate_co
 
     staged, _ = deliver(project)
 
-    assert outcome_of(staged, "1.csv").accepted == 2 and outcome_of(staged, "2.csv").accepted == 0
-    reasons = sorted(q["reason"] for q in staged.quarantined_rows if q["file"].endswith("2.csv"))
-    assert reasons == ["conflicts with a row in an earlier file, labeled 'LOC'", "duplicate of a row in an earlier file"]
+    # The duplicate's later copy goes; both copies of the conflict go, as validate quarantines a conflict in one file.
+    assert outcome_of(staged, "1.csv").accepted == 1 and outcome_of(staged, "2.csv").accepted == 0
+    reasons = {(Path(q["file"]).name, q["line"]): q["reason"] for q in staged.quarantined_rows}
+    assert reasons == {("1.csv", 2): "conflicts with 2.csv, line 2, labeled 'HUM' (every copy quarantined)",
+                       ("2.csv", 2): "conflicts with 1.csv, line 2, labeled 'LOC' (every copy quarantined)",
+                       ("2.csv", 3): "duplicate of 1.csv, line 3"}
+    assert [r["text"] for r in read_jsonl(staged.raw / "labeled.jsonl")][-1:] == [who]
 
 
 def test_a_delivery_that_adds_nothing_commits_no_data_whatever_staging_holds(project):
@@ -95,13 +113,16 @@ def test_a_delivery_that_adds_nothing_commits_no_data_whatever_staging_holds(pro
     assert result["committed"] == [] and result["archived"][0]["outcome"] == "repeat"
 
 
-def test_files_of_other_kinds_in_the_inbox_are_named_in_a_warning(project, caplog):
+def test_files_of_other_kinds_and_folders_in_the_inbox_are_named_in_a_warning(project, caplog):
     inbox = project / "data" / "incoming"
     inbox.mkdir(parents=True)
     (inbox / "batch.tsv").write_text("question\tlabel\nwhere is paris\tLOC\n")
+    (inbox / "monday").mkdir()  # a delivery unpacked into a folder
+    (inbox / "monday" / "questions.csv").write_text("question,label\nwhere is paris,LOC\n")
     with caplog.at_level(logging.WARNING, logger="tqc.retrain"):
         assert steps.pick_up(load_params(project / "params.yaml").retrain) == ([], [])
     assert "batch.tsv" in caplog.text and "not read" in caplog.text
+    assert "folders are not read" in caplog.text and "monday" in caplog.text
 
 
 def test_rows_appended_to_a_file_during_a_run_are_read_by_the_next_one(project):
