@@ -8,6 +8,11 @@ explicitly (for callers that own a run, such as the Prefect flows).
 
 The store is `tracking.uri`, else `$MLFLOW_TRACKING_URI`, else the local `sqlite:///mlflow.db`:
 no server to start, and the same runs go to a shared server by configuration alone.
+
+A process killed with SIGKILL (or a machine that lost power) never ends its runs, and MLflow would
+show them RUNNING for good. Each run is tagged with its process (host, pid, start time); whenever a
+run starts, RUNNING runs of this host whose process is gone are ended as KILLED. Runs of other hosts
+are left alone: nothing here can tell whether their process lives.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ log = logging.getLogger(__name__)
 LOCAL_STORE = "sqlite:///mlflow.db"
 PARENT_ENV = "TQC_PARENT_RUN_ID"
 PIPELINE_TAG, REPRO_TAG, PARAMS_TAG, COMMIT_TAG = "tqc.kind", "tqc.repro", "tqc.params_hash", "tqc.git_commit"
+OWNER_TAG = "tqc.process"  # host:pid:start time of the process a run is RUNNING in
 
 
 def tracking_uri(params: TrackingParams) -> str:
@@ -130,7 +136,43 @@ def _client_and_experiment(params: TrackingParams):
 
     mlflow.set_tracking_uri(tracking_uri(params))
     experiment = mlflow.set_experiment(params.experiment)
-    return mlflow, mlflow.MlflowClient(), experiment.experiment_id
+    client = mlflow.MlflowClient()
+    end_orphaned_runs(client, experiment.experiment_id)
+    return mlflow, client, experiment.experiment_id
+
+
+def this_process() -> str:
+    """The OWNER_TAG value of this process: host, pid and start time (a pid alone is reused)."""
+    import socket
+
+    import psutil
+
+    me = psutil.Process()
+    return f"{socket.gethostname()}:{me.pid}:{int(me.create_time())}"
+
+
+def _process_alive(owner: str) -> bool:
+    import psutil
+
+    _, pid, started = owner.rsplit(":", 2)
+    try:
+        return int(psutil.Process(int(pid)).create_time()) == int(started)
+    except (psutil.NoSuchProcess, ValueError):
+        return False
+
+
+def end_orphaned_runs(client, experiment_id: str) -> list[str]:
+    """End as KILLED the RUNNING runs of this host whose process is gone; returns their ids."""
+    host = this_process().rsplit(":", 2)[0]
+    running = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000)
+    orphans = [run.info.run_id for run in running
+               if run.data.tags.get(OWNER_TAG, "").rsplit(":", 2)[0] == host and not _process_alive(run.data.tags[OWNER_TAG])]
+    for run_id in orphans:
+        client.set_terminated(run_id, status="KILLED")
+    if orphans:
+        log.warning("mlflow: %d run(s) of a process that is gone (killed) were still RUNNING; ended as KILLED: %s",
+                    len(orphans), ", ".join(orphans))
+    return orphans
 
 
 def repro_id() -> str:
@@ -193,10 +235,11 @@ def stage_run(stage: str, params: Params, inputs: list[Path] = ()) -> Iterator[T
     owns_parent = not os.environ.get(PARENT_ENV)
     if owns_parent:
         client.update_run(parent_id, status="RUNNING")
+        client.set_tag(parent_id, OWNER_TAG, this_process())
     status = "FAILED"
     try:
         with mlflow.start_run(run_name=stage, experiment_id=experiment_id, parent_run_id=parent_id,
-                              tags={"tqc.stage": stage, COMMIT_TAG: commit}):
+                              tags={"tqc.stage": stage, COMMIT_TAG: commit, OWNER_TAG: this_process()}):
             tracker = Tracker(mlflow)
             tracker.log_params(_stage_params(stage, params))
             tracker.log_inputs(list(inputs))
@@ -222,7 +265,7 @@ def standalone_run(name: str, params: TrackingParams, tags: dict | None = None) 
         yield Tracker(None)
         return
     mlflow, _, experiment_id = _client_and_experiment(params)
-    with mlflow.start_run(run_name=name, experiment_id=experiment_id, tags=tags or {}):
+    with mlflow.start_run(run_name=name, experiment_id=experiment_id, tags={**(tags or {}), OWNER_TAG: this_process()}):
         yield Tracker(mlflow)
 
 
@@ -241,5 +284,6 @@ def nested_run(name: str, tags: dict | None = None) -> Iterator[Tracker]:
     # The parent's experiment, named rather than left to MLflow's active one: a `set_experiment` that loses
     # the race to create the experiment (tune workers starting together on a fresh one) returns without
     # making it active, and a nested run would then land in "Default", apart from its parent.
-    with mlflow.start_run(run_name=name, nested=True, experiment_id=parent.info.experiment_id, tags=tags or {}):
+    with mlflow.start_run(run_name=name, nested=True, experiment_id=parent.info.experiment_id,
+                          tags={**(tags or {}), OWNER_TAG: this_process()}):
         yield Tracker(mlflow)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tqc.config import TrackingParams
-from tqc.tracking import nested_run, standalone_run
+from tqc.tracking import nested_run, standalone_run, this_process
 
 
 def test_a_nested_run_lands_in_its_parents_experiment_whatever_experiment_is_active(tmp_path, monkeypatch):
@@ -29,3 +29,42 @@ def test_a_nested_run_lands_in_its_parents_experiment_whatever_experiment_is_act
     assert study_run.info.experiment_id == study_experiment
     assert trial_run.info.experiment_id == study_experiment
     assert trial_run.data.tags["mlflow.parentRunId"] == study_run.info.run_id
+
+
+KILLED_MID_RUN = """
+import os, signal, sys
+from tqc.config import TrackingParams
+from tqc.tracking import nested_run, standalone_run
+
+with standalone_run("retrain", TrackingParams(uri=sys.argv[1], experiment="orphans")):
+    with nested_run("train"):
+        os.kill(os.getpid(), signal.SIGKILL)  # no `finally` runs: MLflow would keep both runs RUNNING
+"""
+
+
+def test_runs_of_a_killed_process_are_ended_as_killed_when_the_next_run_starts(tmp_path):
+    """A SIGKILLed retrain (or a lost machine) left its runs RUNNING in MLflow for good."""
+    import signal
+    import subprocess
+    import sys
+
+    import mlflow
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    killed = subprocess.run([sys.executable, "-c", KILLED_MID_RUN, store], capture_output=True)
+    assert killed.returncode == -signal.SIGKILL
+    client = mlflow.MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("orphans").experiment_id
+    assert {r.info.status for r in client.search_runs([experiment])} == {"RUNNING"}
+    # a run of a live process on another host (a shared server): nothing here can tell, so it stays
+    elsewhere = client.create_run(experiment, tags={"tqc.process": "another-host:1:1"}).info.run_id
+    alive = client.create_run(experiment, tags={"tqc.process": this_process()}).info.run_id  # this host, still running
+
+    with standalone_run("retrain", TrackingParams(uri=store, experiment="orphans")):
+        mine = mlflow.active_run().info.run_id
+
+    statuses = {r.info.run_name: r.info.status for r in client.search_runs([experiment])
+                if r.info.run_id not in (mine, elsewhere, alive)}
+    assert statuses == {"retrain": "KILLED", "train": "KILLED"}
+    assert client.get_run(elsewhere).info.status == client.get_run(alive).info.status == "RUNNING"
+    assert client.get_run(mine).info.status == "FINISHED"
