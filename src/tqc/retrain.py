@@ -27,6 +27,7 @@ quarantined as a duplicate of the current data by the validate contract.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import subprocess
@@ -384,7 +385,7 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
                 shutil.copy2(staged.raw / name, tmp)
         dvc = _dvc_record(committed, params.retrain.push)
         if staged.quarantined_rows:
-            _append_jsonl(Path(params.retrain.quarantine), staged.quarantined_rows)
+            _quarantine(Path(params.retrain.quarantine), staged.quarantined_rows)
         by_file = {o.file: o for o in staged.outcomes}
         entries = [archive(f, by_file[str(f.path)], params.retrain, archived) for f in files]
         entries += [archive(f, repeat_outcome(f), params.retrain, archived) for f in repeats]
@@ -457,10 +458,13 @@ def archive(incoming: Incoming, outcome: FileOutcome, params: RetrainParams,
     return entry
 
 
-def _append_jsonl(path: Path, rows: list[dict]) -> None:
+def _quarantine(path: Path, rows: list[dict]) -> None:
+    """Append the rows the quarantine lacks: a file delivered again with nothing taken from it (its reason not yet
+    fixed) is judged again to the same rows, which one copy records."""
     existing = _rows(path)
+    recorded = {json.dumps(row, sort_keys=True) for row in existing}
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_jsonl(path, existing + rows)
+    write_jsonl(path, existing + [row for row in rows if json.dumps(row, sort_keys=True) not in recorded])
 
 
 def _dvc_record(paths: list[Path], push: bool) -> dict:

@@ -42,6 +42,21 @@ def test_a_file_nothing_was_taken_from_may_be_delivered_again_and_one_that_added
     assert [f.path.name for f in repeats] == ["merged.csv"]
 
 
+def test_a_file_delivered_again_unchanged_adds_no_second_copy_of_its_quarantined_rows(project):
+    params = load_params(project / "params.yaml")
+    rows = [(q, "FOOD") for q in unseen_questions(project, "LOC", 2)]  # FOOD: not in the catalog
+    for _ in range(2):  # nothing was taken from it, so it may come again (its reason fixed, or not)
+        path = drop(project, "food.csv", rows)
+        staged, files = deliver(project)
+        assert outcome_of(staged, "food.csv").quarantined == 2
+        steps.commit(params, staged, files, [])
+        assert not path.exists()
+
+    quarantined = read_jsonl(params.retrain.quarantine)
+    assert sorted(q["line"] for q in quarantined) == [2, 3]
+    assert len(read_jsonl(Path(params.retrain.archive) / steps.MANIFEST)) == 2  # each delivery is recorded
+
+
 def test_a_catalog_file_without_text_is_unusable_by_line_and_blocks_nothing_else(project, caplog):
     inbox = project / "data" / "incoming"
     inbox.mkdir(parents=True)
