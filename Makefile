@@ -33,5 +33,5 @@ test: install-test
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "not slow and not gpu"
 
 bench: install
-	$(BIN)/tqc bench epochs
-	$(BIN)/tqc bench validate --dataset trec50
+	$(BIN)/tqc bench epochs --out reports/bench/epochs.json
+	$(BIN)/tqc bench validate --dataset trec50 --out reports/bench/validate-trec50.json

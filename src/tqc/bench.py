@@ -2,6 +2,8 @@
 
 Both stages train the same model on the same rows for the same number of steps; the
 figure that matters is the ratio, measured in one run, since these machines are noisy.
+With `--out` a benchmark also writes its figures, with the machine and the code they were
+measured on, so that a figure quoted in the README has a report behind it.
 """
 
 from __future__ import annotations
@@ -79,3 +81,20 @@ def validate_stage(params: Params, dataset: str) -> dict:
     report = {"dataset": dataset, "validate_stage_seconds": seconds}
     print(f"dataset: {dataset}\nvalidate_stage_seconds: {seconds:.2f}")
     return report
+
+
+def write_report(path: Path, report: dict) -> None:
+    """The figures with what they were measured on: device, cores, torch, the code's commit, the date."""
+    import os
+    import platform
+    from datetime import datetime, timezone
+
+    from tqc.io import write_json
+    from tqc.tracking import git_commit
+
+    device = pick_device()
+    write_json(path, {**report, "measured_on": {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
+        "cpu_cores": os.cpu_count(), "torch": torch.__version__, "code_version": git_commit(),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d")}})
+    print(f"wrote {path}")

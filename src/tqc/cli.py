@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dataset", default="trec50", help="validate: the dataset to validate (default trec50)")
     bench.add_argument("--data", type=Path, default=Path("data/validated"), help="epochs: validated data folder")
     bench.add_argument("--train", type=Path, default=Path("data/augmented/train.jsonl"), help="epochs: training rows")
+    bench.add_argument("--out", type=Path, help="also write the figures, with the machine and code version, to this JSON file")
     return parser
 
 
@@ -285,9 +286,13 @@ def _bench(args: argparse.Namespace, params: Params) -> None:
     from tqc import bench
 
     if args.what == "epochs":
-        bench.epochs(params, args.steps, args.batch_size, args.data, args.train)
+        report = bench.epochs(params, args.steps, args.batch_size, args.data, args.train)
     else:
-        bench.validate_stage(params, args.dataset)
+        report = bench.validate_stage(params, args.dataset)
+    if args.out:
+        # epochs: the folders it read (params.yaml's dataset need not be theirs)
+        bench.write_report(args.out, {"data": str(args.data), "train": str(args.train), **report}
+                           if args.what == "epochs" else report)
 
 
 def _predict(args: argparse.Namespace) -> None:

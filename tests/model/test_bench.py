@@ -44,3 +44,14 @@ def test_the_validate_benchmark_reads_the_params_it_is_given_with_their_override
     elsewhere = load_params("params.yaml", {"data": {"data_dir": str(tmp_path / "nowhere")}})  # as --set gives them
     with pytest.raises(ReaderError, match="nowhere/trec/train_5500.label: file not found"):  # before: params.yaml read again, so the shipped data timed
         bench.validate_stage(elsewhere, "trec6")
+
+
+def test_a_benchmark_report_says_what_it_was_measured_on(tmp_path):
+    from tqc.io import read_json
+
+    bench.write_report(tmp_path / "bench" / "epochs.json", {"stage_two_over_stage_one": 1.01})
+    report = read_json(tmp_path / "bench" / "epochs.json")
+    assert report["stage_two_over_stage_one"] == 1.01
+    measured_on = report["measured_on"]
+    assert set(measured_on) == {"device", "cpu_cores", "torch", "code_version", "date"}
+    assert measured_on["cpu_cores"] >= 1 and measured_on["code_version"] != "unknown"
