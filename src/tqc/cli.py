@@ -390,6 +390,9 @@ def _prior_for(model_dir: Path, choice: str) -> Path | None:
     return path
 
 
+SPACE_PREFIX = "tune.space."  # --set keys below it name one search dimension each (a dotted param path)
+
+
 def parse_overrides(items: list[str]) -> dict:
     """['stage_one.epochs=5', …] → nested overrides; values are read as YAML (5 → int, [a] → list)."""
     import yaml
@@ -415,9 +418,6 @@ def parse_overrides(items: list[str]) -> dict:
     if space:
         overrides.setdefault("tune", {}).setdefault("space", {}).update(space)
     return overrides
-
-
-SPACE_PREFIX = "tune.space."
 
 
 def at_least_one(text: str) -> int:
