@@ -174,8 +174,8 @@ def stage(files: list[Incoming], params: Params, staging: Path) -> Staged:
     for outcome in staged.outcomes:
         if outcome.outcome == "unusable":  # said here, in the quarantine and in the summary, not only in the manifest
             log.warning("retrain: %s is unusable: %s", outcome.file, outcome.reason)
-            staged.quarantined_rows.append({"file": outcome.file, "sha256": outcome.sha256, "line": None,
-                                            "reason": f"unusable file: {outcome.reason}"})
+            staged.quarantined_rows.append(quarantine_record(outcome.file, outcome.sha256, {
+                "line": None, "expectations": ["usable_file"], "reason": f"unusable file: {outcome.reason}"}))
     return staged
 
 
@@ -251,25 +251,37 @@ def _merge_checked(incoming: Incoming, report: dict, copies: dict[str, list[tupl
     new_rows, quarantined = [], list(report["quarantined"])
     for row in report["accepted"]:
         here = (incoming.path.name, _line(row), row["class_id"])
-        reason = _cross_file_reason(here, copies[_text_key(row)])
-        if reason:
-            quarantined.append({"file": str(incoming.path), "line": here[1], "reason": reason, "content": row["text"]})
+        rejected = _cross_file_reason(here, copies[_text_key(row)])
+        if rejected:
+            quarantined.append({"line": here[1], "expectations": [rejected[0]], "reason": rejected[1],
+                                "content": {"text": row["text"], "class_id": row["class_id"]}})
         else:
             new_rows.append({"text": row["text"], "class_id": row["class_id"], "source": f"{here[0]}:{here[1]}"})
     write_jsonl(raw / ADDED_QUESTIONS, _rows(raw / ADDED_QUESTIONS) + new_rows)
-    staged.quarantined_rows.extend({"file": str(incoming.path), "sha256": incoming.sha256, **q} for q in quarantined)
+    staged.quarantined_rows.extend(quarantine_record(str(incoming.path), incoming.sha256, q) for q in quarantined)
     return FileOutcome(str(incoming.path), incoming.sha256, "labeled", "merged", read=report["read"],
                        accepted=len(new_rows), quarantined=len(quarantined))
 
 
-def _cross_file_reason(here: tuple[str, int, str], copies: list[tuple[str, int, str]]) -> str:
-    """Why a row is quarantined for its copies in the delivery's files (its own among them); "" to keep it."""
+def _cross_file_reason(here: tuple[str, int, str], copies: list[tuple[str, int, str]]) -> tuple[str, str] | None:
+    """(validate's expectation, reason) that quarantine a row for its copies in the delivery's files (its own
+    among them); None to keep it."""
     other_label = next((c for c in copies if c[2] != here[2]), None)
     if other_label:
-        return f"conflicts with {other_label[0]}, line {other_label[1]}, labeled {other_label[2]!r} (every copy quarantined)"
+        return ("no_label_conflicts", f"conflicts with {other_label[0]}, line {other_label[1]}, labeled "
+                                      f"{other_label[2]!r} (every copy quarantined)")
     if copies[0] != here:
-        return f"duplicate of {copies[0][0]}, line {copies[0][1]}"
-    return ""
+        return "no_duplicates", f"duplicate of {copies[0][0]}, line {copies[0][1]}"
+    return None
+
+
+def quarantine_record(file: str, sha256: str, row: dict) -> dict:
+    """One shape for every row of the retrain quarantine, whichever check rejected it: the validate contract
+    (its expectations), the reader (`parse`), another file of the delivery, or the whole file (`usable_file`,
+    line null). `content` is the row as read ({text, class_id}), or the raw line where it could not be read."""
+    expectations = list(row.get("expectations") or [])
+    return {"file": file, "sha256": sha256, "line": row.get("line"), "expectations": expectations,
+            "reason": row.get("reason") or ", ".join(expectations), "content": row.get("content")}
 
 
 def _text_key(row: dict) -> str:

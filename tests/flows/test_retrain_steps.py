@@ -113,6 +113,23 @@ def test_the_same_question_in_two_files_of_a_delivery_is_compared_as_validate_co
     assert [r["text"] for r in read_jsonl(staged.raw / "labeled.jsonl")][-1:] == [who]
 
 
+def test_every_quarantined_row_has_one_shape_whichever_check_rejected_it(project):
+    where, who = unseen_questions(project, "LOC", 2)
+    drop(project, "a.csv", [(where, "LOC"), (who, "FOOD")])  # FOOD: the contract's label_in_catalog
+    drop(project, "b.csv", [(where, "LOC")])  # a duplicate of a.csv's row
+    (project / "data" / "incoming" / "c.csv").write_text("q,l\nwhere is rome,LOC\n")  # unusable: no such columns
+
+    staged, _ = deliver(project)
+
+    assert {tuple(q) for q in staged.quarantined_rows} == {("file", "sha256", "line", "expectations", "reason", "content")}
+    by_file = {Path(q["file"]).name: q for q in staged.quarantined_rows}
+    assert by_file["a.csv"]["expectations"] == ["label_in_catalog"] and by_file["a.csv"]["reason"] == "label_in_catalog"
+    assert by_file["b.csv"]["expectations"] == ["no_duplicates"] and by_file["b.csv"]["reason"] == "duplicate of a.csv, line 2"
+    assert by_file["b.csv"]["content"] == {"text": where, "class_id": "LOC"}
+    assert by_file["c.csv"]["expectations"] == ["usable_file"] and by_file["c.csv"]["line"] is None
+    assert all(len(q["sha256"]) == 64 for q in staged.quarantined_rows)
+
+
 def test_a_delivery_that_adds_nothing_commits_no_data_whatever_staging_holds(project):
     params = load_params(project / "params.yaml")
     raw = project / "data" / "raw"
