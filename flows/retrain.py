@@ -89,8 +89,8 @@ def retrain(params_path: str = "params.yaml", mode: str | None = None) -> dict:
         logger.warning("retrain: %s; this run did nothing", busy)
         return {"status": "busy"}
     except USER_ERRORS as error:
-        # The run fails with the reason as its message, not a traceback through Prefect's engine; a caller
-        # (a test, `python flows/retrain.py`) still gets the exception itself.
+        # The flow run fails with the reason as its message, not a second traceback through Prefect's flow engine
+        # (a task that raised it has logged its own); a caller (a test, `python flows/retrain.py`) still gets it.
         logger.error("retrain: %s", error)
         return Failed(message=str(error), data=error)
 

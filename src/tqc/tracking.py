@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import subprocess
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -142,31 +143,62 @@ def _client_and_experiment(params: TrackingParams):
 
 
 def this_process() -> str:
-    """The OWNER_TAG value of this process: host, pid and start time (a pid alone is reused)."""
-    import socket
-
-    import psutil
-
-    me = psutil.Process()
-    return f"{socket.gethostname()}:{me.pid}:{int(me.create_time())}"
+    """The OWNER_TAG value of this process: `host:space:pid:start`. On Linux `space` is the boot id and the pid
+    namespace (two containers may share a hostname, never both) and `start` the process's start in clock ticks
+    since boot (a pid alone is reused; a wall-clock start time moves when the clock is stepped). Elsewhere
+    `space` is empty and `start` psutil's create time in seconds."""
+    return f"{socket.gethostname()}:{_process_space()}:{os.getpid()}:{_start_of(os.getpid())}"
 
 
-def _process_alive(owner: str) -> bool:
-    import psutil
-
-    _, pid, started = owner.rsplit(":", 2)
+def _process_space() -> str:
     try:
-        return int(psutil.Process(int(pid)).create_time()) == int(started)
-    except (psutil.NoSuchProcess, ValueError):
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot_id}.{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
+
+
+def _start_of(pid: int) -> int:
+    """Raises OSError (or psutil's errors) when the process cannot be seen."""
+    if _process_space():
+        # /proc/<pid>/stat: field 22, starttime; the command name (field 2) may hold spaces, so split after ")"
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    import psutil
+
+    return int(psutil.Process(pid).create_time())
+
+
+def _process_gone(owner: str) -> bool:
+    """True only when this process can tell that the owner's process has ended: same host and space, and no process
+    with that pid, or one with another start (the pid reused). Anything it cannot see is taken to be alive."""
+    try:
+        host, space, pid, start = owner.rsplit(":", 3)
+        pid, start = int(pid), int(start)
+    except ValueError:
         return False
+    if host != socket.gethostname() or space != _process_space():
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0 only asks whether the pid exists, even where /proc hides other users' processes
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # it exists, another user's
+    try:
+        started = _start_of(pid)
+    except Exception:  # gone since, or not ours to read: a start we cannot read is no evidence of death
+        return False
+    # psutil's create time follows the wall clock; elsewhere allow a step of the clock
+    return started != start if space else abs(started - start) > 2
 
 
 def end_orphaned_runs(client, experiment_id: str) -> list[str]:
-    """End as KILLED the RUNNING runs of this host whose process is gone; returns their ids."""
-    host = this_process().rsplit(":", 2)[0]
-    running = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000)
-    orphans = [run.info.run_id for run in running
-               if run.data.tags.get(OWNER_TAG, "").rsplit(":", 2)[0] == host and not _process_alive(run.data.tags[OWNER_TAG])]
+    """End as KILLED the RUNNING runs of this experiment whose process, on this host, is gone; returns their ids.
+    Their end time is when they were found, since nothing records when a killed process died."""
+    host_and_space = this_process().rsplit(":", 2)[0]
+    running = client.search_runs([experiment_id], max_results=1000, filter_string=(
+        f"attributes.status = 'RUNNING' and tags.`{OWNER_TAG}` LIKE '{host_and_space.replace(chr(39), '_')}:%'"))
+    orphans = [run.info.run_id for run in running if _process_gone(run.data.tags.get(OWNER_TAG, ""))]
     for run_id in orphans:
         client.set_terminated(run_id, status="KILLED")
     if orphans:
@@ -233,9 +265,9 @@ def stage_run(stage: str, params: Params, inputs: list[Path] = ()) -> Iterator[T
     commit = git_commit()
     parent_id = _pipeline_parent(client, experiment_id, params, commit)
     owns_parent = not os.environ.get(PARENT_ENV)
-    if owns_parent:
-        client.update_run(parent_id, status="RUNNING")
+    if owns_parent:  # the owner first: RUNNING with the last stage's (ended) process would look orphaned
         client.set_tag(parent_id, OWNER_TAG, this_process())
+        client.update_run(parent_id, status="RUNNING")
     status = "FAILED"
     try:
         with mlflow.start_run(run_name=stage, experiment_id=experiment_id, parent_run_id=parent_id,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tqc.config import TrackingParams
-from tqc.tracking import nested_run, standalone_run, this_process
+from tqc.tracking import _process_gone, nested_run, standalone_run, this_process
 
 
 def test_a_nested_run_lands_in_its_parents_experiment_whatever_experiment_is_active(tmp_path, monkeypatch):
@@ -59,12 +59,22 @@ def test_runs_of_a_killed_process_are_ended_as_killed_when_the_next_run_starts(t
     # a run of a live process on another host (a shared server): nothing here can tell, so it stays
     elsewhere = client.create_run(experiment, tags={"tqc.process": "another-host:1:1"}).info.run_id
     alive = client.create_run(experiment, tags={"tqc.process": this_process()}).info.run_id  # this host, still running
+    # the same hostname in another container or boot (another pid namespace): its pids are not ours to check
+    host, _, pid, start = this_process().rsplit(":", 3)
+    twin = client.create_run(experiment, tags={"tqc.process": f"{host}:another-boot.1:{pid}9:{start}"}).info.run_id
 
     with standalone_run("retrain", TrackingParams(uri=store, experiment="orphans")):
         mine = mlflow.active_run().info.run_id
 
     statuses = {r.info.run_name: r.info.status for r in client.search_runs([experiment])
-                if r.info.run_id not in (mine, elsewhere, alive)}
+                if r.info.run_id not in (mine, elsewhere, alive, twin)}
     assert statuses == {"retrain": "KILLED", "train": "KILLED"}
-    assert client.get_run(elsewhere).info.status == client.get_run(alive).info.status == "RUNNING"
+    assert {client.get_run(run).info.status for run in (elsewhere, alive, twin)} == {"RUNNING"}
     assert client.get_run(mine).info.status == "FINISHED"
+
+
+def test_a_reused_pid_is_told_from_the_process_that_owned_the_run():
+    host, space, pid, start = this_process().rsplit(":", 3)
+    assert not _process_gone(this_process())
+    assert _process_gone(f"{host}:{space}:{pid}:{int(start) + 1}")  # the pid now belongs to a later process
+    assert not _process_gone("a tag of another form")  # nothing it can tell: left alone

@@ -95,6 +95,14 @@ def test_the_alias_moves_to_a_better_challenger_and_stays_for_a_worse_one(tiny_m
     top = answers[answers["rank"] == 1].set_index("question")["class_id"]
     assert top["where is paris"] == "LOC" and top["who invented chess"] == "HUM"
 
+    # v1 made champion again (a gate that takes anything: a rollback, say) is no longer "superseded by" anyone
+    with standalone_run("promote", registry) as tracker:
+        rollback = promote.run(data_dir, weak, None, params.model_copy(update={"min_improvement": -1.0, "tail_tolerance": 1.0}),
+                               tmp_path / "promotion.json", tracker)
+    v1, v2 = (mlflow.MlflowClient().get_model_version("tqc-admc", v).tags for v in ("1", "2"))
+    assert rollback["promoted"] and v1["promotion"] == "champion" and "superseded_by" not in v1
+    assert v2["promotion"] == "superseded" and v2["superseded_by"] == "1"
+
 
 def test_promote_without_tracking_says_so(data_dir, tmp_path):
     from tqc.tracking import Tracker

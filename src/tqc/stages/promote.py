@@ -79,6 +79,8 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         decision = _incomparable(decision, champion_version, params)
     if decision.promote:
         client.set_registered_model_alias(params.model_name, params.alias, version)
+        if "superseded_by" in client.get_model_version(params.model_name, version).tags:  # champion again (a rollback)
+            client.delete_model_version_tag(params.model_name, version, "superseded_by")
         if champion_version is not None:  # its `promotion: champion` tag would otherwise outlive the alias
             client.set_model_version_tag(params.model_name, champion_version, "promotion", "superseded")
             client.set_model_version_tag(params.model_name, champion_version, "superseded_by", version)
