@@ -93,8 +93,9 @@ def write_report(path: Path, report: dict) -> None:
     from tqc.tracking import git_commit
 
     device = pick_device()
+    cpu = f"cpu ({platform.processor() or platform.machine()})"
     write_json(path, {**report, "measured_on": {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu,
         "cpu_cores": os.cpu_count(), "torch": torch.__version__, "code_version": git_commit(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d")}})
     print(f"wrote {path}")
