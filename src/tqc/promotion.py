@@ -63,6 +63,20 @@ def tail_classes(train_class_ids: list[str], catalog_ids: list[str], fraction: f
     return ranked[: max(1, math.ceil(fraction * len(catalog_ids)))]
 
 
+def class_changes(gold: np.ndarray, challenger: np.ndarray, champion: np.ndarray, class_ids: list[str],
+                  top: int = 10) -> list[dict]:
+    """The classes whose validation F1 moved most between champion and challenger (N,) answers (catalog indices, −1
+    for a class the catalog lacks): the figure a reviewer of a retrain reads to see what got worse, which accuracy
+    and the tail's mean can hide. Unmoved classes are left out."""
+    labels = np.unique(np.concatenate([gold, challenger, champion]))
+    labels = labels[labels >= 0]
+    before, after = per_class_prf(gold, champion, labels), per_class_prf(gold, challenger, labels)
+    moved = [{"class_id": class_ids[label], "support": after[label]["support"], "champion_f1": before[label]["f1"],
+              "challenger_f1": after[label]["f1"], "difference": after[label]["f1"] - before[label]["f1"]}
+             for label in map(int, labels) if after[label]["f1"] != before[label]["f1"]]
+    return sorted(moved, key=lambda c: (-abs(c["difference"]), c["class_id"]))[:top]
+
+
 def macro_f1_over(gold: np.ndarray, predicted: np.ndarray, labels: np.ndarray) -> float:
     """Mean F1 over exactly `labels` (tail classes with no validation row still count, as 0)."""
     per_class = per_class_prf(gold, predicted, labels)

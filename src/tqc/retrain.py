@@ -539,6 +539,16 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _class_changes_table(changes: list[dict]) -> list[str]:
+    """The classes whose validation F1 moved most, worst news and best alike (promote's `class_changes`)."""
+    if not changes:
+        return []
+    return ["", "## Classes that moved most (validation F1)", "", "| class | questions | champion | challenger | Δ |",
+            "| --- | --- | --- | --- | --- |"] + [
+        f"| {_cell(c['class_id'])} | {c['support']} | {c['champion_f1']:.3f} | {c['challenger_f1']:.3f} | "
+        f"{c['difference']:+.3f} |" for c in changes]
+
+
 def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | None, repeats: list[Incoming] = ()) -> str:
     """The flow's Prefect artifact: what came in (`repeats` too), and the challenger against the champion."""
     lines = ["# Retrain", "", "| file | kind | outcome | read | accepted | quarantined | reason |",
@@ -569,4 +579,5 @@ def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | 
         lines += ["", f"**{'Promoted' if promotion['promoted'] else 'Not promoted'}**: "
                   f"version {promotion['challenger_version']}; champion is now version {promotion['champion_version_after']}.", ""]
         lines += [f"- {reason}" for reason in promotion["reasons"]]
+        lines += _class_changes_table(promotion.get("class_changes", []))
     return "\n".join(lines) + "\n"

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from tqc.config import PromoteParams
-from tqc.promotion import decide, macro_f1_over, paired_bootstrap, tail_classes
+from tqc.promotion import class_changes, decide, macro_f1_over, paired_bootstrap, tail_classes
 
 
 def test_paired_bootstrap_interval_brackets_the_observed_difference():
@@ -62,3 +62,17 @@ def test_a_better_overall_challenger_that_loses_the_tail_is_not_promoted():
 def test_the_first_model_becomes_champion():
     decision = decide(GOLD, GOLD.copy(), None, TAIL, ["2"], PromoteParams())
     assert decision.promote and decision.bootstrap is None
+
+
+def test_class_changes_name_the_classes_whose_validation_f1_moved_most_and_leave_the_others_out():
+    gold = np.array([0, 0, 1, 1, 2, 2])
+    champion = np.array([0, 0, 1, 1, 2, 0])
+    challenger = np.array([0, 0, 2, 1, 2, 2])  # class 1 loses a question to class 2; class 2 gains its own back
+    changes = class_changes(gold, challenger, champion, ["A", "B", "C"])
+    assert [c["class_id"] for c in changes] == ["B", "A", "C"]  # A's F1 rises too: it no longer takes C's question
+    b = changes[0]
+    assert b["support"] == 2 and b["champion_f1"] == 1.0 and b["challenger_f1"] == pytest.approx(2 / 3)
+    assert b["difference"] == pytest.approx(-1 / 3)
+    assert class_changes(gold, champion, champion, ["A", "B", "C"]) == []
+    # a class the catalog lacks (−1, a champion of another catalog) is not a class here
+    assert all(c["class_id"] in "ABC" for c in class_changes(gold, challenger, np.array([0, 0, 1, 1, -1, -1]), ["A", "B", "C"]))

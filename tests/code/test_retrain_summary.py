@@ -28,6 +28,17 @@ def test_the_summary_compares_challenger_and_champion():
     assert "| accuracy | 0.8000 | 0.9000 | +0.1000 |" in text and "champion is now version 2" in text
 
 
+def test_the_summary_lists_the_classes_that_moved_most_on_validation():
+    promotion = {"promoted": True, "reasons": ["better"], "challenger_version": "2", "champion_version_after": "2",
+                 "validation": {"challenger_accuracy": 0.9, "champion_accuracy": 0.8},
+                 "challenger_tail_macro_f1": 0.7, "champion_tail_macro_f1": 0.6,
+                 "class_changes": [{"class_id": "LOC", "support": 4, "champion_f1": 0.9, "challenger_f1": 0.5,
+                                    "difference": -0.4}]}
+    text = summary_markdown(STAGED, promotion, TRAINED)
+    assert "## Classes that moved most (validation F1)" in text and "| LOC | 4 | 0.900 | 0.500 | -0.400 |" in text
+    assert "Classes that moved" not in summary_markdown(STAGED, {**promotion, "class_changes": []}, TRAINED)
+
+
 def test_the_summary_tells_a_first_version_from_a_champion_it_cannot_compare_with():
     judged_alone = {"promoted": False, "reasons": ["not comparable: …"], "challenger_version": "2",
                     "champion_version_before": "1", "champion_version_after": "1",

@@ -76,6 +76,9 @@ def test_the_alias_moves_to_a_better_challenger_and_stays_for_a_worse_one(tiny_m
     assert first["promoted"] and first["champion_version_after"] == "1"
     assert better["promoted"] and better["champion_version_before"] == "1" and better["champion_version_after"] == "2"
     assert better["bootstrap"]["low"] > 0
+    # which classes moved, from the same served answers the gate judged; nothing to compare the first version with
+    assert first["class_changes"] == [] and better["class_changes"]
+    assert sum(c["difference"] for c in better["class_changes"]) > 0  # the trained model is better on the whole
     assert not worse["promoted"] and worse["champion_version_after"] == "2"
     assert worse["bootstrap"]["high"] < 0
     # The weak model again: its content is v1's, so v1 is judged again rather than registered as v3.

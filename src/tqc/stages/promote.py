@@ -20,7 +20,7 @@ import numpy as np
 
 from tqc.config import PromoteParams
 from tqc.io import write_json
-from tqc.promotion import decide, tail_classes
+from tqc.promotion import class_changes, decide, tail_classes
 from tqc.schema import Catalog, load_questions
 from tqc.tracking import Tracker
 
@@ -85,6 +85,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
             client.set_model_version_tag(params.model_name, champion_version, "promotion", "superseded")
             client.set_model_version_tag(params.model_name, champion_version, "superseded_by", version)
     report = _report(params, version, registered_before, champion_version, decision, gold, challenger, champion)
+    report["class_changes"] = class_changes(gold, challenger, champion, catalog.class_ids) if champion is not None else []
     write_json(report_path, report)
     if not is_champion:
         outcome = "champion" if decision.promote else "incomparable" if incomparable else "rejected"
