@@ -76,5 +76,23 @@ def test_runs_of_a_killed_process_are_ended_as_killed_when_the_next_run_starts(t
 def test_a_reused_pid_is_told_from_the_process_that_owned_the_run():
     host, space, pid, start = this_process().rsplit(":", 3)
     assert not _process_gone(this_process())
-    assert _process_gone(f"{host}:{space}:{pid}:{int(start) + 1}")  # the pid now belongs to a later process
+    # the pid now belongs to a later process (10 ticks on Linux; 10 s elsewhere, past the clock-step slack)
+    assert _process_gone(f"{host}:{space}:{pid}:{int(start) + 10}")
     assert not _process_gone("a tag of another form")  # nothing it can tell: left alone
+
+
+def test_a_store_that_refuses_the_housekeeping_stops_no_run(tmp_path, monkeypatch, caplog):
+    import logging
+
+    import mlflow
+
+    from tqc import tracking
+
+    def refused(client, experiment_id):
+        raise RuntimeError("INVALID_PARAMETER_VALUE: LIKE is not supported here")
+
+    monkeypatch.setattr(tracking, "end_orphaned_runs", refused)
+    with caplog.at_level(logging.WARNING, logger="tqc.tracking"):
+        with standalone_run("retrain", TrackingParams(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="e")) as tracker:
+            assert tracker.active and mlflow.active_run() is not None
+    assert "could not end the runs of killed processes: INVALID_PARAMETER_VALUE" in caplog.text
