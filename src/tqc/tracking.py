@@ -195,15 +195,23 @@ def _process_gone(owner: str) -> bool:
     return started != start if space else abs(started - start) > 2
 
 
+def _last_sign_of_life(client, run) -> int:
+    """A killed run's end time (ms): its last logged metric, else its start. Nothing records when the process
+    died, and the time it was found would make its duration the time until the next run started."""
+    logged = [point.timestamp for key in run.data.metrics for point in client.get_metric_history(run.info.run_id, key)]
+    return max([run.info.start_time, *logged])
+
+
 def end_orphaned_runs(client, experiment_id: str) -> list[str]:
     """End as KILLED the RUNNING runs of this experiment whose process, on this host, is gone; returns their ids.
-    Their end time is when they were found, since nothing records when a killed process died."""
+    Their end time is their last logged metric (or their start)."""
     host_and_space = this_process().rsplit(":", 2)[0]
     running = client.search_runs([experiment_id], max_results=1000, filter_string=(
         f"attributes.status = 'RUNNING' and tags.`{OWNER_TAG}` LIKE '{host_and_space.replace(chr(39), '_')}:%'"))
-    orphans = [run.info.run_id for run in running if _process_gone(run.data.tags.get(OWNER_TAG, ""))]
-    for run_id in orphans:
-        client.set_terminated(run_id, status="KILLED")
+    orphans = [run for run in running if _process_gone(run.data.tags.get(OWNER_TAG, ""))]
+    for run in orphans:
+        client.set_terminated(run.info.run_id, status="KILLED", end_time=_last_sign_of_life(client, run))
+    orphans = [run.info.run_id for run in orphans]
     if orphans:
         log.warning("mlflow: %d run(s) of a process that is gone (killed) were still RUNNING; ended as KILLED: %s",
                     len(orphans), ", ".join(orphans))

@@ -37,7 +37,8 @@ from tqc.config import TrackingParams
 from tqc.tracking import nested_run, standalone_run
 
 with standalone_run("retrain", TrackingParams(uri=sys.argv[1], experiment="orphans")):
-    with nested_run("train"):
+    with nested_run("train") as tracker:
+        tracker.log_metrics({"loss": 0.5}, step=0)  # its last sign of life
         os.kill(os.getpid(), signal.SIGKILL)  # no `finally` runs: MLflow would keep both runs RUNNING
 """
 
@@ -69,6 +70,10 @@ def test_runs_of_a_killed_process_are_ended_as_killed_when_the_next_run_starts(t
     statuses = {r.info.run_name: r.info.status for r in client.search_runs([experiment])
                 if r.info.run_id not in (mine, elsewhere, alive, twin)}
     assert statuses == {"retrain": "KILLED", "train": "KILLED"}
+    # ended when they last showed life (the metric, or the start), not when the next run found them
+    killed = {r.info.run_name: r.info for r in client.search_runs([experiment]) if r.info.status == "KILLED"}
+    [loss] = client.get_metric_history(killed["train"].run_id, "loss")
+    assert killed["train"].end_time == loss.timestamp and killed["retrain"].end_time == killed["retrain"].start_time
     assert {client.get_run(run).info.status for run in (elsewhere, alive, twin)} == {"RUNNING"}
     assert client.get_run(mine).info.status == "FINISHED"
 
