@@ -107,11 +107,12 @@ def pick_up(params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
     # a file nothing was taken from (unusable, or every row quarantined: a label not yet in the catalog, say)
     # may come again once its reason is fixed; one that added rows or classes is a repeat
     seen = {entry["sha256"] for entry in manifest(params) if entry["outcome"] == "merged" and entry.get("accepted", 0) > 0}
-    present = [p for p in sorted(inbox.iterdir()) if p.is_file()]
+    listed = sorted(inbox.iterdir())
+    present = [p for p in listed if p.is_file()]
     others = [p.name for p in present if p.suffix.lower() not in SUFFIXES]
     if others:  # left in the inbox, and said each run, rather than read as some format they may not be
         log.warning("retrain: %s: not read (only %s files are): %s", inbox, ", ".join(sorted(SUFFIXES)), ", ".join(others))
-    folders = [p.name for p in sorted(inbox.iterdir()) if p.is_dir()]
+    folders = [p.name for p in listed if p.is_dir()]
     if folders:  # a delivery unpacked into a folder would otherwise wait there unseen
         log.warning("retrain: %s: folders are not read (deliver their files into the inbox itself): %s", inbox,
                     ", ".join(folders))
@@ -516,14 +517,9 @@ def why_nothing_was_accepted(staged: Staged, repeats: list[Incoming], quarantine
     if rows:
         first = rows[0]
         parts.append(f"{len(rows)} row(s) quarantined to {quarantine}, e.g. {first['file']}, line {first['line']}: "
-                     f"{_row_reason(first)}")
+                     f"{first['reason']}")
     # otherwise, e.g. a catalog file whose class ids were all known: each file's own account
     return "; ".join(parts or [f"{Path(o.file).name}: {o.reason or 'added nothing'}" for o in staged.outcomes])
-
-
-def _row_reason(row: dict) -> str:
-    """A quarantined row's reason: its own, or the validate expectations it failed."""
-    return row.get("reason") or ", ".join(row.get("expectations", []))
 
 
 def _file_reason(outcome: FileOutcome, staged: Staged) -> str:
@@ -531,7 +527,7 @@ def _file_reason(outcome: FileOutcome, staged: Staged) -> str:
     if outcome.reason or not outcome.quarantined:
         return outcome.reason
     first = next((q for q in staged.quarantined_rows if q.get("file") == outcome.file and q.get("line") is not None), None)
-    return f"e.g. line {first['line']}: {_row_reason(first)}" if first else ""
+    return f"e.g. line {first['line']}: {first['reason']}" if first else ""
 
 
 def _cell(text: str) -> str:

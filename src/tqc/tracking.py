@@ -9,14 +9,15 @@ explicitly (for callers that own a run, such as the Prefect flows).
 The store is `tracking.uri`, else `$MLFLOW_TRACKING_URI`, else the local `sqlite:///mlflow.db`:
 no server to start, and the same runs go to a shared server by configuration alone.
 
-A process killed with SIGKILL (or a machine that lost power) never ends its runs, and MLflow would
-show them RUNNING for good. Each run is tagged with its process (host, pid, start time); whenever a
-run starts, RUNNING runs of this host whose process is gone are ended as KILLED. Runs of other hosts
-are left alone: nothing here can tell whether their process lives.
+A process killed with SIGKILL (or by the OOM killer) never ends its runs, and MLflow would show them
+RUNNING for good. Each run is tagged with its process (`this_process`: host, boot and pid namespace,
+pid, start); whenever a run starts, RUNNING runs of the same host, boot and namespace whose process is
+gone are ended as KILLED. Others are left alone: nothing here can tell whether their process lives.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 LOCAL_STORE = "sqlite:///mlflow.db"
 PARENT_ENV = "TQC_PARENT_RUN_ID"
 PIPELINE_TAG, REPRO_TAG, PARAMS_TAG, COMMIT_TAG = "tqc.kind", "tqc.repro", "tqc.params_hash", "tqc.git_commit"
-OWNER_TAG = "tqc.process"  # host:pid:start time of the process a run is RUNNING in
+OWNER_TAG = "tqc.process"  # this_process() of the process a run is RUNNING in
 
 
 def tracking_uri(params: TrackingParams) -> str:
@@ -150,9 +151,14 @@ def this_process() -> str:
     namespace (two containers may share a hostname, never both) and `start` the process's start in clock ticks
     since boot (a pid alone is reused; a wall-clock start time moves when the clock is stepped). Elsewhere
     `space` is empty and `start` psutil's create time in seconds."""
-    return f"{socket.gethostname()}:{_process_space()}:{os.getpid()}:{_start_of(os.getpid())}"
+    return f"{_host_and_space()}:{os.getpid()}:{_start_of(os.getpid())}"
 
 
+def _host_and_space() -> str:
+    return f"{socket.gethostname()}:{_process_space()}"
+
+
+@functools.cache  # fixed for the life of a process; asked at every run start and for every run it judges
 def _process_space() -> str:
     try:
         boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -179,7 +185,7 @@ def _process_gone(owner: str) -> bool:
         pid, start = int(pid), int(start)
     except ValueError:
         return False
-    if host != socket.gethostname() or space != _process_space():
+    if f"{host}:{space}" != _host_and_space():
         return False
     try:
         os.kill(pid, 0)  # signal 0 only asks whether the pid exists, even where /proc hides other users' processes
@@ -205,9 +211,8 @@ def _last_sign_of_life(client, run) -> int:
 def end_orphaned_runs(client, experiment_id: str) -> list[str]:
     """End as KILLED the RUNNING runs of this experiment whose process, on this host, is gone; returns their ids.
     Their end time is their last logged metric (or their start)."""
-    host_and_space = this_process().rsplit(":", 2)[0]
     running = client.search_runs([experiment_id], max_results=1000, filter_string=(
-        f"attributes.status = 'RUNNING' and tags.`{OWNER_TAG}` LIKE '{host_and_space.replace(chr(39), '_')}:%'"))
+        f"attributes.status = 'RUNNING' and tags.`{OWNER_TAG}` LIKE '{_host_and_space().replace(chr(39), '_')}:%'"))
     orphans = [run for run in running if _process_gone(run.data.tags.get(OWNER_TAG, ""))]
     for run in orphans:
         client.set_terminated(run.info.run_id, status="KILLED", end_time=_last_sign_of_life(client, run))

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from tqc.retrain import FileOutcome, Incoming, Staged, Trained, summary_markdown
+from tqc.retrain import FileOutcome, Incoming, Staged, Trained, quarantine_record, summary_markdown
 
 STAGED = Staged(Path("raw"), [FileOutcome("inbox/a.csv", "0" * 64, "labeled", "merged", read=3, accepted=3)])
 TRAINED = Trained(Path("data"), Path("model"), Path("prior.json"), 0.9)
@@ -59,8 +59,8 @@ def test_a_delivery_with_nothing_accepted_says_why_in_one_line():
     from tqc.retrain import Incoming, why_nothing_was_accepted
 
     staged = Staged(Path("raw"), [FileOutcome("inbox/b.csv", "2" * 64, "labeled", "merged", read=2, quarantined=2)],
-                    [{"file": "inbox/b.csv", "line": 2, "expectations": ["no_duplicates"]},
-                     {"file": "inbox/b.csv", "line": 3, "expectations": ["no_leakage"]}])
+                    [quarantine_record("inbox/b.csv", "2" * 64, {"line": 2, "expectations": ["no_duplicates"]}),
+                     quarantine_record("inbox/b.csv", "2" * 64, {"line": 3, "expectations": ["no_leakage"]})])
     line = why_nothing_was_accepted(staged, [Incoming(Path("inbox/a.csv"), "3" * 64)], Path("data/quarantine/incoming.jsonl"))
     assert line == ("1 repeat(s); 2 row(s) quarantined to data/quarantine/incoming.jsonl, "
                     "e.g. inbox/b.csv, line 2: no_duplicates")
@@ -73,8 +73,9 @@ def test_a_delivery_with_nothing_accepted_says_why_in_one_line():
 def test_the_summary_gives_a_reason_for_a_file_whose_rows_were_quarantined():
     """validate's contract rows carry the expectations they failed, not a reason: the cell said nothing."""
     staged = Staged(Path("raw"), [FileOutcome("inbox/bad.csv", "5" * 64, "labeled", "merged", read=3, accepted=1, quarantined=2)],
-                    [{"file": "inbox/bad.csv", "line": 3, "expectations": ["no_leakage"]},
-                     {"file": "inbox/bad.csv", "line": 4, "reason": "duplicate of good.csv, line 2"}])
+                    [quarantine_record("inbox/bad.csv", "5" * 64, {"line": 3, "expectations": ["no_leakage"]}),
+                     quarantine_record("inbox/bad.csv", "5" * 64, {"line": 4, "expectations": ["no_duplicates"],
+                                                                   "reason": "duplicate of good.csv, line 2"})])
     assert "| bad.csv | labeled | merged | 3 | 1 | 2 | e.g. line 3: no_leakage |" in summary_markdown(staged, None, None)
 
 

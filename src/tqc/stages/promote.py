@@ -84,8 +84,8 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         if champion_version is not None:  # its `promotion: champion` tag would otherwise outlive the alias
             client.set_model_version_tag(params.model_name, champion_version, "promotion", "superseded")
             client.set_model_version_tag(params.model_name, champion_version, "superseded_by", version)
-    report = _report(params, version, registered_before, champion_version, decision, gold, challenger, champion)
-    report["class_changes"] = class_changes(gold, challenger, champion, catalog.class_ids) if champion is not None else []
+    report = _report(params, version, registered_before, champion_version, decision, gold, challenger, champion,
+                     catalog.class_ids)
     write_json(report_path, report)
     if not is_champion:
         outcome = "champion" if decision.promote else "incomparable" if incomparable else "rejected"
@@ -119,7 +119,7 @@ def _answers_on_validation(client, model_name: str, version: str, champion_versi
 
 
 def _report(params: PromoteParams, version: str, registered_before: bool, champion_version: str | None, decision,
-            gold: np.ndarray, challenger: np.ndarray, champion: np.ndarray | None) -> dict:
+            gold: np.ndarray, challenger: np.ndarray, champion: np.ndarray | None, class_ids: list[str]) -> dict:
     return {
         "model_name": params.model_name,
         "alias": params.alias,
@@ -135,6 +135,7 @@ def _report(params: PromoteParams, version: str, registered_before: bool, champi
             "champion_accuracy": float(np.mean(champion == gold)) if champion is not None else None,
         },
         **{k: v for k, v in decision.to_dict().items() if k != "promote"},  # "promoted" above says it
+        "class_changes": class_changes(gold, challenger, champion, class_ids) if champion is not None else [],
     }
 
 
