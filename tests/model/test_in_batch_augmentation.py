@@ -76,6 +76,26 @@ def test_cross_encoding_feeds_joined_inputs_and_relevance_targets(tiny_model_dir
     assert any(call == ["is relevant", "is not relevant"] for call in standards)
 
 
+def test_cross_encoding_never_pushes_a_joined_question_away_from_its_own_standard_question(tiny_model_dir, monkeypatch):
+    masks = []  # (J, U+2) of each cross-encoding call; the bi-encoder's own calls pass None (their columns are distinct)
+    make_loss = stage_one.make_loss
+
+    def recording(*args):
+        loss_fn = make_loss(*args)
+
+        def loss(scores, target, excluded):
+            if excluded is not None:
+                masks.append(excluded.cpu())
+            return loss_fn(scores, target, excluded)
+        return loss
+
+    monkeypatch.setattr(stage_one, "make_loss", recording)
+    train_recording(tiny_model_dir, AugmentParams(cross_encoding={"enabled": True, "share": 0.5}))
+    assert masks, "the cross-encoding term excluded nothing"
+    for mask in masks:  # one own-class column per joined input, never a relevance text (the target)
+        assert mask[:, :-2].sum(dim=1).tolist() == [1] * mask.shape[0] and not mask[:, -2:].any()
+
+
 def test_deferred_rebalancing_keeps_generated_rows_out_of_stage_one_only(tiny_model_dir, tmp_path, monkeypatch):
     from collections import Counter
 

@@ -23,7 +23,7 @@ from tqc import distributed
 from tqc.config import AugmentParams, CrossEncodingParams, ModelParams, PrototypeMixupParams, StageOneParams
 from tqc.device import pick_device, seed_everything
 from tqc.losses import LossFn, make_loss
-from tqc.model.cross_encoding import joined_inputs
+from tqc.model.cross_encoding import joined_inputs, own_class_columns
 from tqc.model.encoder import BiEncoder
 from tqc.model.prototype_mixup import balanced_set, log_prior, synthetic_share
 from tqc.schema import Catalog, LabeledQuestion, load_questions
@@ -125,7 +125,8 @@ def _cross_encoding_term(model: BiEncoder, loss_fn: LossFn, params: CrossEncodin
         relevance = model.embed_standards([params.relevant_text, params.irrelevant_text])  # (2, D)
         scores = model.score(model.embed_questions(joined.texts), torch.cat([standards, relevance.to(standards.device)]))  # (J, U+2)
         target = torch.tensor([standards.shape[0] + (0 if r else 1) for r in joined.relevant], device=scores.device)
-        return loss_fn(scores, target, None)
+        excluded = own_class_columns(batch_gold[joined.rows], candidates, extra_columns=2).to(scores.device)  # (J, U+2)
+        return loss_fn(scores, target, excluded)
 
     return term
 
