@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tqc.losses import make_loss
-from tqc.model.cross_encoding import joined_inputs, own_class_columns
+from tqc.losses import make_loss, same_class_mask
+from tqc.model.cross_encoding import joined_inputs
 from tqc.model.prototype_mixup import balanced_set, hard_sets, log_prior, mixup, synthetic_share
 
 
@@ -91,12 +91,13 @@ def test_joined_inputs_take_at_least_one_row_and_no_more_negatives_than_the_batc
 
 def test_a_joined_input_is_never_pushed_away_from_its_own_questions_standard_question():
     # Two joins of a class-0 question (with its gold, then with class 2), one of a class-1 question; batch classes [0, 1, 2].
-    excluded = own_class_columns(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 2]), extra_columns=2)
+    # stage one's cross-encoding term: the batch's classes, then the two relevance texts, which are no class (−1)
+    target = torch.tensor([3, 4, 3])  # is relevant, is not relevant, is relevant
+    excluded = same_class_mask(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 2, -1, -1]), target)
     assert excluded.tolist() == [[True, False, False, False, False],
                                  [True, False, False, False, False],
                                  [False, True, False, False, False]]
     scores = torch.randn(3, 5, requires_grad=True)
-    target = torch.tensor([3, 4, 3])  # is relevant, is not relevant, is relevant
     for name in ("nt_xent", "bpr", "hinge", "sdml"):
         loss_fn = make_loss(name, 0.1, 0.2, 0.3)
         loss = loss_fn(scores, target, excluded)

@@ -13,8 +13,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-import torch
-
 
 @dataclass(frozen=True)
 class JoinedInputs:
@@ -37,14 +35,3 @@ def joined_inputs(questions: list[str], gold: list[int], batch_classes: list[int
             relevant.append(is_relevant)
             rows.append(row)
     return JoinedInputs(texts, relevant, rows)
-
-
-def own_class_columns(join_gold: torch.Tensor, candidates: torch.Tensor, extra_columns: int) -> torch.Tensor:
-    """join_gold (J,) each joined input's question class, candidates (U,) the batch's classes → (J, U + extra) bool.
-
-    True at the column of the joined question's own standard question. A joined input holds its question, so
-    that column is no negative of it (label-aware, as in stage one); the `extra_columns` (the relevance texts,
-    where its target lies) are never excluded.
-    """
-    own = join_gold.unsqueeze(1) == candidates.unsqueeze(0)  # (J, U)
-    return torch.cat([own, own.new_zeros(own.shape[0], extra_columns)], dim=1)

@@ -22,8 +22,8 @@ import torch
 from tqc import distributed
 from tqc.config import AugmentParams, CrossEncodingParams, ModelParams, PrototypeMixupParams, StageOneParams
 from tqc.device import pick_device, seed_everything
-from tqc.losses import LossFn, make_loss
-from tqc.model.cross_encoding import joined_inputs, own_class_columns
+from tqc.losses import LossFn, make_loss, same_class_mask
+from tqc.model.cross_encoding import joined_inputs
 from tqc.model.encoder import BiEncoder
 from tqc.model.prototype_mixup import balanced_set, log_prior, synthetic_share
 from tqc.schema import Catalog, LabeledQuestion, load_questions
@@ -124,9 +124,11 @@ def _cross_encoding_term(model: BiEncoder, loss_fn: LossFn, params: CrossEncodin
                                params.share, params.negatives, rng)
         relevance = model.embed_standards([params.relevant_text, params.irrelevant_text])  # (2, D)
         scores = model.score(model.embed_questions(joined.texts), torch.cat([standards, relevance.to(standards.device)]))  # (J, U+2)
-        target = torch.tensor([standards.shape[0] + (0 if r else 1) for r in joined.relevant], device=scores.device)
-        excluded = own_class_columns(batch_gold[joined.rows], candidates, extra_columns=2).to(scores.device)  # (J, U+2)
-        return loss_fn(scores, target, excluded)
+        target = torch.tensor([standards.shape[0] + (0 if r else 1) for r in joined.relevant])  # (J,)
+        columns = torch.cat([candidates, torch.full((2,), -1)])  # (U+2,) each column's class; the relevance texts none
+        # a joined input holds its question: its own class's column is no negative of it (label-aware, as above)
+        excluded = same_class_mask(batch_gold[joined.rows], columns, target)  # (J, U+2)
+        return loss_fn(scores, target.to(scores.device), excluded.to(scores.device))
 
     return term
 
