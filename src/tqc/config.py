@@ -214,6 +214,9 @@ class TrainParams(Schedule):
     loss: LossName = "nt_xent"
     margin: float = Field(0.2, ge=0.0)  # hinge only
     smoothing: float = Field(0.0, ge=0.0, lt=1.0)  # sdml only
+    # The logit-adjusted loss (Menon et al. 2021): + τ·w·log π_c on each column's training score, π the
+    # class mix of the rows the stage trains on; scoring after training adds nothing. 0: off.
+    logit_adjustment: float = 0.0
 
 
 class StageOneParams(TrainParams):

@@ -88,6 +88,23 @@ def hinge(scores: torch.Tensor, target: torch.Tensor, excluded: torch.Tensor | N
     return (pair_loss * negative).sum(dim=1).mean()
 
 
+def class_log_prior(gold: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """(N,) training rows' class indices → (P,) log π, with one pseudo-count so no class is −∞."""
+    counts = torch.bincount(gold, minlength=n_classes).float() + 1.0
+    return (counts / counts.sum()).log()
+
+
+def prior_offsets(column_classes: torch.Tensor, log_prior: torch.Tensor, weight: float, temperature: float) -> torch.Tensor:
+    """The logit-adjusted loss's offsets in score units (Menon et al. 2021): (U,) column classes → (U,) τ·w·log π_c.
+
+    Added to the training scores only, so a head class's column starts with a head start that
+    the encoder need not learn, and the raw scores it is later judged by carry less of the
+    training mix: rebalancing in the loss rather than in the rows. τ·w·log π_c ranks as
+    s/τ + w·log π_c, the paper's form; w = 0 is the plain loss.
+    """
+    return temperature * weight * log_prior.to(column_classes.device)[column_classes]
+
+
 def make_loss(name: str, temperature: float, margin: float, smoothing: float) -> LossFn:
     if name == "nt_xent":
         return partial(nt_xent, temperature=temperature)

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from tqc.losses import make_loss, same_class_mask
 from tqc.model.cross_encoding import joined_inputs
-from tqc.model.prototype_mixup import balanced_set, hard_sets, log_prior, mixup, synthetic_share
+from tqc.losses import class_log_prior
+from tqc.model.prototype_mixup import balanced_set, hard_sets, mixup, synthetic_share
 
 
 def test_synthetic_share_rises_from_half_to_one():
@@ -66,7 +67,7 @@ def test_balanced_set_carries_gradients_back_to_the_encoded_questions():
 
 
 def test_log_prior_ranks_rare_classes_lowest_and_never_minus_infinity():
-    prior = log_prior(torch.tensor([100, 10, 0]))
+    prior = class_log_prior(torch.tensor([0] * 100 + [1] * 10), 3)
     assert prior[0] > prior[1] > prior[2] > float("-inf")
     assert torch.exp(prior).sum() == pytest.approx(1.0)
 

@@ -131,3 +131,54 @@ def test_deferred_rebalancing_keeps_generated_rows_out_of_stage_one_only(tiny_mo
                   AugmentParams(rebalance="mean", deferred=True), StageTwoParams(epochs=1, batch_size=8, max_steps=2),
                   0, tmp_path / "two", tmp_path / "h2.csv")
     assert trained_on["two"] == [rebalanced]
+
+
+def _recorded_scores(monkeypatch, stage, train):
+    """The score matrices that `stage`'s loss receives during `train()`."""
+    seen = []
+    make_loss = stage.make_loss
+
+    def recording(*args):
+        loss_fn = make_loss(*args)
+
+        def loss(scores, target, excluded):
+            seen.append(scores.detach().cpu())
+            return loss_fn(scores, target, excluded)
+        return loss
+
+    monkeypatch.setattr(stage, "make_loss", recording)
+    train()
+    monkeypatch.setattr(stage, "make_loss", make_loss)
+    return seen
+
+
+def test_logit_adjusted_loss_offsets_each_column_by_its_class_prior_in_both_stages(tiny_model_dir, monkeypatch):
+    from tqc.config import StageTwoParams
+    from tqc.losses import class_log_prior
+    from tqc.stages import stage_two
+    from tqc.training import gold_indices
+
+    rows = long_tail_rows()
+    gold = torch.as_tensor(gold_indices(rows, CATALOG))
+    expected = 0.1 * 1.0 * class_log_prior(gold, len(CATALOG))  # (P,) τ·w·log π: NUM, the tail, the most negative
+
+    def one(weight: float):
+        torch.manual_seed(0)
+        model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+        params = PARAMS.model_copy(update={"learning_rate": 1e-12, "negatives": "all_classes", "logit_adjustment": weight})
+        return _recorded_scores(monkeypatch, stage_one, lambda: stage_one.train(model, rows, rows[:4], CATALOG, params, seed=0))
+
+    def two(weight: float):
+        torch.manual_seed(0)
+        model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+        negatives = torch.stack([torch.tensor([c for c in range(len(CATALOG)) if c != g]) for g in gold.tolist()])  # (N, P−1)
+        params = StageTwoParams(epochs=1, batch_size=8, learning_rate=1e-12, warmup_ratio=0.0, max_steps=2,
+                                negatives="mined_and_in_batch", logit_adjustment=weight)
+        return _recorded_scores(monkeypatch, stage_two, lambda: stage_two.train(model, rows, negatives, rows[:4], CATALOG, params, seed=0))
+
+    for train in (one, two):
+        plain, adjusted = train(0.0), train(1.0)
+        assert plain and len(plain) == len(adjusted)
+        for before, after in zip(plain, adjusted):  # every class is a column of every batch here: (B, P)
+            assert torch.allclose(after - before, expected.expand_as(before), atol=1e-5)
+    assert expected[CATALOG.class_ids.index("NUM")] == expected.min()

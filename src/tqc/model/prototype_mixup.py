@@ -99,8 +99,3 @@ def balanced_set(questions: torch.Tensor, labels: torch.Tensor, prototypes: torc
         part_synthetic += [torch.zeros(len(real), dtype=torch.bool), torch.ones(len(first), dtype=torch.bool)]
     return BalancedSet(torch.cat(parts), torch.cat(part_labels), torch.cat(part_synthetic))
 
-
-def log_prior(class_counts: torch.Tensor) -> torch.Tensor:
-    """(P,) training counts → (P,) log π, with one pseudo-count so no class is −∞."""
-    counts = class_counts.float() + 1.0
-    return (counts / counts.sum()).log()

@@ -22,10 +22,10 @@ import torch
 from tqc import distributed
 from tqc.config import AugmentParams, CrossEncodingParams, ModelParams, PrototypeMixupParams, StageOneParams
 from tqc.device import pick_device, seed_everything
-from tqc.losses import LossFn, make_loss, same_class_mask
+from tqc.losses import LossFn, class_log_prior, make_loss, prior_offsets, same_class_mask
 from tqc.model.cross_encoding import joined_inputs
 from tqc.model.encoder import BiEncoder
-from tqc.model.prototype_mixup import balanced_set, log_prior, synthetic_share
+from tqc.model.prototype_mixup import balanced_set, synthetic_share
 from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.training import FitResult, bi_encoder_validator, fit, gold_indices, parameter_groups, steps_per_epoch, write_history
 
@@ -63,8 +63,11 @@ def train(
     texts = [q.text for q in train_rows]
     loss_fn = make_loss(params.loss, params.temperature, params.margin, params.smoothing)
     mixup = augment.prototype_mixup
+    log_pi = class_log_prior(gold, len(catalog))  # (P,) the mix of the rows this stage trains on
     # Logit compensation (SharpReCL): + w·log π_y on the logits, i.e. τ·w·log π_y on the scores.
-    prior_shift = params.temperature * mixup.prior_weight * log_prior(torch.bincount(gold, minlength=len(catalog)))
+    prior_shift = prior_offsets(torch.arange(len(catalog)), log_pi, mixup.prior_weight, params.temperature)  # (P,)
+    # The batch's own columns: the logit-adjusted loss, plus SharpReCL's compensation when mixup is on.
+    column_weight = params.logit_adjustment + (mixup.prior_weight if mixup.enabled else 0.0)
     negatives = "all_classes" if mixup.enabled else params.negatives  # prototypes of every class in every batch
     total_steps = params.epochs * steps_per_epoch(len(train_rows), params.batch_size, params.max_steps)
     mixup_term = _prototype_mixup_term(model, loss_fn, mixup, prior_shift, total_steps, seed) if mixup.enabled else None
@@ -75,8 +78,8 @@ def train(
         questions = model.embed_questions([texts[i] for i in rows])  # (B, D)
         standards = model.embed_standards([catalog.texts[c] for c in candidates.tolist()])  # (U, D)
         scores = model.score(questions, standards)  # (B, U)
-        if mixup.enabled:
-            scores = scores + prior_shift.to(scores.device)  # U = P here: every class is a column
+        if column_weight:
+            scores = scores + prior_offsets(candidates, log_pi, column_weight, params.temperature).to(scores.device)  # (B, U)
         loss = loss_fn(scores, target.to(questions.device), None)
         if mixup_term:
             loss = loss + mixup.weight * mixup_term(questions, gold[rows], standards)

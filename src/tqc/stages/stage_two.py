@@ -14,7 +14,7 @@ import torch
 from tqc import distributed
 from tqc.config import AugmentParams, StageTwoParams
 from tqc.device import pick_device, seed_everything
-from tqc.losses import make_loss
+from tqc.losses import class_log_prior, make_loss, prior_offsets
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.stages.mine import load_negatives
@@ -46,12 +46,15 @@ def train(
     gold = torch.as_tensor(gold_indices(train_rows, catalog))
     texts = [q.text for q in train_rows]
     loss_fn = make_loss(params.loss, params.temperature, params.margin, params.smoothing)
+    log_pi = class_log_prior(gold, len(catalog))  # (P,)
 
     def batch_loss(rows: list[int]) -> torch.Tensor:
         distinct, columns = candidate_columns(gold[rows], negatives[rows])
         questions = model.embed_questions([texts[i] for i in rows])  # (B, D)
         standards = model.embed_standards([catalog.texts[c] for c in distinct.tolist()])  # (U, D)
         scores = model.score(questions, standards)  # (B, U)
+        if params.logit_adjustment:
+            scores = scores + prior_offsets(distinct, log_pi, params.logit_adjustment, params.temperature).to(scores.device)
         columns = columns.to(questions.device)
         if params.negatives == "mined_and_in_batch":
             return loss_fn(scores, columns[:, 0], None)  # each class appears once in U: label-aware
