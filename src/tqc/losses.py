@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+SCALE_FREE_LOSSES = frozenset({"hinge"})  # losses that never divide the scores by τ: their logit scale is unknown
 
 
 def same_class_mask(row_labels: torch.Tensor, column_labels: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

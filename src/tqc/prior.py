@@ -75,9 +75,12 @@ def log_prior(train_class_ids: list[str], class_ids: list[str], smoothing: float
     return np.log(counts / counts.sum())
 
 
-def fit(validation_scores: np.ndarray, gold: np.ndarray, log_pi: np.ndarray, temperature: float,
+def fit(validation_scores: np.ndarray, gold: np.ndarray, log_pi: np.ndarray, temperature: float | None,
         weights: list[float], target: str = "labeled") -> PriorShift:
     """The λ of `weights` under which validation's gold classes are most likely (ties: the smallest |λ|, then the positive).
+
+    `temperature` None (a model trained without one, e.g. hinge): τ is first fitted on
+    validation with no shift (`fit_temperature`), so λ's scale means what it means elsewhere.
 
     The likelihood is that of softmax(scores / τ + λ·log π). For the `labeled` target it is the
     mean over validation questions, so classes weigh as the labeled mix has them; for `uniform`
@@ -91,6 +94,8 @@ def fit(validation_scores: np.ndarray, gold: np.ndarray, log_pi: np.ndarray, tem
         raise ValueError(f"unknown prior target {target!r}; expected one of {sorted(TARGETS)}")
     if len(gold) == 0:
         raise ValueError("no validation questions to fit the class-prior shift on")
+    if temperature is None:
+        temperature = fit_temperature(validation_scores, gold)
     balanced = class_balanced_weights(gold)  # (N,)
     by_weight: dict[str, dict[str, float]] = {}
     best_value, best = np.inf, NO_SHIFT_WEIGHT
@@ -103,6 +108,18 @@ def fit(validation_scores: np.ndarray, gold: np.ndarray, log_pi: np.ndarray, tem
         if figures[TARGETS[target]] < best_value - 1e-12:
             best_value, best = figures[TARGETS[target]], weight
     return PriorShift(float(best), temperature, temperature * best * log_pi, by_weight, target)
+
+
+# candidate 1/τ for scores a loss never scaled: τ from 1e-3 to 10, 20 a decade
+INVERSE_TEMPERATURES = np.logspace(-1, 3, 81)
+
+
+def fit_temperature(validation_scores: np.ndarray, gold: np.ndarray) -> float:
+    """The τ whose softmax(scores / τ) gives validation's gold classes the highest likelihood (temperature
+    scaling, Guo et al. 2017); validation_scores (N, C), gold (N,). The likelihood is concave in 1/τ,
+    so the grid's best is the optimum to within its spacing (12 %)."""
+    nlls = [gold_nll(validation_scores * inverse, gold) for inverse in INVERSE_TEMPERATURES]
+    return float(1.0 / INVERSE_TEMPERATURES[int(np.argmin(nlls))])
 
 
 def gold_nll(logits: np.ndarray, gold: np.ndarray, question_weights: np.ndarray | None = None) -> float:

@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 
 from tqc.config import Params
+from tqc.losses import SCALE_FREE_LOSSES
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, LabeledQuestion
 from tqc.stages.baseline_nc import LinearClassifier, is_disabled
@@ -45,6 +46,13 @@ def trained_scorers(stage_one: Path, stage_two: Path, nc: Path | None, batch_siz
     return {name: scorer_for(model, batch_size) for name, model in trained_models(stage_one, stage_two, nc).items()}
 
 
-def logit_temperatures(params: Params) -> dict[str, float]:
-    """τ with which each model's scores became logits in training (scores / τ); NC's are logits already."""
-    return {"admc": params.stage_two.temperature, "stage_one": params.stage_one.temperature, "nc": 1.0}
+def logit_temperatures(params: Params) -> dict[str, float | None]:
+    """τ with which each model's scores became logits in training (scores / τ); NC's are logits already.
+
+    None where the model's last stage trained with a loss that has no τ (hinge): its scale is
+    then fitted on validation (tqc.prior.fit), not taken from a temperature training never used.
+    """
+    def trained_with(stage) -> float | None:
+        return None if stage.loss in SCALE_FREE_LOSSES else stage.temperature
+
+    return {"admc": trained_with(params.stage_two), "stage_one": trained_with(params.stage_one), "nc": 1.0}

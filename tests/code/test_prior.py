@@ -163,3 +163,21 @@ def test_ties_keep_the_smaller_then_the_positive_weight_and_an_empty_split_is_re
     assert prior.fit(scores, gold, flat, 0.1, [-0.5, 0.5, -1.0]).weight == 0.5
     with pytest.raises(ValueError, match="no validation questions"):
         prior.fit(np.zeros((0, 2)), np.zeros(0, dtype=int), flat, 0.1, [0.0])
+
+
+def test_a_model_trained_without_a_temperature_gets_its_scale_fitted_on_validation():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(4000, 5)) * 2.0  # (N, C) the true logits
+    gold = np.array([rng.choice(5, p=np.exp(row) / np.exp(row).sum()) for row in logits])  # drawn from softmax(logits)
+    scores = logits * 0.05  # a scorer whose logits are scores / 0.05, which training never said
+    assert prior.fit_temperature(scores, gold) == pytest.approx(0.05, rel=0.15)
+    shift = prior.fit(scores, gold, np.log(np.full(5, 0.2)), temperature=None, weights=[0.0, 1.0])
+    assert shift.temperature == pytest.approx(0.05, rel=0.15)
+
+
+def test_hinge_trained_models_have_no_training_temperature_to_reuse():
+    from tqc.config import Params
+    from tqc.scoring import logit_temperatures
+
+    params = Params.model_validate({"stage_one": {"temperature": 0.07}, "stage_two": {"loss": "hinge", "temperature": 0.2}})
+    assert logit_temperatures(params) == {"admc": None, "stage_one": 0.07, "nc": 1.0}

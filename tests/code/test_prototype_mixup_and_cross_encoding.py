@@ -58,6 +58,24 @@ def test_balanced_set_gives_every_class_the_same_rows_even_a_class_missing_from_
     assert torch.allclose(class_two_real, prototypes[2].expand_as(class_two_real), atol=1e-6)
 
 
+def test_under_inner_product_the_balanced_set_keeps_the_vectors_lengths():
+    torch.manual_seed(0)
+    questions = torch.randn(10, 16) * torch.linspace(0.5, 3.0, 10).unsqueeze(1)  # (10, 16) lengths differ
+    labels = torch.tensor([0] * 8 + [1] * 2)  # class 2 is absent: its prototype stands in
+    prototypes = torch.randn(3, 16) * 2.0
+
+    def build(share: float):
+        return balanced_set(questions, labels, prototypes, per_class=4, share=share, hard_k=3, beta=0.5,
+                            generator=torch.Generator().manual_seed(0), unit_norm=False)
+
+    real = build(0.0)  # every row a real member, as it came
+    pool = torch.cat([questions, prototypes[2:]])
+    assert all(any(torch.equal(row, member) for member in pool) for row in real.vectors)
+    mixed = build(1.0)  # every row a mixup: between its two vectors, never pulled onto the unit sphere
+    assert not torch.allclose(mixed.vectors.norm(dim=-1), torch.ones(12), atol=1e-2)
+    assert (mixed.vectors.norm(dim=-1) <= pool.norm(dim=-1).max() + 1e-5).all()
+
+
 def test_balanced_set_carries_gradients_back_to_the_encoded_questions():
     questions = torch.randn(6, 8, requires_grad=True)
     prototypes = torch.randn(2, 8, requires_grad=True)

@@ -182,3 +182,21 @@ def test_logit_adjusted_loss_offsets_each_column_by_its_class_prior_in_both_stag
         for before, after in zip(plain, adjusted):  # every class is a column of every batch here: (B, P)
             assert torch.allclose(after - before, expected.expand_as(before), atol=1e-5)
     assert expected[CATALOG.class_ids.index("NUM")] == expected.min()
+
+
+def test_prototype_mixup_mixes_on_the_sphere_only_where_the_similarity_scores_there(tiny_model_dir, monkeypatch):
+    calls = []  # the unit_norm of every balanced set stage one builds
+    build = stage_one.balanced_set
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs["unit_norm"])
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(stage_one, "balanced_set", recording)
+    rows = long_tail_rows()
+    for similarity in ("cosine", "inner"):
+        torch.manual_seed(0)
+        model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir), similarity=similarity))
+        stage_one.train(model, rows, rows[:4], CATALOG, PARAMS, seed=0, augment=AugmentParams(prototype_mixup={"enabled": True}))
+    steps = len(calls) // 2
+    assert steps and calls == [True] * steps + [False] * steps

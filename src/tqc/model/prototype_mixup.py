@@ -4,7 +4,9 @@ Prototypes: the encoded standard question of every class, added to every batch s
 class is seen at every step. For each class c, its *hard positives* are its batch members
 least similar to the prototype, its *hard negatives* the other classes' members most similar
 to it. A balanced set of `per_class` rows per class mixes simple samples (real members) with
-synthetic vectors made by mixup of two hard vectors, α ~ Beta(λ, λ), renormalised; the
+synthetic vectors made by mixup of two hard vectors, α ~ Beta(λ, λ), renormalised (on the
+unit sphere, where cosine and mlp similarities score; raw under inner product, whose scores
+are the vectors' own lengths too); the
 synthetic share rises from 0.5 to 1.0 over training. A mixed hard negative keeps its own
 class (both ends of the pair come from that class), so every synthetic row has a label.
 Logit compensation adds w·log π_y (the class prior of the training rows) to the logits.
@@ -23,7 +25,7 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class BalancedSet:
-    vectors: torch.Tensor  # (M, D) unit-norm
+    vectors: torch.Tensor  # (M, D), unit-norm unless built with unit_norm=False
     labels: torch.Tensor  # (M,) class indices
     synthetic: torch.Tensor  # (M,) bool: made by mixup rather than sampled
 
@@ -47,10 +49,11 @@ def hard_sets(similarity: torch.Tensor, labels: torch.Tensor, k: int) -> tuple[l
     return positives, negatives
 
 
-def mixup(vectors: torch.Tensor, first: torch.Tensor, second: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-    """vectors (N, D), pair indices (M,), (M,), weights α (M,) → normalise(α·v_i + (1−α)·v_j) (M, D)."""
+def mixup(vectors: torch.Tensor, first: torch.Tensor, second: torch.Tensor, alpha: torch.Tensor,
+          unit_norm: bool = True) -> torch.Tensor:
+    """vectors (N, D), pair indices (M,), (M,), weights α (M,) → α·v_i + (1−α)·v_j (M, D), normalised if `unit_norm`."""
     mixed = alpha.unsqueeze(1) * vectors[first] + (1 - alpha.unsqueeze(1)) * vectors[second]
-    return F.normalize(mixed, dim=-1)
+    return F.normalize(mixed, dim=-1) if unit_norm else mixed
 
 
 def _draw(pool: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -67,15 +70,18 @@ def _same_class_partner(rows: torch.Tensor, pool: torch.Tensor, labels: torch.Te
 
 
 def balanced_set(questions: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor, per_class: int, share: float,
-                 hard_k: int, beta: float, generator: torch.Generator) -> BalancedSet:
+                 hard_k: int, beta: float, generator: torch.Generator, unit_norm: bool = True) -> BalancedSet:
     """questions (B, D), labels (B,), prototypes (P, D) → `per_class` rows for every class.
 
     round(share·per_class) rows of each class are synthetic (half hard-positive mixups labelled
     c, half hard-negative mixups labelled with their own class, near c's prototype); the rest
     are real members of c drawn with replacement. A class with no member in the batch gets its
     prototype as its one member (SharpReCL's replenishing), so it is never left out.
+    `unit_norm` False (inner-product similarity): the vectors keep their lengths, hardness is
+    the inner product, and mixups are not renormalised, so every row is scored as the model scores.
     """
-    questions, prototypes = F.normalize(questions, dim=-1), F.normalize(prototypes, dim=-1)
+    if unit_norm:
+        questions, prototypes = F.normalize(questions, dim=-1), F.normalize(prototypes, dim=-1)
     n_classes = prototypes.shape[0]
     absent = torch.tensor([c for c in range(n_classes) if not (labels == c).any()], dtype=torch.long)
     pool = torch.cat([questions, prototypes[absent]])  # (B + A, D)
@@ -94,7 +100,7 @@ def balanced_set(questions: torch.Tensor, labels: torch.Tensor, prototypes: torc
         neg_j = _same_class_partner(neg_i, negatives[c], pool_labels, generator).to(neg_i.device)
         first, second = torch.cat([pos_i, neg_i]), torch.cat([pos_j, neg_j])
         alpha = beta_distribution.sample((len(first),)).to(pool.device)
-        parts += [pool[real], mixup(pool, first, second, alpha)]
+        parts += [pool[real], mixup(pool, first, second, alpha, unit_norm)]
         part_labels += [pool_labels[real], pool_labels[first]]
         part_synthetic += [torch.zeros(len(real), dtype=torch.bool), torch.ones(len(first), dtype=torch.bool)]
     return BalancedSet(torch.cat(parts), torch.cat(part_labels), torch.cat(part_synthetic))

@@ -3,6 +3,7 @@
 For ADMC, AC and NC alike: λ from `prior.weights` with the best validation likelihood
 (`prior.target`: over questions, or class-balanced), and π from the validated training
 rows before augmentation (the labeled traffic's own class mix, not the rebalanced one).
+τ is the model's training temperature, or fitted on validation for a hinge-trained model.
 Evaluate applies the shifts; promote registers the promoted model's with it, so the
 registry serves what evaluate measured.
 """
@@ -52,8 +53,8 @@ def run(data_dir: Path, stage_one: Path, stage_two: Path, nc: Path | None, param
     for name, shift in shifts.items():
         criterion = prior.TARGETS[shift.target]
         kept, unshifted = shift.validation_by_weight[f"{shift.weight:g}"], shift.validation_by_weight.get("0", {})
-        log.info("prior: %s keeps λ = %g for the %s mix (validation %s %.4f, macro-F1 %.4f; unshifted %.4f, %.4f)",
-                 name, shift.weight, shift.target, criterion, kept[criterion], kept["macro_f1"],
+        log.info("prior: %s keeps λ = %g at τ = %g for the %s mix (validation %s %.4f, macro-F1 %.4f; unshifted %.4f, %.4f)",
+                 name, shift.weight, shift.temperature, shift.target, criterion, kept[criterion], kept["macro_f1"],
                  unshifted.get(criterion, float("nan")), unshifted.get("macro_f1", float("nan")))
     log.info("prior: wrote %s (%.1fs)", out_path, time.perf_counter() - started)
     return document

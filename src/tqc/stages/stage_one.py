@@ -110,7 +110,8 @@ def _prototype_mixup_term(model: BiEncoder, loss_fn: LossFn, params: PrototypeMi
         share = synthetic_share(steps[0], total_steps, params.synthetic_start, params.synthetic_end)
         steps[0] += 1
         balanced = balanced_set(questions, batch_gold.to(questions.device), prototypes, params.per_class, share,
-                                params.hard_k, params.beta, generator)  # (P·per_class, D)
+                                params.hard_k, params.beta, generator,
+                                unit_norm=model.similarity != "inner")  # (P·per_class, D), lengths kept for inner
         scores = model.score(balanced.vectors, prototypes) + prior_shift.to(questions.device)  # (M, P)
         return loss_fn(scores, balanced.labels.to(scores.device), None)
 
