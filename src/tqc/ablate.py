@@ -150,6 +150,19 @@ def experiment_overrides(cell: Cell, project: Path) -> dict:
     return overrides
 
 
+def cell_environment() -> dict[str, str]:
+    """The environment of a cell's `dvc exp run`, whose stages run in DVC's copy of the project.
+
+    dvc.yaml's stages call `tqc`: this environment's scripts go first on PATH even when the venv
+    is not active. And `src` (relative: each stage's working directory, the copy) goes first on
+    PYTHONPATH: an editable install imports the checkout's live `src`, so code edited while a grid
+    runs would reach its later cells while DVC records the copy's hashes for them.
+    """
+    return {**os.environ,
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+            "PYTHONPATH": os.pathsep.join(filter(None, ["src", os.environ.get("PYTHONPATH", "")]))}
+
+
 def run_cell(cell: Cell, project: Path, force: bool = False) -> bool:
     """`dvc exp run --temp -n NAME -S … evaluate`: the pipeline up to evaluate, promote skipped.
 
@@ -159,9 +172,7 @@ def run_cell(cell: Cell, project: Path, force: bool = False) -> bool:
                *set_arguments(experiment_overrides(cell, project)), "evaluate"]
     log.info("ablate: %s (%s, seed %d): %s", cell.name, cell.variant, cell.seed, " ".join(command))
     started = time.perf_counter()
-    # dvc.yaml's stages call `tqc`: put this environment's scripts first on PATH even when the venv is not active.
-    env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-    finished = subprocess.run(command, cwd=project, env=env)
+    finished = subprocess.run(command, cwd=project, env=cell_environment())
     log.info("ablate: %s %s in %.0fs", cell.name, "finished" if finished.returncode == 0 else "FAILED",
              time.perf_counter() - started)
     return finished.returncode == 0

@@ -22,6 +22,7 @@ Pure functions over numpy arrays; the `prior` stage fits it and evaluate and ser
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,8 @@ import numpy as np
 
 from tqc.io import read_json
 from tqc.metrics import summary
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -110,16 +113,23 @@ def fit(validation_scores: np.ndarray, gold: np.ndarray, log_pi: np.ndarray, tem
     return PriorShift(float(best), temperature, temperature * best * log_pi, by_weight, target)
 
 
-# candidate 1/τ for scores a loss never scaled: τ from 1e-3 to 10, 20 a decade
-INVERSE_TEMPERATURES = np.logspace(-1, 3, 81)
+# candidate τ for scores a loss never scaled, in units of the scores' own spread (cosines and raw inner
+# products differ by orders of magnitude): 1e-3 to 100 spreads, 20 a decade
+TEMPERATURES_IN_SPREADS = np.logspace(-3, 2, 101)
 
 
 def fit_temperature(validation_scores: np.ndarray, gold: np.ndarray) -> float:
     """The τ whose softmax(scores / τ) gives validation's gold classes the highest likelihood (temperature
     scaling, Guo et al. 2017); validation_scores (N, C), gold (N,). The likelihood is concave in 1/τ,
-    so the grid's best is the optimum to within its spacing (12 %)."""
-    nlls = [gold_nll(validation_scores * inverse, gold) for inverse in INVERSE_TEMPERATURES]
-    return float(1.0 / INVERSE_TEMPERATURES[int(np.argmin(nlls))])
+    so the grid's best is the optimum to within its spacing (12 %); a best at the grid's edge is logged."""
+    spread = float(np.std(validation_scores)) or 1.0
+    temperatures = spread * TEMPERATURES_IN_SPREADS  # (T,)
+    nlls = [gold_nll(validation_scores / temperature, gold) for temperature in temperatures]
+    best = int(np.argmin(nlls))
+    if best in (0, len(temperatures) - 1):
+        log.warning("prior: the validation likelihood is best at the edge of the temperature grid (τ = %g; scores' "
+                    "spread %g): validation is separable or flat there, and λ's scale is uncertain", temperatures[best], spread)
+    return float(temperatures[best])
 
 
 def gold_nll(logits: np.ndarray, gold: np.ndarray, question_weights: np.ndarray | None = None) -> float:

@@ -376,3 +376,17 @@ def test_report_only_marks_cells_that_never_ran_and_exits_0_while_a_run_that_fai
         main(["ablate", "--out", "reports"])
     assert exited.value.code == 1
     assert "4 cell(s) without a finished experiment" in capsys.readouterr().err
+
+
+def test_a_cells_stages_import_dvcs_copy_of_the_code_not_the_live_checkout(tmp_path):
+    import subprocess
+    import sys
+
+    from tqc.ablate import cell_environment
+
+    copy = tmp_path / "copy"  # as DVC's --temp copy of the project: a stage runs with it as working directory
+    (copy / "src" / "tqc").mkdir(parents=True)
+    (copy / "src" / "tqc" / "__init__.py").write_text("SNAPSHOT = True\n")
+    imported = subprocess.run([sys.executable, "-c", "import tqc; print(tqc.__file__, tqc.SNAPSHOT)"], cwd=copy,
+                              env=cell_environment(), capture_output=True, text=True, check=True).stdout.split()
+    assert imported == [str(copy / "src" / "tqc" / "__init__.py"), "True"]

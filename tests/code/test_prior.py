@@ -173,6 +173,15 @@ def test_a_model_trained_without_a_temperature_gets_its_scale_fitted_on_validati
     assert prior.fit_temperature(scores, gold) == pytest.approx(0.05, rel=0.15)
     shift = prior.fit(scores, gold, np.log(np.full(5, 0.2)), temperature=None, weights=[0.0, 1.0])
     assert shift.temperature == pytest.approx(0.05, rel=0.15)
+    # Raw inner products run orders of magnitude larger than cosines: the grid follows the scores' spread.
+    assert prior.fit_temperature(scores * 2000, gold) == pytest.approx(100.0, rel=0.15)
+
+
+def test_a_temperature_at_the_grids_edge_is_logged(caplog):
+    scores, gold = np.array([[1.0, 0.0], [0.0, 1.0]] * 5), np.array([0, 1] * 5)  # separable: the likelihood wants τ → 0
+    with caplog.at_level("WARNING", logger="tqc.prior"):
+        fitted = prior.fit_temperature(scores, gold)
+    assert fitted == pytest.approx(np.std(scores) * 1e-3) and "edge of the temperature grid" in caplog.text
 
 
 def test_hinge_trained_models_have_no_training_temperature_to_reuse():

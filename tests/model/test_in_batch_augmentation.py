@@ -133,55 +133,82 @@ def test_deferred_rebalancing_keeps_generated_rows_out_of_stage_one_only(tiny_mo
     assert trained_on["two"] == [rebalanced]
 
 
-def _recorded_scores(monkeypatch, stage, train):
-    """The score matrices that `stage`'s loss receives during `train()`."""
-    seen = []
+def _record(monkeypatch, stage, name: str, seen: list):
+    """Wrap `stage.name` so each call's return value is appended to `seen`."""
+    original = getattr(stage, name)
+
+    def recording(*args, **kwargs):
+        seen.append(original(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(stage, name, recording)
+
+
+def _scores_and_columns(monkeypatch, stage, columns_function: str, train):
+    """The score matrices `stage`'s loss receives during `train()`, and the column helper's result for each."""
+    scores, columns = [], []
     make_loss = stage.make_loss
 
-    def recording(*args):
+    def recording_loss(*args):
         loss_fn = make_loss(*args)
 
-        def loss(scores, target, excluded):
-            seen.append(scores.detach().cpu())
-            return loss_fn(scores, target, excluded)
+        def loss(batch_scores, target, excluded):
+            scores.append(batch_scores.detach().cpu())
+            return loss_fn(batch_scores, target, excluded)
         return loss
 
-    monkeypatch.setattr(stage, "make_loss", recording)
-    train()
-    monkeypatch.setattr(stage, "make_loss", make_loss)
-    return seen
+    with monkeypatch.context() as patch:
+        patch.setattr(stage, "make_loss", recording_loss)
+        _record(patch, stage, columns_function, columns)
+        train()
+    return scores, columns
 
 
-def test_logit_adjusted_loss_offsets_each_column_by_its_class_prior_in_both_stages(tiny_model_dir, monkeypatch):
+def test_logit_adjusted_loss_offsets_each_column_by_its_own_class_prior_in_both_stages(tiny_model_dir, monkeypatch):
     from tqc.config import StageTwoParams
     from tqc.losses import class_log_prior
     from tqc.stages import stage_two
     from tqc.training import gold_indices
 
-    rows = long_tail_rows()
-    gold = torch.as_tensor(gold_indices(rows, CATALOG))
-    expected = 0.1 * 1.0 * class_log_prior(gold, len(CATALOG))  # (P,) τ·w·log π: NUM, the tail, the most negative
+    # Three distinct class sizes, so each has its own log π, and two catalog classes first with no rows, so a
+    # batch's columns are never simply 0..U−1: a column given another class's offset shows.
+    catalog = Catalog([StandardQuestion("ABBR", "What does it stand for?"), StandardQuestion("DESC", "What does it mean?"),
+                       *CATALOG.questions])
+    rows = [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 12)]
+    rows = [r for r in rows if r.class_id == "LOC"] + [r for r in rows if r.class_id == "HUM"][:6] + \
+        [r for r in rows if r.class_id == "NUM"][:2]
+    gold = torch.as_tensor(gold_indices(rows, catalog))
+    offsets = 0.1 * 1.0 * class_log_prior(gold, len(catalog))  # (P,) τ·w·log π
+    assert len(set(offsets[2:].tolist())) == 3
 
-    def one(weight: float):
+    def model():
         torch.manual_seed(0)
-        model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
-        params = PARAMS.model_copy(update={"learning_rate": 1e-12, "negatives": "all_classes", "logit_adjustment": weight})
-        return _recorded_scores(monkeypatch, stage_one, lambda: stage_one.train(model, rows, rows[:4], CATALOG, params, seed=0))
+        return BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
 
-    def two(weight: float):
-        torch.manual_seed(0)
-        model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
-        negatives = torch.stack([torch.tensor([c for c in range(len(CATALOG)) if c != g]) for g in gold.tolist()])  # (N, P−1)
+    def one(negatives: str, weight: float):
+        params = PARAMS.model_copy(update={"learning_rate": 1e-12, "negatives": negatives, "logit_adjustment": weight})
+        scores, columns = _scores_and_columns(monkeypatch, stage_one, "candidate_classes",
+                                              lambda: stage_one.train(model(), rows, rows[:4], catalog, params, seed=0))
+        return scores, [offsets[candidates].expand_as(s) for s, (candidates, _) in zip(scores, columns)]  # (B, U) each
+
+    def two(negatives: str, weight: float):
+        mined = torch.tensor([[2 + (g - 1) % 3] for g in gold.tolist()])  # (N, K = 1): another class with rows
         params = StageTwoParams(epochs=1, batch_size=8, learning_rate=1e-12, warmup_ratio=0.0, max_steps=2,
-                                negatives="mined_and_in_batch", logit_adjustment=weight)
-        return _recorded_scores(monkeypatch, stage_two, lambda: stage_two.train(model, rows, negatives, rows[:4], CATALOG, params, seed=0))
+                                negatives=negatives, logit_adjustment=weight)
+        scores, columns = _scores_and_columns(monkeypatch, stage_two, "candidate_columns",
+                                              lambda: stage_two.train(model(), rows, mined, rows[:4], catalog, params, seed=0))
+        if negatives == "mined":  # (B, K+1): each row's gold and mined class
+            return scores, [offsets[distinct[per_row]] for distinct, per_row in columns]
+        return scores, [offsets[distinct].expand_as(s) for s, (distinct, _) in zip(scores, columns)]  # (B, U)
 
-    for train in (one, two):
-        plain, adjusted = train(0.0), train(1.0)
-        assert plain and len(plain) == len(adjusted)
-        for before, after in zip(plain, adjusted):  # every class is a column of every batch here: (B, P)
-            assert torch.allclose(after - before, expected.expand_as(before), atol=1e-5)
-    assert expected[CATALOG.class_ids.index("NUM")] == expected.min()
+    for train, negatives in ((one, "in_batch"), (one, "all_classes"), (two, "mined"), (two, "mined_and_in_batch")):
+        plain, _ = train(negatives, 0.0)
+        adjusted, expected = train(negatives, 1.0)
+        assert plain and len(plain) == len(adjusted) == len(expected)
+        for before, after, offset in zip(plain, adjusted, expected):
+            assert after.shape == offset.shape
+            assert torch.allclose(after - before, offset, atol=1e-5), (train.__name__, negatives)
+    assert offsets[catalog.class_ids.index("NUM")] == offsets[2:].min()  # the tail starts furthest behind
 
 
 def test_prototype_mixup_mixes_on_the_sphere_only_where_the_similarity_scores_there(tiny_model_dir, monkeypatch):
