@@ -59,6 +59,7 @@ def test_dvc_repro_end_to_end_then_nothing_then_only_evaluate(project):
     assert set(fitted) == set(metrics["prior_shift"]) == {"admc", "stage_one", "nc"}
     for name, shift in metrics["prior_shift"].items():
         assert shift["weight"] == fitted[name]["weight"] and 0.0 <= shift["test_unshifted"]["macro_f1"] <= 1.0
+        assert shift["temperature"] == fitted[name]["temperature"] > 0.0
     for path in ("models/stage_one/tqc_model.json", "models/stage_two/question_encoder/model.safetensors",
                  "data/mined/negatives.jsonl", "reports/plots/confusion.csv", "reports/plots/similarity_profile.png",
                  "reports/training/stage_two.csv", "reports/validation.json", "data/predictions/test.jsonl",

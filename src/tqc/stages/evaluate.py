@@ -200,8 +200,9 @@ def metrics_document(params: Params, evaluated: dict, shifts: dict[str, PriorShi
             **({"macro_f1_admc_minus_nc": admc["test"]["macro_f1"] - nc["test"]["macro_f1"],
                 "accuracy_admc_minus_nc": admc["test"]["accuracy"] - nc["test"]["accuracy"]} if nc else {}),
         },
-        # Each trained model's class-prior shift (λ, fitted on validation) and its figures without it.
-        "prior_shift": {name: {"weight": shifts[name].weight, "target": shifts[name].target,
+        # Each trained model's class-prior shift (λ, fitted on validation; τ, its logits' scale: the training
+        # temperature, or fitted on validation for a loss without one) and its figures without it.
+        "prior_shift": {name: {"weight": shifts[name].weight, "temperature": shifts[name].temperature, "target": shifts[name].target,
                                **{f"{split}_unshifted": {k: evaluated["unshifted"][name][split][k] for k in UNSHIFTED_FIGURES}
                                   for split in ("test", "validation")}}
                         for name in MODELS if name in evaluated["unshifted"]},
