@@ -95,15 +95,15 @@ def class_log_prior(gold: torch.Tensor, n_classes: int) -> torch.Tensor:
     return (counts / counts.sum()).log()
 
 
-def prior_offsets(column_classes: torch.Tensor, log_prior: torch.Tensor, weight: float, temperature: float) -> torch.Tensor:
-    """The logit-adjusted loss's offsets in score units (Menon et al. 2021): (U,) column classes → (U,) τ·w·log π_c.
+def prior_offsets(log_prior: torch.Tensor, weight: float, temperature: float) -> torch.Tensor:
+    """The logit-adjusted loss's offsets in score units (Menon et al. 2021): (P,) log π → (P,) τ·w·log π_c.
 
-    Added to the training scores only, so a head class's column starts with a head start that
-    the encoder need not learn, and the raw scores it is later judged by carry less of the
-    training mix: rebalancing in the loss rather than in the rows. τ·w·log π_c ranks as
-    s/τ + w·log π_c, the paper's form; w = 0 is the plain loss.
+    Added to the training scores only (a batch's columns take their classes' entries), so a head
+    class's column starts with a head start that the encoder need not learn, and the raw scores
+    it is later judged by carry less of the training mix: rebalancing in the loss rather than in
+    the rows. τ·w·log π_c ranks as s/τ + w·log π_c, the paper's form; w = 0 is the plain loss.
     """
-    return temperature * weight * log_prior.to(column_classes.device)[column_classes]
+    return temperature * weight * log_prior
 
 
 def make_loss(name: str, temperature: float, margin: float, smoothing: float) -> LossFn:

@@ -123,7 +123,7 @@ def test_stage_two_in_batch_variant_targets_each_rows_gold_among_distinct_classe
 def test_logit_adjusted_nt_xent_is_menons_loss_and_favours_the_rare_class_less_in_training():
     log_pi = class_log_prior(torch.tensor([0] * 90 + [1] * 9), 2)  # (2,) head 0, tail 1
     scores = torch.tensor([[0.30, 0.25], [0.30, 0.25]])  # (B=2, U=2) both rows' raw scores
-    offsets = prior_offsets(torch.tensor([0, 1]), log_pi, weight=1.0, temperature=0.1)  # (2,)
+    offsets = prior_offsets(log_pi, weight=1.0, temperature=0.1)  # (2,)
     assert torch.allclose(offsets, 0.1 * log_pi)
     adjusted = nt_xent(scores + offsets, torch.tensor([0, 1]), temperature=0.1)
     menon = torch.nn.functional.cross_entropy(scores / 0.1 + log_pi, torch.tensor([0, 1]))  # Menon et al. (2021), Eq. 10
@@ -133,4 +133,4 @@ def test_logit_adjusted_nt_xent_is_menons_loss_and_favours_the_rare_class_less_i
     plain_rows = torch.nn.functional.cross_entropy(scores / 0.1, torch.tensor([0, 1]), reduction="none")
     adjusted_rows = torch.nn.functional.cross_entropy(scores / 0.1 + log_pi, torch.tensor([0, 1]), reduction="none")
     assert adjusted_rows[0] < plain_rows[0] and adjusted_rows[1] > plain_rows[1]
-    assert torch.equal(prior_offsets(torch.tensor([1, 0, 1]), log_pi, 0.0, 0.1), torch.zeros(3))  # w = 0: off
+    assert torch.equal(prior_offsets(log_pi, 0.0, 0.1)[torch.tensor([1, 0, 1])], torch.zeros(3))  # w = 0: off

@@ -8,9 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tqc.losses import make_loss, same_class_mask
+from tqc.losses import class_log_prior, make_loss, same_class_mask
 from tqc.model.cross_encoding import joined_inputs
-from tqc.losses import class_log_prior
 from tqc.model.prototype_mixup import balanced_set, hard_sets, mixup, synthetic_share
 
 

@@ -76,21 +76,28 @@ def test_cross_encoding_feeds_joined_inputs_and_relevance_targets(tiny_model_dir
     assert any(call == ["is relevant", "is not relevant"] for call in standards)
 
 
-def test_cross_encoding_never_pushes_a_joined_question_away_from_its_own_standard_question(tiny_model_dir, monkeypatch):
-    masks = []  # (J, U+2) of each cross-encoding call; the bi-encoder's own calls pass None (their columns are distinct)
-    make_loss = stage_one.make_loss
+def _record_loss_calls(monkeypatch, stage) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(scores, excluded) of every call of `stage`'s loss from here on, on the CPU."""
+    calls = []
+    make_loss = stage.make_loss
 
     def recording(*args):
         loss_fn = make_loss(*args)
 
         def loss(scores, target, excluded):
-            if excluded is not None:
-                masks.append(excluded.cpu())
+            calls.append((scores.detach().cpu(), None if excluded is None else excluded.cpu()))
             return loss_fn(scores, target, excluded)
         return loss
 
-    monkeypatch.setattr(stage_one, "make_loss", recording)
+    monkeypatch.setattr(stage, "make_loss", recording)
+    return calls
+
+
+def test_cross_encoding_never_pushes_a_joined_question_away_from_its_own_standard_question(tiny_model_dir, monkeypatch):
+    calls = _record_loss_calls(monkeypatch, stage_one)
     train_recording(tiny_model_dir, AugmentParams(cross_encoding={"enabled": True, "share": 0.5}))
+    # (J, U+2) of each cross-encoding call; the bi-encoder's own calls pass None (their columns are distinct)
+    masks = [excluded for _, excluded in calls if excluded is not None]
     assert masks, "the cross-encoding term excluded nothing"
     for mask in masks:  # one own-class column per joined input, never a relevance text (the target)
         assert mask[:, :-2].sum(dim=1).tolist() == [1] * mask.shape[0] and not mask[:, -2:].any()
@@ -146,22 +153,12 @@ def _record(monkeypatch, stage, name: str, seen: list):
 
 def _scores_and_columns(monkeypatch, stage, columns_function: str, train):
     """The score matrices `stage`'s loss receives during `train()`, and the column helper's result for each."""
-    scores, columns = [], []
-    make_loss = stage.make_loss
-
-    def recording_loss(*args):
-        loss_fn = make_loss(*args)
-
-        def loss(batch_scores, target, excluded):
-            scores.append(batch_scores.detach().cpu())
-            return loss_fn(batch_scores, target, excluded)
-        return loss
-
+    columns = []
     with monkeypatch.context() as patch:
-        patch.setattr(stage, "make_loss", recording_loss)
+        calls = _record_loss_calls(patch, stage)
         _record(patch, stage, columns_function, columns)
         train()
-    return scores, columns
+    return [scores for scores, _ in calls], columns
 
 
 def test_logit_adjusted_loss_offsets_each_column_by_its_own_class_prior_in_both_stages(tiny_model_dir, monkeypatch):

@@ -65,9 +65,10 @@ def train(
     mixup = augment.prototype_mixup
     log_pi = class_log_prior(gold, len(catalog))  # (P,) the mix of the rows this stage trains on
     # Logit compensation (SharpReCL): + w·log π_y on the logits, i.e. τ·w·log π_y on the scores.
-    prior_shift = prior_offsets(torch.arange(len(catalog)), log_pi, mixup.prior_weight, params.temperature)  # (P,)
+    prior_shift = prior_offsets(log_pi, mixup.prior_weight, params.temperature)  # (P,)
     # The batch's own columns: the logit-adjusted loss, plus SharpReCL's compensation when mixup is on.
     column_weight = params.logit_adjustment + (mixup.prior_weight if mixup.enabled else 0.0)
+    column_offsets = prior_offsets(log_pi, column_weight, params.temperature)  # (P,)
     negatives = "all_classes" if mixup.enabled else params.negatives  # prototypes of every class in every batch
     total_steps = params.epochs * steps_per_epoch(len(train_rows), params.batch_size, params.max_steps)
     mixup_term = _prototype_mixup_term(model, loss_fn, mixup, prior_shift, total_steps, seed) if mixup.enabled else None
@@ -79,7 +80,7 @@ def train(
         standards = model.embed_standards([catalog.texts[c] for c in candidates.tolist()])  # (U, D)
         scores = model.score(questions, standards)  # (B, U)
         if column_weight:
-            scores = scores + prior_offsets(candidates, log_pi, column_weight, params.temperature).to(scores.device)  # (B, U)
+            scores = scores + column_offsets[candidates].to(scores.device)  # (B, U)
         loss = loss_fn(scores, target.to(questions.device), None)
         if mixup_term:
             loss = loss + mixup.weight * mixup_term(questions, gold[rows], standards)

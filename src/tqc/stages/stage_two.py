@@ -46,7 +46,7 @@ def train(
     gold = torch.as_tensor(gold_indices(train_rows, catalog))
     texts = [q.text for q in train_rows]
     loss_fn = make_loss(params.loss, params.temperature, params.margin, params.smoothing)
-    log_pi = class_log_prior(gold, len(catalog))  # (P,)
+    column_offsets = prior_offsets(class_log_prior(gold, len(catalog)), params.logit_adjustment, params.temperature)  # (P,)
 
     def batch_loss(rows: list[int]) -> torch.Tensor:
         distinct, columns = candidate_columns(gold[rows], negatives[rows])
@@ -54,7 +54,7 @@ def train(
         standards = model.embed_standards([catalog.texts[c] for c in distinct.tolist()])  # (U, D)
         scores = model.score(questions, standards)  # (B, U)
         if params.logit_adjustment:
-            scores = scores + prior_offsets(distinct, log_pi, params.logit_adjustment, params.temperature).to(scores.device)
+            scores = scores + column_offsets[distinct].to(scores.device)  # (B, U)
         columns = columns.to(questions.device)
         if params.negatives == "mined_and_in_batch":
             return loss_fn(scores, columns[:, 0], None)  # each class appears once in U: label-aware
