@@ -17,6 +17,8 @@ import faiss
 import numpy as np
 import torch
 
+from tqc.model.similarity import WEIGHT_FREE, scores_directions_only
+
 log = logging.getLogger(__name__)
 
 
@@ -62,8 +64,8 @@ def retrieve_by_scorer(scorer: Scorer, questions: np.ndarray, standards: np.ndar
 def nearest(questions: np.ndarray, standards: np.ndarray, depth: int, similarity: str = "cosine",
             scorer: Scorer | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The `depth` highest-scoring standard questions per question under the model's similarity."""
-    if similarity in ("cosine", "inner"):
-        normalise = similarity == "cosine"
+    if similarity in WEIGHT_FREE:
+        normalise = scores_directions_only(similarity)
         return retrieve(build_index(standards, normalise), questions, depth, normalise)
     if scorer is None:
         raise ValueError(f"similarity {similarity!r} has learned weights: mining needs the model's scorer")

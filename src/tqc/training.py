@@ -206,6 +206,19 @@ def _csv_value(value) -> str:
     return "" if isinstance(value, float) and math.isnan(value) else str(value)
 
 
+def write_outputs(stage: str, save_model: Callable[[], None], out_dir, history_path, result: FitResult) -> FitResult:
+    """A training stage's outputs: its best weights (`save_model`) and its curves, written by rank 0 only.
+
+    Under torchrun every replica holds the same weights, so one writer is enough and no two race
+    on the same DVC output.
+    """
+    if distributed.is_main():
+        save_model()
+        write_history(history_path, result.history)
+        log.info("%s: wrote %s and %s", stage, out_dir, history_path)
+    return result
+
+
 def write_history(path, history: list[EpochRecord]) -> None:
     """Training curves as CSV, the format DVC plots read."""
     fields = list(EpochRecord.__dataclass_fields__)

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tqc.model.similarity import MLPScorer, make_scorer, pairwise_scores
+from tqc.model.similarity import SIMILARITIES, MLPScorer, make_scorer, pairwise_scores, scores_directions_only
 
 
 def vectors(seed: int, rows: int, dim: int = 8) -> torch.Tensor:
@@ -50,3 +50,21 @@ def test_unknown_similarity_and_weighted_pairwise_are_clear_errors():
         make_scorer("l2", 8)
     with pytest.raises(ValueError, match="has weights"):
         pairwise_scores(vectors(0, 2), vectors(1, 2), "mlp")
+
+
+@pytest.mark.parametrize("kind", SIMILARITIES)
+def test_directions_only_says_whether_the_scorer_ignores_vector_lengths(kind):
+    # mining and prototype mixup normalise (or not) by this flag: it must agree with the scorer itself
+    torch.manual_seed(0)
+    questions, standards = vectors(0, 3), vectors(1, 4)  # (B, D), (C, D)
+    scorer = make_scorer(kind, 8)
+    if kind == "mlp":
+        torch.nn.init.normal_(scorer.layers[-1].weight)  # a trained MLP, not cosine in disguise
+    lengths = torch.tensor([[0.5], [2.0], [7.0]])  # (3, 1) a different stretch per question
+    unchanged = torch.allclose(scorer(questions * lengths, standards), scorer(questions, standards), atol=1e-5)
+    assert unchanged == scores_directions_only(kind)
+
+
+def test_directions_only_rejects_an_unknown_similarity():
+    with pytest.raises(ValueError, match="unknown similarity 'dot'"):
+        scores_directions_only("dot")

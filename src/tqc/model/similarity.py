@@ -14,6 +14,17 @@ import torch.nn.functional as F
 from torch import nn
 
 SIMILARITIES = ("cosine", "inner", "mlp")
+WEIGHT_FREE = ("cosine", "inner")  # scored by a formula alone: FAISS can rank them
+
+
+def scores_directions_only(kind: str) -> bool:
+    """Whether `kind` normalises the vectors before scoring (cosine, mlp): their lengths carry nothing.
+
+    The one answer for code that builds or indexes vectors outside the scorer (mining, prototype mixup).
+    """
+    if kind not in SIMILARITIES:
+        raise ValueError(f"unknown similarity {kind!r}; expected one of {', '.join(SIMILARITIES)}")
+    return kind != "inner"
 
 
 class CosineScorer(nn.Module):

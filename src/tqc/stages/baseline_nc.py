@@ -16,14 +16,13 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from tqc import distributed
 from tqc.config import AugmentParams, BaselineNCParams, ModelParams
 from tqc.device import pick_device, seed_everything
 from tqc.io import atomic_directory
 from tqc.metrics import summary
 from tqc.model.encoder import EmbeddingAugmentation, TextEncoder
 from tqc.schema import Catalog, LabeledQuestion, load_questions
-from tqc.training import FitResult, fit, gold_indices, parameter_groups, write_history
+from tqc.training import FitResult, fit, gold_indices, parameter_groups, write_history, write_outputs
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +97,7 @@ def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_par
     model = LinearClassifier(encoder, len(catalog)).to(pick_device())
     log.info("NC baseline: %d training rows, %d classes", len(train_rows), len(catalog))
     result = train(model, train_rows, validation, catalog, params, seed, on_epoch)
-    if not distributed.is_main():  # the replicas hold the same weights; rank 0 writes them
-        return result
-    model.save(out_dir)
-    write_history(history_path, result.history)
-    log.info("NC baseline: wrote %s and %s", out_dir, history_path)
-    return result
+    return write_outputs("NC baseline", lambda: model.save(out_dir), out_dir, history_path, result)
 
 
 def _write_disabled(out_dir: Path, history_path: Path) -> FitResult:

@@ -19,15 +19,15 @@ from typing import Callable
 
 import torch
 
-from tqc import distributed
 from tqc.config import AugmentParams, CrossEncodingParams, ModelParams, PrototypeMixupParams, StageOneParams
 from tqc.device import pick_device, seed_everything
 from tqc.losses import LossFn, class_log_prior, make_loss, prior_offsets, same_class_mask
 from tqc.model.cross_encoding import joined_inputs
 from tqc.model.encoder import BiEncoder
 from tqc.model.prototype_mixup import balanced_set, synthetic_share
+from tqc.model.similarity import scores_directions_only
 from tqc.schema import Catalog, LabeledQuestion, load_questions
-from tqc.training import FitResult, bi_encoder_validator, fit, gold_indices, parameter_groups, steps_per_epoch, write_history
+from tqc.training import FitResult, bi_encoder_validator, fit, gold_indices, parameter_groups, steps_per_epoch, write_outputs
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def _prototype_mixup_term(model: BiEncoder, loss_fn: LossFn, params: PrototypeMi
         steps[0] += 1
         balanced = balanced_set(questions, batch_gold.to(questions.device), prototypes, params.per_class, share,
                                 params.hard_k, params.beta, generator,
-                                unit_norm=model.similarity != "inner")  # (P·per_class, D), lengths kept for inner
+                                unit_norm=scores_directions_only(model.similarity))  # (P·per_class, D), lengths kept for inner
         scores = model.score(balanced.vectors, prototypes) + prior_shift.to(questions.device)  # (M, P)
         return loss_fn(scores, balanced.labels.to(scores.device), None)
 
@@ -159,10 +159,6 @@ def run(
              " (deferred re-balancing: generated rows wait for stage two)" if augment_params.deferred else "",
              len(validation), len(catalog), pick_device())
     result = train(model, train_rows, validation, catalog, params, seed, on_epoch, augment_params)
-    if not distributed.is_main():  # the replicas hold the same weights; rank 0 writes them
-        return result
-    model.save(out_dir, {"stage": "stage_one", "pretrained": model_params.pretrained, "best_epoch": result.best_epoch,
-                         "validation_macro_f1": result.best_validation_macro_f1, "params": params.model_dump(mode="json")})
-    write_history(history_path, result.history)
-    log.info("stage one: wrote %s and %s", out_dir, history_path)
-    return result
+    metadata = {"stage": "stage_one", "pretrained": model_params.pretrained, "best_epoch": result.best_epoch,
+                "validation_macro_f1": result.best_validation_macro_f1, "params": params.model_dump(mode="json")}
+    return write_outputs("stage one", lambda: model.save(out_dir, metadata), out_dir, history_path, result)

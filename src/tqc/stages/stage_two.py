@@ -11,14 +11,13 @@ from pathlib import Path
 
 import torch
 
-from tqc import distributed
 from tqc.config import AugmentParams, StageTwoParams
 from tqc.device import pick_device, seed_everything
 from tqc.losses import class_log_prior, make_loss, prior_offsets
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.stages.mine import load_negatives
-from tqc.training import FitResult, bi_encoder_validator, fit, gold_indices, parameter_groups, write_history
+from tqc.training import FitResult, bi_encoder_validator, fit, gold_indices, parameter_groups, write_outputs
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +92,6 @@ def run(
     model.set_augmentation(augment_params.implicit, augment_params.rate)
     log.info("stage two: %d training rows × %d negatives, %d validation", len(train_rows), negatives.shape[1], len(validation))
     result = train(model, train_rows, negatives, validation, catalog, params, seed, on_epoch)
-    if not distributed.is_main():  # the replicas hold the same weights; rank 0 writes them
-        return result
-    model.save(out_dir, {"stage": "stage_two", "best_epoch": result.best_epoch,
-                         "validation_macro_f1": result.best_validation_macro_f1, "params": params.model_dump(mode="json")})
-    write_history(history_path, result.history)
-    log.info("stage two: wrote %s and %s", out_dir, history_path)
-    return result
+    metadata = {"stage": "stage_two", "best_epoch": result.best_epoch,
+                "validation_macro_f1": result.best_validation_macro_f1, "params": params.model_dump(mode="json")}
+    return write_outputs("stage two", lambda: model.save(out_dir, metadata), out_dir, history_path, result)
