@@ -57,7 +57,7 @@ def judge(params: Params, trained: steps.Trained, staging: Path) -> dict:
     with nested_run("promote", tags={"tqc.stage": "promote"}) as tracker:
         report = promote.run(trained.data, trained.model, trained.prior, params.promote, staging / "promotion.json", tracker,
                              params.seed, params.evaluate.exemplar_k, refresh=trained.refreshed_from is not None)
-    if trained.refreshed_from and report.get("challenger_version") and not report["challenger_registered_before"]:
+    if trained.refreshed_from and report.get("challenger_version"):  # also when a retry found it registered
         steps.tag_refresh(params.promote.model_name, report["challenger_version"], trained.refreshed_from.version)
     return report
 

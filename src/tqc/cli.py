@@ -341,7 +341,10 @@ def _matcher(args: argparse.Namespace):
     if args.exemplars is None:
         if args.exemplar_k is not None or args.exemplar_cache is not None:
             raise ConfigError("--exemplar-k or --exemplar-cache without --exemplars: the standard-question rule has neither")
-        return local_matcher(args.model, args.catalog, args.top_k, _prior_for(args.model, args.prior))
+        try:
+            return local_matcher(args.model, args.catalog, args.top_k, _prior_for(args.model, args.prior))
+        except ValueError as exc:  # e.g. a catalog's bad line, or a prior file with no entry for the model: each names its file
+            raise ConfigError(str(exc)) from None
     # predict reads no params.yaml: evaluate.exemplar_k's default, not the project's setting
     k = EvaluateParams().exemplar_k if args.exemplar_k is None else args.exemplar_k
     if k < 1:

@@ -349,18 +349,13 @@ def refresh(params: Params, staged: Staged, staging: Path) -> Trained:
 def champion_model(model_name: str, alias: str, destination: Path) -> Champion:
     """The registry's `alias` version, its model folder downloaded to `destination`."""
     import mlflow
-    from mlflow.exceptions import MlflowException
 
-    from tqc.serving import registered_artifacts
+    from tqc.serving import alias_version, registered_artifacts
 
-    client = mlflow.MlflowClient()
-    try:
-        version = client.get_model_version_by_alias(model_name, alias)
-    except MlflowException as exc:
-        if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):  # no model, no alias; else the registry failed
-            raise
+    version = alias_version(mlflow.MlflowClient(), model_name, alias)
+    if version is None:
         raise RefreshError(f"retrain.mode refresh: the registry ({mlflow.get_tracking_uri()}) has no {model_name}@{alias} "
-                           "to refresh; train one first (retrain.mode: train, or dvc repro)") from None
+                           "to refresh; train one first (retrain.mode: train, or dvc repro)")
     if destination.exists():
         shutil.rmtree(destination)
     artifacts, config = registered_artifacts(model_name, str(version.version), destination)
@@ -369,10 +364,16 @@ def champion_model(model_name: str, alias: str, destination: Path) -> Champion:
 
 
 def tag_refresh(model_name: str, version: str, champion_version: str) -> None:
-    """Say in the registry that `version` is a refresh (no training) of `champion_version`'s encoder."""
+    """Say in the registry that `version` is a refresh (no training) of `champion_version`'s encoder.
+
+    Nothing when `version` is that champion (the refresh changed nothing it serves) or already says where it
+    came from: so a retried judge, which finds its version registered, still tags it, and never re-tags an older one."""
     import mlflow
 
-    mlflow.MlflowClient().set_model_version_tag(model_name, version, "refreshed_from", champion_version)
+    client = mlflow.MlflowClient()
+    if version == champion_version or "refreshed_from" in client.get_model_version(model_name, version).tags:
+        return
+    client.set_model_version_tag(model_name, version, "refreshed_from", champion_version)
 
 
 def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[Incoming]) -> dict:

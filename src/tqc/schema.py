@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tqc.io import read_jsonl, write_jsonl
+from tqc.io import numbered_jsonl, read_jsonl, write_jsonl
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,36 @@ class Catalog:
 
     @classmethod
     def load(cls, path: str | Path) -> "Catalog":
-        return cls([StandardQuestion(**row) for row in read_jsonl(path)])
+        """A catalog file (`save`'s JSONL); a line that is no standard question, or a class id given twice, is an
+        error naming the file and the line."""
+        questions, first_line = [], {}
+        for line, row in numbered_jsonl(path):
+            question = _standard_question(row, f"{path}, line {line}")
+            if question.class_id in first_line:
+                raise ValueError(f"{path}, line {line}: class id {question.class_id!r} again (first on line "
+                                 f"{first_line[question.class_id]}); a catalog has one standard question a class")
+            first_line[question.class_id] = line
+            questions.append(question)
+        return cls(questions)
+
+
+CATALOG_ROW = {"class_id": str, "text": str, "derived": bool}  # a catalog line's keys and their types; derived optional
+
+
+def _standard_question(row: object, where: str) -> StandardQuestion:
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: a catalog line is a JSON object with class_id and text, not {type(row).__name__}")
+    unknown, missing = sorted(set(row) - set(CATALOG_ROW)), [k for k in ("class_id", "text") if k not in row]
+    if unknown or missing:
+        said = "; ".join(part for part in (f"no {', '.join(missing)}" if missing else "",
+                                           f"unexpected {', '.join(unknown)}" if unknown else "") if part)
+        raise ValueError(f"{where}: not a catalog line ({said}); a catalog line has class_id, text and optionally "
+                         "derived (is this a file of labeled questions?)")
+    wrong = [key for key, value in row.items() if not isinstance(value, CATALOG_ROW[key])]
+    if wrong:
+        raise ValueError(f"{where}: " + ", ".join(f"{key} is {type(row[key]).__name__}, not {CATALOG_ROW[key].__name__}"
+                                                  for key in wrong))
+    return StandardQuestion(**row)
 
 
 def _record(question: LabeledQuestion) -> dict:

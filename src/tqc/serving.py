@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import numbers
 from pathlib import Path
 
@@ -60,8 +61,8 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         self.shift = torch.as_tensor(shift, dtype=torch.float32)  # (P,): 0 for a model registered without one
         self.default_top_k = int(config.get("top_k", 5))
 
-    # The hint is the registry's contract (SIGNATURE: a "question" column); MLflow infers no schema
-    # from a DataFrame hint, so it keeps SIGNATURE, and without a hint it warns on every import.
+    # The hint is the registry's contract (`signature`: a "question" column); MLflow infers no schema
+    # from a DataFrame hint, so it keeps the logged signature, and without a hint it warns on every import.
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         import torch
 
@@ -119,8 +120,12 @@ def _encoded_exemplars(model, rows, model_dir: Path, exemplars_file: Path, cache
         except (SafetensorError, KeyError, OSError):  # a damaged entry is encoded again and replaced
             pass
     vectors = encode()
-    with atomic_path(path) as tmp:
-        save_file({"vectors": vectors.contiguous()}, str(tmp))
+    try:
+        with atomic_path(path) as tmp:
+            save_file({"vectors": vectors.contiguous()}, str(tmp))
+    except OSError as exc:  # a cache that cannot be written (read-only home, full disk) costs time, never the answers
+        logging.getLogger(__name__).warning("exemplar cache %s not written (%s): the questions are encoded again next time; "
+                                            "--exemplar-cache none skips the cache", cache_dir, exc)
     return vectors
 
 
@@ -154,6 +159,25 @@ def served_top1(uri: str, questions: list[str]) -> list[str]:
     return answers[answers["rank"] == 1]["class_id"].tolist()  # in question order
 
 
+# What the registry answers when the model or its alias is not there; any other error is the registry failing.
+NOT_FOUND_CODES = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+
+
+def alias_version(client, model_name: str, alias: str):
+    """The registry's `model_name@alias` version, or None where the model or the alias does not exist.
+
+    A registry that fails (unreachable, overloaded) raises: read as "no champion", it would let a
+    challenger take the alias unjudged."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version_by_alias(model_name, alias)
+    except MlflowException as exc:
+        if exc.error_code in NOT_FOUND_CODES:
+            return None
+        raise
+
+
 def registered_artifacts(model_name: str, version: str, destination: Path) -> tuple[dict[str, Path], dict]:
     """A registered version downloaded to `destination`: ({artifact name: its local path}, its model_config)."""
     import mlflow.artifacts
@@ -174,20 +198,31 @@ def ranked_records(questions: list[str], answers: pd.DataFrame) -> list[dict]:
 
 
 def _questions(model_input) -> list[str]:
+    """The questions asked, in order: a DataFrame's "question" column (else its first), a string, or a list.
+
+    A row with no question (null, NaN, blank) or one that is not text is an error naming the row: str() would
+    turn it into "nan" or "None", which the model answers as confidently as any real question."""
     if isinstance(model_input, pd.DataFrame):
         column = "question" if "question" in model_input.columns else model_input.columns[0]
-        return [str(q) for q in model_input[column].tolist()]
-    if isinstance(model_input, str):
-        return [model_input]
-    return [str(q) for q in model_input]
+        asked = model_input[column].tolist()
+    else:
+        asked = [model_input] if isinstance(model_input, str) else list(model_input)
+    bad = [(row, q) for row, q in enumerate(asked) if not isinstance(q, str) or not q.strip()]
+    if bad:
+        listed = ", ".join(f"row {row} ({q!r})" for row, q in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise ValueError(f"every question must be non-blank text: {listed}")
+    return asked
 
 
-SIGNATURE = ModelSignature(
-    inputs=Schema([ColSpec("string", "question")]),
-    outputs=Schema([ColSpec("string", "question"), ColSpec("long", "rank"), ColSpec("string", "class_id"),
-                    ColSpec("string", "standard_question"), ColSpec("double", "score")]),
-    params=ParamSchema([ParamSpec("top_k", "long", 5)]),
-)
+def signature(top_k: int) -> ModelSignature:
+    """The registry's contract: a "question" column in; ranked answers out; `top_k` defaulting to the version's own
+    (MLflow fills a param a request leaves out with the signature's default, before `predict` sees it)."""
+    return ModelSignature(
+        inputs=Schema([ColSpec("string", "question")]),
+        outputs=Schema([ColSpec("string", "question"), ColSpec("long", "rank"), ColSpec("string", "class_id"),
+                        ColSpec("string", "standard_question"), ColSpec("double", "score")]),
+        params=ParamSchema([ParamSpec("top_k", "long", int(top_k))]),
+    )
 
 
 def _model_config(model_dir: Path, prior_path: Path | None, top_k: int, exemplars: tuple[Path, int] | None = None) -> dict:
@@ -282,10 +317,8 @@ def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model
             client.set_model_version_tag(model_name, version.version, DIGEST_TAG, digest)
     if existing:
         return str(min(int(v.version) for v in existing)), True
-    version = log_and_register(model_dir, catalog_path, prior_path, model_name, config, exemplars)
-    for key, value in {DIGEST_TAG: digest, "rule": config.get("rule", "standard"), **_prior_tags(entry)}.items():
-        client.set_model_version_tag(model_name, version, key, value)
-    return version, False
+    tags = {DIGEST_TAG: digest, "rule": config.get("rule", "standard"), **_prior_tags(entry)}
+    return log_and_register(model_dir, catalog_path, prior_path, model_name, config, exemplars, tags), False
 
 
 def _tagged_with(client, model_name: str, digest: str) -> list:
@@ -300,8 +333,11 @@ def _prior_tags(entry: dict | None) -> dict[str, str]:
 
 
 def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, config: dict,
-                     exemplars: tuple[Path, int] | None = None) -> str:
-    """Log the model in the active run and register it, serving with `config` (`_model_config`); returns the new version."""
+                     exemplars: tuple[Path, int] | None = None, tags: dict[str, str] | None = None) -> str:
+    """Log the model in the active run and register it, serving with `config` (`_model_config`); returns the new version.
+
+    `tags` are the version's from its creation on: a version without its content digest, which a retry would then
+    not find and register again, never exists."""
     import tqc
 
     info = mlflow.pyfunc.log_model(
@@ -309,9 +345,8 @@ def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | Non
         python_model=StandardQuestionMatcher(),
         artifacts=_artifacts(model_dir, catalog_path, prior_path, exemplars),
         model_config=config,
-        signature=SIGNATURE,
+        signature=signature(config["top_k"]),
         # Listed, not inferred: inference would load the model in a subprocess to trace imports.
         pip_requirements=[f"tqc=={tqc.__version__}", "torch", "transformers", "safetensors", "pandas"],
-        registered_model_name=model_name,
     )
-    return str(info.registered_model_version)
+    return str(mlflow.register_model(info.model_uri, model_name, tags=tags).version)

@@ -244,3 +244,47 @@ def test_predict_keeps_encoded_exemplars_between_calls_keyed_by_model_and_file(t
     assert main(ask) == 0
     assert len(list(user_cache.glob("*.safetensors"))) == 2
     assert main([*ask, "--exemplar-cache", "none"]) == 0 and len(list(user_cache.glob("*.safetensors"))) == 2
+
+
+def test_a_file_that_is_no_catalog_is_an_error_naming_its_line_under_either_rule(tiny_model_dir, tmp_path, capsys):
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    (tmp_path / "questions.jsonl").write_text('{"text": "where is paris", "class_id": "loc", "source": "a.csv:2"}\n')
+    (tmp_path / "twice.jsonl").write_text('{"class_id": "loc", "text": "Where?"}\n{"class_id": "loc", "text": "Where is it?"}\n')
+    ask = ["predict", "--model", str(tmp_path / "model"), "where is paris"]
+    for rule in ([], ["--exemplars", str(tmp_path / "questions.jsonl")]):
+        assert main(ask + rule + ["--catalog", str(tmp_path / "questions.jsonl")]) == 2  # labeled questions, not a catalog
+        assert "questions.jsonl, line 1: not a catalog line (unexpected source)" in capsys.readouterr().err
+        assert main(ask + rule + ["--catalog", str(tmp_path / "twice.jsonl")]) == 2
+        assert "twice.jsonl, line 2: class id 'loc' again (first on line 1)" in capsys.readouterr().err
+
+
+def test_the_served_model_refuses_a_missing_or_blank_question_and_names_its_row(tiny_model_dir, tmp_path):
+    import pandas as pd
+
+    from tqc.serving import local_matcher
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    matcher = local_matcher(tmp_path / "model", tmp_path / "catalog.jsonl", 1)
+    asked = pd.DataFrame({"question": ["where is paris", None, float("nan"), "  ", 7]})
+    with pytest.raises(ValueError, match=r"row 1 \(None\), row 2 \(nan\), row 3 \('  '\), row 4 \(7\)"):
+        matcher.predict(None, asked)  # str() would have answered "None" and "nan" as questions
+    assert matcher.predict(None, asked[:1])["class_id"].size == 1
+
+
+def test_an_exemplar_cache_that_cannot_be_written_costs_time_not_the_answers(tiny_model_dir, tmp_path, capsys, caplog):
+    from tqc.schema import LabeledQuestion, save_questions
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    save_questions(tmp_path / "train.jsonl", [LabeledQuestion("where is paris", "loc"), LabeledQuestion("who wrote it", "hum")])
+    (tmp_path / "a-file").write_text("not a folder")  # so no cache folder can be made under it, root or not
+    ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
+           "--exemplars", str(tmp_path / "train.jsonl"), "where is the louvre"]
+    assert main([*ask, "--exemplar-cache", "none"]) == 0
+    uncached = capsys.readouterr().out
+    with caplog.at_level("WARNING", logger="tqc.serving"):
+        assert main([*ask, "--exemplar-cache", str(tmp_path / "a-file" / "cache")]) == 0
+    assert capsys.readouterr().out == uncached
+    assert "a-file/cache not written" in caplog.text

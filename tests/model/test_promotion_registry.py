@@ -97,6 +97,8 @@ def test_the_alias_moves_to_a_better_challenger_and_stays_for_a_worse_one(tiny_m
     assert len(answers) == 4 and answers.groupby("question")["rank"].apply(list).tolist() == [[1, 2], [1, 2]]
     top = answers[answers["rank"] == 1].set_index("question")["class_id"]
     assert top["where is paris"] == "LOC" and top["who invented chess"] == "HUM"
+    asked_for_none = served.predict(pd.DataFrame({"question": ["where is paris"]}))
+    assert asked_for_none["rank"].tolist() == [1, 2]  # promote.top_k, not MLflow's signature default, when a request names none
 
     # v1 made champion again (a gate that takes anything: a rollback, say) is no longer "superseded by" anyone
     with standalone_run("promote", registry) as tracker:
@@ -303,3 +305,93 @@ def test_the_registry_serves_the_exemplar_rule_with_the_training_rows_and_no_shi
     served = mlflow.pyfunc.load_model("models:/tqc-admc/2").predict(questions, params={"top_k": 2})
     local = local_matcher(model_dir, data_dir / "catalog.jsonl", 2, None, (tmp_path / "first_rows.jsonl", 1)).predict(None, questions)
     pd.testing.assert_frame_equal(served, local)  # v2 serves its registered copy of the rows as they were, k = 1
+
+
+def _champion_v1(tiny_model_dir, data_dir, tmp_path, registry):
+    """v1 (an untrained model) holds the alias; returns the directory of a better challenger."""
+    with standalone_run("promote", registry) as tracker:
+        assert promote.run(data_dir, untrained(tiny_model_dir, tmp_path / "weak"), None, PromoteParams(bootstrap_samples=200),
+                           tmp_path / "p.json", tracker)["promoted"]
+    return trained(tiny_model_dir, data_dir, tmp_path / "strong")
+
+
+def _alias_version() -> str:
+    import mlflow
+
+    return str(mlflow.MlflowClient().get_model_version_by_alias("tqc-admc", "champion").version)
+
+
+def test_a_failing_registry_is_never_read_as_no_champion(tiny_model_dir, data_dir, tmp_path, registry, monkeypatch):
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
+
+    challenger = _champion_v1(tiny_model_dir, data_dir, tmp_path, registry)
+
+    def overloaded(*_):
+        raise MlflowException("the registry timed out", error_code=TEMPORARILY_UNAVAILABLE)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(mlflow.MlflowClient, "get_model_version_by_alias", overloaded)
+        with standalone_run("promote", registry) as tracker, pytest.raises(MlflowException, match="timed out"):
+            promote.run(data_dir, challenger, None, PromoteParams(bootstrap_samples=200), tmp_path / "p.json", tracker)
+    assert _alias_version() == "1"  # not handed to v2 unjudged as if there were no champion
+
+
+def test_a_champion_that_cannot_answer_is_named_and_the_challenger_is_not_blamed(tiny_model_dir, data_dir, tmp_path,
+                                                                                  registry, monkeypatch):
+    import mlflow
+
+    challenger = _champion_v1(tiny_model_dir, data_dir, tmp_path, registry)
+    served = promote._validation_predictions
+
+    def champion_gone(uri, validation, catalog):
+        if uri.endswith("/1"):
+            raise FileNotFoundError("tqc_model.json")
+        return served(uri, validation, catalog)
+
+    monkeypatch.setattr(promote, "_validation_predictions", champion_gone)
+    with standalone_run("promote", registry) as tracker, \
+            pytest.raises(promote.ChampionUnavailable, match=r"tqc-admc v1, the champion, cannot answer .*challenger v2"):
+        promote.run(data_dir, challenger, None, PromoteParams(bootstrap_samples=200), tmp_path / "p.json", tracker)
+    assert "promotion" not in mlflow.MlflowClient().get_model_version("tqc-admc", "2").tags  # not tagged failed
+    assert _alias_version() == "1"
+
+
+def test_a_promote_that_fails_after_deciding_moves_nothing_and_its_retry_promotes(tiny_model_dir, data_dir, tmp_path,
+                                                                                   registry, monkeypatch):
+    from tqc.tracking import Tracker
+
+    challenger = _champion_v1(tiny_model_dir, data_dir, tmp_path, registry)
+    log_artifact, failures = Tracker.log_artifact, [RuntimeError("the artifact store dropped the upload")]
+
+    def flaky(self, path, *args, **kwargs):
+        if failures:
+            raise failures.pop()
+        return log_artifact(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(Tracker, "log_artifact", flaky)
+    params = PromoteParams(bootstrap_samples=200)
+    with standalone_run("promote", registry) as tracker, pytest.raises(RuntimeError, match="dropped the upload"):
+        promote.run(data_dir, challenger, None, params, tmp_path / "p.json", tracker)
+    assert _alias_version() == "1"  # the alias moves last: a failure before it leaves the champion where it was
+    with standalone_run("promote", registry) as tracker:  # what a Prefect retry of `judge` does
+        retried = promote.run(data_dir, challenger, None, params, tmp_path / "p.json", tracker)
+    assert retried["challenger_registered_before"] and retried["champion_version_before"] == "1"
+    assert retried["promoted"] and _alias_version() == "2"
+
+
+def test_a_refresh_tag_is_set_once_and_never_on_the_champion_it_came_from(tiny_model_dir, data_dir, tmp_path, registry):
+    import mlflow
+
+    from tqc.retrain import tag_refresh
+
+    challenger = _champion_v1(tiny_model_dir, data_dir, tmp_path, registry)
+    with standalone_run("promote", registry) as tracker:
+        promote.run(data_dir, challenger, None, PromoteParams(bootstrap_samples=200), tmp_path / "p.json", tracker)
+    tag_refresh("tqc-admc", "1", "1")  # a refresh that changed nothing is the champion itself
+    tag_refresh("tqc-admc", "2", "1")
+    tag_refresh("tqc-admc", "2", "3")  # a later retry against another champion does not rewrite where v2 came from
+    client = mlflow.MlflowClient()
+    assert "refreshed_from" not in client.get_model_version("tqc-admc", "1").tags
+    assert client.get_model_version("tqc-admc", "2").tags["refreshed_from"] == "1"

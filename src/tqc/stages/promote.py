@@ -27,6 +27,10 @@ from tqc.tracking import Tracker
 log = logging.getLogger(__name__)
 
 
+class ChampionUnavailable(RuntimeError):
+    """The registry's champion cannot answer, so no challenger can be judged against it."""
+
+
 def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: PromoteParams, report_path: Path, tracker: Tracker,
         seed: int = 0, exemplar_k: int = 2, refresh: bool = False) -> dict:
     """`prior_path`: the prior stage's file, registered with the model so that it serves with its class-prior shift.
@@ -44,8 +48,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         log.warning("promote: %s", report["reasons"][0])
         return report
     import mlflow
-    from mlflow.exceptions import MlflowException
-    from tqc.serving import register
+    from tqc.serving import alias_version, register
 
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     validation = load_questions(data_dir / "validation.jsonl")
@@ -55,10 +58,8 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     exemplars = (data_dir / "train.jsonl", exemplar_k) if params.rule == "exemplars" else None
     version, registered_before = register(model_dir, data_dir / "catalog.jsonl", None if exemplars else prior_path,
                                           params.model_name, params.top_k, exemplars)
-    try:
-        champion_version = str(client.get_model_version_by_alias(params.model_name, params.alias).version)
-    except MlflowException:
-        champion_version = None
+    alias_holder = alias_version(client, params.model_name, params.alias)  # a failing registry raises: never "no champion"
+    champion_version = str(alias_holder.version) if alias_holder is not None else None
     is_champion = champion_version == version  # the same content as the champion: its tags and alias stay
     challenger, champion = _answers_on_validation(client, params.model_name, version, champion_version, validation, catalog)
 
@@ -77,45 +78,60 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         decision = _already_champion(decision, version)
     elif incomparable:
         decision = _incomparable(decision, champion_version, params)
-    if decision.promote:
-        client.set_registered_model_alias(params.model_name, params.alias, version)
-        if "superseded_by" in client.get_model_version(params.model_name, version).tags:  # champion again (a rollback)
-            client.delete_model_version_tag(params.model_name, version, "superseded_by")
-        if champion_version is not None:  # its `promotion: champion` tag would otherwise outlive the alias
-            client.set_model_version_tag(params.model_name, champion_version, "promotion", "superseded")
-            client.set_model_version_tag(params.model_name, champion_version, "superseded_by", version)
     report = _report(params, version, registered_before, champion_version, decision, gold, challenger, champion,
                      catalog.class_ids)
     write_json(report_path, report)
-    if not is_champion:
-        outcome = "champion" if decision.promote else "incomparable" if incomparable else "rejected"
-        client.set_model_version_tag(params.model_name, version, "promotion", outcome)
     tracker.log_metrics({"promoted": int(decision.promote), **report["validation"],
                          **({"ci_low": decision.bootstrap.low, "ci_high": decision.bootstrap.high,
                              "difference": decision.bootstrap.difference} if decision.bootstrap else {})}, prefix="promotion.")
     tracker.log_artifact(report_path)
+    # The registry last: a step above that fails leaves the champion where it was, so a retry judges the
+    # same two versions again instead of finding the challenger already holding the alias.
+    if not is_champion:
+        outcome = "champion" if decision.promote else "incomparable" if incomparable else "rejected"
+        client.set_model_version_tag(params.model_name, version, "promotion", outcome)
+    if decision.promote:
+        _move_alias(client, params, version, champion_version)
     log.info("promote: %s v%s %s; %s", params.model_name, version,
              f"is now {params.alias}" if decision.promote else f"not promoted ({params.alias} stays v{champion_version})",
              "; ".join(decision.reasons))
     return report
 
 
+def _move_alias(client, params: PromoteParams, version: str, champion_version: str | None) -> None:
+    """`version` becomes `params.alias`; the version it replaces is tagged superseded (its `promotion: champion`
+    tag would otherwise outlive the alias). The alias moves last of all: it is what serving reads."""
+    if "superseded_by" in client.get_model_version(params.model_name, version).tags:  # champion again (a rollback)
+        client.delete_model_version_tag(params.model_name, version, "superseded_by")
+    if champion_version is not None:
+        client.set_model_version_tag(params.model_name, champion_version, "promotion", "superseded")
+        client.set_model_version_tag(params.model_name, champion_version, "superseded_by", version)
+    client.set_registered_model_alias(params.model_name, params.alias, version)
+
+
 def _answers_on_validation(client, model_name: str, version: str, champion_version: str | None, validation,
                            catalog: Catalog) -> tuple[np.ndarray, np.ndarray | None]:
     """(challenger's, champion's) first answers (N,) through the served pyfunc; the champion's None when there is
-    none. A challenger that cannot answer is tagged `promotion: failed` (registered, never judged) and the error raised."""
+    none. A challenger that cannot answer is tagged `promotion: failed` (registered, never judged) and the error
+    raised; a champion that cannot answer raises an error naming it, and the challenger is left untagged."""
     try:
         challenger = _validation_predictions(f"models:/{model_name}/{version}", validation, catalog)
-        if champion_version is None:
-            return challenger, None
-        if champion_version == version:  # the challenger is the champion: nothing to predict again
-            return challenger, challenger
-        return challenger, _validation_predictions(f"models:/{model_name}/{champion_version}", validation, catalog)
     except Exception:
         # Registered but never judged: the tag says so, so that a registry listing does not read it as a candidate.
         if champion_version != version:
             client.set_model_version_tag(model_name, version, "promotion", "failed")
         raise
+    if champion_version is None:
+        return challenger, None
+    if champion_version == version:  # the challenger is the champion: nothing to predict again
+        return challenger, challenger
+    try:
+        return challenger, _validation_predictions(f"models:/{model_name}/{champion_version}", validation, catalog)
+    except Exception as exc:  # the champion is what is broken: the challenger is not to blame, and nothing moves
+        raise ChampionUnavailable(
+            f"{model_name} v{champion_version}, the champion, cannot answer the validation questions "
+            f"({type(exc).__name__}: {exc}); challenger v{version} is registered and not judged. Repair the champion's "
+            f"artifacts, or move the alias by hand, then run promote again") from exc
 
 
 def _report(params: PromoteParams, version: str, registered_before: bool, champion_version: str | None, decision,
