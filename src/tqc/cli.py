@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     augment = commands.add_parser("augment", help="rebalance tail classes")
     _paths(augment, "train", "out", "report")
     augment.add_argument("--generated", type=Path, help="validated rows made offline (augment.explicit: file)")
+    augment.add_argument("--held-out", type=Path, nargs="*", default=[],
+                         help="validation and test files: a generated row equal to one of their questions is dropped")
     _paths(commands.add_parser("stage-one", help="train both encoders with in-batch NT-Xent"), "data", "train", "out", "history")
     _paths(commands.add_parser("mine", help="mine the K hardest wrong standard questions"), "data", "train", "model", "out", "report")
     _paths(commands.add_parser("stage-two", help="retrain against the mined negatives"), "data", "train", "negatives", "model", "out", "history")
@@ -182,7 +184,7 @@ def _validate(args: argparse.Namespace, params: Params) -> None:
 def _augment(args: argparse.Namespace, params: Params) -> None:
     from tqc.stages import augment
 
-    augment.run(args.train, params.augment, params.seed, args.out, args.report, args.generated)
+    augment.run(args.train, params.augment, params.seed, args.out, args.report, args.generated, args.held_out)
 
 
 def _training_stage(stage: str, deps: list[str], train: Callable) -> Callable:

@@ -49,7 +49,8 @@ def prepare_data(params: Params, work_dir: Path) -> PreparedData:
     """ingest → validate → augment into `work_dir`, as `dvc repro` does into data/."""
     validated = validated_data(params, work_dir)
     augment.run(validated / "train.jsonl", params.augment, params.seed, work_dir / "augmented" / "train.jsonl",
-                work_dir / "reports" / "augment.json", validated / "generated.jsonl")
+                work_dir / "reports" / "augment.json", validated / "generated.jsonl",
+                [validated / "validation.jsonl", validated / "test.jsonl"])
     return PreparedData(validated, work_dir / "augmented" / "train.jsonl")
 
 

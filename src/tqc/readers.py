@@ -284,7 +284,8 @@ def _csv_dict_records(path: Path, columns: list[str]) -> list[tuple[int, dict | 
     if not records:
         raise ReaderError(f"{path}: file is empty")
     header_line, header = records[0][0], [h.strip() for h in records[0][1]]  # the first record that is not blank
-    repeated = sorted({h for h in header if header.count(h) > 1})
+    # Unnamed columns (a stray cell beside the table, as spreadsheets export it) hold nothing a mapping can name
+    repeated = sorted({h for h in header if h and header.count(h) > 1})
     if repeated:
         raise ReaderError(f"{path}, line {header_line}: the header repeats column(s) {repeated}")
     missing = [c for c in columns if c not in header]
@@ -296,7 +297,10 @@ def _csv_dict_records(path: Path, columns: list[str]) -> list[tuple[int, dict | 
             rows.append((line_number, _Unusable(f"expected {len(header)} columns as in the header, found {len(fields)}"),
                          ",".join(fields)))
             continue
-        rows.append((line_number, dict(zip(header, fields)), ",".join(fields)))
+        if [f.strip() for f in fields] == header:  # two exports joined: its label would become a class named after the column
+            rows.append((line_number, _Unusable(f"the header again (line {header_line}): two files joined?"), ",".join(fields)))
+            continue
+        rows.append((line_number, {h: f for h, f in zip(header, fields) if h}, ",".join(fields)))
     return rows
 
 

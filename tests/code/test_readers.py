@@ -473,3 +473,11 @@ def test_a_validation_file_that_is_not_there_names_the_param_and_where_it_was_lo
                         custom={"train": "train.csv", "test": "test.csv"})
     with pytest.raises(ReaderError, match=r"^data.validation_file 'dev.csv': no file .*dev.csv \(the path is relative to data.data_dir"):
         ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
+
+
+def test_a_repeated_header_row_is_quarantined_and_unnamed_spreadsheet_columns_are_ignored(tmp_path):
+    joined = write(tmp_path, "joined.csv", b"text,label,,\nhow do i pay,billing,,\ntext,label,,\nlost my card,cards,,note\n")
+    result = read_table(joined, "text", "label")
+    # two exports joined: the second header is no question of a class called "label"
+    assert [(q.text, q.class_id) for q in result.rows] == [("how do i pay", "billing"), ("lost my card", "cards")]
+    assert [(r.line, r.reason) for r in result.rejected] == [(3, "the header again (line 1): two files joined?")]

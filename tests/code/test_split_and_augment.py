@@ -136,3 +136,36 @@ def test_max_factor_caps_each_class_at_a_multiple_of_its_own_count(tmp_path):
                  tmp_path / "out.jsonl", tmp_path / "augment.json")
     assert {c: v["after"] for c, v in report["per_class"].items()} == {"head": 400, "mid": 168, "tail": 16}
     assert Counter(q.class_id for q in load_questions(tmp_path / "out.jsonl") if q.generated) == {"mid": 68, "tail": 12}
+
+
+def test_the_validation_split_never_draws_a_test_question_and_is_unchanged_where_it_drew_none():
+    rows = questions({"a": 30, "b": 3})
+    train, validation = stratified_split(rows, 0.1, seed=0)
+    drawn_b = next(q for q in validation if q.class_id == "b")
+    # that question is also in test: drawn for validation, validate would quarantine it and b would have none
+    avoided = frozenset({" ".join(drawn_b.text.casefold().split())})
+    train2, validation2 = stratified_split(rows, 0.1, seed=0, held_out_texts=avoided)
+    assert Counter(q.class_id for q in validation2) == Counter(q.class_id for q in validation)
+    assert drawn_b not in validation2 and drawn_b in train2
+    assert [q for q in validation2 if q.class_id == "a"] == [q for q in validation if q.class_id == "a"]
+    assert sorted(q.source + q.class_id for q in train2 + validation2) == sorted(q.source + q.class_id for q in rows)
+    a_train = next(q for q in train if q.class_id == "a")  # a test question that was not drawn changes nothing
+    assert stratified_split(rows, 0.1, seed=0, held_out_texts=frozenset({a_train.text})) == (train, validation)
+
+
+def test_generated_rows_equal_to_a_held_out_question_are_dropped_and_counted(tmp_path):
+    from tqc.config import AugmentParams
+    from tqc.schema import load_questions, save_questions
+    from tqc.stages.augment import run
+
+    save_questions(tmp_path / "train.jsonl", questions({"head": 10, "tail": 2}))
+    # rebalancing by copies makes 8 copies of the two tail questions; say one of them is also a test question
+    save_questions(tmp_path / "test.jsonl", [LabeledQuestion("TAIL question 0", "tail", "t:1")])
+    save_questions(tmp_path / "validation.jsonl", [LabeledQuestion("head question 99", "head", "v:1")])
+    report = run(tmp_path / "train.jsonl", AugmentParams(rebalance="max"), 0, tmp_path / "out.jsonl", tmp_path / "augment.json",
+                 held_out_paths=[tmp_path / "validation.jsonl", tmp_path / "test.jsonl"])
+    written = load_questions(tmp_path / "out.jsonl")
+    made = [q for q in written if q.generated]
+    assert made and all(q.text == "tail question 1" for q in made)
+    assert report["rows"]["generated_dropped_as_held_out"] == 8 - len(made) > 0
+    assert report["per_class"]["tail"]["generated"] == len(made)

@@ -169,3 +169,36 @@ def test_a_generated_row_that_is_another_classs_training_question_is_quarantined
     assert [(q["file"], q["line"], q["expectations"]) for q in quarantined] == [("aug.csv", 1, ["no_label_conflicts"])]
     assert [q["text"] for q in read_jsonl(tmp_path / "out" / "generated.jsonl")] == ["who is Y", "what was z"]
     assert len(read_jsonl(tmp_path / "out" / "train.jsonl")) == 3
+
+
+def test_texts_that_read_the_same_are_the_same_question_for_leakage_and_duplicates(tmp_path):
+    from tqc.stages.validate import normalise
+
+    # composed and decomposed é, full-width letters, a zero-width space, a typographic apostrophe
+    for one, other in (("Où est le café ?", "Ou\u0300 est le cafe\u0301 ?"), ("what is ｐｉｎ", "what is pin"),
+                       ("reset my\u200b pin", "reset my pin"), ("what’s a pin", "what's a PIN")):
+        assert normalise(one) == normalise(other)
+    assert normalise("what is a pin") != normalise("what is a pen")
+    write_splits(tmp_path / "in", [("what’s a pin", "a"), ("reset my\u200b pin", "b"), ("reset my pin", "b"), ("fine", "a")],
+                 [("kept", "a")], [("what's a PIN", "a")])
+    run_validate(tmp_path)
+    reasons = {q["line"]: q["expectations"] for q in read_jsonl(tmp_path / "quarantine.jsonl")}
+    assert reasons == {1: ["no_leakage"], 3: ["no_duplicates"]}
+
+
+def test_a_validation_question_labelled_otherwise_in_train_is_quarantined_with_its_train_copy(tmp_path):
+    write_splits(tmp_path / "in", [("close my account", "a"), ("fine", "a"), ("also fine", "b")],
+                 [("Close my account", "b"), ("kept", "a")], [("held out", "a")])
+    run_validate(tmp_path)
+    reasons = {(q["split"], q["line"]): q["expectations"] for q in read_jsonl(tmp_path / "quarantine.jsonl")}
+    assert reasons == {("train", 1): ["no_leakage"], ("validation", 1): ["no_label_conflicts"]}
+    assert [q["text"] for q in read_jsonl(tmp_path / "out" / "validation.jsonl")] == ["kept"]
+
+
+def test_a_class_left_without_validation_rows_is_reported(tmp_path, caplog):
+    write_splits(tmp_path / "in", [("fine", "a"), ("also fine", "b")], [("kept", "a"), ("shared with test", "b")],
+                 [("Shared with test", "b")])
+    with caplog.at_level("WARNING", logger="tqc.stages.validate"):
+        report = run_validate(tmp_path)
+    assert report["classes_without_validation_rows"] == ["b"]
+    assert "1 class(es) lost every validation row to quarantine" in caplog.text

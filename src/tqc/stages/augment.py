@@ -22,6 +22,7 @@ from pathlib import Path
 from tqc.config import AugmentParams, Seq2SeqParams
 from tqc.io import write_json
 from tqc.schema import LabeledQuestion, load_questions, save_questions
+from tqc.stages.validate import normalise
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +157,17 @@ def _file_report(questions: list[LabeledQuestion], generated: list[LabeledQuesti
             "copies_where_too_few": sum(q.source.startswith(f"{SOURCE_PREFIX['none']}:") for q in extra)}
 
 
+def without_held_out(made: list[LabeledQuestion], held_out_paths: list[Path]) -> tuple[list[LabeledQuestion], int]:
+    """The made rows whose text (as validate compares texts) is no validation or test question, and how many were
+    dropped: EDA or a paraphraser can rewrite a training question into one it will be judged on."""
+    held_out = {normalise(q.text) for path in held_out_paths for q in load_questions(path)}
+    kept = [q for q in made if normalise(q.text) not in held_out]
+    return kept, len(made) - len(kept)
+
+
 def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, report_path: Path,
-        generated_path: Path | None = None) -> dict:
+        generated_path: Path | None = None, held_out_paths: list[Path] = ()) -> dict:
+    """`held_out_paths`: the validation and test files; a generated row equal to one of their questions is dropped."""
     started = time.perf_counter()
     questions = load_questions(train_path)
     generated = load_generated(generated_path, params.explicit)
@@ -165,6 +175,10 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
     targets = class_targets(before, params.rebalance, params.target_count, params.max_factor)
     augmented = oversample(questions, targets, seed, params.explicit, params.eda_alpha, params.seq2seq,
                            generated)  # no class short: unchanged
+    made, dropped = without_held_out(augmented[len(questions):], list(held_out_paths))
+    augmented = questions + made
+    if dropped:
+        log.warning("augment: dropped %d generated row(s) whose text is a validation or test question", dropped)
     after = Counter(q.class_id for q in augmented)
     originals = {(q.class_id, q.text) for q in questions}
     same_as_an_original = sum((q.class_id, q.text) in originals for q in augmented[len(questions):])
@@ -179,7 +193,7 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
         "rate": params.rate,
         "in_batch": {"prototype_mixup": params.prototype_mixup.enabled, "cross_encoding": params.cross_encoding.enabled},
         "rows": {"before": len(questions), "after": len(augmented), "generated": len(augmented) - len(questions),
-                 "generated_same_as_an_original": same_as_an_original},
+                 "generated_same_as_an_original": same_as_an_original, "generated_dropped_as_held_out": dropped},
         **({"file": _file_report(questions, generated, augmented[len(questions):])} if params.explicit == "file" else {}),
         "per_class": {c: {"before": before[c], "after": after[c], "generated": after[c] - before[c]} for c in sorted(after)},
         "seconds": round(time.perf_counter() - started, 2),

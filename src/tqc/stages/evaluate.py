@@ -175,7 +175,8 @@ def resplit(params: Params, data_dir: Path, seed: int, out_dir: Path) -> tuple[P
     save_questions(out_dir / "train.jsonl", train)
     save_questions(out_dir / "validation.jsonl", validation)
     augment.run(out_dir / "train.jsonl", params.augment, seed, out_dir / "augmented.jsonl", out_dir / "augment.json",
-                data_dir / "generated.jsonl")  # offline rows are used only where all their origins are in the new train
+                data_dir / "generated.jsonl",  # offline rows are used only where all their origins are in the new train
+                [path for path in (out_dir / "validation.jsonl", data_dir / "test.jsonl") if path.exists()])
     return out_dir, out_dir / "augmented.jsonl"
 
 

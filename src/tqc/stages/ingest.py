@@ -22,12 +22,15 @@ log = logging.getLogger(__name__)
 
 
 def stratified_split(
-    questions: list[LabeledQuestion], fraction: float, seed: int
+    questions: list[LabeledQuestion], fraction: float, seed: int, held_out_texts: frozenset[str] = frozenset()
 ) -> tuple[list[LabeledQuestion], list[LabeledQuestion]]:
     """Seeded per-class split into (train, validation).
 
     Each class with at least 3 rows gives max(1, round(fraction·n)) rows to validation, so
-    early stopping sees every class; rarer classes stay whole in train.
+    early stopping sees every class; rarer classes stay whole in train. A row whose text (`normalise`d)
+    is in `held_out_texts` (the test questions) is never drawn for validation: validate would quarantine
+    it there as leakage and leave its class with fewer validation rows, or none. Where no drawn row is
+    one, the split is the one drawn without them.
     """
     by_class: dict[str, list[LabeledQuestion]] = defaultdict(list)
     for question in questions:
@@ -38,18 +41,21 @@ def stratified_split(
         members = list(by_class[class_id])
         rng.shuffle(members)
         n_validation = max(1, round(fraction * len(members))) if len(members) >= 3 else 0
-        validation.extend(members[:n_validation])
-        train.extend(members[n_validation:])
+        drawn = [m for m in members if normalise(m.text) not in held_out_texts][:n_validation]
+        validation.extend(drawn)
+        train.extend(m for m in members if not any(m is d for d in drawn))
     return train, validation
 
 
-def validation_split(params: DataParams, official_train: list[LabeledQuestion],
-                     seed: int) -> tuple[list[LabeledQuestion], list[LabeledQuestion], list[RejectedRow]]:
+def validation_split(params: DataParams, official_train: list[LabeledQuestion], seed: int,
+                     test: list[LabeledQuestion] = ()) -> tuple[list[LabeledQuestion], list[LabeledQuestion], list[RejectedRow]]:
     """(train, validation, the validation file's rejected rows): `data.validation_file` whole when set,
-    the official train then training whole; otherwise a stratified split carved out of train."""
+    the official train then training whole; otherwise a stratified split carved out of train, never
+    drawing a question that is also in `test`."""
     given = read_validation(params)
     if given is None:
-        return *stratified_split(official_train, params.validation_fraction, seed), []
+        test_texts = frozenset(normalise(q.text) for q in test)
+        return *stratified_split(official_train, params.validation_fraction, seed, test_texts), []
     return official_train, given.rows, given.rejected
 
 
@@ -185,7 +191,7 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
     added, added_classes = read_additions(Path(params.additions) if params.additions else None)
     official_train = long_tail(splits.train.rows, params.imbalance_ratio, seed) if params.imbalance_ratio else splits.train.rows
     left_out = len(splits.train.rows) - len(official_train)  # by data.imbalance_ratio, on purpose: counted, not quarantined
-    train, validation, validation_rejected = validation_split(params, official_train, seed)
+    train, validation, validation_rejected = validation_split(params, official_train, seed, splits.test.rows)
     # The validation file's questions are candidate origins too, so a row made from one is never trained on (usable_generated)
     held_out = validation if params.validation_file else []
     added_train, added_validation = stable_split(added.rows, params.validation_fraction, seed)

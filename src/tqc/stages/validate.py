@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,9 +38,17 @@ class ValidationFailed(RuntimeError):
     pass
 
 
+# Typographic quotes as the plain ones a keyboard types: "what’s" and "what's" are the same question.
+PLAIN_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'",
+                              "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"'})
+
+
 def normalise(text: str) -> str:
-    """Case- and whitespace-insensitive form used for duplicate, conflict and leakage checks."""
-    return " ".join(text.casefold().split())
+    """The form duplicate, conflict and leakage checks compare: insensitive to case, whitespace, Unicode
+    composition and width (NFKC: "é" composed or not, full-width letters), invisible format characters
+    (zero-width spaces, category Cf) and typographic quotes. Texts that read the same are the same question."""
+    folded = unicodedata.normalize("NFKC", text).translate(PLAIN_QUOTES).casefold()
+    return " ".join("".join(ch for ch in folded if unicodedata.category(ch) != "Cf").split())
 
 
 @dataclass(frozen=True)
@@ -61,7 +70,9 @@ def annotate(splits: dict[str, list[LabeledQuestion]]) -> dict[str, pd.DataFrame
         frame = pd.DataFrame([{c: getattr(q, c) for c in COLUMNS} for q in rows], columns=COLUMNS)
         keys = normalised[split]
         labels_per_text: dict[str, set[str]] = {}
-        if split == GENERATED:  # a made row that is another class's training question would teach it both labels
+        # A made row that is another class's training question would teach it both labels; a validation row
+        # labelled otherwise in train would be judged by a disputed label (its train copy goes as leakage).
+        if split in (GENERATED, "validation"):
             for key, q in zip(normalised["train"], splits["train"]):
                 labels_per_text.setdefault(key, set()).add(q.class_id)
         for key, q in zip(keys, rows):
@@ -244,6 +255,12 @@ def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Pa
 
     report = summarise(catalog, splits, accepted, quarantined, outcomes, params, time.perf_counter() - started)
     report["test_rows_kept_with_warnings"] = flagged
+    # A class whose every validation row was quarantined is judged by nothing when checkpoints are chosen
+    emptied = sorted({q.class_id for q in splits["validation"]} - {q.class_id for q in accepted["validation"]})
+    report["classes_without_validation_rows"] = emptied
+    if emptied:
+        log.warning("validate: %d class(es) lost every validation row to quarantine, so no selection sees them: %s",
+                    len(emptied), ", ".join(emptied[:10]))
     if flagged:
         log.warning("validate: %d test rows fail a warning-level expectation and stay in test (listed in %s)",
                     len(flagged), report_path)
