@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -76,6 +77,7 @@ class CellResult:
     figures: dict = field(default_factory=dict)
     generated_rows: int | None = None
     experiment_rev: str | None = None
+    code_version: str | None = None  # the commit its metrics.json says it ran (None: recorded before it was kept)
 
 
 def grid_cells(name: str, grid: AblationGrid, seeds: list[int], budget: dict, local: dict) -> list[Cell]:
@@ -186,7 +188,8 @@ def read_cell(cell: Cell, project: Path, refs: dict[str, str]) -> CellResult:
     metrics = metrics if cell.about_prior_shift else without_prior_shift(metrics)
     augment = json.loads(_git(project, "show", f"{ref}:reports/augment.json"))
     figures = {name: _dig(metrics, keys) for name, (_, keys) in FIGURES.items()}
-    return CellResult(cell, "done", figures, augment["rows"]["generated"], _git(project, "rev-parse", ref).strip()[:10])
+    return CellResult(cell, "done", figures, augment["rows"]["generated"], _git(project, "rev-parse", ref).strip()[:10],
+                      metrics.get("code_version"))
 
 
 def without_prior_shift(metrics: dict) -> dict:
@@ -222,14 +225,15 @@ def recorded_cells(report: Path) -> dict[str, CellResult]:
     for entry in entries + content.get("other_cells", []):
         cell = Cell(entry["grid"], entry["variant"], entry["seed"], {})
         figures = {name: entry["figures"].get(name) for name in FIGURES}
-        recorded[entry["experiment"]] = CellResult(cell, "recorded", figures, entry["generated_rows"], entry.get("rev"))
+        recorded[entry["experiment"]] = CellResult(cell, "recorded", figures, entry["generated_rows"], entry.get("rev"),
+                                                   entry.get("code_version"))
     return recorded
 
 
 def _record(name: str, result: CellResult) -> dict:
     """One finished seed as ablations.json keeps it (a row's `cells`, and `other_cells` with grid and variant)."""
     return {"experiment": name, "seed": result.cell.seed, "status": result.status, "rev": result.experiment_rev,
-            "generated_rows": result.generated_rows, "figures": result.figures}
+            "code_version": result.code_version, "generated_rows": result.generated_rows, "figures": result.figures}
 
 
 def _cells_of_old_row(row: dict) -> list[dict]:
@@ -288,9 +292,10 @@ def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None
     unknown = sorted(set(variants or []) - known)
     if unknown:
         raise ConfigError(f"unknown variant(s) {unknown} in grid(s) {chosen}; they have {sorted(known)}")
+    seeds_to_run = params.with_overrides({"ablate": {"seeds": seeds}}).ablate.seeds if seeds else params.ablate.seeds  # --seeds as strict
     local = local_overrides(params, project)
     every_cell = [cell for grid in chosen
-                  for cell in grid_cells(grid, params.ablate.grids[grid], seeds or params.ablate.seeds, params.ablate.budget, local)]
+                  for cell in grid_cells(grid, params.ablate.grids[grid], seeds_to_run, params.ablate.budget, local)]
     check_where(where or {}, params, every_cell)
     cells = [cell for cell in every_cell
              if (not variants or cell.variant.split(" · ")[0] in variants) and matches(cell, where or {})]
@@ -359,12 +364,14 @@ def write_report(params: Params, grids: list[str], results: list[CellResult], ou
              len(results), sum(r.status == "recorded" for r in results), out_dir / "ablations.md")
 
 
-def _cell_text(figure: dict) -> str:
+def _cell_text(figure: dict, seeds: int | None = None) -> str:
+    """mean ± std in %; `seeds`: the row's seeds, so a figure over fewer of them (a record without it) says so."""
     if figure["mean"] is None:
         return "—"
+    fewer = f" (n = {len(figure['values'])})" if seeds is not None and len(figure["values"]) < seeds else ""
     if len(figure["values"]) == 1:  # one seed has no spread to show
-        return f"{100 * figure['mean']:.2f}"
-    return f"{100 * figure['mean']:.2f} ± {100 * figure['std']:.2f}"
+        return f"{100 * figure['mean']:.2f}{fewer}"
+    return f"{100 * figure['mean']:.2f} ± {100 * figure['std']:.2f}{fewer}"
 
 
 def _overrides_text(overrides: dict) -> str:
@@ -380,6 +387,8 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
              "except in variants that set `prior.*`, whose point is the shift (their validation figure is on the split "
              "their λ was fitted on). "
              "Nothing was chosen on test.", ""]
+    if any(len(row[f]["values"]) < len(row["seeds_done"]) for row in rows for f in FIGURES if row[f]["mean"] is not None):
+        lines += ["A figure marked (n = k) is over k of its row's seeds: the others' records lack it.", ""]
     if any(row["seeds_recorded"] for row in rows):
         lines += ["Seeds marked † were read from the report this one replaced: their experiments are not among this "
                   "repository's (they ran in another clone; `tqc ablate --rerun` trains them here).", ""]
@@ -397,15 +406,25 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
             generated = "—" if not counts else str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
             seeds = ", ".join(f"{s}†" if s in row["seeds_recorded"] else str(s) for s in row["seeds_done"])
             seeds += f" (missing {row['seeds_missing']})" if row["seeds_missing"] else ""
-            figures = [_cell_text(row[figure]) for figure in shown]
+            figures = [_cell_text(row[figure], len(row["seeds_done"])) for figure in shown]
             lines.append(f"| {row['variant']} | " + " | ".join(figures) + f" | {generated} | {seeds} |")
         lines.append("")
+        lines += [_code_versions_text(grid_rows), ""]
         settings = [f"`{name}`: {_overrides_text(overrides)}" for name, overrides in spec.variants.items() if overrides]
         if settings:  # what each variant sets over the common params, so the table explains itself
             lines += ["Variants: " + "; ".join(settings) + ".", ""]
         if len(spec.matrix) == 2:
             lines += pivot_tables(spec, grid_rows)
     return "\n".join(lines)
+
+
+def _code_versions_text(rows: list[dict]) -> str:
+    """Which code the grid's cells ran: a cell's name fixes the params it overrides, not the code or the rest of
+    params.yaml, so cells trained at other commits are read as they are and said to be."""
+    versions = Counter(cell.get("code_version") or "not recorded" for row in rows for cell in row["cells"])
+    listed = ", ".join(f"`{version}` ({count})" for version, count in sorted(versions.items()))
+    return (f"Code versions its cells ran (cells): {listed}. A cell's name fixes only the params it sets; "
+            "`tqc ablate --rerun` trains a row again at this commit.")
 
 
 def _pivot_text(row: dict) -> str:

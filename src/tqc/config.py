@@ -6,7 +6,6 @@ silently vanishes. Each stage loads only the sections it needs.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Literal
 
@@ -18,7 +17,8 @@ ImplicitAugmentation = Literal["dropout", "cutoff"]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A NaN or infinite float (a temperature, a learning rate, a loss weight) trains nonsense without an error
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class CustomData(Strict):
@@ -274,13 +274,6 @@ class PriorParams(Strict):
     weights: list[float] = Field([-1.5, -1.25, -1.0, -0.875, -0.75, -0.625, -0.5, -0.375, -0.25, -0.125, 0.0,
                                   0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0, 1.25, 1.5], min_length=1)
 
-    @field_validator("weights")
-    @classmethod
-    def _finite(cls, weights: list[float]) -> list[float]:
-        if not all(math.isfinite(w) for w in weights):
-            raise ValueError(f"prior.weights must be finite numbers, got {weights}")
-        return weights
-
 
 class TrackingParams(Strict):
     """MLflow. The URI: this value, else $MLFLOW_TRACKING_URI, else a local SQLite store."""
@@ -395,6 +388,14 @@ class AblateParams(Strict):
     budget: dict[str, ParamValue] = {}  # applied to every cell first: what fits this machine
     grids: dict[str, AblationGrid] = {}
 
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: list[int]) -> list[int]:
+        repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+        if repeated:  # one experiment counted twice would shrink the std it reports
+            raise ValueError(f"seeds {repeated} are listed more than once; each seed is one run")
+        return seeds
+
 
 class DistributedParams(Strict):
     """Data-parallel training (stage one, stage two, NC) through torchrun; see tqc.distributed."""
@@ -433,6 +434,17 @@ class Params(Strict):
             return Params.model_validate(deep_merge(self.to_dict(), overrides))
         except ValidationError as exc:
             raise ConfigError(f"invalid parameter overrides {overrides}:\n{problems(exc)}") from None
+
+    @model_validator(mode="after")
+    def _two_rows_per_process(self) -> "Params":
+        processes = self.distributed.nproc_per_node
+        small = {name: getattr(self, name).batch_size for name in ("stage_one", "stage_two", "baseline_nc")
+                 if getattr(self, name).batch_size < 2 * processes}
+        if processes > 1 and small:  # a process with one row (or none) has no in-batch negative, or no loss at all
+            raise ValueError(f"distributed.nproc_per_node is {processes}, so every batch is split {processes} ways, and "
+                             f"each process needs at least two rows: raise {', '.join(f'{n}.batch_size ({b})' for n, b in small.items())} "
+                             f"to at least {2 * processes}")
+        return self
 
     @model_validator(mode="after")
     def _file_augmentation_needs_its_file(self) -> "Params":

@@ -11,7 +11,7 @@ function here is a no-op, so single-process runs are unchanged to the bit. With 
 
 In-batch negatives come from each process's share of the batch (as in most multi-GPU
 bi-encoder training without an all-gather); stage two's mined negatives are per question, so
-its loss is the single-process loss exactly. NCCL on CUDA, gloo on CPU (`distributed.backend`).
+its gradient is the single-process one exactly, shares of unequal size included (`share_weight`). NCCL on CUDA, gloo on CPU (`distributed.backend`).
 
 `distributed.nproc_per_node > 1` in params.yaml makes the training stages re-launch themselves
 under `python -m torch.distributed.run`; a multi-node job runs `torchrun … -m tqc.cli stage-one …`
@@ -90,6 +90,13 @@ def setup(backend: str = "auto") -> None:
 def shard(rows: list[int]) -> list[int]:
     """This process's share of a global batch: every world_size-th row from its rank."""
     return rows[rank() :: world_size()] if active() else rows
+
+
+def share_weight(share_rows: int, batch_rows: int) -> float:
+    """What this process's mean loss over `share_rows` is scaled by, so that `average_gradients`' mean over the
+    processes is the mean over the batch's `batch_rows`: share_rows · world_size / batch_rows (1 for one process,
+    and for equal shares)."""
+    return share_rows * world_size() / batch_rows if active() else 1.0
 
 
 def broadcast_parameters(model: nn.Module) -> None:

@@ -151,9 +151,12 @@ def _train_epoch(model: nn.Module, batch_loss: Callable[[list[int]], torch.Tenso
     model.train()
     losses = []
     for rows in progress:
+        share = distributed.shard(rows)
         with autocast(device):
-            loss = batch_loss(distributed.shard(rows))
-        loss.backward()
+            loss = batch_loss(share)
+        # Each process's mean, weighted by its share of the batch: averaged over the processes, the
+        # gradient is the mean over the batch's rows even where the shares differ in size (64 rows on 3 GPUs)
+        (loss * distributed.share_weight(len(share), len(rows))).backward()
         distributed.average_gradients(model)
         optimizer.step()
         scheduler.step()

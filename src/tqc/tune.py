@@ -21,6 +21,7 @@ import os
 import shutil
 import socket
 import tempfile
+import typing
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Iterator
 
 import numpy as np
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from tqc.config import ConfigError, Params, SearchDimension, flatten, problems, unflatten
 from tqc.io import atomic_path, write_json
@@ -68,14 +69,32 @@ def _suggest(trial, name: str, dimension: SearchDimension, base_value=None):
     whatever the YAML bounds look like (low: 0 for a margin, high: 12.0 for K)."""
     if dimension.choices is not None:
         return trial.suggest_categorical(name, dimension.choices)
-    if _samples_integers(base_value):
+    if _samples_integers(name, base_value):
         return trial.suggest_int(name, math.ceil(dimension.low), math.floor(dimension.high), log=dimension.log)
     return trial.suggest_float(name, float(dimension.low), float(dimension.high), log=dimension.log)
 
 
-def _samples_integers(base_value) -> bool:
-    """An int param (mine.k, not a bool) is searched over integers; every other range over floats."""
-    return isinstance(base_value, int) and not isinstance(base_value, bool)
+def _samples_integers(name: str, base_value) -> bool:
+    """An int param (mine.k, not a bool) is searched over integers, also where its base value is null
+    (stage_one.max_steps: `int | None`); every other range over floats."""
+    if base_value is not None:
+        return isinstance(base_value, int) and not isinstance(base_value, bool)
+    kinds = set(typing.get_args(_annotation(name))) - {type(None)}
+    return kinds == {int}
+
+
+def _annotation(name: str):
+    """The declared type of a 'section.key' parameter (aliases such as `validate` included)."""
+    model, annotation = Params, None
+    for part in name.split("."):
+        fields = {field.alias or key: field for key, field in model.model_fields.items()}
+        if part not in fields:
+            return None
+        annotation = fields[part].annotation
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        if model is None:
+            break
+    return annotation
 
 
 def flat_base(params: Params) -> dict:
@@ -93,11 +112,42 @@ def default_values(space: dict[str, SearchDimension], base: dict) -> dict:
 
 
 def check_space(params: Params) -> None:
+    """Refuse, before any data is prepared or trial trained, a dimension no trial can use: one that changes the
+    prepared data, one the objective never reads, or a bound, choice or `when` value the params would refuse."""
     for name in params.tune.space:
         if name.startswith(DATA_PREPARATION) or name == "seed":
             raise ConfigError(f"tune.space: {name!r} changes the prepared data; tune it with separate studies")
+        if name.startswith(NOT_TUNED_ON):
+            raise ConfigError(f"tune.space: {name!r} does not change what a trial is judged by (stage two's validation "
+                              "macro-F1, before any class-prior shift; no NC baseline): its best value would be chance")
     if not params.tune.space:
         raise ConfigError("tune.space is empty: nothing to tune")
+    base = flat_base(params)
+    for name, dimension in params.tune.space.items():
+        for value in _values_to_check(name, dimension, base):
+            _accepted(params, name, value, f"tune.space.{name}")
+        for path, wanted in dimension.when.items():
+            _accepted(params, path, wanted, f"tune.space.{name}.when")
+
+
+def _values_to_check(name: str, dimension: SearchDimension, base: dict) -> list:
+    """The values a trial can sample at the edges of a dimension: every choice, or both bounds as sampled."""
+    if dimension.choices is not None:
+        if not dimension.choices:
+            raise ConfigError(f"tune.space.{name}: choices is empty")
+        return list(dimension.choices)
+    if _samples_integers(name, base.get(name)):
+        return [math.ceil(dimension.low), math.floor(dimension.high)]
+    return [float(dimension.low), float(dimension.high)]
+
+
+def _accepted(params: Params, name: str, value, where: str) -> None:
+    if name not in flat_base(params):
+        raise ConfigError(f"{where}: {name!r} is no parameter")
+    try:
+        params.with_overrides(unflatten({name: value}))
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {name} = {value!r} is not a value the params accept:\n{error}") from None
 
 
 def within_wrong_classes(space: dict[str, SearchDimension], n_classes: int) -> dict[str, SearchDimension]:
@@ -211,7 +261,7 @@ def space_kinds(space: dict[str, SearchDimension], base: dict) -> dict:
     """What Optuna cannot change under a parameter name once a study has sampled it: the choices
     of a categorical dimension, or whether a range is sampled as integers (see _suggest)."""
     return {name: list(dimension.choices) if dimension.choices is not None
-            else ("int" if _samples_integers(base.get(name)) else "float")
+            else ("int" if _samples_integers(name, base.get(name)) else "float")
             for name, dimension in space.items()}
 
 
@@ -316,18 +366,22 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
         trial_params = params.with_overrides(unflatten(overrides))
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}:{worker}")
         trial_dir = study_dir / f"trial-{trial.number:04d}"
+        pruned = None
         with nested_run(f"trial {trial.number}", tags={"optuna.trial": str(trial.number)}) as tracker:
             tracker.log_params(overrides)
             try:
                 outputs = train_chain(trial_params, data.directory, data.train, trial_dir, trial_params.seed, with_nc=False,
                                       on_epoch=EpochReporter(trial, trial_params, tracker))
-            except optuna.TrialPruned:
+            except optuna.TrialPruned as stop:
                 tracker.set_tags({"optuna.state": "PRUNED"})
                 _drop_models(trial_dir, params)
-                raise
-            value = outputs.fits["stage_two"].best_validation_macro_f1
-            tracker.set_tags({"optuna.state": "COMPLETE"})
-            tracker.log_metrics({"validation_macro_f1": value})
+                pruned = stop
+            else:
+                value = outputs.fits["stage_two"].best_validation_macro_f1
+                tracker.set_tags({"optuna.state": "COMPLETE"})
+                tracker.log_metrics({"validation_macro_f1": value})
+        if pruned is not None:  # raised once its MLflow run has ended: a pruned trial is a finished run, not a failed one
+            raise pruned
         if not _worth_keeping(trial, value):
             _drop_models(trial_dir, params)
         return value

@@ -91,7 +91,11 @@ def test_the_table_gives_mean_and_std_over_finished_seeds_and_names_missing_ones
     table = render_markdown(params, ["aug"], rows)
     assert none["nc_accuracy"]["values"] == [0.7] and rows[1]["nc_accuracy"]["mean"] is None
     assert "| variant | ADMC accuracy | ADMC macro-F1 | AC accuracy | AC macro-F1 | NC accuracy | NC macro-F1 |" in table
-    assert "| none | 90.00 ± 0.00 | 60.00 ± 14.14 | 80.00 ± 0.00 | 50.00 ± 14.14 | 70.00 | 60.00 | 50.00 ± 0.00 | 10 | 0, 1 |" in table
+    # NC's figures are over one of the row's two seeds, and say so
+    assert ("| none | 90.00 ± 0.00 | 60.00 ± 14.14 | 80.00 ± 0.00 | 50.00 ± 14.14 | 70.00 (n = 1) | 60.00 (n = 1) | 50.00 ± 0.00 "
+            "| 10 | 0, 1 |") in table
+    assert "A figure marked (n = k) is over k of its row's seeds" in table
+    assert "Code versions its cells ran (cells): `not recorded` (3)." in table
     assert "(missing [1])" in table
     without_nc = render_markdown(params, ["aug"], summarise([result("eda", 0, 0.8)]))
     assert "NC accuracy" not in without_nc and "| eda | 90.00 | 80.00 | 80.00 | 70.00 | 50.00 | 10 | 0 |" in without_nc

@@ -196,3 +196,37 @@ def test_an_invalid_override_names_itself_and_each_problem_without_pydantics_inp
     assert message.startswith("params.yaml with {'retrain.mode': 'refresh', 'mine.k': 0} set on top: invalid parameters:")
     assert "- mine.k: Input should be greater than or equal to 1 (got 0)" in message
     assert "input_value" not in message
+
+
+@pytest.mark.parametrize("override, problem", [
+    ({"stage_one": {"temperature": math.inf}}, "stage_one.temperature: Input should be a finite number"),
+    ({"stage_one": {"logit_adjustment": math.nan}}, "stage_one.logit_adjustment: Input should be a finite number"),
+    ({"stage_two": {"learning_rate": math.inf}}, "stage_two.learning_rate: Input should be a finite number"),
+    ({"ablate": {"seeds": [0, 0, 1]}}, r"seeds \[0\] are listed more than once"),
+    ({"distributed": {"nproc_per_node": 4}, "stage_two": {"batch_size": 6}},
+     r"each process needs at least two rows: raise stage_two.batch_size \(6\) to at least 8"),
+])
+def test_values_that_would_train_nonsense_are_refused_with_their_reason(override, problem):
+    with pytest.raises(ConfigError, match=problem):
+        Params().with_overrides(override)
+
+
+def test_the_tuner_refuses_a_dimension_no_trial_could_use_before_any_work():
+    from tqc.tune import check_space
+
+    def space(dimension: dict) -> Params:
+        return Params.model_validate({"tune": {"space": dimension}})
+
+    refused = {
+        "prior.target": ({"prior.target": {"choices": ["labeled", "uniform"]}}, "does not change what a trial is judged by"),
+        "baseline_nc": ({"baseline_nc.learning_rate": {"low": 1e-5, "high": 1e-3}}, "does not change what a trial"),
+        "bounds": ({"stage_one.epochs": {"low": -3, "high": 0}}, r"stage_one.epochs = -3 is not a value the params accept"),
+        "choice": ({"stage_one.loss": {"choices": ["nt_xent", "typo_loss"]}}, "stage_one.loss = 'typo_loss' is not a value"),
+        "empty": ({"stage_one.loss": {"choices": []}}, "choices is empty"),
+        "when": ({"stage_two.margin": {"low": 0.1, "high": 0.5, "when": {"stage_two.loss": "hinj"}}},
+                 r"tune.space.stage_two.margin.when: stage_two.loss = 'hinj' is not a value"),
+    }
+    for name, (dimension, problem) in refused.items():
+        with pytest.raises(ConfigError, match=problem):
+            check_space(space(dimension))
+    check_space(space({"stage_two.margin": {"low": 0.1, "high": 0.5, "when": {"stage_two.loss": "hinge"}}}))

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.multiprocessing as multiprocessing
 from torch import nn
@@ -39,7 +40,7 @@ def _always_better(*_):
     return lambda: {"accuracy": 0.0, "macro_f1": next(epochs) / 1000}
 
 
-def _stage_two_weights(model_dir: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def _stage_two_weights(model_dir: str, batch_size: int = 16) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """One epoch of stage two on synthetic rows, dropout off so runs are comparable; the weights before and after."""
     from tqc.mining import mine
     from tqc.stages import stage_two
@@ -56,7 +57,7 @@ def _stage_two_weights(model_dir: str) -> tuple[dict[str, torch.Tensor], dict[st
     mined, _ = mine(model.question.encode([q.text for q in rows]).numpy(), model.standard.encode(catalog.texts).numpy(),
                     gold_indices(rows, catalog), k=2)
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    params = StageTwoParams(epochs=1, batch_size=16, learning_rate=1e-3, patience=1, warmup_ratio=0.0)
+    params = StageTwoParams(epochs=1, batch_size=batch_size, learning_rate=1e-3, patience=1, warmup_ratio=0.0)
     real_validator, stage_two.bi_encoder_validator = stage_two.bi_encoder_validator, _always_better  # keep the trained epoch
     try:
         stage_two.train(model, rows, torch.as_tensor(mined), validation, catalog, params, seed=0)
@@ -65,7 +66,7 @@ def _stage_two_weights(model_dir: str) -> tuple[dict[str, torch.Tensor], dict[st
     return before, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> None:
+def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str, batch_size: int = 16) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     distributed.setup("gloo")
@@ -74,7 +75,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> N
         seen, real_shard = [], distributed.shard
         distributed.shard = lambda rows: seen.extend(real_shard(rows)) or real_shard(rows)  # rows this process trains on
         try:
-            weights = _stage_two_weights(model_dir)[1]
+            weights = _stage_two_weights(model_dir, batch_size)[1]
         finally:
             distributed.shard = real_shard
         torch.save({"weights": weights, "rows_seen": len(seen)}, Path(out_dir) / f"rank{rank}.pt")
@@ -95,12 +96,14 @@ def test_without_torchrun_everything_is_one_process(monkeypatch):
     assert distributed.relaunch_command(2, ["stage-one"]) is None
 
 
-def test_two_processes_end_with_the_weights_of_one_process_on_the_whole_batch(tiny_model_dir, tmp_path):
-    start, single = _stage_two_weights(str(tiny_model_dir))
+@pytest.mark.parametrize("batch_size, rows_seen", [(16, [24, 24]), (13, [26, 22])])
+def test_two_processes_end_with_the_weights_of_one_process_on_the_whole_batch(tiny_model_dir, tmp_path, batch_size, rows_seen):
+    # 13: batches of 13, 13, 13 and 9 rows, so shares of 7 and 6 (5 and 4): each must weigh as many rows as it has
+    start, single = _stage_two_weights(str(tiny_model_dir), batch_size)
     assert any(not torch.equal(start[k], single[k]) for k in single)  # the epoch trained something
-    multiprocessing.spawn(_worker, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
+    multiprocessing.spawn(_worker, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path), batch_size), nprocs=2, join=True)
     saved = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
-    assert [r["rows_seen"] for r in saved] == [24, 24]  # each process trained on half of the 48 rows
+    assert [r["rows_seen"] for r in saved] == rows_seen  # each process trained on its share of the 48 rows
     replicas = [r["weights"] for r in saved]
     for name, tensor in single.items():
         assert torch.equal(replicas[0][name], replicas[1][name]), f"replicas drifted apart at {name}"

@@ -122,6 +122,10 @@ def test_integer_or_float_sampling_follows_the_param_not_the_yaml_bounds():
     assert all(isinstance(s["mine.k"], int) and 2 <= s["mine.k"] <= 12 for s in sampled)
     margins = {s["stage_two.margin"] for s in sampled}
     assert all(isinstance(m, float) for m in margins) and len(margins) > 2  # not just {0, 1}
+    # an int knob whose base value is null (no step limit) is still searched over integers
+    steps = [sample_overrides(study.ask(), {"stage_one.max_steps": SearchDimension(low=5, high=50)},
+                              {"stage_one.max_steps": None}) for _ in range(5)]
+    assert all(isinstance(s["stage_one.max_steps"], int) for s in steps)
 
 
 def test_mine_k_is_searched_only_up_to_the_wrong_classes_there_are():
@@ -423,3 +427,24 @@ def test_a_baseline_that_failed_or_whose_worker_was_killed_is_queued_again(tmp_p
     enqueue_baseline(study, values)
     waiting = study.get_trials()[-1]
     assert len(study.get_trials()) == 3 and waiting.state == optuna.trial.TrialState.WAITING and waiting.user_attrs["baseline"]
+
+
+def test_a_pruned_trial_ends_its_mlflow_run_finished_and_tagged_pruned(tmp_path, monkeypatch):
+    from tqc import tune as tuning
+    from tqc.pipeline import PreparedData
+    from tqc.tracking import standalone_run
+
+    params = Params.model_validate({"tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "pruned"},
+                                    "tune": {"space": {"stage_one.temperature": {"low": 0.05, "high": 0.2}}}})
+
+    def pruned(*_, **__):
+        raise optuna.TrialPruned("pruned at stage_one epoch 1")
+
+    monkeypatch.setattr(tuning, "train_chain", pruned)
+    study = optuna.create_study(direction="maximize")
+    with standalone_run("tune", params.tracking):
+        study.optimize(tuning._objective(params, params.tune.space, tuning.flat_base(params),
+                                         PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path, 0), n_trials=1)
+    assert study.trials[0].state == optuna.trial.TrialState.PRUNED
+    (trial_run,) = [run for run in tracked_runs(params.tracking.uri) if "optuna.trial" in run["tags"]]
+    assert trial_run["status"] == "FINISHED" and trial_run["tags"]["optuna.state"] == "PRUNED"  # not FAILED
