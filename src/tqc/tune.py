@@ -142,8 +142,7 @@ def _values_to_check(name: str, dimension: SearchDimension, base: dict) -> list:
 
 
 def _accepted(params: Params, name: str, value, where: str) -> None:
-    if name not in flat_base(params):
-        raise ConfigError(f"{where}: {name!r} is no parameter")
+    """`name` is a parameter (Params' own validator said so); whether `value` is one it takes."""
     try:
         params.with_overrides(unflatten({name: value}))
     except ConfigError as error:
