@@ -141,6 +141,20 @@ def mean_over_processes(value: float) -> float:
     return float(tensor.item()) / world_size()
 
 
+def from_main(value):
+    """Rank 0's `value` in every process (any picklable object). Decisions every process must take alike (early
+    stopping, the best epoch) are taken on it: each process's own figure could differ in a last digit (kernels
+    that are not bitwise reproducible across devices), and one process leaving the epoch loop before the others
+    would hang them in their next all-reduce."""
+    if not active():
+        return value
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0, device=_collective_device())
+    return box[0]
+
+
 def teardown() -> None:
     if active():
         import torch.distributed as dist

@@ -104,7 +104,8 @@ def fit(
     Epoch 0 is the starting point, validated before any step, so a stage never ends worse on
     validation than it began (stage two starts from stage one's weights). Under torchrun each
     process takes its share of every batch and the gradients are averaged (tqc.distributed);
-    every process validates, so all of them make the same early-stopping choice.
+    every process validates and all of them go by rank 0's figures, so they make the same
+    early-stopping choice.
     """
     epochs, batch_size, max_steps, patience = schedule.epochs, schedule.batch_size, schedule.max_steps, schedule.patience
     rng = random.Random(seed)
@@ -167,13 +168,14 @@ def _train_epoch(model: nn.Module, batch_loss: Callable[[list[int]], torch.Tenso
 
 
 def _validated(validate: Callable[[], dict], description: str, epoch: int) -> dict:
-    """The epoch's validation figures. A model that diverged (NaN scores) scores 0, so early stopping keeps
-    the best earlier epoch and the stage (or a tuning trial with too high a learning rate) finishes."""
+    """The epoch's validation figures, rank 0's in every process. A model that diverged (NaN scores) scores 0, so
+    early stopping keeps the best earlier epoch and the stage (or a tuning trial with too high a learning rate) finishes."""
     try:
-        return validate()
+        figures = validate()
     except DivergedScores as exc:
         log.warning("%s: epoch %d: validation %s; the epoch counts as accuracy and macro-F1 0", description, epoch, exc)
-        return {"accuracy": 0.0, "macro_f1": 0.0}
+        figures = {"accuracy": 0.0, "macro_f1": 0.0}
+    return distributed.from_main(figures)
 
 
 def _record(epoch: int, loss: float, metrics: dict, seconds: float) -> EpochRecord:

@@ -187,3 +187,31 @@ def test_ingest_reads_the_source_column_of_a_custom_file(tmp_path):
     overrides["data"]["dataset"] = "covidq-categories"
     with pytest.raises(ConfigError, match="source_column is set but data.dataset is 'covidq-categories'"):
         load_params("params.yaml", overrides)
+
+
+def test_a_row_made_from_a_held_out_added_question_is_never_trained_on(tmp_path):
+    """The retrain flow's added questions are candidate origins too: one that stable_split holds out for
+    validation must not have its paraphrase attributed to a look-alike training question and trained on."""
+    from tqc.pipeline import prepare_data
+
+    data, additions = tmp_path / "data", tmp_path / "raw"
+    (data / "covid-q" / "categories").mkdir(parents=True)
+    additions.mkdir()
+    train = "".join(f"question number {i} about {c},{c}\n" for c in ("Testing", "Origin") for i in range(10))
+    (data / "covid-q" / "categories" / "train20.csv").write_text(train + "where can i get tested today,Testing\n")
+    (data / "covid-q" / "categories" / "testA.csv").write_text("where did it start,Origin\nhow do i get a test,Testing\n")
+    held_out = "where can i get tested number 11 today"  # stable_split puts it in validation at seed 5, fraction 0.1
+    (additions / "labeled.jsonl").write_text(json.dumps({"text": held_out, "class_id": "Testing"}) + "\n")
+    paraphrase = "where can i get tested number 11 tomorrow"  # overlap 0.78 with the added question, 0.56 with line 21
+    (data / "covid-q" / "categories" / "aug.csv").write_text(f"{paraphrase},Testing\n")
+    params = load_params("params.yaml", {
+        "seed": 5,  # the carved split leaves line 21, the paraphrase's look-alike, in train
+        "data": {"dataset": "covidq-categories", "data_dir": str(data), "additions": str(additions),
+                 "generated": {"path": "covid-q/categories/aug.csv"}},
+        "augment": {"explicit": "file", "rebalance": "count", "target_count": 12}})
+    prepared = prepare_data(params, tmp_path / "work")
+    assert held_out in {q.text for q in load_questions(prepared.directory / "validation.jsonl")}
+    assert "where can i get tested today" in {q.text for q in load_questions(prepared.directory / "train.jsonl")}
+    report = json.loads((tmp_path / "work" / "reports" / "ingest.json").read_text())["generated"]
+    assert (report["attributed"], report["made_from_held_out_questions"]) == (1, 1)
+    assert paraphrase not in {q.text for q in load_questions(prepared.train)}

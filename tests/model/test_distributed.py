@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,40 @@ def test_what_would_fail_in_every_process_is_one_line_before_torchrun_starts(tin
     if not torch.cuda.is_available():
         assert cli.main(stage_one[:4] + ["--set", "distributed.backend=nccl"] + stage_one[4:]) == 2
         assert "distributed.backend is 'nccl', which needs a CUDA device" in capsys.readouterr().err
+
+
+def _early_stopping_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """`fit` on a linear model whose validation figures differ by process: rank 0's rise every epoch,
+    rank 1's fall (its own would stop it after epoch 1, patience 1)."""
+    from tqc.config import Schedule
+    from tqc.training import fit
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    distributed.setup("gloo")
+    try:
+        torch.manual_seed(0)
+        model, inputs = nn.Linear(4, 1), torch.randn(8, 4)  # (rows, features)
+        epochs = iter(range(1000))
+        validate = lambda: {"accuracy": 0.0, "macro_f1": (1 if rank == 0 else -1) * next(epochs) / 1000}  # noqa: E731
+        result = fit(model, [{"params": list(model.parameters()), "lr": 0.1}], lambda rows: model(inputs[rows]).pow(2).mean(),
+                     len(inputs), validate, Schedule(epochs=3, batch_size=4, patience=1), seed=0, description="toy")
+        torch.save({"epochs_run": len(result.history) - 1, "best_epoch": result.best_epoch}, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        distributed.teardown()
+
+
+def test_every_process_takes_rank_0s_early_stopping_choice(tmp_path):
+    """Each process's own validation figure may differ (kernels not bitwise reproducible across GPUs); a process
+    that stopped alone would leave the others waiting in their next all-reduce. Rank 0's figures decide for all."""
+    context = multiprocessing.spawn(_early_stopping_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False)
+    deadline = time.monotonic() + 120
+    try:
+        while not context.join(timeout=5):  # False while a process still runs (join returns as each one exits)
+            assert time.monotonic() < deadline, "the processes hung: one stopped training while another went on"
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+    saved = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    assert saved[0] == saved[1] == {"epochs_run": 3, "best_epoch": 3}  # rank 0's rising figures: every epoch kept

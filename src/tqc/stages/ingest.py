@@ -42,8 +42,9 @@ def stratified_split(
         rng.shuffle(members)
         n_validation = max(1, round(fraction * len(members))) if len(members) >= 3 else 0
         drawn = [m for m in members if normalise(m.text) not in held_out_texts][:n_validation]
+        drawn_ids = {id(m) for m in drawn}  # by identity: two rows may share a text and class
         validation.extend(drawn)
-        train.extend(m for m in members if not any(m is d for d in drawn))
+        train.extend(m for m in members if id(m) not in drawn_ids)
     return train, validation
 
 
@@ -192,7 +193,8 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
     official_train = long_tail(splits.train.rows, params.imbalance_ratio, seed) if params.imbalance_ratio else splits.train.rows
     left_out = len(splits.train.rows) - len(official_train)  # by data.imbalance_ratio, on purpose: counted, not quarantined
     train, validation, validation_rejected = validation_split(params, official_train, seed, splits.test.rows)
-    # The validation file's questions are candidate origins too, so a row made from one is never trained on (usable_generated)
+    # The validation file's questions are candidate origins too, and so are the added questions (some of them are held
+    # out by stable_split), so a row made from a held-out question is never trained on (usable_generated)
     held_out = validation if params.validation_file else []
     added_train, added_validation = stable_split(added.rows, params.validation_fraction, seed)
     train, validation = train + added_train, validation + added_validation
@@ -201,7 +203,7 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
                           "least 3 training rows give it rows), so early stopping and every selection would have "
                           "nothing to judge by: add labeled questions, or name a data.validation_file")
     catalog = with_added_classes(splits.catalog, added_classes)
-    generated, generated_read = _generated_rows(params, splits.train.rows + held_out)
+    generated, generated_read = _generated_rows(params, splits.train.rows + held_out + added.rows)
 
     with atomic_directory(out_dir) as staging:  # the folder's files replace the last run's together or not at all
         catalog.save(staging / "catalog.jsonl")
