@@ -49,7 +49,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         yield tmp_path
         _fsync(tmp_path, os.O_RDONLY)
         os.replace(tmp_path, path)
-        _fsync(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        _fsync(path.parent, _FOLDER)
     finally:
         tmp_path.unlink(missing_ok=True)
 
@@ -62,22 +62,38 @@ def _fsync(path: Path, flags: int) -> None:
         os.close(fd)
 
 
+_FOLDER = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Every file under `root`, then its folder, to disk (deepest folders last: os.walk is top-down, each folder
+    is synced after its own files)."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            _fsync(Path(folder) / name, os.O_RDONLY)
+        _fsync(Path(folder), _FOLDER)
+
+
 @contextmanager
 def atomic_directory(path: str | Path) -> Iterator[Path]:
     """Yield a staging folder beside `path`; it replaces `path` only if the block succeeds,
-    so a crash mid-save never leaves a half-written model folder."""
+    so a crash mid-save never leaves a half-written model folder. As in `atomic_path`, the files
+    reach the disk before the rename and the rename before returning, so a power loss never
+    leaves `path` holding empty weights."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     staging.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700: shared caches, registries and servers must read it
     try:
         yield staging
+        _fsync_tree(staging)
         # Rename the old folder aside, the new one in, then delete the old: a crash or a failed delete
         # leaves the old model beside `path` (`.name.….old`), never neither model.
         retired = path.with_name(f"{staging.name}.old") if path.exists() else None
         if retired:
             path.rename(retired)
         staging.rename(path)
+        _fsync(path.parent, _FOLDER)
         if retired:
             shutil.rmtree(retired, ignore_errors=True)
     finally:

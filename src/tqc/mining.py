@@ -32,7 +32,11 @@ def build_index(standards: np.ndarray, normalise: bool = True) -> faiss.Index:
         faiss.normalize_L2(vectors)
     index = faiss.IndexFlatIP(vectors.shape[1])
     if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
-        index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
+        resources = faiss.StandardGpuResources()
+        index = faiss.index_cpu_to_gpu(resources, 0, index)
+        # The GPU index uses its resources to its end; whether index_cpu_to_gpu keeps them alive depends on the faiss
+        # build, so the index holds them here, by faiss's own convention (its wrappers' referenced_objects)
+        index.referenced_objects = [*getattr(index, "referenced_objects", []), resources]
     index.add(vectors)
     return index
 

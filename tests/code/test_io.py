@@ -64,3 +64,26 @@ def test_an_atomic_write_reaches_the_disk_before_the_rename_and_the_rename_after
     kinds = [kind for kind, _ in events]
     assert kinds == ["fsync", "replace", "fsync"]
     assert events[0][1].startswith(str(tmp_path / ".manifest.jsonl.")) and events[2][1] == str(tmp_path)
+
+
+def test_an_atomic_folder_reaches_the_disk_before_the_rename_and_the_rename_after(tmp_path, monkeypatch):
+    """A model folder saved just before a power loss must not come back holding empty weights."""
+    import os
+    from pathlib import Path
+
+    events = []
+    real_fsync, real_rename = os.fsync, Path.rename
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), real_fsync(fd))[1])
+    monkeypatch.setattr(Path, "rename", lambda self, target: (events.append(("rename", str(target))), real_rename(self, target))[1])
+    (tmp_path / "model").mkdir()  # an older model: renamed aside, then deleted
+
+    with atomic_directory(tmp_path / "model") as staging:
+        (staging / "encoder").mkdir()
+        (staging / "encoder" / "model.safetensors").write_bytes(b"weights")
+        (staging / "tqc_model.json").write_text("{}")
+
+    assert (tmp_path / "model" / "encoder" / "model.safetensors").read_bytes() == b"weights"
+    first_rename = next(i for i, (kind, _) in enumerate(events) if kind == "rename")
+    synced_before = {Path(p).name for kind, p in events[:first_rename] if kind == "fsync"}
+    assert {"model.safetensors", "tqc_model.json", "encoder"} <= synced_before  # every file, and its folder
+    assert events[-1] == ("fsync", str(tmp_path))  # the renames themselves, before returning

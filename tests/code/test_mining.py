@@ -99,3 +99,28 @@ def test_load_negatives_refuses_stale_or_self_negatives(tmp_path):
     _write_negatives(path, [{"row": 0, "class_id": "a", "negatives": ["a", "c"]}])
     with pytest.raises(ValueError, match="its own class"):
         load_negatives(path, catalog, ["a"])
+
+
+def test_a_gpu_index_keeps_its_gpu_resources_alive_as_long_as_it_lives(monkeypatch):
+    """faiss frees a StandardGpuResources when Python drops it; the index built on it must hold it."""
+    import gc
+    import weakref
+
+    import faiss
+
+    from tqc import mining
+
+    class FakeResources:  # stands in for faiss.StandardGpuResources on a machine without a GPU
+        pass
+
+    made = []
+    monkeypatch.setattr(faiss, "StandardGpuResources", lambda: made.append(FakeResources()) or made[-1], raising=False)
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1)
+    monkeypatch.setattr(faiss, "index_cpu_to_gpu", lambda resources, device, index: index, raising=False)
+    index = mining.build_index(np.eye(3, dtype=np.float32))
+    alive = weakref.ref(made.pop())
+    gc.collect()
+    assert alive() is not None and index.ntotal == 3
+    del index
+    gc.collect()
+    assert alive() is None

@@ -57,6 +57,35 @@ def test_balanced_set_gives_every_class_the_same_rows_even_a_class_missing_from_
     assert torch.allclose(class_two_real, prototypes[2].expand_as(class_two_real), atol=1e-6)
 
 
+@pytest.mark.parametrize("share", [0.0, 0.5, 0.75, 1.0])
+def test_every_class_gets_per_class_rows_labelled_with_it_however_skewed_the_batch(share):
+    # A head class crowds the batch, so it fills every other class's hard negatives; its mixups
+    # must not take the other classes' places in the set (SharpReCL: a balanced set per class).
+    torch.manual_seed(0)
+    prototypes = F.normalize(torch.randn(5, 16), dim=-1)
+    labels = torch.tensor([0] * 24 + [1, 2, 3, 4])
+    questions = F.normalize(prototypes[labels] + 0.6 * torch.randn(len(labels), 16), dim=-1)  # (28, 16)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        result = balanced_set(questions, labels, prototypes, per_class=4, share=share, hard_k=20, beta=0.5, generator=generator)
+        assert torch.bincount(result.labels, minlength=5).tolist() == [4] * 5
+
+
+def test_a_class_hard_negative_mixups_are_its_members_nearest_a_wrong_prototype():
+    prototypes = torch.eye(4)[:2]  # class 0 along e1, class 1 along e2
+    questions = torch.tensor([[1.0, 0.0, 0.0, 0.0],      # class 0, on its prototype
+                              [0.6, 0.8, 0.0, 0.0],      # class 0, nearest prototype 1: its hard negative
+                              [0.5, 0.0, 0.866, 0.0],    # class 0, farthest from prototype 0: its hard positive
+                              [0.0, 1.0, 0.0, 0.0]])     # class 1
+    labels = torch.tensor([0, 0, 0, 1])
+    # hard_k 1: each mixup pairs a row with itself, so the synthetic rows are the hard rows themselves
+    result = balanced_set(questions, labels, prototypes, per_class=2, share=1.0, hard_k=1, beta=0.5,
+                          generator=torch.Generator().manual_seed(0))
+    class_zero = result.vectors[result.labels == 0]
+    assert torch.allclose(class_zero, F.normalize(questions[[2, 1]], dim=-1), atol=1e-6)  # hard positive, then hard negative
+    assert result.labels.tolist() == [0, 0, 1, 1]
+
+
 def test_under_inner_product_the_balanced_set_keeps_the_vectors_lengths():
     torch.manual_seed(0)
     questions = torch.randn(10, 16) * torch.linspace(0.5, 3.0, 10).unsqueeze(1)  # (10, 16) lengths differ

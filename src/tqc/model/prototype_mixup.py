@@ -7,8 +7,10 @@ to it. A balanced set of `per_class` rows per class mixes simple samples (real m
 synthetic vectors made by mixup of two hard vectors, α ~ Beta(λ, λ), renormalised (on the
 unit sphere, where cosine and mlp similarities score; raw under inner product, whose scores
 are the vectors' own lengths too); the
-synthetic share rises from 0.5 to 1.0 over training. A mixed hard negative keeps its own
-class (both ends of the pair come from that class), so every synthetic row has a label.
+synthetic share rises from 0.5 to 1.0 over training. Every row of class c's share is labelled
+c: the hard-negative half of its mixups pairs c's members that are hard negatives of another
+class's prototype (c's rows nearest a wrong prototype), so every synthetic row has a label and
+the set stays balanced, `per_class` rows of each class however skewed the batch.
 Logit compensation adds w·log π_y (the class prior of the training rows) to the logits.
 
 Pure functions of tensors and a torch.Generator; the stage supplies the encoded vectors.
@@ -60,23 +62,24 @@ def _draw(pool: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tenso
     return pool[torch.randint(len(pool), (n,), generator=generator)] if n and len(pool) else pool[:0]
 
 
-def _same_class_partner(rows: torch.Tensor, pool: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """For each row, a random row of `pool` with the same label (the row itself when it is alone)."""
-    partners = []
-    for row in rows.tolist():
-        same = pool[labels[pool] == labels[row]]
-        partners.append(int(same[torch.randint(len(same), (1,), generator=generator)]))
-    return torch.tensor(partners, dtype=torch.long)
+def _confusable_members(negatives: list[torch.Tensor], labels: torch.Tensor) -> list[torch.Tensor]:
+    """Per class c, its rows among the other classes' hard negatives (`hard_sets`): c's members nearest a wrong prototype."""
+    confusable = []
+    for c in range(len(negatives)):
+        others = [negatives[x] for x in range(len(negatives)) if x != c]
+        near_wrong = torch.cat(others).unique() if others else negatives[c][:0]
+        confusable.append(near_wrong[labels[near_wrong] == c])
+    return confusable
 
 
 def balanced_set(questions: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor, per_class: int, share: float,
                  hard_k: int, beta: float, generator: torch.Generator, unit_norm: bool = True) -> BalancedSet:
-    """questions (B, D), labels (B,), prototypes (P, D) → `per_class` rows for every class.
+    """questions (B, D), labels (B,), prototypes (P, D) → `per_class` rows of every class, each labelled with it.
 
-    round(share·per_class) rows of each class are synthetic (half hard-positive mixups labelled
-    c, half hard-negative mixups labelled with their own class, near c's prototype); the rest
-    are real members of c drawn with replacement. A class with no member in the batch gets its
-    prototype as its one member (SharpReCL's replenishing), so it is never left out.
+    round(share·per_class) rows of each class c are synthetic: half mix two of c's hard positives,
+    half two of c's members that are hard negatives of another prototype (c's hard positives when
+    none is); the rest are real members of c drawn with replacement. A class with no member in the
+    batch gets its prototype as its one member (SharpReCL's replenishing), so it is never left out.
     `unit_norm` False (inner-product similarity): the vectors keep their lengths, hardness is
     the inner product, and mixups are not renormalised, so every row is scored as the model scores.
     """
@@ -87,6 +90,7 @@ def balanced_set(questions: torch.Tensor, labels: torch.Tensor, prototypes: torc
     pool = torch.cat([questions, prototypes[absent]])  # (B + A, D)
     pool_labels = torch.cat([labels.cpu(), absent]).to(labels.device)
     positives, negatives = hard_sets(pool @ prototypes.T, pool_labels, hard_k)
+    confusable = _confusable_members(negatives, pool_labels)
     beta_distribution = torch.distributions.Beta(torch.tensor(beta), torch.tensor(beta))
 
     n_synthetic = round(share * per_class)
@@ -96,12 +100,13 @@ def balanced_set(questions: torch.Tensor, labels: torch.Tensor, prototypes: torc
         members = (pool_labels == c).nonzero().squeeze(1)
         real = _draw(members, per_class - n_synthetic, generator)
         pos_i, pos_j = _draw(positives[c], n_positive_mix, generator), _draw(positives[c], n_positive_mix, generator)
-        neg_i = _draw(negatives[c], n_synthetic - n_positive_mix, generator)
-        neg_j = _same_class_partner(neg_i, negatives[c], pool_labels, generator).to(neg_i.device)
+        near_wrong = confusable[c] if len(confusable[c]) else positives[c]
+        neg_i = _draw(near_wrong, n_synthetic - n_positive_mix, generator)
+        neg_j = _draw(near_wrong, n_synthetic - n_positive_mix, generator)
         first, second = torch.cat([pos_i, neg_i]), torch.cat([pos_j, neg_j])
         alpha = beta_distribution.sample((len(first),)).to(pool.device)
         parts += [pool[real], mixup(pool, first, second, alpha, unit_norm)]
-        part_labels += [pool_labels[real], pool_labels[first]]
+        part_labels.append(torch.full((len(real) + len(first),), c, dtype=pool_labels.dtype, device=pool_labels.device))
         part_synthetic += [torch.zeros(len(real), dtype=torch.bool), torch.ones(len(first), dtype=torch.bool)]
     return BalancedSet(torch.cat(parts), torch.cat(part_labels), torch.cat(part_synthetic))
 
