@@ -188,8 +188,9 @@ def read_cell(cell: Cell, project: Path, refs: dict[str, str]) -> CellResult:
     metrics = metrics if cell.about_prior_shift else without_prior_shift(metrics)
     augment = json.loads(_git(project, "show", f"{ref}:reports/augment.json"))
     figures = {name: _dig(metrics, keys) for name, (_, keys) in FIGURES.items()}
+    code_version = (metrics.get("run") or {}).get("code_version")  # evaluate's record of the commit it ran
     return CellResult(cell, "done", figures, augment["rows"]["generated"], _git(project, "rev-parse", ref).strip()[:10],
-                      metrics.get("code_version"))
+                      code_version[:10] if code_version else None)
 
 
 def without_prior_shift(metrics: dict) -> dict:

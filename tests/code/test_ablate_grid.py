@@ -245,7 +245,8 @@ def test_a_variant_that_sets_the_prior_shift_is_read_after_it(monkeypatch):
         return {"accuracy": accuracy, "macro_f1": accuracy - 0.1}
 
     metrics = {"test": figures(0.9), "validation": figures(0.8), "stage_one": {"test": figures(0.85), "validation": figures(0.8)},
-               "nc": None, "prior_shift": {"admc": {"weight": -0.5, "test_unshifted": figures(0.7), "validation_unshifted": figures(0.6)}}}
+               "nc": None, "prior_shift": {"admc": {"weight": -0.5, "test_unshifted": figures(0.7), "validation_unshifted": figures(0.6)}},
+               "run": {"code_version": "4004902ed30875873001dc387f3b1245b3828602", "params": {}}}
     shown = {"reports/metrics.json": json.dumps(metrics), "reports/augment.json": json.dumps({"rows": {"generated": 0}})}
     monkeypatch.setattr(ablate_module, "_git", lambda project, *arguments: shown.get(arguments[-1].split(":")[-1], "abc123\n"))
     # The grid's common params set the shift too: that does not make every cell about it, only the variant's own do.
@@ -258,6 +259,7 @@ def test_a_variant_that_sets_the_prior_shift_is_read_after_it(monkeypatch):
     plain, adjusted = (ablate_module.read_cell(cells[v], None, refs) for v in ("none", "logit-adjusted"))
     assert plain.figures["admc_accuracy"] == 0.7  # the training variant: before its shift
     assert adjusted.figures["admc_accuracy"] == 0.9 and adjusted.figures["ac_accuracy"] == 0.85  # the shift's variant: after
+    assert plain.code_version == adjusted.code_version == "4004902ed3"  # the commit evaluate recorded (metrics.json's run)
 
 
 def test_a_rerun_forces_dvc_and_a_failed_cell_is_not_read_from_its_old_experiment(monkeypatch, tmp_path):
