@@ -54,10 +54,13 @@ def gpu_params(params: Params, budget: dict) -> Params:
     return params.model_copy(update={"ablate": ablate})
 
 
-def cells(params: Params, grids: list[str], seeds: list[int] | None = None, local: dict | None = None):
+def cells(params: Params, grids: list[str], seeds: list[int] | None = None, local: dict | None = None,
+          variants: list[str] | None = None):
+    """The grids' cells in order; with `variants`, only theirs (as `tqc ablate --variant`)."""
     return [cell for grid in grids
             for cell in grid_cells(grid, params.ablate.grids[grid], seeds or params.ablate.seeds, params.ablate.budget,
-                                   local or {})]
+                                   local or {})
+            if not variants or cell.variant.split(" · ")[0] in variants]
 
 
 def cell_params(base: Params, cell, extra: dict | None = None) -> Params:
@@ -85,7 +88,7 @@ def inputs_digest(params: Params, project: Path) -> str:
     return digest.hexdigest()[:12]
 
 
-def prepare(base: Params, grids: list[str], out: Path, project: Path) -> None:
+def prepare(base: Params, grids: list[str], out: Path, project: Path, variants: list[str] | None = None) -> None:
     """Each distinct preparation into `out/<params key>-<inputs digest>`; `out/index.json` maps the
     params key to the folder, so the GPU box, which has neither the raw files nor this project's
     data, finds each cell's data by its params alone. Changed inputs make new folders."""
@@ -93,7 +96,7 @@ def prepare(base: Params, grids: list[str], out: Path, project: Path) -> None:
 
     local = local_overrides(base, project)
     todo = {}
-    for cell in cells(base, grids, local=local):
+    for cell in cells(base, grids, local=local, variants=variants):
         params = cell_params(base, cell)
         todo.setdefault(preparation_key(params), params)
     log.info("prepare: %d data preparations for %d grids", len(todo), len(grids))
@@ -193,7 +196,7 @@ def report(base: Params, grids: list[str], result_files: list[Path], out_dir: Pa
 def _worker_arguments(args: argparse.Namespace) -> list[str]:
     """`train`'s own arguments for its workers, rebuilt from the parsed values (not filtered text)."""
     arguments = ["--params", str(args.params), "--prepared", str(args.prepared), "--out", str(args.out)]
-    for flag, values in (("--grid", args.grid), ("-B", args.budget), ("-D", args.device_set), ("--done", args.done)):
+    for flag, values in (("--grid", args.grid), ("--variant", args.variant), ("-B", args.budget), ("-D", args.device_set), ("--done", args.done)):
         arguments += [item for value in values for item in (flag, str(value))]
     return arguments
 
@@ -207,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("command", choices=["prepare", "train", "worker", "report"])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--grid", action="append", required=True)
+    parser.add_argument("--variant", action="append", default=[], help="only these variants' cells (all when none)")
     parser.add_argument("-B", "--budget", action="append", default=[], help="GPU budget: dotted.key=value")
     parser.add_argument("-D", "--device-set", action="append", default=[], help="this machine's params, e.g. model.pretrained=/x")
     parser.add_argument("--prepared", type=Path, default=Path(".devcarry/prepared"))
@@ -223,12 +227,12 @@ def main(argv: list[str] | None = None) -> None:
     base = gpu_params(load_params(args.params), _budget(args.budget))
     device_overrides = _budget(args.device_set)
     if args.command == "prepare":
-        prepare(base, args.grid, args.prepared, Path.cwd())
+        prepare(base, args.grid, args.prepared, Path.cwd(), args.variant)
     elif args.command == "report":
         report(base, args.grid, args.done, args.out, args.where_it_ran)
     else:
         done = read_results(args.done)
-        todo = [cell for cell in cells(base, args.grid) if cell.name not in done]
+        todo = [cell for cell in cells(base, args.grid, variants=args.variant) if cell.name not in done]
         results, claims = args.out / "results", args.out / "claims"
         if args.command == "worker":
             worker(base, todo, args.prepared, results, claims, args.deadline, device_overrides)

@@ -128,3 +128,17 @@ def test_changed_input_files_make_a_new_preparation(gpu_grid, tiny_model_dir, tm
 def test_train_and_report_need_the_gpu_budget(gpu_grid, tmp_path):
     with pytest.raises(SystemExit):
         gpu_grid.main(["report", "--params", str(ROOT / "params.yaml"), "--grid", "rebalancing", "--out", str(tmp_path)])
+
+
+def test_variant_narrows_the_cells_of_every_grid_and_reaches_the_workers(gpu_grid, params):
+    import argparse
+
+    narrowed = gpu_grid.cells(params, ["rebalancing", "augmentation"], variants=["prototype-mixup"])
+    assert {c.variant.split(" · ")[0] for c in narrowed} == {"prototype-mixup"}
+    ratios = len(params.ablate.grids["augmentation"].matrix["data.imbalance_ratio"])
+    assert len(narrowed) == len(params.ablate.seeds) * (1 + ratios)  # the augmentation grid's at every ratio
+    assert gpu_grid.cells(params, ["rebalancing"], variants=[]) == gpu_grid.cells(params, ["rebalancing"])
+    args = argparse.Namespace(params=Path("p.yaml"), prepared=Path("prep"), out=Path("out"), grid=["rebalancing"],
+                              variant=["none", "prototype-mixup"], budget=["stage_one.epochs=10"], device_set=[], done=[])
+    arguments = gpu_grid._worker_arguments(args)
+    assert [arguments[i + 1] for i, a in enumerate(arguments) if a == "--variant"] == ["none", "prototype-mixup"]
