@@ -64,6 +64,20 @@ def build_tiny_bert(directory: Path) -> Path:
     return directory
 
 
+@pytest.fixture(autouse=True, scope="session")
+def hugging_face_hub_offline():
+    """Tests never reach for the Hugging Face hub, in this process or in the pipelines they start as
+    subprocesses. Online, an id that is not cached fails only after about 45 s of connection retries on a
+    machine without network; offline, huggingface_hub fails at once with the same error to the caller."""
+    import huggingface_hub.constants
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HF_HUB_OFFLINE", "1")  # subprocesses read it when they import huggingface_hub
+    patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # this process imported it already
+    yield
+    patch.undo()
+
+
 @pytest.fixture(autouse=True)
 def mlflow_left_as_found():
     """A test's MLflow state stays its own. `mlflow.set_tracking_uri` and `set_experiment` also export
