@@ -395,3 +395,43 @@ def test_a_refresh_tag_is_set_once_and_never_on_the_champion_it_came_from(tiny_m
     client = mlflow.MlflowClient()
     assert "refreshed_from" not in client.get_model_version("tqc-admc", "1").tags
     assert client.get_model_version("tqc-admc", "2").tags["refreshed_from"] == "1"
+
+
+def test_tags_follow_the_alias_when_a_registry_write_fails_mid_promotion(tiny_model_dir, data_dir, tmp_path, registry,
+                                                                       monkeypatch):
+    """The alias is what serving reads. A failed alias move must not leave the challenger tagged champion, and a
+    champion tag that failed after the alias moved is put right by the next promote."""
+    import mlflow
+
+    challenger = _champion_v1(tiny_model_dir, data_dir, tmp_path, registry)
+    params = PromoteParams(bootstrap_samples=200)
+    client = mlflow.MlflowClient
+    move_alias, set_tag = client.set_registered_model_alias, client.set_model_version_tag
+
+    def alias_write_dropped(self, *args, **kwargs):
+        raise RuntimeError("the registry dropped the alias write")
+
+    monkeypatch.setattr(client, "set_registered_model_alias", alias_write_dropped)
+    with standalone_run("promote", registry) as tracker, pytest.raises(RuntimeError, match="alias write"):
+        promote.run(data_dir, challenger, None, params, tmp_path / "p.json", tracker)
+    assert _alias_version() == "1"
+    assert client().get_model_version("tqc-admc", "2").tags.get("promotion") != "champion"  # v1 still is
+
+    def champion_tag_of_v2_dropped(self, name, version, key, value):
+        if str(version) == "2" and value == "champion":
+            raise RuntimeError("the registry dropped the tag write")
+        return set_tag(self, name, version, key, value)
+
+    monkeypatch.setattr(client, "set_registered_model_alias", move_alias)
+    monkeypatch.setattr(client, "set_model_version_tag", champion_tag_of_v2_dropped)
+    with standalone_run("promote", registry) as tracker, pytest.raises(RuntimeError, match="tag write"):
+        promote.run(data_dir, challenger, None, params, tmp_path / "p.json", tracker)
+    assert _alias_version() == "2"  # the retry judged v2 against v1 again, promoted it, and its tag write failed
+
+    monkeypatch.setattr(client, "set_model_version_tag", set_tag)
+    with standalone_run("promote", registry) as tracker:
+        again = promote.run(data_dir, challenger, None, params, tmp_path / "p.json", tracker)
+    assert not again["promoted"] and again["champion_version_before"] == "2"
+    v1, v2 = (client().get_model_version("tqc-admc", v).tags for v in ("1", "2"))
+    assert v2["promotion"] == "champion" and "superseded_by" not in v2
+    assert v1["promotion"] == "superseded" and v1["superseded_by"] == "2"

@@ -60,6 +60,8 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
                                           params.model_name, params.top_k, exemplars)
     alias_holder = alias_version(client, params.model_name, params.alias)  # a failing registry raises: never "no champion"
     champion_version = str(alias_holder.version) if alias_holder is not None else None
+    if alias_holder is not None:
+        _tags_follow_the_alias(client, params.model_name, alias_holder)
     is_champion = champion_version == version  # the same content as the champion: its tags and alias stay
     challenger, champion = _answers_on_validation(client, params.model_name, version, champion_version, validation, catalog)
 
@@ -87,11 +89,10 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     tracker.log_artifact(report_path)
     # The registry last: a step above that fails leaves the champion where it was, so a retry judges the
     # same two versions again instead of finding the challenger already holding the alias.
-    if not is_champion:
-        outcome = "champion" if decision.promote else "incomparable" if incomparable else "rejected"
-        client.set_model_version_tag(params.model_name, version, "promotion", outcome)
     if decision.promote:
         _move_alias(client, params, version, champion_version)
+    elif not is_champion:
+        client.set_model_version_tag(params.model_name, version, "promotion", "incomparable" if incomparable else "rejected")
     log.info("promote: %s v%s %s; %s", params.model_name, version,
              f"is now {params.alias}" if decision.promote else f"not promoted ({params.alias} stays v{champion_version})",
              "; ".join(decision.reasons))
@@ -100,13 +101,24 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
 
 def _move_alias(client, params: PromoteParams, version: str, champion_version: str | None) -> None:
     """`version` becomes `params.alias`; the version it replaces is tagged superseded (its `promotion: champion`
-    tag would otherwise outlive the alias). The alias moves last of all: it is what serving reads."""
+    tag would otherwise outlive the alias), and `version` is tagged champion once the alias, what serving reads,
+    has moved. A write that fails between these leaves tags the next promote puts right (`_tags_follow_the_alias`)."""
     if "superseded_by" in client.get_model_version(params.model_name, version).tags:  # champion again (a rollback)
         client.delete_model_version_tag(params.model_name, version, "superseded_by")
     if champion_version is not None:
         client.set_model_version_tag(params.model_name, champion_version, "promotion", "superseded")
         client.set_model_version_tag(params.model_name, champion_version, "superseded_by", version)
     client.set_registered_model_alias(params.model_name, params.alias, version)
+    client.set_model_version_tag(params.model_name, version, "promotion", "champion")
+
+
+def _tags_follow_the_alias(client, model_name: str, holder) -> None:
+    """The alias holder's tags say champion: a promotion whose registry writes broke off can have tagged it
+    superseded before its alias moved, or moved the alias to it before tagging it."""
+    if "superseded_by" in holder.tags:
+        client.delete_model_version_tag(model_name, str(holder.version), "superseded_by")
+    if holder.tags.get("promotion") != "champion":
+        client.set_model_version_tag(model_name, str(holder.version), "promotion", "champion")
 
 
 def _answers_on_validation(client, model_name: str, version: str, champion_version: str | None, validation,
