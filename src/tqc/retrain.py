@@ -153,7 +153,7 @@ class Staged:
 
 def stage(files: list[Incoming], params: Params, staging: Path) -> Staged:
     """Merge the new files into a staged copy of the additions; the real ones are untouched."""
-    from tqc.pipeline import prepare_data
+    from tqc.pipeline import validated_data
 
     raw = staging / "raw"
     if raw.exists():
@@ -169,9 +169,10 @@ def stage(files: list[Incoming], params: Params, staging: Path) -> Staged:
         staged.outcomes.append(_merge_catalog(incoming, params, raw))
     labeled = [f for f in files if not f.is_catalog]
     if labeled:
-        # The current data (with the new classes) is what each new file is judged against.
-        reference = prepare_data(_with_additions(params, raw), staging / "reference")
-        staged.outcomes.extend(_merge_labeled(labeled, params, raw, reference.directory, staged))
+        # The current data (with the new classes), validated, is what each new file is judged against; not
+        # augmented, which would only cost time (training augments the staged data).
+        reference = validated_data(_with_additions(params, raw), staging / "reference")
+        staged.outcomes.extend(_merge_labeled(labeled, params, raw, reference, staged))
     for outcome in staged.outcomes:
         if outcome.outcome == "unusable":  # said here, in the quarantine and in the summary, not only in the manifest
             log.warning("retrain: %s is unusable: %s", outcome.file, outcome.reason)

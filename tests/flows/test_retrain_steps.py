@@ -220,3 +220,17 @@ def test_the_summary_names_why_a_delivered_files_rows_were_quarantined(project):
     staged, _ = deliver(project)
     row = next(line for line in steps.summary_markdown(staged, None, None).splitlines() if line.startswith("| mixed.csv"))
     assert row.split("|")[4:7] == [" 3 ", " 1 ", " 2 "] and "e.g. line " in row
+
+
+def test_judging_a_delivery_validates_the_current_data_without_augmenting_it(project, monkeypatch):
+    """New files are judged against the validated data; augmenting it (EDA or a seq2seq model's paraphrases on
+    a large set) would only cost time, and training augments the staged data later."""
+    from tqc.stages import augment
+
+    def augment_called(*args, **kwargs):
+        raise AssertionError("staging a delivery ran the augment stage")
+
+    monkeypatch.setattr(augment, "run", augment_called)
+    drop(project, "new.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
+    staged, _ = deliver(project)
+    assert outcome_of(staged, "new.csv").outcome == "merged" and outcome_of(staged, "new.csv").accepted == 2
