@@ -63,13 +63,10 @@ def _draw(pool: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tenso
 
 
 def _confusable_members(negatives: list[torch.Tensor], labels: torch.Tensor) -> list[torch.Tensor]:
-    """Per class c, its rows among the other classes' hard negatives (`hard_sets`): c's members nearest a wrong prototype."""
-    confusable = []
-    for c in range(len(negatives)):
-        others = [negatives[x] for x in range(len(negatives)) if x != c]
-        near_wrong = torch.cat(others).unique() if others else negatives[c][:0]
-        confusable.append(near_wrong[labels[near_wrong] == c])
-    return confusable
+    """Per class c, its rows among the hard negatives of every prototype (`hard_sets`): c's members nearest a
+    wrong prototype. A prototype's own hard negatives hold no row of its class, so all of them can be pooled."""
+    near_wrong = torch.cat(negatives).unique()  # sorted row indices
+    return [near_wrong[labels[near_wrong] == c] for c in range(len(negatives))]
 
 
 def balanced_set(questions: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor, per_class: int, share: float,
