@@ -100,33 +100,46 @@ def _exemplar_bank(model, model_dir: Path, catalog, exemplars_file: str | None, 
 
 def _encoded_exemplars(model, rows, model_dir: Path, exemplars_file: Path, cache_dir: Path | None):
     """(M, D) question-encoder vectors of `rows`; with `cache_dir`, read from there when this model folder
-    encoded this exact file before (the key is the sha256 of both), else encoded and written there."""
+    encoded these very questions before, else encoded and written there.
+
+    The key is the sha256 of the model folder and of the questions `rows` holds, not of the file: a file
+    appended to after `rows` were read would otherwise key the old rows' vectors under its new content. A new
+    entry replaces the one this model made of the same file before, so the folder keeps one per model and file."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file, save_file
 
-    from tqc.io import atomic_path, file_digest
+    from tqc.io import atomic_path
 
     def encode():
         return model.question.encode([q.text for q in rows], description="encoding exemplars")
 
     if cache_dir is None:
         return encode()
-    key = hashlib.sha256(json.dumps({"model": folder_digest(model_dir), "exemplars": file_digest(exemplars_file, "sha256")},
-                                    sort_keys=True).encode()).hexdigest()
-    path = Path(cache_dir) / f"{key}.safetensors"
+    model_digest = folder_digest(model_dir)
+    slot = _sha256({"model": model_digest, "file": str(Path(exemplars_file).resolve())})[:16]
+    path = Path(cache_dir) / f"{slot}-{_sha256({'model': model_digest, 'questions': [q.text for q in rows]})}.safetensors"
     if path.exists():
         try:
-            return load_file(path)["vectors"]
+            vectors = load_file(path)["vectors"]
+            if vectors.shape[0] == len(rows):  # else damaged: encoded again and replaced
+                return vectors
         except (SafetensorError, KeyError, OSError):  # a damaged entry is encoded again and replaced
             pass
     vectors = encode()
     try:
         with atomic_path(path) as tmp:
             save_file({"vectors": vectors.contiguous()}, str(tmp))
+        for older in Path(cache_dir).glob(f"{slot}-*.safetensors"):
+            if older != path:
+                older.unlink(missing_ok=True)
     except OSError as exc:  # a cache that cannot be written (read-only home, full disk) costs time, never the answers
         logging.getLogger(__name__).warning("exemplar cache %s not written (%s): the questions are encoded again next time; "
                                             "--exemplar-cache none skips the cache", cache_dir, exc)
     return vectors
+
+
+def _sha256(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
 def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_path: Path | None = None,

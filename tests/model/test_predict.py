@@ -239,11 +239,43 @@ def test_predict_keeps_encoded_exemplars_between_calls_keyed_by_model_and_file(t
     assert capsys.readouterr().out == first  # the same answers from the cached vectors
 
     monkeypatch.setattr(TextEncoder, "encode", encode)
-    with (tmp_path / "train.jsonl").open("a", encoding="utf-8") as rows:  # another file: encoded anew, another entry
+    entry = next(user_cache.glob("*.safetensors"))
+    with (tmp_path / "train.jsonl").open("a", encoding="utf-8") as rows:  # other questions: encoded anew
         rows.write('{"text": "how many cats", "class_id": "num"}\n')
     assert main(ask) == 0
-    assert len(list(user_cache.glob("*.safetensors"))) == 2
-    assert main([*ask, "--exemplar-cache", "none"]) == 0 and len(list(user_cache.glob("*.safetensors"))) == 2
+    assert [path.name for path in user_cache.glob("*.safetensors")] != [entry.name]  # its entry replaced the file's last
+    assert len(list(user_cache.glob("*.safetensors"))) == 1  # one entry per model and file, however often it grows
+    assert main([*ask, "--exemplar-cache", "none"]) == 0 and len(list(user_cache.glob("*.safetensors"))) == 1
+
+
+def test_exemplar_vectors_are_keyed_by_the_questions_encoded_not_by_a_file_that_changed_since(tmp_path):
+    """A question appended between reading the rows and keying the cache must not file the old rows' vectors
+    under the grown file: every later call would read 4 vectors for 5 rows."""
+    import json
+    from types import SimpleNamespace
+
+    from tqc.exemplars import load_exemplars
+    from tqc.serving import _encoded_exemplars
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "weights").write_bytes(b"w")
+    exemplars, cache = tmp_path / "train.jsonl", tmp_path / "cache"
+    exemplars.write_text("".join(json.dumps({"text": f"q{i}", "class_id": "loc"}) + "\n" for i in range(4)))
+    encoded = []
+
+    def encode(texts, description=""):
+        encoded.append(list(texts))
+        return torch.randn(len(texts), 8)  # (M, D)
+
+    model = SimpleNamespace(question=SimpleNamespace(encode=encode))
+    read_before = load_exemplars(exemplars)
+    with exemplars.open("a", encoding="utf-8") as rows:
+        rows.write(json.dumps({"text": "q4", "class_id": "loc"}) + "\n")
+    assert _encoded_exemplars(model, read_before, tmp_path / "model", exemplars, cache).shape == (4, 8)
+    read_after = load_exemplars(exemplars)
+    assert _encoded_exemplars(model, read_after, tmp_path / "model", exemplars, cache).shape == (5, 8)
+    assert _encoded_exemplars(model, read_after, tmp_path / "model", exemplars, cache).shape == (5, 8)
+    assert [len(texts) for texts in encoded] == [4, 5]  # the third call read the second's entry
 
 
 def test_a_file_that_is_no_catalog_is_an_error_naming_its_line_under_either_rule(tiny_model_dir, tmp_path, capsys):
