@@ -417,7 +417,7 @@ def repeat_outcome(incoming: Incoming) -> FileOutcome:
 
 def _roll_back(before: dict[Path, bytes | None], archived: list[tuple[Path, Path]], dvc_files: list[Path]) -> None:
     for inbox_path, archived_as in reversed(archived):
-        shutil.move(str(archived_as), inbox_path)
+        shutil.move(str(archived_as), _free_name(inbox_path))
     for path, content in before.items():
         if content is None:
             path.unlink(missing_ok=True)
@@ -427,6 +427,18 @@ def _roll_back(before: dict[Path, bytes | None], archived: list[tuple[Path, Path
     _restage(dvc_files)
     log.error("retrain: the commit failed; the data, its .dvc files, the quarantine, the manifest and the inbox are "
               "as they were")
+
+
+def _free_name(path: Path) -> Path:
+    """`path`, or `stem.rolled-back-N.suffix` beside it where a file of that name was delivered during the run:
+    both are kept, and the next run reads both."""
+    candidate, number = path, 0
+    while candidate.exists():
+        number += 1
+        candidate = path.with_name(f"{path.stem}.rolled-back-{number}{path.suffix}")
+    if candidate != path:
+        log.warning("retrain: %s arrived during the run; the file put back from the archive is %s", path, candidate.name)
+    return candidate
 
 
 def _restage(paths: list[Path]) -> None:

@@ -207,6 +207,28 @@ def test_a_commit_that_fails_while_archiving_puts_everything_back(project, monke
     assert "labeled.jsonl.dvc" not in staged_index
 
 
+def test_a_file_put_back_by_a_failed_commit_keeps_a_same_named_file_delivered_meanwhile(project, monkeypatch):
+    """a.csv is archived, a new a.csv arrives, then the commit fails: both are in the inbox for the next run."""
+    drop(project, "a.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
+    drop(project, "b.csv", [(q, "NUM") for q in unseen_questions(project, "NUM", 2)])
+    params = load_params(project / "params.yaml")
+    staged, files = deliver(project)
+    inbox, archive = project / "data" / "incoming", steps.archive
+    first = (inbox / "a.csv").read_bytes()
+
+    def new_a_then_disk_full(incoming, *args):
+        if incoming.path.name == "b.csv":
+            (inbox / "a.csv").write_text("question,label\nwho is new here,HUM\n")  # delivered during the run
+            raise OSError(28, "No space left on device")
+        return archive(incoming, *args)
+
+    monkeypatch.setattr(steps, "archive", new_a_then_disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        steps.commit(params, staged, files, [])
+    assert sorted(p.name for p in inbox.iterdir()) == ["a.csv", "a.rolled-back-1.csv", "b.csv"]
+    assert (inbox / "a.rolled-back-1.csv").read_bytes() == first and "who is new here" in (inbox / "a.csv").read_text()
+
+
 def test_a_failed_dvc_command_says_dvcs_reason_in_one_line(project):
     with pytest.raises(steps.RetrainCommitError) as failure:
         steps._dvc("push", "no-such-file.dvc")
