@@ -62,7 +62,8 @@ class DatasetSplits:
 
 
 def decode_file(path: Path) -> str:
-    """Text of `path` as UTF-8 (BOM stripped). A line that is not valid UTF-8 is read on its own as
+    """Text of `path` as UTF-8, with every byte-order mark that starts a line dropped (files joined with `cat`
+    each bring theirs: a second header must read as the header). A line that is not valid UTF-8 is read on its own as
     Windows-1252 (what such files mostly are: `what\x92s` is "what’s"), or as Latin-1 where it holds a
     byte Windows-1252 leaves undefined, with a warning naming it, so one stray byte never garbles the
     file's other lines. Lines are numbered as `_lines` numbers them (\n, \r\n or \r)."""
@@ -70,19 +71,20 @@ def decode_file(path: Path) -> str:
         raise ReaderError(f"{path}: file not found")
     raw = path.read_bytes()
     if raw.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):  # before UTF-16: FF FE 00 00 starts with FF FE
-        return _unicode(raw, "utf-32", path)
+        return _without_line_boms(_unicode(raw, "utf-32", path))
     if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # Excel's "Unicode text", Notepad's "Unicode"
-        return _unicode(raw, "utf-16", path)
+        return _without_line_boms(_unicode(raw, "utf-16", path))
     if raw.count(b"\x00") * 4 >= len(raw) > 0:
         raise ReaderError(f"{path}: a quarter or more of its bytes are NUL: UTF-16 with no byte-order mark, or not a "
                           "text file; save it as UTF-8")
     try:
-        return raw.decode("utf-8-sig")
+        return _without_line_boms(raw.decode("utf-8"))
     except UnicodeDecodeError:
         pass
-    pieces = LINE_BREAK_BYTES.split(raw.removeprefix(codecs.BOM_UTF8))  # lines, each followed by its own line break
+    pieces = LINE_BREAK_BYTES.split(raw)  # lines, each followed by its own line break
     decoded, misread = [], []
     for index, piece in enumerate(pieces):
+        piece = piece.removeprefix(codecs.BOM_UTF8)  # before a line read as Windows-1252 turns it into "ï»¿"
         try:
             decoded.append(piece.decode("utf-8"))
         except UnicodeDecodeError:
@@ -91,6 +93,13 @@ def decode_file(path: Path) -> str:
     log.warning("%s: line(s) %s not valid UTF-8; read those as Windows-1252 (Latin-1 where it has no character)",
                 path, _first_ten(misread))
     return "".join(decoded)
+
+
+LINE_START_BOM = re.compile("(^|\r\n|\r|\n)\ufeff")
+
+
+def _without_line_boms(text: str) -> str:
+    return LINE_START_BOM.sub(r"\1", text)
 
 
 def _unicode(raw: bytes, encoding: str, path: Path) -> str:

@@ -1,3 +1,4 @@
+import codecs
 import logging
 from pathlib import Path
 
@@ -7,6 +8,7 @@ from tqc.config import DataParams
 from tqc.readers import (
     ReaderError,
     added_standard_questions,
+    decode_file,
     label_in_words,
     read_catalog_file,
     read_dataset,
@@ -481,3 +483,20 @@ def test_a_repeated_header_row_is_quarantined_and_unnamed_spreadsheet_columns_ar
     # two exports joined: the second header is no question of a class called "label"
     assert [(q.text, q.class_id) for q in result.rows] == [("how do i pay", "billing"), ("lost my card", "cards")]
     assert [(r.line, r.reason) for r in result.rejected] == [(3, "the header again (line 1): two files joined?")]
+
+
+@pytest.mark.parametrize("stray_byte", [b"", b"\x92"])  # the UTF-8 path, and the line-by-line one a stray byte takes
+def test_files_joined_with_their_byte_order_marks_read_as_the_files_did(tmp_path, stray_byte):
+    """Excel's "CSV UTF-8" starts every file with a BOM: `cat a.csv b.csv` puts one before the second header."""
+    bom = codecs.BOM_UTF8
+    joined = write(tmp_path, "joined.csv", bom + b"text,label\r\nhow do i pay" + stray_byte + b",billing\r\n"
+                   + bom + b"text,label\r\nlost my card,cards\r\n")
+    result = read_table(joined, "text", "label")
+    assert [q.class_id for q in result.rows] == ["billing", "cards"]  # no class "label" with a question "\ufefftext"
+    assert [(r.line, r.reason) for r in result.rejected] == [(3, "the header again (line 1): two files joined?")]
+
+
+def test_a_byte_order_mark_is_dropped_from_a_line_read_as_windows_1252_too(tmp_path):
+    bom = codecs.BOM_UTF8
+    mixed = write(tmp_path, "mixed.txt", bom + b"what\x92s new\n" + bom + b"caf\xc3\xa9\n")
+    assert decode_file(mixed) == "what\u2019s new\ncaf\u00e9\n"

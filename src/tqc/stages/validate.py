@@ -85,6 +85,7 @@ def annotate(splits: dict[str, list[LabeledQuestion]]) -> dict[str, pd.DataFrame
         later_splits = [set(normalised[other]) for other in LEAKAGE_PAIRS[split]]
         # an empty text fails non_empty_text; it is no copy of another empty text, nor a question that leaks
         has_text = [bool(key) for key in keys]
+        frame["normalised_text"] = keys  # zero-width and other invisible characters do not count as text
         frame["is_repeat"] = [r and t for r, t in zip(repeated, has_text)]
         frame["label_conflict"] = [len(labels_per_text[key]) > 1 and t for key, t in zip(keys, has_text)]
         frame["leaks"] = [any(key in other for other in later_splits) and t for key, t in zip(keys, has_text)]
@@ -97,10 +98,11 @@ def row_expectations(catalog: Catalog, params: ValidateParams) -> list:
 
     e = gx.expectations
     return [
-        e.ExpectTableColumnsToMatchSet(column_set=COLUMNS + ["is_repeat", "label_conflict", "leaks"], exact_match=True, meta={"name": "schema"}),
+        e.ExpectTableColumnsToMatchSet(column_set=COLUMNS + ["normalised_text", "is_repeat", "label_conflict", "leaks"],
+                                       exact_match=True, meta={"name": "schema"}),
         e.ExpectColumnValuesToBeOfType(column="text", type_="str", meta={"name": "schema"}),
         e.ExpectColumnValuesToNotBeNull(column="class_id", meta={"name": "schema"}),
-        e.ExpectColumnValueLengthsToBeBetween(column="text", min_value=1, meta={"name": "non_empty_text"}),
+        e.ExpectColumnValueLengthsToBeBetween(column="normalised_text", min_value=1, meta={"name": "non_empty_text"}),
         e.ExpectColumnValueLengthsToBeBetween(column="text", max_value=params.max_text_chars, meta={"name": "text_length"}),
         e.ExpectColumnValuesToNotMatchRegex(column="text", regex=CONTROL_CHARACTERS, meta={"name": "no_control_characters"}),
         e.ExpectColumnValuesToBeInSet(column="class_id", value_set=catalog.class_ids, meta={"name": "label_in_catalog"}),
@@ -127,7 +129,7 @@ def catalog_expectations() -> list:
     e = gx.expectations
     return [
         e.ExpectColumnValuesToBeUnique(column="class_id", meta={"name": "catalog_unique_ids"}),
-        e.ExpectColumnValueLengthsToBeBetween(column="text", min_value=1, meta={"name": "catalog_non_empty_texts"}),
+        e.ExpectColumnValueLengthsToBeBetween(column="normalised_text", min_value=1, meta={"name": "catalog_non_empty_texts"}),
         e.ExpectColumnValuesToBeUnique(column="normalised_text", meta={"name": "catalog_unique_texts"}),
     ]
 
