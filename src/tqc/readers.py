@@ -63,10 +63,10 @@ class DatasetSplits:
 
 def decode_file(path: Path) -> str:
     """Text of `path` as UTF-8, with every byte-order mark that starts a line dropped (files joined with `cat`
-    each bring theirs: a second header must read as the header). A line that is not valid UTF-8 is read on its own as
-    Windows-1252 (what such files mostly are: `what\x92s` is "what’s"), or as Latin-1 where it holds a
-    byte Windows-1252 leaves undefined, with a warning naming it, so one stray byte never garbles the
-    file's other lines. Lines are numbered as `_lines` numbers them (\n, \r\n or \r)."""
+    each bring theirs: a second header must read as the header). In a line that is not valid UTF-8, the invalid
+    bytes are read as Windows-1252 (what such files mostly are: `what\x92s` is "what’s"), or as Latin-1 where
+    Windows-1252 leaves a byte undefined, with a warning naming the line, so one stray byte garbles neither the
+    rest of its line nor the file's other lines. Lines are numbered as `_lines` numbers them (\n, \r\n or \r)."""
     if not path.is_file():
         raise ReaderError(f"{path}: file not found")
     raw = path.read_bytes()
@@ -85,14 +85,27 @@ def decode_file(path: Path) -> str:
     decoded, misread = [], []
     for index, piece in enumerate(pieces):
         piece = piece.removeprefix(codecs.BOM_UTF8)  # before a line read as Windows-1252 turns it into "ï»¿"
-        try:
-            decoded.append(piece.decode("utf-8"))
-        except UnicodeDecodeError:
-            decoded.append(_single_byte(piece))
+        text, had_invalid_bytes = _utf8_with_single_byte_strays(piece)
+        decoded.append(text)
+        if had_invalid_bytes:
             misread.append(index // 2 + 1)
-    log.warning("%s: line(s) %s not valid UTF-8; read those as Windows-1252 (Latin-1 where it has no character)",
-                path, _first_ten(misread))
+    log.warning("%s: line(s) %s not valid UTF-8; read their invalid bytes as Windows-1252 (Latin-1 where it has no "
+                "character), the rest as UTF-8", path, _first_ten(misread))
     return "".join(decoded)
+
+
+def _utf8_with_single_byte_strays(line: bytes) -> tuple[str, bool]:
+    """(text, whether any byte was invalid): the line's valid UTF-8 as UTF-8, so text pasted from two sources
+    keeps its "é" beside a stray `\x92`, and each invalid stretch as Windows-1252 (`_single_byte`)."""
+    pieces, start = [], 0
+    while True:
+        try:
+            pieces.append(line[start:].decode("utf-8"))
+            return "".join(pieces), start > 0
+        except UnicodeDecodeError as exc:
+            pieces.append(line[start:start + exc.start].decode("utf-8"))
+            pieces.append(_single_byte(line[start + exc.start:start + exc.end]))
+            start += exc.end
 
 
 LINE_START_BOM = re.compile("(^|\r\n|\r|\n)\ufeff")

@@ -500,3 +500,9 @@ def test_a_byte_order_mark_is_dropped_from_a_line_read_as_windows_1252_too(tmp_p
     bom = codecs.BOM_UTF8
     mixed = write(tmp_path, "mixed.txt", bom + b"what\x92s new\n" + bom + b"caf\xc3\xa9\n")
     assert decode_file(mixed) == "what\u2019s new\ncaf\u00e9\n"
+
+
+def test_a_stray_byte_leaves_the_valid_utf8_of_its_line_as_it_was(tmp_path):
+    """Text pasted from two sources: the "é" and "–" stay, only the stray Windows-1252 byte is read as such."""
+    mixed = write(tmp_path, "mixed.csv", b"text,label\nCaf\xc3\xa9 menu \xe2\x80\x93 what\x92s new,a\nok,b\n")
+    assert [q.text for q in read_table(mixed, "text", "label").rows] == ["Caf\u00e9 menu \u2013 what\u2019s new", "ok"]
