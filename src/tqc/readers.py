@@ -69,22 +69,24 @@ def decode_file(path: Path) -> str:
     rest of its line nor the file's other lines. Lines are numbered as `_lines` numbers them (\n, \r\n or \r)."""
     if not path.is_file():
         raise ReaderError(f"{path}: file not found")
-    raw = path.read_bytes()
+    return _without_line_boms(_decoded(path.read_bytes(), path))
+
+
+def _decoded(raw: bytes, path: Path) -> str:
     if raw.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):  # before UTF-16: FF FE 00 00 starts with FF FE
-        return _without_line_boms(_unicode(raw, "utf-32", path))
+        return _unicode(raw, "utf-32", path)
     if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # Excel's "Unicode text", Notepad's "Unicode"
-        return _without_line_boms(_unicode(raw, "utf-16", path))
+        return _unicode(raw, "utf-16", path)
     if raw.count(b"\x00") * 4 >= len(raw) > 0:
         raise ReaderError(f"{path}: a quarter or more of its bytes are NUL: UTF-16 with no byte-order mark, or not a "
                           "text file; save it as UTF-8")
     try:
-        return _without_line_boms(raw.decode("utf-8"))
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         pass
     pieces = LINE_BREAK_BYTES.split(raw)  # lines, each followed by its own line break
     decoded, misread = [], []
     for index, piece in enumerate(pieces):
-        piece = piece.removeprefix(codecs.BOM_UTF8)  # before a line read as Windows-1252 turns it into "ï»¿"
         text, had_invalid_bytes = _utf8_with_single_byte_strays(piece)
         decoded.append(text)
         if had_invalid_bytes:
