@@ -101,20 +101,19 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
 
 def _move_alias(client, params: PromoteParams, version: str, champion_version: str | None) -> None:
     """`version` becomes `params.alias`; the version it replaces is tagged superseded (its `promotion: champion`
-    tag would otherwise outlive the alias), and `version` is tagged champion once the alias, what serving reads,
-    has moved. A write that fails between these leaves tags the next promote puts right (`_tags_follow_the_alias`)."""
-    if "superseded_by" in client.get_model_version(params.model_name, version).tags:  # champion again (a rollback)
-        client.delete_model_version_tag(params.model_name, version, "superseded_by")
+    tag would otherwise outlive the alias), and `version`'s tags follow once the alias, what serving reads, has
+    moved. A write that fails between these leaves tags the next promote puts right (`_tags_follow_the_alias`)."""
     if champion_version is not None:
         client.set_model_version_tag(params.model_name, champion_version, "promotion", "superseded")
         client.set_model_version_tag(params.model_name, champion_version, "superseded_by", version)
     client.set_registered_model_alias(params.model_name, params.alias, version)
-    client.set_model_version_tag(params.model_name, version, "promotion", "champion")
+    _tags_follow_the_alias(client, params.model_name, client.get_model_version(params.model_name, version))
 
 
 def _tags_follow_the_alias(client, model_name: str, holder) -> None:
-    """The alias holder's tags say champion: a promotion whose registry writes broke off can have tagged it
-    superseded before its alias moved, or moved the alias to it before tagging it."""
+    """The alias holder's tags say champion, and no `superseded_by` (a version champion again: a rollback). A
+    promotion whose registry writes broke off can have tagged it superseded before its alias moved, or moved
+    the alias to it before tagging it."""
     if "superseded_by" in holder.tags:
         client.delete_model_version_tag(model_name, str(holder.version), "superseded_by")
     if holder.tags.get("promotion") != "champion":
