@@ -304,7 +304,7 @@ def content_digest(model_dir: Path, catalog_path: Path, config: dict, prior_entr
         "tqc": tqc.__version__,
         **({"exemplars": file_digest(Path(exemplars_path), "sha256")} if exemplars_path is not None else {}),
     }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    return _sha256(parts)
 
 
 def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, top_k: int,
