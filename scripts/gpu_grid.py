@@ -60,7 +60,7 @@ def cells(params: Params, grids: list[str], seeds: list[int] | None = None, loca
     return [cell for grid in grids
             for cell in grid_cells(grid, params.ablate.grids[grid], seeds or params.ablate.seeds, params.ablate.budget,
                                    local or {})
-            if not variants or cell.variant.split(" · ")[0] in variants]
+            if not variants or cell.variant_name in variants]
 
 
 def cell_params(base: Params, cell, extra: dict | None = None) -> Params:

@@ -62,6 +62,11 @@ class Cell:
     about_prior_shift: bool = field(default=False, compare=False)
 
     @property
+    def variant_name(self) -> str:
+        """The variant without its matrix values: "oversample" of "oversample · ir=50"."""
+        return self.variant.split(" · ")[0]
+
+    @property
     def name(self) -> str:
         """A DVC experiment name (a git ref component): grid, variant, hash of its params, seed."""
         shared = {path: value for path, value in self.overrides.items() if path != "seed"}  # one hash for all seeds
@@ -299,7 +304,7 @@ def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None
                   for cell in grid_cells(grid, params.ablate.grids[grid], seeds_to_run, params.ablate.budget, local)]
     check_where(where or {}, params, every_cell)
     cells = [cell for cell in every_cell
-             if (not variants or cell.variant.split(" · ")[0] in variants) and matches(cell, where or {})]
+             if (not variants or cell.variant_name in variants) and matches(cell, where or {})]
     if not cells:  # refused before the report is written: an empty table would replace it
         raise ConfigError(f"no cell of grid(s) {chosen} is left by --variant {variants or 'any'} and --where {where or 'none'}")
     recorded = recorded_cells(out_dir / "ablations.json")
