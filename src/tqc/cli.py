@@ -118,7 +118,7 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
     command = distributed.relaunch_command(params.distributed.nproc_per_node, args.argv)
     if command is not None:
         # What would fail in every process, said once here: under torchrun it comes back as its traceback
-        distributed.check_backend(params.distributed.backend)
+        distributed.check_launch(params.distributed.backend, params.distributed.nproc_per_node)
         for name in WITH_PARAMS[args.command].inputs:  # the stage's own input arguments (_training_stage)
             path = getattr(args, name)
             if not Path(path).exists():

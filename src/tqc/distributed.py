@@ -58,15 +58,32 @@ def active() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def check_backend(backend: str) -> None:
-    """NCCL needs CUDA: said in one line before any process starts, not as each rank's traceback."""
+def check_launch(backend: str, nproc_per_node: int) -> None:
+    """What would fail in every process, said in one line before any starts, not as each rank's traceback:
+    NCCL needs CUDA, and on a CUDA machine each process trains on its own GPU (LOCAL_RANK), so there can
+    be no more processes on a node than GPUs."""
     import torch
 
-    if backend == "nccl" and not torch.cuda.is_available():
-        from tqc.config import ConfigError
+    from tqc.config import ConfigError
 
+    if backend == "nccl" and not torch.cuda.is_available():
         raise ConfigError("distributed.backend is 'nccl', which needs a CUDA device, and this machine has none: "
                           "use auto (nccl on GPUs, gloo otherwise) or gloo")
+    if torch.cuda.is_available() and nproc_per_node > torch.cuda.device_count():
+        raise ConfigError(f"distributed.nproc_per_node is {nproc_per_node}, and this machine has "
+                          f"{torch.cuda.device_count()} CUDA device(s): each process trains on a GPU of its own, so use at "
+                          "most that many (or CUDA_VISIBLE_DEVICES= to train on the CPU with gloo)")
+
+
+def _check_own_gpu() -> None:
+    """Under a torchrun we did not start (multi-node): a LOCAL_RANK with no GPU of its own, named."""
+    import torch
+
+    if torch.cuda.is_available() and local_rank() >= torch.cuda.device_count():
+        from tqc.config import ConfigError
+
+        raise ConfigError(f"LOCAL_RANK is {local_rank()}, and this node has {torch.cuda.device_count()} CUDA device(s): "
+                          "each process trains on a GPU of its own, so torchrun's --nproc_per_node must not exceed them")
 
 
 def setup(backend: str = "auto") -> None:
@@ -76,9 +93,10 @@ def setup(backend: str = "auto") -> None:
 
     if world_size() <= 1 or dist.is_initialized():
         return
-    check_backend(backend)
+    check_launch(backend, 1)
     cuda = torch.cuda.is_available()
     if cuda:
+        _check_own_gpu()
         torch.cuda.set_device(local_rank())
     chosen = ("nccl" if cuda else "gloo") if backend == "auto" else backend
     dist.init_process_group(chosen, timeout=timedelta(minutes=30))

@@ -115,3 +115,12 @@ def test_the_chain_trains_every_model_on_the_gpu_and_evaluates(tiny_model_dir, t
     for name in ("admc", "stage_one", "nc", "zero_shot"):
         figures = evaluated["metrics"][name]["test"]
         assert 0.0 <= figures["accuracy"] <= 1.0 and 0.0 <= figures["macro_f1"] <= 1.0
+
+
+def test_torchrun_is_refused_more_processes_than_this_machine_has_gpus():
+    from tqc import distributed
+    from tqc.config import ConfigError
+
+    distributed.check_launch("nccl", torch.cuda.device_count())  # one process per GPU: fine
+    with pytest.raises(ConfigError, match=f"has {torch.cuda.device_count()} CUDA device"):
+        distributed.check_launch("auto", torch.cuda.device_count() + 1)

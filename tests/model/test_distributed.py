@@ -172,6 +172,26 @@ def test_what_would_fail_in_every_process_is_one_line_before_torchrun_starts(tin
     if not torch.cuda.is_available():
         assert cli.main(stage_one[:4] + ["--set", "distributed.backend=nccl"] + stage_one[4:]) == 2
         assert "distributed.backend is 'nccl', which needs a CUDA device" in capsys.readouterr().err
+    # On a one-GPU machine two processes would both need a GPU of their own (the second: "invalid device ordinal")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert cli.main(stage_one) == 2
+    assert "distributed.nproc_per_node is 2, and this machine has 1 CUDA device(s)" in capsys.readouterr().err
+
+
+def test_a_local_rank_without_a_gpu_of_its_own_is_named(monkeypatch):
+    import pytest
+
+    from tqc import distributed
+    from tqc.config import ConfigError
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: pytest.fail(f"set_device({index}) reached"))
+    with pytest.raises(ConfigError, match="LOCAL_RANK is 2, and this node has 2 CUDA device"):
+        distributed.setup("auto")
 
 
 def _early_stopping_worker(rank: int, world: int, port: int, out_dir: str) -> None:
