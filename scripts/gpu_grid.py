@@ -176,11 +176,13 @@ def read_results(paths: list[Path]) -> dict[str, dict]:
     return records
 
 
-def report(base: Params, grids: list[str], result_files: list[Path], out_dir: Path, where_it_ran: str) -> None:
-    shown = {cell.name for cell in cells(base, grids)}
+def report(base: Params, grids: list[str], result_files: list[Path], out_dir: Path, where_it_ran: str,
+           variants: list[str] | None = None) -> None:
+    chosen = cells(base, grids, variants=variants)
+    shown = {cell.name for cell in chosen}
     records = {name: record for name, record in read_results(result_files).items() if name in shown}
     results = [CellResult(cell, "done", records[cell.name]["figures"], records[cell.name]["generated_rows"])
-               if cell.name in records else CellResult(cell, "missing") for cell in cells(base, grids)]
+               if cell.name in records else CellResult(cell, "missing") for cell in chosen]
     write_report(base, grids, results, out_dir)
     markdown = (out_dir / "ablations.md").read_text()
     markdown = markdown.replace("Written by `tqc ablate` from DVC experiments (`dvc exp show` lists them by the names below).",
@@ -196,7 +198,7 @@ def report(base: Params, grids: list[str], result_files: list[Path], out_dir: Pa
 def _worker_arguments(args: argparse.Namespace) -> list[str]:
     """`train`'s own arguments for its workers, rebuilt from the parsed values (not filtered text)."""
     arguments = ["--params", str(args.params), "--prepared", str(args.prepared), "--out", str(args.out)]
-    for flag, values in (("--grid", args.grid), ("--variant", args.variant), ("-B", args.budget), ("-D", args.device_set), ("--done", args.done)):
+    for flag, values in (("--grid", args.grid), ("--variant", args.variant), ("--seed", args.seed), ("-B", args.budget), ("-D", args.device_set), ("--done", args.done)):
         arguments += [item for value in values for item in (flag, str(value))]
     return arguments
 
@@ -211,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--grid", action="append", required=True)
     parser.add_argument("--variant", action="append", default=[], help="only these variants' cells (all when none)")
+    parser.add_argument("--seed", type=int, action="append", default=[], help="these seeds instead of ablate.seeds (as `tqc ablate --seeds`)")
     parser.add_argument("-B", "--budget", action="append", default=[], help="GPU budget: dotted.key=value")
     parser.add_argument("-D", "--device-set", action="append", default=[], help="this machine's params, e.g. model.pretrained=/x")
     parser.add_argument("--prepared", type=Path, default=Path(".devcarry/prepared"))
@@ -225,11 +228,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.command != "prepare" and not args.budget:
         parser.error("give the GPU budget (-B stage_one.epochs=… …): it names the cells and heads the report")
     base = gpu_params(load_params(args.params), _budget(args.budget))
+    if args.seed:  # every command reads the seeds from params, the report's header included
+        base = base.with_overrides({"ablate": {"seeds": args.seed}})
     device_overrides = _budget(args.device_set)
     if args.command == "prepare":
         prepare(base, args.grid, args.prepared, Path.cwd(), args.variant)
     elif args.command == "report":
-        report(base, args.grid, args.done, args.out, args.where_it_ran)
+        report(base, args.grid, args.done, args.out, args.where_it_ran, args.variant)
     else:
         done = read_results(args.done)
         todo = [cell for cell in cells(base, args.grid, variants=args.variant) if cell.name not in done]

@@ -139,6 +139,27 @@ def test_variant_narrows_the_cells_of_every_grid_and_reaches_the_workers(gpu_gri
     assert len(narrowed) == len(params.ablate.seeds) * (1 + ratios)  # the augmentation grid's at every ratio
     assert gpu_grid.cells(params, ["rebalancing"], variants=[]) == gpu_grid.cells(params, ["rebalancing"])
     args = argparse.Namespace(params=Path("p.yaml"), prepared=Path("prep"), out=Path("out"), grid=["rebalancing"],
-                              variant=["none", "prototype-mixup"], budget=["stage_one.epochs=10"], device_set=[], done=[])
+                              variant=["none", "prototype-mixup"], seed=[], budget=["stage_one.epochs=10"], device_set=[], done=[])
     arguments = gpu_grid._worker_arguments(args)
     assert [arguments[i + 1] for i, a in enumerate(arguments) if a == "--variant"] == ["none", "prototype-mixup"]
+
+
+def test_seed_replaces_the_params_seeds_in_the_report_and_the_workers(gpu_grid, params, tmp_path):
+    import argparse
+
+    on_gpu = gpu_grid.gpu_params(params, {"stage_one.epochs": 10}).with_overrides({"ablate": {"seeds": [3, 4]}})
+    finished = [c for c in gpu_grid.cells(on_gpu, ["ac_vs_admc"]) if c.variant == "trec50"]
+    assert sorted(c.seed for c in finished) == [3, 4]
+    records = [{"experiment": c.name, "grid": c.grid, "variant": c.variant, "seed": c.seed, "generated_rows": 0,
+                "seconds": 60.0, "figures": {name: 0.8 for name in FIGURES}} for c in finished]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    gpu_grid.main(["report", "--params", str(ROOT / "params.yaml"), "--grid", "ac_vs_admc", "-B", "stage_one.epochs=10",
+                   "--seed", "3", "--seed", "4", "--done", str(results), "--out", str(tmp_path / "out")])
+    document = json.loads((tmp_path / "out" / "ablations.json").read_text())
+    assert document["seeds"] == [3, 4]
+    assert [r["seeds_done"] for r in document["rows"] if r["variant"] == "trec50"] == [[3, 4]]
+    args = argparse.Namespace(params=Path("p.yaml"), prepared=Path("prep"), out=Path("out"), grid=["rebalancing"],
+                              variant=[], seed=[3, 4], budget=["stage_one.epochs=10"], device_set=[], done=[])
+    arguments = gpu_grid._worker_arguments(args)
+    assert [arguments[i + 1] for i, a in enumerate(arguments) if a == "--seed"] == ["3", "4"]
