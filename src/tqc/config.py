@@ -379,6 +379,15 @@ class AblationGrid(Strict):
     base: dict[str, ParamValue] = {}
     variants: dict[str, dict[str, ParamValue]] = {"default": {}}
     matrix: dict[str, list[ParamValue]] = {}
+    # The variant the others are measured against, paired by seed at the same matrix point (a menu's `none`);
+    # None: the variants are not alternatives to one baseline (AC vs ADMC on different datasets), no pairing
+    reference: str | None = None
+
+    @model_validator(mode="after")
+    def _reference_is_a_variant(self) -> "AblationGrid":
+        if self.reference is not None and self.reference not in self.variants:
+            raise ValueError(f"reference {self.reference!r} is not one of the grid's variants {sorted(self.variants)}")
+        return self
 
 
 class AblateParams(Strict):

@@ -6,8 +6,8 @@ import pytest
 
 import json
 
-from tqc.ablate import (Cell, CellResult, _or_recorded, experiment_overrides, grid_cells, matches, recorded_cells, render_markdown, set_arguments,
-                        summarise)
+from tqc.ablate import (Cell, CellResult, _or_recorded, experiment_overrides, grid_cells, matches, paired_difference, recorded_cells,
+                        render_markdown, set_arguments, summarise)
 from tqc.config import AblationGrid, ConfigError, Params
 
 GRID = AblationGrid(title="Options on long tails", base={"data.dataset": "trec6"},
@@ -396,3 +396,41 @@ def test_a_cells_stages_import_dvcs_copy_of_the_code_not_the_live_checkout(tmp_p
     imported = subprocess.run([sys.executable, "-c", "import tqc; print(tqc.__file__, tqc.SNAPSHOT)"], cwd=copy,
                               env=cell_environment(), capture_output=True, text=True, check=True).stdout.split()
     assert imported == [str(copy / "src" / "tqc" / "__init__.py"), "True"]
+
+
+def test_a_paired_difference_is_over_the_seeds_both_finished_with_a_t_interval():
+    from scipy import stats
+
+    variant = {0: 0.95, 1: 0.93, 2: 0.96, 3: 0.90}
+    reference = {0: 0.94, 1: 0.94, 2: 0.93, 5: 0.99}  # seed 3 and seed 5 have no partner
+    found = paired_difference(variant, reference)
+    differences = [0.01, -0.01, 0.03]
+    low, high = stats.ttest_rel([0.95, 0.93, 0.96], [0.94, 0.94, 0.93]).confidence_interval(0.95)
+    assert found["seeds"] == [0, 1, 2] and found["higher_in"] == 2
+    assert found["mean"] == pytest.approx(sum(differences) / 3)
+    assert found["ci95"] == pytest.approx([low, high])
+    assert paired_difference({0: 0.9}, {0: 0.8})["ci95"] is None  # one pair has no spread
+    assert paired_difference({0: 0.9}, {1: 0.8}) is None
+
+
+def test_the_report_pairs_each_variant_with_the_first_at_the_same_matrix_point():
+    figures = lambda f1: {"admc_accuracy": 0.9, "admc_macro_f1": f1, "ac_accuracy": 0.8, "ac_macro_f1": f1,
+                          "admc_validation_macro_f1": 0.5}
+    f1 = {("none", 50): [0.90, 0.92, 0.91], ("eda", 50): [0.92, 0.93, 0.94], ("none", 10): [0.95, 0.95, 0.95],
+          ("eda", 10): [0.94, 0.96, 0.95]}
+    results = [CellResult(cell, "done", figures(f1[(cell.variant_name, cell.overrides["data.imbalance_ratio"])][cell.seed]), 10)
+               for cell in grid_cells("aug", GRID, [0, 1, 2], {}, {})]
+    unpaired = Params.model_validate({"ablate": {"grids": {"aug": GRID.model_dump()}}})
+    assert "paired by seed" not in render_markdown(unpaired, ["aug"], summarise(results))  # no reference named
+    params = Params.model_validate({"ablate": {"grids": {"aug": {**GRID.model_dump(), "reference": "none"}}}})
+    table = render_markdown(params, ["aug"], summarise(results))
+    assert "ADMC test macro-F1 minus `none`'s at the same matrix point, paired by seed" in table
+    assert "| eda · ir=50 | none · ir=50 | +2.00 | [-0.48, +4.48] | 3 of 3 |" in table  # 2, 1, 3 points: t(2) = 4.30
+    assert "| eda · ir=10 | none · ir=10 | +0.00 | [-2.48, +2.48] | 1 of 3 |" in table
+    paired = table.split("paired by seed")[1].split("Code versions")[0]
+    assert not any(line.startswith("| none ·") for line in paired.splitlines())  # the reference has no row of its own
+
+
+def test_a_grids_reference_must_be_one_of_its_variants():
+    with pytest.raises(ValueError, match="reference 'nnone' is not one of the grid's variants"):
+        Params.model_validate({"ablate": {"grids": {"aug": {**GRID.model_dump(), "reference": "nnone"}}}})
