@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import yaml
@@ -33,7 +35,28 @@ def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from the test server
-    with prefect_test_harness(server_startup_timeout=180):
+    with contextlib.ExitStack() as harness:
+        with _patient_health_checks():  # while the server starts only
+            harness.enter_context(prefect_test_harness(server_startup_timeout=180))
+        yield
+
+
+@contextlib.contextmanager
+def _patient_health_checks():
+    """The harness polls the starting server's /health with httpx's default 5 s read timeout, and retries only a
+    refused connection: on a loaded machine (`make test`'s two xdist processes on two cores, the other one training)
+    a first answer slower than 5 s raised ReadTimeout, and every flow test of that process errored at setup
+    (PrefectHQ/prefect#16397 is the same symptom). Its health checks get 60 s to answer; `server_startup_timeout`
+    still bounds the whole wait."""
+    import httpx
+    from prefect.server.api import server
+
+    class PatientClient(httpx.Client):  # a subclass, so isinstance checks elsewhere still hold
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("timeout", 60.0)
+            super().__init__(*args, **kwargs)
+
+    with mock.patch.object(server.httpx, "Client", PatientClient):
         yield
 
 

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import optuna
 import pytest
 import yaml
 
 from flows.tune import tune
+from tests.flows.conftest import REPO
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -28,3 +35,61 @@ def test_the_tune_flow_runs_workers_in_parallel_on_one_study(project):
     assert len(study.trials) == 2 and len({t.user_attrs["worker"] for t in study.trials}) == 2
     summary = json.loads((project / "reports" / "tuning" / "summary.json").read_text())
     assert summary["trials"]["COMPLETE"] == 2
+
+
+def _pids_running_in(folder) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and str(folder) in (entry / "cmdline").read_text().replace("\0", " "):
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":  # zombies have ended
+                    pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_a_tune_worker_ends_with_the_flow_process_that_started_it(project, tmp_path):
+    # Prefect cancels a flow run by signalling its process alone (PrefectHQ/prefect#20979): were the workers it
+    # started to go on, they would keep writing trials into the study and holding the cores. They do not: a worker's
+    # stdout and stderr are pipes to the flow's process, so its next progress bar or log line after that process
+    # is gone fails (BrokenPipeError), Optuna marks the running trial failed, and the worker exits.
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["tune"].update(study="orphans", trials=50, storage=f"sqlite:///{project / 'optuna.db'}", pruner="none",
+                          enqueue_defaults=False, space={"stage_one.temperature": {"low": 0.05, "high": 0.5, "log": True}})
+    params["tracking"]["enabled"] = False
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    work = tmp_path / "tune-work"
+    flow_process = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from flows.tune import tune_worker; "
+         f"tune_worker.fn('params.yaml', 0, 50, [], 'reports/tuning', {str(work)!r})"],
+        cwd=project, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+    study = lambda: optuna.load_study(study_name="orphans", storage=params["tune"]["storage"])
+    try:
+        assert _wait_for(lambda: (project / "optuna.db").exists() and _has_trials(study), 180), "no trial started"
+        os.kill(flow_process.pid, signal.SIGKILL)  # what Prefect's cancellation comes to when the process does not end
+        flow_process.wait()
+        assert _wait_for(lambda: not _pids_running_in(work), 30), "the tune worker outlived the flow's process"
+        states = [trial.state for trial in study().trials]
+        assert optuna.trial.TrialState.RUNNING not in states and optuna.trial.TrialState.FAIL in states
+        assert len(states) < 50
+    finally:
+        flow_process.kill()
+        for pid in _pids_running_in(work):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _has_trials(study) -> bool:
+    try:
+        return bool(study().trials)
+    except KeyError:  # the worker has not created the study yet
+        return False
+
+
+def _wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return condition()
