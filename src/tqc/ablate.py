@@ -50,6 +50,19 @@ FIGURES = {  # name: (column, keys in metrics.json)
 }
 
 
+LABEL_JOIN = " · "  # a cell's label: its variant's name, then its matrix values ("oversample · ir=50")
+
+
+def label_parts(label: str) -> tuple[str, list[str]]:
+    """A cell's (or a report row's) label as its variant's name and its matrix values."""
+    name, *point = label.split(LABEL_JOIN)
+    return name, point
+
+
+def label_of(name: str, point: list[str]) -> str:
+    return LABEL_JOIN.join([name, *point])
+
+
 @dataclass(frozen=True)
 class Cell:
     grid: str
@@ -64,7 +77,7 @@ class Cell:
     @property
     def variant_name(self) -> str:
         """The variant without its matrix values: "oversample" of "oversample · ir=50"."""
-        return self.variant.split(" · ")[0]
+        return label_parts(self.variant)[0]
 
     @property
     def name(self) -> str:
@@ -92,7 +105,7 @@ def grid_cells(name: str, grid: AblationGrid, seeds: list[int], budget: dict, lo
     for variant, variant_overrides in grid.variants.items():
         for values in itertools.product(*(choices for _, choices in axes)):
             combination = {path: value for (path, _), value in zip(axes, values)}
-            label = " · ".join([variant] + [f"{_short(path)}={value}" for path, value in combination.items()])
+            label = label_of(variant, [f"{_short(path)}={value}" for path, value in combination.items()])
             # what sets this cell apart (not the grid's common params) decides whether it is about the shift
             about_prior_shift = any(path.startswith("prior.") for path in {**variant_overrides, **combination})
             for seed in seeds:
@@ -400,8 +413,8 @@ def paired_differences(params: Params, grid: str, rows: list[dict], figure: str 
     by_label = {row["variant"]: row for row in rows if row["grid"] == grid}
     found = []
     for label, row in by_label.items():
-        name, *point = label.split(" · ")
-        reference = by_label.get(" · ".join([reference_name, *point]))
+        name, point = label_parts(label)
+        reference = by_label.get(label_of(reference_name, point))
         if name == reference_name or reference is None:
             continue
         difference = paired_difference(_by_seed(row, figure), _by_seed(reference, figure))
@@ -505,7 +518,7 @@ def pivot_tables(spec: AblationGrid, rows: list[dict]) -> list[str]:
     lines = []
     for variant in spec.variants:
         cells = {(_key(r["settings"].get(down)), _key(r["settings"].get(across))): r for r in rows
-                 if r["variant"].split(" · ")[0] == variant}
+                 if label_parts(r["variant"])[0] == variant}
         lines += [f"ADMC test macro-F1 ({variant}; seeds per cell in brackets):", "",
                   f"| {_short(down)} \\ {_short(across)} | " + " | ".join(map(str, across_values)) + " |",
                   "|---" * (len(across_values) + 1) + "|"]
