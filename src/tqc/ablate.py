@@ -432,9 +432,10 @@ def _paired_lines(params: Params, grid: str, rows: list[dict]) -> list[str]:
     if not differences:
         return []
     reference_name = params.ablate.grids[grid].reference
-    lines = [f"ADMC test macro-F1 minus `{reference_name}`'s at the same matrix point, paired by seed (the same validation "
-             "split and starting weights), in points: the mean, its 95% t-interval over the seeds both finished, and in how "
-             "many of them the variant is higher. An interval that holds 0 is no evidence of a difference either way.", "",
+    lines = [f"ADMC test macro-F1 minus `{reference_name}`'s at the same matrix point, paired by seed (a seed draws the "
+             "validation split and the starting weights, unless a variant sets them), in points: the mean, its 95% t-interval "
+             "over the seeds both finished, and in how many of them the variant is higher. An interval that holds 0 is no "
+             "evidence of a difference either way.", "",
              "| variant | against | difference | 95% interval | higher in |", "|---|---|---|---|---|"]
     for d in differences:
         interval = "—" if d["ci95"] is None else f"[{100 * d['ci95'][0]:+.2f}, {100 * d['ci95'][1]:+.2f}]"
