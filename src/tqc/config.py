@@ -6,6 +6,7 @@ silently vanishes. Each stage loads only the sections it needs.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -305,6 +306,16 @@ class PromoteParams(Strict):
     # questions, no shift: evaluate's `exemplars`). The gate judges either on validation alike.
     rule: Literal["standard", "exemplars"] = "standard"
 
+    @field_validator("alias")
+    @classmethod
+    def _not_reserved_by_mlflow(cls, alias: str) -> str:
+        # MLflow reads `latest` as the newest version (every challenger would be its own champion) and refuses
+        # `v<N>`, which names version N, only when the alias is written: after promotion.json said promoted
+        if alias.lower() == "latest" or re.fullmatch(r"[vV]\d+", alias):
+            raise ValueError(f"{alias!r} is reserved by MLflow's registry ('latest' names the newest version, "
+                             "'v<N>' version N): choose another name, e.g. champion")
+        return alias
+
     @field_validator("model_name")
     @classmethod
     def _filter_safe(cls, name: str) -> str:
@@ -565,14 +576,18 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def unflatten(flat: dict) -> dict:
-    """{"a.b": 1} → {"a": {"b": 1}}."""
+    """{"a.b": 1} → {"a": {"b": 1}}. Two paths where one sets a value inside the other's (`data.custom=null` and
+    `data.custom.train=x`) are refused: merged, either order would silently drop or mangle one."""
     tree: dict = {}
-    for path, value in flat.items():
+    for number, path in enumerate(flat):
+        for other in list(flat)[:number]:
+            if other.startswith(f"{path}.") or path.startswith(f"{other}."):
+                raise ConfigError(f"{other!r} and {path!r}: one sets a value inside the other; give one of them")
         *parents, leaf = path.split(".")
         node = tree
         for key in parents:
             node = node.setdefault(key, {})
-        node[leaf] = value
+        node[leaf] = flat[path]
     return tree
 
 

@@ -230,3 +230,25 @@ def test_the_tuner_refuses_a_dimension_no_trial_could_use_before_any_work():
         with pytest.raises(ConfigError, match=problem):
             check_space(space(dimension))
     check_space(space({"stage_two.margin": {"low": 0.1, "high": 0.5, "when": {"stage_two.loss": "hinge"}}}))
+
+
+@pytest.mark.parametrize("alias", ["latest", "Latest", "v1", "V12"])
+def test_an_alias_the_mlflow_registry_reserves_is_refused_by_name(alias):
+    # `latest` read as the newest version made every challenger its own champion; `v1` failed at the alias write,
+    # after promotion.json had said promoted
+    with pytest.raises(ConfigError, match="promote.alias.*reserved by MLflow"):
+        Params().with_overrides({"promote": {"alias": alias}})
+    assert Params().with_overrides({"promote": {"alias": "v1-candidate"}}).promote.alias == "v1-candidate"
+
+
+@pytest.mark.parametrize("items", [["data.custom=null", "data.custom.train=x"], ["data.custom.train=x", "data.custom=null"],
+                                   ["seed=1", "seed.value=2"]])
+def test_set_paths_that_set_a_value_inside_each_other_are_one_line_errors(items, tmp_path, capsys):
+    from tqc import cli
+
+    (tmp_path / "params.yaml").write_text("seed: 0\n")
+    arguments = [item for pair in (("--set", i) for i in items) for item in pair]
+    assert cli.main(["--params", str(tmp_path / "params.yaml"), *arguments, "ingest", "--out", str(tmp_path / "o"),
+                     "--quarantine", str(tmp_path / "q.jsonl"), "--report", str(tmp_path / "r.json")]) == 2  # was a TypeError
+    error = capsys.readouterr().err
+    assert error.startswith("tqc ingest: error:") and "one sets a value inside the other" in error
