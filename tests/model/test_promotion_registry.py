@@ -435,3 +435,21 @@ def test_tags_follow_the_alias_when_a_registry_write_fails_mid_promotion(tiny_mo
     v1, v2 = (client().get_model_version("tqc-admc", v).tags for v in ("1", "2"))
     assert v2["promotion"] == "champion" and "superseded_by" not in v2
     assert v1["promotion"] == "superseded" and v1["superseded_by"] == "2"
+
+
+def test_an_alias_moved_by_hand_leaves_one_version_tagged_champion(tiny_model_dir, data_dir, tmp_path, registry):
+    """The README's rollback moves the alias by hand; the version that lost it was still tagged champion, and after
+    the next promote two versions said champion."""
+    import mlflow
+
+    challenger = _champion_v1(tiny_model_dir, data_dir, tmp_path, registry)
+    take_anything = PromoteParams(bootstrap_samples=200, min_improvement=-1.0, tail_tolerance=1.0)
+    with standalone_run("promote", registry) as tracker:
+        assert promote.run(data_dir, challenger, None, take_anything, tmp_path / "p.json", tracker)["promoted"]
+    client = mlflow.MlflowClient()
+    client.set_registered_model_alias("tqc-admc", "champion", "1")  # the rollback, by hand
+    with standalone_run("promote", registry) as tracker:
+        promote.run(data_dir, tmp_path / "weak", None, PromoteParams(bootstrap_samples=200), tmp_path / "p.json", tracker)
+    v1, v2 = (client.get_model_version("tqc-admc", v).tags for v in ("1", "2"))
+    assert v1["promotion"] == "champion" and "superseded_by" not in v1
+    assert v2["promotion"] == "superseded" and v2["superseded_by"] == "1"  # was still champion

@@ -111,13 +111,18 @@ def _move_alias(client, params: PromoteParams, version: str, champion_version: s
 
 
 def _tags_follow_the_alias(client, model_name: str, holder) -> None:
-    """The alias holder's tags say champion, and no `superseded_by` (a version champion again: a rollback). A
-    promotion whose registry writes broke off can have tagged it superseded before its alias moved, or moved
-    the alias to it before tagging it."""
+    """The alias holder's tags say champion, and no `superseded_by` (a version champion again: a rollback); any
+    other version tagged champion is tagged superseded by it. A promotion whose registry writes broke off can have
+    tagged the holder superseded before its alias moved, or moved the alias to it before tagging it; an alias moved
+    by hand (the README's rollback) leaves the version that lost it tagged champion."""
     if "superseded_by" in holder.tags:
         client.delete_model_version_tag(model_name, str(holder.version), "superseded_by")
     if holder.tags.get("promotion") != "champion":
         client.set_model_version_tag(model_name, str(holder.version), "promotion", "champion")
+    for stale in client.search_model_versions(f"name='{model_name}' and tags.promotion='champion'"):
+        if str(stale.version) != str(holder.version):
+            client.set_model_version_tag(model_name, str(stale.version), "promotion", "superseded")
+            client.set_model_version_tag(model_name, str(stale.version), "superseded_by", str(holder.version))
 
 
 def _answers_on_validation(client, model_name: str, version: str, champion_version: str | None, validation,
