@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 from contextlib import contextmanager
@@ -100,7 +101,7 @@ class Tracker:
 
     def log_metrics(self, metrics: dict, step: int | None = None, prefix: str = "") -> None:
         if self._mlflow:
-            numeric = {f"{prefix}{k}": float(v) for k, v in flatten(metrics).items()
+            numeric = {mlflow_key(f"{prefix}{k}"): float(v) for k, v in flatten(metrics).items()
                        if isinstance(v, (int, float)) and not isinstance(v, bool)}
             self._mlflow.log_metrics(numeric, step=step)
 
@@ -112,7 +113,7 @@ class Tracker:
     def log_inputs(self, paths: list[Path]) -> None:
         """DVC's hash of each input, as tags `dvc.<path>`: the exact data a run read."""
         if self._mlflow:
-            self._mlflow.set_tags({f"dvc.{Path(p).as_posix()}": dvc_md5(Path(p)) for p in paths if Path(p).exists()})
+            self._mlflow.set_tags({mlflow_key(f"dvc.{Path(p).as_posix()}"): dvc_md5(Path(p)) for p in paths if Path(p).exists()})
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if self._mlflow and Path(path).exists():
@@ -124,12 +125,19 @@ class Tracker:
 
     def set_tags(self, tags: dict) -> None:
         if self._mlflow:
-            self._mlflow.set_tags({k: str(v) for k, v in tags.items()})
+            self._mlflow.set_tags({mlflow_key(k): str(v) for k, v in tags.items()})
+
+
+def mlflow_key(name: str) -> str:
+    """`name` as MLflow accepts a param, metric or tag key on any OS: letters, digits, `_ - . /` and spaces; anything else
+    becomes `_`. Keys carry a user's names (an input folder `data (v2)`, an ablation variant `eda+mixup`), and one
+    MLflow refuses stopped the whole stage before it did any work."""
+    return re.sub(r"[^\w\-. /]", "_", name)
 
 
 def param_chunks(params: dict, size: int = 100) -> list[dict[str, str]]:
     """Nested params as flat 'section.key' strings, in chunks of MLflow's batch limit."""
-    items = [(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v)) for k, v in flatten(params).items()]
+    items = [(mlflow_key(k), json.dumps(v) if isinstance(v, (list, dict)) else str(v)) for k, v in flatten(params).items()]
     return [dict(items[start : start + size]) for start in range(0, len(items), size)]
 
 

@@ -101,3 +101,30 @@ def test_a_store_that_refuses_the_housekeeping_stops_no_run(tmp_path, monkeypatc
         with standalone_run("retrain", TrackingParams(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="e")) as tracker:
             assert tracker.active and mlflow.active_run() is not None
     assert "could not end the runs of killed processes: INVALID_PARAMETER_VALUE" in caplog.text
+
+
+def test_keys_from_a_users_names_are_made_keys_mlflow_accepts(tmp_path, monkeypatch):
+    """An input folder `data (v2)` or an ablation variant `eda+mixup` became an MLflow key it refuses, and the
+    stage stopped before doing any work."""
+    from pathlib import Path
+
+    import mlflow
+
+    from tqc.config import load_params
+    from tqc.tracking import stage_run
+
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "data (v2)"
+    data.mkdir()
+    (data / "catalog.jsonl").write_text("{}\n")
+    grid = {"title": "t", "variants": {"eda+mixup": {"augment.explicit": "eda"}}}
+    params = load_params(Path(__file__).resolve().parents[2] / "params.yaml",
+                         {"tracking": {"uri": f"sqlite:///{tmp_path / 'm.db'}", "experiment": "keys"},
+                          "ablate": {"grids": {"g": grid}}})
+    with stage_run("evaluate", params, [data]) as tracker:
+        run_id = mlflow.active_run().info.run_id
+        tracker.log_metrics({"per class": {"LOC (city)": 0.5}})
+    run = mlflow.MlflowClient().get_run(run_id)
+    assert run.data.params["ablate.grids.g.variants.eda_mixup.augment.explicit"] == "eda"
+    assert run.data.metrics["per class.LOC _city_"] == 0.5
+    assert any(key.endswith("data _v2_") for key in run.data.tags)
