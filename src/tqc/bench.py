@@ -8,6 +8,7 @@ measured on, so that a figure quoted in the README has a report behind it.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,8 @@ from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, load_questions
 from tqc.stages import stage_one, stage_two
 from tqc.training import gold_indices, steps_per_epoch
+
+log = logging.getLogger(__name__)
 
 
 def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("data/validated"),
@@ -45,11 +48,15 @@ def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("d
     stage_one.train(model, train_rows, validation, catalog, params.stage_one.model_copy(update=warm_up), params.seed)
     stage_two.train(model, train_rows, torch.as_tensor(negatives), validation, catalog,
                     params.stage_two.model_copy(update=warm_up), params.seed)
+    full_epoch = steps_per_epoch(len(train_rows), batch_size, None)
+    if steps > full_epoch:  # an epoch ends there: dividing its time by `steps` would under-report it
+        log.warning("bench: --steps %d is more than one epoch of %d rows at batch size %d (%d steps): timing %d",
+                    steps, len(train_rows), batch_size, full_epoch, full_epoch)
+        steps = full_epoch
     common = {"epochs": 1, "batch_size": batch_size, "max_steps": steps}
     one = stage_one.train(model, train_rows, validation, catalog, params.stage_one.model_copy(update=common), params.seed)
     two = stage_two.train(model, train_rows, torch.as_tensor(negatives), validation, catalog,
                           params.stage_two.model_copy(update=common), params.seed)
-    full_epoch = steps_per_epoch(len(train_rows), batch_size, None)
     report = {
         "rows": len(train_rows),
         "batch_size": batch_size,

@@ -55,3 +55,25 @@ def test_a_benchmark_report_says_what_it_was_measured_on(tmp_path):
     measured_on = report["measured_on"]
     assert set(measured_on) == {"device", "cpu_cores", "torch", "code_version", "date"}
     assert measured_on["cpu_cores"] >= 1 and measured_on["code_version"] != "unknown"
+
+
+def test_steps_beyond_one_epoch_time_one_epoch_and_say_so(tiny_model_dir, tmp_path, monkeypatch, caplog):
+    data = tmp_path / "validated"
+    Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()]).save(data / "catalog.jsonl")
+    save_questions(data / "train.jsonl", [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 20)])  # 60 rows
+    save_questions(data / "validation.jsonl", [LabeledQuestion(t, c) for t, c in synthetic_questions(1, 3)])
+    params = Params.model_validate(tiny_params(tmp_path / "unused", tiny_model_dir))
+    timed = []
+    real = stage_one.train
+
+    def recording(*args, **kwargs):
+        result = real(*args, **kwargs)
+        timed.append((args[-2].max_steps, result.seconds_per_epoch))
+        return result
+
+    monkeypatch.setattr(stage_one, "train", recording)
+    report = bench.epochs(params, steps=20, batch_size=8, data_dir=data, train_path=data / "train.jsonl")
+    (max_steps, seconds), one_epoch = timed[-1], 8  # 60 rows at 8 a batch: 7 full batches, the 4 left folded in
+    assert max_steps == one_epoch and report["timed_steps"] == one_epoch  # was 20, and the time divided by 20
+    assert report["stage_one_seconds_per_epoch"] == pytest.approx(seconds)  # was 0.40 of the epoch it measured
+    assert "--steps 20 is more than one epoch" in caplog.text
