@@ -402,7 +402,7 @@ def parse_overrides(items: list[str]) -> dict:
     """['stage_one.epochs=5', …] → nested overrides; values are read as YAML (5 → int, [a] → list)."""
     import yaml
 
-    from tqc.config import unflatten
+    from tqc.config import Replace, unflatten
 
     flat, space = {}, {}
     for item in items:
@@ -414,6 +414,8 @@ def parse_overrides(items: list[str]) -> dict:
             parsed = yaml.safe_load(value)
         except yaml.YAMLError as exc:
             raise ConfigError(f"--set {item!r}: the value is not YAML ({' '.join(str(exc).split())})") from None
+        if isinstance(parsed, dict):  # a mapping given whole replaces the one there, as `key=value` reads
+            parsed = Replace(parsed)
         # tune.space's own keys are dotted param paths: tune.space.stage_two.loss={choices: [...]} is one dimension
         if key.startswith(SPACE_PREFIX) and key != SPACE_PREFIX:
             space[key.removeprefix(SPACE_PREFIX)] = parsed

@@ -591,10 +591,18 @@ def unflatten(flat: dict) -> dict:
     return tree
 
 
+class Replace(dict):
+    """A mapping that takes the place of the one it lands on instead of being merged into it key by key: what
+    `--set key={...}` means. Merged, `--set tune.space={}` changed nothing, and a search dimension given whole kept
+    the shipped one's other fields (its `when`)."""
+
+
 def deep_merge(base: dict, update: dict) -> dict:
     merged = dict(base)
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        if isinstance(value, Replace):
+            merged[key] = dict(value)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = deep_merge(merged[key], value)
         else:
             merged[key] = value

@@ -252,3 +252,23 @@ def test_set_paths_that_set_a_value_inside_each_other_are_one_line_errors(items,
                      "--quarantine", str(tmp_path / "q.jsonl"), "--report", str(tmp_path / "r.json")]) == 2  # was a TypeError
     error = capsys.readouterr().err
     assert error.startswith("tqc ingest: error:") and "one sets a value inside the other" in error
+
+
+def test_a_mapping_given_with_set_replaces_the_one_there():
+    # merged key by key, tune.space={} changed nothing, a dimension given whole kept the shipped one's `when`,
+    # and a range could not become choices
+    from pathlib import Path
+
+    from tqc.cli import parse_overrides
+
+    shipped_yaml = Path(__file__).resolve().parents[2] / "params.yaml"
+    shipped = load_params(shipped_yaml)
+    assert shipped.tune.space and shipped.tune.space["stage_two.margin"].when  # what the overrides below replace
+    assert load_params(shipped_yaml, parse_overrides(["tune.space={}"])).tune.space == {}
+    margin = load_params(shipped_yaml, parse_overrides(["tune.space.stage_two.margin={low: 0.1, high: 0.3}"]))
+    assert not margin.tune.space["stage_two.margin"].when and margin.tune.space["stage_two.margin"].high == 0.3
+    assert len(margin.tune.space) == len(shipped.tune.space)  # the other dimensions stay
+    k = load_params(shipped_yaml, parse_overrides(["tune.space.mine.k={choices: [3, 5]}"])).tune.space["mine.k"]
+    assert k.choices == [3, 5] and k.low is None
+    scalar = load_params(shipped_yaml, parse_overrides(["stage_one.epochs=7"]))  # a scalar in a section: merged
+    assert scalar.stage_one.epochs == 7 and scalar.stage_one.batch_size == shipped.stage_one.batch_size
