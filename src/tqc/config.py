@@ -579,8 +579,9 @@ def unflatten(flat: dict) -> dict:
     """{"a.b": 1} → {"a": {"b": 1}}. Two paths where one sets a value inside the other's (`data.custom=null` and
     `data.custom.train=x`) are refused: merged, either order would silently drop or mangle one."""
     tree: dict = {}
-    for number, path in enumerate(flat):
-        for other in list(flat)[:number]:
+    paths = list(flat)
+    for number, path in enumerate(paths):
+        for other in paths[:number]:
             if other.startswith(f"{path}.") or path.startswith(f"{other}."):
                 raise ConfigError(f"{other!r} and {path!r}: one sets a value inside the other; give one of them")
         *parents, leaf = path.split(".")

@@ -113,7 +113,7 @@ class Tracker:
     def log_inputs(self, paths: list[Path]) -> None:
         """DVC's hash of each input, as tags `dvc.<path>`: the exact data a run read."""
         if self._mlflow:
-            self._mlflow.set_tags({mlflow_key(f"dvc.{Path(p).as_posix()}"): dvc_md5(Path(p)) for p in paths if Path(p).exists()})
+            self.set_tags({f"dvc.{Path(p).as_posix()}": dvc_md5(Path(p)) for p in paths if Path(p).exists()})
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if self._mlflow and Path(path).exists():

@@ -90,7 +90,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     # The registry last: a step above that fails leaves the champion where it was, so a retry judges the
     # same two versions again instead of finding the challenger already holding the alias.
     if decision.promote:
-        _move_alias(client, params, version, champion_version)
+        _move_alias(client, params, version)
     elif not is_champion:
         client.set_model_version_tag(params.model_name, version, "promotion", "incomparable" if incomparable else "rejected")
     log.info("promote: %s v%s %s; %s", params.model_name, version,
@@ -99,13 +99,10 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     return report
 
 
-def _move_alias(client, params: PromoteParams, version: str, champion_version: str | None) -> None:
-    """`version` becomes `params.alias`; the version it replaces is tagged superseded (its `promotion: champion`
-    tag would otherwise outlive the alias), and `version`'s tags follow once the alias, what serving reads, has
-    moved. A write that fails between these leaves tags the next promote puts right (`_tags_follow_the_alias`)."""
-    if champion_version is not None:
-        client.set_model_version_tag(params.model_name, champion_version, "promotion", "superseded")
-        client.set_model_version_tag(params.model_name, champion_version, "superseded_by", version)
+def _move_alias(client, params: PromoteParams, version: str) -> None:
+    """`version` becomes `params.alias`; once the alias, what serving reads, has moved, the tags follow it: `version`
+    champion, the version it replaced superseded by it. A tag write that fails after the alias moved leaves tags
+    the next promote puts right (`_tags_follow_the_alias`)."""
     client.set_registered_model_alias(params.model_name, params.alias, version)
     _tags_follow_the_alias(client, params.model_name, client.get_model_version(params.model_name, version))
 
