@@ -63,6 +63,13 @@ def cells(params: Params, grids: list[str], seeds: list[int] | None = None, loca
             if not variants or cell.variant_name in variants]
 
 
+def cells_to_train(params: Params, grids: list[str], variants: list[str], done: dict) -> list:
+    """The cells not in `done`, seed by seed: a deadline that cuts the run then leaves whole seeds (every
+    variant of a seed, so each can be paired with the grid's reference), not whole variants."""
+    return sorted((cell for cell in cells(params, grids, variants=variants) if cell.name not in done),
+                  key=lambda cell: cell.seed)
+
+
 def cell_params(base: Params, cell, extra: dict | None = None) -> Params:
     return base.with_overrides(unflatten({**cell.local, **cell.overrides, **(extra or {})}))
 
@@ -237,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
         report(base, args.grid, args.done, args.out, args.where_it_ran, args.variant)
     else:
         done = read_results(args.done)
-        todo = [cell for cell in cells(base, args.grid, variants=args.variant) if cell.name not in done]
+        todo = cells_to_train(base, args.grid, args.variant, done)
         results, claims = args.out / "results", args.out / "claims"
         if args.command == "worker":
             worker(base, todo, args.prepared, results, claims, args.deadline, device_overrides)

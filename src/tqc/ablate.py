@@ -427,6 +427,19 @@ def _by_seed(row: dict, figure: str) -> dict[int, float]:
     return {cell["seed"]: cell["figures"][figure] for cell in row["cells"] if cell["figures"].get(figure) is not None}
 
 
+def seeds_text(seeds: list[int], recorded: list[int]) -> str:
+    """`0–39` for a run of four or more consecutive seeds alike in being read from records (†) or not (the
+    usual three seeds stay `0, 1, 2`)."""
+    runs: list[list[int]] = []
+    for seed in sorted(seeds):
+        if runs and seed == runs[-1][-1] + 1 and (seed in recorded) == (runs[-1][-1] in recorded):
+            runs[-1].append(seed)
+        else:
+            runs.append([seed])
+    mark = lambda seed: f"{seed}†" if seed in recorded else str(seed)  # noqa: E731
+    return ", ".join(f"{mark(run[0])}–{mark(run[-1])}" if len(run) >= 4 else ", ".join(map(mark, run)) for run in runs)
+
+
 def _paired_lines(params: Params, grid: str, rows: list[dict]) -> list[str]:
     differences = paired_differences(params, grid, rows)
     if not differences:
@@ -484,7 +497,7 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
         for row in grid_rows:
             counts = sorted(set(row["generated_rows"]) - {None})  # seeds may draw other splits, so other counts
             generated = "—" if not counts else str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
-            seeds = ", ".join(f"{s}†" if s in row["seeds_recorded"] else str(s) for s in row["seeds_done"])
+            seeds = seeds_text(row["seeds_done"], row["seeds_recorded"])
             seeds += f" (missing {row['seeds_missing']})" if row["seeds_missing"] else ""
             figures = [_cell_text(row[figure], len(row["seeds_done"])) for figure in shown]
             lines.append(f"| {row['variant']} | " + " | ".join(figures) + f" | {generated} | {seeds} |")

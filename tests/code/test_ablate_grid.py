@@ -434,3 +434,13 @@ def test_the_report_pairs_each_variant_with_the_first_at_the_same_matrix_point()
 def test_a_grids_reference_must_be_one_of_its_variants():
     with pytest.raises(ValueError, match="reference 'nnone' is not one of the grid's variants"):
         Params.model_validate({"ablate": {"grids": {"aug": {**GRID.model_dump(), "reference": "nnone"}}}})
+
+
+def test_runs_of_seeds_print_as_ranges_and_recorded_seeds_keep_their_mark():
+    from tqc.ablate import seeds_text
+
+    assert seeds_text(list(range(40)), []) == "0–39"
+    assert seeds_text([0, 1, 2], []) == "0, 1, 2"
+    assert seeds_text([0, 1, 3, 4, 5, 6, 9], []) == "0, 1, 3–6, 9"
+    assert seeds_text(list(range(8)), [4, 5, 6, 7]) == "0–3, 4†–7†"  # a run never mixes marked and unmarked seeds
+    assert seeds_text([2, 0, 1], [1]) == "0, 1†, 2"

@@ -163,3 +163,12 @@ def test_seed_replaces_the_params_seeds_in_the_report_and_the_workers(gpu_grid, 
                               variant=[], seed=[3, 4], budget=["stage_one.epochs=10"], device_set=[], done=[])
     arguments = gpu_grid._worker_arguments(args)
     assert [arguments[i + 1] for i, a in enumerate(arguments) if a == "--seed"] == ["3", "4"]
+
+
+def test_train_takes_the_cells_seed_by_seed_so_a_cut_run_leaves_whole_seeds(gpu_grid, params):
+    on_gpu = params.with_overrides({"ablate": {"seeds": [0, 1, 2]}})
+    variants = ["none", "sqrt", "all-prototypes"]
+    done = {c.name: {} for c in gpu_grid.cells(on_gpu, ["rebalancing"], variants=variants) if c.seed == 0}
+    todo = gpu_grid.cells_to_train(on_gpu, ["rebalancing"], variants, done)
+    assert [c.seed for c in todo] == [1, 1, 1, 2, 2, 2]  # seed 0 done; each later seed's variants side by side
+    assert {c.variant for c in todo[:3]} == set(variants)
