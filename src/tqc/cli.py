@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -395,7 +396,10 @@ def _prior_for(model_dir: Path, choice: str) -> Path | None:
     return path
 
 
-SPACE_PREFIX = "tune.space."  # --set keys below it name one search dimension each (a dotted param path)
+# Mappings whose own keys are dotted param paths: tune.space.stage_two.loss={choices: [...]} is one search
+# dimension, ablate.budget.stage_one.epochs=1 one budget entry. Below these, a --set key is not split further.
+PATH_KEYED = re.compile(r"(tune\.space|ablate\.budget|ablate\.grids\.[^.]+\.(?:budget|base|matrix)"
+                        r"|ablate\.grids\.[^.]+\.variants\.[^.]+)\.(.+)")
 
 
 def parse_overrides(items: list[str]) -> dict:
@@ -404,7 +408,7 @@ def parse_overrides(items: list[str]) -> dict:
 
     from tqc.config import Replace, unflatten
 
-    flat, space = {}, {}
+    flat, keyed = {}, []
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip()
@@ -416,14 +420,18 @@ def parse_overrides(items: list[str]) -> dict:
             raise ConfigError(f"--set {item!r}: the value is not YAML ({' '.join(str(exc).split())})") from None
         if isinstance(parsed, dict):  # a mapping given whole replaces the one there, as `key=value` reads
             parsed = Replace(parsed)
-        # tune.space's own keys are dotted param paths: tune.space.stage_two.loss={choices: [...]} is one dimension
-        if key.startswith(SPACE_PREFIX) and key != SPACE_PREFIX:
-            space[key.removeprefix(SPACE_PREFIX)] = parsed
+        if match := PATH_KEYED.fullmatch(key):
+            keyed.append((match.group(1), match.group(2), parsed))
         else:
             flat[key] = parsed
     overrides = unflatten(flat)
-    if space:
-        overrides.setdefault("tune", {}).setdefault("space", {}).update(space)
+    for mapping, param_path, value in keyed:
+        node = overrides
+        for part in mapping.split("."):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {mapping}.{param_path}: {mapping} is also set to {node!r}; give one of them")
+        node[param_path] = value
     return overrides
 
 

@@ -539,11 +539,19 @@ def load_params(path: str | Path = "params.yaml", overrides: dict | None = None)
     """Read and check `params.yaml`; `overrides` is a nested dict merged on top."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
     except FileNotFoundError:
         raise ConfigError(f"{path}: parameters file not found") from None
+    except OSError as exc:  # a folder, or no permission to read it
+        raise ConfigError(f"{path}: cannot read the parameters file: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the parameters file must be a mapping of sections (seed, data, …), "
+                          f"not a {type(raw).__name__}")
     if overrides:
         raw = deep_merge(raw, overrides)
     try:

@@ -87,6 +87,25 @@ def test_set_overrides_are_read_as_yaml_values():
     assert params.tune.space["stage_two.loss"].choices == ["nt_xent", "bpr"] and "mine.k" in params.tune.space
 
 
+def test_maps_keyed_by_param_paths_take_a_dotted_key_whole():
+    """ablate's budgets, a grid's base, matrix and variants, like tune.space, are keyed by dotted param paths:
+    `--set ablate.budget.stage_one.epochs=1` is one budget entry, not ablate.budget.stage_one = {epochs: 1}."""
+    from tqc.cli import parse_overrides
+    from tqc.config import ConfigError
+
+    overrides = parse_overrides(["ablate.budget.stage_one.epochs=1", "ablate.grids.rebalancing.budget.stage_two.epochs=1",
+                                 "ablate.grids.rebalancing.variants.sqrt.augment.max_factor=4", "ablate.seeds=[0]"])
+    assert overrides == {"ablate": {"seeds": [0], "budget": {"stage_one.epochs": 1}, "grids": {"rebalancing": {
+        "budget": {"stage_two.epochs": 1}, "variants": {"sqrt": {"augment.max_factor": 4}}}}}}
+    params = load_params("params.yaml", overrides)
+    assert params.ablate.budget["stage_one.epochs"] == 1 and "stage_two.epochs" in params.ablate.budget  # merged
+    rebalancing = params.ablate.grids["rebalancing"]
+    assert rebalancing.budget["stage_two.epochs"] == 1 and rebalancing.budget["stage_one.epochs"] == 5
+    assert rebalancing.variants["sqrt"] == {"augment.rebalance": "sqrt", "augment.max_factor": 4}
+    with pytest.raises(ConfigError, match="ablate.budget is also set to None"):
+        parse_overrides(["ablate.budget=null", "ablate.budget.stage_one.epochs=1"])
+
+
 def test_counts_on_the_command_line_are_at_least_one(capsys):
     from tqc.cli import main
 
@@ -272,3 +291,23 @@ def test_a_mapping_given_with_set_replaces_the_one_there():
     assert k.choices == [3, 5] and k.low is None
     scalar = load_params(shipped_yaml, parse_overrides(["stage_one.epochs=7"]))  # a scalar in a section: merged
     assert scalar.stage_one.epochs == 7 and scalar.stage_one.batch_size == shipped.stage_one.batch_size
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read the parameters file: Is a directory"),
+    (b"seed: 1\ndata:\n  dataset: trec\xe96\n", "line 3: not UTF-8 text \\(byte 0xe9\\)"),
+    (b"- seed\n- data\n", "the parameters file must be a mapping of sections .* not a list"),
+    (b"seed: [1\n", "not valid YAML"),
+])
+def test_a_params_file_that_cannot_be_params_is_one_line_naming_it(tmp_path, content, message):
+    import re
+
+    from tqc.config import ConfigError
+
+    path = tmp_path / "params.yaml"
+    path.mkdir() if content is None else path.write_bytes(content)
+    for overrides in (None, {"seed": 2}):  # with --set on top too: that used to fail inside the merge instead
+        with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}: {message}"):
+            load_params(path, overrides)
+    with pytest.raises(ConfigError, match="parameters file not found"):
+        load_params(tmp_path / "nothing.yaml")
