@@ -32,8 +32,10 @@ from pathlib import Path
 
 import yaml
 
-from tqc.ablate import FIGURES, CellResult, _dig, grid_cells, local_overrides, without_prior_shift, write_report
-from tqc.config import Params, load_params, unflatten
+from tqc.ablate import (FIGURES, CellResult, _dig, check_where, grid_cells, local_overrides, matches, without_prior_shift,
+                        write_report)
+from tqc.cli import parse_overrides
+from tqc.config import Params, flatten, load_params, unflatten
 from tqc.io import file_digest, write_json
 
 log = logging.getLogger("gpu_grid")
@@ -55,18 +57,20 @@ def gpu_params(params: Params, budget: dict) -> Params:
 
 
 def cells(params: Params, grids: list[str], seeds: list[int] | None = None, local: dict | None = None,
-          variants: list[str] | None = None):
-    """The grids' cells in order; with `variants`, only theirs (as `tqc ablate --variant`)."""
-    return [cell for grid in grids
-            for cell in grid_cells(grid, params.ablate.grids[grid], seeds or params.ablate.seeds, params.ablate.budget,
-                                   local or {})
-            if not variants or cell.variant_name in variants]
+          variants: list[str] | None = None, where: dict | None = None):
+    """The grids' cells in order; with `variants` and `where`, only those they leave (as `tqc ablate --variant
+    --where`: `where` narrows the cells that set a path)."""
+    every_cell = [cell for grid in grids
+                  for cell in grid_cells(grid, params.ablate.grids[grid], seeds or params.ablate.seeds,
+                                         params.ablate.budget, local or {})]
+    check_where(where or {}, params, every_cell)
+    return [cell for cell in every_cell if (not variants or cell.variant_name in variants) and matches(cell, where or {})]
 
 
-def cells_to_train(params: Params, grids: list[str], variants: list[str], done: dict) -> list:
+def cells_to_train(params: Params, grids: list[str], variants: list[str], done: dict, where: dict | None = None) -> list:
     """The cells not in `done`, seed by seed: a deadline that cuts the run then leaves whole seeds (every
     variant of a seed, so each can be paired with the grid's reference), not whole variants."""
-    return sorted((cell for cell in cells(params, grids, variants=variants) if cell.name not in done),
+    return sorted((cell for cell in cells(params, grids, variants=variants, where=where) if cell.name not in done),
                   key=lambda cell: cell.seed)
 
 
@@ -95,7 +99,8 @@ def inputs_digest(params: Params, project: Path) -> str:
     return digest.hexdigest()[:12]
 
 
-def prepare(base: Params, grids: list[str], out: Path, project: Path, variants: list[str] | None = None) -> None:
+def prepare(base: Params, grids: list[str], out: Path, project: Path, variants: list[str] | None = None,
+            where: dict | None = None) -> None:
     """Each distinct preparation into `out/<params key>-<inputs digest>`; `out/index.json` maps the
     params key to the folder, so the GPU box, which has neither the raw files nor this project's
     data, finds each cell's data by its params alone. Changed inputs make new folders."""
@@ -103,7 +108,7 @@ def prepare(base: Params, grids: list[str], out: Path, project: Path, variants: 
 
     local = local_overrides(base, project)
     todo = {}
-    for cell in cells(base, grids, local=local, variants=variants):
+    for cell in cells(base, grids, local=local, variants=variants, where=where):
         params = cell_params(base, cell)
         todo.setdefault(preparation_key(params), params)
     log.info("prepare: %d data preparations for %d grids", len(todo), len(grids))
@@ -184,8 +189,8 @@ def read_results(paths: list[Path]) -> dict[str, dict]:
 
 
 def report(base: Params, grids: list[str], result_files: list[Path], out_dir: Path, where_it_ran: str,
-           variants: list[str] | None = None) -> None:
-    chosen = cells(base, grids, variants=variants)
+           variants: list[str] | None = None, where: dict | None = None) -> None:
+    chosen = cells(base, grids, variants=variants, where=where)
     shown = {cell.name for cell in chosen}
     records = {name: record for name, record in read_results(result_files).items() if name in shown}
     results = [CellResult(cell, "done", records[cell.name]["figures"], records[cell.name]["generated_rows"])
@@ -205,7 +210,7 @@ def report(base: Params, grids: list[str], result_files: list[Path], out_dir: Pa
 def _worker_arguments(args: argparse.Namespace) -> list[str]:
     """`train`'s own arguments for its workers, rebuilt from the parsed values (not filtered text)."""
     arguments = ["--params", str(args.params), "--prepared", str(args.prepared), "--out", str(args.out)]
-    for flag, values in (("--grid", args.grid), ("--variant", args.variant), ("--seed", args.seed), ("-B", args.budget), ("-D", args.device_set), ("--done", args.done)):
+    for flag, values in (("--grid", args.grid), ("--variant", args.variant), ("--seed", args.seed), ("--where", args.where), ("-B", args.budget), ("-D", args.device_set), ("--done", args.done)):
         arguments += [item for value in values for item in (flag, str(value))]
     return arguments
 
@@ -220,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--grid", action="append", required=True)
     parser.add_argument("--variant", action="append", default=[], help="only these variants' cells (all when none)")
+    parser.add_argument("--where", action="append", default=[], help="only cells with path=value, where they set the path "
+                        "(as `tqc ablate --where`)")
     parser.add_argument("--seed", type=int, action="append", default=[], help="these seeds instead of ablate.seeds (as `tqc ablate --seeds`)")
     parser.add_argument("-B", "--budget", action="append", default=[], help="GPU budget: dotted.key=value")
     parser.add_argument("-D", "--device-set", action="append", default=[], help="this machine's params, e.g. model.pretrained=/x")
@@ -238,13 +245,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.seed:  # every command reads the seeds from params, the report's header included
         base = base.with_overrides({"ablate": {"seeds": args.seed}})
     device_overrides = _budget(args.device_set)
+    where = flatten(parse_overrides(args.where))
     if args.command == "prepare":
-        prepare(base, args.grid, args.prepared, Path.cwd(), args.variant)
+        prepare(base, args.grid, args.prepared, Path.cwd(), args.variant, where)
     elif args.command == "report":
-        report(base, args.grid, args.done, args.out, args.where_it_ran, args.variant)
+        report(base, args.grid, args.done, args.out, args.where_it_ran, args.variant, where)
     else:
         done = read_results(args.done)
-        todo = cells_to_train(base, args.grid, args.variant, done)
+        todo = cells_to_train(base, args.grid, args.variant, done, where)
         results, claims = args.out / "results", args.out / "claims"
         if args.command == "worker":
             worker(base, todo, args.prepared, results, claims, args.deadline, device_overrides)

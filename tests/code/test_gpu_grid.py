@@ -139,7 +139,7 @@ def test_variant_narrows_the_cells_of_every_grid_and_reaches_the_workers(gpu_gri
     assert len(narrowed) == len(params.ablate.seeds) * (1 + ratios)  # the augmentation grid's at every ratio
     assert gpu_grid.cells(params, ["rebalancing"], variants=[]) == gpu_grid.cells(params, ["rebalancing"])
     args = argparse.Namespace(params=Path("p.yaml"), prepared=Path("prep"), out=Path("out"), grid=["rebalancing"],
-                              variant=["none", "prototype-mixup"], seed=[], budget=["stage_one.epochs=10"], device_set=[], done=[])
+                              variant=["none", "prototype-mixup"], seed=[], where=[], budget=["stage_one.epochs=10"], device_set=[], done=[])
     arguments = gpu_grid._worker_arguments(args)
     assert [arguments[i + 1] for i, a in enumerate(arguments) if a == "--variant"] == ["none", "prototype-mixup"]
 
@@ -160,7 +160,7 @@ def test_seed_replaces_the_params_seeds_in_the_report_and_the_workers(gpu_grid, 
     assert document["seeds"] == [3, 4]
     assert [r["seeds_done"] for r in document["rows"] if r["variant"] == "trec50"] == [[3, 4]]
     args = argparse.Namespace(params=Path("p.yaml"), prepared=Path("prep"), out=Path("out"), grid=["rebalancing"],
-                              variant=[], seed=[3, 4], budget=["stage_one.epochs=10"], device_set=[], done=[])
+                              variant=[], seed=[3, 4], where=[], budget=["stage_one.epochs=10"], device_set=[], done=[])
     arguments = gpu_grid._worker_arguments(args)
     assert [arguments[i + 1] for i, a in enumerate(arguments) if a == "--seed"] == ["3", "4"]
 
@@ -172,3 +172,21 @@ def test_train_takes_the_cells_seed_by_seed_so_a_cut_run_leaves_whole_seeds(gpu_
     todo = gpu_grid.cells_to_train(on_gpu, ["rebalancing"], variants, done)
     assert [c.seed for c in todo] == [1, 1, 1, 2, 2, 2]  # seed 0 done; each later seed's variants side by side
     assert {c.variant for c in todo[:3]} == set(variants)
+
+
+def test_where_narrows_the_cells_as_tqc_ablate_does_and_reaches_the_workers(gpu_grid, params):
+    import argparse
+
+    from tqc.config import ConfigError
+
+    hinge = gpu_grid.cells(params, ["loss_distance"], where={"stage_two.loss": "hinge"})
+    assert {c.overrides["stage_two.loss"] for c in hinge} == {"hinge"}
+    assert len(hinge) == 3 * len(params.ablate.seeds)  # one loss, its three distances
+    todo = gpu_grid.cells_to_train(params, ["loss_distance"], [], {}, {"stage_two.loss": "hinge"})
+    assert sorted(c.name for c in todo) == sorted(c.name for c in hinge)
+    with pytest.raises(ConfigError, match="no such param"):
+        gpu_grid.cells(params, ["loss_distance"], where={"stage_two.los": "hinge"})
+    args = argparse.Namespace(params=Path("p.yaml"), prepared=Path("prep"), out=Path("out"), grid=["loss_distance"], variant=[],
+                              seed=[], where=["stage_two.loss=hinge"], budget=["stage_one.epochs=10"], device_set=[], done=[])
+    arguments = gpu_grid._worker_arguments(args)
+    assert arguments[arguments.index("--where") + 1] == "stage_two.loss=hinge"
