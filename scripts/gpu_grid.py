@@ -37,6 +37,7 @@ from tqc.ablate import (FIGURES, CellResult, _dig, check_where, grid_cells, loca
 from tqc.cli import parse_overrides
 from tqc.config import Params, flatten, load_params, unflatten
 from tqc.io import file_digest, write_json
+from tqc.tracking import git_commit
 
 log = logging.getLogger("gpu_grid")
 
@@ -129,7 +130,7 @@ def prepare(base: Params, grids: list[str], out: Path, project: Path, variants: 
     write_json(index_path, index)
 
 
-def train_cell(base: Params, cell, prepared: Path, work: Path, device_overrides: dict) -> dict:
+def train_cell(base: Params, cell, prepared: Path, work: Path, device_overrides: dict, code_version: str = "unknown") -> dict:
     """One cell on this machine: the chain, the prior shifts, the evaluate stage's metrics document."""
     from tqc.pipeline import train_chain
     from tqc.schema import Catalog, load_questions
@@ -150,10 +151,12 @@ def train_cell(base: Params, cell, prepared: Path, work: Path, device_overrides:
     return {"experiment": cell.name, "grid": cell.grid, "variant": cell.variant, "seed": cell.seed,
             "figures": {name: _dig(metrics, keys) for name, (_, keys) in FIGURES.items()},
             "generated_rows": augment_report["rows"]["generated"], "seconds": time.perf_counter() - started,
+            "code_version": code_version,
             "epochs_trained": {stage: len(fit.history) - 1 for stage, fit in outputs.fits.items() if fit.history}}
 
 
-def worker(base: Params, todo: list, prepared: Path, results: Path, claims: Path, deadline: float, device_overrides: dict) -> None:
+def worker(base: Params, todo: list, prepared: Path, results: Path, claims: Path, deadline: float, device_overrides: dict,
+           code_version: str = "unknown") -> None:
     """Take unclaimed cells in order (a claim is a file created exclusively) until the deadline nears."""
     import torch
 
@@ -168,7 +171,7 @@ def worker(base: Params, todo: list, prepared: Path, results: Path, claims: Path
             continue
         work = results.parent / "work" / cell.name
         try:
-            record = train_cell(base, cell, prepared, work, device_overrides)
+            record = train_cell(base, cell, prepared, work, device_overrides, code_version)
         except Exception:  # one broken cell is reported, not the end of this worker's share
             log.exception("failed %s", cell.name)
             continue
@@ -193,7 +196,8 @@ def report(base: Params, grids: list[str], result_files: list[Path], out_dir: Pa
     chosen = cells(base, grids, variants=variants, where=where)
     shown = {cell.name for cell in chosen}
     records = {name: record for name, record in read_results(result_files).items() if name in shown}
-    results = [CellResult(cell, "done", records[cell.name]["figures"], records[cell.name]["generated_rows"])
+    results = [CellResult(cell, "done", records[cell.name]["figures"], records[cell.name]["generated_rows"],
+                          code_version=_known(records[cell.name].get("code_version")))
                if cell.name in records else CellResult(cell, "missing") for cell in chosen]
     write_report(base, grids, results, out_dir)
     markdown = (out_dir / "ablations.md").read_text()
@@ -210,9 +214,18 @@ def report(base: Params, grids: list[str], result_files: list[Path], out_dir: Pa
 def _worker_arguments(args: argparse.Namespace) -> list[str]:
     """`train`'s own arguments for its workers, rebuilt from the parsed values (not filtered text)."""
     arguments = ["--params", str(args.params), "--prepared", str(args.prepared), "--out", str(args.out)]
+    arguments += ["--code-version", args.code_version] if getattr(args, "code_version", None) else []
     for flag, values in (("--grid", args.grid), ("--variant", args.variant), ("--seed", args.seed), ("--where", args.where), ("-B", args.budget), ("-D", args.device_set), ("--done", args.done)):
         arguments += [item for value in values for item in (flag, str(value))]
     return arguments
+
+
+def _known(code_version: str | None) -> str | None:
+    """A record's commit, shortened as `tqc ablate` shows them; None (not recorded) for 'unknown'."""
+    if not code_version or code_version == "unknown":
+        return None
+    head, dirty = code_version.removesuffix("-dirty"), code_version.endswith("-dirty")
+    return head[:10] + ("-dirty" if dirty else "")
 
 
 def _budget(pairs: list[str]) -> dict:
@@ -237,6 +250,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--minutes", type=float, default=8.0)
     parser.add_argument("--deadline", type=float, default=0.0)
     parser.add_argument("--where-it-ran", default="")
+    parser.add_argument("--code-version", default=None, help="the commit the cells train at, for their records: a GPU box "
+                        "given a copy of the working tree has no git to ask (default: this checkout's, or unknown)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.command != "prepare" and not args.budget:
@@ -245,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.seed:  # every command reads the seeds from params, the report's header included
         base = base.with_overrides({"ablate": {"seeds": args.seed}})
     device_overrides = _budget(args.device_set)
+    args.code_version = args.code_version or git_commit()
     where = flatten(parse_overrides(args.where))
     if args.command == "prepare":
         prepare(base, args.grid, args.prepared, Path.cwd(), args.variant, where)
@@ -255,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
         todo = cells_to_train(base, args.grid, args.variant, done, where)
         results, claims = args.out / "results", args.out / "claims"
         if args.command == "worker":
-            worker(base, todo, args.prepared, results, claims, args.deadline, device_overrides)
+            worker(base, todo, args.prepared, results, claims, args.deadline, device_overrides, args.code_version)
             return
         results.mkdir(parents=True, exist_ok=True)
         claims.mkdir(parents=True, exist_ok=True)

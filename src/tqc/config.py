@@ -321,6 +321,8 @@ class PromoteParams(Strict):
     def _filter_safe(cls, name: str) -> str:
         if any(c in name for c in "'\"\\"):
             raise ValueError(f"{name!r} has a quote or backslash, which MLflow's search filter cannot escape")
+        if any(c in name for c in "/:"):  # MLflow's rule, which it enforces only at the first registration: after training
+            raise ValueError(f"{name!r} has '/' or ':', which MLflow's registry refuses in a model name")
         return name
 
 

@@ -260,6 +260,25 @@ def test_an_alias_the_mlflow_registry_reserves_is_refused_by_name(alias):
     assert Params().with_overrides({"promote": {"alias": "v1-candidate"}}).promote.alias == "v1-candidate"
 
 
+@pytest.mark.parametrize("name", ["team/tqc", "tqc:v2"])
+def test_a_model_name_the_mlflow_registry_refuses_is_refused_before_training(name):
+    # MLflow checks a name only when the model is first registered: in promote, after every training stage
+    with pytest.raises(ConfigError, match="promote.model_name.*'/' or ':'"):
+        Params().with_overrides({"promote": {"model_name": name}})
+    assert Params().with_overrides({"promote": {"model_name": "team-tqc@eu"}}).promote.model_name == "team-tqc@eu"
+
+
+def test_mlflow_refuses_the_model_names_the_config_refuses(tmp_path):
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for name in ("team/tqc", "tqc:v2"):
+        with pytest.raises(MlflowException, match="Names cannot contain"):
+            client.create_registered_model(name)
+    client.create_registered_model("team-tqc@eu")  # '@' is taken, and models:/team-tqc@eu@champion parses
+
+
 @pytest.mark.parametrize("items", [["data.custom=null", "data.custom.train=x"], ["data.custom.train=x", "data.custom=null"],
                                    ["seed=1", "seed.value=2"]])
 def test_set_paths_that_set_a_value_inside_each_other_are_one_line_errors(items, tmp_path, capsys):

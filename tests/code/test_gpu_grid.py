@@ -190,3 +190,23 @@ def test_where_narrows_the_cells_as_tqc_ablate_does_and_reaches_the_workers(gpu_
                               seed=[], where=["stage_two.loss=hinge"], budget=["stage_one.epochs=10"], device_set=[], done=[])
     arguments = gpu_grid._worker_arguments(args)
     assert arguments[arguments.index("--where") + 1] == "stage_two.loss=hinge"
+
+
+def test_the_commit_given_to_train_reaches_the_records_and_the_report(gpu_grid, params, tmp_path):
+    import argparse
+
+    on_gpu = gpu_grid.gpu_params(params, {"stage_one.epochs": 10}).with_overrides({"ablate": {"seeds": [0]}})
+    chosen = gpu_grid.cells(on_gpu, ["rebalancing"], variants=["none", "sqrt"])
+    versions = {"none": "0123456789abcdef-dirty", "sqrt": "unknown"}  # unknown: a box without git, no --code-version
+    records = [{"experiment": c.name, "grid": c.grid, "variant": c.variant, "seed": c.seed, "generated_rows": 0, "seconds": 60.0,
+                "code_version": versions[c.variant_name], "figures": {name: 0.9 for name in FIGURES}} for c in chosen]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    gpu_grid.main(["report", "--params", str(ROOT / "params.yaml"), "--grid", "rebalancing", "--variant", "none", "--variant", "sqrt",
+                   "--seed", "0", "-B", "stage_one.epochs=10", "--done", str(results), "--out", str(tmp_path / "out")])
+    text = (tmp_path / "out" / "ablations.md").read_text()
+    assert "`0123456789-dirty` (1)" in text and "`not recorded` (1)" in text
+    args = argparse.Namespace(params=Path("p.yaml"), prepared=Path("prep"), out=Path("out"), grid=["rebalancing"], variant=[],
+                              seed=[], where=[], budget=["stage_one.epochs=10"], device_set=[], done=[], code_version="abc")
+    arguments = gpu_grid._worker_arguments(args)
+    assert arguments[arguments.index("--code-version") + 1] == "abc"
