@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -35,8 +36,8 @@ import yaml
 from tqc.ablate import (FIGURES, CellResult, _dig, check_where, grid_cells, local_overrides, matches, without_prior_shift,
                         write_report)
 from tqc.cli import parse_overrides
-from tqc.config import Params, flatten, load_params, unflatten
-from tqc.io import file_digest, write_json
+from tqc.config import ConfigError, Params, flatten, load_params, unflatten
+from tqc.io import file_digest, write_json, write_text
 from tqc.tracking import git_commit
 
 log = logging.getLogger("gpu_grid")
@@ -61,11 +62,21 @@ def cells(params: Params, grids: list[str], seeds: list[int] | None = None, loca
           variants: list[str] | None = None, where: dict | None = None):
     """The grids' cells in order; with `variants` and `where`, only those they leave (as `tqc ablate --variant
     --where`: `where` narrows the cells that set a path)."""
+    grids = list(dict.fromkeys(grids))  # a grid named twice would count each seed twice
+    unknown = [grid for grid in grids if grid not in params.ablate.grids]
+    if unknown:
+        raise ConfigError(f"unknown ablation grid(s) {unknown}; params.yaml has {sorted(params.ablate.grids)}")
+    known = {variant for grid in grids for variant in params.ablate.grids[grid].variants}
+    if unknown := sorted(set(variants or []) - known):
+        raise ConfigError(f"unknown variant(s) {unknown} in grid(s) {grids}; they have {sorted(known)}")
     every_cell = [cell for grid in grids
                   for cell in grid_cells(grid, params.ablate.grids[grid], seeds or params.ablate.seeds,
                                          params.ablate.budget, local or {})]
     check_where(where or {}, params, every_cell)
-    return [cell for cell in every_cell if (not variants or cell.variant_name in variants) and matches(cell, where or {})]
+    chosen = [cell for cell in every_cell if (not variants or cell.variant_name in variants) and matches(cell, where or {})]
+    if not chosen:  # refused: a report would be replaced by an empty table, a lease spent starting idle workers
+        raise ConfigError(f"no cell of grid(s) {grids} is left by --variant {variants or 'any'} and --where {where or 'none'}")
+    return chosen
 
 
 def cells_to_train(params: Params, grids: list[str], variants: list[str], done: dict, where: dict | None = None) -> list:
@@ -114,7 +125,7 @@ def prepare(base: Params, grids: list[str], out: Path, project: Path, variants: 
         todo.setdefault(preparation_key(params), params)
     log.info("prepare: %d data preparations for %d grids", len(todo), len(grids))
     index_path = out / "index.json"
-    index = json.loads(index_path.read_text()) if index_path.exists() else {}
+    index = json.loads(index_path.read_text(encoding="utf-8")) if index_path.exists() else {}
     for number, (key, params) in enumerate(todo.items(), 1):
         folder = f"{key}-{inputs_digest(params, project)}"
         index[key] = folder
@@ -137,7 +148,7 @@ def train_cell(base: Params, cell, prepared: Path, work: Path, device_overrides:
     from tqc.stages import evaluate
 
     params = cell_params(base, cell, device_overrides)
-    data = prepared / json.loads((prepared / "index.json").read_text())[preparation_key(params)]
+    data = prepared / json.loads((prepared / "index.json").read_text(encoding="utf-8"))[preparation_key(params)]
     started = time.perf_counter()
     # NC as the DVC stage runs it: baseline_nc.enabled false leaves a marker that scoring skips
     outputs = train_chain(params, data / "validated", data / "augmented" / "train.jsonl", work, cell.seed)
@@ -147,7 +158,7 @@ def train_cell(base: Params, cell, prepared: Path, work: Path, device_overrides:
     evaluated, shifts = evaluate.score_chain(outputs, params, data / "validated", splits, catalog)
     metrics = evaluate.metrics_document(params, evaluated, shifts, evaluate.seed_statistics([evaluated["metrics"]], False))
     metrics = metrics if cell.about_prior_shift else without_prior_shift(metrics)
-    augment_report = json.loads((data / "reports" / "augment.json").read_text())
+    augment_report = json.loads((data / "reports" / "augment.json").read_text(encoding="utf-8"))
     return {"experiment": cell.name, "grid": cell.grid, "variant": cell.variant, "seed": cell.seed,
             "figures": {name: _dig(metrics, keys) for name, (_, keys) in FIGURES.items()},
             "generated_rows": augment_report["rows"]["generated"], "seconds": time.perf_counter() - started,
@@ -184,7 +195,7 @@ def worker(base: Params, todo: list, prepared: Path, results: Path, claims: Path
 def read_results(paths: list[Path]) -> dict[str, dict]:
     records = {}
     for path in paths:
-        for line in path.read_text().splitlines() if path.exists() else []:
+        for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
             if line.strip():
                 record = json.loads(line)
                 records[record["experiment"]] = record
@@ -200,15 +211,15 @@ def report(base: Params, grids: list[str], result_files: list[Path], out_dir: Pa
                           code_version=_known(records[cell.name].get("code_version")))
                if cell.name in records else CellResult(cell, "missing") for cell in chosen]
     write_report(base, grids, results, out_dir)
-    markdown = (out_dir / "ablations.md").read_text()
+    markdown = (out_dir / "ablations.md").read_text(encoding="utf-8")
     markdown = markdown.replace("Written by `tqc ablate` from DVC experiments (`dvc exp show` lists them by the names below).",
                                 "Written by `scripts/gpu_grid.py report` from cells trained on a GPU by `scripts/gpu_grid.py train` "
                                 "(the stage functions `dvc repro` runs, without DVC; not DVC experiments).")
     seconds = sorted(r["seconds"] for r in records.values())
     markdown += (f"\n## Where this ran\n\n{where_it_ran}\n\n{len(records)} cells in these tables; seconds per cell (one of several "
-                 f"worker processes sharing the GPU): median {seconds[len(seconds) // 2]:.0f}, "
+                 f"worker processes sharing the GPU): median {statistics.median(seconds):.0f}, "
                  f"max {seconds[-1]:.0f}.\n" if seconds else "")
-    (out_dir / "ablations.md").write_text(markdown)
+    write_text(out_dir / "ablations.md", markdown)
 
 
 def _worker_arguments(args: argparse.Namespace) -> list[str]:
@@ -269,6 +280,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         done = read_results(args.done)
         todo = cells_to_train(base, args.grid, args.variant, done, where)
+        if not todo:
+            log.info("train: every chosen cell is in --done: nothing to train")
+            return
         results, claims = args.out / "results", args.out / "claims"
         if args.command == "worker":
             worker(base, todo, args.prepared, results, claims, args.deadline, device_overrides, args.code_version)
@@ -293,8 +307,8 @@ def main(argv: list[str] | None = None) -> None:
             if process.returncode:
                 log.warning("train: worker %d ended with exit code %d (see %s)", number, process.returncode,
                             args.out / f"worker{number}.log")
-        finished = [json.loads(p.read_text()) for p in sorted(results.glob("*.json"))]
-        (args.out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in finished))
+        finished = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(results.glob("*.json"))]
+        write_text(args.out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in finished))
         done_here = {r["experiment"] for r in finished}
         unfinished = sorted(c.name for c in claims.iterdir() if c.name not in done_here)
         if unfinished:
@@ -304,4 +318,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConfigError as exc:  # a mistake in the command or params: one line, not a traceback
+        sys.exit(f"gpu_grid: error: {exc}")

@@ -207,8 +207,10 @@ def read_cell(cell: Cell, project: Path, refs: dict[str, str]) -> CellResult:
     augment = json.loads(_git(project, "show", f"{ref}:reports/augment.json"))
     figures = {name: _dig(metrics, keys) for name, (_, keys) in FIGURES.items()}
     code_version = (metrics.get("run") or {}).get("code_version")  # evaluate's record of the commit it ran
+    # the commit alone: inside `dvc exp run -S` params.yaml always differs from it, so '-dirty' would say nothing
+    known = code_version and code_version != "unknown"
     return CellResult(cell, "done", figures, augment["rows"]["generated"], _git(project, "rev-parse", ref).strip()[:10],
-                      code_version[:10] if code_version else None)
+                      code_version[:10] if known else None)
 
 
 def without_prior_shift(metrics: dict) -> dict:
@@ -303,7 +305,7 @@ def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None
     `variants` and `where` ({"data.imbalance_ratio": 50}, see `matches`) narrow the cells; the order is the
     grid's, variants first, so the first cells of a long grid finish all their seeds early.
     """
-    chosen = grids or list(params.ablate.grids)
+    chosen = list(dict.fromkeys(grids or params.ablate.grids))  # a grid named twice would count each seed twice
     unknown = [g for g in chosen if g not in params.ablate.grids]
     if unknown:
         raise ConfigError(f"unknown ablation grid(s) {unknown}; params.yaml has {sorted(params.ablate.grids)}")
@@ -337,7 +339,8 @@ def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None
     kept = [{"grid": r.cell.grid, "variant": r.cell.variant, **_record(name, r)} for name, r in recorded.items() if name not in shown]
     if kept:
         log.info("ablate: %d recorded cell(s) not in this report's table stay in its ablations.json", len(kept))
-    write_report(params, chosen, results, out_dir, kept)
+    # the report's header and ablations.json name the seeds these cells ran (--seeds), not params.yaml's
+    write_report(params.with_overrides({"ablate": {"seeds": seeds_to_run}}), chosen, results, out_dir, kept)
     return results
 
 

@@ -6,6 +6,7 @@ silently vanishes. Each stage loads only the sections it needs.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Literal
@@ -395,6 +396,16 @@ class AblationGrid(Strict):
     # The variant the others are measured against, paired by seed at the same matrix point (a menu's `none`);
     # None: the variants are not alternatives to one baseline (AC vs ADMC on different datasets), no pairing
     reference: str | None = None
+
+    @field_validator("matrix")
+    @classmethod
+    def _distinct_values(cls, matrix: dict[str, list]) -> dict[str, list]:
+        for path, values in matrix.items():
+            texts = [json.dumps(value, sort_keys=True) for value in values]  # lists and mappings are values too
+            repeated = sorted({text for text in texts if texts.count(text) > 1})
+            if repeated:  # the same cells twice: each seed counted twice, a smaller std
+                raise ValueError(f"matrix {path}: {', '.join(repeated)} listed more than once")
+        return matrix
 
     @model_validator(mode="after")
     def _reference_is_a_variant(self) -> "AblationGrid":

@@ -444,3 +444,40 @@ def test_runs_of_seeds_print_as_ranges_and_recorded_seeds_keep_their_mark():
     assert seeds_text([0, 1, 3, 4, 5, 6, 9], []) == "0, 1, 3–6, 9"
     assert seeds_text(list(range(8)), [4, 5, 6, 7]) == "0–3, 4†–7†"  # a run never mixes marked and unmarked seeds
     assert seeds_text([2, 0, 1], [1]) == "0, 1†, 2"
+
+
+def test_a_grid_named_twice_runs_and_counts_each_cell_once_and_the_header_names_the_seeds_run(tmp_path, monkeypatch):
+    from tqc import ablate as ablate_module
+
+    params = Params.model_validate({"ablate": {"grids": {"aug": GRID.model_dump()}, "seeds": [0, 1, 2]},
+                                    "data": {"data_dir": str(tmp_path)}, "tracking": {"enabled": False}})
+    started = []
+    monkeypatch.setattr(ablate_module, "experiment_refs", lambda project: {})
+    monkeypatch.setattr(ablate_module, "run_cell", lambda cell, project, force=False: started.append(cell.name) or True)
+    monkeypatch.setattr(ablate_module, "read_cell", lambda cell, project, refs: CellResult(cell, "done", _figures(0.8 + cell.seed / 100), 0))
+    results = ablate_module.ablate(params, tmp_path, tmp_path, ["aug", "aug"], ["none"], seeds=[7, 8], where={"data.imbalance_ratio": 50})
+    assert len(started) == len(set(started)) == len(results) == 2  # each cell once (twice, it counted each seed twice)
+    report = json.loads((tmp_path / "ablations.json").read_text())
+    assert report["seeds"] == [7, 8]  # the seeds these cells ran (--seeds), not params.yaml's [0, 1, 2]
+    assert [row["seeds_done"] for row in report["rows"]] == [[7, 8]]
+    assert (tmp_path / "ablations.md").read_text().count("## Options on long tails") == 1
+
+
+def test_a_matrix_value_listed_twice_is_refused():
+    with pytest.raises(ValueError, match="matrix data.imbalance_ratio: 50 listed more than once"):
+        AblationGrid(title="t", variants={"none": {}}, matrix={"data.imbalance_ratio": [50, 10, 50]})
+    with pytest.raises(ValueError, match="listed more than once"):
+        AblationGrid(title="t", variants={"none": {}}, matrix={"augment.implicit": [["dropout"], [], ["dropout"]]})
+    AblationGrid(title="t", variants={"none": {}}, matrix={"augment.implicit": [["dropout"], ["cutoff"], []]})
+
+
+def test_a_code_version_evaluate_could_not_read_is_not_recorded_as_a_commit(monkeypatch):
+    from tqc import ablate as ablate_module
+
+    figures = {"accuracy": 0.9, "macro_f1": 0.8}
+    metrics = {"test": figures, "validation": figures, "stage_one": {"test": figures, "validation": figures}, "nc": None,
+               "run": {"code_version": "unknown", "params": {}}}
+    shown = {"reports/metrics.json": json.dumps(metrics), "reports/augment.json": json.dumps({"rows": {"generated": 0}})}
+    monkeypatch.setattr(ablate_module, "_git", lambda project, *arguments: shown.get(arguments[-1].split(":")[-1], "abc123\n"))
+    cell = grid_cells("aug", GRID, [0], {}, {})[0]
+    assert ablate_module.read_cell(cell, None, {cell.name: "refs/exps/x"}).code_version is None  # shown as "not recorded"

@@ -210,3 +210,50 @@ def test_the_commit_given_to_train_reaches_the_records_and_the_report(gpu_grid, 
                               seed=[], where=[], budget=["stage_one.epochs=10"], device_set=[], done=[], code_version="abc")
     arguments = gpu_grid._worker_arguments(args)
     assert arguments[arguments.index("--code-version") + 1] == "abc"
+
+
+def test_a_grid_named_twice_gives_each_cell_once_and_a_selection_of_nothing_is_refused(gpu_grid, params, tmp_path):
+    from tqc.config import ConfigError
+
+    assert gpu_grid.cells(params, ["ac_vs_admc", "ac_vs_admc"]) == gpu_grid.cells(params, ["ac_vs_admc"])
+    with pytest.raises(ConfigError, match=r"unknown variant\(s\) \['nonee'\]"):
+        gpu_grid.cells(params, ["rebalancing"], variants=["nonee"])
+    with pytest.raises(ConfigError, match="no cell of grid"):
+        gpu_grid.cells(params, ["rebalancing"], where={"data.dataset": "trec5O"})
+    with pytest.raises(ConfigError, match="unknown ablation grid"):
+        gpu_grid.cells(params, ["rebalance"])
+    # a report that would be empty leaves the one there as it was
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "ablations.md").write_text("the earlier report")
+    with pytest.raises(ConfigError):
+        gpu_grid.main(["report", "--params", str(ROOT / "params.yaml"), "--grid", "rebalancing", "--variant", "nonee",
+                       "-B", "stage_one.epochs=10", "--out", str(out)])
+    assert (out / "ablations.md").read_text() == "the earlier report"
+
+
+def test_train_with_every_cell_done_starts_no_worker(gpu_grid, params, tmp_path, monkeypatch):
+    on_gpu = gpu_grid.gpu_params(params, {"stage_one.epochs": 10}).with_overrides({"ablate": {"seeds": [0]}})
+    done = tmp_path / "done.jsonl"
+    done.write_text("".join(json.dumps({"experiment": c.name}) + "\n" for c in gpu_grid.cells(on_gpu, ["ac_vs_admc"])))
+    popen = gpu_grid.subprocess.Popen  # also what git_commit's subprocess.run starts git with
+
+    def no_worker(command, *arguments, **keywords):
+        assert "worker" not in command, "a worker was started"
+        return popen(command, *arguments, **keywords)
+
+    monkeypatch.setattr(gpu_grid.subprocess, "Popen", no_worker)
+    gpu_grid.main(["train", "--params", str(ROOT / "params.yaml"), "--grid", "ac_vs_admc", "--seed", "0", "-B", "stage_one.epochs=10",
+                   "--done", str(done), "--out", str(tmp_path / "grid")])
+
+
+def test_the_report_gives_the_median_seconds_of_an_even_number_of_cells(gpu_grid, params, tmp_path):
+    on_gpu = gpu_grid.gpu_params(params, {"stage_one.epochs": 10}).with_overrides({"ablate": {"seeds": [0]}})
+    chosen = gpu_grid.cells(on_gpu, ["rebalancing"], variants=["none", "sqrt"])
+    records = [{"experiment": c.name, "grid": c.grid, "variant": c.variant, "seed": c.seed, "generated_rows": 0, "seconds": seconds,
+                "figures": {name: 0.9 for name in FIGURES}} for c, seconds in zip(chosen, (10.0, 100.0))]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    gpu_grid.main(["report", "--params", str(ROOT / "params.yaml"), "--grid", "rebalancing", "--variant", "none", "--variant", "sqrt",
+                   "--seed", "0", "-B", "stage_one.epochs=10", "--done", str(results), "--out", str(tmp_path / "out")])
+    assert "median 55, max 100" in (tmp_path / "out" / "ablations.md").read_text(encoding="utf-8")
