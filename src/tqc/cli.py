@@ -319,7 +319,7 @@ def _predict(args: argparse.Namespace) -> None:
 
 def _question_file_lines(path: Path | None, column: str) -> list[str]:
     """`--file`: a .csv or .jsonl file's `column` (never its header or raw JSON as questions), else one a line."""
-    from tqc.readers import read_texts
+    from tqc.readers import _lines, read_texts
 
     if path is None:
         return []
@@ -330,8 +330,14 @@ def _question_file_lines(path: Path | None, column: str) -> list[str]:
             logging.getLogger(__name__).warning("%s: line(s) %s have no text in %r: not scored", path,
                                                 ", ".join(map(str, empty[:10])), column)
         return [text for _, text in rows]
+    # the readers' line breaks: \n, \r\n or \r only, never U+2028 or U+0085 inside a question (str.splitlines),
+    # so the answers line up with the file's lines; a BOM is not part of the first question
+    if str(path) == "-":
+        return _lines(sys.stdin.read().removeprefix("\ufeff"))
+    if not path.is_file():
+        raise ConfigError(f"--file {path}: not a file" if path.exists() else f"--file {path}: no such file")
     try:
-        return (sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")).splitlines()
+        return _lines(path.read_bytes().decode("utf-8").removeprefix("\ufeff"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
@@ -378,7 +384,8 @@ def _prior_for(model_dir: Path, choice: str) -> Path | None:
 
     if choice == "none":
         return None
-    path = model_dir.parent / "prior.json" if choice == "auto" else Path(choice)
+    # resolved: `--model .` (or a link) names the same folder, whose parent holds the stage's prior.json
+    path = Path(model_dir).resolve().parent / "prior.json" if choice == "auto" else Path(choice)
     if not path.exists():
         if choice == "auto":
             return None

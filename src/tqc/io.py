@@ -133,7 +133,7 @@ def numbered_jsonl(path: str | Path) -> list[tuple[int, object]]:
     refuse; a line that is not JSON is an error naming the file and the line."""
     path = Path(path)
     records = []
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:  # -sig: a BOM (Notepad's UTF-8) is not part of the first record
         for line_number, line in enumerate(f, start=1):
             if not line.strip():
                 continue

@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import numbers
+import unicodedata
 from pathlib import Path
 
 import mlflow.pyfunc
@@ -220,11 +221,18 @@ def _questions(model_input) -> list[str]:
         asked = model_input[column].tolist()
     else:
         asked = [model_input] if isinstance(model_input, str) else list(model_input)
-    bad = [(row, q) for row, q in enumerate(asked) if not isinstance(q, str) or not q.strip()]
+    bad = [(row, q) for row, q in enumerate(asked) if not isinstance(q, str) or not _visible(q)]
     if bad:
         listed = ", ".join(f"row {row} ({q!r})" for row, q in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
         raise ValueError(f"every question must be non-blank text: {listed}")
     return asked
+
+
+def _visible(question: str) -> str:
+    """What is left once whitespace and invisible format characters (zero-width spaces, category Cf) are
+    dropped: empty for a question validate's `non_empty_text` would quarantine, which the tokenizer would
+    turn into [CLS] [SEP] alone and the model would still answer."""
+    return "".join(ch for ch in question if unicodedata.category(ch) != "Cf").strip()
 
 
 def signature(top_k: int) -> ModelSignature:

@@ -127,6 +127,52 @@ def test_predict_adds_the_class_prior_shift_fitted_for_its_model(tiny_model_dir,
     assert "none of its entries was fitted for" in capsys.readouterr().err
 
 
+def test_prior_auto_finds_the_models_prior_file_however_the_model_folder_is_named(tiny_model_dir, tmp_path, capsys,
+                                                                                   monkeypatch):
+    from tqc.io import write_json
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "models" / "stage_two")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    write_json(tmp_path / "models" / "prior.json", {"weights": [0.0, 1.0], "models": {
+        "admc": {"model": "stage_two", "weight": 1.0, "temperature": 0.1, "shift": {"loc": 0.0, "hum": 0.0, "num": 100.0}}}})
+    (tmp_path / "link").symlink_to(tmp_path / "models" / "stage_two")
+    monkeypatch.chdir(tmp_path / "models" / "stage_two")
+    for model in (".", str(tmp_path / "link")):  # `.` has the parent `.`: it looked for prior.json inside the model
+        assert main(["predict", "--model", model, "--catalog", str(tmp_path / "catalog.jsonl"), "--top-k", "1", "where"]) == 0
+        assert json.loads(capsys.readouterr().out)["top_k"][0]["class_id"] == "num"  # shifted, as from its own path
+
+
+def test_a_question_file_keeps_unicode_line_separators_inside_its_questions_and_drops_a_bom(tiny_model_dir, tmp_path, capsys,
+                                                                                           monkeypatch):
+    import io
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    text = "\ufeffwhere is\u2028paris\r\nwho wrote it\x85today\n"
+    (tmp_path / "questions.txt").write_text(text, encoding="utf-8", newline="")
+    ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl")]
+    assert main([*ask, "--file", str(tmp_path / "questions.txt")]) == 0
+    expected = ["where is\u2028paris", "who wrote it\x85today"]  # str.splitlines made four questions of two
+    answers = lambda: [json.loads(line)["text"] for line in capsys.readouterr().out.split("\n") if line]  # noqa: E731 (JSON Lines: \n)
+    assert answers() == expected
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    assert main([*ask, "--file", "-"]) == 0
+    assert answers() == expected
+    assert main([*ask, "--file", str(tmp_path)]) == 2  # a folder: one line, not IsADirectoryError's traceback
+    assert f"--file {tmp_path}: not a file" in capsys.readouterr().err
+
+
+def test_a_catalog_or_exemplar_file_saved_with_a_bom_reads_as_without(tiny_model_dir, tmp_path, capsys):
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "plain.jsonl")
+    (tmp_path / "catalog.jsonl").write_bytes(b"\xef\xbb\xbf" + (tmp_path / "plain.jsonl").read_bytes())  # Notepad's UTF-8
+    (tmp_path / "exemplars.jsonl").write_text('\ufeff{"text": "where", "class_id": "loc"}\n{"text": "who", "class_id": "hum"}\n',
+                                              encoding="utf-8")
+    ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"), "where is it"]
+    assert main(ask) == 0
+    assert main([*ask, "--exemplars", str(tmp_path / "exemplars.jsonl")]) == 0, capsys.readouterr().err
+
+
 def test_a_model_registered_before_its_config_named_the_prior_entry_serves_admcs_shift(tiny_model_dir, tmp_path):
     from types import SimpleNamespace
 
@@ -299,8 +345,8 @@ def test_the_served_model_refuses_a_missing_or_blank_question_and_names_its_row(
     tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
     CATALOG.save(tmp_path / "catalog.jsonl")
     matcher = local_matcher(tmp_path / "model", tmp_path / "catalog.jsonl", 1)
-    asked = pd.DataFrame({"question": ["where is paris", None, float("nan"), "  ", 7]})
-    with pytest.raises(ValueError, match=r"row 1 \(None\), row 2 \(nan\), row 3 \('  '\), row 4 \(7\)"):
+    asked = pd.DataFrame({"question": ["where is paris", None, float("nan"), "  ", 7, "\u200b \u2060"]})
+    with pytest.raises(ValueError, match=r"row 1 \(None\), row 2 \(nan\), row 3 \('  '\), row 4 \(7\), row 5"):
         matcher.predict(None, asked)  # str() would have answered "None" and "nan" as questions
     assert matcher.predict(None, asked[:1])["class_id"].size == 1
 
