@@ -33,8 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from tqc.ablate import (FIGURES, CellResult, _dig, check_where, grid_cells, local_overrides, matches, without_prior_shift,
-                        write_report)
+from tqc.ablate import FIGURES, CellResult, _dig, local_overrides, select_cells, without_prior_shift, write_report
 from tqc.cli import parse_overrides
 from tqc.config import ConfigError, Params, flatten, load_params, unflatten
 from tqc.io import file_digest, write_json, write_text
@@ -62,21 +61,7 @@ def cells(params: Params, grids: list[str], seeds: list[int] | None = None, loca
           variants: list[str] | None = None, where: dict | None = None):
     """The grids' cells in order; with `variants` and `where`, only those they leave (as `tqc ablate --variant
     --where`: `where` narrows the cells that set a path)."""
-    grids = list(dict.fromkeys(grids))  # a grid named twice would count each seed twice
-    unknown = [grid for grid in grids if grid not in params.ablate.grids]
-    if unknown:
-        raise ConfigError(f"unknown ablation grid(s) {unknown}; params.yaml has {sorted(params.ablate.grids)}")
-    known = {variant for grid in grids for variant in params.ablate.grids[grid].variants}
-    if unknown := sorted(set(variants or []) - known):
-        raise ConfigError(f"unknown variant(s) {unknown} in grid(s) {grids}; they have {sorted(known)}")
-    every_cell = [cell for grid in grids
-                  for cell in grid_cells(grid, params.ablate.grids[grid], seeds or params.ablate.seeds,
-                                         params.ablate.budget, local or {})]
-    check_where(where or {}, params, every_cell)
-    chosen = [cell for cell in every_cell if (not variants or cell.variant_name in variants) and matches(cell, where or {})]
-    if not chosen:  # refused: a report would be replaced by an empty table, a lease spent starting idle workers
-        raise ConfigError(f"no cell of grid(s) {grids} is left by --variant {variants or 'any'} and --where {where or 'none'}")
-    return chosen
+    return select_cells(params, grids, seeds or params.ablate.seeds, local or {}, variants, where)
 
 
 def cells_to_train(params: Params, grids: list[str], variants: list[str], done: dict, where: dict | None = None) -> list:

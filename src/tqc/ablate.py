@@ -298,6 +298,28 @@ def check_where(where: dict, params: Params, cells: list[Cell]) -> None:
         raise ConfigError(f"--where {', '.join(unknown)}: no such param (a misspelling would narrow nothing)")
 
 
+def select_cells(params: Params, grids: list[str], seeds: list[int], local: dict, variants: list[str] | None = None,
+                 where: dict | None = None) -> list[Cell]:
+    """The grids' cells, in order, that `variants` and `where` leave (see `matches`). Refused: an unknown grid or
+    variant, a misspelt `where` key, and a selection of no cell (an empty table would replace a report)."""
+    grids = list(dict.fromkeys(grids))  # a grid named twice would count each seed twice
+    unknown = [g for g in grids if g not in params.ablate.grids]
+    if unknown:
+        raise ConfigError(f"unknown ablation grid(s) {unknown}; params.yaml has {sorted(params.ablate.grids)}")
+    known = {variant for grid in grids for variant in params.ablate.grids[grid].variants}
+    unknown = sorted(set(variants or []) - known)
+    if unknown:
+        raise ConfigError(f"unknown variant(s) {unknown} in grid(s) {grids}; they have {sorted(known)}")
+    every_cell = [cell for grid in grids
+                  for cell in grid_cells(grid, params.ablate.grids[grid], seeds, params.ablate.budget, local)]
+    check_where(where or {}, params, every_cell)
+    cells = [cell for cell in every_cell
+             if (not variants or cell.variant_name in variants) and matches(cell, where or {})]
+    if not cells:
+        raise ConfigError(f"no cell of grid(s) {grids} is left by --variant {variants or 'any'} and --where {where or 'none'}")
+    return cells
+
+
 def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None = None, variants: list[str] | None = None,
            seeds: list[int] | None = None, run: bool = True, rerun: bool = False, where: dict | None = None) -> list[CellResult]:
     """Run the missing cells of the chosen grids (all by default), then write the report.
@@ -305,23 +327,9 @@ def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None
     `variants` and `where` ({"data.imbalance_ratio": 50}, see `matches`) narrow the cells; the order is the
     grid's, variants first, so the first cells of a long grid finish all their seeds early.
     """
-    chosen = list(dict.fromkeys(grids or params.ablate.grids))  # a grid named twice would count each seed twice
-    unknown = [g for g in chosen if g not in params.ablate.grids]
-    if unknown:
-        raise ConfigError(f"unknown ablation grid(s) {unknown}; params.yaml has {sorted(params.ablate.grids)}")
-    known = {variant for grid in chosen for variant in params.ablate.grids[grid].variants}
-    unknown = sorted(set(variants or []) - known)
-    if unknown:
-        raise ConfigError(f"unknown variant(s) {unknown} in grid(s) {chosen}; they have {sorted(known)}")
+    chosen = list(dict.fromkeys(grids or params.ablate.grids))
     seeds_to_run = params.with_overrides({"ablate": {"seeds": seeds}}).ablate.seeds if seeds else params.ablate.seeds  # --seeds as strict
-    local = local_overrides(params, project)
-    every_cell = [cell for grid in chosen
-                  for cell in grid_cells(grid, params.ablate.grids[grid], seeds_to_run, params.ablate.budget, local)]
-    check_where(where or {}, params, every_cell)
-    cells = [cell for cell in every_cell
-             if (not variants or cell.variant_name in variants) and matches(cell, where or {})]
-    if not cells:  # refused before the report is written: an empty table would replace it
-        raise ConfigError(f"no cell of grid(s) {chosen} is left by --variant {variants or 'any'} and --where {where or 'none'}")
+    cells = select_cells(params, chosen, seeds_to_run, local_overrides(params, project), variants, where)
     recorded = recorded_cells(out_dir / "ablations.json")
     failed: set[str] = set()
     if run:
