@@ -380,7 +380,7 @@ def _exemplar_cache(choice: str | None) -> Path | None:
 
 def _prior_for(model_dir: Path, choice: str) -> Path | None:
     """`tqc predict --prior`: the prior file with an entry for `model_dir`, or None for no shift."""
-    from tqc.prior import entry_for
+    from tqc.prior import StaleEntry, entry_for
 
     if choice == "none":
         return None
@@ -392,6 +392,11 @@ def _prior_for(model_dir: Path, choice: str) -> Path | None:
         raise ConfigError(f"--prior {path}: no such file (`dvc repro` writes models/prior.json; --prior none: no shift)")
     try:
         entry = entry_for(path, model_dir)
+    except StaleEntry as exc:
+        if choice != "auto":
+            raise ConfigError(str(exc)) from None
+        print(f"tqc predict: {exc}. Ranking by similarity alone", file=sys.stderr)
+        return None
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if entry is None:

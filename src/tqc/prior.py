@@ -22,13 +22,15 @@ Pure functions over numpy arrays; the `prior` stage fits it and evaluate and ser
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from tqc.io import read_json
+from tqc.io import file_digest, read_json
 from tqc.metrics import summary
 
 log = logging.getLogger(__name__)
@@ -178,7 +180,8 @@ def read_file(path: Path) -> dict[str, dict]:
 
 
 def entry_for(path: Path, model_dir: Path) -> str | None:
-    """The name of the entry in a prior stage's file fitted for the model in `model_dir`, if any."""
+    """The name of the entry in a prior stage's file fitted for the model in `model_dir`, if any
+    (`StaleEntry` if it was fitted for weights the folder no longer holds)."""
     return _entry_in(read_file(path), path, model_dir)
 
 
@@ -191,6 +194,26 @@ def load_for(path: Path, model_dir: Path, class_ids: list[str]) -> PriorShift:
     return PriorShift.from_json(entries[name], class_ids, str(path))
 
 
+class StaleEntry(ValueError):
+    """A prior file's entry names a model folder whose weights changed after the entry was fitted."""
+
+
+def weights_digest(model_dir: Path) -> str:
+    """sha256 over every safetensors file under a model folder (its relative path and bytes): the weights a shift
+    was fitted for. Tokenizer and config files are left out: retraining rewrites the weights, not them."""
+    folder = Path(model_dir)
+    files = {str(f.relative_to(folder)): file_digest(f, "sha256") for f in sorted(folder.rglob("*.safetensors"))}
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
 def _entry_in(entries: dict[str, dict], path: Path, model_dir: Path) -> str | None:
     wanted = Path(model_dir).resolve()
-    return next((name for name, entry in entries.items() if (Path(path).parent / entry["model"]).resolve() == wanted), None)
+    name = next((name for name, entry in entries.items() if (Path(path).parent / entry["model"]).resolve() == wanted), None)
+    # Why: a folder trained again (a stage run by hand, `dvc repro` cut short before the prior stage) keeps its path,
+    # and a shift fitted for its earlier weights would be applied to the new ones unnoticed. Entries written before
+    # the digest was recorded carry none and are taken as they are.
+    recorded = entries[name].get("weights_digest") if name is not None else None
+    if recorded is not None and recorded != weights_digest(model_dir):
+        raise StaleEntry(f"{path}: its entry '{name}' was fitted for earlier weights in {model_dir}, which were trained "
+                         f"again since; run the prior stage again")
+    return name

@@ -307,7 +307,9 @@ def content_digest(model_dir: Path, catalog_path: Path, config: dict, prior_entr
     parts = {
         "model": folder_digest(model_dir) if whole_model_config else served_files_digest(model_dir),
         "catalog": file_digest(Path(catalog_path), "sha256"),
-        "prior": prior_entry,
+        # The weights are hashed above; without the entry's own record of them, versions registered before the
+        # prior stage wrote it keep their digest.
+        "prior": {k: v for k, v in prior_entry.items() if k != "weights_digest"} if prior_entry else prior_entry,
         "config": config,
         "tqc": tqc.__version__,
         **({"exemplars": file_digest(Path(exemplars_path), "sha256")} if exemplars_path is not None else {}),

@@ -75,6 +75,27 @@ def test_the_prior_file_round_trips_names_its_models_and_refuses_another_catalog
         prior.load_for(path, tmp_path / "models" / "stage_two", ["common"])
 
 
+def test_an_entry_fitted_for_other_weights_is_refused_and_one_without_a_digest_is_taken(tmp_path):
+    from safetensors.numpy import save_file
+
+    models = tmp_path / "models"
+    (models / "stage_two" / "question_encoder").mkdir(parents=True)
+    weights = models / "stage_two" / "question_encoder" / "model.safetensors"
+    save_file({"w": np.zeros(3, dtype=np.float32)}, weights)
+    (models / "stage_two" / "tqc_model.json").write_text("{}", encoding="utf-8")
+    fitted = prior.fit(*ambiguous_validation(), np.log([0.8, 0.2]), 0.1, [0.0, 0.5]).to_json(CLASSES)
+    entry = {"model": "stage_two", "weights_digest": prior.weights_digest(models / "stage_two"), **fitted}
+    write_json(models / "prior.json", {"models": {"admc": entry}})
+    write_json(models / "older.json", {"models": {"admc": {"model": "stage_two", **fitted}}})  # before the digest
+
+    (models / "stage_two" / "tqc_model.json").write_text('{"trained": "again"}', encoding="utf-8")
+    assert prior.entry_for(models / "prior.json", models / "stage_two") == "admc"  # only the weights count
+    save_file({"w": np.ones(3, dtype=np.float32)}, weights)  # trained again
+    with pytest.raises(prior.StaleEntry, match=r"prior.json: its entry 'admc' was fitted for earlier weights in .*stage_two"):
+        prior.load_for(models / "prior.json", models / "stage_two", CLASSES)
+    assert prior.load_for(models / "older.json", models / "stage_two", CLASSES).weight == fitted["weight"]
+
+
 def test_a_file_that_is_not_a_prior_stages_says_so(tmp_path):
     write_json(tmp_path / "other.json", {"test": {}})
     with pytest.raises(ValueError, match=r"other.json: not a prior stage's file"):
@@ -152,6 +173,7 @@ def test_the_prior_stage_fits_each_model_for_the_target_mix_and_writes_it(tmp_pa
     document = prior_stage.run(data, models / "stage_one", models / "stage_two", None, params, models / "prior.json")
     assert document["target"] == "uniform" and set(document["models"]) == {"admc", "stage_one"}  # no NC: none for it
     assert document["models"]["admc"]["model"] == "stage_two" and document["models"]["admc"]["target"] == "uniform"
+    assert document["models"]["admc"]["weights_digest"] == prior.weights_digest(models / "stage_two")
     loaded = prior.load_for(models / "prior.json", models / "stage_two", CLASSES)
     assert loaded.weight < 0.0 and loaded.target == "uniform"
     assert loaded.shift == pytest.approx(params.stage_two.temperature * loaded.weight * np.log([9 / 12, 3 / 12]))

@@ -127,6 +127,33 @@ def test_predict_adds_the_class_prior_shift_fitted_for_its_model(tiny_model_dir,
     assert "none of its entries was fitted for" in capsys.readouterr().err
 
 
+def test_a_shift_fitted_for_earlier_weights_in_the_same_folder_is_not_applied(tiny_model_dir, tmp_path, capsys):
+    """The model folder was trained again after the prior stage ran: its path still matches the entry, its weights
+    do not. `--prior auto` says so and ranks by similarity; a named file is refused."""
+    from tqc import prior
+    from tqc.io import write_json
+
+    model, folder = tiny_bi_encoder(tiny_model_dir), tmp_path / "models" / "stage_two"
+    model.save(folder)
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    write_json(tmp_path / "models" / "prior.json", {"weights": [0.0, 1.0], "models": {"admc": {
+        "model": "stage_two", "weights_digest": prior.weights_digest(folder), "weight": 1.0, "temperature": 0.1,
+        "shift": {"loc": 0.0, "hum": 0.0, "num": 100.0}}}})
+    ask = ["predict", "--model", str(folder), "--catalog", str(tmp_path / "catalog.jsonl"), "--top-k", "1", "where is paris"]
+    assert main(ask) == 0
+    assert json.loads(capsys.readouterr().out)["top_k"][0]["score"] > 99  # the weights it was fitted for: shifted
+
+    with torch.no_grad():
+        next(model.question.parameters()).add_(0.01)  # trained again, in the same folder
+    model.save(folder)
+    assert main(ask) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["top_k"][0]["score"] <= 1.0 + 1e-6  # similarity alone
+    assert "its entry 'admc' was fitted for earlier weights in" in captured.err and "run the prior stage again" in captured.err
+    assert main(ask + ["--prior", str(tmp_path / "models" / "prior.json")]) == 2
+    assert "was fitted for earlier weights in" in capsys.readouterr().err
+
+
 def test_prior_auto_finds_the_models_prior_file_however_the_model_folder_is_named(tiny_model_dir, tmp_path, capsys,
                                                                                    monkeypatch):
     from tqc.io import write_json

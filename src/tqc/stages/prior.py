@@ -46,8 +46,10 @@ def run(data_dir: Path, stage_one: Path, stage_two: Path, nc: Path | None, param
     folders = trained_folders(stage_one, stage_two, nc)
     # Each entry names its model folder relative to this file's, so evaluate, promote and `tqc predict`
     # find a model's own shift from any working directory.
+    # ... and the digest of the weights it was fitted for, so a folder trained again since is refused, not shifted.
     document = {"target": params.prior.target, "weights": list(params.prior.weights),
-                "models": {name: {"model": os.path.relpath(folders[name], Path(out_path).parent), **s.to_json(class_ids)}
+                "models": {name: {"model": os.path.relpath(folders[name], Path(out_path).parent),
+                                  "weights_digest": prior.weights_digest(folders[name]), **s.to_json(class_ids)}
                            for name, s in shifts.items()}}
     write_json(out_path, document)
     for name, shift in shifts.items():
