@@ -394,7 +394,7 @@ def read_catalog_file(path: Path, id_column: str = "class_id", text_column: str 
                       taken: dict[str, str] | None = None) -> Catalog:
     """A catalog file; an error naming the file and line for a row without text, or whose text repeats
     another class's (within the file, or one of `taken`: normalised text → the class id that has it)."""
-    from tqc.stages.validate import normalise
+    from tqc.text import normalise
 
     result = read_table(path, text_column=text_column, label_column=id_column)
     if result.rejected:
@@ -426,7 +426,7 @@ def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion]) -> Catal
     """Add a derived standard question for each training label the catalog lacks, with a warning. A derived
     text that is empty (`___`) or another class's (`lost_card` and `lost-card`, or a catalog text) is an
     error naming where the label is first used: the validate contract needs each class its own text."""
-    from tqc.stages.validate import normalise
+    from tqc.text import normalise
 
     first_use = {}
     for row in rows:

@@ -196,7 +196,7 @@ def _with_additions(params: Params, raw: Path) -> Params:
 def _merge_catalog(incoming: Incoming, params: Params, raw: Path) -> FileOutcome:
     """New classes from a catalog file. A row without text, or whose text is another class's, makes the
     file unusable here, by file and line: merged, it would fail the validate contract on every retrain."""
-    from tqc.stages.validate import normalise
+    from tqc.text import normalise
 
     outcome = FileOutcome(str(incoming.path), incoming.sha256, "catalog", "merged")
     staged_rows = _rows(raw / ADDED_CATALOG)
@@ -287,7 +287,7 @@ def quarantine_record(file: str, sha256: str, row: dict) -> dict:
 
 
 def _text_key(row: dict) -> str:
-    from tqc.stages.validate import normalise
+    from tqc.text import normalise
 
     return normalise(row["text"])  # as the validate contract compares questions (case, spacing)
 

@@ -30,6 +30,13 @@ class LabeledQuestion:
         object.__setattr__(self, "origins", tuple(self.origins))  # JSON gives a list
 
 
+def usable_generated(questions: list[LabeledQuestion], generated: list[LabeledQuestion]) -> list[LabeledQuestion]:
+    """The rows made offline whose every origin is one of these training rows: a row that may have
+    been made from a validation question (after any re-split) is never trained on."""
+    in_train = {q.source for q in questions}
+    return [row for row in generated if row.origins and set(row.origins) <= in_train]
+
+
 @dataclass
 class Catalog:
     """Class id → standard-question text, in a fixed order that defines class indices."""

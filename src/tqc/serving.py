@@ -19,13 +19,14 @@ import hashlib
 import json
 import logging
 import numbers
-import unicodedata
 from pathlib import Path
 
 import mlflow.pyfunc
 import pandas as pd
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
+
+from tqc.text import normalise
 
 # The model version tag holding `content_digest`: a version serving the same content is not registered again.
 DIGEST_TAG = "content_digest"
@@ -221,18 +222,13 @@ def _questions(model_input) -> list[str]:
         asked = model_input[column].tolist()
     else:
         asked = [model_input] if isinstance(model_input, str) else list(model_input)
-    bad = [(row, q) for row, q in enumerate(asked) if not isinstance(q, str) or not _visible(q)]
+    # Empty once normalised (blank, or zero-width characters alone): validate's non_empty_text would quarantine it,
+    # and the tokenizer would turn it into [CLS] [SEP] alone, which the model would still answer.
+    bad = [(row, q) for row, q in enumerate(asked) if not isinstance(q, str) or not normalise(q)]
     if bad:
         listed = ", ".join(f"row {row} ({q!r})" for row, q in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
         raise ValueError(f"every question must be non-blank text: {listed}")
     return asked
-
-
-def _visible(question: str) -> str:
-    """What is left once whitespace and invisible format characters (zero-width spaces, category Cf) are
-    dropped: empty for a question validate's `non_empty_text` would quarantine, which the tokenizer would
-    turn into [CLS] [SEP] alone and the model would still answer."""
-    return "".join(ch for ch in question if unicodedata.category(ch) != "Cf").strip()
 
 
 def signature(top_k: int) -> ModelSignature:

@@ -370,7 +370,7 @@ def test_neither_the_train_nor_the_test_file_can_be_the_validation_file(tmp_path
 
 def test_a_generated_row_made_from_a_validation_file_question_is_never_trained_on(tmp_path):
     from tqc.stages import ingest
-    from tqc.stages.augment import usable_generated
+    from tqc.schema import usable_generated
     from tqc.schema import load_questions
 
     write(tmp_path, "train.csv", b"text,label\nhow do masks stop the virus spreading,a\nb one,b\nb two,b\n")

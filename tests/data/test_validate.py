@@ -184,7 +184,7 @@ def test_a_generated_row_that_is_another_classs_training_question_is_quarantined
 
 
 def test_texts_that_read_the_same_are_the_same_question_for_leakage_and_duplicates(tmp_path):
-    from tqc.stages.validate import normalise
+    from tqc.text import normalise
 
     # composed and decomposed é, full-width letters, a zero-width space, a typographic apostrophe
     for one, other in (("Où est le café ?", "Ou\u0300 est le cafe\u0301 ?"), ("what is ｐｉｎ", "what is pin"),

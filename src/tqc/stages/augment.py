@@ -21,8 +21,8 @@ from pathlib import Path
 
 from tqc.config import AugmentParams, Seq2SeqParams
 from tqc.io import write_json
-from tqc.schema import LabeledQuestion, load_questions, save_questions
-from tqc.stages.validate import normalise
+from tqc.schema import LabeledQuestion, load_questions, save_questions, usable_generated
+from tqc.text import normalise
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +93,6 @@ def make_texts(originals: list[LabeledQuestion], questions: list[LabeledQuestion
 
 SOURCE_PREFIX = {"none": "oversample", "eda": "eda", "paraphrase": "paraphrase", "backtranslate": "backtranslate",
                  "file": "file"}
-
-
-def usable_generated(questions: list[LabeledQuestion], generated: list[LabeledQuestion]) -> list[LabeledQuestion]:
-    """The rows made offline whose every origin is one of these training rows: a row that may have
-    been made from a validation question (after any re-split) is never trained on."""
-    in_train = {q.source for q in questions}
-    return [row for row in generated if row.origins and set(row.origins) <= in_train]
 
 
 def draw_generated(questions: list[LabeledQuestion], targets: dict[str, int], generated: list[LabeledQuestion],

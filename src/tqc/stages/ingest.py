@@ -14,9 +14,8 @@ from tqc.config import DataParams, GeneratedData
 from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.readers import (ReaderError, RejectedRow, ReadResult, read_additions, read_dataset, read_generated, read_validation,
                          with_added_classes)
-from tqc.schema import LabeledQuestion, save_questions
-from tqc.stages.augment import usable_generated
-from tqc.stages.validate import normalise
+from tqc.schema import LabeledQuestion, save_questions, usable_generated
+from tqc.text import normalise
 
 log = logging.getLogger(__name__)
 

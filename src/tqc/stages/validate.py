@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-import unicodedata
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,6 +22,7 @@ import pandas as pd
 from tqc.config import ValidateParams
 from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.schema import Catalog, LabeledQuestion, load_questions, save_questions
+from tqc.text import normalise
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +36,6 @@ LEAKAGE_PAIRS = {"train": ("validation", "test"), "validation": ("test",), "test
 
 class ValidationFailed(RuntimeError):
     pass
-
-
-# Typographic quotes as the plain ones a keyboard types: "what’s" and "what's" are the same question.
-PLAIN_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'",
-                              "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"'})
-
-
-def normalise(text: str) -> str:
-    """The form duplicate, conflict and leakage checks compare: insensitive to case, whitespace, Unicode
-    composition and width (NFKC: "é" composed or not, full-width letters), invisible format characters
-    (zero-width spaces, category Cf) and typographic quotes. Texts that read the same are the same question."""
-    folded = unicodedata.normalize("NFKC", text).translate(PLAIN_QUOTES).casefold()
-    return " ".join("".join(ch for ch in folded if unicodedata.category(ch) != "Cf").split())
 
 
 @dataclass(frozen=True)
