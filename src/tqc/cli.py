@@ -319,7 +319,7 @@ def _predict(args: argparse.Namespace) -> None:
 
 def _question_file_lines(path: Path | None, column: str) -> list[str]:
     """`--file`: a .csv or .jsonl file's `column` (never its header or raw JSON as questions), else one a line."""
-    from tqc.readers import _lines, read_texts
+    from tqc.readers import read_texts, split_lines
 
     if path is None:
         return []
@@ -333,11 +333,11 @@ def _question_file_lines(path: Path | None, column: str) -> list[str]:
     # the readers' line breaks: \n, \r\n or \r only, never U+2028 or U+0085 inside a question (str.splitlines),
     # so the answers line up with the file's lines; a BOM is not part of the first question
     if str(path) == "-":
-        return _lines(sys.stdin.read().removeprefix("\ufeff"))
+        return split_lines(sys.stdin.read().removeprefix("\ufeff"))
     if not path.is_file():
         raise ConfigError(f"--file {path}: not a file" if path.exists() else f"--file {path}: no such file")
     try:
-        return _lines(path.read_bytes().decode("utf-8").removeprefix("\ufeff"))
+        return split_lines(path.read_bytes().decode("utf-8").removeprefix("\ufeff"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 

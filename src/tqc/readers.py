@@ -66,7 +66,7 @@ def decode_file(path: Path) -> str:
     each bring theirs: a second header must read as the header). In a line that is not valid UTF-8, the invalid
     bytes are read as Windows-1252 (what such files mostly are: `what\x92s` is "what’s"), or as Latin-1 where
     Windows-1252 leaves a byte undefined, with a warning naming the line, so one stray byte garbles neither the
-    rest of its line nor the file's other lines. Lines are numbered as `_lines` numbers them (\n, \r\n or \r)."""
+    rest of its line nor the file's other lines. Lines are numbered as `split_lines` numbers them (\n, \r\n or \r)."""
     if not path.is_file():
         raise ReaderError(f"{path}: file not found")
     return _without_line_boms(_decoded(path.read_bytes(), path))
@@ -147,7 +147,8 @@ LINE_BREAK_BYTES = re.compile(rb"(\r\n|\r|\n)")
 LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
-def _lines(text: str) -> list[str]:
+def split_lines(text: str) -> list[str]:
+    """A text's lines as every reader (and `tqc predict --file`) numbers them."""
     # \n, \r\n and \r alike, and nothing else: str.splitlines also breaks at U+2028, U+0085 and the
     # like, which a question may hold (and JSONL written with ensure_ascii=False keeps raw).
     lines = LINE_BREAK.split(text)
@@ -157,7 +158,7 @@ def _lines(text: str) -> list[str]:
 def read_trec(path: Path, granularity: str) -> ReadResult:
     """TREC `COARSE:fine question text` lines; TREC-6 keeps the coarse label, TREC-50 the full one."""
     result = ReadResult()
-    for line_number, line in enumerate(_lines(decode_file(path)), start=1):
+    for line_number, line in enumerate(split_lines(decode_file(path)), start=1):
         if not line.strip():
             continue
         match = TREC_LINE.match(line.strip())
@@ -360,7 +361,7 @@ def _jsonl_records(path: Path) -> list[tuple[int, dict | _Unusable, str]]:
     text = _stray_carriage_returns_as_spaces(decode_file(path), path)  # JSON whitespace may hold a CR: not a line break
     if not text.strip():
         raise ReaderError(f"{path}: file is empty")
-    for line_number, line in enumerate(_lines(text), start=1):
+    for line_number, line in enumerate(split_lines(text), start=1):
         if not line.strip():
             continue
         try:
