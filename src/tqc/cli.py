@@ -480,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "urllib3", "filelock", "great_expectations", "faiss", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from tqc.prior import PriorFileError
     from tqc.readers import ReaderError
     from tqc.stages.validate import ValidationFailed
 
@@ -488,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         from tqc import distributed
 
         distributed.teardown()  # under torchrun: every process leaves the group together
-    except (ConfigError, ReaderError, ValidationFailed, FileNotFoundError) as exc:
+    except (ConfigError, ReaderError, ValidationFailed, PriorFileError, FileNotFoundError) as exc:
         print(f"tqc {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a tracking server or study database that cannot be reached, said in one line

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,11 @@ from tqc.io import file_digest, read_json
 from tqc.metrics import summary
 
 log = logging.getLogger(__name__)
+
+
+class PriorFileError(ValueError):
+    """A prior stage's file that cannot serve a model: not such a file, no entry fitted for the model, an entry fitted
+    for earlier weights, or for another catalog. The CLI says it in one line."""
 
 
 @dataclass(frozen=True)
@@ -60,8 +66,8 @@ class PriorShift:
         missing = [c for c in class_ids if c not in record["shift"]]
         extra = sorted(set(record["shift"]) - set(class_ids))
         if missing or extra:
-            raise ValueError(f"{source}: fitted on another catalog (no shift for {missing[:5]}, {len(missing)} in all; "
-                             f"shifts for classes the catalog lacks: {extra[:5]}, {len(extra)} in all); run the prior stage again")
+            raise PriorFileError(f"{source}: fitted on another catalog (no shift for {missing[:5]}, {len(missing)} in all; "
+                                 f"shifts for classes the catalog lacks: {extra[:5]}, {len(extra)} in all); run the prior stage again")
         shift = np.array([record["shift"][c] for c in class_ids], dtype=np.float64)
         return cls(float(record["weight"]), float(record["temperature"]), shift,
                    dict(record.get("validation_by_weight", {})), record.get("target", "labeled"))  # files before targets: labeled
@@ -168,14 +174,14 @@ def read_file(path: Path) -> dict[str, dict]:
     try:
         document = read_json(path)
     except ValueError as exc:  # not JSON at all
-        raise ValueError(f"{path}: not a prior stage's file ({exc})") from None
+        raise PriorFileError(f"{path}: not a prior stage's file ({exc})") from None
     entries = document.get("models") if isinstance(document, dict) else None
     if not isinstance(entries, dict):
-        raise ValueError(f"{path}: not a prior stage's file (no 'models')")
+        raise PriorFileError(f"{path}: not a prior stage's file (no 'models')")
     for name, entry in entries.items():
         absent = [key for key in ENTRY_KEYS if not isinstance(entry, dict) or key not in entry]
         if absent:
-            raise ValueError(f"{path}: entry {name!r} lacks {absent}")
+            raise PriorFileError(f"{path}: entry {name!r} lacks {absent}")
     return entries
 
 
@@ -190,19 +196,23 @@ def load_for(path: Path, model_dir: Path, class_ids: list[str]) -> PriorShift:
     entries = read_file(path)
     name = _entry_in(entries, path, model_dir)
     if name is None:
-        raise ValueError(f"{path}: none of its entries was fitted for {model_dir} (run the prior stage for it)")
+        raise PriorFileError(f"{path}: none of its entries was fitted for {model_dir} (run the prior stage for it)")
     return PriorShift.from_json(entries[name], class_ids, str(path))
 
 
-class StaleEntry(ValueError):
+class StaleEntry(PriorFileError):
     """A prior file's entry names a model folder whose weights changed after the entry was fitted."""
 
 
-def weights_digest(model_dir: Path) -> str:
-    """sha256 over every safetensors file under a model folder (its relative path and bytes): the weights a shift
-    was fitted for. Tokenizer and config files are left out: retraining rewrites the weights, not them."""
-    folder = Path(model_dir)
-    files = {str(f.relative_to(folder)): file_digest(f, "sha256") for f in sorted(folder.rglob("*.safetensors"))}
+def weights_digest(model_dir: Path) -> str | None:
+    """sha256 over every safetensors file under a model folder (its relative path and bytes), linked sub-folders
+    included: the weights a shift was fitted for. None for a folder with no weights (absent, or not a model).
+    Tokenizer and config files are left out: retraining rewrites the weights, not them."""
+    weights = {str(Path(root, name).relative_to(model_dir)): Path(root, name)
+               for root, _, names in os.walk(model_dir, followlinks=True) for name in names if name.endswith(".safetensors")}
+    if not weights:
+        return None
+    files = {relative: file_digest(path, "sha256") for relative, path in sorted(weights.items())}
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
@@ -212,8 +222,9 @@ def _entry_in(entries: dict[str, dict], path: Path, model_dir: Path) -> str | No
     # Why: a folder trained again (a stage run by hand, `dvc repro` cut short before the prior stage) keeps its path,
     # and a shift fitted for its earlier weights would be applied to the new ones unnoticed. Entries written before
     # the digest was recorded carry none and are taken as they are.
+    # A folder with no weights is left to the model's loader, whose error says what is wrong with it.
     recorded = entries[name].get("weights_digest") if name is not None else None
-    if recorded is not None and recorded != weights_digest(model_dir):
+    if recorded is not None and (current := weights_digest(model_dir)) is not None and recorded != current:
         raise StaleEntry(f"{path}: its entry '{name}' was fitted for earlier weights in {model_dir}, which were trained "
                          f"again since; run the prior stage again")
     return name

@@ -37,15 +37,23 @@ def module_file(module: str) -> Path | None:
 
 
 def imported_modules(module: str) -> set[str]:
-    """The tqc modules one module imports, at its top or inside a function (stages import heavy ones lazily)."""
+    """The tqc modules one module imports, at its top or inside a function (stages import heavy ones lazily),
+    relative imports resolved against its package. An import by a computed name would escape this reading, so
+    none is allowed in the package."""
     import ast
 
+    path = module_file(module)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(module_file(module).read_text(encoding="utf-8"))):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]) if node.level else ""
+            source = ".".join(part for part in (base, node.module) if part)
+            found |= {source} | {f"{source}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__"):
+            raise AssertionError(f"{path}:{node.lineno}: an import by computed name, which no dvc.yaml dep check can follow")
     return {name for name in found if name.split(".")[0] == "tqc" and module_file(name) is not None}
 
 
@@ -60,6 +68,17 @@ def code_of(module: str) -> set[str]:
     return {str(module_file(name).relative_to(DVC_YAML.parent)) for name in reached}
 
 
+def test_the_import_reading_resolves_relative_imports(tmp_path, monkeypatch):
+    package = tmp_path / "tqc" / "stages"
+    package.mkdir(parents=True)
+    for name in ("tqc/__init__.py", "tqc/text.py", "tqc/io.py", "tqc/stages/__init__.py"):
+        (tmp_path / name).write_text("", encoding="utf-8")
+    (package / "ingest.py").write_text("from ..text import normalise\nfrom . import validate\nfrom .. import io\n", encoding="utf-8")
+    (package / "validate.py").write_text("", encoding="utf-8")
+    monkeypatch.setitem(globals(), "SRC", tmp_path)  # module_file reads the package from here
+    assert imported_modules("tqc.stages.ingest") == {"tqc", "tqc.text", "tqc.stages", "tqc.stages.validate", "tqc.io"}
+
+
 def test_every_stage_declares_the_code_it_runs():
     """A stage whose code changes must run again: a source file its module reaches (through any import) and no dep
     covers would leave `dvc repro` serving outputs of the old code. Ingest once drew validation through validate.py's
@@ -70,7 +89,9 @@ def test_every_stage_declares_the_code_it_runs():
         command = stage["cmd"].split()
         assert command[0] == "tqc", f"{name}: not a tqc command"
         deps = [str(dep).rstrip("/") for dep in stage.get("deps", [])]
-        code = code_of("tqc.stages." + command[1].replace("-", "_")) - NOT_DEPENDENCIES
+        module = "tqc.stages." + command[1].replace("-", "_")
+        assert module_file(module) is not None, f"{name}: `{stage['cmd']}` runs no module {module}"
+        code = code_of(module) - NOT_DEPENDENCIES
         missing = sorted(f for f in code if not any(f == dep or f.startswith(dep + "/") for dep in deps))
         if missing:
             undeclared[name] = missing

@@ -96,6 +96,28 @@ def test_an_entry_fitted_for_other_weights_is_refused_and_one_without_a_digest_i
     assert prior.load_for(models / "older.json", models / "stage_two", CLASSES).weight == fitted["weight"]
 
 
+def test_the_weights_check_reads_linked_sub_folders_and_leaves_a_folder_without_weights_to_its_loader(tmp_path):
+    from safetensors.numpy import save_file
+
+    models, elsewhere = tmp_path / "models", tmp_path / "elsewhere"
+    (models / "stage_two" / "question_encoder").mkdir(parents=True)
+    elsewhere.mkdir()
+    save_file({"w": np.zeros(3, dtype=np.float32)}, models / "stage_two" / "question_encoder" / "model.safetensors")
+    save_file({"w": np.zeros(3, dtype=np.float32)}, elsewhere / "model.safetensors")
+    (models / "stage_two" / "standard_encoder").symlink_to(elsewhere, target_is_directory=True)
+    fitted = prior.fit(*ambiguous_validation(), np.log([0.8, 0.2]), 0.1, [0.0, 0.5]).to_json(CLASSES)
+    write_json(models / "prior.json", {"models": {"admc": {"model": "stage_two", **fitted,
+                                                           "weights_digest": prior.weights_digest(models / "stage_two")}}})
+
+    save_file({"w": np.ones(3, dtype=np.float32)}, elsewhere / "model.safetensors")  # the linked encoder trained again
+    with pytest.raises(prior.StaleEntry, match="was fitted for earlier weights"):
+        prior.entry_for(models / "prior.json", models / "stage_two")
+    for path in sorted((models / "stage_two").rglob("*"), reverse=True):
+        path.unlink() if path.is_file() or path.is_symlink() else path.rmdir()
+    # gone (a stage re-running, a folder deleted): not "trained again"; loading it says what is wrong
+    assert prior.entry_for(models / "prior.json", models / "stage_two") == "admc"
+
+
 def test_a_file_that_is_not_a_prior_stages_says_so(tmp_path):
     write_json(tmp_path / "other.json", {"test": {}})
     with pytest.raises(ValueError, match=r"other.json: not a prior stage's file"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -152,6 +153,35 @@ def test_a_shift_fitted_for_earlier_weights_in_the_same_folder_is_not_applied(ti
     assert "its entry 'admc' was fitted for earlier weights in" in captured.err and "run the prior stage again" in captured.err
     assert main(ask + ["--prior", str(tmp_path / "models" / "prior.json")]) == 2
     assert "was fitted for earlier weights in" in capsys.readouterr().err
+
+
+def test_evaluate_with_a_shift_fitted_for_earlier_weights_stops_in_one_line(tmp_path, capsys, monkeypatch):
+    """Evaluate reads each model's shift before it loads a model, so a stale entry stops it there: one line naming
+    the file and the entry, exit 2, no traceback. Promote reads the same entries through the same error type."""
+    from safetensors.numpy import save_file
+
+    from tqc.io import write_json
+    from tqc.schema import LabeledQuestion, save_questions
+
+    monkeypatch.chdir(tmp_path)
+    CATALOG.save(tmp_path / "data" / "catalog.jsonl")
+    for split in ("train", "validation", "test"):
+        save_questions(tmp_path / "data" / f"{split}.jsonl", [LabeledQuestion("where is paris", "loc", f"{split}:1")])
+    for name in ("stage_one", "stage_two"):
+        (tmp_path / "models" / name).mkdir(parents=True)
+        save_file({"w": np.zeros(2, dtype=np.float32)}, tmp_path / "models" / name / "model.safetensors")
+    write_json(tmp_path / "models" / "nc" / "disabled.json", {})  # baseline_nc.enabled: false
+    shift = {"weight": 1.0, "temperature": 0.1, "shift": {c: 0.0 for c in CATALOG.class_ids}}
+    write_json(tmp_path / "models" / "prior.json", {"models": {"admc": {"model": "stage_two", "weights_digest": "0" * 64, **shift},
+                                                             "stage_one": {"model": "stage_one", **shift}}})
+    params = Path(__file__).resolve().parents[2] / "params.yaml"
+    assert main(["--params", str(params), "--set", "tracking.enabled=false", "evaluate", "--data", "data", "--train", "data/train.jsonl",
+                 "--stage-one", "models/stage_one", "--stage-two", "models/stage_two", "--nc", "models/nc", "--prior", "models/prior.json",
+                 "--metrics", "metrics.json", "--classes", "classes.json", "--plots", "plots",
+                 "--predictions", "predictions.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert "tqc evaluate: error: models/prior.json: its entry 'admc' was fitted for earlier weights in" in err
+    assert "Traceback" not in err and not (tmp_path / "metrics.json").exists()
 
 
 def test_prior_auto_finds_the_models_prior_file_however_the_model_folder_is_named(tiny_model_dir, tmp_path, capsys,
