@@ -63,8 +63,15 @@ def judge(params: Params, trained: steps.Trained, staging: Path) -> dict:
 
 
 def retry_unless_permanent(task, task_run, state) -> bool:
-    """Prefect's retry condition: a step that failed for a reason a retry cannot change (no champion to refresh) is not retried."""
-    return not isinstance(state.result(raise_on_failure=False), steps.RefreshError)
+    """Prefect's retry condition: a step that failed for a reason a retry cannot change is not retried: no champion
+    to refresh, bad params, unreadable or invalid data, a prior file that cannot serve the model. Each would fail
+    again the same way, after `retry_delay_seconds` each time."""
+    from tqc.prior import PriorFileError
+    from tqc.readers import ReaderError
+    from tqc.stages.validate import ValidationFailed
+
+    permanent = (steps.RefreshError, ConfigError, ReaderError, ValidationFailed, PriorFileError)
+    return not isinstance(state.result(raise_on_failure=False), permanent)
 
 
 @task(cache_policy=NO_CACHE)

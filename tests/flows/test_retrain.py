@@ -248,6 +248,26 @@ def test_a_refresh_without_a_champion_says_what_to_do_changes_nothing_and_is_not
     assert not added_rows(project) and (project / "data" / "incoming" / "one.csv").exists()
 
 
+def test_only_a_failure_a_retry_could_change_is_retried():
+    from types import SimpleNamespace
+
+    from flows.retrain import retry_unless_permanent
+    from tqc import retrain as steps
+    from tqc.config import ConfigError
+    from tqc.prior import StaleEntry
+    from tqc.readers import ReaderError
+    from tqc.stages.validate import ValidationFailed
+
+    def failed_with(exc):
+        return SimpleNamespace(result=lambda raise_on_failure: exc)
+
+    permanent = [steps.RefreshError("no champion"), ConfigError("bad key"), ReaderError("bad row"),
+                 ValidationFailed("critical expectation"), StaleEntry("prior.json: fitted for earlier weights")]
+    assert [retry_unless_permanent(None, None, failed_with(exc)) for exc in permanent] == [False] * len(permanent)
+    assert retry_unless_permanent(None, None, failed_with(RuntimeError("registry unreachable"))) is True
+    assert retry_unless_permanent(None, None, failed_with(OSError("disk busy"))) is True
+
+
 def test_bad_params_fail_the_run_with_the_key_and_the_reason(project):
     from tqc.config import ConfigError
 
