@@ -5,11 +5,13 @@
 # minilm/ = the packaged MiniLM's folder with its weights as float16 safetensors, xz-compressed;
 # prepared.tar.xz = `scripts/gpu_grid.py prepare`'s folder), then the GPU tests, the epochs
 # benchmark, and grid cells until SECONDS_TOTAL is nearly up. Logs and results go to $OUT.
-# usage: bash scripts/gpu_lease.sh SECONDS_TOTAL [scripts/gpu_grid.py train arguments...]
+# usage: bash scripts/gpu_lease.sh SECONDS_TOTAL [scripts/gpu_grid.py train arguments...] [--and more train arguments...]
+#        each "--and" starts another selection (its own --grid/--variant/--where/--done/--workers), trained side by
+#        side with the others into its own folder, because one train's --variant and --where apply to all its grids
 #        SKIP_TESTS=1 / SKIP_BENCH=1 leave those steps out
 total=$1; shift
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/gpu-lease-out}; mkdir -p "$OUT"
+export OUT=${OUT:-/tmp/gpu-lease-out}; mkdir -p "$OUT"
 mkdir -p /tmp/site && tar xJf .devcarry/site.tar.xz -C /tmp/site && tar xJf .devcarry/prepared.tar.xz -C /tmp || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p /tmp/minilm && cp .devcarry/minilm/*.json .devcarry/minilm/vocab.txt /tmp/minilm/ && cp -r .devcarry/minilm/1_Pooling /tmp/minilm/
@@ -35,14 +37,24 @@ print(index[preparation_key(load_params('params.yaml', {'data': {'dataset': 'tre
 fi
 left=$(( total - SECONDS - 45 ))
 echo "grid: $left s left"
-python3 scripts/gpu_grid.py train --prepared /tmp/prepared --out /tmp/grid --minutes $(python3 -c "print($left/60)") \
-  -D model.pretrained=/tmp/minilm -D tracking.enabled=false "$@" 2>&1 | grep gpu_grid
-cp /tmp/grid/results.jsonl $OUT/ 2>/dev/null
-grep -h "done \|failed\|Error\|error" /tmp/grid/worker*.log | tail -200 > $OUT/workers.log
-grep -h -A30 "Traceback" /tmp/grid/worker*.log | head -80
+train() {  # $1: this selection's folder; the rest: its train arguments
+  local out=$1; shift
+  python3 scripts/gpu_grid.py train --prepared /tmp/prepared --out "$out" --minutes $(python3 -c "print($left/60)") \
+    -D model.pretrained=/tmp/minilm -D tracking.enabled=false "$@" 2>&1 | grep gpu_grid | sed "s|^|$(basename "$out") |"
+}
+selection=(); count=0
+for arg in "$@" --and; do
+  if [ "$arg" = --and ]; then train /tmp/grid$count "${selection[@]}" & count=$((count + 1)); selection=()
+  else selection+=("$arg"); fi
+done
+wait
+cat /tmp/grid*/results.jsonl > $OUT/results.jsonl 2>/dev/null
+grep -h "done \|failed\|Error\|error" /tmp/grid*/worker*.log | tail -200 > $OUT/workers.log
+grep -h -A30 "Traceback" /tmp/grid*/worker*.log | head -80
 python3 - <<'PY'
 import json
-for line in open("/tmp/grid/results.jsonl"):
+import os
+for line in open(os.environ.get("OUT", "/tmp/gpu-lease-out") + "/results.jsonl"):
     r = json.loads(line); f = r["figures"]
     print(f"{r['grid']:14s} {r['variant']:28s} s{r['seed']} ADMC {100*f['admc_macro_f1']:.2f} AC {100*f['ac_macro_f1']:.2f} acc {100*f['admc_accuracy']:.2f} {r['seconds']:.0f}s {r['epochs_trained']}")
 PY
