@@ -207,6 +207,15 @@ def report(base: Params, grids: list[str], result_files: list[Path], out_dir: Pa
     write_text(out_dir / "ablations.md", markdown)
 
 
+def progress(chosen: list[str], recorded: set[str]) -> str:
+    """How far a train run got with the cells it was given. Its --out folder may also hold records of earlier runs
+    (a warm box keeps /tmp between calls); results.jsonl keeps them, but they are not this run's progress."""
+    finished = sum(name in recorded for name in chosen)
+    earlier = len(recorded - set(chosen))
+    return (f"{finished} of {len(chosen)} chosen cells finished, {len(chosen) - finished} left"
+            + (f"; results.jsonl also holds {earlier} record(s) of earlier runs into this folder" if earlier else ""))
+
+
 def _worker_arguments(args: argparse.Namespace) -> list[str]:
     """`train`'s own arguments for its workers, rebuilt from the parsed values (not filtered text)."""
     arguments = ["--params", str(args.params), "--prepared", str(args.prepared), "--out", str(args.out)]
@@ -299,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
         if unfinished:
             log.warning("train: %d cell(s) started but not finished (killed at the deadline or failed): %s",
                         len(unfinished), ", ".join(unfinished))
-        log.info("train: %d cells finished here, %d of %d left", len(finished), len(todo) - len(finished), len(todo))
+        log.info("train: %s", progress([cell.name for cell in todo], done_here))
 
 
 if __name__ == "__main__":

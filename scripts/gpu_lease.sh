@@ -48,6 +48,8 @@ for arg in "$@" --and; do
   else selection+=("$arg"); fi
 done
 wait
+# every record on the box: a warm box keeps /tmp, so an earlier call's cells come back again (report and --done
+# read records by cell name, so a repeat is harmless)
 cat /tmp/grid*/results.jsonl > $OUT/results.jsonl 2>/dev/null
 grep -h "done \|failed\|Error\|error" /tmp/grid*/worker*.log | tail -200 > $OUT/workers.log
 grep -h -A30 "Traceback" /tmp/grid*/worker*.log | head -80

@@ -109,6 +109,16 @@ def test_prepare_then_train_runs_every_cell_once_and_a_stale_claim_does_not_bloc
         assert record["epochs_trained"] == {"stage_one": 1, "stage_two": 1}
 
 
+def test_progress_counts_the_cells_of_this_run_not_earlier_records_in_the_folder(gpu_grid):
+    # a warm box kept an earlier call's 9 records in the folder; this run was given 6 cells and finished 5
+    earlier = {f"old-{i}" for i in range(9)}
+    chosen = [f"new-{i}" for i in range(6)]
+    line = gpu_grid.progress(chosen, earlier | set(chosen[:5]))
+    assert line.startswith("5 of 6 chosen cells finished, 1 left")
+    assert "9 record(s) of earlier runs" in line
+    assert gpu_grid.progress(chosen, set(chosen)) == "6 of 6 chosen cells finished, 0 left"
+
+
 def test_changed_input_files_make_a_new_preparation(gpu_grid, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     params_path = _tiny_project(tmp_path, tiny_model_dir)
