@@ -18,6 +18,25 @@ def file_digest(path: str | Path, algorithm: str) -> str:
         return hashlib.file_digest(handle, algorithm).hexdigest()
 
 
+def tree_digests(root: str | Path, suffix: str = "") -> dict[str, str]:
+    """{path relative to root: sha256} of every file under `root` whose name ends with `suffix`, sorted by path.
+
+    Linked sub-folders are walked (`Path.rglob` does not descend into them), so a model folder that links its
+    encoder's folder hashes that encoder too; a link back to a folder above it is not followed twice."""
+    root = Path(root)
+    files = {}
+    for folder, subfolders, names in os.walk(root, followlinks=True):
+        here = os.path.realpath(folder)
+        subfolders[:] = [name for name in subfolders if not _contains(os.path.realpath(os.path.join(folder, name)), here)]
+        files.update({str(Path(folder, name).relative_to(root)): Path(folder, name) for name in names if name.endswith(suffix)})
+    return {relative: file_digest(path, "sha256") for relative, path in sorted(files.items()) if path.is_file()}
+
+
+def _contains(folder: str, inner: str) -> bool:
+    """`folder` is `inner` or one of its parents (real paths): a link to it from `inner` would make a walk endless."""
+    return os.path.commonpath([folder, inner]) == folder
+
+
 def _umask() -> int:
     """The process umask, read without changing it where Linux says it (threads may be creating files)."""
     try:

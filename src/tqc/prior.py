@@ -25,13 +25,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from tqc.io import file_digest, read_json
+from tqc.io import read_json, tree_digests
 from tqc.metrics import summary
 
 log = logging.getLogger(__name__)
@@ -208,12 +207,8 @@ def weights_digest(model_dir: Path) -> str | None:
     """sha256 over every safetensors file under a model folder (its relative path and bytes), linked sub-folders
     included: the weights a shift was fitted for. None for a folder with no weights (absent, or not a model).
     Tokenizer and config files are left out: retraining rewrites the weights, not them."""
-    weights = {str(Path(root, name).relative_to(model_dir)): Path(root, name)
-               for root, _, names in os.walk(model_dir, followlinks=True) for name in names if name.endswith(".safetensors")}
-    if not weights:
-        return None
-    files = {relative: file_digest(path, "sha256") for relative, path in sorted(weights.items())}
-    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    files = tree_digests(model_dir, ".safetensors")
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest() if files else None
 
 
 def _entry_in(entries: dict[str, dict], path: Path, model_dir: Path) -> str | None:

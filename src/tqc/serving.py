@@ -271,11 +271,10 @@ def _artifacts(model_dir: Path, catalog_path: Path, prior_path: Path | None,
 
 
 def folder_digest(folder: Path) -> dict[str, str]:
-    """{relative path: sha256} of every file under a model folder."""
-    from tqc.io import file_digest
+    """{relative path: sha256} of every file under a model folder, linked sub-folders included."""
+    from tqc.io import tree_digests
 
-    folder = Path(folder)
-    return {str(f.relative_to(folder)): file_digest(f, "sha256") for f in sorted(folder.rglob("*")) if f.is_file()}
+    return tree_digests(folder)
 
 
 def served_files_digest(model_dir: Path) -> dict[str, str]:

@@ -87,3 +87,36 @@ def test_an_atomic_folder_reaches_the_disk_before_the_rename_and_the_rename_afte
     synced_before = {Path(p).name for kind, p in events[:first_rename] if kind == "fsync"}
     assert {"model.safetensors", "tqc_model.json", "encoder"} <= synced_before  # every file, and its folder
     assert events[-1] == ("fsync", str(tmp_path))  # the renames themselves, before returning
+
+
+def test_tree_digests_walk_linked_sub_folders_stop_at_a_link_to_an_ancestor_and_filter_by_suffix(tmp_path):
+    from tqc.io import file_digest, tree_digests
+
+    model, elsewhere = tmp_path / "model", tmp_path / "elsewhere"
+    (model / "question_encoder").mkdir(parents=True)
+    elsewhere.mkdir()
+    (model / "question_encoder" / "model.safetensors").write_bytes(b"question")
+    (model / "config.json").write_text("{}")
+    (elsewhere / "model.safetensors").write_bytes(b"standard")
+    (model / "standard_encoder").symlink_to(elsewhere, target_is_directory=True)
+    (model / "question_encoder" / "loop").symlink_to(model, target_is_directory=True)  # a cycle: walked once
+
+    every_file = tree_digests(model)
+    assert list(every_file) == ["config.json", "question_encoder/model.safetensors", "standard_encoder/model.safetensors"]
+    assert every_file["standard_encoder/model.safetensors"] == file_digest(elsewhere / "model.safetensors", "sha256")
+    assert list(tree_digests(model, ".safetensors")) == ["question_encoder/model.safetensors",
+                                                        "standard_encoder/model.safetensors"]
+    assert tree_digests(tmp_path / "absent") == {}
+
+
+def test_the_registry_digest_of_a_model_folder_changes_with_a_linked_encoder(tmp_path):
+    from tqc.serving import folder_digest
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "model.safetensors").write_bytes(b"before")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "standard_encoder").symlink_to(elsewhere, target_is_directory=True)
+    before = folder_digest(tmp_path / "model")
+    (elsewhere / "model.safetensors").write_bytes(b"after")  # the linked encoder trained again
+    assert before and folder_digest(tmp_path / "model") != before
