@@ -36,7 +36,7 @@ import yaml
 from tqc.ablate import FIGURES, CellResult, _dig, local_overrides, select_cells, without_prior_shift, write_report
 from tqc.cli import parse_overrides
 from tqc.config import ConfigError, Params, flatten, load_params, unflatten
-from tqc.io import file_digest, write_json, write_text
+from tqc.io import file_digest, tree_digests, write_json, write_text
 from tqc.tracking import git_commit
 
 log = logging.getLogger("gpu_grid")
@@ -87,13 +87,12 @@ def inputs_digest(params: Params, project: Path) -> str:
     """A digest of what data preparation reads besides params: every file of the data directory and
     of the additions, and the preparation code. DVC tracks the same as the stages' deps."""
     code = Path(__file__).resolve().parents[1] / "src" / "tqc"
-    roots = [Path(params.data.data_dir), code / "catalogs"] + ([project / params.data.additions] if params.data.additions else [])
-    files = [path for root in roots if root.exists() for path in sorted(root.rglob("*")) if path.is_file()]
-    files += [code / name for name in PREPARATION_CODE]
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(f"{path.name}:{file_digest(path, 'sha256')}\n".encode())
-    return digest.hexdigest()[:12]
+    roots = {"data": Path(params.data.data_dir), "catalogs": code / "catalogs",
+             "additions": project / params.data.additions if params.data.additions else None}
+    # each file by its path in its root (linked sub-folders included), not the machine's path to the root
+    inputs = {name: tree_digests(root) if root else {} for name, root in roots.items()}
+    inputs["code"] = {name: file_digest(code / name, "sha256") for name in PREPARATION_CODE}
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def prepare(base: Params, grids: list[str], out: Path, project: Path, variants: list[str] | None = None,

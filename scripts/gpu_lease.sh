@@ -7,7 +7,8 @@
 # benchmark, and grid cells until SECONDS_TOTAL is nearly up. Logs and results go to $OUT.
 # usage: bash scripts/gpu_lease.sh SECONDS_TOTAL [scripts/gpu_grid.py train arguments...] [--and more train arguments...]
 #        each "--and" starts another selection (its own --grid/--variant/--where/--done/--workers), trained side by
-#        side with the others into its own folder, because one train's --variant and --where apply to all its grids
+#        side with the others into its own folder, because one train's --variant and --where apply to all its grids;
+#        each selection gives its own -B budget (and --seed, --code-version): nothing carries over between them
 #        SKIP_TESTS=1 / SKIP_BENCH=1 leave those steps out
 total=$1; shift
 cd "$(dirname "$0")/.."

@@ -22,19 +22,26 @@ def tree_digests(root: str | Path, suffix: str = "") -> dict[str, str]:
     """{path relative to root: sha256} of every file under `root` whose name ends with `suffix`, sorted by path.
 
     Linked sub-folders are walked (`Path.rglob` does not descend into them), so a model folder that links its
-    encoder's folder hashes that encoder too; a link back to a folder above it is not followed twice."""
+    encoder's folder hashes that encoder too. A link that leads back into the walk's own path (to a folder on the
+    way to it or above one, through any number of links) is not followed: that walk would never end."""
     root = Path(root)
     files = {}
+    chains = {os.fspath(root): (os.path.realpath(root),)}  # each folder to walk: the real folders on its way from root
     for folder, subfolders, names in os.walk(root, followlinks=True):
-        here = os.path.realpath(folder)
-        subfolders[:] = [name for name in subfolders if not _contains(os.path.realpath(os.path.join(folder, name)), here)]
+        chain = chains.pop(folder)
+        subfolders[:] = [name for name in subfolders if _off_the_chain(os.path.join(folder, name), chain, chains)]
         files.update({str(Path(folder, name).relative_to(root)): Path(folder, name) for name in names if name.endswith(suffix)})
     return {relative: file_digest(path, "sha256") for relative, path in sorted(files.items()) if path.is_file()}
 
 
-def _contains(folder: str, inner: str) -> bool:
-    """`folder` is `inner` or one of its parents (real paths): a link to it from `inner` would make a walk endless."""
-    return os.path.commonpath([folder, inner]) == folder
+def _off_the_chain(folder: str, chain: tuple[str, ...], chains: dict[str, tuple[str, ...]]) -> bool:
+    """Whether the walk may enter `folder`: its real path neither is nor holds a folder already on the way to it.
+    If it may, its own chain is recorded, for the walk to read when it gets there."""
+    real = os.path.realpath(folder)
+    if any(os.path.commonpath([real, seen]) == real for seen in chain):
+        return False
+    chains[folder] = (*chain, real)
+    return True
 
 
 def _umask() -> int:

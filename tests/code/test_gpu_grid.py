@@ -135,6 +135,18 @@ def test_changed_input_files_make_a_new_preparation(gpu_grid, tiny_model_dir, tm
     assert "this place located" in new_catalog.read_text() and "this place located" not in old_catalog.read_text()
 
 
+def test_the_inputs_digest_reads_linked_sub_folders_of_the_data_directory(gpu_grid, tmp_path):
+    data, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    data.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "train.txt").write_text("DESC:def What is a question ?\n")
+    (data / "trec").symlink_to(elsewhere, target_is_directory=True)
+    params = load_params(ROOT / "params.yaml", {"data": {"data_dir": str(data)}})
+    before = gpu_grid.inputs_digest(params, tmp_path)
+    (elsewhere / "train.txt").write_text("DESC:def What is another question ?\n")  # a file behind the link changed
+    assert gpu_grid.inputs_digest(params, tmp_path) != before
+
+
 def test_train_and_report_need_the_gpu_budget(gpu_grid, tmp_path):
     with pytest.raises(SystemExit):
         gpu_grid.main(["report", "--params", str(ROOT / "params.yaml"), "--grid", "rebalancing", "--out", str(tmp_path)])

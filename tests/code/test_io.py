@@ -89,7 +89,7 @@ def test_an_atomic_folder_reaches_the_disk_before_the_rename_and_the_rename_afte
     assert events[-1] == ("fsync", str(tmp_path))  # the renames themselves, before returning
 
 
-def test_tree_digests_walk_linked_sub_folders_stop_at_a_link_to_an_ancestor_and_filter_by_suffix(tmp_path):
+def test_tree_digests_walk_linked_sub_folders_follow_no_cycle_and_filter_by_suffix(tmp_path):
     from tqc.io import file_digest, tree_digests
 
     model, elsewhere = tmp_path / "model", tmp_path / "elsewhere"
@@ -99,7 +99,8 @@ def test_tree_digests_walk_linked_sub_folders_stop_at_a_link_to_an_ancestor_and_
     (model / "config.json").write_text("{}")
     (elsewhere / "model.safetensors").write_bytes(b"standard")
     (model / "standard_encoder").symlink_to(elsewhere, target_is_directory=True)
-    (model / "question_encoder" / "loop").symlink_to(model, target_is_directory=True)  # a cycle: walked once
+    (model / "question_encoder" / "loop").symlink_to(model, target_is_directory=True)  # a cycle of one link
+    (elsewhere / "back").symlink_to(model, target_is_directory=True)  # and of two: model → elsewhere → model
 
     every_file = tree_digests(model)
     assert list(every_file) == ["config.json", "question_encoder/model.safetensors", "standard_encoder/model.safetensors"]
