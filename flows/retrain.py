@@ -20,6 +20,7 @@ from prefect.states import Failed
 
 from tqc import retrain as steps
 from tqc.config import ConfigError, Params, load_params
+from tqc.errors import input_errors
 from tqc.tracking import nested_run, standalone_run
 
 
@@ -66,12 +67,7 @@ def retry_unless_permanent(task, task_run, state) -> bool:
     """Prefect's retry condition: a step that failed for a reason a retry cannot change is not retried: no champion
     to refresh, bad params, unreadable or invalid data, a prior file that cannot serve the model. Each would fail
     again the same way, after `retry_delay_seconds` each time."""
-    from tqc.prior import PriorFileError
-    from tqc.readers import ReaderError
-    from tqc.stages.validate import ValidationFailed
-
-    permanent = (steps.RefreshError, ConfigError, ReaderError, ValidationFailed, PriorFileError)
-    return not isinstance(state.result(raise_on_failure=False), permanent)
+    return not isinstance(state.result(raise_on_failure=False), (steps.RefreshError, *input_errors()))
 
 
 @task(cache_policy=NO_CACHE)

@@ -57,7 +57,7 @@ grep -h -A30 "Traceback" /tmp/grid*/worker*.log | head -80
 python3 - <<'PY'
 import json
 import os
-for line in open(os.environ.get("OUT", "/tmp/gpu-lease-out") + "/results.jsonl"):
+for line in open(os.environ["OUT"] + "/results.jsonl"):  # exported above, with its default
     r = json.loads(line); f = r["figures"]
     print(f"{r['grid']:14s} {r['variant']:28s} s{r['seed']} ADMC {100*f['admc_macro_f1']:.2f} AC {100*f['ac_macro_f1']:.2f} acc {100*f['admc_accuracy']:.2f} {r['seconds']:.0f}s {r['epochs_trained']}")
 PY

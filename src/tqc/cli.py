@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from tqc.config import ConfigError, EvaluateParams, Params, load_params
+from tqc.errors import input_errors
 from tqc.tracking import stage_run
 
 
@@ -480,16 +481,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "urllib3", "filelock", "great_expectations", "faiss", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from tqc.prior import PriorFileError
-    from tqc.readers import ReaderError
-    from tqc.stages.validate import ValidationFailed
-
     try:
         dispatch(args)
         from tqc import distributed
 
         distributed.teardown()  # under torchrun: every process leaves the group together
-    except (ConfigError, ReaderError, ValidationFailed, PriorFileError, FileNotFoundError) as exc:
+    except (*input_errors(), FileNotFoundError) as exc:
         print(f"tqc {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a tracking server or study database that cannot be reached, said in one line
