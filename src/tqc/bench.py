@@ -1,4 +1,5 @@
-"""`tqc bench`: seconds per epoch of stage one and stage two at the same batch size.
+"""`tqc bench`: seconds per epoch of stage one and stage two at the same batch size; what the backbone's
+passes by length and the fused optimizer save; what the validate stage adds.
 
 Both stages train the same model on the same rows for the same number of steps; the
 figure that matters is the ratio, measured in one run, since these machines are noisy.
@@ -15,16 +16,18 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
+from torch import nn
 
-from tqc.config import Params
+from tqc.config import Params, StageOneParams
 from tqc.device import pick_device, seed_everything
 from tqc.mining import mine
-from tqc.model.encoder import BiEncoder
+from tqc.model.encoder import PASS_ROWS, BiEncoder
 from tqc.schema import Catalog, load_questions
 from tqc.stages import stage_one, stage_two
-from tqc.training import gold_indices, steps_per_epoch
+from tqc.training import adamw, gold_indices, parameter_groups, steps_per_epoch
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,67 @@ def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("d
     for key, value in report.items():
         print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
     return report
+
+
+def passes(params: Params, steps: int, batch_size: int, train_path: Path, rounds: int = 3, encoded: int = 2000,
+           data_dir: Path = Path("data/validated")) -> dict:
+    """Seconds of stage-one steps and of encoding with one backbone pass per batch against passes of PASS_ROWS
+    questions of similar length, and of AdamW steps with torch's fused kernel against its default one.
+
+    The two settings alternate in `rounds` rounds and each figure is the median of its rounds, so a slow spell of
+    the machine does not fall on one side; the ratios are the figures to read.
+    """
+    seed_everything(params.seed)
+    catalog = Catalog.load(data_dir / "catalog.jsonl")
+    train_rows = load_questions(train_path)
+    validation = load_questions(data_dir / "validation.jsonl")[:8]  # validation is not what is timed
+    texts = [q.text for q in train_rows][:encoded]
+    model = BiEncoder.from_params(params.model).to(pick_device())
+    model.set_augmentation(params.augment.implicit, params.augment.rate)
+    training = params.stage_one.model_copy(update={"epochs": 1, "batch_size": batch_size, "max_steps": steps})
+    encoders = {id(model.question): model.question, id(model.standard): model.standard}.values()
+
+    def with_pass_rows(rows: int, timed) -> float:
+        for encoder in encoders:
+            encoder.pass_rows = rows
+        return timed()
+
+    def train_steps() -> float:
+        return stage_one.train(model, train_rows, validation, catalog, training, params.seed).seconds_per_epoch
+
+    def encode() -> float:
+        started = time.perf_counter()
+        model.question.encode(texts, params.evaluate.batch_size)
+        return time.perf_counter() - started
+
+    timings: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for name, rows, timed in (("train_one_pass", batch_size, train_steps), ("train_passes", PASS_ROWS, train_steps),
+                                  ("encode_one_pass", params.evaluate.batch_size, encode), ("encode_passes", PASS_ROWS, encode)):
+            timings.setdefault(name, []).append(with_pass_rows(rows, timed))
+        for name, fused in (("adamw_default", False), ("adamw_fused", True)):
+            timings.setdefault(name, []).append(_optimizer_seconds(model, params.stage_one, steps, fused))
+    report = {"rows_per_pass": PASS_ROWS, "batch_size": batch_size, "timed_steps": steps, "encoded_questions": len(texts),
+              "rounds": rounds, **{f"{name}_seconds": float(np.median(values)) for name, values in timings.items()}}
+    report["train_passes_over_one_pass"] = report["train_passes_seconds"] / report["train_one_pass_seconds"]
+    report["encode_passes_over_one_pass"] = report["encode_passes_seconds"] / report["encode_one_pass_seconds"]
+    report["adamw_fused_over_default"] = report["adamw_fused_seconds"] / report["adamw_default_seconds"]
+    for key, value in report.items():
+        print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
+    return report
+
+
+def _optimizer_seconds(model: BiEncoder, schedule: StageOneParams, steps: int, fused: bool) -> float:
+    """Seconds of `steps` AdamW steps over a copy of the model's parameters, with made-up gradients."""
+    copy = [nn.Parameter(p.detach().clone()) for p in model.parameters()]
+    for p in copy:
+        p.grad = torch.randn_like(p) * 1e-3
+    optimizer = adamw(parameter_groups(nn.ParameterList(copy), schedule.learning_rate), schedule.weight_decay, fused)
+    optimizer.step()  # allocates the moments: not timed
+    started = time.perf_counter()
+    for _ in range(steps):
+        optimizer.step()
+    return time.perf_counter() - started
 
 
 def validate_stage(params: Params, dataset: str) -> dict:

@@ -97,10 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
                               "model's and the file's sha256 (default $XDG_CACHE_HOME/tqc/exemplars, or "
                               "~/.cache/tqc/exemplars; none: encode every call)")
     bench = commands.add_parser("bench", help="benchmarks that print figures")
-    bench.add_argument("what", choices=["epochs", "validate"], help="epochs: seconds per epoch, stage one vs stage two "
-                       "at the same batch size; validate: seconds the validate stage adds on --dataset")
+    bench.add_argument("what", choices=["epochs", "passes", "validate"], help="epochs: seconds per epoch, stage one vs stage "
+                       "two at the same batch size; passes: stage-one steps and encoding in one backbone pass per batch vs "
+                       "passes by length, and AdamW fused vs not; validate: seconds the validate stage adds on --dataset")
     bench.add_argument("--steps", type=at_least_one, default=20,
-                       help="epochs: timed steps per stage, after 3 untimed warm-up steps (default 20)")
+                       help="epochs: timed steps per stage, after 3 untimed warm-up steps; passes: steps per round (default 20)")
+    bench.add_argument("--rounds", type=at_least_one, default=3, help="passes: rounds, alternating the settings (default 3)")
     bench.add_argument("--batch-size", type=at_least_one, default=32, help="epochs: both stages' batch size (default 32)")
     bench.add_argument("--dataset", default="trec50", help="validate: the dataset to validate (default trec50)")
     bench.add_argument("--data", type=Path, default=Path("data/validated"), help="epochs: validated data folder")
@@ -291,12 +293,14 @@ def _bench(args: argparse.Namespace, params: Params) -> None:
 
     if args.what == "epochs":
         report = bench.epochs(params, args.steps, args.batch_size, args.data, args.train)
+    elif args.what == "passes":
+        report = bench.passes(params, args.steps, args.batch_size, args.train, args.rounds, data_dir=args.data)
     else:
         report = bench.validate_stage(params, args.dataset)
     if args.out:
         # epochs: the folders it read (params.yaml's dataset need not be theirs)
         bench.write_report(args.out, {"data": str(args.data), "train": str(args.train), **report}
-                           if args.what == "epochs" else report)
+                           if args.what in ("epochs", "passes") else report)
 
 
 def _predict(args: argparse.Namespace) -> None:

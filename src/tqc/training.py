@@ -76,6 +76,19 @@ def parameter_groups(module: nn.Module, learning_rate: float) -> list[dict]:
     return [group for group in groups if group["params"]]
 
 
+def adamw(param_groups: list[dict], weight_decay: float, fused: bool | None = None) -> torch.optim.AdamW:
+    """AdamW, with torch's fused kernel where the parameters' device has one (CPU, CUDA) unless `fused` says.
+
+    Fused, it computes the same update up to float rounding. The default loops over the parameters a tensor at
+    a time: on the 2-core CPU its step over the two MiniLM encoders' 45 M parameters took 0.26 s, about a
+    sixth of a stage-one step at batch size 64, and the fused one 0.23 × that (`tqc bench passes`).
+    """
+    param_groups = [{**group, "params": list(group["params"])} for group in param_groups]  # torch takes any iterable
+    if fused is None:
+        fused = all(p.device.type in ("cpu", "cuda") for group in param_groups for p in group["params"])
+    return torch.optim.AdamW(param_groups, weight_decay=weight_decay, fused=fused)
+
+
 def linear_warmup(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float):
     warmup = max(1, int(total_steps * warmup_ratio))
 
@@ -109,7 +122,7 @@ def fit(
     """
     epochs, batch_size, max_steps, patience = schedule.epochs, schedule.batch_size, schedule.max_steps, schedule.patience
     rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(param_groups, weight_decay=schedule.weight_decay)
+    optimizer = adamw(param_groups, schedule.weight_decay)
     scheduler = linear_warmup(optimizer, steps_per_epoch(n_rows, batch_size, max_steps) * epochs, schedule.warmup_ratio)
     device = next(model.parameters()).device
     distributed.broadcast_parameters(model)

@@ -77,3 +77,19 @@ def test_steps_beyond_one_epoch_time_one_epoch_and_say_so(tiny_model_dir, tmp_pa
     assert max_steps == one_epoch and report["timed_steps"] == one_epoch  # was 20, and the time divided by 20
     assert report["stage_one_seconds_per_epoch"] == pytest.approx(seconds)  # was 0.40 of the epoch it measured
     assert "--steps 20 is more than one epoch" in caplog.text
+
+
+def test_the_passes_benchmark_times_both_settings_of_each_in_every_round(tiny_model_dir, tmp_path, capsys):
+    from tqc.model.encoder import PASS_ROWS
+
+    data = tmp_path / "validated"
+    Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()]).save(data / "catalog.jsonl")
+    save_questions(data / "train.jsonl", [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 20)])
+    save_questions(data / "validation.jsonl", [LabeledQuestion(t, c) for t, c in synthetic_questions(1, 3)])
+    params = Params.model_validate(tiny_params(tmp_path / "unused", tiny_model_dir))
+    report = bench.passes(params, steps=2, batch_size=8, train_path=data / "train.jsonl", rounds=2, encoded=30, data_dir=data)
+    assert report["rows_per_pass"] == PASS_ROWS and report["rounds"] == 2 and report["encoded_questions"] == 30
+    for setting in ("train_one_pass", "train_passes", "encode_one_pass", "encode_passes", "adamw_default", "adamw_fused"):
+        assert report[f"{setting}_seconds"] > 0, setting
+    assert report["adamw_fused_over_default"] == pytest.approx(report["adamw_fused_seconds"] / report["adamw_default_seconds"])
+    assert "train_passes_over_one_pass:" in capsys.readouterr().out

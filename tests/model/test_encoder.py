@@ -187,3 +187,79 @@ def test_weight_decay_reaches_matrices_but_not_biases_or_layer_norms(tiny_model_
             assert torch.equal(p, before[name]), name
         elif before[name].any():  # the MLP scorer's last layer starts at zero
             assert p.norm() < before[name].norm(), name
+
+
+MIXED_LENGTHS = ["why", "what is the capital of a very large country far away from here", "who", "how far",
+                 "which river runs through the oldest town in the northern part of the land", "when", "where is it"]
+
+
+def test_passes_by_length_give_each_question_the_vector_of_one_padded_pass(tiny_model_dir):
+    torch.manual_seed(0)
+    encoder = TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 32).eval()
+    with torch.no_grad():
+        encoder.pass_rows = len(MIXED_LENGTHS)
+        one_pass = encoder(MIXED_LENGTHS)  # (7, D), every question padded to the longest
+        encoder.pass_rows = 2
+        in_passes = encoder(MIXED_LENGTHS)  # four passes, the short questions together
+        alone = torch.cat([encoder([text]) for text in MIXED_LENGTHS])  # no padding at all
+    assert in_passes.shape == one_pass.shape
+    assert torch.allclose(in_passes, one_pass, atol=1e-5)  # and in the order of the texts
+    assert torch.allclose(in_passes, alone, atol=1e-5)
+    assert not torch.allclose(in_passes[0], in_passes[2], atol=1e-3)  # different questions, different rows
+
+
+def test_passes_keep_every_real_token_of_a_left_padding_tokenizer(tiny_model_dir):
+    # Left padding moves a BERT's positions with the padding, so only an unpadded pass is compared
+    encoder = TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 32).eval()
+    encoder.tokenizer.padding_side = "left"
+    encoder.pass_rows = 1
+    with torch.no_grad():
+        in_passes = encoder(MIXED_LENGTHS)
+        alone = torch.cat([encoder([text]) for text in MIXED_LENGTHS])
+    assert torch.allclose(in_passes, alone, atol=1e-5)
+
+
+def test_passes_cut_the_padding_a_long_question_forces_on_short_ones(tiny_model_dir, monkeypatch):
+    encoder = TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 32)
+    widths = []
+    backbone_forward = encoder.backbone.forward
+
+    def recording(*args, **kwargs):
+        widths.append(tuple(kwargs["inputs_embeds"].shape[:2]))  # (rows, tokens) of each pass
+        return backbone_forward(*args, **kwargs)
+
+    monkeypatch.setattr(encoder.backbone, "forward", recording)
+    encoder.pass_rows = 4
+    encoder(MIXED_LENGTHS)
+    lengths = sorted(int(n) for n in encoder.tokenize(MIXED_LENGTHS)["attention_mask"].sum(1))
+    assert widths == [(4, lengths[3]), (3, lengths[6])]  # the four shortest padded to the 4th, not the 7th
+
+
+def test_encode_returns_vectors_in_the_order_of_the_texts_whatever_their_lengths(tiny_model_dir):
+    encoder = TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 32)
+    encoded = encoder.encode(MIXED_LENGTHS, batch_size=3)  # sorted by length into batches of 3, then put back
+    with torch.no_grad():
+        alone = torch.cat([encoder.eval()([text]) for text in MIXED_LENGTHS])
+    assert torch.allclose(encoded, alone, atol=1e-5)
+    assert encoder.encode([]).shape == (0, encoder.hidden_size)
+
+
+def test_adamw_is_fused_on_cpu_and_takes_the_default_step(tiny_model_dir):
+    from tqc.training import adamw
+
+    torch.manual_seed(0)
+    steps = {}
+    for fused in (None, False):
+        model = tiny_bi_encoder(tiny_model_dir)
+        model.load_state_dict(tiny_bi_encoder(tiny_model_dir).state_dict())
+        optimizer = adamw(parameter_groups(model, learning_rate=1e-2), weight_decay=0.1, fused=fused)
+        assert optimizer.defaults["fused"] is (fused is None)  # None: fused where the device has the kernel
+        for step in range(3):
+            generator = torch.Generator().manual_seed(step)
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape, generator=generator)
+            optimizer.step()
+        steps[fused] = [p.detach() for p in model.parameters()]
+    moved = [not torch.equal(p, q) for p, q in zip(steps[None], tiny_bi_encoder(tiny_model_dir).parameters())]
+    assert any(moved)
+    assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(steps[None], steps[False]))

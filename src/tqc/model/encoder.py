@@ -64,6 +64,20 @@ def unloadable(param: str, name: str, exc: Exception | str, hint: str = "") -> C
     return ConfigError(f"{param}: {reason}" + (f"; or {hint}" if hint and not path.exists() else ""))
 
 
+# Rows per backbone pass. A batch's questions are sorted by length and run in passes of this many, each padded
+# to its own longest question instead of the batch's: TREC-6's training batches of 64 hold about twice as many
+# padded tokens as real ones. On the 2-core CPU, stage-one steps at batch size 64 took 0.72 × the time of one
+# pass per batch, and encoding 2,000 questions in batches of 256 took 0.69 × (`tqc bench passes`). 16 rows
+# saved as much as 32 there; 32 keeps the passes few where a GPU would rather take the batch whole.
+PASS_ROWS = 32
+
+
+def _trimmed(batch: dict[str, torch.Tensor], rows: torch.Tensor, width: int, padding_side: str) -> dict[str, torch.Tensor]:
+    """The tokenized batch's `rows` (P,), cut to `width` tokens: the real ones, with the padding on its side."""
+    columns = slice(-width, None) if padding_side == "left" else slice(0, width)
+    return {key: value[rows][:, columns] for key, value in batch.items()}
+
+
 class Pooling(nn.Module):
     """Token states (B, T, D) and mask (B, T) → sentence vector (B, D)."""
 
@@ -119,6 +133,7 @@ class TextEncoder(nn.Module):
         self.pooling = Pooling(pooling, backbone.config.hidden_size)
         self.max_length = max_length
         self.augmentation = augmentation or EmbeddingAugmentation([], 0.0)
+        self.pass_rows = PASS_ROWS
 
     @property
     def hidden_size(self) -> int:
@@ -146,13 +161,25 @@ class TextEncoder(nn.Module):
         return {k: v.to(self.device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
     def forward(self, texts: list[str], augment: bool = True) -> torch.Tensor:
-        """texts (B,) → embeddings (B, D); `augment=False` skips the implicit augmentation (the catalog side)."""
+        """texts (B,) → embeddings (B, D); `augment=False` skips the implicit augmentation (the catalog side).
+
+        The batch runs through the backbone in passes of at most `pass_rows` questions of similar length, each
+        padded only to its own longest: a question's vector does not depend on the others in its pass.
+        """
         batch = self.tokenize(texts)
-        input_ids = batch.pop("input_ids")
-        embeddings = self.backbone.get_input_embeddings()(input_ids)  # (B, T, D)
+        lengths = batch["attention_mask"].sum(1)  # (B,)
+        by_length = lengths.argsort(stable=True)
+        passes = [self._pooled(_trimmed(batch, rows, int(lengths[rows].max()), self.tokenizer.padding_side), augment)
+                  for rows in by_length.split(self.pass_rows)]
+        return torch.cat(passes)[by_length.argsort()]  # back to the order of `texts`
+
+    def _pooled(self, batch: dict[str, torch.Tensor], augment: bool) -> torch.Tensor:
+        """Token ids (P, T) and masks → embeddings (P, D)."""
+        batch = dict(batch)
+        embeddings = self.backbone.get_input_embeddings()(batch.pop("input_ids"))  # (P, T, D)
         if augment:
             embeddings = self.augmentation(embeddings)
-        states = self.backbone(inputs_embeds=embeddings, **batch).last_hidden_state  # (B, T, D)
+        states = self.backbone(inputs_embeds=embeddings, **batch).last_hidden_state  # (P, T, D)
         return self.pooling(states, batch["attention_mask"])
 
     @torch.no_grad()
@@ -162,12 +189,18 @@ class TextEncoder(nn.Module):
 
         was_training = self.training
         self.eval()
+        # Batches of texts of similar length (by characters, a cheap stand-in for tokens) pad little
+        by_length = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         chunks = []
         for start in tqdm(range(0, len(texts), batch_size), desc=description, leave=False, disable=len(texts) <= batch_size):
             with autocast(self.device):
-                chunks.append(self(texts[start : start + batch_size]).float().cpu())
+                chunks.append(self([texts[i] for i in by_length[start : start + batch_size]]).float().cpu())
         self.train(was_training)
-        return torch.cat(chunks) if chunks else torch.empty(0, self.hidden_size)
+        if not chunks:
+            return torch.empty(0, self.hidden_size)
+        encoded = torch.empty(len(texts), self.hidden_size)
+        encoded[torch.as_tensor(by_length)] = torch.cat(chunks)  # back to the order of `texts`
+        return encoded
 
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
