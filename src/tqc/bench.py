@@ -21,7 +21,7 @@ import torch
 import yaml
 from torch import nn
 
-from tqc.config import Params, StageOneParams
+from tqc.config import ConfigError, Params, StageOneParams
 from tqc.device import pick_device, seed_everything
 from tqc.mining import mine
 from tqc.model.encoder import PASS_ROWS, BiEncoder
@@ -82,6 +82,9 @@ def passes(params: Params, steps: int, batch_size: int, train_path: Path, rounds
     The two settings alternate in `rounds` rounds and each figure is the median of its rounds, so a slow spell of
     the machine does not fall on one side; the ratios are the figures to read.
     """
+    if batch_size <= PASS_ROWS:
+        raise ConfigError(f"bench passes: --batch-size {batch_size} fits in one pass of {PASS_ROWS} rows, so both "
+                          f"settings would time the same thing; give more than {PASS_ROWS}, e.g. 64")
     seed_everything(params.seed)
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     train_rows = load_questions(train_path)

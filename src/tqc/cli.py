@@ -103,10 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--steps", type=at_least_one, default=20,
                        help="epochs: timed steps per stage, after 3 untimed warm-up steps; passes: steps per round (default 20)")
     bench.add_argument("--rounds", type=at_least_one, default=3, help="passes: rounds, alternating the settings (default 3)")
-    bench.add_argument("--batch-size", type=at_least_one, default=32, help="epochs: both stages' batch size (default 32)")
+    bench.add_argument("--batch-size", type=at_least_one, default=32, help="epochs: both stages' batch size; passes: "
+                       "stage one's, which must exceed the rows per pass (32) for there to be passes (default 32)")
     bench.add_argument("--dataset", default="trec50", help="validate: the dataset to validate (default trec50)")
-    bench.add_argument("--data", type=Path, default=Path("data/validated"), help="epochs: validated data folder")
-    bench.add_argument("--train", type=Path, default=Path("data/augmented/train.jsonl"), help="epochs: training rows")
+    bench.add_argument("--data", type=Path, default=Path("data/validated"), help="epochs, passes: validated data folder")
+    bench.add_argument("--train", type=Path, default=Path("data/augmented/train.jsonl"), help="epochs, passes: training rows")
     bench.add_argument("--out", type=Path, help="also write the figures, with the machine and code version, to this JSON file")
     return parser
 

@@ -80,6 +80,7 @@ def test_steps_beyond_one_epoch_time_one_epoch_and_say_so(tiny_model_dir, tmp_pa
 
 
 def test_the_passes_benchmark_times_both_settings_of_each_in_every_round(tiny_model_dir, tmp_path, capsys):
+    from tqc.config import ConfigError
     from tqc.model.encoder import PASS_ROWS
 
     data = tmp_path / "validated"
@@ -87,7 +88,9 @@ def test_the_passes_benchmark_times_both_settings_of_each_in_every_round(tiny_mo
     save_questions(data / "train.jsonl", [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 20)])
     save_questions(data / "validation.jsonl", [LabeledQuestion(t, c) for t, c in synthetic_questions(1, 3)])
     params = Params.model_validate(tiny_params(tmp_path / "unused", tiny_model_dir))
-    report = bench.passes(params, steps=2, batch_size=8, train_path=data / "train.jsonl", rounds=2, encoded=30, data_dir=data)
+    with pytest.raises(ConfigError, match="--batch-size 32 fits in one pass"):
+        bench.passes(params, steps=2, batch_size=PASS_ROWS, train_path=data / "train.jsonl", data_dir=data)
+    report = bench.passes(params, steps=2, batch_size=40, train_path=data / "train.jsonl", rounds=2, encoded=30, data_dir=data)
     assert report["rows_per_pass"] == PASS_ROWS and report["rounds"] == 2 and report["encoded_questions"] == 30
     for setting in ("train_one_pass", "train_passes", "encode_one_pass", "encode_passes", "adamw_default", "adamw_fused"):
         assert report[f"{setting}_seconds"] > 0, setting

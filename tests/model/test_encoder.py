@@ -263,3 +263,18 @@ def test_adamw_is_fused_on_cpu_and_takes_the_default_step(tiny_model_dir):
     moved = [not torch.equal(p, q) for p, q in zip(steps[None], tiny_bi_encoder(tiny_model_dir).parameters())]
     assert any(moved)
     assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(steps[None], steps[False]))
+
+
+def test_a_batch_in_passes_sends_each_question_its_own_gradient(tiny_model_dir):
+    # Eval mode: no dropout, so the two settings compute the same function of the weights
+    encoder = TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 32).eval()
+    weights = torch.randn(len(MIXED_LENGTHS), encoder.hidden_size, generator=torch.Generator().manual_seed(0))  # (7, D)
+    gradients = {}
+    for rows in (len(MIXED_LENGTHS), 2):
+        encoder.zero_grad(set_to_none=True)
+        encoder.pass_rows = rows
+        (encoder(MIXED_LENGTHS) * weights).sum().backward()  # a loss that tells the questions apart
+        gradients[rows] = {name: p.grad.clone() for name, p in encoder.named_parameters() if p.grad is not None}
+    assert gradients[2].keys() == gradients[len(MIXED_LENGTHS)].keys() and gradients[2]
+    for name, gradient in gradients[2].items():
+        assert torch.allclose(gradient, gradients[len(MIXED_LENGTHS)][name], atol=1e-5), name
