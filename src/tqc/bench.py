@@ -32,14 +32,20 @@ from tqc.training import adamw, gold_indices, parameter_groups, steps_per_epoch
 log = logging.getLogger(__name__)
 
 
-def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("data/validated"),
-           train_path: Path = Path("data/augmented/train.jsonl")) -> dict:
+def _training_setup(params: Params, data_dir: Path, train_path: Path):
+    """The catalog, the training rows, a few validation rows and a fresh model, as stage one would start."""
     seed_everything(params.seed)
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     train_rows = load_questions(train_path)
     validation = load_questions(data_dir / "validation.jsonl")[:8]  # validation is not what is timed
     model = BiEncoder.from_params(params.model).to(pick_device())
     model.set_augmentation(params.augment.implicit, params.augment.rate)
+    return catalog, train_rows, validation, model
+
+
+def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("data/validated"),
+           train_path: Path = Path("data/augmented/train.jsonl")) -> dict:
+    catalog, train_rows, validation, model = _training_setup(params, data_dir, train_path)
 
     questions = model.question.encode([q.text for q in train_rows]).numpy()
     negatives, _ = mine(questions, model.standard.encode(catalog.texts).numpy(), gold_indices(train_rows, catalog), params.mine.k,
@@ -85,15 +91,10 @@ def passes(params: Params, steps: int, batch_size: int, train_path: Path, rounds
     if batch_size <= PASS_ROWS:
         raise ConfigError(f"bench passes: --batch-size {batch_size} fits in one pass of {PASS_ROWS} rows, so both "
                           f"settings would time the same thing; give more than {PASS_ROWS}, e.g. 64")
-    seed_everything(params.seed)
-    catalog = Catalog.load(data_dir / "catalog.jsonl")
-    train_rows = load_questions(train_path)
-    validation = load_questions(data_dir / "validation.jsonl")[:8]  # validation is not what is timed
+    catalog, train_rows, validation, model = _training_setup(params, data_dir, train_path)
     texts = [q.text for q in train_rows][:encoded]
-    model = BiEncoder.from_params(params.model).to(pick_device())
-    model.set_augmentation(params.augment.implicit, params.augment.rate)
     training = params.stage_one.model_copy(update={"epochs": 1, "batch_size": batch_size, "max_steps": steps})
-    encoders = {id(model.question): model.question, id(model.standard): model.standard}.values()
+    encoders = {model.question, model.standard}  # one encoder when tied
 
     def with_pass_rows(rows: int, timed) -> float:
         for encoder in encoders:
