@@ -66,13 +66,22 @@ def check_launch(backend: str, nproc_per_node: int) -> None:
 
     from tqc.config import ConfigError
 
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise ConfigError("distributed.backend is 'nccl', which needs a CUDA device, and this machine has none: "
-                          "use auto (nccl on GPUs, gloo otherwise) or gloo")
+    check_backend(backend)
     if torch.cuda.is_available() and nproc_per_node > torch.cuda.device_count():
         raise ConfigError(f"distributed.nproc_per_node is {nproc_per_node}, and this machine has "
                           f"{torch.cuda.device_count()} CUDA device(s): each process trains on a GPU of its own, so use at "
                           "most that many (or CUDA_VISIBLE_DEVICES= to train on the CPU with gloo)")
+
+
+def check_backend(backend: str) -> None:
+    """NCCL needs CUDA: said before a process group is joined, not as its own error."""
+    import torch
+
+    from tqc.config import ConfigError
+
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ConfigError("distributed.backend is 'nccl', which needs a CUDA device, and this machine has none: "
+                          "use auto (nccl on GPUs, gloo otherwise) or gloo")
 
 
 def _check_own_gpu() -> None:
@@ -93,7 +102,7 @@ def setup(backend: str = "auto") -> None:
 
     if world_size() <= 1 or dist.is_initialized():
         return
-    check_launch(backend, 1)
+    check_backend(backend)  # the GPU count is _check_own_gpu's, per rank
     cuda = torch.cuda.is_available()
     if cuda:
         _check_own_gpu()

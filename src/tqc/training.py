@@ -80,8 +80,8 @@ def adamw(param_groups: list[dict], weight_decay: float, fused: bool | None = No
     """AdamW, with torch's fused kernel where the parameters' device has one (CPU, CUDA) unless `fused` says.
 
     Fused, it computes the same update up to float rounding. The default loops over the parameters a tensor at
-    a time: on the 2-core CPU its step over the two MiniLM encoders' 45 M parameters took 0.26 s, about a
-    sixth of a stage-one step at batch size 64, and the fused one 0.23 × that (`tqc bench passes`).
+    a time: on the 2-core CPU its step over the two MiniLM encoders' 45 M parameters took 0.25 s, about a
+    sixth of a stage-one step at batch size 64, and the fused one 0.24 × that (`tqc bench passes`).
     """
     param_groups = [{**group, "params": list(group["params"])} for group in param_groups]  # torch takes any iterable
     if fused is None:

@@ -219,6 +219,31 @@ def test_passes_keep_every_real_token_of_a_left_padding_tokenizer(tiny_model_dir
     assert torch.allclose(in_passes, alone, atol=1e-5)
 
 
+def test_passes_take_right_padding_from_a_tokenizer_that_does_not_name_its_side(tiny_model_dir):
+    class BareTokenizer:  # a callable tokenizer with no padding_side attribute, padding on the right
+        def __init__(self, tokenizer):
+            self.tokenizer = tokenizer
+
+        def __call__(self, *args, **kwargs):
+            return self.tokenizer(*args, **kwargs)
+
+    encoder = TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 32).eval()
+    with torch.no_grad():
+        named = encoder(MIXED_LENGTHS)
+        encoder.tokenizer = BareTokenizer(encoder.tokenizer)
+        assert not hasattr(encoder.tokenizer, "padding_side")
+        encoder.pass_rows = 2
+        bare = encoder(MIXED_LENGTHS)
+    assert torch.allclose(bare, named, atol=1e-5)
+
+
+def test_tokenize_leaves_the_ids_on_the_cpu_until_a_pass_is_cut(tiny_model_dir):
+    # A pass's width is read from the lengths; on a GPU that read would wait for the device every pass
+    encoder = TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 32).to("meta")  # a device that is not the CPU
+    assert {value.device.type for value in encoder.tokenize(MIXED_LENGTHS).values()} == {"cpu"}
+    assert {value.device.type for value in encoder._on_device(encoder.tokenize(["why"])).values()} == {"meta"}
+
+
 def test_passes_cut_the_padding_a_long_question_forces_on_short_ones(tiny_model_dir, monkeypatch):
     encoder = TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 32)
     widths = []

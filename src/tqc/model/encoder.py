@@ -66,7 +66,7 @@ def unloadable(param: str, name: str, exc: Exception | str, hint: str = "") -> C
 
 # Rows per backbone pass. A batch's questions are sorted by length and run in passes of this many, each padded
 # to its own longest question instead of the batch's: TREC-6's training batches of 64 hold about twice as many
-# padded tokens as real ones. On the 2-core CPU, stage-one steps at batch size 64 took 0.72 × the time of one
+# padded tokens as real ones. On the 2-core CPU, stage-one steps at batch size 64 took 0.77 × the time of one
 # pass per batch, and encoding 2,000 questions in batches of 256 took 0.69 × (`tqc bench passes`). 16 rows
 # saved as much as 32 there; 32 keeps the passes few where a GPU would rather take the batch whole.
 PASS_ROWS = 32
@@ -157,8 +157,9 @@ class TextEncoder(nn.Module):
         return cls(backbone, tokenizer, pooling, max_length)
 
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        """texts (B,) → token ids, masks (B, T) on the CPU, padded to the longest."""
         batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
-        return {k: v.to(self.device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+        return {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
     def forward(self, texts: list[str], augment: bool = True) -> torch.Tensor:
         """texts (B,) → embeddings (B, D); `augment=False` skips the implicit augmentation (the catalog side).
@@ -166,12 +167,19 @@ class TextEncoder(nn.Module):
         The batch runs through the backbone in passes of at most `pass_rows` questions of similar length, each
         padded only to its own longest: a question's vector does not depend on the others in its pass.
         """
-        batch = self.tokenize(texts)
+        batch = self.tokenize(texts)  # on the CPU: a pass's width read from a CUDA tensor would wait for the GPU
         lengths = batch["attention_mask"].sum(1)  # (B,)
         by_length = lengths.argsort(stable=True)
-        passes = [self._pooled(_trimmed(batch, rows, int(lengths[rows].max()), self.tokenizer.padding_side), augment)
+        # Tokenizers without the attribute pad on the right, as transformers' own default does
+        padding_side = getattr(self.tokenizer, "padding_side", "right")
+        passes = [self._pooled(self._on_device(_trimmed(batch, rows, int(lengths[rows].max()), padding_side)), augment)
                   for rows in by_length.split(self.pass_rows)]
-        return torch.cat(passes)[by_length.argsort()]  # back to the order of `texts`
+        order = by_length.argsort().to(passes[0].device)
+        return torch.cat(passes)[order]  # back to the order of `texts`
+
+    def _on_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        device = self.device
+        return {key: value.to(device) for key, value in batch.items()}
 
     def _pooled(self, batch: dict[str, torch.Tensor], augment: bool) -> torch.Tensor:
         """Token ids (P, T) and masks → embeddings (P, D)."""
