@@ -74,7 +74,7 @@ def check_launch(backend: str, nproc_per_node: int) -> None:
 
 
 def check_backend(backend: str) -> None:
-    """NCCL needs CUDA: said before a process group is joined, not as its own error."""
+    """NCCL needs CUDA: said in one line before a process group is joined, not as NCCL's own error."""
     import torch
 
     from tqc.config import ConfigError

@@ -11,8 +11,9 @@ def input_errors() -> tuple[type[Exception], ...]:
     with it, and running again unchanged fails the same way: `tqc` says them in one line, and the retrain flow does
     not retry them. Imported when called, so importing this module costs nothing."""
     from tqc.config import ConfigError
+    from tqc.incoming import UnreadableReference
     from tqc.prior import PriorFileError
     from tqc.readers import ReaderError
     from tqc.stages.validate import ValidationFailed
 
-    return (ConfigError, ReaderError, ValidationFailed, PriorFileError)
+    return (ConfigError, ReaderError, ValidationFailed, PriorFileError, UnreadableReference)

@@ -3,7 +3,8 @@
 The batch is judged by the validate stage's own contract, against the current catalog and
 splits: the new rows join the current training rows (so a repeat of a known question or a
 label conflicting with one is caught), and leakage into validation or test is checked.
-Exit code 0: clean; 1: some rows would be quarantined; 2: the file is unusable.
+Exit code 0: clean; 1: some rows would be quarantined; 2: the file is unusable, or the current data
+(`--against`) cannot be read.
 """
 
 from __future__ import annotations
@@ -22,15 +23,28 @@ log = logging.getLogger(__name__)
 CLEAN, QUARANTINED, UNUSABLE = 0, 1, 2
 
 
+class UnreadableReference(Exception):
+    """The current data a batch is checked against cannot be read: no fault of the batch's."""
+
+
+def load_reference(against: Path) -> tuple[Catalog, dict[str, list]]:
+    """The current catalog and splits (the validate stage's output), or UnreadableReference naming what is wrong."""
+    try:
+        catalog = Catalog.load(against / "catalog.jsonl")
+        return catalog, {split: load_questions(against / f"{split}.jsonl") for split in ("train", "validation", "test")}
+    except (OSError, ValueError) as exc:  # each names the file (and the line) at fault
+        raise UnreadableReference(f"{against}: the current data to check against cannot be read: {exc}") from None
+
+
 def check_batch(path: Path, against: Path, params: Params) -> dict:
-    """What would be accepted and what quarantined, and why. Raises ReaderError or ValidationFailed.
+    """What would be accepted and what quarantined, and why. Raises ReaderError or ValidationFailed for a bad
+    batch, UnreadableReference for a bad `against`.
 
     The rows are judged as the training rows they would become: a critical row-level expectation makes
     the file unusable when it would fail for more than `max_quarantined_fraction` of the grown training
     set (a wholesale failure the validate stage would stop on); below that the failing rows are
     quarantined, each with its line, and the others accepted."""
-    catalog = Catalog.load(against / "catalog.jsonl")
-    current = {split: load_questions(against / f"{split}.jsonl") for split in ("train", "validation", "test")}
+    catalog, current = load_reference(against)
     parsed = require_rows(read_table(path, params.data.custom.text_column, params.data.custom.label_column), path)
     splits = {"train": current["train"] + parsed.rows, "validation": current["validation"], "test": current["test"]}
     accepted, quarantined, _, outcomes = check(splits, catalog, params.validate_)
@@ -52,6 +66,9 @@ def check_batch(path: Path, against: Path, params: Params) -> dict:
 def main(path: Path, against: Path, params: Params) -> int:
     try:
         report = check_batch(path, against, params)
+    except UnreadableReference as exc:  # exit 2, not an uncaught error's 1, which says QUARANTINED here
+        print(f"{exc} (the validate stage writes it: `dvc repro validate`)")
+        return UNUSABLE
     except (ReaderError, ValidationFailed, FileNotFoundError) as exc:
         print(f"{path}: unusable: {exc}")
         return UNUSABLE

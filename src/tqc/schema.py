@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tqc.io import numbered_jsonl, read_jsonl, write_jsonl
+from tqc.io import numbered_jsonl, write_jsonl
 
 
 @dataclass(frozen=True)
@@ -89,19 +89,31 @@ CATALOG_ROW = {"class_id": str, "text": str, "derived": bool}  # a catalog line'
 
 
 def _standard_question(row: object, where: str) -> StandardQuestion:
+    return StandardQuestion(**_checked_row(row, where, CATALOG_ROW, "catalog line", "is this a file of labeled questions?"))
+
+
+QUESTION_ROW = {"text": str, "class_id": str, "source": str, "generated": bool, "origins": list}  # text, class_id required
+
+
+def _labeled_question(row: object, where: str) -> LabeledQuestion:
+    return LabeledQuestion(**_checked_row(row, where, QUESTION_ROW, "labeled question", "is this a catalog?"))
+
+
+def _checked_row(row: object, where: str, fields: dict[str, type], what: str, guess: str) -> dict:
+    """A JSONL line as `fields` describe it (the first two required), or an error naming the file and line."""
     if not isinstance(row, dict):
-        raise ValueError(f"{where}: a catalog line is a JSON object with class_id and text, not {type(row).__name__}")
-    unknown, missing = sorted(set(row) - set(CATALOG_ROW)), [k for k in ("class_id", "text") if k not in row]
+        raise ValueError(f"{where}: a {what} is a JSON object with {' and '.join(list(fields)[:2])}, not {type(row).__name__}")
+    unknown, missing = sorted(set(row) - set(fields)), [k for k in list(fields)[:2] if k not in row]
     if unknown or missing:
         said = "; ".join(part for part in (f"no {', '.join(missing)}" if missing else "",
                                            f"unexpected {', '.join(unknown)}" if unknown else "") if part)
-        raise ValueError(f"{where}: not a catalog line ({said}); a catalog line has class_id, text and optionally "
-                         "derived (is this a file of labeled questions?)")
-    wrong = [key for key, value in row.items() if not isinstance(value, CATALOG_ROW[key])]
+        raise ValueError(f"{where}: not a {what} ({said}); a {what} has {', '.join(list(fields)[:2])} and optionally "
+                         f"{', '.join(list(fields)[2:])} ({guess})")
+    wrong = [key for key, value in row.items() if not isinstance(value, fields[key])]
     if wrong:
-        raise ValueError(f"{where}: " + ", ".join(f"{key} is {type(row[key]).__name__}, not {CATALOG_ROW[key].__name__}"
+        raise ValueError(f"{where}: " + ", ".join(f"{key} is {type(row[key]).__name__}, not {fields[key].__name__}"
                                                   for key in wrong))
-    return StandardQuestion(**row)
+    return row
 
 
 def _record(question: LabeledQuestion) -> dict:
@@ -116,4 +128,6 @@ def save_questions(path: str | Path, questions: list[LabeledQuestion]) -> int:
 
 
 def load_questions(path: str | Path) -> list[LabeledQuestion]:
-    return [LabeledQuestion(**row) for row in read_jsonl(path)]
+    """A file of labeled questions (`save_questions`' JSONL); a line that is no labeled question is an error naming
+    the file and the line."""
+    return [_labeled_question(row, f"{path}, line {line}") for line, row in numbered_jsonl(path)]

@@ -159,3 +159,33 @@ def test_a_few_bad_rows_are_quarantined_by_line_and_a_wholesale_failure_names_it
     out = capsys.readouterr().out
     assert "label_in_catalog on train (2 rows, 13.3%, e.g. " in out
     assert f"{foreign} line 3, {foreign} line 4)" in out
+
+
+def test_unreadable_current_data_is_exit_2_naming_its_file_and_line_not_the_batch(tmp_path, current_data, capsys):
+    # An uncaught error would exit 1, which `tqc validate FILE` uses for "some rows would be quarantined"
+    batch = tmp_path / "batch.csv"
+    batch.write_text("question,label\nbrand new question,a\n")
+    with (current_data / "catalog.jsonl").open("a") as catalog:
+        catalog.write('{"class_id": \n')
+    assert main(batch, current_data, params()) == UNUSABLE
+    out = capsys.readouterr().out
+    assert out.startswith(f"{current_data}: the current data to check against cannot be read: ")
+    assert f"{current_data / 'catalog.jsonl'}, line 3: not valid JSON" in out
+    assert str(batch) not in out  # the batch is not blamed
+
+    assert main(batch, tmp_path / "nowhere", params()) == UNUSABLE
+    assert f"{tmp_path / 'nowhere'}: the current data to check against cannot be read: " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("line, said", [
+    ('{"question": "x", "class_id": "a"}', "line 13: not a labeled question (no text; unexpected question)"),
+    ('{"text": 5, "class_id": "a"}', "line 13: text is int, not str"),
+    ('["x", "a"]', "line 13: a labeled question is a JSON object with text and class_id, not list"),
+])
+def test_a_training_line_that_is_no_labeled_question_is_named_by_line(tmp_path, current_data, capsys, line, said):
+    batch = tmp_path / "batch.csv"
+    batch.write_text("question,label\nbrand new question,a\n")
+    with (current_data / "train.jsonl").open("a") as train:
+        train.write(line + "\n")
+    assert main(batch, current_data, params()) == UNUSABLE
+    assert f"{current_data / 'train.jsonl'}, {said}" in capsys.readouterr().out

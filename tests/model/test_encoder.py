@@ -237,11 +237,27 @@ def test_passes_take_right_padding_from_a_tokenizer_that_does_not_name_its_side(
     assert torch.allclose(bare, named, atol=1e-5)
 
 
-def test_tokenize_leaves_the_ids_on_the_cpu_until_a_pass_is_cut(tiny_model_dir):
-    # A pass's width is read from the lengths; on a GPU that read would wait for the device every pass
-    encoder = TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 32).to("meta")  # a device that is not the CPU
+def test_forward_reads_every_width_on_the_cpu_and_copies_the_batch_to_the_device_once(tiny_model_dir, monkeypatch):
+    # On a GPU a width read from a device tensor, or a plain copy per pass, would wait for the queued kernels
+    import tqc.model.encoder as encoder_module
+
+    encoder = TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 32)
+    encoder.pass_rows = 2  # four passes
+    copied = []
+    to_device = encoder_module._to_device
+
+    def recording(tensor, device):
+        copied.append((tensor.device.type, tuple(tensor.shape)))
+        return to_device(tensor, device)
+
+    monkeypatch.setattr(encoder_module, "_to_device", recording)
     assert {value.device.type for value in encoder.tokenize(MIXED_LENGTHS).values()} == {"cpu"}
-    assert {value.device.type for value in encoder._on_device(encoder.tokenize(["why"])).values()} == {"meta"}
+    with torch.no_grad():
+        encoder(MIXED_LENGTHS)
+    keys = len(encoder.tokenize(MIXED_LENGTHS))  # ids, mask (and token types)
+    assert len(copied) == keys + 1  # the sorted batch, key by key, and the order to restore: not a copy a pass
+    assert {where for where, _ in copied} == {"cpu"}
+    assert copied[-1][1] == (len(MIXED_LENGTHS),)
 
 
 def test_passes_cut_the_padding_a_long_question_forces_on_short_ones(tiny_model_dir, monkeypatch):

@@ -72,10 +72,18 @@ def unloadable(param: str, name: str, exc: Exception | str, hint: str = "") -> C
 PASS_ROWS = 32
 
 
-def _trimmed(batch: dict[str, torch.Tensor], rows: torch.Tensor, width: int, padding_side: str) -> dict[str, torch.Tensor]:
-    """The tokenized batch's `rows` (P,), cut to `width` tokens: the real ones, with the padding on its side."""
+def _trimmed(batch: dict[str, torch.Tensor], rows: slice, width: int, padding_side: str) -> dict[str, torch.Tensor]:
+    """The tokenized batch's `rows` (P of B), cut to `width` tokens: the real ones, with the padding on its side."""
     columns = slice(-width, None) if padding_side == "left" else slice(0, width)
-    return {key: value[rows][:, columns] for key, value in batch.items()}
+    return {key: value[rows, columns] for key, value in batch.items()}
+
+
+def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor on `device`. To a GPU through pinned memory and asynchronously: a plain copy from pageable
+    memory would wait for every kernel already queued (the previous pass's, the other encoder's)."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 class Pooling(nn.Module):
@@ -167,19 +175,17 @@ class TextEncoder(nn.Module):
         The batch runs through the backbone in passes of at most `pass_rows` questions of similar length, each
         padded only to its own longest: a question's vector does not depend on the others in its pass.
         """
-        batch = self.tokenize(texts)  # on the CPU: a pass's width read from a CUDA tensor would wait for the GPU
+        batch = self.tokenize(texts)  # (B, T) on the CPU, where reading a width waits for nothing
         lengths = batch["attention_mask"].sum(1)  # (B,)
         by_length = lengths.argsort(stable=True)
+        widths = [int(lengths[rows].max()) for rows in by_length.split(self.pass_rows)]
         # Tokenizers without the attribute pad on the right, as transformers' own default does
         padding_side = getattr(self.tokenizer, "padding_side", "right")
-        passes = [self._pooled(self._on_device(_trimmed(batch, rows, int(lengths[rows].max()), padding_side)), augment)
-                  for rows in by_length.split(self.pass_rows)]
-        order = by_length.argsort().to(passes[0].device)
-        return torch.cat(passes)[order]  # back to the order of `texts`
-
-    def _on_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         device = self.device
-        return {key: value.to(device) for key, value in batch.items()}
+        ordered = {key: _to_device(value[by_length], device) for key, value in batch.items()}  # (B, T), shortest first
+        passes = [self._pooled(_trimmed(ordered, slice(start, start + self.pass_rows), width, padding_side), augment)
+                  for start, width in zip(range(0, len(texts), self.pass_rows), widths)]
+        return torch.cat(passes)[_to_device(by_length.argsort(), device)]  # back to the order of `texts`
 
     def _pooled(self, batch: dict[str, torch.Tensor], augment: bool) -> torch.Tensor:
         """Token ids (P, T) and masks → embeddings (P, D)."""
