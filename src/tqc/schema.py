@@ -89,26 +89,30 @@ CATALOG_ROW = {"class_id": str, "text": str, "derived": bool}  # a catalog line'
 
 
 def _standard_question(row: object, where: str) -> StandardQuestion:
-    return StandardQuestion(**_checked_row(row, where, CATALOG_ROW, "catalog line", "is this a file of labeled questions?"))
+    return StandardQuestion(**_checked_row(row, where, CATALOG_ROW, ("class_id", "text"), "catalog line",
+                                           "is this a file of labeled questions?"))
 
 
-QUESTION_ROW = {"text": str, "class_id": str, "source": str, "generated": bool, "origins": list}  # text, class_id required
+QUESTION_ROW = {"text": str, "class_id": str, "source": str, "generated": bool, "origins": list}  # a labeled line's keys
 
 
 def _labeled_question(row: object, where: str) -> LabeledQuestion:
-    return LabeledQuestion(**_checked_row(row, where, QUESTION_ROW, "labeled question", "is this a catalog?"))
+    return LabeledQuestion(**_checked_row(row, where, QUESTION_ROW, ("text", "class_id"), "labeled question",
+                                          "is this a catalog?"))
 
 
-def _checked_row(row: object, where: str, fields: dict[str, type], what: str, guess: str) -> dict:
-    """A JSONL line as `fields` describe it (the first two required), or an error naming the file and line."""
+def _checked_row(row: object, where: str, fields: dict[str, type], required: tuple[str, ...], what: str, guess: str) -> dict:
+    """A JSONL line with the `required` keys and no others than `fields`, each of its type, or an error naming the
+    file and the line."""
     if not isinstance(row, dict):
-        raise ValueError(f"{where}: a {what} is a JSON object with {' and '.join(list(fields)[:2])}, not {type(row).__name__}")
-    unknown, missing = sorted(set(row) - set(fields)), [k for k in list(fields)[:2] if k not in row]
+        raise ValueError(f"{where}: a {what} is a JSON object with {' and '.join(required)}, not {type(row).__name__}")
+    unknown, missing = sorted(set(row) - set(fields)), [k for k in required if k not in row]
     if unknown or missing:
         said = "; ".join(part for part in (f"no {', '.join(missing)}" if missing else "",
                                            f"unexpected {', '.join(unknown)}" if unknown else "") if part)
-        raise ValueError(f"{where}: not a {what} ({said}); a {what} has {', '.join(list(fields)[:2])} and optionally "
-                         f"{', '.join(list(fields)[2:])} ({guess})")
+        optional = [key for key in fields if key not in required]
+        raise ValueError(f"{where}: not a {what} ({said}); a {what} has {', '.join(required)} and optionally "
+                         f"{', '.join(optional)} ({guess})")
     wrong = [key for key, value in row.items() if not isinstance(value, fields[key])]
     if wrong:
         raise ValueError(f"{where}: " + ", ".join(f"{key} is {type(row[key]).__name__}, not {fields[key].__name__}"

@@ -178,13 +178,13 @@ class TextEncoder(nn.Module):
         batch = self.tokenize(texts)  # (B, T) on the CPU, where reading a width waits for nothing
         lengths = batch["attention_mask"].sum(1)  # (B,)
         by_length = lengths.argsort(stable=True)
-        widths = [int(lengths[rows].max()) for rows in by_length.split(self.pass_rows)]
+        sorted_lengths = lengths[by_length].tolist()  # (B,) ascending: a pass's width is its last row's
         # Tokenizers without the attribute pad on the right, as transformers' own default does
         padding_side = getattr(self.tokenizer, "padding_side", "right")
         device = self.device
         ordered = {key: _to_device(value[by_length], device) for key, value in batch.items()}  # (B, T), shortest first
-        passes = [self._pooled(_trimmed(ordered, slice(start, start + self.pass_rows), width, padding_side), augment)
-                  for start, width in zip(range(0, len(texts), self.pass_rows), widths)]
+        passes = [self._pooled(_trimmed(ordered, rows, sorted_lengths[rows][-1], padding_side), augment)
+                  for rows in (slice(start, start + self.pass_rows) for start in range(0, len(texts), self.pass_rows))]
         return torch.cat(passes)[_to_device(by_length.argsort(), device)]  # back to the order of `texts`
 
     def _pooled(self, batch: dict[str, torch.Tensor], augment: bool) -> torch.Tensor:
