@@ -10,12 +10,12 @@ Exit code 0: clean; 1: some rows would be quarantined; 2: the file is unusable, 
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tqc.config import Params
 from tqc.readers import ReaderError, read_table, require_rows
-from tqc.schema import Catalog, load_questions
+from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.stages.validate import ValidationFailed, check, raise_on_critical, summarise
 
 log = logging.getLogger(__name__)
@@ -27,24 +27,35 @@ class UnreadableReference(Exception):
     """The current data a batch is checked against cannot be read: no fault of the batch's."""
 
 
-def load_reference(against: Path) -> tuple[Catalog, dict[str, list]]:
+@dataclass(frozen=True)
+class Reference:
+    """The current data a batch is judged against: the validate stage's catalog and splits."""
+
+    catalog: Catalog
+    splits: dict[str, list[LabeledQuestion]]  # train, validation, test
+
+
+def load_reference(against: Path) -> Reference:
     """The current catalog and splits (the validate stage's output), or UnreadableReference naming what is wrong."""
     try:
         catalog = Catalog.load(against / "catalog.jsonl")
-        return catalog, {split: load_questions(against / f"{split}.jsonl") for split in ("train", "validation", "test")}
+        return Reference(catalog, {split: load_questions(against / f"{split}.jsonl")
+                                   for split in ("train", "validation", "test")})
     except (OSError, ValueError) as exc:  # each names the file (and the line) at fault
         raise UnreadableReference(f"{against}: the current data to check against cannot be read: {exc}") from None
 
 
-def check_batch(path: Path, against: Path, params: Params) -> dict:
+def check_batch(path: Path, against: Path | Reference, params: Params) -> dict:
     """What would be accepted and what quarantined, and why. Raises ReaderError or ValidationFailed for a bad
-    batch, UnreadableReference for a bad `against`.
+    batch, UnreadableReference for a bad `against`. `against` is the validate stage's folder, or a Reference
+    loaded from it once for several batches (the retrain flow's delivery).
 
     The rows are judged as the training rows they would become: a critical row-level expectation makes
     the file unusable when it would fail for more than `max_quarantined_fraction` of the grown training
     set (a wholesale failure the validate stage would stop on); below that the failing rows are
     quarantined, each with its line, and the others accepted."""
-    catalog, current = load_reference(against)
+    reference = against if isinstance(against, Reference) else load_reference(against)
+    catalog, current = reference.catalog, reference.splits
     parsed = require_rows(read_table(path, params.data.custom.text_column, params.data.custom.label_column), path)
     splits = {"train": current["train"] + parsed.rows, "validation": current["validation"], "test": current["test"]}
     accepted, quarantined, _, outcomes = check(splits, catalog, params.validate_)

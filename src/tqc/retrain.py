@@ -225,13 +225,14 @@ def _base_catalog(params: Params) -> Catalog:
     return read_dataset(params.data.model_copy(update={"additions": None})).catalog
 
 
-def _merge_labeled(files: list[Incoming], params: Params, raw: Path, reference: Path, staged: Staged) -> list[FileOutcome]:
+def _merge_labeled(files: list[Incoming], params: Params, raw: Path, against: Path, staged: Staged) -> list[FileOutcome]:
     """Each file judged by the validate contract against the current data; then the delivery's files against each
     other, as validate compares the rows of one file: of a question that several files carry with one label the
     first copy is kept, and with two labels every copy is quarantined, since nothing says which label is right."""
-    from tqc.incoming import check_batch
+    from tqc.incoming import check_batch, load_reference
     from tqc.stages.validate import ValidationFailed
 
+    reference = load_reference(against)  # read once for the delivery, not once a file; nothing below writes it
     reports = {}  # file → check_batch's report, or the exception that made it unusable
     for incoming in files:
         try:

@@ -256,3 +256,31 @@ def test_judging_a_delivery_validates_the_current_data_without_augmenting_it(pro
     drop(project, "new.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
     staged, _ = deliver(project)
     assert outcome_of(staged, "new.csv").outcome == "merged" and outcome_of(staged, "new.csv").accepted == 2
+
+
+def test_a_delivery_reads_the_current_data_once_and_judges_each_file_as_tqc_validate_would(project, monkeypatch):
+    """Loading the validated splits is the slow part of judging a file (every training row parsed), so a delivery
+    of many files reads them once; each file's report is still the one `tqc validate FILE` gives it alone."""
+    from tqc import incoming
+
+    new = unseen_questions(project, "LOC", 3)
+    for number, question in enumerate(new, start=1):
+        drop(project, f"{number}.csv", [(question, "LOC"), ("", "LOC")])  # one good row, one quarantined
+    params = load_params(project / "params.yaml")
+    loads: list[Path] = []  # the folders read
+    real_load = incoming.load_reference
+
+    def counted_load(against: Path) -> incoming.Reference:
+        loads.append(against)
+        return real_load(against)
+
+    monkeypatch.setattr(incoming, "load_reference", counted_load)
+    staged, files = deliver(project)
+
+    assert len(files) == 3 and len(loads) == 1
+    for file in files:
+        alone = incoming.check_batch(file.path, loads[0], params)
+        outcome = outcome_of(staged, file.path.name)
+        assert outcome.outcome == "merged" and outcome.accepted == len(alone["accepted"]) == 1
+        assert [q["line"] for q in staged.quarantined_rows if q["file"].endswith(file.path.name)] == \
+            [q["line"] for q in alone["quarantined"]] == [3]
