@@ -18,6 +18,7 @@ from typing import Callable
 
 from tqc.config import ConfigError, EvaluateParams, Params, load_params
 from tqc.errors import input_errors
+from tqc.text import normalise
 from tqc.tracking import stage_run
 
 
@@ -311,8 +312,8 @@ def _predict(args: argparse.Namespace) -> None:
 
     from tqc.serving import ranked_records
 
-    lines = list(args.questions) + _question_file_lines(args.file, args.column)
-    questions = [line.strip() for line in lines if line.strip()]  # a blank argument or line is no question
+    questions = [q.strip() for q in args.questions if normalise(q)]  # a blank argument is no question
+    questions += _file_questions(args.file, args.column)
     if not questions:
         raise ConfigError("no questions: give them as arguments or with --file")
     if args.top_k < 1:
@@ -323,29 +324,41 @@ def _predict(args: argparse.Namespace) -> None:
         print(json.dumps(record, ensure_ascii=False))
 
 
-def _question_file_lines(path: Path | None, column: str) -> list[str]:
-    """`--file`: a .csv or .jsonl file's `column` (never its header or raw JSON as questions), else one a line."""
-    from tqc.readers import read_texts, split_lines
-
+def _file_questions(path: Path | None, column: str) -> list[str]:
+    """`--file`'s questions. A blank one (whitespace or invisible characters alone, which the model would still
+    answer) is not scored, and said with its line, since the answers then no longer line up with the file's."""
     if path is None:
         return []
+    numbered = _question_file_lines(path, column)
+    blank = [line for line, text in numbered if not normalise(text)]
+    if blank:
+        listed = ", ".join(map(str, blank[:10])) + (f" and {len(blank) - 10} more" if len(blank) > 10 else "")
+        logging.getLogger(__name__).warning("%s: line(s) %s have no question: not scored, so the answers follow "
+                                            "the other lines", "stdin" if str(path) == "-" else path, listed)
+    return [text.strip() for _, text in numbered if normalise(text)]
+
+
+def _question_file_lines(path: Path, column: str) -> list[tuple[int, str]]:
+    """(line, text) of `--file`: a .csv or .jsonl file's `column` (never its header or raw JSON as questions), else
+    each line, stdin's for `-`."""
+    from tqc.io import utf8_text
+    from tqc.readers import read_texts, split_lines
+
     if str(path) != "-" and path.suffix.lower() in {".csv", ".jsonl", ".ndjson"}:
-        rows = read_texts(path, column)
-        empty = [line for line, text in rows if not text]
-        if empty:  # said, since the answers then no longer line up with the file's rows one for one
-            logging.getLogger(__name__).warning("%s: line(s) %s have no text in %r: not scored", path,
-                                                ", ".join(map(str, empty[:10])), column)
-        return [text for _, text in rows]
+        return read_texts(path, column)
+    if str(path) == "-":
+        name, raw = "stdin", sys.stdin.buffer.read()  # bytes: the locale's decoder would let bad bytes through or crash
+    elif not path.is_file():
+        raise ConfigError(f"--file {path}: not a file" if path.exists() else f"--file {path}: no such file")
+    else:
+        name, raw = str(path), path.read_bytes()
+    try:
+        text = utf8_text(raw, name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     # the readers' line breaks: \n, \r\n or \r only, never U+2028 or U+0085 inside a question (str.splitlines),
     # so the answers line up with the file's lines; a BOM is not part of the first question
-    if str(path) == "-":
-        return split_lines(sys.stdin.read().removeprefix("\ufeff"))
-    if not path.is_file():
-        raise ConfigError(f"--file {path}: not a file" if path.exists() else f"--file {path}: no such file")
-    try:
-        return split_lines(path.read_bytes().decode("utf-8").removeprefix("\ufeff"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return list(enumerate(split_lines(text.removeprefix("\ufeff")), start=1))
 
 
 def _matcher(args: argparse.Namespace):
@@ -393,7 +406,8 @@ def _prior_for(model_dir: Path, choice: str) -> Path | None:
     # resolved: `--model .` (or a link) names the same folder, whose parent holds the stage's prior.json
     path = Path(model_dir).resolve().parent / "prior.json" if choice == "auto" else Path(choice)
     if not path.exists():
-        if choice == "auto":
+        if choice == "auto":  # said: a model folder copied without its prior.json would rank unlike the one served
+            print(f"tqc predict: no {path.name} beside {model_dir}: ranking by similarity alone", file=sys.stderr)
             return None
         raise ConfigError(f"--prior {path}: no such file (`dvc repro` writes models/prior.json; --prior none: no shift)")
     try:

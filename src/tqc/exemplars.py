@@ -41,10 +41,7 @@ def load_exemplars(path: Path) -> list[LabeledQuestion]:
 
     from tqc.io import numbered_jsonl
 
-    try:
-        records = numbered_jsonl(path)
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    records = numbered_jsonl(path)  # a line that is not JSON, or not UTF-8, is an error naming it
     for line_number, record in records:
         if not isinstance(record, dict) or not all(isinstance(record.get(key), str) and record[key].strip()
                                                    for key in ("text", "class_id")):

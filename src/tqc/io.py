@@ -156,15 +156,29 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 def numbered_jsonl(path: str | Path) -> list[tuple[int, object]]:
     """(line number, record) of every non-blank line, so callers can name the line of a record they
-    refuse; a line that is not JSON is an error naming the file and the line."""
+    refuse; a line that is not JSON, or not UTF-8, is an error naming the file and the line."""
     path = Path(path)
     records = []
-    with path.open(encoding="utf-8-sig") as f:  # -sig: a BOM (Notepad's UTF-8) is not part of the first record
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append((line_number, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}, line {line_number}: not valid JSON: {exc}") from None
+    try:
+        with path.open(encoding="utf-8-sig") as f:  # -sig: a BOM (Notepad's UTF-8) is not part of the first record
+            for line_number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    records.append((line_number, json.loads(line)))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}, line {line_number}: not valid JSON: {exc}") from None
+    except UnicodeDecodeError:  # a text-mode read decodes in chunks, so its error's position is within a chunk
+        utf8_text(path.read_bytes(), str(path))  # raises, naming the line
+        raise
     return records
+
+
+def utf8_text(data: bytes, name: str) -> str:
+    """`data` as UTF-8 text, or a ValueError naming `name`, and the line and byte of the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{name}, line {line}: not UTF-8 text ({exc.reason}, byte 0x{data[exc.start]:02x} at offset "
+                         f"{exc.start})") from None

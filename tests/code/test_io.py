@@ -121,3 +121,13 @@ def test_the_registry_digest_of_a_model_folder_changes_with_a_linked_encoder(tmp
     before = folder_digest(tmp_path / "model")
     (elsewhere / "model.safetensors").write_bytes(b"after")  # the linked encoder trained again
     assert before and folder_digest(tmp_path / "model") != before
+
+
+def test_a_jsonl_file_that_is_not_utf8_is_an_error_naming_the_line_of_its_first_bad_byte(tmp_path):
+    """A text-mode read fails on a chunk, so its own error's position says nothing of the line."""
+    from tqc.io import numbered_jsonl
+
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b'{"text": "fine"}\n' * 3000 + b'{"text": "caf\xe9"}\n')  # the bad byte past the first chunk
+    with pytest.raises(ValueError, match=r"mixed\.jsonl, line 3001: not UTF-8 text \(invalid continuation byte, byte 0xe9"):
+        numbered_jsonl(path)

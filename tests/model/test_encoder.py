@@ -319,3 +319,32 @@ def test_a_batch_in_passes_sends_each_question_its_own_gradient(tiny_model_dir):
     assert gradients[2].keys() == gradients[len(MIXED_LENGTHS)].keys() and gradients[2]
     for name, gradient in gradients[2].items():
         assert torch.allclose(gradient, gradients[len(MIXED_LENGTHS)][name], atol=1e-5), name
+
+
+def test_a_partial_or_edited_model_folder_is_an_error_naming_the_file_not_an_untrained_part(tiny_model_dir, tmp_path):
+    """Loading a copy that lost the MLP scorer's or attention pooling's weights would start that part untrained and
+    rank silently worse (the scorer's last layer starts at zero: cosine alone); a config cut short or missing a key
+    would be a bare JSONDecodeError or KeyError."""
+    import shutil
+
+    tiny_bi_encoder(tiny_model_dir, similarity="mlp", pooling="attention").save(tmp_path / "whole")
+    damaged = {
+        "scorer": lambda d: (d / "scorer.safetensors").unlink(),
+        "pooling": lambda d: (d / "question_encoder" / "pooling.safetensors").unlink(),
+        "cut": lambda d: (d / "tqc_model.json").write_text('{"tied": fal'),
+        "key": lambda d: (d / "tqc_model.json").write_text('{"similarity": "mlp"}'),
+        "bytes": lambda d: (d / "question_encoder" / "tqc_encoder.json").write_bytes(b'{"pooling": "\xe9"}'),
+    }
+    expected = {
+        "scorer": r"scorer\.safetensors: missing, so the model's mlp scorer would start untrained",
+        "pooling": r"question_encoder/pooling\.safetensors: missing, so the model's attention pooling would start untrained",
+        "cut": r"tqc_model\.json: not a saved model's config \(",
+        "key": r"tqc_model\.json: not a saved model's config \(no tied\)",
+        "bytes": r"tqc_encoder\.json: not a saved model's config \(",
+    }
+    for name, damage in damaged.items():
+        shutil.copytree(tmp_path / "whole", tmp_path / name)
+        damage(tmp_path / name)
+        with pytest.raises(ValueError, match=expected[name]):
+            BiEncoder.load(tmp_path / name)
+    assert BiEncoder.load(tmp_path / "whole").similarity == "mlp"  # the undamaged folder loads

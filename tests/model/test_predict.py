@@ -55,7 +55,7 @@ def test_predict_without_a_model_or_questions_is_a_clear_error(tmp_path, capsys)
     assert "no questions" in capsys.readouterr().err
     (tmp_path / "latin1.txt").write_bytes("caf\xe9?".encode("latin-1"))
     assert main(["predict", "--file", str(tmp_path / "latin1.txt")]) == 2
-    assert "latin1.txt: not UTF-8 text" in capsys.readouterr().err
+    assert "latin1.txt, line 1: not UTF-8 text (invalid continuation byte, byte 0xe9 at offset 3)" in capsys.readouterr().err
 
 
 def test_a_csv_or_jsonl_file_gives_its_question_column_not_its_header_or_raw_json(tiny_model_dir, tmp_path, capsys, caplog):
@@ -73,7 +73,7 @@ def test_a_csv_or_jsonl_file_gives_its_question_column_not_its_header_or_raw_jso
     with caplog.at_level("WARNING", logger="tqc.cli"):
         assert main(ask + ["--file", str(tmp_path / "gappy.csv")]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 1
-    assert "gappy.csv: line(s) 3 have no text in 'utterance': not scored" in caplog.text
+    assert "gappy.csv: line(s) 3 have no question: not scored" in caplog.text
 
     assert main(ask[:-2] + ["--file", str(tmp_path / "batch.csv")]) == 2  # the default column, text, is not there
     assert "batch.csv, line 1: missing column(s) ['text']: the header has ['utterance', 'intent']" in capsys.readouterr().err
@@ -212,7 +212,7 @@ def test_a_question_file_keeps_unicode_line_separators_inside_its_questions_and_
     expected = ["where is\u2028paris", "who wrote it\x85today"]  # str.splitlines made four questions of two
     answers = lambda: [json.loads(line)["text"] for line in capsys.readouterr().out.split("\n") if line]  # noqa: E731 (JSON Lines: \n)
     assert answers() == expected
-    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(text.encode()), encoding="utf-8"))
     assert main([*ask, "--file", "-"]) == 0
     assert answers() == expected
     assert main([*ask, "--file", str(tmp_path)]) == 2  # a folder: one line, not IsADirectoryError's traceback
@@ -306,7 +306,7 @@ def test_predict_with_a_bad_exemplar_file_names_the_file_and_line(tiny_model_dir
     assert main([*ask, "--exemplars", str(tmp_path / "unknown.jsonl")]) == 2
     assert "unknown.jsonl:2: class 'date' is not in the catalog" in capsys.readouterr().err
     assert main([*ask, "--exemplars", str(tmp_path / "latin1.jsonl")]) == 2
-    assert "latin1.jsonl: not UTF-8 text" in capsys.readouterr().err
+    assert "latin1.jsonl, line 1: not UTF-8 text (invalid continuation byte, byte 0xe9" in capsys.readouterr().err
     assert main([*ask, "--exemplars", str(tmp_path / "nowhere.jsonl")]) == 2
     assert "nowhere.jsonl: no labeled questions there" in capsys.readouterr().err
     assert main([*ask, "--exemplars", str(tmp_path / "unknown.jsonl"), "--prior", str(tmp_path / "prior.json")]) == 2
@@ -423,3 +423,39 @@ def test_an_exemplar_cache_that_cannot_be_written_costs_time_not_the_answers(tin
         assert main([*ask, "--exemplar-cache", str(tmp_path / "a-file" / "cache")]) == 0
     assert capsys.readouterr().out == uncached
     assert "a-file/cache not written" in caplog.text
+
+
+def test_blank_lines_of_a_question_file_are_named_and_stdin_is_read_as_utf8_bytes(tiny_model_dir, tmp_path, capsys, caplog,
+                                                                                monkeypatch):
+    """A line of whitespace or invisible characters alone is no question (the served model refuses one), so it is not
+    scored, and said with its line, since the answers then no longer line up with the file's lines. stdin is decoded
+    as UTF-8 whatever the locale says, and a bad byte is an error naming its line, as for a file."""
+    import io
+    import sys
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl")]
+    (tmp_path / "gappy.txt").write_text("where is paris\n\n\u200b \u2060\nwho wrote it\n", encoding="utf-8")
+
+    with caplog.at_level("WARNING", logger="tqc.cli"):
+        assert main([*ask, "--file", str(tmp_path / "gappy.txt")]) == 0
+    assert [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()] == ["where is paris", "who wrote it"]
+    assert "gappy.txt: line(s) 2, 3 have no question: not scored" in caplog.text
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("où est-ce\n".encode()), encoding="ascii"))  # a C locale
+    assert main([*ask, "--file", "-"]) == 0
+    assert [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()] == ["où est-ce"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"fine\ncaf\xe9?\n"), encoding="utf-8"))
+    assert main([*ask, "--file", "-"]) == 2
+    assert "stdin, line 2: not UTF-8 text" in capsys.readouterr().err
+
+
+def test_prior_auto_says_when_the_model_folder_has_no_prior_file_beside_it(tiny_model_dir, tmp_path, capsys):
+    """A model folder copied without the prior.json beside it ranks unlike the version served with its shift:
+    said on stderr, not silently."""
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "copied" / "stage_two")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    assert main(["predict", "--model", str(tmp_path / "copied" / "stage_two"), "--catalog", str(tmp_path / "catalog.jsonl"),
+                 "where is paris"]) == 0
+    assert "no prior.json beside" in capsys.readouterr().err

@@ -226,10 +226,10 @@ class TextEncoder(nn.Module):
 
     @classmethod
     def load(cls, directory: Path) -> "TextEncoder":
-        config = json.loads((directory / ENCODER_CONFIG).read_text())
+        config = _saved_config(directory / ENCODER_CONFIG, ("pooling", "max_length"))
         encoder = cls.from_pretrained(str(directory), config["pooling"], config["max_length"])
-        if (directory / "pooling.safetensors").exists():
-            encoder.pooling.load_state_dict(load_file(directory / "pooling.safetensors"))
+        if encoder.pooling.attention is not None:
+            encoder.pooling.load_state_dict(load_file(_saved_weights(directory / "pooling.safetensors", "attention pooling")))
         return encoder
 
 
@@ -304,10 +304,32 @@ class BiEncoder(nn.Module):
     @classmethod
     def load(cls, directory: Path) -> "BiEncoder":
         directory = Path(directory)
-        config = json.loads((directory / MODEL_CONFIG).read_text())
+        config = _saved_config(directory / MODEL_CONFIG, ("tied", "similarity"))
         question = TextEncoder.load(directory / "question_encoder")
         standard = None if config["tied"] else TextEncoder.load(directory / "standard_encoder")
         model = cls(question, standard, config["similarity"])
-        if (directory / SCORER_WEIGHTS).exists():
-            model.scorer.load_state_dict(load_file(directory / SCORER_WEIGHTS))
+        if any(True for _ in model.scorer.parameters()):  # as `save` decides whether to write them
+            model.scorer.load_state_dict(load_file(_saved_weights(directory / SCORER_WEIGHTS, f"{config['similarity']} scorer")))
         return model
+
+
+def _saved_config(path: Path, keys: tuple[str, ...]) -> dict:
+    """A saved model's JSON config; a partial copy or a hand edit is an error naming the file, not a KeyError."""
+    from tqc.io import read_json
+
+    try:
+        config = read_json(path)
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise ValueError(f"{path}: not a saved model's config ({exc})") from None
+    absent = [key for key in keys if not isinstance(config, dict) or key not in config]
+    if absent:
+        raise ValueError(f"{path}: not a saved model's config (no {', '.join(absent)})")
+    return config
+
+
+def _saved_weights(path: Path, what: str) -> Path:
+    """Weights a saved model must have: loading without them would leave that part freshly initialised and rank
+    silently worse (the MLP scorer's last layer starts at zero, so it would rank by cosine alone)."""
+    if not path.is_file():
+        raise ValueError(f"{path}: missing, so the model's {what} would start untrained; copy the whole model folder")
+    return path
