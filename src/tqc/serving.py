@@ -50,6 +50,8 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
 
         self.model = BiEncoder.load(Path(context.artifacts["model"])).eval()
         self.catalog = Catalog.load(context.artifacts["catalog"])
+        if not len(self.catalog):  # else every question would get an empty ranking, and a caller no error
+            raise ValueError(f"{context.artifacts['catalog']}: no standard questions, so no question can be answered")
         prior_file, config = context.artifacts.get("prior"), context.model_config or {}
         self.exemplars = _exemplar_bank(self.model, Path(context.artifacts["model"]), self.catalog,
                                         context.artifacts.get("exemplars"), config, self.exemplar_cache)

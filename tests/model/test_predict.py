@@ -392,6 +392,9 @@ def test_a_file_that_is_no_catalog_is_an_error_naming_its_line_under_either_rule
         assert "questions.jsonl, line 1: not a catalog line (unexpected source)" in capsys.readouterr().err
         assert main(ask + rule + ["--catalog", str(tmp_path / "twice.jsonl")]) == 2
         assert "twice.jsonl, line 2: class id 'loc' again (first on line 1)" in capsys.readouterr().err
+        (tmp_path / "empty.jsonl").write_text("\n")
+        assert main(ask + rule + ["--catalog", str(tmp_path / "empty.jsonl")]) == 2  # not an empty ranking for each question
+        assert "empty.jsonl: no standard questions, so no question can be answered" in capsys.readouterr().err
 
 
 def test_the_served_model_refuses_a_missing_or_blank_question_and_names_its_row(tiny_model_dir, tmp_path):
