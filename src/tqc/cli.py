@@ -370,7 +370,7 @@ def _matcher(args: argparse.Namespace):
         if args.exemplar_k is not None or args.exemplar_cache is not None:
             raise ConfigError("--exemplar-k or --exemplar-cache without --exemplars: the standard-question rule has neither")
         try:
-            return local_matcher(args.model, args.catalog, args.top_k, _prior_for(args.model, args.prior))
+            return local_matcher(args.model, args.catalog, args.top_k, _prior_for(args.model, args.prior, args.catalog))
         except ValueError as exc:  # e.g. a catalog's bad line, or a prior file with no entry for the model: each names its file
             raise ConfigError(str(exc)) from None
     # predict reads no params.yaml: evaluate.exemplar_k's default, not the project's setting
@@ -397,8 +397,9 @@ def _exemplar_cache(choice: str | None) -> Path | None:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tqc" / "exemplars"
 
 
-def _prior_for(model_dir: Path, choice: str) -> Path | None:
-    """`tqc predict --prior`: the prior file with an entry for `model_dir`, or None for no shift."""
+def _prior_for(model_dir: Path, choice: str, catalog_path: Path) -> Path | None:
+    """`tqc predict --prior`: the prior file with an entry for `model_dir` that covers the catalog's classes, or None
+    for no shift. `auto` falls back to similarity alone, saying why; a named file that cannot serve is an error."""
     from tqc.prior import StaleEntry, entry_for
 
     if choice == "none":
@@ -425,7 +426,26 @@ def _prior_for(model_dir: Path, choice: str) -> Path | None:
         print(f"tqc predict: {path} has no class-prior shift fitted for {model_dir}: ranking by similarity alone",
               file=sys.stderr)
         return None
+    if choice == "auto" and (misfit := _shift_misfit(path, entry, catalog_path)):
+        # a catalog grown since the prior stage ran (a new standard question served before retraining)
+        print(f"tqc predict: {misfit}. Ranking by similarity alone", file=sys.stderr)
+        return None
     return path
+
+
+def _shift_misfit(path: Path, entry: str, catalog_path: Path) -> str | None:
+    """Why the prior file's `entry` cannot shift the scores of the catalog's classes (None: it can, or the catalog is
+    missing, which the matcher's loader names)."""
+    from tqc.prior import PriorFileError, PriorShift, read_file
+    from tqc.schema import Catalog
+
+    if not Path(catalog_path).exists():
+        return None
+    try:
+        PriorShift.from_json(read_file(path)[entry], Catalog.load(catalog_path).class_ids, str(path))
+    except PriorFileError as exc:
+        return str(exc)
+    return None
 
 
 # Mappings whose own keys are dotted param paths: tune.space.stage_two.loss={choices: [...]} is one search

@@ -127,6 +127,15 @@ def test_predict_adds_the_class_prior_shift_fitted_for_its_model(tiny_model_dir,
     assert main(other + ["--prior", str(tmp_path / "models" / "prior.json")]) == 2
     assert "none of its entries was fitted for" in capsys.readouterr().err
 
+    # A standard question added to the catalog since the prior stage ran: auto says so and ranks by similarity alone;
+    # the file named is refused, as for a stale entry.
+    Catalog([*CATALOG.questions, StandardQuestion("date", "When was it?")]).save(tmp_path / "grown.jsonl")
+    grown = ask[:3] + ["--catalog", str(tmp_path / "grown.jsonl"), "--top-k", "4", "when was it"]
+    assert main(grown) == 0
+    assert "fitted on another catalog (no shift for ['date']" in capsys.readouterr().err
+    assert main(grown + ["--prior", str(tmp_path / "models" / "prior.json")]) == 2
+    assert "fitted on another catalog" in capsys.readouterr().err
+
 
 def test_a_shift_fitted_for_earlier_weights_in_the_same_folder_is_not_applied(tiny_model_dir, tmp_path, capsys):
     """The model folder was trained again after the prior stage ran: its path still matches the entry, its weights
