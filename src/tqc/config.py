@@ -360,6 +360,9 @@ class TuneParams(Strict):
     seed: int = 0
     enqueue_defaults: bool = True  # trial 0 runs the base params: the baseline the search must beat
     keep_models: bool = False  # keep each trial's model folders (disk: two encoders per trial)
+    # The data changed since the study began (new labeled questions): refuse, or open a study per data set,
+    # named tune.study-data-<digest> (scheduled tuning beside scheduled retrains)
+    on_new_data: Literal["refuse", "new_study"] = "refuse"
     space: dict[str, SearchDimension] = {}
 
 
@@ -629,3 +632,27 @@ def deep_merge(base: dict, update: dict) -> dict:
         else:
             merged[key] = value
     return merged
+
+
+def redact_url(value: str) -> str:
+    """A URL with its password replaced by ***, for logs, MLflow params and messages: a database URL in tune.storage
+    or tracking.uri may carry one (postgresql://user:secret@host/db)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(value)
+        if parts.password is None:
+            return value
+    except ValueError:  # not a URL (a bad port, say): nothing to redact that urlsplit can find
+        return value
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def redact_secrets(value):
+    """`value` (a params dump: dicts, lists, strings) with every URL's password redacted (`redact_url`)."""
+    if isinstance(value, dict):
+        return {key: redact_secrets(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [redact_secrets(item) for item in value]
+    return redact_url(value) if isinstance(value, str) and "://" in value else value

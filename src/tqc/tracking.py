@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Iterator
 
 from tqc import distributed
-from tqc.config import Params, TrackingParams, flatten
+from tqc.config import Params, TrackingParams, flatten, redact_secrets
 from tqc.io import file_digest
 
 log = logging.getLogger(__name__)
@@ -269,7 +269,7 @@ def _pipeline_parent(client, experiment_id: str, params: Params, commit: str) ->
                                   COMMIT_TAG: commit, "dataset": params.data.dataset})
     from mlflow.entities import Param
 
-    for chunk in param_chunks(params.model_dump(mode="json", by_alias=True, exclude={"tune"})):
+    for chunk in param_chunks(redact_secrets(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))):
         client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in chunk.items()])
     log.info("mlflow: new pipeline run %s for %s", run.info.run_id, repro)
     return run.info.run_id

@@ -32,7 +32,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from tqc.config import ConfigError, Params, SearchDimension, flatten, problems, unflatten
+from tqc.config import ConfigError, Params, SearchDimension, flatten, problems, redact_secrets, redact_url, unflatten
 from tqc.io import atomic_path, write_json
 from tqc.pipeline import PreparedData, prepare_data, train_chain
 from tqc.schema import Catalog
@@ -204,20 +204,24 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
                           "start more workers (tqc tune --worker N) on a shared tune.storage instead")
     check_space(params)
     settings = params.tune
-    study = _open_study(params, worker)
+    data = data or prepare_data(params, work_dir / settings.study / f"data-worker-{worker}")
+    digest = data_digest(data)
+    study = _open_study(params, worker, study_name(settings, digest))
     base = flat_base(params)
     check_study_base(study, params, base)
+    check_study_data(study, params, digest)
     if settings.enqueue_defaults and worker == 0:  # one enqueuer: workers starting together would each add one
         enqueue_baseline(study, default_values(settings.space, base))
-    study_dir = work_dir / settings.study
-    data = data or prepare_data(params, study_dir / f"data-worker-{worker}")
+    study_dir = work_dir / study.study_name
     space = within_wrong_classes(settings.space, len(Catalog.load(data.directory / "catalog.jsonl").class_ids))
 
-    with standalone_run(f"tune {settings.study} worker {worker}", params.tracking,
-                        tags={"tqc.kind": "tune", "optuna.study": settings.study}) as parent:
-        parent.log_params({"tune": params.tune.model_dump(mode="json"), "data.dataset": params.data.dataset})
+    with standalone_run(f"tune {study.study_name} worker {worker}", params.tracking,
+                        tags={"tqc.kind": "tune", "optuna.study": study.study_name}) as parent:
+        parent.log_params({"tune": redact_secrets(params.tune.model_dump(mode="json")), "data.dataset": params.data.dataset})
         objective = _objective(params, space, base, data, study_dir, worker)
-        study.optimize(objective, n_trials=settings.trials if trials is None else trials, catch=())
+        # gc after each trial: a pruned trial's exception holds its frames (model, optimizer state, on a GPU too)
+        # until a full collection, which the next trial's allocations would otherwise wait on
+        study.optimize(objective, n_trials=settings.trials if trials is None else trials, catch=(), gc_after_trial=True)
         with reports_lock(out_dir):  # the reports this run logs are the ones it wrote, whole
             result = write_reports(study, params, data, study_dir, out_dir)
             parent.log_metrics({"best_validation_macro_f1": result.summary["best"]["validation_macro_f1"]})
@@ -238,6 +242,35 @@ def study_base(params: Params, base: dict) -> dict:
             if key not in params.tune.space and not key.startswith(NOT_TUNED_ON)}
 
 
+# The prepared files a trial's objective depends on: what it trains on and what scores it
+DATA_FILES = ("catalog.jsonl", "train.jsonl", "validation.jsonl")
+
+
+def data_digest(data: PreparedData) -> str:
+    """sha256 over the validated catalog, training and validation rows the trials train and are scored on."""
+    from tqc.io import file_digest
+
+    return hashlib.sha256(json.dumps({name: file_digest(data.directory / name, "sha256") for name in DATA_FILES},
+                                     sort_keys=True).encode()).hexdigest()
+
+
+def study_name(settings, digest: str) -> str:
+    """The Optuna study to open: tune.study, or with `on_new_data: new_study` one study per data set."""
+    return settings.study if settings.on_new_data == "refuse" else f"{settings.study}-data-{digest[:12]}"
+
+
+def check_study_data(study, params: Params, digest: str) -> None:
+    """A study holds trials trained and scored on one data set: the validation macro-F1 of trials on two (new
+    labeled questions arrived between two runs) are not comparable, nor is the best of them the best now."""
+    recorded = study.user_attrs.get("data_digest")
+    if recorded is None:  # a new study, or one begun before the digest was recorded
+        study.set_user_attr("data_digest", digest)
+    elif recorded != digest:
+        raise ConfigError(f"study {study.study_name!r} in {redact_url(params.tune.storage)} holds trials trained and "
+                          f"scored on other data (its catalog, training or validation rows differ: new labeled questions "
+                          f"since it began?); name another study with tune.study, or set tune.on_new_data: new_study")
+
+
 def check_study_base(study, params: Params, base: dict) -> None:
     """A study holds trials of one base configuration: the first worker records it, later ones must match it,
     so a study name reused for another dataset (or other fixed params) is refused instead of mixed."""
@@ -251,9 +284,17 @@ def check_study_base(study, params: Params, base: dict) -> None:
     recorded = {key: value for key, value in recorded.items() if not key.startswith(NOT_TUNED_ON)}
     differing = sorted(key for key in recorded.keys() | mine.keys() if recorded.get(key) != mine.get(key))
     if differing:
-        shown = ", ".join(f"{key}: {recorded.get(key)!r} there, {mine.get(key)!r} here" for key in differing[:5])
-        raise ConfigError(f"study {params.tune.study!r} in {params.tune.storage} holds trials of other params ({shown}"
-                          f"{' …' if len(differing) > 5 else ''}); name another study with tune.study")
+        shown = ", ".join(_difference(key, recorded, mine, params.tune.space) for key in differing[:5])
+        raise ConfigError(f"study {study.study_name!r} in {redact_url(params.tune.storage)} holds trials of other params "
+                          f"({shown}{' …' if len(differing) > 5 else ''}); name another study with tune.study")
+
+
+def _difference(key: str, recorded: dict, mine: dict, space: dict) -> str:
+    if key in space and key in recorded:  # a fixed param of the study's trials is searched now
+        return f"{key}: fixed at {recorded[key]!r} there, searched here"
+    if key not in recorded and key in mine:  # a dimension of the study's trials is fixed now
+        return f"{key}: searched there, fixed at {mine[key]!r} here"
+    return f"{key}: {recorded.get(key)!r} there, {mine.get(key)!r} here"
 
 
 def space_kinds(space: dict[str, SearchDimension], base: dict) -> dict:
@@ -266,13 +307,14 @@ def space_kinds(space: dict[str, SearchDimension], base: dict) -> dict:
 
 def check_study_space(study, params: Params, base: dict) -> None:
     """Refuse, before any work, a dimension whose choices or kind changed since the study sampled it:
-    Optuna would fail mid-trial ("dynamic value space"). New, removed and re-bounded ranges are fine."""
+    Optuna would fail mid-trial ("dynamic value space"). Re-bounded ranges are fine; a dimension added or removed
+    changes the params the study's trials share, which `check_study_base` refuses."""
     mine = space_kinds(params.tune.space, base)
     recorded = study.user_attrs.get("space_kinds") or {}
     changed = sorted(name for name in mine.keys() & recorded.keys() if mine[name] != recorded[name])
     if changed:
         shown = ", ".join(f"{name}: {recorded[name]!r} there, {mine[name]!r} here" for name in changed)
-        raise ConfigError(f"study {params.tune.study!r} in {params.tune.storage} sampled other values for {shown}; "
+        raise ConfigError(f"study {study.study_name!r} in {redact_url(params.tune.storage)} sampled other values for {shown}; "
                           "Optuna cannot change them within a study: name another study with tune.study")
     if mine.keys() - recorded.keys():
         study.set_user_attr("space_kinds", {**recorded, **mine})
@@ -305,9 +347,9 @@ def _heartbeats_are_experimental() -> Iterator[None]:
         yield
 
 
-def _open_study(params: Params, worker: int, attempts: int = 5):
-    """Create or join the study. Workers starting together race to create the storage's tables;
-    the loser of that race simply tries again."""
+def _open_study(params: Params, worker: int, name: str | None = None, attempts: int = 5):
+    """Create or join the study `name` (default tune.study). Workers starting together race to create the storage's
+    tables; the loser of that race simply tries again."""
     import time
 
     import optuna
@@ -321,7 +363,7 @@ def _open_study(params: Params, worker: int, attempts: int = 5):
             with _heartbeats_are_experimental():
                 storage = optuna.storages.RDBStorage(settings.storage, heartbeat_interval=HEARTBEAT_SECONDS,
                                                      grace_period=GRACE_SECONDS)
-            study = optuna.create_study(study_name=settings.study, storage=storage, direction="maximize",
+            study = optuna.create_study(study_name=name or settings.study, storage=storage, direction="maximize",
                                         load_if_exists=True, pruner=_pruner(params))
             break
         except SQLAlchemyError:
@@ -438,10 +480,6 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
     best = study.best_trial
     baseline = current_baseline(complete, params)
     best_params = unflatten(_values(best))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out_dir / "best_params.yaml") as tmp:
-        tmp.write_text(f"# Optuna study {study.study_name!r}, trial {best.number}: validation macro-F1 {best.value:.4f}\n"
-                       f"# apply with: tqc tune --apply {out_dir / 'best_params.yaml'}\n" + yaml.safe_dump(best_params))
     states = {state.name: len(study.get_trials(deepcopy=False, states=[state])) for state in optuna.trial.TrialState}
     summary = {
         "study": study.study_name,
@@ -453,6 +491,12 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
         "baseline": _trial_summary(baseline, study_dir, data, params) if baseline else None,
         "note": "test figures are reported for the best and baseline trials only; they never choose anything",
     }
+    # Both files written only once every figure is in hand (the test evaluations above can fail), so that
+    # best_params.yaml never sits beside another study's summary.json, whose dataset `--apply` checks
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out_dir / "best_params.yaml") as tmp:
+        tmp.write_text(f"# Optuna study {study.study_name!r}, trial {best.number}: validation macro-F1 {best.value:.4f}\n"
+                       f"# apply with: tqc tune --apply {out_dir / 'best_params.yaml'}\n" + yaml.safe_dump(best_params))
     write_json(out_dir / "summary.json", summary)
     with atomic_path(out_dir / "trials.csv") as tmp:
         study.trials_dataframe().to_csv(tmp, index=False)

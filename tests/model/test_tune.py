@@ -448,3 +448,77 @@ def test_a_pruned_trial_ends_its_mlflow_run_finished_and_tagged_pruned(tmp_path,
     assert study.trials[0].state == optuna.trial.TrialState.PRUNED
     (trial_run,) = [run for run in tracked_runs(params.tracking.uri) if "optuna.trial" in run["tags"]]
     assert trial_run["status"] == "FINISHED" and trial_run["tags"]["optuna.state"] == "PRUNED"  # not FAILED
+
+
+def test_a_study_refuses_trials_on_other_data_unless_it_opens_one_study_per_data_set(tmp_path):
+    """New labeled questions between two runs change the validation rows trials are scored on: trials of both runs
+    in one study are not comparable, and its best may be a model of the old data. `on_new_data: new_study` opens
+    one study per data set instead (a weekly tune beside nightly retrains)."""
+    from tqc.pipeline import PreparedData
+    from tqc.tune import check_study_data, data_digest, study_name
+
+    data = PreparedData(tmp_path / "validated", tmp_path / "augmented.jsonl")
+    data.directory.mkdir()
+    for name in ("catalog.jsonl", "train.jsonl", "validation.jsonl", "test.jsonl"):
+        (data.directory / name).write_text(f'{{"file": "{name}"}}\n')
+    first = data_digest(data)
+    (data.directory / "test.jsonl").write_text('{"another": "test split"}\n')  # trials are never scored on test
+    assert data_digest(data) == first
+    with (data.directory / "validation.jsonl").open("a") as f:
+        f.write('{"text": "a new labeled question"}\n')
+    grown = data_digest(data)
+    assert grown != first
+
+    params = Params.model_validate({"tune": {"study": "s", "storage": "postgresql://tuner:s3cret@db/optuna"}})
+    study = optuna.create_study(study_name="s", direction="maximize")
+    check_study_data(study, params, first)
+    check_study_data(study, params, first)  # the same data: joins
+    with pytest.raises(ConfigError, match=r"'s' in postgresql://tuner:\*\*\*@db/optuna holds trials trained and "
+                                          r"scored on other data .* tune.on_new_data: new_study") as refused:
+        check_study_data(study, params, grown)
+    assert "s3cret" not in str(refused.value)
+
+    assert study_name(params.tune, grown) == "s"
+    per_data = params.tune.model_copy(update={"on_new_data": "new_study"})
+    assert study_name(per_data, first) == f"s-data-{first[:12]}" != study_name(per_data, grown)
+
+
+def test_a_dimension_added_to_or_removed_from_a_study_is_named_as_such(tmp_path, tiny_model_dir):
+    from tqc.config import flatten
+    from tqc.tune import check_study_base
+
+    params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir))
+    study = optuna.create_study(study_name="s", direction="maximize")
+    base = flatten(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))
+    check_study_base(study, params, base)
+    searched = {**params.tune.space, "stage_two.weight_decay": SearchDimension(low=0.0, high=0.1)}
+    wider = params.model_copy(update={"tune": params.tune.model_copy(update={"space": searched})})
+    with pytest.raises(ConfigError, match=r"stage_two.weight_decay: fixed at .* there, searched here"):
+        check_study_base(study, wider, base)
+    narrower = {k: v for k, v in params.tune.space.items() if k != "mine.k"}
+    fewer = params.model_copy(update={"tune": params.tune.model_copy(update={"space": narrower})})
+    with pytest.raises(ConfigError, match=r"mine.k: searched there, fixed at .* here"):
+        check_study_base(study, fewer, base)
+
+
+def test_reports_are_replaced_only_once_every_figure_is_in_hand(tmp_path, monkeypatch):
+    """The test evaluation of the best trial can fail (a model folder gone, memory): best_params.yaml must not then
+    sit beside the previous study's summary.json, whose dataset `tqc tune --apply` checks."""
+    from tqc import tune as tuning
+
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(value=0.9, params={"mine.k": 3},
+                                              distributions={"mine.k": optuna.distributions.IntDistribution(1, 5)}))
+    out = tmp_path / "reports"
+    out.mkdir()
+    (out / "best_params.yaml").write_text("mine:\n  k: 7\n")
+    (out / "summary.json").write_text('{"dataset": "trec6"}')
+
+    def evaluation_fails(*args, **kwargs):
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr(tuning, "_trial_summary", evaluation_fails)
+    with pytest.raises(MemoryError):
+        tuning.write_reports(study, Params(), None, tmp_path / "study", out)
+    assert (out / "best_params.yaml").read_text() == "mine:\n  k: 7\n"  # the pair as it was
+    assert (out / "summary.json").read_text() == '{"dataset": "trec6"}'
