@@ -193,8 +193,6 @@ class TuneResult:
 def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path = Path("tuning"), worker: int = 0,
          trials: int | None = None, data: PreparedData | None = None) -> TuneResult:
     """Run `trials` (default tune.trials) trials of this worker in the shared study; write the reports."""
-    import optuna
-
     from tqc import distributed
 
     if distributed.world_size() > 1:
@@ -203,6 +201,12 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
         raise ConfigError("tqc tune runs each trial in one process and does not run under torchrun; "
                           "start more workers (tqc tune --worker N) on a shared tune.storage instead")
     check_space(params)
+    with worker_lock(work_dir / params.tune.study, worker):
+        return _tune(params, out_dir, work_dir, worker, trials, data)
+
+
+def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: int | None,
+          data: PreparedData | None) -> TuneResult:
     settings = params.tune
     data = data or prepare_data(params, work_dir / settings.study / f"data-worker-{worker}")
     digest = data_digest(data)
@@ -444,6 +448,26 @@ def _drop_models(trial_dir: Path, params: Params) -> None:
     if not params.tune.keep_models:
         for name in ("stage_one", "stage_two"):
             shutil.rmtree(trial_dir / name, ignore_errors=True)
+
+
+@contextmanager
+def worker_lock(study_dir: Path, worker: int) -> Iterator[None]:
+    """One process a worker index on this machine: two (a manual run beside the scheduled one) would rewrite one
+    data folder at once and seed their samplers alike, so drawing the same trials. An OS-level lock, released by the
+    kernel even when its holder is killed."""
+    from filelock import FileLock, Timeout
+
+    study_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(study_dir / f"worker-{worker}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise ConfigError(f"worker {worker} of study {study_dir.name!r} is running already on this machine "
+                          f"({lock.lock_file} is held): give this run another --worker index, or wait for it") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 @contextmanager

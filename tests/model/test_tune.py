@@ -522,3 +522,16 @@ def test_reports_are_replaced_only_once_every_figure_is_in_hand(tmp_path, monkey
         tuning.write_reports(study, Params(), None, tmp_path / "study", out)
     assert (out / "best_params.yaml").read_text() == "mine:\n  k: 7\n"  # the pair as it was
     assert (out / "summary.json").read_text() == '{"dataset": "trec6"}'
+
+
+def test_a_second_process_with_a_running_workers_index_is_refused(tmp_path, tiny_model_dir):
+    """A manual `tqc tune` beside the scheduled one, both worker 0: they would rewrite one data folder at once and
+    seed their samplers alike (the same trials drawn twice). The second is refused before any work."""
+    from filelock import FileLock
+
+    params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir))
+    (tmp_path / "work" / "test").mkdir(parents=True)
+    with FileLock(str(tmp_path / "work" / "test" / "worker-0.lock")):  # another process's worker 0, running
+        with pytest.raises(ConfigError, match=r"worker 0 of study 'test' is running already on this machine .*--worker"):
+            tune(params, tmp_path / "out", tmp_path / "work", worker=0)
+    assert not (tmp_path / "work" / "test" / "data-worker-0").exists()  # refused before preparing anything
