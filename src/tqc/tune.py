@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+import torch
 import yaml
 from pydantic import BaseModel, ValidationError
 
@@ -225,7 +226,8 @@ def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: in
         objective = _objective(params, space, base, data, study_dir, worker)
         # gc after each trial: a pruned trial's exception holds its frames (model, optimizer state, on a GPU too)
         # until a full collection, which the next trial's allocations would otherwise wait on
-        study.optimize(objective, n_trials=settings.trials if trials is None else trials, catch=(), gc_after_trial=True)
+        study.optimize(objective, n_trials=settings.trials if trials is None else trials, catch=TRIAL_FAILURES,
+                       gc_after_trial=True)
         with reports_lock(out_dir):  # the reports this run logs are the ones it wrote, whole
             result = write_reports(study, params, data, study_dir, out_dir)
             parent.log_metrics({"best_validation_macro_f1": result.summary["best"]["validation_macro_f1"]})
@@ -402,6 +404,11 @@ def _pruner(params: Params):
     return optuna.pruners.NopPruner()
 
 
+# What fails one trial but not the worker: sampled values too large for the GPU's memory are the trial's fault, not
+# the study's (Optuna records it FAIL and samples on). Anything else stops the worker, loudly.
+TRIAL_FAILURES = (torch.OutOfMemoryError,)
+
+
 def _objective(params: Params, space: dict[str, SearchDimension], base: dict, data: PreparedData, study_dir: Path,
                worker: int):
     import optuna
@@ -421,6 +428,10 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
                 tracker.set_tags({"optuna.state": "PRUNED"})
                 _drop_models(trial_dir, params)
                 pruned = stop
+            except TRIAL_FAILURES:
+                tracker.set_tags({"optuna.state": "FAIL"})
+                _drop_models(trial_dir, params)
+                raise
             else:
                 value = outputs.fits["stage_two"].best_validation_macro_f1
                 tracker.set_tags({"optuna.state": "COMPLETE"})

@@ -535,3 +535,27 @@ def test_a_second_process_with_a_running_workers_index_is_refused(tmp_path, tiny
         with pytest.raises(ConfigError, match=r"worker 0 of study 'test' is running already on this machine .*--worker"):
             tune(params, tmp_path / "out", tmp_path / "work", worker=0)
     assert not (tmp_path / "work" / "test" / "data-worker-0").exists()  # refused before preparing anything
+
+
+def test_a_trial_out_of_gpu_memory_fails_alone_and_the_worker_samples_on(tmp_path, tiny_model_dir, monkeypatch):
+    """Sampled values too large for the GPU fail their trial, not the worker's remaining trials and its reports."""
+    import torch
+
+    from tqc import tune as tuning
+
+    real_chain, calls = tuning.train_chain, []
+
+    def second_runs_out_of_memory(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_chain(*args, **kwargs)
+
+    monkeypatch.setattr(tuning, "train_chain", second_runs_out_of_memory)
+    params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir))
+    tune(params, tmp_path / "reports", tmp_path / "work")
+
+    study = optuna.load_study(study_name="test", storage=params.tune.storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert not (tmp_path / "work" / "test" / "trial-0001").exists()  # its partial models dropped
+    assert json.loads((tmp_path / "reports" / "summary.json").read_text())["trials"] == {"COMPLETE": 2, "FAIL": 1}
