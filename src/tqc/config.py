@@ -67,6 +67,9 @@ class DataParams(Strict):
     dataset: DatasetName = "trec6"
     data_dir: str = "../shared/datasets"
     validation_fraction: float = Field(0.1, gt=0.0, lt=0.5)
+    # A train or test file with more of its rows rejected than this (unreadable, no text, wrong column count) stops
+    # ingest: a file in another format, or unquoted commas in its texts, would otherwise train on what is left
+    max_rejected_fraction: float = Field(0.05, ge=0.0, le=1.0)
     # A file of labeled questions under data_dir, in the dataset's format, used whole as the validation
     # split instead of carving validation_fraction out of train (which then trains whole): a larger,
     # steadier judge for early stopping and every selection where train is small, e.g. COVID-Q's own

@@ -207,10 +207,21 @@ def _stray_carriage_returns_as_spaces(text: str, path: Path, header: bool = Fals
     lone = len(BARE_CR.findall(text))
     if not lone or not _lines_end_in_lf(text, lone, header):
         return text
-    lines = sorted({text.count("\n", 0, match.start()) + 1 for match in BARE_CR.finditer(text)})
+    lines = _line_numbers(text, [match.start() for match in BARE_CR.finditer(text)])
     log.warning("%s: line(s) %s hold a carriage return inside the line, and the file ends its lines with LF (or CRLF): "
                 "read as a space", path, _first_ten(lines))
     return BARE_CR.sub(" ", text)
+
+
+def _line_numbers(text: str, offsets: list[int]) -> list[int]:
+    """The distinct line numbers of ascending `offsets` in `text`, counting LFs once through the text."""
+    lines, line, counted_to = [], 1, 0
+    for offset in offsets:
+        line += text.count("\n", counted_to, offset)
+        counted_to = offset
+        if not lines or lines[-1] != line:
+            lines.append(line)
+    return lines
 
 
 def _lines_end_in_lf(text: str, lone_crs: int, header: bool) -> bool:
@@ -458,11 +469,18 @@ def _file_and_line(source: str | None) -> str:
     return f"{file}, line {line}" if line.isdigit() else source
 
 
-def require_rows(result: ReadResult, path: Path) -> ReadResult:
-    """A split with no usable row (a header only, every line rejected) is an error, not an empty run."""
+def require_rows(result: ReadResult, path: Path, max_rejected_fraction: float = 1.0) -> ReadResult:
+    """A split with no usable row (a header only, every line rejected) is an error, not an empty run; so is one with
+    more than `max_rejected_fraction` of its rows rejected (a file in another format, or unquoted commas in its
+    texts), which would otherwise train and be scored on what is left."""
+    why = f"; first rejected line {result.rejected[0].line}: {result.rejected[0].reason}" if result.rejected else ""
     if not result.rows:
-        why = f"; first rejected line {result.rejected[0].line}: {result.rejected[0].reason}" if result.rejected else ""
         raise ReaderError(f"{path}: no usable rows ({len(result.rejected)} rejected{why})")
+    read = len(result.rows) + len(result.rejected)
+    if len(result.rejected) > max_rejected_fraction * read:
+        raise ReaderError(f"{path}: {len(result.rejected)} of {read} rows rejected, more than data.max_rejected_fraction "
+                          f"({max_rejected_fraction:g}) of the file{why}; every one is listed in the quarantine file "
+                          "only once the file reads as intended: fix it, or raise the fraction")
     return result
 
 
@@ -481,7 +499,8 @@ def read_dataset(params: DataParams) -> DatasetSplits:
     if params.dataset == "custom":
         return _read_custom(params)
     train_path, test_path, reader = official_files(params)
-    return DatasetSplits(require_rows(reader(train_path), train_path), require_rows(reader(test_path), test_path),
+    limit = params.max_rejected_fraction
+    return DatasetSplits(require_rows(reader(train_path), train_path, limit), require_rows(reader(test_path), test_path, limit),
                          shipped_catalog(params.dataset))
 
 
@@ -553,7 +572,8 @@ def with_added_classes(catalog: Catalog, added: list[StandardQuestion]) -> Catal
 def _read_custom(params: DataParams) -> DatasetSplits:
     custom, root = params.custom, Path(params.data_dir)  # relative paths are under data_dir (a DVC dependency)
     (train_path, test_path), reader = _split_files(params), _dataset_reader(params)
-    train, test = require_rows(reader(train_path), train_path), require_rows(reader(test_path), test_path)
+    limit = params.max_rejected_fraction
+    train, test = require_rows(reader(train_path), train_path, limit), require_rows(reader(test_path), test_path, limit)
     catalog = (
         read_catalog_file(root / custom.catalog, custom.catalog_id_column, custom.catalog_text_column)
         if custom.catalog
@@ -562,6 +582,8 @@ def _read_custom(params: DataParams) -> DatasetSplits:
     # The retrain flow's new classes are known labels with their own standard questions, never derived ones; ingest
     # appends them after the derived classes (with_added_classes), so no class index moves.
     known = with_added_classes(catalog, added_standard_questions(Path(params.additions) if params.additions else None))
+    if custom.unknown_labels == "derive":  # `quarantine` is exact by choice: it names the likely id in the reason
+        train, test = _labels_read_as_catalog(train, known), _labels_read_as_catalog(test, known)
     if custom.unknown_labels == "quarantine":
         train = require_rows(_unknown_labels_rejected(train, known, root / custom.catalog), train_path)
     # Only training labels may create classes: a test label outside them is the validate stage's business.
@@ -569,13 +591,56 @@ def _read_custom(params: DataParams) -> DatasetSplits:
     return DatasetSplits(train, test, Catalog(catalog.questions + derived))
 
 
+def _catalog_label_key(label: str) -> str:
+    """What a label is matched to a catalog id by when it is not one exactly: case, width, invisible characters and
+    spacing aside (`normalise`), and a whole number written as a float (a spreadsheet or pandas writes 1.0 for 1)."""
+    from tqc.text import normalise
+
+    key = normalise(label)
+    return key[:-2] if WHOLE_FLOAT.fullmatch(key) else key
+
+
+WHOLE_FLOAT = re.compile(r"-?\d+\.0")
+
+
+def _labels_read_as_catalog(result: ReadResult, catalog: Catalog) -> ReadResult:
+    """Rows whose label is not a catalog id but differs from exactly one only by case, width, invisible characters or
+    a float's ".0" take that id, with a warning a label. Else each such label would become a class of its own, with a
+    derived standard question, while the catalog's class kept no rows and its test questions went unanswered."""
+    from collections import Counter, defaultdict
+    from dataclasses import replace
+
+    by_key = defaultdict(list)
+    for class_id in catalog.class_ids:
+        by_key[_catalog_label_key(class_id)].append(class_id)
+    known, read_as, first = set(catalog.class_ids), {}, {}
+    for row in result.rows:
+        if row.class_id not in known and row.class_id not in read_as:
+            matches = by_key.get(_catalog_label_key(row.class_id), [])
+            if len(matches) == 1:  # two catalog ids alike (hum and HUM): neither is chosen
+                read_as[row.class_id], first[row.class_id] = matches[0], row.source
+    if not read_as:
+        return result
+    counts = Counter(row.class_id for row in result.rows if row.class_id in read_as)
+    for label, class_id in read_as.items():
+        log.warning("%s: label %r read as the catalog's %r (%d row(s)): labels are matched to the catalog's ids case- "
+                    "and width-insensitively, and 1.0 as 1", _file_and_line(first[label]), label, class_id, counts[label])
+    rows = [replace(row, class_id=read_as.get(row.class_id, row.class_id)) for row in result.rows]
+    return ReadResult(rows, result.rejected, result.named_sources)
+
+
 def _unknown_labels_rejected(result: ReadResult, catalog: Catalog, catalog_path: Path) -> ReadResult:
     """`unknown_labels: quarantine`: a row whose label the catalog lacks is rejected by file and line."""
     known = set(catalog.class_ids)
+    by_key = {}
+    for class_id in catalog.class_ids:
+        by_key.setdefault(_catalog_label_key(class_id), []).append(class_id)
     rejected = []
     for row in result.rows:
         if row.class_id not in known:
             file, _, line = row.source.rpartition(":")
+            alike = by_key.get(_catalog_label_key(row.class_id), [])
+            hint = f"; the catalog has {alike[0]!r}, alike but for case, width or a float's .0" if len(alike) == 1 else ""
             rejected.append(RejectedRow(file, int(line), f"label {row.class_id!r} is not in the catalog {catalog_path} "
-                                        "(data.custom.unknown_labels: quarantine)", row.text))
+                                        f"(data.custom.unknown_labels: quarantine){hint}", row.text))
     return ReadResult([r for r in result.rows if r.class_id in known], result.rejected + rejected, result.named_sources)

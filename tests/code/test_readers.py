@@ -506,3 +506,55 @@ def test_a_stray_byte_leaves_the_valid_utf8_of_its_line_as_it_was(tmp_path):
     """Text pasted from two sources: the "é" and "–" stay, only the stray Windows-1252 byte is read as such."""
     mixed = write(tmp_path, "mixed.csv", b"text,label\nCaf\xc3\xa9 menu \xe2\x80\x93 what\x92s new,a\nok,b\n")
     assert [q.text for q in read_table(mixed, "text", "label").rows] == ["Caf\u00e9 menu \u2013 what\u2019s new", "ok"]
+
+
+def test_a_label_that_is_a_catalog_id_but_for_case_width_or_a_floats_point_zero_takes_that_id(tmp_path, caplog):
+    """A spreadsheet's `hum` or pandas' `1.0` beside the catalog's `HUM` and `1` would otherwise be a class of its own,
+    with a derived standard question, while the catalog's class kept no rows and its test questions went unanswered."""
+    (tmp_path / "catalog.csv").write_text("class_id,text\nHUM,Who is it?\n1,Is it the first?\nloc,Where?\nLOC,Where is it?\n")
+    (tmp_path / "train.csv").write_text("question,label\nwho wrote it,hum\nwho sang it, HUM\u200b\nwhich first,1.0\n"
+                                        "where is it,Loc\nwho else,HUM\n")
+    (tmp_path / "test.csv").write_text("question,label\nwho built it,Hum\nwhat comes first,1\n")
+    custom = {"train": "train.csv", "test": "test.csv", "catalog": "catalog.csv", "text_column": "question"}
+
+    with caplog.at_level(logging.WARNING, logger="tqc.readers"):
+        splits = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom))
+    assert [q.class_id for q in splits.train.rows] == ["HUM", "HUM", "1", "Loc", "HUM"]
+    assert [q.class_id for q in splits.test.rows] == ["HUM", "1"]
+    assert splits.catalog.class_ids == ["HUM", "1", "loc", "LOC", "Loc"]  # loc and LOC alike: Loc is neither, derived
+    assert "train.csv, line 2: label 'hum' read as the catalog's 'HUM' (1 row(s))" in caplog.text
+    assert "label '1.0' read as the catalog's '1'" in caplog.text
+
+    # unknown_labels: quarantine stays exact, and names the id the label is like
+    strict = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), max_rejected_fraction=1.0,
+                                     custom={**custom, "unknown_labels": "quarantine"}))
+    reasons = {r.line: r.reason for r in strict.train.rejected}
+    assert reasons[2].endswith("; the catalog has 'HUM', alike but for case, width or a float's .0")
+    assert reasons[4].endswith("; the catalog has '1', alike but for case, width or a float's .0")
+    assert reasons[5].endswith("(data.custom.unknown_labels: quarantine)")  # Loc: two ids alike, no hint
+
+
+def test_a_file_most_of_whose_rows_are_rejected_stops_ingest_instead_of_training_on_the_rest(tmp_path):
+    """Unquoted commas in hand-made CSV texts reject each such row (a column too many): past
+    data.max_rejected_fraction the run stops, naming the file, the count and the first reason."""
+    from tests.conftest import write_custom_dataset
+
+    write_custom_dataset(tmp_path)
+    lines = (tmp_path / "train.csv").read_text().splitlines()
+    lines[1:4] = [f"{line.split(',')[0]}, and more,{line.split(',')[1]}" for line in lines[1:4]]  # 3 of 36 rows
+    (tmp_path / "train.csv").write_text("\n".join(lines) + "\n")
+    custom = {"train": "train.csv", "test": "test.csv", "catalog": "catalog.csv", "text_column": "question"}
+
+    with pytest.raises(ReaderError, match=r"train.csv: 3 of 36 rows rejected, more than data.max_rejected_fraction "
+                                          r"\(0.05\) of the file; first rejected line 2: "):
+        read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom))
+    kept = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom, max_rejected_fraction=0.1))
+    assert len(kept.train.rows) == 33 and [r.line for r in kept.train.rejected] == [2, 3, 4]
+
+
+def test_stray_carriage_returns_are_numbered_by_line_in_one_pass():
+    from tqc.readers import _line_numbers
+
+    text = "a\rb\nc\nd\re\rf\n\ng\r"
+    offsets = [i for i, ch in enumerate(text) if ch == "\r"]
+    assert _line_numbers(text, offsets) == sorted({text.count("\n", 0, o) + 1 for o in offsets}) == [1, 3, 5]
