@@ -572,6 +572,10 @@ def with_added_classes(catalog: Catalog, added: list[StandardQuestion]) -> Catal
 def _read_custom(params: DataParams) -> DatasetSplits:
     custom, root = params.custom, Path(params.data_dir)  # relative paths are under data_dir (a DVC dependency)
     (train_path, test_path), reader = _split_files(params), _dataset_reader(params)
+    if train_path.resolve() == test_path.resolve():  # else ingest's later "validation is empty" would be its reason
+        raise ReaderError(f"data.custom.train and data.custom.test are one file, {train_path}: test questions must be "
+                          "ones the model never trains on; split the file, or name a separate test file")
+    _warn_if_untracked(root, [train_path, test_path] + ([root / custom.catalog] if custom.catalog else []))
     limit = params.max_rejected_fraction
     train, test = require_rows(reader(train_path), train_path, limit), require_rows(reader(test_path), test_path, limit)
     catalog = (
@@ -589,6 +593,16 @@ def _read_custom(params: DataParams) -> DatasetSplits:
     # Only training labels may create classes: a test label outside them is the validate stage's business.
     derived = [q for q in with_derived_classes(known, train.rows).questions if q.derived]
     return DatasetSplits(train, test, Catalog(catalog.questions + derived))
+
+
+def _warn_if_untracked(data_dir: Path, paths: list[Path]) -> None:
+    """dvc.yaml tracks data.data_dir: a file named outside it (an absolute or ../ path) can change without `dvc repro`
+    noticing, so its results would silently go stale."""
+    root = data_dir.resolve()
+    for path in paths:
+        if not path.resolve().is_relative_to(root):
+            log.warning("%s is outside data.data_dir (%s), which is what DVC tracks: `dvc repro` will not notice when "
+                        "it changes; put it under data.data_dir", path, data_dir)
 
 
 def _catalog_label_key(label: str) -> str:

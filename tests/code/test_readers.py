@@ -558,3 +558,18 @@ def test_stray_carriage_returns_are_numbered_by_line_in_one_pass():
     text = "a\rb\nc\nd\re\rf\n\ng\r"
     offsets = [i for i, ch in enumerate(text) if ch == "\r"]
     assert _line_numbers(text, offsets) == sorted({text.count("\n", 0, o) + 1 for o in offsets}) == [1, 3, 5]
+
+
+def test_one_file_as_train_and_test_is_refused_and_a_file_outside_data_dir_is_named(tmp_path, caplog):
+    from tests.conftest import write_custom_dataset
+
+    write_custom_dataset(tmp_path / "data")
+    custom = {"train": "train.csv", "test": "train.csv", "catalog": "catalog.csv", "text_column": "question"}
+    with pytest.raises(ReaderError, match=r"data.custom.train and data.custom.test are one file, .*train.csv: test "
+                                          r"questions must be ones the model never trains on"):
+        read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path / "data"), custom=custom))
+
+    (tmp_path / "data" / "test.csv").rename(tmp_path / "elsewhere.csv")  # beside data_dir, not under it
+    with caplog.at_level(logging.WARNING, logger="tqc.readers"):
+        read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path / "data"), custom={**custom, "test": "../elsewhere.csv"}))
+    assert "elsewhere.csv is outside data.data_dir" in caplog.text and "train.csv is outside" not in caplog.text
