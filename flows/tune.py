@@ -38,7 +38,8 @@ def tune(params_path: str = "params.yaml", workers: int = 2, trials_per_worker: 
     trials = trials_per_worker or params.tune.trials
     futures = [tune_worker.submit(params_path, i, trials, overrides or [], out, work) for i in range(workers)]
     results = [f.result() for f in futures]
-    get_run_logger().info("tune: %d workers × %d trials in study %r: %s", workers, trials, params.tune.study, results)
+    study = params.tune.study + ("-data-<digest of the data>" if params.tune.on_new_data == "new_study" else "")
+    get_run_logger().info("tune: %d workers × %d trials in study %r: %s", workers, trials, study, results)
     return results
 
 

@@ -640,16 +640,22 @@ def deep_merge(base: dict, update: dict) -> dict:
 def redact_url(value: str) -> str:
     """A URL with its password replaced by ***, for logs, MLflow params and messages: a database URL in tune.storage
     or tracking.uri may carry one (postgresql://user:secret@host/db)."""
-    from urllib.parse import urlsplit, urlunsplit
+    from urllib.parse import urlsplit
 
     try:
         parts = urlsplit(value)
-        if parts.password is None:
-            return value
+        password = parts.password
     except ValueError:  # not a URL (a bad port, say): nothing to redact that urlsplit can find
         return value
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    # Edited in place, not rebuilt: urlunsplit would turn sqlite:///x into sqlite:/x
+    if password is not None:
+        netloc = parts.netloc.replace(f":{password}@", ":***@", 1)
+        value = value.replace(parts.netloc, netloc, 1)
+    address, mark, query = value.partition("?")
+    return address + mark + QUERY_PASSWORD.sub(r"\1***", query)  # libpq and SQLAlchemy take ?password=… too
+
+
+QUERY_PASSWORD = re.compile(r"((?:^|&)password=)[^&]*", re.IGNORECASE)
 
 
 def redact_secrets(value):

@@ -307,7 +307,7 @@ def stage_run(stage: str, params: Params, inputs: list[Path] = ()) -> Iterator[T
 
 
 def _stage_params(stage: str, params: Params) -> dict:
-    full = params.model_dump(mode="json", by_alias=True, exclude={"tune"})
+    full = redact_secrets(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))
     sections = {"stage_one": ("seed", "model", "augment", "stage_one"), "mine": ("mine",),
                 "stage_two": ("seed", "augment", "stage_two"), "baseline_nc": ("seed", "model", "augment", "baseline_nc"),
                 "promote": ("promote",)}.get(stage)

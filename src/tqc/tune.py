@@ -248,16 +248,17 @@ def study_base(params: Params, base: dict) -> dict:
             if key not in params.tune.space and not key.startswith(NOT_TUNED_ON)}
 
 
-# The prepared files a trial's objective depends on: what it trains on and what scores it
-DATA_FILES = ("catalog.jsonl", "train.jsonl", "validation.jsonl")
-
-
 def data_digest(data: PreparedData) -> str:
-    """sha256 over the validated catalog, training and validation rows the trials train and are scored on."""
-    from tqc.io import file_digest
+    """sha256 over what the trials train and are scored on: the catalog, and the training, validation and generated
+    rows (text and class), not where each was read from, since workers may keep the data in other folders."""
+    from tqc.schema import load_questions
 
-    return hashlib.sha256(json.dumps({name: file_digest(data.directory / name, "sha256") for name in DATA_FILES},
-                                     sort_keys=True).encode()).hexdigest()
+    catalog = Catalog.load(data.directory / "catalog.jsonl")
+    content = {"catalog": [[q.class_id, q.text] for q in catalog.questions]}
+    for name in ("train.jsonl", "validation.jsonl", "generated.jsonl"):
+        if (data.directory / name).exists():
+            content[name] = [[q.text, q.class_id] for q in load_questions(data.directory / name)]
+    return hashlib.sha256(json.dumps(content, ensure_ascii=False).encode()).hexdigest()
 
 
 def study_name(settings, digest: str) -> str:
@@ -288,17 +289,22 @@ def check_study_base(study, params: Params, base: dict) -> None:
         return
     # Keys that fix no study are left out of what older versions recorded too, so their studies stay open
     recorded = {key: value for key, value in recorded.items() if not key.startswith(NOT_TUNED_ON)}
-    differing = sorted(key for key in recorded.keys() | mine.keys() if recorded.get(key) != mine.get(key))
+    searched_there = study.user_attrs.get("space_kinds") or {}
+    # A param tqc gained after the study began is not in its record: at its default it changes nothing the trials did
+    defaults = study_base(params, flat_base(Params()))
+    differing = sorted(key for key in recorded.keys() | mine.keys() if recorded.get(key) != mine.get(key)
+                       and not (key not in recorded and key not in searched_there and key in defaults
+                                and mine[key] == defaults[key]))
     if differing:
-        shown = ", ".join(_difference(key, recorded, mine, params.tune.space) for key in differing[:5])
+        shown = ", ".join(_difference(key, recorded, mine, params.tune.space, searched_there) for key in differing[:5])
         raise ConfigError(f"study {study.study_name!r} in {redact_url(params.tune.storage)} holds trials of other params "
                           f"({shown}{' …' if len(differing) > 5 else ''}); name another study with tune.study")
 
 
-def _difference(key: str, recorded: dict, mine: dict, space: dict) -> str:
+def _difference(key: str, recorded: dict, mine: dict, space: dict, searched_there: dict) -> str:
     if key in space and key in recorded:  # a fixed param of the study's trials is searched now
         return f"{key}: fixed at {recorded[key]!r} there, searched here"
-    if key not in recorded and key in mine:  # a dimension of the study's trials is fixed now
+    if key in searched_there and key in mine:  # a dimension of the study's trials is fixed now
         return f"{key}: searched there, fixed at {mine[key]!r} here"
     return f"{key}: {recorded.get(key)!r} there, {mine.get(key)!r} here"
 

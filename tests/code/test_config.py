@@ -336,6 +336,8 @@ def test_a_password_in_a_database_url_is_redacted_in_what_is_logged():
     from tqc.config import redact_secrets, redact_url
 
     assert redact_url("postgresql+psycopg://tuner:s%40cret@db:5432/optuna") == "postgresql+psycopg://tuner:***@db:5432/optuna"
+    assert redact_url("postgresql:///optuna?user=tuner&Password=s3cret&sslmode=require") == \
+        "postgresql:///optuna?user=tuner&Password=***&sslmode=require"  # libpq's keyword form
     for unchanged in ("sqlite:///optuna.db", "http://mlflow:5000", "postgresql://tuner@db/optuna", "not a url", "http://h:x/"):
         assert redact_url(unchanged) == unchanged
     dumped = {"tracking": {"uri": "mysql://u:p@h/mlflow"}, "tune": {"storage": "sqlite:///o.db", "trials": 3},
@@ -343,3 +345,13 @@ def test_a_password_in_a_database_url_is_redacted_in_what_is_logged():
     assert redact_secrets(dumped) == {"tracking": {"uri": "mysql://u:***@h/mlflow"},
                                       "tune": {"storage": "sqlite:///o.db", "trials": 3},
                                       "weights": [0.0, "https://u:***@h/x"]}
+
+
+def test_every_stage_run_logs_its_params_with_database_passwords_redacted():
+    from tqc.config import Params
+    from tqc.tracking import _stage_params
+
+    params = Params.model_validate({"tracking": {"uri": "postgresql://u:s3cret@db/mlflow"}})
+    for stage in ("ingest", "evaluate", "prior", "stage_one", "promote"):
+        assert "s3cret" not in str(_stage_params(stage, params))
+    assert _stage_params("evaluate", params)["tracking"]["uri"] == "postgresql://u:***@db/mlflow"

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tqc.config import ConfigError, Params, SearchDimension, load_params
+from tqc.schema import Catalog, StandardQuestion
 from tqc.tune import EpochReporter, apply_best, default_values, sample_overrides, tune, within_wrong_classes
 from tests.conftest import tiny_params, write_custom_dataset
 
@@ -457,17 +458,27 @@ def test_a_study_refuses_trials_on_other_data_unless_it_opens_one_study_per_data
     from tqc.pipeline import PreparedData
     from tqc.tune import check_study_data, data_digest, study_name
 
-    data = PreparedData(tmp_path / "validated", tmp_path / "augmented.jsonl")
-    data.directory.mkdir()
-    for name in ("catalog.jsonl", "train.jsonl", "validation.jsonl", "test.jsonl"):
-        (data.directory / name).write_text(f'{{"file": "{name}"}}\n')
-    first = data_digest(data)
-    (data.directory / "test.jsonl").write_text('{"another": "test split"}\n')  # trials are never scored on test
-    assert data_digest(data) == first
-    with (data.directory / "validation.jsonl").open("a") as f:
-        f.write('{"text": "a new labeled question"}\n')
-    grown = data_digest(data)
+    from tqc.schema import LabeledQuestion, save_questions
+
+    def prepared(folder: str, source_dir: str, validation: int) -> PreparedData:
+        data = PreparedData(tmp_path / folder, tmp_path / folder / "augmented.jsonl")
+        data.directory.mkdir()
+        Catalog([StandardQuestion("LOC", "Where is it?"), StandardQuestion("HUM", "Who is it?")]).save(
+            data.directory / "catalog.jsonl")
+        for name, count in (("train", 3), ("validation", validation), ("test", 2 + validation)):
+            save_questions(data.directory / f"{name}.jsonl", [
+                LabeledQuestion(f"{name} question {i}", "LOC", source=f"{source_dir}/train.csv:{i + 2}") for i in range(count)])
+        return data
+
+    first = data_digest(prepared("a", "../shared/datasets", 2))
+    # the same rows read from another spelling of the data folder (another machine, an absolute path), and another
+    # test split, which trials are never scored on: the same data
+    assert data_digest(prepared("b", "/work/shared/datasets", 2)) == first
+    grown = data_digest(prepared("c", "../shared/datasets", 3))  # a new validation question
     assert grown != first
+    generated = prepared("d", "../shared/datasets", 2)
+    save_questions(generated.directory / "generated.jsonl", [LabeledQuestion("made offline", "LOC")])
+    assert data_digest(generated) != first  # augment.explicit: file trains on them
 
     params = Params.model_validate({"tune": {"study": "s", "storage": "postgresql://tuner:s3cret@db/optuna"}})
     study = optuna.create_study(study_name="s", direction="maximize")
@@ -499,6 +510,16 @@ def test_a_dimension_added_to_or_removed_from_a_study_is_named_as_such(tmp_path,
     fewer = params.model_copy(update={"tune": params.tune.model_copy(update={"space": narrower})})
     with pytest.raises(ConfigError, match=r"mine.k: searched there, fixed at .* here"):
         check_study_base(study, fewer, base)
+
+    # A param tqc gained after the study began (data.max_rejected_fraction) is not in its record: at its default the
+    # study goes on; set otherwise, it is a difference like any other
+    older = optuna.create_study(study_name="older", direction="maximize")
+    older.set_user_attr("base_params", {k: v for k, v in study.user_attrs["base_params"].items()
+                                        if k != "data.max_rejected_fraction"})
+    older.set_user_attr("space_kinds", study.user_attrs["space_kinds"])
+    check_study_base(older, params, base)
+    with pytest.raises(ConfigError, match=r"data.max_rejected_fraction: None there, 0.5 here"):
+        check_study_base(older, params, {**base, "data.max_rejected_fraction": 0.5})
 
 
 def test_reports_are_replaced_only_once_every_figure_is_in_hand(tmp_path, monkeypatch):
