@@ -617,22 +617,31 @@ def _catalog_label_key(label: str) -> str:
 WHOLE_FLOAT = re.compile(r"-?\d+\.0")
 
 
+def _alike_in(catalog: Catalog) -> Callable[[str], str | None]:
+    """label → the catalog id it is like (`_catalog_label_key`) when exactly one is; None for none, or for several
+    (hum and HUM both ids: neither is chosen)."""
+    by_key: dict[str, list[str]] = {}
+    for class_id in catalog.class_ids:
+        by_key.setdefault(_catalog_label_key(class_id), []).append(class_id)
+
+    def alike(label: str) -> str | None:
+        matches = by_key.get(_catalog_label_key(label), [])
+        return matches[0] if len(matches) == 1 else None
+
+    return alike
+
+
 def _labels_read_as_catalog(result: ReadResult, catalog: Catalog) -> ReadResult:
     """Rows whose label is not a catalog id but differs from exactly one only by case, width, invisible characters or
     a float's ".0" take that id, with a warning a label. Else each such label would become a class of its own, with a
     derived standard question, while the catalog's class kept no rows and its test questions went unanswered."""
-    from collections import Counter, defaultdict
+    from collections import Counter
     from dataclasses import replace
 
-    by_key = defaultdict(list)
-    for class_id in catalog.class_ids:
-        by_key[_catalog_label_key(class_id)].append(class_id)
-    known, read_as, first = set(catalog.class_ids), {}, {}
+    known, alike, read_as, first = set(catalog.class_ids), _alike_in(catalog), {}, {}
     for row in result.rows:
-        if row.class_id not in known and row.class_id not in read_as:
-            matches = by_key.get(_catalog_label_key(row.class_id), [])
-            if len(matches) == 1:  # two catalog ids alike (hum and HUM): neither is chosen
-                read_as[row.class_id], first[row.class_id] = matches[0], row.source
+        if row.class_id not in known and row.class_id not in read_as and (class_id := alike(row.class_id)):
+            read_as[row.class_id], first[row.class_id] = class_id, row.source
     if not read_as:
         return result
     counts = Counter(row.class_id for row in result.rows if row.class_id in read_as)
@@ -645,16 +654,13 @@ def _labels_read_as_catalog(result: ReadResult, catalog: Catalog) -> ReadResult:
 
 def _unknown_labels_rejected(result: ReadResult, catalog: Catalog, catalog_path: Path) -> ReadResult:
     """`unknown_labels: quarantine`: a row whose label the catalog lacks is rejected by file and line."""
-    known = set(catalog.class_ids)
-    by_key = {}
-    for class_id in catalog.class_ids:
-        by_key.setdefault(_catalog_label_key(class_id), []).append(class_id)
+    known, alike = set(catalog.class_ids), _alike_in(catalog)
     rejected = []
     for row in result.rows:
         if row.class_id not in known:
             file, _, line = row.source.rpartition(":")
-            alike = by_key.get(_catalog_label_key(row.class_id), [])
-            hint = f"; the catalog has {alike[0]!r}, alike but for case, width or a float's .0" if len(alike) == 1 else ""
+            like = alike(row.class_id)
+            hint = f"; the catalog has {like!r}, alike but for case, width or a float's .0" if like else ""
             rejected.append(RejectedRow(file, int(line), f"label {row.class_id!r} is not in the catalog {catalog_path} "
                                         f"(data.custom.unknown_labels: quarantine){hint}", row.text))
     return ReadResult([r for r in result.rows if r.class_id in known], result.rejected + rejected, result.named_sources)

@@ -41,6 +41,7 @@ from typing import Iterator
 
 from tqc.config import Params, RetrainParams, redact_url
 from tqc.io import atomic_path, file_digest, read_jsonl, write_jsonl
+from tqc.locks import exclusive
 from tqc.readers import ADDED_CATALOG, ADDED_QUESTIONS, ReaderError, read_catalog_file
 from tqc.schema import Catalog
 
@@ -61,19 +62,9 @@ class RetrainBusy(RuntimeError):
 
 @contextmanager
 def retrain_lock(params: RetrainParams) -> Iterator[None]:
-    """An OS-level file lock: released by the kernel even when the holder is killed."""
-    from filelock import FileLock, Timeout
-
-    Path(params.lock).parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(params.lock)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise RetrainBusy(f"another retrain holds {params.lock}; not starting a second one") from None
-    try:
+    """Two retrains never run at once (`tqc.locks.exclusive`)."""
+    with exclusive(Path(params.lock), RetrainBusy(f"another retrain holds {params.lock}; not starting a second one")):
         yield
-    finally:
-        lock.release()
 
 
 @dataclass(frozen=True)

@@ -471,20 +471,13 @@ def _drop_models(trial_dir: Path, params: Params) -> None:
 def worker_lock(study_dir: Path, worker: int) -> Iterator[None]:
     """One process a worker index on this machine: two (a manual run beside the scheduled one) would rewrite one
     data folder at once and seed their samplers alike, so drawing the same trials. An OS-level lock, released by the
-    kernel even when its holder is killed."""
-    from filelock import FileLock, Timeout
+    kernel even when its holder is killed (`tqc.locks.exclusive`)."""
+    from tqc.locks import exclusive
 
-    study_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(study_dir / f"worker-{worker}.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise ConfigError(f"worker {worker} of study {study_dir.name!r} is running already on this machine "
-                          f"({lock.lock_file} is held): give this run another --worker index, or wait for it") from None
-    try:
+    path = study_dir / f"worker-{worker}.lock"
+    with exclusive(path, ConfigError(f"worker {worker} of study {study_dir.name!r} is running already on this machine "
+                                     f"({path} is held): give this run another --worker index, or wait for it")):
         yield
-    finally:
-        lock.release()
 
 
 @contextmanager
