@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from functools import partial
@@ -597,24 +598,29 @@ def _read_custom(params: DataParams) -> DatasetSplits:
 
 def _warn_if_untracked(data_dir: Path, paths: list[Path]) -> None:
     """dvc.yaml tracks data.data_dir: a file named outside it (an absolute or ../ path) can change without `dvc repro`
-    noticing, so its results would silently go stale."""
-    root = data_dir.resolve()
+    noticing, so its results would silently go stale. A link under data_dir counts as under it wherever it points:
+    DVC hashes what the link reads, so a change of its target re-runs ingest."""
+    def spellings(path: Path) -> tuple[Path, Path]:  # as written (.. collapsed), and with every link followed
+        return Path(os.path.abspath(path)), path.resolve()
+
+    roots = spellings(data_dir)
     for path in paths:
-        if not path.resolve().is_relative_to(root):
+        if not any(spelt.is_relative_to(root) for spelt in spellings(path) for root in roots):
             log.warning("%s is outside data.data_dir (%s), which is what DVC tracks: `dvc repro` will not notice when "
                         "it changes; put it under data.data_dir", path, data_dir)
 
 
 def _catalog_label_key(label: str) -> str:
     """What a label is matched to a catalog id by when it is not one exactly: case, width, invisible characters and
-    spacing aside (`normalise`), and a whole number written as a float (a spreadsheet or pandas writes 1.0 for 1)."""
+    spacing aside (`normalise`), and a whole number written as a float (pandas writes 1.0 for 1, a spreadsheet 1.00)."""
     from tqc.text import normalise
 
     key = normalise(label)
-    return key[:-2] if WHOLE_FLOAT.fullmatch(key) else key
+    whole = WHOLE_FLOAT.fullmatch(key)
+    return whole.group(1) if whole else key
 
 
-WHOLE_FLOAT = re.compile(r"-?\d+\.0")
+WHOLE_FLOAT = re.compile(r"(-?\d+)\.0+")
 
 
 def _alike_in(catalog: Catalog) -> Callable[[str], str | None]:

@@ -447,7 +447,8 @@ def _restage(paths: list[Path]) -> None:
 
 def archive(incoming: Incoming, outcome: FileOutcome, params: RetrainParams,
             archived: list[tuple[Path, Path]] | None = None) -> dict:
-    """Move a processed file out of the inbox and record it; the manifest write is atomic.
+    """Move a processed file out of the inbox and record it; the manifest write is atomic. A failure after the move
+    (the manifest's write) leaves the move in `archived`, for the commit's roll-back to undo.
 
     A file whose bytes changed since it was picked up (rows appended during the run, or a copy still being
     written) stays in the inbox: what this run read is merged, and the next run reads the file again, so no
@@ -456,24 +457,26 @@ def archive(incoming: Incoming, outcome: FileOutcome, params: RetrainParams,
     archive_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     target = archive_dir / f"{stamp}-{incoming.sha256[:12]}-{incoming.path.name}"
+    changed = ("changed after it was picked up: it stays in the inbox and the next run reads it again (deliver a file "
+               "under another name, e.g. .part, and rename it when it is whole)")
     if not incoming.path.exists():
         not_moved = "removed from the inbox during the run: what this run read is recorded, nothing is archived"
     elif sha256(incoming.path) != incoming.sha256:
-        not_moved = ("changed after it was picked up: it stays in the inbox and the next run reads it again (deliver "
-                     "a file under another name, e.g. .part, and rename it when it is whole)")
+        not_moved = changed
     else:
-        not_moved = None
+        # Hashed again once moved: rows appended between the check above and the move would else be archived unread.
+        shutil.move(str(incoming.path), target)
+        not_moved = None if sha256(target) == incoming.sha256 else changed
+        if not_moved:
+            shutil.move(str(target), _free_name(incoming.path))
+        elif archived is not None:
+            archived.append((incoming.path, target))
     if not_moved:
         log.warning("retrain: %s %s", incoming.path, not_moved)
     entry = {**asdict(outcome), "archived_as": None if not_moved else str(target), "at": stamp,
              **({"not_archived": not_moved} if not_moved else {})}
-    entries = manifest(params) + [entry]
     with atomic_path(archive_dir / MANIFEST) as tmp:
-        write_jsonl(tmp, entries)
-    if not not_moved:
-        shutil.move(str(incoming.path), target)
-        if archived is not None:
-            archived.append((incoming.path, target))
+        write_jsonl(tmp, manifest(params) + [entry])
     return entry
 
 

@@ -513,15 +513,16 @@ def test_a_label_that_is_a_catalog_id_but_for_case_width_or_a_floats_point_zero_
     with a derived standard question, while the catalog's class kept no rows and its test questions went unanswered."""
     (tmp_path / "catalog.csv").write_text("class_id,text\nHUM,Who is it?\n1,Is it the first?\nloc,Where?\nLOC,Where is it?\n")
     (tmp_path / "train.csv").write_text("question,label\nwho wrote it,hum\nwho sang it, HUM\u200b\nwhich first,1.0\n"
-                                        "where is it,Loc\nwho else,HUM\n")
+                                        "where is it,Loc\nwho else,HUM\nwhich first again,1.00\nwhich one,1.5\n")
     (tmp_path / "test.csv").write_text("question,label\nwho built it,Hum\nwhat comes first,1\n")
     custom = {"train": "train.csv", "test": "test.csv", "catalog": "catalog.csv", "text_column": "question"}
 
     with caplog.at_level(logging.WARNING, logger="tqc.readers"):
         splits = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom))
-    assert [q.class_id for q in splits.train.rows] == ["HUM", "HUM", "1", "Loc", "HUM"]
+    assert [q.class_id for q in splits.train.rows] == ["HUM", "HUM", "1", "Loc", "HUM", "1", "1.5"]
     assert [q.class_id for q in splits.test.rows] == ["HUM", "1"]
-    assert splits.catalog.class_ids == ["HUM", "1", "loc", "LOC", "Loc"]  # loc and LOC alike: Loc is neither, derived
+    # loc and LOC alike: Loc is neither, derived; 1.5 is no whole number
+    assert splits.catalog.class_ids == ["HUM", "1", "loc", "LOC", "1.5", "Loc"]
     assert "train.csv, line 2: label 'hum' read as the catalog's 'HUM' (1 row(s))" in caplog.text
     assert "label '1.0' read as the catalog's '1'" in caplog.text
 
@@ -573,3 +574,10 @@ def test_one_file_as_train_and_test_is_refused_and_a_file_outside_data_dir_is_na
     with caplog.at_level(logging.WARNING, logger="tqc.readers"):
         read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path / "data"), custom={**custom, "test": "../elsewhere.csv"}))
     assert "elsewhere.csv is outside data.data_dir" in caplog.text and "train.csv is outside" not in caplog.text
+
+    # a link under data_dir is tracked there wherever it points (DVC hashes what it reads): no warning
+    (tmp_path / "data" / "linked.csv").symlink_to(tmp_path / "elsewhere.csv")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tqc.readers"):
+        read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path / "data"), custom={**custom, "test": "linked.csv"}))
+    assert "is outside data.data_dir" not in caplog.text

@@ -175,6 +175,32 @@ def test_rows_appended_to_a_file_during_a_run_are_read_by_the_next_one(project):
     assert sorted(r["text"] for r in added_rows(project)) == sorted(first + late) and not path.exists()
 
 
+def test_rows_appended_between_the_archive_check_and_the_move_are_not_archived_unread(project, monkeypatch):
+    """The file is hashed again once moved: a write that lands after the last check but before the move puts it back
+    in the inbox, and the next run reads the late rows."""
+    params = load_params(project / "params.yaml")
+    first, late = unseen_questions(project, "LOC", 3), unseen_questions(project, "LOC", 2, skip=3)
+    path = drop(project, "racing.csv", [(q, "LOC") for q in first])
+    staged, files = deliver(project)
+    real_sha256 = steps.sha256
+
+    def hash_then_a_write_lands(checked):
+        digest = real_sha256(checked)
+        if Path(checked).resolve() == path.resolve():  # the check in the inbox passes; the courier's last rows arrive just after it
+            with path.open("a") as appending:
+                appending.write("".join(f"{q},LOC\n" for q in late))
+        return digest
+
+    monkeypatch.setattr(steps, "sha256", hash_then_a_write_lands)
+    entry, = steps.commit(params, staged, files, [])["archived"]
+    monkeypatch.setattr(steps, "sha256", real_sha256)
+
+    assert path.exists() and entry["archived_as"] is None and "next run reads it again" in entry["not_archived"]
+    assert not list(Path(params.retrain.archive).glob("*racing.csv"))
+    staged_again, _ = deliver(project)
+    assert outcome_of(staged_again, "racing.csv").accepted == 2
+
+
 def test_a_commit_that_fails_while_archiving_puts_everything_back(project, monkeypatch):
     """dvc add has run, the quarantine is written, one file is archived, then the disk is full: the data, its .dvc
     files (and their git index entries), the quarantine, the manifest and the inbox are all as they were."""

@@ -101,3 +101,30 @@ def _wait_for(condition, seconds: float) -> bool:
             return True
         time.sleep(0.2)
     return condition()
+
+
+def test_a_workers_lines_are_logged_as_they_come_and_a_progress_bar_only_by_its_last_frame(caplog):
+    """The flow run's log shows each worker's epochs and trials while it runs (its output was held until it ended)."""
+    import logging
+
+    from flows.tune import run_logging_lines
+
+    script = ("import sys, time\n"
+              "print('trial 0 started', flush=True)\n"
+              "sys.stderr.write('\\rstage one 1/10\\rstage one 10/10\\r              \\r'); sys.stderr.flush()\n"
+              "sys.stderr.write('INFO epoch 1: validation macro-F1 0.5\\n'); sys.stderr.flush()\n"
+              "time.sleep(0.5)\n"
+              "print('best validation macro-F1 0.5000', flush=True)\n"
+              "sys.exit(3)\n")
+    log = logging.getLogger("test.tune.worker")
+    with caplog.at_level(logging.INFO, logger="test.tune.worker"):
+        returncode, stdout, stderr = run_logging_lines([sys.executable, "-c", script], log, "tune worker 1")
+
+    assert returncode == 3
+    assert stdout == ["trial 0 started", "best validation macro-F1 0.5000"]
+    assert stderr == ["INFO epoch 1: validation macro-F1 0.5"]  # not the bar's frames
+    logged = [r.getMessage() for r in caplog.records if r.name == "test.tune.worker"]
+    assert sorted(logged) == sorted(["tune worker 1: trial 0 started", "tune worker 1: INFO epoch 1: validation macro-F1 0.5",
+                                     "tune worker 1: best validation macro-F1 0.5000"])
+    when = {r.getMessage(): r.created for r in caplog.records if r.name == "test.tune.worker"}
+    assert when["tune worker 1: best validation macro-F1 0.5000"] - when["tune worker 1: trial 0 started"] > 0.3  # live
