@@ -143,7 +143,8 @@ def dispatch(args: argparse.Namespace) -> None:
         WITHOUT_PARAMS[args.command](args)
         return
     params = load_params(args.params, parse_overrides(args.overrides))
-    if args.command in TRAINING_COMMANDS:
+    # A disabled NC baseline trains nothing: its marker is written once, by one process, not raced by torchrun's
+    if args.command in TRAINING_COMMANDS and not (args.command == "baseline-nc" and not params.baseline_nc.enabled):
         _join_or_launch(params, args)
     WITH_PARAMS[args.command](args, params)
 

@@ -14,6 +14,7 @@ def input_errors() -> tuple[type[Exception], ...]:
     from tqc.incoming import UnreadableReference
     from tqc.prior import PriorFileError
     from tqc.readers import ReaderError
+    from tqc.schema import StaleNegatives, UnknownClass
     from tqc.stages.validate import ValidationFailed
 
-    return (ConfigError, ReaderError, ValidationFailed, PriorFileError, UnreadableReference)
+    return (ConfigError, ReaderError, ValidationFailed, PriorFileError, UnreadableReference, UnknownClass, StaleNegatives)

@@ -37,6 +37,14 @@ def usable_generated(questions: list[LabeledQuestion], generated: list[LabeledQu
     return [row for row in generated if row.origins and set(row.origins) <= in_train]
 
 
+class UnknownClass(ValueError):
+    """A question whose class the catalog lacks: the two were made by different runs or for different data."""
+
+
+class StaleNegatives(ValueError):
+    """A mined-negatives file that does not fit the training rows or the catalog it is used with."""
+
+
 @dataclass
 class Catalog:
     """Class id → standard-question text, in a fixed order that defines class indices."""

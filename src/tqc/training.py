@@ -25,7 +25,7 @@ from tqc.device import autocast
 from tqc.io import atomic_path
 from tqc.metrics import DivergedScores, summary
 from tqc.model.encoder import BiEncoder, LastEncodings, TextEncoder
-from tqc.schema import Catalog, LabeledQuestion
+from tqc.schema import Catalog, LabeledQuestion, UnknownClass
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +212,14 @@ def catalog_scores(model: BiEncoder, questions: list[LabeledQuestion], catalog: 
 
 
 def gold_indices(questions: list[LabeledQuestion], catalog: Catalog) -> np.ndarray:
+    """(N,) catalog index of each question's class; a class the catalog lacks is an error naming the first such row."""
+    unknown = next((i for i, q in enumerate(questions) if q.class_id not in catalog), None)
+    if unknown is not None:
+        question = questions[unknown]
+        raise UnknownClass(
+            f"question {unknown + 1} of {len(questions)} ({question.source or 'no source recorded'}: {question.text!r}) "
+            f"is class {question.class_id!r}, which the catalog of {len(catalog)} classes lacks: the questions and the "
+            "catalog come from different runs or datasets (re-run the stages before this one)")
     return np.array([catalog.index(q.class_id) for q in questions], dtype=np.int64)
 
 

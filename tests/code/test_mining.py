@@ -101,6 +101,37 @@ def test_load_negatives_refuses_stale_or_self_negatives(tmp_path):
         load_negatives(path, catalog, ["a"])
 
 
+def test_negatives_of_another_catalog_ragged_or_hand_broken_are_named_by_file_and_line(tmp_path):
+    """These got past the checks above as a bare KeyError, or as NumPy's "inhomogeneous shape", naming no file."""
+    from tqc.schema import StaleNegatives
+    from tqc.schema import Catalog, StandardQuestion
+    from tqc.stages.mine import load_negatives
+
+    catalog = Catalog([StandardQuestion(c, f"{c}?") for c in "abc"])
+    path = tmp_path / "negatives.jsonl"
+    first = {"row": 0, "class_id": "a", "negatives": ["b", "c"]}
+    for second, reason in [({"row": 1, "class_id": "b", "negatives": ["c", "z"]}, r"negatives \['z'\] are not in the catalog"),
+                           ({"row": 1, "class_id": "b", "negatives": ["c"]}, "1 negatives where line 1 has 2"),
+                           ({"row": 1, "class_id": "b"}, "no negatives")]:
+        _write_negatives(path, [first, second])
+        with pytest.raises(StaleNegatives, match=f"negatives.jsonl, line 2: {reason}"):
+            load_negatives(path, catalog, ["a", "b"])
+
+
+def test_a_question_of_a_class_the_catalog_lacks_is_named_by_its_source(tmp_path):
+    from tqc.errors import input_errors
+    from tqc.schema import UnknownClass
+    from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+    from tqc.training import gold_indices
+
+    catalog = Catalog([StandardQuestion(c, f"{c}?") for c in "ab"])
+    questions = [LabeledQuestion("first", "a", "train.csv:2"), LabeledQuestion("where?", "LOC", "train.csv:3")]
+    with pytest.raises(UnknownClass, match=r"question 2 of 2 \(train.csv:3: 'where\?'\) is class 'LOC', which the "
+                                           r"catalog of 2 classes lacks"):
+        gold_indices(questions, catalog)
+    assert UnknownClass in input_errors()  # `tqc` says it in one line
+
+
 def test_a_gpu_index_keeps_its_gpu_resources_alive_as_long_as_it_lives(monkeypatch):
     """faiss frees a StandardGpuResources when Python drops it; the index built on it must hold it."""
     import gc

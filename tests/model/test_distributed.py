@@ -229,3 +229,22 @@ def test_every_process_takes_rank_0s_early_stopping_choice(tmp_path):
                 process.kill()
     saved = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
     assert saved[0] == saved[1] == {"epochs_run": 3, "best_epoch": 3}  # rank 0's rising figures: every epoch kept
+
+
+def test_a_disabled_nc_baseline_is_not_launched_under_torchrun_and_only_rank_0_writes_its_marker(tmp_path, monkeypatch):
+    """Every process used to write the marker folder at once: two renames of one folder, and one process failed."""
+    from tqc import cli
+    from tqc.config import BaselineNCParams
+    from tqc.stages import baseline_nc
+
+    monkeypatch.setattr(cli.subprocess, "call", lambda command: pytest.fail(f"launched {command}"))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"distributed": {"nproc_per_node": 2},
+                                                          "baseline_nc": {"enabled": False}, "tracking": {"enabled": False}}))
+    cli.main(["--params", str(tmp_path / "params.yaml"), "baseline-nc", "--data", str(tmp_path), "--train",
+              str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "nc"), "--history", str(tmp_path / "nc.csv")])
+    assert (tmp_path / "nc" / baseline_nc.DISABLED_MARKER).exists()
+
+    monkeypatch.setattr(distributed, "rank", lambda: 1)  # another process of a user's own torchrun
+    baseline_nc.run(tmp_path, tmp_path / "train.jsonl", None, None, BaselineNCParams(enabled=False), 0,
+                    tmp_path / "nc-rank-1", tmp_path / "nc-rank-1.csv")
+    assert not (tmp_path / "nc-rank-1").exists() and not (tmp_path / "nc-rank-1.csv").exists()

@@ -348,3 +348,14 @@ def test_a_partial_or_edited_model_folder_is_an_error_naming_the_file_not_an_unt
         with pytest.raises(ValueError, match=expected[name]):
             BiEncoder.load(tmp_path / name)
     assert BiEncoder.load(tmp_path / "whole").similarity == "mlp"  # the undamaged folder loads
+
+
+def test_cls_pooling_takes_each_rows_first_real_token_on_either_padding_side():
+    """With left padding, position 0 of a shorter row is a [PAD]: cls pooled the padding."""
+    from tqc.model.encoder import Pooling
+
+    states = torch.arange(2 * 3 * 2, dtype=torch.float32).reshape(2, 3, 2)  # (B=2, T=3, D=2)
+    left, right = torch.tensor([[0, 1, 1], [1, 1, 1]]), torch.tensor([[1, 1, 0], [1, 1, 1]])
+    pooling = Pooling("cls", 2)
+    assert torch.equal(pooling(states, left), torch.stack([states[0, 1], states[1, 0]]))
+    assert torch.equal(pooling(states, right), states[:, 0])

@@ -101,8 +101,8 @@ class Pooling(nn.Module):
             nn.init.zeros_(self.attention.bias)
 
     def forward(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        if self.kind == "cls":
-            return states[:, 0]
+        if self.kind == "cls":  # each row's first real token: a left-padding tokenizer puts padding at position 0
+            return states[torch.arange(states.shape[0], device=states.device), mask.argmax(dim=1)]
         mask = mask.unsqueeze(-1).to(states.dtype)  # (B, T, 1)
         if self.kind == "mean":
             return (states * mask).sum(1) / mask.sum(1).clamp(min=1.0)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from tqc import distributed
 from tqc.config import AugmentParams, BaselineNCParams, ModelParams
 from tqc.device import pick_device, seed_everything
 from tqc.io import atomic_directory
@@ -101,6 +102,8 @@ def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_par
 
 
 def _write_disabled(out_dir: Path, history_path: Path) -> FitResult:
+    if not distributed.is_main():  # under a user's own torchrun: rank 0 writes, as for a trained model
+        return FitResult([], 0, float("nan"), 0.0)
     with atomic_directory(out_dir) as staging:
         (staging / DISABLED_MARKER).write_text(json.dumps({"reason": "baseline_nc.enabled is false"}) + "\n")
     write_history(history_path, [])

@@ -13,7 +13,7 @@ from tqc.device import pick_device
 from tqc.io import write_json, write_jsonl
 from tqc.mining import mine
 from tqc.model.encoder import BiEncoder
-from tqc.schema import Catalog, load_questions
+from tqc.schema import Catalog, StaleNegatives, load_questions
 from tqc.training import gold_indices
 
 log = logging.getLogger(__name__)
@@ -51,11 +51,27 @@ def load_negatives(path: Path, catalog: Catalog, train_class_ids: list[str]) -> 
 
     rows = read_jsonl(path)
     if len(rows) != len(train_class_ids):
-        raise ValueError(f"{path}: {len(rows)} rows of mined negatives for {len(train_class_ids)} training rows; re-run mining")
+        raise StaleNegatives(f"{path}: {len(rows)} rows of mined negatives for {len(train_class_ids)} training rows; "
+                             "re-run mining")
     for i, (mined, class_id) in enumerate(zip(rows, train_class_ids)):
-        if mined["row"] != i or mined["class_id"] != class_id:
-            raise ValueError(f"{path}: row {i} was mined for row {mined['row']} (class {mined['class_id']!r}), but training "
-                             f"row {i} is class {class_id!r}: the negatives are stale; re-run mining")
-        if class_id in mined["negatives"]:
-            raise ValueError(f"{path}: row {i} lists its own class {class_id!r} as a negative")
+        _check_mined_row(path, i, mined, class_id, catalog, len(rows[0].get("negatives") or []))
     return np.array([[catalog.index(c) for c in r["negatives"]] for r in rows], dtype=np.int64)
+
+
+def _check_mined_row(path: Path, i: int, mined: dict, class_id: str, catalog: Catalog, k: int) -> None:
+    where = f"{path}, line {i + 1}"
+    missing = [key for key in ("row", "class_id", "negatives") if key not in mined]
+    if missing or not isinstance(mined["negatives"], list):
+        raise StaleNegatives(f"{where}: {'no ' + ', '.join(missing) if missing else 'negatives is not a list'}; "
+                             "re-run mining")
+    if mined["row"] != i or mined["class_id"] != class_id:
+        raise StaleNegatives(f"{where}: mined for row {mined['row']} (class {mined['class_id']!r}), but training row "
+                             f"{i} is class {class_id!r}: the negatives are stale; re-run mining")
+    if class_id in mined["negatives"]:
+        raise StaleNegatives(f"{where}: row {i} lists its own class {class_id!r} as a negative")
+    unknown = [c for c in mined["negatives"] if c not in catalog]
+    if unknown:
+        raise StaleNegatives(f"{where}: negatives {unknown} are not in the catalog ({len(catalog)} classes): mined "
+                             "against another catalog; re-run mining")
+    if len(mined["negatives"]) != k:
+        raise StaleNegatives(f"{where}: {len(mined['negatives'])} negatives where line 1 has {k}; re-run mining")
