@@ -42,15 +42,25 @@ def random_insert(words: list[str], n: int, vocabulary: list[str], rng: random.R
     return words
 
 
-def augment_text(text: str, vocabulary: list[str], rng: random.Random, alpha: float = 0.1) -> str:
-    """One random operation on ⌈alpha · words⌉ positions (at least one)."""
+def augment_text(text: str, vocabulary: list[str], rng: random.Random, alpha: float = 0.1, attempts: int = 4) -> str:
+    """One random operation on ⌈alpha · words⌉ positions (at least one), of those that can change the question, drawn
+    again (up to `attempts` times) while it leaves the question as it was (a swap of two equal words): a copy is no
+    augmentation. A question nothing changes (one word, and no vocabulary to insert from) stays."""
     words = text.split()
+    for _ in range(attempts):
+        changed = " ".join(_one_operation(words, vocabulary, rng, alpha))
+        if changed != " ".join(words):
+            break
+    return changed
+
+
+def _one_operation(words: list[str], vocabulary: list[str], rng: random.Random, alpha: float) -> list[str]:
     n = max(1, round(alpha * len(words)))
-    operation = rng.choice(OPERATIONS)
+    # only operations that can change the question: a swap needs two different words, a deletion two words
+    can = {"swap": len(set(words)) > 1, "delete": len(words) > 1, "insert": bool(vocabulary)}
+    operation = rng.choice([name for name in OPERATIONS if can[name]] or OPERATIONS)
     if operation == "swap":
-        changed = random_swap(words, n, rng)
-    elif operation == "delete":
-        changed = random_delete(words, n, rng)
-    else:
-        changed = random_insert(words, n, vocabulary, rng)
-    return " ".join(changed)
+        return random_swap(words, n, rng)
+    if operation == "delete":
+        return random_delete(words, n, rng)
+    return random_insert(words, n, vocabulary, rng)

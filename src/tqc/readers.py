@@ -510,7 +510,8 @@ def read_generated(params: DataParams) -> ReadResult:
     if not params.generated.path:
         return ReadResult()
     path = Path(params.data_dir) / params.generated.path
-    return require_rows(_dataset_reader(params, params.generated.source_column)(path), path)
+    return _labels_as_train_labels(params, require_rows(_dataset_reader(params, params.generated.source_column)(path),
+                                                        path, params.max_rejected_fraction))
 
 
 def read_validation(params: DataParams) -> ReadResult | None:
@@ -529,7 +530,28 @@ def read_validation(params: DataParams) -> ReadResult | None:
     if not path.is_file():  # named here: the reader's own "file not found" would not say which param, nor that
         raise ReaderError(f"data.validation_file {params.validation_file!r}: no file {path} (the path is relative to "
                           f"data.data_dir, {params.data_dir})")
-    return require_rows(_dataset_reader(params)(path), path)
+    return _labels_as_train_labels(params, require_rows(_dataset_reader(params)(path), path, params.max_rejected_fraction))
+
+
+def _labels_as_train_labels(params: DataParams, result: ReadResult) -> ReadResult:
+    """A custom dataset's extra files (data.generated, data.validation_file) read their labels as train and test do:
+    under `derive`, `hum` is the catalog's `HUM` there too. Else their rows kept labels that train's had lost, and
+    were all quarantined (generated: no training question of class 'hum'; validation: label not in the catalog)."""
+    if params.dataset != "custom" or params.custom.unknown_labels != "derive":
+        return result
+    return _labels_read_as_catalog(result, _known_classes(params, _custom_catalog(params)))
+
+
+def _custom_catalog(params: DataParams) -> Catalog:
+    custom = params.custom
+    if not custom.catalog:
+        return Catalog()
+    return read_catalog_file(Path(params.data_dir) / custom.catalog, custom.catalog_id_column, custom.catalog_text_column)
+
+
+def _known_classes(params: DataParams, catalog: Catalog) -> Catalog:
+    """The catalog's classes and the retrain flow's added ones: what a label is read as when alike."""
+    return with_added_classes(catalog, added_standard_questions(Path(params.additions) if params.additions else None))
 
 
 def _split_files(params: DataParams) -> tuple[Path, Path]:
@@ -579,14 +601,10 @@ def _read_custom(params: DataParams) -> DatasetSplits:
     _warn_if_untracked(root, [train_path, test_path] + ([root / custom.catalog] if custom.catalog else []))
     limit = params.max_rejected_fraction
     train, test = require_rows(reader(train_path), train_path, limit), require_rows(reader(test_path), test_path, limit)
-    catalog = (
-        read_catalog_file(root / custom.catalog, custom.catalog_id_column, custom.catalog_text_column)
-        if custom.catalog
-        else Catalog()
-    )
     # The retrain flow's new classes are known labels with their own standard questions, never derived ones; ingest
     # appends them after the derived classes (with_added_classes), so no class index moves.
-    known = with_added_classes(catalog, added_standard_questions(Path(params.additions) if params.additions else None))
+    catalog = _custom_catalog(params)
+    known = _known_classes(params, catalog)
     if custom.unknown_labels == "derive":  # `quarantine` is exact by choice: it names the likely id in the reason
         train, test = _labels_read_as_catalog(train, known), _labels_read_as_catalog(test, known)
     if custom.unknown_labels == "quarantine":

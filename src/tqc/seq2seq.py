@@ -14,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tqc.config import Seq2SeqParams
+from tqc.device import pick_device
 from tqc.model.encoder import unloadable
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ class Seq2SeqModel:
 
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(name)
-            self.model = AutoModelForSeq2SeqLM.from_pretrained(name).eval()
+            self.model = AutoModelForSeq2SeqLM.from_pretrained(name).eval().to(pick_device())  # a GPU when there is one
         except (OSError, ValueError) as exc:  # ValueError: a folder whose tokenizer files transformers cannot use
             raise unloadable(f"augment.seq2seq.{param}", name, exc) from None
         self.name, self.params, self.prefix = name, params, prefix
@@ -40,7 +41,7 @@ class Seq2SeqModel:
         for start in tqdm(range(0, len(texts), size), desc=f"rewriting with {Path(self.name).name}", leave=False,
                           disable=len(texts) <= size):
             batch = self.tokenizer([self.prefix + t for t in texts[start : start + size]], padding=True, truncation=True,
-                                   max_length=self.params.max_input_tokens, return_tensors="pt")
+                                   max_length=self.params.max_input_tokens, return_tensors="pt").to(self.model.device)
             batch.pop("token_type_ids", None)
             generated = self.model.generate(**batch, max_new_tokens=self.params.max_new_tokens, do_sample=self.params.sample,
                                             top_p=self.params.top_p if self.params.sample else None,

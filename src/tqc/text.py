@@ -7,6 +7,7 @@ serving refuses a question that is empty under it, as validate would have quaran
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 # Typographic quotes as the plain ones a keyboard types: "what’s" and "what's" are the same question.
@@ -14,9 +15,27 @@ PLAIN_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u20
                               "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"'})
 
 
+# Tokenised corpora (TREC's "Aspen ?", "Australia 's", "does n't") and typed text ("Aspen?", "Australia's") spell one
+# question two ways: a space before closing punctuation or a clitic, or after an opening bracket, is not compared.
+DETACHED = re.compile(r" (?=[?.!,;:)\]}]|'(?:s|re|ve|ll|d|m)\b|n't\b)|(?<=[(\[{]) ")
+
+# Compatibility forms that NFKC would fold into other text: 10² is not 102, nor ½ "1/2" beside a 1 (H₂O is not H2O).
+KEEP_FORMS = ("<super>", "<sub>", "<fraction>")
+
+
 def normalise(text: str) -> str:
-    """The form duplicate, conflict and leakage checks compare: insensitive to case, whitespace, Unicode
-    composition and width (NFKC: "é" composed or not, full-width letters), invisible format characters
-    (zero-width spaces, category Cf) and typographic quotes. Texts that read the same are the same question."""
-    folded = unicodedata.normalize("NFKC", text).translate(PLAIN_QUOTES).casefold()
-    return " ".join("".join(ch for ch in folded if unicodedata.category(ch) != "Cf").split())
+    """The form duplicate, conflict and leakage checks compare: insensitive to case, whitespace (spaces before
+    punctuation too, `DETACHED`), Unicode composition and width (NFKC but for `KEEP_FORMS`: "é" composed or not,
+    full-width letters), invisible format characters (zero-width spaces, category Cf) and typographic quotes. Texts
+    that read the same are the same question."""
+    folded = _compatibility_folded(text).translate(PLAIN_QUOTES).casefold()
+    return DETACHED.sub("", " ".join("".join(ch for ch in folded if unicodedata.category(ch) != "Cf").split()))
+
+
+def _compatibility_folded(text: str) -> str:
+    if text.isascii():  # nearly every question: nothing to fold
+        return text
+    composed = unicodedata.normalize("NFC", text)
+    return unicodedata.normalize("NFC", "".join(
+        ch if unicodedata.decomposition(ch).startswith(KEEP_FORMS) else unicodedata.normalize("NFKC", ch)
+        for ch in composed))

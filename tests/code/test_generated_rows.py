@@ -174,6 +174,7 @@ def test_ingest_reads_the_source_column_of_a_custom_file(tmp_path):
                                           "a third rewrite,b\n")
     custom = {"train": "train.csv", "test": "test.csv", "catalog": None, "text_column": "question", "label_column": "label"}
     overrides = {"data": {"dataset": "custom", "data_dir": str(data), "additions": None, "custom": custom,
+                          "max_rejected_fraction": 0.5,  # 1 of the 3 offline rows is unreadable
                           "generated": {"path": "paraphrases.csv", "source_column": "made_from"}},
                  "augment": {"explicit": "file", "rebalance": "count", "target_count": 12}}
     prepare_data(load_params("params.yaml", overrides), tmp_path / "work")

@@ -303,7 +303,7 @@ def test_a_validation_file_is_the_validation_split_whole_and_train_trains_whole(
     write(tmp_path, "dev.csv", b"text,label\na dev,a\nb bad,\nb dev,b\n")  # line 3: no label
     write(tmp_path, "test.csv", b"text,label\na three,a\n")
     params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None, validation_file="dev.csv",
-                        custom={"train": "train.csv", "test": "test.csv"})
+                        custom={"train": "train.csv", "test": "test.csv"}, max_rejected_fraction=0.5)
     report = ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
     assert [q.text for q in load_questions(tmp_path / "out" / "train.jsonl")] == ["a one", "a two", "b one", "b two"]
     assert [q.text for q in load_questions(tmp_path / "out" / "validation.jsonl")] == ["a dev", "b dev"]
@@ -385,6 +385,29 @@ def test_a_generated_row_made_from_a_validation_file_question_is_never_trained_o
     assert not usable_generated(train, load_questions(tmp_path / "out" / "generated.jsonl"))
     assert report["generated"]["made_from_held_out_questions"] == 1
     assert report["read"]["validation"] == 2
+
+
+def test_generated_and_validation_file_labels_are_read_as_train_labels_are(tmp_path):
+    """Train's `hum` reads as the catalog's `HUM`; the offline rows' and validation file's `hum` did not, so every
+    offline row was quarantined (no training question of class 'hum') and every validation row failed validate."""
+    from tqc.schema import load_questions
+    from tqc.stages import ingest
+
+    write(tmp_path, "catalog.csv", b"class_id,text\nHUM,Who is it?\nLOC,Where is it?\n")
+    write(tmp_path, "train.csv", b"text,label\nwho wrote the song,hum\nwho built the tower,hum\nwhere is paris,loc\n"
+                                 b"where is rome,loc\n")
+    write(tmp_path, "dev.csv", b"text,label\nwho painted it,hum\nwhere is oslo,loc\n")
+    write(tmp_path, "test.csv", b"text,label\nwho sang it,hum\n")
+    write(tmp_path, "gen.csv", b"text,label\nwho wrote this song,hum\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None, validation_file="dev.csv",
+                        custom={"train": "train.csv", "test": "test.csv", "catalog": "catalog.csv"},
+                        generated={"path": "gen.csv"})
+    report = ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
+
+    assert [q.class_id for q in load_questions(tmp_path / "out" / "validation.jsonl")] == ["HUM", "LOC"]
+    generated = load_questions(tmp_path / "out" / "generated.jsonl")
+    assert [(q.class_id, q.origins) for q in generated] == [("HUM", (f"{tmp_path / 'train.csv'}:2",))]
+    assert report["generated"]["quarantined"] == 0
 
 
 def test_a_fixed_validation_file_cannot_be_resplit():

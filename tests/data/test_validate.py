@@ -1,5 +1,6 @@
 """Data contracts: the Great Expectations suite quarantines bad rows and stops on wholesale failure."""
 
+import logging
 import pytest
 
 from tqc.config import ValidateParams
@@ -151,8 +152,24 @@ def test_test_rows_leave_test_only_when_they_cannot_be_scored(tmp_path):
 
 def test_a_validation_split_emptied_by_quarantine_stops_the_stage(tmp_path):
     write_splits(tmp_path / "in", [("good one", "a"), ("good two", "b")], [("good one", "zzz")], [("held out", "a")])
-    with pytest.raises(ValidationFailed, match="no validation rows left in .*validation.jsonl \\(1 quarantined"):
+    with pytest.raises(ValidationFailed, match="no validation rows left in .*validation.jsonl \\(1 read, 1 quarantined"):
         run_validate(tmp_path, ValidateParams(max_quarantined_fraction=1.0, min_examples_per_class=1))
+
+
+def test_a_train_split_emptied_by_warning_level_quarantine_stops_the_stage(tmp_path):
+    """Texts over max_text_chars fail only a warning-level expectation: every train row went to quarantine, validate
+    passed, and stage one took no step."""
+    write_splits(tmp_path / "in", [("a" * 50, "a"), ("b" * 50, "b")], [("fine", "a")], [("held out", "a")])
+    with pytest.raises(ValidationFailed, match="no train rows left in .*train.jsonl \\(2 read, 2 quarantined"):
+        run_validate(tmp_path, ValidateParams(max_quarantined_fraction=1.0, min_examples_per_class=1, max_text_chars=20))
+
+
+def test_a_class_that_loses_every_train_row_is_named(tmp_path, caplog):
+    write_splits(tmp_path / "in", [("a" * 50, "a"), ("short b", "b")], [("fine", "a")], [("held out", "a")])
+    with caplog.at_level(logging.WARNING, logger="tqc.stages.validate"):
+        report = run_validate(tmp_path, ValidateParams(max_quarantined_fraction=1.0, min_examples_per_class=1,
+                                                       max_text_chars=20))
+    assert report["classes_without_train_rows"] == ["a"] and "lost every train row to quarantine: a" in caplog.text
 
 
 def test_offline_rows_are_checked_like_a_split_and_never_equal_a_held_out_question(tmp_path):
@@ -188,9 +205,16 @@ def test_texts_that_read_the_same_are_the_same_question_for_leakage_and_duplicat
 
     # composed and decomposed é, full-width letters, a zero-width space, a typographic apostrophe
     for one, other in (("Où est le café ?", "Ou\u0300 est le cafe\u0301 ?"), ("what is ｐｉｎ", "what is pin"),
-                       ("reset my\u200b pin", "reset my pin"), ("what’s a pin", "what's a PIN")):
+                       ("reset my\u200b pin", "reset my pin"), ("what’s a pin", "what's a PIN"),
+                       # a tokenised corpus (TREC) beside the same question typed
+                       ("How far is it from Denver to Aspen ?", "How far is it from Denver to Aspen?"),
+                       ("What is Australia 's capital ?", "What is Australia's capital?"),
+                       ("Why does n't it ( really ) work ?", "Why doesn't it (really) work?")):
         assert normalise(one) == normalise(other)
-    assert normalise("what is a pin") != normalise("what is a pen")
+    # not one question: NFKC would fold the superscript, subscript or fraction into the digits beside it
+    for one, other in (("what is a pin", "what is a pen"), ("What is 10² ?", "What is 102 ?"), ("H₂O", "H2O"),
+                       ("1½ cups", "11/2 cups")):
+        assert normalise(one) != normalise(other)
     write_splits(tmp_path / "in", [("what’s a pin", "a"), ("reset my\u200b pin", "b"), ("reset my pin", "b"), ("fine", "a")],
                  [("kept", "a")], [("what's a PIN", "a")])
     run_validate(tmp_path)

@@ -124,3 +124,16 @@ def test_torchrun_is_refused_more_processes_than_this_machine_has_gpus():
     distributed.check_launch("nccl", torch.cuda.device_count())  # one process per GPU: fine
     with pytest.raises(ConfigError, match=f"has {torch.cuda.device_count()} CUDA device"):
         distributed.check_launch("auto", torch.cuda.device_count() + 1)
+
+
+def test_the_seq2seq_rewriter_generates_on_the_gpu(tmp_path):
+    """Paraphrase and back-translation ran on the CPU even on a GPU worker: the model now moves, its inputs with it."""
+    from tests.model.test_seq2seq_augment import build_tiny_seq2seq
+    from tqc.config import Seq2SeqParams
+    from tqc.seq2seq import Rewriter
+
+    folder = build_tiny_seq2seq(tmp_path / "paraphraser", 1)
+    rewriter = Rewriter("paraphrase", Seq2SeqParams(paraphrase_model=str(folder), max_new_tokens=8))
+    assert rewriter.models[0].model.device.type == "cuda"
+    rewritten = rewriter.rewrite(["where is paris", "who wrote the song"], seed=0)
+    assert len(rewritten) == 2 and all(isinstance(text, str) for text in rewritten)

@@ -150,12 +150,27 @@ def _file_report(questions: list[LabeledQuestion], generated: list[LabeledQuesti
             "copies_where_too_few": sum(q.source.startswith(f"{SOURCE_PREFIX['none']}:") for q in extra)}
 
 
-def without_held_out(made: list[LabeledQuestion], held_out_paths: list[Path]) -> tuple[list[LabeledQuestion], int]:
+def without_held_out(made: list[LabeledQuestion], held_out: set[str]) -> tuple[list[LabeledQuestion], int]:
     """The made rows whose text (as validate compares texts) is no validation or test question, and how many were
     dropped: EDA or a paraphraser can rewrite a training question into one it will be judged on."""
-    held_out = {normalise(q.text) for path in held_out_paths for q in load_questions(path)}
     kept = [q for q in made if normalise(q.text) not in held_out]
     return kept, len(made) - len(kept)
+
+
+def held_out_texts(paths: list[Path]) -> set[str]:
+    return {normalise(q.text) for path in paths for q in load_questions(path)}
+
+
+def copies_for_dropped(questions: list[LabeledQuestion], made: list[LabeledQuestion], targets: dict[str, int],
+                       held_out: set[str], seed: int) -> list[LabeledQuestion]:
+    """Copies of training rows (marked as `none`'s are, none a held-out question) for the classes that
+    `without_held_out` left under their target: the rebalancing target holds whatever the method made."""
+    have, made_per_class = Counter(q.class_id for q in questions), Counter(q.class_id for q in made)
+    copyable = [q for q in questions if normalise(q.text) not in held_out]
+    copyable_per_class = Counter(q.class_id for q in copyable)
+    short = {c: copyable_per_class[c] + max(0, target - have[c] - made_per_class[c]) for c, target in targets.items()}
+    copies = pick_originals(copyable, short, random.Random(seed + 1))  # a stream of its own: `made` stays as drawn
+    return [replace(q, generated=True, source=f"{SOURCE_PREFIX['none']}:{q.source}") for q in copies]
 
 
 def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, report_path: Path,
@@ -168,11 +183,17 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
     targets = class_targets(before, params.rebalance, params.target_count, params.max_factor)
     augmented = oversample(questions, targets, seed, params.explicit, params.eda_alpha, params.seq2seq,
                            generated)  # no class short: unchanged
-    made, dropped = without_held_out(augmented[len(questions):], list(held_out_paths))
-    augmented = questions + made
+    held_out = held_out_texts(list(held_out_paths))
+    made, dropped = without_held_out(augmented[len(questions):], held_out)
+    refilled = copies_for_dropped(questions, made, targets, held_out, seed) if dropped else []
+    augmented = questions + made + refilled
     if dropped:
-        log.warning("augment: dropped %d generated row(s) whose text is a validation or test question", dropped)
+        log.warning("augment: dropped %d generated row(s) whose text is a validation or test question; %d copies of "
+                    "training rows took their place", dropped, len(refilled))
     after = Counter(q.class_id for q in augmented)
+    under = [f"{c} ({after[c]} of {target})" for c, target in sorted(targets.items()) if after[c] < target]
+    if under:  # every training row of the class is a held-out question too (validate quarantines those as leakage)
+        log.warning("augment: %d class(es) under their target: %s", len(under), ", ".join(under[:10]))
     originals = {(q.class_id, q.text) for q in questions}
     same_as_an_original = sum((q.class_id, q.text) in originals for q in augmented[len(questions):])
 
@@ -186,7 +207,8 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
         "rate": params.rate,
         "in_batch": {"prototype_mixup": params.prototype_mixup.enabled, "cross_encoding": params.cross_encoding.enabled},
         "rows": {"before": len(questions), "after": len(augmented), "generated": len(augmented) - len(questions),
-                 "generated_same_as_an_original": same_as_an_original, "generated_dropped_as_held_out": dropped},
+                 "generated_same_as_an_original": same_as_an_original, "generated_dropped_as_held_out": dropped,
+                 "copies_in_place_of_dropped": len(refilled)},
         **({"file": _file_report(questions, generated, augmented[len(questions):])} if params.explicit == "file" else {}),
         "per_class": {c: {"before": before[c], "after": after[c], "generated": after[c] - before[c]} for c in sorted(after)},
         "seconds": round(time.perf_counter() - started, 2),

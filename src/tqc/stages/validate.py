@@ -250,6 +250,10 @@ def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Pa
     if emptied:
         log.warning("validate: %d class(es) lost every validation row to quarantine, so no selection sees them: %s",
                     len(emptied), ", ".join(emptied[:10]))
+    untrained = sorted({q.class_id for q in splits["train"]} - {q.class_id for q in accepted["train"]})
+    report["classes_without_train_rows"] = untrained
+    if untrained:  # their standard questions stay in the catalog, answered by an encoder that never trained on them
+        log.warning("validate: %d class(es) lost every train row to quarantine: %s", len(untrained), ", ".join(untrained[:10]))
     if flagged:
         log.warning("validate: %d test rows fail a warning-level expectation and stay in test (listed in %s)",
                     len(flagged), report_path)
@@ -259,9 +263,12 @@ def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Pa
              report["accepted"], len(quarantined), quarantine_path, report_path,
              f", data docs {docs_dir}" if docs_dir else "", report["seconds"])
     raise_on_critical(report, params, quarantined, quarantine_path)
-    if not accepted["validation"]:  # early stopping would score 0 every epoch and keep the starting weights
-        raise ValidationFailed(f"no validation rows left in {in_dir / 'validation.jsonl'} "
-                               f"({report['quarantined']['validation']} quarantined to {quarantine_path})")
+    # No train rows: stage one would take no step and "train" nothing; no validation rows: early stopping would score
+    # 0 every epoch and keep the starting weights
+    for split in ("train", "validation"):
+        if not accepted[split]:
+            raise ValidationFailed(f"no {split} rows left in {in_dir / f'{split}.jsonl'} ({report['read'][split]} read, "
+                                   f"{report['quarantined'][split]} quarantined to {quarantine_path})")
     # Only data that passed replaces the last validated data (`tqc validate FILE` judges batches against it)
     with atomic_directory(out_dir) as staging:
         catalog.save(staging / "catalog.jsonl")
