@@ -580,7 +580,7 @@ def plot(rows: list[dict], grids: list[str], path: Path) -> None:
         positions = np.arange(len(members))
         for offset, (figure_name, label) in enumerate((("ac_macro_f1", "AC"), ("admc_macro_f1", "ADMC"))):
             means = [100 * r[figure_name]["mean"] for r in members]
-            stds = [100 * r[figure_name]["std"] for r in members]
+            stds = [100 * (r[figure_name]["std"] or 0.0) for r in members]  # one seed: no error bar
             axis.bar(positions + (offset - 0.5) * 0.4, means, 0.4, yerr=stds, capsize=3, label=label)
         axis.set_xticks(positions, [r["variant"] for r in members], rotation=20, ha="right", fontsize=8)
         axis.set_ylabel("test macro-F1 (%)")

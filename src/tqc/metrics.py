@@ -9,10 +9,16 @@ import numpy as np
 
 def gold_ranks(scores: np.ndarray, gold: np.ndarray) -> np.ndarray:
     """scores (N, P), gold (N,) → 1-based rank of the gold class in each row. A tie is ranked as `argmax`
-    predicts it, the lower class index first, so rank 1 is exactly a correct prediction (hits@1 = accuracy)."""
+    predicts it, the lower class index first, so rank 1 is exactly a correct prediction (hits@1 = accuracy).
+    A gold class scored −inf (the exemplar rule's class without exemplars) ranks after every other −inf class: by
+    index, Hits@k and MRR counted it found by chance of its place in the catalog."""
     require_finite_or_minus_inf(scores)
-    gold_scores = scores[np.arange(len(gold)), gold][:, None]  # (N, 1)
+    rows = np.arange(len(gold))
+    gold_scores = scores[rows, gold][:, None]  # (N, 1)
     ahead = (scores > gold_scores) | ((scores == gold_scores) & (np.arange(scores.shape[1]) < gold[:, None]))  # (N, P)
+    unfound = np.isneginf(gold_scores[:, 0]) & np.isfinite(scores).any(axis=1)  # (N,) rows argmax gets wrong anyway
+    ahead |= unfound[:, None] & (scores == gold_scores)
+    ahead[rows, gold] = False
     return 1 + ahead.sum(axis=1)
 
 
@@ -82,7 +88,7 @@ def confused_pairs(gold: np.ndarray, predicted: np.ndarray, top: int) -> list[tu
     return [(g, p, n) for (g, p), n in sorted(errors.items(), key=lambda kv: (-kv[1], kv[0]))[:top]]
 
 
-def seed_std(values: list[float]) -> float:
+def seed_std(values: list[float]) -> float | None:
     """The sample standard deviation over seeds (ddof = 1: a few seeds estimate the spread, they are not
-    all of it); 0 for a single seed."""
-    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    all of it); None (JSON null) for a single seed, whose spread is unknown, not 0."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else None

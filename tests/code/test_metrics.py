@@ -53,6 +53,11 @@ def test_ties_rank_as_argmax_predicts_so_hits_at_1_is_accuracy():
     metrics = summary(scores, gold)
     assert metrics["hits_at_1"] == metrics["accuracy"] == 0.25
 
+    # a −inf gold ranks after every −inf class, whatever its index (gold 1 ranked 2 before, by index alone)
+    assert gold_ranks(scores[3:].repeat(2, axis=0), np.array([1, 2])).tolist() == [3, 3]
+    everything_unknown = np.full((1, 3), -np.inf)  # argmax says class 0: hits@1 stays accuracy
+    assert gold_ranks(everything_unknown, np.array([0])).tolist() == [1]
+
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_nan_or_infinite_scores_are_an_error_not_a_figure(bad):
@@ -78,3 +83,11 @@ def test_evaluate_names_the_rule_validation_prefers_by_the_gates_figure():
     assert rule_on_validation(metrics(0.7342, 0.7300)).startswith("validation keeps the standard-question rule")
     assert rule_on_validation(metrics(0.73, 0.73)).endswith("promote.rule: standard")  # a tie keeps the headline rule
     assert "not scored" in rule_on_validation(metrics(0.73, None))
+
+
+def test_one_seed_has_no_spread_rather_than_a_spread_of_zero():
+    """metrics.json said std 0.0 for the default single seed, which reads as "no spread" rather than "not measured"."""
+    from tqc.metrics import seed_std
+
+    assert seed_std([0.9]) is None
+    assert seed_std([0.9, 0.8]) == pytest.approx(0.1 / 2 ** 0.5)

@@ -12,9 +12,23 @@ CLASSES = ["common", "rare"]
 
 
 def test_log_prior_is_the_smoothed_training_class_mix():
-    log_pi = prior.log_prior(["common"] * 8 + ["rare"] * 0, CLASSES + ["unseen"], smoothing=1.0)
-    assert np.exp(log_pi) == pytest.approx([9 / 11, 1 / 11, 1 / 11])  # add-one: a class with no row stays finite
+    log_pi = prior.log_prior(["common"] * 8 + ["rare"] * 2, CLASSES, smoothing=1.0)
+    assert np.exp(log_pi) == pytest.approx([9 / 12, 3 / 12])  # add-one
     assert np.exp(log_pi).sum() == pytest.approx(1.0)
+
+
+def test_a_class_without_training_rows_takes_the_mean_log_prior_of_the_others():
+    """A class added by its standard question alone has no validation rows to hold λ back: at 1/(N+C) the shift put it
+    far below every class, and no test question of it was answered with it."""
+    log_pi = prior.log_prior(["common"] * 8 + ["rare"] * 2, CLASSES + ["added"], smoothing=1.0)
+    assert log_pi[2] == pytest.approx(np.mean(np.log([9 / 13, 3 / 13])))
+
+    rng = np.random.default_rng(0)
+    gold = np.repeat([0, 1, 2], 20)
+    scores = rng.normal(0.0, 0.05, (60, 3)) + 0.3 * np.eye(3)[gold]  # (60, 3) similarity knows every class
+    validation = gold < 2  # validation is drawn from train: no question of the added class
+    shift = prior.fit(scores[validation], gold[validation], log_pi, temperature=0.1, weights=[1.5])  # a strong shift
+    assert (shift.apply(scores).argmax(axis=1)[gold == 2] == 2).mean() > 0.9  # at 1/(N+C): 0.35
 
 
 def ambiguous_validation() -> tuple[np.ndarray, np.ndarray]:

@@ -112,10 +112,10 @@ def test_sqrt_rebalancing_raises_each_class_to_the_root_of_its_size_times_the_la
     assert Counter(q.class_id for q in augmented) == {"head": 400, "mid": 200, "tail": 40}
 
 
-def test_resplit_draws_a_new_validation_split_of_the_same_rows_and_augments_its_train(tmp_path):
+def test_each_seed_augments_its_train_again_and_resplit_draws_a_new_validation_split(tmp_path):
     from tqc.config import Params
     from tqc.schema import Catalog, StandardQuestion, load_questions, save_questions
-    from tqc.stages.evaluate import resplit
+    from tqc.stages.evaluate import augmented_again, resplit
 
     validated = tmp_path / "validated"
     train, validation = stratified_split(questions({"a": 30, "b": 10, "c": 4}), 0.2, seed=0)
@@ -124,7 +124,8 @@ def test_resplit_draws_a_new_validation_split_of_the_same_rows_and_augments_its_
     Catalog([StandardQuestion(c, f"standard {c}?") for c in "abc"]).save(validated / "catalog.jsonl")
     params = Params.model_validate({"data": {"validation_fraction": 0.2}, "augment": {"rebalance": "mean"}})
 
-    seed_dir, seed_train = resplit(params, validated, seed=1, out_dir=tmp_path / "seed1")
+    seed_dir = resplit(params, validated, seed=1, out_dir=tmp_path / "seed1")
+    seed_train = augmented_again(params, seed_dir, validated, seed=1, out_dir=tmp_path / "seed1")
 
     new_train, new_validation = load_questions(seed_dir / "train.jsonl"), load_questions(seed_dir / "validation.jsonl")
     assert set(new_validation) != set(validation)  # another draw ...
@@ -134,6 +135,12 @@ def test_resplit_draws_a_new_validation_split_of_the_same_rows_and_augments_its_
     augmented = load_questions(seed_train)  # the augment stage ran on the new train: tail classes lifted, originals kept
     assert Counter(q.class_id for q in augmented)["c"] > Counter(q.class_id for q in new_train)["c"]
     assert [q for q in augmented if not q.generated] == new_train
+
+    # without a new split, each seed still draws its own augmentation (it reused seed 0's rows)
+    seed_2 = load_questions(augmented_again(params, validated, validated, seed=2, out_dir=tmp_path / "seed2"))
+    seed_3 = load_questions(augmented_again(params, validated, validated, seed=3, out_dir=tmp_path / "seed3"))
+    assert [q for q in seed_2 if not q.generated] == [q for q in seed_3 if not q.generated] == train
+    assert [q.source for q in seed_2 if q.generated] != [q.source for q in seed_3 if q.generated]
 
 
 def test_max_factor_caps_each_class_at_a_multiple_of_its_own_count(tmp_path):

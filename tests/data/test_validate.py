@@ -164,6 +164,12 @@ def test_a_train_split_emptied_by_warning_level_quarantine_stops_the_stage(tmp_p
         run_validate(tmp_path, ValidateParams(max_quarantined_fraction=1.0, min_examples_per_class=1, max_text_chars=20))
 
 
+def test_a_test_split_emptied_by_quarantine_stops_the_stage(tmp_path):
+    write_splits(tmp_path / "in", [("good one", "a"), ("good two", "b")], [("fine", "a")], [("held out", "zzz")])
+    with pytest.raises(ValidationFailed, match="no test rows left in .*test.jsonl \\(1 read, 1 quarantined"):
+        run_validate(tmp_path, ValidateParams(max_quarantined_fraction=1.0, min_examples_per_class=1))
+
+
 def test_a_class_that_loses_every_train_row_is_named(tmp_path, caplog):
     write_splits(tmp_path / "in", [("a" * 50, "a"), ("short b", "b")], [("fine", "a")], [("held out", "a")])
     with caplog.at_level(logging.WARNING, logger="tqc.stages.validate"):

@@ -148,10 +148,11 @@ def _extra_seeds(params: Params, data_dir: Path, train_path: Path, splits, catal
         log.info("evaluate: full training %d/%d with seed %d%s", offset + 1, params.evaluate.seeds, seed,
                  " on its own validation split" if params.evaluate.resplit else "")
         with tempfile.TemporaryDirectory(prefix=f"tqc-seed{seed}-") as work:
-            seed_dir, seed_train, seed_splits = data_dir, train_path, splits
+            seed_dir, seed_splits = data_dir, splits
             if params.evaluate.resplit:  # its own validation split; test stays the one every seed is scored on
-                seed_dir, seed_train = resplit(params, data_dir, seed, Path(work) / "data")
+                seed_dir = resplit(params, data_dir, seed, Path(work) / "data")
                 seed_splits = {**splits, "validation": load_questions(seed_dir / "validation.jsonl")}
+            seed_train = augmented_again(params, seed_dir, data_dir, seed, Path(work))  # its own copies or rewrites
             outputs = train_chain(params, seed_dir, seed_train, Path(work), seed)
             runs.append(score_chain(outputs, params, seed_dir, seed_splits, catalog)[0]["metrics"])
     return runs
@@ -165,19 +166,24 @@ def score_chain(outputs: ChainOutputs, params: Params, data_dir: Path, splits: d
     return evaluate_models(outputs, params, splits, catalog, shifts, load_questions(data_dir / "train.jsonl")), shifts
 
 
-def resplit(params: Params, data_dir: Path, seed: int, out_dir: Path) -> tuple[Path, Path]:
-    """The validated train ∪ validation rows split again with `seed` (ingest's stratified split),
-    and the new training rows augmented again (the augment stage's run) → (data folder, training rows)."""
+def resplit(params: Params, data_dir: Path, seed: int, out_dir: Path) -> Path:
+    """The validated train ∪ validation rows split again with `seed` (ingest's stratified split) → the data folder."""
     rows = load_questions(data_dir / "train.jsonl") + load_questions(data_dir / "validation.jsonl")
     train, validation = stratified_split(rows, params.data.validation_fraction, seed)
     out_dir.mkdir(parents=True)
     shutil.copyfile(data_dir / "catalog.jsonl", out_dir / "catalog.jsonl")
     save_questions(out_dir / "train.jsonl", train)
     save_questions(out_dir / "validation.jsonl", validation)
-    augment.run(out_dir / "train.jsonl", params.augment, seed, out_dir / "augmented.jsonl", out_dir / "augment.json",
-                data_dir / "generated.jsonl",  # offline rows are used only where all their origins are in the new train
-                [path for path in (out_dir / "validation.jsonl", data_dir / "test.jsonl") if path.exists()])
-    return out_dir, out_dir / "augmented.jsonl"
+    return out_dir
+
+
+def augmented_again(params: Params, seed_dir: Path, data_dir: Path, seed: int, out_dir: Path) -> Path:
+    """`seed_dir`'s training rows augmented with `seed` (the augment stage's run) → the training rows' file, so each
+    seed's spread holds the augmentation's draws too (the copies rebalancing picks, EDA's edits, sampled rewrites)."""
+    augment.run(seed_dir / "train.jsonl", params.augment, seed, out_dir / "augmented.jsonl", out_dir / "augment.json",
+                data_dir / "generated.jsonl",  # offline rows are used only where all their origins are in this train
+                [path for path in (seed_dir / "validation.jsonl", data_dir / "test.jsonl") if path.exists()])
+    return out_dir / "augmented.jsonl"
 
 
 UNSHIFTED_FIGURES = ("accuracy", "macro_f1", "macro_f1_gold_classes")

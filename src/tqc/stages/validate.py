@@ -264,8 +264,8 @@ def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Pa
              f", data docs {docs_dir}" if docs_dir else "", report["seconds"])
     raise_on_critical(report, params, quarantined, quarantine_path)
     # No train rows: stage one would take no step and "train" nothing; no validation rows: early stopping would score
-    # 0 every epoch and keep the starting weights
-    for split in ("train", "validation"):
+    # 0 every epoch and keep the starting weights; no test rows: evaluate would write NaN figures, then fail
+    for split in ("train", "validation", "test"):
         if not accepted[split]:
             raise ValidationFailed(f"no {split} rows left in {in_dir / f'{split}.jsonl'} ({report['read'][split]} read, "
                                    f"{report['quarantined'][split]} quarantined to {quarantine_path})")
