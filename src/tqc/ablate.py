@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from tqc.config import AblationGrid, ConfigError, Params, flatten
+from tqc.config import AblationGrid, ConfigError, Params, flatten, unflatten
 from tqc.io import atomic_path, write_json, write_text
 from tqc.metrics import seed_std
 
@@ -317,7 +317,21 @@ def select_cells(params: Params, grids: list[str], seeds: list[int], local: dict
              if (not variants or cell.variant_name in variants) and matches(cell, where or {})]
     if not cells:
         raise ConfigError(f"no cell of grid(s) {grids} is left by --variant {variants or 'any'} and --where {where or 'none'}")
+    check_cells(params, cells)
     return cells
+
+
+def check_cells(params: Params, cells: list[Cell]) -> None:
+    """Each cell's params as its experiment reads them: a value no stage takes (a bool written `maybe`, 0 epochs,
+    `explicit: file` with no file) fails here, named by its cell, instead of in the first stage of every experiment."""
+    problems = []
+    for cell in {(cell.grid, cell.variant): cell for cell in cells}.values():  # every seed of a cell shares its params
+        try:
+            params.with_overrides(unflatten(cell.overrides))
+        except ConfigError as exc:
+            problems.append(f"ablate.grids.{cell.grid}, cell {cell.variant}: {exc}")
+    if problems:
+        raise ConfigError(f"{len(problems)} ablation cell(s) have params no run takes:\n" + "\n".join(problems))
 
 
 def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None = None, variants: list[str] | None = None,

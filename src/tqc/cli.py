@@ -9,6 +9,7 @@ one-line message and a non-zero exit code instead of a stack trace.
 from __future__ import annotations
 
 import argparse
+import datetime
 import logging
 import re
 import subprocess
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--verify-only", action="store_true", help="check the files already in --dest; no network")
     tune = commands.add_parser("tune", help="Optuna search on validation macro-F1 (tune section of params.yaml)")
     tune.add_argument("--trials", type=at_least_one, help="trials for this worker (default tune.trials)")
-    tune.add_argument("--worker", type=int, default=0, help="this worker's index: its sampler seed is tune.seed + index")
+    tune.add_argument("--worker", type=at_least_zero, default=0, help="this worker's index: its sampler seed is tune.seed + index")
     tune.add_argument("--out", type=Path, default=Path("reports/tuning"))
     tune.add_argument("--work", type=Path, default=Path("tuning"), help="trial folders and prepared data")
     tune.add_argument("--apply", type=Path, metavar="BEST_PARAMS", help="write a best_params.yaml into --params; no search")
@@ -136,7 +137,12 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
 
 def dispatch(args: argparse.Namespace) -> None:
     """Run one command: those that need no params.yaml first, then the rest with the loaded params."""
-    if args.command == "tune" and args.apply:  # writes a best_params.yaml into --params, which it does not load
+    applying = args.command == "tune" and args.apply  # writes a best_params.yaml into --params, which it does not load
+    if args.overrides and (args.command in WITHOUT_PARAMS or applying):
+        raise ConfigError(f"--set: `tqc {args.command}{' --apply' if applying else ''}` reads no params, "
+                          f"so {', '.join(args.overrides)} would change nothing" + (
+                              " (its own options: tqc predict --help)" if args.command == "predict" else ""))
+    if applying:
         _apply_tuned(args)
         return
     if args.command in WITHOUT_PARAMS:
@@ -154,8 +160,11 @@ def _fetch(args: argparse.Namespace) -> None:
 
     if not args.verify_only:
         fetch.fetch(args.dest)
-    for path, ok in fetch.verify(args.dest).items():
+    verified = fetch.verify(args.dest)
+    for path, ok in verified.items():
         print(f"{'ok' if ok else 'MISSING OR CHANGED'}  {path}")
+    if not all(verified.values()):  # a script or CI step reads the status, not the listing
+        raise SystemExit(1)
 
 
 def _apply_tuned(args: argparse.Namespace) -> None:
@@ -455,10 +464,26 @@ PATH_KEYED = re.compile(r"(tune\.space|ablate\.budget|ablate\.grids\.[^.]+\.(?:b
                         r"|ablate\.grids\.[^.]+\.variants\.[^.]+)\.(.+)")
 
 
-def parse_overrides(items: list[str]) -> dict:
-    """['stage_one.epochs=5', …] → nested overrides; values are read as YAML (5 → int, [a] → list)."""
-    import yaml
+def override_value(item: str, value: str):
+    """A `--set` value as YAML 1.2 reads it, as `dvc exp run -S` and Hydra do (YAML 1.1 read 010 as 8, 1e-4 as text
+    and yes as true). Text stays text where YAML would read more into it: a `#` (a comment to YAML: `trec6 #2` lost
+    its `#2`), a mapping not written {…} (`paraphrase: ` is a prefix, not a key), a date."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
 
+    if re.search(r"(^|\s)#", value):
+        return value
+    try:
+        parsed = YAML(typ="safe", pure=True).load(value)
+    except YAMLError as exc:
+        raise ConfigError(f"--set {item!r}: the value is not YAML ({' '.join(str(exc).split())})") from None
+    if isinstance(parsed, dict) and not value.lstrip().startswith("{") or isinstance(parsed, (datetime.date, datetime.time)):
+        return value
+    return parsed
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """['stage_one.epochs=5', …] → nested overrides; values are read as YAML 1.2 (5 → int, [a] → list; `override_value`)."""
     from tqc.config import Replace, unflatten
 
     flat, keyed = {}, []
@@ -467,10 +492,7 @@ def parse_overrides(items: list[str]) -> dict:
         key = key.strip()
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set stage_one.epochs=5")
-        try:
-            parsed = yaml.safe_load(value)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {item!r}: the value is not YAML ({' '.join(str(exc).split())})") from None
+        parsed = override_value(item, value)
         if isinstance(parsed, dict):  # a mapping given whole replaces the one there, as `key=value` reads
             parsed = Replace(parsed)
         if match := PATH_KEYED.fullmatch(key):
@@ -486,6 +508,14 @@ def parse_overrides(items: list[str]) -> dict:
                 raise ConfigError(f"--set {mapping}.{param_path}: {mapping} is also set to {node!r}; give one of them")
         node[param_path] = value
     return overrides
+
+
+def at_least_zero(text: str) -> int:
+    """argparse type for indices: a negative worker index would make a negative sampler seed."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 0")
+    return value
 
 
 def at_least_one(text: str) -> int:

@@ -9,13 +9,17 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DatasetName = Literal["trec6", "trec50", "covidq-categories", "covidq-classes", "custom"]
 ImplicitAugmentation = Literal["dropout", "cutoff"]
+
+
+# What NumPy, torch and Optuna take as a seed: a negative one failed in stage one, after ingest, validate and augment
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 
 
 class Strict(BaseModel):
@@ -177,6 +181,12 @@ class AugmentParams(Strict):
     def _explicit_needs_its_models(self) -> "AugmentParams":
         if self.rebalance == "count" and self.target_count is None:
             raise ValueError("augment.rebalance is 'count' but augment.target_count is not set")
+        if self.explicit != "none" and self.rebalance == "none":
+            raise ValueError(f"augment.explicit is {self.explicit!r}, but augment.rebalance is 'none': no class gets a row "
+                             "more, so nothing would be made (set a rebalance target, e.g. mean)")
+        if self.target_count is not None and self.rebalance != "count":
+            raise ValueError(f"augment.target_count is {self.target_count} but augment.rebalance is {self.rebalance!r}, "
+                             "which does not read it (set rebalance: count, or target_count: null)")
         if self.deferred and self.rebalance == "none":
             raise ValueError("augment.deferred keeps the rebalanced rows for stage two, but augment.rebalance is 'none': "
                              "there are none (set a rebalance target)")
@@ -360,7 +370,7 @@ class TuneParams(Strict):
     pruner: Literal["median", "hyperband", "none"] = "median"
     startup_trials: int = Field(4, ge=0)  # median: trials that always run in full
     warmup_epochs: int = Field(5, ge=0)  # median: epochs before a trial may be pruned
-    seed: int = 0
+    seed: Seed = 0
     enqueue_defaults: bool = True  # trial 0 runs the base params: the baseline the search must beat
     keep_models: bool = False  # keep each trial's model folders (disk: two encoders per trial)
     # The data changed since the study began (new labeled questions): refuse, or open a study per data set,
@@ -407,6 +417,8 @@ class AblationGrid(Strict):
     @classmethod
     def _distinct_values(cls, matrix: dict[str, list]) -> dict[str, list]:
         for path, values in matrix.items():
+            if not values:  # no value: the grid would have no cell at all
+                raise ValueError(f"matrix {path}: no values (list at least one, or leave the key out)")
             texts = [json.dumps(value, sort_keys=True) for value in values]  # lists and mappings are values too
             repeated = sorted({text for text in texts if texts.count(text) > 1})
             if repeated:  # the same cells twice: each seed counted twice, a smaller std
@@ -423,7 +435,7 @@ class AblationGrid(Strict):
 class AblateParams(Strict):
     """tqc ablate: the paper's ablations as DVC experiments, several seeds per cell."""
 
-    seeds: list[int] = Field([0, 1, 2], min_length=1)
+    seeds: list[Seed] = Field([0, 1, 2], min_length=1)
     budget: dict[str, ParamValue] = {}  # applied to every cell first: what fits this machine
     grids: dict[str, AblationGrid] = {}
 
@@ -444,7 +456,7 @@ class DistributedParams(Strict):
 
 
 class Params(Strict):
-    seed: int = 0
+    seed: Seed = 0
     data: DataParams = DataParams()
     validate_: ValidateParams = Field(ValidateParams(), alias="validate")
     augment: AugmentParams = AugmentParams()
@@ -500,6 +512,14 @@ class Params(Strict):
         return self
 
     @model_validator(mode="after")
+    def _every_seed_is_a_seed(self) -> "Params":
+        last = self.seed + self.evaluate.seeds - 1
+        if last > 2**32 - 1:
+            raise ValueError(f"seed {self.seed} with evaluate.seeds {self.evaluate.seeds} trains up to seed {last}, past "
+                             f"{2**32 - 1}, the largest NumPy and torch take")
+        return self
+
+    @model_validator(mode="after")
     def _fixed_validation_is_not_resplit(self) -> "Params":
         if self.data.validation_file and self.evaluate.resplit:
             raise ValueError(f"evaluate.resplit is true but data.validation_file ({self.data.validation_file}) is the "
@@ -541,8 +561,13 @@ class Params(Strict):
         for grid_name, grid in self.ablate.grids.items():
             overrides = [self.ablate.budget, grid.budget, grid.base, grid.matrix, *grid.variants.values()]
             for path in (path for override in overrides for path in override):
+                if path == "seed":  # each cell runs every seed of ablate.seeds: a grid's own seed was overwritten
+                    raise ValueError(f"ablate.grids.{grid_name}: 'seed' is set per cell from ablate.seeds (or --seeds)")
                 if path not in known:
                     raise ValueError(f"ablate.grids.{grid_name}: {path!r} is not a parameter (e.g. augment.rebalance)")
+            if not grid.variants:
+                raise ValueError(f"ablate.grids.{grid_name}: no variants (a grid without one has no cell; e.g. "
+                                 "variants: {{default: {{}}}})")
         return self
 
     def _tunable_paths(self) -> set[str]:

@@ -1,4 +1,5 @@
 import math
+import re
 
 import pytest
 
@@ -355,3 +356,64 @@ def test_every_stage_run_logs_its_params_with_database_passwords_redacted():
     for stage in ("ingest", "evaluate", "prior", "stage_one", "promote"):
         assert "s3cret" not in str(_stage_params(stage, params))
     assert _stage_params("evaluate", params)["tracking"]["uri"] == "postgresql://u:***@db/mlflow"
+
+
+def test_set_values_read_as_yaml_1_2_and_text_stays_text():
+    """As `dvc exp run -S` reads them: YAML 1.1 made 010 eight, left 1e-4 a string and made yes true; a `#` was a
+    comment, and the README's own prefix `paraphrase: ` became a mapping."""
+    from tqc.cli import parse_overrides
+
+    assert parse_overrides(["seed=010", "stage_one.learning_rate=1e-4", "tracking.experiment=trec6 #2",
+                            "augment.seq2seq.paraphrase_prefix=paraphrase: ", "evaluate.exemplar_k=no",
+                            "data.validation_file=null", "tracking.uri=sqlite:///a=b.db"]) == {
+        "seed": 10, "stage_one": {"learning_rate": 1e-4}, "tracking": {"experiment": "trec6 #2", "uri": "sqlite:///a=b.db"},
+        "augment": {"seq2seq": {"paraphrase_prefix": "paraphrase: "}}, "evaluate": {"exemplar_k": "no"},
+        "data": {"validation_file": None}}
+    assert parse_overrides(["augment.prototype_mixup={enabled: true}"]) == {"augment": {"prototype_mixup": {"enabled": True}}}
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    ({"seed": -1}, "seed: Input should be greater than or equal to 0"),
+    ({"tune": {"seed": -5}}, "tune.seed: Input should be greater than or equal to 0"),
+    ({"ablate": {"seeds": [-1, 0]}}, "ablate.seeds.0: Input should be greater than or equal to 0"),
+    ({"seed": 2**32 - 1, "evaluate": {"seeds": 2}}, "trains up to seed 4294967296"),
+    ({"augment": {"explicit": "eda", "rebalance": "none"}}, "no class gets a row more, so nothing would be made"),
+    ({"augment": {"target_count": 50}}, "augment.target_count is 50 but augment.rebalance is 'mean', which does not read it"),
+    ({"ablate": {"grids": {"g": {"title": "t", "matrix": {"seed": [7, 8]}}}}}, "'seed' is set per cell from ablate.seeds"),
+    ({"ablate": {"grids": {"g": {"title": "t", "matrix": {"data.imbalance_ratio": []}}}}}, "matrix data.imbalance_ratio: no values"),
+    ({"ablate": {"grids": {"g": {"title": "t", "variants": {}}}}}, "ablate.grids.g: no variants"),
+])
+def test_params_that_would_fail_late_or_do_nothing_are_refused_at_load(tmp_path, overrides, reason):
+    """Each of these loaded, then crashed a later stage (a negative seed, in stage one after ingest, validate and
+    augment), ran every experiment of a grid to fail, or was silently without effect (EDA with no row to make)."""
+    with pytest.raises(ConfigError, match=re.escape(reason)):
+        load_params("params.yaml", overrides)
+
+
+def test_an_ablation_cell_whose_params_no_run_takes_is_named_before_any_runs():
+    from tqc.ablate import select_cells
+
+    params = load_params("params.yaml", {"ablate": {"grids": {"covidq": {"variants": {"tied": {"model.tied": "maybe"}}}}}})
+    with pytest.raises(ConfigError, match=r"ablate.grids.covidq, cell tied: .*\n- model.tied: Input should be a valid boolean"):
+        select_cells(params, ["covidq"], [0], {})
+
+
+def test_fetch_verify_only_fails_on_a_missing_file_and_set_is_refused_where_no_params_are_read(tmp_path, capsys):
+    from tqc import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["fetch", "--verify-only", "--dest", str(tmp_path)])
+    assert exited.value.code == 1 and "MISSING OR CHANGED" in capsys.readouterr().out
+    assert cli.main(["--set", "evaluate.exemplar_k=5", "predict", "--model", str(tmp_path), "where is it"]) == 2
+    assert "`tqc predict` reads no params, so evaluate.exemplar_k=5 would change nothing" in capsys.readouterr().err
+
+
+def test_set_is_refused_by_tune_apply_but_reaches_a_tune_search(tmp_path, capsys):
+    from tqc import cli
+
+    best = tmp_path / "best_params.yaml"
+    best.write_text("stage_one:\n  temperature: 0.07\n")
+    assert cli.main(["--params", str(tmp_path / "params.yaml"), "--set", "tune.trials=1", "tune", "--apply", str(best)]) == 2
+    assert "`tqc tune --apply` reads no params" in capsys.readouterr().err
+    parsed = cli.build_parser().parse_args(["--set", "tune.trials=1", "tune", "--trials", "1"])
+    assert not parsed.apply and parsed.overrides == ["tune.trials=1"]  # a search reads them: not refused
