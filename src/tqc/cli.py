@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from tqc.config import ConfigError, EvaluateParams, Params, load_params
+from tqc.config import ConfigError, EvaluateParams, Params, load_params, redact_text
 from tqc.errors import input_errors
 from tqc.text import normalise
 from tqc.tracking import stage_run
@@ -562,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a tracking server or study database that cannot be reached, said in one line
         if type(exc).__module__.split(".")[0] not in ("mlflow", "optuna", "sqlalchemy"):
             raise
-        print(f"tqc {args.command}: error from {type(exc).__module__.split('.')[0]}: {exc}", file=sys.stderr)
+        print(f"tqc {args.command}: error from {type(exc).__module__.split('.')[0]}: {redact_text(str(exc))}", file=sys.stderr)
         return 2
     return 0
 

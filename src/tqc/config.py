@@ -683,6 +683,16 @@ def redact_url(value: str) -> str:
 QUERY_PASSWORD = re.compile(r"((?:^|&)password=)[^&]*", re.IGNORECASE)
 
 
+def redact_text(text: str) -> str:
+    """Free text, such as a client library's error message, with every URL's password and `password=` value
+    replaced by ***: MLflow's and SQLAlchemy's messages can quote the URL they failed to reach."""
+    return TEXT_PASSWORD.sub(r"\1***", URL_PASSWORD.sub(r"\1***@", text))
+
+
+URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)[^\s@/]+@")
+TEXT_PASSWORD = re.compile(r"(\bpassword=)[^&\s'\"]*", re.IGNORECASE)
+
+
 def redact_secrets(value):
     """`value` (a params dump: dicts, lists, strings) with every URL's password redacted (`redact_url`)."""
     if isinstance(value, dict):

@@ -30,6 +30,11 @@ from tqc.text import normalise
 
 # The model version tag holding `content_digest`: a version serving the same content is not registered again.
 DIGEST_TAG = "content_digest"
+# The tag holding `content_digest` without how answers are served (top_k): a version whose answers are the champion's
+# differs from it only in serving, and takes its place without a validation gate it could never pass.
+ANSWERS_TAG = "answers_digest"
+# What of a prior entry decides the answers: the fitted λ's grid figures, τ and the folder name only record the fit.
+SERVED_PRIOR_KEYS = ("shift", "weight", "target")
 OUTPUT_COLUMNS = ["question", "rank", "class_id", "standard_question", "score"]
 # Versions registered before model_config named their prior file's entry always carried ADMC's.
 FIRST_REGISTERED_ENTRY = "admc"
@@ -121,7 +126,8 @@ def _encoded_exemplars(model, rows, model_dir: Path, exemplars_file: Path, cache
         return encode()
     model_digest = folder_digest(model_dir)
     slot = _sha256({"model": model_digest, "file": str(Path(exemplars_file).resolve())})[:16]
-    path = Path(cache_dir) / f"{slot}-{_sha256({'model': model_digest, 'questions': [q.text for q in rows]})}.safetensors"
+    entry = _sha256({"model": model_digest, "questions": [q.text for q in rows], "code": encoding_code()})
+    path = Path(cache_dir) / f"{slot}-{entry}.safetensors"
     if path.exists():
         try:
             vectors = load_file(path)["vectors"]
@@ -140,6 +146,20 @@ def _encoded_exemplars(model, rows, model_dir: Path, exemplars_file: Path, cache
         logging.getLogger(__name__).warning("exemplar cache %s not written (%s): the questions are encoded again next time; "
                                             "--exemplar-cache none skips the cache", cache_dir, exc)
     return vectors
+
+
+def encoding_code() -> dict[str, str]:
+    """What turns a question into a vector besides the weights: tqc's encoder and the libraries under it. Vectors
+    cached by another version of them (a pooling fix, say) are encoded again, not served."""
+    import hashlib
+
+    import torch
+    import transformers
+
+    from tqc.model import encoder
+
+    return {"encoder": hashlib.sha256(Path(encoder.__file__).read_bytes()).hexdigest(), "torch": torch.__version__,
+            "transformers": transformers.__version__}
 
 
 def _sha256(value) -> str:
@@ -292,26 +312,44 @@ def served_files_digest(model_dir: Path) -> dict[str, str]:
 
 
 def content_digest(model_dir: Path, catalog_path: Path, config: dict, prior_entry: dict | None,
-                   exemplars_path: Path | None = None, whole_model_config: bool = False) -> str:
+                   exemplars_path: Path | None = None, legacy: str | None = None) -> str:
     """sha256 of all that a registered version serves: the model folder's files (`served_files_digest`), the
-    catalog, its model_config (top_k, the prior entry's name or the rule's k), the prior entry itself, the
-    exemplar rule's labeled questions and the tqc version (whose pyfunc code answers). A standard-question
-    version has no exemplars key, so its digest is the one it had before the exemplar rule could be served.
-    `whole_model_config`: the digest of versions registered before, which hashed tqc_model.json whole."""
+    catalog, its model_config (top_k, the prior entry's name or the rule's k), the shift the prior entry serves
+    (`SERVED_PRIOR_KEYS`), the exemplar rule's labeled questions and the tqc version (whose pyfunc code answers). A
+    standard-question version has no exemplars key, so its digest is the one it had before the exemplar rule could be
+    served. `legacy`: the digests of versions registered before (`LEGACY_DIGESTS`), found by them and re-tagged."""
     import tqc
     from tqc.io import file_digest
 
     parts = {
-        "model": folder_digest(model_dir) if whole_model_config else served_files_digest(model_dir),
+        "model": folder_digest(model_dir) if legacy == "whole_model_config" else served_files_digest(model_dir),
         "catalog": file_digest(Path(catalog_path), "sha256"),
-        # The weights are hashed above; without the entry's own record of them, versions registered before the
-        # prior stage wrote it keep their digest.
-        "prior": {k: v for k, v in prior_entry.items() if k != "weights_digest"} if prior_entry else prior_entry,
+        "prior": _prior_part(prior_entry, whole=legacy is not None),
         "config": config,
         "tqc": tqc.__version__,
         **({"exemplars": file_digest(Path(exemplars_path), "sha256")} if exemplars_path is not None else {}),
     }
     return _sha256(parts)
+
+
+# Older digests, newest first: the prior entry hashed whole (its grid figures too, so a re-fit that chose the same
+# shift registered the same answers again); before that, tqc_model.json hashed whole as well.
+LEGACY_DIGESTS = ("whole_prior", "whole_model_config")
+
+
+def _prior_part(entry: dict | None, whole: bool) -> dict | None:
+    if entry is None:
+        return None
+    if whole:  # the weights are hashed with the model; without the entry's record of them, as versions before it had
+        return {k: v for k, v in entry.items() if k != "weights_digest"}
+    return {k: entry[k] for k in SERVED_PRIOR_KEYS if k in entry}
+
+
+def answers_digest(model_dir: Path, catalog_path: Path, config: dict, prior_entry: dict | None,
+                   exemplars_path: Path | None = None) -> str:
+    """`content_digest` without `top_k`: two versions with one answers digest give every question the same ranking."""
+    return content_digest(model_dir, catalog_path, {k: v for k, v in config.items() if k != "top_k"}, prior_entry,
+                          exemplars_path)
 
 
 def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, top_k: int,
@@ -329,15 +367,21 @@ def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model
     entry = prior.read_file(prior_path)[config["prior_model"]] if prior_path is not None else None
     exemplar_rows = exemplars[0] if exemplars else None
     digest = content_digest(model_dir, catalog_path, config, entry, exemplar_rows)
+    answers = answers_digest(model_dir, catalog_path, config, entry, exemplar_rows)
     existing = _tagged_with(client, model_name, digest)
-    if not existing:  # a registry filled before knows it by the digest of tqc_model.json whole: its tag moves to this one
+    for legacy in LEGACY_DIGESTS:  # a registry filled before knows it by an older digest: its tags move to this one
+        if existing:
+            break
         existing = _tagged_with(client, model_name, content_digest(model_dir, catalog_path, config, entry, exemplar_rows,
-                                                                   whole_model_config=True))
+                                                                   legacy=legacy))
         for version in existing:
             client.set_model_version_tag(model_name, version.version, DIGEST_TAG, digest)
     if existing:
+        for version in existing:
+            if version.tags.get(ANSWERS_TAG) != answers:
+                client.set_model_version_tag(model_name, version.version, ANSWERS_TAG, answers)
         return str(min(int(v.version) for v in existing)), True
-    tags = {DIGEST_TAG: digest, "rule": config.get("rule", "standard"), **_prior_tags(entry)}
+    tags = {DIGEST_TAG: digest, ANSWERS_TAG: answers, "rule": config.get("rule", "standard"), **_prior_tags(entry)}
     return log_and_register(model_dir, catalog_path, prior_path, model_name, config, exemplars, tags), False
 
 

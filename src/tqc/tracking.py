@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Iterator
 
 from tqc import distributed
-from tqc.config import Params, TrackingParams, flatten, redact_secrets
+from tqc.config import Params, TrackingParams, flatten, redact_secrets, redact_text
 from tqc.io import file_digest
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def _client_and_experiment(params: TrackingParams):
     try:
         end_orphaned_runs(client, experiment.experiment_id)
     except Exception as exc:  # housekeeping: a store that refuses it (the filter, another user's run) stops no stage
-        log.warning("mlflow: could not end the runs of killed processes: %s", " ".join(str(exc).split())[:300])
+        log.warning("mlflow: could not end the runs of killed processes: %s", redact_text(" ".join(str(exc).split()))[:300])
     return mlflow, client, experiment.experiment_id
 
 
@@ -264,13 +264,18 @@ def _pipeline_parent(client, experiment_id: str, params: Params, commit: str) ->
     found = client.search_runs([experiment_id], filter_string=f"tags.`{REPRO_TAG}` = '{repro}'", max_results=1)
     if found:
         return found[0].info.run_id
+    # Owned from its creation: a process killed before it logs its params leaves a RUNNING run the next repro ends
     run = client.create_run(experiment_id, run_name=f"dvc repro {params.data.dataset}",
                             tags={PIPELINE_TAG: "pipeline", REPRO_TAG: repro, PARAMS_TAG: params_hash(params),
-                                  COMMIT_TAG: commit, "dataset": params.data.dataset})
+                                  COMMIT_TAG: commit, "dataset": params.data.dataset, OWNER_TAG: this_process()})
     from mlflow.entities import Param
 
-    for chunk in param_chunks(redact_secrets(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))):
-        client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in chunk.items()])
+    try:
+        for chunk in param_chunks(redact_secrets(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))):
+            client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in chunk.items()])
+    except BaseException:
+        client.set_terminated(run.info.run_id, status="FAILED")
+        raise
     log.info("mlflow: new pipeline run %s for %s", run.info.run_id, repro)
     return run.info.run_id
 

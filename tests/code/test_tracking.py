@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tqc.config import TrackingParams
 from tqc.tracking import _process_gone, nested_run, standalone_run, this_process
 
@@ -128,3 +130,42 @@ def test_keys_from_a_users_names_are_made_keys_mlflow_accepts(tmp_path, monkeypa
     assert run.data.params["ablate.grids.g.variants.eda_mixup.augment.explicit"] == "eda"
     assert run.data.metrics["per class.LOC _city_"] == 0.5
     assert any(key.endswith("data _v2_") for key in run.data.tags)
+
+
+def test_a_housekeeping_error_quoting_a_password_is_logged_without_it(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from tqc import tracking
+
+    def refused(client, experiment_id):
+        raise RuntimeError("API request to http://mlflow:s3cret-pw@127.0.0.1:9/api/2.0/mlflow/runs/search failed")
+
+    monkeypatch.setattr(tracking, "end_orphaned_runs", refused)
+    with caplog.at_level(logging.WARNING, logger="tqc.tracking"):
+        with standalone_run("retrain", TrackingParams(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="e")):
+            pass
+    assert "http://mlflow:***@127.0.0.1:9" in caplog.text and "s3cret" not in caplog.text
+
+
+def test_a_pipeline_run_whose_params_fail_to_log_is_failed_and_owned_not_left_running(tmp_path, monkeypatch):
+    """It was created RUNNING with no owner tag, so when logging its params failed (a 503) no later run ended it."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from tqc import tracking
+    from tqc.config import Params
+
+    monkeypatch.delenv(tracking.PARENT_ENV, raising=False)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    params = Params.model_validate({"tracking": {"uri": store, "experiment": "pipeline"}})
+    mlflow.set_tracking_uri(store)
+    experiment_id = mlflow.set_experiment("pipeline").experiment_id
+
+    def unavailable(self, run_id, **_):
+        raise RuntimeError("503 Service Unavailable")
+
+    monkeypatch.setattr(MlflowClient, "log_batch", unavailable)
+    with pytest.raises(RuntimeError, match="503"):
+        tracking._pipeline_parent(MlflowClient(), experiment_id, params, "abc")
+    run, = MlflowClient().search_runs([experiment_id])
+    assert run.info.status == "FAILED" and run.data.tags[tracking.OWNER_TAG] == tracking.this_process()

@@ -437,6 +437,27 @@ def test_an_exemplar_cache_that_cannot_be_written_costs_time_not_the_answers(tin
     assert "a-file/cache not written" in caplog.text
 
 
+def test_exemplar_vectors_cached_by_other_encoding_code_are_not_served(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """The cache was keyed by the weights and the questions alone: after a change to how tqc encodes (f3f0ddc's cls
+    pooling), `tqc predict --exemplars` answered from vectors the old code made."""
+    from tqc import serving
+    from tqc.schema import LabeledQuestion, save_questions
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    save_questions(tmp_path / "train.jsonl", [LabeledQuestion("where is paris", "loc"), LabeledQuestion("who wrote it", "hum")])
+    ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"), "--exemplars",
+           str(tmp_path / "train.jsonl"), "--exemplar-cache", str(tmp_path / "cache"), "where is the louvre"]
+    assert main(ask) == 0
+    first, = (tmp_path / "cache").glob("*.safetensors")
+    code = serving.encoding_code()
+    monkeypatch.setattr(serving, "encoding_code", lambda: {**code, "encoder": "another version of encoder.py"})
+    assert main(ask) == 0
+    second, = (tmp_path / "cache").glob("*.safetensors")  # encoded again, in place of the old entry
+    assert second.name != first.name and second.name.split("-")[0] == first.name.split("-")[0]
+    capsys.readouterr()
+
+
 def test_blank_lines_of_a_question_file_are_named_and_stdin_is_read_as_utf8_bytes(tiny_model_dir, tmp_path, capsys, caplog,
                                                                                 monkeypatch):
     """A line of whitespace or invisible characters alone is no question (the served model refuses one), so it is not

@@ -217,19 +217,31 @@ def test_a_refresh_that_ties_the_champion_is_promoted_and_a_training_that_ties_i
                                                                                       registry):
     """A refresh adds labeled questions to the champion's own encoder: on a validation split they leave as it was,
     a tie (difference 0, CI [0, 0]) never cleared min_improvement 0, so such a refresh was never served."""
+    import shutil
+
     model = untrained(tiny_model_dir, tmp_path / "model")
 
-    def promote_with(top_k: int, refresh: bool) -> dict:  # another top_k: other content, the same first answers
+    def copy_with_a_note(name: str) -> Path:  # other content (the folder's files), the same answers
+        copy = Path(shutil.copytree(model, tmp_path / name))
+        (copy / "NOTE.txt").write_text(name)
+        return copy
+
+    def promote_with(model_dir: Path, refresh: bool, top_k: int = 5) -> dict:
         with standalone_run("promote", registry) as tracker:
-            return promote.run(data_dir, model, None, PromoteParams(top_k=top_k), tmp_path / "p.json", tracker,
+            return promote.run(data_dir, model_dir, None, PromoteParams(top_k=top_k), tmp_path / "p.json", tracker,
                                refresh=refresh)
 
-    assert promote_with(5, refresh=False)["promoted"]
-    trained_tie = promote_with(4, refresh=False)
+    assert promote_with(model, refresh=False)["promoted"]
+    trained_tie = promote_with(copy_with_a_note("trained"), refresh=False)
     assert not trained_tie["promoted"] and trained_tie["bootstrap"]["low"] == 0.0
-    refreshed_tie = promote_with(3, refresh=True)
+    refreshed_tie = promote_with(copy_with_a_note("refreshed"), refresh=True)
     assert refreshed_tie["promoted"] and refreshed_tie["champion_version_after"] == refreshed_tie["challenger_version"]
     assert "refresh_min_improvement" in refreshed_tie["reasons"][0]
+
+    # promote.top_k alone changed: the champion's answers, served otherwise; no gate could pass it, and none judges it
+    served_otherwise = promote_with(tmp_path / "refreshed", refresh=False, top_k=3)
+    assert served_otherwise["promoted"] and served_otherwise["challenger_version"] not in ("1", "2", "3")
+    assert served_otherwise["reasons"][0].startswith(f"the champion's answers, v{refreshed_tie['challenger_version']}'s")
 
 
 def test_an_unchanged_model_is_not_registered_again_and_a_changed_shift_is(tiny_model_dir, data_dir, tmp_path, registry):
@@ -241,17 +253,19 @@ def test_an_unchanged_model_is_not_registered_again_and_a_changed_shift_is(tiny_
     model_dir = untrained(tiny_model_dir, models / "stage_two")
     catalog = Catalog.load(data_dir / "catalog.jsonl")
 
-    def prior_file(num_shift: float, target: str | None):
+    def prior_file(num_shift: float, target: str | None, temperature: float = 0.1):
         shift = {c: (num_shift if c == "NUM" else 0.0) for c in catalog.class_ids}
-        entry = {"model": "stage_two", "weight": 1.0, "temperature": 0.1, "shift": shift, **({"target": target} if target else {})}
+        entry = {"model": "stage_two", "weight": 1.0, "temperature": temperature, "shift": shift,
+                 "validation_by_weight": {"0": {"nll": temperature}}, **({"target": target} if target else {})}
         write_json(models / "prior.json", {"weights": [0.0, 1.0], "models": {"admc": entry}})
         return models / "prior.json"
 
     reports = []
-    for num_shift, target in ((0.0, None), (0.0, None), (0.5, "uniform")):  # None: a file from before targets
+    # again: the same shift fitted anew (another λ grid or τ moves the fit's record, not what is served)
+    for num_shift, target, temperature in ((0.0, None, 0.1), (0.0, None, 0.2), (0.5, "uniform", 0.1)):  # None: before targets
         with standalone_run("promote", registry) as tracker:
-            reports.append(promote.run(data_dir, model_dir, prior_file(num_shift, target), PromoteParams(bootstrap_samples=200),
-                                       tmp_path / "p.json", tracker))
+            reports.append(promote.run(data_dir, model_dir, prior_file(num_shift, target, temperature),
+                                       PromoteParams(bootstrap_samples=200), tmp_path / "p.json", tracker))
 
     first, again, shifted = reports
     assert first["promoted"] and first["challenger_version"] == "1" and not first["challenger_registered_before"]
@@ -265,6 +279,30 @@ def test_an_unchanged_model_is_not_registered_again_and_a_changed_shift_is(tiny_
     assert first_tags["content_digest"] != shifted_tags["content_digest"]
     assert first_tags["prior_target"] == "labeled" and first_tags["prior_weight"] == "1.0"  # what each version serves
     assert shifted_tags["prior_target"] == "uniform"
+
+
+def test_a_version_registered_under_the_whole_prior_entrys_digest_is_found_again(tiny_model_dir, data_dir, tmp_path,
+                                                                                 registry, monkeypatch):
+    from tqc import serving
+    from tqc.io import write_json
+
+    models = tmp_path / "models"
+    model_dir = untrained(tiny_model_dir, models / "stage_two")
+    shift = {c: 0.0 for c in Catalog.load(data_dir / "catalog.jsonl").class_ids}
+    write_json(models / "prior.json", {"weights": [0.0, 1.0], "models": {"admc": {
+        "model": "stage_two", "weight": 1.0, "temperature": 0.1, "shift": shift, "validation_by_weight": {}}}})
+
+    def promote_model() -> dict:
+        with standalone_run("promote", registry) as tracker:
+            return promote.run(data_dir, model_dir, models / "prior.json", PromoteParams(bootstrap_samples=200),
+                               tmp_path / "p.json", tracker)
+
+    with monkeypatch.context() as before:  # the digest as the last version of tqc computed it
+        whole_prior = serving._prior_part
+        before.setattr(serving, "_prior_part", lambda entry, whole: whole_prior(entry, whole=True))
+        assert promote_model()["challenger_version"] == "1"
+    again = promote_model()
+    assert again["challenger_version"] == "1" and again["challenger_registered_before"]
 
 
 def test_the_registry_serves_the_exemplar_rule_with_the_training_rows_and_no_shift(tiny_model_dir, data_dir, tmp_path, registry):

@@ -48,7 +48,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         log.warning("promote: %s", report["reasons"][0])
         return report
     import mlflow
-    from tqc.serving import alias_version, register
+    from tqc.serving import ANSWERS_TAG, alias_version, register
 
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     validation = load_questions(data_dir / "validation.jsonl")
@@ -63,6 +63,9 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     if alias_holder is not None:
         _tags_follow_the_alias(client, params.model_name, alias_holder)
     is_champion = champion_version == version  # the same content as the champion: its tags and alias stay
+    # The champion's answers, served otherwise (top_k): no validation gate can tell the two apart, so none judges it
+    answers = client.get_model_version(params.model_name, version).tags.get(ANSWERS_TAG)
+    same_answers = not is_champion and alias_holder is not None and answers == alias_holder.tags.get(ANSWERS_TAG, "-")
     challenger, champion = _answers_on_validation(client, params.model_name, version, champion_version, validation, catalog)
 
     tail_ids = tail_classes([q.class_id for q in load_questions(data_dir / "train.jsonl")], catalog.class_ids,
@@ -78,6 +81,8 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
                                               "is promote.refresh_min_improvement"] + decision.reasons)
     if is_champion:
         decision = _already_champion(decision, version)
+    elif same_answers:
+        decision = _same_answers(decision, champion_version)
     elif incomparable:
         decision = _incomparable(decision, champion_version, params)
     report = _report(params, version, registered_before, champion_version, decision, gold, challenger, champion,
@@ -179,6 +184,13 @@ def _already_champion(decision, version: str):
     return replace(decision, promote=False,
                    reasons=[f"the challenger is the champion, v{version}: the same content digest (model, catalog, "
                             "prior entry or exemplar rows and k, top_k, tqc version)"] + decision.reasons)
+
+
+def _same_answers(decision, champion_version: str):
+    return replace(decision, promote=True, reasons=[
+        f"the champion's answers, v{champion_version}'s (the same model, catalog, shift or exemplar rows and k, and tqc "
+        "version): only how they are served changed (promote.top_k), so the new serving replaces the old"]
+        + decision.reasons)
 
 
 def _incomparable(decision, champion_version: str, params: PromoteParams):
