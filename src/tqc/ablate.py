@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from tqc.config import AblationGrid, ConfigError, Params, flatten, unflatten
+from tqc.config import AblationGrid, ConfigError, Params, flatten, load_params, unflatten
 from tqc.io import atomic_path, write_json, write_text
 from tqc.metrics import seed_std
 
@@ -317,17 +317,20 @@ def select_cells(params: Params, grids: list[str], seeds: list[int], local: dict
              if (not variants or cell.variant_name in variants) and matches(cell, where or {})]
     if not cells:
         raise ConfigError(f"no cell of grid(s) {grids} is left by --variant {variants or 'any'} and --where {where or 'none'}")
-    check_cells(params, cells)
     return cells
 
 
-def check_cells(params: Params, cells: list[Cell]) -> None:
-    """Each cell's params as its experiment reads them: a value no stage takes (a bool written `maybe`, 0 epochs,
-    `explicit: file` with no file) fails here, named by its cell, instead of in the first stage of every experiment."""
+def check_cells(project: Path, cells: list[Cell], params: Params) -> None:
+    """Each cell's params as its experiment reads them (the project's params.yaml, not `tqc --set`'s, which no
+    experiment gets, under the cell's overrides): a value no stage takes (a bool written `maybe`, 0 epochs,
+    `explicit: file` with no file) fails here, named by its cell, instead of in the first stage of every experiment.
+    `params`: what is checked where the project has no params.yaml of its own."""
+    if (project / "params.yaml").exists():
+        params = load_params(project / "params.yaml")
     problems = []
     for cell in {(cell.grid, cell.variant): cell for cell in cells}.values():  # every seed of a cell shares its params
         try:
-            params.with_overrides(unflatten(cell.overrides))
+            params.with_overrides(unflatten(experiment_overrides(cell, project)))
         except ConfigError as exc:
             problems.append(f"ablate.grids.{cell.grid}, cell {cell.variant}: {exc}")
     if problems:
@@ -346,7 +349,8 @@ def ablate(params: Params, project: Path, out_dir: Path, grids: list[str] | None
     cells = select_cells(params, chosen, seeds_to_run, local_overrides(params, project), variants, where)
     recorded = recorded_cells(out_dir / "ablations.json")
     failed: set[str] = set()
-    if run:
+    if run:  # not for --report-only: tabulating what ran checks nothing it would run
+        check_cells(project, cells, params)
         refs = experiment_refs(project)
         for cell in cells:
             if (rerun or (cell.name not in refs and cell.name not in recorded)) and not run_cell(cell, project, rerun):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import logging
 import re
 import subprocess
@@ -471,12 +472,15 @@ def override_value(item: str, value: str):
     from ruamel.yaml import YAML
     from ruamel.yaml.error import YAMLError
 
-    if re.search(r"(^|\s)#", value):
-        return value
+    commented = re.search(r"(^|\s)#", value) is not None
     try:
         parsed = YAML(typ="safe", pure=True).load(value)
     except YAMLError as exc:
+        if commented:
+            return value
         raise ConfigError(f"--set {item!r}: the value is not YAML ({' '.join(str(exc).split())})") from None
+    if commented and "#" not in json.dumps(parsed, ensure_ascii=False, default=str):  # YAML dropped it as a comment
+        return value
     if isinstance(parsed, dict) and not value.lstrip().startswith("{") or isinstance(parsed, (datetime.date, datetime.time)):
         return value
     return parsed

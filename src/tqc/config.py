@@ -181,12 +181,6 @@ class AugmentParams(Strict):
     def _explicit_needs_its_models(self) -> "AugmentParams":
         if self.rebalance == "count" and self.target_count is None:
             raise ValueError("augment.rebalance is 'count' but augment.target_count is not set")
-        if self.explicit != "none" and self.rebalance == "none":
-            raise ValueError(f"augment.explicit is {self.explicit!r}, but augment.rebalance is 'none': no class gets a row "
-                             "more, so nothing would be made (set a rebalance target, e.g. mean)")
-        if self.target_count is not None and self.rebalance != "count":
-            raise ValueError(f"augment.target_count is {self.target_count} but augment.rebalance is {self.rebalance!r}, "
-                             "which does not read it (set rebalance: count, or target_count: null)")
         if self.deferred and self.rebalance == "none":
             raise ValueError("augment.deferred keeps the rebalanced rows for stage two, but augment.rebalance is 'none': "
                              "there are none (set a rebalance target)")

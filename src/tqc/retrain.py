@@ -465,12 +465,15 @@ def archive(incoming: Incoming, outcome: FileOutcome, params: RetrainParams,
         not_moved = changed
     else:
         # Hashed again once moved: rows appended between the check above and the move would else be archived unread.
+        # Recorded for the roll-back as soon as it moves, so a failure from here on (the hash, the move back) puts
+        # it back in the inbox instead of leaving it in the archive unrecorded.
         shutil.move(str(incoming.path), target)
+        moves = archived if archived is not None else []
+        moves.append((incoming.path, target))
         not_moved = None if sha256(target) == incoming.sha256 else changed
         if not_moved:
             shutil.move(str(target), _free_name(incoming.path))
-        elif archived is not None:
-            archived.append((incoming.path, target))
+            moves.pop()
     if not_moved:
         log.warning("retrain: %s %s", incoming.path, not_moved)
     entry = {**asdict(outcome), "archived_as": None if not_moved else str(target), "at": stamp,

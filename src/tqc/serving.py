@@ -385,6 +385,32 @@ def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model
     return log_and_register(model_dir, catalog_path, prior_path, model_name, config, exemplars, tags), False
 
 
+def answers_of(client, model_name: str, holder, model_dir: Path, catalog_path: Path, prior_path: Path | None,
+               exemplars: tuple[Path, int] | None = None) -> str | None:
+    """`holder`'s answers digest (a registered version). One registered before versions carried it gets it here when
+    its content digest is this content's served with its own top_k, the one thing an answers digest leaves out;
+    else None: its answers are not known to be these."""
+    if ANSWERS_TAG in holder.tags:
+        return holder.tags[ANSWERS_TAG]
+    from mlflow.models import get_model_info
+
+    from tqc import prior
+
+    served = get_model_info(f"models:/{model_name}/{holder.version}").flavors.get("python_function", {})
+    top_k = (served.get("config") or {}).get("top_k")  # the pyfunc flavor keeps model_config as `config`
+    if top_k is None:
+        return None
+    config = _model_config(model_dir, prior_path, int(top_k), exemplars)
+    entry = prior.read_file(prior_path)[config["prior_model"]] if prior_path is not None else None
+    rows = exemplars[0] if exemplars else None
+    digests = {content_digest(model_dir, catalog_path, config, entry, rows, legacy=form) for form in (None, *LEGACY_DIGESTS)}
+    if holder.tags.get(DIGEST_TAG) not in digests:
+        return None
+    answers = answers_digest(model_dir, catalog_path, config, entry, rows)
+    client.set_model_version_tag(model_name, str(holder.version), ANSWERS_TAG, answers)
+    return answers
+
+
 def _tagged_with(client, model_name: str, digest: str) -> list:
     return client.search_model_versions(f"name='{model_name}' and tags.{DIGEST_TAG}='{digest}'")
 

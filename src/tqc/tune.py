@@ -388,7 +388,7 @@ def _open_study(params: Params, worker: int, name: str | None = None, attempts: 
     # would otherwise replay its earlier random draws, trial for trial. Only its own, so that workers starting
     # together on a new study seed as seed + worker whatever order they open it in.
     own = sum(t.user_attrs.get("worker", "").endswith(f":{worker}") for t in study.get_trials(deepcopy=False))
-    study.sampler = optuna.samplers.TPESampler(seed=settings.seed + worker + 1009 * own, n_startup_trials=4)
+    study.sampler = optuna.samplers.TPESampler(seed=(settings.seed + worker + 1009 * own) % 2**32, n_startup_trials=4)
     return study
 
 

@@ -370,6 +370,9 @@ def test_set_values_read_as_yaml_1_2_and_text_stays_text():
         "augment": {"seq2seq": {"paraphrase_prefix": "paraphrase: "}}, "evaluate": {"exemplar_k": "no"},
         "data": {"validation_file": None}}
     assert parse_overrides(["augment.prototype_mixup={enabled: true}"]) == {"augment": {"prototype_mixup": {"enabled": True}}}
+    # a quoted # is YAML's: the quotes go, the # stays, in a scalar and in a list
+    assert parse_overrides(["tracking.experiment='file #1'", "augment.implicit=[dropout, 'b #c']"]) == {
+        "tracking": {"experiment": "file #1"}, "augment": {"implicit": ["dropout", "b #c"]}}
 
 
 @pytest.mark.parametrize("overrides, reason", [
@@ -377,8 +380,6 @@ def test_set_values_read_as_yaml_1_2_and_text_stays_text():
     ({"tune": {"seed": -5}}, "tune.seed: Input should be greater than or equal to 0"),
     ({"ablate": {"seeds": [-1, 0]}}, "ablate.seeds.0: Input should be greater than or equal to 0"),
     ({"seed": 2**32 - 1, "evaluate": {"seeds": 2}}, "trains up to seed 4294967296"),
-    ({"augment": {"explicit": "eda", "rebalance": "none"}}, "no class gets a row more, so nothing would be made"),
-    ({"augment": {"target_count": 50}}, "augment.target_count is 50 but augment.rebalance is 'mean', which does not read it"),
     ({"ablate": {"grids": {"g": {"title": "t", "matrix": {"seed": [7, 8]}}}}}, "'seed' is set per cell from ablate.seeds"),
     ({"ablate": {"grids": {"g": {"title": "t", "matrix": {"data.imbalance_ratio": []}}}}}, "matrix data.imbalance_ratio: no values"),
     ({"ablate": {"grids": {"g": {"title": "t", "variants": {}}}}}, "ablate.grids.g: no variants"),
@@ -390,12 +391,20 @@ def test_params_that_would_fail_late_or_do_nothing_are_refused_at_load(tmp_path,
         load_params("params.yaml", overrides)
 
 
-def test_an_ablation_cell_whose_params_no_run_takes_is_named_before_any_runs():
-    from tqc.ablate import select_cells
+def test_an_ablation_cell_whose_params_no_run_takes_is_named_before_any_runs(tmp_path):
+    """Checked against the project's params.yaml, which the experiments read: a `tqc --set` reaches no experiment."""
+    import shutil
 
+    from tqc.ablate import check_cells, select_cells
+
+    shutil.copy("params.yaml", tmp_path / "params.yaml")
     params = load_params("params.yaml", {"ablate": {"grids": {"covidq": {"variants": {"tied": {"model.tied": "maybe"}}}}}})
     with pytest.raises(ConfigError, match=r"ablate.grids.covidq, cell tied: .*\n- model.tied: Input should be a valid boolean"):
-        select_cells(params, ["covidq"], [0], {})
+        check_cells(tmp_path, select_cells(params, ["covidq"], [0], {}), params)
+    file_params = load_params("params.yaml")
+    check_cells(tmp_path, select_cells(file_params, list(file_params.ablate.grids), [0], {}), file_params)  # own grids
+    set_only = load_params("params.yaml", {"augment": {"explicit": "eda"}})  # what `tqc --set` changes for ablate alone
+    check_cells(tmp_path, select_cells(set_only, ["ac_vs_admc"], [0], {}), set_only)
 
 
 def test_fetch_verify_only_fails_on_a_missing_file_and_set_is_refused_where_no_params_are_read(tmp_path, capsys):

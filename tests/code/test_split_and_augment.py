@@ -191,3 +191,20 @@ def test_generated_rows_equal_to_a_held_out_question_are_dropped_and_counted(tmp
     dropped = report["rows"]["generated_dropped_as_held_out"]
     assert dropped > 0 and report["rows"]["copies_in_place_of_dropped"] == dropped  # of the question that is no test one
     assert report["per_class"]["tail"] == {"before": 2, "after": 10, "generated": 8}  # the target held
+
+
+def test_params_augment_does_not_read_are_said_not_refused(tmp_path, caplog):
+    """A leftover target_count after `-S augment.rebalance=mean`, or EDA with no target, was refused at load; each
+    is harmless, and said where it is ignored."""
+    import logging
+
+    from tqc.config import AugmentParams
+    from tqc.schema import save_questions
+    from tqc.stages.augment import run
+
+    save_questions(tmp_path / "train.jsonl", questions({"head": 10, "tail": 2}))
+    with caplog.at_level(logging.WARNING, logger="tqc.stages.augment"):
+        run(tmp_path / "train.jsonl", AugmentParams(rebalance="none", explicit="eda"), 0, tmp_path / "a.jsonl", tmp_path / "a.json")
+        run(tmp_path / "train.jsonl", AugmentParams(rebalance="mean", target_count=60), 0, tmp_path / "b.jsonl", tmp_path / "b.json")
+    assert "augment.explicit is 'eda', but augment.rebalance is 'none': no class gets a row more" in caplog.text
+    assert "augment.target_count (60) is read only by rebalance: count, not 'mean'" in caplog.text

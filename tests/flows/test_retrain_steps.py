@@ -201,6 +201,26 @@ def test_rows_appended_between_the_archive_check_and_the_move_are_not_archived_u
     assert outcome_of(staged_again, "racing.csv").accepted == 2
 
 
+def test_a_file_whose_second_hash_fails_after_the_move_goes_back_to_the_inbox(project, monkeypatch):
+    """The move was recorded for the roll-back only once its hash matched: a failure in between (an I/O error, a
+    Ctrl-C while hashing) left the file in the archive and in no record, gone from the inbox for good."""
+    params = load_params(project / "params.yaml")
+    path = drop(project, "stranded.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 3)])
+    staged, files = deliver(project)
+    real_sha256, calls = steps.sha256, []
+
+    def fails_once_moved(checked):
+        calls.append(checked)
+        if len(calls) == 2:  # the hash after the move
+            raise OSError("I/O error while reading")
+        return real_sha256(checked)
+
+    monkeypatch.setattr(steps, "sha256", fails_once_moved)
+    with pytest.raises(OSError, match="I/O error"):
+        steps.commit(params, staged, files, [])
+    assert path.exists() and not list(Path(params.retrain.archive).glob("*stranded.csv"))
+
+
 def test_a_commit_that_fails_while_archiving_puts_everything_back(project, monkeypatch):
     """dvc add has run, the quarantine is written, one file is archived, then the disk is full: the data, its .dvc
     files (and their git index entries), the quarantine, the manifest and the inbox are all as they were."""

@@ -243,6 +243,15 @@ def test_a_refresh_that_ties_the_champion_is_promoted_and_a_training_that_ties_i
     assert served_otherwise["promoted"] and served_otherwise["challenger_version"] not in ("1", "2", "3")
     assert served_otherwise["reasons"][0].startswith(f"the champion's answers, v{refreshed_tie['challenger_version']}'s")
 
+    # a champion registered before versions carried an answers digest gets it when its content is this one's
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    client.delete_model_version_tag("tqc-admc", served_otherwise["challenger_version"], "answers_digest")
+    from_before = promote_with(tmp_path / "refreshed", refresh=False, top_k=2)
+    assert from_before["promoted"] and from_before["reasons"][0].startswith("the champion's answers"), from_before["reasons"]
+    assert "answers_digest" in client.get_model_version("tqc-admc", served_otherwise["challenger_version"]).tags
+
 
 def test_an_unchanged_model_is_not_registered_again_and_a_changed_shift_is(tiny_model_dir, data_dir, tmp_path, registry):
     import mlflow

@@ -161,6 +161,17 @@ def held_out_texts(paths: list[Path]) -> set[str]:
     return {normalise(q.text) for path in paths for q in load_questions(path)}
 
 
+def _warn_of_unread_params(params: AugmentParams) -> None:
+    """Said, not refused: a leftover from a switch of `rebalance` (`-S augment.rebalance=mean` after `count`) is
+    harmless, but a user who set it expects it to do something."""
+    if params.explicit != "none" and params.rebalance == "none":
+        log.warning("augment: augment.explicit is %r, but augment.rebalance is 'none': no class gets a row more, so "
+                    "nothing is made (set a rebalance target, e.g. mean)", params.explicit)
+    if params.target_count is not None and params.rebalance != "count":
+        log.warning("augment: augment.target_count (%d) is read only by rebalance: count, not %r", params.target_count,
+                    params.rebalance)
+
+
 def copies_for_dropped(questions: list[LabeledQuestion], made: list[LabeledQuestion], targets: dict[str, int],
                        held_out: set[str], seed: int) -> list[LabeledQuestion]:
     """Copies of training rows (marked as `none`'s are, none a held-out question) for the classes that
@@ -181,6 +192,7 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
     generated = load_generated(generated_path, params.explicit)
     before = Counter(q.class_id for q in questions)
     targets = class_targets(before, params.rebalance, params.target_count, params.max_factor)
+    _warn_of_unread_params(params)
     augmented = oversample(questions, targets, seed, params.explicit, params.eda_alpha, params.seq2seq,
                            generated)  # no class short: unchanged
     held_out = held_out_texts(list(held_out_paths))
