@@ -37,3 +37,4 @@ bench: install
 	$(BIN)/tqc bench epochs --out reports/bench/epochs.json
 	$(BIN)/tqc bench passes --batch-size 64 --steps 10 --out reports/bench/passes.json
 	$(BIN)/tqc bench validate --dataset trec50 --out reports/bench/validate-trec50.json
+	$(BIN)/tqc bench read --rows 500000 --out reports/bench/read.json

@@ -9,7 +9,9 @@ measured on, so that a figure quoted in the README has a report behind it.
 
 from __future__ import annotations
 
+import json
 import logging
+import random
 import subprocess
 import sys
 import tempfile
@@ -156,6 +158,36 @@ def validate_stage(params: Params, dataset: str) -> dict:
     report = {"dataset": dataset, "validate_stage_seconds": seconds}
     print(f"dataset: {dataset}\nvalidate_stage_seconds: {seconds:.2f}")
     return report
+
+
+def reading(rows: int) -> dict:
+    """Seconds and peak memory to read a CSV of `rows` synthetic questions, in a fresh process: readers hold a file
+    whole, then its rows, so this is what a user's own data costs ingest before any training."""
+    with tempfile.TemporaryDirectory(prefix="tqc-bench-") as work:
+        path = Path(work) / "train.csv"
+        _write_questions_csv(path, rows)
+        # The peak is the kernel's VmHWM, which exec resets: getrusage's ru_maxrss carries the parent's peak over a
+        # fork, and made the figure that much too small (224 MiB for 428)
+        probe = ("import json, re, time; from pathlib import Path; from tqc.readers import read_table; "
+                 "peak = lambda: int(re.search(r'VmHWM:\\s+(\\d+)', Path('/proc/self/status').read_text()).group(1)); "
+                 "before = peak(); started = time.perf_counter(); "
+                 f"read = read_table(Path({str(path)!r}), 'question', 'label'); seconds = time.perf_counter() - started; "
+                 "print(json.dumps({'rows_read': len(read.rows), 'seconds': seconds, "
+                 "'peak_mib_over_imports': (peak() - before) / 1024}))")  # VmHWM: KiB
+        finished = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
+        report = {"rows": rows, "file_mib": path.stat().st_size / 2**20, **json.loads(finished.stdout.splitlines()[-1])}
+    for key, value in report.items():
+        print(f"{key}: {value:.2f}" if isinstance(value, float) else f"{key}: {value}")
+    return report
+
+
+def _write_questions_csv(path: Path, rows: int) -> None:
+    words = "what where who how many is the of capital river city first largest country name".split()
+    rng = random.Random(0)
+    with path.open("w", encoding="utf-8") as out:
+        out.write("question,label\n")
+        for row in range(rows):
+            out.write(f"{' '.join(rng.choices(words, k=10))} {row}?,c{row % 50}\n")
 
 
 def write_report(path: Path, report: dict) -> None:

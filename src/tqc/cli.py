@@ -100,14 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
                               "model's and the file's sha256 (default $XDG_CACHE_HOME/tqc/exemplars, or "
                               "~/.cache/tqc/exemplars; none: encode every call)")
     bench = commands.add_parser("bench", help="benchmarks that print figures")
-    bench.add_argument("what", choices=["epochs", "passes", "validate"], help="epochs: seconds per epoch, stage one vs stage "
+    bench.add_argument("what", choices=["epochs", "passes", "validate", "read"], help="epochs: seconds per epoch, stage one vs stage "
                        "two at the same batch size; passes: stage-one steps and encoding in one backbone pass per batch vs "
-                       "passes by length, and AdamW fused vs not; validate: seconds the validate stage adds on --dataset")
+                       "passes by length, and AdamW fused vs not; validate: seconds the validate stage adds on --dataset; "
+                       "read: seconds and peak memory to read a CSV of --rows questions")
     bench.add_argument("--steps", type=at_least_one, default=20,
                        help="epochs: timed steps per stage, after 3 untimed warm-up steps; passes: steps per round (default 20)")
     bench.add_argument("--rounds", type=at_least_one, default=3, help="passes: rounds, alternating the settings (default 3)")
     bench.add_argument("--batch-size", type=at_least_one, default=32, help="epochs: both stages' batch size; passes: "
                        "stage one's, which must exceed the rows per pass (32) for there to be passes (default 32)")
+    bench.add_argument("--rows", type=at_least_one, default=500_000, help="read: synthetic questions in the CSV read "
+                       "(default 500000)")
     bench.add_argument("--dataset", default="trec50", help="validate: the dataset to validate (default trec50)")
     bench.add_argument("--data", type=Path, default=Path("data/validated"), help="epochs, passes: validated data folder")
     bench.add_argument("--train", type=Path, default=Path("data/augmented/train.jsonl"), help="epochs, passes: training rows")
@@ -308,6 +311,8 @@ def _bench(args: argparse.Namespace, params: Params) -> None:
         report = bench.epochs(params, args.steps, args.batch_size, args.data, args.train)
     elif args.what == "passes":
         report = bench.passes(params, args.steps, args.batch_size, args.train, args.rounds, data_dir=args.data)
+    elif args.what == "read":
+        report = bench.reading(args.rows)
     else:
         report = bench.validate_stage(params, args.dataset)
     if args.out:

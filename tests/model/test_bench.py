@@ -96,3 +96,11 @@ def test_the_passes_benchmark_times_both_settings_of_each_in_every_round(tiny_mo
         assert report[f"{setting}_seconds"] > 0, setting
     assert report["adamw_fused_over_default"] == pytest.approx(report["adamw_fused_seconds"] / report["adamw_default_seconds"])
     assert "train_passes_over_one_pass:" in capsys.readouterr().out
+
+
+def test_the_reading_benchmark_reads_every_row_it_wrote_in_a_fresh_process(capsys):
+    from tqc.bench import reading
+
+    report = reading(300)
+    assert report["rows_read"] == 300 and report["seconds"] > 0 and report["peak_mib_over_imports"] >= 0
+    assert report["file_mib"] > 0 and "rows_read: 300" in capsys.readouterr().out
