@@ -656,41 +656,24 @@ def deep_merge(base: dict, update: dict) -> dict:
     return merged
 
 
-def redact_url(value: str) -> str:
-    """A URL with its password replaced by ***, for logs, MLflow params and messages: a database URL in tune.storage
-    or tracking.uri may carry one (postgresql://user:secret@host/db)."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(value)
-        password = parts.password
-    except ValueError:  # not a URL (a bad port, say): nothing to redact that urlsplit can find
-        return value
-    # Edited in place, not rebuilt: urlunsplit would turn sqlite:///x into sqlite:/x
-    if password is not None:
-        netloc = parts.netloc.replace(f":{password}@", ":***@", 1)
-        value = value.replace(parts.netloc, netloc, 1)
-    address, mark, query = value.partition("?")
-    return address + mark + QUERY_PASSWORD.sub(r"\1***", query)  # libpq and SQLAlchemy take ?password=… too
-
-
-QUERY_PASSWORD = re.compile(r"((?:^|&)password=)[^&]*", re.IGNORECASE)
-
-
 def redact_text(text: str) -> str:
-    """Free text, such as a client library's error message, with every URL's password and `password=` value
-    replaced by ***: MLflow's and SQLAlchemy's messages can quote the URL they failed to reach."""
+    """Text with every URL's password and `password=` value replaced by ***, for logs, MLflow params and messages: a
+    database URL in tune.storage or tracking.uri may carry one (postgresql://user:secret@host/db, or libpq's and
+    SQLAlchemy's ?password=…), and MLflow's and SQLAlchemy's errors quote the URL they failed to reach. Edited in
+    place, not parsed and rebuilt, so the rest of the text stays as written (urlunsplit turns sqlite:///x into
+    sqlite:/x)."""
     return TEXT_PASSWORD.sub(r"\1***", URL_PASSWORD.sub(r"\1***@", text))
 
 
-URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)[^\s@/]+@")
+# user:password@ after a scheme; the password runs to the host's @, the last before a / or a space (p@ss@host)
+URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)[^\s/]*@")
 TEXT_PASSWORD = re.compile(r"(\bpassword=)[^&\s'\"]*", re.IGNORECASE)
 
 
 def redact_secrets(value):
-    """`value` (a params dump: dicts, lists, strings) with every URL's password redacted (`redact_url`)."""
+    """`value` (a params dump: dicts, lists, strings) with every URL's password redacted (`redact_text`)."""
     if isinstance(value, dict):
         return {key: redact_secrets(item) for key, item in value.items()}
     if isinstance(value, list):
         return [redact_secrets(item) for item in value]
-    return redact_url(value) if isinstance(value, str) and "://" in value else value
+    return redact_text(value) if isinstance(value, str) and "://" in value else value

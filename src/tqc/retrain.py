@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from tqc.config import Params, RetrainParams, redact_url
+from tqc.config import Params, RetrainParams, redact_text
 from tqc.io import atomic_path, file_digest, read_jsonl, write_jsonl
 from tqc.locks import exclusive
 from tqc.readers import ADDED_CATALOG, ADDED_QUESTIONS, ReaderError, read_catalog_file
@@ -347,7 +347,7 @@ def champion_model(model_name: str, alias: str, destination: Path) -> Champion:
 
     version = alias_version(mlflow.MlflowClient(), model_name, alias)
     if version is None:
-        raise RefreshError(f"retrain.mode refresh: the registry ({redact_url(mlflow.get_tracking_uri())}) has no {model_name}@{alias} "
+        raise RefreshError(f"retrain.mode refresh: the registry ({redact_text(mlflow.get_tracking_uri())}) has no {model_name}@{alias} "
                            "to refresh; train one first (retrain.mode: train, or dvc repro)")
     if destination.exists():
         shutil.rmtree(destination)

@@ -353,19 +353,15 @@ def answers_digest(model_dir: Path, catalog_path: Path, config: dict, prior_entr
 
 
 def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, top_k: int,
-             exemplars: tuple[Path, int] | None = None) -> tuple[str, bool]:
-    """The registry version serving exactly this content → (version, whether it was there already).
+             exemplars: tuple[Path, int] | None = None) -> tuple[str, bool, str]:
+    """The registry version serving exactly this content → (version, whether it was there already, its answers digest).
 
     A `dvc repro` that re-runs promote without changing the model (a code or report change
     upstream) finds its version by the content digest tag, so the registry gains no copies.
     `exemplars`: (labeled questions JSONL, k) to serve the exemplar rule; `prior_path` is then None.
     """
-    from tqc import prior
-
     client = mlflow.MlflowClient()
-    config = _model_config(model_dir, prior_path, top_k, exemplars)  # the prior file read once, for all below
-    entry = prior.read_file(prior_path)[config["prior_model"]] if prior_path is not None else None
-    exemplar_rows = exemplars[0] if exemplars else None
+    config, entry, exemplar_rows = _served_content(model_dir, prior_path, top_k, exemplars)
     digest = content_digest(model_dir, catalog_path, config, entry, exemplar_rows)
     answers = answers_digest(model_dir, catalog_path, config, entry, exemplar_rows)
     existing = _tagged_with(client, model_name, digest)
@@ -380,9 +376,20 @@ def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model
         for version in existing:
             if version.tags.get(ANSWERS_TAG) != answers:
                 client.set_model_version_tag(model_name, version.version, ANSWERS_TAG, answers)
-        return str(min(int(v.version) for v in existing)), True
+        return str(min(int(v.version) for v in existing)), True, answers
     tags = {DIGEST_TAG: digest, ANSWERS_TAG: answers, "rule": config.get("rule", "standard"), **_prior_tags(entry)}
-    return log_and_register(model_dir, catalog_path, prior_path, model_name, config, exemplars, tags), False
+    return log_and_register(model_dir, catalog_path, prior_path, model_name, config, exemplars, tags), False, answers
+
+
+def _served_content(model_dir: Path, prior_path: Path | None, top_k: int,
+                    exemplars: tuple[Path, int] | None) -> tuple[dict, dict | None, Path | None]:
+    """(model_config, the prior entry it serves, the exemplar rule's rows file): what the digests hash besides the
+    folder and catalog; the prior file is read once, for all of them."""
+    from tqc import prior
+
+    config = _model_config(model_dir, prior_path, top_k, exemplars)
+    entry = prior.read_file(prior_path)[config["prior_model"]] if prior_path is not None else None
+    return config, entry, exemplars[0] if exemplars else None
 
 
 def answers_of(client, model_name: str, holder, model_dir: Path, catalog_path: Path, prior_path: Path | None,
@@ -394,15 +401,11 @@ def answers_of(client, model_name: str, holder, model_dir: Path, catalog_path: P
         return holder.tags[ANSWERS_TAG]
     from mlflow.models import get_model_info
 
-    from tqc import prior
-
     served = get_model_info(f"models:/{model_name}/{holder.version}").flavors.get("python_function", {})
     top_k = (served.get("config") or {}).get("top_k")  # the pyfunc flavor keeps model_config as `config`
     if top_k is None:
         return None
-    config = _model_config(model_dir, prior_path, int(top_k), exemplars)
-    entry = prior.read_file(prior_path)[config["prior_model"]] if prior_path is not None else None
-    rows = exemplars[0] if exemplars else None
+    config, entry, rows = _served_content(model_dir, prior_path, int(top_k), exemplars)
     digests = {content_digest(model_dir, catalog_path, config, entry, rows, legacy=form) for form in (None, *LEGACY_DIGESTS)}
     if holder.tags.get(DIGEST_TAG) not in digests:
         return None

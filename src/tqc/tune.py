@@ -33,7 +33,7 @@ import torch
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from tqc.config import ConfigError, Params, SearchDimension, flatten, problems, redact_secrets, redact_url, unflatten
+from tqc.config import ConfigError, Params, SearchDimension, flatten, problems, redact_secrets, redact_text, unflatten
 from tqc.io import atomic_path, write_json
 from tqc.pipeline import PreparedData, prepare_data, train_chain
 from tqc.schema import Catalog
@@ -273,7 +273,7 @@ def check_study_data(study, params: Params, digest: str) -> None:
     if recorded is None:  # a new study, or one begun before the digest was recorded
         study.set_user_attr("data_digest", digest)
     elif recorded != digest:
-        raise ConfigError(f"study {study.study_name!r} in {redact_url(params.tune.storage)} holds trials trained and "
+        raise ConfigError(f"study {study.study_name!r} in {redact_text(params.tune.storage)} holds trials trained and "
                           f"scored on other data (its catalog, training or validation rows differ: new labeled questions "
                           f"since it began?); name another study with tune.study, or set tune.on_new_data: new_study")
 
@@ -297,7 +297,7 @@ def check_study_base(study, params: Params, base: dict) -> None:
                                 and mine[key] == defaults[key]))
     if differing:
         shown = ", ".join(_difference(key, recorded, mine, params.tune.space, searched_there) for key in differing[:5])
-        raise ConfigError(f"study {study.study_name!r} in {redact_url(params.tune.storage)} holds trials of other params "
+        raise ConfigError(f"study {study.study_name!r} in {redact_text(params.tune.storage)} holds trials of other params "
                           f"({shown}{' …' if len(differing) > 5 else ''}); name another study with tune.study")
 
 
@@ -326,7 +326,7 @@ def check_study_space(study, params: Params, base: dict) -> None:
     changed = sorted(name for name in mine.keys() & recorded.keys() if mine[name] != recorded[name])
     if changed:
         shown = ", ".join(f"{name}: {recorded[name]!r} there, {mine[name]!r} here" for name in changed)
-        raise ConfigError(f"study {study.study_name!r} in {redact_url(params.tune.storage)} sampled other values for {shown}; "
+        raise ConfigError(f"study {study.study_name!r} in {redact_text(params.tune.storage)} sampled other values for {shown}; "
                           "Optuna cannot change them within a study: name another study with tune.study")
     if mine.keys() - recorded.keys():
         study.set_user_attr("space_kinds", {**recorded, **mine})

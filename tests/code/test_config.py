@@ -334,13 +334,14 @@ def test_a_params_file_that_cannot_be_params_is_one_line_naming_it(tmp_path, con
 
 
 def test_a_password_in_a_database_url_is_redacted_in_what_is_logged():
-    from tqc.config import redact_secrets, redact_url
+    from tqc.config import redact_secrets, redact_text
 
-    assert redact_url("postgresql+psycopg://tuner:s%40cret@db:5432/optuna") == "postgresql+psycopg://tuner:***@db:5432/optuna"
-    assert redact_url("postgresql:///optuna?user=tuner&Password=s3cret&sslmode=require") == \
+    assert redact_text("postgresql+psycopg://tuner:s%40cret@db:5432/optuna") == "postgresql+psycopg://tuner:***@db:5432/optuna"
+    assert redact_text("postgresql:///optuna?user=tuner&Password=s3cret&sslmode=require") == \
         "postgresql:///optuna?user=tuner&Password=***&sslmode=require"  # libpq's keyword form
     for unchanged in ("sqlite:///optuna.db", "http://mlflow:5000", "postgresql://tuner@db/optuna", "not a url", "http://h:x/"):
-        assert redact_url(unchanged) == unchanged
+        assert redact_text(unchanged) == unchanged
+    assert redact_text("postgresql://u:p@ss@db/optuna") == "postgresql://u:***@db/optuna"  # an @ in the password
     dumped = {"tracking": {"uri": "mysql://u:p@h/mlflow"}, "tune": {"storage": "sqlite:///o.db", "trials": 3},
               "weights": [0.0, "https://u:p@h/x"]}
     assert redact_secrets(dumped) == {"tracking": {"uri": "mysql://u:***@h/mlflow"},

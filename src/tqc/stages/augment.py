@@ -177,7 +177,7 @@ def copies_for_dropped(questions: list[LabeledQuestion], made: list[LabeledQuest
     """Copies of training rows (marked as `none`'s are, none a held-out question) for the classes that
     `without_held_out` left under their target: the rebalancing target holds whatever the method made."""
     have, made_per_class = Counter(q.class_id for q in questions), Counter(q.class_id for q in made)
-    copyable = [q for q in questions if normalise(q.text) not in held_out]
+    copyable, _ = without_held_out(questions, held_out)
     copyable_per_class = Counter(q.class_id for q in copyable)
     short = {c: copyable_per_class[c] + max(0, target - have[c] - made_per_class[c]) for c, target in targets.items()}
     copies = pick_originals(copyable, short, random.Random(seed + 1))  # a stream of its own: `made` stays as drawn

@@ -53,8 +53,9 @@ def load_negatives(path: Path, catalog: Catalog, train_class_ids: list[str]) -> 
     if len(rows) != len(train_class_ids):
         raise StaleNegatives(f"{path}: {len(rows)} rows of mined negatives for {len(train_class_ids)} training rows; "
                              "re-run mining")
+    k = len(rows[0].get("negatives") or []) if rows else 0  # every row mined the same K
     for i, (mined, class_id) in enumerate(zip(rows, train_class_ids)):
-        _check_mined_row(path, i, mined, class_id, catalog, len(rows[0].get("negatives") or []))
+        _check_mined_row(path, i, mined, class_id, catalog, k)
     return np.array([[catalog.index(c) for c in r["negatives"]] for r in rows], dtype=np.int64)
 
 

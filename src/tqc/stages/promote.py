@@ -48,7 +48,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         log.warning("promote: %s", report["reasons"][0])
         return report
     import mlflow
-    from tqc.serving import ANSWERS_TAG, alias_version, answers_of, register
+    from tqc.serving import alias_version, answers_of, register
 
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     validation = load_questions(data_dir / "validation.jsonl")
@@ -56,7 +56,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     client = mlflow.MlflowClient()
 
     exemplars = (data_dir / "train.jsonl", exemplar_k) if params.rule == "exemplars" else None
-    version, registered_before = register(model_dir, data_dir / "catalog.jsonl", None if exemplars else prior_path,
+    version, registered_before, answers = register(model_dir, data_dir / "catalog.jsonl", None if exemplars else prior_path,
                                           params.model_name, params.top_k, exemplars)
     alias_holder = alias_version(client, params.model_name, params.alias)  # a failing registry raises: never "no champion"
     champion_version = str(alias_holder.version) if alias_holder is not None else None
@@ -64,8 +64,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         _tags_follow_the_alias(client, params.model_name, alias_holder)
     is_champion = champion_version == version  # the same content as the champion: its tags and alias stay
     # The champion's answers, served otherwise (top_k): no validation gate can tell the two apart, so none judges it
-    answers = client.get_model_version(params.model_name, version).tags.get(ANSWERS_TAG)
-    same_answers = not is_champion and alias_holder is not None and answers is not None and answers == answers_of(
+    same_answers = not is_champion and alias_holder is not None and answers == answers_of(
         client, params.model_name, alias_holder, model_dir, data_dir / "catalog.jsonl",
         None if exemplars else prior_path, exemplars)
     challenger, champion = _answers_on_validation(client, params.model_name, version, champion_version, validation, catalog)

@@ -244,16 +244,14 @@ def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Pa
 
     report = summarise(catalog, splits, accepted, quarantined, outcomes, params, time.perf_counter() - started)
     report["test_rows_kept_with_warnings"] = flagged
-    # A class whose every validation row was quarantined is judged by nothing when checkpoints are chosen
-    emptied = sorted({q.class_id for q in splits["validation"]} - {q.class_id for q in accepted["validation"]})
-    report["classes_without_validation_rows"] = emptied
-    if emptied:
-        log.warning("validate: %d class(es) lost every validation row to quarantine, so no selection sees them: %s",
-                    len(emptied), ", ".join(emptied[:10]))
-    untrained = sorted({q.class_id for q in splits["train"]} - {q.class_id for q in accepted["train"]})
-    report["classes_without_train_rows"] = untrained
-    if untrained:  # their standard questions stay in the catalog, answered by an encoder that never trained on them
-        log.warning("validate: %d class(es) lost every train row to quarantine: %s", len(untrained), ", ".join(untrained[:10]))
+    # A class whose every validation row was quarantined is judged by nothing when checkpoints are chosen; one whose
+    # every train row was stays in the catalog, answered by an encoder that never trained on it
+    for split, consequence in (("validation", ", so no selection sees them"), ("train", "")):
+        emptied = sorted({q.class_id for q in splits[split]} - {q.class_id for q in accepted[split]})
+        report[f"classes_without_{split}_rows"] = emptied
+        if emptied:
+            log.warning("validate: %d class(es) lost every %s row to quarantine%s: %s", len(emptied), split, consequence,
+                        ", ".join(emptied[:10]))
     if flagged:
         log.warning("validate: %d test rows fail a warning-level expectation and stay in test (listed in %s)",
                     len(flagged), report_path)
