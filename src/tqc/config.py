@@ -24,7 +24,7 @@ Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 
 class Strict(BaseModel):
     # A NaN or infinite float (a temperature, a learning rate, a loss weight) trains nonsense without an error
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 class CustomData(Strict):

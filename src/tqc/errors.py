@@ -14,7 +14,8 @@ def input_errors() -> tuple[type[Exception], ...]:
     from tqc.incoming import UnreadableReference
     from tqc.prior import PriorFileError
     from tqc.readers import ReaderError
-    from tqc.schema import StaleNegatives, UnknownClass
+    from tqc.schema import StaleClassifier, StaleNegatives, UnknownClass
     from tqc.stages.validate import ValidationFailed
 
-    return (ConfigError, ReaderError, ValidationFailed, PriorFileError, UnreadableReference, UnknownClass, StaleNegatives)
+    return (ConfigError, ReaderError, ValidationFailed, PriorFileError, UnreadableReference, UnknownClass, StaleNegatives,
+            StaleClassifier)

@@ -66,8 +66,9 @@ def macro_f1_gold_classes(gold: np.ndarray, predicted: np.ndarray) -> float:
     return _mean_f1(gold, predicted, np.unique(gold))
 
 
-def summary(scores: np.ndarray, gold: np.ndarray, hits_at: tuple[int, ...] = (1, 3, 10)) -> dict[str, float]:
-    """The headline metrics, in a fixed key order."""
+def summary(scores: np.ndarray, gold: np.ndarray, hits_at: tuple[int, ...] = (1, 3, 10)) -> dict[str, float | None]:
+    """The headline metrics, in a fixed key order. Hits@k is null where k reaches the class count:
+    every gold class is then within k, and a 1.0 there would read as a result (TREC-6's Hits@10)."""
     ranks = gold_ranks(scores, gold)  # (N,)
     predicted = scores.argmax(axis=1)  # (N,)
     metrics = {
@@ -77,7 +78,7 @@ def summary(scores: np.ndarray, gold: np.ndarray, hits_at: tuple[int, ...] = (1,
         "mrr": float(np.mean(1.0 / ranks)),
     }
     for k in hits_at:
-        metrics[f"hits_at_{k}"] = float(np.mean(ranks <= k))
+        metrics[f"hits_at_{k}"] = float(np.mean(ranks <= k)) if k < scores.shape[1] else None
     metrics["n"] = int(len(gold))
     return metrics
 

@@ -45,6 +45,10 @@ class StaleNegatives(ValueError):
     """A mined-negatives file that does not fit the training rows or the catalog it is used with."""
 
 
+class StaleClassifier(ValueError):
+    """A classifier whose output rows are another catalog's classes, or in another order."""
+
+
 @dataclass
 class Catalog:
     """Class id → standard-question text, in a fixed order that defines class indices."""

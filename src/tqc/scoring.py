@@ -35,9 +35,14 @@ def trained_models(stage_one: Path, stage_two: Path, nc: Path | None) -> dict[st
 
 
 def scorer_for(model: BiEncoder | LinearClassifier, batch_size: int) -> Scorer:
-    """A bi-encoder scores against the standard questions; NC's linear head gives its logits."""
+    """A bi-encoder scores against the standard questions; NC's linear head gives its logits, one per
+    catalog class in the catalog's order (checked: its head is indexed by it)."""
     if isinstance(model, LinearClassifier):
-        return lambda qs, c: model.logits([q.text for q in qs], batch_size)
+        def nc_logits(questions: list[LabeledQuestion], catalog: Catalog) -> np.ndarray:
+            model.check_catalog(catalog)
+            return model.logits([q.text for q in questions], batch_size)
+
+        return nc_logits
     return lambda qs, c: catalog_scores(model, qs, c, batch_size)
 
 

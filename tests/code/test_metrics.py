@@ -46,6 +46,13 @@ def test_ranks_hits_and_mrr_by_hand():
     assert metrics["mrr"] == pytest.approx((1 + 1 / 3 + 1 / 2) / 3)
 
 
+def test_hits_at_k_is_null_where_k_reaches_the_class_count():
+    scores = np.array([[0.9, 0.1, 0.0], [0.2, 0.5, 0.9]])  # (2, 3): gold ranks 1 and 3
+    metrics = summary(scores, np.array([0, 0]), hits_at=(1, 2, 3, 10))
+    assert metrics["hits_at_2"] == pytest.approx(1 / 2)
+    assert metrics["hits_at_3"] is None and metrics["hits_at_10"] is None  # every gold is within 3 of 3 classes
+
+
 def test_ties_rank_as_argmax_predicts_so_hits_at_1_is_accuracy():
     scores = np.array([[0.5, 0.5, 0.1], [0.5, 0.5, 0.1], [0.2, 0.7, 0.7], [0.3, -np.inf, -np.inf]])  # (4, 3)
     gold = np.array([1, 0, 2, 2])

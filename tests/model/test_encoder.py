@@ -137,15 +137,35 @@ def test_stage_one_learns_the_synthetic_classes(tiny_model_dir):
     assert result.best_validation_macro_f1 >= 0.9
 
 
-def test_nc_classifier_round_trip(tiny_model_dir, tmp_path):
+def test_nc_classifier_round_trip_keeps_its_classes_and_refuses_another_catalog_order(tiny_model_dir, tmp_path):
+    import json
+
+    from tqc.schema import StaleClassifier
+    from tqc.scoring import scorer_for
     from tqc.stages.baseline_nc import LinearClassifier
 
     torch.manual_seed(0)
-    model = LinearClassifier(TextEncoder.from_pretrained(str(tiny_model_dir)), n_classes=3)
+    model = LinearClassifier(TextEncoder.from_pretrained(str(tiny_model_dir)), ["a", "b", "c"])
     model.save(tmp_path / "nc")
     loaded = LinearClassifier.load(tmp_path / "nc")
+    assert loaded.class_ids == ["a", "b", "c"]
     assert loaded.logits(TEXTS).shape == (3, 3)
     assert torch.allclose(torch.as_tensor(model.logits(TEXTS)), torch.as_tensor(loaded.logits(TEXTS)), atol=1e-6)
+
+    questions = [LabeledQuestion(t, "a") for t in TEXTS]
+    in_order = Catalog([StandardQuestion(c, f"what is {c}?") for c in "abc"])
+    assert scorer_for(loaded, 8)(questions, in_order).shape == (3, 3)
+    reordered = Catalog([StandardQuestion(c, f"what is {c}?") for c in "bac"])
+    with pytest.raises(StaleClassifier, match=r"nc: .*row 0 is 'a' in the head, 'b' in the catalog"):
+        scorer_for(loaded, 8)(questions, reordered)  # its logits would have answered b for a
+    larger = Catalog([StandardQuestion(c, f"what is {c}?") for c in "abcd"])
+    with pytest.raises(StaleClassifier, match=r"row 3, 'd', is only in the catalog"):
+        scorer_for(loaded, 8)(questions, larger)
+
+    config_path = tmp_path / "nc" / "tqc_model.json"  # a folder saved with only a count cannot be checked
+    config_path.write_text(json.dumps({"kind": "linear_classifier", "classes": 3}))
+    with pytest.raises(StaleClassifier, match="only a count, 3"):
+        LinearClassifier.load(tmp_path / "nc")
 
 
 @pytest.mark.parametrize("negatives", ["mined", "mined_and_in_batch"])
@@ -208,11 +228,14 @@ def test_passes_by_length_give_each_question_the_vector_of_one_padded_pass(tiny_
     assert not torch.allclose(in_passes[0], in_passes[2], atol=1e-3)  # different questions, different rows
 
 
-def test_passes_keep_every_real_token_of_a_left_padding_tokenizer(tiny_model_dir):
-    # Left padding moves a BERT's positions with the padding, so only an unpadded pass is compared
+@pytest.mark.parametrize("pass_rows", [1, 64])
+def test_a_left_padded_question_encodes_as_it_does_alone(tiny_model_dir, pass_rows):
+    # In one pass of 64 the shorter questions are padded on the left: their positions count from their first
+    # real token (position ids), not from the padding, or their vectors would change with their neighbours
     encoder = TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 32).eval()
     encoder.tokenizer.padding_side = "left"
-    encoder.pass_rows = 1
+    encoder.pass_rows = pass_rows
+    assert encoder.takes_position_ids
     with torch.no_grad():
         in_passes = encoder(MIXED_LENGTHS)
         alone = torch.cat([encoder([text]) for text in MIXED_LENGTHS])

@@ -6,6 +6,7 @@ that describes the tqc wrapper, so a saved model folder explains itself.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from pathlib import Path
@@ -142,6 +143,10 @@ class TextEncoder(nn.Module):
         self.max_length = max_length
         self.augmentation = augmentation or EmbeddingAugmentation([], 0.0)
         self.pass_rows = PASS_ROWS
+        # BERT-like backbones number positions from the first column, padding or not: with left padding a
+        # question's words would sit at other positions than they do alone. Those that take position ids get
+        # them counted from each row's first real token.
+        self.takes_position_ids = "position_ids" in inspect.signature(backbone.forward).parameters
 
     @property
     def hidden_size(self) -> int:
@@ -193,6 +198,8 @@ class TextEncoder(nn.Module):
         embeddings = self.backbone.get_input_embeddings()(batch.pop("input_ids"))  # (P, T, D)
         if augment:
             embeddings = self.augmentation(embeddings)
+        if self.takes_position_ids and getattr(self.tokenizer, "padding_side", "right") == "left":
+            batch["position_ids"] = (batch["attention_mask"].cumsum(1) - 1).clamp(min=0)  # (P, T)
         states = self.backbone(inputs_embeds=embeddings, **batch).last_hidden_state  # (P, T, D)
         return self.pooling(states, batch["attention_mask"])
 

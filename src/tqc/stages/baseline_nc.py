@@ -22,7 +22,7 @@ from tqc.device import pick_device, seed_everything
 from tqc.io import atomic_directory
 from tqc.metrics import summary
 from tqc.model.encoder import EmbeddingAugmentation, TextEncoder
-from tqc.schema import Catalog, LabeledQuestion, load_questions
+from tqc.schema import Catalog, LabeledQuestion, StaleClassifier, load_questions
 from tqc.training import FitResult, fit, gold_indices, parameter_groups, write_history, write_outputs
 
 log = logging.getLogger(__name__)
@@ -36,13 +36,25 @@ def is_disabled(directory: Path) -> bool:
 
 
 class LinearClassifier(nn.Module):
-    def __init__(self, encoder: TextEncoder, n_classes: int):
+    """An encoder and a linear head whose i-th output is the class `class_ids[i]`."""
+
+    def __init__(self, encoder: TextEncoder, class_ids: list[str]):
         super().__init__()
         self.encoder = encoder
-        self.head = nn.Linear(encoder.hidden_size, n_classes)
+        self.class_ids = list(class_ids)
+        self.head = nn.Linear(encoder.hidden_size, len(self.class_ids))
+        self.loaded_from: Path | None = None  # named in errors
 
     def forward(self, texts: list[str]) -> torch.Tensor:
         return self.head(self.encoder(texts))  # (B, P) logits
+
+    def check_catalog(self, catalog: Catalog) -> None:
+        """Scores are read by catalog index: a head trained on other classes, or on the same ones in
+        another order, would answer with the wrong class without an error."""
+        if self.class_ids != catalog.class_ids:
+            raise StaleClassifier(
+                f"{self.loaded_from or 'the NC model'}: its head's {len(self.class_ids)} classes are not the catalog's {len(catalog)} in its "
+                f"order (first difference: {_first_difference(self.class_ids, catalog.class_ids)}); train it again")
 
     @torch.no_grad()
     def logits(self, texts: list[str], batch_size: int = 256) -> np.ndarray:
@@ -53,14 +65,27 @@ class LinearClassifier(nn.Module):
         with atomic_directory(directory) as staging:
             self.encoder.save(staging)
             save_file({k: v.contiguous().cpu() for k, v in self.head.state_dict().items()}, staging / "head.safetensors")
-            (staging / "tqc_model.json").write_text(json.dumps({"kind": "linear_classifier", "classes": self.head.out_features}, indent=2))
+            config = {"kind": "linear_classifier", "classes": len(self.class_ids), "class_ids": self.class_ids}
+            (staging / "tqc_model.json").write_text(json.dumps(config, indent=2))
 
     @classmethod
     def load(cls, directory: Path) -> "LinearClassifier":
         config = json.loads((directory / "tqc_model.json").read_text())
-        model = cls(TextEncoder.load(directory), config["classes"])
+        if "class_ids" not in config:
+            raise StaleClassifier(f"{directory}: saved before NC models recorded their class ids (tqc_model.json has "
+                                  f"only a count, {config.get('classes')}); train it again")
+        model = cls(TextEncoder.load(directory), config["class_ids"])
         model.head.load_state_dict(load_file(directory / "head.safetensors"))
+        model.loaded_from = directory
         return model
+
+
+def _first_difference(saved: list[str], catalog: list[str]) -> str:
+    for i, (a, b) in enumerate(zip(saved, catalog)):
+        if a != b:
+            return f"row {i} is {a!r} in the head, {b!r} in the catalog"
+    longer, which = (saved, "head") if len(saved) > len(catalog) else (catalog, "catalog")
+    return f"row {min(len(saved), len(catalog))}, {longer[min(len(saved), len(catalog))]!r}, is only in the {which}"
 
 
 def train(model: LinearClassifier, train_rows: list[LabeledQuestion], validation: list[LabeledQuestion], catalog: Catalog,
@@ -95,7 +120,7 @@ def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_par
     train_rows, validation = load_questions(train_path), load_questions(data_dir / "validation.jsonl")
     encoder = TextEncoder.from_pretrained(model_params.pretrained, model_params.pooling, model_params.max_length)
     encoder.augmentation = EmbeddingAugmentation(augment_params.implicit, augment_params.rate)
-    model = LinearClassifier(encoder, len(catalog)).to(pick_device())
+    model = LinearClassifier(encoder, catalog.class_ids).to(pick_device())
     log.info("NC baseline: %d training rows, %d classes", len(train_rows), len(catalog))
     result = train(model, train_rows, validation, catalog, params, seed, on_epoch)
     return write_outputs("NC baseline", lambda: model.save(out_dir), out_dir, history_path, result)
