@@ -147,9 +147,11 @@ def test_the_inputs_digest_reads_linked_sub_folders_of_the_data_directory(gpu_gr
     assert gpu_grid.inputs_digest(params, tmp_path) != before
 
 
-def test_train_and_report_need_the_gpu_budget(gpu_grid, tmp_path):
-    with pytest.raises(SystemExit):
-        gpu_grid.main(["report", "--params", str(ROOT / "params.yaml"), "--grid", "rebalancing", "--out", str(tmp_path)])
+@pytest.mark.parametrize("command", ["train", "report"])
+def test_train_and_report_need_the_gpu_budget(gpu_grid, tmp_path, capsys, command):
+    with pytest.raises(SystemExit) as exited:
+        gpu_grid.main([command, "--params", str(ROOT / "params.yaml"), "--grid", "rebalancing", "--out", str(tmp_path)])
+    assert exited.value.code == 2 and "give the GPU budget" in capsys.readouterr().err
 
 
 def test_variant_narrows_the_cells_of_every_grid_and_reaches_the_workers(gpu_grid, params):

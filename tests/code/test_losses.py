@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -97,11 +99,13 @@ def test_sdml_without_smoothing_is_nt_xent():
     assert torch.allclose(sdml(scores, target, smoothing=0.0), nt_xent(scores, target), atol=1e-6)
 
 
-def test_hinge_is_zero_once_margin_is_met_and_bpr_is_positive():
+def test_hinge_and_bpr_by_hand():
     scores = torch.tensor([[1.0, 0.2, 0.1]])
     assert hinge(scores, torch.tensor([0]), margin=0.5).item() == 0.0
-    assert hinge(scores, torch.tensor([0]), margin=0.9).item() > 0.0
-    assert bpr(scores, torch.tensor([0])).item() > 0.0
+    assert hinge(scores, torch.tensor([0]), margin=0.9).item() == pytest.approx(0.1 + 0.0)  # max(0, 0.9 − 1 + 0.2)
+    assert hinge(scores, torch.tensor([0]), margin=1.0).item() == pytest.approx(0.2 + 0.1)  # summed over negatives
+    by_hand = (math.log1p(math.exp(-0.8 / 0.1)) + math.log1p(math.exp(-0.9 / 0.1))) / 2  # −log σ(x) = log(1 + e^−x)
+    assert bpr(scores, torch.tensor([0]), temperature=0.1).item() == pytest.approx(by_hand, rel=1e-5)
 
 
 def test_stage_two_columns_put_gold_first_and_encode_each_class_once():

@@ -31,6 +31,9 @@ def test_identical_models_have_a_zero_width_interval_and_are_not_promoted():
     correct = np.array([True, False, True, True])
     result = paired_bootstrap(correct, correct, samples=500, confidence=0.9)
     assert result.low == result.high == result.difference == 0.0
+    gold, predicted = np.array([0, 1, 2, 2]), np.array([0, 0, 2, 2])
+    decision = decide(gold, predicted, predicted.copy(), np.array([1]), ["1"], PromoteParams())
+    assert not decision.promote and "lower bound not above +0.0000" in decision.reasons[0]
 
 
 def test_the_tail_is_the_rarest_third_of_classes_by_training_count():

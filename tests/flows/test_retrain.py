@@ -117,16 +117,24 @@ def test_files_arriving_during_a_retrain_are_kept_for_the_next_one(project):
     late = [(q, "LOC") for q in unseen_questions(project, "LOC", 3, skip=3)]
     drop(project, "first.csv", first)
 
+    retrain_ended = threading.Event()
+
     def deliver_when_staging_starts():
         while not (project / "data" / "retrain" / "raw").exists():
+            if retrain_ended.is_set():
+                return  # it ended before staging: the assertion below says so, the test does not hang
             time.sleep(0.05)
         drop(project, "late.csv", late)
 
-    courier = threading.Thread(target=deliver_when_staging_starts)
+    courier = threading.Thread(target=deliver_when_staging_starts, daemon=True)
     courier.start()
-    result = retrain(params_path="params.yaml")
-    courier.join()
-    assert result["accepted"] == 3 and (project / "data" / "incoming" / "late.csv").exists()
+    try:
+        result = retrain(params_path="params.yaml")
+    finally:
+        retrain_ended.set()
+    courier.join(timeout=10)
+    assert (project / "data" / "incoming" / "late.csv").exists(), "the retrain ended before it staged anything"
+    assert result["accepted"] == 3
 
     second = retrain(params_path="params.yaml")
     assert second["accepted"] == 3

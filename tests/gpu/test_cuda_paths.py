@@ -106,7 +106,9 @@ def test_the_chain_trains_every_model_on_the_gpu_and_evaluates(tiny_model_dir, t
     for split, rows in (("train", _rows(0, 12)), ("validation", _rows(1, 4)), ("test", _rows(2, 4))):
         save_questions(data / f"{split}.jsonl", rows)
     params = Params.model_validate(tiny_params(tmp_path / "unused", tiny_model_dir))
+    torch.cuda.reset_peak_memory_stats()
     outputs = train_chain(params, data, data / "train.jsonl", tmp_path / "work", seed=0)
+    assert torch.cuda.max_memory_allocated() > 0  # the three trainings ran on the GPU, not beside it
     for folder in (outputs.stage_one, outputs.stage_two, outputs.nc):
         assert any(Path(folder).glob("**/*.safetensors")) and not any(Path(folder).glob("**/*.bin"))
     shifts = prior_stage.fit_shifts(data, outputs.stage_one, outputs.stage_two, outputs.nc, params)

@@ -232,11 +232,19 @@ def test_a_catalog_or_exemplar_file_saved_with_a_bom_reads_as_without(tiny_model
     tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
     CATALOG.save(tmp_path / "plain.jsonl")
     (tmp_path / "catalog.jsonl").write_bytes(b"\xef\xbb\xbf" + (tmp_path / "plain.jsonl").read_bytes())  # Notepad's UTF-8
-    (tmp_path / "exemplars.jsonl").write_text('\ufeff{"text": "where", "class_id": "loc"}\n{"text": "who", "class_id": "hum"}\n',
-                                              encoding="utf-8")
-    ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"), "where is it"]
-    assert main(ask) == 0
-    assert main([*ask, "--exemplars", str(tmp_path / "exemplars.jsonl")]) == 0, capsys.readouterr().err
+    exemplars = '{"text": "where", "class_id": "loc"}\n{"text": "who", "class_id": "hum"}\n'
+    (tmp_path / "exemplars.jsonl").write_text("\ufeff" + exemplars, encoding="utf-8")
+    (tmp_path / "plain-exemplars.jsonl").write_text(exemplars, encoding="utf-8")
+
+    def answers(catalog: str, *more: str) -> str:
+        ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / catalog), "where is it", *more]
+        assert main(ask) == 0, capsys.readouterr().err
+        return capsys.readouterr().out
+
+    by_standard_question = answers("catalog.jsonl")
+    assert by_standard_question == answers("plain.jsonl") and '"class_id"' in by_standard_question
+    by_exemplars = answers("catalog.jsonl", "--exemplars", str(tmp_path / "exemplars.jsonl"))
+    assert by_exemplars == answers("plain.jsonl", "--exemplars", str(tmp_path / "plain-exemplars.jsonl"))
 
 
 def test_a_model_registered_before_its_config_named_the_prior_entry_serves_admcs_shift(tiny_model_dir, tmp_path):
