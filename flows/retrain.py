@@ -30,6 +30,7 @@ USER_ERRORS = (ConfigError, steps.RefreshError, steps.RetrainCommitError)
 
 @task(cache_policy=NO_CACHE)
 def pick_up(params: Params):
+    steps.roll_back_interrupted_commit(params.retrain)  # a killed run's half-made commit, before the inbox is read
     return steps.pick_up(params.retrain)
 
 

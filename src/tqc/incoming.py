@@ -80,7 +80,7 @@ def main(path: Path, against: Path, params: Params) -> int:
     except UnreadableReference as exc:  # exit 2, not an uncaught error's 1, which says QUARANTINED here
         print(f"{exc} (the validate stage writes it: `dvc repro validate`)")
         return UNUSABLE
-    except (ReaderError, ValidationFailed, FileNotFoundError) as exc:
+    except (ReaderError, ValidationFailed, OSError) as exc:  # OSError: missing, a folder, not readable
         print(f"{path}: unusable: {exc}")
         return UNUSABLE
     print(f"{path}: {report['read']} rows read, {len(report['accepted'])} would be accepted, "

@@ -36,10 +36,16 @@ class ChainOutputs:
 EpochHook = Callable[[str, EpochRecord], None]  # (stage name, epoch record)
 
 
-def validated_data(params: Params, work_dir: Path) -> Path:
-    """ingest → validate into `work_dir`, as `dvc repro` does into data/; returns the validated folder."""
+def ingested_data(params: Params, work_dir: Path) -> Path:
+    """ingest into `work_dir`, as `dvc repro` does into data/; returns the ingested folder."""
     ingest.run(params.data, params.seed, work_dir / "ingested", work_dir / "quarantine" / "ingest.jsonl",
                work_dir / "reports" / "ingest.json")
+    return work_dir / "ingested"
+
+
+def validated_data(params: Params, work_dir: Path) -> Path:
+    """ingest → validate into `work_dir`, as `dvc repro` does into data/; returns the validated folder."""
+    ingested_data(params, work_dir)
     validate.run(work_dir / "ingested", params.validate_, work_dir / "validated", work_dir / "quarantine" / "validate.jsonl",
                  work_dir / "reports" / "validation.json")
     return work_dir / "validated"

@@ -17,8 +17,9 @@ New labeled questions arrive as files in an inbox. A retrain:
 4. `commit`: the staged additions replace data/raw atomically, `dvc add` records the new data
    version (`dvc push` when a remote is configured), then the inbox files move to the archive
    and the manifest. Until this step nothing outside the staging folder has changed, so a
-   failed or killed retrain leaves the raw data as it was; the champion alias moves only in
-   `judge`, after a model is fully trained.
+   failed or killed retrain leaves the raw data as it was; a commit that fails is rolled back
+   at once, and one killed midway from its journal when the next run starts. The champion
+   alias moves only in `judge`, after a model is fully trained.
 
 A label is never lost: a file stays in the inbox until its rows are committed. A label is
 never counted twice: a repeated file is recognised by hash, and a repeated row is
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -40,7 +42,7 @@ from pathlib import Path
 from typing import Iterator
 
 from tqc.config import Params, RetrainParams, redact_text
-from tqc.io import atomic_path, file_digest, read_jsonl, write_jsonl
+from tqc.io import atomic_directory, atomic_path, file_digest, read_jsonl, write_jsonl
 from tqc.locks import exclusive
 from tqc.readers import ADDED_CATALOG, ADDED_QUESTIONS, ReaderError, read_catalog_file
 from tqc.schema import Catalog
@@ -107,12 +109,22 @@ def pick_up(params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
     if folders:  # a delivery unpacked into a folder would otherwise wait there unseen
         log.warning("retrain: %s: folders are not read (deliver their files into the inbox itself): %s", inbox,
                     ", ".join(folders))
-    files = [Incoming(p, sha256(p)) for p in present if p.suffix.lower() in SUFFIXES]
+    files = [incoming for p in present if p.suffix.lower() in SUFFIXES for incoming in _hashed(p)]
     new, repeats, batch = [], [], set()
     for incoming in files:
         (repeats if incoming.sha256 in seen | batch else new).append(incoming)
         batch.add(incoming.sha256)
     return new, repeats
+
+
+def _hashed(path: Path) -> list[Incoming]:
+    """[the file, hashed], or none where it cannot be read (another user's file in a shared inbox): it stays there,
+    said each run, and the other files go on."""
+    try:
+        return [Incoming(path, sha256(path))]
+    except OSError as exc:
+        log.warning("retrain: %s: cannot be read, left in the inbox: %s", path, exc.strerror or exc)
+        return []
 
 
 @dataclass
@@ -144,7 +156,7 @@ class Staged:
 
 def stage(files: list[Incoming], params: Params, staging: Path) -> Staged:
     """Merge the new files into a staged copy of the additions; the real ones are untouched."""
-    from tqc.pipeline import validated_data
+    from tqc.pipeline import ingested_data
 
     raw = staging / "raw"
     if raw.exists():
@@ -157,12 +169,14 @@ def stage(files: list[Incoming], params: Params, staging: Path) -> Staged:
     staged = Staged(raw)
     catalogs = [f for f in files if f.is_catalog]
     for incoming in catalogs:
-        staged.outcomes.append(_merge_catalog(incoming, params, raw))
+        staged.outcomes.append(_merge_catalog(incoming, params, raw, staged))
     labeled = [f for f in files if not f.is_catalog]
     if labeled:
-        # The current data (with the new classes), validated, is what each new file is judged against; not
-        # augmented, which would only cost time (training augments the staged data).
-        reference = validated_data(_with_additions(params, raw), staging / "reference")
+        # Each new file is judged against the current data (with the new classes) as ingested: the rows the training
+        # run's validate stage will judge the grown set by. Its validated output lacks the rows validate quarantined,
+        # so a delivered copy of a question the data holds under two labels was accepted there, then quarantined
+        # unreported by training's validate. Not augmented, which would only cost time.
+        reference = ingested_data(_with_additions(params, raw), staging / "reference")
         staged.outcomes.extend(_merge_labeled(labeled, params, raw, reference, staged))
     for outcome in staged.outcomes:
         if outcome.outcome == "unusable":  # said here, in the quarantine and in the summary, not only in the manifest
@@ -184,7 +198,7 @@ def _with_additions(params: Params, raw: Path) -> Params:
     return params.with_overrides({"data": {"additions": str(raw)}})
 
 
-def _merge_catalog(incoming: Incoming, params: Params, raw: Path) -> FileOutcome:
+def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged) -> FileOutcome:
     """New classes from a catalog file. A row without text, or whose text is another class's, makes the
     file unusable here, by file and line: merged, it would fail the validate contract on every retrain."""
     from tqc.text import normalise
@@ -202,11 +216,18 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path) -> FileOutcome
                                f"{params.data.custom.catalog_id_column!r}, {params.data.custom.catalog_text_column!r}; "
                                "labeled questions go in a file named otherwise)")
         return outcome
-    known = {class_id for class_id, _ in current}
+    known = dict(current)
     new = [q for q in added if q.class_id not in known]
-    outcome.read, outcome.accepted = len(added), len(new)
-    outcome.reason = f"{len(added) - len(new)} class id(s) already in the catalog kept their text" if len(new) < len(added) else ""
-    write_jsonl(raw / ADDED_CATALOG, staged_rows + [asdict(q) for q in new])
+    kept = [q for q in added if q.class_id in known]  # a standard question is not changed by a delivery: said, row by row
+    outcome.read, outcome.accepted, outcome.quarantined = len(added), len(new), len(kept)
+    outcome.reason = f"{len(kept)} class id(s) already in the catalog kept their text (quarantined)" if kept else ""
+    staged.quarantined_rows.extend(quarantine_record(str(incoming.path), incoming.sha256, {
+        "line": None, "expectations": ["new_class"],  # the row is named by its class id
+        "reason": f"class {q.class_id!r} already has the standard question {known[q.class_id]!r}; a delivery adds "
+                  "classes, it does not change one's text", "content": {"class_id": q.class_id, "text": q.text}})
+        for q in kept)
+    if new:
+        write_jsonl(raw / ADDED_CATALOG, staged_rows + [asdict(q) for q in new])
     return outcome
 
 
@@ -234,6 +255,11 @@ def _merge_labeled(files: list[Incoming], params: Params, raw: Path, against: Pa
     for incoming, report in reports.items():
         for row in [] if isinstance(report, Exception) else report["accepted"]:
             copies[_text_key(row)].append((incoming.path.name, _line(row), row["class_id"]))
+        # a file's own conflicting copies, quarantined there, still conflict with another file's: validate over
+        # the delivery as one file would quarantine them all
+        for row in [] if isinstance(report, Exception) else report["quarantined"]:
+            if "no_label_conflicts" in row["expectations"] and isinstance(row.get("content"), dict):
+                copies[_text_key(row["content"])].append((incoming.path.name, row["line"], row["content"]["class_id"]))
     return [FileOutcome(str(incoming.path), incoming.sha256, "labeled", "unusable", reason=str(report))
             if isinstance(report, Exception) else _merge_checked(incoming, report, copies, raw, staged)
             for incoming, report in reports.items()]
@@ -251,7 +277,8 @@ def _merge_checked(incoming: Incoming, report: dict, copies: dict[str, list[tupl
                                 "content": {"text": row["text"], "class_id": row["class_id"]}})
         else:
             new_rows.append({"text": row["text"], "class_id": row["class_id"], "source": f"{here[0]}:{here[1]}"})
-    write_jsonl(raw / ADDED_QUESTIONS, _rows(raw / ADDED_QUESTIONS) + new_rows)
+    if new_rows:  # an empty file would be no rows to ingest's reader, but an empty file: refused
+        write_jsonl(raw / ADDED_QUESTIONS, _rows(raw / ADDED_QUESTIONS) + new_rows)
     staged.quarantined_rows.extend(quarantine_record(str(incoming.path), incoming.sha256, q) for q in quarantined)
     return FileOutcome(str(incoming.path), incoming.sha256, "labeled", "merged", read=report["read"],
                        accepted=len(new_rows), quarantined=len(quarantined))
@@ -383,9 +410,14 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
     names = [name for name in (ADDED_QUESTIONS, ADDED_CATALOG) if staged.accepted and (staged.raw / name).exists()]
     committed = [raw / name for name in names]
     dvc_written = [*(Path(f"{p}.dvc") for p in committed), raw / ".gitignore"]  # what dvc add writes beside the data
-    touched = [*committed, *dvc_written, Path(params.retrain.quarantine), Path(params.retrain.archive) / MANIFEST]
+    # the manifest first: a roll-back stopped by a full disk after it leaves no file recorded as merged whose rows
+    # are not in the data (the next run would take it for a repeat)
+    touched = [Path(params.retrain.archive) / MANIFEST, *committed, *dvc_written, Path(params.retrain.quarantine)]
     before = {path: path.read_bytes() if path.exists() else None for path in touched}
-    archived: list[tuple[Path, Path]] = []  # (inbox path, archived as), to move back
+    # Written before anything changes: a commit killed midway runs no except clause below, and the next run rolls
+    # it back from the journal (`roll_back_interrupted_commit`) before it picks anything up
+    journal = CommitJournal.begin(journal_dir(params.retrain), before, dvc_written)
+    archived = journal.moves  # (inbox path, archived as), to move back; each one journaled before it is made
     try:
         for name in names:
             with atomic_path(raw / name) as tmp:
@@ -397,9 +429,92 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
         entries = [archive(f, by_file[str(f.path)], params.retrain, archived) for f in files]
         entries += [archive(f, repeat_outcome(f), params.retrain, archived) for f in repeats]
     except BaseException:
-        _roll_back(before, archived, dvc_written)
+        _roll_back(before, archived, dvc_written)  # if this fails too, the journal stays for the next run
+        journal.close()
         raise
+    journal.close()
     return {"committed": [str(p) for p in committed], "dvc": dvc, "archived": entries}
+
+
+def journal_dir(params: RetrainParams) -> Path:
+    return Path(params.work_dir) / "commit-journal"
+
+
+class JournaledMoves(list):
+    """The commit's archive moves, (inbox path, archived as); each appended to the journal's file, flushed to disk,
+    before `archive` makes it."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path = path
+
+    def append(self, move: tuple[Path, Path]) -> None:
+        with self.path.open("a", encoding="utf-8") as file:
+            file.write(json.dumps({"inbox": str(move[0]), "archived_as": str(move[1])}) + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+        super().append(move)
+
+
+@dataclass
+class CommitJournal:
+    """What a commit changes, as it was before: each file's bytes (or that it did not exist), the .dvc files
+    `dvc add` writes, and the archive moves as they are made. It exists from the commit's first change until
+    its last (or its roll-back) is done."""
+
+    directory: Path
+    before: dict[Path, bytes | None]
+    dvc_written: list[Path]
+    moves: JournaledMoves
+
+    @classmethod
+    def begin(cls, directory: Path, before: dict[Path, bytes | None], dvc_written: list[Path]) -> "CommitJournal":
+        if directory.exists():  # a journal the next run has not rolled back yet: never overwritten
+            raise RetrainCommitError(f"{directory}: an interrupted commit's journal is still there; "
+                                     "roll_back_interrupted_commit must put its changes back first")
+        with atomic_directory(directory) as staging:  # whole or not at all: a kill while writing it changed nothing
+            files = []
+            for number, (path, content) in enumerate(before.items()):
+                if content is not None:
+                    (staging / f"before-{number}").write_bytes(content)
+                files.append({"path": str(path), "before": None if content is None else f"before-{number}"})
+            (staging / "journal.json").write_text(json.dumps({"files": files, "dvc_written": list(map(str, dvc_written))}))
+        return cls(directory, before, dvc_written, JournaledMoves(directory / "moves.jsonl"))
+
+    @classmethod
+    def found(cls, directory: Path) -> "CommitJournal | None":
+        if not (directory / "journal.json").exists():
+            return None
+        recorded = json.loads((directory / "journal.json").read_text())
+        before = {Path(f["path"]): None if f["before"] is None else (directory / f["before"]).read_bytes()
+                  for f in recorded["files"]}
+        moves = JournaledMoves(directory / "moves.jsonl")
+        lines = (directory / "moves.jsonl").read_text(encoding="utf-8").splitlines() if moves.path.exists() else []
+        for line in lines:
+            try:
+                move = json.loads(line)
+            except json.JSONDecodeError:  # cut by the kill while it was written: that move was not made yet
+                continue
+            list.append(moves, (Path(move["inbox"]), Path(move["archived_as"])))
+        return cls(directory, before, [Path(p) for p in recorded["dvc_written"]], moves)
+
+    def close(self) -> None:
+        shutil.rmtree(self.directory)
+
+
+def roll_back_interrupted_commit(params: RetrainParams) -> bool:
+    """Put back what a commit killed midway (SIGKILL, a cancelled flow run, a lost worker) changed, from its journal:
+    the data, its .dvc files, the quarantine and the manifest as they were, its files back in the inbox. Else the
+    next run would judge the delivered rows against themselves, quarantine them as duplicates and archive their
+    files. True when there was one. Call it under the retrain lock, before `pick_up`."""
+    journal = CommitJournal.found(journal_dir(params))
+    if journal is None:
+        return False
+    log.warning("retrain: %s: a commit was interrupted (the process was killed); putting back what it changed",
+                journal.directory)
+    _roll_back(journal.before, journal.moves, journal.dvc_written)
+    journal.close()
+    return True
 
 
 def repeat_outcome(incoming: Incoming) -> FileOutcome:
@@ -409,7 +524,8 @@ def repeat_outcome(incoming: Incoming) -> FileOutcome:
 
 def _roll_back(before: dict[Path, bytes | None], archived: list[tuple[Path, Path]], dvc_files: list[Path]) -> None:
     for inbox_path, archived_as in reversed(archived):
-        shutil.move(str(archived_as), _free_name(inbox_path))
+        if archived_as.exists():  # not there: the move was journaled and then not made, or already undone
+            shutil.move(str(archived_as), _free_name(inbox_path))
     for path, content in before.items():
         if content is None:
             path.unlink(missing_ok=True)
@@ -467,9 +583,9 @@ def archive(incoming: Incoming, outcome: FileOutcome, params: RetrainParams,
         # Hashed again once moved: rows appended between the check above and the move would else be archived unread.
         # Recorded for the roll-back as soon as it moves, so a failure from here on (the hash, the move back) puts
         # it back in the inbox instead of leaving it in the archive unrecorded.
-        shutil.move(str(incoming.path), target)
         moves = archived if archived is not None else []
-        moves.append((incoming.path, target))
+        moves.append((incoming.path, target))  # before the move: a journal then holds every move a kill may leave
+        shutil.move(str(incoming.path), target)
         not_moved = None if sha256(target) == incoming.sha256 else changed
         if not_moved:
             shutil.move(str(target), _free_name(incoming.path))

@@ -275,6 +275,54 @@ def test_a_file_put_back_by_a_failed_commit_keeps_a_same_named_file_delivered_me
     assert (inbox / "a.rolled-back-1.csv").read_bytes() == first and "who is new here" in (inbox / "a.csv").read_text()
 
 
+KILLED_COMMIT = """
+import os, sys
+from pathlib import Path
+from tqc import retrain as steps
+from tqc.config import load_params
+
+params = load_params("params.yaml")
+if sys.argv[1] == "dvc":  # the data replaced, then killed in dvc add / push (which can take minutes)
+    steps._dvc_record = lambda *args: os._exit(137)
+else:  # killed while archiving the second file, the first one archived
+    archive = steps.archive
+    steps.archive = lambda incoming, *args: os._exit(137) if incoming.path.name == "b.csv" else archive(incoming, *args)
+files, repeats = steps.pick_up(params.retrain)
+steps.commit(params, steps.stage(files, params, Path(params.retrain.work_dir)), files, repeats)
+"""
+
+
+@pytest.mark.parametrize("killed_in", ["dvc", "archive"])
+def test_a_commit_killed_midway_is_rolled_back_by_the_next_run_and_its_rows_then_merge(project, killed_in):
+    """A kill runs no except clause: the next run found the rows in data/raw, quarantined them as duplicates of
+    themselves, archived their files as 'nothing accepted' and never versioned the data."""
+    import subprocess
+    import sys
+
+    params = load_params(project / "params.yaml")
+    drop(project, "a.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
+    drop(project, "b.csv", [(q, "NUM") for q in unseen_questions(project, "NUM", 2)])
+    watched = [project / "data" / "raw" / name for name in ("labeled.jsonl", "labeled.jsonl.dvc", ".gitignore")]
+    watched += [Path(params.retrain.quarantine), Path(params.retrain.archive) / steps.MANIFEST]
+    before = {path: path.read_bytes() if path.exists() else None for path in watched}
+    inbox = {path.name: path.read_bytes() for path in Path(params.retrain.inbox).iterdir()}
+
+    killed = subprocess.run([sys.executable, "-c", KILLED_COMMIT, killed_in], capture_output=True, text=True)
+    assert killed.returncode == 137, killed.stderr
+    assert (project / "data" / "raw" / "labeled.jsonl").exists()  # the kill left the commit half made
+
+    assert steps.roll_back_interrupted_commit(params.retrain)
+    assert {path: path.read_bytes() if path.exists() else None for path in watched} == before
+    assert {path.name: path.read_bytes() for path in Path(params.retrain.inbox).iterdir()} == inbox
+    assert not steps.journal_dir(params.retrain).exists() and not steps.roll_back_interrupted_commit(params.retrain)
+
+    staged, files = deliver(project)
+    assert staged.accepted == 4 and not staged.quarantined_rows  # judged as new, not as copies of themselves
+    result = steps.commit(params, staged, files, [])
+    assert result["dvc"]["added"] and len(added_rows(project)) == 4
+    assert not steps.journal_dir(params.retrain).exists()
+
+
 def test_a_failed_dvc_command_says_dvcs_reason_in_one_line(project):
     with pytest.raises(steps.RetrainCommitError) as failure:
         steps._dvc("push", "no-such-file.dvc")
@@ -330,3 +378,69 @@ def test_a_delivery_reads_the_current_data_once_and_judges_each_file_as_tqc_vali
         assert outcome.outcome == "merged" and outcome.accepted == len(alone["accepted"]) == 1
         assert [q["line"] for q in staged.quarantined_rows if q["file"].endswith(file.path.name)] == \
             [q["line"] for q in alone["quarantined"]] == [3]
+
+
+def test_a_delivered_copy_of_a_question_the_data_holds_under_two_labels_is_quarantined_when_judged(project):
+    """The training run's validate quarantines every copy of a contested question, the delivered one too: the
+    delivery is judged against the ingested rows it will be validated with, not validate's output (which lacks both)."""
+    params = load_params(project / "params.yaml")
+    train = Path(params.data.data_dir) / "train.csv"
+    train.write_text(train.read_text() + "where is atlantis,LOC\nwhere is atlantis,HUM\n")
+    fresh = unseen_questions(project, "LOC", 1)[0]
+    drop(project, "new.csv", [("where is atlantis", "LOC"), (fresh, "LOC")])
+    staged, _ = deliver(project)
+    assert outcome_of(staged, "new.csv").accepted == 1 and [r["text"] for r in added_rows_of(staged)] == [fresh]
+    contested, = [q for q in staged.quarantined_rows if q["content"]["text"] == "where is atlantis"]
+    assert contested["line"] == 2 and "no_label_conflicts" in contested["expectations"]
+
+
+def test_a_label_conflict_within_one_file_also_rules_out_another_files_copy(project):
+    """b.csv holds a question as HUM and as LOC (both quarantined there); a.csv's LOC copy is quarantined too, as
+    validate over the delivery's rows would: nothing says which label is right."""
+    question = unseen_questions(project, "LOC", 1)[0]
+    drop(project, "a.csv", [(question, "LOC")])
+    drop(project, "b.csv", [(question, "HUM"), (question, "LOC")])
+    staged, _ = deliver(project)
+    assert outcome_of(staged, "a.csv").accepted == 0 and outcome_of(staged, "a.csv").quarantined == 1
+    assert not staged.accepted and not (staged.raw / "labeled.jsonl").exists()  # no empty additions file: ingest refuses one
+
+
+def test_a_delivery_that_adds_nothing_writes_no_empty_additions_file_that_ingest_would_refuse(project):
+    from tqc.pipeline import ingested_data
+
+    known = unseen_questions(project, "LOC", 1)[0]
+    drop(project, "first.csv", [(known, "LOC")])
+    staged, files = deliver(project)
+    steps.commit(load_params(project / "params.yaml"), staged, files, [])
+    drop(project, "again.csv", [(known, "LOC")])  # a duplicate only: nothing accepted
+    drop(project, "catalog-known.csv", [])
+    (project / "data" / "incoming" / "catalog-known.csv").write_text("class_id,text\nHUM,who is it?\n")
+    params = load_params(project / "params.yaml")
+    files, _ = steps.pick_up(params.retrain)
+    staged = steps.stage(files, params, Path(params.retrain.work_dir))
+    assert not staged.accepted
+    known_class, = [q for q in staged.quarantined_rows if q["expectations"] == ["new_class"]]
+    assert known_class["content"] == {"class_id": "HUM", "text": "who is it?"} and "already has the standard" in known_class["reason"]
+    assert ingested_data(steps._with_additions(params, staged.raw), Path(params.retrain.work_dir) / "check").exists()
+
+
+def test_an_inbox_file_that_cannot_be_read_is_left_there_and_the_others_go_on(project, monkeypatch, caplog):
+    drop(project, "theirs.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 1)])
+    drop(project, "ours.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 1)])
+    real = steps.sha256
+
+    def not_ours(path):
+        if path.name == "theirs.csv":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(steps, "sha256", not_ours)
+    with caplog.at_level(logging.WARNING, logger="tqc.retrain"):
+        new, repeats = steps.pick_up(load_params(project / "params.yaml").retrain)
+    assert [f.path.name for f in new] == ["ours.csv"] and not repeats
+    assert "theirs.csv: cannot be read, left in the inbox: Permission denied" in caplog.text
+
+
+def added_rows_of(staged: steps.Staged) -> list[dict]:
+    path = staged.raw / "labeled.jsonl"
+    return read_jsonl(path) if path.exists() else []
