@@ -152,11 +152,28 @@ def dispatch(args: argparse.Namespace) -> None:
     if args.command in WITHOUT_PARAMS:
         WITHOUT_PARAMS[args.command](args)
         return
+    if args.command == "ablate":
+        _refuse_what_no_cell_reads(args.overrides)
     params = load_params(args.params, parse_overrides(args.overrides))
     # A disabled NC baseline trains nothing: its marker is written once, by one process, not raced by torchrun's
     if args.command in TRAINING_COMMANDS and not (args.command == "baseline-nc" and not params.baseline_nc.enabled):
         _join_or_launch(params, args)
     WITH_PARAMS[args.command](args, params)
+
+
+# What `tqc ablate` itself reads: the grids, seeds and budget, and the data folder each cell's experiment is pointed
+# at. Every other param an experiment reads from params.yaml under the cell's own values, never from `--set`.
+ABLATE_SET_KEYS = ("ablate.", "data.data_dir")
+
+
+def _refuse_what_no_cell_reads(overrides: list[str]) -> None:
+    from tqc.config import flatten
+
+    unread = [key for key in flatten(parse_overrides(overrides)) if not key.startswith(ABLATE_SET_KEYS)]
+    if unread:
+        raise ConfigError(f"--set: `tqc ablate` runs each cell as `dvc exp run` on params.yaml and the cell's values, "
+                          f"so {', '.join(unread)} would reach no experiment; set it in params.yaml or in a grid's "
+                          "`base` or `budget` (only ablate.* and data.data_dir are read from --set)")
 
 
 def _fetch(args: argparse.Namespace) -> None:

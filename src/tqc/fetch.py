@@ -55,8 +55,9 @@ def verify(data_dir: Path, files: list[RemoteFile] = FILES) -> dict[str, bool]:
     return {f.path: (data_dir / f.path).is_file() and sha256_of(data_dir / f.path) == f.sha256 for f in files}
 
 
-def fetch(dest: Path, files: list[RemoteFile] = FILES, opener=urllib.request.urlopen) -> list[Path]:
-    """Download each missing or mismatching file; a bad checksum never replaces a good file."""
+def fetch(dest: Path, files: list[RemoteFile] = FILES, opener=urllib.request.urlopen, timeout_s: float = 60.0) -> list[Path]:
+    """Download each missing or mismatching file; a bad checksum never replaces a good file. A connection silent for
+    `timeout_s` is an error, not a `tqc fetch` that waits for ever."""
     written = []
     for remote in files:
         target = dest / remote.path
@@ -64,7 +65,7 @@ def fetch(dest: Path, files: list[RemoteFile] = FILES, opener=urllib.request.url
             continue
         log.info("fetching %s → %s", remote.url, target)
         with atomic_path(target) as tmp:
-            with opener(remote.url) as response:
+            with opener(remote.url, timeout=timeout_s) as response:
                 tmp.write_bytes(response.read())
             if (actual := sha256_of(tmp)) != remote.sha256:
                 raise ChecksumMismatch(f"{remote.url}: SHA-256 {actual} does not match the expected {remote.sha256}")

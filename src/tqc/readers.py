@@ -26,6 +26,7 @@ from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
 log = logging.getLogger(__name__)
 
 TREC_LINE = re.compile(r"^(?P<coarse>[A-Z]+):(?P<fine>[a-z]+)\s+(?P<text>\S.*)$")
+TREC_STRAY_CR = re.compile(r"\r(?!\n)(?![A-Z]+:[a-z]+\s)")  # a lone CR that no label follows
 
 
 class ReaderError(ValueError):
@@ -159,7 +160,15 @@ def split_lines(text: str) -> list[str]:
 def read_trec(path: Path, granularity: str) -> ReadResult:
     """TREC `COARSE:fine question text` lines; TREC-6 keeps the coarse label, TREC-50 the full one."""
     result = ReadResult()
-    for line_number, line in enumerate(split_lines(decode_file(path)), start=1):
+    text = decode_file(path)
+    # A lone CR before a label ends a line (an old-Mac line in the file); one inside a question is a stray, read as a
+    # space: a line break there would keep half a question and shift every later line number
+    strays = [match.start() for match in TREC_STRAY_CR.finditer(text)]
+    if strays:
+        text = TREC_STRAY_CR.sub(" ", text)  # the same length: the offsets hold
+        lines = sorted({len(LINE_BREAK.findall(text, 0, offset)) + 1 for offset in strays})
+        log.warning("%s: line(s) %s hold a carriage return inside a question: read as a space", path, _first_ten(lines))
+    for line_number, line in enumerate(split_lines(text), start=1):
         if not line.strip():
             continue
         match = TREC_LINE.match(line.strip())
@@ -239,20 +248,50 @@ def _blank(fields: list[str]) -> bool:
     return len(fields) <= 1 and not "".join(fields).strip()
 
 
+def _as_csv(fields: list[str]) -> str:
+    """A record as a CSV line, quoted where a field needs it: a quarantined `"Paris, France?",LOC,extra` shows its
+    three fields, where joining them with commas read as four."""
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="").writerow(fields)
+    return buffer.getvalue()
+
+
+def _swallowed_rows(fields: list[str], columns: int, start_line: int) -> str:
+    """Why a record looks like rows swallowed by a quote never closed ("" when it does not): a line inside one of its
+    quoted fields reads as a whole row of `columns` cells (`What does LOL mean?,DESC`). csv's strict mode catches a
+    stray quote only where a letter follows it; one that a comma follows (`a pizza of 12",NUM`) closes a field that
+    began rows earlier, and every row between would become one question with the last one's label."""
+    lines_before = 0
+    for field in fields:
+        segments = field.split("\n")
+        for number, segment in enumerate(segments[:-1]):  # the last one goes on with the record's next cell
+            cells = next(csv.reader([segment]), [])
+            if len(cells) == columns and all(cell.strip() for cell in cells):
+                end = start_line + sum(f.count("\n") for f in fields)
+                return (f"a quoted field runs from line {start_line} to {end}, and its line {start_line + lines_before + number} "
+                        f"reads as a row of its own ({segment!r}): a quote never closed? (rejected, not read as one question)")
+        lines_before += len(segments) - 1
+    return ""
+
+
 def read_headerless_pairs(path: Path) -> ReadResult:
     """COVID-Q split files: no header, two columns (question, label)."""
     result = ReadResult()
     for line_number, fields in _csv_records(path):
         if _blank(fields):
             continue
+        swallowed = _swallowed_rows(fields, 2, line_number)
+        if swallowed:
+            result.rejected.append(RejectedRow(str(path), line_number, swallowed, _as_csv(fields)))
+            continue
         if len(fields) != 2:
             result.rejected.append(
-                RejectedRow(str(path), line_number, f"expected 2 columns (question, label), found {len(fields)}", ",".join(fields))
+                RejectedRow(str(path), line_number, f"expected 2 columns (question, label), found {len(fields)}", _as_csv(fields))
             )
             continue
         text, label = (f.strip() for f in fields)
         if not label:
-            result.rejected.append(RejectedRow(str(path), line_number, "empty label", ",".join(fields)))
+            result.rejected.append(RejectedRow(str(path), line_number, "empty label", _as_csv(fields)))
             continue
         result.rows.append(LabeledQuestion(text, label, f"{path}:{line_number}"))
     return result
@@ -330,14 +369,18 @@ def _csv_dict_records(path: Path, columns: list[str]) -> list[tuple[int, dict | 
         raise ReaderError(f"{path}, line {header_line}: missing column(s) {missing}: the header has {header}")
     rows = []
     for line_number, fields in records[1:]:
+        swallowed = _swallowed_rows(fields, len(header), line_number)
+        if swallowed:
+            rows.append((line_number, _Unusable(swallowed), _as_csv(fields)))
+            continue
         if len(fields) != len(header):
             rows.append((line_number, _Unusable(f"expected {len(header)} columns as in the header, found {len(fields)}"),
-                         ",".join(fields)))
+                         _as_csv(fields)))
             continue
         if [f.strip() for f in fields] == header:  # two exports joined: its label would become a class named after the column
-            rows.append((line_number, _Unusable(f"the header again (line {header_line}): two files joined?"), ",".join(fields)))
+            rows.append((line_number, _Unusable(f"the header again (line {header_line}): two files joined?"), _as_csv(fields)))
             continue
-        rows.append((line_number, {h: f for h, f in zip(header, fields) if h}, ",".join(fields)))
+        rows.append((line_number, {h: f for h, f in zip(header, fields) if h}, _as_csv(fields)))
     return rows
 
 

@@ -59,10 +59,17 @@ def sample_overrides(trial, space: dict[str, SearchDimension], base: dict) -> di
 
 
 def _conditions_first(space: dict[str, SearchDimension]) -> list[tuple[str, SearchDimension]]:
-    """The dimensions another one's `when` names come first, so `when` reads this trial's value
-    of them wherever they are listed (else a margin listed before its loss would read the base loss)."""
-    named = {path for dimension in space.values() for path in dimension.when}
-    return sorted(space.items(), key=lambda item: item[0] not in named)  # stable: the order as listed otherwise
+    """Each dimension before every one whose `when` names it, so `when` reads this trial's value of them wherever
+    they are listed (else a margin listed before its loss would read the base loss, and the last link of a chain,
+    C when B when A, B's value decided on the base A)."""
+    named_by = {name: [other for other, dimension in space.items() if name in dimension.when] for name in space}
+
+    def height(name: str, seen: frozenset = frozenset()) -> int:  # the longest chain of `when`s that lead to it
+        if name in seen:  # a cycle: no order serves it; it ends the chain
+            return 0
+        return max((1 + height(other, seen | {name}) for other in named_by[name]), default=0)
+
+    return sorted(space.items(), key=lambda item: -height(item[0]))  # stable: the order as listed otherwise
 
 
 def _suggest(trial, name: str, dimension: SearchDimension, base_value=None):
@@ -180,7 +187,9 @@ class EpochReporter:
             return  # the starting point: the pretrained encoder, or stage one's result again
         self.best = max(self.best, record.validation_macro_f1)
         self.trial.report(self.best, step)
-        if self.trial.should_prune():
+        # The baseline is the mark the search must beat, and is queued once per base values: pruned, it would never
+        # run again and the summary would show an older one
+        if not self.trial.user_attrs.get("baseline") and self.trial.should_prune():
             raise optuna.TrialPruned(f"pruned at {stage} epoch {record.epoch} (best so far {self.best:.4f})")
 
 
@@ -213,8 +222,7 @@ def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: in
     digest = data_digest(data)
     study = _open_study(params, worker, study_name(settings, digest))
     base = flat_base(params)
-    check_study_base(study, params, base)
-    check_study_data(study, params, digest)
+    join_study(study, params, base, digest)
     if settings.enqueue_defaults and worker == 0:  # one enqueuer: workers starting together would each add one
         enqueue_baseline(study, default_values(settings.space, base))
     study_dir = work_dir / study.study_name
@@ -264,6 +272,35 @@ def data_digest(data: PreparedData) -> str:
 def study_name(settings, digest: str) -> str:
     """The Optuna study to open: tune.study, or with `on_new_data: new_study` one study per data set."""
     return settings.study if settings.on_new_data == "refuse" else f"{settings.study}-data-{digest[:12]}"
+
+
+class _HeldRecords:
+    """A study as the checks see it, what they record held back: a worker refused by a later check (its data, its
+    fixed params) would else leave its dimensions recorded as searched there, and a right worker refused for them."""
+
+    def __init__(self, study):
+        self.study, self.records = study, {}
+
+    @property
+    def study_name(self) -> str:
+        return self.study.study_name
+
+    @property
+    def user_attrs(self) -> dict:
+        return {**self.study.user_attrs, **self.records}
+
+    def set_user_attr(self, key: str, value) -> None:
+        self.records[key] = value
+
+
+def join_study(study, params: Params, base: dict, digest: str) -> None:
+    """Every check of a worker against the study it opens (space, fixed params, data); the study records this
+    worker's space, params and data only once all have passed."""
+    held = _HeldRecords(study)
+    check_study_base(held, params, base)
+    check_study_data(held, params, digest)
+    for key, value in held.records.items():
+        study.set_user_attr(key, value)
 
 
 def check_study_data(study, params: Params, digest: str) -> None:

@@ -225,6 +225,11 @@ def test_an_invalid_override_names_itself_and_each_problem_without_pydantics_inp
     ({"ablate": {"seeds": [0, 0, 1]}}, r"seeds \[0\] are listed more than once"),
     ({"distributed": {"nproc_per_node": 4}, "stage_two": {"batch_size": 6}},
      r"each process needs at least two rows: raise stage_two.batch_size \(6\) to at least 8"),
+    # pydantic's lax mode read `true` as 1 epoch and 2.5 as a cut-off count; `-S stage_one.epochs=true` is a slip
+    ({"stage_one": {"epochs": True}}, "stage_one.epochs: Input should be a valid integer"),
+    ({"mine": {"k": 2.5}}, "mine.k: Input should be a valid integer"),
+    ({"stage_one": {"temperature": True}}, "stage_one.temperature: Input should be a valid number"),
+    ({"augment": {"deferred": 1}}, "augment.deferred: Input should be a valid boolean"),
 ])
 def test_values_that_would_train_nonsense_are_refused_with_their_reason(override, problem):
     with pytest.raises(ConfigError, match=problem):
@@ -427,3 +432,15 @@ def test_set_is_refused_by_tune_apply_but_reaches_a_tune_search(tmp_path, capsys
     assert "`tqc tune --apply` reads no params" in capsys.readouterr().err
     parsed = cli.build_parser().parse_args(["--set", "tune.trials=1", "tune", "--trials", "1"])
     assert not parsed.apply and parsed.overrides == ["tune.trials=1"]  # a search reads them: not refused
+
+
+def test_set_on_ablate_is_refused_for_params_no_cell_reads(tmp_path, capsys):
+    """Each cell is `dvc exp run` on params.yaml under the cell's values: `--set stage_one.learning_rate=…` reached
+    no experiment, and the cells kept their names, so the report read as if trained at it."""
+    from tqc import cli
+
+    assert cli.main(["--set", "stage_one.learning_rate=3e-4", "ablate", "--report-only", "--out", str(tmp_path)]) == 2
+    assert "stage_one.learning_rate would reach no experiment" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="reach no experiment"):
+        cli._refuse_what_no_cell_reads(["ablate.seeds=[0]", "tracking.uri=sqlite:///x.db"])
+    cli._refuse_what_no_cell_reads(["ablate.seeds=[0, 1]", "data.data_dir=/data"])  # what ablate itself reads

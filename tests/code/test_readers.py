@@ -37,6 +37,15 @@ def test_trec_coarse_and_fine_labels(tmp_path):
     assert read_trec(path, "fine").rows[1].source == f"{path}:2"
 
 
+def test_a_stray_carriage_return_in_a_trec_line_is_a_space_not_a_line_break(tmp_path, caplog):
+    path = write(tmp_path, "t.label", b"DESC:def What is a\r golden parachute ?\nLOC:city What city is the Louvre in ?\n")
+    with caplog.at_level(logging.WARNING):
+        result = read_trec(path, "coarse")
+    assert [(q.text, q.source) for q in result.rows] == [("What is a  golden parachute ?", f"{path}:1"),
+                                                         ("What city is the Louvre in ?", f"{path}:2")]
+    assert not result.rejected and "line(s) 1 hold a carriage return" in caplog.text
+
+
 def test_trec_malformed_lines_are_rejected_with_line_and_reason(tmp_path):
     path = write(tmp_path, "t.label", b"NUM:How count many innings ?\nno label here\nHUM:ind Who ?\n")
     result = read_trec(path, "fine")
@@ -239,12 +248,12 @@ def test_fetch_verifies_checksums_and_never_keeps_a_bad_download(tmp_path):
 
     good = b"DESC:def What is it ?\n"
     files = [RemoteFile("trec/x.label", "https://example.invalid/x", hashlib.sha256(good).hexdigest())]
-    assert fetch(tmp_path, files, opener=lambda url: io.BytesIO(good)) == [tmp_path / "trec/x.label"]
+    assert fetch(tmp_path, files, opener=lambda url, timeout: io.BytesIO(good) if timeout == 60.0 else None) == [tmp_path / "trec/x.label"]
     assert verify(tmp_path, files) == {"trec/x.label": True}
-    assert fetch(tmp_path, files, opener=lambda url: pytest.fail("no download when the checksum matches")) == []
+    assert fetch(tmp_path, files, opener=lambda url, timeout: pytest.fail("no download when the checksum matches")) == []
     (tmp_path / "trec/x.label").write_bytes(b"tampered")
     with pytest.raises(ChecksumMismatch):
-        fetch(tmp_path, files, opener=lambda url: io.BytesIO(b"also wrong"))
+        fetch(tmp_path, files, opener=lambda url, timeout: io.BytesIO(b"also wrong"))
     assert (tmp_path / "trec/x.label").read_bytes() == b"tampered"  # the atomic write left nothing half-done
     assert [p.name for p in (tmp_path / "trec").iterdir()] == ["x.label"]
 
@@ -436,6 +445,30 @@ def test_a_stray_quote_is_an_error_naming_its_line_not_rows_merged_or_quotes_dro
     path.write_text(content)
     with pytest.raises(ReaderError, match=rf"stray.csv, line {line}\b.*malformed CSV"):
         read_table(path, "text", "label")
+
+
+def test_rows_swallowed_by_a_quote_that_a_comma_closes_are_rejected_not_read_as_one_question(tmp_path):
+    """csv's strict mode misses a stray quote followed by a comma (`12",NUM`): the rows since the quote opened read
+    as one question labeled as the last. A line inside a quoted field that is a whole row of its own says so."""
+    table = tmp_path / "table.csv"
+    table.write_text('text,label\n"Jaws is by whom?,HUM\nWhat does LOL mean?,DESC\nHow big is a pizza of 12",NUM\n'
+                     'ok,a\n"How are you,\nfriend?",HUM\n')
+    result = read_table(table, "text", "label")
+    assert [(q.text, q.source) for q in result.rows] == [("ok", f"{table}:5"), ("How are you,\nfriend?", f"{table}:6")]
+    rejected, = result.rejected
+    assert rejected.line == 2 and rejected.reason.startswith("a quoted field runs from line 2 to 4, and its line 2 reads "
+                                                             "as a row of its own ('Jaws is by whom?,HUM')")
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text('ok,a\n"Jaws is by whom?,HUM\nHow big is 12",NUM\n')
+    result = read_headerless_pairs(pairs)
+    assert [q.text for q in result.rows] == ["ok"] and [r.line for r in result.rejected] == [2]
+
+
+def test_a_rejected_records_content_keeps_its_quoting(tmp_path):
+    table = tmp_path / "table.csv"
+    table.write_text('text,label\n"Where is Paris, France?",LOC,extra\n')
+    rejected, = read_table(table, "text", "label").rejected
+    assert rejected.content == '"Where is Paris, France?",LOC,extra'  # three fields, not four
 
 
 def test_the_header_is_the_first_line_that_is_not_blank_and_may_not_repeat_a_column(tmp_path):

@@ -116,6 +116,19 @@ def test_a_condition_reads_this_trials_value_wherever_its_dimension_is_listed():
         "stage_two.loss": "bpr"}
 
 
+def test_a_chain_of_conditions_reads_this_trials_value_at_every_link():
+    # smoothing when the loss is sdml, the loss searched only with cosine: listed last link first
+    space = {"stage_two.smoothing": SearchDimension(low=0.0, high=0.3, when={"stage_two.loss": "sdml"}),
+             "stage_two.loss": SearchDimension(choices=["nt_xent", "sdml"], when={"model.similarity": "cosine"}),
+             "model.similarity": SearchDimension(choices=["cosine", "inner"])}
+    base = {"stage_two.loss": "nt_xent", "model.similarity": "inner", "stage_two.smoothing": 0.0}
+    cosine = optuna.trial.FixedTrial({"model.similarity": "cosine", "stage_two.loss": "sdml", "stage_two.smoothing": 0.1})
+    assert sample_overrides(cosine, space, base) == {"model.similarity": "cosine", "stage_two.loss": "sdml",
+                                                     "stage_two.smoothing": 0.1}
+    inner = optuna.trial.FixedTrial({"model.similarity": "inner"})
+    assert sample_overrides(inner, space, {**base, "model.similarity": "cosine"}) == {"model.similarity": "inner"}
+
+
 def test_integer_or_float_sampling_follows_the_param_not_the_yaml_bounds():
     space = {"stage_two.margin": SearchDimension(low=0, high=1), "mine.k": SearchDimension(low=2, high=12.0)}
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
@@ -164,6 +177,7 @@ def test_the_reporter_prunes_when_the_pruner_says_so():
 
     class Trial:
         reported: list = []
+        user_attrs: dict = {}
 
         def report(self, value, step):
             self.reported.append((step, value))
@@ -178,6 +192,13 @@ def test_the_reporter_prunes_when_the_pruner_says_so():
     with pytest.raises(optuna.TrialPruned):
         reporter("stage_two", EpochRecord(1, 1.0, 0.5, 0.4, 1.0))
     assert trial.reported == [(1, 0.6), (Params().stage_one.epochs + 1, 0.6)]  # the best so far, on one step axis
+
+    baseline = Trial()
+    baseline.reported, baseline.user_attrs = [], {"baseline": True}
+    reporter = EpochReporter(baseline, Params(), Tracker(None))
+    for epoch in (1, 2, 3):  # reported, never pruned: it is queued once, and the summary measures the search by it
+        reporter("stage_one", EpochRecord(epoch, 1.0, 0.5, 0.6, 1.0))
+    assert len(baseline.reported) == 3
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.server)])
@@ -520,6 +541,27 @@ def test_a_dimension_added_to_or_removed_from_a_study_is_named_as_such(tmp_path,
     check_study_base(older, params, base)
     with pytest.raises(ConfigError, match=r"data.max_rejected_fraction: None there, 0.5 here"):
         check_study_base(older, params, {**base, "data.max_rejected_fraction": 0.5})
+
+
+def test_a_refused_worker_leaves_the_study_as_it_found_it(tmp_path, tiny_model_dir):
+    """A worker with a dimension the study never searched, refused for its dataset, recorded that dimension as
+    searched there first: a right worker was then refused ("searched there, fixed here")."""
+    from tqc.config import flatten
+    from tqc.tune import join_study
+
+    params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir))
+    study = optuna.create_study(study_name="s", direction="maximize")
+    base = flatten(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))
+    join_study(study, params, base, "digest")
+    recorded = dict(study.user_attrs)
+    searched = {**params.tune.space, "stage_two.weight_decay": SearchDimension(low=0.0, high=0.1)}
+    mistaken = params.model_copy(update={"tune": params.tune.model_copy(update={"space": searched})})
+    with pytest.raises(ConfigError, match="searched here"):
+        join_study(study, mistaken, {**base, "data.dataset": "trec50"}, "digest")
+    with pytest.raises(ConfigError, match="other data"):
+        join_study(study, params, base, "other digest")
+    assert study.user_attrs == recorded
+    join_study(study, params, base, "digest")  # the right worker still joins
 
 
 def test_reports_are_replaced_only_once_every_figure_is_in_hand(tmp_path, monkeypatch):

@@ -32,6 +32,7 @@ from tqc.scoring import Scorer, scorer_for, trained_folders, trained_models
 from tqc.stages import augment
 from tqc.stages import prior as prior_stage
 from tqc.stages.ingest import stratified_split
+from tqc.text import normalise
 from tqc.tracking import git_commit
 from tqc.training import catalog_scores, gold_indices
 
@@ -169,7 +170,8 @@ def score_chain(outputs: ChainOutputs, params: Params, data_dir: Path, splits: d
 def resplit(params: Params, data_dir: Path, seed: int, out_dir: Path) -> Path:
     """The validated train ∪ validation rows split again with `seed` (ingest's stratified split) → the data folder."""
     rows = load_questions(data_dir / "train.jsonl") + load_questions(data_dir / "validation.jsonl")
-    train, validation = stratified_split(rows, params.data.validation_fraction, seed)
+    standard_questions = frozenset(normalise(text) for text in Catalog.load(data_dir / "catalog.jsonl").texts)
+    train, validation = stratified_split(rows, params.data.validation_fraction, seed, standard_questions)
     out_dir.mkdir(parents=True)
     shutil.copyfile(data_dir / "catalog.jsonl", out_dir / "catalog.jsonl")
     save_questions(out_dir / "train.jsonl", train)

@@ -27,9 +27,11 @@ def stratified_split(
 
     Each class with at least 3 rows gives max(1, round(fraction·n)) rows to validation, so
     early stopping sees every class; rarer classes stay whole in train. A row whose text (`normalise`d)
-    is in `held_out_texts` (the test questions) is never drawn for validation: validate would quarantine
-    it there as leakage and leave its class with fewer validation rows, or none. Where no drawn row is
-    one, the split is the one drawn without them.
+    is in `held_out_texts` is never drawn for validation: a test question (validate would quarantine it
+    there as leakage and leave its class with fewer validation rows, or none), or a standard question of
+    the catalog (COVID-Q classes' texts are training questions: matched word for word, such a validation
+    row would judge nothing, and a third of that validation split was one). Where no drawn row is one,
+    the split is the one drawn without them.
     """
     by_class: dict[str, list[LabeledQuestion]] = defaultdict(list)
     for question in questions:
@@ -48,14 +50,15 @@ def stratified_split(
 
 
 def validation_split(params: DataParams, official_train: list[LabeledQuestion], seed: int,
-                     test: list[LabeledQuestion] = ()) -> tuple[list[LabeledQuestion], list[LabeledQuestion], list[RejectedRow]]:
+                     test: list[LabeledQuestion] = (), standard_questions: list[str] = ()
+                     ) -> tuple[list[LabeledQuestion], list[LabeledQuestion], list[RejectedRow]]:
     """(train, validation, the validation file's rejected rows): `data.validation_file` whole when set,
     the official train then training whole; otherwise a stratified split carved out of train, never
-    drawing a question that is also in `test`."""
+    drawing a question that is also in `test` or is one of the catalog's `standard_questions`."""
     given = read_validation(params)
     if given is None:
-        test_texts = frozenset(normalise(q.text) for q in test)
-        return *stratified_split(official_train, params.validation_fraction, seed, test_texts), []
+        held_out = frozenset(normalise(text) for text in [*(q.text for q in test), *standard_questions])
+        return *stratified_split(official_train, params.validation_fraction, seed, held_out), []
     return official_train, given.rows, given.rejected
 
 
@@ -191,7 +194,8 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
     added, added_classes = read_additions(Path(params.additions) if params.additions else None)
     official_train = long_tail(splits.train.rows, params.imbalance_ratio, seed) if params.imbalance_ratio else splits.train.rows
     left_out = len(splits.train.rows) - len(official_train)  # by data.imbalance_ratio, on purpose: counted, not quarantined
-    train, validation, validation_rejected = validation_split(params, official_train, seed, splits.test.rows)
+    train, validation, validation_rejected = validation_split(params, official_train, seed, splits.test.rows,
+                                                              splits.catalog.texts)
     # The validation file's questions are candidate origins too, and so are the added questions (some of them are held
     # out by stable_split), so a row made from a held-out question is never trained on (usable_generated)
     held_out = validation if params.validation_file else []
