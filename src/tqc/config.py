@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DatasetName = Literal["trec6", "trec50", "covidq-categories", "covidq-classes", "custom"]
@@ -482,14 +481,21 @@ class Params(Strict):
 
     @model_validator(mode="after")
     def _two_rows_per_process(self) -> "Params":
-        processes = self.distributed.nproc_per_node
+        problem = self.rows_per_process_problem(self.distributed.nproc_per_node, "distributed.nproc_per_node")
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    def rows_per_process_problem(self, processes: int, named: str) -> str:
+        """Why batches split `processes` ways leave a process with fewer than two rows ("" when none does): such a
+        process has no in-batch negative, or no loss at all. Checked at load for `distributed.nproc_per_node`, and
+        again once joined, for the world size of a torchrun the user started (several nodes)."""
         small = {name: getattr(self, name).batch_size for name in ("stage_one", "stage_two", "baseline_nc")
                  if getattr(self, name).batch_size < 2 * processes}
-        if processes > 1 and small:  # a process with one row (or none) has no in-batch negative, or no loss at all
-            raise ValueError(f"distributed.nproc_per_node is {processes}, so every batch is split {processes} ways, and "
-                             f"each process needs at least two rows: raise {', '.join(f'{n}.batch_size ({b})' for n, b in small.items())} "
-                             f"to at least {2 * processes}")
-        return self
+        if processes <= 1 or not small:
+            return ""
+        return (f"{named} is {processes}, so every batch is split {processes} ways, and each process needs at least two "
+                f"rows: raise {', '.join(f'{n}.batch_size ({b})' for n, b in small.items())} to at least {2 * processes}")
 
     @model_validator(mode="after")
     def _file_augmentation_needs_its_file(self) -> "Params":
@@ -573,11 +579,27 @@ class ConfigError(ValueError):
     pass
 
 
+class YAMLError(ValueError):
+    """Text that is not YAML; the message says where."""
+
+
+def read_yaml(text: str):
+    """YAML 1.2, as DVC reads and writes params.yaml: `5e-05` (how `dvc exp run -S` writes a small learning rate)
+    is a number, where PyYAML's YAML 1.1 reads it as a string, which the strict params refuse; `yes` is text."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError as RuamelError
+
+    try:
+        return YAML(typ="safe", pure=True).load(text)
+    except RuamelError as exc:
+        raise YAMLError(" ".join(str(exc).split())) from None
+
+
 def load_params(path: str | Path = "params.yaml", overrides: dict | None = None) -> Params:
     """Read and check `params.yaml`; `overrides` is a nested dict merged on top."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
+        raw = read_yaml(path.read_bytes().decode("utf-8")) or {}
     except FileNotFoundError:
         raise ConfigError(f"{path}: parameters file not found") from None
     except OSError as exc:  # a folder, or no permission to read it
@@ -585,7 +607,7 @@ def load_params(path: str | Path = "params.yaml", overrides: dict | None = None)
     except UnicodeDecodeError as exc:
         line = exc.object[:exc.start].count(b"\n") + 1
         raise ConfigError(f"{path}: line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x})") from None
-    except yaml.YAMLError as exc:
+    except YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the parameters file must be a mapping of sections (seed, data, …), "

@@ -161,9 +161,12 @@ def read_trec(path: Path, granularity: str) -> ReadResult:
     """TREC `COARSE:fine question text` lines; TREC-6 keeps the coarse label, TREC-50 the full one."""
     result = ReadResult()
     text = decode_file(path)
-    # A lone CR before a label ends a line (an old-Mac line in the file); one inside a question is a stray, read as a
-    # space: a line break there would keep half a question and shift every later line number
-    strays = [match.start() for match in TREC_STRAY_CR.finditer(text)]
+    # In a file whose lines end in LF, a lone CR before a label ends a line (an old-Mac line pasted in); one inside a
+    # question is a stray, read as a space: a line break there would keep half a question and shift every later line
+    # number. A file whose lines end in CR keeps each CR as its line break.
+    lone = len(BARE_CR.findall(text))
+    lf_file = bool(lone) and _lines_end_in_lf(text, lone, header=False)
+    strays = [match.start() for match in TREC_STRAY_CR.finditer(text)] if lf_file else []
     if strays:
         text = TREC_STRAY_CR.sub(" ", text)  # the same length: the offsets hold
         lines = sorted({len(LINE_BREAK.findall(text, 0, offset)) + 1 for offset in strays})
@@ -256,17 +259,19 @@ def _as_csv(fields: list[str]) -> str:
     return buffer.getvalue()
 
 
-def _swallowed_rows(fields: list[str], columns: int, start_line: int) -> str:
+def _swallowed_rows(fields: list[str], columns: int, start_line: int, label_index: int, labels: set[str]) -> str:
     """Why a record looks like rows swallowed by a quote never closed ("" when it does not): a line inside one of its
-    quoted fields reads as a whole row of `columns` cells (`What does LOL mean?,DESC`). csv's strict mode catches a
-    stray quote only where a letter follows it; one that a comma follows (`a pizza of 12",NUM`) closes a field that
-    began rows earlier, and every row between would become one question with the last one's label."""
+    quoted fields reads as a whole row of `columns` cells ending in a label the file's one-line rows use
+    (`What does LOL mean?,DESC`). csv's strict mode catches a stray quote only where a letter follows it; one that a
+    comma follows (`a pizza of 12",NUM`) closes a field that began rows earlier, and every row between would become one
+    question with the last one's label. A real question over two lines (`"Hi, I have a fever\nshould I get tested?"`)
+    has no label there."""
     lines_before = 0
     for field in fields:
         segments = field.split("\n")
         for number, segment in enumerate(segments[:-1]):  # the last one goes on with the record's next cell
             cells = next(csv.reader([segment]), [])
-            if len(cells) == columns and all(cell.strip() for cell in cells):
+            if len(cells) == columns and all(cell.strip() for cell in cells) and cells[label_index].strip() in labels:
                 end = start_line + sum(f.count("\n") for f in fields)
                 return (f"a quoted field runs from line {start_line} to {end}, and its line {start_line + lines_before + number} "
                         f"reads as a row of its own ({segment!r}): a quote never closed? (rejected, not read as one question)")
@@ -274,13 +279,21 @@ def _swallowed_rows(fields: list[str], columns: int, start_line: int) -> str:
     return ""
 
 
+def _one_line_labels(records: list[tuple[int, list[str]]], columns: int, label_index: int) -> set[str]:
+    """The labels of the records that fit on one line: what a swallowed row would end in."""
+    return {fields[label_index].strip() for _, fields in records
+            if len(fields) == columns and not any("\n" in field for field in fields)}
+
+
 def read_headerless_pairs(path: Path) -> ReadResult:
     """COVID-Q split files: no header, two columns (question, label)."""
     result = ReadResult()
-    for line_number, fields in _csv_records(path):
+    records = _csv_records(path)
+    labels = _one_line_labels(records, 2, 1)
+    for line_number, fields in records:
         if _blank(fields):
             continue
-        swallowed = _swallowed_rows(fields, 2, line_number)
+        swallowed = _swallowed_rows(fields, 2, line_number, 1, labels)
         if swallowed:
             result.rejected.append(RejectedRow(str(path), line_number, swallowed, _as_csv(fields)))
             continue
@@ -368,8 +381,11 @@ def _csv_dict_records(path: Path, columns: list[str]) -> list[tuple[int, dict | 
     if missing:
         raise ReaderError(f"{path}, line {header_line}: missing column(s) {missing}: the header has {header}")
     rows = []
+    # a label column to tell rows swallowed by an unclosed quote from a question over several lines (none: texts only)
+    label_index = header.index(columns[1]) if len(columns) > 1 else None
+    labels = _one_line_labels(records[1:], len(header), label_index) if label_index is not None else set()
     for line_number, fields in records[1:]:
-        swallowed = _swallowed_rows(fields, len(header), line_number)
+        swallowed = _swallowed_rows(fields, len(header), line_number, label_index, labels) if labels else ""
         if swallowed:
             rows.append((line_number, _Unusable(swallowed), _as_csv(fields)))
             continue

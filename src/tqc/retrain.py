@@ -218,9 +218,13 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged
         return outcome
     known = dict(current)
     new = [q for q in added if q.class_id not in known]
-    kept = [q for q in added if q.class_id in known]  # a standard question is not changed by a delivery: said, row by row
+    # A class the catalog has keeps its standard question: a delivery adds classes. A row repeating it (a whole catalog
+    # delivered again) changes nothing; one giving it another text is quarantined, row by row, so it is not lost unsaid
+    kept = [q for q in added if q.class_id in known and normalise(q.text) != normalise(known[q.class_id])]
     outcome.read, outcome.accepted, outcome.quarantined = len(added), len(new), len(kept)
-    outcome.reason = f"{len(kept)} class id(s) already in the catalog kept their text (quarantined)" if kept else ""
+    repeated = len(added) - len(new) - len(kept)
+    outcome.reason = "; ".join(([f"{repeated} known class(es) as the catalog has them"] if repeated else []) +
+                               ([f"{len(kept)} known class(es) with another text kept theirs (quarantined)"] if kept else []))
     staged.quarantined_rows.extend(quarantine_record(str(incoming.path), incoming.sha256, {
         "line": None, "expectations": ["new_class"],  # the row is named by its class id
         "reason": f"class {q.class_id!r} already has the standard question {known[q.class_id]!r}; a delivery adds "
@@ -417,7 +421,7 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
     # Written before anything changes: a commit killed midway runs no except clause below, and the next run rolls
     # it back from the journal (`roll_back_interrupted_commit`) before it picks anything up
     journal = CommitJournal.begin(journal_dir(params.retrain), before, dvc_written)
-    archived = journal.moves  # (inbox path, archived as), to move back; each one journaled before it is made
+    archived = journal.moves  # (inbox path, archived as, sha256), to move back; each one journaled before it is made
     try:
         for name in names:
             with atomic_path(raw / name) as tmp:
@@ -441,16 +445,16 @@ def journal_dir(params: RetrainParams) -> Path:
 
 
 class JournaledMoves(list):
-    """The commit's archive moves, (inbox path, archived as); each appended to the journal's file, flushed to disk,
-    before `archive` makes it."""
+    """The commit's archive moves, (inbox path, archived as, the file's sha256); each appended to the journal's file,
+    flushed to disk, before `archive` makes it."""
 
     def __init__(self, path: Path):
         super().__init__()
         self.path = path
 
-    def append(self, move: tuple[Path, Path]) -> None:
+    def append(self, move: tuple[Path, Path, str]) -> None:
         with self.path.open("a", encoding="utf-8") as file:
-            file.write(json.dumps({"inbox": str(move[0]), "archived_as": str(move[1])}) + "\n")
+            file.write(json.dumps({"inbox": str(move[0]), "archived_as": str(move[1]), "sha256": move[2]}) + "\n")
             file.flush()
             os.fsync(file.fileno())
         super().append(move)
@@ -495,11 +499,16 @@ class CommitJournal:
                 move = json.loads(line)
             except json.JSONDecodeError:  # cut by the kill while it was written: that move was not made yet
                 continue
-            list.append(moves, (Path(move["inbox"]), Path(move["archived_as"])))
+            list.append(moves, (Path(move["inbox"]), Path(move["archived_as"]), move["sha256"]))
         return cls(directory, before, [Path(p) for p in recorded["dvc_written"]], moves)
 
     def close(self) -> None:
-        shutil.rmtree(self.directory)
+        """Gone at once (renamed, then deleted): a kill while deleting it leaves a folder `found` and `begin` do
+        not mistake for a journal, not half of one."""
+        closed = self.directory.with_name(f"{self.directory.name}.closed")
+        shutil.rmtree(closed, ignore_errors=True)
+        self.directory.rename(closed)
+        shutil.rmtree(closed)
 
 
 def roll_back_interrupted_commit(params: RetrainParams) -> bool:
@@ -522,9 +531,13 @@ def repeat_outcome(incoming: Incoming) -> FileOutcome:
                        reason="already processed (same sha256)")
 
 
-def _roll_back(before: dict[Path, bytes | None], archived: list[tuple[Path, Path]], dvc_files: list[Path]) -> None:
-    for inbox_path, archived_as in reversed(archived):
-        if archived_as.exists():  # not there: the move was journaled and then not made, or already undone
+def _roll_back(before: dict[Path, bytes | None], archived: list[tuple[Path, Path, str]], dvc_files: list[Path]) -> None:
+    for inbox_path, archived_as, digest in reversed(archived):
+        if not archived_as.exists():  # the move was journaled and then not made, or already undone
+            continue
+        if inbox_path.exists() and sha256(inbox_path) == digest:  # a copy to another disk cut short: the file stayed
+            archived_as.unlink()
+        else:
             shutil.move(str(archived_as), _free_name(inbox_path))
     for path, content in before.items():
         if content is None:
@@ -562,7 +575,7 @@ def _restage(paths: list[Path]) -> None:
 
 
 def archive(incoming: Incoming, outcome: FileOutcome, params: RetrainParams,
-            archived: list[tuple[Path, Path]] | None = None) -> dict:
+            archived: list[tuple[Path, Path, str]] | None = None) -> dict:
     """Move a processed file out of the inbox and record it; the manifest write is atomic. A failure after the move
     (the manifest's write) leaves the move in `archived`, for the commit's roll-back to undo.
 
@@ -584,7 +597,7 @@ def archive(incoming: Incoming, outcome: FileOutcome, params: RetrainParams,
         # Recorded for the roll-back as soon as it moves, so a failure from here on (the hash, the move back) puts
         # it back in the inbox instead of leaving it in the archive unrecorded.
         moves = archived if archived is not None else []
-        moves.append((incoming.path, target))  # before the move: a journal then holds every move a kill may leave
+        moves.append((incoming.path, target, incoming.sha256))  # before the move: a journal holds every move a kill leaves
         shutil.move(str(incoming.path), target)
         not_moved = None if sha256(target) == incoming.sha256 else changed
         if not_moved:

@@ -33,7 +33,8 @@ import torch
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from tqc.config import ConfigError, Params, SearchDimension, flatten, problems, redact_secrets, redact_text, unflatten
+from tqc.config import (ConfigError, Params, SearchDimension, YAMLError, flatten, problems, read_yaml, redact_secrets,
+                        redact_text, unflatten)
 from tqc.io import atomic_path, write_json
 from tqc.pipeline import PreparedData, prepare_data, train_chain
 from tqc.schema import Catalog
@@ -634,11 +635,16 @@ def _plots(study, out_dir: Path) -> None:
 
 def _layout_keeping_yaml():
     """ruamel round-trip YAML that rewrites nothing but the values set: no re-wrapping of long flow
-    lists, quotes and `null` kept, floats with a dot (1.0e-05: PyYAML, which load_params uses,
-    reads 1e-05 as a string)."""
+    lists, quotes and `null` kept, floats with a dot (1.0e-05: YAML 1.1 readers, PyYAML among them, read 1e-05
+    as a string)."""
     from ruamel.yaml import YAML
+    from ruamel.yaml.representer import RoundTripRepresenter
+
+    class Representer(RoundTripRepresenter):  # add_representer writes to its class: this one's, not every ruamel user's
+        pass                                   # in the process (DVC's `exp run -S` writes params.yaml with it too)
 
     editor = YAML()
+    editor.Representer = Representer
     editor.width = 1_000_000
     editor.preserve_quotes = True
     editor.representer.add_representer(type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null"))
@@ -680,9 +686,9 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
     from io import StringIO
 
     try:
-        best = yaml.safe_load(best_params_file.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{best_params_file}: not YAML ({' '.join(str(exc).split())})") from None
+        best = read_yaml(best_params_file.read_text(encoding="utf-8")) or {}
+    except YAMLError as exc:
+        raise ConfigError(f"{best_params_file}: not YAML ({exc})") from None
     if not isinstance(best, dict):
         raise ConfigError(f"{best_params_file}: expected params.yaml's layout (section: {{key: value}}), "
                           f"not a {type(best).__name__}")
@@ -703,7 +709,7 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
     text = StringIO()
     editor.dump(document, text)
     try:
-        Params.model_validate(yaml.safe_load(text.getvalue()))
+        Params.model_validate(read_yaml(text.getvalue()))
     except ValidationError as exc:  # refuse before touching params.yaml
         raise ConfigError(f"{best_params_file}: applying it would make {params_file} invalid:\n{problems(exc)}") from None
     with atomic_path(params_file) as tmp:

@@ -1,9 +1,12 @@
 import math
 import re
+from pathlib import Path
 
 import pytest
 
 from tqc.config import ConfigError, Params, load_params
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_repository_params_are_valid():
@@ -444,3 +447,16 @@ def test_set_on_ablate_is_refused_for_params_no_cell_reads(tmp_path, capsys):
     with pytest.raises(ConfigError, match="reach no experiment"):
         cli._refuse_what_no_cell_reads(["ablate.seeds=[0]", "tracking.uri=sqlite:///x.db"])
     cli._refuse_what_no_cell_reads(["ablate.seeds=[0, 1]", "data.data_dir=/data"])  # what ablate itself reads
+
+
+def test_a_small_float_as_dvc_exp_run_writes_it_is_a_number(tmp_path):
+    """`dvc exp run -S stage_two.learning_rate=5e-5` writes `5e-05` (ruamel, YAML 1.2); PyYAML's YAML 1.1 read it as the
+    string '5e-05', which the strict params refused: every stage of that experiment failed."""
+    from dvc.utils.hydra import apply_overrides
+
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text((ROOT / "params.yaml").read_text())
+    apply_overrides(params_file, ["stage_two.learning_rate=5e-5", "stage_one.temperature=0.00005"])
+    assert "5e-05" in params_file.read_text()
+    params = load_params(params_file)
+    assert params.stage_two.learning_rate == 5e-5 and params.stage_one.temperature == 5e-5

@@ -44,6 +44,9 @@ def test_a_stray_carriage_return_in_a_trec_line_is_a_space_not_a_line_break(tmp_
     assert [(q.text, q.source) for q in result.rows] == [("What is a  golden parachute ?", f"{path}:1"),
                                                          ("What city is the Louvre in ?", f"{path}:2")]
     assert not result.rejected and "line(s) 1 hold a carriage return" in caplog.text
+    old_mac = write(tmp_path, "mac.label", b"DESC:def What is X ?\rgarbage line with no label\rNUM:count How many ?\r")
+    result = read_trec(old_mac, "coarse")  # lines end in CR: each is a line break, and the garbage line is rejected
+    assert [q.source for q in result.rows] == [f"{old_mac}:1", f"{old_mac}:3"] and [r.line for r in result.rejected] == [2]
 
 
 def test_trec_malformed_lines_are_rejected_with_line_and_reason(tmp_path):
@@ -452,16 +455,22 @@ def test_rows_swallowed_by_a_quote_that_a_comma_closes_are_rejected_not_read_as_
     as one question labeled as the last. A line inside a quoted field that is a whole row of its own says so."""
     table = tmp_path / "table.csv"
     table.write_text('text,label\n"Jaws is by whom?,HUM\nWhat does LOL mean?,DESC\nHow big is a pizza of 12",NUM\n'
-                     'ok,a\n"How are you,\nfriend?",HUM\n')
+                     'who is it,HUM\n"How are you,\nfriend?",HUM\nwhat is it,DESC\n')
     result = read_table(table, "text", "label")
-    assert [(q.text, q.source) for q in result.rows] == [("ok", f"{table}:5"), ("How are you,\nfriend?", f"{table}:6")]
+    assert [(q.text, q.source) for q in result.rows] == [("who is it", f"{table}:5"), ("How are you,\nfriend?", f"{table}:6"),
+                                                         ("what is it", f"{table}:8")]
     rejected, = result.rejected
     assert rejected.line == 2 and rejected.reason.startswith("a quoted field runs from line 2 to 4, and its line 2 reads "
                                                              "as a row of its own ('Jaws is by whom?,HUM')")
     pairs = tmp_path / "pairs.csv"
-    pairs.write_text('ok,a\n"Jaws is by whom?,HUM\nHow big is 12",NUM\n')
+    pairs.write_text('ok,HUM\n"Jaws is by whom?,HUM\nHow big is 12",NUM\n')
     result = read_headerless_pairs(pairs)
     assert [q.text for q in result.rows] == ["ok"] and [r.line for r in result.rejected] == [2]
+    # a question over two lines whose first line holds a comma: no label there, so one real question
+    fever = tmp_path / "fever.csv"
+    fever.write_text('question,label\nwho is it,Testing\n"Hi, I have a fever\nshould I get tested?",Testing\n')
+    result = read_table(fever, "question", "label")
+    assert [q.text for q in result.rows] == ["who is it", "Hi, I have a fever\nshould I get tested?"] and not result.rejected
 
 
 def test_a_rejected_records_content_keeps_its_quoting(tmp_path):

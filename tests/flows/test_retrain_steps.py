@@ -414,13 +414,16 @@ def test_a_delivery_that_adds_nothing_writes_no_empty_additions_file_that_ingest
     steps.commit(load_params(project / "params.yaml"), staged, files, [])
     drop(project, "again.csv", [(known, "LOC")])  # a duplicate only: nothing accepted
     drop(project, "catalog-known.csv", [])
-    (project / "data" / "incoming" / "catalog-known.csv").write_text("class_id,text\nHUM,who is it?\n")
+    (project / "data" / "incoming" / "catalog-known.csv").write_text(  # the whole catalog again, with one text changed
+        "class_id,text\nHUM,who is it?\nLOC,Where is the place?\nNUM,how many are there?\n")
     params = load_params(project / "params.yaml")
     files, _ = steps.pick_up(params.retrain)
     staged = steps.stage(files, params, Path(params.retrain.work_dir))
     assert not staged.accepted
     known_class, = [q for q in staged.quarantined_rows if q["expectations"] == ["new_class"]]
     assert known_class["content"] == {"class_id": "HUM", "text": "who is it?"} and "already has the standard" in known_class["reason"]
+    assert outcome_of(staged, "catalog-known.csv").reason == ("2 known class(es) as the catalog has them; 1 known class(es) "
+                                                             "with another text kept theirs (quarantined)")
     assert ingested_data(steps._with_additions(params, staged.raw), Path(params.retrain.work_dir) / "check").exists()
 
 
@@ -444,3 +447,19 @@ def test_an_inbox_file_that_cannot_be_read_is_left_there_and_the_others_go_on(pr
 def added_rows_of(staged: steps.Staged) -> list[dict]:
     path = staged.raw / "labeled.jsonl"
     return read_jsonl(path) if path.exists() else []
+
+
+def test_a_journal_is_gone_at_once_when_closed_and_a_copy_cut_short_is_not_put_back_as_a_delivery(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    directory = tmp_path / "work" / "commit-journal"
+    journal = steps.CommitJournal.begin(directory, {tmp_path / "absent.jsonl": None}, [])
+    (tmp_path / "work" / "commit-journal.closed").mkdir()  # what a kill while deleting an earlier one leaves
+    journal.close()
+    assert not directory.exists() and not (tmp_path / "work" / "commit-journal.closed").exists()
+
+    inbox, archive = tmp_path / "inbox", tmp_path / "archive"
+    inbox.mkdir(), archive.mkdir()
+    (inbox / "a.csv").write_text("question,label\nwho is it,HUM\nwhere is it,LOC\n")
+    (archive / "a.csv").write_text("question,label\nwho is it,HU")  # a copy to another disk, killed midway
+    steps._roll_back({}, [(inbox / "a.csv", archive / "a.csv", steps.sha256(inbox / "a.csv"))], [])
+    assert [p.name for p in inbox.iterdir()] == ["a.csv"] and not any(archive.iterdir())

@@ -242,6 +242,24 @@ def test_a_left_padded_question_encodes_as_it_does_alone(tiny_model_dir, pass_ro
     assert torch.allclose(in_passes, alone, atol=1e-5)
 
 
+def test_a_left_padded_question_encodes_as_alone_in_a_backbone_that_counts_positions_from_its_padding_index(tiny_model_dir):
+    """RoBERTa, XLM-R, MPNet number positions from padding_idx + 1: ids counted from 0 moved every question."""
+    from transformers import AutoTokenizer, RobertaConfig, RobertaModel
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    tokenizer.padding_side = "left"
+    torch.manual_seed(0)
+    config = RobertaConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id)
+    encoder = TextEncoder(RobertaModel(config), tokenizer, "mean", 32).eval()
+    assert encoder.position_padding_idx == tokenizer.pad_token_id
+    with torch.no_grad():
+        together = encoder(MIXED_LENGTHS)
+        tokenizer.padding_side = "right"  # alone, as the backbone numbers positions itself (no ids passed)
+        alone = torch.cat([encoder([text]) for text in MIXED_LENGTHS])
+    assert torch.allclose(together, alone, atol=1e-5)
+
+
 def test_passes_take_right_padding_from_a_tokenizer_that_does_not_name_its_side(tiny_model_dir):
     class BareTokenizer:  # a callable tokenizer with no padding_side attribute, padding on the right
         def __init__(self, tokenizer):

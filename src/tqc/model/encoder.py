@@ -145,8 +145,11 @@ class TextEncoder(nn.Module):
         self.pass_rows = PASS_ROWS
         # BERT-like backbones number positions from the first column, padding or not: with left padding a
         # question's words would sit at other positions than they do alone. Those that take position ids get
-        # them counted from each row's first real token.
+        # them counted from each row's first real token, from where the backbone counts: 0, or for RoBERTa-like
+        # ones (their position embedding has a padding index) padding_idx + 1, as transformers counts them there.
         self.takes_position_ids = "position_ids" in inspect.signature(backbone.forward).parameters
+        positions = getattr(getattr(backbone, "embeddings", None), "position_embeddings", None)
+        self.position_padding_idx = getattr(positions, "padding_idx", None)
 
     @property
     def hidden_size(self) -> int:
@@ -199,7 +202,11 @@ class TextEncoder(nn.Module):
         if augment:
             embeddings = self.augmentation(embeddings)
         if self.takes_position_ids and getattr(self.tokenizer, "padding_side", "right") == "left":
-            batch["position_ids"] = (batch["attention_mask"].cumsum(1) - 1).clamp(min=0)  # (P, T)
+            mask = batch["attention_mask"]  # (P, T)
+            if self.position_padding_idx is None:
+                batch["position_ids"] = (mask.cumsum(1) - 1).clamp(min=0)  # (P, T) 0, 1, … from the first real token
+            else:  # transformers' create_position_ids_from_input_ids: padding at padding_idx, tokens from it + 1
+                batch["position_ids"] = mask.cumsum(1) * mask + self.position_padding_idx  # (P, T)
         states = self.backbone(inputs_embeds=embeddings, **batch).last_hidden_state  # (P, T, D)
         return self.pooling(states, batch["attention_mask"])
 
