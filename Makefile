@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 # Elsewhere, public PyPI's Linux wheel is a CUDA build: for a CPU one,
 #   make run TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
+# Which FAISS build: cpu (faiss-cpu) or gpu (faiss-gpu-cu12, CUDA 12), never both (pyproject.toml)
+FAISS ?= cpu
 
 .PHONY: run test install install-test bench
 
@@ -15,11 +17,11 @@ $(BIN)/python:
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e ".[$(FAISS)]"
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[$(FAISS),test]"
 	touch $@
 
 install: $(VENV)/.installed

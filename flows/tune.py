@@ -10,6 +10,7 @@ under a file lock keyed by `out` (`tqc.tune.reports_lock`), so the last writer's
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -28,10 +29,22 @@ from tqc.config import load_params
 def tune_worker(params_path: str, worker: int, trials: int, overrides: list[str], out: str, work: str) -> str:
     command = [sys.executable, "-m", "tqc.cli", "--params", params_path, *sum((["--set", o] for o in overrides), []),
                "tune", "--worker", str(worker), "--trials", str(trials), "--out", out, "--work", work]
-    returncode, stdout, stderr = run_logging_lines(command, _logger(), f"tune worker {worker}")
+    returncode, stdout, stderr = run_logging_lines(command, _logger(), f"tune worker {worker}", worker_environment(worker))
     if returncode != 0:
         raise RuntimeError(f"tune worker {worker} failed:\n" + "\n".join(stderr))
     return stdout[-1] if stdout else ""
+
+
+def worker_environment(worker: int, gpus: int | None = None) -> dict[str, str] | None:
+    """Worker i's environment on a machine with several GPUs: GPU i mod count alone visible to it, so the workers
+    spread over the machine's GPUs instead of all training on the first (None: this process's environment)."""
+    if gpus is None:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    if gpus <= 1 or "CUDA_VISIBLE_DEVICES" in os.environ:  # one GPU, or a choice the worker's starter made
+        return None
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": str(worker % gpus)}
 
 
 def _logger() -> logging.Logger | logging.LoggerAdapter:
@@ -42,13 +55,13 @@ def _logger() -> logging.Logger | logging.LoggerAdapter:
 
 
 def run_logging_lines(command: list[str], log: logging.Logger | logging.LoggerAdapter, name: str,
-                      kept: int = 40) -> tuple[int, list[str], list[str]]:
+                      env: dict[str, str] | None = None, kept: int = 40) -> tuple[int, list[str], list[str]]:
     """Runs `command`, logging each line it writes as it comes, so a flow run shows its workers' trials and epochs
     while they run, not after; returns the exit status and the last `kept` lines of stdout and of stderr.
 
     The worker's stdout and stderr stay pipes to this process: were it killed, the worker's next write fails and the
     worker ends, instead of running on unseen (tests/flows/test_tune_flow.py)."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     tails: dict[str, deque[str]] = {"stdout": deque(maxlen=kept), "stderr": deque(maxlen=kept)}
     readers = [threading.Thread(target=_log_lines, args=(stream, log, name, tails[label]), daemon=True)
                for label, stream in (("stdout", process.stdout), ("stderr", process.stderr))]

@@ -56,7 +56,8 @@ def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("d
     # Warm-up steps of both stages first, untimed: on a GPU the first steps load kernels and
     # allocate optimizer state, which would otherwise be charged to whichever stage runs first.
     warm_up = {"epochs": 1, "batch_size": batch_size, "max_steps": 3}
-    stage_one.train(model, train_rows, validation, catalog, params.stage_one.model_copy(update=warm_up), params.seed)
+    stage_one.train(model, train_rows, validation, catalog, params.stage_one.model_copy(update=warm_up), params.seed,
+                    augment=params.augment)
     stage_two.train(model, train_rows, torch.as_tensor(negatives), validation, catalog,
                     params.stage_two.model_copy(update=warm_up), params.seed)
     full_epoch = steps_per_epoch(len(train_rows), batch_size, None)
@@ -65,7 +66,9 @@ def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("d
                     steps, len(train_rows), batch_size, full_epoch, full_epoch)
         steps = full_epoch
     common = {"epochs": 1, "batch_size": batch_size, "max_steps": steps}
-    one = stage_one.train(model, train_rows, validation, catalog, params.stage_one.model_copy(update=common), params.seed)
+    # With augment's in-batch terms (prototype mixup, cross-encoding) as the pipeline trains stage one: their cost is its
+    one = stage_one.train(model, train_rows, validation, catalog, params.stage_one.model_copy(update=common), params.seed,
+                          augment=params.augment)
     two = stage_two.train(model, train_rows, torch.as_tensor(negatives), validation, catalog,
                           params.stage_two.model_copy(update=common), params.seed)
     report = {
@@ -104,7 +107,8 @@ def passes(params: Params, steps: int, batch_size: int, train_path: Path, rounds
         return timed()
 
     def train_steps() -> float:
-        return stage_one.train(model, train_rows, validation, catalog, training, params.seed).seconds_per_epoch
+        return stage_one.train(model, train_rows, validation, catalog, training, params.seed,
+                               augment=params.augment).seconds_per_epoch
 
     def encode() -> float:
         started = time.perf_counter()
@@ -135,10 +139,17 @@ def _optimizer_seconds(model: BiEncoder, schedule: StageOneParams, steps: int, f
         p.grad = torch.randn_like(p) * 1e-3
     optimizer = adamw(parameter_groups(nn.ParameterList(copy), schedule.learning_rate), schedule.weight_decay, fused)
     optimizer.step()  # allocates the moments: not timed
+    _wait_for_the_device(copy[0])
     started = time.perf_counter()
     for _ in range(steps):
         optimizer.step()
+    _wait_for_the_device(copy[0])  # a CUDA step returns once queued: the time is the updates', not their launches'
     return time.perf_counter() - started
+
+
+def _wait_for_the_device(tensor: torch.Tensor) -> None:
+    if tensor.device.type == "cuda":
+        torch.cuda.synchronize(tensor.device)
 
 
 def validate_stage(params: Params, dataset: str) -> dict:

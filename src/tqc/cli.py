@@ -137,6 +137,9 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
         logging.getLogger(__name__).info("distributed: launching %s", " ".join(command))
         raise SystemExit(subprocess.call(command))
     distributed.setup(params.distributed.backend)
+    problem = params.rows_per_process_problem(distributed.world_size(), "the world size (WORLD_SIZE)")
+    if problem:  # a user's own torchrun, over several nodes, is not what distributed.nproc_per_node says
+        raise ConfigError(problem)
 
 
 def dispatch(args: argparse.Namespace) -> None:

@@ -43,7 +43,7 @@ def random_insert(words: list[str], n: int, vocabulary: list[str], rng: random.R
 
 
 def augment_text(text: str, vocabulary: list[str], rng: random.Random, alpha: float = 0.1, attempts: int = 4) -> str:
-    """One random operation on ⌈alpha · words⌉ positions (at least one), of those that can change the question, drawn
+    """One random operation on round(alpha · words) positions (at least one), of those that can change the question, drawn
     again (up to `attempts` times) while it leaves the question as it was (a swap of two equal words): a copy is no
     augmentation. A question nothing changes (one word, and no vocabulary to insert from) stays."""
     words = text.split()

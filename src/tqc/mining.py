@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
+from importlib import metadata
 
-import faiss
 import numpy as np
 import torch
 
@@ -25,8 +25,35 @@ log = logging.getLogger(__name__)
 Scorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # questions (B, D), standards (P, D) → (B, P)
 
 
-def build_index(standards: np.ndarray, normalise: bool = True) -> faiss.Index:
+FAISS_BUILDS = ("faiss-cpu", "faiss-gpu-cu12", "faiss-gpu-cu11", "faiss-gpu")  # distributions of the `faiss` package
+
+
+def load_faiss():
+    """The `faiss` package, from one build. faiss-cpu and a GPU build install the same files: with both, Python loads
+    the CPU binary (no GPU index, silently) or `import faiss` fails on a symbol the other build's wrapper expects."""
+    installed = [name for name in FAISS_BUILDS if _installed(name)]
+    if len(installed) > 1:
+        raise RuntimeError(f"FAISS: {' and '.join(installed)} are both installed, and they share the `faiss` package; keep "
+                           f"one: `pip uninstall -y faiss-cpu` for the GPU index (pyproject.toml's gpu extra)")
+    try:
+        import faiss
+    except ImportError:
+        raise ImportError("FAISS is not installed: `make run` installs it (FAISS=cpu, or FAISS=gpu on a GPU machine), "
+                          "as does `pip install -e '.[cpu]'`") from None
+    return faiss
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def build_index(standards: np.ndarray, normalise: bool = True) -> "faiss.Index":
     """Exact inner-product index over standard questions (P, D), L2-normalised for cosine; on a GPU when present."""
+    faiss = load_faiss()
     vectors = np.array(standards, dtype=np.float32, order="C")  # a copy: normalize_L2 works in place
     if normalise:
         faiss.normalize_L2(vectors)
@@ -41,11 +68,11 @@ def build_index(standards: np.ndarray, normalise: bool = True) -> faiss.Index:
     return index
 
 
-def retrieve(index: faiss.Index, questions: np.ndarray, depth: int, normalise: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def retrieve(index: "faiss.Index", questions: np.ndarray, depth: int, normalise: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """questions (N, D) → (similarities (N, depth), class indices (N, depth)), nearest first."""
     vectors = np.array(questions, dtype=np.float32, order="C")  # a copy: normalize_L2 works in place
     if normalise:
-        faiss.normalize_L2(vectors)
+        load_faiss().normalize_L2(vectors)
     return index.search(vectors, depth)
 
 

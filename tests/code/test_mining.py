@@ -155,3 +155,15 @@ def test_a_gpu_index_keeps_its_gpu_resources_alive_as_long_as_it_lives(monkeypat
     del index
     gc.collect()
     assert alive() is None
+
+
+def test_two_faiss_builds_are_refused_by_name(monkeypatch):
+    """faiss-cpu and faiss-gpu-cu12 share the `faiss` package: with both, the CPU binary was loaded and the GPU index
+    silently never built, or `import faiss` failed on a missing GPU symbol."""
+    from tqc import mining
+
+    monkeypatch.setattr(mining, "_installed", lambda name: name in ("faiss-cpu", "faiss-gpu-cu12"))
+    with pytest.raises(RuntimeError, match="faiss-cpu and faiss-gpu-cu12 are both installed.*pip uninstall -y faiss-cpu"):
+        mining.build_index(np.eye(3, dtype=np.float32))
+    monkeypatch.setattr(mining, "_installed", lambda name: name == "faiss-cpu")
+    assert mining.build_index(np.eye(3, dtype=np.float32)).ntotal == 3

@@ -21,8 +21,8 @@ PREFECT = [str(Path(sys.executable).parent / "prefect"), "--no-prompt"]
 
 def deploy_from_a_checkout(checkout: Path, env: dict, *deploy: str) -> None:
     """The README's scale-out commands in `checkout`, given a copy of flows/ and prefect.yaml: the `gpu` process
-    pool, then `prefect deploy` with `deploy`'s arguments. `env` names the server (PREFECT_API_URL) and the
-    checkout the workers run in (TQC_PROJECT_DIR)."""
+    pool, then `prefect deploy` with `deploy`'s arguments. `env` names the server (PREFECT_API_URL); with
+    TQC_PROJECT_DIR unset there, each worker's own names the checkout it runs in."""
     shutil.copytree(REPO / "flows", checkout / "flows")
     shutil.copy(REPO / "prefect.yaml", checkout)
     for command in (["work-pool", "create", "gpu", "--type", "process", "--overwrite"], ["deploy", *deploy]):

@@ -37,8 +37,8 @@ def test_prefect_deploy_puts_the_nightly_training_and_the_hourly_refresh_on_one_
     from prefect.settings import PREFECT_API_URL
 
     checkout = tmp_path / "checkout"  # a copy: `prefect deploy` must not write into the repository
-    deploy_from_a_checkout(checkout, {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(),
-                                      "TQC_PROJECT_DIR": str(checkout)}, "--all")
+    deploying = {k: v for k, v in os.environ.items() if k != "TQC_PROJECT_DIR"}  # as README deploys: unset
+    deploy_from_a_checkout(checkout, {**deploying, "PREFECT_API_URL": PREFECT_API_URL.value()}, "--all")
     assert sorted(p.name for p in checkout.iterdir()) == ["flows", "prefect.yaml"]
 
     with get_client(sync_client=True) as client:
@@ -53,4 +53,5 @@ def test_prefect_deploy_puts_the_nightly_training_and_the_hourly_refresh_on_one_
     assert "mode" in retrain.parameter_openapi_schema["properties"]
     limit = retrain.global_concurrency_limit
     assert limit.limit == 1 and retrain.concurrency_options.collision_strategy == ConcurrencyLimitStrategy.ENQUEUE
-    assert retrain.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(checkout)}}]
+    # the placeholder itself: each worker's TQC_PROJECT_DIR names its checkout when it runs the flow
+    assert retrain.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": "{{ $TQC_PROJECT_DIR }}"}}]

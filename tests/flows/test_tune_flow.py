@@ -128,3 +128,13 @@ def test_a_workers_lines_are_logged_as_they_come_and_a_progress_bar_only_by_its_
                                      "tune worker 1: best validation macro-F1 0.5000"])
     when = {r.getMessage(): r.created for r in caplog.records if r.name == "test.tune.worker"}
     assert when["tune worker 1: best validation macro-F1 0.5000"] - when["tune worker 1: trial 0 started"] > 0.3  # live
+
+
+def test_workers_spread_over_the_machines_gpus(monkeypatch):
+    from flows.tune import worker_environment
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert [worker_environment(worker, gpus=2)["CUDA_VISIBLE_DEVICES"] for worker in range(3)] == ["0", "1", "0"]
+    assert worker_environment(1, gpus=1) is None and worker_environment(1, gpus=0) is None  # the environment as it is
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # the worker's starter chose: kept
+    assert worker_environment(1, gpus=2) is None

@@ -78,10 +78,13 @@ def test_both_stages_train_on_the_gpu_keep_float32_weights_and_score_alike_on_th
 
 
 def test_the_gpu_index_ranks_as_the_cpu_index_does():
-    import faiss
+    from tqc.mining import _installed, load_faiss
 
-    if not (hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0):
-        pytest.skip("this faiss has no GPU support (install the gpu extra: faiss-gpu-cu12)")
+    faiss = load_faiss()
+    gpu_build = any(_installed(name) for name in ("faiss-gpu-cu12", "faiss-gpu-cu11", "faiss-gpu"))
+    if not gpu_build:
+        pytest.skip("faiss-cpu is installed, not a GPU build (make run FAISS=gpu)")
+    assert hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0, "a GPU build is installed, yet faiss has no GPU"
     rng = np.random.default_rng(0)
     standards, questions = rng.normal(size=(50, 32)), rng.normal(size=(200, 32))  # (P, D), (N, D)
     index = build_index(standards)

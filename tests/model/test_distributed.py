@@ -248,3 +248,22 @@ def test_a_disabled_nc_baseline_is_not_launched_under_torchrun_and_only_rank_0_w
     baseline_nc.run(tmp_path, tmp_path / "train.jsonl", None, None, BaselineNCParams(enabled=False), 0,
                     tmp_path / "nc-rank-1", tmp_path / "nc-rank-1.csv")
     assert not (tmp_path / "nc-rank-1").exists() and not (tmp_path / "nc-rank-1.csv").exists()
+
+
+def test_a_users_torchrun_over_several_nodes_is_checked_for_two_rows_a_process(monkeypatch):
+    """distributed.nproc_per_node stays 1 under a torchrun the user starts over nodes: 16 processes of a batch of 16
+    left each one row, and a one-row stage-one process has no in-batch negative."""
+    import argparse
+
+    import pytest
+
+    from tqc import cli, distributed
+    from tqc.config import ConfigError, Params
+
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setattr(distributed, "setup", lambda backend: None)  # joined, as torchrun's processes would be
+    params = Params().with_overrides({"stage_one": {"batch_size": 16}})
+    with pytest.raises(ConfigError, match=r"the world size \(WORLD_SIZE\) is 16, .* stage_one.batch_size \(16\) to at least 32"):
+        cli._join_or_launch(params, argparse.Namespace(argv=["stage-one"], command="stage-one"))
+    cli._join_or_launch(Params().with_overrides({"stage_one": {"batch_size": 32}, "stage_two": {"batch_size": 32},
+                                                 "baseline_nc": {"batch_size": 32}}), argparse.Namespace(argv=["stage-one"]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.conftest import CLASSES, synthetic_questions
@@ -63,6 +64,38 @@ def test_prototype_mixup_adds_the_balanced_term_and_prior_to_the_loss(tiny_model
     with_mixup = first_loss(AugmentParams(implicit=[], prototype_mixup={"enabled": True, "prior_weight": 0.0}))
     assert prior_only != base  # the class prior shifts the logits
     assert with_mixup > base  # the balanced set adds a positive term
+
+
+def test_the_balanced_set_is_scored_without_the_prior_and_its_synthetic_share_reaches_its_end(tiny_model_dir, monkeypatch):
+    """Its labels are uniform: a prior there biased scores toward the tail (its minimiser is −w·log π). Its share
+    follows SharpReCL's t / T for t = 1 … T, so the last step is all synthetic, not (T−1)/T."""
+    shares = []
+    real_balanced_set, real_make_loss = stage_one.balanced_set, stage_one.make_loss
+
+    def recording_set(questions, labels, prototypes, per_class, share, *args, **kwargs):
+        shares.append(share)
+        return real_balanced_set(questions, labels, prototypes, per_class, share, *args, **kwargs)
+
+    def balanced_scores(weight: float) -> list[torch.Tensor]:
+        seen = []
+
+        def recording_loss(*args):
+            loss = real_make_loss(*args)
+            return lambda scores, target, excluded: seen.append(scores.detach().clone()) or loss(scores, target, excluded)
+
+        monkeypatch.setattr(stage_one, "make_loss", recording_loss)
+        torch.manual_seed(0)
+        model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+        params = PARAMS.model_copy(update={"max_steps": 3, "learning_rate": 1e-12})
+        stage_one.train(model, long_tail_rows(), long_tail_rows()[:4], CATALOG, params, seed=0,
+                        augment=AugmentParams(implicit=[], prototype_mixup={"enabled": True, "per_class": 4, "prior_weight": weight}))
+        return [scores for scores in seen if scores.shape[0] == 4 * len(CATALOG)]  # the balanced set's (P·per_class, P)
+
+    monkeypatch.setattr(stage_one, "balanced_set", recording_set)
+    plain, weighted = balanced_scores(0.0), balanced_scores(50.0)
+    assert len(plain) == len(weighted) == 3
+    assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(plain, weighted))  # the prior's weight moves none of them
+    assert shares[-3:] == pytest.approx([0.5 + 0.5 / 3, 0.5 + 1.0 / 3, 1.0])
 
 
 def test_cross_encoding_feeds_joined_inputs_and_relevance_targets(tiny_model_dir):

@@ -11,7 +11,8 @@ synthetic share rises from 0.5 to 1.0 over training. Every row of class c's shar
 c: the hard-negative half of its mixups pairs c's members that are hard negatives of another
 class's prototype (c's rows nearest a wrong prototype), so every synthetic row has a label and
 the set stays balanced, `per_class` rows of each class however skewed the batch.
-Logit compensation adds w·log π_y (the class prior of the training rows) to the logits.
+Logit compensation adds w·log π_y (the class prior of the training rows) to the logits of the batch's own rows, the
+anchors that keep the long tail's mix; not to the balanced set's, whose labels are uniform (the stage, stage_one.py).
 
 Pure functions of tensors and a torch.Generator; the stage supplies the encoded vectors.
 """

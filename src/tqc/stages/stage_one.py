@@ -64,14 +64,13 @@ def train(
     loss_fn = make_loss(params.loss, params.temperature, params.margin, params.smoothing)
     mixup = augment.prototype_mixup
     log_pi = class_log_prior(gold, len(catalog))  # (P,) the mix of the rows this stage trains on
-    # Logit compensation (SharpReCL): + w·log π_y on the logits, i.e. τ·w·log π_y on the scores.
-    prior_shift = prior_offsets(log_pi, mixup.prior_weight, params.temperature)  # (P,)
-    # The batch's own columns: the logit-adjusted loss, plus SharpReCL's compensation when mixup is on.
+    # The batch's own columns: the logit-adjusted loss, plus SharpReCL's logit compensation (+ w·log π_y on the logits,
+    # i.e. τ·w·log π_y on the scores) when mixup is on. The batch's rows, its anchors, keep the long tail's mix.
     column_weight = params.logit_adjustment + (mixup.prior_weight if mixup.enabled else 0.0)
     column_offsets = prior_offsets(log_pi, column_weight, params.temperature)  # (P,)
     negatives = "all_classes" if mixup.enabled else params.negatives  # prototypes of every class in every batch
     total_steps = params.epochs * steps_per_epoch(len(train_rows), params.batch_size, params.max_steps)
-    mixup_term = _prototype_mixup_term(model, loss_fn, mixup, prior_shift, total_steps, seed) if mixup.enabled else None
+    mixup_term = _prototype_mixup_term(model, loss_fn, mixup, total_steps, seed) if mixup.enabled else None
     cross_term = _cross_encoding_term(model, loss_fn, augment.cross_encoding, catalog, seed) if augment.cross_encoding.enabled else None
 
     def batch_loss(rows: list[int]) -> torch.Tensor:
@@ -101,19 +100,24 @@ def train(
     )
 
 
-def _prototype_mixup_term(model: BiEncoder, loss_fn: LossFn, params: PrototypeMixupParams, prior_shift: torch.Tensor,
-                          total_steps: int, seed: int) -> Callable:
-    """The balanced set's loss against every prototype; its synthetic share rises with the steps taken."""
+def _prototype_mixup_term(model: BiEncoder, loss_fn: LossFn, params: PrototypeMixupParams, total_steps: int,
+                          seed: int) -> Callable:
+    """The balanced set's loss against every prototype; its synthetic share rises with the steps taken, to
+    `synthetic_end` at the last (SharpReCL's t / T, t = 1 … T).
+
+    No class prior on its scores: the set has `per_class` rows of every class, so its labels are uniform, and the
+    logit-adjusted loss on uniform labels is minimised by scores biased by −w·log π, toward the tail (the prior corrects
+    the imbalanced anchors, the batch's own columns above, SharpReCL Eq. 11)."""
     generator = torch.Generator().manual_seed(seed)
     steps = [0]
 
     def term(questions: torch.Tensor, batch_gold: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:
-        share = synthetic_share(steps[0], total_steps, params.synthetic_start, params.synthetic_end)
         steps[0] += 1
+        share = synthetic_share(steps[0], total_steps, params.synthetic_start, params.synthetic_end)
         balanced = balanced_set(questions, batch_gold.to(questions.device), prototypes, params.per_class, share,
                                 params.hard_k, params.beta, generator,
                                 unit_norm=scores_directions_only(model.similarity))  # (P·per_class, D), lengths kept for inner
-        scores = model.score(balanced.vectors, prototypes) + prior_shift.to(questions.device)  # (M, P)
+        scores = model.score(balanced.vectors, prototypes)  # (M, P)
         return loss_fn(scores, balanced.labels.to(scores.device), None)
 
     return term
