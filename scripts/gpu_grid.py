@@ -31,7 +31,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
 
 from tqc.ablate import FIGURES, CellResult, _dig, local_overrides, select_cells, without_prior_shift, write_report
 from tqc.cli import parse_overrides
@@ -233,7 +232,10 @@ def _known(code_version: str | None) -> str | None:
 
 
 def _budget(pairs: list[str]) -> dict:
-    return {key: yaml.safe_load(value) for key, value in (pair.split("=", 1) for pair in pairs)}
+    """-B / -D KEY=VALUE pairs, each value read as `tqc --set` reads it (YAML 1.2: 5e-5 is a number)."""
+    from tqc.cli import override_value
+
+    return {key: override_value(f"{key}={value}", value) for key, value in (pair.split("=", 1) for pair in pairs)}
 
 
 def main(argv: list[str] | None = None) -> None:

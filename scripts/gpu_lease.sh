@@ -1,7 +1,8 @@
 #!/bin/bash
 # One lease of a GPU box that has torch and transformers but not the pipeline's other tools (how the
 # figures in reports/gpu/ and README's GPU bench row were made): unpack what travelled with the
-# checkout in .devcarry/ (git-ignored: site.tar.xz = pydantic and faiss-cpu for Python 3.12;
+# checkout in .devcarry/ (git-ignored: site.tar.xz = pydantic, faiss-cpu and ruamel.yaml for Python 3.12: params.yaml
+# is read with ruamel since e1df917, so a site.tar.xz made before then needs `pip install --target` of ruamel.yaml too;
 # minilm/ = the packaged MiniLM's folder with its weights as float16 safetensors, xz-compressed;
 # prepared.tar.xz = `scripts/gpu_grid.py prepare`'s folder), then the GPU tests, the epochs
 # benchmark, and grid cells until SECONDS_TOTAL is nearly up. Logs and results go to $OUT.
@@ -21,7 +22,7 @@ python3 - <<'PY' || exit 1
 from safetensors.torch import load_file, save_file
 t = load_file("/tmp/model.fp16.safetensors")
 save_file({k: v.float() if v.is_floating_point() else v for k, v in t.items()}, "/tmp/minilm/model.safetensors", metadata={"format": "pt"})
-import torch, transformers, faiss, pydantic
+import torch, transformers, faiss, pydantic, ruamel.yaml
 print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0), "transformers", transformers.__version__,
       "faiss", faiss.__version__, "gpus for faiss", faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0, "pydantic", pydantic.__version__)
 PY

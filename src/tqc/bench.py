@@ -66,7 +66,8 @@ def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("d
                     steps, len(train_rows), batch_size, full_epoch, full_epoch)
         steps = full_epoch
     common = {"epochs": 1, "batch_size": batch_size, "max_steps": steps}
-    # With augment's in-batch terms (prototype mixup, cross-encoding) as the pipeline trains stage one: their cost is its
+    # With augment's in-batch terms (prototype mixup, cross-encoding), as the pipeline trains stage one: their cost is
+    # part of its epoch
     one = stage_one.train(model, train_rows, validation, catalog, params.stage_one.model_copy(update=common), params.seed,
                           augment=params.augment)
     two = stage_two.train(model, train_rows, torch.as_tensor(negatives), validation, catalog,

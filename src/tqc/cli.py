@@ -137,7 +137,8 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
         logging.getLogger(__name__).info("distributed: launching %s", " ".join(command))
         raise SystemExit(subprocess.call(command))
     distributed.setup(params.distributed.backend)
-    problem = params.rows_per_process_problem(distributed.world_size(), "the world size (WORLD_SIZE)")
+    problem = params.rows_per_process_problem(distributed.world_size(), "the world size (WORLD_SIZE)",
+                                              (args.command.replace("-", "_"),))  # stage-one → stage_one: its own batches
     if problem:  # a user's own torchrun, over several nodes, is not what distributed.nproc_per_node says
         raise ConfigError(problem)
 
@@ -158,6 +159,8 @@ def dispatch(args: argparse.Namespace) -> None:
     if args.command == "ablate":
         _refuse_what_no_cell_reads(args.overrides)
     params = load_params(args.params, parse_overrides(args.overrides))
+    if args.command in ("stage-one", "tune") and params.model.similarity != "mlp":
+        _check_faiss()  # mining needs it after stage one has trained: said before an hour of training, not after
     # A disabled NC baseline trains nothing: its marker is written once, by one process, not raced by torchrun's
     if args.command in TRAINING_COMMANDS and not (args.command == "baseline-nc" and not params.baseline_nc.enabled):
         _join_or_launch(params, args)
@@ -177,6 +180,15 @@ def _refuse_what_no_cell_reads(overrides: list[str]) -> None:
         raise ConfigError(f"--set: `tqc ablate` runs each cell as `dvc exp run` on params.yaml and the cell's values, "
                           f"so {', '.join(unread)} would reach no experiment; set it in params.yaml or in a grid's "
                           "`base` or `budget` (only ablate.* and data.data_dir are read from --set)")
+
+
+def _check_faiss() -> None:
+    from tqc.mining import load_faiss
+
+    try:
+        load_faiss()
+    except (ImportError, RuntimeError) as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _fetch(args: argparse.Namespace) -> None:

@@ -486,11 +486,13 @@ class Params(Strict):
             raise ValueError(problem)
         return self
 
-    def rows_per_process_problem(self, processes: int, named: str) -> str:
+    def rows_per_process_problem(self, processes: int, named: str,
+                                 sections: tuple[str, ...] = ("stage_one", "stage_two", "baseline_nc")) -> str:
         """Why batches split `processes` ways leave a process with fewer than two rows ("" when none does): such a
-        process has no in-batch negative, or no loss at all. Checked at load for `distributed.nproc_per_node`, and
-        again once joined, for the world size of a torchrun the user started (several nodes)."""
-        small = {name: getattr(self, name).batch_size for name in ("stage_one", "stage_two", "baseline_nc")
+        process has no in-batch negative, or no loss at all. Checked at load for `distributed.nproc_per_node` (every
+        training section), and again once joined, for the world size of a torchrun the user started (several nodes),
+        for the one section that command trains."""
+        small = {name: getattr(self, name).batch_size for name in sections
                  if getattr(self, name).batch_size < 2 * processes}
         if processes <= 1 or not small:
             return ""
@@ -591,8 +593,10 @@ def read_yaml(text: str):
 
     try:
         return YAML(typ="safe", pure=True).load(text)
-    except RuamelError as exc:
-        raise YAMLError(" ".join(str(exc).split())) from None
+    except (RuamelError, TypeError) as exc:  # TypeError: a key YAML allows and Python does not (`? [a, [b]]`)
+        # ruamel's advice on how to allow duplicate keys is for its own callers, not for a params file's author
+        message = re.sub(r"\s*To suppress this check.*$", "", " ".join(str(exc).split()))
+        raise YAMLError(message) from None
 
 
 def load_params(path: str | Path = "params.yaml", overrides: dict | None = None) -> Params:
@@ -621,6 +625,9 @@ def load_params(path: str | Path = "params.yaml", overrides: dict | None = None)
         raise ConfigError(f"{path}{given}: invalid parameters:\n{problems(exc)}") from None
 
 
+YAML_1_1_BOOLEANS = {"yes", "no", "on", "off", "y", "n"}
+
+
 def problems(exc: ValidationError) -> str:
     """One line a problem, `key.path: message`, without pydantic's dump of the whole input."""
     lines = []
@@ -628,6 +635,8 @@ def problems(exc: ValidationError) -> str:
         where = ".".join(str(part) for part in error["loc"]) or "params"
         given = error.get("input")
         value = f" (got {given!r})" if error["loc"] and not isinstance(given, (dict, list)) else ""  # not a whole section
+        if error["type"] == "bool_type" and str(given).lower() in YAML_1_1_BOOLEANS:
+            value += "; YAML 1.2, as DVC reads params.yaml, reads yes/no/on/off as words: write true or false"
         lines.append(f"- {where}: {error['msg'].removeprefix('Value error, ')}{value}")
     return "\n".join(lines)
 

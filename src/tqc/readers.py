@@ -261,17 +261,20 @@ def _as_csv(fields: list[str]) -> str:
 
 def _swallowed_rows(fields: list[str], columns: int, start_line: int, label_index: int, labels: set[str]) -> str:
     """Why a record looks like rows swallowed by a quote never closed ("" when it does not): a line inside one of its
-    quoted fields reads as a whole row of `columns` cells ending in a label the file's one-line rows use
-    (`What does LOL mean?,DESC`). csv's strict mode catches a stray quote only where a letter follows it; one that a
-    comma follows (`a pizza of 12",NUM`) closes a field that began rows earlier, and every row between would become one
-    question with the last one's label. A real question over two lines (`"Hi, I have a fever\nshould I get tested?"`)
-    has no label there."""
+    quoted fields reads as a whole row of `columns` cells whose label cell is a label the file's one-line rows use, or
+    a single word as labels and class ids are (`What does LOL mean?,DESC`; a catalog's `B,What is b?`). csv's strict
+    mode catches a stray quote only where a letter follows it; one that a comma follows (`a pizza of 12",NUM`) closes
+    a field that began rows earlier, and every row between would become one question with the last one's label. A
+    real question over two lines (`"Hi, I have a fever\nshould I get tested?"`) has words, not a label, there."""
     lines_before = 0
     for field in fields:
         segments = field.split("\n")
         for number, segment in enumerate(segments[:-1]):  # the last one goes on with the record's next cell
             cells = next(csv.reader([segment]), [])
-            if len(cells) == columns and all(cell.strip() for cell in cells) and cells[label_index].strip() in labels:
+            if len(cells) != columns or not all(cell.strip() for cell in cells):
+                continue
+            label = cells[label_index].strip()
+            if label in labels or len(label.split()) == 1:
                 end = start_line + sum(f.count("\n") for f in fields)
                 return (f"a quoted field runs from line {start_line} to {end}, and its line {start_line + lines_before + number} "
                         f"reads as a row of its own ({segment!r}): a quote never closed? (rejected, not read as one question)")
@@ -385,7 +388,7 @@ def _csv_dict_records(path: Path, columns: list[str]) -> list[tuple[int, dict | 
     label_index = header.index(columns[1]) if len(columns) > 1 else None
     labels = _one_line_labels(records[1:], len(header), label_index) if label_index is not None else set()
     for line_number, fields in records[1:]:
-        swallowed = _swallowed_rows(fields, len(header), line_number, label_index, labels) if labels else ""
+        swallowed = _swallowed_rows(fields, len(header), line_number, label_index, labels) if label_index is not None else ""
         if swallowed:
             rows.append((line_number, _Unusable(swallowed), _as_csv(fields)))
             continue

@@ -330,9 +330,12 @@ class Trained:
 
 def train(params: Params, staged: Staged, staging: Path) -> Trained:
     """The pipeline's own stage functions on the staged data (ingest → … → stage two → prior)."""
+    from tqc.mining import load_faiss
     from tqc.pipeline import prepare_data, train_chain
     from tqc.stages import prior
 
+    if params.model.similarity != "mlp":
+        load_faiss()  # mining needs it after stage one: a missing or doubled FAISS said before the training, not after
     staged_params = _with_additions(params, staged.raw)
     data = prepare_data(staged_params, staging / "data")
     outputs = train_chain(staged_params, data.directory, data.train, staging / "models", staged_params.seed, with_nc=False)
@@ -499,7 +502,8 @@ class CommitJournal:
                 move = json.loads(line)
             except json.JSONDecodeError:  # cut by the kill while it was written: that move was not made yet
                 continue
-            list.append(moves, (Path(move["inbox"]), Path(move["archived_as"]), move["sha256"]))
+            # a journal written before moves carried their sha256: None, and the roll-back moves the file back
+            list.append(moves, (Path(move["inbox"]), Path(move["archived_as"]), move.get("sha256")))
         return cls(directory, before, [Path(p) for p in recorded["dvc_written"]], moves)
 
     def close(self) -> None:
@@ -535,7 +539,7 @@ def _roll_back(before: dict[Path, bytes | None], archived: list[tuple[Path, Path
     for inbox_path, archived_as, digest in reversed(archived):
         if not archived_as.exists():  # the move was journaled and then not made, or already undone
             continue
-        if inbox_path.exists() and sha256(inbox_path) == digest:  # a copy to another disk cut short: the file stayed
+        if digest and inbox_path.exists() and sha256(inbox_path) == digest:  # a copy to another disk cut short: it stayed
             archived_as.unlink()
         else:
             shutil.move(str(archived_as), _free_name(inbox_path))

@@ -8,7 +8,7 @@ import json
 
 from tqc.ablate import (Cell, CellResult, _or_recorded, experiment_overrides, grid_cells, matches, paired_difference, recorded_cells,
                         render_markdown, set_arguments, summarise)
-from tqc.config import AblationGrid, ConfigError, Params
+from tqc.config import AblationGrid, ConfigError, Params, read_yaml
 
 GRID = AblationGrid(title="Options on long tails", base={"data.dataset": "trec6"},
                     variants={"none": {"augment.rebalance": "none"}, "eda": {"augment.rebalance": "mean", "augment.explicit": "eda"}},
@@ -66,12 +66,11 @@ def test_a_cells_own_data_dir_wins_over_this_machines_and_holds_in_dvcs_copy(tmp
 def test_strings_reach_params_yaml_unchanged_through_dvc_overrides(tmp_path, text):
     # dvc exp run -S parses Hydra's grammar: bare, a comma is a sweep, \x an escape, 1e3 a float
     from dvc.utils.hydra import apply_overrides
-    import yaml
 
     path = tmp_path / "params.yaml"
     path.write_text("data: {data_dir: x}\n")
     apply_overrides(str(path), set_arguments({"data.data_dir": text, "augment.implicit": [text, "cutoff"]})[1::2])
-    written = yaml.safe_load(path.read_text())
+    written = read_yaml(path.read_text())
     assert written["data"]["data_dir"] == text and written["augment"]["implicit"] == [text, "cutoff"]
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tqc.config import ConfigError, Params, load_params
+from tqc.config import ConfigError, Params, load_params, read_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -187,12 +187,10 @@ def _shipped_params() -> Params:
     """params.yaml as committed: a user's edits, or `dvc exp run` writing its -S values back, are not what ships."""
     import subprocess
 
-    import yaml
-
     shown = subprocess.run(["git", "show", "HEAD:params.yaml"], capture_output=True, text=True)
     if shown.returncode != 0:  # not a git checkout (an unpacked sdist): the file is what ships
         return load_params("params.yaml")
-    return Params.model_validate(yaml.safe_load(shown.stdout))
+    return Params.model_validate(read_yaml(shown.stdout))
 
 
 def _same(default, shipped) -> bool:
@@ -460,3 +458,39 @@ def test_a_small_float_as_dvc_exp_run_writes_it_is_a_number(tmp_path):
     assert "5e-05" in params_file.read_text()
     params = load_params(params_file)
     assert params.stage_two.learning_rate == 5e-5 and params.stage_one.temperature == 5e-5
+
+
+def test_yaml_problems_are_said_for_a_params_files_author():
+    from tqc.config import YAMLError, read_yaml
+
+    with pytest.raises(YAMLError, match='found duplicate key "seed"') as duplicate:
+        read_yaml("seed: 0\nseed: 1\n")
+    assert "suppress" not in str(duplicate.value)  # ruamel's advice to its own callers
+    with pytest.raises(YAMLError, match="unhashable"):
+        read_yaml("? [a, [b]]\n: 1\n")  # a TypeError escaped before
+    with pytest.raises(ConfigError, match="reads yes/no/on/off as words: write true or false"):
+        Params().with_overrides({"augment": {"deferred": "yes"}})
+
+
+def test_tune_apply_leaves_ruamels_own_float_and_null_writing_alone():
+    """add_representer writes to its class: tune's `1.0e-05` and `null` were every ruamel user's in the process after
+    a `tune --apply`, DVC's `exp run -S` included."""
+    import io
+
+    from ruamel.yaml import YAML
+
+    from tqc.tune import _layout_keeping_yaml
+
+    tuned = io.StringIO()
+    _layout_keeping_yaml().dump({"lr": 5e-5, "cap": None}, tuned)
+    plain = io.StringIO()
+    YAML().dump({"lr": 5e-5, "cap": None}, plain)
+    assert tuned.getvalue() == "lr: 5.0e-05\ncap: null\n" and plain.getvalue() == "lr: 5e-05\ncap:\n"
+
+
+def test_stage_one_says_a_missing_or_doubled_faiss_before_training(monkeypatch, capsys):
+    from tqc import cli, mining
+
+    monkeypatch.setattr(mining, "_installed", lambda name: name in ("faiss-cpu", "faiss-gpu-cu12"))
+    assert cli.main(["stage-one", "--data", "data/validated", "--train", "t.jsonl", "--out", "m", "--history", "h.csv"]) == 2
+    assert "faiss-cpu and faiss-gpu-cu12 are both installed" in capsys.readouterr().err

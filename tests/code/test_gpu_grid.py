@@ -281,3 +281,8 @@ def test_the_report_gives_the_median_seconds_of_an_even_number_of_cells(gpu_grid
     gpu_grid.main(["report", "--params", str(ROOT / "params.yaml"), "--grid", "rebalancing", "--variant", "none", "--variant", "sqrt",
                    "--seed", "0", "-B", "stage_one.epochs=10", "--done", str(results), "--out", str(tmp_path / "out")])
     assert "median 55, max 100" in (tmp_path / "out" / "ablations.md").read_text(encoding="utf-8")
+
+
+def test_a_gpu_budget_value_is_read_as_tqc_set_reads_it(gpu_grid):
+    assert gpu_grid._budget(["stage_two.learning_rate=5e-5", "augment.implicit=[]", "seed=010"]) == {
+        "stage_two.learning_rate": 5e-5, "augment.implicit": [], "seed": 10}  # YAML 1.1 read '5e-05' and 8

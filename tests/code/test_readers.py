@@ -455,15 +455,14 @@ def test_rows_swallowed_by_a_quote_that_a_comma_closes_are_rejected_not_read_as_
     as one question labeled as the last. A line inside a quoted field that is a whole row of its own says so."""
     table = tmp_path / "table.csv"
     table.write_text('text,label\n"Jaws is by whom?,HUM\nWhat does LOL mean?,DESC\nHow big is a pizza of 12",NUM\n'
-                     'who is it,HUM\n"How are you,\nfriend?",HUM\nwhat is it,DESC\n')
+                     'ok,a\n"How are you,\nfriend?",HUM\n')  # HUM and DESC only in the swallowed lines
     result = read_table(table, "text", "label")
-    assert [(q.text, q.source) for q in result.rows] == [("who is it", f"{table}:5"), ("How are you,\nfriend?", f"{table}:6"),
-                                                         ("what is it", f"{table}:8")]
+    assert [(q.text, q.source) for q in result.rows] == [("ok", f"{table}:5"), ("How are you,\nfriend?", f"{table}:6")]
     rejected, = result.rejected
     assert rejected.line == 2 and rejected.reason.startswith("a quoted field runs from line 2 to 4, and its line 2 reads "
                                                              "as a row of its own ('Jaws is by whom?,HUM')")
     pairs = tmp_path / "pairs.csv"
-    pairs.write_text('ok,HUM\n"Jaws is by whom?,HUM\nHow big is 12",NUM\n')
+    pairs.write_text('ok,a\n"Jaws is by whom?,HUM\nHow big is 12",NUM\n')
     result = read_headerless_pairs(pairs)
     assert [q.text for q in result.rows] == ["ok"] and [r.line for r in result.rejected] == [2]
     # a question over two lines whose first line holds a comma: no label there, so one real question
@@ -471,6 +470,11 @@ def test_rows_swallowed_by_a_quote_that_a_comma_closes_are_rejected_not_read_as_
     fever.write_text('question,label\nwho is it,Testing\n"Hi, I have a fever\nshould I get tested?",Testing\n')
     result = read_table(fever, "question", "label")
     assert [q.text for q in result.rows] == ["who is it", "Hi, I have a fever\nshould I get tested?"] and not result.rejected
+    # a catalog: each class id once, so no one-line row names a swallowed line's id; ids are single words
+    catalog = tmp_path / "catalog.csv"
+    catalog.write_text('class_id,text\nA,"What is the quoted start\nB,What is b?\nC,What is a 12"\nD,What is d?\n')
+    with pytest.raises(ReaderError, match=r"catalog.csv, line 2: .*a quoted field runs from line 2 to 4"):
+        read_catalog_file(catalog, "class_id", "text")
 
 
 def test_a_rejected_records_content_keeps_its_quoting(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 
 from flows.retrain import retrain
 from tests.flows.conftest import REPO, added_rows, drop, unseen_questions
+from tqc.config import read_yaml
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -191,7 +192,7 @@ def set_params(project: Path, **sections) -> None:
     import yaml
 
     path = project / "params.yaml"
-    params = yaml.safe_load(path.read_text())
+    params = read_yaml(path.read_text())
     for section, values in sections.items():
         params[section].update(values)
     path.write_text(yaml.safe_dump(params))

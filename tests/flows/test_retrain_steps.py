@@ -463,3 +463,16 @@ def test_a_journal_is_gone_at_once_when_closed_and_a_copy_cut_short_is_not_put_b
     (archive / "a.csv").write_text("question,label\nwho is it,HU")  # a copy to another disk, killed midway
     steps._roll_back({}, [(inbox / "a.csv", archive / "a.csv", steps.sha256(inbox / "a.csv"))], [])
     assert [p.name for p in inbox.iterdir()] == ["a.csv"] and not any(archive.iterdir())
+
+
+def test_a_journal_written_before_moves_carried_their_sha256_still_rolls_back(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    directory = tmp_path / "work" / "commit-journal"
+    steps.CommitJournal.begin(directory, {}, [])
+    (tmp_path / "inbox").mkdir(), (tmp_path / "archive").mkdir()
+    (tmp_path / "archive" / "a.csv").write_text("question,label\nwho is it,HUM\n")
+    (directory / "moves.jsonl").write_text(json.dumps({"inbox": "inbox/a.csv", "archived_as": "archive/a.csv"}) + "\n")
+    params = load_params(Path(__file__).resolve().parents[2] / "params.yaml").retrain.model_copy(
+        update={"work_dir": str(tmp_path / "work")})
+    assert steps.roll_back_interrupted_commit(params)  # a KeyError named nothing, and stopped every later run
+    assert (tmp_path / "inbox" / "a.csv").exists() and not directory.exists()
