@@ -15,18 +15,22 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml
+# One stamp per FAISS build, so `make run FAISS=gpu` in a venv made with cpu installs again; the other build goes
+# first, as the two share the `faiss` package
+$(VENV)/.installed-$(FAISS): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip uninstall -q -y $(if $(filter gpu,$(FAISS)),faiss-cpu,faiss-gpu-cu12) 2>/dev/null || true
 	$(BIN)/pip install -q -e ".[$(FAISS)]"
+	rm -f $(VENV)/.installed-*
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed
+$(VENV)/.installed-test-$(FAISS): $(VENV)/.installed-$(FAISS)
 	$(BIN)/pip install -q -e ".[$(FAISS),test]"
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed-$(FAISS)
 
-install-test: $(VENV)/.installed-test
+install-test: $(VENV)/.installed-test-$(FAISS)
 
 run: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
