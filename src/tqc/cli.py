@@ -506,16 +506,15 @@ def override_value(item: str, value: str):
     """A `--set` value as YAML 1.2 reads it, as `dvc exp run -S` and Hydra do (YAML 1.1 read 010 as 8, 1e-4 as text
     and yes as true). Text stays text where YAML would read more into it: a `#` (a comment to YAML: `trec6 #2` lost
     its `#2`), a mapping not written {…} (`paraphrase: ` is a prefix, not a key), a date."""
-    from ruamel.yaml import YAML
-    from ruamel.yaml.error import YAMLError
+    from tqc.config import YAMLError, read_yaml
 
     commented = re.search(r"(^|\s)#", value) is not None
     try:
-        parsed = YAML(typ="safe", pure=True).load(value)
+        parsed = read_yaml(value)  # params.yaml's own reader
     except YAMLError as exc:
         if commented:
             return value
-        raise ConfigError(f"--set {item!r}: the value is not YAML ({' '.join(str(exc).split())})") from None
+        raise ConfigError(f"--set {item!r}: the value is not YAML ({exc})") from None
     if commented and "#" not in json.dumps(parsed, ensure_ascii=False, default=str):  # YAML dropped it as a comment
         return value
     if isinstance(parsed, dict) and not value.lstrip().startswith("{") or isinstance(parsed, (datetime.date, datetime.time)):

@@ -160,17 +160,10 @@ def split_lines(text: str) -> list[str]:
 def read_trec(path: Path, granularity: str) -> ReadResult:
     """TREC `COARSE:fine question text` lines; TREC-6 keeps the coarse label, TREC-50 the full one."""
     result = ReadResult()
-    text = decode_file(path)
     # In a file whose lines end in LF, a lone CR before a label ends a line (an old-Mac line pasted in); one inside a
     # question is a stray, read as a space: a line break there would keep half a question and shift every later line
     # number. A file whose lines end in CR keeps each CR as its line break.
-    lone = len(BARE_CR.findall(text))
-    lf_file = bool(lone) and _lines_end_in_lf(text, lone, header=False)
-    strays = [match.start() for match in TREC_STRAY_CR.finditer(text)] if lf_file else []
-    if strays:
-        text = TREC_STRAY_CR.sub(" ", text)  # the same length: the offsets hold
-        lines = sorted({len(LINE_BREAK.findall(text, 0, offset)) + 1 for offset in strays})
-        log.warning("%s: line(s) %s hold a carriage return inside a question: read as a space", path, _first_ten(lines))
+    text = _stray_carriage_returns_as_spaces(decode_file(path), path, stray=TREC_STRAY_CR)
     for line_number, line in enumerate(split_lines(text), start=1):
         if not line.strip():
             continue
@@ -210,27 +203,32 @@ BARE_CR = re.compile(r"\r(?!\n)")
 HEADER_BREAK = re.compile(r"[\r\n]+")
 
 
-def _stray_carriage_returns_as_spaces(text: str, path: Path, header: bool = False) -> str:
+def _stray_carriage_returns_as_spaces(text: str, path: Path, header: bool = False, stray: re.Pattern = BARE_CR) -> str:
     """In a file whose lines end in LF (or CRLF), a carriage return alone is a stray, not a line break (a CSV
     reader would cut its row in two, keeping half as data; in JSONL it may be JSON whitespace): read as a
     space, with a warning naming the lines. A file whose lines end in CR alone (old Mac) is left as it is,
     even with an LF in a quoted field or at its end. Which one a file is: with a header, the header's own line
     break (column names hold no stray CR); without one, LF when there are at least as many LFs as lone CRs
-    (a tiny file whose texts hold more lone CRs than it has lines reads as CR-ended: bytes cannot tell)."""
+    (a tiny file whose texts hold more lone CRs than it has lines reads as CR-ended: bytes cannot tell).
+    `stray`: which lone CRs are strays there (TREC: those no label follows; one before a label ends a line)."""
     lone = len(BARE_CR.findall(text))
     if not lone or not _lines_end_in_lf(text, lone, header):
         return text
-    lines = _line_numbers(text, [match.start() for match in BARE_CR.finditer(text)])
+    offsets = [match.start() for match in stray.finditer(text)]
+    if not offsets:
+        return text
+    text = stray.sub(" ", text)  # the same length: the offsets hold
     log.warning("%s: line(s) %s hold a carriage return inside the line, and the file ends its lines with LF (or CRLF): "
-                "read as a space", path, _first_ten(lines))
-    return BARE_CR.sub(" ", text)
+                "read as a space", path, _first_ten(_line_numbers(text, offsets, LINE_BREAK)))  # a kept CR ends a line
+    return text
 
 
-def _line_numbers(text: str, offsets: list[int]) -> list[int]:
-    """The distinct line numbers of ascending `offsets` in `text`, counting LFs once through the text."""
+def _line_numbers(text: str, offsets: list[int], line_break: re.Pattern = re.compile("\n")) -> list[int]:
+    """The distinct line numbers of ascending `offsets` in `text`, counting its line breaks (LFs, or `line_break`'s)
+    once through the text."""
     lines, line, counted_to = [], 1, 0
     for offset in offsets:
-        line += text.count("\n", counted_to, offset)
+        line += len(line_break.findall(text, counted_to, offset))
         counted_to = offset
         if not lines or lines[-1] != line:
             lines.append(line)
@@ -329,8 +327,9 @@ def read_table(path: Path, text_column: str, label_column: str, source_column: s
     for line_number, record, original in records:
         reason = record.reason if isinstance(record, _Unusable) else _unusable_values(record, text_column, label_column,
                                                                                       source_column)
-        if reason:
-            result.rejected.append(RejectedRow(str(path), line_number, reason, original))
+        if reason:  # a CSV record's content is written out only here, for the few rows rejected
+            result.rejected.append(RejectedRow(str(path), line_number, reason,
+                                               _as_csv(original) if isinstance(original, list) else original))
             continue
         text, label = record[text_column], record[label_column]
         source = f"{path}:{line_number}"
@@ -369,9 +368,9 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _csv_dict_records(path: Path, columns: list[str]) -> list[tuple[int, dict | _Unusable, str]]:
-    """(line, record or the reason it is unusable, original content) for each data row. A header without one of
-    `columns` is an error about the header, not a rejection of every row."""
+def _csv_dict_records(path: Path, columns: list[str]) -> list[tuple[int, dict | _Unusable, list[str]]]:
+    """(line, record or the reason it is unusable, its fields, which `_as_csv` writes out for a rejected one) for each
+    data row. A header without one of `columns` is an error about the header, not a rejection of every row."""
     records = [(line_number, fields) for line_number, fields in _csv_records(path, header=True) if not _blank(fields)]
     if not records:
         raise ReaderError(f"{path}: file is empty")
@@ -390,16 +389,16 @@ def _csv_dict_records(path: Path, columns: list[str]) -> list[tuple[int, dict | 
     for line_number, fields in records[1:]:
         swallowed = _swallowed_rows(fields, len(header), line_number, label_index, labels) if label_index is not None else ""
         if swallowed:
-            rows.append((line_number, _Unusable(swallowed), _as_csv(fields)))
+            rows.append((line_number, _Unusable(swallowed), fields))
             continue
         if len(fields) != len(header):
             rows.append((line_number, _Unusable(f"expected {len(header)} columns as in the header, found {len(fields)}"),
-                         _as_csv(fields)))
+                         fields))
             continue
         if [f.strip() for f in fields] == header:  # two exports joined: its label would become a class named after the column
-            rows.append((line_number, _Unusable(f"the header again (line {header_line}): two files joined?"), _as_csv(fields)))
+            rows.append((line_number, _Unusable(f"the header again (line {header_line}): two files joined?"), fields))
             continue
-        rows.append((line_number, {h: f for h, f in zip(header, fields) if h}, _as_csv(fields)))
+        rows.append((line_number, {h: f for h, f in zip(header, fields) if h}, fields))
     return rows
 
 

@@ -436,8 +436,7 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
         entries = [archive(f, by_file[str(f.path)], params.retrain, archived) for f in files]
         entries += [archive(f, repeat_outcome(f), params.retrain, archived) for f in repeats]
     except BaseException:
-        _roll_back(before, archived, dvc_written)  # if this fails too, the journal stays for the next run
-        journal.close()
+        journal.roll_back()  # if this fails too, the journal stays for the next run
         raise
     journal.close()
     return {"committed": [str(p) for p in committed], "dvc": dvc, "archived": entries}
@@ -506,6 +505,11 @@ class CommitJournal:
             list.append(moves, (Path(move["inbox"]), Path(move["archived_as"]), move.get("sha256")))
         return cls(directory, before, [Path(p) for p in recorded["dvc_written"]], moves)
 
+    def roll_back(self) -> None:
+        """Put back what the commit changed, then close: the journal stays while the roll-back is not done."""
+        _roll_back(self.before, self.moves, self.dvc_written)
+        self.close()
+
     def close(self) -> None:
         """Gone at once (renamed, then deleted): a kill while deleting it leaves a folder `found` and `begin` do
         not mistake for a journal, not half of one."""
@@ -525,8 +529,7 @@ def roll_back_interrupted_commit(params: RetrainParams) -> bool:
         return False
     log.warning("retrain: %s: a commit was interrupted (the process was killed); putting back what it changed",
                 journal.directory)
-    _roll_back(journal.before, journal.moves, journal.dvc_written)
-    journal.close()
+    journal.roll_back()
     return True
 
 
