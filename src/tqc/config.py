@@ -173,6 +173,9 @@ class AugmentParams(Strict):
     seq2seq: Seq2SeqParams = Seq2SeqParams()
     implicit: list[ImplicitAugmentation] = ["dropout", "cutoff"]
     rate: float = Field(0.1, ge=0.0, lt=1.0)  # dropout / cutoff rate on token embeddings
+    # Which token matrix they perturb: input (the backbone's input embeddings) or output (its last
+    # hidden states, before pooling: where ADMC §3.2.1's text puts dropout)
+    implicit_at: Literal["input", "output"] = "input"
     prototype_mixup: PrototypeMixupParams = PrototypeMixupParams()
     cross_encoding: CrossEncodingParams = CrossEncodingParams()
 

@@ -129,7 +129,7 @@ def test_the_tuner_refuses_knobs_the_augment_stage_reads():
     from tqc.config import AugmentParams
 
     # every augment knob but those that act in training; a new one lands here by default
-    in_training = {"implicit", "rate", "prototype_mixup", "cross_encoding", "deferred"}
+    in_training = {"implicit", "rate", "implicit_at", "prototype_mixup", "cross_encoding", "deferred"}
     sections = {"seq2seq"}  # its keys, e.g. augment.seq2seq.top_p below
     names = [f"augment.{field}" for field in AugmentParams.model_fields if field not in in_training | sections]
     assert "augment.max_factor" in names

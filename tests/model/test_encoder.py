@@ -78,6 +78,37 @@ def test_implicit_augmentation_perturbs_questions_in_training_only(tiny_model_di
     assert torch.equal(model.standard(TEXTS), model.standard(TEXTS))  # the catalog side is never augmented
 
 
+@pytest.mark.parametrize("at", ["input", "output"])
+def test_implicit_augmentation_perturbs_the_token_matrix_it_is_placed_at(tiny_model_dir, at):
+    torch.manual_seed(0)
+    model = tiny_bi_encoder(tiny_model_dir)
+    model.set_augmentation(["cutoff"], 0.5, at)
+    encoder = model.question.train()
+    seen = {}
+    encoder.backbone.register_forward_pre_hook(lambda _, args, kwargs: seen.update(given=kwargs["inputs_embeds"]), with_kwargs=True)
+    encoder.backbone.register_forward_hook(lambda _, args, kwargs, out: seen.update(produced=out.last_hidden_state), with_kwargs=True)
+    encoder.pooling.register_forward_pre_hook(lambda _, args: seen.update(pooled=args[0]))
+    encoder(TEXTS[:1])
+    word_embeddings = encoder.backbone.get_input_embeddings()(encoder.tokenize(TEXTS[:1])["input_ids"])  # (1, T, D)
+    cut_given = (seen["given"] == 0).all(dim=1) & (word_embeddings != 0).any(dim=1)  # (1, D): dims zero at every token
+    cut_pooled = (seen["pooled"] == 0).all(dim=1) & (seen["produced"] != 0).any(dim=1)
+    if at == "input":  # the layers read the cut embeddings; their output reaches pooling as it is
+        assert 0.3 < cut_given.float().mean() < 0.7
+        assert torch.equal(seen["pooled"], seen["produced"])
+    else:  # the layers read the embeddings as they are; whole feature dims of their output are cut before pooling
+        assert torch.equal(seen["given"], word_embeddings)
+        assert 0.3 < cut_pooled.float().mean() < 0.7
+    encoder.eval()
+    seen.clear()
+    encoder(TEXTS[:1])
+    assert torch.equal(seen["given"], word_embeddings) and torch.equal(seen["pooled"], seen["produced"])
+
+
+def test_implicit_augmentation_refuses_an_unknown_place():
+    with pytest.raises(ValueError, match="'input' or 'output'"):
+        EmbeddingAugmentation(["dropout"], 0.1, at="middle")
+
+
 def test_a_tied_encoder_augments_questions_but_not_the_catalog(tiny_model_dir):
     model = tiny_bi_encoder(tiny_model_dir, tied=True)
     model.set_augmentation(["dropout", "cutoff"], 0.3)

@@ -116,12 +116,18 @@ class EmbeddingAugmentation(nn.Module):
 
     dropout: element-wise dropout; cutoff: zero a random `rate` share of feature
     dimensions for each sentence (feature cutoff), the same dims at every token.
+    `at` says which token matrix they perturb: "input" (the backbone's input embeddings, so
+    every layer sees the perturbation) or "output" (its last hidden states before pooling,
+    where ADMC §3.2.1's text puts dropout).
     """
 
-    def __init__(self, kinds: list[str], rate: float):
+    def __init__(self, kinds: list[str], rate: float, at: str = "input"):
         super().__init__()
+        if at not in ("input", "output"):
+            raise ValueError(f"implicit augmentation acts at 'input' or 'output', not {at!r}")
         self.kinds = list(kinds)
         self.rate = rate
+        self.at = at
 
     def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
         if not self.training or self.rate == 0.0:
@@ -199,7 +205,7 @@ class TextEncoder(nn.Module):
         """Token ids (P, T) and masks → embeddings (P, D)."""
         batch = dict(batch)
         embeddings = self.backbone.get_input_embeddings()(batch.pop("input_ids"))  # (P, T, D)
-        if augment:
+        if augment and self.augmentation.at == "input":
             embeddings = self.augmentation(embeddings)
         if self.takes_position_ids and getattr(self.tokenizer, "padding_side", "right") == "left":
             mask = batch["attention_mask"]  # (P, T)
@@ -208,6 +214,8 @@ class TextEncoder(nn.Module):
             else:  # transformers' create_position_ids_from_input_ids: padding at padding_idx, tokens from it + 1
                 batch["position_ids"] = mask.cumsum(1) * mask + self.position_padding_idx  # (P, T)
         states = self.backbone(inputs_embeds=embeddings, **batch).last_hidden_state  # (P, T, D)
+        if augment and self.augmentation.at == "output":
+            states = self.augmentation(states)
         return self.pooling(states, batch["attention_mask"])
 
     @torch.no_grad()
@@ -283,9 +291,9 @@ class BiEncoder(nn.Module):
         standard = None if params.tied else TextEncoder.from_pretrained(params.pretrained, params.pooling, params.max_length)
         return cls(question, standard, params.similarity)
 
-    def set_augmentation(self, kinds: list[str], rate: float) -> None:
+    def set_augmentation(self, kinds: list[str], rate: float, at: str = "input") -> None:
         """Implicit augmentation applies to user questions only, never to the catalog."""
-        self.question.augmentation = EmbeddingAugmentation(kinds, rate)
+        self.question.augmentation = EmbeddingAugmentation(kinds, rate, at)
 
     def embed_questions(self, texts: list[str]) -> torch.Tensor:
         """User questions (B,) → (B, D), with the implicit augmentation in training."""
