@@ -159,8 +159,8 @@ def dispatch(args: argparse.Namespace) -> None:
     if args.command == "ablate":
         _refuse_what_no_cell_reads(args.overrides)
     params = load_params(args.params, parse_overrides(args.overrides))
-    if args.command in ("stage-one", "tune") and params.model.similarity != "mlp":
-        _check_faiss()  # mining needs it after stage one has trained: said before an hour of training, not after
+    if args.command in ("stage-one", "tune"):
+        _check_faiss(params.model.similarity)  # mining needs it after stage one: said before an hour of training
     # A disabled NC baseline trains nothing: its marker is written once, by one process, not raced by torchrun's
     if args.command in TRAINING_COMMANDS and not (args.command == "baseline-nc" and not params.baseline_nc.enabled):
         _join_or_launch(params, args)
@@ -182,11 +182,11 @@ def _refuse_what_no_cell_reads(overrides: list[str]) -> None:
                           "`base` or `budget` (only ablate.* and data.data_dir are read from --set)")
 
 
-def _check_faiss() -> None:
-    from tqc.mining import load_faiss
+def _check_faiss(similarity: str) -> None:
+    from tqc.mining import check_faiss_for
 
     try:
-        load_faiss()
+        check_faiss_for(similarity)
     except (ImportError, RuntimeError) as exc:
         raise ConfigError(str(exc)) from None
 

@@ -43,6 +43,13 @@ def load_faiss():
     return faiss
 
 
+def check_faiss_for(similarity: str) -> None:
+    """Load FAISS now when mining under `similarity` will search an index (every similarity without learned
+    weights), so a missing or doubled FAISS is said before the training that mining follows, not after it."""
+    if similarity in WEIGHT_FREE:
+        load_faiss()
+
+
 def _installed(distribution: str) -> bool:
     try:
         metadata.version(distribution)

@@ -468,6 +468,12 @@ def read_catalog_file(path: Path, id_column: str = "class_id", text_column: str 
                       taken: dict[str, str] | None = None) -> Catalog:
     """A catalog file; an error naming the file and line for a row without text, or whose text repeats
     another class's (within the file, or one of `taken`: normalised text → the class id that has it)."""
+    return Catalog([question for question, _ in read_catalog_rows(path, id_column, text_column, taken)])
+
+
+def read_catalog_rows(path: Path, id_column: str = "class_id", text_column: str = "text",
+                      taken: dict[str, str] | None = None) -> list[tuple[StandardQuestion, int]]:
+    """`read_catalog_file`'s standard questions, each with the file line it was read from."""
     from tqc.text import normalise
 
     result = read_table(path, text_column=text_column, label_column=id_column)
@@ -476,7 +482,7 @@ def read_catalog_file(path: Path, id_column: str = "class_id", text_column: str 
         raise ReaderError(f"{bad.file}, line {bad.line}: catalog row unusable: {bad.reason}")
     owners, id_lines = dict(taken or {}), {}
     for row in result.rows:
-        line = row.source.rsplit(":", 1)[1]
+        line = int(row.source.rsplit(":", 1)[1])
         first = id_lines.setdefault(row.class_id, line)
         if first != line:
             raise ReaderError(f"{path}, line {line}: catalog row unusable: class {row.class_id!r} is already given at "
@@ -488,7 +494,7 @@ def read_catalog_file(path: Path, id_column: str = "class_id", text_column: str 
         if owner != row.class_id:
             raise ReaderError(f"{path}, line {line}: catalog row unusable: class {row.class_id!r} has the standard question "
                               f"of class {owner!r} ({row.text!r}); each class needs its own")
-    return Catalog([StandardQuestion(class_id=row.class_id, text=row.text) for row in result.rows])  # ids checked above
+    return [(StandardQuestion(class_id=row.class_id, text=row.text), id_lines[row.class_id]) for row in result.rows]
 
 
 def shipped_catalog(dataset: str) -> Catalog:

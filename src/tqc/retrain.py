@@ -44,7 +44,7 @@ from typing import Iterator
 from tqc.config import Params, RetrainParams, redact_text
 from tqc.io import atomic_directory, atomic_path, file_digest, read_jsonl, write_jsonl
 from tqc.locks import exclusive
-from tqc.readers import ADDED_CATALOG, ADDED_QUESTIONS, ReaderError, read_catalog_file
+from tqc.readers import ADDED_CATALOG, ADDED_QUESTIONS, ReaderError, read_catalog_rows
 from tqc.schema import Catalog
 
 log = logging.getLogger(__name__)
@@ -207,8 +207,8 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged
     staged_rows = _rows(raw / ADDED_CATALOG)
     current = [(q.class_id, q.text) for q in _base_catalog(params).questions] + [(r["class_id"], r["text"]) for r in staged_rows]
     try:
-        added = read_catalog_file(incoming.path, params.data.custom.catalog_id_column, params.data.custom.catalog_text_column,
-                                  taken={normalise(text): class_id for class_id, text in current}).questions
+        rows = read_catalog_rows(incoming.path, params.data.custom.catalog_id_column, params.data.custom.catalog_text_column,
+                                 taken={normalise(text): class_id for class_id, text in current})
     except (ReaderError, ValueError) as exc:
         outcome.outcome, outcome.reason = "unusable", str(exc)
         if "missing column" in outcome.reason:  # labeled questions, say, in a file whose name made it a catalog
@@ -216,6 +216,7 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged
                                f"{params.data.custom.catalog_id_column!r}, {params.data.custom.catalog_text_column!r}; "
                                "labeled questions go in a file named otherwise)")
         return outcome
+    added, line_of = [q for q, _ in rows], {q.class_id: line for q, line in rows}
     known = dict(current)
     new = [q for q in added if q.class_id not in known]
     # A class the catalog has keeps its standard question: a delivery adds classes. A row repeating it (a whole catalog
@@ -226,7 +227,7 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged
     outcome.reason = "; ".join(([f"{repeated} known class(es) as the catalog has them"] if repeated else []) +
                                ([f"{len(kept)} known class(es) with another text kept theirs (quarantined)"] if kept else []))
     staged.quarantined_rows.extend(quarantine_record(str(incoming.path), incoming.sha256, {
-        "line": None, "expectations": ["new_class"],  # the row is named by its class id
+        "line": line_of[q.class_id], "expectations": ["new_class"],
         "reason": f"class {q.class_id!r} already has the standard question {known[q.class_id]!r}; a delivery adds "
                   "classes, it does not change one's text", "content": {"class_id": q.class_id, "text": q.text}})
         for q in kept)
@@ -330,12 +331,11 @@ class Trained:
 
 def train(params: Params, staged: Staged, staging: Path) -> Trained:
     """The pipeline's own stage functions on the staged data (ingest → … → stage two → prior)."""
-    from tqc.mining import load_faiss
+    from tqc.mining import check_faiss_for
     from tqc.pipeline import prepare_data, train_chain
     from tqc.stages import prior
 
-    if params.model.similarity != "mlp":
-        load_faiss()  # mining needs it after stage one: a missing or doubled FAISS said before the training, not after
+    check_faiss_for(params.model.similarity)
     staged_params = _with_additions(params, staged.raw)
     data = prepare_data(staged_params, staging / "data")
     outputs = train_chain(staged_params, data.directory, data.train, staging / "models", staged_params.seed, with_nc=False)

@@ -167,3 +167,15 @@ def test_two_faiss_builds_are_refused_by_name(monkeypatch):
         mining.build_index(np.eye(3, dtype=np.float32))
     monkeypatch.setattr(mining, "_installed", lambda name: name == "faiss-cpu")
     assert mining.build_index(np.eye(3, dtype=np.float32)).ntotal == 3
+
+
+def test_faiss_is_checked_only_for_the_similarities_an_index_can_rank(monkeypatch):
+    """The `mlp` scorer has learned weights, so mining scores it exactly and never loads FAISS: a training under it
+    must not be refused for a FAISS it will not use."""
+    from tqc import mining
+
+    monkeypatch.setattr(mining, "_installed", lambda name: name in ("faiss-cpu", "faiss-gpu-cu12"))
+    for similarity in ("cosine", "inner"):
+        with pytest.raises(RuntimeError, match="both installed"):
+            mining.check_faiss_for(similarity)
+    mining.check_faiss_for("mlp")

@@ -422,6 +422,7 @@ def test_a_delivery_that_adds_nothing_writes_no_empty_additions_file_that_ingest
     assert not staged.accepted
     known_class, = [q for q in staged.quarantined_rows if q["expectations"] == ["new_class"]]
     assert known_class["content"] == {"class_id": "HUM", "text": "who is it?"} and "already has the standard" in known_class["reason"]
+    assert known_class["line"] == 2  # the file's line, as every other quarantined row has
     assert outcome_of(staged, "catalog-known.csv").reason == ("2 known class(es) as the catalog has them; 1 known class(es) "
                                                              "with another text kept theirs (quarantined)")
     assert ingested_data(steps._with_additions(params, staged.raw), Path(params.retrain.work_dir) / "check").exists()
