@@ -79,6 +79,7 @@ def preparation_key(params: Params) -> str:
     sections = {name: getattr(params, name).model_dump(mode="json") if name != "seed" else params.seed
                 for name in PREPARATION_SECTIONS}
     sections["data"].pop("data_dir", None)  # a machine's path, not what the data is
+    sections["augment"].pop("implicit_at", None)  # acts in training only; left out, keys made before it stay valid
     return hashlib.sha256(json.dumps(sections, sort_keys=True).encode()).hexdigest()[:12]
 
 

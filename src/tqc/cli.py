@@ -160,7 +160,7 @@ def dispatch(args: argparse.Namespace) -> None:
         _refuse_what_no_cell_reads(args.overrides)
     params = load_params(args.params, parse_overrides(args.overrides))
     if args.command in ("stage-one", "tune"):
-        _check_faiss(params.model.similarity)  # mining needs it after stage one: said before an hour of training
+        _check_faiss(_similarities(params, args.command))  # mining needs it after stage one: said before an hour of training
     # A disabled NC baseline trains nothing: its marker is written once, by one process, not raced by torchrun's
     if args.command in TRAINING_COMMANDS and not (args.command == "baseline-nc" and not params.baseline_nc.enabled):
         _join_or_launch(params, args)
@@ -182,11 +182,18 @@ def _refuse_what_no_cell_reads(overrides: list[str]) -> None:
                           "`base` or `budget` (only ablate.* and data.data_dir are read from --set)")
 
 
-def _check_faiss(similarity: str) -> None:
+def _similarities(params: Params, command: str) -> set[str]:
+    """The similarities this command's models are mined under: the params', and for tune those its space may pick."""
+    searched = params.tune.space.get("model.similarity") if command == "tune" else None
+    return {params.model.similarity, *(searched.choices or [] if searched else [])}
+
+
+def _check_faiss(similarities: set[str]) -> None:
     from tqc.mining import check_faiss_for
 
     try:
-        check_faiss_for(similarity)
+        for similarity in sorted(similarities):
+            check_faiss_for(similarity)
     except (ImportError, RuntimeError) as exc:
         raise ConfigError(str(exc)) from None
 

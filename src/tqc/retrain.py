@@ -661,12 +661,12 @@ def why_nothing_was_accepted(staged: Staged, repeats: list[Incoming], quarantine
     parts = [f"{len(repeats)} repeat(s)"] if repeats else []
     unusable = [o for o in staged.outcomes if o.outcome == "unusable"]
     parts += [f"{len(unusable)} unusable file(s)"] if unusable else []
-    rows = [q for q in staged.quarantined_rows if q.get("line") is not None]
+    rows = [q for q in staged.quarantined_rows if q.get("line") is not None]  # an unusable file's record has no line
     if rows:
         first = rows[0]
         parts.append(f"{len(rows)} row(s) quarantined to {quarantine}, e.g. {first['file']}, line {first['line']}: "
                      f"{first['reason']}")
-    # otherwise, e.g. a catalog file whose class ids were all known: each file's own account
+    # otherwise, e.g. a catalog file that repeats known classes as the catalog has them: each file's own account
     return "; ".join(parts or [f"{Path(o.file).name}: {o.reason or 'added nothing'}" for o in staged.outcomes])
 
 

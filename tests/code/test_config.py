@@ -494,3 +494,20 @@ def test_stage_one_says_a_missing_or_doubled_faiss_before_training(monkeypatch, 
     monkeypatch.setattr(mining, "_installed", lambda name: name in ("faiss-cpu", "faiss-gpu-cu12"))
     assert cli.main(["stage-one", "--data", "data/validated", "--train", "t.jsonl", "--out", "m", "--history", "h.csv"]) == 2
     assert "faiss-cpu and faiss-gpu-cu12 are both installed" in capsys.readouterr().err
+
+
+def test_tune_checks_faiss_for_every_similarity_its_space_may_pick(monkeypatch, capsys):
+    """A study whose params score with the mlp (no index) may still sample cosine trials, which mine with FAISS:
+    a doubled FAISS is said before the first trial, not after its training."""
+    from tqc import cli, mining
+
+    monkeypatch.setattr(mining, "_installed", lambda name: name in ("faiss-cpu", "faiss-gpu-cu12"))
+    assert cli.main(["--set", "model.similarity=mlp", "tune", "--trials", "1"]) == 2
+    assert "faiss-cpu and faiss-gpu-cu12 are both installed" in capsys.readouterr().err
+    mlp_only = Params.model_validate({"model": {"similarity": "mlp"},
+                                      "tune": {"space": {"stage_one.temperature": {"low": 0.05, "high": 0.2}}}})
+    assert cli._similarities(mlp_only, "tune") == {"mlp"}
+    searched = Params.model_validate({"model": {"similarity": "mlp"},
+                                      "tune": {"space": {"model.similarity": {"choices": ["mlp", "cosine", "inner"]}}}})
+    assert cli._similarities(searched, "tune") == {"mlp", "cosine", "inner"}
+    assert cli._similarities(searched, "stage-one") == {"mlp"}

@@ -47,6 +47,8 @@ def test_cells_that_differ_only_in_training_share_their_prepared_data(gpu_grid, 
     assert key(nt_xent) != key(cells[("default · loss=nt_xent · similarity=cosine", 1)])  # the seed splits validation
     assert key(cells[("none · ir=50", 0)]) != key(cells[("eda · ir=50", 0)])  # EDA rows are data
     assert key(nt_xent) == key(nt_xent, {"data.data_dir": "/elsewhere"})  # a machine's path is not the data
+    placement = {(c.variant, c.seed): c for c in gpu_grid.cells(params, ["implicit_placement"])}
+    assert key(placement[("input", 0)]) == key(placement[("output", 0)])  # where dropout acts is training, not data
 
 
 def test_the_report_shows_finished_cells_and_marks_the_rest_missing(gpu_grid, params, tmp_path):

@@ -63,6 +63,9 @@ def test_cutoff_zeroes_whole_feature_dimensions_per_sentence():
     assert ((out == 0).any(dim=1) == zero_dims).all()
     assert 0.3 < zero_dims.float().mean() < 0.7
     assert torch.equal(augmentation.eval()(torch.ones(4, 5, 64)), torch.ones(4, 5, 64))
+    assert set(out.unique().tolist()) == {0.0, 1.0}  # on the input the layers' LayerNorms follow: no rescaling
+    at_output = EmbeddingAugmentation(["cutoff"], 0.5, at="output").train()(torch.ones(4, 5, 64))
+    assert set(at_output.unique().tolist()) == {0.0, 2.0}  # the kept dims × 1/(1 − rate): the same expected vector
 
 
 def test_implicit_augmentation_perturbs_questions_in_training_only(tiny_model_dir):

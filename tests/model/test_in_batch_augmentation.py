@@ -257,3 +257,45 @@ def test_prototype_mixup_mixes_on_the_sphere_only_where_the_similarity_scores_th
         stage_one.train(model, rows, rows[:4], CATALOG, PARAMS, seed=0, augment=AugmentParams(prototype_mixup={"enabled": True}))
     steps = len(calls) // 2
     assert steps and calls == [True] * steps + [False] * steps
+
+
+def test_every_training_stage_places_the_implicit_augmentation_where_params_say(tiny_model_dir, tmp_path, monkeypatch):
+    """augment.implicit_at reaches the question encoder of stage one, stage two and the NC baseline: a stage that
+    dropped it would silently train at the default place."""
+    from tqc.config import BaselineNCParams, MineParams, StageTwoParams
+    from tqc.schema import save_questions
+    from tqc.stages import baseline_nc, mine, stage_two
+
+    rows = long_tail_rows()
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    save_questions(tmp_path / "validation.jsonl", rows[:4])
+    save_questions(tmp_path / "train.jsonl", rows)
+    model_params = ModelParams(pretrained=str(tiny_model_dir))
+    BiEncoder.from_params(model_params).save(tmp_path / "one")
+    mine.run(tmp_path, tmp_path / "train.jsonl", tmp_path / "one", MineParams(k=1), tmp_path / "neg.jsonl", tmp_path / "mine.json")
+
+    class Placed(Exception):
+        pass
+
+    def stop_with_placement(encoder_of):
+        def train(model, *args, **kwargs):
+            raise Placed(encoder_of(model).augmentation.at, encoder_of(model).augmentation.kinds)
+        return train
+
+    monkeypatch.setattr(stage_one, "train", stop_with_placement(lambda model: model.question))
+    monkeypatch.setattr(stage_two, "train", stop_with_placement(lambda model: model.question))
+    monkeypatch.setattr(baseline_nc, "train", stop_with_placement(lambda model: model.encoder))
+    augment_params = AugmentParams(implicit=["dropout"], implicit_at="output")
+    runs = {
+        "stage one": lambda: stage_one.run(tmp_path, tmp_path / "train.jsonl", model_params, augment_params, PARAMS, 0,
+                                           tmp_path / "out1", tmp_path / "h1.csv"),
+        "stage two": lambda: stage_two.run(tmp_path, tmp_path / "train.jsonl", tmp_path / "neg.jsonl", tmp_path / "one",
+                                           augment_params, StageTwoParams(epochs=1, batch_size=8), 0, tmp_path / "out2",
+                                           tmp_path / "h2.csv"),
+        "NC": lambda: baseline_nc.run(tmp_path, tmp_path / "train.jsonl", model_params, augment_params, BaselineNCParams(),
+                                      0, tmp_path / "nc", tmp_path / "h3.csv"),
+    }
+    for stage, run in runs.items():
+        with pytest.raises(Placed) as placed:
+            run()
+        assert placed.value.args == ("output", ["dropout"]), stage

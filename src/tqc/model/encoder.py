@@ -118,7 +118,9 @@ class EmbeddingAugmentation(nn.Module):
     dimensions for each sentence (feature cutoff), the same dims at every token.
     `at` says which token matrix they perturb: "input" (the backbone's input embeddings, so
     every layer sees the perturbation) or "output" (its last hidden states before pooling,
-    where ADMC §3.2.1's text puts dropout).
+    where ADMC §3.2.1's text puts dropout). At the output no LayerNorm follows, so cutoff scales
+    the kept dims by 1/(1 − rate), as dropout does: a question vector keeps its expected value
+    in training, which scores that read its length (inner, mlp) see.
     """
 
     def __init__(self, kinds: list[str], rate: float, at: str = "input"):
@@ -136,7 +138,8 @@ class EmbeddingAugmentation(nn.Module):
             embeddings = F.dropout(embeddings, p=self.rate, training=True)
         if "cutoff" in self.kinds:
             keep = torch.rand(embeddings.shape[0], 1, embeddings.shape[2], device=embeddings.device) >= self.rate
-            embeddings = embeddings * keep.to(embeddings.dtype)  # (B, 1, D) broadcast over tokens
+            scale = 1.0 / (1.0 - self.rate) if self.at == "output" else 1.0
+            embeddings = embeddings * (keep.to(embeddings.dtype) * scale)  # (B, 1, D) broadcast over tokens
         return embeddings
 
 
