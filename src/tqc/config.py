@@ -229,6 +229,17 @@ class TrainParams(Schedule):
     # class mix of the rows the stage trains on; scoring after training adds nothing. 0: off.
     logit_adjustment: float = 0.0
 
+    @model_validator(mode="after")
+    def _adjusts_logits_only(self) -> "TrainParams":
+        if self.loss == "hinge" and self.logit_adjustment != 0.0:
+            raise ValueError(HINGE_HAS_NO_LOGITS.format(named="logit_adjustment"))
+        return self
+
+
+# The offsets are τ·w·log π in score units: a softmax or sigmoid loss divides them by τ again, hinge never reads τ
+HINGE_HAS_NO_LOGITS = ("{named} shifts logits (score/τ) by w·log π, but loss hinge compares raw scores with a margin and "
+                       "has no τ: set {named} to 0, or use nt_xent, decoupled, bpr or sdml")
+
 
 class StageOneParams(TrainParams):
     # a missing key gets what params.yaml ships (tests/code/test_config.py holds the two together)
@@ -501,6 +512,13 @@ class Params(Strict):
             return ""
         return (f"{named} is {processes}, so every batch is split {processes} ways, and each process needs at least two "
                 f"rows: raise {', '.join(f'{n}.batch_size ({b})' for n, b in small.items())} to at least {2 * processes}")
+
+    @model_validator(mode="after")
+    def _mixup_prior_needs_logits(self) -> "Params":
+        mixup = self.augment.prototype_mixup
+        if mixup.enabled and mixup.prior_weight != 0.0 and self.stage_one.loss == "hinge":
+            raise ValueError("stage_one.loss is hinge: " + HINGE_HAS_NO_LOGITS.format(named="augment.prototype_mixup.prior_weight"))
+        return self
 
     @model_validator(mode="after")
     def _file_augmentation_needs_its_file(self) -> "Params":

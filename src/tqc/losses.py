@@ -76,10 +76,11 @@ def _positive_and_negatives(scores, target, excluded):
 
 
 def bpr(scores: torch.Tensor, target: torch.Tensor, excluded: torch.Tensor | None = None, *, temperature: float = 0.1) -> torch.Tensor:
-    """ADMC Eq. 4: −mean over negatives of log σ((s⁺ − s⁻)/τ)."""
+    """ADMC Eq. 4: −log σ((s⁺ − s⁻)/τ), the mean over each row's negatives, then over rows (Eq. 4's 1/N):
+    a row with masked columns weighs as much as the others. A row without negatives adds 0."""
     positive, negative = _positive_and_negatives(scores, target, excluded)
     pair_loss = -F.logsigmoid((positive - scores) / temperature)  # (B, C)
-    return (pair_loss * negative).sum() / negative.sum().clamp(min=1)
+    return ((pair_loss * negative).sum(dim=1) / negative.sum(dim=1).clamp(min=1)).mean()
 
 
 def hinge(scores: torch.Tensor, target: torch.Tensor, excluded: torch.Tensor | None = None, *, margin: float = 0.2) -> torch.Tensor:

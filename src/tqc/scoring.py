@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 
 from tqc.config import Params
+from tqc.device import pick_device
 from tqc.losses import SCALE_FREE_LOSSES
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, LabeledQuestion
@@ -30,7 +31,8 @@ def trained_folders(stage_one: Path, stage_two: Path, nc: Path | None) -> dict[s
 
 def trained_models(stage_one: Path, stage_two: Path, nc: Path | None) -> dict[str, BiEncoder | LinearClassifier]:
     """The run's trained models (`trained_folders`), each loaded once."""
-    return {name: (LinearClassifier if name == "nc" else BiEncoder).load(folder)
+    # On the device they trained and were validated on (a GPU, bf16 autocast, where there is one)
+    return {name: (LinearClassifier if name == "nc" else BiEncoder).load(folder).to(pick_device())
             for name, folder in trained_folders(stage_one, stage_two, nc).items()}
 
 

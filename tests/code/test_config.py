@@ -511,3 +511,13 @@ def test_tune_checks_faiss_for_every_similarity_its_space_may_pick(monkeypatch, 
                                       "tune": {"space": {"model.similarity": {"choices": ["mlp", "cosine", "inner"]}}}})
     assert cli._similarities(searched, "tune") == {"mlp", "cosine", "inner"}
     assert cli._similarities(searched, "stage-one") == {"mlp"}
+
+
+def test_logit_adjustment_is_refused_with_the_hinge_loss_which_has_no_logits():
+    """The offsets are τ·w·log π: hinge never reads τ, so w's effect would hang on an unused knob."""
+    with pytest.raises(ValueError, match="logit_adjustment shifts logits .* loss hinge"):
+        Params.model_validate({"stage_two": {"loss": "hinge", "logit_adjustment": 1.0}})
+    with pytest.raises(ValueError, match="stage_one.loss is hinge: augment.prototype_mixup.prior_weight shifts logits"):
+        Params.model_validate({"stage_one": {"loss": "hinge"}, "augment": {"prototype_mixup": {"enabled": True}}})
+    Params.model_validate({"stage_one": {"loss": "hinge"}, "augment": {"prototype_mixup": {"enabled": True, "prior_weight": 0.0}}})
+    Params.model_validate({"stage_two": {"loss": "bpr", "logit_adjustment": 1.0}})

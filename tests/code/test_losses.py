@@ -108,6 +108,17 @@ def test_hinge_and_bpr_by_hand():
     assert bpr(scores, torch.tensor([0]), temperature=0.1).item() == pytest.approx(by_hand, rel=1e-5)
 
 
+def test_hinge_and_bpr_average_over_rows_whatever_each_row_masks():
+    """Two rows, the second with one negative masked: each row's loss counts once (Eq. 4 and 5's 1/N over rows)."""
+    scores = torch.tensor([[1.0, 0.2, 0.1], [0.5, 0.4, 0.9]])
+    target, excluded = torch.tensor([0, 0]), torch.tensor([[False, False, False], [False, False, True]])
+    hinge_rows = [max(0, 1.0 - 1.0 + 0.2) + max(0, 1.0 - 1.0 + 0.1), max(0, 1.0 - 0.5 + 0.4)]  # margin 1: 0.3, 0.9
+    assert hinge(scores, target, excluded, margin=1.0).item() == pytest.approx(sum(hinge_rows) / 2)
+    softplus = lambda x: math.log1p(math.exp(-x / 0.1))  # −log σ(x/τ)
+    bpr_rows = [(softplus(0.8) + softplus(0.9)) / 2, softplus(0.1)]
+    assert bpr(scores, target, excluded, temperature=0.1).item() == pytest.approx(sum(bpr_rows) / 2, rel=1e-5)
+
+
 def test_stage_two_columns_put_gold_first_and_encode_each_class_once():
     gold = torch.tensor([3, 1])
     negatives = torch.tensor([[1, 4], [3, 4]])

@@ -202,7 +202,11 @@ def test_the_prior_stage_fits_each_model_for_the_target_mix_and_writes_it(tmp_pa
     gold = ["common"] * 8 + ["rare"] * 2
     save_questions(data / "validation.jsonl", [LabeledQuestion(f"validation {i}", c) for i, c in enumerate(gold)])
     scores = np.array([[0.58, 0.50]] * 6 + [[0.9, 0.1]] * 2 + [[0.53, 0.50]] * 2)  # (10, 2): leaning to the common class
-    monkeypatch.setattr(prior_stage, "trained_scorers", lambda *args: {"admc": lambda qs, c: scores, "stage_one": lambda qs, c: scores})
+    def validation_scores(questions, catalog):  # λ is fitted on validation's questions, never on training's
+        assert [q.text for q in questions] == [f"validation {i}" for i in range(len(gold))]
+        return scores
+
+    monkeypatch.setattr(prior_stage, "trained_scorers", lambda *args: {"admc": validation_scores, "stage_one": validation_scores})
     models = tmp_path / "models"
     params = Params().with_overrides({"prior": {"target": "uniform", "weights": [-1.0, -0.5, 0.0, 0.5, 1.0]}})
 
@@ -248,3 +252,20 @@ def test_hinge_trained_models_have_no_training_temperature_to_reuse():
 
     params = Params.model_validate({"stage_one": {"temperature": 0.07}, "stage_two": {"loss": "hinge", "temperature": 0.2}})
     assert logit_temperatures(params) == {"admc": None, "stage_one": 0.07, "nc": 1.0}
+
+
+def test_the_trained_models_are_scored_on_the_device_they_trained_on(tiny_model_dir, tmp_path, monkeypatch):
+    """prior and evaluate score where training validated (a GPU under bf16 autocast, where there is one): on the
+    CPU in float32 the validation figure in metrics.json would not be the one the checkpoint was kept by."""
+    import torch
+
+    from tqc import scoring
+    from tqc.config import ModelParams
+    from tqc.model.encoder import BiEncoder
+
+    for stage in ("stage_one", "stage_two"):
+        BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir))).save(tmp_path / stage)
+    monkeypatch.setattr(scoring, "pick_device", lambda: torch.device("meta"))  # a device no load lands on by itself
+    models = scoring.trained_models(tmp_path / "stage_one", tmp_path / "stage_two", None)
+    assert set(models) == {"stage_one", "admc"}
+    assert {p.device.type for model in models.values() for p in model.parameters()} == {"meta"}

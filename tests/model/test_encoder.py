@@ -217,8 +217,11 @@ def test_stage_two_trains_against_mined_negatives(tiny_model_dir, negatives):
     mined, _ = mine(model.question.encode([q.text for q in rows]).numpy(), model.standard.encode(catalog.texts).numpy(),
                     gold_indices(rows, catalog), k=1)
     params = StageTwoParams(epochs=4, batch_size=16, learning_rate=2e-3, patience=4, warmup_ratio=0.0, negatives=negatives)
+    encoded, embed_standards = [], model.embed_standards
+    model.embed_standards = lambda texts: encoded.append(list(texts)) or embed_standards(texts)  # each training batch's
     result = stage_two.train(model, rows, torch.as_tensor(mined), validation, catalog, params, seed=0)
     assert result.best_validation_macro_f1 > result.history[0].validation_macro_f1
+    assert encoded and all(len(set(texts)) == len(texts) for texts in encoded)  # each standard question once a batch
 
 
 def test_weight_decay_reaches_matrices_but_not_biases_or_layer_norms(tiny_model_dir):

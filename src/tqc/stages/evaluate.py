@@ -21,6 +21,7 @@ import numpy as np
 
 from tqc import prior
 from tqc.config import Params
+from tqc.device import pick_device
 from tqc.exemplars import exemplar_scorer
 from tqc.io import atomic_path, write_json, write_jsonl
 from tqc.metrics import DivergedScores, confused_pairs, per_class_prf, seed_std, summary
@@ -45,7 +46,7 @@ def load_models(models: ChainOutputs, params: Params, exemplars: list[LabeledQue
     """Every evaluated model as a scorer: the run's trained ones, the pretrained encoder untrained, and
     ADMC's encoder by its nearest `exemplars` (the labeled training rows) where given and `exemplar_k` > 0."""
     zero_shot = BiEncoder(TextEncoder.from_pretrained(params.model.pretrained, params.model.pooling, params.model.max_length),
-                          None, params.model.similarity)
+                          None, params.model.similarity).to(pick_device())
     trained = trained_models(models.stage_one, models.stage_two, models.nc)
     scorers = {name: scorer_for(model, params.evaluate.batch_size) for name, model in trained.items()}
     scorers["zero_shot"] = lambda qs, c: catalog_scores(zero_shot, qs, c, params.evaluate.batch_size)
