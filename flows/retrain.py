@@ -21,7 +21,7 @@ from prefect.states import Failed
 from tqc import retrain as steps
 from tqc.config import ConfigError, Params, load_params
 from tqc.errors import input_errors
-from tqc.tracking import nested_run, standalone_run
+from tqc.tracking import nested_run, offline_mlflow, standalone_run
 
 
 # Failures whose message is the whole story (bad params, no champion to refresh, a dvc step of the commit)
@@ -82,6 +82,7 @@ def retrain(params_path: str = "params.yaml", mode: str | None = None) -> dict:
 
     `mode`: "train" or "refresh" for this run, instead of params.yaml's `retrain.mode` (one deployment
     can then refresh often and train now and then: `prefect deployment run … -p mode=refresh`)."""
+    offline_mlflow()
     logger = get_run_logger()
     try:
         params = load_params(params_path, {"retrain": {"mode": mode}} if mode else None)

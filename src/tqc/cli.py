@@ -21,7 +21,7 @@ from typing import Callable
 from tqc.config import ConfigError, EvaluateParams, Params, load_params, redact_text
 from tqc.errors import input_errors
 from tqc.text import normalise
-from tqc.tracking import stage_run
+from tqc.tracking import offline_mlflow, stage_run
 
 
 def _paths(parser: argparse.ArgumentParser, *names: str) -> None:
@@ -367,7 +367,11 @@ def _predict(args: argparse.Namespace) -> None:
 
     from tqc.serving import ranked_records
 
-    questions = [q.strip() for q in args.questions if normalise(q)]  # a blank argument is no question
+    blank = [position for position, q in enumerate(args.questions, start=1) if not normalise(q)]
+    if blank:  # said, as --file's blank lines are: the answers no longer follow the arguments one for one
+        logging.getLogger(__name__).warning("question argument(s) %s have no question: not scored, so the answers "
+                                            "follow the other arguments", ", ".join(map(str, blank)))
+    questions = [q.strip() for q in args.questions if normalise(q)]
     questions += _file_questions(args.file, args.column)
     if not questions:
         raise ConfigError("no questions: give them as arguments or with --file")
@@ -593,6 +597,7 @@ def _log_fit(tracker, stage: str, result, history: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    offline_mlflow()  # before any command imports MLflow
     args = build_parser().parse_args(argv)
     args.argv = argv  # what a torchrun relaunch repeats
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -12,10 +12,11 @@ def input_errors() -> tuple[type[Exception], ...]:
     not retry them. Imported when called, so importing this module costs nothing."""
     from tqc.config import ConfigError
     from tqc.incoming import UnreadableReference
+    from tqc.io import DataFileError
     from tqc.prior import PriorFileError
     from tqc.readers import ReaderError
     from tqc.schema import StaleClassifier, StaleNegatives, UnknownClass
     from tqc.stages.validate import ValidationFailed
 
     return (ConfigError, ReaderError, ValidationFailed, PriorFileError, UnreadableReference, UnknownClass, StaleNegatives,
-            StaleClassifier)
+            StaleClassifier, DataFileError)

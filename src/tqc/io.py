@@ -12,6 +12,11 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 
+class DataFileError(ValueError):
+    """A file that cannot be read as the data it should hold; the message names the file and the line. An input
+    error (`tqc.errors.input_errors`): said in one line, and never retried, since reading again fails the same way."""
+
+
 def file_digest(path: str | Path, algorithm: str) -> str:
     """Hex digest of a file's bytes, read in blocks (md5 for DVC's hashes, sha256 for checksums)."""
     with Path(path).open("rb") as handle:
@@ -118,7 +123,12 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
         retired = path.with_name(f"{staging.name}.old") if path.exists() else None
         if retired:
             path.rename(retired)
-        staging.rename(path)
+        try:
+            staging.rename(path)
+        except BaseException:
+            if retired:  # the new model could not take its place: the old one goes back to it
+                retired.rename(path)
+            raise
         _fsync(path.parent, _FOLDER)
         if retired:
             shutil.rmtree(retired, ignore_errors=True)
@@ -167,7 +177,7 @@ def numbered_jsonl(path: str | Path) -> list[tuple[int, object]]:
                 try:
                     records.append((line_number, json.loads(line)))
                 except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}, line {line_number}: not valid JSON: {exc}") from None
+                    raise DataFileError(f"{path}, line {line_number}: not valid JSON: {exc}") from None
     except UnicodeDecodeError:  # a text-mode read decodes in chunks, so its error's position is within a chunk
         utf8_text(path.read_bytes(), str(path))  # raises, naming the line
         raise
@@ -180,5 +190,5 @@ def utf8_text(data: bytes, name: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise ValueError(f"{name}, line {line}: not UTF-8 text ({exc.reason}, byte 0x{data[exc.start]:02x} at offset "
+        raise DataFileError(f"{name}, line {line}: not UTF-8 text ({exc.reason}, byte 0x{data[exc.start]:02x} at offset "
                          f"{exc.start})") from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tqc.io import numbered_jsonl, write_jsonl
+from tqc.io import DataFileError, numbered_jsonl, write_jsonl
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class Catalog:
         for line, row in numbered_jsonl(path):
             question = _standard_question(row, f"{path}, line {line}")
             if question.class_id in first_line:
-                raise ValueError(f"{path}, line {line}: class id {question.class_id!r} again (first on line "
+                raise DataFileError(f"{path}, line {line}: class id {question.class_id!r} again (first on line "
                                  f"{first_line[question.class_id]}); a catalog has one standard question a class")
             first_line[question.class_id] = line
             questions.append(question)
@@ -117,17 +117,17 @@ def _checked_row(row: object, where: str, fields: dict[str, type], required: tup
     """A JSONL line with the `required` keys and no others than `fields`, each of its type, or an error naming the
     file and the line."""
     if not isinstance(row, dict):
-        raise ValueError(f"{where}: a {what} is a JSON object with {' and '.join(required)}, not {type(row).__name__}")
+        raise DataFileError(f"{where}: a {what} is a JSON object with {' and '.join(required)}, not {type(row).__name__}")
     unknown, missing = sorted(set(row) - set(fields)), [k for k in required if k not in row]
     if unknown or missing:
         said = "; ".join(part for part in (f"no {', '.join(missing)}" if missing else "",
                                            f"unexpected {', '.join(unknown)}" if unknown else "") if part)
         optional = [key for key in fields if key not in required]
-        raise ValueError(f"{where}: not a {what} ({said}); a {what} has {', '.join(required)} and optionally "
+        raise DataFileError(f"{where}: not a {what} ({said}); a {what} has {', '.join(required)} and optionally "
                          f"{', '.join(optional)} ({guess})")
     wrong = [key for key, value in row.items() if not isinstance(value, fields[key])]
     if wrong:
-        raise ValueError(f"{where}: " + ", ".join(f"{key} is {type(row[key]).__name__}, not {fields[key].__name__}"
+        raise DataFileError(f"{where}: " + ", ".join(f"{key} is {type(row[key]).__name__}, not {fields[key].__name__}"
                                                   for key in wrong))
     return row
 

@@ -435,7 +435,9 @@ def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | Non
 
     info = mlflow.pyfunc.log_model(
         name="model",
-        python_model=StandardQuestionMatcher(),
+        # Models-from-code: the version stores served_model.py, which builds the matcher when loaded; an instance
+        # passed here would be stored as a cloudpickle, which loading would unpickle.
+        python_model=str(Path(__file__).with_name("served_model.py")),
         artifacts=_artifacts(model_dir, catalog_path, prior_path, exemplars),
         model_config=config,
         signature=signature(config["top_k"]),

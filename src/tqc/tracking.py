@@ -141,10 +141,20 @@ def param_chunks(params: dict, size: int = 100) -> list[dict[str, str]]:
     return [dict(items[start : start + size]) for start in range(0, len(items), size)]
 
 
+def offline_mlflow() -> None:
+    """MLflow 3 sends usage records to its own servers unless told not to, and writes ~/.config/mlflow on import: tqc
+    never needs the network, so every entry point (the CLI, the flows, the first tracked call) says not to, before
+    MLflow is imported. A user's own MLFLOW_DISABLE_TELEMETRY (or DO_NOT_TRACK) setting stands."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
 def _client_and_experiment(params: TrackingParams):
+    offline_mlflow()
     import mlflow
 
-    mlflow.set_tracking_uri(tracking_uri(params))
+    uri = tracking_uri(params)
+    mlflow.set_tracking_uri(uri)
+    _create_beside_the_database(mlflow, params.experiment, uri)
     experiment = mlflow.set_experiment(params.experiment)
     client = mlflow.MlflowClient()
     try:
@@ -152,6 +162,23 @@ def _client_and_experiment(params: TrackingParams):
     except Exception as exc:  # housekeeping: a store that refuses it (the filter, another user's run) stops no stage
         log.warning("mlflow: could not end the runs of killed processes: %s", redact_text(" ".join(str(exc).split()))[:300])
     return mlflow, client, experiment.experiment_id
+
+
+def _create_beside_the_database(mlflow, experiment: str, uri: str) -> None:
+    """A new experiment of a SQLite store keeps its artifacts (logged models, reports) in `mlruns/` beside the database
+    file. MLflow's own default is `./mlruns` of whatever folder the process runs in: a store in another folder (a test's,
+    a second project's) wrote its models into this checkout's `mlruns/`. The default store, `sqlite:///mlflow.db`, run
+    from the project, keeps `./mlruns` as before. Servers and other stores choose their own artifact root."""
+    if not uri.startswith("sqlite:///") or mlflow.get_experiment_by_name(experiment) is not None:
+        return
+    from mlflow.exceptions import MlflowException
+
+    artifacts = (Path(uri.removeprefix("sqlite:///")).parent.resolve() / "mlruns").as_uri()
+    try:
+        mlflow.create_experiment(experiment, artifact_location=artifacts)
+    except MlflowException:  # another process created it first: its location stands
+        if mlflow.get_experiment_by_name(experiment) is None:
+            raise
 
 
 def this_process() -> str:

@@ -131,3 +131,36 @@ def test_a_jsonl_file_that_is_not_utf8_is_an_error_naming_the_line_of_its_first_
     path.write_bytes(b'{"text": "fine"}\n' * 3000 + b'{"text": "caf\xe9"}\n')  # the bad byte past the first chunk
     with pytest.raises(ValueError, match=r"mixed\.jsonl, line 3001: not UTF-8 text \(invalid continuation byte, byte 0xe9"):
         numbered_jsonl(path)
+
+
+def test_a_folder_that_cannot_take_its_place_leaves_the_old_one_where_it_was(tmp_path, monkeypatch):
+    """The old model is renamed aside before the new one is renamed in: if that second rename fails, the old
+    one must be back at its path, not left hidden beside it with nothing at the path."""
+    from pathlib import Path
+
+    with atomic_directory(tmp_path / "model") as staging:
+        (staging / "old.safetensors").write_bytes(b"old")
+    real_rename = Path.rename
+
+    def refuse_the_new_folder(self, target):
+        if self.name.startswith(".model.") and not self.name.endswith(".old") and Path(target) == tmp_path / "model":
+            raise OSError("disk went read-only")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", refuse_the_new_folder)
+    with pytest.raises(OSError, match="read-only"):
+        with atomic_directory(tmp_path / "model") as staging:
+            (staging / "new.safetensors").write_bytes(b"new")
+    assert (tmp_path / "model" / "old.safetensors").read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_a_jsonl_file_that_is_not_json_is_an_input_error_said_in_one_line(tmp_path, capsys):
+    """A bad line in a pipeline file is the user's data, not a crash: exit 2 and the file and line, no traceback."""
+    from tqc import cli
+
+    (tmp_path / "train.jsonl").write_text('{"text": "where is it?", "class_id": "LOC"}\n{"text": broken\n')
+    code = cli.main(["augment", "--train", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "out.jsonl"),
+                     "--report", str(tmp_path / "augment.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{tmp_path / 'train.jsonl'}, line 2: not valid JSON" in err and "Traceback" not in err

@@ -169,3 +169,38 @@ def test_a_pipeline_run_whose_params_fail_to_log_is_failed_and_owned_not_left_ru
         tracking._pipeline_parent(MlflowClient(), experiment_id, params, "abc")
     run, = MlflowClient().search_runs([experiment_id])
     assert run.info.status == "FAILED" and run.data.tags[tracking.OWNER_TAG] == tracking.this_process()
+
+
+def test_a_sqlite_stores_artifacts_go_beside_its_database_not_into_the_working_folder(tmp_path, monkeypatch):
+    """MLflow's default artifact root is `./mlruns` of the process's folder: every test store (and a second project's
+    store) wrote its models into this checkout's mlruns/."""
+    import mlflow
+
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    report = tmp_path / "report.txt"
+    report.write_text("figures\n")
+    store = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    (tmp_path / "store").mkdir()
+    with standalone_run("flow", TrackingParams(uri=store, experiment="beside")) as tracker:
+        tracker.log_artifact(report)
+    assert mlflow.get_experiment_by_name("beside").artifact_location == (tmp_path / "store" / "mlruns").as_uri()
+    assert list((tmp_path / "store" / "mlruns").rglob("report.txt")) and not (elsewhere / "mlruns").exists()
+
+
+@pytest.mark.parametrize("users_own", [None, "false"])
+def test_the_cli_tells_mlflow_not_to_phone_home_unless_the_user_said_otherwise(monkeypatch, users_own):
+    """MLflow 3 sends usage records to its servers by default; tqc never needs the network."""
+    import os
+
+    from tqc import cli
+
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "placeholder")  # so the test's change is undone afterwards
+    if users_own is None:
+        monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY")
+    else:
+        monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", users_own)
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == (users_own or "true")

@@ -244,3 +244,16 @@ def test_a_class_left_without_validation_rows_is_reported(tmp_path, caplog):
         report = run_validate(tmp_path)
     assert report["classes_without_validation_rows"] == ["b"]
     assert "1 class(es) lost every validation row to quarantine" in caplog.text
+
+
+def test_an_expectation_that_cannot_be_evaluated_stops_the_stage_naming_it():
+    """Great Expectations reports an expectation whose metric raised as a failure with no failing rows; read as such
+    it quarantined nothing and only warned, critical or not, and the stage wrote its data as validated."""
+    import pandas as pd
+    from great_expectations import expectations as gxe
+
+    from tqc.stages.validate import Validator
+
+    broken = gxe.ExpectColumnValuesToBeInSet(column="leaks", value_set=[False], meta={"name": "no_leakage"})
+    with pytest.raises(ValidationFailed, match='no_leakage on train could not be evaluated: .*column "leaks"'):
+        Validator(None).validate("train", pd.DataFrame({"text": ["a question"]}), [broken], critical=set())

@@ -74,6 +74,10 @@ def test_a_csv_or_jsonl_file_gives_its_question_column_not_its_header_or_raw_jso
         assert main(ask + ["--file", str(tmp_path / "gappy.csv")]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 1
     assert "gappy.csv: line(s) 3 have no question: not scored" in caplog.text
+    with caplog.at_level("WARNING", logger="tqc.cli"):
+        assert main(ask[:-2] + ["where is paris", " ", "who wrote it"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert "question argument(s) 2 have no question: not scored" in caplog.text
 
     assert main(ask[:-2] + ["--file", str(tmp_path / "batch.csv")]) == 2  # the default column, text, is not there
     assert "batch.csv, line 1: missing column(s) ['text']: the header has ['utterance', 'intent']" in capsys.readouterr().err

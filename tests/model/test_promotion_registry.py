@@ -145,6 +145,10 @@ def test_the_registry_serves_the_model_with_the_class_prior_shift_fitted_for_it(
     answers = mlflow.pyfunc.load_model("models:/tqc-admc@champion").predict(
         pd.DataFrame({"question": ["where is paris", "who invented chess"]}), params={"top_k": 1})
     assert answers["class_id"].tolist() == ["NUM", "NUM"] and (answers["score"] > 99).all()
+    # The version holds code and safetensors: loading it unpickles nothing
+    stored = Path(mlflow.artifacts.download_artifacts("models:/tqc-admc@champion", dst_path=str(tmp_path / "stored")))
+    assert not [p for p in stored.rglob("*") if p.suffix in (".pkl", ".pickle", ".bin", ".pt")]
+    assert (stored / "served_model.py").is_file() and "loader_module: mlflow.pyfunc.loaders.code_model" in (stored / "MLmodel").read_text()
 
     write_json(models / "prior.json", {"weights": [0.0], "models": {}})
     with standalone_run("promote", registry) as tracker, pytest.raises(ValueError, match=r"prior.json: none of its entries"):

@@ -22,7 +22,7 @@ from tqc.config import PromoteParams
 from tqc.io import write_json
 from tqc.promotion import class_changes, decide, tail_classes
 from tqc.schema import Catalog, load_questions
-from tqc.tracking import Tracker
+from tqc.tracking import Tracker, offline_mlflow
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         write_json(report_path, report)
         log.warning("promote: %s", report["reasons"][0])
         return report
+    offline_mlflow()
     import mlflow
     from tqc.serving import alias_version, answers_of, register
 

@@ -161,10 +161,26 @@ class Validator:
         for validation in result.run_results.values():
             for r in validation.results:
                 name = r.expectation_config.meta["name"]
+                _stop_if_unevaluated(r, name, table)
                 failing = [int(i) for i in r.result.get("unexpected_index_list") or []]
                 observed = {k: _plain(v) for k, v in r.result.items() if k in ("observed_value", "unexpected_count", "element_count")}
                 outcomes.append(ExpectationOutcome(name, table, bool(r.success), failing, name in ROW_LEVEL, name in critical, observed))
         return outcomes
+
+
+def _stop_if_unevaluated(result, name: str, table: str) -> None:
+    """An expectation Great Expectations could not evaluate (a missing column, a metric that raised) comes back as a
+    failure with no failing rows: read as such, a critical check would quarantine nothing and only warn. Critical or
+    not, the suite did not check the data, so the stage stops, naming the expectation, the table and the cause."""
+    info = result.exception_info or {}
+    raised = [info] if "raised_exception" in info else [v for v in info.values() if isinstance(v, dict)]  # GX: per metric
+    causes = sorted({entry.get("exception_message") or "raised" for entry in raised if entry.get("raised_exception")})
+    if causes:
+        raise ValidationFailed(f"expectation {name} on {table} could not be evaluated: {'; '.join(causes)}")
+    if name in ROW_LEVEL and not result.success and not result.result.get("unexpected_index_list"):
+        raise ValidationFailed(f"expectation {name} on {table} failed without naming its rows "
+                               f"({ {k: _plain(v) for k, v in result.result.items() if k != 'unexpected_index_list'} }), "
+                               "so none could be quarantined")
 
 
 def _plain(value):
