@@ -17,8 +17,7 @@ import numpy as np
 from tqc.config import load_params
 from tqc.metrics import macro_f1
 from tqc.schema import load_questions
-from tqc.serving import served_top1
-from tqc.tracking import tracking_uri
+from tqc.tracking import offline_mlflow, tracking_uri
 
 
 def main() -> None:
@@ -28,7 +27,10 @@ def main() -> None:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = parser.parse_args()
 
+    offline_mlflow()  # before MLflow is imported
     import mlflow
+
+    from tqc.serving import served_top1
 
     params = load_params(args.params)
     mlflow.set_tracking_uri(tracking_uri(params.tracking))

@@ -28,6 +28,7 @@ import subprocess
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
+from urllib.parse import quote
 from typing import Iterator
 
 from tqc import distributed
@@ -144,8 +145,9 @@ def param_chunks(params: dict, size: int = 100) -> list[dict[str, str]]:
 def offline_mlflow() -> None:
     """MLflow 3 sends usage records to its own servers unless told not to, and writes ~/.config/mlflow on import: tqc
     never needs the network, so every entry point (the CLI, the flows, the first tracked call) says not to, before
-    MLflow is imported. A user's own MLFLOW_DISABLE_TELEMETRY (or DO_NOT_TRACK) setting stands."""
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    MLflow is imported. A user's own MLFLOW_DISABLE_TELEMETRY or DO_NOT_TRACK setting stands."""
+    if "DO_NOT_TRACK" not in os.environ:
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
 def _client_and_experiment(params: TrackingParams):
@@ -165,15 +167,16 @@ def _client_and_experiment(params: TrackingParams):
 
 
 def _create_beside_the_database(mlflow, experiment: str, uri: str) -> None:
-    """A new experiment of a SQLite store keeps its artifacts (logged models, reports) in `mlruns/` beside the database
-    file. MLflow's own default is `./mlruns` of whatever folder the process runs in: a store in another folder (a test's,
-    a second project's) wrote its models into this checkout's `mlruns/`. The default store, `sqlite:///mlflow.db`, run
-    from the project, keeps `./mlruns` as before. Servers and other stores choose their own artifact root."""
+    """A new experiment of a SQLite store keeps its artifacts (logged models, reports) in `mlruns/<experiment>/` beside
+    the database file. MLflow's own default is `./mlruns/<id>` of whatever folder the process runs in: a store in another
+    folder (a test's, a second project's) wrote its models into this checkout's `mlruns/`. An experiment made before
+    keeps its location. Servers and other stores choose their own artifact root."""
     if not uri.startswith("sqlite:///") or mlflow.get_experiment_by_name(experiment) is not None:
         return
     from mlflow.exceptions import MlflowException
 
-    artifacts = (Path(uri.removeprefix("sqlite:///")).parent.resolve() / "mlruns").as_uri()
+    database = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    artifacts = (database.parent.resolve() / "mlruns" / quote(experiment, safe="")).as_uri()
     try:
         mlflow.create_experiment(experiment, artifact_location=artifacts)
     except MlflowException:  # another process created it first: its location stands

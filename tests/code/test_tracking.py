@@ -185,7 +185,7 @@ def test_a_sqlite_stores_artifacts_go_beside_its_database_not_into_the_working_f
     (tmp_path / "store").mkdir()
     with standalone_run("flow", TrackingParams(uri=store, experiment="beside")) as tracker:
         tracker.log_artifact(report)
-    assert mlflow.get_experiment_by_name("beside").artifact_location == (tmp_path / "store" / "mlruns").as_uri()
+    assert mlflow.get_experiment_by_name("beside").artifact_location == (tmp_path / "store" / "mlruns" / "beside").as_uri()
     assert list((tmp_path / "store" / "mlruns").rglob("report.txt")) and not (elsewhere / "mlruns").exists()
 
 
