@@ -31,7 +31,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-
 from tqc.ablate import FIGURES, CellResult, _dig, local_overrides, select_cells, without_prior_shift, write_report
 from tqc.cli import parse_overrides
 from tqc.config import ConfigError, Params, flatten, load_params, unflatten

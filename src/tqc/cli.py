@@ -367,11 +367,7 @@ def _predict(args: argparse.Namespace) -> None:
 
     from tqc.serving import ranked_records
 
-    blank = [position for position, q in enumerate(args.questions, start=1) if not normalise(q)]
-    if blank:  # said, as --file's blank lines are: the answers no longer follow the arguments one for one
-        logging.getLogger(__name__).warning("question argument(s) %s have no question: not scored, so the answers "
-                                            "follow the other arguments", ", ".join(map(str, blank)))
-    questions = [q.strip() for q in args.questions if normalise(q)]
+    questions = _scored(list(enumerate(args.questions, start=1)), "question argument(s)", "arguments")
     questions += _file_questions(args.file, args.column)
     if not questions:
         raise ConfigError("no questions: give them as arguments or with --file")
@@ -384,16 +380,21 @@ def _predict(args: argparse.Namespace) -> None:
 
 
 def _file_questions(path: Path | None, column: str) -> list[str]:
-    """`--file`'s questions. A blank one (whitespace or invisible characters alone, which the model would still
-    answer) is not scored, and said with its line, since the answers then no longer line up with the file's."""
+    """`--file`'s questions, blank lines said and left out (`_scored`)."""
     if path is None:
         return []
-    numbered = _question_file_lines(path, column)
-    blank = [line for line, text in numbered if not normalise(text)]
+    return _scored(_question_file_lines(path, column), f"{'stdin' if str(path) == '-' else path}: line(s)", "lines")
+
+
+def _scored(numbered: list[tuple[int, str]], where: str, others: str) -> list[str]:
+    """The questions of (position, text) pairs, stripped. A blank one (whitespace or invisible characters alone, which
+    the model would still answer) is not scored, and said with its position, since the answers then no longer line
+    up with the arguments or the file's lines."""
+    blank = [position for position, text in numbered if not normalise(text)]
     if blank:
         listed = ", ".join(map(str, blank[:10])) + (f" and {len(blank) - 10} more" if len(blank) > 10 else "")
-        logging.getLogger(__name__).warning("%s: line(s) %s have no question: not scored, so the answers follow "
-                                            "the other lines", "stdin" if str(path) == "-" else path, listed)
+        logging.getLogger(__name__).warning("%s %s have no question: not scored, so the answers follow the other %s",
+                                            where, listed, others)
     return [text.strip() for _, text in numbered if normalise(text)]
 
 
