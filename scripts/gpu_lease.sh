@@ -1,8 +1,8 @@
 #!/bin/bash
 # One lease of a GPU box that has torch and transformers but not the pipeline's other tools (how the
 # figures in reports/gpu/ and README's GPU bench row were made): unpack what travelled with the
-# checkout in .devcarry/ (git-ignored: site.tar.xz = pydantic, faiss-cpu and ruamel.yaml for Python 3.12: params.yaml
-# is read with ruamel since e1df917, so a site.tar.xz made before then needs `pip install --target` of ruamel.yaml too;
+# checkout in .devcarry/ (git-ignored: site.tar.xz = pydantic, faiss-cpu, ruamel.yaml and ruamel.yaml.clib for Python
+# 3.12, params.yaml being read with ruamel since e1df917: unzip their cp312 wheels into one folder and tar it;
 # minilm/ = the packaged MiniLM's folder with its weights as float16 safetensors, xz-compressed;
 # prepared.tar.xz = `scripts/gpu_grid.py prepare`'s folder), then the GPU tests, the epochs
 # benchmark, and grid cells until SECONDS_TOTAL is nearly up. Logs and results go to $OUT.

@@ -142,3 +142,55 @@ def test_the_seq2seq_rewriter_generates_on_the_gpu(tmp_path):
     assert rewriter.models[0].model.device.type == "cuda"
     rewritten = rewriter.rewrite(["where is paris", "who wrote the song"], seed=0)
     assert len(rewritten) == 2 and all(isinstance(text, str) for text in rewritten)
+
+
+MIXED_LENGTHS = ["where is paris", "who invented the tower in the lake", "how many", "where can i find a castle on the island"]
+
+
+@pytest.mark.parametrize("pooling, padding_side", [("cls", "left"), ("cls", "right"), ("attention", "right"), ("mean", "left")])
+def test_every_pooling_encodes_on_the_gpu_as_on_the_cpu(tiny_model_dir, pooling, padding_side):
+    """cls indexes each row's first real token with indices made on the states' device; attention pooling's
+    learned scorer must move with the encoder. Mixed lengths, so padding sits inside the batch."""
+    from tqc.model.encoder import TextEncoder
+
+    torch.manual_seed(0)
+    encoder = TextEncoder.from_pretrained(str(tiny_model_dir), pooling, 32)
+    encoder.tokenizer.padding_side = padding_side
+    if encoder.pooling.attention is not None:  # zero init is mean pooling: give it a scorer that is not
+        torch.nn.init.normal_(encoder.pooling.attention.weight)
+    on_cpu = encoder.encode(MIXED_LENGTHS)  # (4, D) float32
+    on_gpu = encoder.to(pick_device()).encode(MIXED_LENGTHS)  # (4, D): bf16 autocast, back to float32 on the CPU
+    assert on_gpu.device.type == "cpu" and on_gpu.dtype == torch.float32
+    assert torch.nn.functional.cosine_similarity(on_cpu, on_gpu).min() > 0.99
+
+
+@pytest.mark.parametrize("at", ["input", "output"])
+def test_implicit_augmentation_trains_on_the_gpu_at_either_placement(tiny_model_dir, at):
+    """Dropout and cutoff under bf16 autocast: the output placement cuts the last hidden states, which are bf16 there."""
+    torch.manual_seed(0)
+    model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir))).to(pick_device())
+    model.set_augmentation(["dropout", "cutoff"], 0.3, at)
+    model.train()
+    with autocast(pick_device()):
+        augmented = model.embed_questions(MIXED_LENGTHS)  # (4, D)
+    assert augmented.device.type == "cuda" and torch.isfinite(augmented).all()
+    model.eval()
+    with torch.no_grad(), autocast(pick_device()):
+        clean = model.embed_questions(MIXED_LENGTHS)  # (4, D): no augmentation outside training
+    assert not torch.allclose(augmented.detach().float(), clean.float(), atol=1e-3)
+    one = stage_one.train(model, _rows(0, 8), _rows(1, 2), CATALOG,
+                          StageOneParams(epochs=1, batch_size=8, learning_rate=1e-3, patience=1), seed=0)
+    assert all(np.isfinite(r.train_loss) for r in one.history if r.epoch > 0)
+
+
+def test_evaluate_and_prior_score_the_trained_models_on_the_gpu(tiny_model_dir, tmp_path):
+    """Evaluate and the prior stage load the saved models onto the device they trained on, not the CPU."""
+    from tqc import scoring
+
+    model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+    for name in ("one", "two"):
+        model.save(tmp_path / name)
+    models = scoring.trained_models(tmp_path / "one", tmp_path / "two", None)
+    assert {name: next(m.parameters()).device.type for name, m in models.items()} == {"stage_one": "cuda", "admc": "cuda"}
+    scores = scoring.scorer_for(models["admc"], 8)(_rows(1, 2), CATALOG)  # (6, P) float32 on the CPU
+    assert scores.shape == (6, len(CATALOG.texts)) and np.isfinite(scores).all()
