@@ -41,7 +41,7 @@ def _training_setup(params: Params, data_dir: Path, train_path: Path):
     train_rows = load_questions(train_path)
     validation = load_questions(data_dir / "validation.jsonl")[:8]  # validation is not what is timed
     model = BiEncoder.from_params(params.model).to(pick_device())
-    model.set_augmentation(params.augment.implicit, params.augment.rate, params.augment.implicit_at)
+    model.set_augmentation(params.augment)
     return catalog, train_rows, validation, model
 
 

@@ -191,4 +191,4 @@ def utf8_text(data: bytes, name: str) -> str:
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise DataFileError(f"{name}, line {line}: not UTF-8 text ({exc.reason}, byte 0x{data[exc.start]:02x} at offset "
-                         f"{exc.start})") from None
+                            f"{exc.start})") from None

@@ -91,7 +91,7 @@ class Catalog:
             question = _standard_question(row, f"{path}, line {line}")
             if question.class_id in first_line:
                 raise DataFileError(f"{path}, line {line}: class id {question.class_id!r} again (first on line "
-                                 f"{first_line[question.class_id]}); a catalog has one standard question a class")
+                                    f"{first_line[question.class_id]}); a catalog has one standard question a class")
             first_line[question.class_id] = line
             questions.append(question)
         return cls(questions)
@@ -124,11 +124,11 @@ def _checked_row(row: object, where: str, fields: dict[str, type], required: tup
                                            f"unexpected {', '.join(unknown)}" if unknown else "") if part)
         optional = [key for key in fields if key not in required]
         raise DataFileError(f"{where}: not a {what} ({said}); a {what} has {', '.join(required)} and optionally "
-                         f"{', '.join(optional)} ({guess})")
+                            f"{', '.join(optional)} ({guess})")
     wrong = [key for key, value in row.items() if not isinstance(value, fields[key])]
     if wrong:
         raise DataFileError(f"{where}: " + ", ".join(f"{key} is {type(row[key]).__name__}, not {fields[key].__name__}"
-                                                  for key in wrong))
+                                                     for key in wrong))
     return row
 
 

@@ -28,8 +28,8 @@ import subprocess
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from urllib.parse import quote
 from typing import Iterator
+from urllib.parse import quote
 
 from tqc import distributed
 from tqc.config import Params, TrackingParams, flatten, redact_secrets, redact_text

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tqc.config import ModelParams, StageOneParams
+from tqc.config import AugmentParams, ModelParams, StageOneParams
 from tqc.model.encoder import BiEncoder, EmbeddingAugmentation, TextEncoder, resolve_pretrained
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
 from tqc.stages import stage_one
@@ -70,7 +70,7 @@ def test_cutoff_zeroes_whole_feature_dimensions_per_sentence():
 
 def test_implicit_augmentation_perturbs_questions_in_training_only(tiny_model_dir):
     model = tiny_bi_encoder(tiny_model_dir)
-    model.set_augmentation(["dropout", "cutoff"], 0.1)
+    model.set_augmentation(AugmentParams(implicit=["dropout", "cutoff"], rate=0.1))
     model.eval()
     assert torch.equal(model.question(TEXTS), model.question(TEXTS))
     model.train()
@@ -85,7 +85,7 @@ def test_implicit_augmentation_perturbs_questions_in_training_only(tiny_model_di
 def test_implicit_augmentation_perturbs_the_token_matrix_it_is_placed_at(tiny_model_dir, at):
     torch.manual_seed(0)
     model = tiny_bi_encoder(tiny_model_dir)
-    model.set_augmentation(["cutoff"], 0.5, at)
+    model.set_augmentation(AugmentParams(implicit=["cutoff"], rate=0.5, implicit_at=at))
     encoder = model.question.train()
     seen = {}
     encoder.backbone.register_forward_pre_hook(lambda _, args, kwargs: seen.update(given=kwargs["inputs_embeds"]), with_kwargs=True)
@@ -114,7 +114,7 @@ def test_implicit_augmentation_refuses_an_unknown_place():
 
 def test_a_tied_encoder_augments_questions_but_not_the_catalog(tiny_model_dir):
     model = tiny_bi_encoder(tiny_model_dir, tied=True)
-    model.set_augmentation(["dropout", "cutoff"], 0.3)
+    model.set_augmentation(AugmentParams(implicit=["dropout", "cutoff"], rate=0.3))
     model.train()
     for module in model.modules():  # only the embedding augmentation may differ between calls
         if isinstance(module, torch.nn.Dropout):

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from tqc.config import ConfigError, ModelParams
+from tqc.config import AugmentParams, ConfigError, ModelParams
 from tqc.io import atomic_directory
 from tqc.model.similarity import make_scorer
 
@@ -130,6 +130,11 @@ class EmbeddingAugmentation(nn.Module):
         self.kinds = list(kinds)
         self.rate = rate
         self.at = at
+
+    @classmethod
+    def from_params(cls, params: AugmentParams) -> "EmbeddingAugmentation":
+        """params.yaml's `augment.implicit`, `rate` and `implicit_at`."""
+        return cls(params.implicit, params.rate, params.implicit_at)
 
     def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
         if not self.training or self.rate == 0.0:
@@ -294,9 +299,9 @@ class BiEncoder(nn.Module):
         standard = None if params.tied else TextEncoder.from_pretrained(params.pretrained, params.pooling, params.max_length)
         return cls(question, standard, params.similarity)
 
-    def set_augmentation(self, kinds: list[str], rate: float, at: str = "input") -> None:
+    def set_augmentation(self, params: AugmentParams) -> None:
         """Implicit augmentation applies to user questions only, never to the catalog."""
-        self.question.augmentation = EmbeddingAugmentation(kinds, rate, at)
+        self.question.augmentation = EmbeddingAugmentation.from_params(params)
 
     def embed_questions(self, texts: list[str]) -> torch.Tensor:
         """User questions (B,) → (B, D), with the implicit augmentation in training."""

@@ -119,7 +119,7 @@ def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_par
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     train_rows, validation = load_questions(train_path), load_questions(data_dir / "validation.jsonl")
     encoder = TextEncoder.from_pretrained(model_params.pretrained, model_params.pooling, model_params.max_length)
-    encoder.augmentation = EmbeddingAugmentation(augment_params.implicit, augment_params.rate, augment_params.implicit_at)
+    encoder.augmentation = EmbeddingAugmentation.from_params(augment_params)
     model = LinearClassifier(encoder, catalog.class_ids).to(pick_device())
     log.info("NC baseline: %d training rows, %d classes", len(train_rows), len(catalog))
     result = train(model, train_rows, validation, catalog, params, seed, on_epoch)

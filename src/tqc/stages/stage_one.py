@@ -158,7 +158,7 @@ def run(
     train_rows = stage_one_rows(load_questions(train_path), augment_params.deferred)
     validation = load_questions(data_dir / "validation.jsonl")
     model = BiEncoder.from_params(model_params).to(pick_device())
-    model.set_augmentation(augment_params.implicit, augment_params.rate, augment_params.implicit_at)
+    model.set_augmentation(augment_params)
     log.info("stage one: %d training rows%s, %d validation, %d classes on %s", len(train_rows),
              " (deferred re-balancing: generated rows wait for stage two)" if augment_params.deferred else "",
              len(validation), len(catalog), pick_device())

@@ -89,7 +89,7 @@ def run(
     train_rows, validation = load_questions(train_path), load_questions(data_dir / "validation.jsonl")
     negatives = torch.as_tensor(load_negatives(negatives_path, catalog, [q.class_id for q in train_rows]))
     model = BiEncoder.load(stage_one_dir).to(pick_device())
-    model.set_augmentation(augment_params.implicit, augment_params.rate, augment_params.implicit_at)
+    model.set_augmentation(augment_params)
     log.info("stage two: %d training rows × %d negatives, %d validation", len(train_rows), negatives.shape[1], len(validation))
     result = train(model, train_rows, negatives, validation, catalog, params, seed, on_epoch)
     metadata = {"stage": "stage_two", "best_epoch": result.best_epoch,
