@@ -141,6 +141,13 @@ class PrototypeMixupParams(Strict):
     prior_weight: float = Field(1.0, ge=0.0)  # logit compensation w·log π_y (0: off)
     weight: float = Field(1.0, ge=0.0)  # the balanced set's loss weight (SharpReCL's μ)
 
+    @model_validator(mode="after")
+    def _synthetic_share_rises(self) -> "PrototypeMixupParams":
+        if self.synthetic_start > self.synthetic_end:
+            raise ValueError(f"synthetic_start ({self.synthetic_start}) is above synthetic_end ({self.synthetic_end}): "
+                             "SharpReCL's synthetic share rises over training (0.5 to 1.0); equal values keep it fixed")
+        return self
+
 
 class CrossEncodingParams(Strict):
     """CEAA in stage one: "question [SEP] standard question" inputs with an "is relevant" target."""
@@ -151,6 +158,16 @@ class CrossEncodingParams(Strict):
     relevant_text: str = "is relevant"
     irrelevant_text: str = "is not relevant"
     weight: float = Field(1.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _two_targets(self) -> "CrossEncodingParams":
+        """The target texts are what the joined input is scored against: a blank one, or one text for both, is no target."""
+        if not self.relevant_text.strip() or not self.irrelevant_text.strip():
+            raise ValueError("relevant_text and irrelevant_text must each hold words (the joined input's two targets)")
+        if " ".join(self.relevant_text.split()).casefold() == " ".join(self.irrelevant_text.split()).casefold():
+            raise ValueError(f"relevant_text and irrelevant_text are the same text ({self.relevant_text!r}): "
+                             "the joined inputs would have one target for relevant and irrelevant pairs alike")
+        return self
 
 
 class AugmentParams(Strict):

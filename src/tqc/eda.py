@@ -7,16 +7,39 @@ generated question stays in its class's vocabulary. Pure functions of (text, rng
 from __future__ import annotations
 
 import random
+import re
 from collections import defaultdict
 
 OPERATIONS = ("swap", "delete", "insert")
+
+# Chinese and Japanese are written without spaces between words: there a character (an ideograph or a kana, each
+# whole, with no combining marks) is the unit EDA moves, since a whole question would otherwise be one "word" that
+# no swap or deletion can change and that an insertion only doubles. Scripts whose characters carry combining marks
+# (Thai, Khmer, …) keep whitespace words: moving a vowel sign off its consonant makes no text.
+UNSPACED = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+UNITS = re.compile(f"[{UNSPACED}]|[^\\s{UNSPACED}]+")
+IS_UNSPACED = re.compile(f"[{UNSPACED}]")
+
+
+def words_of(text: str) -> list[str]:
+    """A question's units: its space-separated words, with each character of an unspaced script a unit of its own."""
+    return UNITS.findall(text)
+
+
+def joined(words: list[str]) -> str:
+    """Units back into text: a space between two units unless both are characters of an unspaced script."""
+    text = ""
+    for word in words:
+        spaced = text and not (IS_UNSPACED.match(word) and IS_UNSPACED.match(text[-1]))
+        text += (" " if spaced else "") + word
+    return text
 
 
 def class_vocabularies(questions) -> dict[str, list[str]]:
     """class id → the sorted distinct words of its questions."""
     words: dict[str, set[str]] = defaultdict(set)
     for question in questions:
-        words[question.class_id].update(question.text.split())
+        words[question.class_id].update(words_of(question.text))
     return {class_id: sorted(ws) for class_id, ws in words.items()}
 
 
@@ -46,10 +69,10 @@ def augment_text(text: str, vocabulary: list[str], rng: random.Random, alpha: fl
     """One random operation on round(alpha · words) positions (at least one), of those that can change the question, drawn
     again (up to `attempts` times) while it leaves the question as it was (a swap of two equal words): a copy is no
     augmentation. A question nothing changes (one word, and no vocabulary to insert from) stays."""
-    words = text.split()
+    words = words_of(text)
     for _ in range(attempts):
-        changed = " ".join(_one_operation(words, vocabulary, rng, alpha))
-        if changed != " ".join(words):
+        changed = joined(_one_operation(words, vocabulary, rng, alpha))
+        if changed != joined(words):
             break
     return changed
 

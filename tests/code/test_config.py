@@ -521,3 +521,14 @@ def test_logit_adjustment_is_refused_with_the_hinge_loss_which_has_no_logits():
         Params.model_validate({"stage_one": {"loss": "hinge"}, "augment": {"prototype_mixup": {"enabled": True}}})
     Params.model_validate({"stage_one": {"loss": "hinge"}, "augment": {"prototype_mixup": {"enabled": True, "prior_weight": 0.0}}})
     Params.model_validate({"stage_two": {"loss": "bpr", "logit_adjustment": 1.0}})
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"cross_encoding": {"relevant_text": "same", "irrelevant_text": " Same "}}, "are the same text"),
+    ({"cross_encoding": {"irrelevant_text": "  "}}, "must each hold words"),
+    ({"prototype_mixup": {"synthetic_start": 1.0, "synthetic_end": 0.5}}, "synthetic share rises"),
+])
+def test_cross_encoding_targets_and_the_mixup_schedule_that_cannot_work_are_refused(section, message):
+    with pytest.raises(ValueError, match=message):
+        Params.model_validate({"augment": section})
+    Params.model_validate({"augment": {"prototype_mixup": {"synthetic_start": 0.7, "synthetic_end": 0.7}}})  # fixed share

@@ -78,6 +78,10 @@ def test_augment_draws_offline_rows_only_when_all_their_origins_are_in_train():
     assert len(copies) == 1 and copies[0].text in {"tail question 0", "tail question 1"}  # too few offline rows
     assert all(q.generated for q in extra)
     assert augment.oversample(train, {"tail": 6, "head": 6}, seed=0, explicit="file", generated=pool) == rows
+    # `tqc augment --generated` takes any file: a row it draws is marked generated whatever the file said
+    unmarked = [LabeledQuestion("tail rewrite", "tail", "mine.jsonl:1", origins=("t:0",))]
+    drawn = augment.oversample(train, {"tail": 3, "head": 6}, seed=0, explicit="file", generated=unmarked)[len(train):]
+    assert [(q.text, q.generated) for q in drawn] == [("tail rewrite", True)]
 
 
 def test_the_augment_stage_reads_the_validated_offline_rows_and_reports_what_it_used(tmp_path):

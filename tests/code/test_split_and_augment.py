@@ -74,6 +74,27 @@ def test_eda_draws_again_where_an_operation_would_leave_the_question_as_it_was()
     assert augment_text("why", [], rng) == "why"  # nothing can change it: it stays, and is counted as a copy
 
 
+def test_eda_moves_the_characters_of_chinese_and_japanese_questions_which_have_no_spaces():
+    """`text.split()` made a whole Chinese question one word: no swap or deletion could change it, and an insertion
+    glued another question of its class onto it."""
+    import random
+
+    from tqc.eda import augment_text, class_vocabularies, joined, words_of
+
+    assert words_of("我的银行卡丢了怎么办") == list("我的银行卡丢了怎么办")
+    assert words_of("where is 北京 now?") == ["where", "is", "北", "京", "now?"]
+    for text in ("我的银行卡丢了怎么办", "カードをなくした", "where is 北京 now?", "what is a card", "บัตรหาย"):
+        assert joined(words_of(text)) == " ".join(text.split())  # units back into the text they came from
+    rows = [LabeledQuestion("我的银行卡丢了怎么办", "lost"), LabeledQuestion("银行卡被偷了怎么挂失", "lost")]
+    vocabulary = class_vocabularies(rows)["lost"]
+    assert "银" in vocabulary and len(vocabulary) == len(set("我的银行卡丢了怎么办银行卡被偷了怎么挂失"))
+    rng = random.Random(0)
+    made = [augment_text(rows[0].text, vocabulary, rng, alpha=0.2) for _ in range(30)]
+    assert all(" " not in text and set(text) <= set(vocabulary) for text in made)  # characters of its class, no spaces
+    assert all(abs(len(text) - len(rows[0].text)) <= 2 for text in made)  # an edit, not a second question glued on
+    assert len(set(made)) > 5 and rows[0].text not in made
+
+
 def test_the_long_tail_follows_sharprecl_counts():
     from tqc.stages.ingest import long_tail
 
@@ -215,6 +236,40 @@ def test_generated_rows_equal_to_a_held_out_question_are_dropped_and_counted(tmp
     dropped = report["rows"]["generated_dropped_as_held_out"]
     assert dropped > 0 and report["rows"]["copies_in_place_of_dropped"] == dropped  # of the question that is no test one
     assert report["per_class"]["tail"] == {"before": 2, "after": 10, "generated": 8}  # the target held
+
+
+def test_made_rows_whose_text_another_class_has_are_dropped_counted_and_replaced_by_copies(tmp_path, monkeypatch):
+    """EDA deleting "what is a card" down to "what a card", which class B asks: train would hold one text under two
+    labels. Validate refuses that of offline rows; augment now refuses it of its own."""
+    from tqc.config import AugmentParams
+    from tqc.schema import load_questions, save_questions
+    from tqc.stages import augment
+    from tqc.text import normalise
+
+    train = [LabeledQuestion("what is a card", "A", "t:0"), *(LabeledQuestion(f"what a card {i}" if i else "what a card",
+                                                                               "B", f"t:{1 + i}") for i in range(9))]
+    made = [LabeledQuestion("what a card", "A", "eda:t:0", generated=True),  # B's training question
+            LabeledQuestion("what is card", "A", "eda:t:0", generated=True),
+            LabeledQuestion("What  is card", "B", "eda:t:1", generated=True),  # made for A too, as validate compares
+            LabeledQuestion("a card", "A", "eda:t:0", generated=True)]
+    assert augment.label_conflicts(train, made) == {normalise("what a card"), normalise("what is card")}
+    save_questions(tmp_path / "train.jsonl", train)
+    # the stage, with EDA's draws replaced by known texts: the first of A's 8 rows is B's question
+    monkeypatch.setattr(augment, "make_texts", lambda originals, *_: ["What a card"] + [f"what is a card {i}" for i in
+                                                                                       range(1, len(originals))])
+    report = augment.run(tmp_path / "train.jsonl", AugmentParams(rebalance="max", explicit="eda", implicit=[]), 0,
+                         tmp_path / "out.jsonl", tmp_path / "augment.json")
+    written = load_questions(tmp_path / "out.jsonl")
+    labels: dict[str, set[str]] = {}
+    for q in written:
+        labels.setdefault(normalise(q.text), set()).add(q.class_id)
+    assert all(len(ids) == 1 for ids in labels.values())  # no text under two labels
+    assert report["rows"]["generated_dropped_as_label_conflict"] == 1 and report["rows"]["copies_in_place_of_dropped"] == 1
+    assert report["per_class"]["A"] == {"before": 1, "after": 9, "generated": 8}  # the target held, by copies
+
+
+def test_a_max_factor_cap_is_not_cut_by_float_rounding():
+    assert class_targets(Counter({"a": 100, "b": 1000}), "max", max_factor=1.15)["a"] == 115  # 1.15 × 100 = 114.999…
 
 
 def test_params_augment_does_not_read_are_said_not_refused(tmp_path, caplog):

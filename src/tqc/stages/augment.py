@@ -56,7 +56,8 @@ def class_targets(counts: Counter, rebalance: str = "mean", target_count: int | 
         target = rebalance_target(counts, rebalance, target_count)
         targets = {c: target for c in counts}
     if max_factor is not None:
-        targets = {c: min(t, math.floor(max_factor * counts[c])) for c, t in targets.items()}
+        # a small tolerance: 1.15 × 100 is 114.99999999999999 in floats, and the cap is 115 rows
+        targets = {c: min(t, math.floor(max_factor * counts[c] + 1e-9)) for c, t in targets.items()}
     return {c: max(counts[c], t) for c, t in targets.items()}
 
 
@@ -108,7 +109,7 @@ def draw_generated(questions: list[LabeledQuestion], targets: dict[str, int], ge
         need = max(0, targets.get(class_id, 0) - have[class_id])
         rows = sorted(pool[class_id], key=lambda r: r.source)  # a fixed order (by source), then a seeded shuffle
         rng.shuffle(rows)
-        drawn += [replace(row, source=f"{SOURCE_PREFIX['file']}:{row.source}") for row in rows[:need]]
+        drawn += [replace(row, generated=True, source=f"{SOURCE_PREFIX['file']}:{row.source}") for row in rows[:need]]
         short[class_id] = have[class_id] + max(0, need - len(rows))
     copies = pick_originals(questions, short, rng)
     return drawn + [replace(q, generated=True, source=f"{SOURCE_PREFIX['none']}:{q.source}") for q in copies]
@@ -150,11 +151,20 @@ def _file_report(questions: list[LabeledQuestion], generated: list[LabeledQuesti
             "copies_where_too_few": sum(q.source.startswith(f"{SOURCE_PREFIX['none']}:") for q in extra)}
 
 
-def without_held_out(made: list[LabeledQuestion], held_out: set[str]) -> tuple[list[LabeledQuestion], int]:
-    """The made rows whose text (as validate compares texts) is no validation or test question, and how many were
-    dropped: EDA or a paraphraser can rewrite a training question into one it will be judged on."""
-    kept = [q for q in made if normalise(q.text) not in held_out]
+def without_texts(made: list[LabeledQuestion], texts: set[str]) -> tuple[list[LabeledQuestion], int]:
+    """The made rows whose text (as validate compares texts) is not in `texts`, and how many were dropped."""
+    kept = [q for q in made if normalise(q.text) not in texts]
     return kept, len(made) - len(kept)
+
+
+def label_conflicts(questions: list[LabeledQuestion], made: list[LabeledQuestion]) -> set[str]:
+    """Texts (as validate compares them) that training rows and made rows give to two or more classes. EDA can delete
+    a question down to another class's ("what is?"), and two classes' rows can be rewritten into one text; train
+    would then teach both labels for it, which validate refuses in offline rows."""
+    classes: dict[str, set[str]] = defaultdict(set)
+    for question in questions + made:
+        classes[normalise(question.text)].add(question.class_id)
+    return {text for text, ids in classes.items() if len(ids) > 1}
 
 
 def held_out_texts(paths: list[Path]) -> set[str]:
@@ -174,10 +184,10 @@ def _warn_of_unread_params(params: AugmentParams) -> None:
 
 def copies_for_dropped(questions: list[LabeledQuestion], made: list[LabeledQuestion], targets: dict[str, int],
                        held_out: set[str], seed: int) -> list[LabeledQuestion]:
-    """Copies of training rows (marked as `none`'s are, none a held-out question) for the classes that
-    `without_held_out` left under their target: the rebalancing target holds whatever the method made."""
+    """Copies of training rows (marked as `none`'s are, none a held-out question) for the classes that dropped made
+    rows left under their target: the rebalancing target holds whatever the method made."""
     have, made_per_class = Counter(q.class_id for q in questions), Counter(q.class_id for q in made)
-    copyable, _ = without_held_out(questions, held_out)
+    copyable, _ = without_texts(questions, held_out)
     copyable_per_class = Counter(q.class_id for q in copyable)
     short = {c: copyable_per_class[c] + max(0, target - have[c] - made_per_class[c]) for c, target in targets.items()}
     copies = pick_originals(copyable, short, random.Random(seed + 1))  # a stream of its own: `made` stays as drawn
@@ -196,12 +206,14 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
     augmented = oversample(questions, targets, seed, params.explicit, params.eda_alpha, params.seq2seq,
                            generated)  # no class short: unchanged
     held_out = held_out_texts(list(held_out_paths))
-    made, dropped = without_held_out(augmented[len(questions):], held_out)
-    refilled = copies_for_dropped(questions, made, targets, held_out, seed) if dropped else []
+    made, dropped = without_texts(augmented[len(questions):], held_out)
+    made, conflicting = without_texts(made, label_conflicts(questions, made))
+    refilled = copies_for_dropped(questions, made, targets, held_out, seed) if dropped or conflicting else []
     augmented = questions + made + refilled
-    if dropped:
-        log.warning("augment: dropped %d generated row(s) whose text is a validation or test question; %d copies of "
-                    "training rows took their place", dropped, len(refilled))
+    if dropped or conflicting:
+        log.warning("augment: dropped %d generated row(s) whose text is a validation or test question and %d whose text "
+                    "is another class's too; %d copies of training rows took their place", dropped, conflicting,
+                    len(refilled))
     after = Counter(q.class_id for q in augmented)
     under = [f"{c} ({after[c]} of {target})" for c, target in sorted(targets.items()) if after[c] < target]
     if under:  # every training row of the class is a held-out question too (validate quarantines those as leakage)
@@ -220,7 +232,7 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
         "in_batch": {"prototype_mixup": params.prototype_mixup.enabled, "cross_encoding": params.cross_encoding.enabled},
         "rows": {"before": len(questions), "after": len(augmented), "generated": len(augmented) - len(questions),
                  "generated_same_as_an_original": same_as_an_original, "generated_dropped_as_held_out": dropped,
-                 "copies_in_place_of_dropped": len(refilled)},
+                 "generated_dropped_as_label_conflict": conflicting, "copies_in_place_of_dropped": len(refilled)},
         **({"file": _file_report(questions, generated, augmented[len(questions):])} if params.explicit == "file" else {}),
         "per_class": {c: {"before": before[c], "after": after[c], "generated": after[c] - before[c]} for c in sorted(after)},
         "seconds": round(time.perf_counter() - started, 2),
