@@ -37,12 +37,17 @@ def tune_worker(params_path: str, worker: int, trials: int, overrides: list[str]
 
 def worker_environment(worker: int, gpus: int | None = None) -> dict[str, str] | None:
     """Worker i's environment on a machine with several GPUs: GPU i mod count alone visible to it, so the workers
-    spread over the machine's GPUs instead of all training on the first (None: this process's environment)."""
+    spread over the machine's GPUs instead of all training on the first (None: this process's environment).
+    Where the worker's starter listed GPUs (CUDA_VISIBLE_DEVICES=2,3 under Slurm or Kubernetes), they spread over
+    those; one listed GPU, or none (the CPU), is kept as it is."""
+    listed = [device for device in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if device.strip()]
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return {**os.environ, "CUDA_VISIBLE_DEVICES": listed[worker % len(listed)].strip()} if len(listed) > 1 else None
     if gpus is None:
         import torch
 
         gpus = torch.cuda.device_count()
-    if gpus <= 1 or "CUDA_VISIBLE_DEVICES" in os.environ:  # one GPU, or a choice the worker's starter made
+    if gpus <= 1:
         return None
     return {**os.environ, "CUDA_VISIBLE_DEVICES": str(worker % gpus)}
 

@@ -132,11 +132,16 @@ def check_space(params: Params) -> None:
     if not params.tune.space:
         raise ConfigError("tune.space is empty: nothing to tune")
     base = flat_base(params)
-    for name, dimension in params.tune.space.items():
+    space = params.tune.space
+    for name, dimension in space.items():
         for value in _values_to_check(name, dimension, base):
             _accepted(params, name, value, f"tune.space.{name}")
         for path, wanted in dimension.when.items():
-            _accepted(params, path, wanted, f"tune.space.{name}.when")
+            if path in space:
+                _can_draw(space, path, wanted, base, f"tune.space.{name}.when")
+            else:
+                _accepted(params, path, wanted, f"tune.space.{name}.when")
+    _combinations_accepted(params, space, base)
 
 
 def _values_to_check(name: str, dimension: SearchDimension, base: dict) -> list:
@@ -146,8 +151,81 @@ def _values_to_check(name: str, dimension: SearchDimension, base: dict) -> list:
             raise ConfigError(f"tune.space.{name}: choices is empty")
         return list(dimension.choices)
     if _samples_integers(name, base.get(name)):
-        return [math.ceil(dimension.low), math.floor(dimension.high)]
+        low, high = math.ceil(dimension.low), math.floor(dimension.high)
+        if low > high:  # Optuna would refuse it at the first trial, naming no dimension
+            raise ConfigError(f"tune.space.{name}: {name} takes integers, and none lies in [{dimension.low}, {dimension.high}]")
+        return [low, high]
     return [float(dimension.low), float(dimension.high)]
+
+
+def _can_draw(space: dict[str, SearchDimension], path: str, wanted, base: dict, where: str) -> None:
+    """A `when` on a searched dimension names one of the values it can draw, or the dimension it conditions never applies."""
+    dimension = space[path]
+    if dimension.choices is not None and wanted in dimension.choices:
+        return
+    if dimension.choices is None and not isinstance(wanted, (bool, str)) and dimension.low <= wanted <= dimension.high:
+        return
+    drawn = dimension.choices if dimension.choices is not None else f"[{dimension.low}, {dimension.high}]"
+    raise ConfigError(f"{where}: {path} = {wanted!r} is never drawn (tune.space.{path} draws from {drawn}), so no trial "
+                      "would tune it")
+
+
+# Past this many combinations of edge values, check_space checks every pair of dimensions instead
+MOST_COMBINATIONS = 20_000
+
+
+def _combinations_accepted(params: Params, space: dict[str, SearchDimension], base: dict) -> None:
+    """Every combination a trial may draw of the dimensions' edge values, `when` applied as a trial applies it,
+    is params the config accepts. Each value alone may be fine while two together are not (loss hinge with a
+    searched logit_adjustment above 0): a trial that drew them would stop its worker, not just fail."""
+    ordered = _conditions_first(space)
+    combinations = _edge_combinations(ordered, base)
+    if combinations is None:  # too many: every pair of dimensions, each pair with its own conditions
+        combinations = [combo for i, first in enumerate(ordered) for second in ordered[i + 1:]
+                        for combo in _edge_combinations([first, second], base)]
+    for combination in combinations:
+        if _refusal(params, combination) is not None:
+            smallest = _smallest_refused(params, combination)
+            drawn = ", ".join(f"{name} = {value!r}" for name, value in smallest.items())
+            raise ConfigError(f"tune.space: a trial may draw {drawn} together, which the params refuse:\n"
+                              f"{_refusal(params, smallest)}\n(narrow the space, or add a `when` so they are never drawn "
+                              "together)")
+
+
+def _edge_combinations(ordered: list[tuple[str, SearchDimension]], base: dict) -> list[dict] | None:
+    """The combinations of edge values a trial can draw (a dimension whose `when` fails keeps the base value);
+    None when there are more than MOST_COMBINATIONS."""
+    combinations: list[dict] = [{}]
+    for name, dimension in ordered:
+        values = _values_to_check(name, dimension, base)
+        grown = []
+        for combination in combinations:
+            if all(combination.get(path, base.get(path)) == wanted for path, wanted in dimension.when.items()):
+                grown += [{**combination, name: value} for value in values]
+            else:
+                grown.append(combination)
+        if len(grown) > MOST_COMBINATIONS:
+            return None
+        combinations = grown
+    return combinations
+
+
+def _refusal(params: Params, overrides: dict) -> str | None:
+    try:
+        params.with_overrides(unflatten(overrides))
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
+def _smallest_refused(params: Params, combination: dict) -> dict:
+    """A refused combination with every value left out whose absence keeps it refused: the ones that clash."""
+    smallest = dict(combination)
+    for name in combination:
+        fewer = {key: value for key, value in smallest.items() if key != name}
+        if fewer and _refusal(params, fewer) is not None:
+            smallest = fewer
+    return smallest
 
 
 def _accepted(params: Params, name: str, value, where: str) -> None:
@@ -450,7 +528,12 @@ def _pruner(params: Params):
 
 # What fails one trial but not the worker: sampled values too large for the GPU's memory are the trial's fault, not
 # the study's (Optuna records it FAIL and samples on). Anything else stops the worker, loudly.
-TRIAL_FAILURES = (torch.OutOfMemoryError,)
+class TrialRefused(Exception):
+    """Params a trial drew that the config refuses: check_space rules out every combination of edge values it can
+    see, so this is a combination inside the ranges, and it fails that trial alone."""
+
+
+TRIAL_FAILURES = (torch.OutOfMemoryError, TrialRefused)
 
 
 def _objective(params: Params, space: dict[str, SearchDimension], base: dict, data: PreparedData, study_dir: Path,
@@ -458,9 +541,15 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
     import optuna
 
     def objective(trial) -> float:
-        overrides = {} if trial.user_attrs.get("baseline") else sample_overrides(trial, space, base)
-        trial_params = params.with_overrides(unflatten(overrides))
+        # first: the sampler's seed counts this worker's trials by it, failed ones too
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}:{worker}")
+        overrides = {} if trial.user_attrs.get("baseline") else sample_overrides(trial, space, base)
+        try:
+            trial_params = params.with_overrides(unflatten(overrides))
+        except ConfigError as error:
+            log.warning("tune: trial %d drew params the config refuses, and fails: %s", trial.number, error)
+            trial.set_user_attr("refused", str(error))
+            raise TrialRefused(str(error)) from None
         trial_dir = study_dir / f"trial-{trial.number:04d}"
         pruned = None
         with nested_run(f"trial {trial.number}", tags={"optuna.trial": str(trial.number)}) as tracker:
@@ -494,7 +583,7 @@ def _worth_keeping(trial, value: float) -> bool:
     if trial.user_attrs.get("baseline"):
         return True
     try:
-        return value > trial.study.best_value
+        return value >= trial.study.best_value  # a tie may become the study's best: Optuna breaks none by trial order
     except ValueError:  # no completed trial yet
         return True
 
@@ -589,6 +678,10 @@ def _trial_summary(trial, study_dir: Path, data: PreparedData, params: Params) -
     model_dir = study_dir / f"trial-{trial.number:04d}" / "stage_two"
     if (model_dir / "tqc_model.json").exists():
         summary["test"] = _test_metrics(model_dir, data, params)
+    else:  # said, not left out: a reader would otherwise look for figures that were never computed
+        summary["test"] = None
+        summary["test_missing"] = (f"no model in {model_dir}: the trial ran on another machine, or its models were "
+                                   "dropped (tune.keep_models: false) before it became the best")
     return summary
 
 

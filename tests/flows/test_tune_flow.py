@@ -138,3 +138,7 @@ def test_workers_spread_over_the_machines_gpus(monkeypatch):
     assert worker_environment(1, gpus=1) is None and worker_environment(1, gpus=0) is None  # the environment as it is
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # the worker's starter chose: kept
     assert worker_environment(1, gpus=2) is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the CPU, chosen: kept
+    assert worker_environment(1, gpus=2) is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 5")  # the starter gave the run two GPUs: the workers spread over them
+    assert [worker_environment(worker)["CUDA_VISIBLE_DEVICES"] for worker in range(3)] == ["2", "5", "2"]

@@ -622,3 +622,53 @@ def test_a_trial_out_of_gpu_memory_fails_alone_and_the_worker_samples_on(tmp_pat
     assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL", "COMPLETE"]
     assert not (tmp_path / "work" / "test" / "trial-0001").exists()  # its partial models dropped
     assert json.loads((tmp_path / "reports" / "summary.json").read_text())["trials"] == {"COMPLETE": 2, "FAIL": 1}
+
+
+def test_a_trial_that_draws_params_the_config_refuses_fails_alone_and_counts_for_its_worker(tmp_path, tiny_model_dir,
+                                                                                            monkeypatch):
+    """check_space sees the edges; a clash inside the ranges (none the shipped config has) fails its trial only."""
+    from tqc import tune as tuning
+
+    real, calls = tuning.sample_overrides, []
+
+    def second_draws_a_clash(trial, space, base):
+        calls.append(trial.number)
+        drawn = real(trial, space, base)
+        return {**drawn, "stage_two.loss": "hinge", "stage_two.logit_adjustment": 0.5} if len(calls) == 1 else drawn
+
+    monkeypatch.setattr(tuning, "sample_overrides", second_draws_a_clash)
+    params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir))
+    tune(params, tmp_path / "reports", tmp_path / "work")
+
+    study = optuna.load_study(study_name="test", storage=params.tune.storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL", "COMPLETE"]  # the baseline, the clash, one more
+    failed = study.trials[1]
+    assert "loss hinge" in failed.user_attrs["refused"] and failed.user_attrs["worker"].endswith(":0")
+    summary = json.loads((tmp_path / "reports" / "summary.json").read_text())
+    assert summary["trials"] == {"COMPLETE": 2, "FAIL": 1}
+
+
+def test_the_tuner_refuses_values_that_clash_together_or_can_never_be_drawn_before_any_work():
+    from tqc.config import ConfigError
+    from tqc.tune import check_space
+
+    def space(dimensions: dict, **base) -> Params:
+        return Params.model_validate({"tune": {"space": dimensions}, **base})
+
+    losses = {"stage_two.loss": {"choices": ["nt_xent", "hinge"]}}
+    with pytest.raises(ConfigError, match=r"may draw stage_two.loss = 'hinge', stage_two.logit_adjustment = 1.0 together"):
+        check_space(space({**losses, "stage_two.logit_adjustment": {"low": 0.0, "high": 1.0}}))
+    check_space(space({**losses, "stage_two.logit_adjustment": {"low": 0.0, "high": 1.0,  # only with nt_xent: fine
+                                                                "when": {"stage_two.loss": "nt_xent"}}}))
+    with pytest.raises(ConfigError, match=r"stage_one.loss = 'hinge', augment.prototype_mixup.prior_weight = 2.0 together"):
+        check_space(space({"stage_one.loss": {"choices": ["bpr", "hinge"]},
+                           "augment.prototype_mixup.prior_weight": {"low": 0.0, "high": 2.0}},
+                          augment={"prototype_mixup": {"enabled": True, "prior_weight": 0.0}}))
+    with pytest.raises(ConfigError, match=r"stage_two.loss = 'hinge' is never drawn \(tune.space.stage_two.loss draws"):
+        check_space(space({"stage_two.loss": {"choices": ["nt_xent", "bpr"]},
+                           "stage_two.margin": {"low": 0.1, "high": 0.5, "when": {"stage_two.loss": "hinge"}}}))
+    with pytest.raises(ConfigError, match=r"mine.k takes integers, and none lies in \[2.2, 2.8\]"):
+        check_space(space({"mine.k": {"low": 2.2, "high": 2.8}}))
+    from tqc.config import load_params
+
+    check_space(load_params(Path(__file__).resolve().parents[2] / "params.yaml"))  # the shipped space: all accepted
