@@ -101,7 +101,27 @@ def retrain(params_path: str = "params.yaml", mode: str | None = None) -> dict:
 
 
 def _retrain_locked(params: Params, retries: dict, logger) -> dict:
-    """The flow's steps, under the retrain lock."""
+    """The flow's steps, under the retrain lock: first a challenger the last run committed but did not judge."""
+    unjudged = _judge_pending(params, retries, logger)
+    result = _retrain_new_files(params, retries, logger)
+    return {**result, "pending_challenger_promoted": unjudged["promoted"]} if unjudged else result
+
+
+def _judge_pending(params: Params, retries: dict, logger) -> dict | None:
+    unjudged = steps.pending_judge(params.retrain)
+    if unjudged is None:
+        return None
+    logger.warning("retrain: the last run committed its data but did not judge its challenger (%s); judging it first",
+                   unjudged.model)
+    with standalone_run("retrain", params.tracking, tags={"tqc.kind": "retrain", "tqc.retrain.judge": "pending"}):
+        promotion = judge.with_options(**retries)(params, unjudged, Path(params.retrain.work_dir))
+    steps.clear_pending_judge(params.retrain)
+    shutil.rmtree(params.retrain.work_dir, ignore_errors=True)  # before new files are staged there
+    logger.info("retrain: the pending challenger was %s", "promoted" if promotion["promoted"] else "not promoted")
+    return promotion
+
+
+def _retrain_new_files(params: Params, retries: dict, logger) -> dict:
     files, repeats = pick_up(params)
     if not files and not repeats:
         logger.info("retrain: no new files in %s; nothing to do", params.retrain.inbox)
@@ -119,7 +139,9 @@ def _retrain_locked(params: Params, retries: dict, logger) -> dict:
         trained = renew.with_options(**retries)(params, staged, staging)
         # The data version before the champion: a commit that fails leaves both as they were.
         result = commit(params, staged, files, repeats)
+        steps.mark_judge_pending(params.retrain, trained)
         promotion = judge.with_options(**retries)(params, trained, staging)
+        steps.clear_pending_judge(params.retrain)
     create_markdown_artifact(steps.summary_markdown(staged, promotion, trained, repeats), key="retrain-summary",
                              description="rows accepted and the challenger against the champion")
     shutil.rmtree(staging, ignore_errors=True)

@@ -329,6 +329,41 @@ class Trained:
     refreshed_from: Champion | None = None  # a refresh: the champion whose encoder it serves
 
 
+# In work_dir once the commit has archived the delivery and recorded the grown data: the challenger trained on
+# it still awaits the gate. A judge that failed (its retries spent, the registry down) or a run killed before it
+# leaves the file, and the next run judges that challenger first: its inbox files are archived, so nothing else
+# would ever bring the grown data before the gate (on a first delivery, no champion would ever exist).
+PENDING_JUDGE = "judge-pending.json"
+
+
+def mark_judge_pending(params: RetrainParams, trained: Trained) -> None:
+    record = {**asdict(trained), "refreshed_from": asdict(trained.refreshed_from) if trained.refreshed_from else None}
+    with atomic_path(Path(params.work_dir) / PENDING_JUDGE) as tmp:
+        tmp.write_text(json.dumps(record, default=str, indent=2) + "\n", encoding="utf-8")
+
+
+def pending_judge(params: RetrainParams) -> Trained | None:
+    """The committed challenger the last run did not judge, or None."""
+    path = Path(params.work_dir) / PENDING_JUDGE
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text(encoding="utf-8"))
+    champion = record.pop("refreshed_from")
+    trained = Trained(**{**record, "data": Path(record["data"]), "model": Path(record["model"]),
+                         "prior": Path(record["prior"]) if record["prior"] else None},
+                      refreshed_from=Champion(**{**champion, "model": Path(champion["model"])}) if champion else None)
+    missing = [str(folder) for folder in (trained.data, trained.model) if not folder.exists()]
+    if missing:
+        raise RetrainCommitError(f"{path}: the last run committed its data but did not judge its challenger, and "
+                                 f"{', '.join(missing)} is gone; retrain the current data (dvc repro, then tqc promote) "
+                                 f"and delete {path}")
+    return trained
+
+
+def clear_pending_judge(params: RetrainParams) -> None:
+    (Path(params.work_dir) / PENDING_JUDGE).unlink(missing_ok=True)
+
+
 def train(params: Params, staged: Staged, staging: Path) -> Trained:
     """The pipeline's own stage functions on the staged data (ingest → … → stage two → prior)."""
     from tqc.mining import check_faiss_for

@@ -187,6 +187,32 @@ def test_a_failed_data_commit_leaves_the_raw_data_the_champion_and_the_inbox_as_
     assert (project / "data" / "incoming" / "two.csv").exists()
 
 
+def test_a_challenger_committed_but_never_judged_is_judged_by_the_next_run(project, monkeypatch):
+    """The commit archives the delivery before the gate runs: a gate that failed (the registry down) left the grown
+    data untrained and unjudged until another file came, and on a first delivery no champion ever existed."""
+    from tqc.stages import promote
+
+    real_run = promote.run
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
+
+    def registry_down(*args, **kwargs):
+        raise RuntimeError("the model registry is unreachable")
+
+    monkeypatch.setattr(promote, "run", registry_down)
+    with pytest.raises(RuntimeError, match="registry is unreachable"):
+        retrain(params_path="params.yaml")
+    assert not (project / "data" / "incoming" / "one.csv").exists() and manifest(project)[0]["accepted"] == 3  # committed
+    assert champion_version(project) is None
+    assert (project / "data" / "retrain" / "judge-pending.json").exists()
+
+    monkeypatch.setattr(promote, "run", real_run)
+    again = retrain(params_path="params.yaml")  # an empty inbox
+    assert again == {"status": "nothing to do", "pending_challenger_promoted": True}
+    assert champion_version(project) == "1"
+    assert not (project / "data" / "retrain" / "judge-pending.json").exists()
+    assert retrain(params_path="params.yaml") == {"status": "nothing to do"}
+
+
 def set_params(project: Path, **sections) -> None:
     """Update params.yaml sections in place: set_params(project, promote={"rule": "exemplars"})."""
     import yaml
