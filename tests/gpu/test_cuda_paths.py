@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.conftest import CLASSES, synthetic_questions, tiny_params
-from tqc.config import ModelParams, Params, StageOneParams, StageTwoParams
+from tqc.config import AugmentParams, ModelParams, Params, StageOneParams, StageTwoParams
 from tqc.device import autocast, pick_device
 from tqc.mining import build_index, mine, retrieve
 from tqc.model.encoder import BiEncoder
@@ -169,7 +169,7 @@ def test_implicit_augmentation_trains_on_the_gpu_at_either_placement(tiny_model_
     """Dropout and cutoff under bf16 autocast: the output placement cuts the last hidden states, which are bf16 there."""
     torch.manual_seed(0)
     model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir))).to(pick_device())
-    model.set_augmentation(["dropout", "cutoff"], 0.3, at)
+    model.set_augmentation(AugmentParams(implicit=["dropout", "cutoff"], rate=0.3, implicit_at=at))
     model.train()
     with autocast(pick_device()):
         augmented = model.embed_questions(MIXED_LENGTHS)  # (4, D)
