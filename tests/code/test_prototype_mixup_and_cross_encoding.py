@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from tqc.losses import class_log_prior, make_loss, same_class_mask
-from tqc.model.cross_encoding import joined_inputs
+from tqc.model.cross_encoding import joined_inputs, question_that_fits
 from tqc.model.prototype_mixup import balanced_set, hard_sets, mixup, synthetic_share
 
 
@@ -134,6 +134,18 @@ def test_joined_inputs_pair_questions_with_gold_as_relevant_and_other_batch_clas
 def test_joined_inputs_take_at_least_one_row_and_no_more_negatives_than_the_batch_has():
     joined = joined_inputs(["a"], [0], [0, 1], ["A", "B"], "[SEP]", share=0.1, negatives=5, rng=random.Random(0))
     assert joined.texts == ["a [SEP] A", "a [SEP] B"] and joined.relevant == [True, False]
+
+
+def test_a_long_question_is_shortened_so_its_joined_standard_question_stays_whole():
+    """The encoder cuts from the right at max_length: the standard question went, its relevance target stayed."""
+    count_words = lambda text: len(text.split()) + 2  # noqa: E731 - a stand-in tokenizer: a token a word, [CLS] and [SEP]
+    fit = question_that_fits(count_words, 12)
+    long_question = "where on earth is the city that people in the old days called paris"
+    joined = joined_inputs([long_question], [0], [0, 1], ["Where is the place?", "Who is it?"], "[SEP]", share=1.0,
+                           negatives=1, rng=random.Random(0), fit=fit)
+    assert joined.texts == ["where on earth is the [SEP] Where is the place?", "where on earth is the city [SEP] Who is it?"]
+    assert all(count_words(text) <= 12 for text in joined.texts)
+    assert fit("where is paris", " [SEP] Where is the place?") == "where is paris"  # what fits stays as it is
 
 
 def test_a_joined_input_is_never_pushed_away_from_its_own_questions_standard_question():

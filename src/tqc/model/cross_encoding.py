@@ -11,6 +11,7 @@ cross-encoder's question–answer interaction at no cost at inference, where not
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -22,16 +23,35 @@ class JoinedInputs:
 
 
 def joined_inputs(questions: list[str], gold: list[int], batch_classes: list[int], catalog_texts: list[str], separator: str,
-                  share: float, negatives: int, rng: random.Random) -> JoinedInputs:
+                  share: float, negatives: int, rng: random.Random,
+                  fit: Callable[[str, str], str] | None = None) -> JoinedInputs:
     """For round(share·B) rows (at least one): one join with the gold standard question and
-    up to `negatives` joins with other classes among `batch_classes`."""
+    up to `negatives` joins with other classes among `batch_classes`. `fit(question, " [SEP] standard question")`
+    shortens a question that would push its standard question past the encoder's length (`question_that_fits`)."""
     chosen = sorted(rng.sample(range(len(questions)), max(1, round(share * len(questions)))))
     texts, relevant, rows = [], [], []
     for row in chosen:
         others = [c for c in batch_classes if c != gold[row]]
         pairs = [(gold[row], True)] + [(c, False) for c in rng.sample(others, min(negatives, len(others)))]
         for class_index, is_relevant in pairs:
-            texts.append(f"{questions[row]} {separator} {catalog_texts[class_index]}")
+            tail = f" {separator} {catalog_texts[class_index]}"
+            texts.append((fit(questions[row], tail) if fit else questions[row]) + tail)
             relevant.append(is_relevant)
             rows.append(row)
     return JoinedInputs(texts, relevant, rows)
+
+
+def question_that_fits(count_tokens: Callable[[str], int], max_length: int) -> Callable[[str, str], str]:
+    """(question, tail) → the question, cut word by word from its end until question + tail fits in `max_length`
+    tokens (`count_tokens` counts them as the encoder does, special tokens included). The encoder truncates from the
+    right, so a long question would otherwise lose the standard question its "is relevant" target is about; CEAA
+    shortens the question and keeps what it is joined with."""
+    def fit(question: str, tail: str) -> str:
+        if count_tokens(question + tail) <= max_length:
+            return question
+        words = question.split()
+        while len(words) > 1 and count_tokens(" ".join(words) + tail) > max_length:
+            words.pop()
+        return " ".join(words)
+
+    return fit

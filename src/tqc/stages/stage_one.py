@@ -22,7 +22,7 @@ import torch
 from tqc.config import AugmentParams, CrossEncodingParams, ModelParams, PrototypeMixupParams, StageOneParams
 from tqc.device import pick_device, seed_everything
 from tqc.losses import LossFn, class_log_prior, make_loss, prior_offsets, same_class_mask
-from tqc.model.cross_encoding import joined_inputs
+from tqc.model.cross_encoding import joined_inputs, question_that_fits
 from tqc.model.encoder import BiEncoder
 from tqc.model.prototype_mixup import balanced_set, synthetic_share
 from tqc.model.similarity import scores_directions_only
@@ -127,10 +127,12 @@ def _cross_encoding_term(model: BiEncoder, loss_fn: LossFn, params: CrossEncodin
     """Joined inputs scored against the batch's standard questions plus the two relevance texts."""
     rng = random.Random(seed)
     separator = model.question.tokenizer.sep_token or "[SEP]"
+    encoder = model.question
+    fit = question_that_fits(lambda text: len(encoder.tokenizer(text)["input_ids"]), encoder.max_length)
 
     def term(batch_texts: list[str], batch_gold: torch.Tensor, candidates: torch.Tensor, standards: torch.Tensor) -> torch.Tensor:
         joined = joined_inputs(batch_texts, batch_gold.tolist(), candidates.tolist(), catalog.texts, separator,
-                               params.share, params.negatives, rng)
+                               params.share, params.negatives, rng, fit)
         relevance = model.embed_standards([params.relevant_text, params.irrelevant_text])  # (2, D)
         scores = model.score(model.embed_questions(joined.texts), torch.cat([standards, relevance.to(standards.device)]))  # (J, U+2)
         target = torch.tensor([standards.shape[0] + (0 if r else 1) for r in joined.relevant])  # (J,)
