@@ -110,28 +110,33 @@ def nearest(questions: np.ndarray, standards: np.ndarray, depth: int, similarity
     return retrieve_by_scorer(scorer, questions, standards, depth)
 
 
-def exclude_gold(neighbours: np.ndarray, gold: np.ndarray, k: int) -> np.ndarray:
+def exclude_gold(neighbours: np.ndarray, gold: np.ndarray, k: int, groups: np.ndarray | None = None) -> np.ndarray:
     """neighbours (N, depth ≥ k+1), gold (N,) → the k nearest wrong classes (N, k).
 
-    Retrieving k+1 guarantees k wrong classes remain whether or not gold was retrieved.
+    Retrieving k+1 guarantees k wrong classes remain whether or not gold was retrieved. With `groups` (P,), classes
+    that share a standard question (`training.standard_text_groups`), the gold's whole group is left out, and
+    depth ≥ k + the largest group guarantees it.
     """
-    if neighbours.shape[1] < k + 1:
-        raise ValueError(f"need at least k+1={k + 1} neighbours per row, got {neighbours.shape[1]}")
-    wrong = neighbours != gold[:, None]  # (N, depth)
+    own_group = 1 if groups is None else int(np.bincount(groups).max())
+    if neighbours.shape[1] < k + own_group:
+        raise ValueError(f"need at least k + {own_group} = {k + own_group} neighbours per row, got {neighbours.shape[1]}")
+    wrong = neighbours != gold[:, None] if groups is None else groups[neighbours] != groups[gold][:, None]  # (N, depth)
     # A stable sort on "is gold" keeps the wrong classes in nearest-first order ahead of gold.
     order = np.argsort(~wrong, axis=1, kind="stable")
     return np.take_along_axis(neighbours, order, axis=1)[:, :k]
 
 
 def mine(questions: np.ndarray, standards: np.ndarray, gold: np.ndarray, k: int, similarity: str = "cosine",
-         scorer: Scorer | None = None) -> tuple[np.ndarray, dict]:
-    """The k hardest wrong standard questions for each question under `similarity`, and mining statistics."""
+         scorer: Scorer | None = None, groups: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+    """The k hardest wrong standard questions for each question under `similarity`, and mining statistics. `groups`
+    (P,): classes sharing a standard question, none of which is mined for another's questions (`exclude_gold`)."""
     n_classes = standards.shape[0]
-    if k > n_classes - 1:
-        log.warning("mine.k=%d but only %d wrong classes exist; mining %d", k, n_classes - 1, n_classes - 1)
-        k = n_classes - 1
-    similarities, neighbours = nearest(questions, standards, min(k + 1, n_classes), similarity, scorer)
-    negatives = exclude_gold(neighbours, gold, k)
+    own_group = 1 if groups is None else int(np.bincount(groups).max())
+    if k > n_classes - own_group:
+        log.warning("mine.k=%d but only %d wrong classes exist; mining %d", k, n_classes - own_group, n_classes - own_group)
+        k = n_classes - own_group
+    similarities, neighbours = nearest(questions, standards, min(k + own_group, n_classes), similarity, scorer)
+    negatives = exclude_gold(neighbours, gold, k, groups)
     return negatives, statistics(similarities, neighbours, negatives, gold)
 
 

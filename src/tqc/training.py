@@ -23,6 +23,7 @@ from tqc import distributed
 from tqc.config import Schedule
 from tqc.device import autocast
 from tqc.io import atomic_path
+from tqc.losses import same_class_mask
 from tqc.metrics import DivergedScores, summary
 from tqc.model.encoder import BiEncoder, LastEncodings, TextEncoder
 from tqc.schema import Catalog, LabeledQuestion, UnknownClass
@@ -209,6 +210,35 @@ def catalog_scores(model: BiEncoder, questions: list[LabeledQuestion], catalog: 
     encoder = question_encoder or model.question
     encoded = encoder.encode([q.text for q in questions], batch_size, "encoding questions")  # (N, D)
     return model.score(encoded, standards).float().cpu().numpy()
+
+
+def standard_text_groups(catalog: Catalog) -> np.ndarray | None:
+    """(P,) one group id per class, shared by classes whose standard questions are one text (as validate compares
+    texts), or None where each has its own, as validate's critical `catalog_unique_texts` ensures unless demoted.
+    Such classes encode alike, so no training can tell them apart by their standard question (the exemplar rule
+    still can, by their questions): neither is a negative of the other's questions, in mining or in a loss."""
+    from tqc.text import normalise
+
+    keys = [normalise(text) for text in catalog.texts]
+    if len(set(keys)) == len(keys):
+        return None
+    first = {}
+    groups = np.array([first.setdefault(key, index) for index, key in enumerate(keys)])  # (P,) the group's first class
+    shared = [[catalog.class_ids[i] for i in np.flatnonzero(groups == group)] for group in np.unique(groups)]
+    log.warning("classes that share a standard question are never each other's negatives: %s",
+                "; ".join(" = ".join(ids) for ids in shared if len(ids) > 1))
+    return groups
+
+
+def twin_columns(groups: np.ndarray | None, row_classes: torch.Tensor, column_classes: torch.Tensor,
+                 target: torch.Tensor) -> torch.Tensor | None:
+    """(B, C) True where a column is another class with the row's standard question (`standard_text_groups`), for
+    the loss to leave out; None where there are no such classes. A column class of −1 (no class) is never one."""
+    if groups is None:
+        return None
+    lookup = torch.as_tensor(groups)
+    grouped = lambda classes: torch.where(classes >= 0, lookup[classes.clamp(min=0)], -1)  # noqa: E731
+    return same_class_mask(grouped(row_classes), grouped(column_classes), target)
 
 
 def gold_indices(questions: list[LabeledQuestion], catalog: Catalog) -> np.ndarray:

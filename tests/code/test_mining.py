@@ -179,3 +179,30 @@ def test_faiss_is_checked_only_for_the_similarities_an_index_can_rank(monkeypatc
         with pytest.raises(RuntimeError, match="both installed"):
             mining.check_faiss_for(similarity)
     mining.check_faiss_for("mlp")
+
+
+def test_classes_that_share_a_standard_question_are_never_mined_for_each_other():
+    """With `catalog_unique_texts` demoted, two classes may have one standard question: they encode alike, so each was
+    the other's hardest negative, a push the model can never satisfy."""
+    standards = random_unit(6, 8, 8)
+    standards[4] = standards[1]  # classes 1 and 4: one text, one vector
+    groups = np.array([0, 1, 2, 3, 1, 5])
+    gold = np.random.default_rng(9).integers(0, 6, size=120)
+    questions = standards[gold] + 0.2 * random_unit(120, 8, 10)
+    negatives, _ = mine(questions, standards, gold, 3, groups=groups)
+    assert negatives.shape == (120, 3)
+    assert not (groups[negatives] == groups[gold][:, None]).any()  # neither gold nor its twin
+    capped, _ = mine(questions, standards, gold, 10, groups=groups)
+    assert capped.shape == (120, 4)  # 6 classes, a group of 2: at most 4 wrong for every row
+    plain, _ = mine(questions, standards, gold, 3)
+    assert ((plain == 4) & (gold[:, None] == 1)).any()  # without groups the twin is mined
+
+
+def test_standard_text_groups_join_classes_whose_standard_questions_are_one_text(caplog):
+    from tqc.schema import Catalog, StandardQuestion
+    from tqc.training import standard_text_groups
+
+    assert standard_text_groups(Catalog([StandardQuestion("a", "Where?"), StandardQuestion("b", "Who?")])) is None
+    catalog = Catalog([StandardQuestion("a", "Where is it?"), StandardQuestion("b", "Who?"), StandardQuestion("c", "where  is IT?")])
+    assert standard_text_groups(catalog).tolist() == [0, 1, 0]
+    assert "a = c" in caplog.text

@@ -299,3 +299,28 @@ def test_every_training_stage_places_the_implicit_augmentation_where_params_say(
         with pytest.raises(Placed) as placed:
             run()
         assert placed.value.args == ("output", ["dropout"]), stage
+
+
+def test_a_class_that_shares_its_standard_question_is_no_negative_in_either_stage(tiny_model_dir, monkeypatch):
+    """Twins encode alike: each stage's loss leaves the other's column out, or it would push a question away from a
+    vector equal to its target's."""
+    from tqc.config import StageTwoParams
+    from tqc.stages import stage_two
+
+    twins = Catalog([StandardQuestion("LOC", "Where is the place?"), StandardQuestion("HUM", "Who is the person?"),
+                     StandardQuestion("NUM", "where is the place?")])  # NUM's text is LOC's, as validate compares texts
+    rows = long_tail_rows()
+    torch.manual_seed(0)
+    model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+    calls = _record_loss_calls(monkeypatch, stage_one)
+    stage_one.train(model, rows, rows[:4], twins, PARAMS.model_copy(update={"negatives": "all_classes"}), seed=0)
+    masks = [excluded for _, excluded in calls]
+    assert masks and all(m is not None and m.shape[1] == 3 for m in masks)
+    assert all(m[:, 1].sum() == 0 for m in masks)  # HUM shares no text: never left out
+    assert all(m[:, [0, 2]].sum(1).le(1).all() for m in masks) and any(m[:, [0, 2]].any() for m in masks)
+
+    calls = _record_loss_calls(monkeypatch, stage_two)
+    negatives = torch.tensor([[1, 2] if r.class_id != "HUM" else [0, 2] for r in rows])  # (N, 2), as mining may give
+    stage_two.train(model, rows, negatives, rows[:4], twins, StageTwoParams(epochs=1, batch_size=8, max_steps=2,
+                                                                             negatives="mined_and_in_batch"), seed=0)
+    assert any(excluded is not None and excluded.any() for _, excluded in calls)

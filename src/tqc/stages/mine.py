@@ -14,7 +14,7 @@ from tqc.io import write_json, write_jsonl
 from tqc.mining import mine
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, StaleNegatives, load_questions
-from tqc.training import gold_indices
+from tqc.training import gold_indices, standard_text_groups
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def run(data_dir: Path, train_path: Path, model_dir: Path, params: MineParams, o
     standards = model.standard.encode(catalog.texts, params.batch_size, "mining: encoding catalog").numpy()  # (P, D)
 
     gold = gold_indices(train_rows, catalog)
-    negatives, stats = mine(questions, standards, gold, params.k, model.similarity, model.score)
+    negatives, stats = mine(questions, standards, gold, params.k, model.similarity, model.score, standard_text_groups(catalog))
     stats["similarity"] = model.similarity
     write_jsonl(out_path, ({"row": i, "class_id": q.class_id, "negatives": [catalog.class_ids[c] for c in negatives[i]]}
                            for i, q in enumerate(train_rows)))

@@ -27,7 +27,8 @@ from tqc.model.encoder import BiEncoder
 from tqc.model.prototype_mixup import balanced_set, synthetic_share
 from tqc.model.similarity import scores_directions_only
 from tqc.schema import Catalog, LabeledQuestion, load_questions
-from tqc.training import FitResult, bi_encoder_validator, fit, gold_indices, parameter_groups, steps_per_epoch, write_outputs
+from tqc.training import (FitResult, bi_encoder_validator, fit, gold_indices, parameter_groups, standard_text_groups,
+                           steps_per_epoch, twin_columns, write_outputs)
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ def train(
     gold = torch.as_tensor(gold_indices(train_rows, catalog))
     texts = [q.text for q in train_rows]
     loss_fn = make_loss(params.loss, params.temperature, params.margin, params.smoothing)
+    groups = standard_text_groups(catalog)  # None unless classes share a standard question
     mixup = augment.prototype_mixup
     log_pi = class_log_prior(gold, len(catalog))  # (P,) the mix of the rows this stage trains on
     # The batch's own columns: the logit-adjusted loss, plus SharpReCL's logit compensation (+ w·log π_y on the logits,
@@ -71,7 +73,8 @@ def train(
     negatives = "all_classes" if mixup.enabled else params.negatives  # prototypes of every class in every batch
     total_steps = params.epochs * steps_per_epoch(len(train_rows), params.batch_size, params.max_steps)
     mixup_term = _prototype_mixup_term(model, loss_fn, mixup, total_steps, seed) if mixup.enabled else None
-    cross_term = _cross_encoding_term(model, loss_fn, augment.cross_encoding, catalog, seed) if augment.cross_encoding.enabled else None
+    cross_term = (_cross_encoding_term(model, loss_fn, augment.cross_encoding, catalog, seed, groups)
+                  if augment.cross_encoding.enabled else None)
 
     def batch_loss(rows: list[int]) -> torch.Tensor:
         candidates, target = candidate_classes(gold[rows], len(catalog), negatives)
@@ -80,7 +83,8 @@ def train(
         scores = model.score(questions, standards)  # (B, U)
         if column_weight:
             scores = scores + column_offsets[candidates].to(scores.device)  # (B, U)
-        loss = loss_fn(scores, target.to(questions.device), None)
+        twins = twin_columns(groups, gold[rows], candidates, target)  # (B, U) or None
+        loss = loss_fn(scores, target.to(questions.device), None if twins is None else twins.to(questions.device))
         if mixup_term:
             loss = loss + mixup.weight * mixup_term(questions, gold[rows], standards)
         if cross_term:
@@ -123,7 +127,8 @@ def _prototype_mixup_term(model: BiEncoder, loss_fn: LossFn, params: PrototypeMi
     return term
 
 
-def _cross_encoding_term(model: BiEncoder, loss_fn: LossFn, params: CrossEncodingParams, catalog: Catalog, seed: int) -> Callable:
+def _cross_encoding_term(model: BiEncoder, loss_fn: LossFn, params: CrossEncodingParams, catalog: Catalog, seed: int,
+                         groups=None) -> Callable:
     """Joined inputs scored against the batch's standard questions plus the two relevance texts."""
     rng = random.Random(seed)
     separator = model.question.tokenizer.sep_token or "[SEP]"
@@ -139,6 +144,8 @@ def _cross_encoding_term(model: BiEncoder, loss_fn: LossFn, params: CrossEncodin
         columns = torch.cat([candidates, torch.full((2,), -1)])  # (U+2,) each column's class; the relevance texts none
         # a joined input holds its question: its own class's column is no negative of it (label-aware, as above)
         excluded = same_class_mask(batch_gold[joined.rows], columns, target)  # (J, U+2)
+        twins = twin_columns(groups, batch_gold[joined.rows], columns, target)  # and its standard question's twins
+        excluded = excluded if twins is None else excluded | twins
         return loss_fn(scores, target.to(scores.device), excluded.to(scores.device))
 
     return term

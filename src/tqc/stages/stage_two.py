@@ -17,7 +17,8 @@ from tqc.losses import class_log_prior, make_loss, prior_offsets
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.stages.mine import load_negatives
-from tqc.training import FitResult, bi_encoder_validator, fit, gold_indices, parameter_groups, write_outputs
+from tqc.training import (FitResult, bi_encoder_validator, fit, gold_indices, parameter_groups, standard_text_groups,
+                           twin_columns, write_outputs)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ def train(
     texts = [q.text for q in train_rows]
     loss_fn = make_loss(params.loss, params.temperature, params.margin, params.smoothing)
     column_offsets = prior_offsets(class_log_prior(gold, len(catalog)), params.logit_adjustment, params.temperature)  # (P,)
+    groups = standard_text_groups(catalog)  # None unless classes share a standard question
 
     def batch_loss(rows: list[int]) -> torch.Tensor:
         distinct, columns = candidate_columns(gold[rows], negatives[rows])
@@ -56,7 +58,9 @@ def train(
             scores = scores + column_offsets[distinct].to(scores.device)  # (B, U)
         columns = columns.to(questions.device)
         if params.negatives == "mined_and_in_batch":
-            return loss_fn(scores, columns[:, 0], None)  # each class appears once in U: label-aware
+            twins = twin_columns(groups, gold[rows], distinct, columns[:, 0].cpu())  # (B, U) or None
+            # each class appears once in U: label-aware, and a class that shares the gold's standard question is no negative
+            return loss_fn(scores, columns[:, 0], None if twins is None else twins.to(scores.device))
         return loss_fn(scores.gather(1, columns), torch.zeros_like(columns[:, 0]), None)  # (B, K+1), gold first
 
     return fit(
