@@ -113,8 +113,19 @@ def _judge_pending(params: Params, retries: dict, logger) -> dict | None:
         return None
     logger.warning("retrain: the last run committed its data but did not judge its challenger (%s); judging it first",
                    unjudged.model)
-    with standalone_run("retrain", params.tracking, tags={"tqc.kind": "retrain", "tqc.retrain.judge": "pending"}):
-        promotion = judge.with_options(**retries)(params, unjudged, Path(params.retrain.work_dir))
+    try:
+        with standalone_run("retrain", params.tracking, tags={"tqc.kind": "retrain", "tqc.retrain.judge": "pending"}):
+            promotion = judge.with_options(**retries)(params, unjudged, Path(params.retrain.work_dir))
+    except input_errors() as error:
+        # It would fail the same way every run, and block every delivery after it: given up, said, and the run goes
+        # on (a later delivery trains on the committed data anyway)
+        steps.clear_pending_judge(params.retrain)
+        logger.error("retrain: the pending challenger %s cannot be judged, and is given up: %s", unjudged.model, error)
+        return None
+    except Exception as error:  # the registry down again: kept for the next run, which tries it first
+        logger.error("retrain: judging the pending challenger failed; %s keeps it for the next run: %s",
+                     Path(params.retrain.work_dir) / steps.PENDING_JUDGE, error)
+        raise
     steps.clear_pending_judge(params.retrain)
     shutil.rmtree(params.retrain.work_dir, ignore_errors=True)  # before new files are staged there
     logger.info("retrain: the pending challenger was %s", "promoted" if promotion["promoted"] else "not promoted")

@@ -14,9 +14,11 @@ OPERATIONS = ("swap", "delete", "insert")
 
 # Chinese and Japanese are written without spaces between words: there a character (an ideograph or a kana, each
 # whole, with no combining marks) is the unit EDA moves, since a whole question would otherwise be one "word" that
-# no swap or deletion can change and that an insertion only doubles. Scripts whose characters carry combining marks
-# (Thai, Khmer, …) keep whitespace words: moving a vowel sign off its consonant makes no text.
-UNSPACED = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+# no swap or deletion can change and that an insertion only doubles. Their punctuation (、。「」) and the full-width
+# forms (，？！) are units of their own too, joined without spaces, or an edited question would come back with
+# spaces its held-out copy lacks and escape augment's comparisons with validation and test. Scripts whose characters
+# carry combining marks (Thai, Khmer, …) keep whitespace words: moving a vowel sign off its consonant makes no text.
+UNSPACED = "\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
 UNITS = re.compile(f"[{UNSPACED}]|[^\\s{UNSPACED}]+")
 IS_UNSPACED = re.compile(f"[{UNSPACED}]")
 
@@ -73,8 +75,8 @@ def augment_text(text: str, vocabulary: list[str], rng: random.Random, alpha: fl
     for _ in range(attempts):
         changed = joined(_one_operation(words, vocabulary, rng, alpha))
         if changed != joined(words):
-            break
-    return changed
+            return changed
+    return text  # as it came, not re-spaced
 
 
 def _one_operation(words: list[str], vocabulary: list[str], rng: random.Random, alpha: float) -> list[str]:

@@ -134,13 +134,16 @@ def check_space(params: Params) -> None:
     base = flat_base(params)
     space = params.tune.space
     for name, dimension in space.items():
-        for value in _values_to_check(name, dimension, base):
-            _accepted(params, name, value, f"tune.space.{name}")
         for path, wanted in dimension.when.items():
             if path in space:
                 _can_draw(space, path, wanted, base, f"tune.space.{name}.when")
             else:
-                _accepted(params, path, wanted, f"tune.space.{name}.when")
+                _accepted(params, {path: wanted}, path, wanted, f"tune.space.{name}.when")
+                if base.get(path) != wanted:  # nothing draws it: the base value decides, for every trial
+                    raise ConfigError(f"tune.space.{name}.when: {path} is {base.get(path)!r} in every trial (it is not "
+                                      f"searched), never {wanted!r}, so no trial would tune {name}")
+        for value in _values_to_check(name, dimension, base):  # with the values its `when` needs, as a trial has them
+            _accepted(params, {**dimension.when, name: value}, name, value, f"tune.space.{name}")
     _combinations_accepted(params, space, base)
 
 
@@ -159,11 +162,13 @@ def _values_to_check(name: str, dimension: SearchDimension, base: dict) -> list:
 
 
 def _can_draw(space: dict[str, SearchDimension], path: str, wanted, base: dict, where: str) -> None:
-    """A `when` on a searched dimension names one of the values it can draw, or the dimension it conditions never applies."""
+    """A `when` on a searched dimension names one of the values it can draw, or the dimension it conditions never
+    applies: a choice, or an integer in an integer range (a float range's draws never equal one value)."""
     dimension = space[path]
     if dimension.choices is not None and wanted in dimension.choices:
         return
-    if dimension.choices is None and not isinstance(wanted, (bool, str)) and dimension.low <= wanted <= dimension.high:
+    integers = dimension.choices is None and isinstance(wanted, int) and not isinstance(wanted, bool)
+    if integers and _samples_integers(path, base.get(path)) and dimension.low <= wanted <= dimension.high:
         return
     drawn = dimension.choices if dimension.choices is not None else f"[{dimension.low}, {dimension.high}]"
     raise ConfigError(f"{where}: {path} = {wanted!r} is never drawn (tune.space.{path} draws from {drawn}), so no trial "
@@ -228,10 +233,10 @@ def _smallest_refused(params: Params, combination: dict) -> dict:
     return smallest
 
 
-def _accepted(params: Params, name: str, value, where: str) -> None:
-    """`name` is a parameter (Params' own validator said so); whether `value` is one it takes."""
+def _accepted(params: Params, overrides: dict, name: str, value, where: str) -> None:
+    """`name` is a parameter (Params' own validator said so); whether `value` is one it takes (in `overrides`)."""
     try:
-        params.with_overrides(unflatten({name: value}))
+        params.with_overrides(unflatten(overrides))
     except ConfigError as error:
         raise ConfigError(f"{where}: {name} = {value!r} is not a value the params accept:\n{error}") from None
 

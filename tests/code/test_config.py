@@ -255,7 +255,11 @@ def test_the_tuner_refuses_a_dimension_no_trial_could_use_before_any_work():
     for name, (dimension, problem) in refused.items():
         with pytest.raises(ConfigError, match=problem):
             check_space(space(dimension))
-    check_space(space({"stage_two.margin": {"low": 0.1, "high": 0.5, "when": {"stage_two.loss": "hinge"}}}))
+    with pytest.raises(ConfigError, match=r"stage_two.loss is 'nt_xent' in every trial \(it is not searched\), never 'hinge'"):
+        check_space(space({"stage_two.margin": {"low": 0.1, "high": 0.5, "when": {"stage_two.loss": "hinge"}}}))
+    check_space(Params.model_validate({"stage_two": {"loss": "hinge"},
+                                       "tune": {"space": {"stage_two.margin": {"low": 0.1, "high": 0.5,
+                                                                               "when": {"stage_two.loss": "hinge"}}}}}))
 
 
 @pytest.mark.parametrize("alias", ["latest", "Latest", "v1", "V12"])

@@ -146,6 +146,8 @@ def test_a_long_question_is_shortened_so_its_joined_standard_question_stays_whol
     assert joined.texts == ["where on earth is the [SEP] Where is the place?", "where on earth is the city [SEP] Who is it?"]
     assert all(count_words(text) <= 12 for text in joined.texts)
     assert fit("where is paris", " [SEP] Where is the place?") == "where is paris"  # what fits stays as it is
+    count_characters = lambda text: len(text.replace(" ", "")) + 2  # noqa: E731 - a token a character, as in Chinese
+    assert question_that_fits(count_characters, 12)("我的银行卡丢了怎么办", " [SEP] 挂失") == "我的银"  # 3 + 7 + 2 = 12
 
 
 def test_a_joined_input_is_never_pushed_away_from_its_own_questions_standard_question():

@@ -80,11 +80,18 @@ def test_eda_moves_the_characters_of_chinese_and_japanese_questions_which_have_n
     import random
 
     from tqc.eda import augment_text, class_vocabularies, joined, words_of
+    from tqc.text import normalise
 
     assert words_of("我的银行卡丢了怎么办") == list("我的银行卡丢了怎么办")
     assert words_of("where is 北京 now?") == ["where", "is", "北", "京", "now?"]
-    for text in ("我的银行卡丢了怎么办", "カードをなくした", "where is 北京 now?", "what is a card", "บัตรหาย"):
+    for text in ("我的银行卡丢了怎么办", "カードをなくした", "where is 北京 now?", "what is a card", "บัตรหาย", "你好，我的卡丢了吗？",
+                 "「カード」をなくした。"):
         assert joined(words_of(text)) == " ".join(text.split())  # units back into the text they came from
+    assert normalise(joined(words_of("where is 北京, now?"))) == normalise("where is 北京, now?")  # as validate compares
+    # a deletion that gives a held-out question gives it as validate compares texts, punctuation and all
+    deleted = joined([unit for unit in words_of("你好，我的卡丢了吗") if unit != "吗"])
+    assert deleted == "你好，我的卡丢了"
+    assert augment_text("why", [], random.Random(0)) == "why" and augment_text("好", [], random.Random(0)) == "好"
     rows = [LabeledQuestion("我的银行卡丢了怎么办", "lost"), LabeledQuestion("银行卡被偷了怎么挂失", "lost")]
     vocabulary = class_vocabularies(rows)["lost"]
     assert "银" in vocabulary and len(vocabulary) == len(set("我的银行卡丢了怎么办银行卡被偷了怎么挂失"))

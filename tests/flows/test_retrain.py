@@ -205,6 +205,10 @@ def test_a_challenger_committed_but_never_judged_is_judged_by_the_next_run(proje
     assert champion_version(project) is None
     assert (project / "data" / "retrain" / "judge-pending.json").exists()
 
+    with pytest.raises(RuntimeError, match="registry is unreachable"):  # still down: kept, and tried first next time
+        retrain(params_path="params.yaml")
+    assert (project / "data" / "retrain" / "judge-pending.json").exists()
+
     monkeypatch.setattr(promote, "run", real_run)
     again = retrain(params_path="params.yaml")  # an empty inbox
     assert again == {"status": "nothing to do", "pending_challenger_promoted": True}
@@ -336,3 +340,24 @@ def test_a_refresh_answers_a_new_class_from_its_labeled_questions_alone(project)
         pd.DataFrame({"question": unseen}), params={"top_k": 10}) for version in ("1", "2")}
     assert "DESC" not in set(answers["1"]["class_id"])  # the old version cannot answer it ...
     assert set(answers["2"][answers["2"]["rank"] == 1]["class_id"]) == {"DESC"}  # ... the refreshed one does, untrained
+
+
+def test_a_pending_challenger_that_can_never_be_judged_is_given_up_and_blocks_no_delivery(project, monkeypatch, caplog):
+    from tqc import retrain as steps
+    from tqc.prior import PriorFileError
+    from tqc.stages import promote
+
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
+    monkeypatch.setattr(promote, "run", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("the registry is unreachable")))
+    with pytest.raises(RuntimeError):
+        retrain(params_path="params.yaml")
+    monkeypatch.setattr(promote, "run", lambda *a, **k: (_ for _ in ()).throw(PriorFileError("prior.json: not a prior")))
+    drop(project, "two.csv", [(q, "NUM") for q in unseen_questions(project, "NUM", 3)])
+    steps_seen = []
+    monkeypatch.setattr(steps, "stage", lambda files, *a: steps_seen.append([f.path.name for f in files]) or
+                        (_ for _ in ()).throw(RuntimeError("stop after staging")))
+    with pytest.raises(RuntimeError, match="stop after staging"):
+        retrain(params_path="params.yaml")
+    assert steps_seen == [["two.csv"]]  # the delivery after it was read
+    assert not (project / "data" / "retrain" / "judge-pending.json").exists()
+    assert "cannot be judged, and is given up: prior.json: not a prior" in caplog.text

@@ -667,6 +667,13 @@ def test_the_tuner_refuses_values_that_clash_together_or_can_never_be_drawn_befo
     with pytest.raises(ConfigError, match=r"stage_two.loss = 'hinge' is never drawn \(tune.space.stage_two.loss draws"):
         check_space(space({"stage_two.loss": {"choices": ["nt_xent", "bpr"]},
                            "stage_two.margin": {"low": 0.1, "high": 0.5, "when": {"stage_two.loss": "hinge"}}}))
+    # the base loss is hinge: logit_adjustment's values are checked with the loss its `when` needs, not the base's
+    check_space(space({"stage_two.loss": {"choices": ["hinge", "nt_xent"]},
+                       "stage_two.logit_adjustment": {"low": 0.0, "high": 1.0, "when": {"stage_two.loss": "nt_xent"}}},
+                      stage_two={"loss": "hinge"}))
+    with pytest.raises(ConfigError, match=r"stage_two.temperature = 0.1 is never drawn"):  # a float range's draws
+        check_space(space({"stage_two.temperature": {"low": 0.05, "high": 0.2},
+                           "stage_two.margin": {"low": 0.1, "high": 0.5, "when": {"stage_two.temperature": 0.1}}}))
     with pytest.raises(ConfigError, match=r"mine.k takes integers, and none lies in \[2.2, 2.8\]"):
         check_space(space({"mine.k": {"low": 2.2, "high": 2.8}}))
     from tqc.config import load_params

@@ -14,6 +14,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tqc.eda import joined, words_of
+
 
 @dataclass(frozen=True)
 class JoinedInputs:
@@ -42,16 +44,16 @@ def joined_inputs(questions: list[str], gold: list[int], batch_classes: list[int
 
 
 def question_that_fits(count_tokens: Callable[[str], int], max_length: int) -> Callable[[str, str], str]:
-    """(question, tail) → the question, cut word by word from its end until question + tail fits in `max_length`
-    tokens (`count_tokens` counts them as the encoder does, special tokens included). The encoder truncates from the
+    """(question, tail) → the question, cut word by word from its end (a character at a time in Chinese and Japanese,
+    as EDA's `words_of` splits them) until question + tail fits in `max_length` tokens (`count_tokens` counts them as the encoder does, special tokens included). The encoder truncates from the
     right, so a long question would otherwise lose the standard question its "is relevant" target is about; CEAA
     shortens the question and keeps what it is joined with."""
     def fit(question: str, tail: str) -> str:
         if count_tokens(question + tail) <= max_length:
             return question
-        words = question.split()
-        while len(words) > 1 and count_tokens(" ".join(words) + tail) > max_length:
+        words = words_of(question)
+        while len(words) > 1 and count_tokens(joined(words) + tail) > max_length:
             words.pop()
-        return " ".join(words)
+        return joined(words)
 
     return fit
