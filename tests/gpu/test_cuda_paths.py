@@ -194,3 +194,23 @@ def test_evaluate_and_prior_score_the_trained_models_on_the_gpu(tiny_model_dir, 
     assert {name: next(m.parameters()).device.type for name, m in models.items()} == {"stage_one": "cuda", "admc": "cuda"}
     scores = scoring.scorer_for(models["admc"], 8)(_rows(1, 2), CATALOG)  # (6, P) float32 on the CPU
     assert scores.shape == (6, len(CATALOG.texts)) and np.isfinite(scores).all()
+
+
+def test_twin_classes_and_cross_encoding_train_on_the_gpu(tiny_model_dir):
+    """The twin mask and CEAA's exclusions are built on the CPU and meet the scores on the GPU, in both stages."""
+    from tqc.training import standard_text_groups
+
+    twins = Catalog([StandardQuestion("LOC", "Where is the place?"), StandardQuestion("HUM", "Who is the person?"),
+                     StandardQuestion("NUM", "where is the place?")])
+    assert standard_text_groups(twins) is not None
+    torch.manual_seed(0)
+    model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir))).to(pick_device())
+    train = _rows(0, 8)
+    augment = AugmentParams(cross_encoding={"enabled": True, "share": 0.5})
+    one = stage_one.train(model, train, _rows(1, 2), twins, StageOneParams(epochs=1, batch_size=8, learning_rate=1e-3,
+                                                                           patience=1), seed=0, augment=augment)
+    negatives = torch.tensor([[1] if q.class_id != "HUM" else [0] for q in train])  # (N, 1)
+    two = stage_two.train(model, train, negatives, _rows(1, 2), twins,
+                          StageTwoParams(epochs=1, batch_size=8, learning_rate=1e-3, patience=1,
+                                         negatives="mined_and_in_batch"), seed=0)
+    assert all(np.isfinite(r.train_loss) for r in one.history + two.history if r.epoch > 0)
