@@ -206,3 +206,17 @@ def test_standard_text_groups_join_classes_whose_standard_questions_are_one_text
     catalog = Catalog([StandardQuestion("a", "Where is it?"), StandardQuestion("b", "Who?"), StandardQuestion("c", "where  is IT?")])
     assert standard_text_groups(catalog).tolist() == [0, 1, 0]
     assert "a = c" in caplog.text
+
+
+@pytest.mark.parametrize("texts", [["Where?"], ["Where?", "where ?"]])
+def test_a_catalog_with_one_standard_question_is_refused_by_name_before_mining(tmp_path, texts):
+    """One class, or every class one text: k capped to 0 left mining's statistics an IndexError."""
+    from tqc.config import MineParams
+    from tqc.io import DataFileError
+    from tqc.schema import Catalog, StandardQuestion
+    from tqc.stages import mine as mine_stage
+
+    Catalog([StandardQuestion(f"c{i}", text) for i, text in enumerate(texts)]).save(tmp_path / "catalog.jsonl")
+    with pytest.raises(DataFileError, match=r"catalog.jsonl: \d class\(es\), one standard question"):
+        mine_stage.run(tmp_path, tmp_path / "train.jsonl", tmp_path / "no-model", MineParams(), tmp_path / "n.jsonl",
+                       tmp_path / "m.json")

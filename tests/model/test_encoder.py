@@ -437,3 +437,16 @@ def test_cls_pooling_takes_each_rows_first_real_token_on_either_padding_side():
     pooling = Pooling("cls", 2)
     assert torch.equal(pooling(states, left), torch.stack([states[0, 1], states[1, 0]]))
     assert torch.equal(pooling(states, right), states[:, 0])
+
+
+def test_a_checkpoint_saved_in_half_precision_loads_and_trains_in_float32(tiny_model_dir, tmp_path):
+    """transformers 5 keeps a folder's saved dtype: an fp16 backbone met float32 attention pooling (a dtype error),
+    and with mean pooling trained in fp16, its small updates lost to rounding."""
+    from transformers import AutoModel, AutoTokenizer
+
+    half = tmp_path / "tiny-fp16"
+    AutoModel.from_pretrained(str(tiny_model_dir)).half().save_pretrained(half)
+    AutoTokenizer.from_pretrained(str(tiny_model_dir)).save_pretrained(half)
+    encoder = TextEncoder.from_pretrained(str(half), "attention", 32)
+    assert {p.dtype for p in encoder.parameters()} == {torch.float32}
+    assert encoder.encode(TEXTS).dtype == torch.float32

@@ -319,6 +319,12 @@ def test_a_class_that_shares_its_standard_question_is_no_negative_in_either_stag
     assert all(m[:, 1].sum() == 0 for m in masks)  # HUM shares no text: never left out
     assert all(m[:, [0, 2]].sum(1).le(1).all() for m in masks) and any(m[:, [0, 2]].any() for m in masks)
 
+    calls = _record_loss_calls(monkeypatch, stage_one)  # prototype mixup: the balanced set against every prototype
+    stage_one.train(model, rows, rows[:4], twins, PARAMS, seed=0,
+                    augment=AugmentParams(prototype_mixup={"enabled": True, "per_class": 2}))
+    balanced = [excluded for scores, excluded in calls if scores.shape[0] == 3 * 2]  # (P·per_class, P)
+    assert balanced and all(m is not None and m[:, 1].sum() == 0 and m[:, [0, 2]].any(1).sum() == 4 for m in balanced)
+
     calls = _record_loss_calls(monkeypatch, stage_two)
     negatives = torch.tensor([[1, 2] if r.class_id != "HUM" else [0, 2] for r in rows])  # (N, 2), as mining may give
     stage_two.train(model, rows, negatives, rows[:4], twins, StageTwoParams(epochs=1, batch_size=8, max_steps=2,

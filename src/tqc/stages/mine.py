@@ -10,7 +10,7 @@ import numpy as np
 
 from tqc.config import MineParams
 from tqc.device import pick_device
-from tqc.io import write_json, write_jsonl
+from tqc.io import DataFileError, write_json, write_jsonl
 from tqc.mining import mine
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, StaleNegatives, load_questions
@@ -22,6 +22,11 @@ log = logging.getLogger(__name__)
 def run(data_dir: Path, train_path: Path, model_dir: Path, params: MineParams, out_path: Path, report_path: Path) -> dict:
     started = time.perf_counter()
     catalog = Catalog.load(data_dir / "catalog.jsonl")
+    groups = standard_text_groups(catalog)
+    distinct_standard_questions = len(catalog) if groups is None else len(set(groups.tolist()))
+    if distinct_standard_questions < 2:
+        raise DataFileError(f"{data_dir / 'catalog.jsonl'}: {len(catalog)} class(es), one standard question: there is "
+                            "no wrong class to mine, and nothing for the model to tell apart")
     train_rows = load_questions(train_path)
     model = BiEncoder.load(model_dir).to(pick_device())
 
@@ -33,7 +38,7 @@ def run(data_dir: Path, train_path: Path, model_dir: Path, params: MineParams, o
     standards = model.standard.encode(catalog.texts, params.batch_size, "mining: encoding catalog").numpy()  # (P, D)
 
     gold = gold_indices(train_rows, catalog)
-    negatives, stats = mine(questions, standards, gold, params.k, model.similarity, model.score, standard_text_groups(catalog))
+    negatives, stats = mine(questions, standards, gold, params.k, model.similarity, model.score, groups)
     stats["similarity"] = model.similarity
     write_jsonl(out_path, ({"row": i, "class_id": q.class_id, "negatives": [catalog.class_ids[c] for c in negatives[i]]}
                            for i, q in enumerate(train_rows)))

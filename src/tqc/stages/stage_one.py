@@ -72,7 +72,7 @@ def train(
     column_offsets = prior_offsets(log_pi, column_weight, params.temperature)  # (P,)
     negatives = "all_classes" if mixup.enabled else params.negatives  # prototypes of every class in every batch
     total_steps = params.epochs * steps_per_epoch(len(train_rows), params.batch_size, params.max_steps)
-    mixup_term = _prototype_mixup_term(model, loss_fn, mixup, total_steps, seed) if mixup.enabled else None
+    mixup_term = _prototype_mixup_term(model, loss_fn, mixup, total_steps, seed, groups) if mixup.enabled else None
     cross_term = (_cross_encoding_term(model, loss_fn, augment.cross_encoding, catalog, seed, groups)
                   if augment.cross_encoding.enabled else None)
 
@@ -105,7 +105,7 @@ def train(
 
 
 def _prototype_mixup_term(model: BiEncoder, loss_fn: LossFn, params: PrototypeMixupParams, total_steps: int,
-                          seed: int) -> Callable:
+                          seed: int, groups=None) -> Callable:
     """The balanced set's loss against every prototype; its synthetic share rises with the steps taken, to
     `synthetic_end` at the last (SharpReCL's t / T, t = 1 … T).
 
@@ -122,7 +122,9 @@ def _prototype_mixup_term(model: BiEncoder, loss_fn: LossFn, params: PrototypeMi
                                 params.hard_k, params.beta, generator,
                                 unit_norm=scores_directions_only(model.similarity))  # (P·per_class, D), lengths kept for inner
         scores = model.score(balanced.vectors, prototypes)  # (M, P)
-        return loss_fn(scores, balanced.labels.to(scores.device), None)
+        labels = balanced.labels.cpu()  # (M,)
+        twins = twin_columns(groups, labels, torch.arange(prototypes.shape[0]), labels)  # a twin's prototype: no negative
+        return loss_fn(scores, labels.to(scores.device), None if twins is None else twins.to(scores.device))
 
     return term
 
