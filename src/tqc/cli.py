@@ -201,8 +201,12 @@ def _check_faiss(similarities: set[str]) -> None:
 def _fetch(args: argparse.Namespace) -> None:
     from tqc import fetch
 
-    if not args.verify_only:
-        fetch.fetch(args.dest)
+    try:
+        if not args.verify_only:
+            fetch.fetch(args.dest)
+    except (fetch.ChecksumMismatch, OSError) as exc:  # a download that failed or came changed: one line, as input errors
+        print(f"tqc fetch: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     verified = fetch.verify(args.dest)
     for path, ok in verified.items():
         print(f"{'ok' if ok else 'MISSING OR CHANGED'}  {path}")

@@ -37,6 +37,7 @@ FILES = [
     RemoteFile("covid-q/categories/testA.csv", f"{COVIDQ}/dataset_categories/testA.csv", "e38aaccec3bb09fe83851fc259c9857a5de85fa9e356d25b40d2b8952f1c9a91"),
     RemoteFile("covid-q/categories/testB.csv", f"{COVIDQ}/dataset_categories/testB.csv", "be74faa20ac6a98844c7baf414b5057b837786188662fde1066ed3b2c3157c37"),
     RemoteFile("covid-q/classes/train3.csv", f"{COVIDQ}/dataset_classes/train3.csv", "b19f8603d0a54a37a53bea936248665107c0211d509b97b1d02d9b19680df391"),
+    RemoteFile("covid-q/classes/train3_augmented.csv", f"{COVIDQ}/dataset_classes/train3_augmented.csv", "0780d2dd8fb0e739922e9be42cad8300a51d81dc2ecd22ac836137cf00b4a19c"),
     RemoteFile("covid-q/classes/testA.csv", f"{COVIDQ}/dataset_classes/testA.csv", "78fd83f0a16c25ced5f7e0f731cb0163a685ad7881e333034cdad1458b73d2e6"),
     RemoteFile("covid-q/classes/testB.csv", f"{COVIDQ}/dataset_classes/testB.csv", "069e5d4b22f5f5aecc0c2426155997d03f1f8b6f602bc68cff7fbd7b47dafbbd"),
 ]
@@ -55,9 +56,10 @@ def verify(data_dir: Path, files: list[RemoteFile] = FILES) -> dict[str, bool]:
     return {f.path: (data_dir / f.path).is_file() and sha256_of(data_dir / f.path) == f.sha256 for f in files}
 
 
-def fetch(dest: Path, files: list[RemoteFile] = FILES, opener=urllib.request.urlopen, timeout_s: float = 60.0) -> list[Path]:
+def fetch(dest: Path, files: list[RemoteFile] = FILES, opener=None, timeout_s: float = 60.0) -> list[Path]:
     """Download each missing or mismatching file; a bad checksum never replaces a good file. A connection silent for
-    `timeout_s` is an error, not a `tqc fetch` that waits for ever."""
+    `timeout_s` is an error, not a `tqc fetch` that waits for ever. `opener`: urllib's urlopen unless given."""
+    opener = opener or urllib.request.urlopen
     written = []
     for remote in files:
         target = dest / remote.path
@@ -65,8 +67,11 @@ def fetch(dest: Path, files: list[RemoteFile] = FILES, opener=urllib.request.url
             continue
         log.info("fetching %s → %s", remote.url, target)
         with atomic_path(target) as tmp:
-            with opener(remote.url, timeout=timeout_s) as response:
-                tmp.write_bytes(response.read())
+            try:
+                with opener(remote.url, timeout=timeout_s) as response:
+                    tmp.write_bytes(response.read())
+            except OSError as exc:  # URLError, HTTPError, a timeout: their own text names no file
+                raise OSError(f"{remote.url} (for {target}): {exc}") from exc
             if (actual := sha256_of(tmp)) != remote.sha256:
                 raise ChecksumMismatch(f"{remote.url}: SHA-256 {actual} does not match the expected {remote.sha256}")
         written.append(target)

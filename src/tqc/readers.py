@@ -69,9 +69,15 @@ def decode_file(path: Path) -> str:
     bytes are read as Windows-1252 (what such files mostly are: `what\x92s` is "what’s"), or as Latin-1 where
     Windows-1252 leaves a byte undefined, with a warning naming the line, so one stray byte garbles neither the
     rest of its line nor the file's other lines. Lines are numbered as `split_lines` numbers them (\n, \r\n or \r)."""
+    if path.is_dir():
+        raise ReaderError(f"{path}: a folder, not a file")
     if not path.is_file():
         raise ReaderError(f"{path}: file not found")
-    return _without_line_boms(_decoded(path.read_bytes(), path))
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:  # no permission, an I/O error: said as the file's problem, not a traceback
+        raise ReaderError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    return _without_line_boms(_decoded(raw, path))
 
 
 def _decoded(raw: bytes, path: Path) -> str:
@@ -572,16 +578,17 @@ def read_dataset(params: DataParams) -> DatasetSplits:
                          shipped_catalog(params.dataset))
 
 
-def read_generated(params: DataParams) -> ReadResult:
-    """`data.generated.path`'s rows made offline, read in the dataset's own format; none when unset."""
+def read_generated(params: DataParams, catalog: Catalog | None = None) -> ReadResult:
+    """`data.generated.path`'s rows made offline, read in the dataset's own format; none when unset. `catalog`: the
+    classes a label is read as when alike (`_labels_as_train_labels`)."""
     if not params.generated.path:
         return ReadResult()
     path = Path(params.data_dir) / params.generated.path
     return _labels_as_train_labels(params, require_rows(_dataset_reader(params, params.generated.source_column)(path),
-                                                        path, params.max_rejected_fraction))
+                                                        path, params.max_rejected_fraction), catalog)
 
 
-def read_validation(params: DataParams) -> ReadResult | None:
+def read_validation(params: DataParams, catalog: Catalog | None = None) -> ReadResult | None:
     """`data.validation_file`'s labeled questions, read in the dataset's own format; None when unset
     (ingest then carves validation out of train)."""
     if not params.validation_file:
@@ -597,16 +604,19 @@ def read_validation(params: DataParams) -> ReadResult | None:
     if not path.is_file():  # named here: the reader's own "file not found" would not say which param, nor that
         raise ReaderError(f"data.validation_file {params.validation_file!r}: no file {path} (the path is relative to "
                           f"data.data_dir, {params.data_dir})")
-    return _labels_as_train_labels(params, require_rows(_dataset_reader(params)(path), path, params.max_rejected_fraction))
+    return _labels_as_train_labels(params, require_rows(_dataset_reader(params)(path), path, params.max_rejected_fraction),
+                                   catalog)
 
 
-def _labels_as_train_labels(params: DataParams, result: ReadResult) -> ReadResult:
+def _labels_as_train_labels(params: DataParams, result: ReadResult, catalog: Catalog | None = None) -> ReadResult:
     """A custom dataset's extra files (data.generated, data.validation_file) read their labels as train and test do:
     under `derive`, `hum` is the catalog's `HUM` there too. Else their rows kept labels that train's had lost, and
-    were all quarantined (generated: no training question of class 'hum'; validation: label not in the catalog)."""
+    were all quarantined (generated: no training question of class 'hum'; validation: label not in the catalog).
+    `catalog`: the dataset's classes, the ones derived from train's labels included (ingest passes them: `billing`
+    is then train's derived `Billing`); the catalog file's and the added ones without it."""
     if params.dataset != "custom" or params.custom.unknown_labels != "derive":
         return result
-    return _labels_read_as_catalog(result, _known_classes(params, _custom_catalog(params)))
+    return _labels_read_as_catalog(result, catalog if catalog is not None else _known_classes(params, _custom_catalog(params)))
 
 
 def _custom_catalog(params: DataParams) -> Catalog:
@@ -673,11 +683,13 @@ def _read_custom(params: DataParams) -> DatasetSplits:
     catalog = _custom_catalog(params)
     known = _known_classes(params, catalog)
     if custom.unknown_labels == "derive":  # `quarantine` is exact by choice: it names the likely id in the reason
-        train, test = _labels_read_as_catalog(train, known), _labels_read_as_catalog(test, known)
+        train = _labels_read_as_catalog(train, known)
     if custom.unknown_labels == "quarantine":
-        train = require_rows(_unknown_labels_rejected(train, known, root / custom.catalog), train_path)
+        train = require_rows(_unknown_labels_rejected(train, known, root / custom.catalog), train_path, limit)
     # Only training labels may create classes: a test label outside them is the validate stage's business.
     derived = [q for q in with_derived_classes(known, train.rows).questions if q.derived]
+    if custom.unknown_labels == "derive":  # test's `billing` is train's derived `Billing` too, not a class of its own
+        test = _labels_read_as_catalog(test, Catalog(known.questions + derived))
     return DatasetSplits(train, test, Catalog(catalog.questions + derived))
 
 

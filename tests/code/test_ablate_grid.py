@@ -6,8 +6,8 @@ import pytest
 
 import json
 
-from tqc.ablate import (Cell, CellResult, _or_recorded, experiment_overrides, grid_cells, matches, paired_difference, recorded_cells,
-                        render_markdown, set_arguments, summarise)
+from tqc.ablate import (Cell, CellResult, _or_recorded, experiment_overrides, grid_cells, matches, paired_difference,
+                        paired_differences, recorded_cells, render_markdown, set_arguments, summarise)
 from tqc.config import AblationGrid, ConfigError, Params, read_yaml
 
 GRID = AblationGrid(title="Options on long tails", base={"data.dataset": "trec6"},
@@ -428,6 +428,22 @@ def test_the_report_pairs_each_variant_with_the_first_at_the_same_matrix_point()
     assert "| eda · ir=10 | none · ir=10 | +0.00 | [-2.48, +2.48] | 1 of 3 |" in table
     paired = table.split("paired by seed")[1].split("Code versions")[0]
     assert not any(line.startswith("| none ·") for line in paired.splitlines())  # the reference has no row of its own
+
+
+def test_a_pair_of_cells_of_different_code_is_said_to_be_across_code_versions():
+    """A recorded cell (code not recorded) paired with one trained at a commit: the difference holds the code change."""
+    figures = lambda f1: {"admc_accuracy": 0.9, "admc_macro_f1": f1, "ac_accuracy": 0.8, "ac_macro_f1": f1,
+                          "admc_validation_macro_f1": 0.5}
+    version = {(0, "none"): "abc", (0, "eda"): "abc", (1, "none"): None, (1, "eda"): "abc", (2, "none"): "abc",
+               (2, "eda"): "def"}
+    results = [CellResult(cell, "done", figures(0.9 + cell.seed / 100), 10,
+                          code_version=version[(cell.seed, cell.variant_name)])
+               for cell in grid_cells("aug", GRID, [0, 1, 2], {}, {}) if cell.overrides["data.imbalance_ratio"] == 50]
+    params = Params.model_validate({"ablate": {"grids": {"aug": {**GRID.model_dump(), "reference": "none"}}}})
+    rows = summarise(results)
+    assert [d["across_code_versions"] for d in paired_differences(params, "aug", rows)] == [2]  # seeds 1 and 2
+    assert "| eda · ir=50 | none · ir=50 | +0.00 | [+0.00, +0.00] | 0 of 3; 2 across code versions |" in \
+        render_markdown(params, ["aug"], rows)
 
 
 def test_a_grids_reference_must_be_one_of_its_variants():

@@ -536,3 +536,21 @@ def test_cross_encoding_targets_and_the_mixup_schedule_that_cannot_work_are_refu
     with pytest.raises(ValueError, match=message):
         Params.model_validate({"augment": section})
     Params.model_validate({"augment": {"prototype_mixup": {"synthetic_start": 0.7, "synthetic_end": 0.7}}})  # fixed share
+
+
+def test_a_download_that_fails_or_comes_changed_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatch):
+    import io
+    import urllib.error
+
+    from tqc import cli, fetch
+
+    def unreachable(url, timeout):
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    for opener, said in ((unreachable, "Name or service not known"), (lambda url, timeout: io.BytesIO(b"changed"),
+                                                                        "does not match the expected")):
+        monkeypatch.setattr(fetch.urllib.request, "urlopen", opener)  # the first file fails, as a real one would
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["fetch", "--dest", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and said in err and fetch.FILES[0].url in err and "Traceback" not in err

@@ -650,3 +650,47 @@ def test_one_file_as_train_and_test_is_refused_and_a_file_outside_data_dir_is_na
     with caplog.at_level(logging.WARNING, logger="tqc.readers"):
         read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path / "data"), custom={**custom, "test": "linked.csv"}))
     assert "is outside data.data_dir" not in caplog.text
+
+
+def test_a_test_label_like_a_label_derived_from_train_is_read_as_that_class(tmp_path):
+    """With no catalog entry, train's `Billing` is a derived class; test's `billing` stayed a label of its own, and
+    validate quarantined the row (label not in the catalog)."""
+    (tmp_path / "train.csv").write_text("question,label\n" + "".join(f"my bill {i},Billing\nmy card {i},Cards\n"
+                                                                     for i in range(4)))
+    (tmp_path / "test.csv").write_text("question,label\nwhy is my bill high,billing\nmy card broke,CARDS\n")
+    custom = {"train": "train.csv", "test": "test.csv", "text_column": "question"}
+    splits = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom))
+    assert splits.catalog.class_ids == ["Billing", "Cards"]
+    assert [q.class_id for q in splits.test.rows] == ["Billing", "Cards"]
+
+
+def test_generated_rows_made_from_rows_the_long_tail_left_out_are_counted_as_such():
+    from tqc.schema import LabeledQuestion
+    from tqc.stages.ingest import Attribution, _generated_report
+
+    train = [LabeledQuestion("kept", "a", "t:1")]
+    left_out = [LabeledQuestion("left out", "a", "t:2")]
+    made = [LabeledQuestion(text, "a", f"g:{i}", generated=True, origins=(origin,))
+            for i, (text, origin) in enumerate([("from kept", "t:1"), ("from left out", "t:2"), ("from validation", "v:1")])]
+    report = _generated_report(Attribution(made, 0, []), 3, train, left_out)
+    assert (report["usable_with_this_split"], report["made_from_rows_left_out_by_imbalance"],
+            report["made_from_held_out_questions"]) == (1, 1, 1)
+
+
+def test_a_folder_or_an_unreadable_file_is_said_to_be_so(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from tqc.readers import ReaderError, decode_file
+
+    (tmp_path / "train.csv").mkdir()
+    with pytest.raises(ReaderError, match="train.csv: a folder, not a file"):
+        decode_file(tmp_path / "train.csv")
+    locked = tmp_path / "locked.csv"
+    locked.write_text("question,label\n")
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(ReaderError, match=r"locked.csv: cannot be read \(Permission denied\)"):
+        decode_file(locked)

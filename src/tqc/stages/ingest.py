@@ -14,7 +14,7 @@ from tqc.config import DataParams, GeneratedData
 from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.readers import (ReaderError, RejectedRow, ReadResult, read_additions, read_dataset, read_generated, read_validation,
                          with_added_classes)
-from tqc.schema import LabeledQuestion, save_questions, usable_generated
+from tqc.schema import Catalog, LabeledQuestion, save_questions, usable_generated
 from tqc.text import normalise
 
 log = logging.getLogger(__name__)
@@ -50,12 +50,12 @@ def stratified_split(
 
 
 def validation_split(params: DataParams, official_train: list[LabeledQuestion], seed: int,
-                     test: list[LabeledQuestion] = (), standard_questions: list[str] = ()
+                     test: list[LabeledQuestion] = (), standard_questions: list[str] = (), catalog: Catalog | None = None
                      ) -> tuple[list[LabeledQuestion], list[LabeledQuestion], list[RejectedRow]]:
     """(train, validation, the validation file's rejected rows): `data.validation_file` whole when set,
     the official train then training whole; otherwise a stratified split carved out of train, never
     drawing a question that is also in `test` or is one of the catalog's `standard_questions`."""
-    given = read_validation(params)
+    given = read_validation(params, catalog)
     if given is None:
         held_out = frozenset(normalise(text) for text in [*(q.text for q in test), *standard_questions])
         return *stratified_split(official_train, params.validation_fraction, seed, held_out), []
@@ -170,9 +170,9 @@ def attribute_named(generated: list[LabeledQuestion], originals: list[LabeledQue
     return attribution
 
 
-def _generated_rows(params: DataParams, originals: list[LabeledQuestion]) -> tuple[Attribution, int]:
+def _generated_rows(params: DataParams, originals: list[LabeledQuestion], catalog: Catalog) -> tuple[Attribution, int]:
     """(data.generated's rows attributed to the official training questions, rows read)."""
-    generated: ReadResult = read_generated(params)
+    generated: ReadResult = read_generated(params, catalog)
     if params.generated.source_column:
         attribution = attribute_named(generated.rows, originals, generated.named_sources, params.generated.source_column)
     else:
@@ -181,11 +181,22 @@ def _generated_rows(params: DataParams, originals: list[LabeledQuestion]) -> tup
     return attribution, len(generated.rows) + len(generated.rejected)
 
 
-def _generated_report(generated: Attribution, read: int, train: list[LabeledQuestion]) -> dict:
+def _generated_report(generated: Attribution, read: int, train: list[LabeledQuestion],
+                      left_out: list[LabeledQuestion] = ()) -> dict:
+    """`left_out`: the training rows data.imbalance_ratio left out on purpose; rows made from them are counted apart
+    from those made from held-out (validation) questions, though neither is trained on."""
     usable = len(usable_generated(train, generated.rows))
+    from_left_out = len(usable_generated([*train, *left_out], generated.rows)) - usable
     return {"read": read, "attributed": len(generated.rows), "copies_of_their_original": generated.copies,
             "quarantined": len(generated.rejected), "usable_with_this_split": usable,
-            "made_from_held_out_questions": len(generated.rows) - usable}
+            "made_from_held_out_questions": len(generated.rows) - usable - from_left_out,
+            **({"made_from_rows_left_out_by_imbalance": from_left_out} if left_out else {})}
+
+
+def _left_out(rows: list[LabeledQuestion], kept: list[LabeledQuestion]) -> list[LabeledQuestion]:
+    """The rows of `rows` that `kept` (data.imbalance_ratio's long tail) left out."""
+    sources = {q.source for q in kept}
+    return [q for q in rows if q.source not in sources]
 
 
 def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, report_path: Path) -> dict:
@@ -194,8 +205,9 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
     added, added_classes = read_additions(Path(params.additions) if params.additions else None)
     official_train = long_tail(splits.train.rows, params.imbalance_ratio, seed) if params.imbalance_ratio else splits.train.rows
     left_out = len(splits.train.rows) - len(official_train)  # by data.imbalance_ratio, on purpose: counted, not quarantined
+    catalog = with_added_classes(splits.catalog, added_classes)  # what a validation or generated label is read as
     train, validation, validation_rejected = validation_split(params, official_train, seed, splits.test.rows,
-                                                              splits.catalog.texts)
+                                                              splits.catalog.texts, catalog)
     # The validation file's questions are candidate origins too, and so are the added questions (some of them are held
     # out by stable_split), so a row made from a held-out question is never trained on (usable_generated)
     held_out = validation if params.validation_file else []
@@ -205,8 +217,7 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
         raise ReaderError(f"{params.dataset}: the validation split carved from train is empty (only classes with at "
                           "least 3 training rows give it rows), so early stopping and every selection would have "
                           "nothing to judge by: add labeled questions, or name a data.validation_file")
-    catalog = with_added_classes(splits.catalog, added_classes)
-    generated, generated_read = _generated_rows(params, splits.train.rows + held_out + added.rows)
+    generated, generated_read = _generated_rows(params, splits.train.rows + held_out + added.rows, catalog)
 
     with atomic_directory(out_dir) as staging:  # the folder's files replace the last run's together or not at all
         catalog.save(staging / "catalog.jsonl")
@@ -231,7 +242,8 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
         **({"imbalance": {"ratio": params.imbalance_ratio, "train_rows_left_out": left_out,
                           "per_class": _class_counts(official_train)}} if params.imbalance_ratio else {}),
         "quarantined": len(rejected),
-        **({"generated": _generated_report(generated, generated_read, train)} if params.generated.path else {}),
+        **({"generated": _generated_report(generated, generated_read, train, _left_out(splits.train.rows, official_train))}
+           if params.generated.path else {}),
         "seconds": round(time.perf_counter() - started, 2),
     }
     write_json(report_path, report)
