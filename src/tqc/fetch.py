@@ -7,6 +7,7 @@ access to rebuild that folder from the original public repositories.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import urllib.request
 from dataclasses import dataclass
@@ -70,7 +71,8 @@ def fetch(dest: Path, files: list[RemoteFile] = FILES, opener=None, timeout_s: f
             try:
                 with opener(remote.url, timeout=timeout_s) as response:
                     tmp.write_bytes(response.read())
-            except OSError as exc:  # URLError, HTTPError, a timeout: their own text names no file
+            except (OSError, http.client.HTTPException) as exc:  # URLError, HTTPError, a timeout, a body cut short
+                # (IncompleteRead): their own text names no file
                 raise OSError(f"{remote.url} (for {target}): {exc}") from exc
             if (actual := sha256_of(tmp)) != remote.sha256:
                 raise ChecksumMismatch(f"{remote.url}: SHA-256 {actual} does not match the expected {remote.sha256}")

@@ -543,10 +543,13 @@ def _file_and_line(source: str | None) -> str:
     return f"{file}, line {line}" if line.isdigit() else source
 
 
-def require_rows(result: ReadResult, path: Path, max_rejected_fraction: float = 1.0) -> ReadResult:
+UNREADABLE_HINT = "only once the file reads as intended: fix it, or raise the fraction"
+
+
+def require_rows(result: ReadResult, path: Path, max_rejected_fraction: float = 1.0, hint: str = UNREADABLE_HINT) -> ReadResult:
     """A split with no usable row (a header only, every line rejected) is an error, not an empty run; so is one with
     more than `max_rejected_fraction` of its rows rejected (a file in another format, or unquoted commas in its
-    texts), which would otherwise train and be scored on what is left."""
+    texts), which would otherwise train and be scored on what is left. `hint`: what to do about it."""
     why = f"; first rejected line {result.rejected[0].line}: {result.rejected[0].reason}" if result.rejected else ""
     if not result.rows:
         raise ReaderError(f"{path}: no usable rows ({len(result.rejected)} rejected{why})")
@@ -554,7 +557,7 @@ def require_rows(result: ReadResult, path: Path, max_rejected_fraction: float = 
     if len(result.rejected) > max_rejected_fraction * read:
         raise ReaderError(f"{path}: {len(result.rejected)} of {read} rows rejected, more than data.max_rejected_fraction "
                           f"({max_rejected_fraction:g}) of the file{why}; every one is listed in the quarantine file "
-                          "only once the file reads as intended: fix it, or raise the fraction")
+                          f"{hint}")
     return result
 
 
@@ -685,7 +688,9 @@ def _read_custom(params: DataParams) -> DatasetSplits:
     if custom.unknown_labels == "derive":  # `quarantine` is exact by choice: it names the likely id in the reason
         train = _labels_read_as_catalog(train, known)
     if custom.unknown_labels == "quarantine":
-        train = require_rows(_unknown_labels_rejected(train, known, root / custom.catalog), train_path, limit)
+        train = require_rows(_unknown_labels_rejected(train, known, root / custom.catalog), train_path, limit,
+                             "once ingest runs: add the labels to data.custom.catalog, set data.custom.unknown_labels: "
+                             "derive, or raise the fraction")
     # Only training labels may create classes: a test label outside them is the validate stage's business.
     derived = [q for q in with_derived_classes(known, train.rows).questions if q.derived]
     if custom.unknown_labels == "derive":  # test's `billing` is train's derived `Billing` too, not a class of its own

@@ -539,6 +539,7 @@ def test_cross_encoding_targets_and_the_mixup_schedule_that_cannot_work_are_refu
 
 
 def test_a_download_that_fails_or_comes_changed_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatch):
+    import http.client
     import io
     import urllib.error
 
@@ -547,8 +548,13 @@ def test_a_download_that_fails_or_comes_changed_is_one_line_and_exit_code_2(tmp_
     def unreachable(url, timeout):
         raise urllib.error.URLError("[Errno -2] Name or service not known")
 
+    class CutShort(io.BytesIO):
+        def read(self, *args):
+            raise http.client.IncompleteRead(b"half", 100)
+
     for opener, said in ((unreachable, "Name or service not known"), (lambda url, timeout: io.BytesIO(b"changed"),
-                                                                        "does not match the expected")):
+                                                                        "does not match the expected"),
+                         (lambda url, timeout: CutShort(), "IncompleteRead")):
         monkeypatch.setattr(fetch.urllib.request, "urlopen", opener)  # the first file fails, as a real one would
         with pytest.raises(SystemExit) as exited:
             cli.main(["fetch", "--dest", str(tmp_path)])

@@ -205,6 +205,12 @@ def test_a_label_the_catalog_lacks_is_a_derived_class_or_with_unknown_labels_qua
     [rejected] = strict.train.rejected
     assert (rejected.file, rejected.line, rejected.content) == (str(tmp_path / "train.csv"), line, "where is the louvre")
     assert rejected.reason.startswith("label 'LOCATION' is not in the catalog")
+    with (tmp_path / "train.csv").open("a") as train:  # 4 rows of 40: past the 5% data.max_rejected_fraction
+        train.write("where is the prado,LOCATION\nwhere is the hermitage,LOCATION\nwhere is the uffizi,LOCATION\n")
+    with pytest.raises(ReaderError, match=r"4 of \d+ rows rejected.*add the labels to data.custom.catalog, set "
+                                          r"data.custom.unknown_labels: derive, or raise the fraction"):
+        read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom={**custom, "unknown_labels": "quarantine"}))
+    (tmp_path / "train.csv").write_text("".join((tmp_path / "train.csv").read_text().splitlines(keepends=True)[:-3]))
 
     additions = tmp_path / "raw"  # the retrain flow's new class: a known label, with its own standard question
     additions.mkdir()
@@ -407,18 +413,20 @@ def test_generated_and_validation_file_labels_are_read_as_train_labels_are(tmp_p
 
     write(tmp_path, "catalog.csv", b"class_id,text\nHUM,Who is it?\nLOC,Where is it?\n")
     write(tmp_path, "train.csv", b"text,label\nwho wrote the song,hum\nwho built the tower,hum\nwhere is paris,loc\n"
-                                 b"where is rome,loc\n")
-    write(tmp_path, "dev.csv", b"text,label\nwho painted it,hum\nwhere is oslo,loc\n")
+                                 b"where is rome,loc\nmy bill is high,Billing\nwhy is my bill so high,Billing\n")
+    # Billing is no catalog class: derived from train's labels, and `billing` elsewhere is it too
+    write(tmp_path, "dev.csv", b"text,label\nwho painted it,hum\nwhere is oslo,loc\nmy bill doubled,billing\n")
     write(tmp_path, "test.csv", b"text,label\nwho sang it,hum\n")
-    write(tmp_path, "gen.csv", b"text,label\nwho wrote this song,hum\n")
+    write(tmp_path, "gen.csv", b"text,label\nwho wrote this song,hum\nwhy is my bill so very high,BILLING\n")
     params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None, validation_file="dev.csv",
                         custom={"train": "train.csv", "test": "test.csv", "catalog": "catalog.csv"},
                         generated={"path": "gen.csv"})
     report = ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
 
-    assert [q.class_id for q in load_questions(tmp_path / "out" / "validation.jsonl")] == ["HUM", "LOC"]
+    assert [q.class_id for q in load_questions(tmp_path / "out" / "validation.jsonl")] == ["HUM", "LOC", "Billing"]
     generated = load_questions(tmp_path / "out" / "generated.jsonl")
-    assert [(q.class_id, q.origins) for q in generated] == [("HUM", (f"{tmp_path / 'train.csv'}:2",))]
+    assert [(q.class_id, q.origins) for q in generated] == [("HUM", (f"{tmp_path / 'train.csv'}:2",)),
+                                                            ("Billing", (f"{tmp_path / 'train.csv'}:7",))]
     assert report["generated"]["quarantined"] == 0
 
 
@@ -672,7 +680,7 @@ def test_generated_rows_made_from_rows_the_long_tail_left_out_are_counted_as_suc
     left_out = [LabeledQuestion("left out", "a", "t:2")]
     made = [LabeledQuestion(text, "a", f"g:{i}", generated=True, origins=(origin,))
             for i, (text, origin) in enumerate([("from kept", "t:1"), ("from left out", "t:2"), ("from validation", "v:1")])]
-    report = _generated_report(Attribution(made, 0, []), 3, train, left_out)
+    report = _generated_report(Attribution(made, 0, []), 3, train, left_out, imbalanced=True)
     assert (report["usable_with_this_split"], report["made_from_rows_left_out_by_imbalance"],
             report["made_from_held_out_questions"]) == (1, 1, 1)
 

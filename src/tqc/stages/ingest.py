@@ -182,7 +182,7 @@ def _generated_rows(params: DataParams, originals: list[LabeledQuestion], catalo
 
 
 def _generated_report(generated: Attribution, read: int, train: list[LabeledQuestion],
-                      left_out: list[LabeledQuestion] = ()) -> dict:
+                      left_out: list[LabeledQuestion] = (), imbalanced: bool = False) -> dict:
     """`left_out`: the training rows data.imbalance_ratio left out on purpose; rows made from them are counted apart
     from those made from held-out (validation) questions, though neither is trained on."""
     usable = len(usable_generated(train, generated.rows))
@@ -190,7 +190,7 @@ def _generated_report(generated: Attribution, read: int, train: list[LabeledQues
     return {"read": read, "attributed": len(generated.rows), "copies_of_their_original": generated.copies,
             "quarantined": len(generated.rejected), "usable_with_this_split": usable,
             "made_from_held_out_questions": len(generated.rows) - usable - from_left_out,
-            **({"made_from_rows_left_out_by_imbalance": from_left_out} if left_out else {})}
+            **({"made_from_rows_left_out_by_imbalance": from_left_out} if imbalanced else {})}
 
 
 def _left_out(rows: list[LabeledQuestion], kept: list[LabeledQuestion]) -> list[LabeledQuestion]:
@@ -242,7 +242,8 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
         **({"imbalance": {"ratio": params.imbalance_ratio, "train_rows_left_out": left_out,
                           "per_class": _class_counts(official_train)}} if params.imbalance_ratio else {}),
         "quarantined": len(rejected),
-        **({"generated": _generated_report(generated, generated_read, train, _left_out(splits.train.rows, official_train))}
+        **({"generated": _generated_report(generated, generated_read, train, _left_out(splits.train.rows, official_train),
+                                                   bool(params.imbalance_ratio))}
            if params.generated.path else {}),
         "seconds": round(time.perf_counter() - started, 2),
     }
