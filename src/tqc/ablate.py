@@ -455,11 +455,11 @@ def paired_differences(params: Params, grid: str, rows: list[dict], figure: str 
 
 
 def _across_code_versions(row: dict, reference: dict, seeds: list[int]) -> int:
-    """How many of the pairs are two cells of different code: two known commits that differ, or one known and one
-    not recorded (read from a record). Such a pair's difference also holds the code change, not only the variant."""
+    """How many of the pairs are not known to be two cells of one code: two commits that differ, or a cell whose
+    commit was not recorded (read from a record). Such a pair's difference may also hold a code change."""
     version = lambda r: {cell["seed"]: cell.get("code_version") for cell in r["cells"]}  # noqa: E731
     mine, theirs = version(row), version(reference)
-    return sum(mine.get(seed) != theirs.get(seed) for seed in seeds)
+    return sum(mine.get(seed) is None or mine.get(seed) != theirs.get(seed) for seed in seeds)
 
 
 def _by_seed(row: dict, figure: str) -> dict[int, float]:
@@ -487,8 +487,8 @@ def _paired_lines(params: Params, grid: str, rows: list[dict]) -> list[str]:
     lines = [f"ADMC test macro-F1 minus `{reference_name}`'s at the same matrix point, paired by seed (a seed draws the "
              "validation split and the starting weights, unless a variant sets them), in points: the mean, its 95% t-interval "
              "over the seeds both finished, and in how many of them the variant is higher. An interval that holds 0 is no "
-             "evidence of a difference either way. A pair whose two cells ran different code (or one of them code not "
-             "recorded) is counted as *across code versions*: its difference also holds the code change.", "",
+             "evidence of a difference either way. A pair whose two cells ran different code, or code not recorded, is "
+             "counted as *across or without code versions*: its difference may also hold a code change.", "",
              "| variant | against | difference | 95% interval | higher in |", "|---|---|---|---|---|"]
     for d in differences:
         interval = "—" if d["ci95"] is None else f"[{100 * d['ci95'][0]:+.2f}, {100 * d['ci95'][1]:+.2f}]"
@@ -498,7 +498,7 @@ def _paired_lines(params: Params, grid: str, rows: list[dict]) -> list[str]:
 
 
 def _across_text(count: int) -> str:
-    return f"; {count} across code versions" if count else ""
+    return f"; {count} across or without code versions" if count else ""
 
 
 def _cell_text(figure: dict, seeds: int | None = None) -> str:

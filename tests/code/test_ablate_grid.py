@@ -417,7 +417,8 @@ def test_the_report_pairs_each_variant_with_the_first_at_the_same_matrix_point()
                           "admc_validation_macro_f1": 0.5}
     f1 = {("none", 50): [0.90, 0.92, 0.91], ("eda", 50): [0.92, 0.93, 0.94], ("none", 10): [0.95, 0.95, 0.95],
           ("eda", 10): [0.94, 0.96, 0.95]}
-    results = [CellResult(cell, "done", figures(f1[(cell.variant_name, cell.overrides["data.imbalance_ratio"])][cell.seed]), 10)
+    results = [CellResult(cell, "done", figures(f1[(cell.variant_name, cell.overrides["data.imbalance_ratio"])][cell.seed]), 10,
+                          code_version="abc")
                for cell in grid_cells("aug", GRID, [0, 1, 2], {}, {})]
     unpaired = Params.model_validate({"ablate": {"grids": {"aug": GRID.model_dump()}}})
     assert "paired by seed" not in render_markdown(unpaired, ["aug"], summarise(results))  # no reference named
@@ -442,7 +443,7 @@ def test_a_pair_of_cells_of_different_code_is_said_to_be_across_code_versions():
     params = Params.model_validate({"ablate": {"grids": {"aug": {**GRID.model_dump(), "reference": "none"}}}})
     rows = summarise(results)
     assert [d["across_code_versions"] for d in paired_differences(params, "aug", rows)] == [2]  # seeds 1 and 2
-    assert "| eda · ir=50 | none · ir=50 | +0.00 | [+0.00, +0.00] | 0 of 3; 2 across code versions |" in \
+    assert "| eda · ir=50 | none · ir=50 | +0.00 | [+0.00, +0.00] | 0 of 3; 2 across or without code versions |" in \
         render_markdown(params, ["aug"], rows)
 
 
