@@ -679,3 +679,19 @@ def test_the_tuner_refuses_values_that_clash_together_or_can_never_be_drawn_befo
     from tqc.config import load_params
 
     check_space(load_params(Path(__file__).resolve().parents[2] / "params.yaml"))  # the shipped space: all accepted
+
+
+def test_a_trial_that_ties_the_best_keeps_its_models_and_a_best_without_models_says_so(tmp_path):
+    """Optuna breaks no tie by trial order: a later trial tied with the best may be reported as best, so it keeps its
+    models; a best trial whose models are not here (another machine, or dropped) has test: null and the reason."""
+    from types import SimpleNamespace
+
+    from tqc.pipeline import PreparedData
+    from tqc.tune import _trial_summary, _worth_keeping
+
+    study = SimpleNamespace(best_value=0.8)
+    assert _worth_keeping(SimpleNamespace(user_attrs={}, study=study), 0.8)  # a tie
+    assert not _worth_keeping(SimpleNamespace(user_attrs={}, study=study), 0.79)
+    trial = SimpleNamespace(number=3, value=0.8, params={"mine.k": 4}, user_attrs={})
+    summary = _trial_summary(trial, tmp_path, PreparedData(tmp_path, tmp_path / "train.jsonl"), Params())
+    assert summary["test"] is None and "trial-0003" in summary["test_missing"]
