@@ -518,9 +518,14 @@ def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion]) -> Catal
     for row in rows:
         first_use.setdefault(row.class_id, row.source)
     owners = {normalise(q.text): q.class_id for q in catalog.questions}
-    derived = []
+    derived, alike = [], {}
     for class_id in sorted(set(first_use) - set(catalog.class_ids)):
         text, where = label_in_words(class_id), _file_and_line(first_use[class_id])
+        twin = alike.setdefault(_catalog_label_key(class_id), class_id)
+        if twin != class_id:  # `1` and `1.0`: their derived texts differ, but a test `1.00` could be read as neither
+            raise ReaderError(f"{where}: labels {twin!r} (first at {_file_and_line(first_use[twin])}) and {class_id!r} are "
+                              "alike but for case, width or a float's .0, and the catalog has neither: one class written "
+                              "two ways, or two? write the label one way, or give each a standard question in the catalog")
         if not text:
             raise ReaderError(f"{where}: class {class_id!r} has no catalog text and no words to derive one from; "
                               "give it a standard question in the catalog")

@@ -124,6 +124,8 @@ def test_missing_catalog_texts_are_derived_with_a_warning(caplog):
     (("lost_card", "billing", "lost-card"), Catalog(), r"train.csv, line 2: class 'lost_card' .* 'lost card', is the text of class 'lost-card' \(derived too, its label first at train.csv, line 4\)"),
     (("billing", "lost_card"), Catalog([StandardQuestion("faq", "Lost  CARD")]), r"train.csv, line 3: class 'lost_card' .* is the text of class 'faq' in the catalog"),
     (("billing", "___"), Catalog(), r"train.csv, line 3: class '___' has no catalog text and no words to derive one from"),
+    (("1", "billing", "1.0"), Catalog(), r"train.csv, line 4: labels '1' \(first at train.csv, line 2\) and '1.0' are alike "
+                                         r"but for case, width or a float's .0, and the catalog has neither"),
 ])
 def test_a_derived_text_that_is_empty_or_another_classes_is_an_error_naming_the_first_row(labels, catalog, message):
     with pytest.raises(ReaderError, match=message):
