@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Iterator
 
 from tqc.config import Params, RetrainParams, redact_text
-from tqc.io import atomic_directory, atomic_path, file_digest, read_jsonl, write_jsonl
+from tqc.io import atomic_directory, atomic_path, file_digest, read_json, read_jsonl, write_jsonl, write_text
 from tqc.locks import exclusive
 from tqc.readers import ADDED_CATALOG, ADDED_QUESTIONS, ReaderError, read_catalog_rows
 from tqc.schema import Catalog
@@ -337,9 +337,8 @@ PENDING_JUDGE = "judge-pending.json"
 
 
 def mark_judge_pending(params: RetrainParams, trained: Trained) -> None:
-    record = {**asdict(trained), "refreshed_from": asdict(trained.refreshed_from) if trained.refreshed_from else None}
-    with atomic_path(Path(params.work_dir) / PENDING_JUDGE) as tmp:
-        tmp.write_text(json.dumps(record, default=str, indent=2) + "\n", encoding="utf-8")
+    # asdict takes the champion of a refresh along; its paths are written as text
+    write_text(Path(params.work_dir) / PENDING_JUDGE, json.dumps(asdict(trained), default=str, indent=2) + "\n")
 
 
 def pending_judge(params: RetrainParams) -> Trained | None:
@@ -347,7 +346,7 @@ def pending_judge(params: RetrainParams) -> Trained | None:
     path = Path(params.work_dir) / PENDING_JUDGE
     if not path.exists():
         return None
-    record = json.loads(path.read_text(encoding="utf-8"))
+    record = read_json(path)
     champion = record.pop("refreshed_from")
     trained = Trained(**{**record, "data": Path(record["data"]), "model": Path(record["model"]),
                          "prior": Path(record["prior"]) if record["prior"] else None},

@@ -235,10 +235,9 @@ def _smallest_refused(params: Params, combination: dict) -> dict:
 
 def _accepted(params: Params, overrides: dict, name: str, value, where: str) -> None:
     """`name` is a parameter (Params' own validator said so); whether `value` is one it takes (in `overrides`)."""
-    try:
-        params.with_overrides(unflatten(overrides))
-    except ConfigError as error:
-        raise ConfigError(f"{where}: {name} = {value!r} is not a value the params accept:\n{error}") from None
+    refused = _refusal(params, overrides)
+    if refused is not None:
+        raise ConfigError(f"{where}: {name} = {value!r} is not a value the params accept:\n{refused}")
 
 
 def within_wrong_classes(space: dict[str, SearchDimension], n_classes: int) -> dict[str, SearchDimension]:
@@ -531,13 +530,13 @@ def _pruner(params: Params):
     return optuna.pruners.NopPruner()
 
 
-# What fails one trial but not the worker: sampled values too large for the GPU's memory are the trial's fault, not
-# the study's (Optuna records it FAIL and samples on). Anything else stops the worker, loudly.
 class TrialRefused(Exception):
     """Params a trial drew that the config refuses: check_space rules out every combination of edge values it can
     see, so this is a combination inside the ranges, and it fails that trial alone."""
 
 
+# What fails one trial but not the worker: sampled values too large for the GPU's memory, or refused together, are
+# the trial's fault, not the study's (Optuna records it FAIL and samples on). Anything else stops the worker, loudly.
 TRIAL_FAILURES = (torch.OutOfMemoryError, TrialRefused)
 
 
