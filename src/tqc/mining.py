@@ -110,6 +110,12 @@ def nearest(questions: np.ndarray, standards: np.ndarray, depth: int, similarity
     return retrieve_by_scorer(scorer, questions, standards, depth)
 
 
+def largest_group(groups: np.ndarray | None) -> int:
+    """The most classes one standard question stands for (1 with no twins): how many of a row's neighbours
+    may be its own group's, and so not negatives."""
+    return 1 if groups is None else int(np.bincount(groups).max())
+
+
 def exclude_gold(neighbours: np.ndarray, gold: np.ndarray, k: int, groups: np.ndarray | None = None) -> np.ndarray:
     """neighbours (N, depth ≥ k+1), gold (N,) → the k nearest wrong classes (N, k).
 
@@ -117,7 +123,7 @@ def exclude_gold(neighbours: np.ndarray, gold: np.ndarray, k: int, groups: np.nd
     that share a standard question (`training.standard_text_groups`), the gold's whole group is left out, and
     depth ≥ k + the largest group guarantees it.
     """
-    own_group = 1 if groups is None else int(np.bincount(groups).max())
+    own_group = largest_group(groups)
     if neighbours.shape[1] < k + own_group:
         raise ValueError(f"need at least k + {own_group} = {k + own_group} neighbours per row, got {neighbours.shape[1]}")
     wrong = neighbours != gold[:, None] if groups is None else groups[neighbours] != groups[gold][:, None]  # (N, depth)
@@ -131,7 +137,7 @@ def mine(questions: np.ndarray, standards: np.ndarray, gold: np.ndarray, k: int,
     """The k hardest wrong standard questions for each question under `similarity`, and mining statistics. `groups`
     (P,): classes sharing a standard question, none of which is mined for another's questions (`exclude_gold`)."""
     n_classes = standards.shape[0]
-    own_group = 1 if groups is None else int(np.bincount(groups).max())
+    own_group = largest_group(groups)
     if k > n_classes - own_group:
         log.warning("mine.k=%d but only %d wrong classes exist; mining %d", k, n_classes - own_group, n_classes - own_group)
         k = n_classes - own_group
@@ -143,7 +149,9 @@ def mine(questions: np.ndarray, standards: np.ndarray, gold: np.ndarray, k: int,
 def statistics(similarities: np.ndarray, neighbours: np.ndarray, negatives: np.ndarray, gold: np.ndarray) -> dict:
     gold_found = neighbours == gold[:, None]  # (N, depth)
     gold_rank = np.where(gold_found.any(axis=1), gold_found.argmax(axis=1) + 1, 0)  # 0: beyond depth
-    hardest = np.where(neighbours[:, 0] == gold, similarities[:, 1], similarities[:, 0])
+    # The hardest mined negative's similarity: not simply the nearest non-gold one, which may be gold's twin
+    hardest_at = np.argmax(neighbours == negatives[:, :1], axis=1)  # (N,) its column among the neighbours
+    hardest = np.take_along_axis(similarities, hardest_at[:, None], axis=1)[:, 0]
     most_mined = Counter(negatives.ravel().tolist()).most_common(10)
     return {
         "questions": int(len(gold)),

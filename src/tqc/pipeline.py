@@ -6,15 +6,18 @@ call these to run the *same* stage functions end to end, never a copy of them.
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from tqc import distributed
 from tqc.config import Params
+from tqc.io import write_text
 from tqc.stages import augment, baseline_nc, ingest, mine, stage_one, stage_two, validate
-from tqc.training import EpochRecord, FitResult
+from tqc.training import EpochRecord, FitResult, read_history
 
 log = logging.getLogger(__name__)
 
@@ -61,25 +64,86 @@ def prepare_data(params: Params, work_dir: Path) -> PreparedData:
 
 
 def train_chain(params: Params, data_dir: Path, train_path: Path, work_dir: Path, seed: int, with_nc: bool = True,
-                on_epoch: EpochHook | None = None) -> ChainOutputs:
-    """stage one → mine → stage two (→ the NC baseline) in `work_dir`; `on_epoch` sees every epoch."""
-    if params.distributed.nproc_per_node > 1 and distributed.world_size() == 1:
-        # Only the CLI's stage commands relaunch themselves under torchrun; said once, not silently ignored.
-        log.warning("distributed.nproc_per_node=%d: this chain (retrain, tune or evaluate's extra seeds) trains in "
-                    "one process; the dvc stages (tqc stage-one / stage-two / baseline-nc) are the ones that use "
-                    "torchrun", params.distributed.nproc_per_node)
+                on_epoch: EpochHook | None = None, processes: int | None = None) -> ChainOutputs:
+    """stage one → mine → stage two (→ the NC baseline) in `work_dir`; `on_epoch` sees every epoch.
+
+    `processes` (default distributed.nproc_per_node) above 1: each training stage runs as that many torchrun
+    processes, through the stage's own CLI command, as `dvc repro` runs it; `on_epoch` then sees a stage's
+    epochs when the stage has ended (they come from its history file).
+    """
+    processes = params.distributed.nproc_per_node if processes is None else processes
+    train = _launcher(params, seed, work_dir, processes) or _in_process
     outputs = ChainOutputs(work_dir / "stage_one", work_dir / "stage_two", work_dir / "nc" if with_nc else None)
 
     def hook(stage: str):
         return (lambda record: on_epoch(stage, record)) if on_epoch else None
 
-    outputs.fits["stage_one"] = stage_one.run(data_dir, train_path, params.model, params.augment, params.stage_one, seed,
-                                              outputs.stage_one, work_dir / "stage_one.csv", on_epoch=hook("stage_one"))
+    one = {"data": data_dir, "train": train_path, "out": outputs.stage_one, "history": work_dir / "stage_one.csv"}
+    outputs.fits["stage_one"] = train("stage-one", one, hook("stage_one"), lambda on_epoch: stage_one.run(
+        data_dir, train_path, params.model, params.augment, params.stage_one, seed, one["out"], one["history"],
+        on_epoch=on_epoch))
     mine.run(data_dir, train_path, outputs.stage_one, params.mine, work_dir / "negatives.jsonl", work_dir / "mining.json")
-    outputs.fits["stage_two"] = stage_two.run(data_dir, train_path, work_dir / "negatives.jsonl", outputs.stage_one,
-                                              params.augment, params.stage_two, seed, outputs.stage_two,
-                                              work_dir / "stage_two.csv", on_epoch=hook("stage_two"))
+    two = {"data": data_dir, "train": train_path, "negatives": work_dir / "negatives.jsonl", "model": outputs.stage_one,
+           "out": outputs.stage_two, "history": work_dir / "stage_two.csv"}
+    outputs.fits["stage_two"] = train("stage-two", two, hook("stage_two"), lambda on_epoch: stage_two.run(
+        data_dir, train_path, two["negatives"], two["model"], params.augment, params.stage_two, seed, two["out"],
+        two["history"], on_epoch=on_epoch))
     if outputs.nc is not None:
-        outputs.fits["baseline_nc"] = baseline_nc.run(data_dir, train_path, params.model, params.augment, params.baseline_nc,
-                                                      seed, outputs.nc, work_dir / "nc.csv", on_epoch=hook("baseline_nc"))
+        nc = {"data": data_dir, "train": train_path, "out": outputs.nc, "history": work_dir / "nc.csv"}
+        train_nc = train if params.baseline_nc.enabled else _in_process  # disabled: a marker, nothing to launch
+        outputs.fits["baseline_nc"] = train_nc("baseline-nc", nc, hook("baseline_nc"), lambda on_epoch: baseline_nc.run(
+            data_dir, train_path, params.model, params.augment, params.baseline_nc, seed, nc["out"], nc["history"],
+            on_epoch=on_epoch))
     return outputs
+
+
+# The params sections a launched training command reads (data: for the checks that tie augment to it); the rest default.
+LAUNCHED_SECTIONS = ("seed", "data", "validate", "augment", "model", "stage_one", "mine", "stage_two", "baseline_nc",
+                     "distributed")
+
+StageCall = Callable[[Callable[[EpochRecord], None] | None], FitResult]  # the stage's run(), given its epoch hook
+
+
+def _in_process(command: str, paths: dict[str, Path], on_epoch, call: StageCall) -> FitResult:
+    return call(on_epoch)
+
+
+class StageLaunchFailed(RuntimeError):
+    """A training stage's torchrun processes exited with an error (their log, above it, says which)."""
+
+
+@dataclass(frozen=True)
+class _Launcher:
+    """Runs a training stage as `processes` torchrun processes through its CLI command, with the chain's params
+    (its seed, tracking off: the chain's caller records the run) in a file of their own."""
+    params_file: Path
+    processes: int
+
+    def __call__(self, command: str, paths: dict[str, Path], on_epoch, call: StageCall) -> FitResult:
+        arguments = [part for name, path in paths.items() for part in (f"--{name}", str(path))]
+        launch = distributed.relaunch_command(self.processes, ["--params", str(self.params_file), command, *arguments])
+        log.info("distributed: launching %s", " ".join(launch))
+        status = subprocess.call(launch)
+        if status != 0:
+            raise StageLaunchFailed(f"{command}: its {self.processes} torchrun processes exited with status {status} "
+                                    "(their log is above)")
+        history = read_history(paths["history"])
+        for record in history if on_epoch else ():
+            on_epoch(record)
+        return FitResult.of(history)
+
+
+def _launcher(params: Params, seed: int, work_dir: Path, processes: int) -> _Launcher | None:
+    """The torchrun launcher for `processes` > 1, or None: one process asked for, or this one is already a rank."""
+    if processes <= 1 or distributed.relaunch_command(processes, []) is None:
+        return None
+    distributed.check_launch(params.distributed.backend, processes)  # once here, not as each rank's traceback
+    # What the training commands read, with this chain's seed; tracking off (the chain's caller records the run), and
+    # no section that may hold a secret (tracking.uri, tune.storage) written to disk.
+    read = {name: value for name, value in params.to_dict().items() if name in LAUNCHED_SECTIONS}
+    launched = Params.model_validate({**read, "seed": seed, "distributed": {**read["distributed"], "nproc_per_node": processes},
+                                       "tracking": {"enabled": False}})
+    params_file = work_dir / "params.launched.yaml"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    write_text(params_file, json.dumps(launched.to_dict(), indent=1) + "\n")  # JSON is YAML 1.2: load_params reads it
+    return _Launcher(params_file, processes)

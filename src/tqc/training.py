@@ -12,6 +12,7 @@ import math
 import random
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -46,6 +47,20 @@ class FitResult:
     best_epoch: int
     best_validation_macro_f1: float
     seconds_per_epoch: float
+
+    @classmethod
+    def of(cls, history: list[EpochRecord]) -> "FitResult":
+        """The fit a history records: the first epoch with the highest validation macro-F1 (fit's rule), and the
+        mean seconds of the trained epochs; an empty history (a stage that trained nothing) has neither."""
+        if not history:
+            return cls([], 0, math.nan, 0.0)
+        best_epoch = 0
+        for epoch, record in enumerate(history):
+            if record.validation_macro_f1 > history[best_epoch].validation_macro_f1:
+                best_epoch = epoch
+        trained = [record.seconds for record in history[1:]]
+        return cls(history, best_epoch, history[best_epoch].validation_macro_f1,
+                   float(np.mean(trained)) if trained else 0.0)
 
 
 def batches(n_rows: int, batch_size: int, rng: random.Random, max_steps: int | None) -> list[list[int]]:
@@ -154,9 +169,8 @@ def fit(
             log.info("%s: no validation gain for %d epochs; stopping early", description, patience)
             break
     model.load_state_dict(best_state)
-    trained = [r.seconds for r in history[1:]]
     log.info("%s: kept epoch %d (validation macro-F1 %.4f)", description, best_epoch, best_f1)
-    return FitResult(history, best_epoch, best_f1, float(np.mean(trained)) if trained else 0.0)
+    return FitResult.of(history)
 
 
 def _train_epoch(model: nn.Module, batch_loss: Callable[[list[int]], torch.Tensor], progress, optimizer, scheduler,
@@ -273,6 +287,16 @@ def write_outputs(stage: str, save_model: Callable[[], None], out_dir, history_p
         write_history(history_path, result.history)
         log.info("%s: wrote %s and %s", stage, out_dir, history_path)
     return result
+
+
+def read_history(path) -> list[EpochRecord]:
+    """What write_history wrote (an empty cell is the NaN it stands for)."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    fields = list(EpochRecord.__dataclass_fields__)
+    if not lines or lines[0].split(",") != fields:
+        raise ValueError(f"{path}: not a training history (its header is not {','.join(fields)})")
+    return [EpochRecord(int(cells[0]), *(float(cell) if cell else math.nan for cell in cells[1:]))
+            for cells in (line.split(",") for line in lines[1:])]
 
 
 def write_history(path, history: list[EpochRecord]) -> None:

@@ -294,6 +294,10 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
         raise ConfigError("tqc tune runs each trial in one process and does not run under torchrun; "
                           "start more workers (tqc tune --worker N) on a shared tune.storage instead")
     check_space(params)
+    if params.distributed.nproc_per_node > 1:  # said, not silently ignored
+        log.warning("tune: distributed.nproc_per_node is %d, and each trial trains in one process: tuning scales out by "
+                    "workers on one tune.storage, one a GPU (flows/tune.py spreads them over CUDA_VISIBLE_DEVICES)",
+                    params.distributed.nproc_per_node)
     with worker_lock(work_dir / params.tune.study, worker):
         return _tune(params, out_dir, work_dir, worker, trials, data)
 
@@ -559,8 +563,10 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
         with nested_run(f"trial {trial.number}", tags={"optuna.trial": str(trial.number)}) as tracker:
             tracker.log_params(overrides)
             try:
+                # One process a trial, whatever distributed.nproc_per_node says: the pruner must see each epoch as it
+                # ends, and tuning scales out by workers, one a GPU (flows/tune.py), not by ranks.
                 outputs = train_chain(trial_params, data.directory, data.train, trial_dir, trial_params.seed, with_nc=False,
-                                      on_epoch=EpochReporter(trial, trial_params, tracker))
+                                      on_epoch=EpochReporter(trial, trial_params, tracker), processes=1)
             except optuna.TrialPruned as stop:
                 tracker.set_tags({"optuna.state": "PRUNED"})
                 _drop_models(trial_dir, params)

@@ -198,6 +198,20 @@ def test_classes_that_share_a_standard_question_are_never_mined_for_each_other()
     assert ((plain == 4) & (gold[:, None] == 1)).any()  # without groups the twin is mined
 
 
+def test_the_hardest_negative_similarity_is_the_first_mined_ones_not_a_twins():
+    """Gold's twin encodes like gold, so the nearest class that is not gold was the twin, and the mining report's
+    hardest-negative similarity was gold's own, though the twin is never mined."""
+    standards = random_unit(5, 8, 11)
+    standards[3] = standards[0]  # classes 0 and 3: one text, one vector
+    groups, gold = np.array([0, 1, 2, 0, 4]), np.zeros(40, dtype=int)
+    questions = standards[gold] + 0.05 * random_unit(40, 8, 12)
+    negatives, stats = mine(questions, standards, gold, 2, groups=groups)
+    cosine = (questions / np.linalg.norm(questions, axis=1, keepdims=True)) @ standards.T  # (N, P)
+    expected = cosine[np.arange(40), negatives[:, 0]].mean()
+    assert stats["hardest_negative_similarity_mean"] == pytest.approx(expected, abs=1e-5)
+    assert stats["hardest_negative_similarity_mean"] < cosine[:, 3].mean() - 0.1  # not the twin's
+
+
 def test_standard_text_groups_join_classes_whose_standard_questions_are_one_text(caplog):
     from tqc.schema import Catalog, StandardQuestion
     from tqc.training import standard_text_groups

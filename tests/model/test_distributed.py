@@ -270,3 +270,49 @@ def test_a_users_torchrun_over_several_nodes_is_checked_for_two_rows_a_process(m
     # stage two's 32 would need under a launch of its own
     cli._join_or_launch(Params().with_overrides({"stage_one": {"batch_size": 64}, "stage_two": {"batch_size": 32}}),
                         argparse.Namespace(argv=["stage-one"], command="stage-one"))
+
+
+def test_the_chain_of_a_retrain_or_an_extra_seed_trains_each_stage_as_torchrun_processes(tiny_model_dir, tmp_path, monkeypatch,
+                                                                                           capfd):
+    """`distributed.nproc_per_node: 2` used to reach only the dvc stages: the retrain flow and evaluate's extra seeds
+    trained in one process and warned. Their chain now launches each training stage's CLI command under torchrun
+    with the chain's own seed, and its caller gets the fit and every epoch back from the stage's history file."""
+    import json
+
+    from tqc.config import Params
+    from tqc.pipeline import prepare_data, train_chain
+    from tqc.stages import baseline_nc
+    from tqc.training import read_history
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    write_custom_dataset(tmp_path / "raw")
+    params = Params.model_validate(tiny_params(tmp_path / "raw", tiny_model_dir)).with_overrides(
+        {"distributed": {"nproc_per_node": 2}, "tracking": {"enabled": False, "uri": "postgresql://user:secret@db/mlflow"},
+         "baseline_nc": {"enabled": False}})
+    data = prepare_data(params, tmp_path / "work")
+    epochs_seen = []
+    outputs = train_chain(params, data.directory, data.train, tmp_path / "chain", seed=3,
+                          on_epoch=lambda stage, record: epochs_seen.append((stage, record.epoch)))
+    log = capfd.readouterr().err
+    assert log.count("distributed: 2 processes, backend gloo") == 2  # stage one and stage two; the disabled NC: none
+    assert (outputs.stage_one / "tqc_model.json").exists() and (outputs.stage_two / "tqc_model.json").exists()
+    assert (outputs.nc / baseline_nc.DISABLED_MARKER).exists()
+    assert epochs_seen == [("stage_one", 0), ("stage_one", 1), ("stage_two", 0), ("stage_two", 1)]
+    written = read_history(tmp_path / "chain" / "stage_two.csv")  # by rank 0
+    assert outputs.fits["stage_two"].best_validation_macro_f1 == max(record.validation_macro_f1 for record in written)
+    launched = json.loads((tmp_path / "chain" / "params.launched.yaml").read_text())
+    assert launched["seed"] == 3 and launched["tracking"]["enabled"] is False  # the chain's seed; its caller tracks
+    assert "secret" not in json.dumps(launched)  # no tracking URI or tune storage written to disk
+
+
+def test_a_chain_already_inside_torchrun_or_asked_for_one_process_launches_nothing(monkeypatch, tmp_path):
+    from tqc.config import Params
+    from tqc.pipeline import _launcher
+
+    params = Params.model_validate({"distributed": {"nproc_per_node": 2}, "tracking": {"enabled": False}})
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert _launcher(params, 0, tmp_path, processes=1) is None  # the tuner's trials
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert _launcher(params, 0, tmp_path, processes=2) is None  # a rank of a torchrun already
+    assert not (tmp_path / "params.launched.yaml").exists()

@@ -3,6 +3,7 @@
 import logging
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -30,3 +31,31 @@ def test_an_epoch_whose_validation_scores_are_nan_counts_as_zero_and_the_best_ep
     assert [r.validation_macro_f1 for r in result.history] == [1.0, 0.0]
     assert result.best_epoch == 0 and torch.equal(model.weight, weights_before)
     assert "toy: epoch 1: validation scores hold NaN or +inf in 1 row(s)" in caplog.text
+
+
+def test_a_fit_read_back_from_its_history_file_is_the_fit_that_wrote_it(tmp_path):
+    """A stage trained under torchrun reaches its caller (retrain, evaluate's extra seeds) as its history file:
+    read back, it gives the same records, best epoch (the first of the highest, fit's own rule) and seconds."""
+    from tqc.training import FitResult, read_history, write_history
+
+    torch.manual_seed(0)
+    model = nn.Linear(2, 2)
+    figures = iter([0.5, 0.75, 0.75, 0.6])  # epochs 1 and 2 tie: fit keeps epoch 1
+
+    def validate():
+        return {"accuracy": 0.5, "macro_f1": next(figures)}
+
+    result = fit(model, [{"params": model.parameters(), "lr": 0.1}], lambda rows: model(torch.ones(len(rows), 2)).sum(),
+                 4, validate, Schedule(epochs=3, batch_size=2, patience=5), seed=0, description="toy")
+    assert result.best_epoch == 1
+    write_history(tmp_path / "history.csv", result.history)
+    read = read_history(tmp_path / "history.csv")
+    assert read[1:] == result.history[1:] and np.isnan(read[0].train_loss)  # epoch 0 trained nothing: no loss
+    assert (read[0].epoch, read[0].validation_macro_f1) == (0, 0.5)
+    again = FitResult.of(read)
+    assert (again.best_epoch, again.best_validation_macro_f1, again.seconds_per_epoch) == (
+        result.best_epoch, result.best_validation_macro_f1, result.seconds_per_epoch)
+    assert FitResult.of([]).best_epoch == 0 and np.isnan(FitResult.of([]).best_validation_macro_f1)
+    (tmp_path / "other.csv").write_text("epoch,loss\n1,0.5\n")
+    with pytest.raises(ValueError, match="other.csv: not a training history"):
+        read_history(tmp_path / "other.csv")
