@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tqc.config import Params
-from tqc.readers import ReaderError, read_table, require_rows
+from tqc.readers import ReaderError, labels_read_as_catalog, read_table, require_rows
 from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.stages.validate import ValidationFailed, check, raise_on_critical, summarise
 
@@ -57,6 +57,7 @@ def check_batch(path: Path, against: Path | Reference, params: Params) -> dict:
     reference = against if isinstance(against, Reference) else load_reference(against)
     catalog, current = reference.catalog, reference.splits
     parsed = require_rows(read_table(path, params.data.custom.text_column, params.data.custom.label_column), path)
+    parsed = labels_read_as_catalog(parsed, catalog)  # `b` is the catalog's `B` here as in ingest, not a stray label
     splits = {"train": current["train"] + parsed.rows, "validation": current["validation"], "test": current["test"]}
     accepted, quarantined, _, outcomes = check(splits, catalog, params.validate_)
     mine = f"{path}:"

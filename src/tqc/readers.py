@@ -22,6 +22,7 @@ from typing import Callable
 
 from tqc.config import DataParams
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+from tqc.text import normalise
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +256,11 @@ def _blank(fields: list[str]) -> bool:
     return len(fields) <= 1 and not "".join(fields).strip()
 
 
+def row_as_csv(row: LabeledQuestion) -> str:
+    """A labeled question as the `text,label` CSV line a quarantine record shows, quoted where a field needs it."""
+    return _as_csv([row.text, row.class_id])
+
+
 def _as_csv(fields: list[str]) -> str:
     """A record as a CSV line, quoted where a field needs it: a quarantined `"Paris, France?",LOC,extra` shows its
     three fields, where joining them with commas read as four."""
@@ -310,7 +316,7 @@ def read_headerless_pairs(path: Path) -> ReadResult:
             )
             continue
         text, label = (f.strip() for f in fields)
-        if not label:
+        if not normalise(label):  # a zero-width space alone is no label either
             result.rejected.append(RejectedRow(str(path), line_number, "empty label", _as_csv(fields)))
             continue
         result.rows.append(LabeledQuestion(text, label, f"{path}:{line_number}"))
@@ -361,7 +367,7 @@ def _unusable_values(record: dict, text_column: str, label_column: str, source_c
     for column in (text_column, label_column, source_column):
         if column is not None and isinstance(record[column], str) and not _encodable(record[column]):
             return f"{column!r} holds a lone surrogate (a JSON \\ud800-\\udfff escape that is half a pair), not text"
-    return "" if label is not None and str(label).strip() else "empty label"
+    return "" if label is not None and normalise(str(label)) else "empty label"  # a zero-width space alone is none
 
 
 def _encodable(text: str) -> bool:
@@ -480,12 +486,13 @@ def read_catalog_file(path: Path, id_column: str = "class_id", text_column: str 
 def read_catalog_rows(path: Path, id_column: str = "class_id", text_column: str = "text",
                       taken: dict[str, str] | None = None) -> list[tuple[StandardQuestion, int]]:
     """`read_catalog_file`'s standard questions, each with the file line it was read from."""
-    from tqc.text import normalise
-
     result = read_table(path, text_column=text_column, label_column=id_column)
     if result.rejected:
         bad = result.rejected[0]
         raise ReaderError(f"{bad.file}, line {bad.line}: catalog row unusable: {bad.reason}")
+    if not result.rows:  # a header alone: every class would get a derived text, one warning each, and no error
+        raise ReaderError(f"{path}: the catalog has no rows, only its header; give each class a standard question, or "
+                          "leave data.custom.catalog null to derive every class's from its label")
     owners, id_lines = dict(taken or {}), {}
     for row in result.rows:
         line = int(row.source.rsplit(":", 1)[1])
@@ -493,7 +500,7 @@ def read_catalog_rows(path: Path, id_column: str = "class_id", text_column: str 
         if first != line:
             raise ReaderError(f"{path}, line {line}: catalog row unusable: class {row.class_id!r} is already given at "
                               f"line {first}; each class id once")
-        if not row.text:
+        if not normalise(row.text):  # zero-width characters alone too
             raise ReaderError(f"{path}, line {line}: catalog row unusable: class {row.class_id!r} has an empty standard "
                               "question (leave the class out to get a text derived from its label)")
         owner = owners.setdefault(normalise(row.text), row.class_id)
@@ -512,8 +519,6 @@ def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion]) -> Catal
     """Add a derived standard question for each training label the catalog lacks, with a warning. A derived
     text that is empty (`___`) or another class's (`lost_card` and `lost-card`, or a catalog text) is an
     error naming where the label is first used: the validate contract needs each class its own text."""
-    from tqc.text import normalise
-
     first_use = {}
     for row in rows:
         first_use.setdefault(row.class_id, row.source)
@@ -526,7 +531,7 @@ def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion]) -> Catal
             raise ReaderError(f"{where}: labels {twin!r} (first at {_file_and_line(first_use[twin])}) and {class_id!r} are "
                               "alike but for case, width or a float's .0, and the catalog has neither: one class written "
                               "two ways, or two? write the label one way, or give each a standard question in the catalog")
-        if not text:
+        if not normalise(text):
             raise ReaderError(f"{where}: class {class_id!r} has no catalog text and no words to derive one from; "
                               "give it a standard question in the catalog")
         owner = owners.setdefault(normalise(text), class_id)
@@ -551,11 +556,16 @@ def _file_and_line(source: str | None) -> str:
 UNREADABLE_HINT = "only once the file reads as intended: fix it, or raise the fraction"
 
 
+MAX_REJECTED_SHOWN = 10  # rejected lines a stopping error names (a file in another format rejects every line)
+
+
 def require_rows(result: ReadResult, path: Path, max_rejected_fraction: float = 1.0, hint: str = UNREADABLE_HINT) -> ReadResult:
     """A split with no usable row (a header only, every line rejected) is an error, not an empty run; so is one with
     more than `max_rejected_fraction` of its rows rejected (a file in another format, or unquoted commas in its
     texts), which would otherwise train and be scored on what is left. `hint`: what to do about it."""
-    why = f"; first rejected line {result.rejected[0].line}: {result.rejected[0].reason}" if result.rejected else ""
+    shown = "; ".join(f"line {r.line}: {r.reason}" for r in result.rejected[:MAX_REJECTED_SHOWN])
+    more = f"; and {len(result.rejected) - MAX_REJECTED_SHOWN} more" if len(result.rejected) > MAX_REJECTED_SHOWN else ""
+    why = f"; rejected {shown}{more}" if result.rejected else ""
     if not result.rows:
         raise ReaderError(f"{path}: no usable rows ({len(result.rejected)} rejected{why})")
     read = len(result.rows) + len(result.rejected)
@@ -624,7 +634,7 @@ def _labels_as_train_labels(params: DataParams, result: ReadResult, catalog: Cat
     is then train's derived `Billing`); the catalog file's and the added ones without it."""
     if params.dataset != "custom" or params.custom.unknown_labels != "derive":
         return result
-    return _labels_read_as_catalog(result, catalog if catalog is not None else _known_classes(params, _custom_catalog(params)))
+    return labels_read_as_catalog(result, catalog if catalog is not None else _known_classes(params, _custom_catalog(params)))
 
 
 def _custom_catalog(params: DataParams) -> Catalog:
@@ -691,7 +701,7 @@ def _read_custom(params: DataParams) -> DatasetSplits:
     catalog = _custom_catalog(params)
     known = _known_classes(params, catalog)
     if custom.unknown_labels == "derive":  # `quarantine` is exact by choice: it names the likely id in the reason
-        train = _labels_read_as_catalog(train, known)
+        train = labels_read_as_catalog(train, known)
     if custom.unknown_labels == "quarantine":
         train = require_rows(_unknown_labels_rejected(train, known, root / custom.catalog), train_path, limit,
                              "once ingest runs: add the labels to data.custom.catalog, set data.custom.unknown_labels: "
@@ -699,7 +709,7 @@ def _read_custom(params: DataParams) -> DatasetSplits:
     # Only training labels may create classes: a test label outside them is the validate stage's business.
     derived = [q for q in with_derived_classes(known, train.rows).questions if q.derived]
     if custom.unknown_labels == "derive":  # test's `billing` is train's derived `Billing` too, not a class of its own
-        test = _labels_read_as_catalog(test, Catalog(known.questions + derived))
+        test = labels_read_as_catalog(test, Catalog(known.questions + derived))
     return DatasetSplits(train, test, Catalog(catalog.questions + derived))
 
 
@@ -720,8 +730,6 @@ def _warn_if_untracked(data_dir: Path, paths: list[Path]) -> None:
 def _catalog_label_key(label: str) -> str:
     """What a label is matched to a catalog id by when it is not one exactly: case, width, invisible characters and
     spacing aside (`normalise`), and a whole number written as a float (pandas writes 1.0 for 1, a spreadsheet 1.00)."""
-    from tqc.text import normalise
-
     key = normalise(label)
     whole = WHOLE_FLOAT.fullmatch(key)
     return whole.group(1) if whole else key
@@ -744,7 +752,7 @@ def _alike_in(catalog: Catalog) -> Callable[[str], str | None]:
     return alike
 
 
-def _labels_read_as_catalog(result: ReadResult, catalog: Catalog) -> ReadResult:
+def labels_read_as_catalog(result: ReadResult, catalog: Catalog) -> ReadResult:
     """Rows whose label is not a catalog id but differs from exactly one only by case, width, invisible characters or
     a float's ".0" take that id, with a warning a label. Else each such label would become a class of its own, with a
     derived standard question, while the catalog's class kept no rows and its test questions went unanswered."""
@@ -775,5 +783,5 @@ def _unknown_labels_rejected(result: ReadResult, catalog: Catalog, catalog_path:
             like = alike(row.class_id)
             hint = f"; the catalog has {like!r}, alike but for case, width or a float's .0" if like else ""
             rejected.append(RejectedRow(file, int(line), f"label {row.class_id!r} is not in the catalog {catalog_path} "
-                                        f"(data.custom.unknown_labels: quarantine){hint}", row.text))
+                                        f"(data.custom.unknown_labels: quarantine){hint}", row_as_csv(row)))
     return ReadResult([r for r in result.rows if r.class_id in known], result.rejected + rejected, result.named_sources)

@@ -7,6 +7,8 @@ import pytest
 from tqc.config import DataParams
 from tqc.readers import (
     ReaderError,
+    ReadResult,
+    RejectedRow,
     added_standard_questions,
     decode_file,
     label_in_words,
@@ -15,6 +17,7 @@ from tqc.readers import (
     read_headerless_pairs,
     read_table,
     read_trec,
+    require_rows,
     shipped_catalog,
     with_added_classes,
     with_derived_classes,
@@ -205,7 +208,7 @@ def test_a_label_the_catalog_lacks_is_a_derived_class_or_with_unknown_labels_qua
     strict = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom={**custom, "unknown_labels": "quarantine"}))
     assert "LOCATION" not in strict.catalog and len(strict.train.rows) == len(derived.train.rows) - 1
     [rejected] = strict.train.rejected
-    assert (rejected.file, rejected.line, rejected.content) == (str(tmp_path / "train.csv"), line, "where is the louvre")
+    assert (rejected.file, rejected.line, rejected.content) == (str(tmp_path / "train.csv"), line, "where is the louvre,LOCATION")  # its label kept
     assert rejected.reason.startswith("label 'LOCATION' is not in the catalog")
     with (tmp_path / "train.csv").open("a") as train:  # 4 rows of 40: past the 5% data.max_rejected_fraction
         train.write("where is the prado,LOCATION\nwhere is the hermitage,LOCATION\nwhere is the uffizi,LOCATION\n")
@@ -231,7 +234,7 @@ def test_a_label_the_catalog_lacks_is_a_derived_class_or_with_unknown_labels_qua
         "LOC", "HUM", "NUM", "DEF", "LOCATION"]
 
     (tmp_path / "lower.csv").write_text("question,label\nwhere is it,loc\nwho is it,hum\n")  # the catalog's ids are LOC, HUM
-    with pytest.raises(ReaderError, match=r"lower.csv: no usable rows \(2 rejected; first rejected line 2: label 'loc' is not"):
+    with pytest.raises(ReaderError, match=r"lower.csv: no usable rows \(2 rejected; rejected line 2: label 'loc' is not"):
         read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path),
                                 custom={**custom, "train": "lower.csv", "unknown_labels": "quarantine"}))
 
@@ -293,14 +296,18 @@ def test_a_unicode_line_separator_inside_a_question_does_not_split_its_line(tmp_
     assert [(q.class_id, q.source.rsplit(":", 1)[1]) for q in read_trec(trec, "coarse").rows] == [("DESC", "1"), ("HUM", "2"), ("LOC", "3")]
 
 
-@pytest.mark.parametrize("data", [b"question,label\nwhat is x,\nwhat is y,  \nwhat is z,Origin\n"])
+@pytest.mark.parametrize("data", [b"question,label\nwhat is x,\nwhat is y,  \nwhat is z,Origin\nwhat is w,\xe2\x80\x8b\n"])
 def test_an_empty_label_is_rejected_with_its_line_not_made_a_class(tmp_path, data):
+    """A zero-width space (line 5) is no label either: it became a class, which validate then stopped on, naming
+    no file or line."""
     table = read_table(write(tmp_path, "q.csv", data), "question", "label")
     assert [q.class_id for q in table.rows] == ["Origin"]
-    assert [(r.line, r.reason) for r in table.rejected] == [(2, "empty label"), (3, "empty label")]
+    assert [(r.line, r.reason) for r in table.rejected] == [(2, "empty label"), (3, "empty label"), (5, "empty label")]
     pairs = read_headerless_pairs(write(tmp_path, "p.csv", data.split(b"\n", 1)[1]))
     assert [q.class_id for q in pairs.rows] == ["Origin"]
-    assert [(r.line, r.reason) for r in pairs.rejected] == [(1, "empty label"), (2, "empty label")]
+    assert [(r.line, r.reason) for r in pairs.rejected] == [(1, "empty label"), (2, "empty label"), (4, "empty label")]
+    jsonl = write(tmp_path, "q.jsonl", '{"question": "what is v", "label": "\u200b"}\n'.encode())
+    assert [(r.line, r.reason) for r in read_table(jsonl, "question", "label").rejected] == [(1, "empty label")]
 
 
 def test_data_too_small_for_a_validation_split_is_a_clear_error(tmp_path):
@@ -348,6 +355,26 @@ def test_rows_left_out_by_the_imbalance_ratio_are_counted_in_the_report(tmp_path
     balanced = ingest.run(params.model_copy(update={"imbalance_ratio": None}), 0, tmp_path / "out2",
                           tmp_path / "q2.jsonl", tmp_path / "r2.json")
     assert "imbalance" not in balanced
+
+
+def test_the_retrain_flows_added_rows_are_counted_as_read_so_every_row_read_is_kept_or_quarantined(tmp_path):
+    """The report read 120 + 15 rows, kept 137 and quarantined 2: the additions' 4 rows were in no count."""
+    from tqc.stages import ingest
+
+    rows = b"".join(b"a%d,a\n" % i for i in range(20)) + b"".join(b"b%d,b\n" % i for i in range(20))
+    write(tmp_path, "train.csv", b"text,label\n" + rows)
+    write(tmp_path, "test.csv", b"text,label\nheld out,a\n")
+    (tmp_path / "added").mkdir()
+    write(tmp_path / "added", "labeled.jsonl",
+          b'{"text": "added one", "class_id": "a"}\n{"text": "added two"}\n[1]\n{"text": "added three", "class_id": "b"}\n')
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=str(tmp_path / "added"),
+                        custom={"train": "train.csv", "test": "test.csv"})
+    report = ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
+    assert report["read"] == {"train": 40, "test": 1, "additions": 4}
+    assert sum(report["read"].values()) == sum(report["rows"].values()) + report["quarantined"] == 45
+    plain = ingest.run(params.model_copy(update={"additions": None}), 0, tmp_path / "out2", tmp_path / "q2.jsonl",
+                       tmp_path / "r2.json")
+    assert plain["read"] == {"train": 40, "test": 1}  # no additions, no count
 
 
 def test_ingest_replaces_its_output_folder_whole_or_not_at_all(tmp_path, monkeypatch):
@@ -534,6 +561,14 @@ def test_a_catalog_row_without_text_or_with_another_class_text_is_an_error_namin
     empty.write_text("class_id,text\nA,Where is it?\nB,\n")
     with pytest.raises(ReaderError, match=r"empty.csv, line 3: .*class 'B' has an empty standard question"):
         read_catalog_file(empty)
+    invisible = tmp_path / "invisible.csv"
+    invisible.write_text("class_id,text\nA,Where is it?\nB,\u200b\n")
+    with pytest.raises(ReaderError, match=r"invisible.csv, line 3: .*class 'B' has an empty standard question"):
+        read_catalog_file(invisible)
+    header_only = tmp_path / "header.csv"
+    header_only.write_text("class_id,text\n")  # was read as a catalog of no classes: every one derived, no error
+    with pytest.raises(ReaderError, match=r"header.csv: the catalog has no rows, only its header"):
+        read_catalog_file(header_only)
     shared = tmp_path / "shared.csv"
     shared.write_text("class_id,text\nA,Where is it?\nB,where is  IT?\n")
     with pytest.raises(ReaderError, match=r"shared.csv, line 3: .*class 'B' has the standard question of class 'A'"):
@@ -626,8 +661,12 @@ def test_a_file_most_of_whose_rows_are_rejected_stops_ingest_instead_of_training
     custom = {"train": "train.csv", "test": "test.csv", "catalog": "catalog.csv", "text_column": "question"}
 
     with pytest.raises(ReaderError, match=r"train.csv: 3 of 36 rows rejected, more than data.max_rejected_fraction "
-                                          r"\(0.05\) of the file; first rejected line 2: "):
+                                          r"\(0.05\) of the file; rejected line 2: .*; line 3: .*; line 4: ") as stopped:
         read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom))
+    assert "more" not in str(stopped.value).split("line 4")[1]  # every rejected line named (the first alone was)
+    many = ReadResult([LabeledQuestion("q", "a", "f:1")], [RejectedRow("f", line, "bad", "") for line in range(2, 14)])
+    with pytest.raises(ReaderError, match=r"line 11: bad; and 2 more; every one is listed"):
+        require_rows(many, Path("f"), 0.5)
     kept = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom, max_rejected_fraction=0.1))
     assert len(kept.train.rows) == 33 and [r.line for r in kept.train.rejected] == [2, 3, 4]
 

@@ -205,6 +205,20 @@ def test_the_validation_split_never_draws_a_test_question_and_is_unchanged_where
     assert stratified_split(rows, 0.1, seed=0, held_out_texts=frozenset({a_train.text})) == (train, validation)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_a_repeated_or_empty_text_is_never_drawn_for_validation(seed):
+    """A copy drawn for validation left its twin in train, which validate quarantined as leakage (critical: a file
+    that only repeated rows stopped the pipeline); an empty text drawn there was a quarantined row among a dozen,
+    over max_quarantined_fraction for some seeds."""
+    unique = questions({"a": 20, "b": 20})
+    repeated = [LabeledQuestion(f"Repeated {i}?", "a", f"r:{i}") for i in range(10)]
+    again = [LabeledQuestion(f"repeated  {i} ?", "a", f"s:{i}") for i in range(10)]  # the same text, normalised
+    empty = [LabeledQuestion("\u200b", "b", "e:0"), LabeledQuestion("  ", "b", "e:1")]
+    train, validation = stratified_split(unique + repeated + again + empty, 0.2, seed)
+    assert len(validation) == 8 + 4 and all(q in unique for q in validation)  # round(0.2 · 40), round(0.2 · 22)
+    assert len(train) + len(validation) == 62
+
+
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
 
 

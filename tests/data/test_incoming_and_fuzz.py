@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tqc.config import Params
-from tqc.incoming import CLEAN, QUARANTINED, UNUSABLE, main
+from tqc.incoming import CLEAN, QUARANTINED, UNUSABLE, check_batch, main
 from tqc.readers import ReaderError, read_headerless_pairs, read_table
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, save_questions
 
@@ -160,6 +160,17 @@ def test_a_few_bad_rows_are_quarantined_by_line_and_a_wholesale_failure_names_it
     out = capsys.readouterr().out
     assert "label_in_catalog on train (2 rows, 13.3%, e.g. " in out
     assert f"{foreign} line 3, {foreign} line 4)" in out
+
+
+def test_a_batch_label_alike_a_catalog_id_is_read_as_it_as_ingest_reads_it(tmp_path, current_data, capsys):
+    """Ingest reads a training label `B` as the catalog's `b` (with a warning); `tqc validate FILE`, which the retrain
+    flow's deliveries go through, quarantined the same row as label_in_catalog."""
+    batch = tmp_path / "batch.csv"
+    batch.write_text("question,label\na brand new question,B\nanother new one,a\n")
+    assert main(batch, current_data, params()) == CLEAN
+    assert "2 would be accepted, 0 quarantined" in capsys.readouterr().out
+    accepted = check_batch(batch, current_data, params())["accepted"]
+    assert [row["class_id"] for row in accepted] == ["b", "a"]
 
 
 def test_unreadable_current_data_is_exit_2_naming_its_file_and_line_not_the_batch(tmp_path, current_data, capsys):

@@ -52,6 +52,17 @@ def test_a_label_conflict_keeps_neither_row(tmp_path):
     assert report["quarantined_by_expectation"]["no_label_conflicts"] == 2
 
 
+def test_a_row_that_is_another_classs_standard_question_is_a_label_conflict(tmp_path):
+    """`Question a?,b` was accepted unsaid: a training row teaching b with a's own standard question. A row that
+    is its own class's standard question (COVID-Q classes' catalog texts are training questions) is no conflict."""
+    write_splits(tmp_path / "in", [("question  A?", "b"), ("Question b?", "b"), ("other", "b"), ("more", "a")],
+                 [("fine", "a")], [("held out", "a")])
+    report = run_validate(tmp_path)
+    assert [q["text"] for q in read_jsonl(tmp_path / "out" / "train.jsonl")] == ["Question b?", "other", "more"]
+    assert [(q["line"], q["expectations"]) for q in read_jsonl(tmp_path / "quarantine.jsonl")] == [(1, ["no_label_conflicts"])]
+    assert report["quarantined_by_expectation"] == {"no_label_conflicts": 1}
+
+
 def test_a_critical_expectation_failing_wholesale_stops_the_stage_and_names_it(tmp_path):
     write_splits(tmp_path / "in", [("x", "zzz"), ("y", "zzz"), ("z", "a")], [("fine", "a")], [("held out", "a")])
     with pytest.raises(ValidationFailed, match="label_in_catalog on train"):

@@ -13,7 +13,7 @@ from pathlib import Path
 from tqc.config import DataParams, GeneratedData
 from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.readers import (ReaderError, RejectedRow, ReadResult, read_additions, read_dataset, read_generated, read_validation,
-                         with_added_classes)
+                         row_as_csv, with_added_classes)
 from tqc.schema import Catalog, LabeledQuestion, save_questions, usable_generated
 from tqc.text import normalise
 
@@ -30,9 +30,14 @@ def stratified_split(
     is in `held_out_texts` is never drawn for validation: a test question (validate would quarantine it
     there as leakage and leave its class with fewer validation rows, or none), or a standard question of
     the catalog (COVID-Q classes' texts are training questions: matched word for word, such a validation
-    row would judge nothing, and a third of that validation split was one). Where no drawn row is one,
+    row would judge nothing, and a third of that validation split was one). Nor is a text that repeats in
+    `questions` (its copy left in train would be quarantined as leakage, and a user whose file only repeated
+    rows was stopped for "leakage"; TREC-6's training file lost 26 rows so), nor one with no text (validate
+    quarantines it: one such row among a dozen validation rows stopped validate). Where no drawn row is one,
     the split is the one drawn without them.
     """
+    texts = Counter(normalise(question.text) for question in questions)
+    never_drawn = held_out_texts | {text for text, count in texts.items() if count > 1 or not text}
     by_class: dict[str, list[LabeledQuestion]] = defaultdict(list)
     for question in questions:
         by_class[question.class_id].append(question)
@@ -42,7 +47,7 @@ def stratified_split(
         members = list(by_class[class_id])
         rng.shuffle(members)
         n_validation = max(1, round(fraction * len(members))) if len(members) >= 3 else 0
-        drawn = [m for m in members if normalise(m.text) not in held_out_texts][:n_validation]
+        drawn = [m for m in members if normalise(m.text) not in never_drawn][:n_validation]
         drawn_ids = {id(m) for m in drawn}  # by identity: two rows may share a text and class
         validation.extend(drawn)
         train.extend(m for m in members if id(m) not in drawn_ids)
@@ -105,7 +110,7 @@ class Attribution:
 def _rejected(row: LabeledQuestion, reason: str) -> RejectedRow:
     """A generated row quarantined at its own file and line ("file:line" in its source)."""
     file, _, line = row.source.rpartition(":")
-    return RejectedRow(file, int(line) if line.isdigit() else 0, reason, f"{row.text},{row.class_id}")
+    return RejectedRow(file, int(line) if line.isdigit() else 0, reason, row_as_csv(row))
 
 
 def _words(text: str) -> frozenset[str]:
@@ -236,7 +241,9 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
         "derived_classes": sum(q.derived for q in catalog.questions),
         "added": {"questions": len(added.rows), "classes": len(catalog) - len(splits.catalog)},
         "read": {"train": len(splits.train.rows) + len(splits.train.rejected), "test": len(splits.test.rows) + len(splits.test.rejected),
-                 **({"validation": len(held_out) + len(validation_rejected)} if params.validation_file else {})},
+                 **({"validation": len(held_out) + len(validation_rejected)} if params.validation_file else {}),
+                 # the retrain flow's accepted rows (data.additions), so rows read = rows kept + quarantined
+                 **({"additions": len(added.rows) + len(added.rejected)} if added.rows or added.rejected else {})},
         "rows": {"train": len(train), "validation": len(validation), "test": len(splits.test.rows)},
         "validation_from": params.validation_file or f"train ({params.validation_fraction:g})",
         **({"imbalance": {"ratio": params.imbalance_ratio, "train_rows_left_out": left_out,

@@ -49,14 +49,16 @@ class ExpectationOutcome:
     observed: dict
 
 
-def annotate(splits: dict[str, list[LabeledQuestion]]) -> dict[str, pd.DataFrame]:
+def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog) -> dict[str, pd.DataFrame]:
     """One frame per split with the derived columns the row-level expectations test."""
     normalised = {split: [normalise(q.text) for q in rows] for split, rows in splits.items()}
+    # A row that is word for word another class's standard question (one class's alone) is labelled against the catalog
+    standard_labels = _standard_question_labels(catalog)
     frames = {}
     for split, rows in splits.items():
         frame = pd.DataFrame([{c: getattr(q, c) for c in COLUMNS} for q in rows], columns=COLUMNS)
         keys = normalised[split]
-        labels_per_text: dict[str, set[str]] = {}
+        labels_per_text: dict[str, set[str]] = {key: set(labels) for key, labels in standard_labels.items()}
         # A made row that is another class's training question would teach it both labels; a validation row
         # labelled otherwise in train would be judged by a disputed label (its train copy goes as leakage).
         if split in (GENERATED, "validation"):
@@ -78,6 +80,15 @@ def annotate(splits: dict[str, list[LabeledQuestion]]) -> dict[str, pd.DataFrame
         frame["leaks"] = [any(key in other for other in later_splits) and t for key, t in zip(keys, has_text)]
         frames[split] = frame.reset_index(drop=True)
     return frames
+
+
+def _standard_question_labels(catalog: Catalog) -> dict[str, set[str]]:
+    """Normalised standard question → its class, for the texts one class has (twins, under a demoted
+    catalog_unique_texts, share theirs: a row with it is either's, and no conflict)."""
+    owners: dict[str, set[str]] = {}
+    for question in catalog.questions:
+        owners.setdefault(normalise(question.text), set()).add(question.class_id)
+    return {key: labels for key, labels in owners.items() if len(labels) == 1 and key}
 
 
 def row_expectations(catalog: Catalog, params: ValidateParams) -> list:
@@ -210,7 +221,7 @@ def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: Va
     accepted: dict[str, list[LabeledQuestion]] = {}
     quarantined: list[dict] = []
     flagged: list[dict] = []  # test rows kept despite a warning
-    for split, frame in annotate(splits).items():
+    for split, frame in annotate(splits, catalog).items():
         split_outcomes = validator.validate(split, frame, row_expectations(catalog, params), critical)
         outcomes += split_outcomes
         reasons: dict[int, list[str]] = {}
