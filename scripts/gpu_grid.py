@@ -134,7 +134,8 @@ def train_cell(base: Params, cell, prepared: Path, work: Path, device_overrides:
     data = prepared / json.loads((prepared / "index.json").read_text(encoding="utf-8"))[preparation_key(params)]
     started = time.perf_counter()
     # NC as the DVC stage runs it: baseline_nc.enabled false leaves a marker that scoring skips
-    outputs = train_chain(params, data / "validated", data / "augmented" / "train.jsonl", work, cell.seed)
+    # one process a cell: the grid's workers share the GPUs already (distributed.nproc_per_node is for dvc repro)
+    outputs = train_chain(params, data / "validated", data / "augmented" / "train.jsonl", work, cell.seed, processes=1)
     catalog = Catalog.load(data / "validated" / "catalog.jsonl")
     splits = {"test": load_questions(data / "validated" / "test.jsonl"),
               "validation": load_questions(data / "validated" / "validation.jsonl")}

@@ -20,6 +20,7 @@ from typing import Callable
 
 from tqc.config import ConfigError, EvaluateParams, Params, load_params, redact_text
 from tqc.errors import input_errors
+from tqc.launched import record_input_error
 from tqc.text import normalise
 from tqc.tracking import offline_mlflow, stage_run
 
@@ -615,6 +616,7 @@ def main(argv: list[str] | None = None) -> int:
         distributed.teardown()  # under torchrun: every process leaves the group together
     except (*input_errors(), FileNotFoundError) as exc:
         print(f"tqc {args.command}: error: {exc}", file=sys.stderr)
+        record_input_error(exc)  # for a parent that launched this under torchrun, which reports only "failed"
         return 2
     except Exception as exc:  # a tracking server or study database that cannot be reached, said in one line
         if type(exc).__module__.split(".")[0] not in ("mlflow", "optuna", "sqlalchemy"):

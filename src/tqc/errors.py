@@ -13,10 +13,11 @@ def input_errors() -> tuple[type[Exception], ...]:
     from tqc.config import ConfigError
     from tqc.incoming import UnreadableReference
     from tqc.io import DataFileError
+    from tqc.launched import LaunchedInputError
     from tqc.prior import PriorFileError
     from tqc.readers import ReaderError
     from tqc.schema import StaleClassifier, StaleNegatives, UnknownClass
     from tqc.stages.validate import ValidationFailed
 
     return (ConfigError, ReaderError, ValidationFailed, PriorFileError, UnreadableReference, UnknownClass, StaleNegatives,
-            StaleClassifier, DataFileError)
+            StaleClassifier, DataFileError, LaunchedInputError)

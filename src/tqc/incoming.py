@@ -57,7 +57,8 @@ def check_batch(path: Path, against: Path | Reference, params: Params) -> dict:
     reference = against if isinstance(against, Reference) else load_reference(against)
     catalog, current = reference.catalog, reference.splits
     parsed = require_rows(read_table(path, params.data.custom.text_column, params.data.custom.label_column), path)
-    parsed = labels_read_as_catalog(parsed, catalog)  # `b` is the catalog's `B` here as in ingest, not a stray label
+    if params.data.dataset != "custom" or params.data.custom.unknown_labels == "derive":  # as ingest reads train's labels
+        parsed = labels_read_as_catalog(parsed, catalog)  # `b` is the catalog's `B`, not a stray label
     splits = {"train": current["train"] + parsed.rows, "validation": current["validation"], "test": current["test"]}
     accepted, quarantined, _, outcomes = check(splits, catalog, params.validate_)
     mine = f"{path}:"

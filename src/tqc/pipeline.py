@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Callable
 
 from tqc import distributed
 from tqc.config import Params
+from tqc.launched import ERROR_FILE_ENV, clear_input_errors, launched_input_error
 from tqc.io import write_text
 from tqc.stages import augment, baseline_nc, ingest, mine, stage_one, stage_two, validate
 from tqc.training import EpochRecord, FitResult, read_history
@@ -109,7 +111,7 @@ def _in_process(command: str, paths: dict[str, Path], on_epoch, call: StageCall)
 
 
 class StageLaunchFailed(RuntimeError):
-    """A training stage's torchrun processes exited with an error (their log, above it, says which)."""
+    """A training stage's torchrun processes failed other than on an input error (their log, above it, says how)."""
 
 
 @dataclass(frozen=True)
@@ -122,20 +124,57 @@ class _Launcher:
     def __call__(self, command: str, paths: dict[str, Path], on_epoch, call: StageCall) -> FitResult:
         arguments = [part for name, path in paths.items() for part in (f"--{name}", str(path))]
         launch = distributed.relaunch_command(self.processes, ["--params", str(self.params_file), command, *arguments])
+        error_file = self.params_file.with_name(f"input-error.{command}")
+        clear_input_errors(error_file)
+        _release_cuda_cache()  # this process's cached blocks (mining's model, say) would crowd rank 0's GPU
         log.info("distributed: launching %s", " ".join(launch))
-        status = subprocess.call(launch)
+        status = _wait_for(subprocess.Popen(launch, env={**os.environ, ERROR_FILE_ENV: str(error_file)}))
         if status != 0:
+            said = launched_input_error(error_file)
+            if said is not None:  # the same on every retry: an input error, which the retrain flow does not retry
+                raise said
             raise StageLaunchFailed(f"{command}: its {self.processes} torchrun processes exited with status {status} "
-                                    "(their log is above)")
+                                    "(their log, on this process's standard error, says why)")
         history = read_history(paths["history"])
         for record in history if on_epoch else ():
             on_epoch(record)
         return FitResult.of(history)
 
 
+TERMINATE_GRACE_SECONDS = 30  # torchrun's own grace for its processes after SIGTERM is 30 s too
+
+
+def _wait_for(launched: subprocess.Popen) -> int:
+    """torchrun's exit status. Interrupted (a cancelled flow run, Ctrl-C), it is asked to stop first: torchrun passes
+    SIGTERM on to its processes, which run in sessions of their own and would outlive a SIGKILLed torchrun on the GPUs."""
+    try:
+        return launched.wait()
+    except BaseException:
+        launched.terminate()
+        try:
+            launched.wait(timeout=TERMINATE_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            launched.kill()
+        raise
+
+
+def _release_cuda_cache() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def _launcher(params: Params, seed: int, work_dir: Path, processes: int) -> _Launcher | None:
     """The torchrun launcher for `processes` > 1, or None: one process asked for, or this one is already a rank."""
-    if processes <= 1 or distributed.relaunch_command(processes, []) is None:
+    if processes <= 1:
+        return None
+    if distributed.relaunch_command(processes, []) is None:  # said, not silently one process
+        log.warning("distributed: %d processes asked for, and this process is already one of a torchrun's (WORLD_SIZE=%s): "
+                    "this chain trains in it", processes, os.environ.get("WORLD_SIZE"))
         return None
     distributed.check_launch(params.distributed.backend, processes)  # once here, not as each rank's traceback
     # What the training commands read, with this chain's seed; tracking off (the chain's caller records the run), and

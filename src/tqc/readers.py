@@ -491,8 +491,8 @@ def read_catalog_rows(path: Path, id_column: str = "class_id", text_column: str 
         bad = result.rejected[0]
         raise ReaderError(f"{bad.file}, line {bad.line}: catalog row unusable: {bad.reason}")
     if not result.rows:  # a header alone: every class would get a derived text, one warning each, and no error
-        raise ReaderError(f"{path}: the catalog has no rows, only its header; give each class a standard question, or "
-                          "leave data.custom.catalog null to derive every class's from its label")
+        raise ReaderError(f"{path}: the catalog file has no rows, only its header: each row gives a class its standard "
+                          "question")
     owners, id_lines = dict(taken or {}), {}
     for row in result.rows:
         line = int(row.source.rsplit(":", 1)[1])
@@ -767,7 +767,8 @@ def labels_read_as_catalog(result: ReadResult, catalog: Catalog) -> ReadResult:
         return result
     counts = Counter(row.class_id for row in result.rows if row.class_id in read_as)
     for label, class_id in read_as.items():
-        log.warning("%s: label %r read as the catalog's %r (%d row(s)): labels are matched to the catalog's ids case- "
+        # "class", not "the catalog's": a test label may be read as a class derived from train's labels
+        log.warning("%s: label %r read as class %r (%d row(s)): labels are matched to the classes' ids case- "
                     "and width-insensitively, and 1.0 as 1", _file_and_line(first[label]), label, class_id, counts[label])
     rows = [replace(row, class_id=read_as.get(row.class_id, row.class_id)) for row in result.rows]
     return ReadResult(rows, result.rejected, result.named_sources)

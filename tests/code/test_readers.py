@@ -567,7 +567,7 @@ def test_a_catalog_row_without_text_or_with_another_class_text_is_an_error_namin
         read_catalog_file(invisible)
     header_only = tmp_path / "header.csv"
     header_only.write_text("class_id,text\n")  # was read as a catalog of no classes: every one derived, no error
-    with pytest.raises(ReaderError, match=r"header.csv: the catalog has no rows, only its header"):
+    with pytest.raises(ReaderError, match=r"header.csv: the catalog file has no rows, only its header"):
         read_catalog_file(header_only)
     shared = tmp_path / "shared.csv"
     shared.write_text("class_id,text\nA,Where is it?\nB,where is  IT?\n")
@@ -637,8 +637,8 @@ def test_a_label_that_is_a_catalog_id_but_for_case_width_or_a_floats_point_zero_
     assert [q.class_id for q in splits.test.rows] == ["HUM", "1"]
     # loc and LOC alike: Loc is neither, derived; 1.5 is no whole number
     assert splits.catalog.class_ids == ["HUM", "1", "loc", "LOC", "1.5", "Loc"]
-    assert "train.csv, line 2: label 'hum' read as the catalog's 'HUM' (1 row(s))" in caplog.text
-    assert "label '1.0' read as the catalog's '1'" in caplog.text
+    assert "train.csv, line 2: label 'hum' read as class 'HUM' (1 row(s))" in caplog.text
+    assert "label '1.0' read as class '1'" in caplog.text
 
     # unknown_labels: quarantine stays exact, and names the id the label is like
     strict = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), max_rejected_fraction=1.0,
@@ -701,16 +701,18 @@ def test_one_file_as_train_and_test_is_refused_and_a_file_outside_data_dir_is_na
     assert "is outside data.data_dir" not in caplog.text
 
 
-def test_a_test_label_like_a_label_derived_from_train_is_read_as_that_class(tmp_path):
+def test_a_test_label_like_a_label_derived_from_train_is_read_as_that_class(tmp_path, caplog):
     """With no catalog entry, train's `Billing` is a derived class; test's `billing` stayed a label of its own, and
     validate quarantined the row (label not in the catalog)."""
     (tmp_path / "train.csv").write_text("question,label\n" + "".join(f"my bill {i},Billing\nmy card {i},Cards\n"
                                                                      for i in range(4)))
     (tmp_path / "test.csv").write_text("question,label\nwhy is my bill high,billing\nmy card broke,CARDS\n")
     custom = {"train": "train.csv", "test": "test.csv", "text_column": "question"}
-    splits = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom))
+    with caplog.at_level("WARNING"):
+        splits = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom))
     assert splits.catalog.class_ids == ["Billing", "Cards"]
     assert [q.class_id for q in splits.test.rows] == ["Billing", "Cards"]
+    assert "label 'billing' read as class 'Billing'" in caplog.text  # a derived class: "the catalog's" it was not
 
 
 def test_generated_rows_made_from_rows_the_long_tail_left_out_are_counted_as_such():

@@ -219,6 +219,15 @@ def test_a_repeated_or_empty_text_is_never_drawn_for_validation(seed):
     assert len(train) + len(validation) == 62
 
 
+
+def test_a_class_whose_rows_all_repeat_gets_no_validation_row_and_is_named(caplog):
+    rows = questions({"a": 20}) + [LabeledQuestion("Same?", "b", f"b:{i}") for i in range(4)]
+    with caplog.at_level("WARNING"):
+        train, validation = stratified_split(rows, 0.2, seed=0)
+    assert {q.class_id for q in validation} == {"a"} and len(train) == 24 - 4
+    assert "class 'b' has no validation row: each of its 4 training rows repeats" in caplog.text
+
+
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
 
 

@@ -171,6 +171,11 @@ def test_a_batch_label_alike_a_catalog_id_is_read_as_it_as_ingest_reads_it(tmp_p
     assert "2 would be accepted, 0 quarantined" in capsys.readouterr().out
     accepted = check_batch(batch, current_data, params())["accepted"]
     assert [row["class_id"] for row in accepted] == ["b", "a"]
+    exact = Params.model_validate({"data": {"dataset": "custom", "custom": {
+        "train": "t.csv", "test": "u.csv", "catalog": "c.csv", "unknown_labels": "quarantine", "text_column": "question",
+        "label_column": "label"}}, "validate": {"max_quarantined_fraction": 0.9, "min_examples_per_class": 1}})
+    assert main(batch, current_data, exact) == QUARANTINED  # unknown_labels: quarantine reads labels exactly, as ingest
+    assert "line 2: label_in_catalog" in capsys.readouterr().out
 
 
 def test_unreadable_current_data_is_exit_2_naming_its_file_and_line_not_the_batch(tmp_path, current_data, capsys):

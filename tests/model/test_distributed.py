@@ -306,13 +306,64 @@ def test_the_chain_of_a_retrain_or_an_extra_seed_trains_each_stage_as_torchrun_p
     assert "secret" not in json.dumps(launched)  # no tracking URI or tune storage written to disk
 
 
-def test_a_chain_already_inside_torchrun_or_asked_for_one_process_launches_nothing(monkeypatch, tmp_path):
+def test_a_chain_already_inside_torchrun_or_asked_for_one_process_launches_nothing(monkeypatch, tmp_path, caplog):
     from tqc.config import Params
     from tqc.pipeline import _launcher
 
     params = Params.model_validate({"distributed": {"nproc_per_node": 2}, "tracking": {"enabled": False}})
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert _launcher(params, 0, tmp_path, processes=1) is None  # the tuner's trials
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert _launcher(params, 0, tmp_path, processes=2) is None  # a rank of a torchrun already
+    monkeypatch.setenv("WORLD_SIZE", "1")  # a job launcher's, say: said, not silently one process
+    with caplog.at_level("WARNING"):
+        assert _launcher(params, 0, tmp_path, processes=2) is None
+    assert "2 processes asked for, and this process is already one of a torchrun's (WORLD_SIZE=1)" in caplog.text
     assert not (tmp_path / "params.launched.yaml").exists()
+
+
+def test_a_launched_stage_stopped_by_an_input_error_raises_it_as_one_so_the_retrain_flow_does_not_retry_it(
+        tiny_model_dir, tmp_path, monkeypatch):
+    """torchrun exits 1 whatever stopped its processes: a class the catalog lacks read as a crash, retried twice."""
+    import json
+
+    from tqc.config import Params
+    from tqc.errors import input_errors
+    from tqc.launched import LaunchedInputError
+    from tqc.pipeline import prepare_data, train_chain
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    write_custom_dataset(tmp_path / "raw")
+    params = Params.model_validate(tiny_params(tmp_path / "raw", tiny_model_dir)).with_overrides(
+        {"distributed": {"nproc_per_node": 2}, "tracking": {"enabled": False}})
+    data = prepare_data(params, tmp_path / "work")
+    with data.train.open("a") as train:  # a row of a class the catalog lacks: stage one stops on it in every process
+        train.write(json.dumps({"text": "a stray question", "class_id": "nowhere", "source": "x:1", "generated": False}) + "\n")
+    with pytest.raises(LaunchedInputError, match="UnknownClass: .*nowhere") as stopped:
+        train_chain(params, data.directory, data.train, tmp_path / "chain", seed=0, with_nc=False)
+    assert isinstance(stopped.value, input_errors())
+
+
+def test_an_interrupted_launch_asks_torchrun_to_stop_its_processes_before_killing_it():
+    """Its processes run in sessions of their own: a torchrun SIGKILLed at once (what subprocess.call does when
+    interrupted) leaves them training on the GPUs; SIGTERM makes torchrun stop them."""
+    from tqc.pipeline import _wait_for
+
+    class Launched:
+        calls = []
+
+        def wait(self, timeout=None):
+            self.calls.append(("wait", timeout))
+            if timeout is None:
+                raise KeyboardInterrupt  # a cancelled flow run, Ctrl-C
+            return -15
+
+        def terminate(self):
+            self.calls.append("terminate")
+
+        def kill(self):
+            self.calls.append("kill")
+
+    launched = Launched()
+    with pytest.raises(KeyboardInterrupt):
+        _wait_for(launched)
+    assert launched.calls == [("wait", None), "terminate", ("wait", 30)]  # stopped within the grace: no kill

@@ -32,7 +32,7 @@ def stratified_split(
     the catalog (COVID-Q classes' texts are training questions: matched word for word, such a validation
     row would judge nothing, and a third of that validation split was one). Nor is a text that repeats in
     `questions` (its copy left in train would be quarantined as leakage, and a user whose file only repeated
-    rows was stopped for "leakage"; TREC-6's training file lost 26 rows so), nor one with no text (validate
+    rows was stopped for "leakage"; 15 of TREC-6's validation rows had such a copy), nor one with no text (validate
     quarantines it: one such row among a dozen validation rows stopped validate). Where no drawn row is one,
     the split is the one drawn without them.
     """
@@ -48,6 +48,9 @@ def stratified_split(
         rng.shuffle(members)
         n_validation = max(1, round(fraction * len(members))) if len(members) >= 3 else 0
         drawn = [m for m in members if normalise(m.text) not in never_drawn][:n_validation]
+        if n_validation and not drawn:  # said: validate names only classes that lost their validation rows
+            log.warning("ingest: class %r has no validation row: each of its %d training rows repeats, is empty, or is a "
+                        "test or standard question, none of which is drawn for validation", class_id, len(members))
         drawn_ids = {id(m) for m in drawn}  # by identity: two rows may share a text and class
         validation.extend(drawn)
         train.extend(m for m in members if id(m) not in drawn_ids)
@@ -242,7 +245,8 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
         "added": {"questions": len(added.rows), "classes": len(catalog) - len(splits.catalog)},
         "read": {"train": len(splits.train.rows) + len(splits.train.rejected), "test": len(splits.test.rows) + len(splits.test.rejected),
                  **({"validation": len(held_out) + len(validation_rejected)} if params.validation_file else {}),
-                 # the retrain flow's accepted rows (data.additions), so rows read = rows kept + quarantined
+                 # the retrain flow's accepted rows (data.additions): train's, test's and these rows read are the rows
+                 # kept, quarantined (less generated rows quarantined) or left out by data.imbalance_ratio
                  **({"additions": len(added.rows) + len(added.rejected)} if added.rows or added.rejected else {})},
         "rows": {"train": len(train), "validation": len(validation), "test": len(splits.test.rows)},
         "validation_from": params.validation_file or f"train ({params.validation_fraction:g})",
