@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     augment.add_argument("--generated", type=Path, help="validated rows made offline (augment.explicit: file)")
     augment.add_argument("--held-out", type=Path, nargs="*", default=[],
                          help="validation and test files: a generated row equal to one of their questions is dropped")
+    augment.add_argument("--catalog", type=Path, help="the catalog: a generated row equal to another class's standard "
+                         "question is dropped")
     _paths(commands.add_parser("stage-one", help="train both encoders with in-batch NT-Xent"), "data", "train", "out", "history")
     _paths(commands.add_parser("mine", help="mine the K hardest wrong standard questions"), "data", "train", "model", "out", "report")
     _paths(commands.add_parser("stage-two", help="retrain against the mined negatives"), "data", "train", "negatives", "model", "out", "history")
@@ -248,7 +250,7 @@ def _validate(args: argparse.Namespace, params: Params) -> None:
 def _augment(args: argparse.Namespace, params: Params) -> None:
     from tqc.stages import augment
 
-    augment.run(args.train, params.augment, params.seed, args.out, args.report, args.generated, args.held_out)
+    augment.run(args.train, params.augment, params.seed, args.out, args.report, args.generated, args.held_out, args.catalog)
 
 
 def _training_stage(stage: str, deps: list[str], train: Callable) -> Callable:

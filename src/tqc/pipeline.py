@@ -61,7 +61,7 @@ def prepare_data(params: Params, work_dir: Path) -> PreparedData:
     validated = validated_data(params, work_dir)
     augment.run(validated / "train.jsonl", params.augment, params.seed, work_dir / "augmented" / "train.jsonl",
                 work_dir / "reports" / "augment.json", validated / "generated.jsonl",
-                [validated / "validation.jsonl", validated / "test.jsonl"])
+                [validated / "validation.jsonl", validated / "test.jsonl"], validated / "catalog.jsonl")
     return PreparedData(validated, work_dir / "augmented" / "train.jsonl")
 
 

@@ -298,6 +298,27 @@ def test_made_rows_whose_text_another_class_has_are_dropped_counted_and_replaced
     assert report["per_class"]["A"] == {"before": 1, "after": 9, "generated": 8}  # the target held, by copies
 
 
+def test_a_made_row_that_is_another_classs_standard_question_is_dropped_as_a_conflict(tmp_path, monkeypatch):
+    """Validate quarantines a training row that is another class's standard question; augment runs after it and
+    let EDA make one."""
+    from tqc.config import AugmentParams
+    from tqc.schema import Catalog, StandardQuestion, load_questions, save_questions
+    from tqc.stages import augment
+
+    catalog = Catalog([StandardQuestion("A", "What is a card?"), StandardQuestion("B", "How do I pay?")])
+    catalog.save(tmp_path / "catalog.jsonl")
+    save_questions(tmp_path / "train.jsonl", [LabeledQuestion("what is a card number", "A", "t:0"),
+                                              *(LabeledQuestion(f"how do I pay {i}", "B", f"t:{1 + i}") for i in range(4))])
+    monkeypatch.setattr(augment, "make_texts", lambda originals, *_: ["what is a  card ?", "how do I pay?", "a card",
+                                                                       "the card"][:len(originals)])
+    params = AugmentParams(rebalance="max", explicit="eda", implicit=[])
+    report = augment.run(tmp_path / "train.jsonl", params, 0, tmp_path / "out.jsonl", tmp_path / "augment.json",
+                         catalog_path=tmp_path / "catalog.jsonl")
+    made = [q.text for q in load_questions(tmp_path / "out.jsonl") if q.generated]
+    assert "how do I pay?" not in made and "what is a  card ?" in made  # B's standard question, made for A: dropped
+    assert report["rows"]["generated_dropped_as_label_conflict"] == 1
+
+
 def test_a_max_factor_cap_is_not_cut_by_float_rounding():
     assert class_targets(Counter({"a": 100, "b": 1000}), "max", max_factor=1.15)["a"] == 115  # 1.15 × 100 = 114.999…
 

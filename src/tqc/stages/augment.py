@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqc.config import AugmentParams, Seq2SeqParams
 from tqc.io import write_json
-from tqc.schema import LabeledQuestion, load_questions, save_questions, usable_generated
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, load_questions, save_questions, usable_generated
 from tqc.text import normalise
 
 log = logging.getLogger(__name__)
@@ -157,12 +157,14 @@ def without_texts(made: list[LabeledQuestion], texts: set[str]) -> tuple[list[La
     return kept, len(made) - len(kept)
 
 
-def label_conflicts(questions: list[LabeledQuestion], made: list[LabeledQuestion]) -> set[str]:
-    """Texts (as validate compares them) that training rows and made rows give to two or more classes. EDA can delete
-    a question down to another class's ("what is?"), and two classes' rows can be rewritten into one text; train
-    would then teach both labels for it, which validate refuses in offline rows."""
+def label_conflicts(questions: list[LabeledQuestion], made: list[LabeledQuestion],
+                    standard_questions: list[StandardQuestion] = ()) -> set[str]:
+    """Texts (as validate compares them) that training rows, made rows and the catalog's standard questions give to
+    two or more classes. EDA can delete a question down to another class's ("what is?"), or to another class's
+    standard question, and two classes' rows can be rewritten into one text; train would then teach both labels for
+    it, which validate refuses in training and offline rows."""
     classes: dict[str, set[str]] = defaultdict(set)
-    for question in questions + made:
+    for question in [*standard_questions, *questions, *made]:
         classes[normalise(question.text)].add(question.class_id)
     return {text for text, ids in classes.items() if len(ids) > 1}
 
@@ -195,8 +197,9 @@ def copies_for_dropped(questions: list[LabeledQuestion], made: list[LabeledQuest
 
 
 def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, report_path: Path,
-        generated_path: Path | None = None, held_out_paths: list[Path] = ()) -> dict:
-    """`held_out_paths`: the validation and test files; a generated row equal to one of their questions is dropped."""
+        generated_path: Path | None = None, held_out_paths: list[Path] = (), catalog_path: Path | None = None) -> dict:
+    """`held_out_paths`: the validation and test files; a generated row equal to one of their questions is dropped,
+    and so is one equal to another class's standard question in `catalog_path`."""
     started = time.perf_counter()
     questions = load_questions(train_path)
     generated = load_generated(generated_path, params.explicit)
@@ -207,7 +210,8 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
                            generated)  # no class short: unchanged
     held_out = held_out_texts(list(held_out_paths))
     made, dropped = without_texts(augmented[len(questions):], held_out)
-    made, conflicting = without_texts(made, label_conflicts(questions, made))
+    standard_questions = Catalog.load(catalog_path).questions if catalog_path else []
+    made, conflicting = without_texts(made, label_conflicts(questions, made, standard_questions))
     refilled = copies_for_dropped(questions, made, targets, held_out, seed) if dropped or conflicting else []
     augmented = questions + made + refilled
     if dropped or conflicting:

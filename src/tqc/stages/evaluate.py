@@ -185,7 +185,8 @@ def augmented_again(params: Params, seed_dir: Path, data_dir: Path, seed: int, o
     seed's spread holds the augmentation's draws too (the copies rebalancing picks, EDA's edits, sampled rewrites)."""
     augment.run(seed_dir / "train.jsonl", params.augment, seed, out_dir / "augmented.jsonl", out_dir / "augment.json",
                 data_dir / "generated.jsonl",  # offline rows are used only where all their origins are in this train
-                [path for path in (seed_dir / "validation.jsonl", data_dir / "test.jsonl") if path.exists()])
+                [path for path in (seed_dir / "validation.jsonl", data_dir / "test.jsonl") if path.exists()],
+                data_dir / "catalog.jsonl")
     return out_dir / "augmented.jsonl"
 
 
