@@ -56,29 +56,32 @@ def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("d
     # Warm-up steps of both stages first, untimed: on a GPU the first steps load kernels and
     # allocate optimizer state, which would otherwise be charged to whichever stage runs first.
     warm_up = {"epochs": 1, "batch_size": batch_size, "max_steps": 3}
-    stage_one.train(model, train_rows, validation, catalog, params.stage_one.model_copy(update=warm_up), params.seed,
+    # Stage one's rows as the pipeline trains it: with augment.deferred, the original rows only
+    one_rows = stage_one.stage_one_rows(train_rows, params.augment.deferred)
+    stage_one.train(model, one_rows, validation, catalog, params.stage_one.model_copy(update=warm_up), params.seed,
                     augment=params.augment)
     stage_two.train(model, train_rows, torch.as_tensor(negatives), validation, catalog,
                     params.stage_two.model_copy(update=warm_up), params.seed)
-    full_epoch = steps_per_epoch(len(train_rows), batch_size, None)
-    if steps > full_epoch:  # an epoch ends there: dividing its time by `steps` would under-report it
+    full_one, full_two = (steps_per_epoch(len(rows), batch_size, None) for rows in (one_rows, train_rows))
+    if steps > min(full_one, full_two):  # an epoch ends there: dividing its time by `steps` would under-report it
         log.warning("bench: --steps %d is more than one epoch of %d rows at batch size %d (%d steps): timing %d",
-                    steps, len(train_rows), batch_size, full_epoch, full_epoch)
-        steps = full_epoch
+                    steps, len(one_rows), batch_size, min(full_one, full_two), min(full_one, full_two))
+        steps = min(full_one, full_two)
     common = {"epochs": 1, "batch_size": batch_size, "max_steps": steps}
     # With augment's in-batch terms (prototype mixup, cross-encoding), as the pipeline trains stage one: their cost is
     # part of its epoch
-    one = stage_one.train(model, train_rows, validation, catalog, params.stage_one.model_copy(update=common), params.seed,
+    one = stage_one.train(model, one_rows, validation, catalog, params.stage_one.model_copy(update=common), params.seed,
                           augment=params.augment)
     two = stage_two.train(model, train_rows, torch.as_tensor(negatives), validation, catalog,
                           params.stage_two.model_copy(update=common), params.seed)
     report = {
         "rows": len(train_rows),
+        **({"stage_one_rows": len(one_rows)} if len(one_rows) != len(train_rows) else {}),  # augment.deferred
         "batch_size": batch_size,
         "timed_steps": steps,
         "k": int(negatives.shape[1]),
-        "stage_one_seconds_per_epoch": one.seconds_per_epoch / steps * full_epoch,
-        "stage_two_seconds_per_epoch": two.seconds_per_epoch / steps * full_epoch,
+        "stage_one_seconds_per_epoch": one.seconds_per_epoch / steps * full_one,
+        "stage_two_seconds_per_epoch": two.seconds_per_epoch / steps * full_two,
     }
     report["stage_two_over_stage_one"] = report["stage_two_seconds_per_epoch"] / report["stage_one_seconds_per_epoch"]
     for key, value in report.items():

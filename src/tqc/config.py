@@ -47,6 +47,17 @@ class CustomData(Strict):
                              "there is no catalog to check the labels against")
         return self
 
+    @model_validator(mode="after")
+    def _columns_differ(self) -> "CustomData":
+        """One column as both text and label read every question as its own class (a derived class each, one warning
+        each), then stopped on an unrelated "validation split is empty"."""
+        for what, a, b in (("text_column and label_column", self.text_column, self.label_column),
+                           ("catalog_id_column and catalog_text_column", self.catalog_id_column, self.catalog_text_column)):
+            if a == b:
+                raise ValueError(f"data.custom.{what.replace(' and ', ' and data.custom.')} are both {a!r}: a row's text and "
+                                 "its label (its class id) must come from two columns")
+        return self
+
 
 class GeneratedData(Strict):
     """Rows made offline from the training questions (paraphrases from another machine, or a

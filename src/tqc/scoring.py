@@ -53,13 +53,26 @@ def trained_scorers(stage_one: Path, stage_two: Path, nc: Path | None, batch_siz
     return {name: scorer_for(model, batch_size) for name, model in trained_models(stage_one, stage_two, nc).items()}
 
 
-def logit_temperatures(params: Params) -> dict[str, float | None]:
+def logit_temperatures(params: Params, stage_two: Path | None = None) -> dict[str, float | None]:
     """τ with which each model's scores became logits in training (scores / τ); NC's are logits already.
 
     None where the model's last stage trained with a loss that has no τ (hinge): its scale is
     then fitted on validation (tqc.prior.fit), not taken from a temperature training never used.
+    ADMC's are stage one's where stage two kept its starting weights (`best_epoch` 0 in `stage_two`'s
+    tqc_model.json): those were trained at stage one's τ, which tuning draws apart from stage two's.
     """
     def trained_with(stage) -> float | None:
         return None if stage.loss in SCALE_FREE_LOSSES else stage.temperature
 
-    return {"admc": trained_with(params.stage_two), "stage_one": trained_with(params.stage_one), "nc": 1.0}
+    kept_stage_one = stage_two is not None and _best_epoch(stage_two) == 0
+    return {"admc": trained_with(params.stage_one if kept_stage_one else params.stage_two),
+            "stage_one": trained_with(params.stage_one), "nc": 1.0}
+
+
+def _best_epoch(model_dir: Path) -> int | None:
+    import json
+
+    from tqc.model.encoder import MODEL_CONFIG
+
+    config = Path(model_dir) / MODEL_CONFIG  # its absence is loading's error to say, not this one's
+    return json.loads(config.read_text(encoding="utf-8")).get("best_epoch") if config.exists() else None

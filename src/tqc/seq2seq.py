@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from tqc.config import Seq2SeqParams
+from tqc.config import ConfigError, Seq2SeqParams
 from tqc.device import pick_device
 from tqc.model.encoder import unloadable
 
@@ -31,6 +31,9 @@ class Seq2SeqModel:
             self.model = AutoModelForSeq2SeqLM.from_pretrained(name).eval().to(pick_device())  # a GPU when there is one
         except (OSError, ValueError) as exc:  # ValueError: a folder whose tokenizer files transformers cannot use
             raise unloadable(f"augment.seq2seq.{param}", name, exc) from None
+        except ImportError as exc:  # a Marian (opus-mt) tokenizer needs sentencepiece, which tqc does not install
+            raise ConfigError(f"augment.seq2seq.{param}: {name!r} needs a package that is not installed ({exc}); "
+                              "pip install sentencepiece (Marian and T5 tokenizers) into this environment") from None
         self.name, self.params, self.prefix = name, params, prefix
 
     @torch.no_grad()

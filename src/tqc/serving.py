@@ -53,13 +53,19 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         from tqc.prior import PriorShift
         from tqc.schema import Catalog
 
-        self.model = BiEncoder.load(Path(context.artifacts["model"])).eval()
+        model_dir = Path(context.artifacts["model"])
+        # The exemplar cache's key: the weights as loaded, so a folder replaced during the load (a retrain) is not
+        # keyed under what it became
+        digest = folder_digest(model_dir) if self.exemplar_cache is not None and context.artifacts.get("exemplars") else None
+        self.model = BiEncoder.load(model_dir).eval()
+        if digest is not None and folder_digest(model_dir) != digest:
+            digest = None  # the folder changed while loading: its vectors are encoded, not cached
         self.catalog = Catalog.load(context.artifacts["catalog"])
         if not len(self.catalog):  # else every question would get an empty ranking, and a caller no error
             raise ValueError(f"{context.artifacts['catalog']}: no standard questions, so no question can be answered")
         prior_file, config = context.artifacts.get("prior"), context.model_config or {}
-        self.exemplars = _exemplar_bank(self.model, Path(context.artifacts["model"]), self.catalog,
-                                        context.artifacts.get("exemplars"), config, self.exemplar_cache)
+        self.exemplars = _exemplar_bank(self.model, digest, self.catalog, context.artifacts.get("exemplars"), config,
+                                        self.exemplar_cache)
         # (P, D), encoded once per load; the exemplar rule never reads them
         self.standards = self.model.standard.encode(self.catalog.texts) if self.exemplars is None else None
         if prior_file:  # the entry `_model_config` found for this model when it was logged
@@ -85,6 +91,10 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
                 scores = self.model.score(asked, self.standards).float().cpu() + self.shift  # (N, P)
             else:  # classes without an exemplar score −inf: they are left out of the ranking below
                 scores = torch.as_tensor(self.exemplars.scores(asked), dtype=torch.float32)  # (N, P)
+        diverged = torch.isnan(scores).any(dim=1).nonzero().flatten().tolist()
+        if diverged:  # topk would rank NaN first, and the answer's JSON would hold a NaN no reader accepts
+            raise ValueError(f"the model scores NaN for {len(diverged)} question(s) (row {diverged[0]} first): its weights "
+                             "or its exemplars' vectors are not finite; train it again")
         answerable = len(self.catalog) if self.exemplars is None else self.exemplars.answerable
         top_k = min(int(asked_k), answerable)
         values, indices = scores.topk(top_k, dim=1)  # (N, k)
@@ -96,24 +106,28 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
 
 
-def _exemplar_bank(model, model_dir: Path, catalog, exemplars_file: str | None, config: dict, cache_dir: Path | None):
-    """The exemplar rule's encoded labeled questions (None: the standard-question rule)."""
+def _exemplar_bank(model, model_digest: dict | None, catalog, exemplars_file: str | None, config: dict,
+                   cache_dir: Path | None):
+    """The exemplar rule's encoded labeled questions (None: the standard-question rule); `model_digest`: the loaded
+    weights' folder digest, the cache's key (None: encoded, not cached)."""
     if exemplars_file is None:
         return None
     from tqc.exemplars import ExemplarBank, catalog_indices, load_exemplars
 
     rows = load_exemplars(Path(exemplars_file))  # a registered version reads its own copy of the file
-    vectors = _encoded_exemplars(model, rows, model_dir, Path(exemplars_file), cache_dir)  # (M, D)
-    return ExemplarBank(vectors, catalog_indices(rows, catalog, exemplars_file), len(catalog), int(config["exemplar_k"]))
+    classes = catalog_indices(rows, catalog, exemplars_file)  # (M,) before encoding: a bad class costs no encode
+    vectors = _encoded_exemplars(model, rows, model_digest, Path(exemplars_file), cache_dir)  # (M, D)
+    return ExemplarBank(vectors, classes, len(catalog), int(config["exemplar_k"]))
 
 
-def _encoded_exemplars(model, rows, model_dir: Path, exemplars_file: Path, cache_dir: Path | None):
-    """(M, D) question-encoder vectors of `rows`; with `cache_dir`, read from there when this model folder
-    encoded these very questions before, else encoded and written there.
+def _encoded_exemplars(model, rows, model_digest: dict | None, exemplars_file: Path, cache_dir: Path | None):
+    """(M, D) question-encoder vectors of `rows`; with `cache_dir` and `model_digest`, read from there when this
+    model folder encoded these very questions before, else encoded and written there.
 
     The key is the sha256 of the model folder and of the questions `rows` holds, not of the file: a file
     appended to after `rows` were read would otherwise key the old rows' vectors under its new content. A new
     entry replaces the one this model made of the same file before, so the folder keeps one per model and file."""
+    import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file, save_file
 
@@ -122,17 +136,16 @@ def _encoded_exemplars(model, rows, model_dir: Path, exemplars_file: Path, cache
     def encode():
         return model.question.encode([q.text for q in rows], description="encoding exemplars")
 
-    if cache_dir is None:
+    if cache_dir is None or model_digest is None:
         return encode()
-    model_digest = folder_digest(model_dir)
     slot = _sha256({"model": model_digest, "file": str(Path(exemplars_file).resolve())})[:16]
     entry = _sha256({"model": model_digest, "questions": [q.text for q in rows], "code": encoding_code()})
     path = Path(cache_dir) / f"{slot}-{entry}.safetensors"
     if path.exists():
         try:
             vectors = load_file(path)["vectors"]
-            if vectors.shape[0] == len(rows):  # else damaged: encoded again and replaced
-                return vectors
+            if vectors.ndim == 2 and vectors.shape[0] == len(rows) and bool(torch.isfinite(vectors).all()):
+                return vectors  # else damaged: encoded again and replaced
         except (SafetensorError, KeyError, OSError):  # a damaged entry is encoded again and replaced
             pass
     vectors = encode()
@@ -179,9 +192,9 @@ def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_pat
 
     if not (Path(model_dir) / MODEL_CONFIG).exists():
         raise FileNotFoundError(f"{model_dir}: not a tqc model folder (no {MODEL_CONFIG}; `dvc repro` writes models/stage_two)")
-    if not Path(catalog_path).exists():
+    if not Path(catalog_path).is_file():  # a folder too: said here, not as IsADirectoryError's traceback
         raise FileNotFoundError(f"{catalog_path}: no catalog there (`dvc repro` writes data/validated/catalog.jsonl)")
-    if exemplars is not None and not Path(exemplars[0]).exists():
+    if exemplars is not None and not Path(exemplars[0]).is_file():
         raise FileNotFoundError(f"{exemplars[0]}: no labeled questions there (`dvc repro` writes data/validated/train.jsonl)")
     matcher = StandardQuestionMatcher()
     matcher.exemplar_cache = exemplar_cache

@@ -560,3 +560,11 @@ def test_a_download_that_fails_or_comes_changed_is_one_line_and_exit_code_2(tmp_
             cli.main(["fetch", "--dest", str(tmp_path)])
         err = capsys.readouterr().err
         assert exited.value.code == 2 and said in err and fetch.FILES[0].url in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("custom, named", [({"text_column": "q", "label_column": "q"}, "text_column and data.custom.label_column"),
+                                           ({"catalog_id_column": "text"}, "catalog_id_column and data.custom.catalog_text_column")])
+def test_one_column_as_both_text_and_label_is_refused_by_name(custom, named):
+    """It read every question as a class of its own, one warning each, then stopped on "validation split is empty"."""
+    with pytest.raises(ConfigError, match=f"data.custom.{named} are both"):
+        Params().with_overrides({"data": {"custom": custom}})

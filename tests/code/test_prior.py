@@ -254,6 +254,20 @@ def test_hinge_trained_models_have_no_training_temperature_to_reuse():
     assert logit_temperatures(params) == {"admc": None, "stage_one": 0.07, "nc": 1.0}
 
 
+@pytest.mark.parametrize("best_epoch, admc", [(0, 0.07), (1, 0.2)])
+def test_admc_scores_at_stage_ones_temperature_where_stage_two_kept_stage_ones_weights(tmp_path, best_epoch, admc):
+    """Stage two's early stopping may keep its starting weights (epoch 0), trained at stage one's τ; tuning draws the
+    two τ apart, and the prior's λ was chosen on scores scaled by the τ those weights never trained at."""
+    import json
+
+    from tqc.config import Params
+    from tqc.scoring import logit_temperatures
+
+    (tmp_path / "tqc_model.json").write_text(json.dumps({"tied": False, "similarity": "cosine", "best_epoch": best_epoch}))
+    params = Params.model_validate({"stage_one": {"temperature": 0.07}, "stage_two": {"temperature": 0.2}})
+    assert logit_temperatures(params, tmp_path)["admc"] == admc
+
+
 def test_the_trained_models_are_scored_on_the_device_they_trained_on(tiny_model_dir, tmp_path, monkeypatch):
     """prior and evaluate score where training validated (a GPU under bf16 autocast, where there is one): on the
     CPU in float32 the validation figure in metrics.json would not be the one the checkpoint was kept by."""

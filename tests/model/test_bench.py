@@ -79,6 +79,30 @@ def test_steps_beyond_one_epoch_time_one_epoch_and_say_so(tiny_model_dir, tmp_pa
     assert "--steps 20 is more than one epoch" in caplog.text
 
 
+def test_with_deferred_augmentation_stage_one_is_timed_on_the_rows_it_trains_on(tiny_model_dir, tmp_path, monkeypatch):
+    """augment.deferred: stage one trains on the original rows only; it was timed on every row, so its seconds an
+    epoch were overstated and the ratio understated."""
+    data = tmp_path / "validated"
+    Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()]).save(data / "catalog.jsonl")
+    rows = [LabeledQuestion(t, c, generated=i >= 36) for i, (t, c) in enumerate(synthetic_questions(0, 20))]  # 36 + 24
+    save_questions(data / "train.jsonl", rows)
+    save_questions(data / "validation.jsonl", [LabeledQuestion(t, c) for t, c in synthetic_questions(1, 3)])
+    params = Params.model_validate(tiny_params(tmp_path / "unused", tiny_model_dir)).with_overrides(
+        {"augment": {"deferred": True}})
+    rows_seen = {"stage one": set(), "stage two": set()}
+    for name, module in (("stage one", stage_one), ("stage two", stage_two)):
+        real = module.train
+
+        def recording(*args, _real=real, _name=name, **kwargs):
+            rows_seen[_name].add(len(args[1]))  # the training rows each call trains on
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, "train", recording)
+    report = bench.epochs(params, steps=2, batch_size=8, data_dir=data, train_path=data / "train.jsonl")
+    assert rows_seen == {"stage one": {36}, "stage two": {60}}
+    assert (report["rows"], report["stage_one_rows"]) == (60, 36)
+
+
 def test_the_passes_benchmark_times_both_settings_of_each_in_every_round(tiny_model_dir, tmp_path, capsys):
     from tqc.config import ConfigError
     from tqc.model.encoder import PASS_ROWS

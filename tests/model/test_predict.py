@@ -379,7 +379,7 @@ def test_exemplar_vectors_are_keyed_by_the_questions_encoded_not_by_a_file_that_
     from types import SimpleNamespace
 
     from tqc.exemplars import load_exemplars
-    from tqc.serving import _encoded_exemplars
+    from tqc.serving import _encoded_exemplars, folder_digest
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "weights").write_bytes(b"w")
@@ -395,11 +395,76 @@ def test_exemplar_vectors_are_keyed_by_the_questions_encoded_not_by_a_file_that_
     read_before = load_exemplars(exemplars)
     with exemplars.open("a", encoding="utf-8") as rows:
         rows.write(json.dumps({"text": "q4", "class_id": "loc"}) + "\n")
-    assert _encoded_exemplars(model, read_before, tmp_path / "model", exemplars, cache).shape == (4, 8)
+    digest = folder_digest(tmp_path / "model")
+    assert _encoded_exemplars(model, read_before, digest, exemplars, cache).shape == (4, 8)
     read_after = load_exemplars(exemplars)
-    assert _encoded_exemplars(model, read_after, tmp_path / "model", exemplars, cache).shape == (5, 8)
-    assert _encoded_exemplars(model, read_after, tmp_path / "model", exemplars, cache).shape == (5, 8)
+    assert _encoded_exemplars(model, read_after, digest, exemplars, cache).shape == (5, 8)
+    assert _encoded_exemplars(model, read_after, digest, exemplars, cache).shape == (5, 8)
     assert [len(texts) for texts in encoded] == [4, 5]  # the third call read the second's entry
+
+
+def test_a_model_folder_replaced_while_it_loads_keys_no_cache_entry(tiny_model_dir, tmp_path, user_cache, monkeypatch):
+    """The key was the folder's digest taken after loading: a retrain replacing the folder meanwhile filed the old
+    weights' vectors under the new weights, and every later call compared new questions with old exemplars."""
+    from tqc.model.encoder import BiEncoder
+    from tqc.schema import LabeledQuestion, save_questions
+
+    torch.manual_seed(0)
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    save_questions(tmp_path / "train.jsonl", [LabeledQuestion("where is paris", "loc"), LabeledQuestion("who wrote it", "hum")])
+    load = BiEncoder.load.__func__
+
+    def load_then_retrain(cls, directory):
+        model = load(cls, directory)
+        (Path(directory) / "retrained.txt").write_text("new weights")  # the folder changes under the loaded model
+        return model
+
+    monkeypatch.setattr(BiEncoder, "load", classmethod(load_then_retrain))
+    ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
+           "--exemplars", str(tmp_path / "train.jsonl"), "where is the louvre"]
+    assert main(ask) == 0
+    assert not list(user_cache.glob("*.safetensors"))  # encoded, answered, and not cached
+
+
+def test_an_exemplar_of_an_unknown_class_is_named_before_any_encoding_and_a_folder_is_no_file(tiny_model_dir, tmp_path,
+                                                                                                  user_cache, capsys,
+                                                                                                  monkeypatch):
+    from tqc.model.encoder import TextEncoder
+
+    torch.manual_seed(0)
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    (tmp_path / "train.jsonl").write_text('{"text": "where is paris", "class_id": "loc"}\n'
+                                          '{"text": "what colour", "class_id": "colour"}\n')
+    encode = TextEncoder.encode
+
+    def no_exemplars(self, texts, batch_size=256, description="encoding"):
+        assert description != "encoding exemplars", "the exemplars were encoded before their classes were checked"
+        return encode(self, texts, batch_size, description)
+
+    monkeypatch.setattr(TextEncoder, "encode", no_exemplars)
+    ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
+           "--exemplars", str(tmp_path / "train.jsonl"), "where is the louvre"]
+    assert main(ask) == 2
+    assert "train.jsonl:2: class 'colour' is not in the catalog" in capsys.readouterr().err
+    assert not list(user_cache.glob("*.safetensors"))
+    assert main([*ask[:3], "--catalog", str(tmp_path), "where is the louvre"]) == 2  # was IsADirectoryError's traceback
+    assert f"{tmp_path}: no catalog there" in capsys.readouterr().err
+
+
+def test_scores_that_are_nan_are_an_error_not_a_first_answer(tiny_model_dir, tmp_path, monkeypatch):
+    """torch.topk ranks NaN first, and json writes it as NaN, which no JSON reader accepts."""
+    from tqc.model.encoder import BiEncoder
+    from tqc.serving import local_matcher
+
+    torch.manual_seed(0)
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    matcher = local_matcher(tmp_path / "model", tmp_path / "catalog.jsonl")
+    monkeypatch.setattr(BiEncoder, "score", lambda self, q, s: torch.full((len(q), len(s)), float("nan")))
+    with pytest.raises(ValueError, match=r"the model scores NaN for 2 question\(s\) \(row 0 first\)"):
+        matcher.predict(None, ["where is it", "who is it"])
 
 
 def test_a_file_that_is_no_catalog_is_an_error_naming_its_line_under_either_rule(tiny_model_dir, tmp_path, capsys):

@@ -91,3 +91,19 @@ def test_a_missing_or_unusable_model_folder_is_a_config_error_naming_the_param(t
         Rewriter("backtranslate", Seq2SeqParams(forward_model=str(tiny_seq2seq[0]), backward_model=str(tmp_path / "empty")))
 
 
+
+
+def test_a_tokenizer_that_needs_an_uninstalled_package_is_a_config_error_naming_the_param(tiny_seq2seq, monkeypatch):
+    """opus-mt's Marian tokenizer needs sentencepiece, which tqc does not install: an ImportError's traceback, which
+    the retrain flow would also have retried."""
+    import transformers
+
+    from tqc.config import ConfigError
+
+    def needs_sentencepiece(*_, **__):
+        raise ImportError("MarianTokenizer requires the SentencePiece library but it was not found in your environment")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", needs_sentencepiece)
+    with pytest.raises(ConfigError, match="^augment.seq2seq.forward_model: .* needs a package that is not installed .*"
+                                          "pip install sentencepiece"):
+        Rewriter("backtranslate", Seq2SeqParams(forward_model=str(tiny_seq2seq[0]), backward_model=str(tiny_seq2seq[1])))

@@ -32,7 +32,7 @@ def fit_shifts(data_dir: Path, stage_one: Path, stage_two: Path, nc: Path | None
     train, validation = load_questions(data_dir / "train.jsonl"), load_questions(data_dir / "validation.jsonl")
     log_pi = prior.log_prior([q.class_id for q in train], catalog.class_ids)  # (P,)
     gold = gold_indices(validation, catalog)
-    temperatures = logit_temperatures(params)
+    temperatures = logit_temperatures(params, stage_two)
     return {name: prior.fit(scorer(validation, catalog), gold, log_pi, temperatures[name], params.prior.weights,
                            params.prior.target)
             for name, scorer in trained_scorers(stage_one, stage_two, nc, params.evaluate.batch_size).items()}
