@@ -459,6 +459,8 @@ def _exemplar_cache(choice: str | None) -> Path | None:
 
     if choice == "none":
         return None
+    if choice is not None and not choice.strip():  # Path("") is the working folder: entries would land there
+        raise ConfigError("--exemplar-cache is empty: give a folder, or none for no cache")
     if choice is not None:
         return Path(choice)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tqc" / "exemplars"

@@ -103,7 +103,7 @@ def test_with_deferred_augmentation_stage_one_is_timed_on_the_rows_it_trains_on(
     assert (report["rows"], report["stage_one_rows"]) == (60, 36)
 
 
-def test_the_passes_benchmark_times_both_settings_of_each_in_every_round(tiny_model_dir, tmp_path, capsys):
+def test_the_passes_benchmark_times_both_settings_of_each_in_every_round(tiny_model_dir, tmp_path, capsys, monkeypatch):
     from tqc.config import ConfigError
     from tqc.model.encoder import PASS_ROWS
 
@@ -114,7 +114,17 @@ def test_the_passes_benchmark_times_both_settings_of_each_in_every_round(tiny_mo
     params = Params.model_validate(tiny_params(tmp_path / "unused", tiny_model_dir))
     with pytest.raises(ConfigError, match="--batch-size 32 fits in one pass"):
         bench.passes(params, steps=2, batch_size=PASS_ROWS, train_path=data / "train.jsonl", data_dir=data)
+    pass_rows_trained = []
+    real = stage_one.train
+
+    def recording(model, *args, **kwargs):
+        pass_rows_trained.append(model.question.pass_rows)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(stage_one, "train", recording)
     report = bench.passes(params, steps=2, batch_size=40, train_path=data / "train.jsonl", rounds=2, encoded=30, data_dir=data)
+    # an untimed warm-up of both, then each setting first in every other round: a cold start charged to neither
+    assert pass_rows_trained == [40, PASS_ROWS, 40, PASS_ROWS, PASS_ROWS, 40]
     assert report["rows_per_pass"] == PASS_ROWS and report["rounds"] == 2 and report["encoded_questions"] == 30
     for setting in ("train_one_pass", "train_passes", "encode_one_pass", "encode_passes", "adamw_default", "adamw_fused"):
         assert report[f"{setting}_seconds"] > 0, setting

@@ -451,6 +451,8 @@ def test_an_exemplar_of_an_unknown_class_is_named_before_any_encoding_and_a_fold
     assert not list(user_cache.glob("*.safetensors"))
     assert main([*ask[:3], "--catalog", str(tmp_path), "where is the louvre"]) == 2  # was IsADirectoryError's traceback
     assert f"{tmp_path}: no catalog there" in capsys.readouterr().err
+    assert main([*ask, "--exemplar-cache", ""]) == 2  # Path("") was the working folder: entries landed there
+    assert "--exemplar-cache is empty" in capsys.readouterr().err
 
 
 def test_scores_that_are_nan_are_an_error_not_a_first_answer(tiny_model_dir, tmp_path, monkeypatch):
