@@ -78,11 +78,21 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp_path.chmod(0o666 & ~_umask())  # mkstemp makes it 0600; the file should read like any other the user writes
     try:
         yield tmp_path
+        _readable(tmp_path)  # again: a writer that replaced the file (safetensors' save_file) made it 0600
         _fsync(tmp_path, os.O_RDONLY)
         os.replace(tmp_path, path)
         _fsync(path.parent, _FOLDER)
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def _readable(path: Path) -> None:
+    """Add the read bits the umask allows: a model, cache entry or report is read by other users of a shared cache,
+    registry or server, as any file the user writes would be."""
+    mode = path.stat().st_mode & 0o7777
+    wanted = mode | (0o444 & ~_umask())
+    if wanted != mode:
+        path.chmod(wanted)
 
 
 def _fsync(path: Path, flags: int) -> None:
@@ -117,6 +127,9 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     staging.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700: shared caches, registries and servers must read it
     try:
         yield staging
+        for folder, _, files in os.walk(staging):  # save_pretrained's model.safetensors comes out 0600
+            for name in files:
+                _readable(Path(folder) / name)
         _fsync_tree(staging)
         # Rename the old folder aside, the new one in, then delete the old: a crash or a failed delete
         # leaves the old model beside `path` (`.name.….old`), never neither model.

@@ -21,6 +21,28 @@ def test_atomic_files_and_folders_follow_the_umask_not_the_temp_file_mode(tmp_pa
     assert stat.S_IMODE((tmp_path / "model").stat().st_mode) == folder_mode  # mkdtemp alone gives 0o700
 
 
+@pytest.mark.parametrize("umask, readable", [(0o022, 0o644), (0o027, 0o640)])
+def test_files_a_writer_makes_private_are_readable_as_the_umask_allows(tmp_path, umask, readable):
+    """safetensors' save_file (exemplar cache entries) and save_pretrained (model.safetensors) write 0600 files:
+    other users of a shared cache, registry or DVC cache could not read the weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    from tqc.io import atomic_path
+
+    previous = os.umask(umask)
+    try:
+        with atomic_path(tmp_path / "entry.safetensors") as tmp:
+            save_file({"vectors": torch.zeros(2, 3)}, str(tmp))
+        with atomic_directory(tmp_path / "model") as staging:
+            (staging / "encoder").mkdir()
+            save_file({"w": torch.zeros(2)}, str(staging / "encoder" / "model.safetensors"))
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "entry.safetensors").stat().st_mode) == readable
+    assert stat.S_IMODE((tmp_path / "model" / "encoder" / "model.safetensors").stat().st_mode) == readable
+
+
 def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path):
     write_jsonl(tmp_path / "rows.jsonl", [{"a": 1}])
 
