@@ -128,9 +128,9 @@ def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_par
 
 def _write_disabled(out_dir: Path, history_path: Path) -> FitResult:
     if not distributed.is_main():  # under a user's own torchrun: rank 0 writes, as for a trained model
-        return FitResult([], 0, float("nan"), 0.0)
+        return FitResult.of([])
     with atomic_directory(out_dir) as staging:
         (staging / DISABLED_MARKER).write_text(json.dumps({"reason": "baseline_nc.enabled is false"}) + "\n")
     write_history(history_path, [])
     log.info("NC baseline: disabled (baseline_nc.enabled: false); wrote the marker %s", out_dir / DISABLED_MARKER)
-    return FitResult([], 0, float("nan"), 0.0)
+    return FitResult.of([])
