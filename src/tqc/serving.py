@@ -38,6 +38,10 @@ SERVED_PRIOR_KEYS = ("shift", "weight", "target")
 OUTPUT_COLUMNS = ["question", "rank", "class_id", "standard_question", "score"]
 # Versions registered before model_config named their prior file's entry always carried ADMC's.
 FIRST_REGISTERED_ENTRY = "admc"
+# The artifact listing the questions a version learnt from, as `question_hash`es. Promote judges a champion only on
+# validation questions neither model learnt from: a later split (grown data, a changed seed or rule) can put questions
+# an older champion trained on into validation, where it answers them from memory.
+TRAINED_ON = "trained_on"
 
 
 class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
@@ -366,12 +370,14 @@ def answers_digest(model_dir: Path, catalog_path: Path, config: dict, prior_entr
 
 
 def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, top_k: int,
-             exemplars: tuple[Path, int] | None = None) -> tuple[str, bool, str]:
+             exemplars: tuple[Path, int] | None = None, trained_on: set[str] | None = None) -> tuple[str, bool, str]:
     """The registry version serving exactly this content → (version, whether it was there already, its answers digest).
 
     A `dvc repro` that re-runs promote without changing the model (a code or report change
     upstream) finds its version by the content digest tag, so the registry gains no copies.
     `exemplars`: (labeled questions JSONL, k) to serve the exemplar rule; `prior_path` is then None.
+    `trained_on`: the `question_hash`es of what the model learnt from, kept with a new version (`TRAINED_ON`); a
+    version found registered keeps the record it was registered with.
     """
     client = mlflow.MlflowClient()
     config, entry, exemplar_rows = _served_content(model_dir, prior_path, top_k, exemplars)
@@ -391,7 +397,26 @@ def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model
                 client.set_model_version_tag(model_name, version.version, ANSWERS_TAG, answers)
         return str(min(int(v.version) for v in existing)), True, answers
     tags = {DIGEST_TAG: digest, ANSWERS_TAG: answers, "rule": config.get("rule", "standard"), **_prior_tags(entry)}
-    return log_and_register(model_dir, catalog_path, prior_path, model_name, config, exemplars, tags), False, answers
+    return log_and_register(model_dir, catalog_path, prior_path, model_name, config, exemplars, tags, trained_on), False, answers
+
+
+def question_hash(text: str) -> str:
+    """A question's key in a `TRAINED_ON` record: the first 64 bits of the sha256 of its normalised text, the form
+    ingest's split and validate's leakage check compare, so a question written another way is the same question."""
+    return hashlib.sha256(normalise(text).encode("utf-8")).hexdigest()[:16]
+
+
+def trained_on_record(model_name: str, version: str, destination: Path) -> set[str] | None:
+    """The `question_hash`es a registered version learnt from; None for one registered before versions kept them."""
+    import mlflow.artifacts
+    from mlflow.models import get_model_info
+
+    artifacts = get_model_info(f"models:/{model_name}/{version}").flavors["python_function"].get("artifacts") or {}
+    if TRAINED_ON not in artifacts:
+        return None
+    local = mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{version}/{artifacts[TRAINED_ON]['path']}",
+                                                dst_path=str(destination))
+    return set(json.loads(Path(local).read_text(encoding="utf-8"))["questions"])
 
 
 def _served_content(model_dir: Path, prior_path: Path | None, top_k: int,
@@ -439,22 +464,33 @@ def _prior_tags(entry: dict | None) -> dict[str, str]:
 
 
 def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, config: dict,
-                     exemplars: tuple[Path, int] | None = None, tags: dict[str, str] | None = None) -> str:
+                     exemplars: tuple[Path, int] | None = None, tags: dict[str, str] | None = None,
+                     trained_on: set[str] | None = None) -> str:
     """Log the model in the active run and register it, serving with `config` (`_model_config`); returns the new version.
 
     `tags` are the version's from its creation on: a version without its content digest, which a retry would then
-    not find and register again, never exists."""
-    import tqc
+    not find and register again, never exists. `trained_on`: `question_hash`es, kept as the `TRAINED_ON` artifact."""
+    import tempfile
 
-    info = mlflow.pyfunc.log_model(
-        name="model",
-        # Models-from-code: the version stores served_model.py, which builds the matcher when loaded; an instance
-        # passed here would be stored as a cloudpickle, which loading would unpickle.
-        python_model=str(Path(__file__).with_name("served_model.py")),
-        artifacts=_artifacts(model_dir, catalog_path, prior_path, exemplars),
-        model_config=config,
-        signature=signature(config["top_k"]),
-        # Listed, not inferred: inference would load the model in a subprocess to trace imports.
-        pip_requirements=[f"tqc=={tqc.__version__}", "torch", "transformers", "safetensors", "pandas"],
-    )
+    import tqc
+    from tqc.io import write_json
+
+    with tempfile.TemporaryDirectory(prefix="tqc-trained-on-") as scratch:
+        artifacts = _artifacts(model_dir, catalog_path, prior_path, exemplars)
+        if trained_on is not None:
+            record = Path(scratch) / f"{TRAINED_ON}.json"
+            write_json(record, {"hash": "sha256 of tqc.text.normalise(question), first 16 hex digits",
+                                "questions": sorted(trained_on)})
+            artifacts[TRAINED_ON] = str(record)
+        info = mlflow.pyfunc.log_model(
+            name="model",
+            # Models-from-code: the version stores served_model.py, which builds the matcher when loaded; an instance
+            # passed here would be stored as a cloudpickle, which loading would unpickle.
+            python_model=str(Path(__file__).with_name("served_model.py")),
+            artifacts=artifacts,
+            model_config=config,
+            signature=signature(config["top_k"]),
+            # Listed, not inferred: inference would load the model in a subprocess to trace imports.
+            pip_requirements=[f"tqc=={tqc.__version__}", "torch", "transformers", "safetensors", "pandas"],
+        )
     return str(mlflow.register_model(info.model_uri, model_name, tags=tags).version)

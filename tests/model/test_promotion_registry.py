@@ -2,6 +2,7 @@
 team shares one), with tiny models."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -504,3 +505,85 @@ def test_an_alias_moved_by_hand_leaves_one_version_tagged_champion(tiny_model_di
     v1, v2 = (client.get_model_version("tqc-admc", v).tags for v in ("1", "2"))
     assert v1["promotion"] == "champion" and "superseded_by" not in v1
     assert v2["promotion"] == "superseded" and v2["superseded_by"] == "1"  # was still champion
+
+
+def split_of(directory: Path, train: list[tuple[str, str]], validation: list[tuple[str, str]]) -> Path:
+    """A validated data folder with the fixture's catalog and these rows."""
+    Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()]).save(directory / "catalog.jsonl")
+    save_questions(directory / "train.jsonl", [LabeledQuestion(t, c) for t, c in train])
+    save_questions(directory / "validation.jsonl", [LabeledQuestion(t, c) for t, c in validation])
+    return directory
+
+
+def test_the_gate_leaves_out_validation_questions_the_champion_learnt_from(tiny_model_dir, tmp_path, registry):
+    """A later split can put an older champion's training questions into validation (session 43's repro did: a new
+    split drew 15 of them), where it answers from memory. Each version records what it learnt from; the gate
+    judges on the rest, a question written another way (case, spaces) counting as the same question."""
+    import mlflow
+
+    from tqc.serving import question_hash, trained_on_record
+
+    first_train = synthetic_questions(0, 40)
+    first = split_of(tmp_path / "first", first_train, [(t + " again", c) for t, c in synthetic_questions(1, 5)])
+    champion_model = untrained(tiny_model_dir, tmp_path / "champion")
+    with standalone_run("promote", registry) as tracker:
+        assert promote.run(first, champion_model, None, PromoteParams(), tmp_path / "p.json", tracker)["promoted"]
+    assert trained_on_record("tqc-admc", "1", tmp_path / "record") == {question_hash(t) for t, _ in first_train}
+
+    learnt = list(dict.fromkeys(first_train))[:10]  # ten of the champion's training questions, shouted
+    unseen = [(f"{t} asked anew {i}", c) for i, (t, c) in enumerate(synthetic_questions(3, 2))]  # 12 new questions
+    second_train = [(t + " now", c) for t, c in synthetic_questions(2, 30)]
+    second = split_of(tmp_path / "second", second_train, [(f"  {t.upper()} ", c) for t, c in learnt] + unseen)
+    challenger_model = trained(tiny_model_dir, second, tmp_path / "challenger")
+    with standalone_run("promote", registry) as tracker:
+        judged = promote.run(second, challenger_model, None, PromoteParams(), tmp_path / "p.json", tracker)
+    assert judged["challenger_version"] == "2" and judged["champion_version_before"] == "1"
+    assert judged["validation"]["n"] == len(unseen) and judged["validation"]["left_out_as_learnt_from"] == len(learnt)
+    assert f"judged on {len(unseen)} of the {len(learnt) + len(unseen)} validation questions" in " ".join(judged["reasons"])
+    assert trained_on_record("tqc-admc", "2", tmp_path / "record2") == {question_hash(t) for t, _ in second_train}
+
+    # A refresh serves the champion's encoder: its record holds what that encoder learnt from, and its own rows
+    champion = mlflow.MlflowClient().get_model_version_by_alias("tqc-admc", "champion").version
+    refreshed = Path(shutil.copytree(champion_model if champion == "1" else challenger_model, tmp_path / "refreshed"))
+    (refreshed / "NOTE.txt").write_text("refreshed")
+    with standalone_run("promote", registry) as tracker:
+        refresh = promote.run(second, refreshed, None, PromoteParams(), tmp_path / "p.json", tracker, refresh=True)
+    assert trained_on_record("tqc-admc", refresh["challenger_version"], tmp_path / "record3") == {
+        question_hash(t) for t, _ in (first_train if champion == "1" else []) + second_train}
+
+
+def test_a_validation_split_the_champion_learnt_whole_judges_nothing_and_the_alias_stays(tiny_model_dir, tmp_path, registry):
+    import mlflow
+
+    train = synthetic_questions(0, 40)
+    first = split_of(tmp_path / "first", train, [(t + " again", c) for t, c in synthetic_questions(1, 5)])
+    with standalone_run("promote", registry) as tracker:
+        promote.run(first, untrained(tiny_model_dir, tmp_path / "champion"), None, PromoteParams(), tmp_path / "p.json",
+                    tracker)
+    memorised = split_of(tmp_path / "memorised", [(t + " now", c) for t, c in synthetic_questions(2, 30)], train[:20])
+    with standalone_run("promote", registry) as tracker:
+        report = promote.run(memorised, trained(tiny_model_dir, first, tmp_path / "challenger"), None, PromoteParams(),
+                             tmp_path / "p.json", tracker)
+    assert not report["promoted"] and report["champion_version_after"] == "1"
+    assert report["validation"] == {"n": 0, "left_out_as_learnt_from": 20, "challenger_accuracy": None,
+                                    "champion_accuracy": None}
+    assert report["reasons"][0].startswith("all 20 validation questions are questions the champion or the challenger")
+    assert mlflow.MlflowClient().get_model_version("tqc-admc", "2").tags["promotion"] == "rejected"
+    assert json.loads((tmp_path / "p.json").read_text()) == report  # valid JSON: no NaN for the figures it has not
+
+
+def test_a_champion_registered_without_a_record_is_named_as_such(tiny_model_dir, data_dir, tmp_path, registry):
+    """Versions registered before records were kept: the gate cannot leave their training questions out, and says so."""
+    import mlflow
+
+    from tqc import serving
+
+    with standalone_run("register", registry):
+        version, _, _ = serving.register(untrained(tiny_model_dir, tmp_path / "old"), data_dir / "catalog.jsonl", None,
+                                         "tqc-admc", 5)
+    mlflow.MlflowClient().set_registered_model_alias("tqc-admc", "champion", version)
+    assert serving.trained_on_record("tqc-admc", version, tmp_path / "record") is None
+    with standalone_run("promote", registry) as tracker:
+        report = promote.run(data_dir, trained(tiny_model_dir, data_dir, tmp_path / "new"), None, PromoteParams(),
+                             tmp_path / "p.json", tracker)
+    assert any(r.startswith(f"v{version} was registered before versions recorded the questions") for r in report["reasons"])

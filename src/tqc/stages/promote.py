@@ -13,6 +13,7 @@ gate compares what would really be deployed. The decision and its figures go to
 from __future__ import annotations
 
 import logging
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,8 +21,8 @@ import numpy as np
 
 from tqc.config import PromoteParams
 from tqc.io import write_json
-from tqc.promotion import class_changes, decide, tail_classes
-from tqc.schema import Catalog, load_questions
+from tqc.promotion import Decision, class_changes, decide, tail_classes
+from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.tracking import Tracker, offline_mlflow
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,11 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     With `params.rule` exemplars the version serves the exemplar rule instead: the validated training rows
     (`data_dir`/train.jsonl, what evaluate scored it with) and `exemplar_k` (evaluate's), and no shift.
     `refresh`: the challenger is the champion's encoder refreshed with grown labeled questions, judged against
-    `params.refresh_min_improvement` (no worse) instead of `min_improvement`."""
+    `params.refresh_min_improvement` (no worse) instead of `min_improvement`.
+
+    The gate judges on the validation questions neither model learnt from: each version registers the questions it
+    learnt from (`serving.TRAINED_ON`), and a champion's may be in this validation split (data grown, or a split
+    drawn another way since), where it would answer them from memory."""
     if not tracker.active:
         # promotion.json's usual keys, nothing registered: a reviewer's diff shows what changed, not a new layout
         report = {"model_name": params.model_name, "alias": params.alias, "challenger_version": None, "rule": params.rule,
@@ -49,18 +54,21 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         return report
     offline_mlflow()
     import mlflow
-    from tqc.serving import alias_version, answers_of, register
+    from tqc.serving import alias_version, answers_of, question_hash, register
 
     catalog = Catalog.load(data_dir / "catalog.jsonl")
-    validation = load_questions(data_dir / "validation.jsonl")
-    gold = np.array([catalog.index(q.class_id) for q in validation])
+    train = load_questions(data_dir / "train.jsonl")
     client = mlflow.MlflowClient()
 
-    exemplars = (data_dir / "train.jsonl", exemplar_k) if params.rule == "exemplars" else None
-    version, registered_before, answers = register(model_dir, data_dir / "catalog.jsonl", None if exemplars else prior_path,
-                                          params.model_name, params.top_k, exemplars)
     alias_holder = alias_version(client, params.model_name, params.alias)  # a failing registry raises: never "no champion"
     champion_version = str(alias_holder.version) if alias_holder is not None else None
+    champion_learnt = _learnt_from(params.model_name, champion_version)
+    learnt = {question_hash(q.text) for q in train}  # the training questions; the exemplar rule's rows too
+    if refresh and champion_learnt:  # a refresh serves the champion's encoder, which learnt from the champion's questions
+        learnt |= champion_learnt
+    exemplars = (data_dir / "train.jsonl", exemplar_k) if params.rule == "exemplars" else None
+    version, registered_before, answers = register(model_dir, data_dir / "catalog.jsonl", None if exemplars else prior_path,
+                                          params.model_name, params.top_k, exemplars, trained_on=learnt)
     if alias_holder is not None:
         _tags_follow_the_alias(client, params.model_name, alias_holder)
     is_champion = champion_version == version  # the same content as the champion: its tags and alias stay
@@ -68,19 +76,26 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     same_answers = not is_champion and alias_holder is not None and answers == answers_of(
         client, params.model_name, alias_holder, model_dir, data_dir / "catalog.jsonl",
         None if exemplars else prior_path, exemplars)
-    challenger, champion = _answers_on_validation(client, params.model_name, version, champion_version, validation, catalog)
-
-    tail_ids = tail_classes([q.class_id for q in load_questions(data_dir / "train.jsonl")], catalog.class_ids,
-                            params.tail_fraction)
-    # A champion answering with classes this catalog lacks has no accuracy here that means anything: none is reported
-    incomparable = not is_champion and champion is not None and bool(np.any(champion < 0))
-    if incomparable:
-        champion = None
-    gate = params.model_copy(update={"min_improvement": params.refresh_min_improvement}) if refresh else params
-    decision = decide(gold, challenger, champion, np.array([catalog.index(c) for c in tail_ids]), tail_ids, gate, seed)
-    if refresh and champion is not None:
-        decision = replace(decision, reasons=["a refresh of the champion's encoder needs only to be no worse: the bound "
-                                              "is promote.refresh_min_improvement"] + decision.reasons)
+    validation = load_questions(data_dir / "validation.jsonl")
+    unseen = _unseen(validation, learnt, None if is_champion else champion_learnt)
+    gold = np.array([catalog.index(q.class_id) for q in unseen], dtype=int)
+    tail_ids = tail_classes([q.class_id for q in train], catalog.class_ids, params.tail_fraction)
+    if unseen or champion_version is None:
+        challenger, champion = _answers_on_validation(client, params.model_name, version, champion_version, unseen, catalog)
+        # A champion answering with classes this catalog lacks has no accuracy here that means anything: none is reported
+        incomparable = not is_champion and champion is not None and bool(np.any(champion < 0))
+        if incomparable:
+            champion = None
+        gate = params.model_copy(update={"min_improvement": params.refresh_min_improvement}) if refresh else params
+        decision = decide(gold, challenger, champion, np.array([catalog.index(c) for c in tail_ids]), tail_ids, gate, seed)
+        decision = replace(decision, reasons=decision.reasons + _left_out_reasons(
+            len(validation), len(unseen), None if is_champion else champion_version, champion_learnt))
+        if refresh and champion is not None:
+            decision = replace(decision, reasons=["a refresh of the champion's encoder needs only to be no worse: the "
+                                                  "bound is promote.refresh_min_improvement"] + decision.reasons)
+    else:  # every validation question is one the champion or the challenger learnt from
+        challenger, champion, incomparable = gold, gold, False
+        decision = _nothing_unseen(len(validation), tail_ids)
     if is_champion:
         decision = _already_champion(decision, version)
     elif same_answers:
@@ -88,7 +103,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     elif incomparable:
         decision = _incomparable(decision, champion_version, params)
     report = _report(params, version, registered_before, champion_version, decision, gold, challenger, champion,
-                     catalog.class_ids)
+                     catalog.class_ids, len(validation))
     write_json(report_path, report)
     tracker.log_metrics({"promoted": int(decision.promote), **report["validation"],
                          **({"ci_low": decision.bootstrap.low, "ci_high": decision.bootstrap.high,
@@ -154,8 +169,47 @@ def _answers_on_validation(client, model_name: str, version: str, champion_versi
             f"artifacts, or move the alias by hand, then run promote again") from exc
 
 
+def _learnt_from(model_name: str, version: str | None) -> set[str] | None:
+    """The questions registered `version` learnt from (`serving.question_hash`es); None without a version or a record."""
+    if version is None:
+        return None
+    from tqc.serving import trained_on_record
+
+    with tempfile.TemporaryDirectory(prefix="tqc-promote-") as scratch:
+        return trained_on_record(model_name, version, Path(scratch))
+
+
+def _unseen(validation: list[LabeledQuestion], challenger_learnt: set[str],
+            champion_learnt: set[str] | None) -> list[LabeledQuestion]:
+    """The validation questions neither model learnt from, in order."""
+    from tqc.serving import question_hash
+
+    learnt = challenger_learnt | (champion_learnt or set())
+    return [q for q in validation if question_hash(q.text) not in learnt]
+
+
+def _left_out_reasons(total: int, judged: int, champion_version: str | None, champion_learnt: set[str] | None) -> list[str]:
+    """What the gate's figures leave out, or cannot: said beside the decision."""
+    reasons = []
+    if judged < total:
+        reasons.append(f"judged on {judged} of the {total} validation questions: the other {total - judged} are "
+                       "questions one of the two models learnt from")
+    if champion_version is not None and champion_learnt is None:
+        reasons.append(f"v{champion_version} was registered before versions recorded the questions they learnt from: "
+                       "any of them in this validation split count as questions it answers from memory")
+    return reasons
+
+
+def _nothing_unseen(total: int, tail_ids: list[str]) -> Decision:
+    return Decision(False, [f"all {total} validation questions are questions the champion or the challenger learnt "
+                            "from: nothing is left to judge on, so the alias stays. Judge the two on other questions and "
+                            "move the alias by hand"], None, tail_ids, None, None)
+
+
 def _report(params: PromoteParams, version: str, registered_before: bool, champion_version: str | None, decision,
-            gold: np.ndarray, challenger: np.ndarray, champion: np.ndarray | None, class_ids: list[str]) -> dict:
+            gold: np.ndarray, challenger: np.ndarray, champion: np.ndarray | None, class_ids: list[str],
+            validation_total: int) -> dict:
+    judged = len(gold) > 0
     return {
         "model_name": params.model_name,
         "alias": params.alias,
@@ -166,12 +220,13 @@ def _report(params: PromoteParams, version: str, registered_before: bool, champi
         "champion_version_after": version if decision.promote else champion_version,
         "promoted": decision.promote,
         "validation": {
-            "n": len(gold),
-            "challenger_accuracy": float(np.mean(challenger == gold)),
-            "champion_accuracy": float(np.mean(champion == gold)) if champion is not None else None,
+            "n": len(gold),  # the questions judged on
+            "left_out_as_learnt_from": validation_total - len(gold),
+            "challenger_accuracy": float(np.mean(challenger == gold)) if judged else None,
+            "champion_accuracy": float(np.mean(champion == gold)) if champion is not None and judged else None,
         },
         **{k: v for k, v in decision.to_dict().items() if k != "promote"},  # "promoted" above says it
-        "class_changes": class_changes(gold, challenger, champion, class_ids) if champion is not None else [],
+        "class_changes": class_changes(gold, challenger, champion, class_ids) if champion is not None and judged else [],
     }
 
 
