@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 TRAINING_COMMANDS = ("stage-one", "stage-two", "baseline-nc")
+# Questions `tqc predict` scores at a time: a multiple of the encoder's batch of 256, so that batches fill
+PREDICT_CHUNK = 8192
 
 
 def _join_or_launch(params, args: argparse.Namespace) -> None:
@@ -381,9 +383,14 @@ def _predict(args: argparse.Namespace) -> None:
     if args.top_k < 1:
         raise ConfigError(f"--top-k {args.top_k}: must be at least 1")
     matcher = _matcher(args)
-    answers = matcher.predict(None, pd.DataFrame({"question": questions}), {"top_k": args.top_k})
-    for record in ranked_records(questions, answers):
-        print(json.dumps(record, ensure_ascii=False))
+    # In chunks: the (chunk, P) scores and the answers' rows are what grows with a file, and each chunk's answers are
+    # printed before the next is encoded, so a long file streams out
+    for start in range(0, len(questions), PREDICT_CHUNK):
+        chunk = questions[start:start + PREDICT_CHUNK]
+        answers = matcher.predict(None, pd.DataFrame({"question": chunk}), {"top_k": args.top_k})
+        for record in ranked_records(chunk, answers):
+            print(json.dumps(record, ensure_ascii=False))
+        sys.stdout.flush()
 
 
 def _file_questions(path: Path | None, column: str) -> list[str]:

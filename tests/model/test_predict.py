@@ -571,3 +571,37 @@ def test_prior_auto_says_when_the_model_folder_has_no_prior_file_beside_it(tiny_
     assert main(["predict", "--model", str(tmp_path / "copied" / "stage_two"), "--catalog", str(tmp_path / "catalog.jsonl"),
                  "where is paris"]) == 0
     assert "no prior.json beside" in capsys.readouterr().err
+
+
+def test_predict_scores_a_long_file_in_chunks_with_the_answers_of_one_pass(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """A file is scored PREDICT_CHUNK questions at a time (bounded memory, streamed output); the answers are the
+    one-pass answers, in the file's order, for each rule."""
+    from tqc import cli
+
+    torch.manual_seed(0)
+    tiny_bi_encoder(tiny_model_dir).eval().save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    questions = [f"{w} is number {i}" for i, w in enumerate(["where", "who", "how many"] * 4)]
+    (tmp_path / "questions.txt").write_text("\n".join(questions) + "\n", encoding="utf-8")
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"text": t, "class_id": c}) + "\n" for t, c in
+                                                  [("where is rome", "loc"), ("who is she", "hum"), ("how many dogs", "num")]))
+    base = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"), "--top-k", "3",
+            "--file", str(tmp_path / "questions.txt")]
+    from tqc.serving import StandardQuestionMatcher
+
+    scored = []
+    one_call = StandardQuestionMatcher.predict
+    monkeypatch.setattr(StandardQuestionMatcher, "predict",
+                        lambda self, context, frame, params=None: scored.append(len(frame)) or one_call(self, context, frame, params))
+    for rule in ([], ["--exemplars", str(tmp_path / "train.jsonl"), "--exemplar-k", "1", "--exemplar-cache", "none"]):
+        answers = {}
+        for chunk in (len(questions), 5):  # one pass, then chunks of 5, 5 and 2
+            monkeypatch.setattr(cli, "PREDICT_CHUNK", chunk)
+            scored.clear()
+            assert main(base + rule) == 0
+            assert scored == ([12] if chunk == len(questions) else [5, 5, 2])
+            answers[chunk] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [r["text"] for r in answers[5]] == questions
+        for one_pass, chunked in zip(answers[len(questions)], answers[5]):
+            assert [a["class_id"] for a in chunked["top_k"]] == [a["class_id"] for a in one_pass["top_k"]]
+            assert [a["score"] for a in chunked["top_k"]] == pytest.approx([a["score"] for a in one_pass["top_k"]], abs=1e-5)
