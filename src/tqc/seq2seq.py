@@ -38,7 +38,10 @@ class Seq2SeqModel:
 
     @torch.no_grad()
     def generate(self, texts: list[str], seed: int) -> list[str]:
+        if not texts:  # every row's earlier step made nothing: a tokenizer refuses an empty batch
+            return []
         torch.manual_seed(seed)  # sampling is reproducible per call
+        self._say_cut(texts)
         outputs = []
         size = self.params.batch_size
         for start in tqdm(range(0, len(texts), size), desc=f"rewriting with {Path(self.name).name}", leave=False,
@@ -51,6 +54,16 @@ class Seq2SeqModel:
                                             num_beams=1 if self.params.sample else self.params.num_beams)
             outputs += [t.strip() for t in self.tokenizer.batch_decode(generated, skip_special_tokens=True)]
         return outputs
+
+    def _say_cut(self, texts: list[str]) -> None:
+        """Warn of inputs longer than `max_input_tokens`: the model rewrites only their beginning."""
+        lengths = [len(ids) for ids in self.tokenizer([self.prefix + t for t in texts], truncation=False)["input_ids"]]
+        cut = [i for i, length in enumerate(lengths) if length > self.params.max_input_tokens]
+        if cut:
+            log.warning("%s: %d of %d inputs are longer than augment.seq2seq.max_input_tokens (%d tokens; the longest "
+                        "%d, input %d) and are cut there, so their rewrites lose their ends; raise max_input_tokens",
+                        self.name, len(cut), len(texts), self.params.max_input_tokens, max(lengths[i] for i in cut),
+                        max(cut, key=lambda i: lengths[i]))
 
 
 class Rewriter:
@@ -67,6 +80,11 @@ class Rewriter:
         self.method = method
 
     def rewrite(self, texts: list[str], seed: int) -> list[str]:
+        """One rewrite per text, "" where a step made nothing: the next model would make a question of nothing (a
+        back-translation's backward model from an empty pivot), and the caller keeps the original instead."""
+        rewrites, going = list(texts), list(range(len(texts)))  # the indices every step so far rewrote into something
         for model in self.models:
-            texts = model.generate(texts, seed)
-        return texts
+            for i, text in zip(going, model.generate([rewrites[i] for i in going], seed)):
+                rewrites[i] = text
+            going = [i for i in going if rewrites[i]]
+        return rewrites

@@ -66,12 +66,13 @@ def test_paraphrase_rewrites_the_generated_rows_of_tail_classes_only(tiny_seq2se
 
 def test_backtranslate_is_the_forward_model_then_the_backward_model(tiny_seq2seq):
     forward, backward = tiny_seq2seq
-    params = Seq2SeqParams(forward_model=str(forward), backward_model=str(backward), sample=False, max_new_tokens=8)
+    # sampled (seeded per call): greedy, the random forward model emits nothing for these, a failed rewrite
+    params = Seq2SeqParams(forward_model=str(forward), backward_model=str(backward), sample=True, max_new_tokens=8)
     texts = ["where is paris", "who invented chess"]
     through_both = Rewriter("backtranslate", params).rewrite(texts, seed=0)
     one_way = Rewriter("paraphrase", params.model_copy(update={"paraphrase_model": str(forward)})).rewrite(texts, seed=0)
     back = Rewriter("paraphrase", params.model_copy(update={"paraphrase_model": str(backward)})).rewrite(one_way, seed=0)
-    assert through_both == back and through_both != one_way
+    assert all(one_way) and through_both == back and through_both != one_way
 
 
 def test_explicit_seq2seq_without_a_model_is_a_clear_config_error():
@@ -107,3 +108,35 @@ def test_a_tokenizer_that_needs_an_uninstalled_package_is_a_config_error_naming_
     with pytest.raises(ConfigError, match="^augment.seq2seq.forward_model: .* needs a package that is not installed .*"
                                           "pip install sentencepiece"):
         Rewriter("backtranslate", Seq2SeqParams(forward_model=str(tiny_seq2seq[0]), backward_model=str(tiny_seq2seq[1])))
+
+
+def test_a_backtranslation_whose_pivot_is_empty_is_a_failed_rewrite_not_the_backward_models_guess(tiny_seq2seq,
+                                                                                                   monkeypatch):
+    """The backward model makes something of an empty pivot; that is no rewrite of the question, so the row is ""
+    (augment then keeps the original) and the backward model never sees it."""
+    from tqc import seq2seq
+
+    forward, backward = tiny_seq2seq
+    params = Seq2SeqParams(forward_model=str(forward), backward_model=str(backward), sample=False, max_new_tokens=8)
+    rewriter = Rewriter("backtranslate", params)
+    pivots = {"where is paris": "", "who invented chess": "paris chess"}
+    monkeypatch.setattr(rewriter.models[0], "generate", lambda texts, seed: [pivots[t] for t in texts])
+    backward_saw = []
+    real = seq2seq.Seq2SeqModel.generate
+    monkeypatch.setattr(rewriter.models[1], "generate",
+                        lambda texts, seed: backward_saw.append(list(texts)) or real(rewriter.models[1], texts, seed))
+    rewrites = rewriter.rewrite(["where is paris", "who invented chess"], seed=0)
+    assert backward_saw == [["paris chess"]]
+    assert rewrites[0] == "" and rewrites[1] == real(rewriter.models[1], ["paris chess"], 0)[0]
+
+
+def test_inputs_cut_at_max_input_tokens_are_said(tiny_seq2seq, caplog):
+    params = Seq2SeqParams(paraphrase_model=str(tiny_seq2seq[0]), max_input_tokens=8, max_new_tokens=4, sample=False)
+    with caplog.at_level("WARNING", logger="tqc.seq2seq"):
+        Rewriter("paraphrase", params).rewrite(["where is paris", "who invented chess in the city of paris on the river"], seed=0)
+    assert "1 of 2 inputs are longer than augment.seq2seq.max_input_tokens (8 tokens" in caplog.text
+    assert "input 1)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tqc.seq2seq"):
+        Rewriter("paraphrase", params.model_copy(update={"max_input_tokens": 64})).rewrite(["where is paris"], seed=0)
+    assert "max_input_tokens" not in caplog.text
