@@ -35,6 +35,27 @@ def test_k_one_is_the_nearest_neighbour_and_a_larger_k_can_overrule_it():
     assert exemplar_scores(question, exemplars, classes, 2, k=3).argmax() == 1
 
 
+def test_classes_scattered_through_the_exemplars_score_as_their_own_columns_alone_to_the_last_digit():
+    """The rule groups exemplar columns by class once (a slice per class, not a mask per class); each class's columns
+    keep their order, so its score is the mean of the same k values in the same order as a mask would give."""
+    generator = torch.Generator().manual_seed(0)
+    questions, exemplars = torch.randn(7, 5, generator=generator), torch.randn(40, 5, generator=generator)
+    classes = np.random.default_rng(0).choice([4, 0, 2, 5], size=40)  # out of order; 1 and 3 have none
+    from tqc.model.similarity import CosineScorer
+
+    similarity = CosineScorer()(questions, exemplars)  # (7, 40), as the rule computes it
+    for k in (1, 3, 50):
+        scores = exemplar_scores(questions, exemplars, classes, n_classes=6, k=k)  # (7, 6)
+        for c in range(6):
+            own = similarity.numpy()[:, classes == c]  # (7, M_c) in the exemplars' order (a mask: the former rule)
+            if own.shape[1] == 0:
+                assert np.all(scores[:, c] == -np.inf)
+                continue
+            nearest = min(k, own.shape[1])
+            expected = np.partition(own, own.shape[1] - nearest, axis=1)[:, -nearest:].mean(axis=1)
+            assert np.array_equal(scores[:, c], expected), (k, c)
+
+
 def test_the_scorer_ranks_a_question_first_for_the_class_of_its_own_text(tiny_model_dir):
     torch.manual_seed(0)
     model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
