@@ -751,6 +751,8 @@ def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | 
             lines.append(f"| tail macro-F1 | {promotion['champion_tail_macro_f1']:.4f} | "
                          f"{promotion['challenger_tail_macro_f1']:.4f} | "
                          f"{promotion['challenger_tail_macro_f1'] - promotion['champion_tail_macro_f1']:+.4f} |")
+        elif challenger is None:  # every validation question was one a model learnt from: nothing was judged
+            lines.append("| accuracy | (not judged) | (not judged) | |")
         else:
             absent = "(none)" if promotion.get("champion_version_before") is None else "(not comparable)"
             lines.append(f"| accuracy | {absent} | {challenger:.4f} | |")

@@ -61,9 +61,8 @@ class Seq2SeqModel:
         cut = [i for i, length in enumerate(lengths) if length > self.params.max_input_tokens]
         if cut:
             log.warning("%s: %d of %d inputs are longer than augment.seq2seq.max_input_tokens (%d tokens; the longest "
-                        "%d, input %d) and are cut there, so their rewrites lose their ends; raise max_input_tokens",
-                        self.name, len(cut), len(texts), self.params.max_input_tokens, max(lengths[i] for i in cut),
-                        max(cut, key=lambda i: lengths[i]))
+                        "%d) and are cut there, so their rewrites lose their ends; raise max_input_tokens",
+                        self.name, len(cut), len(texts), self.params.max_input_tokens, max(lengths[i] for i in cut))
 
 
 class Rewriter:

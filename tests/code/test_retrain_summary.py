@@ -84,3 +84,12 @@ def test_the_summary_lists_repeat_deliveries():
     repeat = Incoming(Path("inbox/again.csv"), "6" * 64)
     summary = summary_markdown(Staged(Path("raw")), None, None, [repeat])
     assert "| again.csv | labeled | repeat | 0 | 0 | 0 | already processed (same sha256) |" in summary
+
+
+def test_the_summary_of_a_promotion_that_judged_no_question_says_so():
+    """Every validation question was one the champion or the challenger learnt from: promote writes null accuracies."""
+    nothing = {"promoted": False, "reasons": ["all 20 validation questions are questions the champion or …"],
+               "challenger_version": "2", "champion_version_before": "1", "champion_version_after": "1",
+               "validation": {"n": 0, "left_out_as_learnt_from": 20, "challenger_accuracy": None, "champion_accuracy": None}}
+    text = summary_markdown(STAGED, nothing, TRAINED)
+    assert "| accuracy | (not judged) | (not judged) | |" in text and "all 20 validation questions" in text

@@ -542,14 +542,15 @@ def test_the_gate_leaves_out_validation_questions_the_champion_learnt_from(tiny_
     assert f"judged on {len(unseen)} of the {len(learnt) + len(unseen)} validation questions" in " ".join(judged["reasons"])
     assert trained_on_record("tqc-admc", "2", tmp_path / "record2") == {question_hash(t) for t, _ in second_train}
 
-    # A refresh serves the champion's encoder: its record holds what that encoder learnt from, and its own rows
-    champion = mlflow.MlflowClient().get_model_version_by_alias("tqc-admc", "champion").version
-    refreshed = Path(shutil.copytree(champion_model if champion == "1" else challenger_model, tmp_path / "refreshed"))
+    # A refresh serves the champion's encoder: its record holds what that encoder learnt from, and its own rows.
+    # v1 is made champion by hand, so that its record (first_train) is not the refresh's own rows.
+    mlflow.MlflowClient().set_registered_model_alias("tqc-admc", "champion", "1")
+    refreshed = Path(shutil.copytree(champion_model, tmp_path / "refreshed"))
     (refreshed / "NOTE.txt").write_text("refreshed")
     with standalone_run("promote", registry) as tracker:
         refresh = promote.run(second, refreshed, None, PromoteParams(), tmp_path / "p.json", tracker, refresh=True)
     assert trained_on_record("tqc-admc", refresh["challenger_version"], tmp_path / "record3") == {
-        question_hash(t) for t, _ in (first_train if champion == "1" else []) + second_train}
+        question_hash(t) for t, _ in first_train + second_train}
 
 
 def test_a_validation_split_the_champion_learnt_whole_judges_nothing_and_the_alias_stays(tiny_model_dir, tmp_path, registry):
@@ -570,6 +571,52 @@ def test_a_validation_split_the_champion_learnt_whole_judges_nothing_and_the_ali
     assert report["reasons"][0].startswith("all 20 validation questions are questions the champion or the challenger")
     assert mlflow.MlflowClient().get_model_version("tqc-admc", "2").tags["promotion"] == "rejected"
     assert json.loads((tmp_path / "p.json").read_text()) == report  # valid JSON: no NaN for the figures it has not
+
+
+def test_a_first_model_with_no_unseen_validation_question_still_becomes_champion(tiny_model_dir, tmp_path, registry):
+    """Validation within train (a custom validation file, say): nothing to ask, and no champion to keep."""
+    train = synthetic_questions(0, 40)
+    within = split_of(tmp_path / "within", train, train[:10])
+    with standalone_run("promote", registry) as tracker:
+        report = promote.run(within, untrained(tiny_model_dir, tmp_path / "first"), None, PromoteParams(),
+                             tmp_path / "p.json", tracker)
+    assert report["promoted"] and report["champion_version_after"] == "1"
+    assert report["validation"]["n"] == 0 and report["validation"]["left_out_as_learnt_from"] == 10
+
+
+def test_a_champion_whose_artifacts_cannot_be_read_is_named_and_the_challenger_is_registered(tiny_model_dir, data_dir,
+                                                                                           tmp_path, registry):
+    """Its record is read before the challenger is registered; a champion that cannot be read is still the champion's
+    fault (ChampionUnavailable, as when it cannot answer), and the challenger is registered for the next try."""
+    import mlflow
+
+    with standalone_run("promote", registry) as tracker:
+        promote.run(data_dir, untrained(tiny_model_dir, tmp_path / "champion"), None, PromoteParams(), tmp_path / "p.json",
+                    tracker)
+    for model_file in list(Path(registry.uri.removeprefix("sqlite:///")).parent.rglob("MLmodel")):
+        shutil.rmtree(model_file.parent)  # v1's logged model, gone from the artifact store
+    with standalone_run("promote", registry) as tracker, pytest.raises(promote.ChampionUnavailable, match="v1, the champion"):
+        promote.run(data_dir, trained(tiny_model_dir, data_dir, tmp_path / "challenger"), None, PromoteParams(),
+                    tmp_path / "p.json", tracker)
+    assert sorted(str(v.version) for v in mlflow.MlflowClient().search_model_versions("name='tqc-admc'")) == ["1", "2"]
+
+
+def test_a_refresh_of_a_champion_without_a_record_registers_none_rather_than_a_short_one(tiny_model_dir, data_dir,
+                                                                                         tmp_path, registry):
+    import mlflow
+
+    from tqc import serving
+
+    with standalone_run("register", registry):
+        version, _, _ = serving.register(untrained(tiny_model_dir, tmp_path / "old"), data_dir / "catalog.jsonl", None,
+                                         "tqc-admc", 5)
+    mlflow.MlflowClient().set_registered_model_alias("tqc-admc", "champion", version)
+    refreshed = Path(shutil.copytree(tmp_path / "old", tmp_path / "refreshed"))
+    (refreshed / "NOTE.txt").write_text("refreshed")
+    with standalone_run("promote", registry) as tracker:
+        report = promote.run(data_dir, refreshed, None, PromoteParams(), tmp_path / "p.json", tracker, refresh=True)
+    assert report["challenger_version"] != version
+    assert serving.trained_on_record("tqc-admc", report["challenger_version"], tmp_path / "record") is None
 
 
 def test_a_champion_registered_without_a_record_is_named_as_such(tiny_model_dir, data_dir, tmp_path, registry):

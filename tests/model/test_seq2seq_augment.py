@@ -135,7 +135,6 @@ def test_inputs_cut_at_max_input_tokens_are_said(tiny_seq2seq, caplog):
     with caplog.at_level("WARNING", logger="tqc.seq2seq"):
         Rewriter("paraphrase", params).rewrite(["where is paris", "who invented chess in the city of paris on the river"], seed=0)
     assert "1 of 2 inputs are longer than augment.seq2seq.max_input_tokens (8 tokens" in caplog.text
-    assert "input 1)" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="tqc.seq2seq"):
         Rewriter("paraphrase", params.model_copy(update={"max_input_tokens": 64})).rewrite(["where is paris"], seed=0)

@@ -62,13 +62,23 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
 
     alias_holder = alias_version(client, params.model_name, params.alias)  # a failing registry raises: never "no champion"
     champion_version = str(alias_holder.version) if alias_holder is not None else None
-    champion_learnt = _learnt_from(params.model_name, champion_version)
+    try:
+        champion_learnt, unreadable = _learnt_from(params.model_name, champion_version), None
+    except Exception as exc:  # the champion's artifacts: raised as ChampionUnavailable once the challenger is registered
+        champion_learnt, unreadable = None, exc
     learnt = {question_hash(q.text) for q in train}  # the training questions; the exemplar rule's rows too
-    if refresh and champion_learnt:  # a refresh serves the champion's encoder, which learnt from the champion's questions
-        learnt |= champion_learnt
+    record = learnt
+    if refresh:  # a refresh serves the champion's encoder, which learnt from the champion's questions too
+        learnt = learnt | (champion_learnt or set())
+        record = learnt if champion_learnt is not None else None  # unknown in part: no record rather than a short one
     exemplars = (data_dir / "train.jsonl", exemplar_k) if params.rule == "exemplars" else None
     version, registered_before, answers = register(model_dir, data_dir / "catalog.jsonl", None if exemplars else prior_path,
-                                          params.model_name, params.top_k, exemplars, trained_on=learnt)
+                                          params.model_name, params.top_k, exemplars, trained_on=record)
+    if unreadable is not None and champion_version != version:
+        raise ChampionUnavailable(
+            f"{params.model_name} v{champion_version}, the champion, cannot be read ({type(unreadable).__name__}: "
+            f"{unreadable}); challenger v{version} is registered and not judged. Repair the champion's artifacts, or "
+            "move the alias by hand, then run promote again") from unreadable
     if alias_holder is not None:
         _tags_follow_the_alias(client, params.model_name, alias_holder)
     is_champion = champion_version == version  # the same content as the champion: its tags and alias stay
@@ -81,7 +91,8 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     gold = np.array([catalog.index(q.class_id) for q in unseen], dtype=int)
     tail_ids = tail_classes([q.class_id for q in train], catalog.class_ids, params.tail_fraction)
     if unseen or champion_version is None:
-        challenger, champion = _answers_on_validation(client, params.model_name, version, champion_version, unseen, catalog)
+        challenger, champion = (_answers_on_validation(client, params.model_name, version, champion_version, unseen, catalog)
+                                if unseen else (gold, None))  # no question to ask: the first model still becomes champion
         # A champion answering with classes this catalog lacks has no accuracy here that means anything: none is reported
         incomparable = not is_champion and champion is not None and bool(np.any(champion < 0))
         if incomparable:
