@@ -63,10 +63,11 @@ def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("d
     stage_two.train(model, train_rows, torch.as_tensor(negatives), validation, catalog,
                     params.stage_two.model_copy(update=warm_up), params.seed)
     full_one, full_two = (steps_per_epoch(len(rows), batch_size, None) for rows in (one_rows, train_rows))
-    if steps > min(full_one, full_two):  # an epoch ends there: dividing its time by `steps` would under-report it
+    shorter = min(full_one, full_two)  # stage one's under augment.deferred, else both stages'
+    if steps > shorter:  # an epoch ends there: dividing its time by `steps` would under-report it
         log.warning("bench: --steps %d is more than one epoch of %d rows at batch size %d (%d steps): timing %d",
-                    steps, len(one_rows), batch_size, min(full_one, full_two), min(full_one, full_two))
-        steps = min(full_one, full_two)
+                    steps, len(one_rows), batch_size, shorter, shorter)
+        steps = shorter
     common = {"epochs": 1, "batch_size": batch_size, "max_steps": steps}
     # With augment's in-batch terms (prototype mixup, cross-encoding), as the pipeline trains stage one: their cost is
     # part of its epoch
