@@ -137,23 +137,26 @@ def broadcast_parameters(model: nn.Module) -> None:
 
 def average_gradients(model: nn.Module) -> None:
     """Mean of every parameter's gradient over the processes, in one all-reduce of all of them
-    flattened (one collective per step, not one per tensor); a missing gradient counts as zero
-    (a process whose share never reached some parameter), so every process sends the same layout."""
+    flattened (one collective per step, not one per tensor). A parameter some process's share never
+    reached counts as zero there, so every process sends the same layout; one that no process reached
+    (BERT's pooler under mean pooling) is left without a gradient, as one process leaves it, so AdamW
+    neither decays nor moves it. The last len(trainable) entries count, per parameter, the processes that had one."""
     if not active():
         return
     import torch
     import torch.distributed as dist
 
     trainable = [p for p in model.parameters() if p.requires_grad]
-    for parameter in trainable:
-        if parameter.grad is None:
-            parameter.grad = torch.zeros_like(parameter)
-    grads = [p.grad for p in trainable]
-    flat = torch.cat([g.reshape(-1) for g in grads])  # (total parameters,)
+    reached = [p.grad is not None for p in trainable]
+    device = next((p.grad.device for p in trainable if p.grad is not None), trainable[0].device)
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in trainable]
+    flags = torch.tensor(reached, dtype=grads[0].dtype, device=device)  # (len(trainable),) 1 where this process has one
+    flat = torch.cat([g.reshape(-1) for g in grads] + [flags])  # (total parameters + len(trainable),)
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     flat /= world_size()
-    for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
-        grad.copy_(part.view_as(grad))
+    parts = flat.split([g.numel() for g in grads] + [len(trainable)])
+    for parameter, grad, part, anyone in zip(trainable, grads, parts, parts[-1].tolist()):
+        parameter.grad = grad.copy_(part.view_as(grad)) if anyone > 0 else None
 
 
 def mean_over_processes(value: float) -> float:

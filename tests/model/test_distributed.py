@@ -41,7 +41,8 @@ def _always_better(*_):
     return lambda: {"accuracy": 0.0, "macro_f1": next(epochs) / 1000}
 
 
-def _stage_two_weights(model_dir: str, batch_size: int = 16) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def _stage_two_weights(model_dir: str, batch_size: int = 16,
+                       device: str = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """One epoch of stage two on synthetic rows, dropout off so runs are comparable; the weights before and after."""
     from tqc.mining import mine
     from tqc.stages import stage_two
@@ -51,7 +52,7 @@ def _stage_two_weights(model_dir: str, batch_size: int = 16) -> tuple[dict[str, 
     catalog = Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()])
     rows = [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 16)]  # 48 rows: 3 batches of 16, halves of 8
     validation = [LabeledQuestion(t, c) for t, c in synthetic_questions(1, 4)]
-    model = BiEncoder.from_params(ModelParams(pretrained=model_dir))
+    model = BiEncoder.from_params(ModelParams(pretrained=model_dir)).to(device)
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
@@ -109,6 +110,10 @@ def test_two_processes_end_with_the_weights_of_one_process_on_the_whole_batch(ti
     for name, tensor in single.items():
         assert torch.equal(replicas[0][name], replicas[1][name]), f"replicas drifted apart at {name}"
         assert torch.allclose(replicas[0][name], tensor, atol=2e-5), f"{name}: two processes differ from one"
+    untouched = [name for name in single if torch.equal(start[name], single[name])]
+    assert any("pooler" in name for name in untouched)  # BERT's pooler: no gradient under mean pooling
+    for name in untouched:  # was decayed by AdamW in every replica, its gradient an all-reduced zero
+        assert torch.equal(replicas[0][name], start[name]), f"{name}: no process reached it, and it moved"
 
 
 def _ingested_project(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, dict]:
