@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--validation-report", type=Path, help="the validate stage's report, logged with the run")
     _paths(commands.add_parser("promote", help="register the stage-two model; move the champion alias if it wins"),
            "data", "model", "prior", "report")
+    trained_on = commands.add_parser("trained-on", help="give a registered version from before versions recorded what "
+                                     "they learnt from that record, so promote leaves those questions out of its judging")
+    trained_on.add_argument("--version", required=True, help="the version of promote.model_name in the registry")
+    trained_on.add_argument("--train", type=Path, action="append", required=True,
+                            help="a labeled questions file it learnt from (JSONL, e.g. data/validated/train.jsonl of the "
+                                 "commit it was trained at: dvc get . data/validated/train.jsonl --rev COMMIT); repeatable")
     fetch = commands.add_parser("fetch", help="download the public datasets (needs network), verified by SHA-256")
     fetch.add_argument("--dest", type=Path, required=True)
     fetch.add_argument("--verify-only", action="store_true", help="check the files already in --dest; no network")
@@ -323,6 +329,25 @@ def _promote(args: argparse.Namespace, params: Params) -> None:
     with stage_run("promote", params, [args.data, args.model, args.prior]) as tracker:
         promote.run(args.data, args.model, args.prior, params.promote, args.report, tracker, params.seed,
                     params.evaluate.exemplar_k)
+
+
+def _trained_on(args: argparse.Namespace, params: Params) -> None:
+    import mlflow
+
+    from tqc.config import ConfigError
+    from tqc.schema import load_questions
+    from tqc.serving import record_trained_on
+    from tqc.tracking import tracking_uri
+
+    if not params.tracking.enabled:
+        raise ConfigError("tracking.enabled is false: there is no registry to record into")
+    questions = [q.text for path in args.train for q in load_questions(path)]
+    if not questions:  # an empty record would stand for good: a record is never replaced
+        raise ConfigError(f"{', '.join(map(str, args.train))}: no labeled questions to record")
+    mlflow.set_tracking_uri(tracking_uri(params.tracking))
+    uri, distinct = record_trained_on(params.promote.model_name, args.version, questions)
+    print(f"{params.promote.model_name} v{args.version}: recorded {distinct} distinct questions of {len(questions)} rows "
+          f"as what it learnt from ({uri})")
 
 
 def _tune(args: argparse.Namespace, params: Params) -> None:
@@ -602,7 +627,8 @@ WITH_PARAMS: dict[str, Callable[[argparse.Namespace, Params], None]] = {
     "mine": _mine,
     "stage-two": _training_stage("stage_two", ["data", "train", "negatives", "model"], _stage_two),
     "baseline-nc": _training_stage("baseline_nc", ["data", "train"], _baseline_nc),
-    "prior": _prior, "evaluate": _evaluate, "promote": _promote, "tune": _tune, "ablate": _ablate, "bench": _bench,
+    "prior": _prior, "evaluate": _evaluate, "promote": _promote, "trained-on": _trained_on, "tune": _tune,
+    "ablate": _ablate, "bench": _bench,
 }
 
 

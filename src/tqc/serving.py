@@ -42,6 +42,9 @@ FIRST_REGISTERED_ENTRY = "admc"
 # validation questions neither model learnt from: a later split (grown data, a changed seed or rule) can put questions
 # an older champion trained on into validation, where it answers them from memory.
 TRAINED_ON = "trained_on"
+# A version registered before versions kept that artifact gets its record afterwards (`record_trained_on`): logged into
+# the version's own run, and named by this model version tag (its artifact URI), since a version's files are fixed.
+TRAINED_ON_TAG = "trained_on_record"
 
 
 class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
@@ -407,16 +410,55 @@ def question_hash(text: str) -> str:
 
 
 def trained_on_record(model_name: str, version: str, destination: Path) -> set[str] | None:
-    """The `question_hash`es a registered version learnt from; None for one registered before versions kept them."""
+    """The `question_hash`es a registered version learnt from; None for one registered before versions kept them and
+    never given one (`record_trained_on`)."""
     import mlflow.artifacts
     from mlflow.models import get_model_info
 
     artifacts = get_model_info(f"models:/{model_name}/{version}").flavors["python_function"].get("artifacts") or {}
-    if TRAINED_ON not in artifacts:
-        return None
-    local = mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{version}/{artifacts[TRAINED_ON]['path']}",
-                                                dst_path=str(destination))
+    if TRAINED_ON in artifacts:
+        uri = f"models:/{model_name}/{version}/{artifacts[TRAINED_ON]['path']}"
+    else:
+        uri = mlflow.MlflowClient().get_model_version(model_name, version).tags.get(TRAINED_ON_TAG)
+        if uri is None:
+            return None
+    local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(destination))
     return set(json.loads(Path(local).read_text(encoding="utf-8"))["questions"])
+
+
+def record_trained_on(model_name: str, version: str, questions: list[str]) -> tuple[str, int]:
+    """Give a version registered before versions kept a record of what they learnt from (`TRAINED_ON`) that record:
+    the `question_hash`es of `questions`, its training questions as its owner knows them (the training file of the
+    commit it was trained at). Logged into the version's own run and named by `TRAINED_ON_TAG`; a version that has a
+    record is refused, so none is ever replaced. → (the record's artifact URI, how many distinct questions it holds)."""
+    import tempfile
+
+    from tqc.config import ConfigError
+
+    client = mlflow.MlflowClient()
+    registered = client.get_model_version(model_name, version)  # MLflow's own error names a version that is not there
+    with tempfile.TemporaryDirectory(prefix="tqc-trained-on-") as scratch:
+        if trained_on_record(model_name, version, Path(scratch)) is not None:
+            raise ConfigError(f"{model_name} v{version} has a record of the questions it learnt from already; "
+                              "a record is never replaced")
+        if not registered.run_id:
+            raise ConfigError(f"{model_name} v{version} was not registered from a run, so there is no run to keep "
+                              "its record in")
+        hashes = {question_hash(text) for text in questions}
+        record = _write_record(Path(scratch), hashes)
+        folder = f"{TRAINED_ON}-v{version}"
+        client.log_artifact(registered.run_id, str(record), artifact_path=folder)
+    uri = f"runs:/{registered.run_id}/{folder}/{record.name}"
+    client.set_model_version_tag(model_name, version, TRAINED_ON_TAG, uri)
+    return uri, len(hashes)
+
+
+def _write_record(folder: Path, hashes: set[str]) -> Path:
+    from tqc.io import write_json
+
+    record = folder / f"{TRAINED_ON}.json"
+    write_json(record, {"hash": "sha256 of tqc.text.normalise(question), first 16 hex digits", "questions": sorted(hashes)})
+    return record
 
 
 def _served_content(model_dir: Path, prior_path: Path | None, top_k: int,
@@ -473,15 +515,11 @@ def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | Non
     import tempfile
 
     import tqc
-    from tqc.io import write_json
 
     with tempfile.TemporaryDirectory(prefix="tqc-trained-on-") as scratch:
         artifacts = _artifacts(model_dir, catalog_path, prior_path, exemplars)
         if trained_on is not None:
-            record = Path(scratch) / f"{TRAINED_ON}.json"
-            write_json(record, {"hash": "sha256 of tqc.text.normalise(question), first 16 hex digits",
-                                "questions": sorted(trained_on)})
-            artifacts[TRAINED_ON] = str(record)
+            artifacts[TRAINED_ON] = str(_write_record(Path(scratch), trained_on))
         info = mlflow.pyfunc.log_model(
             name="model",
             # Models-from-code: the version stores served_model.py, which builds the matcher when loaded; an instance

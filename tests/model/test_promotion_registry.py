@@ -634,3 +634,45 @@ def test_a_champion_registered_without_a_record_is_named_as_such(tiny_model_dir,
         report = promote.run(data_dir, trained(tiny_model_dir, data_dir, tmp_path / "new"), None, PromoteParams(),
                              tmp_path / "p.json", tracker)
     assert any(r.startswith(f"v{version} was registered before versions recorded the questions") for r in report["reasons"])
+
+
+def test_a_champion_given_its_record_afterwards_is_judged_without_its_training_questions(tiny_model_dir, tmp_path,
+                                                                                       registry, capsys):
+    """`tqc trained-on`: a version registered before versions kept a record gets one from its training file; promote
+    then leaves its training questions out as it does for a version registered with one, and a record stays as given."""
+    import mlflow
+    import yaml
+
+    from tqc import cli, serving
+
+    first_train = synthetic_questions(0, 40)
+    first = split_of(tmp_path / "first", first_train, [(t + " again", c) for t, c in synthetic_questions(1, 5)])
+    with standalone_run("register", registry):  # as versions were registered before records were kept
+        version, _, _ = serving.register(untrained(tiny_model_dir, tmp_path / "old"), first / "catalog.jsonl", None,
+                                         "tqc-admc", 5)
+    mlflow.MlflowClient().set_registered_model_alias("tqc-admc", "champion", version)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"tracking": {"uri": registry.uri, "experiment": registry.experiment}}))
+
+    record = ["--params", str(params), "trained-on", "--version", version, "--train", str(first / "train.jsonl")]
+    (tmp_path / "empty.jsonl").write_text("")
+    assert cli.main(record[:-1] + [str(tmp_path / "empty.jsonl")]) == 2  # an empty record would stand for good
+    assert "empty.jsonl: no labeled questions to record" in capsys.readouterr().err
+    assert cli.main(record) == 0
+    distinct = {serving.question_hash(t) for t, _ in first_train}
+    assert f"recorded {len(distinct)} distinct questions of {len(first_train)} rows" in capsys.readouterr().out
+    assert serving.trained_on_record("tqc-admc", version, tmp_path / "record") == distinct
+    assert cli.main(record[:-1] + [str(first / "validation.jsonl")]) == 2  # never replaced, whatever file is given
+    assert "has a record of the questions it learnt from already" in capsys.readouterr().err
+    assert cli.main(record[:4] + ["7"] + record[5:]) == 2  # no such version: one line, not a traceback
+    assert "error from mlflow" in capsys.readouterr().err
+
+    learnt = list(dict.fromkeys(first_train))[:10]
+    unseen = [(f"{t} asked anew {i}", c) for i, (t, c) in enumerate(synthetic_questions(3, 2))]
+    second = split_of(tmp_path / "second", [(t + " now", c) for t, c in synthetic_questions(2, 30)],
+                      [(t.upper(), c) for t, c in learnt] + unseen)
+    with standalone_run("promote", registry) as tracker:
+        judged = promote.run(second, trained(tiny_model_dir, second, tmp_path / "challenger"), None, PromoteParams(),
+                             tmp_path / "p.json", tracker)
+    assert judged["validation"]["n"] == len(unseen) and judged["validation"]["left_out_as_learnt_from"] == len(learnt)
+    assert not any("registered before versions recorded" in r for r in judged["reasons"])

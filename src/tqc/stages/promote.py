@@ -207,7 +207,8 @@ def _left_out_reasons(total: int, judged: int, champion_version: str | None, cha
                        "questions one of the two models learnt from")
     if champion_version is not None and champion_learnt is None:
         reasons.append(f"v{champion_version} was registered before versions recorded the questions they learnt from: "
-                       "any of them in this validation split count as questions it answers from memory")
+                       "any of them in this validation split count as questions it answers from memory (`tqc "
+                       f"trained-on --version {champion_version} --train FILE` records them)")
     return reasons
 
 
