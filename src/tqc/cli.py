@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     trained_on.add_argument("--version", required=True, help="the version of promote.model_name in the registry")
     trained_on.add_argument("--train", type=Path, action="append", required=True,
                             help="a labeled questions file it learnt from (JSONL, e.g. data/validated/train.jsonl of the "
-                                 "commit it was trained at: dvc get . data/validated/train.jsonl --rev COMMIT); repeatable")
+                                 "commit it was trained at: dvc get . data/validated/train.jsonl --rev COMMIT); repeatable: "
+                                 "a version made by a refresh learnt from its champion's questions too, so give both")
     fetch = commands.add_parser("fetch", help="download the public datasets (needs network), verified by SHA-256")
     fetch.add_argument("--dest", type=Path, required=True)
     fetch.add_argument("--verify-only", action="store_true", help="check the files already in --dest; no network")
@@ -345,9 +346,10 @@ def _trained_on(args: argparse.Namespace, params: Params) -> None:
     if not questions:  # an empty record would stand for good: a record is never replaced
         raise ConfigError(f"{', '.join(map(str, args.train))}: no labeled questions to record")
     mlflow.set_tracking_uri(tracking_uri(params.tracking))
-    uri, distinct = record_trained_on(params.promote.model_name, args.version, questions)
+    uri, distinct, commit = record_trained_on(params.promote.model_name, args.version, questions)
     print(f"{params.promote.model_name} v{args.version}: recorded {distinct} distinct questions of {len(questions)} rows "
-          f"as what it learnt from ({uri})")
+          f"as what it learnt from ({uri}); its pipeline run was at commit {commit or 'unknown'}, whose training file "
+          "these should be")
 
 
 def _tune(args: argparse.Namespace, params: Params) -> None:

@@ -426,11 +426,12 @@ def trained_on_record(model_name: str, version: str, destination: Path) -> set[s
     return set(json.loads(Path(local).read_text(encoding="utf-8"))["questions"])
 
 
-def record_trained_on(model_name: str, version: str, questions: list[str]) -> tuple[str, int]:
+def record_trained_on(model_name: str, version: str, questions: list[str]) -> tuple[str, int, str | None]:
     """Give a version registered before versions kept a record of what they learnt from (`TRAINED_ON`) that record:
     the `question_hash`es of `questions`, its training questions as its owner knows them (the training file of the
     commit it was trained at). Logged into the version's own run and named by `TRAINED_ON_TAG`; a version that has a
-    record is refused, so none is ever replaced. → (the record's artifact URI, how many distinct questions it holds)."""
+    record is refused, so none is ever replaced. → (the record's artifact URI, how many distinct questions it holds,
+    the commit its pipeline run recorded, if any: nothing here can tell whether `questions` are that commit's)."""
     import tempfile
 
     from tqc.config import ConfigError
@@ -450,7 +451,14 @@ def record_trained_on(model_name: str, version: str, questions: list[str]) -> tu
         client.log_artifact(registered.run_id, str(record), artifact_path=folder)
     uri = f"runs:/{registered.run_id}/{folder}/{record.name}"
     client.set_model_version_tag(model_name, version, TRAINED_ON_TAG, uri)
-    return uri, len(hashes)
+    return uri, len(hashes), _pipeline_commit(client, registered.run_id)
+
+
+def _pipeline_commit(client, run_id: str) -> str | None:
+    """The `tqc.git_commit` of the run that registered a version, or of the pipeline run it is nested in."""
+    run = client.get_run(run_id)
+    parent = run.data.tags.get("mlflow.parentRunId")
+    return run.data.tags.get("tqc.git_commit") or (client.get_run(parent).data.tags.get("tqc.git_commit") if parent else None)
 
 
 def _write_record(folder: Path, hashes: set[str]) -> Path:

@@ -36,6 +36,21 @@ def _training_processes(project: Path) -> list[psutil.Process]:
     return found
 
 
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # it ended between the two questions
+        return False
+
+
+def _kill_all(processes: list[psutil.Process]) -> None:
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def _wait(condition, seconds: float, every: float = 0.5):
     deadline = time.time() + seconds
     while time.time() < deadline:
@@ -66,25 +81,32 @@ def test_a_cancelled_flow_run_stops_the_torchrun_processes_training_for_it(prefe
 
     with get_client(sync_client=True) as client:
         run = client.create_flow_run_from_deployment(client.read_deployment_by_name("retrain/retrain-nightly").id)
-    worker = subprocess.Popen(PREFECT + ["worker", "start", "--pool", "gpu"], cwd=tmp_path, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    with open(tmp_path / "worker.log", "w") as log:  # a file, not a pipe nobody reads until the end (it would fill)
+        worker = subprocess.Popen(PREFECT + ["worker", "start", "--pool", "gpu"], cwd=tmp_path, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        training = _wait(lambda: len(_training_processes(project)) >= 3 and _training_processes(project), 300)
-        assert training, "torchrun and its two processes never started"
+        assert _wait(lambda: len(_training_processes(project)) >= 3, 300), "torchrun and its two processes never started"
         time.sleep(5)  # mid-epoch
+        training = _training_processes(project)
         cancelled = subprocess.run(PREFECT + ["flow-run", "cancel", str(run.id)], cwd=tmp_path, env=env,
                                    capture_output=True, text=True)
         assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
 
-        left = _wait(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in training), 120)
+        stopped = _wait(lambda: not any(_alive(p) for p in training) and not _training_processes(project), 120)
         with get_client(sync_client=True) as client:
             state = _wait(lambda: (s := client.read_flow_run(run.id).state).is_final() and s, 60)
     finally:
+        # The flow run's process is in a session of its own (Prefect isolates it): the worker's group is not enough
+        try:
+            spawned = psutil.Process(worker.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            spawned = []
         os.killpg(worker.pid, 9)
-        log = worker.communicate()[0]
-        for process in _training_processes(project):  # never leave one behind, whatever the test found
-            process.kill()
+        _kill_all(spawned)
+        worker.wait()
+        _kill_all(_training_processes(project))  # never leave one behind, whatever the test found
 
-    still = [p.info["cmdline"] for p in training if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert left, f"still training 120 s after the cancel: {still}\n{log[-3000:]}"
+    log = (tmp_path / "worker.log").read_text(errors="replace")
+    still = [p.info["cmdline"] for p in training if _alive(p)]
+    assert stopped, f"still training 120 s after the cancel: {still}\n{log[-3000:]}"
     assert state and state.is_cancelled(), f"{state}\n{log[-3000:]}"

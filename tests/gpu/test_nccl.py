@@ -77,8 +77,12 @@ def test_stage_two_over_nccl_takes_the_single_process_steps_on_every_gpu(tiny_mo
     assert all(r["mean_rank"] == (world - 1) / 2 for r in saved)  # all-reduced over every GPU
     assert all(r["main_says"] == {"rank": 0} for r in saved)  # rank 0's object, broadcast
     assert any(not torch.equal(single["before"][k], single["after"][k]) for k in single["after"])  # it trained
-    # one GPU: the same kernels on the same shares, so the same bits; several: bf16 on shares of other shapes
-    tolerance = 1e-6 if world == 1 else 5e-3
+    # One GPU: the same kernels on the same shares, so the same bits. Several: bf16 on shares of other shapes, held to a
+    # quarter of the largest step the single process took. AdamW's step barely depends on the gradient's scale, so that
+    # checks the gradients' direction; their scale (a sum, not a mean) is checked over gloo in tests/model.
+    moved = max((single["after"][k].float() - single["before"][k].float()).abs().max().item()
+                for k in single["after"] if single["after"][k].numel())
+    tolerance = 1e-6 if world == 1 else 0.25 * moved
     for name, tensor in single["after"].items():
         assert all(torch.equal(saved[0]["weights"][name], r["weights"][name]) for r in saved), f"replicas differ at {name}"
         difference = (saved[0]["weights"][name].float() - tensor.float()).abs().max().item() if tensor.numel() else 0.0

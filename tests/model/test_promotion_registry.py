@@ -660,7 +660,9 @@ def test_a_champion_given_its_record_afterwards_is_judged_without_its_training_q
     assert "empty.jsonl: no labeled questions to record" in capsys.readouterr().err
     assert cli.main(record) == 0
     distinct = {serving.question_hash(t) for t, _ in first_train}
-    assert f"recorded {len(distinct)} distinct questions of {len(first_train)} rows" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert f"recorded {len(distinct)} distinct questions of {len(first_train)} rows" in said
+    assert "its pipeline run was at commit unknown" in said  # a standalone run outside a pipeline records none
     assert serving.trained_on_record("tqc-admc", version, tmp_path / "record") == distinct
     assert cli.main(record[:-1] + [str(first / "validation.jsonl")]) == 2  # never replaced, whatever file is given
     assert "has a record of the questions it learnt from already" in capsys.readouterr().err
@@ -676,3 +678,12 @@ def test_a_champion_given_its_record_afterwards_is_judged_without_its_training_q
                              tmp_path / "p.json", tracker)
     assert judged["validation"]["n"] == len(unseen) and judged["validation"]["left_out_as_learnt_from"] == len(learnt)
     assert not any("registered before versions recorded" in r for r in judged["reasons"])
+
+    # A refresh of that champion serves its encoder: its record holds the champion's given record and its own rows
+    mlflow.MlflowClient().set_registered_model_alias("tqc-admc", "champion", version)
+    refreshed = Path(shutil.copytree(tmp_path / "old", tmp_path / "refreshed"))
+    (refreshed / "NOTE.txt").write_text("refreshed")
+    with standalone_run("promote", registry) as tracker:
+        refresh = promote.run(second, refreshed, None, PromoteParams(), tmp_path / "p.json", tracker, refresh=True)
+    assert serving.trained_on_record("tqc-admc", refresh["challenger_version"], tmp_path / "record2") == distinct | {
+        serving.question_hash(t + " now") for t, _ in synthetic_questions(2, 30)}
