@@ -56,9 +56,10 @@ def refresh(params: Params, staged: steps.Staged, staging: Path) -> steps.Traine
 def judge(params: Params, trained: steps.Trained, staging: Path) -> dict:
     from tqc.stages import promote
 
+    source = trained.refreshed_from.version if trained.refreshed_from else None  # the version a refresh serves
     with nested_run("promote", tags={"tqc.stage": "promote"}) as tracker:
         report = promote.run(trained.data, trained.model, trained.prior, params.promote, staging / "promotion.json", tracker,
-                             params.seed, params.evaluate.exemplar_k, refresh=trained.refreshed_from is not None)
+                             params.seed, params.evaluate.exemplar_k, refresh=source is not None, refreshed_from=source)
     if trained.refreshed_from and report.get("challenger_version"):  # also when a retry found it registered
         steps.tag_refresh(params.promote.model_name, report["challenger_version"], trained.refreshed_from.version)
     return report

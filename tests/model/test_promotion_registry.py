@@ -11,7 +11,7 @@ import torch
 
 from tqc.config import ModelParams, PromoteParams, StageOneParams, TrackingParams
 from tqc.model.encoder import BiEncoder
-from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, save_questions
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, load_questions, save_questions
 from tqc.stages import promote, stage_one
 from tqc.tracking import standalone_run
 from tests.conftest import CLASSES, synthetic_questions
@@ -39,8 +39,6 @@ def untrained(tiny_model_dir, out):
 
 
 def trained(tiny_model_dir, data_dir, out):
-    from tqc.schema import load_questions
-
     torch.manual_seed(0)
     model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
     catalog = Catalog.load(data_dir / "catalog.jsonl")
@@ -687,3 +685,27 @@ def test_a_champion_given_its_record_afterwards_is_judged_without_its_training_q
         refresh = promote.run(second, refreshed, None, PromoteParams(), tmp_path / "p.json", tracker, refresh=True)
     assert serving.trained_on_record("tqc-admc", refresh["challenger_version"], tmp_path / "record2") == distinct | {
         serving.question_hash(t + " now") for t, _ in synthetic_questions(2, 30)}
+
+
+def test_a_refresh_records_what_its_source_learnt_from_even_when_the_alias_moved_since(tiny_model_dir, data_dir, tmp_path,
+                                                                                     registry):
+    """The retrain flow downloads the champion's encoder, then refreshes; the alias can move in between. The refresh's
+    record takes its source's questions (`refreshed_from`), not those of whoever holds the alias when it is judged."""
+    import mlflow
+
+    from tqc import serving
+
+    source_questions, other_questions = {"a" * 16, "b" * 16}, {"c" * 16}
+    with standalone_run("register", registry):
+        source, _, _ = serving.register(untrained(tiny_model_dir, tmp_path / "source"), data_dir / "catalog.jsonl", None,
+                                        "tqc-admc", 5, trained_on=source_questions)
+        moved_to, _, _ = serving.register(trained(tiny_model_dir, data_dir, tmp_path / "other"), data_dir / "catalog.jsonl",
+                                          None, "tqc-admc", 5, trained_on=other_questions)
+    mlflow.MlflowClient().set_registered_model_alias("tqc-admc", "champion", moved_to)  # after the refresh took `source`
+    refreshed = Path(shutil.copytree(tmp_path / "source", tmp_path / "refreshed"))
+    (refreshed / "NOTE.txt").write_text("refreshed")
+    with standalone_run("promote", registry) as tracker:
+        report = promote.run(data_dir, refreshed, None, PromoteParams(), tmp_path / "p.json", tracker, refresh=True,
+                             refreshed_from=source)
+    own = {serving.question_hash(q.text) for q in load_questions(data_dir / "train.jsonl")}
+    assert serving.trained_on_record("tqc-admc", report["challenger_version"], tmp_path / "record") == own | source_questions

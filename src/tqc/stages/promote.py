@@ -33,12 +33,14 @@ class ChampionUnavailable(RuntimeError):
 
 
 def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: PromoteParams, report_path: Path, tracker: Tracker,
-        seed: int = 0, exemplar_k: int = 2, refresh: bool = False) -> dict:
+        seed: int = 0, exemplar_k: int = 2, refresh: bool = False, refreshed_from: str | None = None) -> dict:
     """`prior_path`: the prior stage's file, registered with the model so that it serves with its class-prior shift.
     With `params.rule` exemplars the version serves the exemplar rule instead: the validated training rows
     (`data_dir`/train.jsonl, what evaluate scored it with) and `exemplar_k` (evaluate's), and no shift.
     `refresh`: the challenger is the champion's encoder refreshed with grown labeled questions, judged against
-    `params.refresh_min_improvement` (no worse) instead of `min_improvement`.
+    `params.refresh_min_improvement` (no worse) instead of `min_improvement`. `refreshed_from`: the version whose
+    encoder it serves (default: the alias holder now), whose training questions its encoder learnt from; the alias can
+    have moved since the refresh downloaded it.
 
     The gate judges on the validation questions neither model learnt from: each version registers the questions it
     learnt from (`serving.TRAINED_ON`), and a champion's may be in this validation split (data grown, or a split
@@ -69,8 +71,9 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     learnt = {question_hash(q.text) for q in train}  # the training questions; the exemplar rule's rows too
     record = learnt
     if refresh:  # a refresh serves the champion's encoder, which learnt from the champion's questions too
-        learnt = learnt | (champion_learnt or set())
-        record = learnt if champion_learnt is not None else None  # unknown in part: no record rather than a short one
+        source_learnt = _source_learnt(params.model_name, refreshed_from, champion_version, champion_learnt)
+        learnt = learnt | (source_learnt or set())
+        record = learnt if source_learnt is not None else None  # unknown in part: no record rather than a short one
     exemplars = (data_dir / "train.jsonl", exemplar_k) if params.rule == "exemplars" else None
     version, registered_before, answers = register(model_dir, data_dir / "catalog.jsonl", None if exemplars else prior_path,
                                           params.model_name, params.top_k, exemplars, trained_on=record)
@@ -188,6 +191,20 @@ def _learnt_from(model_name: str, version: str | None) -> set[str] | None:
 
     with tempfile.TemporaryDirectory(prefix="tqc-promote-") as scratch:
         return trained_on_record(model_name, version, Path(scratch))
+
+
+def _source_learnt(model_name: str, refreshed_from: str | None, champion_version: str | None,
+                   champion_learnt: set[str] | None) -> set[str] | None:
+    """What the encoder a refresh serves learnt from: its source version's record (the champion's when it is the
+    source); None when that is unknown, a source that cannot be read included (its refresh then records nothing)."""
+    if refreshed_from is None or refreshed_from == champion_version:
+        return champion_learnt
+    try:
+        return _learnt_from(model_name, refreshed_from)
+    except Exception as exc:  # the source's artifacts: a record unknown in part, said, not a failed promotion
+        log.warning("promote: the record of v%s, the refresh's source, cannot be read (%s): the refresh records none",
+                    refreshed_from, exc)
+        return None
 
 
 def _unseen(validation: list[LabeledQuestion], challenger_learnt: set[str],
