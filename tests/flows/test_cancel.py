@@ -11,16 +11,14 @@ its two ranks still training 120 s after the cancel; with either one back, it pa
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import psutil
-import pytest
 import yaml
 
-from tests.flows.conftest import PREFECT, REPO, deploy_from_a_checkout, drop, unseen_questions
+from tests.flows.conftest import PREFECT, deploy_retrain_for_a_worker, drop, unseen_questions
 
 
 def _training_processes(project: Path) -> list[psutil.Process]:
@@ -71,13 +69,7 @@ def test_a_cancelled_flow_run_stops_the_torchrun_processes_training_for_it(prefe
     (project / "params.yaml").write_text(yaml.safe_dump(params))
     drop(project, "delivery.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 3)])
 
-    api_url = PREFECT_API_URL.value()
-    env = {**os.environ, "PREFECT_API_URL": api_url, "TQC_PROJECT_DIR": str(project),
-           "PREFECT_HOME": str(tmp_path / "client-home")}
-    deployer = tmp_path / "deployer"
-    deployer.mkdir()
-    deploy_from_a_checkout(deployer, {k: v for k, v in env.items() if k != "TQC_PROJECT_DIR"}, "--name", "retrain-nightly")
-    shutil.copytree(REPO / "flows", project / "flows")  # the worker's checkout: the project
+    env = deploy_retrain_for_a_worker(project, tmp_path, PREFECT_API_URL.value())
 
     with get_client(sync_client=True) as client:
         run = client.create_flow_run_from_deployment(client.read_deployment_by_name("retrain/retrain-nightly").id)

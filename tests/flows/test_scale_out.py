@@ -4,13 +4,11 @@ runs the retrain flow in the checkout that TQC_PROJECT_DIR names (marker `server
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 
 import pytest
 
-from tests.flows.conftest import PREFECT, REPO, added_rows, deploy_from_a_checkout, drop, unseen_questions
+from tests.flows.conftest import PREFECT, added_rows, deploy_retrain_for_a_worker, drop, unseen_questions
 from tests.servers import create_database, prefect_server
 
 pytestmark = pytest.mark.server
@@ -25,14 +23,7 @@ def test_a_worker_runs_the_retrain_deployment_against_prefect_on_postgresql(post
 
     database = create_database(postgres, f"prefect_{tmp_path.name}").replace("postgresql://", "postgresql+asyncpg://")
     with prefect_server(database, tmp_path) as api_url:
-        env = {**os.environ, "PREFECT_API_URL": api_url, "TQC_PROJECT_DIR": str(project),
-               "PREFECT_HOME": str(tmp_path / "client-home")}
-        # Deployed from another checkout, as from another machine, with TQC_PROJECT_DIR unset: the worker's own
-        # value names its checkout (set at deploy time, the deploying machine's path would be baked in)
-        deployer = tmp_path / "deployer"
-        deployer.mkdir()
-        deploy_from_a_checkout(deployer, {k: v for k, v in env.items() if k != "TQC_PROJECT_DIR"}, "--name", "retrain-nightly")
-        shutil.copytree(REPO / "flows", project / "flows")  # the worker's checkout: the project
+        env = deploy_retrain_for_a_worker(project, tmp_path, api_url)
 
         with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
             deployment = client.read_deployment_by_name("retrain/retrain-nightly")
