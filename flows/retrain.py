@@ -60,8 +60,8 @@ def judge(params: Params, trained: steps.Trained, staging: Path) -> dict:
     with nested_run("promote", tags={"tqc.stage": "promote"}) as tracker:
         report = promote.run(trained.data, trained.model, trained.prior, params.promote, staging / "promotion.json", tracker,
                              params.seed, params.evaluate.exemplar_k, refresh=source is not None, refreshed_from=source)
-    if trained.refreshed_from and report.get("challenger_version"):  # also when a retry found it registered
-        steps.tag_refresh(params.promote.model_name, report["challenger_version"], trained.refreshed_from.version)
+    if source is not None and report.get("challenger_version"):  # also when a retry found it registered
+        steps.tag_refresh(params.promote.model_name, report["challenger_version"], source)
     return report
 
 

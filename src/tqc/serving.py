@@ -455,10 +455,12 @@ def record_trained_on(model_name: str, version: str, questions: list[str]) -> tu
 
 
 def _pipeline_commit(client, run_id: str) -> str | None:
-    """The `tqc.git_commit` of the run that registered a version, or of the pipeline run it is nested in."""
+    """The commit (`tracking.COMMIT_TAG`) of the run that registered a version, or of the pipeline run it is nested in."""
+    from tqc.tracking import COMMIT_TAG
+
     run = client.get_run(run_id)
     parent = run.data.tags.get("mlflow.parentRunId")
-    return run.data.tags.get("tqc.git_commit") or (client.get_run(parent).data.tags.get("tqc.git_commit") if parent else None)
+    return run.data.tags.get(COMMIT_TAG) or (client.get_run(parent).data.tags.get(COMMIT_TAG) if parent else None)
 
 
 def _write_record(folder: Path, hashes: set[str]) -> Path:
