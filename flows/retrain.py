@@ -10,6 +10,8 @@ this file only makes them Prefect tasks, with retries where a step can flake.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import shutil
 from pathlib import Path
 
@@ -85,6 +87,11 @@ def retrain(params_path: str = "params.yaml", mode: str | None = None) -> dict:
     can then refresh often and train now and then: `prefect deployment run … -p mode=refresh`)."""
     offline_mlflow()
     logger = get_run_logger()
+    with stage_logs_in_this_run():
+        return _retrain(params_path, mode, logger)
+
+
+def _retrain(params_path: str, mode: str | None, logger) -> dict:
     try:
         params = load_params(params_path, {"retrain": {"mode": mode}} if mode else None)
         retries = {"retries": params.retrain.retries, "retry_delay_seconds": params.retrain.retry_delay_seconds,
@@ -99,6 +106,42 @@ def retrain(params_path: str = "params.yaml", mode: str | None = None) -> dict:
         # (a task that raised it has logged its own); a caller (a test, `python flows/retrain.py`) still gets it.
         logger.error("retrain: %s", error)
         return Failed(message=str(error), data=error)
+
+
+@contextlib.contextmanager
+def stage_logs_in_this_run():
+    """The stages' own lines (rows read and quarantined, each epoch's validation figures, where they wrote) in this
+    flow run's logs, on the console and in Prefect's API. Under Prefect's logging config the root logger is at
+    WARNING, so the `tqc` logger, its level unset, dropped every INFO line, and only loggers Prefect knows send to its
+    API. For this run only: a level set on `tqc` before is kept, and a handler already sending `tqc` to the API
+    (PREFECT_LOGGING_EXTRA_LOGGERS=tqc) is not doubled. A line logged from another thread (no run context there) is
+    still this run's."""
+    from prefect.context import get_run_context
+    from prefect.logging.handlers import APILogHandler
+
+    stage_logger, flow_run_id = logging.getLogger("tqc"), get_run_context().flow_run.id
+    level = stage_logger.level
+    if level == logging.NOTSET:
+        stage_logger.setLevel(logging.INFO)
+    added = None
+    if not any(isinstance(handler, APILogHandler) for handler in stage_logger.handlers):
+        added = APILogHandler()
+        added.addFilter(_of_run(flow_run_id))
+        stage_logger.addHandler(added)
+    try:
+        yield
+    finally:
+        if added is not None:
+            stage_logger.removeHandler(added)
+        stage_logger.setLevel(level)
+
+
+def _of_run(flow_run_id):
+    def mark(record: logging.LogRecord) -> bool:
+        if getattr(record, "flow_run_id", None) is None:
+            record.flow_run_id = flow_run_id
+        return True
+    return mark
 
 
 def _retrain_locked(params: Params, retries: dict, logger) -> dict:

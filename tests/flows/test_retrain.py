@@ -361,3 +361,27 @@ def test_a_pending_challenger_that_can_never_be_judged_is_given_up_and_blocks_no
     assert steps_seen == [["two.csv"]]  # the delivery after it was read
     assert not (project / "data" / "retrain" / "judge-pending.json").exists()
     assert "cannot be judged, and is given up: prior.json: not a prior" in caplog.text
+
+
+def test_the_stages_own_lines_reach_the_flow_runs_logs(project):
+    """Under Prefect's logging config the root logger is at WARNING: the stages' INFO lines (rows read, each epoch's
+    validation figures) were dropped, so a scheduled retrain's logs said nothing of its training."""
+    import logging
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    drop(project, "batch.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 3)])
+    state = retrain(params_path="params.yaml", return_state=True)
+    assert state.is_completed() and state.result()["status"] == "retrained"
+
+    flow_run_id = state.state_details.flow_run_id
+    deadline, lines = time.time() + 30, []
+    with get_client(sync_client=True) as client:
+        while not any("stage one: epoch 1" in line for line in lines) and time.time() < deadline:
+            time.sleep(0.5)  # the API's log worker sends in batches
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+            lines = [f"{log.name}: {log.message}" for log in logs]
+    assert any(line.startswith("tqc.training: stage one: epoch 1") for line in lines), lines
+    assert any(line.startswith("tqc.stages.stage_two: stage two:") for line in lines), lines
+    assert logging.getLogger("tqc").level == logging.NOTSET and not logging.getLogger("tqc").handlers  # for the run only
