@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
-import threading
-from collections import deque
-from typing import IO
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -23,6 +19,7 @@ from prefect.exceptions import MissingContextError
 
 from tqc.cli import parse_overrides
 from tqc.config import load_params
+from tqc.launched import run_logging_lines
 
 
 @task(cache_policy=NO_CACHE)
@@ -57,36 +54,6 @@ def _logger() -> logging.Logger | logging.LoggerAdapter:
         return get_run_logger()
     except MissingContextError:  # the task's function called outside a flow run, as a script or test may
         return logging.getLogger(__name__)
-
-
-def run_logging_lines(command: list[str], log: logging.Logger | logging.LoggerAdapter, name: str,
-                      env: dict[str, str] | None = None, kept: int = 40) -> tuple[int, list[str], list[str]]:
-    """Runs `command`, logging each line it writes as it comes, so a flow run shows its workers' trials and epochs
-    while they run, not after; returns the exit status and the last `kept` lines of stdout and of stderr.
-
-    The worker's stdout and stderr stay pipes to this process: were it killed, the worker's next write fails and the
-    worker ends, instead of running on unseen (tests/flows/test_tune_flow.py)."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    tails: dict[str, deque[str]] = {"stdout": deque(maxlen=kept), "stderr": deque(maxlen=kept)}
-    readers = [threading.Thread(target=_log_lines, args=(stream, log, name, tails[label]), daemon=True)
-               for label, stream in (("stdout", process.stdout), ("stderr", process.stderr))]
-    for reader in readers:
-        reader.start()
-    returncode = process.wait()
-    for reader in readers:
-        reader.join()
-    return returncode, list(tails["stdout"]), list(tails["stderr"])
-
-
-def _log_lines(stream: IO[bytes], log: logging.Logger | logging.LoggerAdapter, name: str, tail: deque[str]) -> None:
-    # Split on "\n" alone: a progress bar redraws its line with "\r", and only the text after its last "\r" (the
-    # bar's final frame, or a log line written after a bar cleared itself) is worth a log record.
-    for raw in iter(stream.readline, b""):
-        line = raw.decode("utf-8", "replace").rstrip("\r\n").rsplit("\r", 1)[-1].strip()
-        if line:
-            tail.append(line)
-            log.info("%s: %s", name, line)
-    stream.close()
 
 
 @flow(name="tune", log_prints=True)

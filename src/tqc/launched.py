@@ -1,14 +1,21 @@
 """What a tqc command launched under torchrun tells the process that launched it (pipeline.train_chain).
 
 torchrun exits 1 whatever stopped its processes, so an input error (the same on every retry) would read as a crash
-(retried): each process that stops on one writes it to a file the launcher named, and the launcher raises it.
+(retried): each process that stops on one writes it to a file the launcher named, and the launcher raises it. Its
+lines (each epoch's figures, where it wrote) are logged by the launcher as they come (`FollowedOutput`), so they
+reach whatever the launcher's log reaches: a Prefect flow run's logs, not only the worker's console.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import subprocess
+import threading
+from collections import deque
 from pathlib import Path
+from typing import IO
 
 ERROR_FILE_ENV = "TQC_INPUT_ERROR_FILE"  # the launcher's path; each process writes it + ".rank<RANK>"
 
@@ -39,3 +46,43 @@ def launched_input_error(path: Path) -> LaunchedInputError | None:
         return None
     said = json.loads(written[0].read_text(encoding="utf-8"))
     return LaunchedInputError(f"{said['error']}: {said['message']}")
+
+
+class FollowedOutput:
+    """A process's stdout and stderr (pipes), each line logged as `name: line` as it comes; the last `kept` of each
+    are kept for an error message. The process's pipes stay this process's: were it killed, the child's next write
+    fails and the child ends, instead of running on unseen."""
+
+    def __init__(self, process: subprocess.Popen, log: logging.Logger | logging.LoggerAdapter, name: str, kept: int = 40):
+        self.tails: dict[str, deque[str]] = {"stdout": deque(maxlen=kept), "stderr": deque(maxlen=kept)}
+        self._readers = [threading.Thread(target=_log_lines, args=(stream, log, name, self.tails[label]), daemon=True)
+                         for label, stream in (("stdout", process.stdout), ("stderr", process.stderr))]
+        for reader in self._readers:
+            reader.start()
+
+    def join(self) -> tuple[list[str], list[str]]:
+        """Once the process ended: (the last lines of stdout, the last lines of stderr)."""
+        for reader in self._readers:
+            reader.join()
+        return list(self.tails["stdout"]), list(self.tails["stderr"])
+
+
+def run_logging_lines(command: list[str], log: logging.Logger | logging.LoggerAdapter, name: str,
+                      env: dict[str, str] | None = None, kept: int = 40) -> tuple[int, list[str], list[str]]:
+    """Runs `command`, logging each line it writes as it comes (a flow run shows its workers' trials and epochs while
+    they run, not after); → the exit status and the last `kept` lines of stdout and of stderr."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    output = FollowedOutput(process, log, name, kept)
+    returncode = process.wait()
+    return (returncode, *output.join())
+
+
+def _log_lines(stream: IO[bytes], log: logging.Logger | logging.LoggerAdapter, name: str, tail: deque[str]) -> None:
+    # Split on "\n" alone: a progress bar redraws its line with "\r", and only the text after its last "\r" (the
+    # bar's final frame, or a log line written after a bar cleared itself) is worth a log record.
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace").rstrip("\r\n").rsplit("\r", 1)[-1].strip()
+        if line:
+            tail.append(line)
+            log.info("%s: %s", name, line)
+    stream.close()

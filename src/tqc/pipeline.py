@@ -16,7 +16,7 @@ from typing import Callable
 
 from tqc import distributed
 from tqc.config import Params
-from tqc.launched import ERROR_FILE_ENV, clear_input_errors, launched_input_error
+from tqc.launched import ERROR_FILE_ENV, FollowedOutput, clear_input_errors, launched_input_error
 from tqc.io import write_text
 from tqc.stages import augment, baseline_nc, ingest, mine, stage_one, stage_two, validate
 from tqc.training import EpochRecord, FitResult, read_history
@@ -111,7 +111,10 @@ def _in_process(command: str, paths: dict[str, Path], on_epoch, call: StageCall)
 
 
 class StageLaunchFailed(RuntimeError):
-    """A training stage's torchrun processes failed other than on an input error (their log, above it, says how)."""
+    """A training stage's torchrun processes failed other than on an input error; it says their last lines."""
+
+
+LAST_LINES_SAID = 20  # of the launched processes' standard error, in StageLaunchFailed's message (all of it is logged)
 
 
 @dataclass(frozen=True)
@@ -128,13 +131,17 @@ class _Launcher:
         clear_input_errors(error_file)
         _release_cuda_cache()  # this process's cached blocks (mining's model, say) would crowd rank 0's GPU
         log.info("distributed: launching %s", " ".join(launch))
-        status = _wait_for(subprocess.Popen(launch, env={**os.environ, ERROR_FILE_ENV: str(error_file)}))
+        launched = subprocess.Popen(launch, env={**os.environ, ERROR_FILE_ENV: str(error_file)},
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        output = FollowedOutput(launched, log, command)  # its lines in this process's log: a flow run's, say
+        status = _wait_for(launched)
+        _, last_lines = output.join()
         if status != 0:
             said = launched_input_error(error_file)
             if said is not None:  # the same on every retry: an input error, which the retrain flow does not retry
                 raise said
-            raise StageLaunchFailed(f"{command}: its {self.processes} torchrun processes exited with status {status} "
-                                    "(their log, on this process's standard error, says why)")
+            raise StageLaunchFailed(f"{command}: its {self.processes} torchrun processes exited with status {status}; "
+                                    "the last lines they wrote:\n" + "\n".join(last_lines[-LAST_LINES_SAID:]))
         history = read_history(paths["history"])
         for record in history if on_epoch else ():
             on_epoch(record)

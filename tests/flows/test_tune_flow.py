@@ -107,7 +107,7 @@ def test_a_workers_lines_are_logged_as_they_come_and_a_progress_bar_only_by_its_
     """The flow run's log shows each worker's epochs and trials while it runs (its output was held until it ended)."""
     import logging
 
-    from flows.tune import run_logging_lines
+    from tqc.launched import run_logging_lines
 
     script = ("import sys, time\n"
               "print('trial 0 started', flush=True)\n"

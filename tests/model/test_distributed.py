@@ -3,7 +3,7 @@
 Stage two's loss is per question (its mined negatives), so two processes that each take half
 of every batch and average their gradients must end with the weights one process gets from
 the whole batch. Stage one and NC are run the way `distributed.nproc_per_node: 2` runs them,
-through the CLI and torchrun, and must write one model; so must the README's two-node command.
+through the CLI and torchrun, and must write one model; so must docs/scaling.md's two-node command.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def test_the_cli_relaunches_a_training_stage_under_torchrun_and_rank_0_writes(ti
 
 
 def test_the_readmes_multi_node_command_trains_as_one_job_of_two_nodes(tiny_model_dir, tmp_path):
-    """README "Several GPUs": two nodes rendezvous through c10d (here two torchruns on one host, one process each);
+    """docs/scaling.md "Several GPUs": two nodes rendezvous through c10d (here two torchruns on one host, one process each);
     each gets its own rank, they train as one job of two processes, and global rank 0 alone writes."""
     project, environment = _ingested_project(tmp_path, tiny_model_dir)
     node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
@@ -278,10 +278,11 @@ def test_a_users_torchrun_over_several_nodes_is_checked_for_two_rows_a_process(m
 
 
 def test_the_chain_of_a_retrain_or_an_extra_seed_trains_each_stage_as_torchrun_processes(tiny_model_dir, tmp_path, monkeypatch,
-                                                                                           capfd):
+                                                                                           caplog):
     """`distributed.nproc_per_node: 2` used to reach only the dvc stages: the retrain flow and evaluate's extra seeds
     trained in one process and warned. Their chain now launches each training stage's CLI command under torchrun
-    with the chain's own seed, and its caller gets the fit and every epoch back from the stage's history file."""
+    with the chain's own seed, and its caller gets the fit and every epoch back from the stage's history file, and
+    the processes' lines in its own log (a flow run's logs, not only the worker's console)."""
     import json
 
     from tqc.config import Params
@@ -297,10 +298,14 @@ def test_the_chain_of_a_retrain_or_an_extra_seed_trains_each_stage_as_torchrun_p
          "baseline_nc": {"enabled": False}})
     data = prepare_data(params, tmp_path / "work")
     epochs_seen = []
-    outputs = train_chain(params, data.directory, data.train, tmp_path / "chain", seed=3,
-                          on_epoch=lambda stage, record: epochs_seen.append((stage, record.epoch)))
-    log = capfd.readouterr().err
-    assert log.count("distributed: 2 processes, backend gloo") == 2  # stage one and stage two; the disabled NC: none
+    with caplog.at_level("INFO", logger="tqc.pipeline"):
+        outputs = train_chain(params, data.directory, data.train, tmp_path / "chain", seed=3,
+                              on_epoch=lambda stage, record: epochs_seen.append((stage, record.epoch)))
+    said = [r.getMessage() for r in caplog.records if r.name == "tqc.pipeline"]
+    for command in ("stage-one", "stage-two"):  # the disabled NC: never launched
+        assert sum(line.startswith(f"{command}: ") and "distributed: 2 processes, backend gloo" in line
+                   for line in said) == 1, said
+    assert any(line.startswith("stage-two: ") and "stage two: kept epoch" in line for line in said), said
     assert (outputs.stage_one / "tqc_model.json").exists() and (outputs.stage_two / "tqc_model.json").exists()
     assert (outputs.nc / baseline_nc.DISABLED_MARKER).exists()
     assert epochs_seen == [("stage_one", 0), ("stage_one", 1), ("stage_two", 0), ("stage_two", 1)]
@@ -309,6 +314,22 @@ def test_the_chain_of_a_retrain_or_an_extra_seed_trains_each_stage_as_torchrun_p
     launched = json.loads((tmp_path / "chain" / "params.launched.yaml").read_text())
     assert launched["seed"] == 3 and launched["tracking"]["enabled"] is False  # the chain's seed; its caller tracks
     assert "secret" not in json.dumps(launched)  # no tracking URI or tune storage written to disk
+
+
+def test_a_launch_that_fails_says_its_processes_last_lines_and_logs_every_line(tmp_path, monkeypatch, caplog):
+    """It used to point at "this process's standard error", which in a flow run on a worker nobody reads."""
+    import sys
+
+    from tqc import distributed
+    from tqc.pipeline import StageLaunchFailed, _Launcher
+
+    crash = "import sys\nprint('stage one: epoch 1', flush=True)\nsys.stderr.write('RuntimeError: out of memory\\n'); sys.exit(1)"
+    monkeypatch.setattr(distributed, "relaunch_command", lambda processes, arguments: [sys.executable, "-c", crash])
+    with caplog.at_level("INFO", logger="tqc.pipeline"), pytest.raises(StageLaunchFailed) as failed:
+        _Launcher(tmp_path / "params.launched.yaml", 2)("stage-one", {"history": tmp_path / "h.csv"}, None, None)
+    assert "exited with status 1" in str(failed.value) and str(failed.value).endswith("RuntimeError: out of memory")
+    said = [r.getMessage() for r in caplog.records if r.name == "tqc.pipeline"]
+    assert "stage-one: stage one: epoch 1" in said and "stage-one: RuntimeError: out of memory" in said
 
 
 def test_a_chain_already_inside_torchrun_or_asked_for_one_process_launches_nothing(monkeypatch, tmp_path, caplog):
