@@ -143,7 +143,7 @@ def mlflow_server(backend_uri: str, artifacts: Path, startup_seconds: float = 12
 
 @contextlib.contextmanager
 def prefect_server(database_url: str, home: Path, startup_seconds: float = 180.0) -> Iterator[str]:
-    """`prefect server start` on a PostgreSQL database (`postgresql+asyncpg://…`), as the README runs a shared
+    """`prefect server start` on a PostgreSQL database (`postgresql+asyncpg://…`), as docs/retrain.md runs a shared
     one; yields its API URL. Its own PREFECT_HOME under `home`, no UI, no telemetry."""
     command = lambda port: [str(Path(sys.executable).parent / "prefect"), "server", "start",  # noqa: E731
                             "--host", "127.0.0.1", "--port", str(port), "--no-ui"]

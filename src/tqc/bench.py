@@ -4,7 +4,7 @@ passes by length and the fused optimizer save; what the validate stage adds.
 Both stages train the same model on the same rows for the same number of steps; the
 figure that matters is the ratio, measured in one run, since these machines are noisy.
 With `--out` a benchmark also writes its figures, with the machine and the code they were
-measured on, so that a figure quoted in the README has a report behind it.
+measured on, so that a figure quoted in the README or docs/ has a report behind it.
 """
 
 from __future__ import annotations

@@ -216,7 +216,7 @@ class AugmentParams(Strict):
                              "there are none (set a rebalance target)")
         if self.explicit == "paraphrase" and not self.seq2seq.paraphrase_model:
             raise ValueError("augment.explicit is 'paraphrase' but augment.seq2seq.paraphrase_model is not set "
-                             "(a local seq2seq folder, see the README)")
+                             "(a local seq2seq folder, see docs/augmentation.md)")
         if self.explicit == "backtranslate" and not (self.seq2seq.forward_model and self.seq2seq.backward_model):
             raise ValueError("augment.explicit is 'backtranslate' but augment.seq2seq.forward_model and backward_model "
                              "are not both set (a Marian pair such as opus-mt-en-de / opus-mt-de-en)")

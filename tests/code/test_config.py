@@ -176,7 +176,7 @@ def test_tune_apply_through_the_cli_writes_params_without_loading_them(tmp_path,
 
 def test_a_key_left_out_of_params_yaml_gets_the_value_params_yaml_ships():
     """The code's defaults are the shipped params: a params file that leaves a key out (a user's own, or an
-    older one) trains as the README says, not on a second set of numbers kept in config.py."""
+    older one) trains as params.yaml says, not on a second set of numbers kept in config.py."""
     shipped, defaults = dict(_leaves(_shipped_params().model_dump())), dict(_leaves(Params().model_dump()))
     differing = {key: (defaults[key], value) for key, value in shipped.items() if key in defaults
                  and not _same(defaults[key], value)}
@@ -371,7 +371,7 @@ def test_every_stage_run_logs_its_params_with_database_passwords_redacted():
 
 def test_set_values_read_as_yaml_1_2_and_text_stays_text():
     """As `dvc exp run -S` reads them: YAML 1.1 made 010 eight, left 1e-4 a string and made yes true; a `#` was a
-    comment, and the README's own prefix `paraphrase: ` became a mapping."""
+    comment, and params.yaml's own example prefix `paraphrase: ` became a mapping."""
     from tqc.cli import parse_overrides
 
     assert parse_overrides(["seed=010", "stage_one.learning_rate=1e-4", "tracking.experiment=trec6 #2",

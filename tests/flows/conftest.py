@@ -20,7 +20,7 @@ PREFECT = [str(Path(sys.executable).parent / "prefect"), "--no-prompt"]
 
 
 def deploy_from_a_checkout(checkout: Path, env: dict, *deploy: str) -> None:
-    """The README's scale-out commands in `checkout`, given a copy of flows/ and prefect.yaml: the `gpu` process
+    """docs/retrain.md's scale-out commands in `checkout`, given a copy of flows/ and prefect.yaml: the `gpu` process
     pool, then `prefect deploy` with `deploy`'s arguments. `env` names the server (PREFECT_API_URL); with
     TQC_PROJECT_DIR unset there, each worker's own names the checkout it runs in."""
     shutil.copytree(REPO / "flows", checkout / "flows")

@@ -31,13 +31,13 @@ def test_the_nightly_retrain_runs_one_at_a_time_and_queues_the_next():
 
 
 def test_prefect_deploy_puts_the_nightly_training_and_the_hourly_refresh_on_one_limited_deployment(prefect_harness, tmp_path):
-    """`prefect deploy --all`, the README's command, against a real (temporary) Prefect server: the refresh is a
+    """`prefect deploy --all`, docs/retrain.md's command, against a real (temporary) Prefect server: the refresh is a
     schedule of the retrain deployment, so the deployment's limit of one run keeps it apart from a training."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL
 
     checkout = tmp_path / "checkout"  # a copy: `prefect deploy` must not write into the repository
-    deploying = {k: v for k, v in os.environ.items() if k != "TQC_PROJECT_DIR"}  # as README deploys: unset
+    deploying = {k: v for k, v in os.environ.items() if k != "TQC_PROJECT_DIR"}  # as docs/retrain.md deploys: unset
     deploy_from_a_checkout(checkout, {**deploying, "PREFECT_API_URL": PREFECT_API_URL.value()}, "--all")
     assert sorted(p.name for p in checkout.iterdir()) == ["flows", "prefect.yaml"]
 

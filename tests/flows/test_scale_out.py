@@ -1,4 +1,4 @@
-"""The scale-out path of the README's "Scheduled retrains", end to end on one machine: Prefect's server on
+"""The scale-out path of docs/retrain.md, end to end on one machine: Prefect's server on
 PostgreSQL, the process work pool `gpu`, `prefect deploy`, a deployment run, and a worker that picks it up and
 runs the retrain flow in the checkout that TQC_PROJECT_DIR names (marker `server`; tests/servers.py)."""
 

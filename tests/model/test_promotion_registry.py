@@ -488,7 +488,7 @@ def test_tags_follow_the_alias_when_a_registry_write_fails_mid_promotion(tiny_mo
 
 
 def test_an_alias_moved_by_hand_leaves_one_version_tagged_champion(tiny_model_dir, data_dir, tmp_path, registry):
-    """The README's rollback moves the alias by hand; the version that lost it was still tagged champion, and after
+    """A rollback (docs/tracking.md: the alias moved by hand); the version that lost it was still tagged champion, and after
     the next promote two versions said champion."""
     import mlflow
 

@@ -147,7 +147,7 @@ def _tags_follow_the_alias(client, model_name: str, holder) -> None:
     """The alias holder's tags say champion, and no `superseded_by` (a version champion again: a rollback); any
     other version tagged champion is tagged superseded by it. A promotion whose registry writes broke off can have
     tagged the holder superseded before its alias moved, or moved the alias to it before tagging it; an alias moved
-    by hand (the README's rollback) leaves the version that lost it tagged champion."""
+    by hand (a rollback, docs/tracking.md) leaves the version that lost it tagged champion."""
     if "superseded_by" in holder.tags:
         client.delete_model_version_tag(model_name, str(holder.version), "superseded_by")
     if holder.tags.get("promotion") != "champion":
