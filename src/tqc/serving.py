@@ -409,9 +409,9 @@ def question_hash(text: str) -> str:
     return hashlib.sha256(normalise(text).encode("utf-8")).hexdigest()[:16]
 
 
-def trained_on_record(model_name: str, version: str, destination: Path) -> set[str] | None:
+def trained_on_record(model_name: str, version: str, destination: Path, registered=None) -> set[str] | None:
     """The `question_hash`es a registered version learnt from; None for one registered before versions kept them and
-    never given one (`record_trained_on`)."""
+    never given one (`record_trained_on`). `registered`: the version's `ModelVersion`, where the caller has it."""
     import mlflow.artifacts
     from mlflow.models import get_model_info
 
@@ -419,7 +419,8 @@ def trained_on_record(model_name: str, version: str, destination: Path) -> set[s
     if TRAINED_ON in artifacts:
         uri = f"models:/{model_name}/{version}/{artifacts[TRAINED_ON]['path']}"
     else:
-        uri = mlflow.MlflowClient().get_model_version(model_name, version).tags.get(TRAINED_ON_TAG)
+        registered = registered or mlflow.MlflowClient().get_model_version(model_name, version)
+        uri = registered.tags.get(TRAINED_ON_TAG)
         if uri is None:
             return None
     local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(destination))
@@ -439,7 +440,7 @@ def record_trained_on(model_name: str, version: str, questions: list[str]) -> tu
     client = mlflow.MlflowClient()
     registered = client.get_model_version(model_name, version)  # MLflow's own error names a version that is not there
     with tempfile.TemporaryDirectory(prefix="tqc-trained-on-") as scratch:
-        if trained_on_record(model_name, version, Path(scratch)) is not None:
+        if trained_on_record(model_name, version, Path(scratch), registered) is not None:
             raise ConfigError(f"{model_name} v{version} has a record of the questions it learnt from already; "
                               "a record is never replaced")
         if not registered.run_id:
