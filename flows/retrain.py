@@ -114,8 +114,8 @@ def stage_logs_in_this_run():
     flow run's logs, on the console and in Prefect's API. Under Prefect's logging config the root logger is at
     WARNING, so the `tqc` logger, its level unset, dropped every INFO line, and only loggers Prefect knows send to its
     API. For this run only: a level set on `tqc` before is kept, and a handler already sending `tqc` to the API
-    (PREFECT_LOGGING_EXTRA_LOGGERS=tqc) is not doubled. A line logged from another thread (no run context there) is
-    still this run's."""
+    (PREFECT_LOGGING_EXTRA_LOGGERS=tqc) is not doubled. A line logged from a thread with no run context is still this
+    run's (the readers of a launched stage's lines run in a copy of the flow's context: tqc.launched)."""
     from prefect.context import get_run_context
     from prefect.logging.handlers import APILogHandler
 
@@ -137,9 +137,17 @@ def stage_logs_in_this_run():
 
 
 def _of_run(flow_run_id):
+    """A line from a thread with no run context of its own is this run's; one with a context (a task's) keeps it, so
+    the UI shows it under its task."""
+    from prefect.context import get_run_context
+    from prefect.exceptions import MissingContextError
+
     def mark(record: logging.LogRecord) -> bool:
         if getattr(record, "flow_run_id", None) is None:
-            record.flow_run_id = flow_run_id
+            try:
+                get_run_context()
+            except MissingContextError:
+                record.flow_run_id = flow_run_id
         return True
     return mark
 

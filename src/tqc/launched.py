@@ -8,11 +8,14 @@ reach whatever the launcher's log reaches: a Prefect flow run's logs, not only t
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
+import re
 import subprocess
 import threading
+import time
 from collections import deque
 from pathlib import Path
 from typing import IO
@@ -49,22 +52,33 @@ def launched_input_error(path: Path) -> LaunchedInputError | None:
 
 
 class FollowedOutput:
-    """A process's stdout and stderr (pipes), each line logged as `name: line` as it comes; the last `kept` of each
-    are kept for an error message. The process's pipes stay this process's: were it killed, the child's next write
-    fails and the child ends, instead of running on unseen."""
+    """A process's stdout and stderr (pipes), each line logged as `name: line` as it comes; the last `kept` of each,
+    and the first error lines (`…Error: …`, which under torchrun come before its own summary), are kept for an error
+    message. The readers run in a copy of the caller's context, so a Prefect run's log handler knows whose lines they
+    are. The process's pipes stay this process's: were it killed, the child's next write fails and the child ends,
+    instead of running on unseen."""
 
     def __init__(self, process: subprocess.Popen, log: logging.Logger | logging.LoggerAdapter, name: str, kept: int = 40):
         self.tails: dict[str, deque[str]] = {"stdout": deque(maxlen=kept), "stderr": deque(maxlen=kept)}
-        self._readers = [threading.Thread(target=_log_lines, args=(stream, log, name, self.tails[label]), daemon=True)
+        self.errors: list[str] = []
+        self._readers = [threading.Thread(target=contextvars.copy_context().run, daemon=True,
+                                          args=(_log_lines, stream, log, name, self.tails[label], self.errors))
                          for label, stream in (("stdout", process.stdout), ("stderr", process.stderr))]
         for reader in self._readers:
             reader.start()
 
-    def join(self) -> tuple[list[str], list[str]]:
-        """Once the process ended: (the last lines of stdout, the last lines of stderr)."""
+    def join(self, timeout: float | None = None) -> tuple[list[str], list[str]]:
+        """Once the process ended: (the last lines of stdout, the last lines of stderr). `timeout`: how long to wait
+        for the pipes to close; a child that outlived the process (a rank of a SIGKILLed torchrun, in a session of its
+        own) keeps them open, and what it writes after that is not waited for."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         for reader in self._readers:
-            reader.join()
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return list(self.tails["stdout"]), list(self.tails["stderr"])
+
+    @property
+    def cut_short(self) -> bool:
+        return any(reader.is_alive() for reader in self._readers)
 
 
 def run_logging_lines(command: list[str], log: logging.Logger | logging.LoggerAdapter, name: str,
@@ -77,12 +91,19 @@ def run_logging_lines(command: list[str], log: logging.Logger | logging.LoggerAd
     return (returncode, *output.join())
 
 
-def _log_lines(stream: IO[bytes], log: logging.Logger | logging.LoggerAdapter, name: str, tail: deque[str]) -> None:
+ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b.*:")  # an exception's last line: `RuntimeError: …`
+ERRORS_KEPT = 5
+
+
+def _log_lines(stream: IO[bytes], log: logging.Logger | logging.LoggerAdapter, name: str, tail: deque[str],
+               errors: list[str] | None = None) -> None:
     # Split on "\n" alone: a progress bar redraws its line with "\r", and only the text after its last "\r" (the
     # bar's final frame, or a log line written after a bar cleared itself) is worth a log record.
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", "replace").rstrip("\r\n").rsplit("\r", 1)[-1].strip()
         if line:
             tail.append(line)
+            if errors is not None and len(errors) < ERRORS_KEPT and ERROR_LINE.match(line):
+                errors.append(line)
             log.info("%s: %s", name, line)
     stream.close()

@@ -115,6 +115,7 @@ class StageLaunchFailed(RuntimeError):
 
 
 LAST_LINES_SAID = 20  # of the launched processes' standard error, in StageLaunchFailed's message (all of it is logged)
+OUTPUT_GRACE_SECONDS = 30  # after torchrun ended, for its processes' last lines
 
 
 @dataclass(frozen=True)
@@ -131,17 +132,22 @@ class _Launcher:
         clear_input_errors(error_file)
         _release_cuda_cache()  # this process's cached blocks (mining's model, say) would crowd rank 0's GPU
         log.info("distributed: launching %s", " ".join(launch))
-        launched = subprocess.Popen(launch, env={**os.environ, ERROR_FILE_ENV: str(error_file)},
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        environment = {**os.environ, ERROR_FILE_ENV: str(error_file), "PYTHONUNBUFFERED": "1"}  # lines as they come
+        launched = subprocess.Popen(launch, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         output = FollowedOutput(launched, log, command)  # its lines in this process's log: a flow run's, say
         status = _wait_for(launched)
-        _, last_lines = output.join()
+        _, last_lines = output.join(timeout=OUTPUT_GRACE_SECONDS)
+        if output.cut_short:
+            log.warning("%s: torchrun ended (status %s) but a process of its still holds its output; not waiting for it",
+                        command, status)
         if status != 0:
             said = launched_input_error(error_file)
             if said is not None:  # the same on every retry: an input error, which the retrain flow does not retry
                 raise said
+            errors = "".join(f"\n  {line}" for line in output.errors) or " none recognised"
             raise StageLaunchFailed(f"{command}: its {self.processes} torchrun processes exited with status {status}; "
-                                    "the last lines they wrote:\n" + "\n".join(last_lines[-LAST_LINES_SAID:]))
+                                    f"their errors:{errors}\nthe last lines they wrote:\n"
+                                    + "\n".join(last_lines[-LAST_LINES_SAID:]))
         history = read_history(paths["history"])
         for record in history if on_epoch else ():
             on_epoch(record)

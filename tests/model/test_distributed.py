@@ -323,11 +323,17 @@ def test_a_launch_that_fails_says_its_processes_last_lines_and_logs_every_line(t
     from tqc import distributed
     from tqc.pipeline import StageLaunchFailed, _Launcher
 
-    crash = "import sys\nprint('stage one: epoch 1', flush=True)\nsys.stderr.write('RuntimeError: out of memory\\n'); sys.exit(1)"
+    # as torchrun writes it: a rank's traceback, then 25 lines of torchrun's own summary after it
+    crash = ("import sys\nprint('stage one: epoch 1')\n"
+             "sys.stderr.write('Traceback (most recent call last):\\n  File x\\nRuntimeError: out of memory\\n')\n"
+             "sys.stderr.write('torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \\n')\n"
+             "sys.stderr.write(''.join(f'summary line {i}\\n' for i in range(25)))\nsys.exit(1)")
     monkeypatch.setattr(distributed, "relaunch_command", lambda processes, arguments: [sys.executable, "-c", crash])
     with caplog.at_level("INFO", logger="tqc.pipeline"), pytest.raises(StageLaunchFailed) as failed:
         _Launcher(tmp_path / "params.launched.yaml", 2)("stage-one", {"history": tmp_path / "h.csv"}, None, None)
-    assert "exited with status 1" in str(failed.value) and str(failed.value).endswith("RuntimeError: out of memory")
+    message = str(failed.value)
+    assert "exited with status 1" in message and message.endswith("summary line 24")
+    assert "their errors:\n  RuntimeError: out of memory\n  torch.distributed.elastic" in message  # the rank's cause
     said = [r.getMessage() for r in caplog.records if r.name == "tqc.pipeline"]
     assert "stage-one: stage one: epoch 1" in said and "stage-one: RuntimeError: out of memory" in said
 

@@ -1,0 +1,57 @@
+"""tqc.launched.FollowedOutput: a launched process's lines, logged as they come, in the launcher's context."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import subprocess
+import sys
+import time
+
+from tqc.launched import FollowedOutput
+
+RUN = contextvars.ContextVar("run", default=None)
+
+
+class _Capture(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def emit(self, record):
+        self.seen.append((record.getMessage(), RUN.get()))
+
+
+def _logger(name: str) -> tuple[logging.Logger, _Capture]:
+    log, capture = logging.getLogger(name), _Capture()
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    log.addHandler(capture)
+    return log, capture
+
+
+def test_the_lines_are_logged_in_the_launchers_context():
+    """A Prefect run's log handler finds its run in the context: the readers' threads once had none, so a launched
+    stage's lines were dropped from the run's logs where PREFECT_LOGGING_EXTRA_LOGGERS named tqc."""
+    log, capture = _logger("test.launched.context")
+    RUN.set("flow run 1")
+    process = subprocess.Popen([sys.executable, "-c", "import sys; print('hello'); sys.stderr.write('RuntimeError: x\\n')"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    output = FollowedOutput(process, log, "child")
+    process.wait()
+    assert output.join(timeout=30) == (["hello"], ["RuntimeError: x"])
+    assert sorted(capture.seen) == [("child: RuntimeError: x", "flow run 1"), ("child: hello", "flow run 1")]
+    assert output.errors == ["RuntimeError: x"] and not output.cut_short
+
+
+def test_a_child_that_outlives_the_process_is_not_waited_for():
+    """A rank of a SIGKILLed torchrun runs on in a session of its own, holding the pipes: the launcher used to wait
+    for it to end, which could be never."""
+    log, _ = _logger("test.launched.orphan")
+    holder = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(20)']); print('bye')"
+    process = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    output = FollowedOutput(process, log, "child")
+    process.wait()
+    started = time.monotonic()
+    stdout, _ = output.join(timeout=1)
+    assert time.monotonic() - started < 10 and output.cut_short and stdout == ["bye"]
