@@ -409,22 +409,28 @@ def question_hash(text: str) -> str:
     return hashlib.sha256(normalise(text).encode("utf-8")).hexdigest()[:16]
 
 
-def trained_on_record(model_name: str, version: str, destination: Path, registered=None) -> set[str] | None:
+def trained_on_record(model_name: str, version: str, destination: Path) -> set[str] | None:
     """The `question_hash`es a registered version learnt from; None for one registered before versions kept them and
-    never given one (`record_trained_on`). `registered`: the version's `ModelVersion`, where the caller has it."""
+    never given one (`record_trained_on`)."""
     import mlflow.artifacts
+
+    uri = _trained_on_uri(model_name, version)
+    if uri is None:
+        return None
+    local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(destination))
+    return set(json.loads(Path(local).read_text(encoding="utf-8"))["questions"])
+
+
+def _trained_on_uri(model_name: str, version: str, registered=None) -> str | None:
+    """Where a version's record of what it learnt from is: its own artifact, or the one `record_trained_on` gave it
+    (`registered`: the version's `ModelVersion`, where the caller has it); None where it has neither."""
     from mlflow.models import get_model_info
 
     artifacts = get_model_info(f"models:/{model_name}/{version}").flavors["python_function"].get("artifacts") or {}
     if TRAINED_ON in artifacts:
-        uri = f"models:/{model_name}/{version}/{artifacts[TRAINED_ON]['path']}"
-    else:
-        registered = registered or mlflow.MlflowClient().get_model_version(model_name, version)
-        uri = registered.tags.get(TRAINED_ON_TAG)
-        if uri is None:
-            return None
-    local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(destination))
-    return set(json.loads(Path(local).read_text(encoding="utf-8"))["questions"])
+        return f"models:/{model_name}/{version}/{artifacts[TRAINED_ON]['path']}"
+    registered = registered or mlflow.MlflowClient().get_model_version(model_name, version)
+    return registered.tags.get(TRAINED_ON_TAG)
 
 
 def record_trained_on(model_name: str, version: str, questions: list[str]) -> tuple[str, int, str | None]:
@@ -439,13 +445,13 @@ def record_trained_on(model_name: str, version: str, questions: list[str]) -> tu
 
     client = mlflow.MlflowClient()
     registered = client.get_model_version(model_name, version)  # MLflow's own error names a version that is not there
+    if _trained_on_uri(model_name, version, registered) is not None:  # asked, not downloaded
+        raise ConfigError(f"{model_name} v{version} has a record of the questions it learnt from already; "
+                          "a record is never replaced")
+    if not registered.run_id:
+        raise ConfigError(f"{model_name} v{version} was not registered from a run, so there is no run to keep "
+                          "its record in")
     with tempfile.TemporaryDirectory(prefix="tqc-trained-on-") as scratch:
-        if trained_on_record(model_name, version, Path(scratch), registered) is not None:
-            raise ConfigError(f"{model_name} v{version} has a record of the questions it learnt from already; "
-                              "a record is never replaced")
-        if not registered.run_id:
-            raise ConfigError(f"{model_name} v{version} was not registered from a run, so there is no run to keep "
-                              "its record in")
         hashes = {question_hash(text) for text in questions}
         record = _write_record(Path(scratch), hashes)
         folder = f"{TRAINED_ON}-v{version}"
