@@ -20,7 +20,7 @@ from typing import Callable
 
 from tqc.config import ConfigError, EvaluateParams, Params, load_params, redact_text
 from tqc.errors import input_errors
-from tqc.launched import record_input_error
+from tqc.launched import LOG_FORMAT, record_input_error
 from tqc.text import normalise
 from tqc.tracking import offline_mlflow, stage_run
 
@@ -645,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     offline_mlflow()  # before any command imports MLflow
     args = build_parser().parse_args(argv)
     args.argv = argv  # what a torchrun relaunch repeats
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=LOG_FORMAT)
     for noisy in ("httpx", "urllib3", "filelock", "great_expectations", "faiss", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:

@@ -95,6 +95,30 @@ def _check_own_gpu() -> None:
                           "each process trains on a GPU of its own, so torchrun's --nproc_per_node must not exceed them")
 
 
+def end_with_launcher() -> None:
+    """This process gets SIGTERM when the process that started it (torchrun) ends, however it ended. torchrun starts
+    its processes in sessions of their own and passes SIGTERM on to them, but a SIGKILLed torchrun (the OOM killer, a
+    worker's hard cancel) passes on nothing, and they would train on, holding their GPUs, for a run nobody waits for.
+    Linux only (prctl's PR_SET_PDEATHSIG); elsewhere it does nothing. The signal follows the thread that started this
+    process, which in torchrun is its agent's main loop, alive as long as the job."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        log.warning("distributed: prctl(PR_SET_PDEATHSIG) failed (errno %d): this process outlives a killed torchrun",
+                    ctypes.get_errno())
+        return
+    if os.getppid() != parent:  # the launcher ended before the request stood: no signal would ever come
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
 def setup(backend: str = "auto") -> None:
     """Join the process group torchrun described (no-op for one process or when joined already)."""
     import torch
@@ -102,6 +126,7 @@ def setup(backend: str = "auto") -> None:
 
     if world_size() <= 1 or dist.is_initialized():
         return
+    end_with_launcher()
     check_backend(backend)  # the GPU count is _check_own_gpu's, per rank
     cuda = torch.cuda.is_available()
     if cuda:

@@ -52,8 +52,9 @@ def launched_input_error(path: Path) -> LaunchedInputError | None:
 
 
 class FollowedOutput:
-    """A process's stdout and stderr (pipes), each line logged as `name: line` as it comes; the last `kept` of each,
-    and the first error lines (`…Error: …`, which under torchrun come before its own summary), are kept for an error
+    """A process's stdout and stderr (pipes), each line logged as `name: line` as it comes (a line in the tqc CLI's
+    log format at its own level, with its message alone); the last `kept` of each, and the first error lines
+    (`…Error: …`, which under torchrun come before its own summary, and ERROR records), are kept for an error
     message. The readers run in a copy of the caller's context, so a Prefect run's log handler knows whose lines they
     are. The process's pipes stay this process's: were it killed, the child's next write fails and the child ends,
     instead of running on unseen."""
@@ -93,6 +94,16 @@ def run_logging_lines(command: list[str], log: logging.Logger | logging.LoggerAd
 
 ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b.*:")  # an exception's last line: `RuntimeError: …`
 ERRORS_KEPT = 5
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # the tqc CLI's (cli.main), which RECORD_LINE reads back
+# A record of that format: its time and logger name are the launcher's own record's to say; its level is kept, so a
+# launched stage's warning is a warning in the launcher's log (a flow run's), not an INFO line that holds the word
+RECORD_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: (.*)$")
+
+
+def _level_and_message(line: str) -> tuple[int, str]:
+    """A tqc log record's level and message; any other line (a progress bar's, torchrun's, a traceback's) as INFO."""
+    record = RECORD_LINE.match(line)
+    return (logging.getLevelName(record.group(1)), record.group(2)) if record else (logging.INFO, line)
 
 
 def _log_lines(stream: IO[bytes], log: logging.Logger | logging.LoggerAdapter, name: str, tail: deque[str],
@@ -103,7 +114,8 @@ def _log_lines(stream: IO[bytes], log: logging.Logger | logging.LoggerAdapter, n
         line = raw.decode("utf-8", "replace").rstrip("\r\n").rsplit("\r", 1)[-1].strip()
         if line:
             tail.append(line)
-            if errors is not None and len(errors) < ERRORS_KEPT and ERROR_LINE.match(line):
-                errors.append(line)
-            log.info("%s: %s", name, line)
+            level, message = _level_and_message(line)
+            if errors is not None and len(errors) < ERRORS_KEPT and (level >= logging.ERROR or ERROR_LINE.match(line)):
+                errors.append(message)
+            log.log(level, "%s: %s", name, message)
     stream.close()

@@ -55,3 +55,36 @@ def test_a_child_that_outlives_the_process_is_not_waited_for():
     started = time.monotonic()
     stdout, _ = output.join(timeout=1)
     assert time.monotonic() - started < 10 and output.cut_short and stdout == ["bye"]
+
+
+class _Levels(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def emit(self, record):
+        self.seen.append((record.levelname, record.getMessage()))
+
+
+def test_a_tqc_log_line_keeps_its_level_and_loses_its_own_time_and_logger():
+    """A launched stage's warning was an INFO line in the flow run's logs, its time and logger name written twice."""
+    log = logging.getLogger("test.launched.levels")
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    levels = _Levels()
+    log.addHandler(levels)
+    child = ("import logging, sys; from tqc.launched import LOG_FORMAT; "
+             "logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stdout); "
+             "logging.getLogger('tqc.stages.stage_one').info('stage one: 12 rows'); "
+             "logging.getLogger('tqc.training').warning('no validation question for 2 classes'); "
+             "logging.getLogger('tqc.cli').error('the store cannot be reached'); "
+             "print('epoch 1/2: 100%|#####| 3/3 [00:01<00:00]')")
+    process = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    output = FollowedOutput(process, log, "stage-one")
+    process.wait()
+    output.join(timeout=30)
+    assert levels.seen == [("INFO", "stage-one: stage one: 12 rows"),
+                           ("WARNING", "stage-one: no validation question for 2 classes"),
+                           ("ERROR", "stage-one: the store cannot be reached"),
+                           ("INFO", "stage-one: epoch 1/2: 100%|#####| 3/3 [00:01<00:00]")]
+    assert output.errors == ["the store cannot be reached"]

@@ -399,3 +399,35 @@ def test_an_interrupted_launch_asks_torchrun_to_stop_its_processes_before_killin
     with pytest.raises(KeyboardInterrupt):
         _wait_for(launched)
     assert launched.calls == [("wait", None), "terminate", ("wait", 30)]  # stopped within the grace: no kill
+
+
+def _ended(pid: int) -> bool:
+    """No such process, or a zombie: reparented to a PID 1 that need not reap it."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_rank_ends_when_its_torchrun_is_killed_outright():
+    """A SIGKILLed torchrun passes nothing on: each rank asked at setup for a SIGTERM of its own when its launcher
+    ends. The stand-in launcher starts a 'rank' that asks (end_with_launcher) and sleeps, then is SIGKILLed."""
+    rank = ("import time; from tqc.distributed import end_with_launcher; end_with_launcher(); "
+            "print('asked', flush=True); time.sleep(120)")
+    launcher = ("import subprocess, sys, time; "
+                f"child = subprocess.Popen([sys.executable, '-c', {rank!r}], stdout=subprocess.PIPE, start_new_session=True); "
+                "child.stdout.readline(); print(child.pid, flush=True); time.sleep(120)")
+    started = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True)
+    try:
+        rank_pid = int(started.stdout.readline())
+        assert not _ended(rank_pid)
+        started.kill()
+        started.wait()
+        deadline = time.monotonic() + 20
+        while not _ended(rank_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _ended(rank_pid), "the rank outlived its SIGKILLed launcher"
+    finally:
+        started.kill()
