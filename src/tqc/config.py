@@ -351,9 +351,10 @@ class PromoteParams(Strict):
     tail_tolerance: float = Field(0.02, ge=0.0, le=1.0)  # allowed drop of tail-class macro-F1
     top_k: int = Field(5, ge=1)  # what the served model returns per question
     # How the registered version decides: standard (each class by its standard question, with the prior
-    # stage's shift: evaluate's ADMC) or exemplars (by its evaluate.exemplar_k nearest labeled training
-    # questions, no shift: evaluate's `exemplars`). The gate judges either on validation alike.
-    rule: Literal["standard", "exemplars"] = "standard"
+    # stage's shift: evaluate's ADMC), exemplars (by its evaluate.exemplar_k nearest labeled training
+    # questions, no shift: evaluate's `exemplars`) or auto (whichever answers more validation questions right,
+    # a tie the standard rule). The gate judges either on validation alike.
+    rule: Literal["standard", "exemplars", "auto"] = "standard"
 
     @field_validator("alias")
     @classmethod
@@ -579,9 +580,9 @@ class Params(Strict):
 
     @model_validator(mode="after")
     def _served_exemplars_have_a_k(self) -> "Params":
-        if self.promote.rule == "exemplars" and self.evaluate.exemplar_k == 0:
-            raise ValueError("promote.rule is 'exemplars' but evaluate.exemplar_k is 0: the rule scores each class by its "
-                             "exemplar_k nearest labeled questions, so set it (e.g. 2)")
+        if self.promote.rule in ("exemplars", "auto") and self.evaluate.exemplar_k == 0:
+            raise ValueError(f"promote.rule is {self.promote.rule!r} but evaluate.exemplar_k is 0: the exemplar rule scores "
+                             "each class by its exemplar_k nearest labeled questions, so set it (e.g. 2)")
         return self
 
     @model_validator(mode="after")
@@ -590,8 +591,10 @@ class Params(Strict):
             return self
         if self.promote.rule != "exemplars":
             raise ValueError("retrain.mode is 'refresh' (new labeled questions join the served exemplars, no training) but "
-                             "promote.rule is 'standard', whose answers only training changes: set promote.rule: exemplars, "
-                             "or retrain.mode: train")
+                             f"promote.rule is {self.promote.rule!r}, " + (
+                                 "whose answers only training changes" if self.promote.rule == "standard" else
+                                 "which can choose the standard-question rule, whose answers only training changes")
+                             + ": set promote.rule: exemplars, or retrain.mode: train")
         if not self.tracking.enabled:
             raise ValueError("retrain.mode is 'refresh', which refreshes the registry's champion, but tracking.enabled is "
                              "false: there is no registry; set tracking.enabled: true, or retrain.mode: train")

@@ -43,6 +43,8 @@ def test_serving_the_exemplar_rule_needs_a_k():
     with pytest.raises(ValueError, match="promote.rule is 'exemplars' but evaluate.exemplar_k is 0"):
         Params.model_validate({"promote": {"rule": "exemplars"}, "evaluate": {"exemplar_k": 0}})
     assert Params.model_validate({"promote": {"rule": "exemplars"}}).evaluate.exemplar_k == 2
+    with pytest.raises(ValueError, match="promote.rule is 'auto' but evaluate.exemplar_k is 0"):
+        Params.model_validate({"promote": {"rule": "auto"}, "evaluate": {"exemplar_k": 0}})
 
 
 def test_a_refresh_needs_the_exemplar_rule_and_a_registry():
@@ -51,6 +53,8 @@ def test_a_refresh_needs_the_exemplar_rule_and_a_registry():
     with pytest.raises(ValueError, match="tracking.enabled is false: there is no registry"):
         Params.model_validate({"retrain": {"mode": "refresh"}, "promote": {"rule": "exemplars"}, "tracking": {"enabled": False}})
     assert Params.model_validate({"retrain": {"mode": "refresh"}, "promote": {"rule": "exemplars"}}).retrain.mode == "refresh"
+    with pytest.raises(ValueError, match="promote.rule is 'auto', which can choose the standard-question rule"):
+        Params.model_validate({"retrain": {"mode": "refresh"}, "promote": {"rule": "auto"}})
 
 
 def test_a_registered_model_name_with_a_quote_is_refused(tmp_path):

@@ -5,6 +5,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -355,6 +356,49 @@ def test_the_registry_serves_the_exemplar_rule_with_the_training_rows_and_no_shi
     served = mlflow.pyfunc.load_model("models:/tqc-admc/2").predict(questions, params={"top_k": 2})
     local = local_matcher(model_dir, data_dir / "catalog.jsonl", 2, None, (tmp_path / "first_rows.jsonl", 1)).predict(None, questions)
     pd.testing.assert_frame_equal(served, local)  # v2 serves its registered copy of the rows as they were, k = 1
+
+
+def test_rule_auto_serves_the_rule_right_more_often_on_validation_and_says_so(tiny_model_dir, data_dir, tmp_path, registry):
+    """The shift sends every question to NUM under the standard rule, so validation prefers the exemplar rule: the
+    version registered serves it, and the gate's answers (through the registry) are the ones that chose it."""
+    import mlflow
+
+    from tqc.io import write_json
+
+    models = tmp_path / "models"
+    model_dir = untrained(tiny_model_dir, models / "stage_two")
+    catalog = Catalog.load(data_dir / "catalog.jsonl")
+    write_json(models / "prior.json", {"weights": [0.0, 1.0], "models": {"admc": {
+        "model": "stage_two", "weight": 1.0, "temperature": 0.1, "shift": {c: (100.0 if c == "NUM" else 0.0) for c in catalog.class_ids}}}})
+    with standalone_run("promote", registry) as tracker:
+        report = promote.run(data_dir, model_dir, models / "prior.json", PromoteParams(bootstrap_samples=200, rule="auto"),
+                             tmp_path / "p.json", tracker, exemplar_k=1)
+
+    from tqc.serving import question_hash
+
+    learnt = {question_hash(q.text) for q in load_questions(data_dir / "train.jsonl")}
+    validation = [q for q in load_questions(data_dir / "validation.jsonl") if question_hash(q.text) not in learnt]
+    chose = report["rule_on_validation"]  # judged on the validation questions the challenger did not learn from
+    assert report["rule"] == "exemplars" and chose["asked"] == "auto" and chose["n"] == len(validation)
+    assert chose["standard_accuracy"] < chose["exemplars_accuracy"]
+    assert chose["standard_accuracy"] == pytest.approx(sum(q.class_id == "NUM" for q in validation) / len(validation))
+    assert report["validation"]["challenger_accuracy"] == pytest.approx(chose["exemplars_accuracy"])  # what the registry serves
+    assert mlflow.MlflowClient().get_model_version("tqc-admc", report["challenger_version"]).tags["rule"] == "exemplars"
+    assert json.loads((tmp_path / "p.json").read_text())["rule_on_validation"] == chose
+
+
+def test_rule_auto_keeps_the_standard_rule_on_a_tie_and_with_nothing_to_judge(monkeypatch, tmp_path):
+    questions = [LabeledQuestion("what is a", "DESC"), LabeledQuestion("who is b", "HUM")]
+    answers = {"standard": ["DESC", "LOC"], "exemplars": ["DESC", "LOC"]}
+    monkeypatch.setattr(promote, "_local_top1", lambda model_dir, data_dir, prior_path, exemplars, asked:
+                        np.array(answers["exemplars" if exemplars else "standard"]))
+    assert promote._served_rule("auto", tmp_path, tmp_path, None, 2, questions)[0] == "standard"  # 0.5 against 0.5
+    answers["exemplars"] = ["DESC", "HUM"]
+    rule, figures = promote._served_rule("auto", tmp_path, tmp_path, None, 2, questions)
+    assert rule == "exemplars" and (figures["standard_accuracy"], figures["exemplars_accuracy"]) == (0.5, 1.0)
+    assert promote._served_rule("auto", tmp_path, tmp_path, None, 2, []) == (
+        "standard", {"asked": "auto", "n": 0, "standard_accuracy": None, "exemplars_accuracy": None})
+    assert promote._served_rule("exemplars", tmp_path, tmp_path, None, 2, questions) == ("exemplars", None)  # asked: not judged
 
 
 def _champion_v1(tiny_model_dir, data_dir, tmp_path, registry):

@@ -132,7 +132,7 @@ def rule_on_validation(metrics: dict) -> str:
     standard, nearest = metrics["validation"]["accuracy"], exemplars["validation"]["accuracy"]
     if nearest > standard:
         return (f"validation prefers the exemplar rule (accuracy {nearest:.4f} against the standard questions' "
-                f"{standard:.4f}): promote.rule: exemplars would serve it, if it passes the gate")
+                f"{standard:.4f}): promote.rule: exemplars, or auto, would serve it, if it passes the gate")
     return (f"validation keeps the standard-question rule (accuracy {standard:.4f}, the exemplar rule "
             f"{nearest:.4f}): promote.rule: standard")
 

@@ -36,7 +36,8 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         seed: int = 0, exemplar_k: int = 2, refresh: bool = False, refreshed_from: str | None = None) -> dict:
     """`prior_path`: the prior stage's file, registered with the model so that it serves with its class-prior shift.
     With `params.rule` exemplars the version serves the exemplar rule instead: the validated training rows
-    (`data_dir`/train.jsonl, what evaluate scored it with) and `exemplar_k` (evaluate's), and no shift.
+    (`data_dir`/train.jsonl, what evaluate scored it with) and `exemplar_k` (evaluate's), and no shift. With auto it
+    serves whichever of the two answers more validation questions right (`_served_rule`); the report says which and why.
     `refresh`: the challenger is the champion's encoder refreshed with grown labeled questions, judged against
     `params.refresh_min_improvement` (no worse) instead of `min_improvement`. `refreshed_from`: the version whose
     encoder it serves (default: the alias holder now), whose training questions its encoder learnt from; the alias can
@@ -74,7 +75,10 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         source_learnt = _source_learnt(params.model_name, refreshed_from, champion_version, champion_learnt)
         learnt = learnt | (source_learnt or set())
         record = learnt if source_learnt is not None else None  # unknown in part: no record rather than a short one
-    exemplars = (data_dir / "train.jsonl", exemplar_k) if params.rule == "exemplars" else None
+    validation = load_questions(data_dir / "validation.jsonl")
+    rule, rule_figures = _served_rule(params.rule, model_dir, data_dir, prior_path, exemplar_k,
+                                      [q for q in validation if question_hash(q.text) not in learnt])
+    exemplars = (data_dir / "train.jsonl", exemplar_k) if rule == "exemplars" else None
     version, registered_before, answers = register(model_dir, data_dir / "catalog.jsonl", None if exemplars else prior_path,
                                           params.model_name, params.top_k, exemplars, trained_on=record)
     if unreadable is not None and champion_version != version:
@@ -89,7 +93,6 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     same_answers = not is_champion and alias_holder is not None and answers == answers_of(
         client, params.model_name, alias_holder, model_dir, data_dir / "catalog.jsonl",
         None if exemplars else prior_path, exemplars)
-    validation = load_questions(data_dir / "validation.jsonl")
     unseen = _unseen(validation, learnt, None if is_champion else champion_learnt)
     gold = np.array([catalog.index(q.class_id) for q in unseen], dtype=int)
     tail_ids = tail_classes([q.class_id for q in train], catalog.class_ids, params.tail_fraction)
@@ -116,10 +119,12 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         decision = _same_answers(decision, champion_version)
     elif incomparable:
         decision = _incomparable(decision, champion_version, params)
-    report = _report(params, version, registered_before, champion_version, decision, gold, challenger, champion,
+    report = _report(params, rule, version, registered_before, champion_version, decision, gold, challenger, champion,
                      catalog.class_ids, len(validation))
+    if rule_figures is not None:
+        report["rule_on_validation"] = rule_figures
     write_json(report_path, report)
-    tracker.log_metrics({"promoted": int(decision.promote), **report["validation"],
+    tracker.log_metrics({"promoted": int(decision.promote), **report["validation"], **_rule_metrics(rule_figures),
                          **({"ci_low": decision.bootstrap.low, "ci_high": decision.bootstrap.high,
                              "difference": decision.bootstrap.difference} if decision.bootstrap else {})}, prefix="promotion.")
     tracker.log_artifact(report_path)
@@ -133,6 +138,46 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
              f"is now {params.alias}" if decision.promote else f"not promoted ({params.alias} stays v{champion_version})",
              "; ".join(decision.reasons))
     return report
+
+
+def _served_rule(asked: str, model_dir: Path, data_dir: Path, prior_path: Path | None, exemplar_k: int,
+                 questions: list[LabeledQuestion]) -> tuple[str, dict | None]:
+    """The rule the challenger serves, and with `promote.rule` auto what chose it: each rule's accuracy on the
+    validation questions the challenger did not learn from, each answered by the code the registry serves (the
+    standard questions with the class-prior shift, the exemplar rule without one). The exemplar rule must be right
+    more often to be chosen: a tie keeps the method's own rule. (Validation also chose the checkpoint and fitted the
+    shift, which the standard rule alone uses, so the comparison leans its way, and a choice of exemplars is firm.)"""
+    if asked != "auto":
+        return asked, None
+    if not questions:
+        log.warning("promote: rule auto, and no validation question is left to choose by: the standard-question rule")
+        return "standard", {"asked": "auto", "n": 0, "standard_accuracy": None, "exemplars_accuracy": None}
+    gold = np.array([q.class_id for q in questions])
+    accuracy = {rule: float(np.mean(_local_top1(model_dir, data_dir, prior_path, exemplars, questions) == gold))
+                for rule, exemplars in (("standard", None), ("exemplars", (data_dir / "train.jsonl", exemplar_k)))}
+    chosen = "exemplars" if accuracy["exemplars"] > accuracy["standard"] else "standard"
+    log.info("promote: rule auto: the %s rule (validation accuracy: standard questions %.4f, exemplar rule %.4f, "
+             "on %d questions)", chosen, accuracy["standard"], accuracy["exemplars"], len(questions))
+    return chosen, {"asked": "auto", "n": len(questions), "standard_accuracy": accuracy["standard"],
+                    "exemplars_accuracy": accuracy["exemplars"]}
+
+
+def _local_top1(model_dir: Path, data_dir: Path, prior_path: Path | None, exemplars: tuple[Path, int] | None,
+                questions: list[LabeledQuestion]) -> np.ndarray:
+    """(N,) each question's first answer (a class id) from the matcher a version would serve, loaded locally."""
+    import pandas as pd
+
+    from tqc.serving import local_matcher
+
+    matcher = local_matcher(model_dir, data_dir / "catalog.jsonl", 1, None if exemplars else prior_path, exemplars)
+    answers = matcher.predict(None, pd.DataFrame({"question": [q.text for q in questions]}), params={"top_k": 1})
+    return answers[answers["rank"] == 1]["class_id"].to_numpy()  # in question order
+
+
+def _rule_metrics(figures: dict | None) -> dict[str, float]:
+    if not figures or figures["n"] == 0:
+        return {}
+    return {"rule_standard_accuracy": figures["standard_accuracy"], "rule_exemplars_accuracy": figures["exemplars_accuracy"]}
 
 
 def _move_alias(client, params: PromoteParams, version: str) -> None:
@@ -235,7 +280,7 @@ def _nothing_unseen(total: int, tail_ids: list[str]) -> Decision:
                             "move the alias by hand"], None, tail_ids, None, None)
 
 
-def _report(params: PromoteParams, version: str, registered_before: bool, champion_version: str | None, decision,
+def _report(params: PromoteParams, rule: str, version: str, registered_before: bool, champion_version: str | None, decision,
             gold: np.ndarray, challenger: np.ndarray, champion: np.ndarray | None, class_ids: list[str],
             validation_total: int) -> dict:
     judged = len(gold) > 0
@@ -243,7 +288,7 @@ def _report(params: PromoteParams, version: str, registered_before: bool, champi
         "model_name": params.model_name,
         "alias": params.alias,
         "challenger_version": version,
-        "rule": params.rule,
+        "rule": rule,
         "challenger_registered_before": registered_before,  # the same content (tag content_digest) was there: not registered again
         "champion_version_before": champion_version,
         "champion_version_after": version if decision.promote else champion_version,
