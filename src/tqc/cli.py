@@ -641,6 +641,9 @@ def _log_fit(tracker, stage: str, result, history: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tqc import distributed
+
+    distributed.end_with_launcher()  # first: a torchrun killed while this rank starts up takes it along
     argv = sys.argv[1:] if argv is None else list(argv)
     offline_mlflow()  # before any command imports MLflow
     args = build_parser().parse_args(argv)

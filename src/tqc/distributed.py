@@ -96,23 +96,26 @@ def _check_own_gpu() -> None:
 
 
 def end_with_launcher() -> None:
-    """This process gets SIGTERM when the process that started it (torchrun) ends, however it ended. torchrun starts
-    its processes in sessions of their own and passes SIGTERM on to them, but a SIGKILLed torchrun (the OOM killer, a
-    worker's hard cancel) passes on nothing, and they would train on, holding their GPUs, for a run nobody waits for.
-    Linux only (prctl's PR_SET_PDEATHSIG); elsewhere it does nothing. The signal follows the thread that started this
-    process, which in torchrun is its agent's main loop, alive as long as the job."""
-    if not sys.platform.startswith("linux"):
+    """Under torchrun (TORCHELASTIC_RUN_ID, which it sets for its processes): this process gets SIGTERM when
+    torchrun ends, however it ended. torchrun starts its processes in sessions of their own and passes SIGTERM on to
+    them, but a SIGKILLed torchrun (the OOM killer, a worker's hard cancel) passes on nothing, and they would train
+    on, holding their GPUs, for a run nobody waits for, or wait half an hour for its store. Called first thing in
+    `cli.main`. Linux only (prctl's PR_SET_PDEATHSIG); elsewhere it does nothing. The signal follows the thread that
+    started this process, which in torchrun is its agent's main loop (restarts included), alive as long as the job."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
         return
     import ctypes
     import signal
 
-    parent = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         log.warning("distributed: prctl(PR_SET_PDEATHSIG) failed (errno %d): this process outlives a killed torchrun",
                     ctypes.get_errno())
         return
-    if os.getppid() != parent:  # the launcher ended before the request stood: no signal would ever come
+    # torchrun ended before the request stood, and no signal will ever come: this process belongs to init now. (Not
+    # told apart: a subreaper that took it in. Nor is the parent's command line checked: launchers that run torch's
+    # elastic agent in a process of their own, `accelerate launch` say, are not named torchrun.)
+    if os.getppid() == 1:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -126,7 +129,6 @@ def setup(backend: str = "auto") -> None:
 
     if world_size() <= 1 or dist.is_initialized():
         return
-    end_with_launcher()
     check_backend(backend)  # the GPU count is _check_own_gpu's, per rank
     cuda = torch.cuda.is_available()
     if cuda:

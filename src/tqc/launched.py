@@ -71,7 +71,8 @@ class FollowedOutput:
     def join(self, timeout: float | None = None) -> tuple[list[str], list[str]]:
         """Once the process ended: (the last lines of stdout, the last lines of stderr). `timeout`: how long to wait
         for the pipes to close; a child that outlived the process (a rank of a SIGKILLed torchrun, in a session of its
-        own) keeps them open, and what it writes after that is not waited for."""
+        own, where it cannot ask to end with it: off Linux, or killed with it while starting up) keeps them open, and
+        what it writes after that is not waited for."""
         deadline = None if timeout is None else time.monotonic() + timeout
         for reader in self._readers:
             reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -95,15 +96,20 @@ def run_logging_lines(command: list[str], log: logging.Logger | logging.LoggerAd
 ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b.*:")  # an exception's last line: `RuntimeError: …`
 ERRORS_KEPT = 5
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # the tqc CLI's (cli.main), which RECORD_LINE reads back
-# A record of that format: its time and logger name are the launcher's own record's to say; its level is kept, so a
-# launched stage's warning is a warning in the launcher's log (a flow run's), not an INFO line that holds the word
-RECORD_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: (.*)$")
+# A record of that format: its time is the launcher's own record's to say; its level is kept, so a launched stage's
+# warning is a warning in the launcher's log (a flow run's), not an INFO line that holds the word. Not anchored at the
+# start: a progress bar that cleared itself with no "\r" after it leaves its frame before the record.
+RECORD_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) ([^\s:]+): (.*)$")
 
 
 def _level_and_message(line: str) -> tuple[int, str]:
-    """A tqc log record's level and message; any other line (a progress bar's, torchrun's, a traceback's) as INFO."""
-    record = RECORD_LINE.match(line)
-    return (logging.getLevelName(record.group(1)), record.group(2)) if record else (logging.INFO, line)
+    """A log record's level and message (a logger outside tqc named before it: a library's warning is not the
+    stage's own); any other line (a progress bar's, torchrun's, a traceback's, a record's later lines) as INFO."""
+    record = RECORD_LINE.search(line)
+    if record is None:
+        return logging.INFO, line
+    level, logger, message = record.groups()
+    return logging.getLevelName(level), message if logger == "tqc" or logger.startswith("tqc.") else f"{logger}: {message}"
 
 
 def _log_lines(stream: IO[bytes], log: logging.Logger | logging.LoggerAdapter, name: str, tail: deque[str],
@@ -115,7 +121,9 @@ def _log_lines(stream: IO[bytes], log: logging.Logger | logging.LoggerAdapter, n
         if line:
             tail.append(line)
             level, message = _level_and_message(line)
-            if errors is not None and len(errors) < ERRORS_KEPT and (level >= logging.ERROR or ERROR_LINE.match(line)):
+            # Each rank writes its own copy of an error: kept once, so that copies do not crowd out the other errors
+            if (errors is not None and len(errors) < ERRORS_KEPT and message not in errors
+                    and (level >= logging.ERROR or ERROR_LINE.match(line))):
                 errors.append(message)
             log.log(level, "%s: %s", name, message)
     stream.close()

@@ -159,7 +159,8 @@ TERMINATE_GRACE_SECONDS = 30  # torchrun's own grace for its processes after SIG
 
 def _wait_for(launched: subprocess.Popen) -> int:
     """torchrun's exit status. Interrupted (a cancelled flow run, Ctrl-C), it is asked to stop first: torchrun passes
-    SIGTERM on to its processes, which run in sessions of their own and would outlive a SIGKILLed torchrun on the GPUs."""
+    SIGTERM on to its processes, which run in sessions of their own; killed outright, it would leave them to their own
+    request to end with it (`distributed.end_with_launcher`, Linux only)."""
     try:
         return launched.wait()
     except BaseException:

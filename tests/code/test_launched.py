@@ -78,6 +78,8 @@ def test_a_tqc_log_line_keeps_its_level_and_loses_its_own_time_and_logger():
              "logging.getLogger('tqc.stages.stage_one').info('stage one: 12 rows'); "
              "logging.getLogger('tqc.training').warning('no validation question for 2 classes'); "
              "logging.getLogger('tqc.cli').error('the store cannot be reached'); "
+             "logging.getLogger('tqc.cli').error('the store cannot be reached'); "  # a second rank's copy
+             "logging.getLogger('huggingface_hub').warning('offline'); "
              "print('epoch 1/2: 100%|#####| 3/3 [00:01<00:00]')")
     process = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     output = FollowedOutput(process, log, "stage-one")
@@ -86,5 +88,16 @@ def test_a_tqc_log_line_keeps_its_level_and_loses_its_own_time_and_logger():
     assert levels.seen == [("INFO", "stage-one: stage one: 12 rows"),
                            ("WARNING", "stage-one: no validation question for 2 classes"),
                            ("ERROR", "stage-one: the store cannot be reached"),
+                           ("ERROR", "stage-one: the store cannot be reached"),
+                           ("WARNING", "stage-one: huggingface_hub: offline"),  # not the stage's own: named
                            ("INFO", "stage-one: epoch 1/2: 100%|#####| 3/3 [00:01<00:00]")]
-    assert output.errors == ["the store cannot be reached"]
+    assert output.errors == ["the store cannot be reached"]  # once, not a copy per rank
+
+
+def test_a_record_after_a_progress_bars_frame_is_still_read_as_a_record():
+    from tqc.launched import _level_and_message
+
+    bar = "encoding:  50%|#####     | 1/2 [00:00<00:00]"
+    assert _level_and_message(bar + "2026-11-28 02:34:45,430 WARNING tqc.training: no gain") == (logging.WARNING, "no gain")
+    assert _level_and_message(bar) == (logging.INFO, bar)
+    assert _level_and_message("Traceback (most recent call last):") == (logging.INFO, "Traceback (most recent call last):")

@@ -412,14 +412,17 @@ def _ended(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_rank_ends_when_its_torchrun_is_killed_outright():
-    """A SIGKILLed torchrun passes nothing on: each rank asked at setup for a SIGTERM of its own when its launcher
-    ends. The stand-in launcher starts a 'rank' that asks (end_with_launcher) and sleeps, then is SIGKILLed."""
+    """A SIGKILLed torchrun passes nothing on: each rank asked at start for a SIGTERM of its own when its launcher
+    ends. The stand-in launcher starts a 'rank' (TORCHELASTIC_RUN_ID set, as torchrun sets it) that asks
+    (end_with_launcher) and sleeps, then is SIGKILLed."""
     rank = ("import time; from tqc.distributed import end_with_launcher; end_with_launcher(); "
             "print('asked', flush=True); time.sleep(120)")
-    launcher = ("import subprocess, sys, time; "
-                f"child = subprocess.Popen([sys.executable, '-c', {rank!r}], stdout=subprocess.PIPE, start_new_session=True); "
+    launcher = ("import os, subprocess, sys, time; "
+                f"child = subprocess.Popen([sys.executable, '-c', {rank!r}], stdout=subprocess.PIPE, start_new_session=True, "
+                "env={**os.environ, 'TORCHELASTIC_RUN_ID': 'test'}); "
                 "child.stdout.readline(); print(child.pid, flush=True); time.sleep(120)")
     started = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True)
+    rank_pid = None
     try:
         rank_pid = int(started.stdout.readline())
         assert not _ended(rank_pid)
@@ -431,3 +434,25 @@ def test_a_rank_ends_when_its_torchrun_is_killed_outright():
         assert _ended(rank_pid), "the rank outlived its SIGKILLed launcher"
     finally:
         started.kill()
+        if rank_pid is not None and not _ended(rank_pid):
+            os.kill(rank_pid, 9)
+
+
+def test_every_tqc_command_asks_to_end_with_its_launcher_before_anything_else(monkeypatch, tmp_path):
+    """cli.main asks first, so that a torchrun killed while a rank imports and reads its params takes the rank along;
+    outside torchrun the request is not made (a test's or a user's own process is not tied to its parent)."""
+    from tqc import cli
+
+    asked = []
+    monkeypatch.setattr(distributed, "end_with_launcher", lambda: asked.append("asked"))
+    assert cli.main(["--params", str(tmp_path / "none.yaml"), "ingest", "--out", str(tmp_path / "out"),
+                     "--quarantine", str(tmp_path / "q.jsonl"), "--report", str(tmp_path / "r.json")]) == 2  # no params file
+    assert asked == ["asked"]
+    monkeypatch.undo()
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    import ctypes
+
+    distributed.end_with_launcher()
+    libc, signal_number = ctypes.CDLL(None, use_errno=True), ctypes.c_int(-1)
+    libc.prctl(2, ctypes.byref(signal_number), 0, 0, 0)  # PR_GET_PDEATHSIG
+    assert signal_number.value == 0  # this (pytest's) process is not tied to its parent

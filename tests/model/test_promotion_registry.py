@@ -230,10 +230,10 @@ def test_a_refresh_that_ties_the_champion_is_promoted_and_a_training_that_ties_i
         (copy / "NOTE.txt").write_text(name)
         return copy
 
-    def promote_with(model_dir: Path, refresh: bool, top_k: int = 5) -> dict:
+    def promote_with(model_dir: Path, refresh: bool, top_k: int = 5) -> dict:  # the exemplar rule, as a refresh serves
         with standalone_run("promote", registry) as tracker:
-            return promote.run(data_dir, model_dir, None, PromoteParams(top_k=top_k), tmp_path / "p.json", tracker,
-                               refresh=refresh)
+            return promote.run(data_dir, model_dir, None, PromoteParams(top_k=top_k, rule="exemplars"), tmp_path / "p.json",
+                               tracker, refresh=refresh)
 
     assert promote_with(model, refresh=False)["promoted"]
     trained_tie = promote_with(copy_with_a_note("trained"), refresh=False)
@@ -658,6 +658,10 @@ def test_a_refresh_of_a_champion_without_a_record_registers_none_rather_than_a_s
     with standalone_run("promote", registry) as tracker:
         report = promote.run(data_dir, refreshed, None, PromoteParams(), tmp_path / "p.json", tracker, refresh=True)
     assert report["challenger_version"] != version
+    # A refresh serves the exemplar rule whatever promote.rule says (a run that trains judging the last run's refresh):
+    # registered as `standard`, it was the champion's encoder without its class-prior shift
+    assert report["rule"] == "exemplars"
+    assert mlflow.MlflowClient().get_model_version("tqc-admc", report["challenger_version"]).tags["rule"] == "exemplars"
     assert serving.trained_on_record("tqc-admc", report["challenger_version"], tmp_path / "record") is None
 
 
