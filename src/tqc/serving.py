@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import numbers
+import os
 from pathlib import Path
 
 import mlflow.pyfunc
@@ -133,7 +134,9 @@ def _encoded_exemplars(model, rows, model_digest: dict | None, exemplars_file: P
 
     The key is the sha256 of the model folder and of the questions `rows` holds, not of the file: a file
     appended to after `rows` were read would otherwise key the old rows' vectors under its new content. A new
-    entry replaces the one this model made of the same file before, so the folder keeps one per model and file."""
+    entry replaces the one this model made of the same file before, so the folder keeps one per model and file, and
+    only the `EXEMPLAR_CACHE_ENTRIES` used last: each retrain is a new model, whose entries would otherwise pile up
+    (TREC-50's rows take 7.7 MB an entry)."""
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file, save_file
@@ -152,6 +155,7 @@ def _encoded_exemplars(model, rows, model_digest: dict | None, exemplars_file: P
         try:
             vectors = load_file(path)["vectors"]
             if vectors.ndim == 2 and vectors.shape[0] == len(rows) and bool(torch.isfinite(vectors).all()):
+                _touch(path)  # used: kept over entries used longer ago
                 return vectors  # else damaged: encoded again and replaced
         except (SafetensorError, KeyError, OSError):  # a damaged entry is encoded again and replaced
             pass
@@ -162,10 +166,33 @@ def _encoded_exemplars(model, rows, model_digest: dict | None, exemplars_file: P
         for older in Path(cache_dir).glob(f"{slot}-*.safetensors"):
             if older != path:
                 older.unlink(missing_ok=True)
+        _keep_the_last_used(Path(cache_dir), EXEMPLAR_CACHE_ENTRIES)
     except OSError as exc:  # a cache that cannot be written (read-only home, full disk) costs time, never the answers
         logging.getLogger(__name__).warning("exemplar cache %s not written (%s): the questions are encoded again next time; "
                                             "--exemplar-cache none skips the cache", cache_dir, exc)
     return vectors
+
+
+EXEMPLAR_CACHE_ENTRIES = 16  # models × exemplar files whose vectors `tqc predict` keeps, the ones used last
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:  # a read-only cache still serves; it only forgets what was used last
+        pass
+
+
+def _keep_the_last_used(cache_dir: Path, kept: int) -> None:
+    """Deletes all but the `kept` entries used (written or read) last. Another process may delete one first."""
+    def last_used(entry: Path) -> float:
+        try:
+            return entry.stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
+
+    for stale in sorted(cache_dir.glob("*.safetensors"), key=last_used, reverse=True)[kept:]:
+        stale.unlink(missing_ok=True)
 
 
 def encoding_code() -> dict[str, str]:

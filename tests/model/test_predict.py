@@ -605,3 +605,29 @@ def test_predict_scores_a_long_file_in_chunks_with_the_answers_of_one_pass(tiny_
         for one_pass, chunked in zip(answers[len(questions)], answers[5]):
             assert [a["class_id"] for a in chunked["top_k"]] == [a["class_id"] for a in one_pass["top_k"]]
             assert [a["score"] for a in chunked["top_k"]] == pytest.approx([a["score"] for a in one_pass["top_k"]], abs=1e-5)
+
+
+def test_the_exemplar_cache_keeps_the_entries_used_last_and_forgets_older_models(tiny_model_dir, tmp_path, monkeypatch):
+    """Each retrain is a new model folder, so its entries are new ones: the folder once grew by one entry a model for
+    good. It keeps the EXEMPLAR_CACHE_ENTRIES used last; an entry read is used, so it outlives older writes."""
+    import os
+
+    from tqc import serving
+    from tqc.schema import LabeledQuestion
+
+    monkeypatch.setattr(serving, "EXEMPLAR_CACHE_ENTRIES", 3)
+    cache = tmp_path / "cache"
+    torch.manual_seed(0)
+    model = tiny_bi_encoder(tiny_model_dir).eval()
+    rows = [LabeledQuestion("where is paris", "loc"), LabeledQuestion("who wrote it", "hum")]
+    for n in range(4):  # four models' entries, each a second later than the one before
+        serving._encoded_exemplars(model, rows, {"weights": f"model {n}"}, tmp_path / "train.jsonl", cache)
+        for entry in cache.glob("*.safetensors"):
+            os.utime(entry, (entry.stat().st_mtime - 1, entry.stat().st_mtime - 1))
+    assert len(list(cache.glob("*.safetensors"))) == 3  # model 0's went
+    first_kept = min(cache.glob("*.safetensors"), key=lambda entry: entry.stat().st_mtime)
+    read = serving._encoded_exemplars(model, rows, {"weights": "model 1"}, tmp_path / "train.jsonl", cache)
+    assert read.shape == (2, model.question.encode(["x"]).shape[1])
+    serving._encoded_exemplars(model, rows, {"weights": "model 4"}, tmp_path / "train.jsonl", cache)
+    kept = {entry.name for entry in cache.glob("*.safetensors")}
+    assert len(kept) == 3 and first_kept.name in kept  # model 1's was read last-but-one, so model 2's went instead
