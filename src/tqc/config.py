@@ -426,7 +426,7 @@ class RetrainParams(Strict):
     retries: int = Field(2, ge=0)  # for steps that can flake (training, the registry)
     retry_delay_seconds: float = Field(10.0, ge=0.0)
     push: bool = True  # dvc push after the commit when a DVC remote is configured
-    # train: the pipeline's stages on the grown data. refresh (promote.rule exemplars only): no training;
+    # train: the pipeline's stages on the grown data. refresh (promote.rule exemplars or auto): no training;
     # the champion's encoder serves the grown data's labeled questions as its exemplars, judged by the gate.
     mode: Literal["train", "refresh"] = "train"
 
@@ -589,12 +589,10 @@ class Params(Strict):
     def _refresh_serves_exemplars(self) -> "Params":
         if self.retrain.mode != "refresh":
             return self
-        if self.promote.rule != "exemplars":
+        if self.promote.rule == "standard":  # auto: a refresh serves the exemplar rule, and must win to change the rule
             raise ValueError("retrain.mode is 'refresh' (new labeled questions join the served exemplars, no training) but "
-                             f"promote.rule is {self.promote.rule!r}, " + (
-                                 "whose answers only training changes" if self.promote.rule == "standard" else
-                                 "which can choose the standard-question rule, whose answers only training changes")
-                             + ": set promote.rule: exemplars, or retrain.mode: train")
+                             "promote.rule is 'standard', whose answers only training changes: set promote.rule: exemplars "
+                             "(or auto), or retrain.mode: train")
         if not self.tracking.enabled:
             raise ValueError("retrain.mode is 'refresh', which refreshes the registry's champion, but tracking.enabled is "
                              "false: there is no registry; set tracking.enabled: true, or retrain.mode: train")

@@ -387,6 +387,28 @@ def test_rule_auto_serves_the_rule_right_more_often_on_validation_and_says_so(ti
     assert json.loads((tmp_path / "p.json").read_text())["rule_on_validation"] == chose
 
 
+def test_under_auto_a_refresh_that_would_change_a_standard_champions_rule_must_win(tiny_model_dir, data_dir, tmp_path,
+                                                                                    registry):
+    """A refresh serves the exemplar rule. Against a champion serving the standard rule it is a change of rule, which
+    auto makes only where the exemplar rule wins; with promote.rule exemplars, asked for, it need only be no worse."""
+    model = untrained(tiny_model_dir, tmp_path / "model")
+
+    def promote_with(rule: str, refresh: bool) -> dict:
+        with standalone_run("promote", registry) as tracker:
+            return promote.run(data_dir, model, None, PromoteParams(bootstrap_samples=200, rule=rule), tmp_path / "p.json",
+                               tracker, exemplar_k=1, refresh=refresh)
+
+    assert promote_with("standard", refresh=False)["rule"] == "standard"  # v1, the champion
+    under_auto = promote_with("auto", refresh=True)
+    assert under_auto["rule"] == "exemplars" and under_auto["reasons"][0].startswith(
+        "promote.rule auto: the champion, v1, serves the standard-question rule")
+    assert under_auto["bootstrap"]["low"] > 0 if under_auto["promoted"] else True  # judged by min_improvement 0
+    asked_for = promote_with("exemplars", refresh=True)
+    champion_rule = "exemplars" if under_auto["promoted"] else "standard"
+    assert asked_for["reasons"][0].startswith("a refresh of the champion's encoder needs only to be no worse") or (
+        champion_rule == "exemplars" and asked_for["reasons"][0].startswith("the challenger is the champion"))
+
+
 def test_rule_auto_keeps_the_standard_rule_on_a_tie_and_with_nothing_to_judge(monkeypatch, tmp_path):
     questions = [LabeledQuestion("what is a", "DESC"), LabeledQuestion("who is b", "HUM")]
     answers = {"standard": ["DESC", "LOC"], "exemplars": ["DESC", "LOC"]}

@@ -39,7 +39,8 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     (`data_dir`/train.jsonl, what evaluate scored it with) and `exemplar_k` (evaluate's), and no shift. With auto it
     serves whichever of the two answers more validation questions right (`_served_rule`); the report says which and why.
     `refresh`: the challenger is the champion's encoder refreshed with grown labeled questions, judged against
-    `params.refresh_min_improvement` (no worse) instead of `min_improvement`. `refreshed_from`: the version whose
+    `params.refresh_min_improvement` (no worse) instead of `min_improvement`; under `rule` auto, only where the
+    champion serves the exemplar rule already (else the refresh would change the rule, which must win). `refreshed_from`: the version whose
     encoder it serves (default: the alias holder now), whose training questions its encoder learnt from; the alias can
     have moved since the refresh downloaded it.
 
@@ -105,13 +106,23 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         incomparable = not is_champion and champion is not None and bool(np.any(champion < 0))
         if incomparable:
             champion = None
-        gate = params.model_copy(update={"min_improvement": params.refresh_min_improvement}) if refresh else params
+        # Under auto, a refresh that would switch a standard-rule champion to the exemplar rule is a change of rule,
+        # which auto makes only where the exemplar rule wins: it is judged as a training is, not as no worse
+        switches_rule = refresh and params.rule == "auto" and alias_holder is not None and \
+            alias_holder.tags.get("rule", "standard") != "exemplars"
+        lenient = refresh and not switches_rule
+        gate = params.model_copy(update={"min_improvement": params.refresh_min_improvement}) if lenient else params
         decision = decide(gold, challenger, champion, np.array([catalog.index(c) for c in tail_ids]), tail_ids, gate, seed)
         decision = replace(decision, reasons=decision.reasons + _left_out_reasons(
             len(validation), len(unseen), None if is_champion else champion_version, champion_learnt))
-        if refresh and champion is not None:
+        if lenient and champion is not None:
             decision = replace(decision, reasons=["a refresh of the champion's encoder needs only to be no worse: the "
                                                   "bound is promote.refresh_min_improvement"] + decision.reasons)
+        elif switches_rule and champion is not None:
+            decision = replace(decision, reasons=[
+                f"promote.rule auto: the champion, v{champion_version}, serves the standard-question rule, and this "
+                "refresh the exemplar rule: a change of rule must win (promote.min_improvement), not only be no worse"]
+                + decision.reasons)
     else:  # every validation question is one the champion or the challenger learnt from
         challenger, champion, incomparable = gold, gold, False
         decision = _nothing_unseen(len(validation), tail_ids)
