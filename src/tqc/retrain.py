@@ -11,7 +11,7 @@ New labeled questions arrive as files in an inbox. A retrain:
    labeled files, each judged by the validate stage's own contract against the current data
    (`tqc.incoming.check_batch`). Rejected rows go to quarantine with file, line and reason.
 3. `train` / `judge`: the pipeline's stage functions on the staged data, then the promotion
-   gate against the registry's champion. With `retrain.mode: refresh` (the exemplar rule only)
+   gate against the registry's champion. With `retrain.mode: refresh` (it serves the exemplar rule; promote.rule exemplars or auto)
    `refresh` replaces `train`: the champion's encoder, untrained, serves the grown data's
    labeled questions, and the same gate judges it.
 4. `commit`: the staged additions replace data/raw atomically, `dvc add` records the new data
@@ -398,9 +398,12 @@ def refresh(params: Params, staged: Staged, staging: Path) -> Trained:
 
     champion = champion_model(params.promote.model_name, params.promote.alias, staging / "champion")  # first: it may not exist
     if champion.rule != "exemplars" or champion.exemplar_k != params.evaluate.exemplar_k:
+        must_win = champion.rule != "exemplars" and params.promote.rule != "exemplars"  # promote's bound for it
         log.warning("retrain: refresh: %s v%s serves the %s rule%s; this refresh serves the exemplar rule with k = %d, "
-                    "so the gate also judges that change", params.promote.model_name, champion.version, champion.rule,
-                    f" with k = {champion.exemplar_k}" if champion.exemplar_k else "", params.evaluate.exemplar_k)
+                    "so the gate also judges that change%s", params.promote.model_name, champion.version, champion.rule,
+                    f" with k = {champion.exemplar_k}" if champion.exemplar_k else "", params.evaluate.exemplar_k,
+                    f" (promote.rule {params.promote.rule}: a change of rule must win, by promote.min_improvement)"
+                    if must_win else "")
     data = validated_data(_with_additions(params, staged.raw), staging / "data")
     log.info("retrain: refresh: the encoder of %s v%s with %s's labeled questions as exemplars, no training",
              params.promote.model_name, champion.version, data / "train.jsonl")

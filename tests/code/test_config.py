@@ -47,7 +47,7 @@ def test_serving_the_exemplar_rule_needs_a_k():
         Params.model_validate({"promote": {"rule": "auto"}, "evaluate": {"exemplar_k": 0}})
 
 
-def test_a_refresh_needs_the_exemplar_rule_and_a_registry():
+def test_a_refresh_refuses_the_standard_rule_and_needs_a_registry():
     with pytest.raises(ValueError, match="retrain.mode is 'refresh' .* but promote.rule is 'standard'"):
         Params.model_validate({"retrain": {"mode": "refresh"}})
     with pytest.raises(ValueError, match="tracking.enabled is false: there is no registry"):

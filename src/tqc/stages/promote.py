@@ -39,8 +39,8 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     (`data_dir`/train.jsonl, what evaluate scored it with) and `exemplar_k` (evaluate's), and no shift. With auto it
     serves whichever of the two answers more validation questions right (`_served_rule`); the report says which and why.
     `refresh`: the challenger is the champion's encoder refreshed with grown labeled questions, judged against
-    `params.refresh_min_improvement` (no worse) instead of `min_improvement`; under `rule` auto, only where the
-    champion serves the exemplar rule already (else the refresh would change the rule, which must win). `refreshed_from`: the version whose
+    `params.refresh_min_improvement` (no worse) instead of `min_improvement`, where the champion serves the
+    exemplar rule already or `params.rule` asks for it (else the refresh changes the rule, which must win). `refreshed_from`: the version whose
     encoder it serves (default: the alias holder now), whose training questions its encoder learnt from; the alias can
     have moved since the refresh downloaded it.
 
@@ -106,9 +106,10 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         incomparable = not is_champion and champion is not None and bool(np.any(champion < 0))
         if incomparable:
             champion = None
-        # Under auto, a refresh that would switch a standard-rule champion to the exemplar rule is a change of rule,
-        # which auto makes only where the exemplar rule wins: it is judged as a training is, not as no worse
-        switches_rule = refresh and params.rule == "auto" and alias_holder is not None and \
+        # A refresh that would switch a standard-rule champion to the exemplar rule is a change of rule. Only
+        # promote.rule exemplars asks for that rule outright; under auto (or standard, in a run judging an earlier
+        # run's refresh) it must win, as a training must, not only be no worse
+        switches_rule = refresh and params.rule != "exemplars" and alias_holder is not None and \
             alias_holder.tags.get("rule", "standard") != "exemplars"
         lenient = refresh and not switches_rule
         gate = params.model_copy(update={"min_improvement": params.refresh_min_improvement}) if lenient else params
@@ -120,7 +121,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
                                                   "bound is promote.refresh_min_improvement"] + decision.reasons)
         elif switches_rule and champion is not None:
             decision = replace(decision, reasons=[
-                f"promote.rule auto: the champion, v{champion_version}, serves the standard-question rule, and this "
+                f"promote.rule {params.rule}: the champion, v{champion_version}, serves the standard-question rule, and this "
                 "refresh the exemplar rule: a change of rule must win (promote.min_improvement), not only be no worse"]
                 + decision.reasons)
     else:  # every validation question is one the champion or the challenger learnt from
