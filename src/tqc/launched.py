@@ -62,9 +62,11 @@ class FollowedOutput:
     def __init__(self, process: subprocess.Popen, log: logging.Logger | logging.LoggerAdapter, name: str, kept: int = 40):
         self.tails: dict[str, deque[str]] = {"stdout": deque(maxlen=kept), "stderr": deque(maxlen=kept)}
         self.errors: list[str] = []
+        # A process started with stderr=STDOUT has one stream, read in the order it was written (its stderr tail stays
+        # empty)
         self._readers = [threading.Thread(target=contextvars.copy_context().run, daemon=True,
                                           args=(_log_lines, stream, log, name, self.tails[label], self.errors))
-                         for label, stream in (("stdout", process.stdout), ("stderr", process.stderr))]
+                         for label, stream in (("stdout", process.stdout), ("stderr", process.stderr)) if stream is not None]
         for reader in self._readers:
             reader.start()
 

@@ -114,7 +114,7 @@ class StageLaunchFailed(RuntimeError):
     """A training stage's torchrun processes failed other than on an input error; it says their last lines."""
 
 
-LAST_LINES_SAID = 20  # of the launched processes' standard error, in StageLaunchFailed's message (all of it is logged)
+LAST_LINES_SAID = 20  # of the launched processes' output, in StageLaunchFailed's message (all of it is logged)
 OUTPUT_GRACE_SECONDS = 30  # after torchrun ended, for its processes' last lines
 
 
@@ -133,10 +133,12 @@ class _Launcher:
         _release_cuda_cache()  # this process's cached blocks (mining's model, say) would crowd rank 0's GPU
         log.info("distributed: launching %s", " ".join(launch))
         environment = {**os.environ, ERROR_FILE_ENV: str(error_file), "PYTHONUNBUFFERED": "1"}  # lines as they come
-        launched = subprocess.Popen(launch, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # One pipe for both streams: the lines stay in the order the processes wrote them (two pipes, read by two
+        # threads, interleave as the threads happen to run), in the log and in the failure's last lines
+        launched = subprocess.Popen(launch, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         output = FollowedOutput(launched, log, command)  # its lines in this process's log: a flow run's, say
         status = _wait_for(launched)
-        _, last_lines = output.join(timeout=OUTPUT_GRACE_SECONDS)
+        last_lines, _ = output.join(timeout=OUTPUT_GRACE_SECONDS)
         if output.cut_short:
             log.warning("%s: torchrun ended (status %s) but a process of its still holds its output; not waiting for it",
                         command, status)

@@ -324,18 +324,25 @@ def test_a_launch_that_fails_says_its_processes_last_lines_and_logs_every_line(t
     from tqc.pipeline import StageLaunchFailed, _Launcher
 
     # as torchrun writes it: a rank's traceback, then 25 lines of torchrun's own summary after it
-    crash = ("import sys\nprint('stage one: epoch 1')\n"
+    crash = ("import sys\nprint('stage one: epoch 1', flush=True)\n"
              "sys.stderr.write('Traceback (most recent call last):\\n  File x\\nRuntimeError: out of memory\\n')\n"
+             "sys.stderr.flush(); print('a rank writing on', flush=True)\n"
              "sys.stderr.write('torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \\n')\n"
-             "sys.stderr.write(''.join(f'summary line {i}\\n' for i in range(25)))\nsys.exit(1)")
+             "sys.stderr.write(''.join(f'summary line {i}\\n' for i in range(25)))\nsys.stderr.flush()\n"
+             "print('the last line, on stdout', flush=True)\nsys.exit(1)")
     monkeypatch.setattr(distributed, "relaunch_command", lambda processes, arguments: [sys.executable, "-c", crash])
     with caplog.at_level("INFO", logger="tqc.pipeline"), pytest.raises(StageLaunchFailed) as failed:
         _Launcher(tmp_path / "params.launched.yaml", 2)("stage-one", {"history": tmp_path / "h.csv"}, None, None)
     message = str(failed.value)
-    assert "exited with status 1" in message and message.endswith("summary line 24")
+    # stdout's lines too, in the order written: the message's last lines were standard error's alone
+    assert "exited with status 1" in message and message.endswith("summary line 24\nthe last line, on stdout")
     assert "their errors:\n  RuntimeError: out of memory\n  torch.distributed.elastic" in message  # the rank's cause
     said = [r.getMessage() for r in caplog.records if r.name == "tqc.pipeline"]
     assert "stage-one: stage one: epoch 1" in said and "stage-one: RuntimeError: out of memory" in said
+    # stdout and stderr in one stream: in the order written, in the log as in the message
+    order = [line for line in said if line in ("stage-one: stage one: epoch 1", "stage-one: RuntimeError: out of memory",
+                                               "stage-one: a rank writing on")]
+    assert order == ["stage-one: stage one: epoch 1", "stage-one: RuntimeError: out of memory", "stage-one: a rank writing on"]
 
 
 def test_a_chain_already_inside_torchrun_or_asked_for_one_process_launches_nothing(monkeypatch, tmp_path, caplog):
