@@ -21,6 +21,13 @@ from tqc.config import PromoteParams
 from tqc.metrics import per_class_prf
 
 
+def refresh_changes_rule(asked: str, champion_rule: str) -> bool:
+    """Whether a refresh, which serves the exemplar rule, would switch a champion serving `champion_rule` to that
+    rule without `promote.rule` (`asked`) asking for it outright. Such a change must win the gate
+    (`min_improvement`), as a training must, not only be no worse (`refresh_min_improvement`)."""
+    return champion_rule != "exemplars" and asked != "exemplars"
+
+
 @dataclass(frozen=True)
 class BootstrapResult:
     difference: float  # challenger − champion accuracy on the observed questions

@@ -398,7 +398,9 @@ def refresh(params: Params, staged: Staged, staging: Path) -> Trained:
 
     champion = champion_model(params.promote.model_name, params.promote.alias, staging / "champion")  # first: it may not exist
     if champion.rule != "exemplars" or champion.exemplar_k != params.evaluate.exemplar_k:
-        must_win = champion.rule != "exemplars" and params.promote.rule != "exemplars"  # promote's bound for it
+        from tqc.promotion import refresh_changes_rule
+
+        must_win = refresh_changes_rule(params.promote.rule, champion.rule)  # promote's bound for it
         log.warning("retrain: refresh: %s v%s serves the %s rule%s; this refresh serves the exemplar rule with k = %d, "
                     "so the gate also judges that change%s", params.promote.model_name, champion.version, champion.rule,
                     f" with k = {champion.exemplar_k}" if champion.exemplar_k else "", params.evaluate.exemplar_k,

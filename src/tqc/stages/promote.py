@@ -21,7 +21,7 @@ import numpy as np
 
 from tqc.config import PromoteParams
 from tqc.io import write_json
-from tqc.promotion import Decision, class_changes, decide, tail_classes
+from tqc.promotion import Decision, class_changes, decide, refresh_changes_rule, tail_classes
 from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.tracking import Tracker, offline_mlflow
 
@@ -106,11 +106,10 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         incomparable = not is_champion and champion is not None and bool(np.any(champion < 0))
         if incomparable:
             champion = None
-        # A refresh that would switch a standard-rule champion to the exemplar rule is a change of rule. Only
-        # promote.rule exemplars asks for that rule outright; under auto (or standard, in a run judging an earlier
-        # run's refresh) it must win, as a training must, not only be no worse
-        switches_rule = refresh and params.rule != "exemplars" and alias_holder is not None and \
-            alias_holder.tags.get("rule", "standard") != "exemplars"
+        # Under auto (or standard, in a run judging an earlier run's refresh), a refresh that would switch a
+        # standard-rule champion to the exemplar rule must win
+        switches_rule = refresh and alias_holder is not None and refresh_changes_rule(
+            params.rule, alias_holder.tags.get("rule", "standard"))
         lenient = refresh and not switches_rule
         gate = params.model_copy(update={"min_improvement": params.refresh_min_improvement}) if lenient else params
         decision = decide(gold, challenger, champion, np.array([catalog.index(c) for c in tail_ids]), tail_ids, gate, seed)
