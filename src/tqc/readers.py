@@ -34,6 +34,15 @@ class ReaderError(ValueError):
     """The file as a whole is unusable (missing, empty, wrong columns)."""
 
 
+class RowsRejected(ReaderError):
+    """A file whose rows were rejected, all or too many of them, so the stage stops: `rejected` holds every one, for
+    the stage to quarantine (the error itself names only the first few)."""
+
+    def __init__(self, message: str, rejected: list[RejectedRow]):
+        super().__init__(message)
+        self.rejected = rejected
+
+
 @dataclass(frozen=True)
 class RejectedRow:
     file: str
@@ -553,7 +562,7 @@ def _file_and_line(source: str | None) -> str:
     return f"{file}, line {line}" if line.isdigit() else source
 
 
-UNREADABLE_HINT = "only once the file reads as intended: fix it, or raise the fraction"
+UNREADABLE_HINT = "fix the file, or raise the fraction"
 
 
 MAX_REJECTED_SHOWN = 10  # rejected lines a stopping error names (a file in another format rejects every line)
@@ -567,12 +576,11 @@ def require_rows(result: ReadResult, path: Path, max_rejected_fraction: float = 
     more = f"; and {len(result.rejected) - MAX_REJECTED_SHOWN} more" if len(result.rejected) > MAX_REJECTED_SHOWN else ""
     why = f"; rejected {shown}{more}" if result.rejected else ""
     if not result.rows:
-        raise ReaderError(f"{path}: no usable rows ({len(result.rejected)} rejected{why})")
+        raise RowsRejected(f"{path}: no usable rows ({len(result.rejected)} rejected{why})", result.rejected)
     read = len(result.rows) + len(result.rejected)
     if len(result.rejected) > max_rejected_fraction * read:
-        raise ReaderError(f"{path}: {len(result.rejected)} of {read} rows rejected, more than data.max_rejected_fraction "
-                          f"({max_rejected_fraction:g}) of the file{why}; every one is listed in the quarantine file "
-                          f"{hint}")
+        raise RowsRejected(f"{path}: {len(result.rejected)} of {read} rows rejected, more than data.max_rejected_fraction "
+                           f"({max_rejected_fraction:g}) of the file{why}: {hint}", result.rejected)
     return result
 
 
@@ -704,7 +712,7 @@ def _read_custom(params: DataParams) -> DatasetSplits:
         train = labels_read_as_catalog(train, known)
     if custom.unknown_labels == "quarantine":
         train = require_rows(_unknown_labels_rejected(train, known, root / custom.catalog), train_path, limit,
-                             "once ingest runs: add the labels to data.custom.catalog, set data.custom.unknown_labels: "
+                             "add the labels to data.custom.catalog, set data.custom.unknown_labels: "
                              "derive, or raise the fraction")
     # Only training labels may create classes: a test label outside them is the validate stage's business.
     derived = [q for q in with_derived_classes(known, train.rows).questions if q.derived]

@@ -1,5 +1,6 @@
 import codecs
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -357,6 +358,28 @@ def test_rows_left_out_by_the_imbalance_ratio_are_counted_in_the_report(tmp_path
     assert "imbalance" not in balanced
 
 
+def test_a_validation_split_far_over_the_asked_fraction_is_warned_and_reported(tmp_path, caplog):
+    """With 3 rows a class, one row each is a third of train, not validation_fraction's 0.1: said, not silent."""
+    from tqc.stages import ingest
+
+    rows = b"".join(b"%s question %d,%s\n" % (label, i, label) for label in (b"a", b"b", b"c") for i in range(3))
+    write(tmp_path, "train.csv", b"text,label\n" + rows)
+    write(tmp_path, "test.csv", b"text,label\nheld out,a\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None, validation_fraction=0.1,
+                        custom={"train": "train.csv", "test": "test.csv"})
+    with caplog.at_level(logging.WARNING, logger="tqc.stages.ingest"):
+        report = ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
+    assert report["rows"]["validation"] == 3 and report["validation_share_of_train"] == round(3 / 9, 4)
+    assert "the validation split took 3 of the 9 training rows (33%), more than data.validation_fraction 0.1" in caplog.text
+
+    caplog.clear()  # at 20 rows a class the split takes what was asked: no warning
+    rows = b"".join(b"%s question %d,%s\n" % (label, i, label) for label in (b"a", b"b") for i in range(20))
+    write(tmp_path, "train.csv", b"text,label\n" + rows)
+    with caplog.at_level(logging.WARNING, logger="tqc.stages.ingest"):
+        report = ingest.run(params, 0, tmp_path / "out2", tmp_path / "q2.jsonl", tmp_path / "r2.json")
+    assert report["validation_share_of_train"] == 0.1 and "validation split took" not in caplog.text
+
+
 def test_the_retrain_flows_added_rows_are_counted_as_read_so_every_row_read_is_kept_or_quarantined(tmp_path):
     """The report read 120 + 15 rows, kept 137 and quarantined 2: the additions' 4 rows were in no count."""
     from tqc.stages import ingest
@@ -665,10 +688,35 @@ def test_a_file_most_of_whose_rows_are_rejected_stops_ingest_instead_of_training
         read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom))
     assert "more" not in str(stopped.value).split("line 4")[1]  # every rejected line named (the first alone was)
     many = ReadResult([LabeledQuestion("q", "a", "f:1")], [RejectedRow("f", line, "bad", "") for line in range(2, 14)])
-    with pytest.raises(ReaderError, match=r"line 11: bad; and 2 more; every one is listed"):
+    with pytest.raises(ReaderError, match=r"line 11: bad; and 2 more: fix the file, or raise the fraction$"):
         require_rows(many, Path("f"), 0.5)
     kept = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom, max_rejected_fraction=0.1))
     assert len(kept.train.rows) == 33 and [r.line for r in kept.train.rejected] == [2, 3, 4]
+
+
+def test_ingest_stopped_by_rejected_rows_quarantines_every_one_of_them(tmp_path):
+    """The error names the first few rejected lines; the quarantine file holds them all, so the file can be fixed
+    from one list."""
+    from tests.conftest import write_custom_dataset
+    from tqc.io import read_jsonl
+    from tqc.stages import ingest
+
+    write_custom_dataset(tmp_path)
+    lines = (tmp_path / "train.csv").read_text().splitlines()
+    lines[1:14] = [f"{line.split(',')[0]}, and more,{line.split(',')[1]}" for line in lines[1:14]]  # 13 of 36 rows
+    (tmp_path / "train.csv").write_text("\n".join(lines) + "\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None,
+                        custom={"train": "train.csv", "test": "test.csv", "catalog": "catalog.csv", "text_column": "question"})
+    quarantine = tmp_path / "quarantine" / "ingest.jsonl"
+
+    with pytest.raises(ReaderError, match=r"train.csv: 13 of 36 rows rejected.*and 3 more: fix the file, or raise the "
+                                          rf"fraction\. All 13 of its rejected rows are in {re.escape(str(quarantine))}$"):
+        ingest.run(params, 0, tmp_path / "validated", quarantine, tmp_path / "ingest.json")
+    rows = read_jsonl(quarantine)
+    assert [row["line"] for row in rows] == list(range(2, 15))
+    assert {row["stage"] for row in rows} == {"ingest"} and all(row["file"].endswith("train.csv") for row in rows)
+    assert all("expected 2 columns" in row["reason"] for row in rows)
+    assert not (tmp_path / "validated").exists() and not (tmp_path / "ingest.json").exists()  # nothing else written
 
 
 def test_stray_carriage_returns_are_numbered_by_line_in_one_pass():

@@ -7,12 +7,13 @@ import logging
 import random
 import time
 from collections import Counter, defaultdict
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from tqc.config import DataParams, GeneratedData
 from tqc.io import atomic_directory, write_json, write_jsonl
-from tqc.readers import (ReaderError, RejectedRow, ReadResult, read_additions, read_dataset, read_generated, read_validation,
+from tqc.readers import (ReaderError, RejectedRow, ReadResult, RowsRejected, read_additions, read_dataset, read_generated, read_validation,
                          row_as_csv, with_added_classes)
 from tqc.schema import Catalog, LabeledQuestion, save_questions, usable_generated
 from tqc.text import normalise
@@ -207,25 +208,58 @@ def _left_out(rows: list[LabeledQuestion], kept: list[LabeledQuestion]) -> list[
     return [q for q in rows if q.source not in sources]
 
 
+# A carved validation split this many times the asked fraction is said: the rule of one row a class moved it there
+SHARE_WARNED = 1.5
+
+
+def _carved_share(fraction: float, validation_rows: int, train_rows: int) -> float:
+    """The share of the official training rows that the carved validation split took, with a warning where it is well
+    over `fraction`: every class of 3 or more rows gives at least one (stratified_split), so with a few rows a class
+    validation takes far more than asked, and train keeps that much less."""
+    share = validation_rows / train_rows if train_rows else 0.0
+    if share > SHARE_WARNED * fraction:
+        log.warning("ingest: the validation split took %d of the %d training rows (%.0f%%), more than "
+                    "data.validation_fraction %g: each class with at least 3 rows gives at least one. To train on more, "
+                    "name a data.validation_file of labeled questions held apart", validation_rows, train_rows,
+                    100 * share, fraction)
+    return share
+
+
+@contextmanager
+def _quarantined_if_stopped(quarantine_path: Path):
+    """A file that stops ingest for its rejected rows has every one of them quarantined, not only the few its error
+    names, so the user can fix the file from the list."""
+    try:
+        yield
+    except RowsRejected as exc:
+        if not exc.rejected:  # a header alone: nothing to list
+            raise
+        write_jsonl(quarantine_path, (dict(asdict(r), stage="ingest") for r in exc.rejected))
+        raise RowsRejected(f"{exc}. All {len(exc.rejected)} of its rejected rows are in {quarantine_path}", exc.rejected) from None
+
+
 def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, report_path: Path) -> dict:
     started = time.perf_counter()
-    splits = read_dataset(params)
-    added, added_classes = read_additions(Path(params.additions) if params.additions else None)
-    official_train = long_tail(splits.train.rows, params.imbalance_ratio, seed) if params.imbalance_ratio else splits.train.rows
+    with _quarantined_if_stopped(quarantine_path):
+        splits = read_dataset(params)
+        added, added_classes = read_additions(Path(params.additions) if params.additions else None)
+        catalog = with_added_classes(splits.catalog, added_classes)  # what a validation or generated label is read as
+        official_train = long_tail(splits.train.rows, params.imbalance_ratio, seed) if params.imbalance_ratio else splits.train.rows
+        train, validation, validation_rejected = validation_split(params, official_train, seed, splits.test.rows,
+                                                                  splits.catalog.texts, catalog)
+        # The validation file's questions are candidate origins too, and so are the added questions (some of them are
+        # held out by stable_split), so a row made from a held-out question is never trained on (usable_generated)
+        held_out = validation if params.validation_file else []
+        generated, generated_read = _generated_rows(params, splits.train.rows + held_out + added.rows, catalog)
     left_out = len(splits.train.rows) - len(official_train)  # by data.imbalance_ratio, on purpose: counted, not quarantined
-    catalog = with_added_classes(splits.catalog, added_classes)  # what a validation or generated label is read as
-    train, validation, validation_rejected = validation_split(params, official_train, seed, splits.test.rows,
-                                                              splits.catalog.texts, catalog)
-    # The validation file's questions are candidate origins too, and so are the added questions (some of them are held
-    # out by stable_split), so a row made from a held-out question is never trained on (usable_generated)
-    held_out = validation if params.validation_file else []
+    carved_share = None if params.validation_file else _carved_share(params.validation_fraction, len(validation),
+                                                                       len(official_train))
     added_train, added_validation = stable_split(added.rows, params.validation_fraction, seed)
     train, validation = train + added_train, validation + added_validation
     if not validation:
         raise ReaderError(f"{params.dataset}: the validation split carved from train is empty (only classes with at "
                           "least 3 training rows give it rows), so early stopping and every selection would have "
                           "nothing to judge by: add labeled questions, or name a data.validation_file")
-    generated, generated_read = _generated_rows(params, splits.train.rows + held_out + added.rows, catalog)
 
     with atomic_directory(out_dir) as staging:  # the folder's files replace the last run's together or not at all
         catalog.save(staging / "catalog.jsonl")
@@ -250,6 +284,8 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
                  **({"additions": len(added.rows) + len(added.rejected)} if added.rows or added.rejected else {})},
         "rows": {"train": len(train), "validation": len(validation), "test": len(splits.test.rows)},
         "validation_from": params.validation_file or f"train ({params.validation_fraction:g})",
+        # what the carved split took of the official training rows: more than asked where classes are small
+        **({"validation_share_of_train": round(carved_share, 4)} if carved_share is not None else {}),
         **({"imbalance": {"ratio": params.imbalance_ratio, "train_rows_left_out": left_out,
                           "per_class": _class_counts(official_train)}} if params.imbalance_ratio else {}),
         "quarantined": len(rejected),
