@@ -12,6 +12,7 @@ import argparse
 import datetime
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from tqc.config import ConfigError, EvaluateParams, Params, load_params, redact_
 from tqc.errors import input_errors
 from tqc.launched import LOG_FORMAT, record_input_error
 from tqc.text import normalise
-from tqc.tracking import offline_mlflow, stage_run
+from tqc.tracking import LOCAL_STORE, offline_mlflow, stage_run
 
 
 def _paths(parser: argparse.ArgumentParser, *names: str) -> None:
@@ -34,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tqc", description=__doc__.split("\n\n")[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a param for this command, e.g. --set data.dataset=covidq-categories")
+                        help="override a param for this command, e.g. --set data.dataset=covidq-categories (before or "
+                             "after the command)")
     parser.add_argument("-v", "--verbose", action="store_true")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -95,8 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
                          ".csv (with a header) or .jsonl file, read from its --column")
     predict.add_argument("--column", default="text", help="with a .csv or .jsonl --file: the column holding the questions "
                          "(default 'text', data.custom.text_column's default)")
-    predict.add_argument("--model", type=Path, default=Path("models/stage_two"))
-    predict.add_argument("--catalog", type=Path, default=Path("data/validated/catalog.jsonl"))
+    predict.add_argument("--model", default="models/stage_two",
+                         help="a trained model folder (default models/stage_two), or a registered version as the registry "
+                              "serves it, with its own catalog, shift or exemplars: models:/NAME@ALIAS (e.g. "
+                              "models:/tqc-admc@champion) or models:/NAME/VERSION")
+    predict.add_argument("--tracking-uri", default=None,
+                         help=f"with a models:/ --model: the registry (default $MLFLOW_TRACKING_URI, else {LOCAL_STORE})")
+    predict.add_argument("--catalog", type=Path, default=None, help="with a model folder: the catalog it answers with "
+                         "(default data/validated/catalog.jsonl)")
     predict.add_argument("--prior", default="auto",
                          help="the prior stage's file with --model's class-prior shift; auto (default): the prior.json "
                               "beside --model when one of its entries was fitted for it; none: rank by similarity alone")
@@ -125,7 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--data", type=Path, default=Path("data/validated"), help="epochs, passes: validated data folder")
     bench.add_argument("--train", type=Path, default=Path("data/augmented/train.jsonl"), help="epochs, passes: training rows")
     bench.add_argument("--out", type=Path, help="also write the figures, with the machine and code version, to this JSON file")
+    for command in commands.choices.values():  # `tqc ingest --set …` as well as `tqc --set … ingest`
+        command.add_argument("--set", dest="overrides_after_command", action="append", default=argparse.SUPPRESS,
+                             metavar="KEY=VALUE", help="override a param for this command (as tqc --set)")
     return parser
+
+
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    """The command line, with the --set overrides given after the command joined to those before it, in order."""
+    args = build_parser().parse_args(argv)
+    args.overrides = args.overrides + vars(args).pop("overrides_after_command", [])
+    return args
 
 
 TRAINING_COMMANDS = ("stage-one", "stage-two", "baseline-nc")
@@ -409,12 +427,12 @@ def _predict(args: argparse.Namespace) -> None:
         raise ConfigError("no questions: give them as arguments or with --file")
     if args.top_k < 1:
         raise ConfigError(f"--top-k {args.top_k}: must be at least 1")
-    matcher = _matcher(args)
+    answer = _registered_answers(args) if args.model.startswith(REGISTERED) else _local_answers(args)
     # In chunks: the (chunk, P) scores and the answers' rows are what grows with a file, and each chunk's answers are
     # printed before the next is encoded, so a long file streams out
     for start in range(0, len(questions), PREDICT_CHUNK):
         chunk = questions[start:start + PREDICT_CHUNK]
-        answers = matcher.predict(None, pd.DataFrame({"question": chunk}), {"top_k": args.top_k})
+        answers = answer(pd.DataFrame({"question": chunk}))
         for record in ranked_records(chunk, answers):
             print(json.dumps(record, ensure_ascii=False))
         sys.stdout.flush()
@@ -443,10 +461,15 @@ def _question_file_lines(path: Path, column: str) -> list[tuple[int, str]]:
     """(line, text) of `--file`: a .csv or .jsonl file's `column` (never its header or raw JSON as questions), else
     each line, stdin's for `-`."""
     from tqc.io import utf8_text
-    from tqc.readers import read_texts, split_lines
+    from tqc.readers import ReaderError, read_texts, split_lines
 
     if str(path) != "-" and path.suffix.lower() in {".csv", ".jsonl", ".ndjson"}:
-        return read_texts(path, column)
+        try:
+            return read_texts(path, column)
+        except ReaderError as exc:
+            if "missing column" in str(exc):  # the file's own header is in the message: say how to pick from it
+                raise ConfigError(f"{exc}: --column names the column holding the questions") from None
+            raise
     if str(path) == "-":
         name, raw = "stdin", sys.stdin.buffer.read()  # bytes: the locale's decoder would let bad bytes through or crash
     elif not path.is_file():
@@ -460,6 +483,42 @@ def _question_file_lines(path: Path, column: str) -> list[tuple[int, str]]:
     # the readers' line breaks: \n, \r\n or \r only, never U+2028 or U+0085 inside a question (str.splitlines),
     # so the answers line up with the file's lines; a BOM is not part of the first question
     return list(enumerate(split_lines(text.removeprefix("\ufeff")), start=1))
+
+
+REGISTERED = "models:/"  # MLflow's scheme for a registered version
+
+
+def _registered_answers(args: argparse.Namespace) -> Callable:
+    """A registered version's answers (a frame of questions → its ranked answers), through its pyfunc as the registry
+    serves it: its catalog, and its class-prior shift or exemplar rows, are its own, so none is given here."""
+    given = [flag for flag, value in (("--catalog", args.catalog), ("--exemplars", args.exemplars),
+                                      ("--exemplar-k", args.exemplar_k), ("--exemplar-cache", args.exemplar_cache))
+             if value is not None] + (["--prior"] if args.prior != "auto" else [])
+    if given:
+        raise ConfigError(f"{' and '.join(given)} with --model {args.model}: a registered version serves its own catalog, "
+                          "shift or exemplars, as it was promoted")
+    offline_mlflow()
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or LOCAL_STORE
+    mlflow.set_tracking_uri(uri)
+    try:
+        model = mlflow.pyfunc.load_model(args.model)
+    except MlflowException as exc:  # no such model, version or alias: said with the registry asked
+        raise ConfigError(f"--model {args.model}: not in the registry at {uri} ({exc.message}); --tracking-uri names "
+                          "another one") from None
+    return lambda questions: model.predict(questions, params={"top_k": args.top_k})
+
+
+def _local_answers(args: argparse.Namespace) -> Callable:
+    """A model folder's answers (a frame of questions → its ranked answers), through the registry's pyfunc code."""
+    if args.tracking_uri is not None:
+        raise ConfigError(f"--tracking-uri with --model {args.model}: a model folder is read from disk, not a registry "
+                          f"(a registered version is {REGISTERED}NAME@ALIAS)")
+    matcher = _matcher(argparse.Namespace(**{**vars(args), "model": Path(args.model),
+                                             "catalog": args.catalog or Path("data/validated/catalog.jsonl")}))
+    return lambda questions: matcher.predict(None, questions, {"top_k": args.top_k})
 
 
 def _matcher(args: argparse.Namespace):
@@ -489,8 +548,6 @@ def _matcher(args: argparse.Namespace):
 
 def _exemplar_cache(choice: str | None) -> Path | None:
     """`--exemplar-cache`: the folder (default: the user's cache folder), or None for `none`."""
-    import os
-
     if choice == "none":
         return None
     if choice is not None and not choice.strip():  # Path("") is the working folder: entries would land there
@@ -646,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
     distributed.end_with_launcher()  # first: a torchrun killed while this rank starts up takes it along
     argv = sys.argv[1:] if argv is None else list(argv)
     offline_mlflow()  # before any command imports MLflow
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(argv)
     args.argv = argv  # what a torchrun relaunch repeats
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=LOG_FORMAT)
     for noisy in ("httpx", "urllib3", "filelock", "great_expectations", "faiss", "matplotlib"):

@@ -688,8 +688,29 @@ def problems(exc: ValidationError) -> str:
         value = f" (got {given!r})" if error["loc"] and not isinstance(given, (dict, list)) else ""  # not a whole section
         if error["type"] == "bool_type" and str(given).lower() in YAML_1_1_BOOLEANS:
             value += "; YAML 1.2, as DVC reads params.yaml, reads yes/no/on/off as words: write true or false"
+        if error["type"] == "extra_forbidden":
+            value += _did_you_mean(error["loc"])
         lines.append(f"- {where}: {error['msg'].removeprefix('Value error, ')}{value}")
     return "\n".join(lines)
+
+
+def _did_you_mean(loc: tuple) -> str:
+    """For a key no section has, the section's keys spelt most like it (a typo: `text_colum`), or nothing."""
+    from difflib import get_close_matches
+    from typing import get_args
+
+    section: type[BaseModel] | None = Params
+    for part in loc[:-1]:
+        field = next((f for name, f in section.model_fields.items() if (f.alias or name) == str(part)), None)
+        if field is None:
+            return ""
+        section = next((t for t in (field.annotation, *get_args(field.annotation))
+                        if isinstance(t, type) and issubclass(t, BaseModel)), None)
+        if section is None:
+            return ""
+    keys = [f.alias or name for name, f in section.model_fields.items()]
+    close = get_close_matches(str(loc[-1]), keys, n=2, cutoff=0.75)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:

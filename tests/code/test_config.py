@@ -14,11 +14,20 @@ def test_repository_params_are_valid():
     assert params.data.dataset == "trec6" and params.stage_one.temperature > 0
 
 
-def test_unknown_keys_are_rejected(tmp_path):
+def test_unknown_keys_are_rejected_with_the_sections_keys_spelt_like_them(tmp_path):
     path = tmp_path / "params.yaml"
     path.write_text("stage_one:\n  temprature: 0.1\n")
-    with pytest.raises(ConfigError, match="temprature"):
+    with pytest.raises(ConfigError, match=r"stage_one.temprature: Extra inputs are not permitted \(got 0.1\); did you "
+                                          r"mean temperature\?"):
         load_params(path)
+    # nested sections, the aliased one (validate), the top level, and a key like none: no guess
+    for overrides, said in (({"data": {"custom": {"text_colum": "q"}}}, "did you mean text_column?"),
+                            ({"validate": {"critcal": []}}, "validate.critcal: Extra inputs are not permitted; did you mean critical?"),
+                            ({"seeed": 1}, "seeed: Extra inputs are not permitted (got 1); did you mean seed?"),
+                            ({"data": {"zzz": 1}}, "data.zzz: Extra inputs are not permitted (got 1)\n")):
+        with pytest.raises(ConfigError) as refused:
+            load_params(ROOT / "params.yaml", overrides)
+        assert said in str(refused.value) + "\n"
 
 
 def test_overrides_reach_the_params(tmp_path):
@@ -441,6 +450,19 @@ def test_set_is_refused_by_tune_apply_but_reaches_a_tune_search(tmp_path, capsys
     assert "`tqc tune --apply` reads no params" in capsys.readouterr().err
     parsed = cli.build_parser().parse_args(["--set", "tune.trials=1", "tune", "--trials", "1"])
     assert not parsed.apply and parsed.overrides == ["tune.trials=1"]  # a search reads them: not refused
+
+
+def test_set_is_read_before_and_after_the_command_in_order(tmp_path, capsys):
+    """`tqc ingest --set seed=3` was an unrecognised argument: --set had to come before the command."""
+    from tqc import cli
+
+    paths = ["--out", "o", "--quarantine", "q", "--report", "r"]
+    assert cli.parse_arguments(["ingest", *paths, "--set", "seed=3"]).overrides == ["seed=3"]
+    assert cli.parse_arguments(["--set", "seed=1", "ingest", "--set", "seed=2", *paths, "--set", "data.dataset=trec50"]
+                               ).overrides == ["seed=1", "seed=2", "data.dataset=trec50"]  # the last of a key wins
+    assert cli.parse_arguments(["ingest", *paths]).overrides == []
+    assert cli.main(["predict", "--set", "seed=1", "q"]) == 2  # a command that reads no params still refuses it
+    assert "`tqc predict` reads no params, so seed=1 would change nothing" in capsys.readouterr().err
 
 
 def test_set_on_ablate_is_refused_for_params_no_cell_reads(tmp_path, capsys):

@@ -104,6 +104,22 @@ def test_the_served_model_declares_its_input_so_mlflow_imports_it_without_a_warn
     assert "type hints" not in imported.stderr  # MLflow warns when predict's input has no hint
 
 
+def test_predict_refuses_options_that_do_not_fit_its_kind_of_model_and_says_how_to_pick_a_column(tiny_model_dir, tmp_path,
+                                                                                                 capsys):
+    """A registered version serves its own catalog and shift; a folder is read from disk, not from a registry."""
+    for flags in (["--catalog", "c.jsonl"], ["--prior", "none"], ["--exemplars", "train.jsonl"]):
+        assert main(["predict", "--model", "models:/tqc-admc@champion", *flags, "q"]) == 2
+        assert (f"{flags[0]} with --model models:/tqc-admc@champion: a registered version serves its own catalog"
+                in capsys.readouterr().err)
+    assert main(["predict", "--model", str(tmp_path / "model"), "--tracking-uri", "sqlite:///x.db", "q"]) == 2
+    assert "--tracking-uri with --model" in capsys.readouterr().err
+
+    (tmp_path / "questions.csv").write_text("question,intent\nwhere is it,loc\n", encoding="utf-8")
+    assert main(["predict", "--file", str(tmp_path / "questions.csv")]) == 2
+    assert ("missing column(s) ['text']: the header has ['question', 'intent']: --column names the column holding the "
+            "questions") in capsys.readouterr().err
+
+
 def test_predict_adds_the_class_prior_shift_fitted_for_its_model(tiny_model_dir, tmp_path, capsys):
     from tqc.io import write_json
 

@@ -124,8 +124,11 @@ def test_the_promote_stage_reruns_when_tracking_changes():
     assert "tracking" in stages["promote"]["params"]  # turned back on, or another registry: promote again
 
 
-def test_the_registry_serves_the_model_with_the_class_prior_shift_fitted_for_it(tiny_model_dir, data_dir, tmp_path, registry):
+def test_the_registry_serves_the_model_with_the_class_prior_shift_fitted_for_it(tiny_model_dir, data_dir, tmp_path, registry,
+                                                                                capsys):
     import mlflow
+
+    from tqc.cli import main
 
     from tqc.io import write_json
 
@@ -145,6 +148,16 @@ def test_the_registry_serves_the_model_with_the_class_prior_shift_fitted_for_it(
     answers = mlflow.pyfunc.load_model("models:/tqc-admc@champion").predict(
         pd.DataFrame({"question": ["where is paris", "who invented chess"]}), params={"top_k": 1})
     assert answers["class_id"].tolist() == ["NUM", "NUM"] and (answers["score"] > 99).all()
+    # tqc predict asks the registry the same, with the version's own catalog and shift (the local prior.json is gone)
+    capsys.readouterr()
+    assert main(["predict", "--model", "models:/tqc-admc@champion", "--tracking-uri", registry.uri, "--top-k", "1",
+                 "where is paris", "who invented chess"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["text"] for r in records] == ["where is paris", "who invented chess"]
+    assert [r["top_k"][0]["class_id"] for r in records] == ["NUM", "NUM"] and all(r["top_k"][0]["score"] > 99 for r in records)
+    assert main(["predict", "--model", "models:/tqc-admc/1", "--tracking-uri", registry.uri, "where is paris"]) == 0
+    assert main(["predict", "--model", "models:/no-such-model@champion", "--tracking-uri", registry.uri, "q"]) == 2
+    assert f"--model models:/no-such-model@champion: not in the registry at {registry.uri}" in capsys.readouterr().err
     # The version holds code and safetensors: loading it unpickles nothing
     stored = Path(mlflow.artifacts.download_artifacts("models:/tqc-admc@champion", dst_path=str(tmp_path / "stored")))
     assert not [p for p in stored.rglob("*") if p.suffix in (".pkl", ".pickle", ".bin", ".pt")]
