@@ -20,6 +20,7 @@ import json
 import logging
 import numbers
 import os
+import warnings
 from pathlib import Path
 
 import mlflow.pyfunc
@@ -558,21 +559,29 @@ def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | Non
     not find and register again, never exists. `trained_on`: `question_hash`es, kept as the `TRAINED_ON` artifact."""
     import tempfile
 
-    import tqc
-
     with tempfile.TemporaryDirectory(prefix="tqc-trained-on-") as scratch:
         artifacts = _artifacts(model_dir, catalog_path, prior_path, exemplars)
         if trained_on is not None:
             artifacts[TRAINED_ON] = str(_write_record(Path(scratch), trained_on))
-        info = mlflow.pyfunc.log_model(
-            name="model",
-            # Models-from-code: the version stores served_model.py, which builds the matcher when loaded; an instance
-            # passed here would be stored as a cloudpickle, which loading would unpickle.
-            python_model=str(Path(__file__).with_name("served_model.py")),
-            artifacts=artifacts,
-            model_config=config,
-            signature=signature(config["top_k"]),
-            # Listed, not inferred: inference would load the model in a subprocess to trace imports.
-            pip_requirements=[f"tqc=={tqc.__version__}", "torch", "transformers", "safetensors", "pandas"],
-        )
+        with warnings.catch_warnings():
+            # The signature is given below; an input example would also run the model once as it is logged
+            warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
+            info = _log_served_model(artifacts, config)
     return str(mlflow.register_model(info.model_uri, model_name, tags=tags).version)
+
+
+def _log_served_model(artifacts: dict[str, str], config: dict):
+    """The served pyfunc (`served_model.py` with `artifacts` and `config`) logged in the active run; its model info."""
+    import tqc
+
+    return mlflow.pyfunc.log_model(
+        name="model",
+        # Models-from-code: the version stores served_model.py, which builds the matcher when loaded; an instance
+        # passed here would be stored as a cloudpickle, which loading would unpickle.
+        python_model=str(Path(__file__).with_name("served_model.py")),
+        artifacts=artifacts,
+        model_config=config,
+        signature=signature(config["top_k"]),
+        # Listed, not inferred: inference would load the model in a subprocess to trace imports.
+        pip_requirements=[f"tqc=={tqc.__version__}", "torch", "transformers", "safetensors", "pandas"],
+    )
