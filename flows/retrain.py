@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -215,6 +216,8 @@ def _retrain_new_files(params: Params, retries: dict, logger) -> dict:
 
 
 if __name__ == "__main__":
+    # Offline, the embedded server's usage report logs an ERROR at each start; a user's own setting stands
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         retrain()
     except USER_ERRORS as error:  # said in the run's log already

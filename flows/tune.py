@@ -71,4 +71,6 @@ def tune(params_path: str = "params.yaml", workers: int = 2, trials_per_worker: 
 
 
 if __name__ == "__main__":
+    # Offline, the embedded server's usage report logs an ERROR at each start; a user's own setting stands
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     tune()

@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a param for this command, e.g. --set data.dataset=covidq-categories (before or "
-                             "after the command)")
+                             "after the command; --params and -v go before it)")
     parser.add_argument("-v", "--verbose", action="store_true")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "serves it, with its own catalog, shift or exemplars: models:/NAME@ALIAS (e.g. "
                               "models:/tqc-admc@champion) or models:/NAME/VERSION")
     predict.add_argument("--tracking-uri", default=None,
-                         help=f"with a models:/ --model: the registry (default $MLFLOW_TRACKING_URI, else {LOCAL_STORE})")
+                         help=f"with a models:/ --model: the registry (default: tracking.uri of --params, else "
+                              f"$MLFLOW_TRACKING_URI, else {LOCAL_STORE})")
     predict.add_argument("--catalog", type=Path, default=None, help="with a model folder: the catalog it answers with "
                          "(default data/validated/catalog.jsonl)")
     predict.add_argument("--prior", default="auto",
@@ -467,7 +468,7 @@ def _question_file_lines(path: Path, column: str) -> list[tuple[int, str]]:
         try:
             return read_texts(path, column)
         except ReaderError as exc:
-            if "missing column" in str(exc):  # the file's own header is in the message: say how to pick from it
+            if "missing column" in str(exc) or f"no {column!r} field" in str(exc):  # a CSV's header, a JSONL record
                 raise ConfigError(f"{exc}: --column names the column holding the questions") from None
             raise
     if str(path) == "-":
@@ -501,14 +502,32 @@ def _registered_answers(args: argparse.Namespace) -> Callable:
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or LOCAL_STORE
+    uri = _registry_uri(args)
     mlflow.set_tracking_uri(uri)
     try:
         model = mlflow.pyfunc.load_model(args.model)
-    except MlflowException as exc:  # no such model, version or alias: said with the registry asked
-        raise ConfigError(f"--model {args.model}: not in the registry at {uri} ({exc.message}); --tracking-uri names "
-                          "another one") from None
+    except MlflowException as exc:  # no such model, version or alias, or its artifacts unreadable: MLflow says which
+        raise ConfigError(f"--model {args.model}: cannot be loaded from the registry at {uri} ({exc.message}); "
+                          "--tracking-uri names another registry") from None
     return lambda questions: model.predict(questions, params={"top_k": args.top_k})
+
+
+def _registry_uri(args: argparse.Namespace) -> str:
+    """--tracking-uri, else the registry the pipeline registers in (`tracking.uri` of --params where that file is,
+    then $MLFLOW_TRACKING_URI, then the local store). A local SQLite file that is not there is an error: MLflow would
+    create an empty registry in its place."""
+    from tqc.config import TrackingParams
+    from tqc.tracking import tracking_uri
+
+    if args.tracking_uri:
+        uri = args.tracking_uri
+    else:
+        uri = tracking_uri(load_params(args.params).tracking if args.params.is_file() else TrackingParams())
+    database = Path(uri.removeprefix("sqlite:///").split("?")[0])
+    if uri.startswith("sqlite:///") and not database.is_file():
+        raise ConfigError(f"no registry at {uri}: no file {database} (promote registers models there; --tracking-uri "
+                          "names another registry)")
+    return uri
 
 
 def _local_answers(args: argparse.Namespace) -> Callable:

@@ -697,15 +697,21 @@ def problems(exc: ValidationError) -> str:
 def _did_you_mean(loc: tuple) -> str:
     """For a key no section has, the section's keys spelt most like it (a typo: `text_colum`), or nothing."""
     from difflib import get_close_matches
-    from typing import get_args
+    from typing import get_args, get_origin
 
     section: type[BaseModel] | None = Params
-    for part in loc[:-1]:
+    parts = iter(loc[:-1])
+    for part in parts:
         field = next((f for name, f in section.model_fields.items() if (f.alias or name) == str(part)), None)
         if field is None:
             return ""
-        section = next((t for t in (field.annotation, *get_args(field.annotation))
-                        if isinstance(t, type) and issubclass(t, BaseModel)), None)
+        annotation = field.annotation
+        if get_origin(annotation) is dict:  # a section of named sections (tune.space, ablate.grids): skip the name
+            annotation = get_args(annotation)[1]
+            if next(parts, None) is None:
+                return ""
+        section = next((t for t in (annotation, *get_args(annotation)) if isinstance(t, type) and issubclass(t, BaseModel)),
+                       None)
         if section is None:
             return ""
     keys = [f.alias or name for name, f in section.model_fields.items()]

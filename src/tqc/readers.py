@@ -42,6 +42,9 @@ class RowsRejected(ReaderError):
         super().__init__(message)
         self.rejected = rejected
 
+    def __reduce__(self):  # pickled whole (a Prefect task's failure, a process pool's), not as ValueError(message)
+        return type(self), (str(self), self.rejected)
+
 
 @dataclass(frozen=True)
 class RejectedRow:

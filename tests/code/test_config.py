@@ -24,7 +24,10 @@ def test_unknown_keys_are_rejected_with_the_sections_keys_spelt_like_them(tmp_pa
     for overrides, said in (({"data": {"custom": {"text_colum": "q"}}}, "did you mean text_column?"),
                             ({"validate": {"critcal": []}}, "validate.critcal: Extra inputs are not permitted; did you mean critical?"),
                             ({"seeed": 1}, "seeed: Extra inputs are not permitted (got 1); did you mean seed?"),
-                            ({"data": {"zzz": 1}}, "data.zzz: Extra inputs are not permitted (got 1)\n")):
+                            ({"data": {"zzz": 1}}, "data.zzz: Extra inputs are not permitted (got 1)\n"),
+                            # sections of named sections: the name is skipped, its section's keys suggested
+                            ({"tune": {"space": {"stage_one.temperature": {"hgih": 1}}}}, "did you mean high?"),
+                            ({"ablate": {"grids": {"augmentation": {"varaints": {}}}}}, "did you mean variants?")):
         with pytest.raises(ConfigError) as refused:
             load_params(ROOT / "params.yaml", overrides)
         assert said in str(refused.value) + "\n"

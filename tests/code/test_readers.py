@@ -718,6 +718,28 @@ def test_ingest_stopped_by_rejected_rows_quarantines_every_one_of_them(tmp_path)
     assert all("expected 2 columns" in row["reason"] for row in rows)
     assert not (tmp_path / "validated").exists() and not (tmp_path / "ingest.json").exists()  # nothing else written
 
+    # A file all of whose rows are rejected: the same
+    (tmp_path / "train.csv").write_text("question,label\n" + "".join(f"q{i}, x,a\n" for i in range(3)))
+    with pytest.raises(ReaderError, match=r"train.csv: no usable rows \(3 rejected.*All 3 of its rejected rows are in"):
+        ingest.run(params, 0, tmp_path / "validated", quarantine, tmp_path / "ingest.json")
+    assert [row["line"] for row in read_jsonl(quarantine)] == [2, 3, 4]
+    # A header alone has no row to list: its error as it was, and the quarantine file left alone
+    (tmp_path / "train.csv").write_text("question,label\n")
+    with pytest.raises(ReaderError, match=r"train.csv: no usable rows \(0 rejected\)$"):
+        ingest.run(params, 0, tmp_path / "validated", quarantine, tmp_path / "ingest.json")
+    assert len(read_jsonl(quarantine)) == 3
+
+
+def test_a_stopping_files_rejected_rows_survive_pickling_with_its_error():
+    """A Prefect task's failure, or a process pool's, is pickled: the rows must come along, and the type."""
+    import pickle
+
+    from tqc.readers import RowsRejected
+
+    rows = [RejectedRow("f.csv", 2, "bad", "x,y")]
+    restored = pickle.loads(pickle.dumps(RowsRejected("f.csv: 1 of 1 rows rejected", rows)))
+    assert isinstance(restored, RowsRejected) and str(restored) == "f.csv: 1 of 1 rows rejected" and restored.rejected == rows
+
 
 def test_stray_carriage_returns_are_numbered_by_line_in_one_pass():
     from tqc.readers import _line_numbers

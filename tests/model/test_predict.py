@@ -104,20 +104,38 @@ def test_the_served_model_declares_its_input_so_mlflow_imports_it_without_a_warn
     assert "type hints" not in imported.stderr  # MLflow warns when predict's input has no hint
 
 
-def test_predict_refuses_options_that_do_not_fit_its_kind_of_model_and_says_how_to_pick_a_column(tiny_model_dir, tmp_path,
-                                                                                                 capsys):
+def test_predict_refuses_options_that_do_not_fit_its_kind_of_model_and_says_how_to_pick_a_column(tmp_path, capsys,
+                                                                                                 monkeypatch):
     """A registered version serves its own catalog and shift; a folder is read from disk, not from a registry."""
-    for flags in (["--catalog", "c.jsonl"], ["--prior", "none"], ["--exemplars", "train.jsonl"]):
+    for flags in (["--catalog", "c.jsonl"], ["--prior", "none"], ["--exemplars", "train.jsonl"], ["--exemplar-k", "3"],
+                  ["--exemplar-cache", "none"]):
         assert main(["predict", "--model", "models:/tqc-admc@champion", *flags, "q"]) == 2
         assert (f"{flags[0]} with --model models:/tqc-admc@champion: a registered version serves its own catalog"
                 in capsys.readouterr().err)
     assert main(["predict", "--model", str(tmp_path / "model"), "--tracking-uri", "sqlite:///x.db", "q"]) == 2
     assert "--tracking-uri with --model" in capsys.readouterr().err
 
+    # A registry file that is not there is said, not created empty (MLflow would make one): named, or the default
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    missing = tmp_path / "mlfow.db"
+    assert main(["predict", "--model", "models:/tqc-admc@champion", "--tracking-uri", f"sqlite:///{missing}", "q"]) == 2
+    assert f"no registry at sqlite:///{missing}: no file {missing}" in capsys.readouterr().err
+    assert main(["--params", str(tmp_path / "none.yaml"), "predict", "--model", "models:/tqc-admc@champion", "q"]) == 2
+    assert "no registry at sqlite:///mlflow.db: no file mlflow.db" in capsys.readouterr().err
+    # ... and the project's tracking.uri is the registry asked by default, as promote registers there
+    (tmp_path / "params.yaml").write_text(f"tracking:\n  uri: sqlite:///{tmp_path / 'team.db'}\n")
+    assert main(["predict", "--model", "models:/tqc-admc@champion", "q"]) == 2
+    assert f"no registry at sqlite:///{tmp_path / 'team.db'}" in capsys.readouterr().err
+    assert not missing.exists() and not (tmp_path / "mlflow.db").exists() and not (tmp_path / "team.db").exists()
+
     (tmp_path / "questions.csv").write_text("question,intent\nwhere is it,loc\n", encoding="utf-8")
+    (tmp_path / "questions.jsonl").write_text('{"question": "where is it"}\n', encoding="utf-8")
     assert main(["predict", "--file", str(tmp_path / "questions.csv")]) == 2
     assert ("missing column(s) ['text']: the header has ['question', 'intent']: --column names the column holding the "
             "questions") in capsys.readouterr().err
+    assert main(["predict", "--file", str(tmp_path / "questions.jsonl")]) == 2
+    assert "questions.jsonl, line 1: no 'text' field: --column names the column" in capsys.readouterr().err
 
 
 def test_predict_adds_the_class_prior_shift_fitted_for_its_model(tiny_model_dir, tmp_path, capsys):
