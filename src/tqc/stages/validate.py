@@ -329,6 +329,20 @@ def summarise(catalog, splits, accepted, quarantined, outcomes, params, seconds)
     }
 
 
+def _observation(observed: dict) -> str:
+    """A table expectation's observation in words: how many of its rows fail and, for the catalog and the class
+    counts, which classes (the first 10), e.g. "3 of 90 fail: classes 'a', 'b', 'c'"."""
+    said = []
+    if "unexpected_count" in observed and "element_count" in observed:
+        said.append(f"{observed['unexpected_count']} of {observed['element_count']} fail")
+    if observed.get("observed_value") is not None:
+        said.append(f"observed {observed['observed_value']}")
+    classes = observed.get("classes") or []
+    more = (observed.get("unexpected_count") or 0) - len(classes)
+    named = f"classes {', '.join(map(repr, classes))}" + (f" and {more} more" if classes and more > 0 else "")
+    return ": ".join(filter(None, ["; ".join(said), named if classes else ""])) or "no observation"
+
+
 def raise_on_critical(report: dict, params: ValidateParams, quarantined: list[dict] | None = None,
                       quarantine_path: Path | None = None) -> None:
     """Stop on a critical expectation that failed for a table, or for more than `max_quarantined_fraction` of
@@ -343,12 +357,12 @@ def raise_on_critical(report: dict, params: ValidateParams, quarantined: list[di
         too_many = not row_level or e["failing_fraction"] > params.max_quarantined_fraction
         if e["severity"] == "critical" and too_many:
             detail = (f" ({e['failing_rows']} rows, {e['failing_fraction']:.1%}{_first_rows(quarantined or [], e)})"
-                      if row_level else f" ({e['observed']})")
+                      if row_level else f" ({_observation(e['observed'])})")
             failures.append(where + detail)
         elif row_level:
             log.warning("expectation %s failed for %d rows: rows quarantined", where, e["failing_rows"])
         else:
-            log.warning("expectation %s failed (warning): %s", where, e["observed"])
+            log.warning("expectation %s failed (warning): %s", where, _observation(e["observed"]))
     if failures:
         every = f"; every failing row, with its reasons, is in {quarantine_path}" if quarantine_path and quarantined else ""
         raise ValidationFailed("critical expectation(s) failed: " + "; ".join(failures) + every)
