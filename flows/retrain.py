@@ -209,8 +209,8 @@ def _retrain_new_files(params: Params, retries: dict, logger) -> dict:
     create_markdown_artifact(steps.summary_markdown(staged, promotion, trained, repeats), key="retrain-summary",
                              description="rows accepted and the challenger against the champion")
     shutil.rmtree(staging, ignore_errors=True)
-    logger.info("retrain: %d rows and %d classes added; %s", staged.accepted - staged.new_classes, staged.new_classes,
-                "promoted" if promotion["promoted"] else "champion kept")
+    logger.info("retrain: %d rows and %d classes added; %s: %s", staged.accepted - staged.new_classes,
+                staged.new_classes, "promoted" if promotion["promoted"] else "champion kept", "; ".join(promotion["reasons"]))
     return {"status": "retrained", "mode": params.retrain.mode, "accepted": staged.accepted - staged.new_classes,
             "new_classes": staged.new_classes, "promoted": promotion["promoted"], **result}
 
@@ -219,6 +219,9 @@ if __name__ == "__main__":
     # Offline, the embedded server's usage report logs an ERROR at each start; a user's own setting stands
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
-        retrain()
+        outcome = retrain()
     except USER_ERRORS as error:  # said in the run's log already
         raise SystemExit(f"retrain failed: {error}") from None
+    if outcome["status"] == "no rows accepted":  # a delivery that added nothing wants a look: a non-zero exit for cron
+        raise SystemExit("retrain: no row of the delivery was accepted; data/archive/manifest.jsonl and the quarantine "
+                         "say why")

@@ -41,9 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     _paths(commands.add_parser("ingest", help="read raw data, split validation, quarantine bad lines"), "out", "quarantine", "report")
-    validate = commands.add_parser("validate", help="the validate stage (with --data …), or check a new FILE of labeled questions")
-    validate.add_argument("file", type=Path, nargs="?", help="a new CSV/JSONL batch to check against the current data")
-    validate.add_argument("--against", type=Path, default=Path("data/validated"), help="with FILE: the current catalog and splits")
+    validate = commands.add_parser("validate", help="the validate stage (with --data …), or check new FILEs of labeled "
+                                   "questions (and catalog files) as the retrain flow would judge them in its inbox")
+    validate.add_argument("file", type=Path, nargs="*", help="new CSV/JSONL files to check against the current data, "
+                          "with the retrain flow's merged additions (a file named catalog* adds classes)")
+    validate.add_argument("--against", type=Path, default=None, help="with FILE: judge each file alone against this "
+                          "validated folder instead (e.g. data/validated, the last dvc repro's)")
     for name in ("data", "out", "quarantine", "report", "docs"):
         validate.add_argument(f"--{name}", type=Path)
     augment = commands.add_parser("augment", help="rebalance tail classes")
@@ -71,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help="a labeled questions file it learnt from (JSONL, e.g. data/validated/train.jsonl of the "
                                  "commit it was trained at: dvc get . data/validated/train.jsonl --rev COMMIT); repeatable: "
                                  "a version made by a refresh learnt from its champion's questions too, so give both")
+    set_champion = commands.add_parser("set-champion", help="move promote.alias to a registered version by hand, with "
+                                       "no gate (a rollback, or a rejected version you have judged); the tags follow")
+    set_champion.add_argument("version", help="the version of promote.model_name in the registry")
     fetch = commands.add_parser("fetch", help="download the public datasets (needs network), verified by SHA-256")
     fetch.add_argument("--dest", type=Path, required=True)
     fetch.add_argument("--verify-only", action="store_true", help="check the files already in --dest; no network")
@@ -263,10 +269,12 @@ def _ingest(args: argparse.Namespace, params: Params) -> None:
 
 def _validate(args: argparse.Namespace, params: Params) -> None:
     """The validate stage, or with FILE a check of a new batch against the current data (its exit code)."""
-    if args.file is not None:
+    if args.file:
         from tqc import incoming
 
-        raise SystemExit(incoming.main(args.file, args.against, params))
+        if args.against is None:
+            raise SystemExit(incoming.check_delivery(args.file, params))
+        raise SystemExit(max(incoming.main(path, args.against, params) for path in args.file))
     from tqc.stages import validate
 
     missing = [f"--{n}" for n in ("data", "out", "quarantine", "report") if getattr(args, n) is None]
@@ -369,6 +377,21 @@ def _trained_on(args: argparse.Namespace, params: Params) -> None:
     print(f"{params.promote.model_name} v{args.version}: recorded {distinct} distinct questions of {len(questions)} rows "
           f"as what it learnt from ({uri}); its pipeline run was at commit {commit or 'unknown'}, whose training file "
           "these should be")
+
+
+def _set_champion(args: argparse.Namespace, params: Params) -> None:
+    import mlflow
+
+    from tqc.stages.promote import set_champion
+    from tqc.tracking import tracking_uri
+
+    if not params.tracking.enabled:
+        raise ConfigError("tracking.enabled is false: there is no registry to set a champion in")
+    mlflow.set_tracking_uri(tracking_uri(params.tracking))
+    before = set_champion(params.promote, args.version)
+    print(f"{params.promote.model_name}@{params.promote.alias}: v{args.version}"
+          + (f" (was v{before}; tagged superseded)" if before not in (None, args.version) else
+             " (it held the alias already)" if before == args.version else " (no version held it)"))
 
 
 def _tune(args: argparse.Namespace, params: Params) -> None:
@@ -705,7 +728,7 @@ WITH_PARAMS: dict[str, Callable[[argparse.Namespace, Params], None]] = {
     "mine": _mine,
     "stage-two": _training_stage("stage_two", ["data", "train", "negatives", "model"], _stage_two),
     "baseline-nc": _training_stage("baseline_nc", ["data", "train"], _baseline_nc),
-    "prior": _prior, "evaluate": _evaluate, "promote": _promote, "trained-on": _trained_on, "tune": _tune,
+    "prior": _prior, "evaluate": _evaluate, "promote": _promote, "trained-on": _trained_on, "set-champion": _set_champion, "tune": _tune,
     "ablate": _ablate, "bench": _bench,
 }
 

@@ -1,10 +1,12 @@
-"""`tqc validate FILE`: check a new batch of labeled questions before it enters the pipeline.
+"""`tqc validate FILE…`: check a new delivery of labeled questions (and catalog files) before it enters the pipeline.
 
-The batch is judged by the validate stage's own contract, against the current catalog and
-splits: the new rows join the current training rows (so a repeat of a known question or a
-label conflicting with one is caught), and leakage into validation or test is checked.
-Exit code 0: clean; 1: some rows would be quarantined; 2: the file is unusable, or the current data
-(`--against`) cannot be read.
+By default the files are judged as the retrain flow would judge them in its inbox (`check_delivery`, through the
+flow's own staging step): against the current data with the flow's merged additions, catalog files' new classes
+included, and each file against the delivery's others. With `--against DIR` each file is judged alone against a
+validated folder (`main`). Either way a batch is judged by the validate stage's own contract: the new rows join the
+current training rows (so a repeat of a known question or a label conflicting with one is caught), and leakage into
+validation or test is checked. Exit code 0: clean; 1: some rows would be quarantined; 2: a file is unusable, or the
+current data cannot be read.
 """
 
 from __future__ import annotations
@@ -93,3 +95,51 @@ def main(path: Path, against: Path, params: Params) -> int:
         why = row.get("reason") or ", ".join(row["expectations"])
         print(f"  line {row['line']}: {why}: {row['content']!r}")
     return QUARANTINED if report["quarantined"] else CLEAN
+
+
+def check_delivery(paths: list[Path], params: Params) -> int:
+    """The files judged as the retrain flow's staging step judges an inbox delivery (`retrain.stage`, in a scratch
+    folder: nothing is merged), printed a file at a time with each quarantined row; the exit code as `main`'s."""
+    import tempfile
+
+    from tqc import retrain
+
+    missing = [path for path in paths if not path.is_file()]
+    for path in missing:
+        print(f"{path}: unusable: {'not a file' if path.exists() else 'no such file'}")
+    files = [retrain.Incoming(path, retrain.sha256(path)) for path in paths if path not in missing]
+    with tempfile.TemporaryDirectory(prefix="tqc-validate-") as scratch, _quiet("tqc.stages.ingest"):
+        try:
+            staged = retrain.stage(files, params, Path(scratch)) if files else retrain.Staged(Path(scratch))
+        except (OSError, ValueError) as exc:  # the current data: its reader names the file and line
+            print(f"the current data to check against cannot be read: {exc}")
+            return UNUSABLE
+    worst = UNUSABLE if missing else CLEAN
+    for outcome in staged.outcomes:
+        if outcome.outcome == "unusable":
+            print(f"{outcome.file}: unusable: {outcome.reason}")
+            worst = UNUSABLE
+            continue
+        what = "class(es)" if outcome.kind == "catalog" else "rows"
+        print(f"{outcome.file}: {outcome.read} {what} read, {outcome.accepted} would be accepted"
+              f"{' as new classes' if outcome.kind == 'catalog' else ''}, {outcome.quarantined} quarantined"
+              + (f" ({outcome.reason})" if outcome.reason else ""))
+        for row in (r for r in staged.quarantined_rows if r["file"] == outcome.file and r["line"] is not None):
+            print(f"  line {row['line']}: {row['reason']}: {row['content']!r}")
+        worst = max(worst, QUARANTINED if outcome.quarantined else CLEAN)
+    return worst
+
+
+class _quiet:
+    """A logger held at ERROR for a block: building the current data logs what ingest says of it (its own
+    quarantined rows, its summary), which is not what a check of new files is asked."""
+
+    def __init__(self, name: str):
+        self.logger = logging.getLogger(name)
+
+    def __enter__(self):
+        self.level = self.logger.level
+        self.logger.setLevel(logging.ERROR)
+
+    def __exit__(self, *exc):
+        self.logger.setLevel(self.level)

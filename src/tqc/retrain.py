@@ -226,6 +226,10 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged
     repeated = len(added) - len(new) - len(kept)
     outcome.reason = "; ".join(([f"{repeated} known class(es) as the catalog has them"] if repeated else []) +
                                ([f"{len(kept)} known class(es) with another text kept theirs (quarantined)"] if kept else []))
+    for q in kept:  # said in the run's log too: the manifest's count alone reads like a success
+        log.warning("%s, line %s: class %r already has the standard question %r; this row's %r is quarantined (a "
+                    "delivery adds classes; edit data/raw/catalog.jsonl or the dataset's catalog to change one)",
+                    incoming.path, line_of[q.class_id], q.class_id, known[q.class_id], q.text)
     staged.quarantined_rows.extend(quarantine_record(str(incoming.path), incoming.sha256, {
         "line": line_of[q.class_id], "expectations": ["new_class"],
         "reason": f"class {q.class_id!r} already has the standard question {known[q.class_id]!r}; a delivery adds "

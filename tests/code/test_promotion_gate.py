@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from tqc.config import PromoteParams
-from tqc.promotion import class_changes, decide, macro_f1_over, paired_bootstrap, tail_classes
+from tqc.promotion import class_changes, decide, macro_f1_over, one_answers_weight, paired_bootstrap, tail_classes
 
 
 def test_paired_bootstrap_interval_brackets_the_observed_difference():
@@ -73,6 +73,25 @@ def test_a_better_overall_challenger_that_loses_the_tail_is_not_promoted():
     challenger[80:86] = 0  # 6 of the 10 tail questions lost, still +24 questions overall
     decision = decide(GOLD, challenger, champion, TAIL, ["2"], PromoteParams(tail_tolerance=0.05))
     assert decision.bootstrap.low > 0 and not decision.promote and "beyond" in decision.reasons[1]
+
+
+def test_a_tail_verdict_one_answer_can_swing_says_so():
+    """30 tail classes of one validation question each: one changed answer moves their macro-F1 by 1/30, more than
+    the default tolerance, so the veto comes from one answer, and the reason says what to do about it."""
+    gold = np.concatenate([np.zeros(60, dtype=int), np.arange(1, 31)])  # a head class, 30 one-question tail classes
+    champion, challenger = gold.copy(), gold.copy()
+    challenger[60] = 0  # one tail question lost
+    tail = np.arange(1, 31)
+    assert one_answers_weight(gold, tail) == pytest.approx(1 / 30)
+    decision = decide(gold, challenger, champion, tail, [str(t) for t in tail], PromoteParams())
+    assert not decision.promote and ("beyond the tolerance 0.0200 (one answer moves it by up to 0.0333 here, more than "
+                                     "the tolerance: the rarest tail classes have few validation questions") in decision.reasons[1]
+    # with thirty questions a tail class, one answer weighs less than the tolerance: no such remark
+    many = np.repeat(np.arange(3), 30)
+    assert one_answers_weight(many, np.array([1, 2])) == pytest.approx(1 / (59 * 2))
+    lost = many.copy()
+    lost[30:45] = 0
+    assert "one answer" not in decide(many, lost, many.copy(), np.array([1, 2]), ["1", "2"], PromoteParams()).reasons[1]
 
 
 def test_the_first_model_becomes_champion():

@@ -378,10 +378,14 @@ def test_the_stages_own_lines_reach_the_flow_runs_logs(project):
     flow_run_id = state.state_details.flow_run_id
     deadline, lines = time.time() + 30, []
     with get_client(sync_client=True) as client:
-        while not any("stage one: epoch 1" in line for line in lines) and time.time() < deadline:
+        while not all(any(said in line for line in lines) for said in ("stage one: epoch 1", "classes added")) \
+                and time.time() < deadline:
             time.sleep(0.5)  # the API's log worker sends in batches
             logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
             lines = [f"{log.name}: {log.message}" for log in logs]
     assert any(line.startswith("tqc.training: stage one: epoch 1") for line in lines), lines
     assert any(line.startswith("tqc.stages.stage_two: stage two:") for line in lines), lines
+    # the gate's decision with its reasons, not only whether it promoted
+    assert any(line.startswith("prefect.flow_runs: retrain: 3 rows and 0 classes added; promoted: no champion yet: the "
+                               "first model becomes champion") for line in lines), lines
     assert logging.getLogger("tqc").level == logging.NOTSET and not logging.getLogger("tqc").handlers  # for the run only

@@ -380,6 +380,42 @@ def test_a_delivery_reads_the_current_data_once_and_judges_each_file_as_tqc_vali
             [q["line"] for q in alone["quarantined"]] == [3]
 
 
+def test_tqc_validate_judges_files_as_the_flow_would_with_its_merged_data_and_a_catalog_file_beside(project, capsys):
+    """`tqc validate FILE` judged against data/validated, the last dvc repro's: a question the flow had merged since
+    was accepted again there (the flow then quarantined it), and a new class's rows were quarantined though the
+    catalog file delivered beside them adds the class (the flow took both)."""
+    from tqc.cli import main
+
+    def validate(*paths: Path) -> tuple[int, str]:
+        with pytest.raises(SystemExit) as ended:
+            main(["validate", *map(str, paths)])
+        return ended.value.code, capsys.readouterr().out
+
+    known = unseen_questions(project, "LOC", 1)[0]
+    drop(project, "first.csv", [(known, "LOC")])
+    staged, files = deliver(project)
+    steps.commit(load_params(project / "params.yaml"), staged, files, [])
+    merged = (project / "data" / "raw" / "labeled.jsonl").read_bytes()
+    outside = project / "to-check"  # not the inbox: checking delivers nothing
+    outside.mkdir()
+    (outside / "again.csv").write_text(f"question,label\n{known},LOC\n")
+    (outside / "catalog-new.csv").write_text("class_id,text\nFOOD,What should I eat?\n")
+    (outside / "food.csv").write_text("question,label\nwhat is good to eat tonight,FOOD\n")
+
+    code, out = validate(outside / "again.csv")
+    assert code == 1 and "again.csv: 1 rows read, 0 would be accepted, 1 quarantined" in out and "line 2: no_duplicates" in out
+    code, out = validate(outside / "catalog-new.csv", outside / "food.csv")
+    assert code == 0, out
+    assert "catalog-new.csv: 1 class(es) read, 1 would be accepted as new classes, 0 quarantined" in out
+    assert "food.csv: 1 rows read, 1 would be accepted, 0 quarantined" in out
+    code, out = validate(outside / "food.csv")  # alone, FOOD is no class
+    assert code == 1 and "line 2: label_in_catalog" in out
+    code, out = validate(outside / "missing.csv")
+    assert code == 2 and "missing.csv: unusable: no such file" in out
+    assert (project / "data" / "raw" / "labeled.jsonl").read_bytes() == merged  # nothing was merged by checking
+    assert not (project / "data" / "raw" / "catalog.jsonl").exists()
+
+
 def test_a_delivered_copy_of_a_question_the_data_holds_under_two_labels_is_quarantined_when_judged(project):
     """The training run's validate quarantines every copy of a contested question, the delivered one too: the
     delivery is judged against the ingested rows it will be validated with, not validate's output (which lacks both)."""
@@ -405,7 +441,7 @@ def test_a_label_conflict_within_one_file_also_rules_out_another_files_copy(proj
     assert not staged.accepted and not (staged.raw / "labeled.jsonl").exists()  # no empty additions file: ingest refuses one
 
 
-def test_a_delivery_that_adds_nothing_writes_no_empty_additions_file_that_ingest_would_refuse(project):
+def test_a_delivery_that_adds_nothing_writes_no_empty_additions_file_that_ingest_would_refuse(project, caplog):
     from tqc.pipeline import ingested_data
 
     known = unseen_questions(project, "LOC", 1)[0]
@@ -418,8 +454,10 @@ def test_a_delivery_that_adds_nothing_writes_no_empty_additions_file_that_ingest
         "class_id,text\nHUM,who is it?\nLOC,Where is the place?\nNUM,how many are there?\n")
     params = load_params(project / "params.yaml")
     files, _ = steps.pick_up(params.retrain)
-    staged = steps.stage(files, params, Path(params.retrain.work_dir))
+    with caplog.at_level("WARNING", logger="tqc.retrain"):
+        staged = steps.stage(files, params, Path(params.retrain.work_dir))
     assert not staged.accepted
+    assert "catalog-known.csv, line 2: class 'HUM' already has the standard question" in caplog.text  # said, not only counted
     known_class, = [q for q in staged.quarantined_rows if q["expectations"] == ["new_class"]]
     assert known_class["content"] == {"class_id": "HUM", "text": "who is it?"} and "already has the standard" in known_class["reason"]
     assert known_class["line"] == 2  # the file's line, as every other quarantined row has

@@ -591,6 +591,38 @@ def test_an_alias_moved_by_hand_leaves_one_version_tagged_champion(tiny_model_di
     assert v2["promotion"] == "superseded" and v2["superseded_by"] == "1"  # was still champion
 
 
+def test_set_champion_rolls_back_by_hand_with_the_tags_following_at_once(tiny_model_dir, data_dir, tmp_path, registry,
+                                                                          capsys):
+    """`tqc set-champion`: the documented rollback, so that no hand-moved alias leaves the tags saying otherwise until
+    the next promote."""
+    import mlflow
+    import yaml
+
+    from tqc.cli import main
+
+    challenger = _champion_v1(tiny_model_dir, data_dir, tmp_path, registry)
+    take_anything = PromoteParams(bootstrap_samples=200, min_improvement=-1.0, tail_tolerance=1.0)
+    with standalone_run("promote", registry) as tracker:
+        assert promote.run(data_dir, challenger, None, take_anything, tmp_path / "p.json", tracker)["promoted"]
+    params = yaml.safe_load((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
+    params["tracking"]["uri"] = registry.uri
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+
+    assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "1"]) == 0
+    assert "tqc-admc@champion: v1 (was v2; tagged superseded)" in capsys.readouterr().out
+    client = mlflow.MlflowClient()
+    assert _alias_version() == "1"
+    v1, v2 = (client.get_model_version("tqc-admc", v).tags for v in ("1", "2"))
+    assert v1["promotion"] == "champion" and "superseded_by" not in v1 and "alias_set_by_hand" in v1
+    assert v2["promotion"] == "superseded" and v2["superseded_by"] == "1"
+
+    assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "1"]) == 0
+    assert "v1 (it held the alias already)" in capsys.readouterr().out
+    assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "9"]) == 2
+    assert "tqc-admc v9: no such registered version" in capsys.readouterr().err
+    assert _alias_version() == "1"
+
+
 def split_of(directory: Path, train: list[tuple[str, str]], validation: list[tuple[str, str]]) -> Path:
     """A validated data folder with the fixture's catalog and these rows."""
     Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()]).save(directory / "catalog.jsonl")

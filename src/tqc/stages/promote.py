@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tqc.config import PromoteParams
+from tqc.config import ConfigError, PromoteParams
 from tqc.io import write_json
 from tqc.promotion import Decision, class_changes, decide, refresh_changes_rule, tail_classes
 from tqc.schema import Catalog, LabeledQuestion, load_questions
@@ -193,6 +193,36 @@ def _rule_metrics(figures: dict | None) -> dict[str, float]:
     if not figures or figures["n"] == 0:
         return {}
     return {"rule_standard_accuracy": figures["standard_accuracy"], "rule_exemplars_accuracy": figures["exemplars_accuracy"]}
+
+
+def set_champion(params: PromoteParams, version: str) -> str | None:
+    """Move `params.alias` to registered `version` by hand, with no gate: a rollback to an earlier champion, or a
+    version the gate rejected that a person has judged. The tags follow the alias at once (`_move_alias`), and the
+    version is tagged `alias_set_by_hand` with the time. Returns the version that held the alias (None: none did).
+    Runs against the registry MLflow is set to."""
+    offline_mlflow()
+    import datetime
+
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from tqc.serving import NOT_FOUND_CODES, alias_version
+
+    client = mlflow.MlflowClient()
+    try:
+        client.get_model_version(params.model_name, version)
+    except MlflowException as exc:
+        if exc.error_code in NOT_FOUND_CODES:
+            raise ConfigError(f"{params.model_name} v{version}: no such registered version ({exc.message})") from None
+        raise
+    holder = alias_version(client, params.model_name, params.alias)
+    before = str(holder.version) if holder is not None else None
+    _move_alias(client, params, version)
+    when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    client.set_model_version_tag(params.model_name, version, "alias_set_by_hand", when)
+    log.info("set-champion: %s@%s is v%s (was %s), set by hand", params.model_name, params.alias, version,
+             f"v{before}" if before else "unset")
+    return before
 
 
 def _move_alias(client, params: PromoteParams, version: str) -> None:
