@@ -197,7 +197,7 @@ def _retrain_new_files(params: Params, retries: dict, logger) -> dict:
         logger.info("retrain: no row accepted from %d file(s) (%s); nothing to train", len(files) + len(repeats),
                     steps.why_nothing_was_accepted(staged, repeats, Path(params.retrain.quarantine)))
         create_markdown_artifact(steps.summary_markdown(staged, None, None, repeats), key="retrain-summary")
-        return {"status": "no rows accepted", **result}
+        return {"status": "no rows accepted", "new_files": len(files), "repeats": len(repeats), **result}
     with standalone_run("retrain", params.tracking, tags={"tqc.kind": "retrain", "tqc.retrain.mode": params.retrain.mode}):
         renew = refresh if params.retrain.mode == "refresh" else train  # refresh: the exemplar rule, no training
         trained = renew.with_options(**retries)(params, staged, staging)
@@ -222,6 +222,7 @@ if __name__ == "__main__":
         outcome = retrain()
     except USER_ERRORS as error:  # said in the run's log already
         raise SystemExit(f"retrain failed: {error}") from None
-    if outcome["status"] == "no rows accepted":  # a delivery that added nothing wants a look: a non-zero exit for cron
+    if outcome["status"] == "no rows accepted" and outcome["new_files"]:  # new files that added nothing want a look:
+        # a non-zero exit for cron (a delivery of repeats only is no fault)
         raise SystemExit("retrain: no row of the delivery was accepted; data/archive/manifest.jsonl and the quarantine "
                          "say why")

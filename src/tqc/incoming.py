@@ -104,17 +104,25 @@ def check_delivery(paths: list[Path], params: Params) -> int:
 
     from tqc import retrain
 
-    missing = [path for path in paths if not path.is_file()]
-    for path in missing:
-        print(f"{path}: unusable: {'not a file' if path.exists() else 'no such file'}")
-    files = [retrain.Incoming(path, retrain.sha256(path)) for path in paths if path not in missing]
-    with tempfile.TemporaryDirectory(prefix="tqc-validate-") as scratch, _quiet("tqc.stages.ingest"):
+    from tqc.config import ConfigError
+
+    unread = {path: "not a file" if path.exists() else "no such file" for path in paths if not path.is_file()}
+    unread |= {path: f"the retrain flow reads only {', '.join(sorted(retrain.SUFFIXES))} files" for path in paths
+               if path not in unread and path.suffix.lower() not in retrain.SUFFIXES}
+    for path, why in unread.items():
+        print(f"{path}: unusable: {why}")
+    # in the inbox's order, as the flow reads them: which of two copies is the duplicate follows from it
+    files = [retrain.Incoming(path, retrain.sha256(path)) for path in sorted(paths, key=lambda p: p.name) if path not in unread]
+    with tempfile.TemporaryDirectory(prefix="tqc-validate-") as scratch, _quiet("tqc.stages.ingest"), _quiet("tqc.retrain"):
         try:
             staged = retrain.stage(files, params, Path(scratch)) if files else retrain.Staged(Path(scratch))
+        except ConfigError as exc:  # data.additions unset: the flow's data cannot be built
+            print(f"{exc}; --against data/validated checks against the last dvc repro's data instead")
+            return UNUSABLE
         except (OSError, ValueError) as exc:  # the current data: its reader names the file and line
             print(f"the current data to check against cannot be read: {exc}")
             return UNUSABLE
-    worst = UNUSABLE if missing else CLEAN
+    worst = UNUSABLE if unread else CLEAN
     for outcome in staged.outcomes:
         if outcome.outcome == "unusable":
             print(f"{outcome.file}: unusable: {outcome.reason}")

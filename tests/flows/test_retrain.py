@@ -73,6 +73,7 @@ def test_a_file_is_merged_trained_judged_then_nothing_then_a_repeat_adds_nothing
     (project / "data" / "incoming" / "batch-1-again.csv").write_bytes(archived.read_bytes())  # the same file, redelivered
     again = retrain(params_path="params.yaml")
     assert again["status"] == "no rows accepted" and len(added_rows(project)) == 8
+    assert again["new_files"] == 0 and again["repeats"] == 1  # a repeat only: `python flows/retrain.py` exits 0
     assert manifest(project)[-1]["outcome"] == "repeat" and champion_version(project) == "1"
 
 

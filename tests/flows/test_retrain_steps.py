@@ -412,6 +412,9 @@ def test_tqc_validate_judges_files_as_the_flow_would_with_its_merged_data_and_a_
     assert code == 1 and "line 2: label_in_catalog" in out
     code, out = validate(outside / "missing.csv")
     assert code == 2 and "missing.csv: unusable: no such file" in out
+    (outside / "notes.txt").write_text("question,label\nwhere is the sea,LOC\n")
+    code, out = validate(outside / "notes.txt")  # the flow leaves such a file in the inbox, unread
+    assert code == 2 and "notes.txt: unusable: the retrain flow reads only .csv, .jsonl, .ndjson files" in out
     assert (project / "data" / "raw" / "labeled.jsonl").read_bytes() == merged  # nothing was merged by checking
     assert not (project / "data" / "raw" / "catalog.jsonl").exists()
 

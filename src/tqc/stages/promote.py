@@ -210,13 +210,19 @@ def set_champion(params: PromoteParams, version: str) -> str | None:
 
     client = mlflow.MlflowClient()
     try:
-        client.get_model_version(params.model_name, version)
+        chosen = client.get_model_version(params.model_name, version)
     except MlflowException as exc:
         if exc.error_code in NOT_FOUND_CODES:
             raise ConfigError(f"{params.model_name} v{version}: no such registered version ({exc.message})") from None
         raise
+    version = str(chosen.version)  # "01" is v1
+    if chosen.tags.get("promotion") == "failed":  # registered, but it could not answer the validation questions
+        raise ConfigError(f"{params.model_name} v{version} is tagged promotion: failed: it could not answer the "
+                          "validation questions when it was judged, so it is not served")
     holder = alias_version(client, params.model_name, params.alias)
     before = str(holder.version) if holder is not None else None
+    if before == version:
+        return before
     _move_alias(client, params, version)
     when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     client.set_model_version_tag(params.model_name, version, "alias_set_by_hand", when)

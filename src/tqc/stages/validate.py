@@ -245,7 +245,8 @@ def _naming_classes(outcome: ExpectationOutcome, catalog: Catalog) -> Expectatio
     error says which classes to fix, not only how many."""
     if outcome.success or not outcome.failing_rows:
         return outcome
-    return replace(outcome, observed={**outcome.observed, "classes": [catalog.class_ids[i] for i in outcome.failing_rows[:10]]})
+    return replace(outcome, observed={**outcome.observed, "classes": [catalog.class_ids[i] for i in outcome.failing_rows[:10]],
+                                      "failing_classes": len(outcome.failing_rows)})
 
 
 def quarantine_record(question: LabeledQuestion, split: str, expectations: list[str]) -> dict:
@@ -338,7 +339,7 @@ def _observation(observed: dict) -> str:
     if observed.get("observed_value") is not None:
         said.append(f"observed {observed['observed_value']}")
     classes = observed.get("classes") or []
-    more = (observed.get("unexpected_count") or 0) - len(classes)
+    more = observed.get("failing_classes", observed.get("unexpected_count") or 0) - len(classes)
     named = f"classes {', '.join(map(repr, classes))}" + (f" and {more} more" if classes and more > 0 else "")
     return ": ".join(filter(None, ["; ".join(said), named if classes else ""])) or "no observation"
 
