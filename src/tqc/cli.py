@@ -360,38 +360,38 @@ def _promote(args: argparse.Namespace, params: Params) -> None:
 
 
 def _trained_on(args: argparse.Namespace, params: Params) -> None:
-    import mlflow
-
-    from tqc.config import ConfigError
     from tqc.schema import load_questions
     from tqc.serving import record_trained_on
-    from tqc.tracking import tracking_uri
 
-    if not params.tracking.enabled:
-        raise ConfigError("tracking.enabled is false: there is no registry to record into")
+    _use_the_registry(params, "record into")
     questions = [q.text for path in args.train for q in load_questions(path)]
     if not questions:  # an empty record would stand for good: a record is never replaced
         raise ConfigError(f"{', '.join(map(str, args.train))}: no labeled questions to record")
-    mlflow.set_tracking_uri(tracking_uri(params.tracking))
     uri, distinct, commit = record_trained_on(params.promote.model_name, args.version, questions)
     print(f"{params.promote.model_name} v{args.version}: recorded {distinct} distinct questions of {len(questions)} rows "
           f"as what it learnt from ({uri}); its pipeline run was at commit {commit or 'unknown'}, whose training file "
           "these should be")
 
 
-def _set_champion(args: argparse.Namespace, params: Params) -> None:
+def _use_the_registry(params: Params, to_do: str) -> None:
+    """MLflow set to `tracking.uri`'s registry, for a command that works on it; refused where tracking is off."""
     import mlflow
 
-    from tqc.stages.promote import set_champion
     from tqc.tracking import tracking_uri
 
     if not params.tracking.enabled:
-        raise ConfigError("tracking.enabled is false: there is no registry to set a champion in")
+        raise ConfigError(f"tracking.enabled is false: there is no registry to {to_do}")
     mlflow.set_tracking_uri(tracking_uri(params.tracking))
-    before = set_champion(params.promote, args.version)
-    print(f"{params.promote.model_name}@{params.promote.alias}: v{args.version}"
-          + (f" (was v{before}; tagged superseded)" if before not in (None, args.version) else
-             " (it held the alias already)" if before == args.version else " (no version held it)"))
+
+
+def _set_champion(args: argparse.Namespace, params: Params) -> None:
+    from tqc.stages.promote import set_champion
+
+    _use_the_registry(params, "set a champion in")
+    version, before = set_champion(params.promote, args.version)  # "02" is v2
+    print(f"{params.promote.model_name}@{params.promote.alias}: v{version}"
+          + (f" (was v{before}; tagged superseded)" if before not in (None, version) else
+             " (it held the alias already)" if before == version else " (no version held it)"))
 
 
 def _tune(args: argparse.Namespace, params: Params) -> None:

@@ -12,10 +12,11 @@ current data cannot be read.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tqc.config import Params
+from tqc.config import ConfigError, Params
 from tqc.readers import ReaderError, labels_read_as_catalog, read_table, require_rows
 from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.stages.validate import ValidationFailed, check, raise_on_critical, summarise
@@ -104,8 +105,6 @@ def check_delivery(paths: list[Path], params: Params) -> int:
 
     from tqc import retrain
 
-    from tqc.config import ConfigError
-
     unread = {path: "not a file" if path.exists() else "no such file" for path in paths if not path.is_file()}
     unread |= {path: f"the retrain flow reads only {', '.join(sorted(retrain.SUFFIXES))} files" for path in paths
                if path not in unread and path.suffix.lower() not in retrain.SUFFIXES}
@@ -138,16 +137,14 @@ def check_delivery(paths: list[Path], params: Params) -> int:
     return worst
 
 
-class _quiet:
+@contextmanager
+def _quiet(name: str):
     """A logger held at ERROR for a block: building the current data logs what ingest says of it (its own
     quarantined rows, its summary), which is not what a check of new files is asked."""
-
-    def __init__(self, name: str):
-        self.logger = logging.getLogger(name)
-
-    def __enter__(self):
-        self.level = self.logger.level
-        self.logger.setLevel(logging.ERROR)
-
-    def __exit__(self, *exc):
-        self.logger.setLevel(self.level)
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

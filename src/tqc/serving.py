@@ -564,7 +564,7 @@ def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | Non
         if trained_on is not None:
             artifacts[TRAINED_ON] = str(_write_record(Path(scratch), trained_on))
         with warnings.catch_warnings():
-            # The signature is given below; an input example would also run the model once as it is logged
+            # The signature is given (`_log_served_model`); an input example would also run the model once as it is logged
             warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
             info = _log_served_model(artifacts, config)
     return str(mlflow.register_model(info.model_uri, model_name, tags=tags).version)

@@ -618,6 +618,8 @@ def test_set_champion_rolls_back_by_hand_with_the_tags_following_at_once(tiny_mo
 
     assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "1"]) == 0
     assert "v1 (it held the alias already)" in capsys.readouterr().out
+    assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "01"]) == 0  # as the registry spells it
+    assert "tqc-admc@champion: v1 (it held the alias already)" in capsys.readouterr().out
     assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "9"]) == 2
     assert "tqc-admc v9: no such registered version" in capsys.readouterr().err
     client.set_model_version_tag("tqc-admc", "2", "promotion", "failed")  # could not answer when judged: never served

@@ -225,6 +225,10 @@ def _carved_share(fraction: float, validation_rows: int, train_rows: int) -> flo
     return share
 
 
+def _write_quarantine(path: Path, rejected: list[RejectedRow]) -> None:
+    write_jsonl(path, (dict(asdict(r), stage="ingest") for r in rejected))
+
+
 @contextmanager
 def _quarantined_if_stopped(quarantine_path: Path):
     """A file that stops ingest for its rejected rows has every one of them quarantined, not only the few its error
@@ -234,7 +238,7 @@ def _quarantined_if_stopped(quarantine_path: Path):
     except RowsRejected as exc:
         if not exc.rejected:  # a header alone: nothing to list
             raise
-        write_jsonl(quarantine_path, (dict(asdict(r), stage="ingest") for r in exc.rejected))
+        _write_quarantine(quarantine_path, exc.rejected)
         raise RowsRejected(f"{exc}. All {len(exc.rejected)} of its rejected rows are in {quarantine_path}", exc.rejected) from None
 
 
@@ -270,7 +274,7 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
             save_questions(staging / "generated.jsonl", generated.rows)
     rejected: list[RejectedRow] = (splits.train.rejected + splits.test.rejected + validation_rejected + added.rejected
                                    + generated.rejected)
-    write_jsonl(quarantine_path, (dict(asdict(r), stage="ingest") for r in rejected))
+    _write_quarantine(quarantine_path, rejected)
 
     report = {
         "dataset": params.dataset,

@@ -195,11 +195,11 @@ def _rule_metrics(figures: dict | None) -> dict[str, float]:
     return {"rule_standard_accuracy": figures["standard_accuracy"], "rule_exemplars_accuracy": figures["exemplars_accuracy"]}
 
 
-def set_champion(params: PromoteParams, version: str) -> str | None:
+def set_champion(params: PromoteParams, version: str) -> tuple[str, str | None]:
     """Move `params.alias` to registered `version` by hand, with no gate: a rollback to an earlier champion, or a
     version the gate rejected that a person has judged. The tags follow the alias at once (`_move_alias`), and the
-    version is tagged `alias_set_by_hand` with the time. Returns the version that held the alias (None: none did).
-    Runs against the registry MLflow is set to."""
+    version is tagged `alias_set_by_hand` with the time. Returns (the version as the registry spells it, the version
+    that held the alias before: None where none did). Runs against the registry MLflow is set to."""
     offline_mlflow()
     import datetime
 
@@ -222,13 +222,13 @@ def set_champion(params: PromoteParams, version: str) -> str | None:
     holder = alias_version(client, params.model_name, params.alias)
     before = str(holder.version) if holder is not None else None
     if before == version:
-        return before
+        return version, before
     _move_alias(client, params, version)
     when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     client.set_model_version_tag(params.model_name, version, "alias_set_by_hand", when)
     log.info("set-champion: %s@%s is v%s (was %s), set by hand", params.model_name, params.alias, version,
              f"v{before}" if before else "unset")
-    return before
+    return version, before
 
 
 def _move_alias(client, params: PromoteParams, version: str) -> None:
