@@ -485,15 +485,13 @@ def _question_file_lines(path: Path, column: str) -> list[tuple[int, str]]:
     """(line, text) of `--file`: a .csv or .jsonl file's `column` (never its header or raw JSON as questions), else
     each line, stdin's for `-`."""
     from tqc.io import utf8_text
-    from tqc.readers import ReaderError, read_texts, split_lines
+    from tqc.readers import TABLE_SUFFIXES, MissingColumns, read_texts, split_lines
 
-    if str(path) != "-" and path.suffix.lower() in {".csv", ".jsonl", ".ndjson"}:
+    if str(path) != "-" and path.suffix.lower() in TABLE_SUFFIXES:
         try:
             return read_texts(path, column)
-        except ReaderError as exc:
-            if "missing column" in str(exc) or f"no {column!r} field" in str(exc):  # a CSV's header, a JSONL record
-                raise ConfigError(f"{exc}: --column names the column holding the questions") from None
-            raise
+        except MissingColumns as exc:  # a CSV's header, a JSONL record
+            raise ConfigError(f"{exc}: --column names the column holding the questions") from None
     if str(path) == "-":
         name, raw = "stdin", sys.stdin.buffer.read()  # bytes: the locale's decoder would let bad bytes through or crash
     elif not path.is_file():

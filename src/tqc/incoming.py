@@ -83,7 +83,8 @@ def check_batch(path: Path, against: Path | Reference, params: Params) -> dict:
 
 def main(path: Path, against: Path, params: Params) -> int:
     try:
-        report = check_batch(path, against, params)
+        with _quiet(*_CURRENT_DATA_LOGGERS):
+            report = check_batch(path, against, params)
     except UnreadableReference as exc:  # exit 2, not an uncaught error's 1, which says QUARANTINED here
         print(f"{exc} (the validate stage writes it: `dvc repro validate`)")
         return UNUSABLE
@@ -112,7 +113,7 @@ def check_delivery(paths: list[Path], params: Params) -> int:
         print(f"{path}: unusable: {why}")
     # in the inbox's order, as the flow reads them: which of two copies is the duplicate follows from it
     files = [retrain.Incoming(path, retrain.sha256(path)) for path in sorted(paths, key=lambda p: p.name) if path not in unread]
-    with tempfile.TemporaryDirectory(prefix="tqc-validate-") as scratch, _quiet("tqc.stages.ingest"), _quiet("tqc.retrain"):
+    with tempfile.TemporaryDirectory(prefix="tqc-validate-") as scratch, _quiet(*_CURRENT_DATA_LOGGERS):
         try:
             staged = retrain.stage(files, params, Path(scratch)) if files else retrain.Staged(Path(scratch))
         except ConfigError as exc:  # data.additions unset: the flow's data cannot be built
@@ -137,14 +138,21 @@ def check_delivery(paths: list[Path], params: Params) -> int:
     return worst
 
 
+# What building and validating the grown data logs concerns all of it (ingest's own quarantined rows, validate's
+# "no_duplicates on train failed for 72 rows" over the current data too), not the
+# files checked: those are printed file by file, each quarantined row with its line
+_CURRENT_DATA_LOGGERS = ("tqc.stages.ingest", "tqc.stages.validate", "tqc.retrain")
+
+
 @contextmanager
-def _quiet(name: str):
-    """A logger held at ERROR for a block: building the current data logs what ingest says of it (its own
-    quarantined rows, its summary), which is not what a check of new files is asked."""
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+def _quiet(*names: str):
+    """The loggers `names` held at ERROR for a block."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)

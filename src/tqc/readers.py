@@ -26,12 +26,26 @@ from tqc.text import normalise
 
 log = logging.getLogger(__name__)
 
+JSONL_SUFFIXES = frozenset({".jsonl", ".ndjson"})
+TABLE_SUFFIXES = frozenset({".csv", *JSONL_SUFFIXES})  # files read through a column mapping: a user's CSV or JSONL
 TREC_LINE = re.compile(r"^(?P<coarse>[A-Z]+):(?P<fine>[a-z]+)\s+(?P<text>\S.*)$")
 TREC_STRAY_CR = re.compile(r"\r(?!\n)(?![A-Z]+:[a-z]+\s)")  # a lone CR that no label follows
 
 
 class ReaderError(ValueError):
     """The file as a whole is unusable (missing, empty, wrong columns)."""
+
+
+class MissingColumns(ReaderError):
+    """A file without a column its mapping names (a CSV's header, a JSONL record): usually the wrong mapping or the wrong
+    file, so callers can say which option picks the column."""
+
+    def __init__(self, message: str, columns: list[str]):
+        super().__init__(message)
+        self.columns = columns
+
+    def __reduce__(self):
+        return type(self), (str(self), self.columns)
 
 
 class RowsRejected(ReaderError):
@@ -369,7 +383,7 @@ def _unusable_values(record: dict, text_column: str, label_column: str, source_c
     (1.0, true, NaN, a list) is refused rather than turned into a class named "1.0" or "True"."""
     missing = [c for c in (text_column, label_column, source_column) if c is not None and c not in record]
     if missing:
-        return f"missing column(s) {missing}"
+        return _missing_columns(missing)
     for column in (text_column, source_column):
         if column is not None and not isinstance(record[column], (str, type(None))):
             return f"{column!r} is a JSON {type(record[column]).__name__}, not a string"
@@ -380,6 +394,17 @@ def _unusable_values(record: dict, text_column: str, label_column: str, source_c
         if column is not None and isinstance(record[column], str) and not _encodable(record[column]):
             return f"{column!r} holds a lone surrogate (a JSON \\ud800-\\udfff escape that is half a pair), not text"
     return "" if label is not None and normalise(str(label)) else "empty label"  # a zero-width space alone is none
+
+
+def _missing_columns(missing: list[str]) -> str:
+    return f"missing column(s) {missing}"
+
+
+def _missing_in(reason: str, columns: list[str]) -> list[str]:
+    """The columns a rejected row's `reason` says its record lacks ([] when it gives another reason): `_unusable_values`
+    names them in `columns`' order."""
+    subsets = ([c for i, c in enumerate(columns) if mask >> i & 1] for mask in range(1, 2 ** len(columns)))
+    return next((subset for subset in subsets if reason == _missing_columns(subset)), [])
 
 
 def _encodable(text: str) -> bool:
@@ -405,7 +430,7 @@ def _csv_dict_records(path: Path, columns: list[str]) -> list[tuple[int, dict | 
         raise ReaderError(f"{path}, line {header_line}: the header repeats column(s) {repeated}")
     missing = [c for c in columns if c not in header]
     if missing:
-        raise ReaderError(f"{path}, line {header_line}: missing column(s) {missing}: the header has {header}")
+        raise MissingColumns(f"{path}, line {header_line}: {_missing_columns(missing)}: the header has {header}", missing)
     rows = []
     # a label column to tell rows swallowed by an unclosed quote from a question over several lines (none: texts only)
     label_index = header.index(columns[1]) if len(columns) > 1 else None
@@ -434,6 +459,8 @@ def read_texts(path: Path, column: str) -> list[tuple[int, str]]:
     texts = []
     for line_number, record, _ in records:
         reason = record.reason if isinstance(record, _Unusable) else _no_text(record, column)
+        if reason and isinstance(record, dict) and column not in record:
+            raise MissingColumns(f"{path}, line {line_number}: {reason}", [column])
         if reason:
             raise ReaderError(f"{path}, line {line_number}: {reason}")
         texts.append((line_number, (record[column] or "").strip()))
@@ -450,7 +477,7 @@ def _no_text(record: dict, column: str) -> str:
 
 
 def is_jsonl(path: Path) -> bool:
-    return path.suffix.lower() in {".jsonl", ".ndjson"}
+    return path.suffix.lower() in JSONL_SUFFIXES
 
 
 def _jsonl_records(path: Path) -> list[tuple[int, dict | _Unusable, str]]:
@@ -501,7 +528,9 @@ def read_catalog_rows(path: Path, id_column: str = "class_id", text_column: str 
     result = read_table(path, text_column=text_column, label_column=id_column)
     if result.rejected:
         bad = result.rejected[0]
-        raise ReaderError(f"{bad.file}, line {bad.line}: catalog row unusable: {bad.reason}")
+        message = f"{bad.file}, line {bad.line}: catalog row unusable: {bad.reason}"
+        missing = _missing_in(bad.reason, [text_column, id_column])
+        raise MissingColumns(message, missing) if missing else ReaderError(message)
     if not result.rows:  # a header alone: every class would get a derived text, one warning each, and no error
         raise ReaderError(f"{path}: the catalog file has no rows, only its header: each row gives a class its standard "
                           "question")

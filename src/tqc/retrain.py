@@ -44,13 +44,13 @@ from typing import Iterator
 from tqc.config import Params, RetrainParams, redact_text
 from tqc.io import atomic_directory, atomic_path, file_digest, read_json, read_jsonl, write_jsonl, write_text
 from tqc.locks import exclusive
-from tqc.readers import ADDED_CATALOG, ADDED_QUESTIONS, ReaderError, read_catalog_rows
+from tqc.readers import ADDED_CATALOG, ADDED_QUESTIONS, TABLE_SUFFIXES, MissingColumns, ReaderError, read_catalog_rows
 from tqc.schema import Catalog
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.jsonl"
-SUFFIXES = {".csv", ".jsonl", ".ndjson"}
+SUFFIXES = TABLE_SUFFIXES
 DVC = (sys.executable, "-m", "dvc")  # the dvc beside this Python, whatever PATH a worker starts with
 
 
@@ -211,7 +211,7 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged
                                  taken={normalise(text): class_id for class_id, text in current})
     except (ReaderError, ValueError) as exc:
         outcome.outcome, outcome.reason = "unusable", str(exc)
-        if "missing column" in outcome.reason:  # labeled questions, say, in a file whose name made it a catalog
+        if isinstance(exc, MissingColumns):  # labeled questions, say, in a file whose name made it a catalog
             outcome.reason += (f" (a file whose name begins with 'catalog' is read as a catalog: columns "
                                f"{params.data.custom.catalog_id_column!r}, {params.data.custom.catalog_text_column!r}; "
                                "labeled questions go in a file named otherwise)")

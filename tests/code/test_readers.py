@@ -815,3 +815,42 @@ def test_a_folder_or_an_unreadable_file_is_said_to_be_so(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "read_bytes", denied)
     with pytest.raises(ReaderError, match=r"locked.csv: cannot be read \(Permission denied\)"):
         decode_file(locked)
+
+
+@pytest.mark.parametrize("name, content, columns", [
+    ("catalog.csv", "class_id,question\nA,What is a?\n", ["text"]),                  # a CSV header without the column
+    ("catalog.jsonl", '{"class_id": "A", "question": "What is a?"}\n', ["text"]),  # a JSONL record without it
+    ("catalog.jsonl", '{"label": "A"}\n', ["text", "class_id"]),
+])
+def test_a_catalog_without_a_mapped_column_raises_missing_columns_naming_them(tmp_path, name, content, columns):
+    """Callers say which option picks the column on this type, not on the words of the message."""
+    from tqc.readers import MissingColumns, read_catalog_rows
+
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(MissingColumns, match="missing column") as raised:
+        read_catalog_rows(path)
+    assert raised.value.columns == columns and f"{path}, line 1" in str(raised.value)
+
+
+def test_a_catalog_row_unusable_for_another_reason_is_not_missing_columns(tmp_path):
+    from tqc.readers import MissingColumns, read_catalog_rows
+
+    path = tmp_path / "catalog.jsonl"
+    path.write_text('{"class_id": 1.5, "text": "What is a?"}\n', encoding="utf-8")
+    with pytest.raises(ReaderError, match="line 1: catalog row unusable: label 'class_id' is a JSON float") as raised:
+        read_catalog_rows(path)
+    assert not isinstance(raised.value, MissingColumns)
+
+
+def test_texts_without_their_column_raise_missing_columns_and_it_pickles_whole(tmp_path):
+    import pickle
+
+    from tqc.readers import MissingColumns, read_texts
+
+    path = tmp_path / "questions.jsonl"
+    path.write_text('{"text": "Who?"}\n{"question": "Where?"}\n', encoding="utf-8")
+    with pytest.raises(MissingColumns, match=r"questions.jsonl, line 2: no 'text' field") as raised:
+        read_texts(path, "text")
+    restored = pickle.loads(pickle.dumps(raised.value))
+    assert isinstance(restored, MissingColumns) and restored.columns == ["text"] and str(restored) == str(raised.value)

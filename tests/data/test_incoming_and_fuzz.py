@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import csv
 import io
 import re
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from tqc.config import Params
 from tqc.incoming import CLEAN, QUARANTINED, UNUSABLE, check_batch, main
 from tqc.readers import ReaderError, read_headerless_pairs, read_table
-from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, save_questions
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, load_questions, save_questions
 
 LABELS = ["a", "b", "", "zzz"]
 # A bare CR inside an unquoted field (Python's writer does not quote it under a "\n" terminator) is read
@@ -206,3 +207,20 @@ def test_a_training_line_that_is_no_labeled_question_is_named_by_line(tmp_path, 
         train.write(line + "\n")
     assert main(batch, current_data, params()) == UNUSABLE
     assert f"{current_data / 'train.jsonl'}, {said}" in capsys.readouterr().out
+
+
+def test_checking_a_file_logs_nothing_about_the_current_datas_own_failures(tmp_path, current_data, capsys, caplog):
+    """Validate's "no_duplicates on train failed for N rows" over the grown set is mostly about the data already there:
+    the check prints the file's own quarantined rows, by line, and nothing else."""
+    train = current_data / "train.jsonl"
+    save_questions(train, load_questions(train) + [LabeledQuestion("known 1", "a", "t:99")])  # the data's own repeat
+    clean = tmp_path / "clean.csv"
+    clean.write_text("question,label\nbrand new question,a\n")
+    with caplog.at_level(logging.INFO, logger="tqc"):
+        assert main(clean, current_data, params()) == CLEAN
+    assert not [r for r in caplog.records if r.name.startswith("tqc.stages")], caplog.text
+    assert "1 rows read, 1 would be accepted, 0 quarantined" in capsys.readouterr().out
+    assert logging.getLogger("tqc.stages.validate").level == logging.NOTSET  # restored after the check
+    # Great Expectations' base module sets its logger to INFO at import; the validator gives it back its parent's level,
+    # so the CLI's WARNING for "great_expectations" also hides the path of every run's scratch docs folder
+    assert logging.getLogger("great_expectations.data_context.types.base").level == logging.NOTSET

@@ -148,6 +148,9 @@ class Validator:
         import great_expectations as gx
         from great_expectations.data_context.types.base import ProgressBarsConfig
 
+        # That module sets its logger to INFO at import, so the level the CLI gives "great_expectations" did not reach
+        # it: every run printed the path of a scratch folder for docs. NOTSET: it inherits its parent's level again
+        logging.getLogger("great_expectations.data_context.types.base").setLevel(logging.NOTSET)
         self.gx = gx
         self.context = gx.get_context(mode="ephemeral")
         self.context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
