@@ -109,6 +109,7 @@ def check_delivery(paths: list[Path], params: Params) -> int:
     unread = {path: "not a file" if path.exists() else "no such file" for path in paths if not path.is_file()}
     unread |= {path: f"the retrain flow reads only {', '.join(sorted(retrain.SUFFIXES))} files" for path in paths
                if path not in unread and path.suffix.lower() not in retrain.SUFFIXES}
+    unread |= _same_names([path for path in paths if path not in unread])
     for path, why in unread.items():
         print(f"{path}: unusable: {why}")
     # in the inbox's order, as the flow reads them: which of two copies is the duplicate follows from it
@@ -136,6 +137,16 @@ def check_delivery(paths: list[Path], params: Params) -> int:
             print(f"  line {row['line']}: {row['reason']}: {row['content']!r}")
         worst = max(worst, QUARANTINED if outcome.quarantined else CLEAN)
     return worst
+
+
+def _same_names(paths: list[Path]) -> dict[Path, str]:
+    """Files named as an earlier one of `paths` (from another folder): one inbox cannot hold both, and the flow names a
+    row by its file's name and line, so two such files would be judged as one."""
+    first: dict[str, Path] = {}
+    for path in paths:
+        first.setdefault(path.name, path)
+    return {path: f"named as {first[path.name]}: an inbox holds one file of a name, so rename one to deliver both"
+            for path in paths if first[path.name] != path}
 
 
 # What building and validating the grown data logs concerns all of it (ingest's own quarantined rows, validate's

@@ -419,6 +419,23 @@ def test_tqc_validate_judges_files_as_the_flow_would_with_its_merged_data_and_a_
     assert not (project / "data" / "raw" / "catalog.jsonl").exists()
 
 
+def test_tqc_validate_refuses_a_second_file_of_the_same_name_from_another_folder(project, capsys):
+    """The flow names a row by its file's name and line, and an inbox holds one file of a name: two x.csv from two
+    folders were judged as one (each "would be accepted", though the second repeats the first)."""
+    from tqc.cli import main
+
+    question = unseen_questions(project, "LOC", 1)[0]
+    for folder in ("monday", "tuesday"):
+        (project / folder).mkdir()
+        (project / folder / "x.csv").write_text(f"question,label\n{question},LOC\n")
+    with pytest.raises(SystemExit) as ended:
+        main(["validate", str(project / "monday" / "x.csv"), str(project / "tuesday" / "x.csv")])
+    out = capsys.readouterr().out
+    assert ended.value.code == 2
+    assert f"tuesday/x.csv: unusable: named as {project / 'monday' / 'x.csv'}: an inbox holds one file of a name" in out
+    assert "monday/x.csv: 1 rows read, 1 would be accepted, 0 quarantined" in out
+
+
 def test_a_delivered_copy_of_a_question_the_data_holds_under_two_labels_is_quarantined_when_judged(project):
     """The training run's validate quarantines every copy of a contested question, the delivered one too: the
     delivery is judged against the ingested rows it will be validated with, not validate's output (which lacks both)."""
