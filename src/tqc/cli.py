@@ -367,8 +367,8 @@ def _trained_on(args: argparse.Namespace, params: Params) -> None:
     questions = [q.text for path in args.train for q in load_questions(path)]
     if not questions:  # an empty record would stand for good: a record is never replaced
         raise ConfigError(f"{', '.join(map(str, args.train))}: no labeled questions to record")
-    uri, distinct, commit = record_trained_on(params.promote.model_name, args.version, questions)
-    print(f"{params.promote.model_name} v{args.version}: recorded {distinct} distinct questions of {len(questions)} rows "
+    version, uri, distinct, commit = record_trained_on(params.promote.model_name, args.version, questions)
+    print(f"{params.promote.model_name} v{version}: recorded {distinct} distinct questions of {len(questions)} rows "
           f"as what it learnt from ({uri}); its pipeline run was at commit {commit or 'unknown'}, whose training file "
           "these should be")
 

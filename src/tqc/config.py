@@ -650,18 +650,25 @@ def read_yaml(text: str):
         raise YAMLError(message) from None
 
 
+def utf8_text_of(path: Path) -> str:
+    """A config file's text; ConfigError naming the line where it is not UTF-8 (OSError as it comes)."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text (byte {raw[exc.start]:#04x})") from None
+
+
 def load_params(path: str | Path = "params.yaml", overrides: dict | None = None) -> Params:
     """Read and check `params.yaml`; `overrides` is a nested dict merged on top."""
     path = Path(path)
     try:
-        raw = read_yaml(path.read_bytes().decode("utf-8")) or {}
+        raw = read_yaml(utf8_text_of(path)) or {}
     except FileNotFoundError:
         raise ConfigError(f"{path}: parameters file not found") from None
     except OSError as exc:  # a folder, or no permission to read it
         raise ConfigError(f"{path}: cannot read the parameters file: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        line = exc.object[:exc.start].count(b"\n") + 1
-        raise ConfigError(f"{path}: line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x})") from None
     except YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):

@@ -106,14 +106,29 @@ def check_delivery(paths: list[Path], params: Params) -> int:
 
     from tqc import retrain
 
+    paths = list({path.resolve(): path for path in paths}.values())  # a file given twice, or spelt two ways, is one
     unread = {path: "not a file" if path.exists() else "no such file" for path in paths if not path.is_file()}
     unread |= {path: f"the retrain flow reads only {', '.join(sorted(retrain.SUFFIXES))} files" for path in paths
                if path not in unread and path.suffix.lower() not in retrain.SUFFIXES}
     unread |= _same_names([path for path in paths if path not in unread])
+    digests = {}
+    for path in (path for path in paths if path not in unread):
+        try:
+            digests[path] = retrain.sha256(path)
+        except OSError as exc:  # the flow leaves such a file in the inbox, said each run
+            unread[path] = f"cannot be read ({exc.strerror or exc})"
     for path, why in unread.items():
         print(f"{path}: unusable: {why}")
-    # in the inbox's order, as the flow reads them: which of two copies is the duplicate follows from it
-    files = [retrain.Incoming(path, retrain.sha256(path)) for path in sorted(paths, key=lambda p: p.name) if path not in unread]
+    # in the inbox's order, as the flow reads them: which of two copies is the duplicate or the repeat follows from it
+    files, repeats = retrain.split_repeats([retrain.Incoming(path, digest) for path, digest in
+                                            sorted(digests.items(), key=lambda item: item[0].name)], params.retrain)
+    first_with = {}
+    for path, digest in sorted(digests.items(), key=lambda item: item[0].name):
+        first_with.setdefault(digest, path)
+    for incoming in repeats:
+        twin = first_with[incoming.sha256]
+        print(f"{incoming.path}: a repeat of {twin if twin != incoming.path else 'a file the flow merged'} (the same "
+              "bytes): the flow would archive it, adding nothing")
     with tempfile.TemporaryDirectory(prefix="tqc-validate-") as scratch, _quiet(*_CURRENT_DATA_LOGGERS):
         try:
             staged = retrain.stage(files, params, Path(scratch)) if files else retrain.Staged(Path(scratch))

@@ -97,9 +97,6 @@ def pick_up(params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
     inbox = Path(params.inbox)
     if not inbox.is_dir():
         return [], []
-    # a file nothing was taken from (unusable, or every row quarantined: a label not yet in the catalog, say)
-    # may come again once its reason is fixed; one that added rows or classes is a repeat
-    seen = {entry["sha256"] for entry in manifest(params) if entry["outcome"] == "merged" and entry.get("accepted", 0) > 0}
     listed = sorted(inbox.iterdir())
     present = [p for p in listed if p.is_file()]
     others = [p.name for p in present if p.suffix.lower() not in SUFFIXES]
@@ -109,11 +106,18 @@ def pick_up(params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
     if folders:  # a delivery unpacked into a folder would otherwise wait there unseen
         log.warning("retrain: %s: folders are not read (deliver their files into the inbox itself): %s", inbox,
                     ", ".join(folders))
-    files = [incoming for p in present if p.suffix.lower() in SUFFIXES for incoming in _hashed(p)]
-    new, repeats, batch = [], [], set()
+    return split_repeats([incoming for p in present if p.suffix.lower() in SUFFIXES for incoming in _hashed(p)], params)
+
+
+def split_repeats(files: list[Incoming], params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
+    """(new files, repeat deliveries) of `files`, in their order: a repeat has the bytes of a file the manifest says
+    added rows or classes, or of an earlier one of `files`. A file nothing was taken from (unusable, or every row
+    quarantined: a label not yet in the catalog, say) may come again once its reason is fixed."""
+    seen = {entry["sha256"] for entry in manifest(params) if entry["outcome"] == "merged" and entry.get("accepted", 0) > 0}
+    new, repeats = [], []
     for incoming in files:
-        (repeats if incoming.sha256 in seen | batch else new).append(incoming)
-        batch.add(incoming.sha256)
+        (repeats if incoming.sha256 in seen else new).append(incoming)
+        seen.add(incoming.sha256)
     return new, repeats
 
 
@@ -657,8 +661,7 @@ def archive(incoming: Incoming, outcome: FileOutcome, params: RetrainParams,
         log.warning("retrain: %s %s", incoming.path, not_moved)
     entry = {**asdict(outcome), "archived_as": None if not_moved else str(target), "at": stamp,
              **({"not_archived": not_moved} if not_moved else {})}
-    with atomic_path(archive_dir / MANIFEST) as tmp:
-        write_jsonl(tmp, manifest(params) + [entry])
+    write_jsonl(archive_dir / MANIFEST, manifest(params) + [entry])  # atomic: a kill leaves the old manifest or the new
     return entry
 
 
@@ -679,20 +682,21 @@ def _dvc_record(paths: list[Path], push: bool) -> dict:
         log.warning("retrain: not inside a DVC repository; %s not versioned", ", ".join(map(str, paths)))
         return {"added": [], "pushed": False}
     _dvc("add", *map(str, paths))
-    remotes = subprocess.run([*DVC, "remote", "list"], capture_output=True, text=True, check=True).stdout.strip()
+    remotes = _dvc("remote", "list").strip()
     pushed = bool(push and remotes)
     if pushed:
         _dvc("push", *(f"{p}.dvc" for p in paths))
     return {"added": [f"{p}.dvc" for p in paths], "pushed": pushed}
 
 
-def _dvc(command: str, *arguments: str) -> None:
-    """One dvc command; a failure is one line with DVC's own reason (its last error line), not an exit status."""
+def _dvc(command: str, *arguments: str) -> str:
+    """One dvc command's output; a failure is one line with DVC's own reason (its last error line), not an exit status."""
     done = subprocess.run([*DVC, command, *arguments], capture_output=True, text=True)
     if done.returncode != 0:
         lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
         reason = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1] if lines else "no output")
         raise RetrainCommitError(f"dvc {command} failed (exit {done.returncode}): {reason}")
+    return done.stdout
 
 
 def _in_dvc_repo() -> bool:

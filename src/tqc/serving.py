@@ -461,18 +461,20 @@ def _trained_on_uri(model_name: str, version: str, registered=None) -> str | Non
     return registered.tags.get(TRAINED_ON_TAG)
 
 
-def record_trained_on(model_name: str, version: str, questions: list[str]) -> tuple[str, int, str | None]:
+def record_trained_on(model_name: str, version: str, questions: list[str]) -> tuple[str, str, int, str | None]:
     """Give a version registered before versions kept a record of what they learnt from (`TRAINED_ON`) that record:
     the `question_hash`es of `questions`, its training questions as its owner knows them (the training file of the
     commit it was trained at). Logged into the version's own run and named by `TRAINED_ON_TAG`; a version that has a
-    record is refused, so none is ever replaced. → (the record's artifact URI, how many distinct questions it holds,
-    the commit its pipeline run recorded, if any: nothing here can tell whether `questions` are that commit's)."""
+    record is refused, so none is ever replaced. → (the version as the registry spells it, "2" for "02"; the record's
+    artifact URI; how many distinct questions it holds; the commit its pipeline run recorded, if any: nothing here can
+    tell whether `questions` are that commit's)."""
     import tempfile
 
     from tqc.config import ConfigError
 
     client = mlflow.MlflowClient()
     registered = client.get_model_version(model_name, version)  # MLflow's own error names a version that is not there
+    version = str(registered.version)
     if _trained_on_uri(model_name, version, registered) is not None:  # asked, not downloaded
         raise ConfigError(f"{model_name} v{version} has a record of the questions it learnt from already; "
                           "a record is never replaced")
@@ -486,7 +488,7 @@ def record_trained_on(model_name: str, version: str, questions: list[str]) -> tu
         client.log_artifact(registered.run_id, str(record), artifact_path=folder)
     uri = f"runs:/{registered.run_id}/{folder}/{record.name}"
     client.set_model_version_tag(model_name, version, TRAINED_ON_TAG, uri)
-    return uri, len(hashes), _pipeline_commit(client, registered.run_id)
+    return version, uri, len(hashes), _pipeline_commit(client, registered.run_id)
 
 
 def _pipeline_commit(client, run_id: str) -> str | None:

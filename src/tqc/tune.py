@@ -34,7 +34,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from tqc.config import (ConfigError, Params, SearchDimension, YAMLError, flatten, problems, read_yaml, redact_secrets,
-                        redact_text, unflatten)
+                        redact_text, unflatten, utf8_text_of)
 from tqc.io import atomic_path, write_json
 from tqc.pipeline import PreparedData, prepare_data, train_chain
 from tqc.schema import Catalog
@@ -667,7 +667,8 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
     out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_path(out_dir / "best_params.yaml") as tmp:
         tmp.write_text(f"# Optuna study {study.study_name!r}, trial {best.number}: validation macro-F1 {best.value:.4f}\n"
-                       f"# apply with: tqc tune --apply {out_dir / 'best_params.yaml'}\n" + yaml.safe_dump(best_params))
+                       f"# apply with: tqc tune --apply {out_dir / 'best_params.yaml'}\n" + yaml.safe_dump(best_params),
+                       encoding="utf-8")
     write_json(out_dir / "summary.json", summary)
     with atomic_path(out_dir / "trials.csv") as tmp:
         study.trials_dataframe().to_csv(tmp, index=False)
@@ -789,7 +790,7 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
     from io import StringIO
 
     try:
-        best = read_yaml(best_params_file.read_text(encoding="utf-8")) or {}
+        best = read_yaml(utf8_text_of(best_params_file)) or {}
     except YAMLError as exc:
         raise ConfigError(f"{best_params_file}: not YAML ({exc})") from None
     if not isinstance(best, dict):
@@ -797,7 +798,7 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
                           f"not a {type(best).__name__}")
     best = flatten(best)
     editor = _layout_keeping_yaml()
-    document = editor.load(params_file.read_text(encoding="utf-8"))
+    document = editor.load(utf8_text_of(params_file))
     _check_tuned_dataset(best_params_file, params_file, document.get("data", {}).get("dataset"))
     changed = {}
     for path, value in best.items():

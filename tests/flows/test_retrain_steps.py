@@ -398,12 +398,13 @@ def test_tqc_validate_judges_files_as_the_flow_would_with_its_merged_data_and_a_
     merged = (project / "data" / "raw" / "labeled.jsonl").read_bytes()
     outside = project / "to-check"  # not the inbox: checking delivers nothing
     outside.mkdir()
-    (outside / "again.csv").write_text(f"question,label\n{known},LOC\n")
+    fresh = unseen_questions(project, "LOC", 2)[1]
+    (outside / "again.csv").write_text(f"question,label\n{known},LOC\n{fresh},LOC\n")  # not first.csv's bytes: no repeat
     (outside / "catalog-new.csv").write_text("class_id,text\nFOOD,What should I eat?\n")
     (outside / "food.csv").write_text("question,label\nwhat is good to eat tonight,FOOD\n")
 
     code, out = validate(outside / "again.csv")
-    assert code == 1 and "again.csv: 1 rows read, 0 would be accepted, 1 quarantined" in out and "line 2: no_duplicates" in out
+    assert code == 1 and "again.csv: 2 rows read, 1 would be accepted, 1 quarantined" in out and "line 2: no_duplicates" in out
     code, out = validate(outside / "catalog-new.csv", outside / "food.csv")
     assert code == 0, out
     assert "catalog-new.csv: 1 class(es) read, 1 would be accepted as new classes, 0 quarantined" in out
@@ -434,6 +435,41 @@ def test_tqc_validate_refuses_a_second_file_of_the_same_name_from_another_folder
     assert ended.value.code == 2
     assert f"tuesday/x.csv: unusable: named as {project / 'monday' / 'x.csv'}: an inbox holds one file of a name" in out
     assert "monday/x.csv: 1 rows read, 1 would be accepted, 0 quarantined" in out
+
+
+def test_tqc_validate_says_a_repeat_delivery_adds_nothing_as_the_flow_would_and_an_unreadable_file_is_unusable(
+        project, capsys, monkeypatch):
+    """A file whose bytes the flow merged (or another given alongside has) is a repeat: the flow archives it adding
+    nothing, so it is not judged row by row (every row a "duplicate"). A file that cannot be read is unusable, exit 2,
+    not a traceback."""
+    from tqc.cli import main
+
+    def validate(*paths: Path) -> tuple[int, str]:
+        with pytest.raises(SystemExit) as ended:
+            main(["validate", *map(str, paths)])
+        return ended.value.code, capsys.readouterr().out
+
+    merged = drop(project, "first.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
+    outside = project / "to-check"
+    outside.mkdir()
+    (outside / "first-again.csv").write_bytes(merged.read_bytes())
+    (outside / "copy.csv").write_bytes(merged.read_bytes())
+    code, out = validate(outside / "copy.csv", outside / "first-again.csv", outside / "./copy.csv")  # copy.csv given twice
+    assert code == 0, out
+    assert f"first-again.csv: a repeat of {outside / 'copy.csv'} (the same bytes): the flow would archive it" in out
+    assert out.count("copy.csv: 2 rows read, 2 would be accepted, 0 quarantined") == 1
+
+    staged, files = deliver(project)
+    steps.commit(load_params(project / "params.yaml"), staged, files, [])
+    code, out = validate(outside / "copy.csv")
+    assert code == 0 and "copy.csv: a repeat of a file the flow merged (the same bytes)" in out, out
+
+    real_sha256 = steps.sha256
+    monkeypatch.setattr(steps, "sha256", lambda path: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+                        if path.name == "theirs.csv" else real_sha256(path))
+    (outside / "theirs.csv").write_text("question,label\nwhere is the sea,LOC\n")
+    code, out = validate(outside / "theirs.csv")
+    assert code == 2 and "theirs.csv: unusable: cannot be read (Permission denied)" in out
 
 
 def test_a_delivered_copy_of_a_question_the_data_holds_under_two_labels_is_quarantined_when_judged(project):

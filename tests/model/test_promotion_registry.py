@@ -783,9 +783,10 @@ def test_a_champion_given_its_record_afterwards_is_judged_without_its_training_q
     (tmp_path / "empty.jsonl").write_text("")
     assert cli.main(record[:-1] + [str(tmp_path / "empty.jsonl")]) == 2  # an empty record would stand for good
     assert "empty.jsonl: no labeled questions to record" in capsys.readouterr().err
-    assert cli.main(record) == 0
+    assert cli.main(record[:4] + ["0" + version] + record[5:]) == 0  # "01": MLflow reads it as 1
     distinct = {serving.question_hash(t) for t, _ in first_train}
     said = capsys.readouterr().out
+    assert said.startswith(f"tqc-admc v{version}: recorded") and f"/trained_on-v{version}/" in said  # as the registry spells it
     assert f"recorded {len(distinct)} distinct questions of {len(first_train)} rows" in said
     assert "its pipeline run was at commit unknown" in said  # a standalone run outside a pipeline records none
     assert serving.trained_on_record("tqc-admc", version, tmp_path / "record") == distinct

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -282,6 +283,20 @@ def test_apply_writes_the_best_values_and_keeps_the_comments(tmp_path):
     assert load_params(params_file).mine.k == 7
     best.write_text("mine:\n  kk: 3\n")
     with pytest.raises(Exception, match="is not in"):
+        apply_best(best, params_file)
+
+
+def test_apply_names_the_file_and_line_that_is_not_utf8(tmp_path):
+    """A file saved in Latin-1 was a bare UnicodeDecodeError, a traceback from `tqc tune --apply`."""
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
+    best = tmp_path / "best_params.yaml"
+    best.write_bytes(b"# tuned\nmine:\n  k: 4 # caf\xe9\n")
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(best))}: line 3: not UTF-8 text \(byte 0xe9\)"):
+        apply_best(best, params_file)
+    best.write_text("mine:\n  k: 4\n")
+    params_file.write_bytes(params_file.read_bytes() + b"# \xe9\n")
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(params_file))}: line \d+: not UTF-8 text"):
         apply_best(best, params_file)
 
 
