@@ -377,11 +377,11 @@ def _use_the_registry(params: Params, to_do: str) -> None:
     """MLflow set to `tracking.uri`'s registry, for a command that works on it; refused where tracking is off."""
     import mlflow
 
-    from tqc.tracking import tracking_uri
+    from tqc.tracking import existing_registry, tracking_uri
 
     if not params.tracking.enabled:
         raise ConfigError(f"tracking.enabled is false: there is no registry to {to_do}")
-    mlflow.set_tracking_uri(tracking_uri(params.tracking))
+    mlflow.set_tracking_uri(existing_registry(tracking_uri(params.tracking)))
 
 
 def _set_champion(args: argparse.Namespace, params: Params) -> None:
@@ -538,17 +538,11 @@ def _registry_uri(args: argparse.Namespace) -> str:
     then $MLFLOW_TRACKING_URI, then the local store). A local SQLite file that is not there is an error: MLflow would
     create an empty registry in its place."""
     from tqc.config import TrackingParams
-    from tqc.tracking import tracking_uri
+    from tqc.tracking import existing_registry, tracking_uri
 
     if args.tracking_uri:
-        uri = args.tracking_uri
-    else:
-        uri = tracking_uri(load_params(args.params).tracking if args.params.is_file() else TrackingParams())
-    database = Path(uri.removeprefix("sqlite:///").split("?")[0])
-    if uri.startswith("sqlite:///") and not database.is_file():
-        raise ConfigError(f"no registry at {uri}: no file {database} (promote registers models there; --tracking-uri "
-                          "names another registry)")
-    return uri
+        return existing_registry(args.tracking_uri)
+    return existing_registry(tracking_uri(load_params(args.params).tracking if args.params.is_file() else TrackingParams()))
 
 
 def _local_answers(args: argparse.Namespace) -> Callable:
@@ -757,12 +751,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tqc {args.command}: error: {exc}", file=sys.stderr)
         record_input_error(exc)  # for a parent that launched this under torchrun, which reports only "failed"
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what the stage had written is as atomic writes leave it
+        print(f"tqc {args.command}: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:  # a tracking server or study database that cannot be reached, said in one line
-        if type(exc).__module__.split(".")[0] not in ("mlflow", "optuna", "sqlalchemy"):
+        engine = _engine_of(exc)
+        if engine is None:
             raise
-        print(f"tqc {args.command}: error from {type(exc).__module__.split('.')[0]}: {redact_text(str(exc))}", file=sys.stderr)
+        print(f"tqc {args.command}: error from {engine}: {redact_text(str(exc))}", file=sys.stderr)
         return 2
     return 0
+
+
+ENGINES = ("mlflow", "optuna", "sqlalchemy", "alembic")
+
+
+def _engine_of(exc: Exception) -> str | None:
+    """The engine (MLflow, Optuna, their databases) an exception comes from, by its type's module, else by where it was
+    raised: Optuna raises a plain RuntimeError for an MLflow database given as its storage, say. None for tqc's own."""
+    raised_in = exc.__traceback__
+    while raised_in is not None and raised_in.tb_next is not None:
+        raised_in = raised_in.tb_next
+    modules = [type(exc).__module__, raised_in.tb_frame.f_globals.get("__name__", "") if raised_in else ""]
+    return next((module.split(".")[0] for module in modules if module.split(".")[0] in ENGINES), None)
 
 
 if __name__ == "__main__":

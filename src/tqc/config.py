@@ -415,6 +415,14 @@ class TuneParams(Strict):
     on_new_data: Literal["refuse", "new_study"] = "refuse"
     space: dict[str, SearchDimension] = {}
 
+    @field_validator("study")
+    @classmethod
+    def _a_folder_name(cls, study: str) -> str:
+        """It names the study's folder under --work too: '../x' wrote trials outside it."""
+        if not study.strip() or study in (".", "..") or "/" in study or "\\" in study or "\0" in study:
+            raise ValueError(f"{study!r} is not a name a folder can have (it names the study's folder under --work)")
+        return study
+
 
 class RetrainParams(Strict):
     """The retrain flow: an inbox of new labeled questions, merged into data.additions."""

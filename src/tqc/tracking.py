@@ -32,7 +32,7 @@ from typing import Iterator
 from urllib.parse import quote
 
 from tqc import distributed
-from tqc.config import Params, TrackingParams, flatten, redact_secrets, redact_text
+from tqc.config import ConfigError, Params, TrackingParams, flatten, redact_secrets, redact_text
 from tqc.io import file_digest
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,29 @@ OWNER_TAG = "tqc.process"  # this_process() of the process a run is RUNNING in
 
 def tracking_uri(params: TrackingParams) -> str:
     return params.uri or os.environ.get("MLFLOW_TRACKING_URI") or LOCAL_STORE
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a `sqlite:///` store (None for any other store)."""
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None
+
+
+def existing_registry(uri: str) -> str:
+    """`uri`, where it names a store that is there to read: MLflow would create an empty SQLite database (and its
+    folders) in place of a missing one, and then report every version missing."""
+    database = sqlite_file(uri)
+    if database is not None and not database.is_file():
+        raise ConfigError(f"no registry at {uri}: no file {database} (promote registers models there)")
+    return uri
+
+
+def _store_that_can_be_made(uri: str) -> str:
+    """`uri`, where a store can be made there: a SQLite file's folder must exist (a misspelt path would otherwise get
+    a new, empty store, and `mlruns/` beside it, wherever it points)."""
+    database = sqlite_file(uri)
+    if database is not None and not database.parent.is_dir():
+        raise ConfigError(f"tracking.uri {uri}: no folder {database.parent} to keep the MLflow database in")
+    return uri
 
 
 # What makes a result: a run that rewrites dvc.lock or reports/ on its way is not "dirty" for that.
@@ -145,16 +168,21 @@ def param_chunks(params: dict, size: int = 100) -> list[dict[str, str]]:
 def offline_mlflow() -> None:
     """MLflow 3 sends usage records to its own servers unless told not to, and writes ~/.config/mlflow on import: tqc
     never needs the network, so every entry point (the CLI, the flows, the first tracked call) says not to, before
-    MLflow is imported. A user's own MLFLOW_DISABLE_TELEMETRY or DO_NOT_TRACK setting stands."""
+    MLflow is imported. A user's own MLFLOW_DISABLE_TELEMETRY or DO_NOT_TRACK setting stands. It also bounds how long
+    a tracking server that does not answer is retried."""
     if "DO_NOT_TRACK" not in os.environ:
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    # A tracking server that is down: MLflow's own default (7 retries, back-off to 120 s) held a command for minutes
+    # before its one-line error. Two quick retries ride out a server's restart; a user's own settings stand
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
 
 
 def _client_and_experiment(params: TrackingParams):
     offline_mlflow()
     import mlflow
 
-    uri = tracking_uri(params)
+    uri = _store_that_can_be_made(tracking_uri(params))
     mlflow.set_tracking_uri(uri)
     _create_beside_the_database(mlflow, params.experiment, uri)
     experiment = mlflow.set_experiment(params.experiment)
@@ -175,7 +203,7 @@ def _create_beside_the_database(mlflow, experiment: str, uri: str) -> None:
         return
     from mlflow.exceptions import MlflowException
 
-    database = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    database = sqlite_file(uri)
     artifacts = (database.parent.resolve() / "mlruns" / quote(experiment, safe="")).as_uri()
     try:
         mlflow.create_experiment(experiment, artifact_location=artifacts)

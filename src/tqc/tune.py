@@ -144,7 +144,32 @@ def check_space(params: Params) -> None:
                                       f"searched), never {wanted!r}, so no trial would tune {name}")
         for value in _values_to_check(name, dimension, base):  # with the values its `when` needs, as a trial has them
             _accepted(params, {**dimension.when, name: value}, name, value, f"tune.space.{name}")
+        _acts_in_some_trial(name, dimension, space, base)
     _combinations_accepted(params, space, base)
+
+
+# A loss's own knob: it changes nothing under the other losses (`losses.make_loss`)
+KNOB_OF_LOSS = {"margin": "hinge", "smoothing": "sdml"}
+
+
+def _acts_in_some_trial(name: str, dimension: SearchDimension, space: dict[str, SearchDimension], base: dict) -> None:
+    """A loss's knob searched where no trial trains that loss is refused: its best value would be chance, and
+    best_params.yaml would carry it. Searched beside other losses without a `when`, it is said."""
+    stage, _, knob = name.rpartition(".")
+    if knob not in KNOB_OF_LOSS or not stage:
+        return
+    loss, needed = f"{stage}.loss", KNOB_OF_LOSS[knob]
+    if loss in dimension.when:
+        losses = {dimension.when[loss]}
+    else:
+        losses = set(space[loss].choices or []) if loss in space else {base.get(loss)}
+    if needed not in losses:
+        raise ConfigError(f"tune.space.{name}: acts only with {loss}: {needed}, and {loss} is "
+                          f"{' or '.join(sorted(map(str, losses)))} in every trial; search {loss} too, with "
+                          f"when: {{{loss}: {needed}}} on {name}")
+    if len(losses) > 1:
+        log.warning("tune: tune.space.%s acts only with %s: %s; without when: {%s: %s}, the other losses' trials draw it "
+                    "for nothing", name, loss, needed, loss, needed)
 
 
 def _values_to_check(name: str, dimension: SearchDimension, base: dict) -> list:
@@ -294,6 +319,7 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
         raise ConfigError("tqc tune runs each trial in one process and does not run under torchrun; "
                           "start more workers (tqc tune --worker N) on a shared tune.storage instead")
     check_space(params)
+    check_storage(params.tune.storage)
     if params.distributed.nproc_per_node > 1:  # said, not silently ignored
         log.warning("tune: distributed.nproc_per_node is %d, and each trial trains in one process: tuning scales out by "
                     "workers on one tune.storage, one a GPU (flows/tune.py spreads them over CUDA_VISIBLE_DEVICES)",
@@ -317,12 +343,13 @@ def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: in
 
     with standalone_run(f"tune {study.study_name} worker {worker}", params.tracking,
                         tags={"tqc.kind": "tune", "optuna.study": study.study_name}) as parent:
-        parent.log_params({"tune": redact_secrets(params.tune.model_dump(mode="json")), "data.dataset": params.data.dataset})
+        trials = settings.trials if trials is None else trials
+        parent.log_params({"tune": redact_secrets({**params.tune.model_dump(mode="json"), "trials": trials}),
+                           "data.dataset": params.data.dataset})  # the trials this run makes: --trials, else tune.trials
         objective = _objective(params, space, base, data, study_dir, worker)
         # gc after each trial: a pruned trial's exception holds its frames (model, optimizer state, on a GPU too)
         # until a full collection, which the next trial's allocations would otherwise wait on
-        study.optimize(objective, n_trials=settings.trials if trials is None else trials, catch=TRIAL_FAILURES,
-                       gc_after_trial=True)
+        study.optimize(objective, n_trials=trials, catch=TRIAL_FAILURES, gc_after_trial=True)
         with reports_lock(out_dir):  # the reports this run logs are the ones it wrote, whole
             result = write_reports(study, params, data, study_dir, out_dir)
             parent.log_metrics({"best_validation_macro_f1": result.summary["best"]["validation_macro_f1"]})
@@ -483,6 +510,23 @@ def _heartbeats_are_experimental() -> Iterator[None]:
         yield
 
 
+def check_storage(storage: str) -> None:
+    """A `tune.storage` that cannot be a study's database, refused before any data is prepared: a URL SQLAlchemy cannot
+    parse, or a SQLite file whose folder is not there (said by SQLAlchemy only as "unable to open database file")."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(storage)
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+        raise ConfigError(f"tune.storage {redact_text(storage)!r}: not a database URL (sqlite:///optuna.db for a file "
+                          "here, sqlite:////abs/path/optuna.db, postgresql://user@host/db for a server)") from None
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
+            and not Path(url.database).parent.is_dir():
+        raise ConfigError(f"tune.storage {redact_text(storage)!r}: no folder {Path(url.database).parent} to keep the "
+                          "study's database in")
+
+
 def _open_study(params: Params, worker: int, name: str | None = None, attempts: int = 5):
     """Create or join the study `name` (default tune.study). Workers starting together race to create the storage's
     tables; the loser of that race simply tries again."""
@@ -561,7 +605,8 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
         trial_dir = study_dir / f"trial-{trial.number:04d}"
         pruned = None
         with nested_run(f"trial {trial.number}", tags={"optuna.trial": str(trial.number)}) as tracker:
-            tracker.log_params(overrides)
+            # the baseline draws nothing: its run gets the values it trains with, so runs compare column by column
+            tracker.log_params(overrides or trial.user_attrs.get("base_values", {}))
             try:
                 # One process a trial, whatever distributed.nproc_per_node says: the pruner must see each epoch as it
                 # ends, and tuning scales out by workers, one a GPU (flows/tune.py), not by ranks.
@@ -810,6 +855,8 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
             raise ConfigError(f"{best_params_file}: {path!r} is not in {params_file}")
         if not _same_value(node[leaf], value):
             node[leaf] = changed[path] = value
+    if not changed:  # left as it was, as said: a round trip would re-wrap a long line, unescape a "\xD7"
+        return changed
     text = StringIO()
     editor.dump(document, text)
     try:

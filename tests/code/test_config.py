@@ -3,6 +3,7 @@ import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from tqc.config import ConfigError, Params, load_params, read_yaml
 
@@ -597,3 +598,11 @@ def test_one_column_as_both_text_and_label_is_refused_by_name(custom, named):
     """It read every question as a class of its own, one warning each, then stopped on "validation split is empty"."""
     with pytest.raises(ConfigError, match=f"data.custom.{named} are both"):
         Params().with_overrides({"data": {"custom": custom}})
+
+
+@pytest.mark.parametrize("study", ["../../escape", "a/b", "..", "", "  "])
+def test_a_study_name_that_is_not_a_folder_name_is_refused(study):
+    """tune.study names the study's folder under --work: '../../escape' wrote its trials outside it."""
+    with pytest.raises(ValidationError, match="is not a name a folder can have"):
+        Params.model_validate({"tune": {"study": study}})
+    Params.model_validate({"tune": {"study": "tqc-admc.2026-11"}})

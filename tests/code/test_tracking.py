@@ -204,3 +204,76 @@ def test_the_cli_tells_mlflow_not_to_phone_home_unless_the_user_said_otherwise(m
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == (users_own or "true")
+
+
+@pytest.mark.parametrize("users_own", [None, "7"])
+def test_the_cli_bounds_how_long_a_silent_tracking_server_is_retried(monkeypatch, users_own):
+    """MLflow's default (7 retries, back-off to 120 s) held a command minutes before its one-line error."""
+    import os
+
+    from tqc import cli
+
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"):
+        monkeypatch.setenv(name, "placeholder")  # so the test's change is undone afterwards
+        monkeypatch.delenv(name)
+    if users_own is not None:
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", users_own)
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == (users_own or "2")
+    assert os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] == "1"
+
+
+def test_a_sqlite_store_in_a_folder_that_is_not_there_is_refused_not_made(tmp_path, monkeypatch):
+    """MLflow makes the folders of a SQLite URI: a misspelt path got a new, empty store (and mlruns/) wherever it
+    pointed, and the runs went there unseen."""
+    from tqc.config import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    store = tmp_path / "misspelt" / "mlflow.db"
+    with pytest.raises(ConfigError, match=rf"tracking.uri sqlite:///{store}: no folder {store.parent} to keep"):
+        with standalone_run("flow", TrackingParams(uri=f"sqlite:///{store}", experiment="nowhere")):
+            pass
+    assert not store.parent.exists() and not (tmp_path / "mlruns").exists()
+
+
+def test_a_registry_command_refuses_a_sqlite_store_that_is_not_there(tmp_path, capsys):
+    """`tqc set-champion` against a misspelt store made an empty database, then said the version was missing."""
+    from tqc import cli
+
+    store = tmp_path / "none" / "mlflow.db"
+    assert cli.main(["--set", f"tracking.uri=sqlite:///{store}", "set-champion", "1"]) == 2
+    assert f"no registry at sqlite:///{store}: no file {store}" in capsys.readouterr().err
+    assert not store.parent.exists()
+
+
+def test_an_engines_builtin_error_is_one_line_and_tqcs_own_keeps_its_traceback(tmp_path, monkeypatch, capsys):
+    """Optuna says an MLflow database given as its storage is "no longer compatible" with a plain RuntimeError, and
+    Alembic says the reverse with its own type: both were tracebacks. A RuntimeError of tqc's own stays one."""
+    from tqc import cli
+
+    def optuna_schema_check(args):
+        exec("raise RuntimeError('The runtime optuna version is no longer compatible with the table schema')",
+             {"__name__": "optuna.storages._rdb.storage"})
+
+    monkeypatch.setattr(cli, "dispatch", optuna_schema_check)
+    assert cli.main(["--set", "tracking.enabled=false", "tune"]) == 2
+    assert "tqc tune: error from optuna: The runtime optuna version is no longer compatible" in capsys.readouterr().err
+
+    def tqcs_own_bug(args):
+        raise RuntimeError("a defect of tqc's")
+
+    monkeypatch.setattr(cli, "dispatch", tqcs_own_bug)
+    with pytest.raises(RuntimeError, match="a defect of tqc's"):
+        cli.main(["--set", "tracking.enabled=false", "tune"])
+
+
+def test_ctrl_c_is_one_line_and_exit_130_not_a_traceback(monkeypatch, capsys):
+    from tqc import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "dispatch", interrupted)
+    assert cli.main(["--set", "tracking.enabled=false", "tune"]) == 130
+    assert capsys.readouterr().err.strip() == "tqc tune: interrupted"

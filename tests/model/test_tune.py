@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import os
 import subprocess
@@ -42,8 +43,8 @@ def tuning_params(tmp_path: Path, model_dir: Path, **tune) -> dict:
 
 
 def test_every_sampled_value_reaches_the_training_run(tmp_path, tiny_model_dir):
-    params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir, keep_models=True))
-    result = tune(params, tmp_path / "reports", tmp_path / "work")
+    params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir, keep_models=True, trials=5))
+    result = tune(params, tmp_path / "reports", tmp_path / "work", trials=3)  # --trials 3
 
     study = optuna.load_study(study_name="test", storage=params.tune.storage)
     trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -66,6 +67,16 @@ def test_every_sampled_value_reaches_the_training_run(tmp_path, tiny_model_dir):
             assert two["margin"] == pytest.approx(expected["stage_two.margin"]) and "stage_two.smoothing" not in expected
         elif expected["stage_two.loss"] == "sdml":
             assert two["smoothing"] == pytest.approx(expected["stage_two.smoothing"]) and "stage_two.margin" not in expected
+
+    # In MLflow, each trial's run has the values it trained with, the baseline's (which draws none) too; the study's
+    # run has the trials it made, not tune.trials
+    runs = tracked_runs(params.tracking.uri)
+    logged = {int(run["tags"]["optuna.trial"]): run["params"] for run in runs if "optuna.trial" in run["tags"]}
+    for trial in trials:
+        expected = trial.user_attrs["base_values"] if trial.number == 0 else trial.params
+        assert logged[trial.number] == {name: str(value) for name, value in expected.items()}, trial.number
+    (study_run,) = [run for run in runs if run["tags"].get("tqc.kind") == "tune"]
+    assert study_run["params"]["tune.trials"] == "3"
 
     reports = tmp_path / "reports"
     best = yaml.safe_load((reports / "best_params.yaml").read_text())
@@ -253,6 +264,7 @@ def tracked_runs(tracking_uri: str) -> list[dict]:
     client = MlflowClient(tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments()]
     return [{"id": run.info.run_id, "experiment": run.info.experiment_id, "name": run.info.run_name, "status": run.info.status,
+             "params": run.data.params,
              "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.") or k == "mlflow.parentRunId"}}
             for run in client.search_runs(experiments, max_results=1000)]
 
@@ -276,6 +288,10 @@ def test_apply_writes_the_best_values_and_keeps_the_comments(tmp_path):
     before = params_file.read_text()
     best.write_text("stage_one:\n  temperature: 0.05\n  learning_rate: 0.00001\nmine:\n  k: 7\n")  # the same values
     assert apply_best(best, params_file) == {} and params_file.read_text() == before  # nothing rewritten, nothing said
+    params_file.write_text(before + 'note: "caf\\xE9"\n')  # an escape a round trip would write out as é
+    written = params_file.stat().st_mtime_ns
+    assert apply_best(best, params_file) == {} and params_file.stat().st_mtime_ns == written  # not even touched
+    params_file.write_text(before)
 
     best.write_text("mine:\n  k: 0\n")  # invalid: k ≥ 1
     with pytest.raises(Exception, match="would make"):
@@ -710,3 +726,52 @@ def test_a_trial_that_ties_the_best_keeps_its_models_and_a_best_without_models_s
     trial = SimpleNamespace(number=3, value=0.8, params={"mine.k": 4}, user_attrs={})
     summary = _trial_summary(trial, tmp_path, PreparedData(tmp_path, tmp_path / "train.jsonl"), Params())
     assert summary["test"] is None and "trial-0003" in summary["test_missing"]
+
+
+@pytest.mark.parametrize("storage, said", [
+    ("notaurl", "not a database URL"),
+    ("sqlite:/one/slash.db", "not a database URL"),
+    ("sqlite:////nonexistent/dir/optuna.db", "no folder /nonexistent/dir to keep the study's database in"),
+])
+def test_a_storage_that_cannot_hold_a_study_is_refused_by_its_setting_before_any_data_is_prepared(storage, said):
+    """SQLAlchemy's own words ("Could not parse SQLAlchemy URL", "unable to open database file") came after the data was
+    prepared, and named neither tune.storage nor the URL; MLflow uses SQLAlchemy too."""
+    from tqc.tune import check_storage
+
+    with pytest.raises(ConfigError, match=rf"tune.storage {re.escape(repr(storage))}: {said}"):
+        check_storage(storage)
+    check_storage("sqlite:///optuna.db")
+    check_storage("postgresql://tqc@db.example/optuna")  # a server is not reached here
+
+
+def test_a_password_in_a_refused_storage_url_is_not_said():
+    from tqc.tune import check_storage
+
+    with pytest.raises(ConfigError) as refused:
+        check_storage("postgresql://tqc:hunter2@db.example:notaport/optuna")
+    assert "hunter2" not in str(refused.value)
+
+
+def test_a_losss_own_knob_searched_where_no_trial_trains_that_loss_is_refused(caplog):
+    """stage_two.margin acts only under hinge and smoothing only under sdml (`losses.make_loss`): searched with the
+    loss fixed at nt_xent, half the dimensions did nothing and best_params.yaml carried chance values."""
+    from tqc.tune import check_space
+
+    def space(dimensions: dict, **base) -> Params:
+        return Params.model_validate({"tune": {"space": dimensions}, **base})
+
+    margin = {"low": 0.05, "high": 0.5}
+    with pytest.raises(ConfigError, match=r"tune.space.stage_two.margin: acts only with stage_two.loss: hinge, and "
+                                          r"stage_two.loss is nt_xent in every trial"):
+        check_space(space({"stage_two.margin": margin}))
+    with pytest.raises(ConfigError, match=r"stage_one.smoothing: acts only with stage_one.loss: sdml, and "
+                                          r"stage_one.loss is bpr or hinge in every trial"):
+        check_space(space({"stage_one.loss": {"choices": ["bpr", "hinge"]}, "stage_one.smoothing": {"low": 0.0, "high": 0.2}}))
+    check_space(space({"stage_two.margin": margin}, stage_two={"loss": "hinge"}))  # the loss every trial trains
+    with caplog.at_level(logging.WARNING, logger="tqc.tune"):
+        check_space(space({"stage_two.loss": {"choices": ["nt_xent", "hinge"]}, "stage_two.margin": margin}))
+    assert "tune.space.stage_two.margin acts only with stage_two.loss: hinge; without when" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tqc.tune"):
+        check_space(load_params(Path(__file__).resolve().parents[2] / "params.yaml"))  # the shipped space: both conditioned
+    assert "acts only" not in caplog.text
