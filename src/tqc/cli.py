@@ -69,14 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
            "data", "model", "prior", "report")
     trained_on = commands.add_parser("trained-on", help="give a registered version from before versions recorded what "
                                      "they learnt from that record, so promote leaves those questions out of its judging")
-    trained_on.add_argument("--version", required=True, help="the version of promote.model_name in the registry")
+    trained_on.add_argument("--version", required=True, type=_version_number,
+                            help="the version of promote.model_name in the registry")
     trained_on.add_argument("--train", type=Path, action="append", required=True,
                             help="a labeled questions file it learnt from (JSONL, e.g. data/validated/train.jsonl of the "
                                  "commit it was trained at: dvc get . data/validated/train.jsonl --rev COMMIT); repeatable: "
                                  "a version made by a refresh learnt from its champion's questions too, so give both")
     set_champion = commands.add_parser("set-champion", help="move promote.alias to a registered version by hand, with "
                                        "no gate (a rollback, or a rejected version you have judged); the tags follow")
-    set_champion.add_argument("version", help="the version of promote.model_name in the registry")
+    set_champion.add_argument("version", type=_version_number, help="the version of promote.model_name in the registry")
     fetch = commands.add_parser("fetch", help="download the public datasets (needs network), verified by SHA-256")
     fetch.add_argument("--dest", type=Path, required=True)
     fetch.add_argument("--verify-only", action="store_true", help="check the files already in --dest; no network")
@@ -384,6 +385,13 @@ def _use_the_registry(params: Params, to_do: str) -> None:
     mlflow.set_tracking_uri(existing_registry(tracking_uri(params.tracking)))
 
 
+def _version_number(text: str) -> str:
+    """A registered version's number as given ("02" stays "02": the registry says how it spells it)."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: a registered version is a number (1, 2, …)")
+    return text.strip()
+
+
 def _set_champion(args: argparse.Namespace, params: Params) -> None:
     from tqc.stages.promote import set_champion
 
@@ -398,7 +406,18 @@ def _tune(args: argparse.Namespace, params: Params) -> None:
     from tqc.tune import tune
 
     result = tune(params, args.out, args.work, args.worker, args.trials)
-    print(f"best validation macro-F1 {result.summary['best']['validation_macro_f1']:.4f}: {result.best_params}")
+    best, baseline = result.summary["best"], result.summary["baseline"]
+    against = (f"; the baseline, trial {baseline['number']}: {baseline['validation_macro_f1']:.4f}"
+               if baseline and baseline["number"] != best["number"] else "")
+    apply = ("the baseline is best: the params' values stand, nothing to apply"
+             if baseline and baseline["number"] == best["number"] else
+             f"apply with: tqc{_params_option(args)} tune --apply {args.out / 'best_params.yaml'}")
+    print(f"best validation macro-F1 {best['validation_macro_f1']:.4f} (trial {best['number']}{against}); {apply}")
+
+
+def _params_option(args: argparse.Namespace) -> str:
+    """` --params FILE` where the command was given one other than params.yaml ("" where not)."""
+    return "" if args.params == Path("params.yaml") else f" --params {args.params}"
 
 
 def _ablate(args: argparse.Namespace, params: Params) -> None:

@@ -294,11 +294,11 @@ def test_apply_writes_the_best_values_and_keeps_the_comments(tmp_path):
     params_file.write_text(before)
 
     best.write_text("mine:\n  k: 0\n")  # invalid: k ≥ 1
-    with pytest.raises(Exception, match="would make"):
+    with pytest.raises(ConfigError, match="would make"):
         apply_best(best, params_file)
     assert load_params(params_file).mine.k == 7
     best.write_text("mine:\n  kk: 3\n")
-    with pytest.raises(Exception, match="is not in"):
+    with pytest.raises(ConfigError, match="is not in"):
         apply_best(best, params_file)
 
 
@@ -775,3 +775,32 @@ def test_a_losss_own_knob_searched_where_no_trial_trains_that_loss_is_refused(ca
     with caplog.at_level(logging.WARNING, logger="tqc.tune"):
         check_space(load_params(Path(__file__).resolve().parents[2] / "params.yaml"))  # the shipped space: both conditioned
     assert "acts only" not in caplog.text
+
+
+@pytest.mark.parametrize("best_number, said", [
+    (4, "best validation macro-F1 0.8100 (trial 4; the baseline, trial 0: 0.8000); apply with: tqc --params "),
+    (0, "best validation macro-F1 0.8000 (trial 0); the baseline is best: the params' values stand, nothing to apply"),
+])
+def test_tune_ends_with_the_best_against_the_baseline_and_how_to_apply_it(tmp_path, monkeypatch, capsys, best_number, said):
+    """It printed the tuned values as a Python dict; where they are and how to apply them was in the log only."""
+    from tqc import cli
+    from tqc import tune as tuning
+
+    baseline = {"number": 0, "validation_macro_f1": 0.80, "params": {"mine.k": 2}}
+    best = baseline if best_number == 0 else {"number": best_number, "validation_macro_f1": 0.81, "params": {"mine.k": 5}}
+    monkeypatch.setattr(tuning, "tune", lambda *_, **__: tuning.TuneResult("s", {}, {"best": best, "baseline": baseline}))
+    params_file = tmp_path / "team.yaml"
+    params_file.write_text("tracking: {enabled: false}\n")
+    assert cli.main(["--params", str(params_file), "tune", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert said in out
+    if best_number:
+        assert out.strip().endswith(f"--params {params_file} tune --apply {tmp_path / 'out' / 'best_params.yaml'}")
+
+
+def test_a_registered_version_that_is_not_a_number_is_refused_by_the_parser(capsys):
+    from tqc import cli
+
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["set-champion", "abc"])
+    assert ended.value.code == 2 and "'abc': a registered version is a number" in capsys.readouterr().err
