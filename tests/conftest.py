@@ -86,14 +86,14 @@ def mlflow_left_as_found():
     MLFLOW_* variable and MLflow's own globals are put back after each test that touched MLflow."""
     exported = {key: value for key, value in os.environ.items() if key.startswith("MLFLOW_")}
     yield
-    if "mlflow" not in sys.modules:
-        return
-    import mlflow
+    if "mlflow" in sys.modules:
+        import mlflow
 
-    while mlflow.active_run() is not None:
-        mlflow.end_run()
-    mlflow.set_tracking_uri(None)
-    mlflow.tracking.fluent._active_experiment_id = None  # no public way to clear it
+        while mlflow.active_run() is not None:
+            mlflow.end_run()
+        mlflow.set_tracking_uri(None)
+        mlflow.tracking.fluent._active_experiment_id = None  # no public way to clear it
+    # after any test, MLflow imported or not: `tqc.cli.main` sets MLFLOW_* defaults without importing it
     for key in [key for key in os.environ if key.startswith("MLFLOW_")]:
         del os.environ[key]
     os.environ.update(exported)
@@ -102,12 +102,6 @@ def mlflow_left_as_found():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
-
-
-@pytest.fixture
-def tiny_model_copy(tiny_model_dir, tmp_path) -> Path:
-    """A private copy, so a test that writes into it cannot affect another."""
-    return Path(shutil.copytree(tiny_model_dir, tmp_path / "tiny-bert"))
 
 
 def write_custom_dataset(directory: Path, seed: int = 0, per_class: int = 12, test_per_class: int = 4) -> None:

@@ -83,9 +83,9 @@ def test_a_registered_model_name_with_a_quote_is_refused(tmp_path):
 def test_a_search_space_must_name_real_params_and_ranges_or_choices():
     from tqc.config import ConfigError, Params
 
-    with pytest.raises(Exception, match="'stage_one.temprature' is not a parameter"):
+    with pytest.raises(ValidationError, match="'stage_one.temprature' is not a parameter"):
         Params.model_validate({"tune": {"space": {"stage_one.temprature": {"low": 0.01, "high": 0.1}}}})
-    with pytest.raises(Exception, match="either low and high, or choices"):
+    with pytest.raises(ValidationError, match="either low and high, or choices"):
         Params.model_validate({"tune": {"space": {"mine.k": {"low": 1}}}})
     with pytest.raises(ConfigError, match="invalid parameter overrides"):
         Params().with_overrides({"mine": {"k": 0}})

@@ -271,6 +271,7 @@ def test_train_with_every_cell_done_starts_no_worker(gpu_grid, params, tmp_path,
     monkeypatch.setattr(gpu_grid.subprocess, "Popen", no_worker)
     gpu_grid.main(["train", "--params", str(ROOT / "params.yaml"), "--grid", "ac_vs_admc", "--seed", "0", "-B", "stage_one.epochs=10",
                    "--done", str(done), "--out", str(tmp_path / "grid")])
+    assert not (tmp_path / "grid").exists()  # it returned before making its results and claims folders
 
 
 def test_the_report_gives_the_median_seconds_of_an_even_number_of_cells(gpu_grid, params, tmp_path):

@@ -149,3 +149,14 @@ def test_logit_adjusted_nt_xent_is_menons_loss_and_favours_the_rare_class_less_i
     adjusted_rows = torch.nn.functional.cross_entropy(scores / 0.1 + log_pi, torch.tensor([0, 1]), reduction="none")
     assert adjusted_rows[0] < plain_rows[0] and adjusted_rows[1] > plain_rows[1]
     assert torch.equal(prior_offsets(log_pi, 0.0, 0.1)[torch.tensor([1, 0, 1])], torch.zeros(3))  # w = 0: off
+
+
+def test_sdml_spreads_its_smoothing_over_the_valid_columns_only():
+    """p' = (1 − ε)·onehot + ε/N over the N columns a row may be compared with (METHOD.md): a masked column (the row's
+    own class elsewhere in the batch) gets no share and is not in the softmax. Computed by hand over the three valid
+    columns: the target 0.7 + 0.1, each other 0.1."""
+    scores = torch.tensor([[0.3, 0.25, -0.5, 0.9]])
+    excluded = torch.tensor([[False, False, False, True]])
+    log_p = torch.log_softmax(torch.tensor([0.3, 0.25, -0.5]) / 0.1, dim=0)
+    expected = -(0.8 * log_p[0] + 0.1 * log_p[1] + 0.1 * log_p[2])
+    assert torch.allclose(sdml(scores, torch.tensor([0]), excluded, temperature=0.1, smoothing=0.3), expected)

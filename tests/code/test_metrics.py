@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
-from sklearn.metrics import accuracy_score, f1_score, precision_recall_fscore_support
+from sklearn.metrics import (accuracy_score, f1_score, label_ranking_average_precision_score, precision_recall_fscore_support,
+                             top_k_accuracy_score)
 
 from tqc.metrics import confused_pairs, gold_ranks, macro_f1, macro_f1_gold_classes, per_class_prf, summary
 
@@ -21,6 +22,9 @@ def test_classification_metrics_match_scikit_learn(seed):
     assert [ours[c]["recall"] for c in range(7)] == pytest.approx(recall.tolist())
     assert [ours[c]["f1"] for c in range(7)] == pytest.approx(f1.tolist())
     assert [ours[c]["support"] for c in range(7)] == support.tolist()
+    # Hits@k is top-k accuracy; with one relevant class, MRR is label-ranking average precision (1 / its rank)
+    assert metrics["hits_at_3"] == pytest.approx(top_k_accuracy_score(gold, scores, k=3, labels=np.arange(7)))
+    assert metrics["mrr"] == pytest.approx(label_ranking_average_precision_score(np.eye(7)[gold], scores))
 
 
 def test_macro_f1_counts_predicted_only_labels_like_scikit_learn():

@@ -39,6 +39,7 @@ def test_k_above_the_wrong_class_count_is_capped():
     standards = random_unit(4, 8, 6)
     negatives, _ = mine(random_unit(10, 8, 7), standards, np.zeros(10, dtype=int), k=10)
     assert negatives.shape == (10, 3)
+    assert all(sorted(row) == [1, 2, 3] for row in negatives.tolist())  # every wrong class, gold (0) never
 
 
 def test_exclude_gold_handles_gold_outside_the_retrieved_list():
@@ -234,3 +235,16 @@ def test_a_catalog_with_one_standard_question_is_refused_by_name_before_mining(t
     with pytest.raises(DataFileError, match=r"catalog.jsonl: \d class\(es\), one standard question"):
         mine_stage.run(tmp_path, tmp_path / "train.jsonl", tmp_path / "no-model", MineParams(), tmp_path / "n.jsonl",
                        tmp_path / "m.json")
+
+
+def test_mining_statistics_count_where_gold_ranks_and_which_classes_are_mined_most():
+    """gold_is_nearest: gold at rank 1; gold_within_depth: gold anywhere in the retrieved list (rank 0 is beyond it)."""
+    from tqc.mining import statistics
+
+    similarities = np.array([[0.9, 0.5, 0.1], [0.8, 0.7, 0.6]])  # (N=2, depth=3), nearest first
+    neighbours = np.array([[2, 0, 1], [0, 1, 3]])  # question 0's gold (0) at rank 2; question 1's (2) not retrieved
+    negatives = np.array([[2, 1], [0, 1]])
+    stats = statistics(similarities, neighbours, negatives, np.array([0, 2]))
+    assert (stats["gold_is_nearest"], stats["gold_within_depth"]) == (0.0, 0.5)
+    assert stats["hardest_negative_similarity_mean"] == pytest.approx((0.9 + 0.8) / 2)
+    assert stats["most_mined_classes"][0] == [1, 2]  # class 1 mined by both questions

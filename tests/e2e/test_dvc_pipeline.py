@@ -55,6 +55,10 @@ def test_dvc_repro_end_to_end_then_nothing_then_only_evaluate(project):
     predictions = [json.loads(line) for line in (project / "data" / "predictions" / "test.jsonl").read_text().splitlines()]
     top1 = sum(p["top_k"][0]["class_id"] == p["gold"] for p in predictions) / len(predictions)
     assert metrics["test"]["accuracy"] == pytest.approx(top1) and metrics["test"]["n"] == len(predictions) > 0
+    from sklearn.metrics import f1_score
+
+    gold, first = [p["gold"] for p in predictions], [p["top_k"][0]["class_id"] for p in predictions]
+    assert metrics["test"]["macro_f1"] == pytest.approx(f1_score(gold, first, average="macro"))
     fitted = json.loads((project / "models" / "prior.json").read_text())["models"]
     assert set(fitted) == set(metrics["prior_shift"]) == {"admc", "stage_one", "nc"}
     for name, shift in metrics["prior_shift"].items():

@@ -158,6 +158,7 @@ def test_a_killed_retrain_leaves_the_champion_and_the_raw_data_as_they_were(proj
     while not training.exists() and flow.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     assert flow.poll() is None, "the flow ended before training started"
+    assert training.exists(), "no training started within 300 s: the kill would not be mid-training"
     os.killpg(flow.pid, signal.SIGKILL)  # mid-training, no chance to clean up
     flow.wait()
 
