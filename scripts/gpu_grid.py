@@ -32,8 +32,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from tqc.ablate import FIGURES, CellResult, _dig, local_overrides, select_cells, without_prior_shift, write_report
-from tqc.cli import parse_overrides
-from tqc.config import ConfigError, Params, flatten, load_params, unflatten
+from tqc.cli import where_filters
+from tqc.config import ConfigError, Params, load_params, unflatten
 from tqc.io import file_digest, tree_digests, write_json, write_text
 from tqc.tracking import git_commit
 
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
         base = base.with_overrides({"ablate": {"seeds": args.seed}})
     device_overrides = _budget(args.device_set)
     args.code_version = args.code_version or git_commit()
-    where = flatten(parse_overrides(args.where))
+    where = where_filters(args.where)
     if args.command == "prepare":
         prepare(base, args.grid, args.prepared, Path.cwd(), args.variant, where)
     elif args.command == "report":

@@ -403,6 +403,7 @@ def write_report(params: Params, grids: list[str], results: list[CellResult], ou
                  other_cells: list[dict] | None = None) -> None:
     """`other_cells`: records of earlier cells this report does not show, kept so that none is lost."""
     rows = summarise(results)
+    grids = [grid for grid in grids if any(row["grid"] == grid for row in rows)]  # none of whose cells were selected
     markdown = render_markdown(params, grids, rows)  # before any write: a failure leaves the three files as they were
     plot(rows, grids, out_dir / "ablations.png")
     write_json(out_dir / "ablations.json", {"seeds": params.ablate.seeds, "budget": params.ablate.budget, "rows": rows,
@@ -560,6 +561,8 @@ def _code_versions_text(rows: list[dict]) -> str:
     """Which code the grid's cells ran: a cell's name fixes the params it overrides, not the code or the rest of
     params.yaml, so cells trained at other commits are read as they are and said to be."""
     versions = Counter(cell.get("code_version") or "not recorded" for row in rows for cell in row["cells"])
+    if not versions:
+        return "No cell of this grid has finished yet."
     listed = ", ".join(f"`{version}` ({count})" for version, count in sorted(versions.items()))
     return (f"Code versions its cells ran (cells): {listed}. A cell's name fixes only the params it sets; "
             "`tqc ablate --rerun` trains a row again at this commit.")

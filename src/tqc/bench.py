@@ -39,6 +39,8 @@ def _training_setup(params: Params, data_dir: Path, train_path: Path):
     seed_everything(params.seed)
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     train_rows = load_questions(train_path)
+    if not train_rows:  # said before the model loads, not as a division by zero after the warm-up
+        raise ConfigError(f"{train_path}: no training rows to time")
     validation = load_questions(data_dir / "validation.jsonl")[:8]  # validation is not what is timed
     model = BiEncoder.from_params(params.model).to(pick_device())
     model.set_augmentation(params.augment)

@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "e.g. --where data.imbalance_ratio=50")
     ablate.add_argument("--report-only", action="store_true", help="train nothing; tabulate the experiments that exist")
     ablate.add_argument("--rerun", action="store_true", help="run cells again even when their experiment exists")
-    ablate.add_argument("--out", type=Path, default=Path("reports"))
+    ablate.add_argument("--out", type=Path, default=Path("reports"),
+                        help="the folder its report goes to: ablations.md, ablations.json, ablations.png (default reports)")
     predict = commands.add_parser("predict", help="the top-k standard questions for questions, from a trained model "
                                   "(the registry's pyfunc code, loaded locally); JSON lines")
     predict.add_argument("questions", nargs="*", help="questions to match")
@@ -133,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--steps", type=at_least_one, default=20,
                        help="epochs: timed steps per stage, after 3 untimed warm-up steps; passes: steps per round (default 20)")
     bench.add_argument("--rounds", type=at_least_one, default=3, help="passes: rounds, alternating the settings (default 3)")
-    bench.add_argument("--batch-size", type=at_least_one, default=32, help="epochs: both stages' batch size; passes: "
+    bench.add_argument("--batch-size", type=at_least_two, default=32, help="epochs: both stages' batch size; passes: "
                        "stage one's, which must exceed the rows per pass (32) for there to be passes (default 32)")
     bench.add_argument("--rows", type=at_least_one, default=500_000, help="read: synthetic questions in the CSV read "
                        "(default 500000)")
@@ -422,9 +423,12 @@ def _params_option(args: argparse.Namespace) -> str:
 
 def _ablate(args: argparse.Namespace, params: Params) -> None:
     from tqc.ablate import ablate
-    from tqc.config import flatten
 
-    where = flatten(parse_overrides(args.where))
+    where = where_filters(args.where)
+    if args.out.exists() and not args.out.is_dir():  # said before any cell trains, not when the report is written
+        raise ConfigError(f"--out {args.out}: a file; ablate writes its report into a folder")
+    if args.rerun and args.report_only:
+        raise ConfigError("--rerun with --report-only: --report-only trains nothing, so there is nothing to run again")
     results = ablate(params, Path.cwd(), args.out, args.grid, args.variant, args.seeds, not args.report_only, args.rerun,
                      where)
     missing = [r.cell.name for r in results if r.status == "missing"]
@@ -687,7 +691,19 @@ def override_value(item: str, value: str):
     return parsed
 
 
-def parse_overrides(items: list[str]) -> dict:
+def where_filters(items: list[str]) -> dict:
+    """`--where KEY=VALUE …` → {dotted key: value}, the cells a command keeps. A key given twice is refused: the last
+    value alone was kept, so a slice asked for was dropped unsaid."""
+    from tqc.config import flatten
+
+    keys = [item.partition("=")[0].strip() for item in items]
+    repeated = sorted({key for key in keys if key and keys.count(key) > 1})
+    if repeated:
+        raise ConfigError(f"--where {repeated[0]} is given more than once: a cell has one value of it (run once per value)")
+    return flatten(parse_overrides(items, option="--where"))
+
+
+def parse_overrides(items: list[str], option: str = "--set") -> dict:
     """['stage_one.epochs=5', …] → nested overrides; values are read as YAML 1.2 (5 → int, [a] → list; `override_value`)."""
     from tqc.config import Replace, unflatten
 
@@ -696,7 +712,8 @@ def parse_overrides(items: list[str]) -> dict:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set stage_one.epochs=5")
+            example = "data.imbalance_ratio=50" if option == "--where" else "stage_one.epochs=5"
+            raise ConfigError(f"{option} {item!r}: expected KEY=VALUE, e.g. {option} {example}")
         parsed = override_value(item, value)
         if isinstance(parsed, dict):  # a mapping given whole replaces the one there, as `key=value` reads
             parsed = Replace(parsed)
@@ -717,17 +734,26 @@ def parse_overrides(items: list[str]) -> dict:
 
 def at_least_zero(text: str) -> int:
     """argparse type for indices: a negative worker index would make a negative sampler seed."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value}: must be at least 0")
-    return value
+    return _at_least(text, 0)
 
 
 def at_least_one(text: str) -> int:
     """argparse type for counts: 0 would mean 'no cap' or 'the default' further down, never what was asked."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return _at_least(text, 1)
+
+
+def at_least_two(text: str) -> int:
+    """argparse type for batch sizes: a batch of one has no in-batch negative (the stages' params refuse it too)."""
+    return _at_least(text, 2)
+
+
+def _at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:  # argparse would say "invalid at_least_one value", naming this function
+        raise argparse.ArgumentTypeError(f"{text!r}: not a whole number") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least {low}")
     return value
 
 
@@ -770,6 +796,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tqc {args.command}: error: {exc}", file=sys.stderr)
         record_input_error(exc)  # for a parent that launched this under torchrun, which reports only "failed"
         return 2
+    except OSError as exc:  # an --out that is a folder or under a file, a full disk: one line, exit 1 (may pass later)
+        print(f"tqc {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C: what the stage had written is as atomic writes leave it
         print(f"tqc {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -619,8 +619,11 @@ class Params(Strict):
     @model_validator(mode="after")
     def _ablation_keys_are_params(self) -> "Params":
         known = self._tunable_paths()
+        for path in self.ablate.budget:  # every grid's: said as the budget's, not the first grid's
+            if path == "seed" or path not in known:
+                raise ValueError(f"ablate.budget: {path!r} is not a parameter a cell may set (e.g. stage_one.epochs)")
         for grid_name, grid in self.ablate.grids.items():
-            overrides = [self.ablate.budget, grid.budget, grid.base, grid.matrix, *grid.variants.values()]
+            overrides = [grid.budget, grid.base, grid.matrix, *grid.variants.values()]
             for path in (path for override in overrides for path in override):
                 if path == "seed":  # each cell runs every seed of ablate.seeds: a grid's own seed was overwritten
                     raise ValueError(f"ablate.grids.{grid_name}: 'seed' is set per cell from ablate.seeds (or --seeds)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -71,6 +72,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     never an empty file: the retrain's manifest and data commit rely on it.
     """
     path = Path(path)
+    if path.is_dir():  # before a temporary file is made beside it, in its parent: the replace would fail only at the end
+        raise IsADirectoryError(errno.EISDIR, "a folder, where a file is to be written", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)

@@ -374,13 +374,28 @@ def test_report_only_marks_cells_that_never_ran_and_exits_0_while_a_run_that_fai
     assert main(["ablate", "--report-only", "--out", "reports"]) == 0  # nothing has run: a table of missing cells
     err = capsys.readouterr().err
     assert "4 cell(s) have no experiment here and no record in reports/ablations.json: marked missing" in err
-    assert "(missing [0])" in (project / "reports" / "ablations.md").read_text()
+    report = (project / "reports" / "ablations.md").read_text()
+    assert "(missing [0])" in report and "No cell of this grid has finished yet." in report  # not "(cells): ."
+
 
     monkeypatch.setattr(ablate_module, "run_cell", lambda cell, project, force=False: False)  # training fails
     with pytest.raises(SystemExit) as exited:
         main(["ablate", "--out", "reports"])
     assert exited.value.code == 1
     assert "4 cell(s) without a finished experiment" in capsys.readouterr().err
+
+    # --variant alone: a grid it leaves no cell of gets no empty table
+    raw["ablate"]["grids"]["other"] = AblationGrid(title="Another grid", variants={"sqrt": {"augment.rebalance": "sqrt"}}).model_dump()
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["ablate", "--report-only", "--variant", "none", "--out", "reports"]) == 0
+    capsys.readouterr()
+    report = (project / "reports" / "ablations.md").read_text()
+    assert "## Options on long tails" in report and "Another grid" not in report
+    (project / "file").write_text("")
+    assert main(["ablate", "--out", "file"]) == 2  # said before any cell trains, not when the report is written
+    assert "--out file: a file; ablate writes its report into a folder" in capsys.readouterr().err
+    assert main(["ablate", "--report-only", "--rerun", "--out", "reports"]) == 2
+    assert "--rerun with --report-only" in capsys.readouterr().err
 
 
 def test_a_cells_stages_import_dvcs_copy_of_the_code_not_the_live_checkout(tmp_path):

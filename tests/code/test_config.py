@@ -130,10 +130,32 @@ def test_maps_keyed_by_param_paths_take_a_dotted_key_whole():
 def test_counts_on_the_command_line_are_at_least_one(capsys):
     from tqc.cli import main
 
-    for argv in (["tune", "--trials", "0"], ["bench", "epochs", "--steps", "0"], ["bench", "epochs", "--batch-size", "-1"]):
+    for argv in (["tune", "--trials", "0"], ["bench", "epochs", "--steps", "0"]):
         with pytest.raises(SystemExit) as exited:  # argparse's usage error, before any params are read or work starts
             main(argv)
         assert exited.value.code == 2 and "must be at least 1" in capsys.readouterr().err
+    for argv, said in ((["bench", "epochs", "--batch-size", "1"], "--batch-size: 1: must be at least 2"),  # no negative
+                       (["bench", "read", "--rows", "abc"], "--rows: 'abc': not a whole number")):  # no "at_least_one"
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_a_where_key_given_twice_is_refused_and_a_malformed_one_is_named_as_where():
+    """Two --where values of one key kept the last alone: the slice of the first was dropped unsaid."""
+    from tqc.cli import where_filters
+
+    with pytest.raises(ConfigError, match="--where data.imbalance_ratio is given more than once"):
+        where_filters(["data.imbalance_ratio=50", "data.imbalance_ratio=20"])
+    with pytest.raises(ConfigError, match="--where 'imbalance': expected KEY=VALUE, e.g. --where data.imbalance_ratio=50"):
+        where_filters(["imbalance"])
+    assert where_filters(["data.imbalance_ratio=50", "augment.rebalance=none"]) == {"data.imbalance_ratio": 50,
+                                                                                  "augment.rebalance": "none"}
+
+
+def test_a_misspelt_key_of_the_common_ablation_budget_is_named_as_the_budgets():
+    with pytest.raises(ValidationError, match="ablate.budget: 'stage_one.epoch' is not a parameter a cell may set"):
+        Params.model_validate({"ablate": {"budget": {"stage_one.epoch": 1}}})
 
 
 def test_the_tuner_refuses_knobs_the_augment_stage_reads():

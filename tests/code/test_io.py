@@ -186,3 +186,24 @@ def test_a_jsonl_file_that_is_not_json_is_an_input_error_said_in_one_line(tmp_pa
                      "--report", str(tmp_path / "augment.json")])
     err = capsys.readouterr().err
     assert code == 2 and f"{tmp_path / 'train.jsonl'}, line 2: not valid JSON" in err and "Traceback" not in err
+
+
+def test_a_file_written_where_a_folder_is_fails_first_and_leaves_nothing_beside_it(tmp_path):
+    """`--out /tmp`: the temporary file was made in the folder's parent, and the write failed only at the rename."""
+    from tqc.io import atomic_path
+
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError, match="a folder, where a file is to be written"):
+        with atomic_path(folder):
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reports"]
+
+
+def test_an_os_error_is_one_line_and_exit_1_not_a_traceback(tmp_path, capsys):
+    from tqc.cli import main
+
+    assert main(["--set", "tracking.enabled=false", "bench", "read", "--rows", "1", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"tqc bench: error: [Errno 21] a folder, where a file is to be written: '{tmp_path}'" in err
+    assert "Traceback" not in err

@@ -138,3 +138,14 @@ def test_the_reading_benchmark_reads_every_row_it_wrote_in_a_fresh_process(capsy
     report = reading(300)
     assert report["rows_read"] == 300 and report["seconds"] > 0 and report["peak_mib_over_imports"] >= 0
     assert report["file_mib"] > 0 and "rows_read: 300" in capsys.readouterr().out
+
+
+def test_an_empty_training_file_is_refused_before_any_model_is_loaded(tmp_path, monkeypatch):
+    """It was a ZeroDivisionError after the slow warm-up."""
+    from tqc.config import ConfigError
+
+    Catalog([StandardQuestion("A", "What is a?")]).save(tmp_path / "catalog.jsonl")
+    (tmp_path / "train.jsonl").write_text("")
+    monkeypatch.setattr(bench.BiEncoder, "from_params", lambda *_: pytest.fail("the model was loaded"))
+    with pytest.raises(ConfigError, match=r"train.jsonl: no training rows to time"):
+        bench.epochs(Params(), 1, 2, tmp_path, tmp_path / "train.jsonl")
