@@ -1,6 +1,7 @@
 """The `tune` flow: the Optuna study of `tqc tune`, its workers run in parallel as Prefect tasks.
 
     python flows/tune.py                          # locally: 2 workers share the study in tune.storage
+    python flows/tune.py --workers 1 --trials 2   # a first, small try (--set KEY=VALUE, --params, --out, --work too)
 
 Each task is one `tqc tune --worker i` process (separate processes, so trials really run in
 parallel); they share one study through `tune.storage`, and each writes the reports from the whole study
@@ -70,7 +71,25 @@ def tune(params_path: str = "params.yaml", workers: int = 2, trials_per_worker: 
     return results
 
 
+def _arguments(argv: list[str] | None = None):
+    """The flow's parameters from the command line, as the deployment gives them (defaults: the flow's own)."""
+    import argparse
+
+    from tqc.cli import at_least_one
+
+    parser = argparse.ArgumentParser(description="the Optuna study of tqc tune, its workers in parallel")
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--workers", type=at_least_one, default=2, help="worker processes sharing the study (default 2)")
+    parser.add_argument("--trials", type=at_least_one, help="trials per worker (default tune.trials)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a param for the study, as tqc --set")
+    parser.add_argument("--out", default="reports/tuning")
+    parser.add_argument("--work", default="tuning")
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
     # Offline, the embedded server's usage report logs an ERROR at each start; a user's own setting stands
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    tune()
+    arguments = _arguments()
+    tune(arguments.params, arguments.workers, arguments.trials, arguments.overrides, arguments.out, arguments.work)

@@ -16,10 +16,11 @@ import os
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 from typing import Callable
 
-from tqc.config import ConfigError, EvaluateParams, Params, load_params, redact_text
+from tqc.config import ConfigError, DatasetName, EvaluateParams, Params, load_params, redact_text
 from tqc.errors import input_errors
 from tqc.launched import LOG_FORMAT, record_input_error
 from tqc.text import normalise
@@ -90,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     ablate = commands.add_parser("ablate", help="the ablation grids of params.yaml as DVC experiments; writes reports/ablations.md")
     ablate.add_argument("--grid", action="append", help="a grid of ablate.grids (repeatable; default all)")
     ablate.add_argument("--variant", action="append", help="only these variants (repeatable)")
-    ablate.add_argument("--seeds", type=int, nargs="+", help="default ablate.seeds")
+    ablate.add_argument("--seeds", type=at_least_zero, nargs="+", help="default ablate.seeds")
     ablate.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                         help="of the cells that set this param, only those with this value (cells that do not set it stay), "
                              "e.g. --where data.imbalance_ratio=50")
@@ -138,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "stage one's, which must exceed the rows per pass (32) for there to be passes (default 32)")
     bench.add_argument("--rows", type=at_least_one, default=500_000, help="read: synthetic questions in the CSV read "
                        "(default 500000)")
-    bench.add_argument("--dataset", default="trec50", help="validate: the dataset to validate (default trec50)")
+    bench.add_argument("--dataset", default="trec50", choices=typing.get_args(DatasetName),
+                       help="validate: the dataset to validate (default trec50)")
     bench.add_argument("--data", type=Path, default=Path("data/validated"), help="epochs, passes: validated data folder")
     bench.add_argument("--train", type=Path, default=Path("data/augmented/train.jsonl"), help="epochs, passes: training rows")
     bench.add_argument("--out", type=Path, help="also write the figures, with the machine and code version, to this JSON file")

@@ -135,7 +135,9 @@ def test_counts_on_the_command_line_are_at_least_one(capsys):
             main(argv)
         assert exited.value.code == 2 and "must be at least 1" in capsys.readouterr().err
     for argv, said in ((["bench", "epochs", "--batch-size", "1"], "--batch-size: 1: must be at least 2"),  # no negative
-                       (["bench", "read", "--rows", "abc"], "--rows: 'abc': not a whole number")):  # no "at_least_one"
+                       (["bench", "read", "--rows", "abc"], "--rows: 'abc': not a whole number"),  # no "at_least_one"
+                       (["ablate", "--seeds", "-1"], "--seeds: -1: must be at least 0"),  # not an overrides dict
+                       (["bench", "validate", "--dataset", "nope"], "--dataset: invalid choice: 'nope' (choose from 'trec6'")):
         with pytest.raises(SystemExit) as exited:
             main(argv)
         assert exited.value.code == 2 and said in capsys.readouterr().err

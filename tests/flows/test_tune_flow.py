@@ -142,3 +142,15 @@ def test_workers_spread_over_the_machines_gpus(monkeypatch):
     assert worker_environment(1, gpus=2) is None
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 5")  # the starter gave the run two GPUs: the workers spread over them
     assert [worker_environment(worker)["CUDA_VISIBLE_DEVICES"] for worker in range(3)] == ["2", "5", "2"]
+
+
+def test_the_flow_script_takes_the_flows_parameters_on_its_command_line():
+    """`python flows/tune.py` took none: 2 workers × tune.trials on params.yaml, heavy for a first try."""
+    from flows.tune import _arguments
+
+    given = _arguments(["--workers", "1", "--trials", "2", "--set", "stage_one.epochs=1", "--params", "team.yaml"])
+    assert (given.workers, given.trials, given.overrides, given.params) == (1, 2, ["stage_one.epochs=1"], "team.yaml")
+    default = _arguments([])
+    assert (default.workers, default.trials, default.overrides, default.out) == (2, None, [], "reports/tuning")
+    with pytest.raises(SystemExit):
+        _arguments(["--workers", "0"])
