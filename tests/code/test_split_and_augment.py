@@ -336,5 +336,9 @@ def test_params_augment_does_not_read_are_said_not_refused(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="tqc.stages.augment"):
         run(tmp_path / "train.jsonl", AugmentParams(rebalance="none", explicit="eda"), 0, tmp_path / "a.jsonl", tmp_path / "a.json")
         run(tmp_path / "train.jsonl", AugmentParams(rebalance="mean", target_count=60), 0, tmp_path / "b.jsonl", tmp_path / "b.json")
+        report = run(tmp_path / "train.jsonl", AugmentParams(rebalance="none", max_factor=4), 0, tmp_path / "c.jsonl",
+                     tmp_path / "c.json")
     assert "augment.explicit is 'eda', but augment.rebalance is 'none': no class gets a row more" in caplog.text
     assert "augment.target_count (60) is read only by rebalance: count, not 'mean'" in caplog.text
+    assert "augment.max_factor (4) caps a rebalance target, and augment.rebalance is 'none': it caps nothing" in caplog.text
+    assert report["deferred"] is False and report["rows"]["after"] == 12  # the report says what stage one trains

@@ -182,6 +182,9 @@ def _warn_of_unread_params(params: AugmentParams) -> None:
     if params.target_count is not None and params.rebalance != "count":
         log.warning("augment: augment.target_count (%d) is read only by rebalance: count, not %r", params.target_count,
                     params.rebalance)
+    if params.max_factor is not None and params.rebalance == "none":
+        log.warning("augment: augment.max_factor (%g) caps a rebalance target, and augment.rebalance is 'none': it caps "
+                    "nothing", params.max_factor)
 
 
 def copies_for_dropped(questions: list[LabeledQuestion], made: list[LabeledQuestion], targets: dict[str, int],
@@ -234,6 +237,7 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
         "implicit": list(params.implicit),
         "rate": params.rate,
         "in_batch": {"prototype_mixup": params.prototype_mixup.enabled, "cross_encoding": params.cross_encoding.enabled},
+        "deferred": params.deferred,  # stage one trains the original rows alone; stage two these
         "rows": {"before": len(questions), "after": len(augmented), "generated": len(augmented) - len(questions),
                  "generated_same_as_an_original": same_as_an_original, "generated_dropped_as_held_out": dropped,
                  "generated_dropped_as_label_conflict": conflicting, "copies_in_place_of_dropped": len(refilled)},
