@@ -120,11 +120,11 @@ def check_delivery(paths: list[Path], params: Params) -> int:
     for path, why in unread.items():
         print(f"{path}: unusable: {why}")
     # in the inbox's order, as the flow reads them: which of two copies is the duplicate or the repeat follows from it
-    files, repeats = retrain.split_repeats([retrain.Incoming(path, digest) for path, digest in
-                                            sorted(digests.items(), key=lambda item: item[0].name)], params.retrain)
+    ordered = [retrain.Incoming(path, digest) for path, digest in sorted(digests.items(), key=lambda item: item[0].name)]
+    files, repeats = retrain.split_repeats(ordered, params.retrain)
     first_with = {}
-    for path, digest in sorted(digests.items(), key=lambda item: item[0].name):
-        first_with.setdefault(digest, path)
+    for incoming in ordered:
+        first_with.setdefault(incoming.sha256, incoming.path)
     for incoming in repeats:
         twin = first_with[incoming.sha256]
         print(f"{incoming.path}: a repeat of {twin if twin != incoming.path else 'a file the flow merged'} (the same "
