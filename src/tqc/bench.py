@@ -48,22 +48,35 @@ def _training_setup(params: Params, data_dir: Path, train_path: Path):
 
 
 def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("data/validated"),
-           train_path: Path = Path("data/augmented/train.jsonl")) -> dict:
+           train_path: Path = Path("data/augmented/train.jsonl"), rounds: int = 3) -> dict:
+    """Seconds per epoch of stage one and stage two, from `steps` steps of each at `batch_size`.
+
+    The stages alternate in `rounds` rounds, each going first in every other one, and each figure is the median of its
+    rounds: a slow spell of a loaded machine would otherwise fall on one stage and move the ratio."""
     catalog, train_rows, validation, model = _training_setup(params, data_dir, train_path)
 
     questions = model.question.encode([q.text for q in train_rows]).numpy()
     negatives, _ = mine(questions, model.standard.encode(catalog.texts).numpy(), gold_indices(train_rows, catalog), params.mine.k,
                         model.similarity, model.score)
+    negatives = torch.as_tensor(negatives)
+    # Stage one's rows as the pipeline trains it: with augment.deferred, the original rows only
+    one_rows = stage_one.stage_one_rows(train_rows, params.augment.deferred)
+
+    def train_one(schedule: dict) -> float:
+        # With augment's in-batch terms (prototype mixup, cross-encoding), as the pipeline trains stage one: their
+        # cost is part of its epoch
+        return stage_one.train(model, one_rows, validation, catalog, params.stage_one.model_copy(update=schedule),
+                               params.seed, augment=params.augment).seconds_per_epoch
+
+    def train_two(schedule: dict) -> float:
+        return stage_two.train(model, train_rows, negatives, validation, catalog,
+                               params.stage_two.model_copy(update=schedule), params.seed).seconds_per_epoch
 
     # Warm-up steps of both stages first, untimed: on a GPU the first steps load kernels and
     # allocate optimizer state, which would otherwise be charged to whichever stage runs first.
     warm_up = {"epochs": 1, "batch_size": batch_size, "max_steps": 3}
-    # Stage one's rows as the pipeline trains it: with augment.deferred, the original rows only
-    one_rows = stage_one.stage_one_rows(train_rows, params.augment.deferred)
-    stage_one.train(model, one_rows, validation, catalog, params.stage_one.model_copy(update=warm_up), params.seed,
-                    augment=params.augment)
-    stage_two.train(model, train_rows, torch.as_tensor(negatives), validation, catalog,
-                    params.stage_two.model_copy(update=warm_up), params.seed)
+    train_one(warm_up)
+    train_two(warm_up)
     full_one, full_two = (steps_per_epoch(len(rows), batch_size, None) for rows in (one_rows, train_rows))
     shorter = min(full_one, full_two)  # stage one's under augment.deferred, else both stages'
     if steps > shorter:  # an epoch ends there: dividing its time by `steps` would under-report it
@@ -71,20 +84,20 @@ def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("d
                     steps, len(one_rows), batch_size, shorter, shorter)
         steps = shorter
     common = {"epochs": 1, "batch_size": batch_size, "max_steps": steps}
-    # With augment's in-batch terms (prototype mixup, cross-encoding), as the pipeline trains stage one: their cost is
-    # part of its epoch
-    one = stage_one.train(model, one_rows, validation, catalog, params.stage_one.model_copy(update=common), params.seed,
-                          augment=params.augment)
-    two = stage_two.train(model, train_rows, torch.as_tensor(negatives), validation, catalog,
-                          params.stage_two.model_copy(update=common), params.seed)
+    stages = (("stage_one", train_one, full_one), ("stage_two", train_two, full_two))
+    seconds: dict[str, list[float]] = {"stage_one": [], "stage_two": []}
+    for round_index in range(rounds):
+        for name, train, full_epoch in stages[:: 1 if round_index % 2 == 0 else -1]:
+            seconds[name].append(train(common) / steps * full_epoch)
     report = {
         "rows": len(train_rows),
         **({"stage_one_rows": len(one_rows)} if len(one_rows) != len(train_rows) else {}),  # augment.deferred
         "batch_size": batch_size,
         "timed_steps": steps,
+        "rounds": rounds,
         "k": int(negatives.shape[1]),
-        "stage_one_seconds_per_epoch": one.seconds_per_epoch / steps * full_one,
-        "stage_two_seconds_per_epoch": two.seconds_per_epoch / steps * full_two,
+        "stage_one_seconds_per_epoch": float(np.median(seconds["stage_one"])),
+        "stage_two_seconds_per_epoch": float(np.median(seconds["stage_two"])),
     }
     report["stage_two_over_stage_one"] = report["stage_two_seconds_per_epoch"] / report["stage_one_seconds_per_epoch"]
     for key, value in report.items():

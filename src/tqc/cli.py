@@ -133,8 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "passes by length, and AdamW fused vs not; validate: seconds the validate stage adds on --dataset; "
                        "read: seconds and peak memory to read a CSV of --rows questions")
     bench.add_argument("--steps", type=at_least_one, default=20,
-                       help="epochs: timed steps per stage, after 3 untimed warm-up steps; passes: steps per round (default 20)")
-    bench.add_argument("--rounds", type=at_least_one, default=3, help="passes: rounds, alternating the settings (default 3)")
+                       help="epochs: timed steps per stage and round, after 3 untimed warm-up steps; passes: steps per round "
+                       "(default 20)")
+    bench.add_argument("--rounds", type=at_least_one, default=3, help="epochs, passes: rounds, alternating the stages or "
+                       "the settings; each figure is the median of its rounds (default 3)")
     bench.add_argument("--batch-size", type=at_least_two, default=32, help="epochs: both stages' batch size; passes: "
                        "stage one's, which must exceed the rows per pass (32) for there to be passes (default 32)")
     bench.add_argument("--rows", type=at_least_one, default=500_000, help="read: synthetic questions in the CSV read "
@@ -406,21 +408,16 @@ def _set_champion(args: argparse.Namespace, params: Params) -> None:
 
 
 def _tune(args: argparse.Namespace, params: Params) -> None:
-    from tqc.tune import tune
+    from tqc.tune import apply_command, tune
 
-    result = tune(params, args.out, args.work, args.worker, args.trials)
+    result = tune(params, args.out, args.work, args.worker, args.trials, params_file=args.params)
     best, baseline = result.summary["best"], result.summary["baseline"]
     against = (f"; the baseline, trial {baseline['number']}: {baseline['validation_macro_f1']:.4f}"
                if baseline and baseline["number"] != best["number"] else "")
     apply = ("the baseline is best: the params' values stand, nothing to apply"
              if baseline and baseline["number"] == best["number"] else
-             f"apply with: tqc{_params_option(args)} tune --apply {args.out / 'best_params.yaml'}")
+             f"apply with: {apply_command(args.params, args.out)}")
     print(f"best validation macro-F1 {best['validation_macro_f1']:.4f} (trial {best['number']}{against}); {apply}")
-
-
-def _params_option(args: argparse.Namespace) -> str:
-    """` --params FILE` where the command was given one other than params.yaml ("" where not)."""
-    return "" if args.params == Path("params.yaml") else f" --params {args.params}"
 
 
 def _ablate(args: argparse.Namespace, params: Params) -> None:
@@ -450,7 +447,7 @@ def _bench(args: argparse.Namespace, params: Params) -> None:
     from tqc import bench
 
     if args.what == "epochs":
-        report = bench.epochs(params, args.steps, args.batch_size, args.data, args.train)
+        report = bench.epochs(params, args.steps, args.batch_size, args.data, args.train, args.rounds)
     elif args.what == "passes":
         report = bench.passes(params, args.steps, args.batch_size, args.train, args.rounds, data_dir=args.data)
     elif args.what == "read":

@@ -129,7 +129,8 @@ def check_delivery(paths: list[Path], params: Params) -> int:
         twin = first_with[incoming.sha256]
         print(f"{incoming.path}: a repeat of {twin if twin != incoming.path else 'a file the flow merged'} (the same "
               "bytes): the flow would archive it, adding nothing")
-    with tempfile.TemporaryDirectory(prefix="tqc-validate-") as scratch, _quiet(*_CURRENT_DATA_LOGGERS):
+    with (tempfile.TemporaryDirectory(prefix="tqc-validate-") as scratch, _quiet(*_CURRENT_DATA_LOGGERS),
+          _only_about([incoming.path for incoming in files], "tqc.readers")):
         try:
             staged = retrain.stage(files, params, Path(scratch)) if files else retrain.Staged(Path(scratch))
         except ConfigError as exc:  # data.additions unset: the flow's data cannot be built
@@ -168,6 +169,30 @@ def _same_names(paths: list[Path]) -> dict[Path, str]:
 # "no_duplicates on train failed for 72 rows" over the current data too), not the
 # files checked: those are printed file by file, each quarantined row with its line
 _CURRENT_DATA_LOGGERS = ("tqc.stages.ingest", "tqc.stages.validate", "tqc.retrain")
+
+
+class _AboutFiles(logging.Filter):
+    """Passes a record whose message begins with one of `files`, as readers' warnings name their file and line."""
+
+    def __init__(self, files: list[Path]):
+        super().__init__()
+        self.prefixes = tuple(f"{file}," for file in files) + tuple(f"{file}:" for file in files)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage().startswith(self.prefixes)
+
+
+@contextmanager
+def _only_about(files: list[Path], name: str):
+    """Logger `name`'s records about `files` only, for a block. Readers warn of the current data's derived classes
+    (a label the catalog lacks) each time the grown data is built; a file's own, such as a label read as a catalog
+    id, still show."""
+    logger, about = logging.getLogger(name), _AboutFiles(files)
+    logger.addFilter(about)
+    try:
+        yield
+    finally:
+        logger.removeFilter(about)
 
 
 @contextmanager

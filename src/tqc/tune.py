@@ -309,8 +309,9 @@ class TuneResult:
 
 
 def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path = Path("tuning"), worker: int = 0,
-         trials: int | None = None, data: PreparedData | None = None) -> TuneResult:
-    """Run `trials` (default tune.trials) trials of this worker in the shared study; write the reports."""
+         trials: int | None = None, data: PreparedData | None = None, params_file: Path = Path("params.yaml")) -> TuneResult:
+    """Run `trials` (default tune.trials) trials of this worker in the shared study; write the reports. `params_file`:
+    where `params` came from, which best_params.yaml's apply command names."""
     from tqc import distributed
 
     if distributed.world_size() > 1:
@@ -325,11 +326,11 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
                     "workers on one tune.storage, one a GPU (flows/tune.py spreads them over CUDA_VISIBLE_DEVICES)",
                     params.distributed.nproc_per_node)
     with worker_lock(work_dir / params.tune.study, worker):
-        return _tune(params, out_dir, work_dir, worker, trials, data)
+        return _tune(params, out_dir, work_dir, worker, trials, data, params_file)
 
 
 def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: int | None,
-          data: PreparedData | None) -> TuneResult:
+          data: PreparedData | None, params_file: Path) -> TuneResult:
     settings = params.tune
     data = data or prepare_data(params, work_dir / settings.study / f"data-worker-{worker}")
     digest = data_digest(data)
@@ -351,7 +352,7 @@ def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: in
         # until a full collection, which the next trial's allocations would otherwise wait on
         study.optimize(objective, n_trials=trials, catch=TRIAL_FAILURES, gc_after_trial=True)
         with reports_lock(out_dir):  # the reports this run logs are the ones it wrote, whole
-            result = write_reports(study, params, data, study_dir, out_dir)
+            result = write_reports(study, params, data, study_dir, out_dir, params_file)
             parent.log_metrics({"best_validation_macro_f1": result.summary["best"]["validation_macro_f1"]})
             parent.log_artifact(out_dir)
     return result
@@ -686,7 +687,8 @@ def current_baseline(complete: list, params: Params):
     return next((t for t in reversed(baselines) if t.user_attrs.get("base_values") == now), baselines[-1] if baselines else None)
 
 
-def write_reports(study, params: Params, data: PreparedData, study_dir: Path, out_dir: Path) -> TuneResult:
+def write_reports(study, params: Params, data: PreparedData, study_dir: Path, out_dir: Path,
+                  params_file: Path = Path("params.yaml")) -> TuneResult:
     """best_params.yaml (what dvc repro consumes after `tqc tune --apply`), summary.json, trials.csv, plots."""
     import optuna
 
@@ -712,7 +714,7 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
     out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_path(out_dir / "best_params.yaml") as tmp:
         tmp.write_text(f"# Optuna study {study.study_name!r}, trial {best.number}: validation macro-F1 {best.value:.4f}\n"
-                       f"# apply with: tqc tune --apply {out_dir / 'best_params.yaml'}\n" + yaml.safe_dump(best_params),
+                       f"# apply with: {apply_command(params_file, out_dir)}\n" + yaml.safe_dump(best_params),
                        encoding="utf-8")
     write_json(out_dir / "summary.json", summary)
     with atomic_path(out_dir / "trials.csv") as tmp:
@@ -757,6 +759,26 @@ def _test_metrics(model_dir: Path, data: PreparedData, params: Params) -> dict:
     return {k: metrics[k] for k in ("accuracy", "macro_f1", "n")}
 
 
+IMPORTANCE_MIN_TRIALS = 10  # below this, fANOVA's ranking of a few knobs moves from one added trial to the next
+
+
+def importance_caveat(study) -> str | None:
+    """What the importance plot cannot show, where the study has too few complete trials to rank its knobs."""
+    import optuna
+
+    complete = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    if complete >= IMPORTANCE_MIN_TRIALS:
+        return None
+    return (f"importance from {complete} complete trials is noise, not a ranking: read it from "
+            f"{IMPORTANCE_MIN_TRIALS} trials on")
+
+
+def apply_command(params_file: Path, out_dir: Path) -> str:
+    """The command that applies `out_dir`'s best values to `params_file` (params.yaml needs no --params)."""
+    option = "" if params_file == Path("params.yaml") else f" --params {params_file}"
+    return f"tqc{option} tune --apply {out_dir / 'best_params.yaml'}"
+
+
 def _plots(study, out_dir: Path) -> None:
     import warnings
 
@@ -776,6 +798,10 @@ def _plots(study, out_dir: Path) -> None:
                 log.warning("tune: no %s plot: %s", name, exc)
                 continue
             figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
+            caveat = importance_caveat(study) if name == "importance" else None
+            if caveat:
+                log.warning("tune: %s", caveat)
+                figure.axes[0].set_title(f"{figure.axes[0].get_title()}\n({caveat})", fontsize="small")
             figure.tight_layout()
             with atomic_path(out_dir / f"{name}.png") as tmp:
                 figure.savefig(tmp, format="png", dpi=110)

@@ -437,6 +437,28 @@ def test_tqc_validate_refuses_a_second_file_of_the_same_name_from_another_folder
     assert "monday/x.csv: 1 rows read, 1 would be accepted, 0 quarantined" in out
 
 
+def test_tqc_validate_warns_of_a_checked_files_labels_not_of_the_current_datas_derived_classes(project, capsys, caplog):
+    """The grown data is built again for each check, and readers warned each time of every class the current data
+    derives (a label its catalog lacks): lines about no file checked. A checked file's own label read as a catalog
+    id is still said."""
+    import yaml
+
+    from tqc.cli import main
+
+    dataset = Path(yaml.safe_load((project / "params.yaml").read_text())["data"]["data_dir"])
+    catalog = dataset / "catalog.csv"
+    catalog.write_text("".join(line for line in catalog.read_text().splitlines(keepends=True) if not line.startswith("NUM,")))
+    batch = project / "batch.csv"
+    batch.write_text(f"question,label\n{unseen_questions(project, 'LOC', 1)[0]},loc\n")
+    with caplog.at_level(logging.WARNING, logger="tqc"), pytest.raises(SystemExit) as ended:
+        main(["validate", str(batch)])
+    assert ended.value.code == 0, capsys.readouterr().out
+    said = [record.getMessage() for record in caplog.records if record.name == "tqc.readers"]
+    assert said == [f"{batch}, line 2: label 'loc' read as class 'LOC' (1 row(s)): labels are matched to the classes' "
+                    "ids case- and width-insensitively, and 1.0 as 1"], said
+    assert not logging.getLogger("tqc.readers").filters  # the filter is gone after the check
+
+
 def test_tqc_validate_says_a_repeat_delivery_adds_nothing_as_the_flow_would_and_an_unreadable_file_is_unusable(
         project, capsys, monkeypatch):
     """A file whose bytes the flow merged (or another given alongside has) is a repeat: the flow archives it adding

@@ -18,19 +18,21 @@ def test_both_stages_are_timed_after_untimed_warm_up_steps(tiny_model_dir, tmp_p
     save_questions(data / "train.jsonl", rows)
     save_questions(data / "validation.jsonl", [LabeledQuestion(t, c) for t, c in synthetic_questions(1, 3)])
     params = Params.model_validate(tiny_params(tmp_path / "unused", tiny_model_dir))
-    steps_seen = {"stage one": [], "stage two": []}
+    calls = []
     for name, module in (("stage one", stage_one), ("stage two", stage_two)):
         real = module.train
 
         def recording(*args, _real=real, _name=name, **kwargs):
-            steps_seen[_name].append(args[-2].max_steps)  # the schedule each call trains with
+            calls.append((_name, args[-2].max_steps))  # the schedule each call trains with
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(module, "train", recording)
 
-    report = bench.epochs(params, steps=4, batch_size=8, data_dir=data, train_path=data / "train.jsonl")
-    assert steps_seen == {"stage one": [3, 4], "stage two": [3, 4]}  # warm-up first, then the timed run
-    assert report["rows"] == 60 and report["timed_steps"] == 4 and report["k"] == 2
+    report = bench.epochs(params, steps=4, batch_size=8, data_dir=data, train_path=data / "train.jsonl", rounds=3)
+    # warm-up first, then rounds in which each stage goes first in every other one: a slow spell charged to neither
+    assert calls == [("stage one", 3), ("stage two", 3), ("stage one", 4), ("stage two", 4), ("stage two", 4),
+                     ("stage one", 4), ("stage one", 4), ("stage two", 4)]
+    assert report["rows"] == 60 and report["timed_steps"] == 4 and report["k"] == 2 and report["rounds"] == 3
     assert report["stage_one_seconds_per_epoch"] > 0 and report["stage_two_seconds_per_epoch"] > 0
     assert report["stage_two_over_stage_one"] == pytest.approx(
         report["stage_two_seconds_per_epoch"] / report["stage_one_seconds_per_epoch"])
@@ -72,7 +74,7 @@ def test_steps_beyond_one_epoch_time_one_epoch_and_say_so(tiny_model_dir, tmp_pa
         return result
 
     monkeypatch.setattr(stage_one, "train", recording)
-    report = bench.epochs(params, steps=20, batch_size=8, data_dir=data, train_path=data / "train.jsonl")
+    report = bench.epochs(params, steps=20, batch_size=8, data_dir=data, train_path=data / "train.jsonl", rounds=1)
     (max_steps, seconds), one_epoch = timed[-1], 8  # 60 rows at 8 a batch: 7 full batches, the 4 left folded in
     assert max_steps == one_epoch and report["timed_steps"] == one_epoch  # was 20, and the time divided by 20
     assert report["stage_one_seconds_per_epoch"] == pytest.approx(seconds)  # was 0.40 of the epoch it measured

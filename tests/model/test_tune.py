@@ -86,6 +86,7 @@ def test_every_sampled_value_reaches_the_training_run(tmp_path, tiny_model_dir):
     assert summary["best"]["validation_macro_f1"] == pytest.approx(study.best_value)
     assert "test" in summary["best"] and "test" in summary["baseline"]
     assert (reports / "history.png").stat().st_size > 0 and (reports / "trials.csv").exists()
+    assert (reports / "best_params.yaml").read_text().splitlines()[1] == f"# apply with: tqc tune --apply {reports / 'best_params.yaml'}"
 
     from mlflow import MlflowClient
 
@@ -804,3 +805,27 @@ def test_a_registered_version_that_is_not_a_number_is_refused_by_the_parser(caps
     with pytest.raises(SystemExit) as ended:
         cli.main(["set-champion", "abc"])
     assert ended.value.code == 2 and "'abc': a registered version is a number" in capsys.readouterr().err
+
+
+def test_an_importance_plot_from_fewer_than_ten_trials_says_it_is_noise(tmp_path, caplog):
+    """fANOVA ranks a study's knobs from its trials; from three it draws a confident bar chart out of noise."""
+    from tqc.tune import IMPORTANCE_MIN_TRIALS, _plots, importance_caveat
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1) + trial.suggest_float("y", 0, 1) / 10, n_trials=3)
+    with caplog.at_level(logging.WARNING, logger="tqc.tune"):
+        _plots(study, tmp_path)
+    assert (tmp_path / "importance.png").stat().st_size > 0
+    assert "tune: importance from 3 complete trials is noise, not a ranking: read it from 10 trials on" in caplog.text
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=IMPORTANCE_MIN_TRIALS - 3)
+    assert importance_caveat(study) is None
+
+
+def test_the_apply_command_names_a_params_file_other_than_params_yaml():
+    """best_params.yaml's comment said `tqc tune --apply …` for a study run with `--params team.yaml`, which would
+    have written the values into params.yaml."""
+    from tqc.tune import apply_command
+
+    out = Path("reports/tuning")
+    assert apply_command(Path("params.yaml"), out) == "tqc tune --apply reports/tuning/best_params.yaml"
+    assert apply_command(Path("conf/team.yaml"), out) == "tqc --params conf/team.yaml tune --apply reports/tuning/best_params.yaml"
