@@ -209,8 +209,7 @@ def _retrain_new_files(params: Params, retries: dict, logger) -> dict:
     create_markdown_artifact(steps.summary_markdown(staged, promotion, trained, repeats), key="retrain-summary",
                              description="rows accepted and the challenger against the champion")
     shutil.rmtree(staging, ignore_errors=True)
-    logger.info("retrain: %d rows and %d classes added; %s: %s", staged.accepted - staged.new_classes,
-                staged.new_classes, "promoted" if promotion["promoted"] else "champion kept", "; ".join(promotion["reasons"]))
+    logger.info("%s", steps.closing_line(staged, promotion, result, Path(params.retrain.quarantine)))
     return {"status": "retrained", "mode": params.retrain.mode, "accepted": staged.accepted - staged.new_classes,
             "new_classes": staged.new_classes, "promoted": promotion["promoted"], **result}
 

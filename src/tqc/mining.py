@@ -141,6 +141,9 @@ def mine(questions: np.ndarray, standards: np.ndarray, gold: np.ndarray, k: int,
     if k > n_classes - own_group:
         log.warning("mine.k=%d but only %d wrong classes exist; mining %d", k, n_classes - own_group, n_classes - own_group)
         k = n_classes - own_group
+    elif k == n_classes - own_group and n_classes > 1:  # TREC-6's 6 classes at the default K = 5, say
+        log.info("mine.k=%d takes every wrong class there is: stage two scores each question against every standard "
+                 "question, so mining chooses no subset; a smaller K makes it choose", k)
     similarities, neighbours = nearest(questions, standards, min(k + own_group, n_classes), similarity, scorer)
     negatives = exclude_gold(neighbours, gold, k, groups)
     return negatives, statistics(similarities, neighbours, negatives, gold)

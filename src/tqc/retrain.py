@@ -717,6 +717,23 @@ def why_nothing_was_accepted(staged: Staged, repeats: list[Incoming], quarantine
     return "; ".join(parts or [f"{Path(o.file).name}: {o.reason or 'added nothing'}" for o in staged.outcomes])
 
 
+def closing_line(staged: Staged, promotion: dict, committed: dict, quarantine: Path) -> str:
+    """The flow's last log line after a training: what was added and quarantined, the gate's decision with its reasons,
+    and the data version's .dvc files, which no commit records until a person commits them."""
+    rows = [q for q in staged.quarantined_rows if q.get("line") is not None]  # an unusable file's record has no line
+    unusable = [o for o in staged.outcomes if o.outcome == "unusable"]
+    left_out = ([f"{len(rows)} row(s) quarantined to {quarantine}"] if rows else []) + (
+        [f"{len(unusable)} unusable file(s)"] if unusable else [])
+    line = (f"retrain: {staged.accepted - staged.new_classes} rows and {staged.new_classes} classes added"
+            + (f" ({'; '.join(left_out)})" if left_out else "")
+            + f"; {'promoted' if promotion['promoted'] else 'champion kept'}: {'; '.join(promotion['reasons'])}")
+    versions = committed.get("dvc", {}).get("added") or []
+    if versions:
+        line += (f". New data version: {', '.join(versions)}; commit it to git: until then no commit records it, and "
+                 "`dvc exp run` unstages it")
+    return line
+
+
 def _file_reason(outcome: FileOutcome, staged: Staged) -> str:
     """The summary's reason cell: the file's own, or for rows quarantined, the first one's line and reason."""
     if outcome.reason or not outcome.quarantined:

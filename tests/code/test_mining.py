@@ -113,7 +113,8 @@ def test_negatives_of_another_catalog_ragged_or_hand_broken_are_named_by_file_an
     first = {"row": 0, "class_id": "a", "negatives": ["b", "c"]}
     for second, reason in [({"row": 1, "class_id": "b", "negatives": ["c", "z"]}, r"negatives \['z'\] are not in the catalog"),
                            ({"row": 1, "class_id": "b", "negatives": ["c"]}, "1 negatives where line 1 has 2"),
-                           ({"row": 1, "class_id": "b"}, "no negatives")]:
+                           ({"row": 1, "class_id": "b"}, "no negatives"),
+                           ({"row": 1, "class_id": "b", "negatives": ["c", "c"]}, r"row 1 lists \['c'\] more than once")]:
         _write_negatives(path, [first, second])
         with pytest.raises(StaleNegatives, match=f"negatives.jsonl, line 2: {reason}"):
             load_negatives(path, catalog, ["a", "b"])
@@ -248,3 +249,22 @@ def test_mining_statistics_count_where_gold_ranks_and_which_classes_are_mined_mo
     assert (stats["gold_is_nearest"], stats["gold_within_depth"]) == (0.0, 0.5)
     assert stats["hardest_negative_similarity_mean"] == pytest.approx((0.9 + 0.8) / 2)
     assert stats["most_mined_classes"][0] == [1, 2]  # class 1 mined by both questions
+
+
+def test_a_k_that_takes_every_wrong_class_is_said_to_choose_nothing(caplog):
+    """TREC-6's default: K = 5 of 5 wrong classes, so mining orders them all and chooses none; it passed in silence."""
+    import logging
+
+    from tqc.mining import mine
+
+    rng = np.random.default_rng(0)
+    questions, standards = rng.normal(size=(8, 4)).astype(np.float32), rng.normal(size=(3, 4)).astype(np.float32)
+    gold = np.array([0, 1, 2, 0, 1, 2, 0, 1])
+    with caplog.at_level(logging.INFO, logger="tqc.mining"):
+        negatives, _ = mine(questions, standards, gold, k=2)
+    assert "mine.k=2 takes every wrong class there is" in caplog.text
+    assert sorted(map(sorted, negatives.tolist())) == sorted(sorted({0, 1, 2} - {g}) for g in gold.tolist())
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tqc.mining"):
+        mine(questions, standards, gold, k=1)
+    assert "takes every wrong class" not in caplog.text

@@ -93,3 +93,22 @@ def test_the_summary_of_a_promotion_that_judged_no_question_says_so():
                "validation": {"n": 0, "left_out_as_learnt_from": 20, "challenger_accuracy": None, "champion_accuracy": None}}
     text = summary_markdown(STAGED, nothing, TRAINED)
     assert "| accuracy | (not judged) | (not judged) | |" in text and "all 20 validation questions" in text
+
+
+def test_the_flows_last_line_counts_what_was_left_out_and_names_the_data_version_to_commit():
+    """It said "39 rows and 0 classes added; champion kept" with 11 rows quarantined, and the staged .dvc file that no
+    commit recorded (a `dvc exp run` unstages it) went unmentioned."""
+    from tqc.retrain import closing_line
+
+    staged = Staged(Path("raw"), [FileOutcome("inbox/a.csv", "0" * 64, "labeled", "merged", read=4, accepted=3, quarantined=1),
+                                  FileOutcome("inbox/c.csv", "6" * 64, "labeled", "unusable", reason="empty")],
+                    [quarantine_record("inbox/a.csv", "0" * 64, {"line": 5, "expectations": ["no_duplicates"]}),
+                     quarantine_record("inbox/c.csv", "6" * 64, {"line": None, "expectations": ["usable_file"]})])
+    kept = {"promoted": False, "reasons": ["no better on validation", "tail classes worse"]}
+    committed = {"dvc": {"added": ["data/raw/labeled.jsonl.dvc"], "pushed": False}}
+    assert closing_line(staged, kept, committed, Path("data/quarantine/incoming.jsonl")) == (
+        "retrain: 3 rows and 0 classes added (1 row(s) quarantined to data/quarantine/incoming.jsonl; 1 unusable file(s)); "
+        "champion kept: no better on validation; tail classes worse. New data version: data/raw/labeled.jsonl.dvc; "
+        "commit it to git: until then no commit records it, and `dvc exp run` unstages it")
+    assert closing_line(STAGED, {"promoted": True, "reasons": ["better"]}, {"dvc": {"added": []}}, Path("q.jsonl")) == (
+        "retrain: 3 rows and 0 classes added; promoted: better")

@@ -131,7 +131,9 @@ def test_validate_file_exit_codes(tmp_path, current_data, capsys):
     assert main(mixed, current_data, params()) == QUARANTINED
     out = capsys.readouterr().out
     assert "1 would be accepted, 4 quarantined" in out
-    for expected in ("line 3: no_duplicates, no_label_conflicts", "line 4: no_leakage", "line 5: label_in_catalog", "line 6: no_control_characters"):
+    for expected in ("line 3: no_duplicates: duplicate of t, line 1; no_label_conflicts: conflicts with t, line 1, labeled 'a'",
+                     "line 4: no_leakage: also in test at x, line 1", "line 5: label_in_catalog: 'zzz' is no class of the catalog",
+                     "line 6: no_control_characters"):
         assert expected in out
 
     empty = tmp_path / "empty.csv"

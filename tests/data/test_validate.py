@@ -39,6 +39,13 @@ def test_bad_rows_are_quarantined_with_file_line_expectation_and_content(tmp_pat
         ("train.csv", 10): ["no_leakage"],
     }
     assert quarantined[0]["content"] == {"text": "", "class_id": "a"}
+    # each reason names the other row at stake; no record named the copy kept, nor where a row leaked to
+    said = {(q["file"], q["line"]): q["reason"] for q in quarantined}
+    assert said[("train.csv", 7)] == "no_duplicates: duplicate of train.csv, line 1"
+    assert said[("train.csv", 4)] == "no_leakage: also in test at test.csv, line 1"
+    assert said[("train.csv", 10)] == "no_leakage: also in validation at validation.csv, line 2"
+    assert said[("train.csv", 3)] == "label_in_catalog: 'zzz' is no class of the catalog"
+    assert said[("train.csv", 2)] == "non_empty_text"
     assert [q["text"] for q in read_jsonl(tmp_path / "out" / "train.jsonl")] == ["good one", "good two", "good three"]
     for split in ("train", "validation", "test"):  # nothing silently lost
         assert report["accepted"][split] + report["quarantined"][split] == report["read"][split]
@@ -50,6 +57,18 @@ def test_a_label_conflict_keeps_neither_row(tmp_path):
     report = run_validate(tmp_path)
     assert [q["text"] for q in read_jsonl(tmp_path / "out" / "train.jsonl")] == ["other"]
     assert report["quarantined_by_expectation"]["no_label_conflicts"] == 2
+    assert [q["reason"] for q in read_jsonl(tmp_path / "quarantine.jsonl")] == [
+        "no_label_conflicts: conflicts with train.csv, line 2, labeled 'b'",
+        "no_duplicates: duplicate of train.csv, line 1; no_label_conflicts: conflicts with train.csv, line 1, labeled 'a'"]
+
+
+def test_a_validation_row_labeled_otherwise_in_train_names_the_training_row_and_a_near_miss_label_its_id(tmp_path):
+    write_splits(tmp_path / "in", [("is it safe", "a"), ("other", "b")], [("Is it safe", "b"), ("fine", "a")],
+                 [("held out", "a"), ("a test row", "B")])
+    run_validate(tmp_path)
+    said = {(q["split"], q["line"]): q["reason"] for q in read_jsonl(tmp_path / "quarantine.jsonl")}
+    assert said[("validation", 1)] == "no_label_conflicts: conflicts with train.csv, line 1 (train), labeled 'a'"
+    assert said[("test", 2)] == "label_in_catalog: 'B' is no class of the catalog (the catalog has 'b', alike but for case)"
 
 
 def test_a_row_that_is_another_classs_standard_question_is_a_label_conflict(tmp_path):
@@ -59,7 +78,8 @@ def test_a_row_that_is_another_classs_standard_question_is_a_label_conflict(tmp_
                  [("fine", "a")], [("held out", "a")])
     report = run_validate(tmp_path)
     assert [q["text"] for q in read_jsonl(tmp_path / "out" / "train.jsonl")] == ["Question b?", "other", "more"]
-    assert [(q["line"], q["expectations"]) for q in read_jsonl(tmp_path / "quarantine.jsonl")] == [(1, ["no_label_conflicts"])]
+    assert [(q["line"], q["reason"]) for q in read_jsonl(tmp_path / "quarantine.jsonl")] == [
+        (1, "no_label_conflicts: conflicts with the standard question of class 'a'")]
     assert report["quarantined_by_expectation"] == {"no_label_conflicts": 1}
 
 

@@ -123,7 +123,9 @@ def test_every_quarantined_row_has_one_shape_whichever_check_rejected_it(project
 
     assert {tuple(q) for q in staged.quarantined_rows} == {("file", "sha256", "line", "expectations", "reason", "content")}
     by_file = {Path(q["file"]).name: q for q in staged.quarantined_rows}
-    assert by_file["a.csv"]["expectations"] == ["label_in_catalog"] and by_file["a.csv"]["reason"] == "label_in_catalog"
+    assert by_file["a.csv"]["expectations"] == ["label_in_catalog"]
+    assert by_file["a.csv"]["reason"] == ("label_in_catalog: 'FOOD' is no class of the catalog (a delivery adds a class with "
+                                          "a catalog*.csv file of its standard question beside the rows)")
     assert by_file["b.csv"]["expectations"] == ["no_duplicates"] and by_file["b.csv"]["reason"] == "duplicate of a.csv, line 2"
     assert by_file["b.csv"]["content"] == {"text": where, "class_id": "LOC"}
     assert by_file["c.csv"]["expectations"] == ["usable_file"] and by_file["c.csv"]["line"] is None

@@ -75,6 +75,9 @@ def _check_mined_row(path: Path, i: int, mined: dict, class_id: str, catalog: Ca
                              f"{i} is class {class_id!r}: the negatives are stale; re-run mining")
     if class_id in mined["negatives"]:
         raise StaleNegatives(f"{where}: row {i} lists its own class {class_id!r} as a negative")
+    twice = sorted({c for c in mined["negatives"] if mined["negatives"].count(c) > 1})
+    if twice:  # mining never repeats a class: a hand-edited file, which would weigh that column twice in the loss
+        raise StaleNegatives(f"{where}: row {i} lists {twice} more than once as a negative; re-run mining")
     unknown = [c for c in mined["negatives"] if c not in catalog]
     if unknown:
         raise StaleNegatives(f"{where}: negatives {unknown} are not in the catalog ({len(catalog)} classes): mined "

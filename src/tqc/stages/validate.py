@@ -224,6 +224,7 @@ def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: Va
     accepted: dict[str, list[LabeledQuestion]] = {}
     quarantined: list[dict] = []
     flagged: list[dict] = []  # test rows kept despite a warning
+    explain = RowReasons(splits, catalog)
     for split, frame in annotate(splits, catalog).items():
         split_outcomes = validator.validate(split, frame, row_expectations(catalog, params), critical)
         outcomes += split_outcomes
@@ -233,10 +234,12 @@ def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: Va
                 reasons.setdefault(row, []).append(outcome.name)
         if split == "test":
             kept = {i: names for i, names in reasons.items() if not set(names) & (critical | UNSCORABLE)}
-            flagged += [quarantine_record(splits[split][i], split, names) for i, names in sorted(kept.items())]
+            flagged += [quarantine_record(splits[split][i], split, names, explain(split, i, names))
+                        for i, names in sorted(kept.items())]
             reasons = {i: names for i, names in reasons.items() if i not in kept}
         accepted[split] = [q for i, q in enumerate(splits[split]) if i not in reasons]
-        quarantined += [quarantine_record(splits[split][i], split, names) for i, names in sorted(reasons.items())]
+        quarantined += [quarantine_record(splits[split][i], split, names, explain(split, i, names))
+                        for i, names in sorted(reasons.items())]
     outcomes += [_naming_classes(outcome, catalog)  # class_counts has one row per catalog class, in catalog order
                  for outcome in validator.validate("class_counts", class_counts(accepted["train"], catalog),
                                                    class_count_expectations(params), critical)]
@@ -252,7 +255,7 @@ def _naming_classes(outcome: ExpectationOutcome, catalog: Catalog) -> Expectatio
                                       "failing_classes": len(outcome.failing_rows)})
 
 
-def quarantine_record(question: LabeledQuestion, split: str, expectations: list[str]) -> dict:
+def quarantine_record(question: LabeledQuestion, split: str, expectations: list[str], reason: str | None = None) -> dict:
     file, _, line = question.source.rpartition(":")
     return {
         "stage": "validate",
@@ -260,8 +263,64 @@ def quarantine_record(question: LabeledQuestion, split: str, expectations: list[
         "file": file,
         "line": int(line) if line.isdigit() else None,
         "expectations": expectations,
+        "reason": reason or ", ".join(expectations),
         "content": {"text": question.text, "class_id": question.class_id},
     }
+
+
+class RowReasons:
+    """Why a row failed each expectation, naming the other row at stake: the split's first copy (`no_duplicates`; the
+    split's order is ingest's), a row or standard question with another label (`no_label_conflicts`), the split it
+    leaks into, by file and line."""
+
+    def __init__(self, splits: dict[str, list[LabeledQuestion]], catalog: Catalog):
+        self.splits, self.catalog = splits, catalog
+        self.keys = {split: [normalise(q.text) for q in rows] for split, rows in splits.items()}
+        self.first = {split: _first_source_per_key(keys, rows) for (split, keys), rows in
+                      zip(self.keys.items(), splits.values())}
+        self.by_folded_id = {class_id.casefold(): class_id for class_id in catalog.class_ids}
+
+    def __call__(self, split: str, index: int, expectations: list[str]) -> str:
+        return "; ".join(self._one(split, index, name) for name in expectations)
+
+    def _one(self, split: str, index: int, name: str) -> str:
+        key, question = self.keys[split][index], self.splits[split][index]
+        if name == "no_duplicates":
+            return f"no_duplicates: duplicate of {_where(self.first[split][key])}"
+        if name == "no_label_conflicts":
+            return f"no_label_conflicts: conflicts with {self._other_label(split, key, question.class_id)}"
+        if name == "no_leakage":
+            into = [other for other in LEAKAGE_PAIRS[split] if key in self.first.get(other, {})]
+            return "no_leakage: also " + ", ".join(f"in {other} at {_where(self.first[other][key])}" for other in into)
+        if name == "label_in_catalog":
+            like = self.by_folded_id.get(question.class_id.casefold())
+            hint = f" (the catalog has {like!r}, alike but for case)" if like else ""
+            return f"label_in_catalog: {question.class_id!r} is no class of the catalog{hint}"
+        return name
+
+    def _other_label(self, split: str, key: str, label: str) -> str:
+        owners = [q.class_id for q in self.catalog.questions if normalise(q.text) == key and q.class_id != label]
+        if owners:
+            return f"the standard question of class {owners[0]!r}"
+        # as annotate compares: a generated or validation row with train's rows too
+        for other in (split, "train") if split in (GENERATED, "validation") else (split,):
+            for k, q in zip(self.keys.get(other, []), self.splits.get(other, [])):
+                if k == key and q.class_id != label:
+                    return f"{_where(q.source)}{f' ({other})' if other != split else ''}, labeled {q.class_id!r}"
+        return "a row labeled otherwise"
+
+
+def _first_source_per_key(keys: list[str], rows: list[LabeledQuestion]) -> dict[str, str]:
+    first: dict[str, str] = {}
+    for key, question in zip(keys, rows):
+        first.setdefault(key, question.source)
+    return first
+
+
+def _where(source: str | None) -> str:
+    """A row's source ("file:line") as reasons write it: "file, line N"."""
+    file, _, line = (source or "").rpartition(":")
+    return f"{file}, line {line}" if line.isdigit() else (source or "a row of no file")
 
 
 def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Path, report_path: Path,
