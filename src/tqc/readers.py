@@ -226,9 +226,12 @@ def _csv_records(path: Path, header: bool = False) -> list[tuple[int, list[str]]
             records.append((line_number, fields))
             line_number = reader.line_num + 1
     except csv.Error as exc:
-        where = f"line {line_number}" + (f" (the record starting there, at line {reader.line_num})"
-                                          if reader.line_num != line_number else "")
-        raise ReaderError(f"{path}, {where}: malformed CSV: {exc}") from None
+        if reader.line_num == line_number:
+            raise ReaderError(f"{path}, line {line_number}: malformed CSV: {exc}") from None
+        # a quote that opens a field and never closes runs the record on over the next lines until the parser gives up
+        raise ReaderError(f"{path}, line {line_number}: malformed CSV: the record that starts on this line runs on to line "
+                          f"{reader.line_num}, where the parser stopped ({exc}): a quote opened on line {line_number} "
+                          "and not closed there?") from None
     return records
 
 
@@ -383,7 +386,7 @@ def _unusable_values(record: dict, text_column: str, label_column: str, source_c
     (1.0, true, NaN, a list) is refused rather than turned into a class named "1.0" or "True"."""
     missing = [c for c in (text_column, label_column, source_column) if c is not None and c not in record]
     if missing:
-        return _missing_columns(missing)
+        return f"{_missing_columns(missing)}: the record has {list(record)}"
     for column in (text_column, source_column):
         if column is not None and not isinstance(record[column], (str, type(None))):
             return f"{column!r} is a JSON {type(record[column]).__name__}, not a string"
@@ -404,7 +407,8 @@ def _missing_in(reason: str, columns: list[str]) -> list[str]:
     """The columns a rejected row's `reason` says its record lacks ([] when it gives another reason): `_unusable_values`
     names them in `columns`' order."""
     subsets = ([c for i, c in enumerate(columns) if mask >> i & 1] for mask in range(1, 2 ** len(columns)))
-    return next((subset for subset in subsets if reason == _missing_columns(subset)), [])
+    return next((subset for subset in subsets if reason == _missing_columns(subset)
+                 or reason.startswith(f"{_missing_columns(subset)}: ")), [])
 
 
 def _encodable(text: str) -> bool:
@@ -556,10 +560,11 @@ def shipped_catalog(dataset: str) -> Catalog:
         return read_catalog_file(path)
 
 
-def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion]) -> Catalog:
-    """Add a derived standard question for each training label the catalog lacks, with a warning. A derived
-    text that is empty (`___`) or another class's (`lost_card` and `lost-card`, or a catalog text) is an
-    error naming where the label is first used: the validate contract needs each class its own text."""
+def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion], catalog_given: bool = True) -> Catalog:
+    """Add a derived standard question for each training label the catalog lacks, with a warning (one line for all,
+    where no catalog file was given: every class derives by choice). A derived text that is empty (`___`) or another
+    class's (`lost_card` and `lost-card`, or a catalog text) is an error naming where the label is first used: the
+    validate contract needs each class its own text."""
     first_use = {}
     for row in rows:
         first_use.setdefault(row.class_id, row.source)
@@ -580,9 +585,14 @@ def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion]) -> Catal
             owner_at = f" (derived too, its label first at {_file_and_line(first_use[owner])})" if owner in first_use else " in the catalog"
             raise ReaderError(f"{where}: class {class_id!r} has no catalog text, and the one derived from its label, {text!r}, "
                               f"is the text of class {owner!r}{owner_at}; give one of them a standard question in the catalog")
-        log.warning("%s: class %r has no catalog text; using the derived text %r (a label missing from the catalog, "
-                    "or misspelt there?)", where, class_id, text)
+        if catalog_given:
+            log.warning("%s: class %r has no catalog text; using the derived text %r (a label missing from the catalog, "
+                        "or misspelt there?)", where, class_id, text)
         derived.append(StandardQuestion(class_id, text, derived=True))
+    if derived and not catalog_given:
+        shown = ", ".join(f"{q.class_id!r} → {q.text!r}" for q in derived[:10])
+        log.info("data.custom.catalog is not set: %d classes take their labels in words as standard questions: %s%s",
+                 len(derived), shown, f" and {len(derived) - 10} more" if len(derived) > 10 else "")
     return Catalog(catalog.questions + derived)
 
 
@@ -607,6 +617,8 @@ def require_rows(result: ReadResult, path: Path, max_rejected_fraction: float = 
     shown = "; ".join(f"line {r.line}: {r.reason}" for r in result.rejected[:MAX_REJECTED_SHOWN])
     more = f"; and {len(result.rejected) - MAX_REJECTED_SHOWN} more" if len(result.rejected) > MAX_REJECTED_SHOWN else ""
     why = f"; rejected {shown}{more}" if result.rejected else ""
+    if not result.rows and not result.rejected:
+        raise RowsRejected(f"{path}: no rows to read (a header and nothing under it?)", result.rejected)
     if not result.rows:
         raise RowsRejected(f"{path}: no usable rows ({len(result.rejected)} rejected{why})", result.rejected)
     read = len(result.rows) + len(result.rejected)
@@ -747,7 +759,7 @@ def _read_custom(params: DataParams) -> DatasetSplits:
                              "add the labels to data.custom.catalog, set data.custom.unknown_labels: "
                              "derive, or raise the fraction")
     # Only training labels may create classes: a test label outside them is the validate stage's business.
-    derived = [q for q in with_derived_classes(known, train.rows).questions if q.derived]
+    derived = [q for q in with_derived_classes(known, train.rows, catalog_given=bool(custom.catalog)).questions if q.derived]
     if custom.unknown_labels == "derive":  # test's `billing` is train's derived `Billing` too, not a class of its own
         test = labels_read_as_catalog(test, Catalog(known.questions + derived))
     return DatasetSplits(train, test, Catalog(catalog.questions + derived))

@@ -124,6 +124,21 @@ def test_missing_catalog_texts_are_derived_with_a_warning(caplog):
     assert label_in_words("ENTY:dismed") == "ENTY dismed"
 
 
+def test_with_no_catalog_file_every_class_derives_in_one_line_not_a_warning_each(tmp_path, caplog):
+    """data.custom.catalog unset is a documented choice: each class warned "a label missing from the catalog, or
+    misspelt there?" of a catalog nobody gave."""
+    write(tmp_path, "train.csv", b"question,label\nwhere is rome,LOC\nwho was he,HUM\n")
+    write(tmp_path, "test.csv", b"question,label\nwhere is paris,LOC\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), custom={
+        "train": "train.csv", "test": "test.csv", "catalog": None, "text_column": "question"})
+    with caplog.at_level(logging.INFO, logger="tqc.readers"):
+        splits = read_dataset(params)
+    assert [(q.class_id, q.text) for q in splits.catalog.questions] == [("HUM", "HUM"), ("LOC", "LOC")]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "data.custom.catalog is not set: 2 classes take their labels in words as standard questions: 'HUM' → 'HUM', " \
+           "'LOC' → 'LOC'" in caplog.text
+
+
 @pytest.mark.parametrize("labels,catalog,message", [
     (("lost_card", "billing", "lost-card"), Catalog(), r"train.csv, line 2: class 'lost_card' .* 'lost card', is the text of class 'lost-card' \(derived too, its label first at train.csv, line 4\)"),
     (("billing", "lost_card"), Catalog([StandardQuestion("faq", "Lost  CARD")]), r"train.csv, line 3: class 'lost_card' .* is the text of class 'faq' in the catalog"),
@@ -280,12 +295,13 @@ def test_shared_datasets_match_the_recorded_checksums():
     assert all(verify(SHARED).values())
 
 
-@pytest.mark.parametrize("train", [b"question,label\n", b"question,label\nonly one column\n"])
-def test_a_split_with_no_usable_row_is_a_clear_error(tmp_path, train):
+@pytest.mark.parametrize("train, said", [(b"question,label\n", r"no rows to read \(a header and nothing under it\?\)$"),
+                                         (b"question,label\nonly one column\n", r"no usable rows \(1 rejected")])
+def test_a_split_with_no_usable_row_is_a_clear_error(tmp_path, train, said):
     write(tmp_path, "train.csv", train)
     write(tmp_path, "test.csv", b"question,label\nhi,a\n")
     params = DataParams(dataset="custom", data_dir=str(tmp_path), custom={"train": "train.csv", "test": "test.csv", "text_column": "question"})
-    with pytest.raises(ReaderError, match=r"train\.csv: no usable rows"):
+    with pytest.raises(ReaderError, match=rf"train\.csv: {said}"):
         read_dataset(params)
 
 
@@ -506,8 +522,11 @@ def test_covidq_testB_reads_as_a_validation_file():
 def test_a_stray_quote_is_an_error_naming_its_line_not_rows_merged_or_quotes_dropped(tmp_path, content, line):
     path = tmp_path / "stray.csv"
     path.write_text(content)
-    with pytest.raises(ReaderError, match=rf"stray.csv, line {line}\b.*malformed CSV"):
+    with pytest.raises(ReaderError, match=rf"stray.csv, line {line}: malformed CSV") as raised:
         read_table(path, "text", "label")
+    if line == 2:  # it read "line 2 (the record starting there, at line 3)", as though the record began at line 3
+        assert str(raised.value).endswith("malformed CSV: the record that starts on this line runs on to line 3, where the "
+                                          "parser stopped (',' expected after '\"'): a quote opened on line 2 and not closed there?")
 
 
 def test_rows_swallowed_by_a_quote_that_a_comma_closes_are_rejected_not_read_as_one_question(tmp_path):
@@ -725,7 +744,7 @@ def test_ingest_stopped_by_rejected_rows_quarantines_every_one_of_them(tmp_path)
     assert [row["line"] for row in read_jsonl(quarantine)] == [2, 3, 4]
     # A header alone has no row to list: its error as it was, and the quarantine file left alone
     (tmp_path / "train.csv").write_text("question,label\n")
-    with pytest.raises(ReaderError, match=r"train.csv: no usable rows \(0 rejected\)$"):
+    with pytest.raises(ReaderError, match=r"train.csv: no rows to read \(a header and nothing under it\?\)$"):
         ingest.run(params, 0, tmp_path / "validated", quarantine, tmp_path / "ingest.json")
     assert len(read_jsonl(quarantine)) == 3
 
@@ -854,3 +873,19 @@ def test_texts_without_their_column_raise_missing_columns_and_it_pickles_whole(t
         read_texts(path, "text")
     restored = pickle.loads(pickle.dumps(raised.value))
     assert isinstance(restored, MissingColumns) and restored.columns == ["text"] and str(restored) == str(raised.value)
+
+
+def test_a_jsonl_record_without_the_mapped_keys_names_the_keys_it_has(tmp_path):
+    """A CSV's error gives the header; a JSONL line's gave only the missing keys, so a misnamed key had to be looked up."""
+    from tqc.readers import MissingColumns, read_catalog_file
+
+    path = tmp_path / "test.jsonl"
+    path.write_text('{"q_text": "Where is Rome?", "label": "LOC"}\n')
+    (rejected,) = read_table(path, "question", "label").rejected
+    assert rejected.reason == "missing column(s) ['question']: the record has ['q_text', 'label']"
+    catalog = tmp_path / "catalog.jsonl"
+    catalog.write_text('{"id": "LOC", "text": "Where is it?"}\n')
+    with pytest.raises(MissingColumns, match=r"line 1: catalog row unusable: missing column\(s\) \['class_id'\]: the record "
+                                             r"has \['id', 'text'\]") as raised:
+        read_catalog_file(catalog)
+    assert raised.value.columns == ["class_id"]  # still read back for the retrain flow's hint

@@ -218,6 +218,17 @@ def test_a_class_that_loses_every_train_row_is_named(tmp_path, caplog):
         report = run_validate(tmp_path, ValidateParams(max_quarantined_fraction=1.0, min_examples_per_class=1,
                                                        max_text_chars=20))
     assert report["classes_without_train_rows"] == ["a"] and "lost every train row to quarantine: a" in caplog.text
+    assert report["test_classes_without_train_rows"] == {"a": 1}  # by quarantine, or by none in the file: the same to test
+
+
+def test_a_class_with_test_questions_and_no_training_question_is_named_with_its_count(tmp_path, caplog):
+    """A catalog class the training file never uses was only a min_examples_per_class count."""
+    write_splits(tmp_path / "in", [("good one", "a"), ("good two", "a")], [("fine", "a")],
+                 [("held out", "a"), ("bee one", "b"), ("bee two", "b")])
+    with caplog.at_level(logging.WARNING, logger="tqc.stages.validate"):
+        report = run_validate(tmp_path, ValidateParams(max_quarantined_fraction=1.0, min_examples_per_class=1))
+    assert report["classes_without_train_rows"] == [] and report["test_classes_without_train_rows"] == {"b": 2}
+    assert "validate: 1 class(es) have test questions but no training question: b (2 test questions)" in caplog.text
 
 
 def test_offline_rows_are_checked_like_a_split_and_never_equal_a_held_out_question(tmp_path):

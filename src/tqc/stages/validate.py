@@ -342,6 +342,14 @@ def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Pa
         if emptied:
             log.warning("validate: %d class(es) lost every %s row to quarantine%s: %s", len(emptied), split, consequence,
                         ", ".join(emptied[:10]))
+    # A class with test questions and no training question at all (none in the file, not lost to quarantine): every
+    # test question of it is scored against a standard question the encoder never trained on
+    trained = {q.class_id for q in accepted["train"]}
+    untrained = Counter(q.class_id for q in accepted["test"] if q.class_id not in trained)
+    report["test_classes_without_train_rows"] = {class_id: untrained[class_id] for class_id in sorted(untrained)}
+    if untrained:
+        log.warning("validate: %d class(es) have test questions but no training question: %s", len(untrained),
+                    ", ".join(f"{class_id} ({untrained[class_id]} test questions)" for class_id in sorted(untrained)[:10]))
     if flagged:
         log.warning("validate: %d test rows fail a warning-level expectation and stay in test (listed in %s)",
                     len(flagged), report_path)
