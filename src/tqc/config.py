@@ -350,6 +350,10 @@ class PromoteParams(Strict):
     refresh_min_improvement: float = Field(-0.01, ge=-1.0, le=1.0)
     tail_fraction: float = Field(1 / 3, gt=0.0, le=1.0)  # the rarest classes in train, by count
     tail_tolerance: float = Field(0.02, ge=0.0, le=1.0)  # allowed drop of tail-class macro-F1
+    # point: the observed drop must be within tail_tolerance (one answer of a class with few validation questions can
+    # veto); bootstrap: vetoes only a drop beyond it that the paired bootstrap shows at `confidence` (the interval's
+    # upper bound below −tail_tolerance). Both report that interval.
+    tail_check: Literal["point", "bootstrap"] = "point"
     top_k: int = Field(5, ge=1)  # what the served model returns per question
     # How the registered version decides: standard (each class by its standard question, with the prior
     # stage's shift: evaluate's ADMC), exemplars (by its evaluate.exemplar_k nearest labeled training

@@ -86,8 +86,8 @@ NEW_CLASS_HINT = "a delivery adds a class with a catalog*.csv file of its standa
 
 def _with_new_class_hint(record: dict) -> dict:
     """A delivered row's unknown label: how a delivery makes a class, which its own rows never do."""
-    if "label_in_catalog" not in record["expectations"]:
-        return record
+    if "label_in_catalog" not in record["expectations"] or "alike but for case" in record["reason"]:
+        return record  # a near-miss of a catalog id wants its spelling fixed, not a new class
     return {**record, "reason": record["reason"].replace("is no class of the catalog", f"is no class of the catalog ({NEW_CLASS_HINT})", 1)}
 
 

@@ -142,8 +142,10 @@ def mine(questions: np.ndarray, standards: np.ndarray, gold: np.ndarray, k: int,
         log.warning("mine.k=%d but only %d wrong classes exist; mining %d", k, n_classes - own_group, n_classes - own_group)
         k = n_classes - own_group
     elif k == n_classes - own_group and n_classes > 1:  # TREC-6's 6 classes at the default K = 5, say
-        log.info("mine.k=%d takes every wrong class there is: stage two scores each question against every standard "
-                 "question, so mining chooses no subset; a smaller K makes it choose", k)
+        log.info("mine.k=%d takes every wrong class there is%s: stage two scores %s against every standard question, so "
+                 "mining chooses no subset; a smaller K makes it choose", k,
+                 " for a question of the largest group of classes sharing a standard question" if own_group > 1 else "",
+                 "such a question" if own_group > 1 else "each question")
     similarities, neighbours = nearest(questions, standards, min(k + own_group, n_classes), similarity, scorer)
     negatives = exclude_gold(neighbours, gold, k, groups)
     return negatives, statistics(similarities, neighbours, negatives, gold)

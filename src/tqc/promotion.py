@@ -4,7 +4,9 @@ A challenger replaces the champion only when both hold, on the validation split:
 1. a paired bootstrap over validation questions puts the lower bound of the confidence
    interval of (challenger − champion) accuracy above `min_improvement`;
 2. on the tail classes (the rarest `tail_fraction` of classes by training count) its
-   macro-F1 is no more than `tail_tolerance` below the champion's.
+   macro-F1 is no more than `tail_tolerance` below the champion's (`tail_check: point`), or is not shown to be
+   by a paired bootstrap at `confidence` (`tail_check: bootstrap`: the interval's upper bound not below
+   −`tail_tolerance`).
 Pairing matters: both models answer the same questions, so the per-question difference
 cancels the questions' own difficulty and the interval is far tighter than two unpaired ones.
 """
@@ -45,6 +47,7 @@ class Decision:
     tail_classes: list[str]
     challenger_tail_macro_f1: float
     champion_tail_macro_f1: float | None
+    tail_bootstrap: BootstrapResult | None = None  # of challenger − champion tail macro-F1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -65,6 +68,43 @@ def paired_bootstrap(challenger_correct: np.ndarray, champion_correct: np.ndarra
     alpha = (1.0 - confidence) / 2
     low, high = np.quantile(resampled, [alpha, 1.0 - alpha])
     return BootstrapResult(float(differences.mean()), float(low), float(high), confidence, samples)
+
+
+def paired_bootstrap_macro_f1(gold: np.ndarray, challenger: np.ndarray, champion: np.ndarray, labels: np.ndarray,
+                              samples: int, confidence: float, seed: int = 0) -> BootstrapResult:
+    """(challenger − champion) macro-F1 over exactly `labels` (`macro_f1_over`) and its percentile CI, the validation
+    questions resampled with both models' answers to each.
+
+    Only questions whose gold or either answer is one of `labels` move these F1s, and a resample is fixed by how many
+    of each (gold, challenger, champion) triple it draws: multinomial counts over the U distinct triples and one bucket
+    for every other question, (S, U + 1), never an (S, N) resample."""
+    relevant = np.isin(gold, labels) | np.isin(challenger, labels) | np.isin(champion, labels)  # (N,)
+    triples, counts = np.unique(np.stack([gold[relevant], challenger[relevant], champion[relevant]], axis=1), axis=0,
+                                return_counts=True)  # (U, 3), (U,)
+    n = len(gold)
+    shares = np.append(counts, n - counts.sum()) / n  # (U + 1,)
+    drawn = np.random.default_rng(seed).multinomial(n, shares, size=samples)[:, :-1]  # (S, U)
+    observed = _macro_f1_of_counts(counts[None, :], triples, labels)[0]
+    resampled = _macro_f1_of_counts(drawn, triples, labels)  # (S, 2)
+    differences = resampled[:, 0] - resampled[:, 1]
+    alpha = (1.0 - confidence) / 2
+    low, high = np.quantile(differences, [alpha, 1.0 - alpha])
+    return BootstrapResult(float(observed[0] - observed[1]), float(low), float(high), confidence, samples)
+
+
+def _macro_f1_of_counts(counts: np.ndarray, triples: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """(S, U) counts of the (gold, challenger, champion) `triples` → (S, 2) macro-F1 over `labels` of the challenger and
+    the champion; a label with no question and no answer counts as 0, as in `macro_f1_over`."""
+    gold = triples[:, 0][:, None] == labels[None, :]  # (U, L)
+    scores = []
+    for column in (1, 2):
+        answered = triples[:, column][:, None] == labels[None, :]  # (U, L)
+        true_positives = counts @ (gold & answered)  # (S, L)
+        wrong = counts @ (gold ^ answered)  # false positives + false negatives
+        denominator = 2 * true_positives + wrong
+        f1 = np.divide(2 * true_positives, denominator, out=np.zeros(denominator.shape), where=denominator > 0)
+        scores.append(f1.mean(axis=1) if len(labels) else np.zeros(len(counts)))
+    return np.stack(scores, axis=1)
 
 
 def tail_classes(train_class_ids: list[str], catalog_ids: list[str], fraction: float) -> list[str]:
@@ -108,6 +148,15 @@ def decide(gold: np.ndarray, challenger: np.ndarray, champion: np.ndarray | None
         f"accuracy difference {bootstrap.difference:+.4f}, {bootstrap.confidence:.0%} CI [{bootstrap.low:+.4f}, "
         f"{bootstrap.high:+.4f}]: lower bound {'above' if better else 'not above'} {params.min_improvement:+.4f}"
     )
+    tail = paired_bootstrap_macro_f1(gold, challenger, champion, tail_labels, params.bootstrap_samples, params.confidence,
+                                     seed)
+    interval = f"{tail.confidence:.0%} CI of the difference [{tail.low:+.4f}, {tail.high:+.4f}]"
+    if params.tail_check == "bootstrap":
+        tail_ok = tail.high >= -params.tail_tolerance
+        reasons.append(f"tail-class macro-F1 {challenger_tail:.4f} vs champion {champion_tail:.4f}, {interval}: "
+                       f"{'no' if tail_ok else 'a'} loss beyond the tolerance {params.tail_tolerance:.4f} shown "
+                       "(tail_check: bootstrap)")
+        return Decision(better and tail_ok, reasons, bootstrap, tail_ids, challenger_tail, champion_tail, tail)
     tail_ok = challenger_tail >= champion_tail - params.tail_tolerance
     one_answer = one_answers_weight(gold, tail_labels)
     # Said only where the drop is within about one answer or two (a wrong answer can also cost another tail class
@@ -115,12 +164,13 @@ def decide(gold: np.ndarray, challenger: np.ndarray, champion: np.ndarray | None
     decided_by_an_answer = champion_tail - challenger_tail <= 2 * one_answer
     coarse = "" if tail_ok or one_answer <= params.tail_tolerance or not decided_by_an_answer else (
         f" (one answer moves it by about {one_answer:.4f} here, more than the tolerance: the rarest tail classes have "
-        "few validation questions; give them more, or raise promote.tail_tolerance)")
+        "few validation questions; give them more, raise promote.tail_tolerance, or veto only a loss the bootstrap "
+        "shows, promote.tail_check: bootstrap)")
     reasons.append(
-        f"tail-class macro-F1 {challenger_tail:.4f} vs champion {champion_tail:.4f}: "
+        f"tail-class macro-F1 {challenger_tail:.4f} vs champion {champion_tail:.4f} ({interval}): "
         f"{'within' if tail_ok else 'beyond'} the tolerance {params.tail_tolerance:.4f}{coarse}"
     )
-    return Decision(better and tail_ok, reasons, bootstrap, tail_ids, challenger_tail, champion_tail)
+    return Decision(better and tail_ok, reasons, bootstrap, tail_ids, challenger_tail, champion_tail, tail)
 
 
 def one_answers_weight(gold: np.ndarray, tail_labels: np.ndarray) -> float:

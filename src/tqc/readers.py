@@ -231,7 +231,7 @@ def _csv_records(path: Path, header: bool = False) -> list[tuple[int, list[str]]
         # a quote that opens a field and never closes runs the record on over the next lines until the parser gives up
         raise ReaderError(f"{path}, line {line_number}: malformed CSV: the record that starts on this line runs on to line "
                           f"{reader.line_num}, where the parser stopped ({exc}): a quote opened on line {line_number} "
-                          "and not closed there?") from None
+                          "and not closed there, or stray text after a closing quote?") from None
     return records
 
 

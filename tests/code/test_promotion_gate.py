@@ -114,3 +114,42 @@ def test_class_changes_name_the_classes_whose_validation_f1_moved_most_and_leave
     assert class_changes(gold, champion, champion, ["A", "B", "C"]) == []
     # a class the catalog lacks (−1, a champion of another catalog) is not a class here
     assert all(c["class_id"] in "ABC" for c in class_changes(gold, challenger, np.array([0, 0, 1, 1, -1, -1]), ["A", "B", "C"]))
+
+
+def test_the_tail_bootstrap_draws_as_a_resample_of_questions_and_starts_from_the_observed_macro_f1():
+    """The (S, U + 1) multinomial counts stand for an (S, N) resample of the validation questions, each with both
+    models' answers; at the observed counts they give macro_f1_over's figures."""
+    from tqc.promotion import paired_bootstrap_macro_f1
+
+    rng = np.random.default_rng(2)
+    gold = rng.integers(0, 8, size=240)
+    champion = np.where(rng.random(240) < 0.75, gold, rng.integers(0, 8, size=240))
+    challenger = np.where(rng.random(240) < 0.2, rng.integers(0, 8, size=240), champion)
+    tail = np.array([5, 6, 7, 9])  # 9: a tail class no question has nor any answer gives, an F1 of 0 in both
+    result = paired_bootstrap_macro_f1(gold, challenger, champion, tail, samples=3000, confidence=0.9)
+    assert result.difference == pytest.approx(macro_f1_over(gold, challenger, tail) - macro_f1_over(gold, champion, tail))
+    draws = rng.integers(0, 240, size=(3000, 240))  # (S, N) the resample itself
+    resampled = [macro_f1_over(gold[d], challenger[d], tail) - macro_f1_over(gold[d], champion[d], tail) for d in draws]
+    assert result.low == pytest.approx(np.quantile(resampled, 0.05), abs=0.01)
+    assert result.high == pytest.approx(np.quantile(resampled, 0.95), abs=0.01)
+
+
+def test_with_tail_check_bootstrap_only_a_tail_loss_the_bootstrap_shows_vetoes():
+    """One lost answer of 30 one-question tail classes vetoed a challenger 20 questions better; under the bootstrap
+    check it does not, and a tail that lost half its questions is still vetoed."""
+    gold = np.concatenate([np.zeros(60, dtype=int), np.arange(1, 31)])  # a head class, 30 one-question tail classes
+    champion = gold.copy()
+    champion[:20] = 31  # 20 head questions wrong (answered as another head class)
+    challenger = gold.copy()
+    challenger[60] = 0  # one tail question lost, the 20 head questions right
+    tail, ids = np.arange(1, 31), [str(t) for t in range(1, 31)]
+    point = decide(gold, challenger, champion, tail, ids, PromoteParams())
+    lenient = decide(gold, challenger, champion, tail, ids, PromoteParams(tail_check="bootstrap"))
+    assert point.bootstrap.low > 0 and not point.promote
+    assert lenient.promote and lenient.tail_bootstrap.high >= -0.02
+    assert "no loss beyond the tolerance 0.0200 shown (tail_check: bootstrap)" in lenient.reasons[1]
+    assert "CI of the difference [" in point.reasons[1]  # the point check reports the interval too
+    collapsed = challenger.copy()
+    collapsed[60:75] = 0  # half the tail lost
+    vetoed = decide(gold, collapsed, champion, tail, ids, PromoteParams(tail_check="bootstrap"))
+    assert not vetoed.promote and vetoed.tail_bootstrap.high < -0.02 and "a loss beyond the tolerance" in vetoed.reasons[1]

@@ -526,7 +526,8 @@ def test_a_stray_quote_is_an_error_naming_its_line_not_rows_merged_or_quotes_dro
         read_table(path, "text", "label")
     if line == 2:  # it read "line 2 (the record starting there, at line 3)", as though the record began at line 3
         assert str(raised.value).endswith("malformed CSV: the record that starts on this line runs on to line 3, where the "
-                                          "parser stopped (',' expected after '\"'): a quote opened on line 2 and not closed there?")
+                                          "parser stopped (',' expected after '\"'): a quote opened on line 2 and not closed there, or stray "
+                                          "text after a closing quote?")
 
 
 def test_rows_swallowed_by_a_quote_that_a_comma_closes_are_rejected_not_read_as_one_question(tmp_path):

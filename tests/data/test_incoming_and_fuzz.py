@@ -178,7 +178,8 @@ def test_a_batch_label_alike_a_catalog_id_is_read_as_it_as_ingest_reads_it(tmp_p
         "train": "t.csv", "test": "u.csv", "catalog": "c.csv", "unknown_labels": "quarantine", "text_column": "question",
         "label_column": "label"}}, "validate": {"max_quarantined_fraction": 0.9, "min_examples_per_class": 1}})
     assert main(batch, current_data, exact) == QUARANTINED  # unknown_labels: quarantine reads labels exactly, as ingest
-    assert "line 2: label_in_catalog" in capsys.readouterr().out
+    # the near-miss is named, and no new class is suggested for it
+    assert "line 2: label_in_catalog: 'B' is no class of the catalog (the catalog has 'b', alike but for case):" in capsys.readouterr().out
 
 
 def test_unreadable_current_data_is_exit_2_naming_its_file_and_line_not_the_batch(tmp_path, current_data, capsys):

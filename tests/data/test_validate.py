@@ -310,3 +310,12 @@ def test_an_expectation_that_cannot_be_evaluated_stops_the_stage_naming_it():
     broken = gxe.ExpectColumnValuesToBeInSet(column="leaks", value_set=[False], meta={"name": "no_leakage"})
     with pytest.raises(ValidationFailed, match='no_leakage on train could not be evaluated: .*column "leaks"'):
         Validator(None).validate("train", pd.DataFrame({"text": ["a question"]}), [broken], critical=set())
+
+
+def test_a_conflict_over_a_standard_question_two_classes_share_names_the_row_not_that_text(tmp_path):
+    """annotate leaves out a text two classes share (either's, no conflict); the reason named it anyway."""
+    write_splits(tmp_path / "in", [("Same text?", "a"), ("same  text?", "b"), ("other", "b"), ("more", "a")],
+                 [("fine", "a")], [("held out", "a")], catalog=(("a", "Same text?"), ("b", "Same text?")))
+    run_validate(tmp_path, ValidateParams(max_quarantined_fraction=1.0, min_examples_per_class=1, critical=[]))
+    said = {q["line"]: q["reason"] for q in read_jsonl(tmp_path / "quarantine.jsonl") if q["split"] == "train"}
+    assert said[1] == "no_label_conflicts: conflicts with train.csv, line 2, labeled 'b'"

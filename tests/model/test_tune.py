@@ -829,3 +829,17 @@ def test_the_apply_command_names_a_params_file_other_than_params_yaml():
     out = Path("reports/tuning")
     assert apply_command(Path("params.yaml"), out) == "tqc tune --apply reports/tuning/best_params.yaml"
     assert apply_command(Path("conf/team.yaml"), out) == "tqc --params conf/team.yaml tune --apply reports/tuning/best_params.yaml"
+
+
+def test_a_study_run_with_another_params_file_writes_its_apply_command(tmp_path, monkeypatch):
+    from tqc import tune as tuning
+
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(value=0.9, params={"mine.k": 3},
+                                              distributions={"mine.k": optuna.distributions.IntDistribution(1, 5)}))
+    monkeypatch.setattr(tuning, "_trial_summary", lambda trial, *_: {"number": trial.number, "validation_macro_f1": trial.value})
+    monkeypatch.setattr(tuning, "_plots", lambda *_: None)
+    out = tmp_path / "reports"
+    tuning.write_reports(study, Params(), None, tmp_path / "study", out, params_file=Path("conf/team.yaml"))
+    assert (out / "best_params.yaml").read_text().splitlines()[1] == (
+        f"# apply with: tqc --params conf/team.yaml tune --apply {out / 'best_params.yaml'}")

@@ -271,13 +271,19 @@ def quarantine_record(question: LabeledQuestion, split: str, expectations: list[
 class RowReasons:
     """Why a row failed each expectation, naming the other row at stake: the split's first copy (`no_duplicates`; the
     split's order is ingest's), a row or standard question with another label (`no_label_conflicts`), the split it
-    leaks into, by file and line."""
+    leaks into, by file and line. Every lookup is built once, so a split of many conflicts costs no scan each."""
 
     def __init__(self, splits: dict[str, list[LabeledQuestion]], catalog: Catalog):
-        self.splits, self.catalog = splits, catalog
+        self.splits = splits
         self.keys = {split: [normalise(q.text) for q in rows] for split, rows in splits.items()}
-        self.first = {split: _first_source_per_key(keys, rows) for (split, keys), rows in
-                      zip(self.keys.items(), splits.values())}
+        self.first: dict[str, dict[str, str]] = {}  # split → normalised text → its first row's source
+        self.labeled: dict[str, dict[str, dict[str, str]]] = {}  # split → normalised text → label → first source
+        for split, rows in splits.items():
+            first, labeled = self.first.setdefault(split, {}), self.labeled.setdefault(split, {})
+            for key, question in zip(self.keys[split], rows):
+                first.setdefault(key, question.source)
+                labeled.setdefault(key, {}).setdefault(question.class_id, question.source)
+        self.standard = _standard_question_labels(catalog)  # as annotate compares: a text one class owns
         self.by_folded_id = {class_id.casefold(): class_id for class_id in catalog.class_ids}
 
     def __call__(self, split: str, index: int, expectations: list[str]) -> str:
@@ -299,22 +305,16 @@ class RowReasons:
         return name
 
     def _other_label(self, split: str, key: str, label: str) -> str:
-        owners = [q.class_id for q in self.catalog.questions if normalise(q.text) == key and q.class_id != label]
-        if owners:
-            return f"the standard question of class {owners[0]!r}"
+        owner = next(iter(self.standard.get(key, {label})))
+        if owner != label:
+            return f"the standard question of class {owner!r}"
         # as annotate compares: a generated or validation row with train's rows too
         for other in (split, "train") if split in (GENERATED, "validation") else (split,):
-            for k, q in zip(self.keys.get(other, []), self.splits.get(other, [])):
-                if k == key and q.class_id != label:
-                    return f"{_where(q.source)}{f' ({other})' if other != split else ''}, labeled {q.class_id!r}"
+            found = next(((lab, source) for lab, source in self.labeled.get(other, {}).get(key, {}).items() if lab != label),
+                         None)
+            if found:
+                return f"{_where(found[1])}{f' ({other})' if other != split else ''}, labeled {found[0]!r}"
         return "a row labeled otherwise"
-
-
-def _first_source_per_key(keys: list[str], rows: list[LabeledQuestion]) -> dict[str, str]:
-    first: dict[str, str] = {}
-    for key, question in zip(keys, rows):
-        first.setdefault(key, question.source)
-    return first
 
 
 def _where(source: str | None) -> str:
@@ -347,9 +347,10 @@ def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Pa
     trained = {q.class_id for q in accepted["train"]}
     untrained = Counter(q.class_id for q in accepted["test"] if q.class_id not in trained)
     report["test_classes_without_train_rows"] = {class_id: untrained[class_id] for class_id in sorted(untrained)}
-    if untrained:
-        log.warning("validate: %d class(es) have test questions but no training question: %s", len(untrained),
-                    ", ".join(f"{class_id} ({untrained[class_id]} test questions)" for class_id in sorted(untrained)[:10]))
+    never_had = sorted(set(untrained) - set(report["classes_without_train_rows"]))  # those lost to quarantine: said above
+    if never_had:
+        log.warning("validate: %d class(es) have test questions but no training question: %s", len(never_had),
+                    ", ".join(f"{c} ({untrained[c]} test question{'s' if untrained[c] != 1 else ''})" for c in never_had[:10]))
     if flagged:
         log.warning("validate: %d test rows fail a warning-level expectation and stay in test (listed in %s)",
                     len(flagged), report_path)
