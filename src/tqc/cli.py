@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--prior", default="auto",
                          help="the prior stage's file with --model's class-prior shift; auto (default): the prior.json "
                               "beside --model when one of its entries was fitted for it; none: rank by similarity alone")
-    predict.add_argument("--top-k", type=int, default=3)
+    predict.add_argument("--top-k", type=int, help="answers per question (default: a registered version's own "
+                         "promote.top_k, 3 for a model folder)")
     predict.add_argument("--exemplars", type=Path, default=None,
                          help="labeled questions (JSONL of text, class_id, e.g. data/validated/train.jsonl): rank each "
                               "class by its --exemplar-k nearest ones instead of its standard question (no shift)")
@@ -471,7 +472,7 @@ def _predict(args: argparse.Namespace) -> None:
     questions += _file_questions(args.file, args.column)
     if not questions:
         raise ConfigError("no questions: give them as arguments or with --file")
-    if args.top_k < 1:
+    if args.top_k is not None and args.top_k < 1:
         raise ConfigError(f"--top-k {args.top_k}: must be at least 1")
     answer = _registered_answers(args) if args.model.startswith(REGISTERED) else _local_answers(args)
     # In chunks: the (chunk, P) scores and the answers' rows are what grows with a file, and each chunk's answers are
@@ -550,9 +551,15 @@ def _registered_answers(args: argparse.Namespace) -> Callable:
     try:
         model = mlflow.pyfunc.load_model(args.model)
     except MlflowException as exc:  # no such model, version or alias, or its artifacts unreadable: MLflow says which
-        raise ConfigError(f"--model {args.model}: cannot be loaded from the registry at {uri} ({exc.message}); "
-                          "--tracking-uri names another registry") from None
-    return lambda questions: model.predict(questions, params={"top_k": args.top_k})
+        missing = "No such artifact" in exc.message
+        hint = ("the version's files may be gone from its artifact store; --tracking-uri names another registry" if missing
+                else "--tracking-uri names another registry")
+        raise ConfigError(f"--model {args.model}: cannot be loaded from the registry at {uri} ({exc.message}); {hint}") from None
+    except OSError as exc:  # a file of the version's artifacts gone (prior.json, say), which MLflow does not check
+        raise ConfigError(f"--model {args.model}: a file of the registered version is missing or unreadable ({exc}); "
+                          "register it again, or serve another version") from None
+    # no --top-k: the version's own top_k, as it is served
+    return lambda questions: model.predict(questions, params=None if args.top_k is None else {"top_k": args.top_k})
 
 
 def _registry_uri(args: argparse.Namespace) -> str:
@@ -572,9 +579,13 @@ def _local_answers(args: argparse.Namespace) -> Callable:
     if args.tracking_uri is not None:
         raise ConfigError(f"--tracking-uri with --model {args.model}: a model folder is read from disk, not a registry "
                           f"(a registered version is {REGISTERED}NAME@ALIAS)")
-    matcher = _matcher(argparse.Namespace(**{**vars(args), "model": Path(args.model),
+    top_k = LOCAL_TOP_K if args.top_k is None else args.top_k
+    matcher = _matcher(argparse.Namespace(**{**vars(args), "model": Path(args.model), "top_k": top_k,
                                              "catalog": args.catalog or Path("data/validated/catalog.jsonl")}))
-    return lambda questions: matcher.predict(None, questions, {"top_k": args.top_k})
+    return lambda questions: matcher.predict(None, questions, {"top_k": top_k})
+
+
+LOCAL_TOP_K = 3  # a model folder's answers per question, where --top-k is not given
 
 
 def _matcher(args: argparse.Namespace):
@@ -586,7 +597,10 @@ def _matcher(args: argparse.Namespace):
         if args.exemplar_k is not None or args.exemplar_cache is not None:
             raise ConfigError("--exemplar-k or --exemplar-cache without --exemplars: the standard-question rule has neither")
         try:
-            return local_matcher(args.model, args.catalog, args.top_k, _prior_for(args.model, args.prior, args.catalog))
+            # a model folder or catalog that is not there: the loader names it, with no word on a prior first
+            whole = Path(args.model).is_dir() and Path(args.catalog).is_file()
+            return local_matcher(args.model, args.catalog, args.top_k,
+                                 _prior_for(args.model, args.prior, args.catalog) if whole else None)
         except ValueError as exc:  # e.g. a catalog's bad line, or a prior file with no entry for the model: each names its file
             raise ConfigError(str(exc)) from None
     # predict reads no params.yaml: evaluate.exemplar_k's default, not the project's setting
@@ -655,7 +669,7 @@ def _shift_misfit(path: Path, entry: str, catalog_path: Path) -> str | None:
     from tqc.prior import PriorFileError, PriorShift, read_file
     from tqc.schema import Catalog
 
-    if not Path(catalog_path).exists():
+    if not Path(catalog_path).is_file():
         return None
     try:
         PriorShift.from_json(read_file(path)[entry], Catalog.load(catalog_path).class_ids, str(path))
@@ -795,6 +809,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tqc {args.command}: error: {exc}", file=sys.stderr)
         record_input_error(exc)  # for a parent that launched this under torchrun, which reports only "failed"
         return 2
+    except BrokenPipeError:  # `tqc predict … | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error as Python flushes stdout at exit
+        return 1
     except OSError as exc:  # an --out that is a folder or under a file, a full disk: one line, exit 1 (may pass later)
         print(f"tqc {args.command}: error: {exc}", file=sys.stderr)
         return 1

@@ -20,6 +20,7 @@ import json
 import logging
 import numbers
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -106,7 +107,8 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
                              "or its exemplars' vectors are not finite; train it again")
         answerable = len(self.catalog) if self.exemplars is None else self.exemplars.answerable
         top_k = min(int(asked_k), answerable)
-        values, indices = scores.topk(top_k, dim=1)  # (N, k)
+        # a stable sort, not topk: tied classes in catalog order, as evaluate ranks them (topk keeps no order among ties)
+        values, indices = (t[:, :top_k] for t in scores.sort(dim=1, descending=True, stable=True))  # (N, k)
         rows = [
             (question, rank + 1, self.catalog.class_ids[i], self.catalog.texts[i], float(v))
             for question, row_values, row_indices in zip(questions, values.tolist(), indices.tolist())
@@ -155,7 +157,8 @@ def _encoded_exemplars(model, rows, model_digest: dict | None, exemplars_file: P
     if path.exists():
         try:
             vectors = load_file(path)["vectors"]
-            if vectors.ndim == 2 and vectors.shape[0] == len(rows) and bool(torch.isfinite(vectors).all()):
+            if (vectors.ndim == 2 and vectors.shape == (len(rows), model.question.hidden_size)
+                    and vectors.dtype == torch.float32 and bool(torch.isfinite(vectors).all())):
                 _touch(path)  # used: kept over entries used longer ago
                 return vectors  # else damaged: encoded again and replaced
         except (SafetensorError, KeyError, OSError):  # a damaged entry is encoded again and replaced
@@ -164,8 +167,8 @@ def _encoded_exemplars(model, rows, model_digest: dict | None, exemplars_file: P
     try:
         with atomic_path(path) as tmp:
             save_file({"vectors": vectors.contiguous()}, str(tmp))
-        for older in Path(cache_dir).glob(f"{slot}-*.safetensors"):
-            if older != path:
+        for older in _cache_entries(Path(cache_dir)):
+            if older.name.startswith(f"{slot}-") and older != path:
                 older.unlink(missing_ok=True)
         _keep_the_last_used(Path(cache_dir), EXEMPLAR_CACHE_ENTRIES)
     except OSError as exc:  # a cache that cannot be written (read-only home, full disk) costs time, never the answers
@@ -192,8 +195,16 @@ def _keep_the_last_used(cache_dir: Path, kept: int) -> None:
         except FileNotFoundError:
             return 0.0
 
-    for stale in sorted(cache_dir.glob("*.safetensors"), key=last_used, reverse=True)[kept:]:
+    for stale in sorted(_cache_entries(cache_dir), key=last_used, reverse=True)[kept:]:
         stale.unlink(missing_ok=True)
+
+
+CACHE_ENTRY = re.compile(r"[0-9a-f]{16}-[0-9a-f]{64}\.safetensors")  # slot-entry, as `_encoded_exemplars` names them
+
+
+def _cache_entries(cache_dir: Path) -> list[Path]:
+    """The cache's own entries: a folder given as --exemplar-cache may hold other .safetensors files, never touched."""
+    return [path for path in cache_dir.glob("*.safetensors") if CACHE_ENTRY.fullmatch(path.name)]
 
 
 def encoding_code() -> dict[str, str]:

@@ -425,7 +425,7 @@ def test_exemplar_vectors_are_keyed_by_the_questions_encoded_not_by_a_file_that_
         encoded.append(list(texts))
         return torch.randn(len(texts), 8)  # (M, D)
 
-    model = SimpleNamespace(question=SimpleNamespace(encode=encode))
+    model = SimpleNamespace(question=SimpleNamespace(encode=encode, hidden_size=8))
     read_before = load_exemplars(exemplars)
     with exemplars.open("a", encoding="utf-8") as rows:
         rows.write(json.dumps({"text": "q4", "class_id": "loc"}) + "\n")
@@ -665,3 +665,85 @@ def test_the_exemplar_cache_keeps_the_entries_used_last_and_forgets_older_models
     serving._encoded_exemplars(model, rows, {"weights": "model 4"}, tmp_path / "train.jsonl", cache)
     kept = {entry.name for entry in cache.glob("*.safetensors")}
     assert len(kept) == 3 and first_kept.name in kept  # model 1's was read last-but-one, so model 2's went instead
+
+
+def test_the_exemplar_cache_touches_no_file_of_its_folder_but_its_own_and_replaces_an_entry_of_another_width(
+        tiny_model_dir, tmp_path, capsys):
+    """Its clean-up globbed *.safetensors, so a folder given as --exemplar-cache lost its checkpoints; an entry that
+    loaded but did not fit the model (another width, integers) failed every call with a traceback, or scored 0."""
+    from safetensors.torch import load_file, save_file
+
+    from tqc.schema import LabeledQuestion, save_questions
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    save_questions(tmp_path / "train.jsonl", [LabeledQuestion("where is paris", "loc"), LabeledQuestion("who wrote it", "hum")])
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    others = [cache / f"checkpoint-{i:02d}.safetensors" for i in range(20)]  # more than the cache keeps
+    for other in others:
+        save_file({"w": torch.zeros(1)}, str(other))
+    ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"), "--exemplars",
+           str(tmp_path / "train.jsonl"), "--exemplar-cache", str(cache), "where is the louvre"]
+    assert main(ask) == 0
+    first = capsys.readouterr().out
+    assert all(other.exists() for other in others)
+    (entry,) = [path for path in cache.glob("*.safetensors") if path not in others]
+    save_file({"vectors": torch.zeros(2, 10)}, str(entry))  # loads, finite, 2 rows: another model's width
+    assert main(ask) == 0 and capsys.readouterr().out == first
+    assert load_file(entry)["vectors"].shape[1] == 32  # encoded again and replaced
+    save_file({"vectors": torch.zeros(2, 32, dtype=torch.int64)}, str(entry))
+    assert main(ask) == 0 and capsys.readouterr().out == first
+
+
+def test_tied_scores_are_ranked_in_catalog_order_as_evaluate_ranks_them(tiny_model_dir, tmp_path):
+    """torch.topk keeps no order among ties (at 50 classes it put the later class first); evaluate's argmax and
+    stable sort put the first in catalog order. Two classes with one standard question tie exactly."""
+    import pandas as pd
+
+    from tqc.serving import local_matcher
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    texts = [f"question number {i} about topic {i}" for i in range(60)]
+    texts[3] = texts[49] = "who is it"
+    Catalog([StandardQuestion(f"c{i:02d}", text) for i, text in enumerate(texts)]).save(tmp_path / "catalog.jsonl")
+    matcher = local_matcher(tmp_path / "model", tmp_path / "catalog.jsonl", top_k=2)
+    answers = matcher.predict(None, pd.DataFrame({"question": ["who is it"]}), {"top_k": 2})
+    ranked = answers["class_id"].tolist()
+    scores = dict(zip(answers["class_id"], answers["score"]))
+    assert scores["c03"] == scores["c49"]  # an exact tie
+    assert ranked == ["c03", "c49"]  # the catalog's first first
+
+
+def test_a_model_folder_whose_tokenizer_files_are_gone_is_refused_not_answered_with_unknown_words(tiny_model_dir, tmp_path):
+    """Without tokenizer.json and vocab.txt a tokenizer of its special tokens alone still loaded, every word [UNK], and
+    the model answered wrongly with exit 0."""
+    import shutil
+
+    from tqc.config import ConfigError
+    from tqc.model.encoder import TextEncoder
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    TextEncoder.from_pretrained(str(folder))  # whole: loads
+    for name in ("tokenizer.json", "vocab.txt"):
+        (folder / name).unlink(missing_ok=True)
+    with pytest.raises(ConfigError, match=r"its tokenizer has \d+ tokens where the model has \d+: the tokenizer files "
+                                          r"\(tokenizer.json, vocab.txt\) are missing or not this model's"):
+        TextEncoder.from_pretrained(str(folder))
+
+
+def test_answers_piped_into_a_reader_that_stops_early_end_without_an_error(tiny_model_dir, tmp_path):
+    """`tqc predict --file … | head -1` printed `error: [Errno 32] Broken pipe` and exited 1 after every answer it
+    could write."""
+    import subprocess
+    import sys
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    (tmp_path / "questions.txt").write_text("".join(f"where is city number {i}\n" for i in range(3000)))
+    command = (f"{sys.executable} -m tqc.cli predict --model {tmp_path / 'model'} --catalog {tmp_path / 'catalog.jsonl'} "
+               f"--file {tmp_path / 'questions.txt'} | head -1")
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300)
+    assert len(done.stdout.splitlines()) == 1 and json.loads(done.stdout)["text"] == "where is city number 0"
+    assert "Broken pipe" not in done.stderr and "Traceback" not in done.stderr, done.stderr

