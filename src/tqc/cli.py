@@ -471,7 +471,8 @@ def _predict(args: argparse.Namespace) -> None:
     questions = _scored(list(enumerate(args.questions, start=1)), "question argument(s)", "arguments")
     questions += _file_questions(args.file, args.column)
     if not questions:
-        raise ConfigError("no questions: give them as arguments or with --file")
+        raise ConfigError(f"no questions: --file {args.file} holds none" if args.file is not None
+                          else "no questions: give them as arguments or with --file")
     if args.top_k is not None and args.top_k < 1:
         raise ConfigError(f"--top-k {args.top_k}: must be at least 1")
     answer = _registered_answers(args) if args.model.startswith(REGISTERED) else _local_answers(args)

@@ -299,6 +299,8 @@ def _questions(model_input) -> list[str]:
     A row with no question (null, NaN, blank) or one that is not text is an error naming the row: str() would
     turn it into "nan" or "None", which the model answers as confidently as any real question."""
     if isinstance(model_input, pd.DataFrame):
+        if len(model_input.columns) == 0:  # DataFrame(): no column to read, as no question to answer
+            raise ValueError('no questions: the frame has no columns; give a "question" column')
         column = "question" if "question" in model_input.columns else model_input.columns[0]
         asked = model_input[column].tolist()
     else:

@@ -52,7 +52,15 @@ def test_predict_without_a_model_or_questions_is_a_clear_error(tmp_path, capsys)
     assert main(["predict", "--model", str(tmp_path / "nowhere"), "--catalog", str(tmp_path / "catalog.jsonl"), "q"]) == 2
     assert "nowhere: not a tqc model folder" in capsys.readouterr().err
     assert main(["predict", "--model", str(tmp_path / "nowhere"), " "]) == 2
-    assert "no questions" in capsys.readouterr().err
+    assert "no questions: give them as arguments or with --file" in capsys.readouterr().err
+    (tmp_path / "empty.txt").write_text("\n \n")
+    assert main(["predict", "--model", str(tmp_path / "nowhere"), "--file", str(tmp_path / "empty.txt")]) == 2
+    assert f"no questions: --file {tmp_path / 'empty.txt'} holds none" in capsys.readouterr().err
+    # the pyfunc as a server calls it, with an empty frame: one line, not an IndexError
+    from tqc.serving import _questions
+
+    with pytest.raises(ValueError, match='no questions: the frame has no columns; give a "question" column'):
+        _questions(__import__("pandas").DataFrame())
     (tmp_path / "latin1.txt").write_bytes("caf\xe9?".encode("latin-1"))
     assert main(["predict", "--file", str(tmp_path / "latin1.txt")]) == 2
     assert "latin1.txt, line 1: not UTF-8 text (invalid continuation byte, byte 0xe9 at offset 3)" in capsys.readouterr().err
