@@ -580,6 +580,9 @@ def _local_answers(args: argparse.Namespace) -> Callable:
     if args.tracking_uri is not None:
         raise ConfigError(f"--tracking-uri with --model {args.model}: a model folder is read from disk, not a registry "
                           f"(a registered version is {REGISTERED}NAME@ALIAS)")
+    if _is_nc_baseline(Path(args.model)):
+        raise ConfigError(f"--model {args.model}: the NC baseline (a linear head over the encoder), which tqc predict "
+                          "does not serve; give a bi-encoder folder, such as models/stage_two")
     top_k = LOCAL_TOP_K if args.top_k is None else args.top_k
     matcher = _matcher(argparse.Namespace(**{**vars(args), "model": Path(args.model), "top_k": top_k,
                                              "catalog": args.catalog or Path("data/validated/catalog.jsonl")}))
@@ -587,6 +590,14 @@ def _local_answers(args: argparse.Namespace) -> Callable:
 
 
 LOCAL_TOP_K = 3  # a model folder's answers per question, where --top-k is not given
+
+
+def _is_nc_baseline(folder: Path) -> bool:
+    """Whether `folder` is the baseline_nc stage's model, whose config the bi-encoder's loader would call broken."""
+    try:
+        return json.loads((folder / "tqc_model.json").read_text(encoding="utf-8")).get("kind") == "linear_classifier"
+    except (OSError, ValueError, AttributeError):  # no such file, or not JSON: the loader names what is wrong
+        return False
 
 
 def _matcher(args: argparse.Namespace):

@@ -755,3 +755,12 @@ def test_answers_piped_into_a_reader_that_stops_early_end_without_an_error(tiny_
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300)
     assert len(done.stdout.splitlines()) == 1 and json.loads(done.stdout)["text"] == "where is city number 0"
     assert "Broken pipe" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_nc_baselines_folder_is_named_as_such_not_as_a_broken_model(tmp_path, capsys):
+    """It said "tqc_model.json: not a saved model's config (no tied, similarity)" of the baseline_nc stage's folder."""
+    (tmp_path / "nc").mkdir()
+    (tmp_path / "nc" / "tqc_model.json").write_text('{"kind": "linear_classifier", "classes": 3, "class_ids": ["a", "b", "c"]}')
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    assert main(["predict", "--model", str(tmp_path / "nc"), "--catalog", str(tmp_path / "catalog.jsonl"), "q"]) == 2
+    assert "the NC baseline (a linear head over the encoder), which tqc predict does not serve" in capsys.readouterr().err
