@@ -594,8 +594,10 @@ LOCAL_TOP_K = 3  # a model folder's answers per question, where --top-k is not g
 
 def _is_nc_baseline(folder: Path) -> bool:
     """Whether `folder` is the baseline_nc stage's model, whose config the bi-encoder's loader would call broken."""
+    from tqc.io import read_json
+
     try:
-        return json.loads((folder / "tqc_model.json").read_text(encoding="utf-8")).get("kind") == "linear_classifier"
+        return read_json(folder / "tqc_model.json").get("kind") == "linear_classifier"
     except (OSError, ValueError, AttributeError):  # no such file, or not JSON: the loader names what is wrong
         return False
 
@@ -676,13 +678,11 @@ def _prior_for(model_dir: Path, choice: str, catalog_path: Path) -> Path | None:
 
 
 def _shift_misfit(path: Path, entry: str, catalog_path: Path) -> str | None:
-    """Why the prior file's `entry` cannot shift the scores of the catalog's classes (None: it can, or the catalog is
-    missing, which the matcher's loader names)."""
+    """Why the prior file's `entry` cannot shift the scores of the catalog's classes (None: it can). `_matcher` asks only
+    once the catalog file is there."""
     from tqc.prior import PriorFileError, PriorShift, read_file
     from tqc.schema import Catalog
 
-    if not Path(catalog_path).is_file():
-        return None
     try:
         PriorShift.from_json(read_file(path)[entry], Catalog.load(catalog_path).class_ids, str(path))
     except PriorFileError as exc:

@@ -159,7 +159,7 @@ def check_delivery(paths: list[Path], params: Params) -> int:
         print(f"{outcome.file}: {outcome.read} {what} read, {outcome.accepted} would be accepted"
               f"{' as new classes' if outcome.kind == 'catalog' else ''}, {outcome.quarantined} quarantined"
               + (f" ({outcome.reason})" if outcome.reason else ""))
-        for row in (r for r in staged.quarantined_rows if r["file"] == outcome.file and r["line"] is not None):
+        for row in (r for r in staged.rows_quarantined if r["file"] == outcome.file):
             print(f"  line {row['line']}: {row['reason']}: {row['content']!r}")
         worst = max(worst, QUARANTINED if outcome.quarantined else CLEAN)
     return worst

@@ -157,6 +157,15 @@ class Staged:
     def new_classes(self) -> int:
         return sum(o.accepted for o in self.outcomes if o.kind == "catalog")
 
+    @property
+    def rows_quarantined(self) -> list[dict]:
+        """The quarantine's row records, an unusable file's own record (which has no line) left out."""
+        return [q for q in self.quarantined_rows if q.get("line") is not None]
+
+    @property
+    def unusable(self) -> list[FileOutcome]:
+        return [o for o in self.outcomes if o.outcome == "unusable"]
+
 
 def stage(files: list[Incoming], params: Params, staging: Path) -> Staged:
     """Merge the new files into a staged copy of the additions; the real ones are untouched."""
@@ -706,9 +715,9 @@ def _in_dvc_repo() -> bool:
 def why_nothing_was_accepted(staged: Staged, repeats: list[Incoming], quarantine: Path) -> str:
     """One line for the log: repeats, unusable files, and quarantined rows with the first one's line and reason."""
     parts = [f"{len(repeats)} repeat(s)"] if repeats else []
-    unusable = [o for o in staged.outcomes if o.outcome == "unusable"]
+    unusable = staged.unusable
     parts += [f"{len(unusable)} unusable file(s)"] if unusable else []
-    rows = [q for q in staged.quarantined_rows if q.get("line") is not None]  # an unusable file's record has no line
+    rows = staged.rows_quarantined
     if rows:
         first = rows[0]
         parts.append(f"{len(rows)} row(s) quarantined to {quarantine}, e.g. {first['file']}, line {first['line']}: "
@@ -720,8 +729,7 @@ def why_nothing_was_accepted(staged: Staged, repeats: list[Incoming], quarantine
 def closing_line(staged: Staged, promotion: dict, committed: dict, quarantine: Path) -> str:
     """The flow's last log line after a training: what was added and quarantined, the gate's decision with its reasons,
     and the data version's .dvc files, which no commit records until a person commits them."""
-    rows = [q for q in staged.quarantined_rows if q.get("line") is not None]  # an unusable file's record has no line
-    unusable = [o for o in staged.outcomes if o.outcome == "unusable"]
+    rows, unusable = staged.rows_quarantined, staged.unusable
     left_out = ([f"{len(rows)} row(s) quarantined to {quarantine}"] if rows else []) + (
         [f"{len(unusable)} unusable file(s)"] if unusable else [])
     line = (f"retrain: {staged.accepted - staged.new_classes} rows and {staged.new_classes} classes added"
@@ -738,7 +746,7 @@ def _file_reason(outcome: FileOutcome, staged: Staged) -> str:
     """The summary's reason cell: the file's own, or for rows quarantined, the first one's line and reason."""
     if outcome.reason or not outcome.quarantined:
         return outcome.reason
-    first = next((q for q in staged.quarantined_rows if q.get("file") == outcome.file and q.get("line") is not None), None)
+    first = next((q for q in staged.rows_quarantined if q.get("file") == outcome.file), None)
     return f"e.g. line {first['line']}: {first['reason']}" if first else ""
 
 

@@ -224,8 +224,10 @@ def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: Va
     accepted: dict[str, list[LabeledQuestion]] = {}
     quarantined: list[dict] = []
     flagged: list[dict] = []  # test rows kept despite a warning
-    explain = RowReasons(splits, catalog)
-    for split, frame in annotate(splits, catalog).items():
+    frames = annotate(splits, catalog)
+    # the normalised texts annotate compared, not normalised again
+    explain = RowReasons(splits, catalog, {split: frame["normalised_text"].tolist() for split, frame in frames.items()})
+    for split, frame in frames.items():
         split_outcomes = validator.validate(split, frame, row_expectations(catalog, params), critical)
         outcomes += split_outcomes
         reasons: dict[int, list[str]] = {}
@@ -273,9 +275,9 @@ class RowReasons:
     split's order is ingest's), a row or standard question with another label (`no_label_conflicts`), the split it
     leaks into, by file and line. Every lookup is built once, so a split of many conflicts costs no scan each."""
 
-    def __init__(self, splits: dict[str, list[LabeledQuestion]], catalog: Catalog):
-        self.splits = splits
-        self.keys = {split: [normalise(q.text) for q in rows] for split, rows in splits.items()}
+    def __init__(self, splits: dict[str, list[LabeledQuestion]], catalog: Catalog, keys: dict[str, list[str]]):
+        """`keys`: each split's rows' normalised texts, as `annotate` compared them."""
+        self.splits, self.keys = splits, keys
         self.first: dict[str, dict[str, str]] = {}  # split → normalised text → its first row's source
         self.labeled: dict[str, dict[str, dict[str, str]]] = {}  # split → normalised text → label → first source
         for split, rows in splits.items():
