@@ -412,6 +412,8 @@ def test_a_partial_or_edited_model_folder_is_an_error_naming_the_file_not_an_unt
         "cut": lambda d: (d / "tqc_model.json").write_text('{"tied": fal'),
         "key": lambda d: (d / "tqc_model.json").write_text('{"similarity": "mlp"}'),
         "bytes": lambda d: (d / "question_encoder" / "tqc_encoder.json").write_bytes(b'{"pooling": "\xe9"}'),
+        "no-encoder-config": lambda d: (d / "question_encoder" / "tqc_encoder.json").unlink(),
+        "no-model-config": lambda d: (d / "tqc_model.json").unlink(),
     }
     expected = {
         "scorer": r"scorer\.safetensors: missing, so the model's mlp scorer would start untrained",
@@ -419,6 +421,8 @@ def test_a_partial_or_edited_model_folder_is_an_error_naming_the_file_not_an_unt
         "cut": r"tqc_model\.json: not a saved model's config \(",
         "key": r"tqc_model\.json: not a saved model's config \(no tied\)",
         "bytes": r"tqc_encoder\.json: not a saved model's config \(",
+        "no-encoder-config": r"question_encoder/tqc_encoder\.json: missing, so this is not a whole saved model folder",
+        "no-model-config": r"tqc_model\.json: missing, so this is not a whole saved model folder",
     }
     for name, damage in damaged.items():
         shutil.copytree(tmp_path / "whole", tmp_path / name)
