@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from tqc.config import DataParams
-from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, file_and_line
 from tqc.text import normalise
 
 log = logging.getLogger(__name__)
@@ -571,10 +571,10 @@ def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion], catalog_
     owners = {normalise(q.text): q.class_id for q in catalog.questions}
     derived, alike = [], {}
     for class_id in sorted(set(first_use) - set(catalog.class_ids)):
-        text, where = label_in_words(class_id), _file_and_line(first_use[class_id])
+        text, where = label_in_words(class_id), file_and_line(first_use[class_id])
         twin = alike.setdefault(_catalog_label_key(class_id), class_id)
         if twin != class_id:  # `1` and `1.0`: their derived texts differ, but a test `1.00` could be read as neither
-            raise ReaderError(f"{where}: labels {twin!r} (first at {_file_and_line(first_use[twin])}) and {class_id!r} are "
+            raise ReaderError(f"{where}: labels {twin!r} (first at {file_and_line(first_use[twin])}) and {class_id!r} are "
                               "alike but for case, width or a float's .0, and the catalog has neither: one class written "
                               "two ways, or two? write the label one way, or give each a standard question in the catalog")
         if not normalise(text):
@@ -582,7 +582,7 @@ def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion], catalog_
                               "give it a standard question in the catalog")
         owner = owners.setdefault(normalise(text), class_id)
         if owner != class_id:
-            owner_at = f" (derived too, its label first at {_file_and_line(first_use[owner])})" if owner in first_use else " in the catalog"
+            owner_at = f" (derived too, its label first at {file_and_line(first_use[owner])})" if owner in first_use else " in the catalog"
             raise ReaderError(f"{where}: class {class_id!r} has no catalog text, and the one derived from its label, {text!r}, "
                               f"is the text of class {owner!r}{owner_at}; give one of them a standard question in the catalog")
         if catalog_given:
@@ -594,14 +594,6 @@ def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion], catalog_
         log.info("data.custom.catalog is not set: %d classes take their labels in words as standard questions: %s%s",
                  len(derived), shown, f" and {len(derived) - 10} more" if len(derived) > 10 else "")
     return Catalog(catalog.questions + derived)
-
-
-def _file_and_line(source: str | None) -> str:
-    """A row's source ("file:line") as errors write it: "file, line N"."""
-    if not source:
-        return "training rows"
-    file, _, line = source.rpartition(":")
-    return f"{file}, line {line}" if line.isdigit() else source
 
 
 UNREADABLE_HINT = "fix the file, or raise the fraction"
@@ -821,7 +813,7 @@ def labels_read_as_catalog(result: ReadResult, catalog: Catalog) -> ReadResult:
     for label, class_id in read_as.items():
         # "class", not "the catalog's": a test label may be read as a class derived from train's labels
         log.warning("%s: label %r read as class %r (%d row(s)): labels are matched to the classes' ids case- "
-                    "and width-insensitively, and 1.0 as 1", _file_and_line(first[label]), label, class_id, counts[label])
+                    "and width-insensitively, and 1.0 as 1", file_and_line(first[label]), label, class_id, counts[label])
     rows = [replace(row, class_id=read_as.get(row.class_id, row.class_id)) for row in result.rows]
     return ReadResult(rows, result.rejected, result.named_sources)
 

@@ -30,6 +30,15 @@ class LabeledQuestion:
         object.__setattr__(self, "origins", tuple(self.origins))  # JSON gives a list
 
 
+def file_and_line(source: str | None, unnamed: str = "training rows") -> str:
+    """A row's `source` ("file:line") as errors and quarantine reasons write it: "file, line N"; `unnamed` for a row
+    of no file."""
+    if not source:
+        return unnamed
+    file, _, line = source.rpartition(":")
+    return f"{file}, line {line}" if line.isdigit() else source
+
+
 def usable_generated(questions: list[LabeledQuestion], generated: list[LabeledQuestion]) -> list[LabeledQuestion]:
     """The rows made offline whose every origin is one of these training rows: a row that may have
     been made from a validation question (after any re-split) is never trained on."""

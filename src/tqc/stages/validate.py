@@ -21,7 +21,7 @@ import pandas as pd
 
 from tqc.config import ValidateParams
 from tqc.io import atomic_directory, write_json, write_jsonl
-from tqc.schema import Catalog, LabeledQuestion, load_questions, save_questions
+from tqc.schema import Catalog, LabeledQuestion, file_and_line, load_questions, save_questions
 from tqc.text import normalise
 
 log = logging.getLogger(__name__)
@@ -270,6 +270,9 @@ def quarantine_record(question: LabeledQuestion, split: str, expectations: list[
     }
 
 
+NO_FILE = "a row of no file"  # how a reason names the other row of a pair when it was read from no file
+
+
 class RowReasons:
     """Why a row failed each expectation, naming the other row at stake: the split's first copy (`no_duplicates`; the
     split's order is ingest's), a row or standard question with another label (`no_label_conflicts`), the split it
@@ -294,12 +297,12 @@ class RowReasons:
     def _one(self, split: str, index: int, name: str) -> str:
         key, question = self.keys[split][index], self.splits[split][index]
         if name == "no_duplicates":
-            return f"no_duplicates: duplicate of {_where(self.first[split][key])}"
+            return f"no_duplicates: duplicate of {file_and_line(self.first[split][key], NO_FILE)}"
         if name == "no_label_conflicts":
             return f"no_label_conflicts: conflicts with {self._other_label(split, key, question.class_id)}"
         if name == "no_leakage":
             into = [other for other in LEAKAGE_PAIRS[split] if key in self.first.get(other, {})]
-            return "no_leakage: also " + ", ".join(f"in {other} at {_where(self.first[other][key])}" for other in into)
+            return "no_leakage: also " + ", ".join(f"in {other} at {file_and_line(self.first[other][key], NO_FILE)}" for other in into)
         if name == "label_in_catalog":
             like = self.by_folded_id.get(question.class_id.casefold())
             hint = f" (the catalog has {like!r}, alike but for case)" if like else ""
@@ -315,14 +318,8 @@ class RowReasons:
             found = next(((lab, source) for lab, source in self.labeled.get(other, {}).get(key, {}).items() if lab != label),
                          None)
             if found:
-                return f"{_where(found[1])}{f' ({other})' if other != split else ''}, labeled {found[0]!r}"
+                return f"{file_and_line(found[1], NO_FILE)}{f' ({other})' if other != split else ''}, labeled {found[0]!r}"
         return "a row labeled otherwise"
-
-
-def _where(source: str | None) -> str:
-    """A row's source ("file:line") as reasons write it: "file, line N"."""
-    file, _, line = (source or "").rpartition(":")
-    return f"{file}, line {line}" if line.isdigit() else (source or "a row of no file")
 
 
 def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Path, report_path: Path,
