@@ -508,8 +508,7 @@ def _scored(numbered: list[tuple[int, str]], where: str, others: str) -> list[st
 def _question_file_lines(path: Path, column: str) -> list[tuple[int, str]]:
     """(line, text) of `--file`: a .csv or .jsonl file's `column` (never its header or raw JSON as questions), else
     each line, stdin's for `-`."""
-    from tqc.io import utf8_text
-    from tqc.readers import TABLE_SUFFIXES, MissingColumns, read_texts, split_lines
+    from tqc.readers import TABLE_SUFFIXES, MissingColumns, ReaderError, decode_bytes, read_texts, split_lines
 
     if str(path) != "-" and path.suffix.lower() in TABLE_SUFFIXES:
         try:
@@ -522,13 +521,13 @@ def _question_file_lines(path: Path, column: str) -> list[tuple[int, str]]:
         raise ConfigError(f"--file {path}: not a file" if path.exists() else f"--file {path}: no such file")
     else:
         name, raw = str(path), path.read_bytes()
-    try:
-        text = utf8_text(raw, name)
-    except ValueError as exc:
+    try:  # decoded as the readers decode training files (stray bytes as Windows-1252, with a warning; a UTF-16 mark)
+        text = decode_bytes(raw, name)
+    except ReaderError as exc:  # mostly NUL bytes, or a byte-order mark the bytes belie
         raise ConfigError(str(exc)) from None
     # the readers' line breaks: \n, \r\n or \r only, never U+2028 or U+0085 inside a question (str.splitlines),
-    # so the answers line up with the file's lines; a BOM is not part of the first question
-    return list(enumerate(split_lines(text.removeprefix("\ufeff")), start=1))
+    # so the answers line up with the file's lines; a BOM is no part of a question
+    return list(enumerate(split_lines(text), start=1))
 
 
 REGISTERED = "models:/"  # MLflow's scheme for a registered version

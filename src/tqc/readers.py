@@ -104,10 +104,15 @@ def decode_file(path: Path) -> str:
         raw = path.read_bytes()
     except OSError as exc:  # no permission, an I/O error: said as the file's problem, not a traceback
         raise ReaderError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    return _without_line_boms(_decoded(raw, path))
+    return decode_bytes(raw, str(path))
 
 
-def _decoded(raw: bytes, path: Path) -> str:
+def decode_bytes(raw: bytes, name: str) -> str:
+    """`raw` (a file's or standard input's bytes, called `name` in messages) as `decode_file` decodes a file."""
+    return _without_line_boms(_decoded(raw, name))
+
+
+def _decoded(raw: bytes, path: Path | str) -> str:
     if raw.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):  # before UTF-16: FF FE 00 00 starts with FF FE
         return _unicode(raw, "utf-32", path)
     if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # Excel's "Unicode text", Notepad's "Unicode"
@@ -152,7 +157,7 @@ def _without_line_boms(text: str) -> str:
     return LINE_START_BOM.sub(r"\1", text)
 
 
-def _unicode(raw: bytes, encoding: str, path: Path) -> str:
+def _unicode(raw: bytes, encoding: str, path: Path | str) -> str:
     name = encoding.upper()
     try:
         text = raw.decode(encoding)  # the byte-order mark says which end first, and is dropped
