@@ -44,3 +44,4 @@ bench: install
 	$(BIN)/tqc bench passes --batch-size 64 --steps 10 --out reports/bench/passes.json
 	$(BIN)/tqc bench validate --dataset trec50 --out reports/bench/validate-trec50.json
 	$(BIN)/tqc bench read --rows 500000 --out reports/bench/read.json
+	$(BIN)/tqc bench serve --out reports/bench/serve.json

@@ -1,5 +1,6 @@
 """`tqc bench`: seconds per epoch of stage one and stage two at the same batch size; what the backbone's
-passes by length and the fused optimizer save; what the validate stage adds.
+passes by length and the fused optimizer save; what the validate stage adds; what reading a large file costs; what
+answering costs, by either rule.
 
 Both stages train the same model on the same rows for the same number of steps; the
 figure that matters is the ratio, measured in one run, since these machines are noisy.
@@ -221,6 +222,69 @@ def reading(rows: int) -> dict:
         report = {"rows": rows, "file_mib": path.stat().st_size / 2**20, **json.loads(finished.stdout.splitlines()[-1])}
     for key, value in report.items():
         print(f"{key}: {value:.2f}" if isinstance(value, float) else f"{key}: {value}")
+    return report
+
+
+def serving(model_dir: Path, data_dir: Path, prior_path: Path | None, exemplar_k: int, calls: int = 50,
+            batch_size: int = 256, rounds: int = 3, top_k: int = 3) -> dict:
+    """What answering costs on this machine, through the matcher `tqc predict` and the registry serve: seconds to
+    load each rule (the exemplar rule encodes its labeled questions then), milliseconds for one question a call
+    (median and 95th percentile of `calls`), and per question in frames of `batch_size` (median of `rounds`).
+
+    The two rules alternate call by call, so a slow spell of a loaded machine falls on both; the ratios within this
+    one run are the figures to quote."""
+    import pandas as pd
+
+    from tqc.serving import local_matcher
+
+    questions = [q.text for q in load_questions(data_dir / "test.jsonl")]
+    if not questions:
+        raise ConfigError(f"{data_dir / 'test.jsonl'}: no questions to answer")
+    batch = (questions * (batch_size // len(questions) + 1))[:batch_size]
+    rules = {"standard": (prior_path, None), "exemplars": (None, (data_dir / "train.jsonl", exemplar_k))}
+    matchers, load_seconds = {}, {}
+    for rule, (prior, exemplars) in rules.items():
+        started = time.perf_counter()
+        matchers[rule] = local_matcher(model_dir, data_dir / "catalog.jsonl", top_k, prior, exemplars)
+        load_seconds[rule] = time.perf_counter() - started
+
+    def answer(rule: str, texts: list[str]) -> float:
+        started = time.perf_counter()
+        matchers[rule].predict(None, pd.DataFrame({"question": texts}), params={"top_k": top_k})
+        return time.perf_counter() - started
+
+    for rule in rules:  # warm-up, untimed: the first calls allocate what later ones reuse
+        answer(rule, questions[:3])
+    single = {rule: [] for rule in rules}
+    for call in range(calls):
+        for rule in rules if call % 2 == 0 else reversed(list(rules)):
+            single[rule].append(answer(rule, [questions[call % len(questions)]]) * 1000)
+    batched = {rule: [] for rule in rules}
+    for round_ in range(rounds):
+        for rule in rules if round_ % 2 == 0 else reversed(list(rules)):
+            batched[rule].append(answer(rule, batch) * 1000 / batch_size)
+
+    report = {"model": str(model_dir), "catalog_classes": len(matchers["standard"].catalog), "calls": calls,
+              "batch_size": batch_size, "rounds": rounds, "exemplar_k": exemplar_k,
+              "exemplar_rows": int(matchers["exemplars"].exemplars.vectors.shape[0])}
+    for rule in rules:
+        report[rule] = {"load_seconds": load_seconds[rule],
+                        "single_ms_median": float(np.median(single[rule])),
+                        "single_ms_p95": float(np.percentile(single[rule], 95)),
+                        "batched_ms_per_question": float(np.median(batched[rule]))}
+    report["exemplars_over_standard_single"] = report["exemplars"]["single_ms_median"] / report["standard"]["single_ms_median"]
+    report["exemplars_over_standard_batched"] = (report["exemplars"]["batched_ms_per_question"]
+                                                 / report["standard"]["batched_ms_per_question"])
+    report["batched_over_single_standard"] = (report["standard"]["batched_ms_per_question"]
+                                              / report["standard"]["single_ms_median"])
+    for rule in rules:
+        figures = report[rule]
+        print(f"{rule}: load {figures['load_seconds']:.2f} s; one question a call {figures['single_ms_median']:.1f} ms "
+              f"(p95 {figures['single_ms_p95']:.1f}); in frames of {batch_size} {figures['batched_ms_per_question']:.2f} ms "
+              "a question")
+    print(f"exemplar rule / standard rule: {report['exemplars_over_standard_single']:.2f} one a call, "
+          f"{report['exemplars_over_standard_batched']:.2f} in frames; frames / one a call (standard): "
+          f"{report['batched_over_single_standard']:.3f}")
     return report
 
 

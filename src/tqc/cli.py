@@ -129,22 +129,30 @@ def build_parser() -> argparse.ArgumentParser:
                               "model's and the file's sha256 (default $XDG_CACHE_HOME/tqc/exemplars, or "
                               "~/.cache/tqc/exemplars; none: encode every call)")
     bench = commands.add_parser("bench", help="benchmarks that print figures")
-    bench.add_argument("what", choices=["epochs", "passes", "validate", "read"], help="epochs: seconds per epoch, stage one vs stage "
+    bench.add_argument("what", choices=["epochs", "passes", "validate", "read", "serve"], help="epochs: seconds per epoch, stage one vs stage "
                        "two at the same batch size; passes: stage-one steps and encoding in one backbone pass per batch vs "
                        "passes by length, and AdamW fused vs not; validate: seconds the validate stage adds on --dataset; "
-                       "read: seconds and peak memory to read a CSV of --rows questions")
+                       "read: seconds and peak memory to read a CSV of --rows questions; serve: loading and answering "
+                       "through the served matcher (as tqc predict), the standard-question rule against the exemplar rule")
     bench.add_argument("--steps", type=at_least_one, default=20,
                        help="epochs: timed steps per stage and round, after 3 untimed warm-up steps; passes: steps per round "
                        "(default 20)")
     bench.add_argument("--rounds", type=at_least_one, default=3, help="epochs, passes: rounds, alternating the stages or "
                        "the settings; each figure is the median of its rounds (default 3)")
-    bench.add_argument("--batch-size", type=at_least_two, default=32, help="epochs: both stages' batch size; passes: "
-                       "stage one's, which must exceed the rows per pass (32) for there to be passes (default 32)")
+    bench.add_argument("--batch-size", type=at_least_two, help="epochs: both stages' batch size; passes: "
+                       "stage one's, which must exceed the rows per pass (32) for there to be passes (default 32); serve: "
+                       "questions a frame (default 256)")
+    bench.add_argument("--calls", type=at_least_one, default=50, help="serve: timed calls of one question each, per rule "
+                       "(default 50)")
+    bench.add_argument("--model", type=Path, default=Path("models/stage_two"), help="serve: the model folder")
+    bench.add_argument("--prior", type=Path, default=Path("models/prior.json"), help="serve: the standard rule's "
+                       "class-prior shift (a file that is not there: none)")
     bench.add_argument("--rows", type=at_least_one, default=500_000, help="read: synthetic questions in the CSV read "
                        "(default 500000)")
     bench.add_argument("--dataset", default="trec50", choices=typing.get_args(DatasetName),
                        help="validate: the dataset to validate (default trec50)")
-    bench.add_argument("--data", type=Path, default=Path("data/validated"), help="epochs, passes: validated data folder")
+    bench.add_argument("--data", type=Path, default=Path("data/validated"), help="epochs, passes, serve: validated data "
+                       "folder (serve: its catalog, its test questions to answer, its training rows as exemplars)")
     bench.add_argument("--train", type=Path, default=Path("data/augmented/train.jsonl"), help="epochs, passes: training rows")
     bench.add_argument("--out", type=Path, help="also write the figures, with the machine and code version, to this JSON file")
     for command in commands.choices.values():  # `tqc ingest --set …` as well as `tqc --set … ingest`
@@ -447,10 +455,17 @@ def _ablate(args: argparse.Namespace, params: Params) -> None:
 def _bench(args: argparse.Namespace, params: Params) -> None:
     from tqc import bench
 
+    batch_size = args.batch_size or (256 if args.what == "serve" else 32)
     if args.what == "epochs":
-        report = bench.epochs(params, args.steps, args.batch_size, args.data, args.train, args.rounds)
+        report = bench.epochs(params, args.steps, batch_size, args.data, args.train, args.rounds)
     elif args.what == "passes":
-        report = bench.passes(params, args.steps, args.batch_size, args.train, args.rounds, data_dir=args.data)
+        report = bench.passes(params, args.steps, batch_size, args.train, args.rounds, data_dir=args.data)
+    elif args.what == "serve":
+        if params.evaluate.exemplar_k < 1:
+            raise ConfigError("tqc bench serve: evaluate.exemplar_k is 0, and it times the exemplar rule with that k; "
+                              "--set evaluate.exemplar_k=2")
+        report = bench.serving(args.model, args.data, args.prior if args.prior.is_file() else None,
+                               params.evaluate.exemplar_k, args.calls, batch_size, args.rounds)
     elif args.what == "read":
         report = bench.reading(args.rows)
     else:

@@ -151,3 +151,46 @@ def test_an_empty_training_file_is_refused_before_any_model_is_loaded(tmp_path, 
     monkeypatch.setattr(bench.BiEncoder, "from_params", lambda *_: pytest.fail("the model was loaded"))
     with pytest.raises(ConfigError, match=r"train.jsonl: no training rows to time"):
         bench.epochs(Params(), 1, 2, tmp_path, tmp_path / "train.jsonl")
+
+
+def test_the_serving_benchmark_times_both_rules_alternating_through_the_served_matcher(tiny_model_dir, tmp_path, monkeypatch,
+                                                                                      capsys):
+    """Each rule is loaded as `tqc predict` loads it and answers the same questions; the rules alternate call by call,
+    so a slow spell of the machine falls on both, and the ratios are of figures from this one run."""
+    from tests.model.test_encoder import tiny_bi_encoder
+    from tqc.serving import StandardQuestionMatcher
+
+    data = tmp_path / "validated"
+    Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()]).save(data / "catalog.jsonl")
+    save_questions(data / "train.jsonl", [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 4)])  # 12 rows
+    save_questions(data / "test.jsonl", [LabeledQuestion(t, c) for t, c in synthetic_questions(1, 2)])
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    frames = []
+    real = StandardQuestionMatcher.predict
+
+    def recording(self, context, model_input, params=None):
+        frames.append(("exemplars" if self.exemplars is not None else "standard", len(model_input)))
+        return real(self, context, model_input, params)
+
+    monkeypatch.setattr(StandardQuestionMatcher, "predict", recording)
+    report = bench.serving(tmp_path / "model", data, None, exemplar_k=2, calls=4, batch_size=10, rounds=2)
+
+    warm_up, single, batched = frames[:2], frames[2:10], frames[10:]
+    assert warm_up == [("standard", 3), ("exemplars", 3)]
+    assert [rule for rule, _ in single] == ["standard", "exemplars", "exemplars", "standard"] * 2
+    assert {size for _, size in single} == {1}
+    assert batched == [("standard", 10), ("exemplars", 10), ("exemplars", 10), ("standard", 10)]  # 6 questions, cycled
+    assert report["exemplar_rows"] == 12 and report["catalog_classes"] == len(CLASSES)
+    for rule in ("standard", "exemplars"):
+        figures = report[rule]
+        assert figures["load_seconds"] > 0 and 0 < figures["single_ms_median"] <= figures["single_ms_p95"]
+    assert report["exemplars_over_standard_single"] == pytest.approx(
+        report["exemplars"]["single_ms_median"] / report["standard"]["single_ms_median"])
+    assert "exemplar rule / standard rule:" in capsys.readouterr().out
+
+
+def test_the_serving_benchmark_needs_an_exemplar_k(tmp_path, capsys):
+    from tqc.cli import main
+
+    assert main(["--set", "evaluate.exemplar_k=0", "bench", "serve", "--data", str(tmp_path)]) == 2
+    assert "evaluate.exemplar_k is 0" in capsys.readouterr().err
