@@ -92,6 +92,10 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     if alias_holder is not None:
         _tags_follow_the_alias(client, params.model_name, alias_holder)
     is_champion = champion_version == version  # the same content as the champion: its tags and alias stay
+    # A version a person took the alias from (a rollback) found again by its digest, as any re-run of promote on
+    # unchanged weights finds it: the gate, which it passed once, would hand the alias back unasked
+    rolled_back = (_taken_by_hand(client, params.model_name, version, alias_holder)
+                   if registered_before and not is_champion else None)
     # The champion's answers, served otherwise (top_k): no validation gate can tell the two apart, so none judges it
     same_answers = not is_champion and alias_holder is not None and answers == answers_of(
         client, params.model_name, alias_holder, model_dir, data_dir / "catalog.jsonl",
@@ -128,6 +132,8 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         decision = _nothing_unseen(len(validation), tail_ids)
     if is_champion:
         decision = _already_champion(decision, version)
+    elif rolled_back is not None:
+        decision = _taken_back(decision, version, rolled_back, params)
     elif same_answers:
         decision = _same_answers(decision, champion_version)
     elif incomparable:
@@ -145,7 +151,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     # same two versions again instead of finding the challenger already holding the alias.
     if decision.promote:
         _move_alias(client, params, version)
-    elif not is_champion:
+    elif not is_champion and rolled_back is None:  # a version rolled back keeps its tags: superseded, and by whom
         client.set_model_version_tag(params.model_name, version, "promotion", "incomparable" if incomparable else "rejected")
     log.info("promote: %s v%s %s; %s", params.model_name, version,
              f"is now {params.alias}" if decision.promote else f"not promoted ({params.alias} stays v{champion_version})",
@@ -226,6 +232,10 @@ def set_champion(params: PromoteParams, version: str) -> tuple[str, str | None]:
     _move_alias(client, params, version)
     when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     client.set_model_version_tag(params.model_name, version, "alias_set_by_hand", when)
+    if TAKEN_BY_HAND in chosen.tags:  # served again by a person's choice: a gate may judge it again
+        client.delete_model_version_tag(params.model_name, version, TAKEN_BY_HAND)
+    if before is not None:  # the next promote finding it again by its digest must not hand the alias back
+        client.set_model_version_tag(params.model_name, before, TAKEN_BY_HAND, when)
     log.info("set-champion: %s@%s is v%s (was %s), set by hand", params.model_name, params.alias, version,
              f"v{before}" if before else "unset")
     return version, before
@@ -360,6 +370,26 @@ def _validation_predictions(uri: str, validation, catalog: Catalog) -> np.ndarra
     from tqc.serving import served_top1
 
     return np.array([catalog.index(c) if c in catalog else -1 for c in served_top1(uri, [q.text for q in validation])])
+
+
+TAKEN_BY_HAND = "alias_taken_by_hand"  # a version's tag: when `tqc set-champion` moved the alias off it
+
+
+def _taken_by_hand(client, model_name: str, version: str, holder) -> str | None:
+    """When a person moved the alias off `version` (`tqc set-champion`), or None. A rollback made before versions
+    were tagged so is known by the holder: set by hand, and the version it superseded this one."""
+    tags = client.get_model_version(model_name, version).tags
+    if TAKEN_BY_HAND in tags:
+        return tags[TAKEN_BY_HAND]
+    if holder is not None and tags.get("superseded_by") == str(holder.version) and "alias_set_by_hand" in holder.tags:
+        return holder.tags["alias_set_by_hand"]
+    return None
+
+
+def _taken_back(decision, version: str, when: str, params: PromoteParams):
+    return replace(decision, promote=False, reasons=[
+        f"v{version} lost {params.alias} by hand at {when} (tqc set-champion): a gate does not hand it back; "
+        f"`tqc set-champion {version}` serves it again"] + decision.reasons)
 
 
 def _already_champion(decision, version: str):
