@@ -51,8 +51,8 @@ TRAINED_ON_TAG = "trained_on_record"
 
 
 class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
-    # `tqc predict` sets a folder where the exemplar rule's encoded questions are kept between calls;
-    # a registered model leaves it None and encodes them once per load.
+    # `tqc predict` sets a folder where the exemplar rule's encoded questions are kept between calls; a registered
+    # version leaves it None and reads the vectors registered with it (`EXEMPLAR_VECTORS`), else encodes them per load.
     exemplar_cache: Path | None = None
 
     def load_context(self, context) -> None:
@@ -66,7 +66,9 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         model_dir = Path(context.artifacts["model"])
         # The exemplar cache's key: the weights as loaded, so a folder replaced during the load (a retrain) is not
         # keyed under what it became
-        digest = folder_digest(model_dir) if self.exemplar_cache is not None and context.artifacts.get("exemplars") else None
+        shipped = context.artifacts.get(EXEMPLAR_VECTORS)
+        wants_digest = (self.exemplar_cache is not None or shipped is not None) and context.artifacts.get("exemplars")
+        digest = folder_digest(model_dir) if wants_digest else None
         self.model = BiEncoder.load(model_dir).eval()
         if digest is not None and folder_digest(model_dir) != digest:
             digest = None  # the folder changed while loading: its vectors are encoded, not cached
@@ -75,7 +77,7 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
             raise ValueError(f"{context.artifacts['catalog']}: no standard questions, so no question can be answered")
         prior_file, config = context.artifacts.get("prior"), context.model_config or {}
         self.exemplars = _exemplar_bank(self.model, digest, self.catalog, context.artifacts.get("exemplars"), config,
-                                        self.exemplar_cache)
+                                        self.exemplar_cache, shipped)
         # (P, D), encoded once per load; the exemplar rule never reads them
         self.standards = self.model.standard.encode(self.catalog.texts) if self.exemplars is None else None
         if prior_file:  # the entry `_model_config` found for this model when it was logged
@@ -118,22 +120,26 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
 
 
 def _exemplar_bank(model, model_digest: dict | None, catalog, exemplars_file: str | None, config: dict,
-                   cache_dir: Path | None):
+                   cache_dir: Path | None, shipped: str | None = None):
     """The exemplar rule's encoded labeled questions (None: the standard-question rule); `model_digest`: the loaded
-    weights' folder digest, the cache's key (None: encoded, not cached)."""
+    weights' folder digest, the cache's key (None: encoded, not cached); `shipped`: the vectors registered with the
+    version, if any."""
     if exemplars_file is None:
         return None
     from tqc.exemplars import ExemplarBank, catalog_indices, load_exemplars
 
     rows = load_exemplars(Path(exemplars_file))  # a registered version reads its own copy of the file
     classes = catalog_indices(rows, catalog, exemplars_file)  # (M,) before encoding: a bad class costs no encode
-    vectors = _encoded_exemplars(model, rows, model_digest, Path(exemplars_file), cache_dir)  # (M, D)
+    vectors = _encoded_exemplars(model, rows, model_digest, Path(exemplars_file), cache_dir,
+                                 Path(shipped) if shipped else None)  # (M, D)
     return ExemplarBank(vectors, classes, len(catalog), int(config["exemplar_k"]))
 
 
-def _encoded_exemplars(model, rows, model_digest: dict | None, exemplars_file: Path, cache_dir: Path | None):
-    """(M, D) question-encoder vectors of `rows`; with `cache_dir` and `model_digest`, read from there when this
-    model folder encoded these very questions before, else encoded and written there.
+def _encoded_exemplars(model, rows, model_digest: dict | None, exemplars_file: Path, cache_dir: Path | None,
+                       shipped: Path | None = None):
+    """(M, D) question-encoder vectors of `rows`; with `model_digest`, read from `shipped` (the entry registered
+    with a version, never written to) or `cache_dir` when this model folder encoded these very questions before,
+    else encoded, and written to `cache_dir` when there is one.
 
     The key is the sha256 of the model folder and of the questions `rows` holds, not of the file: a file
     appended to after `rows` were read would otherwise key the old rows' vectors under its new content. A new
@@ -149,20 +155,36 @@ def _encoded_exemplars(model, rows, model_digest: dict | None, exemplars_file: P
     def encode():
         return model.question.encode([q.text for q in rows], description="encoding exemplars")
 
-    if cache_dir is None or model_digest is None:
-        return encode()
-    slot = _sha256({"model": model_digest, "file": str(Path(exemplars_file).resolve())})[:16]
-    entry = _sha256({"model": model_digest, "questions": [q.text for q in rows], "code": encoding_code()})
-    path = Path(cache_dir) / f"{slot}-{entry}.safetensors"
-    if path.exists():
+    def read(path: Path):
+        """The entry's vectors, or None where it is damaged (encoded again, and replaced in a cache)."""
         try:
             vectors = load_file(path)["vectors"]
-            if (vectors.ndim == 2 and vectors.shape == (len(rows), model.question.hidden_size)
-                    and vectors.dtype == torch.float32 and bool(torch.isfinite(vectors).all())):
-                _touch(path)  # used: kept over entries used longer ago
-                return vectors  # else damaged: encoded again and replaced
-        except (SafetensorError, KeyError, OSError):  # a damaged entry is encoded again and replaced
-            pass
+        except (SafetensorError, KeyError, OSError):
+            return None
+        whole = (vectors.ndim == 2 and vectors.shape == (len(rows), model.question.hidden_size)
+                 and vectors.dtype == torch.float32 and bool(torch.isfinite(vectors).all()))
+        return vectors if whole else None
+
+    if model_digest is None:
+        return encode()
+    entry = _sha256({"model": model_digest, "questions": [q.text for q in rows], "code": encoding_code()})
+    # The registered entry's slot named the file where it was registered; a version's rows are its own copy, so
+    # the entry's key alone says they are the same questions encoded by the same weights and code
+    registered = sorted(shipped.glob(f"*-{entry}.safetensors")) if shipped is not None and shipped.is_dir() else []
+    vectors = read(registered[0]) if registered else None
+    if vectors is not None:
+        return vectors
+    if shipped is not None:  # another torch or transformers where it is served, say: said, since it costs the load time
+        logging.getLogger(__name__).info("%s: no registered vectors for these weights, rows and encoding code; the "
+                                         "exemplars are encoded", shipped)
+    if cache_dir is None:
+        return encode()
+    slot = _sha256({"model": model_digest, "file": str(Path(exemplars_file).resolve())})[:16]
+    path = Path(cache_dir) / f"{slot}-{entry}.safetensors"
+    vectors = read(path) if path.exists() else None
+    if vectors is not None:
+        _touch(path)  # used: kept over entries used longer ago
+        return vectors
     vectors = encode()
     try:
         with atomic_path(path) as tmp:
@@ -578,11 +600,28 @@ def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | Non
         artifacts = _artifacts(model_dir, catalog_path, prior_path, exemplars)
         if trained_on is not None:
             artifacts[TRAINED_ON] = str(_write_record(Path(scratch), trained_on))
+        if exemplars is not None:
+            artifacts[EXEMPLAR_VECTORS] = str(_registered_vectors(model_dir, exemplars[0], Path(scratch) / EXEMPLAR_VECTORS))
         with warnings.catch_warnings():
             # The signature is given (`_log_served_model`); an input example would also run the model once as it is logged
             warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
             info = _log_served_model(artifacts, config)
     return str(mlflow.register_model(info.model_uri, model_name, tags=tags).version)
+
+
+EXEMPLAR_VECTORS = "exemplar_vectors"  # a version's artifact: its exemplar rows encoded by its weights, as a cache entry
+
+
+def _registered_vectors(model_dir: Path, exemplars_file: Path, folder: Path) -> Path:
+    """`folder` holding `exemplars_file`'s rows encoded by the model in `model_dir`, keyed as the exemplar cache keys
+    them: a server loading the version reads them rather than encode every row at each start (a minute for TREC-6's
+    4,816 on a 2-core CPU), and encodes them after all where its weights, rows or encoding code differ."""
+    from tqc.exemplars import load_exemplars
+    from tqc.model.encoder import BiEncoder
+
+    digest = folder_digest(model_dir)
+    _encoded_exemplars(BiEncoder.load(model_dir).eval(), load_exemplars(exemplars_file), digest, exemplars_file, folder)
+    return folder
 
 
 def _log_served_model(artifacts: dict[str, str], config: dict):
