@@ -33,7 +33,8 @@ def main() -> None:
                                            (args.data / "test.jsonl").read_text(encoding="utf-8").splitlines()[:50]]})
     with tempfile.TemporaryDirectory() as scratch:
         mlflow.set_tracking_uri(f"sqlite:///{scratch}/mlflow.db")
-        mlflow.set_experiment("load")
+        # artifacts in the scratch folder too: by default MLflow puts them in ./mlruns, a model copy a run
+        mlflow.set_experiment(experiment_id=mlflow.create_experiment("load", artifact_location=(Path(scratch) / "artifacts").as_uri()))
         started = time.perf_counter()
         with mlflow.start_run():
             version = log_and_register(args.model, args.data / "catalog.jsonl", None, "load-bench", config, exemplars, {})

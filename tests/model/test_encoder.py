@@ -427,7 +427,7 @@ def test_a_partial_or_edited_model_folder_is_an_error_naming_the_file_not_an_unt
     for name, damage in damaged.items():
         shutil.copytree(tmp_path / "whole", tmp_path / name)
         damage(tmp_path / name)
-        with pytest.raises(ValueError, match=expected[name]):
+        with pytest.raises(FileNotFoundError if name.startswith("no-") else ValueError, match=expected[name]):
             BiEncoder.load(tmp_path / name)
     assert BiEncoder.load(tmp_path / "whole").similarity == "mlp"  # the undamaged folder loads
 

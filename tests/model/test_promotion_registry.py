@@ -704,13 +704,31 @@ def test_a_version_rolled_back_by_hand_is_not_handed_the_alias_back_by_the_next_
     v2 = mlflow.MlflowClient().get_model_version("tqc-admc", "2").tags
     assert v2["promotion"] == "superseded" and v2["superseded_by"] == "1"  # not retagged rejected
 
-    mlflow.MlflowClient().delete_model_version_tag("tqc-admc", "2", "alias_taken_by_hand")  # a rollback made before the tag
-    assert not promote_v2()["promoted"]  # known by v1's alias_set_by_hand and v2's superseded_by
-
     assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "2"]) == 0  # a person's choice again
     assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "1"]) == 0
-    assert "alias_taken_by_hand" in mlflow.MlflowClient().get_model_version("tqc-admc", "2").tags
-    assert "alias_taken_by_hand" not in mlflow.MlflowClient().get_model_version("tqc-admc", "1").tags  # served again
+    client = mlflow.MlflowClient()
+    assert "alias_taken_by_hand.champion" in client.get_model_version("tqc-admc", "2").tags
+    assert "alias_taken_by_hand.champion" not in client.get_model_version("tqc-admc", "1").tags  # served again
+
+    # v3 wins over v1 through the gate; v1's weights win the alias back through the gate; v3 is judged, not refused
+    third, other = tmp_path / "third", BiEncoder.load(tmp_path / "weak")
+    with torch.no_grad():
+        next(other.parameters()).add_(0.01)  # other weights: another version
+    other.save(third)
+    with standalone_run("promote", registry) as tracker:
+        first_three = promote.run(data_dir, third, None, take_anything, tmp_path / "p.json", tracker)
+    assert first_three["champion_version_after"] == "3", first_three["reasons"]
+    with standalone_run("promote", registry) as tracker:
+        assert promote.run(data_dir, tmp_path / "weak", None, take_anything, tmp_path / "p.json", tracker)["promoted"]
+    with standalone_run("promote", registry) as tracker:
+        back = promote.run(data_dir, third, None, take_anything, tmp_path / "p.json", tracker)
+    assert back["challenger_registered_before"] and back["promoted"] and _alias_version() == "3"
+
+    mlflow.MlflowClient().set_model_version_tag("tqc-admc", "3", "alias_taken_by_hand.champion", "2026-01-01T00:00:00+00:00")
+    with standalone_run("promote", registry) as tracker:  # the mark is the champion alias's: another alias judges v3
+        staging = promote.run(data_dir, third, None, take_anything.model_copy(update={"alias": "staging"}),
+                              tmp_path / "s.json", tracker)
+    assert staging["promoted"] and staging["champion_version_after"] == "3"
 
 
 def split_of(directory: Path, train: list[tuple[str, str]], validation: list[tuple[str, str]]) -> Path:

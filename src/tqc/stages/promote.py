@@ -94,8 +94,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     is_champion = champion_version == version  # the same content as the champion: its tags and alias stay
     # A version a person took the alias from (a rollback) found again by its digest, as any re-run of promote on
     # unchanged weights finds it: the gate, which it passed once, would hand the alias back unasked
-    rolled_back = (_taken_by_hand(client, params.model_name, version, alias_holder)
-                   if registered_before and not is_champion else None)
+    rolled_back = _taken_by_hand(client, params, version) if registered_before and not is_champion else None
     # The champion's answers, served otherwise (top_k): no validation gate can tell the two apart, so none judges it
     same_answers = not is_champion and alias_holder is not None and answers == answers_of(
         client, params.model_name, alias_holder, model_dir, data_dir / "catalog.jsonl",
@@ -232,10 +231,11 @@ def set_champion(params: PromoteParams, version: str) -> tuple[str, str | None]:
     _move_alias(client, params, version)
     when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     client.set_model_version_tag(params.model_name, version, "alias_set_by_hand", when)
-    if TAKEN_BY_HAND in chosen.tags:  # served again by a person's choice: a gate may judge it again
-        client.delete_model_version_tag(params.model_name, version, TAKEN_BY_HAND)
+    taken = taken_by_hand_tag(params.alias)
+    if taken in chosen.tags:  # served again by a person's choice: a gate may judge it again
+        client.delete_model_version_tag(params.model_name, version, taken)
     if before is not None:  # the next promote finding it again by its digest must not hand the alias back
-        client.set_model_version_tag(params.model_name, before, TAKEN_BY_HAND, when)
+        client.set_model_version_tag(params.model_name, before, taken, when)
     log.info("set-champion: %s@%s is v%s (was %s), set by hand", params.model_name, params.alias, version,
              f"v{before}" if before else "unset")
     return version, before
@@ -372,18 +372,16 @@ def _validation_predictions(uri: str, validation, catalog: Catalog) -> np.ndarra
     return np.array([catalog.index(c) if c in catalog else -1 for c in served_top1(uri, [q.text for q in validation])])
 
 
-TAKEN_BY_HAND = "alias_taken_by_hand"  # a version's tag: when `tqc set-champion` moved the alias off it
+def taken_by_hand_tag(alias: str) -> str:
+    """A version's tag, one per alias: when `tqc set-champion` moved that alias off it."""
+    return f"alias_taken_by_hand.{alias}"
 
 
-def _taken_by_hand(client, model_name: str, version: str, holder) -> str | None:
-    """When a person moved the alias off `version` (`tqc set-champion`), or None. A rollback made before versions
-    were tagged so is known by the holder: set by hand, and the version it superseded this one."""
-    tags = client.get_model_version(model_name, version).tags
-    if TAKEN_BY_HAND in tags:
-        return tags[TAKEN_BY_HAND]
-    if holder is not None and tags.get("superseded_by") == str(holder.version) and "alias_set_by_hand" in holder.tags:
-        return holder.tags["alias_set_by_hand"]
-    return None
+def _taken_by_hand(client, params: PromoteParams, version: str) -> str | None:
+    """When a person moved `params.alias` off `version` with `tqc set-champion`, or None. (An alias moved in MLflow's
+    own UI or client leaves no such mark, and a rollback made before the tag existed none either: the holder's
+    `alias_set_by_hand` outlives a later gate promotion, so it cannot tell which version a person took it from.)"""
+    return client.get_model_version(params.model_name, version).tags.get(taken_by_hand_tag(params.alias))
 
 
 def _taken_back(decision, version: str, when: str, params: PromoteParams):
