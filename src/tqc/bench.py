@@ -35,6 +35,12 @@ from tqc.training import adamw, gold_indices, parameter_groups, steps_per_epoch
 log = logging.getLogger(__name__)
 
 
+def _in_turn(items, round_index: int):
+    """`items` in order in even rounds and reversed in odd ones: each goes first in every other round, so a slow
+    spell of a loaded machine falls on none of them alone."""
+    return items[:: 1 if round_index % 2 == 0 else -1]
+
+
 def _training_setup(params: Params, data_dir: Path, train_path: Path):
     """The catalog, the training rows, a few validation rows and a fresh model, as stage one would start."""
     seed_everything(params.seed)
@@ -88,7 +94,7 @@ def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("d
     stages = (("stage_one", train_one, full_one), ("stage_two", train_two, full_two))
     seconds: dict[str, list[float]] = {"stage_one": [], "stage_two": []}
     for round_index in range(rounds):
-        for name, train, full_epoch in stages[:: 1 if round_index % 2 == 0 else -1]:
+        for name, train, full_epoch in _in_turn(stages, round_index):
             seconds[name].append(train(common) / steps * full_epoch)
     report = {
         "rows": len(train_rows),
@@ -149,11 +155,10 @@ def passes(params: Params, steps: int, batch_size: int, train_path: Path, rounds
         _optimizer_seconds(model, params.stage_one, steps, fused)
     timings: dict[str, list[float]] = {}
     for round_index in range(rounds):
-        order = 1 if round_index % 2 == 0 else -1  # each setting goes first in every other round
         for pair in pairs:
-            for name, rows, timed in pair[::order]:
+            for name, rows, timed in _in_turn(pair, round_index):
                 timings.setdefault(name, []).append(with_pass_rows(rows, timed))
-        for name, fused in optimizers[::order]:
+        for name, fused in _in_turn(optimizers, round_index):
             timings.setdefault(name, []).append(_optimizer_seconds(model, params.stage_one, steps, fused))
     report = {"rows_per_pass": PASS_ROWS, "batch_size": batch_size, "timed_steps": steps, "encoded_questions": len(texts),
               "rounds": rounds, **{f"{name}_seconds": float(np.median(values)) for name, values in timings.items()}}
@@ -255,16 +260,19 @@ def serving(model_dir: Path, data_dir: Path, prior_path: Path | None, exemplar_k
         matchers[rule].predict(None, pd.DataFrame({"question": texts}), params={"top_k": top_k})
         return time.perf_counter() - started
 
+    def ms_a_question(turns: int, texts_of) -> dict[str, list[float]]:
+        """Each rule's milliseconds a question in each turn, answering `texts_of(turn)`, the rules in turn."""
+        figures = {rule: [] for rule in rules}
+        for turn in range(turns):
+            texts = texts_of(turn)
+            for rule in _in_turn(list(rules), turn):
+                figures[rule].append(answer(rule, texts) * 1000 / len(texts))
+        return figures
+
     for rule in rules:  # warm-up, untimed: the first calls allocate what later ones reuse
         answer(rule, questions[:3])
-    single = {rule: [] for rule in rules}
-    for call in range(calls):
-        for rule in rules if call % 2 == 0 else reversed(list(rules)):
-            single[rule].append(answer(rule, [questions[call % len(questions)]]) * 1000)
-    batched = {rule: [] for rule in rules}
-    for round_ in range(rounds):
-        for rule in rules if round_ % 2 == 0 else reversed(list(rules)):
-            batched[rule].append(answer(rule, batch) * 1000 / batch_size)
+    single = ms_a_question(calls, lambda call: [questions[call % len(questions)]])
+    batched = ms_a_question(rounds, lambda _: batch)
 
     report = {"model": str(model_dir), "catalog_classes": len(matchers["standard"].catalog), "calls": calls,
               "batch_size": batch_size, "rounds": rounds, "exemplar_k": exemplar_k,
