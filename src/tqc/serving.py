@@ -167,7 +167,7 @@ def _encoded_exemplars(model, rows, model_digest: dict | None, exemplars_file: P
 
     if model_digest is None:
         return encode()
-    entry = _sha256({"model": model_digest, "questions": [q.text for q in rows], "code": encoding_code()})
+    slot, entry = _cache_key(model_digest, rows, exemplars_file)
     # The registered entry's slot named the file where it was registered; a version's rows are its own copy, so
     # the entry's key alone says they are the same questions encoded by the same weights and code
     registered = sorted(shipped.glob(f"*-{entry}.safetensors")) if shipped is not None and shipped.is_dir() else []
@@ -179,7 +179,6 @@ def _encoded_exemplars(model, rows, model_digest: dict | None, exemplars_file: P
                                          "exemplars are encoded", shipped)
     if cache_dir is None:
         return encode()
-    slot = _sha256({"model": model_digest, "file": str(Path(exemplars_file).resolve())})[:16]
     path = Path(cache_dir) / f"{slot}-{entry}.safetensors"
     vectors = read(path) if path.exists() else None
     if vectors is not None:
@@ -197,6 +196,14 @@ def _encoded_exemplars(model, rows, model_digest: dict | None, exemplars_file: P
         logging.getLogger(__name__).warning("exemplar cache %s not written (%s): the questions are encoded again next time; "
                                             "--exemplar-cache none skips the cache", cache_dir, exc)
     return vectors
+
+
+def _cache_key(model_digest: dict, rows, exemplars_file: Path) -> tuple[str, str]:
+    """(slot, entry) of `rows` encoded by the weights of `model_digest`: an entry is `{slot}-{entry}.safetensors`. The
+    slot names the model and file, so that a new entry replaces the one it made of the file before; the entry names
+    the weights, the questions themselves and the code that encodes them."""
+    entry = _sha256({"model": model_digest, "questions": [q.text for q in rows], "code": encoding_code()})
+    return _sha256({"model": model_digest, "file": str(Path(exemplars_file).resolve())})[:16], entry
 
 
 EXEMPLAR_CACHE_ENTRIES = 16  # models × exemplar files whose vectors `tqc predict` keeps, the ones used last
@@ -436,7 +443,8 @@ def answers_digest(model_dir: Path, catalog_path: Path, config: dict, prior_entr
 
 
 def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, top_k: int,
-             exemplars: tuple[Path, int] | None = None, trained_on: set[str] | None = None) -> tuple[str, bool, str]:
+             exemplars: tuple[Path, int] | None = None, trained_on: set[str] | None = None,
+             encoded_in: Path | None = None) -> tuple[str, bool, str]:
     """The registry version serving exactly this content → (version, whether it was there already, its answers digest).
 
     A `dvc repro` that re-runs promote without changing the model (a code or report change
@@ -444,6 +452,8 @@ def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model
     `exemplars`: (labeled questions JSONL, k) to serve the exemplar rule; `prior_path` is then None.
     `trained_on`: the `question_hash`es of what the model learnt from, kept with a new version (`TRAINED_ON`); a
     version found registered keeps the record it was registered with.
+    `encoded_in`: an exemplar cache folder where these weights may have encoded the exemplar rows already (promote's
+    choice of rule under auto): a new version's vectors are taken from there rather than encoded again.
     """
     client = mlflow.MlflowClient()
     config, entry, exemplar_rows = _served_content(model_dir, prior_path, top_k, exemplars)
@@ -463,7 +473,8 @@ def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model
                 client.set_model_version_tag(model_name, version.version, ANSWERS_TAG, answers)
         return str(min(int(v.version) for v in existing)), True, answers
     tags = {DIGEST_TAG: digest, ANSWERS_TAG: answers, "rule": config.get("rule", "standard"), **_prior_tags(entry)}
-    return log_and_register(model_dir, catalog_path, prior_path, model_name, config, exemplars, tags, trained_on), False, answers
+    return (log_and_register(model_dir, catalog_path, prior_path, model_name, config, exemplars, tags, trained_on,
+                             encoded_in), False, answers)
 
 
 def question_hash(text: str) -> str:
@@ -589,11 +600,12 @@ def _prior_tags(entry: dict | None) -> dict[str, str]:
 
 def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model_name: str, config: dict,
                      exemplars: tuple[Path, int] | None = None, tags: dict[str, str] | None = None,
-                     trained_on: set[str] | None = None) -> str:
+                     trained_on: set[str] | None = None, encoded_in: Path | None = None) -> str:
     """Log the model in the active run and register it, serving with `config` (`_model_config`); returns the new version.
 
     `tags` are the version's from its creation on: a version without its content digest, which a retry would then
-    not find and register again, never exists. `trained_on`: `question_hash`es, kept as the `TRAINED_ON` artifact."""
+    not find and register again, never exists. `trained_on`: `question_hash`es, kept as the `TRAINED_ON` artifact.
+    `encoded_in`: an exemplar cache folder that may hold the exemplar rows' vectors (`register`)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="tqc-trained-on-") as scratch:
@@ -601,7 +613,8 @@ def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | Non
         if trained_on is not None:
             artifacts[TRAINED_ON] = str(_write_record(Path(scratch), trained_on))
         if exemplars is not None:
-            artifacts[EXEMPLAR_VECTORS] = str(_registered_vectors(model_dir, exemplars[0], Path(scratch) / EXEMPLAR_VECTORS))
+            artifacts[EXEMPLAR_VECTORS] = str(_registered_vectors(model_dir, exemplars[0], Path(scratch) / EXEMPLAR_VECTORS,
+                                                                  encoded_in))
         with warnings.catch_warnings():
             # The signature is given (`_log_served_model`); an input example would also run the model once as it is logged
             warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
@@ -612,15 +625,24 @@ def log_and_register(model_dir: Path, catalog_path: Path, prior_path: Path | Non
 EXEMPLAR_VECTORS = "exemplar_vectors"  # a version's artifact: its exemplar rows encoded by its weights, as a cache entry
 
 
-def _registered_vectors(model_dir: Path, exemplars_file: Path, folder: Path) -> Path:
+def _registered_vectors(model_dir: Path, exemplars_file: Path, folder: Path, encoded_in: Path | None = None) -> Path:
     """`folder` holding `exemplars_file`'s rows encoded by the model in `model_dir`, keyed as the exemplar cache keys
     them: a server loading the version reads them rather than encode every row at each start (a minute for TREC-6's
-    4,816 on a 2-core CPU), and encodes them after all where its weights, rows or encoding code differ."""
+    4,816 on a 2-core CPU), and encodes them after all where its weights, rows or encoding code differ. Only this
+    key's entry of `encoded_in` is taken, and read as any cache entry is (its shape checked), so nothing else in that
+    folder is registered."""
+    import shutil
+
     from tqc.exemplars import load_exemplars
     from tqc.model.encoder import BiEncoder
 
-    digest = folder_digest(model_dir)
-    _encoded_exemplars(BiEncoder.load(model_dir).eval(), load_exemplars(exemplars_file), digest, exemplars_file, folder)
+    digest, rows = folder_digest(model_dir), load_exemplars(exemplars_file)
+    slot, entry = _cache_key(digest, rows, exemplars_file)
+    encoded = Path(encoded_in) / f"{slot}-{entry}.safetensors" if encoded_in is not None else None
+    if encoded is not None and encoded.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(encoded, folder / encoded.name)
+    _encoded_exemplars(BiEncoder.load(model_dir).eval(), rows, digest, exemplars_file, folder)
     return folder
 
 

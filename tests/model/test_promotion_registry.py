@@ -419,12 +419,24 @@ def test_a_version_serving_the_exemplar_rule_loads_the_vectors_registered_with_i
     pd.testing.assert_frame_equal(matcher.predict(None, questions, params={"top_k": 2}), served)
 
 
-def test_rule_auto_serves_the_rule_right_more_often_on_validation_and_says_so(tiny_model_dir, data_dir, tmp_path, registry):
+def test_rule_auto_serves_the_rule_right_more_often_on_validation_and_says_so(tiny_model_dir, data_dir, tmp_path, registry,
+                                                                               monkeypatch):
     """The shift sends every question to NUM under the standard rule, so validation prefers the exemplar rule: the
-    version registered serves it, and the gate's answers (through the registry) are the ones that chose it."""
+    version registered serves it, and the gate's answers (through the registry) are the ones that chose it. The
+    exemplar rows are encoded once: the version registers the vectors its choice encoded."""
     import mlflow
 
     from tqc.io import write_json
+    from tqc.model.encoder import TextEncoder
+
+    encoded = []
+    real = TextEncoder.encode
+
+    def counting(self, texts, batch_size=256, description="encoding"):
+        encoded.append(description)
+        return real(self, texts, batch_size, description)
+
+    monkeypatch.setattr(TextEncoder, "encode", counting)
 
     models = tmp_path / "models"
     model_dir = untrained(tiny_model_dir, models / "stage_two")
@@ -446,6 +458,7 @@ def test_rule_auto_serves_the_rule_right_more_often_on_validation_and_says_so(ti
     assert report["validation"]["challenger_accuracy"] == pytest.approx(chose["exemplars_accuracy"])  # what the registry serves
     assert mlflow.MlflowClient().get_model_version("tqc-admc", report["challenger_version"]).tags["rule"] == "exemplars"
     assert json.loads((tmp_path / "p.json").read_text())["rule_on_validation"] == chose
+    assert encoded.count("encoding exemplars") == 1  # twice before: once to choose the rule, once to register them
 
 
 def test_under_auto_a_refresh_that_would_change_a_standard_champions_rule_must_win(tiny_model_dir, data_dir, tmp_path,
@@ -477,7 +490,7 @@ def test_under_auto_a_refresh_that_would_change_a_standard_champions_rule_must_w
 def test_rule_auto_keeps_the_standard_rule_on_a_tie_and_with_nothing_to_judge(monkeypatch, tmp_path):
     questions = [LabeledQuestion("what is a", "DESC"), LabeledQuestion("who is b", "HUM")]
     answers = {"standard": ["DESC", "LOC"], "exemplars": ["DESC", "LOC"]}
-    monkeypatch.setattr(promote, "_local_top1", lambda model_dir, data_dir, prior_path, exemplars, asked:
+    monkeypatch.setattr(promote, "_local_top1", lambda model_dir, data_dir, prior_path, exemplars, asked, *cache:
                         np.array(answers["exemplars" if exemplars else "standard"]))
     assert promote._served_rule("auto", tmp_path, tmp_path, None, 2, questions)[0] == "standard"  # 0.5 against 0.5
     answers["exemplars"] = ["DESC", "HUM"]

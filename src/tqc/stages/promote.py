@@ -79,11 +79,13 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     validation = load_questions(data_dir / "validation.jsonl")
     # A refresh is the exemplar rule by what it is (the champion's encoder, grown exemplars, no prior stage), whatever
     # the params of the run that judges it say: a retrain run judging the last run's refresh may train, with `standard`
-    rule, rule_figures = _served_rule("exemplars" if refresh else params.rule, model_dir, data_dir, prior_path, exemplar_k,
-                                      _unseen(validation, learnt, champion_learnt))
-    exemplars = (data_dir / "train.jsonl", exemplar_k) if rule == "exemplars" else None
-    version, registered_before, answers = register(model_dir, data_dir / "catalog.jsonl", None if exemplars else prior_path,
-                                          params.model_name, params.top_k, exemplars, trained_on=record)
+    with tempfile.TemporaryDirectory(prefix="tqc-promote-exemplars-") as encoded:  # auto's choice encodes them once
+        rule, rule_figures = _served_rule("exemplars" if refresh else params.rule, model_dir, data_dir, prior_path,
+                                          exemplar_k, _unseen(validation, learnt, champion_learnt), Path(encoded))
+        exemplars = (data_dir / "train.jsonl", exemplar_k) if rule == "exemplars" else None
+        version, registered_before, answers = register(model_dir, data_dir / "catalog.jsonl",
+                                                       None if exemplars else prior_path, params.model_name, params.top_k,
+                                                       exemplars, trained_on=record, encoded_in=Path(encoded))
     if unreadable is not None and champion_version != version:
         raise ChampionUnavailable(
             f"{params.model_name} v{champion_version}, the champion, cannot be read ({type(unreadable).__name__}: "
@@ -159,21 +161,23 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
 
 
 def _served_rule(asked: str, model_dir: Path, data_dir: Path, prior_path: Path | None, exemplar_k: int,
-                 questions: list[LabeledQuestion]) -> tuple[str, dict | None]:
+                 questions: list[LabeledQuestion], exemplar_cache: Path | None = None) -> tuple[str, dict | None]:
     """The rule the challenger serves, and with `promote.rule` auto what chose it: each rule's accuracy on the
     validation questions the gate judges on (neither model learnt from them), each answered by the code the registry
     serves (the standard questions with the class-prior shift, the exemplar rule without one). The exemplar rule must
     be right more often to be chosen: a tie keeps the method's own rule. (Validation also chose the checkpoint and
     fitted the shift, which the standard rule alone uses, so the comparison leans its way, and a choice of exemplars
     is firm.) The gate then judges the better of two on the questions that chose it, so under auto its figure for the
-    challenger leans a little high; the report gives both rules' figures."""
+    challenger leans a little high; the report gives both rules' figures. `exemplar_cache`: where the exemplar rule's
+    encoded rows are kept for the registration that follows."""
     if asked != "auto":
         return asked, None
     if not questions:
         log.warning("promote: rule auto, and no validation question is left to choose by: the standard-question rule")
         return "standard", {"asked": "auto", "n": 0, "standard_accuracy": None, "exemplars_accuracy": None}
     gold = np.array([q.class_id for q in questions])
-    accuracy = {rule: float(np.mean(_local_top1(model_dir, data_dir, prior_path, exemplars, questions) == gold))
+    accuracy = {rule: float(np.mean(_local_top1(model_dir, data_dir, prior_path, exemplars, questions,
+                                                exemplar_cache) == gold))
                 for rule, exemplars in (("standard", None), ("exemplars", (data_dir / "train.jsonl", exemplar_k)))}
     chosen = "exemplars" if accuracy["exemplars"] > accuracy["standard"] else "standard"
     log.info("promote: rule auto: the %s rule (validation accuracy: standard questions %.4f, exemplar rule %.4f, "
@@ -183,13 +187,14 @@ def _served_rule(asked: str, model_dir: Path, data_dir: Path, prior_path: Path |
 
 
 def _local_top1(model_dir: Path, data_dir: Path, prior_path: Path | None, exemplars: tuple[Path, int] | None,
-                questions: list[LabeledQuestion]) -> np.ndarray:
+                questions: list[LabeledQuestion], exemplar_cache: Path | None = None) -> np.ndarray:
     """(N,) each question's first answer (a class id) from the matcher a version would serve, loaded locally."""
     import pandas as pd
 
     from tqc.serving import local_matcher
 
-    matcher = local_matcher(model_dir, data_dir / "catalog.jsonl", 1, None if exemplars else prior_path, exemplars)
+    matcher = local_matcher(model_dir, data_dir / "catalog.jsonl", 1, None if exemplars else prior_path, exemplars,
+                            exemplar_cache)
     answers = matcher.predict(None, pd.DataFrame({"question": [q.text for q in questions]}), params={"top_k": 1})
     return answers[answers["rank"] == 1]["class_id"].to_numpy()  # in question order
 
