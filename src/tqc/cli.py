@@ -104,8 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("questions", nargs="*", help="questions to match")
     predict.add_argument("--file", type=Path, help="more questions: plain text, one a line ('-': standard input), or a "
                          ".csv (with a header) or .jsonl file, read from its --column")
-    predict.add_argument("--column", default="text", help="with a .csv or .jsonl --file: the column holding the questions "
-                         "(default 'text', data.custom.text_column's default)")
+    predict.add_argument("--column", default=None, help="with a .csv or .jsonl --file: the column holding the questions "
+                         f"(default {DEFAULT_QUESTION_COLUMN!r}, data.custom.text_column's default); refused with any "
+                         "other --file, which is read a question a line")
     predict.add_argument("--model", default="models/stage_two",
                          help="a trained model folder (default models/stage_two), or a registered version as the registry "
                               "serves it, with its own catalog, shift or exemplars: models:/NAME@ALIAS (e.g. "
@@ -520,16 +521,22 @@ def _scored(numbered: list[tuple[int, str]], where: str, others: str) -> list[st
     return [text.strip() for _, text in numbered if normalise(text)]
 
 
-def _question_file_lines(path: Path, column: str) -> list[tuple[int, str]]:
+DEFAULT_QUESTION_COLUMN = "text"
+
+
+def _question_file_lines(path: Path, column: str | None) -> list[tuple[int, str]]:
     """(line, text) of `--file`: a .csv or .jsonl file's `column` (never its header or raw JSON as questions), else
     each line, stdin's for `-`."""
     from tqc.readers import TABLE_SUFFIXES, MissingColumns, ReaderError, decode_bytes, read_texts, split_lines
 
     if str(path) != "-" and path.suffix.lower() in TABLE_SUFFIXES:
         try:
-            return read_texts(path, column)
+            return read_texts(path, column or DEFAULT_QUESTION_COLUMN)
         except MissingColumns as exc:  # a CSV's header, a JSONL record
             raise ConfigError(f"{exc}: --column names the column holding the questions") from None
+    if column is not None:  # else a table piped in would have its header and every raw line answered as questions
+        raise ConfigError(f"--column {column!r}: --file {path} is read a question a line, so it has no columns; "
+                          "only a --file ending .csv or .jsonl is read as a table (save stdin to one)")
     if str(path) == "-":
         name, raw = "stdin", sys.stdin.buffer.read()  # bytes: the locale's decoder would let bad bytes through or crash
     elif not path.is_file():

@@ -215,7 +215,7 @@ def read_trec(path: Path, granularity: str) -> ReadResult:
 
 
 def _csv_records(path: Path, header: bool = False) -> list[tuple[int, list[str]]]:
-    """(line number of the record's start, fields) for every CSV record; quoted newlines kept."""
+    """(line number of the record's start, fields) for every CSV record but blank lines; quoted newlines kept."""
     text = _stray_carriage_returns_as_spaces(decode_file(path), path, header)
     if not text.strip():
         raise ReaderError(f"{path}: file is empty")
@@ -224,11 +224,12 @@ def _csv_records(path: Path, header: bool = False) -> list[tuple[int, list[str]]
     # strict: a stray quote (`"Jaws" was directed by whom?`, or one never closed) is an error naming its
     # line, where the lenient default would drop the quotes or swallow the next rows into one field.
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-    records = []
+    records, lines = [], io.StringIO(text, newline="").readlines()  # the lines as the reader counts them
     try:
         line_number = reader.line_num + 1
         for fields in reader:
-            records.append((line_number, fields))
+            if not _blank(fields, lines[line_number - 1:reader.line_num]):
+                records.append((line_number, fields))
             line_number = reader.line_num + 1
     except csv.Error as exc:
         if reader.line_num == line_number:
@@ -284,10 +285,11 @@ def _lines_end_in_lf(text: str, lone_crs: int, header: bool) -> bool:
     return text.count("\n") >= lone_crs
 
 
-def _blank(fields: list[str]) -> bool:
-    """A blank line (no field, or one of only spaces) is not a record. A record of empty fields (`,`)
-    is one, and is judged (quarantined) like any other: skipping it would lose a row silently."""
-    return len(fields) <= 1 and not "".join(fields).strip()
+def _blank(fields: list[str], lines: list[str]) -> bool:
+    """A blank line (no field, or one of only spaces) is not a record. A record of empty fields (`,`), or of an
+    empty quoted one (`""`, `"  "`: the same fields as a blank line, so its `lines` tell), is one, and is judged
+    (quarantined) like any other: skipping it would lose a row silently."""
+    return len(fields) <= 1 and not "".join(fields).strip() and not any('"' in line for line in lines)
 
 
 def row_as_csv(row: LabeledQuestion) -> str:
@@ -303,13 +305,14 @@ def _as_csv(fields: list[str]) -> str:
     return buffer.getvalue()
 
 
-def _swallowed_rows(fields: list[str], columns: int, start_line: int, label_index: int, labels: set[str]) -> str:
+def _swallowed_rows(fields: list[str], columns: int, start_line: int, label_index: int, labels: OneLineLabels) -> str:
     """Why a record looks like rows swallowed by a quote never closed ("" when it does not): a line inside one of its
-    quoted fields reads as a whole row of `columns` cells whose label cell is a label the file's one-line rows use, or
-    a single word as labels and class ids are (`What does LOL mean?,DESC`; a catalog's `B,What is b?`). csv's strict
-    mode catches a stray quote only where a letter follows it; one that a comma follows (`a pizza of 12",NUM`) closes
-    a field that began rows earlier, and every row between would become one question with the last one's label. A
-    real question over two lines (`"Hi, I have a fever\nshould I get tested?"`) has words, not a label, there."""
+    quoted fields reads as a whole row of `columns` cells whose label cell is a label the file's one-line rows use
+    (`What does LOL mean?,DESC`), or, in a file whose labels never repeat (a catalog's class ids: `B,What is b?`), a
+    single word as ids are. csv's strict mode catches a stray quote only where a letter follows it; one that a comma
+    follows (`a pizza of 12",NUM`) closes a field that began rows earlier, and every row between would become one
+    question with the last one's label. A real question over two lines (`"Hi, there\nI lost my card"`) has a word
+    there that no row of a file of labeled questions ends in."""
     lines_before = 0
     for field in fields:
         segments = field.split("\n")
@@ -318,7 +321,7 @@ def _swallowed_rows(fields: list[str], columns: int, start_line: int, label_inde
             if len(cells) != columns or not all(cell.strip() for cell in cells):
                 continue
             label = cells[label_index].strip()
-            if label in labels or len(label.split()) == 1:
+            if label in labels.seen or (not labels.repeat and len(label.split()) == 1):
                 end = start_line + sum(f.count("\n") for f in fields)
                 return (f"a quoted field runs from line {start_line} to {end}, and its line {start_line + lines_before + number} "
                         f"reads as a row of its own ({segment!r}): a quote never closed? (rejected, not read as one question)")
@@ -326,10 +329,19 @@ def _swallowed_rows(fields: list[str], columns: int, start_line: int, label_inde
     return ""
 
 
-def _one_line_labels(records: list[tuple[int, list[str]]], columns: int, label_index: int) -> set[str]:
-    """The labels of the records that fit on one line: what a swallowed row would end in."""
-    return {fields[label_index].strip() for _, fields in records
-            if len(fields) == columns and not any("\n" in field for field in fields)}
+@dataclass(frozen=True)
+class OneLineLabels:
+    """The labels of a file's records that fit on one line, what a swallowed row would end in; `repeat`: whether one
+    of them labels two records, as labeled questions' do and a catalog's class ids never do."""
+
+    seen: frozenset[str]
+    repeat: bool
+
+
+def _one_line_labels(records: list[tuple[int, list[str]]], columns: int, label_index: int) -> OneLineLabels:
+    labels = [fields[label_index].strip() for _, fields in records
+              if len(fields) == columns and not any("\n" in field for field in fields)]
+    return OneLineLabels(frozenset(labels), len(set(labels)) < len(labels))
 
 
 def read_headerless_pairs(path: Path) -> ReadResult:
@@ -338,8 +350,6 @@ def read_headerless_pairs(path: Path) -> ReadResult:
     records = _csv_records(path)
     labels = _one_line_labels(records, 2, 1)
     for line_number, fields in records:
-        if _blank(fields):
-            continue
         swallowed = _swallowed_rows(fields, 2, line_number, 1, labels)
         if swallowed:
             result.rejected.append(RejectedRow(str(path), line_number, swallowed, _as_csv(fields)))
@@ -429,7 +439,7 @@ def _encodable(text: str) -> bool:
 def _csv_dict_records(path: Path, columns: list[str]) -> list[tuple[int, dict | _Unusable, list[str]]]:
     """(line, record or the reason it is unusable, its fields, which `_as_csv` writes out for a rejected one) for each
     data row. A header without one of `columns` is an error about the header, not a rejection of every row."""
-    records = [(line_number, fields) for line_number, fields in _csv_records(path, header=True) if not _blank(fields)]
+    records = _csv_records(path, header=True)
     if not records:
         raise ReaderError(f"{path}: file is empty")
     header_line, header = records[0][0], [h.strip() for h in records[0][1]]  # the first record that is not blank
@@ -443,7 +453,7 @@ def _csv_dict_records(path: Path, columns: list[str]) -> list[tuple[int, dict | 
     rows = []
     # a label column to tell rows swallowed by an unclosed quote from a question over several lines (none: texts only)
     label_index = header.index(columns[1]) if len(columns) > 1 else None
-    labels = _one_line_labels(records[1:], len(header), label_index) if label_index is not None else set()
+    labels = _one_line_labels(records[1:], len(header), label_index) if label_index is not None else None
     for line_number, fields in records[1:]:
         swallowed = _swallowed_rows(fields, len(header), line_number, label_index, labels) if label_index is not None else ""
         if swallowed:

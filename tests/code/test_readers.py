@@ -550,11 +550,31 @@ def test_rows_swallowed_by_a_quote_that_a_comma_closes_are_rejected_not_read_as_
     fever.write_text('question,label\nwho is it,Testing\n"Hi, I have a fever\nshould I get tested?",Testing\n')
     result = read_table(fever, "question", "label")
     assert [q.text for q in result.rows] == ["who is it", "Hi, I have a fever\nshould I get tested?"] and not result.rejected
+    # ... or a single word after it, as a greeting has: in a file whose labels repeat, only a label they use marks a
+    # swallowed row (it quarantined these as "a quote never closed?", and two such rows in 20 stopped ingest)
+    greetings = tmp_path / "greetings.csv"
+    greetings.write_text('text,label\nwho is it,billing\nhow do I pay,billing\n"Hi, there\nI lost my card, what now?",lost\n'
+                         '"Hello, team\nhow do I pay my bill?",billing\n')
+    result = read_table(greetings, "text", "label")
+    assert [q.source for q in result.rows] == [f"{greetings}:{line}" for line in (2, 3, 4, 6)] and not result.rejected
     # a catalog: each class id once, so no one-line row names a swallowed line's id; ids are single words
     catalog = tmp_path / "catalog.csv"
     catalog.write_text('class_id,text\nA,"What is the quoted start\nB,What is b?\nC,What is a 12"\nD,What is d?\n')
     with pytest.raises(ReaderError, match=r"catalog.csv, line 2: .*a quoted field runs from line 2 to 4"):
         read_catalog_file(catalog, "class_id", "text")
+
+
+def test_a_record_of_an_empty_quoted_field_is_a_row_rejected_not_a_blank_line_skipped(tmp_path):
+    """`""` and `"  "` read as the fields a blank line reads as; they were skipped with no trace, and not counted."""
+    table = tmp_path / "table.csv"
+    table.write_text('text,label\nwhere is it,LOC\n""\n\n   \n"  "\nwho is it,HUM\n')
+    result = read_table(table, "text", "label")
+    assert [q.source for q in result.rows] == [f"{table}:2", f"{table}:7"]
+    assert [(r.line, r.reason) for r in result.rejected] == [(3, "expected 2 columns as in the header, found 1"),
+                                                              (6, "expected 2 columns as in the header, found 1")]
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text('where is it,LOC\n""\n\n')
+    assert [r.line for r in read_headerless_pairs(pairs).rejected] == [2]
 
 
 def test_a_rejected_records_content_keeps_its_quoting(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -66,7 +67,8 @@ def test_predict_without_a_model_or_questions_is_a_clear_error(tmp_path, capsys)
     assert "utf16-no-mark.txt: a quarter or more of its bytes are NUL" in capsys.readouterr().err
 
 
-def test_a_csv_or_jsonl_file_gives_its_question_column_not_its_header_or_raw_json(tiny_model_dir, tmp_path, capsys, caplog):
+def test_a_csv_or_jsonl_file_gives_its_question_column_not_its_header_or_raw_json(tiny_model_dir, tmp_path, capsys, caplog,
+                                                                                  monkeypatch):
     tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
     CATALOG.save(tmp_path / "catalog.jsonl")
     (tmp_path / "batch.csv").write_text("utterance,intent\nwhere is paris,loc\nwho wrote it,hum\n")
@@ -92,6 +94,18 @@ def test_a_csv_or_jsonl_file_gives_its_question_column_not_its_header_or_raw_jso
     (tmp_path / "odd.jsonl").write_text('{"utterance": "fine"}\n{"utterance": 3}\n')
     assert main(ask + ["--file", str(tmp_path / "odd.jsonl")]) == 2
     assert "odd.jsonl, line 2: 'utterance' is a JSON int, not a string" in capsys.readouterr().err
+
+    # A table piped in, or in a file of another ending, is read a question a line: its header and each raw row would
+    # be answered as questions, so a --column asked for is refused, not ignored
+    (tmp_path / "batch.tsv").write_text("utterance\tintent\nwhere is paris\tloc\n")
+    assert main(ask + ["--file", str(tmp_path / "batch.tsv")]) == 2
+    assert (f"--column 'utterance': --file {tmp_path / 'batch.tsv'} is read a question a line, so it has no columns"
+            in capsys.readouterr().err)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"utterance,intent\nwhere is paris,loc\n")))
+    assert main(ask + ["--file", "-"]) == 2
+    assert "--column 'utterance': --file - is read a question a line" in capsys.readouterr().err
+    assert main(ask[:-2] + ["--file", str(tmp_path / "batch.tsv")]) == 0  # no --column: its lines, as asked
+    assert len(capsys.readouterr().out.splitlines()) == 2
 
 
 def test_top_k_beyond_the_catalog_gives_every_standard_question_once(tiny_model_dir, tmp_path, capsys):
