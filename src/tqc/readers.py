@@ -397,8 +397,10 @@ def read_table(path: Path, text_column: str, label_column: str, source_column: s
 
 def _unusable_values(record: dict, text_column: str, label_column: str, source_column: str | None) -> str:
     """Why a parsed record's values cannot be a row ("" when they can). JSON values must be what a
-    CSV cell would hold: a string (null: empty) or, for the label, an integer id. Anything else
-    (1.0, true, NaN, a list) is refused rather than turned into a class named "1.0" or "True"."""
+    CSV cell would hold: a string (null: empty) or, for the label, an integer id, or a whole number written as a float
+    (`3.0`: pandas writes an integer column that holds a missing value so), read as a CSV's `3.0` is, which takes the
+    catalog's `3` where there is one. Anything else (2.5, true, a list) is refused rather than turned into a class
+    named "2.5" or "True"."""
     missing = [c for c in (text_column, label_column, source_column) if c is not None and c not in record]
     if missing:
         return f"{_missing_columns(missing)}: the record has {list(record)}"
@@ -406,8 +408,9 @@ def _unusable_values(record: dict, text_column: str, label_column: str, source_c
         if column is not None and not isinstance(record[column], (str, type(None))):
             return f"{column!r} is a JSON {type(record[column]).__name__}, not a string"
     label = record[label_column]
-    if isinstance(label, bool) or not isinstance(label, (str, int, type(None))):
-        return f"label {label_column!r} is a JSON {type(label).__name__} ({label!r}), not a string or integer"
+    whole_float = isinstance(label, float) and label.is_integer()
+    if isinstance(label, bool) or not (isinstance(label, (str, int, type(None))) or whole_float):
+        return f"label {label_column!r} is a JSON {type(label).__name__} ({label!r}), not a string or a whole number"
     for column in (text_column, label_column, source_column):
         if column is not None and isinstance(record[column], str) and not _encodable(record[column]):
             return f"{column!r} holds a lone surrogate (a JSON \\ud800-\\udfff escape that is half a pair), not text"

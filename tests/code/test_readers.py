@@ -600,19 +600,21 @@ def test_jsonl_values_must_be_what_a_csv_cell_holds(tmp_path):
     path = tmp_path / "values.jsonl"
     path.write_text("\n".join([
         '{"text": "integer id", "label": 3}',
-        '{"text": "float", "label": 1.0}',
+        '{"text": "float", "label": 1.5}',
         '{"text": "boolean", "label": true}',
         '{"text": "list", "label": ["a"]}',
         '"just a string"',
         '{"text": 0, "label": "a"}',
         "[" * 100_000,
+        '{"text": "a whole float, as pandas writes an integer column with a gap", "label": 4.0}',
+        '{"text": "a whole float, as JSON may spell it", "label": 5e0}',
     ]) + "\n")
     result = read_table(path, "text", "label")
-    assert [(q.text, q.class_id) for q in result.rows] == [("integer id", "3")]
+    assert [q.class_id for q in result.rows] == ["3", "4.0", "5.0"]  # as a CSV holds them: 4.0 takes a catalog's 4
     assert [(r.line, r.reason) for r in result.rejected] == [
-        (2, "label 'label' is a JSON float (1.0), not a string or integer"),
-        (3, "label 'label' is a JSON bool (True), not a string or integer"),
-        (4, "label 'label' is a JSON list (['a']), not a string or integer"),
+        (2, "label 'label' is a JSON float (1.5), not a string or a whole number"),
+        (3, "label 'label' is a JSON bool (True), not a string or a whole number"),
+        (4, "label 'label' is a JSON list (['a']), not a string or a whole number"),
         (5, "not a JSON object"),
         (6, "'text' is a JSON int, not a string"),
         (7, "not valid JSON: nested too deeply"),
