@@ -223,12 +223,13 @@ def _csv_records(path: Path, header: bool = False) -> list[tuple[int, list[str]]
     csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
     # strict: a stray quote (`"Jaws" was directed by whom?`, or one never closed) is an error naming its
     # line, where the lenient default would drop the quotes or swallow the next rows into one field.
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-    records, lines = [], io.StringIO(text, newline="").readlines()  # the lines as the reader counts them
+    lines = _RecordLines(text)
+    reader = csv.reader(lines, strict=True)
+    records = []
     try:
         line_number = reader.line_num + 1
         for fields in reader:
-            if not _blank(fields, lines[line_number - 1:reader.line_num]):
+            if not _blank(fields, lines.taken()):
                 records.append((line_number, fields))
             line_number = reader.line_num + 1
     except csv.Error as exc:
@@ -283,6 +284,28 @@ def _lines_end_in_lf(text: str, lone_crs: int, header: bool) -> bool:
     if header and after_header is not None:
         return "\n" in after_header.group()
     return text.count("\n") >= lone_crs
+
+
+class _RecordLines:
+    """A text's lines as csv.reader takes them, keeping those of the record it is reading: a blank line and a record
+    of one empty quoted field have the same fields, and only their lines tell them apart (the text is not held a
+    second time as a list of lines)."""
+
+    def __init__(self, text: str):
+        self._lines, self._taken = io.StringIO(text, newline=""), []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        line = next(self._lines)
+        self._taken.append(line)
+        return line
+
+    def taken(self) -> list[str]:
+        """The lines taken since the last call: the record just read."""
+        taken, self._taken = self._taken, []
+        return taken
 
 
 def _blank(fields: list[str], lines: list[str]) -> bool:
