@@ -361,7 +361,8 @@ def _evaluate(args: argparse.Namespace, params: Params) -> None:
     with stage_run("evaluate", params, [args.data, args.train, args.stage_one, args.stage_two, args.nc]) as tracker:
         metrics = evaluate.run(args.data, args.train, models, args.prior, params, args.metrics, args.classes,
                                args.plots, args.predictions)
-        tracker.log_metrics(metrics)
+        # not `run`: its params are the stage's MLflow params already, and as metrics they would crowd the figures
+        tracker.log_metrics({key: value for key, value in metrics.items() if key != "run"})
         for artifact in (args.metrics, args.classes, args.plots, args.validation_report):
             if artifact is not None:
                 tracker.log_artifact(artifact)

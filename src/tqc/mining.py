@@ -17,6 +17,7 @@ from importlib import metadata
 import numpy as np
 import torch
 
+from tqc.metrics import DivergedScores
 from tqc.model.similarity import WEIGHT_FREE, scores_directions_only
 
 log = logging.getLogger(__name__)
@@ -146,9 +147,25 @@ def mine(questions: np.ndarray, standards: np.ndarray, gold: np.ndarray, k: int,
                  "mining chooses no subset; a smaller K makes it choose", k,
                  " for a question of the largest group of classes sharing a standard question" if own_group > 1 else "",
                  "such a question" if own_group > 1 else "each question")
+    _require_finite(questions, "training question")
+    _require_finite(standards, "standard question")
     similarities, neighbours = nearest(questions, standards, min(k + own_group, n_classes), similarity, scorer)
+    if (neighbours < 0).any():  # FAISS's "no neighbour" (-1) would index the catalog's last class, perhaps the gold
+        rows = np.flatnonzero((neighbours < 0).any(axis=1))
+        raise DivergedScores(f"mining found fewer than {neighbours.shape[1]} standard questions for {rows.size} training "
+                             f"question(s) (rows {rows[:5].tolist()} first): their scores are not finite")
     negatives = exclude_gold(neighbours, gold, k, groups)
     return negatives, statistics(similarities, neighbours, negatives, gold)
+
+
+def _require_finite(vectors: np.ndarray, what: str) -> None:
+    """A NaN or inf vector (a model diverged on some inputs) scores nothing: FAISS gives it no neighbour (-1), which
+    would be written as the catalog's last class, so it is an error naming the rows (0-based: negatives.jsonl's `row`
+    for training questions, the catalog's order for standard questions)."""
+    rows = np.flatnonzero(~np.isfinite(vectors).all(axis=1))
+    if rows.size:
+        raise DivergedScores(f"{rows.size} {what} vector(s) hold NaN or inf (rows {rows[:5].tolist()} first): the model "
+                             "diverged on them, so no negative can be mined; train it again (a lower learning rate)")
 
 
 def statistics(similarities: np.ndarray, neighbours: np.ndarray, negatives: np.ndarray, gold: np.ndarray) -> dict:

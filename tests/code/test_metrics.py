@@ -102,3 +102,20 @@ def test_one_seed_has_no_spread_rather_than_a_spread_of_zero():
 
     assert seed_std([0.9]) is None
     assert seed_std([0.9, 0.8]) == pytest.approx(0.1 / 2 ** 0.5)
+
+
+def test_plot_tables_quote_class_ids_holding_commas_quotes_and_line_breaks(tmp_path):
+    """A quoted catalog id may hold any of them; joined by hand, the confusion table's rows were cut in two."""
+    import csv
+
+    from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+    from tqc.stages.evaluate import _write_confusion
+
+    ids = ["a\nb", "c,d", 'e"f', "g\rh", "plain"]
+    catalog = Catalog([StandardQuestion(class_id, f"What is {i}?") for i, class_id in enumerate(ids)])
+    questions = [LabeledQuestion(f"q{i}", class_id) for i, class_id in enumerate(ids)]
+    scores = np.eye(len(ids))[::-1]  # (N, P): each question predicted as the class at the other end
+    _write_confusion(tmp_path / "confusion.csv", scores, questions, catalog)
+    with open(tmp_path / "confusion.csv", encoding="utf-8", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(row["actual"], row["predicted"]) for row in rows] == list(zip(ids, ids[::-1]))

@@ -42,6 +42,18 @@ def test_k_above_the_wrong_class_count_is_capped():
     assert all(sorted(row) == [1, 2, 3] for row in negatives.tolist())  # every wrong class, gold (0) never
 
 
+@pytest.mark.parametrize("broken", ["questions", "standards"])
+def test_a_vector_that_is_not_finite_is_an_error_naming_its_row_not_a_mined_class(broken):
+    """FAISS returns -1, "no neighbour", for a NaN vector; written as catalog.class_ids[-1] it was the last class,
+    at times the question's own gold."""
+    from tqc.metrics import DivergedScores
+
+    vectors = {"questions": random_unit(5, 8, 8), "standards": random_unit(3, 8, 9)}
+    vectors[broken][1] = np.nan
+    with pytest.raises(DivergedScores, match=r"1 (training|standard) question vector\(s\) hold NaN or inf \(rows \[1\] first\)"):
+        mine(vectors["questions"], vectors["standards"], np.array([0, 2, 1, 0, 2]), k=2)
+
+
 def test_exclude_gold_handles_gold_outside_the_retrieved_list():
     neighbours = np.array([[4, 2, 1], [0, 3, 2]])
     assert exclude_gold(neighbours, np.array([9, 3]), 2).tolist() == [[4, 2], [0, 2]]

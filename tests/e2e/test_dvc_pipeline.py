@@ -123,6 +123,9 @@ def check_mlflow_records_both_repros(project: Path) -> None:
     assert [m.step for m in curve] == [0, 1]
     final_metrics = json.loads((project / "reports" / "metrics.json").read_text())  # written by the second parent
     assert second["evaluate"].data.metrics["test.accuracy"] == pytest.approx(final_metrics["test"]["accuracy"])
+    # the record's params are the run's params, not metrics beside its figures
+    assert not any(key.startswith("run.") for key in second["evaluate"].data.metrics)
+    assert second["evaluate"].data.params["evaluate.seeds"] == "2"
     lock = yaml.safe_load((project / "dvc.lock").read_text())
     locked = {d["path"]: d["md5"] for d in lock["stages"]["stage_one"]["deps"]}
     assert first["stage_one"].data.tags["dvc.data/validated"] == locked["data/validated"]

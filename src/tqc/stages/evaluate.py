@@ -246,9 +246,7 @@ def _write_predictions(path: Path, scores: np.ndarray, questions: list[LabeledQu
 
 def _write_confusion(path: Path, scores: np.ndarray, questions: list[LabeledQuestion], catalog: Catalog) -> None:
     predicted = scores.argmax(axis=1)
-    lines = ["actual,predicted"] + [f"{_csv(q.class_id)},{_csv(catalog.class_ids[p])}" for q, p in zip(questions, predicted)]
-    with atomic_path(path) as tmp:
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _write_csv(path, [["actual", "predicted"]] + [[q.class_id, catalog.class_ids[p]] for q, p in zip(questions, predicted)])
 
 
 def _write_similarity_profile(plots_dir: Path, scores: dict[str, np.ndarray], questions: list[LabeledQuestion],
@@ -260,12 +258,12 @@ def _write_similarity_profile(plots_dir: Path, scores: dict[str, np.ndarray], qu
     import matplotlib.pyplot as plt
 
     sample = sorted(random.Random(params.seed).sample(range(len(questions)), min(params.evaluate.profile_questions, len(questions))))
-    rows = ["question,gold,class,before,after"]
+    rows = [["question", "gold", "class", "before", "after"]]
     figure, axes = plt.subplots(len(sample), 1, figsize=(max(6, 0.25 * len(catalog) + 2), 2.2 * len(sample)), squeeze=False)
     for axis, i in zip(axes[:, 0], sample):
         before, after = scores["zero_shot"][i], scores["admc"][i]
         for c, class_id in enumerate(catalog.class_ids):
-            rows.append(f"{i},{_csv(questions[i].class_id)},{_csv(class_id)},{before[c]:.6f},{after[c]:.6f}")
+            rows.append([i, questions[i].class_id, class_id, f"{before[c]:.6f}", f"{after[c]:.6f}"])
         x = np.arange(len(catalog))
         axis.bar(x - 0.2, before, 0.4, label="before (zero-shot)")
         axis.bar(x + 0.2, after, 0.4, label="after (ADMC)")
@@ -274,13 +272,20 @@ def _write_similarity_profile(plots_dir: Path, scores: dict[str, np.ndarray], qu
         axis.set_xticks(x, catalog.class_ids if len(catalog) <= 20 else [""] * len(catalog), fontsize=6, rotation=45)
     axes[0, 0].legend(fontsize=7)
     figure.tight_layout()
-    with atomic_path(plots_dir / "similarity_profile.csv") as tmp:
-        tmp.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    _write_csv(plots_dir / "similarity_profile.csv", rows)
     with atomic_path(plots_dir / "similarity_profile.png") as tmp:
         figure.savefig(tmp, format="png", dpi=110)
     plt.close(figure)
 
 
-def _csv(value: str) -> str:
-    return '"' + value.replace('"', '""') + '"' if ("," in value or '"' in value) else value
+def _write_csv(path: Path, rows: list[list]) -> None:
+    """A plot's data as CSV, each field quoted where it needs to be: a class id may hold a comma, a quote or a line
+    break (a quoted catalog id), which joined by hand would cut its row in two."""
+    import csv
+
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8", newline="") as handle:
+        # Under a "\n" terminator the writer quotes a field holding "\n" but not a lone "\r", a line break to readers
+        plain, quoted = (csv.writer(handle, lineterminator="\n", quoting=q) for q in (csv.QUOTE_MINIMAL, csv.QUOTE_ALL))
+        for row in rows:
+            (quoted if any("\r" in str(field) for field in row) else plain).writerow(row)
 
