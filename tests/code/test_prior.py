@@ -39,11 +39,17 @@ def ambiguous_validation() -> tuple[np.ndarray, np.ndarray]:
     return scores, gold
 
 
-def test_fit_keeps_the_most_likely_weight_and_the_prior_settles_near_ties():
+def test_fit_keeps_the_most_likely_weight_and_the_prior_settles_near_ties(caplog):
     scores, gold = ambiguous_validation()
     log_pi = np.log([0.8, 0.2])
     weights = [0.0, 0.5, 1.0, 2.0]
-    shift = prior.fit(scores, gold, log_pi, temperature=0.1, weights=weights)
+    with caplog.at_level("WARNING", logger="tqc.prior"):
+        shift = prior.fit(scores, gold, log_pi, temperature=0.1, weights=weights)
+    assert "prior: λ = 2, the edge of prior.weights (0 to 2): the validation likelihood may be higher" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tqc.prior"):  # the likelihood is highest at 3 of a grid reaching 8
+        assert prior.fit(scores, gold, log_pi, temperature=0.1, weights=weights + [3.0, 4.0, 8.0]).weight == 3.0
+    assert "edge of prior.weights" not in caplog.text
 
     nll = {w: prior.gold_nll((scores + 0.1 * w * log_pi) / 0.1, gold) for w in weights}
     assert shift.weight == min(weights, key=nll.get) > 0.0
