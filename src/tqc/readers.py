@@ -753,8 +753,12 @@ ADDED_QUESTIONS, ADDED_CATALOG = "labeled.jsonl", "catalog.jsonl"
 
 
 def read_additions(directory: Path | None) -> tuple[ReadResult, list[StandardQuestion]]:
-    """The retrain flow's accepted labeled questions and new standard questions, if any."""
+    """The retrain flow's accepted labeled questions and new standard questions, if any. A folder that is not there
+    adds nothing, and is said: a misspelt `data.additions` would otherwise leave the merged questions out unnoticed."""
     result = ReadResult([], [])
+    if directory is not None and not directory.is_dir():
+        log.warning("data.additions %s: no such folder, so no question or class is added (the retrain flow merges into "
+                    "it; under dvc repro it must exist, as data/raw does)", directory)
     if directory is not None and (directory / ADDED_QUESTIONS).exists():
         result = read_table(directory / ADDED_QUESTIONS, "text", "class_id")
     return result, added_standard_questions(directory)

@@ -912,3 +912,18 @@ def test_a_jsonl_record_without_the_mapped_keys_names_the_keys_it_has(tmp_path):
                                              r"has \['id', 'text'\]") as raised:
         read_catalog_file(catalog)
     assert raised.value.columns == ["class_id"]  # still read back for the retrain flow's hint
+
+
+def test_an_additions_folder_that_is_not_there_adds_nothing_and_is_said(tmp_path, caplog):
+    """A misspelt data.additions left the retrain flow's merged questions out of training with no word."""
+    from tqc.readers import read_additions
+
+    with caplog.at_level("WARNING", logger="tqc.readers"):
+        rows, classes = read_additions(tmp_path / "rawx")
+    assert not rows.rows and not classes
+    assert f"data.additions {tmp_path / 'rawx'}: no such folder, so no question or class is added" in caplog.text
+    caplog.clear()
+    (tmp_path / "raw").mkdir()
+    with caplog.at_level("WARNING", logger="tqc.readers"):
+        read_additions(tmp_path / "raw")  # there, and empty: nothing added yet, nothing to say
+    assert not caplog.text
