@@ -141,6 +141,18 @@ def test_local_folders_resolve_to_themselves_and_the_packaged_id_to_the_package(
     assert resolve_pretrained("some-org/some-model") == "some-org/some-model"
 
 
+def test_a_max_length_beyond_the_models_positions_is_refused_at_load_naming_both(tiny_model_dir):
+    """The tiny BERT has 64 positions: at max_length 100 the first question over 64 tokens failed mid-training with
+    torch's "size of tensor a (94) must match the size of tensor b (64)"."""
+    from tqc.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^model.max_length 100: .* reads at most 64 tokens .*set model.max_length "
+                                          r"to 64 or less$"):
+        TextEncoder.from_pretrained(str(tiny_model_dir), max_length=100)
+    long_question = " ".join(["where"] * 200)
+    assert TextEncoder.from_pretrained(str(tiny_model_dir), max_length=64).encode([long_question]).shape[0] == 1
+
+
 def test_an_unloadable_encoder_says_which_param_and_why_in_one_line(tmp_path):
     from tqc.config import ConfigError
 

@@ -45,6 +45,24 @@ def resolve_pretrained(name: str) -> str:
     return name
 
 
+def readable_tokens(config, tokenizer) -> int | None:
+    """The most tokens a question may have for this backbone: its learned positions, less the offset RoBERTa-style
+    models start them at (padding index + 1), and its tokenizer's own limit where it sets one (None: no bound known)."""
+    limits = []
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int):
+        offset = config.pad_token_id + 1 if config.model_type in POSITIONS_AFTER_PADDING and config.pad_token_id is not None else 0
+        limits.append(positions - offset)
+    if isinstance(tokenizer.model_max_length, int) and tokenizer.model_max_length < 1_000_000:  # unset: a huge sentinel
+        limits.append(tokenizer.model_max_length)
+    return min(limits) if limits else None
+
+
+# Model types whose position ids start after the padding index, so that max_position_embeddings − pad − 1 are usable
+POSITIONS_AFTER_PADDING = frozenset({"roberta", "xlm-roberta", "camembert", "longformer", "mpnet", "data2vec-text",
+                                     "xlm-roberta-xl", "bart", "mbart"})
+
+
 def unloadable(param: str, name: str, exc: Exception | str, hint: str = "") -> ConfigError:
     """Why the Hugging Face model that `param` names did not load, as one line: a path that is not there, a
     folder that is no model, or a hub id that is neither cached nor reachable (this project runs offline)."""
@@ -192,6 +210,10 @@ class TextEncoder(nn.Module):
             raise unloadable("model.pretrained", name, f"its tokenizer has {len(tokenizer)} tokens where the model has "
                              f"{backbone.config.vocab_size}: the tokenizer files (tokenizer.json, vocab.txt) are missing "
                              "or not this model's; copy the whole folder")
+        positions = readable_tokens(backbone.config, tokenizer)
+        if positions is not None and max_length > positions:  # else a long enough question fails mid-training
+            raise ConfigError(f"model.max_length {max_length}: {name} reads at most {positions} tokens (its position "
+                              f"embeddings); set model.max_length to {positions} or less")
         return cls(backbone, tokenizer, pooling, max_length)
 
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
