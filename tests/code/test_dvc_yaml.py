@@ -96,3 +96,16 @@ def test_every_stage_declares_the_code_it_runs():
         if missing:
             undeclared[name] = missing
     assert undeclared == {}, undeclared
+
+
+def test_metrics_json_records_the_params_evaluate_declares_and_no_others():
+    """evaluate recorded every pipeline section, validate's thresholds and data's paths too: a change to one of those
+    that left the validated data as it was ran no evaluate, and the record kept the old value."""
+    from tqc.config import load_params
+    from tqc.stages.evaluate import RECORDED_PARAMS, recorded_params
+
+    declared = yaml.safe_load(DVC_YAML.read_text(encoding="utf-8"))["stages"]["evaluate"]["params"]
+    assert tuple(declared) == RECORDED_PARAMS
+    recorded = recorded_params(load_params(DVC_YAML.parent / "params.yaml"))
+    assert set(recorded["data"]) == {"dataset", "validation_fraction"} and "validate" not in recorded
+    assert recorded["stage_two"]["loss"] == "nt_xent"

@@ -43,8 +43,10 @@ def test_dvc_repro_end_to_end_then_nothing_then_only_evaluate(project):
     run([sys.executable, "-m", "dvc", "repro"], project)
     metrics = json.loads((project / "reports" / "metrics.json").read_text())
     assert metrics["dataset"] == "custom"
-    assert set(metrics["run"]["params"]) == {"seed", "data", "validate", "augment", "model", "stage_one", "mine",
-                                             "stage_two", "baseline_nc", "prior", "distributed", "evaluate"}  # no grids, tuner, flows
+    # the params evaluate declares: no grids, tuner or flows, nor validate's thresholds or data's paths
+    assert set(metrics["run"]["params"]) == {"seed", "data", "augment", "model", "stage_one", "mine",
+                                             "stage_two", "baseline_nc", "prior", "distributed", "evaluate"}
+    assert metrics["run"]["params"]["data"] == {"dataset": "custom", "validation_fraction": 0.1}
     for key in ("test", "stage_one.test", "nc.test", "zero_shot.test", "exemplars.test"):
         node = metrics
         for part in key.split("."):

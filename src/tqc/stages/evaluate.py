@@ -191,7 +191,24 @@ def augmented_again(params: Params, seed_dir: Path, data_dir: Path, seed: int, o
 
 
 UNSHIFTED_FIGURES = ("accuracy", "macro_f1", "macro_f1_gold_classes")
-NOT_PIPELINE_SECTIONS = ("tracking", "promote", "tune", "retrain", "ablate")
+# The params evaluate's DVC stage declares (tests/code/test_dvc_yaml.py holds the two together): a change to any of
+# them runs evaluate again, so its record in metrics.json is never stale. The others (validate's thresholds, data's
+# paths and columns) shape the validated data, whose hash dvc.lock records; recorded here, a change that left the data
+# as it was would leave their values stale.
+RECORDED_PARAMS = ("seed", "data.dataset", "data.validation_fraction", "model", "augment", "stage_one", "mine",
+                   "stage_two", "baseline_nc", "prior", "evaluate", "distributed")
+
+
+def recorded_params(params: Params) -> dict:
+    """`RECORDED_PARAMS` of `params`, nested as params.yaml nests them, in its order."""
+    everything, recorded = params.to_dict(), {}
+    for path in RECORDED_PARAMS:
+        section, _, key = path.partition(".")
+        if key:
+            recorded.setdefault(section, {})[key] = everything[section][key]
+        else:
+            recorded[section] = everything[section]
+    return recorded
 
 
 def metrics_document(params: Params, evaluated: dict, shifts: dict[str, PriorShift], seeds: dict) -> dict:
@@ -218,11 +235,10 @@ def metrics_document(params: Params, evaluated: dict, shifts: dict[str, PriorShi
                                   for split in ("test", "validation")}}
                         for name in MODELS if name in evaluated["unshifted"]},
         "seeds": seeds,
-        # The pipeline sections that shaped these models and scores; not the tuner's, the retrain flow's,
-        # the registry's, tracking's or the ablation grids' (no stage reads those, so a change to them
-        # would leave this record stale until evaluate next ran for another reason).
+        # The params evaluate's stage declares (`RECORDED_PARAMS`): those that shaped these models and scores from
+        # the validated data on, each of which runs evaluate again when it changes, so none is ever stale here.
         "run": {"code_version": git_commit(),
-                "params": {k: v for k, v in params.to_dict().items() if k not in NOT_PIPELINE_SECTIONS}},
+                "params": recorded_params(params)},
     }
 
 
