@@ -6,7 +6,9 @@ silently vanishes. Each stage loads only the sections it needs.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -263,6 +265,18 @@ class TrainParams(Schedule):
             raise ValueError(HINGE_HAS_NO_LOGITS.format(named="logit_adjustment"))
         return self
 
+    def loss_notes(self, section: str) -> list[str]:
+        """What a training run would not do as its settings read: smoothing that its loss never reads, or SDML at
+        smoothing 0, which is NT-Xent exactly (an ablation row once compared the two unknowingly). Said when the
+        stage trains rather than refused: a tuning study may draw a loss that leaves its base smoothing unread."""
+        if self.smoothing > 0.0 and self.loss != "sdml":
+            return [f"{section}.smoothing is {self.smoothing:g}, and only loss sdml reads it: loss {self.loss} trains "
+                    "without it"]
+        if self.smoothing == 0.0 and self.loss == "sdml":
+            return [f"{section}.loss sdml at {section}.smoothing 0 is NT-Xent exactly: set a smoothing (0.1 to 0.3) "
+                    "for SDML's label smoothing"]
+        return []
+
 
 # The offsets are τ·w·log π in score units: a softmax or sigmoid loss divides them by τ again, hinge never reads τ
 HINGE_HAS_NO_LOGITS = ("{named} shifts logits (score/τ) by w·log π, but loss hinge compares raw scores with a margin and "
@@ -330,7 +344,18 @@ class TrackingParams(Strict):
 
     enabled: bool = True
     uri: str | None = None  # e.g. http://mlflow.internal:5000 or postgresql://…; None = env or local
-    experiment: str = "tqc"
+    experiment: str = Field("tqc", min_length=1)
+
+    @field_validator("uri")
+    @classmethod
+    def _a_store_mlflow_opens(cls, uri: str | None) -> str | None:
+        """A path or file:// URI is MLflow's file store, which MLflow 3 no longer opens: its refusal names neither
+        this key nor the value, so it is said here (a misspelt URI, `notaurl`, reads as such a path)."""
+        if uri is not None and ("://" not in uri or uri.startswith("file:")) and not uri.startswith("databricks"):
+            raise ValueError(f"{uri!r} is not a tracking store MLflow opens: sqlite:///mlflow.db for a file here, "
+                             "sqlite:////abs/path/mlflow.db, postgresql://user@host/db, or http://host:5000 for a server "
+                             "(a folder, MLflow's file store, is no longer opened)")
+        return uri
 
 
 class PromoteParams(Strict):
@@ -442,6 +467,28 @@ class RetrainParams(Strict):
     # train: the pipeline's stages on the grown data. refresh (promote.rule exemplars or auto): no training;
     # the champion's encoder serves the grown data's labeled questions as its exemplars, judged by the gate.
     mode: Literal["train", "refresh"] = "train"
+
+    @model_validator(mode="after")
+    def _places_apart(self) -> "RetrainParams":
+        """The inbox, the archive and the staging folder are read and emptied apart: an archive that is the inbox
+        would have its own manifest picked up as a delivery and archived away (the record of what was merged lost),
+        and a quarantine file in the inbox read back as new questions."""
+        folders = {"inbox": self.inbox, "archive": self.archive, "work_dir": self.work_dir}
+        for (one, first), (other, second) in itertools.combinations(folders.items(), 2):
+            if _nested(first, second) or _nested(second, first):
+                raise ValueError(f"retrain.{one} {first!r} and retrain.{other} {second!r} overlap: each must be a folder "
+                                 "of its own, neither inside the other")
+        for name in ("quarantine", "lock"):
+            if _nested(getattr(self, name), self.inbox):
+                raise ValueError(f"retrain.{name} {getattr(self, name)!r} is inside retrain.inbox {self.inbox!r}, "
+                                 "whose files are read as deliveries: keep it outside")
+        return self
+
+
+def _nested(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or lies inside it, relative paths taken from the working directory."""
+    path, folder = Path(os.path.abspath(path)), Path(os.path.abspath(folder))
+    return path == folder or folder in path.parents
 
 
 ParamValue = str | int | float | bool | None | list

@@ -630,3 +630,45 @@ def test_a_study_name_that_is_not_a_folder_name_is_refused(study):
     with pytest.raises(ValidationError, match="is not a name a folder can have"):
         Params.model_validate({"tune": {"study": study}})
     Params.model_validate({"tune": {"study": "tqc-admc.2026-11"}})
+
+
+def test_loss_settings_the_loss_does_not_read_are_said():
+    """stage_one.smoothing 0.3 with NT-Xent trained plain NT-Xent, and SDML at smoothing 0 is NT-Xent exactly: each
+    run read as something it was not."""
+    from tqc.config import StageOneParams, StageTwoParams
+
+    assert StageOneParams(smoothing=0.3).loss_notes("stage_one") == [
+        "stage_one.smoothing is 0.3, and only loss sdml reads it: loss nt_xent trains without it"]
+    assert StageTwoParams(loss="sdml").loss_notes("stage_two")[0].startswith(
+        "stage_two.loss sdml at stage_two.smoothing 0 is NT-Xent exactly")
+    assert StageTwoParams(loss="sdml", smoothing=0.3).loss_notes("stage_two") == []
+    assert StageOneParams().loss_notes("stage_one") == []  # the shipped settings
+
+
+@pytest.mark.parametrize("retrain, problem", [
+    ({"archive": "data/incoming"}, "retrain.inbox 'data/incoming' and retrain.archive 'data/incoming' overlap"),
+    ({"archive": "data/incoming/done"}, "retrain.inbox 'data/incoming' and retrain.archive 'data/incoming/done' overlap"),
+    ({"work_dir": "data"}, "retrain.inbox 'data/incoming' and retrain.work_dir 'data' overlap"),
+    ({"quarantine": "data/incoming/rejected.jsonl"}, "retrain.quarantine 'data/incoming/rejected.jsonl' is inside "
+                                                     "retrain.inbox 'data/incoming'"),
+])
+def test_retrain_folders_that_overlap_are_refused_at_load(retrain, problem):
+    """An archive that was the inbox had its manifest picked up as a delivery and archived away: the record of what
+    had been merged, which keeps a file from being merged twice, was lost."""
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        load_params("params.yaml", {"retrain": retrain})
+    load_params("params.yaml", {"retrain": {"archive": "data/incoming-archive"}})  # a name that only begins alike
+
+
+@pytest.mark.parametrize("tracking, problem", [
+    ({"uri": "notaurl"}, "tracking.uri: 'notaurl' is not a tracking store MLflow opens: sqlite:///mlflow.db"),
+    ({"uri": "file:///tmp/mlruns"}, "tracking.uri: 'file:///tmp/mlruns' is not a tracking store MLflow opens"),
+    ({"experiment": ""}, "tracking.experiment: String should have at least 1 character"),
+])
+def test_tracking_settings_mlflow_would_refuse_are_refused_naming_the_key(tracking, problem):
+    """MLflow's own refusals ("the filesystem tracking backend is in maintenance mode", "Invalid experiment name: ''")
+    named neither the key nor its value."""
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        load_params("params.yaml", {"tracking": tracking})
+    for uri in ("sqlite:///mlflow.db", "http://mlflow.internal:5000", "postgresql://u@db/mlflow", "databricks"):
+        assert load_params("params.yaml", {"tracking": {"uri": uri}}).tracking.uri == uri

@@ -63,6 +63,8 @@ def train(
     gold = torch.as_tensor(gold_indices(train_rows, catalog))
     texts = [q.text for q in train_rows]
     loss_fn = make_loss(params.loss, params.temperature, params.margin, params.smoothing)
+    for note in params.loss_notes("stage_one"):
+        log.warning("stage one: %s", note)
     groups = standard_text_groups(catalog)  # None unless classes share a standard question
     mixup = augment.prototype_mixup
     log_pi = class_log_prior(gold, len(catalog))  # (P,) the mix of the rows this stage trains on

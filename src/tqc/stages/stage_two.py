@@ -46,6 +46,8 @@ def train(
     gold = torch.as_tensor(gold_indices(train_rows, catalog))
     texts = [q.text for q in train_rows]
     loss_fn = make_loss(params.loss, params.temperature, params.margin, params.smoothing)
+    for note in params.loss_notes("stage_two"):
+        log.warning("stage two: %s", note)
     column_offsets = prior_offsets(class_log_prior(gold, len(catalog)), params.logit_adjustment, params.temperature)  # (P,)
     groups = standard_text_groups(catalog)  # None unless classes share a standard question
 
