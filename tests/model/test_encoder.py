@@ -141,16 +141,40 @@ def test_local_folders_resolve_to_themselves_and_the_packaged_id_to_the_package(
     assert resolve_pretrained("some-org/some-model") == "some-org/some-model"
 
 
-def test_a_max_length_beyond_the_models_positions_is_refused_at_load_naming_both(tiny_model_dir):
+def test_a_max_length_beyond_the_models_positions_is_refused_naming_both(tiny_model_dir, tmp_path):
     """The tiny BERT has 64 positions: at max_length 100 the first question over 64 tokens failed mid-training with
-    torch's "size of tensor a (94) must match the size of tensor b (64)"."""
-    from tqc.config import ConfigError
+    torch's "size of tensor a (94) must match the size of tensor b (64)". The tokenizer's model_max_length is only its
+    default cut-off (tokenize passes max_length), so it bounds nothing; nor is a saved model refused at load."""
+    import json
+    import shutil
+
+    from tqc.config import ConfigError, ModelParams
+    from tqc.model.encoder import BiEncoder
 
     with pytest.raises(ConfigError, match=r"^model.max_length 100: .* reads at most 64 tokens .*set model.max_length "
                                           r"to 64 or less$"):
-        TextEncoder.from_pretrained(str(tiny_model_dir), max_length=100)
+        BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir), max_length=100))
     long_question = " ".join(["where"] * 200)
-    assert TextEncoder.from_pretrained(str(tiny_model_dir), max_length=64).encode([long_question]).shape[0] == 1
+    assert BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir), max_length=64)).question.encode(
+        [long_question]).shape[0] == 1
+
+    cut_short = tmp_path / "cut-short"  # a tokenizer whose own default cut-off is below the length asked
+    shutil.copytree(tiny_model_dir, cut_short)
+    config = json.loads((cut_short / "tokenizer_config.json").read_text())
+    (cut_short / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 16}))
+    encoder = BiEncoder.from_params(ModelParams(pretrained=str(cut_short), max_length=32)).question
+    assert encoder.tokenize([long_question])["input_ids"].shape[1] == 32
+    assert encoder.encode([long_question]).shape[0] == 1
+
+
+def test_readable_tokens_counts_from_where_roberta_like_backbones_number_positions():
+    from transformers import RobertaConfig, RobertaModel
+
+    from tqc.model.encoder import TextEncoder
+
+    backbone = RobertaModel(RobertaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                          intermediate_size=32, max_position_embeddings=66, pad_token_id=1))
+    assert TextEncoder(backbone, None, "mean", 48).readable_tokens() == 64  # 66 − (padding index 1 + 1)
 
 
 def test_an_unloadable_encoder_says_which_param_and_why_in_one_line(tmp_path):

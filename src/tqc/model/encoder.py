@@ -45,24 +45,6 @@ def resolve_pretrained(name: str) -> str:
     return name
 
 
-def readable_tokens(config, tokenizer) -> int | None:
-    """The most tokens a question may have for this backbone: its learned positions, less the offset RoBERTa-style
-    models start them at (padding index + 1), and its tokenizer's own limit where it sets one (None: no bound known)."""
-    limits = []
-    positions = getattr(config, "max_position_embeddings", None)
-    if isinstance(positions, int):
-        offset = config.pad_token_id + 1 if config.model_type in POSITIONS_AFTER_PADDING and config.pad_token_id is not None else 0
-        limits.append(positions - offset)
-    if isinstance(tokenizer.model_max_length, int) and tokenizer.model_max_length < 1_000_000:  # unset: a huge sentinel
-        limits.append(tokenizer.model_max_length)
-    return min(limits) if limits else None
-
-
-# Model types whose position ids start after the padding index, so that max_position_embeddings − pad − 1 are usable
-POSITIONS_AFTER_PADDING = frozenset({"roberta", "xlm-roberta", "camembert", "longformer", "mpnet", "data2vec-text",
-                                     "xlm-roberta-xl", "bart", "mbart"})
-
-
 def unloadable(param: str, name: str, exc: Exception | str, hint: str = "") -> ConfigError:
     """Why the Hugging Face model that `param` names did not load, as one line: a path that is not there, a
     folder that is no model, or a hub id that is neither cached nor reachable (this project runs offline)."""
@@ -187,6 +169,16 @@ class TextEncoder(nn.Module):
     def hidden_size(self) -> int:
         return self.backbone.config.hidden_size
 
+    def readable_tokens(self) -> int | None:
+        """The most tokens a question may have: the backbone's learned positions, less the ones RoBERTa-like models
+        number from (padding_idx + 1); the config's count for a backbone that keeps them elsewhere (BART); None where
+        it reads any length (relative positions, T5). The tokenizer's model_max_length is only its default cut-off."""
+        positions = getattr(getattr(self.backbone, "embeddings", None), "position_embeddings", None)
+        if isinstance(positions, nn.Embedding):
+            return positions.num_embeddings - (self.position_padding_idx + 1 if self.position_padding_idx is not None else 0)
+        counted = getattr(self.backbone.config, "max_position_embeddings", None)
+        return counted if isinstance(counted, int) else None
+
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
@@ -210,10 +202,6 @@ class TextEncoder(nn.Module):
             raise unloadable("model.pretrained", name, f"its tokenizer has {len(tokenizer)} tokens where the model has "
                              f"{backbone.config.vocab_size}: the tokenizer files (tokenizer.json, vocab.txt) are missing "
                              "or not this model's; copy the whole folder")
-        positions = readable_tokens(backbone.config, tokenizer)
-        if positions is not None and max_length > positions:  # else a long enough question fails mid-training
-            raise ConfigError(f"model.max_length {max_length}: {name} reads at most {positions} tokens (its position "
-                              f"embeddings); set model.max_length to {positions} or less")
         return cls(backbone, tokenizer, pooling, max_length)
 
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
@@ -326,6 +314,10 @@ class BiEncoder(nn.Module):
     @classmethod
     def from_params(cls, params: ModelParams) -> "BiEncoder":
         question = TextEncoder.from_pretrained(params.pretrained, params.pooling, params.max_length)
+        readable = question.readable_tokens()
+        if readable is not None and params.max_length > readable:  # else a long enough question fails mid-training
+            raise ConfigError(f"model.max_length {params.max_length}: {params.pretrained} reads at most {readable} "
+                              f"tokens (its position embeddings); set model.max_length to {readable} or less")
         standard = None if params.tied else TextEncoder.from_pretrained(params.pretrained, params.pooling, params.max_length)
         return cls(question, standard, params.similarity)
 
