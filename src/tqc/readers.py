@@ -330,12 +330,13 @@ def _as_csv(fields: list[str]) -> str:
 
 def _swallowed_rows(fields: list[str], columns: int, start_line: int, label_index: int, labels: OneLineLabels) -> str:
     """Why a record looks like rows swallowed by a quote never closed ("" when it does not): a line inside one of its
-    quoted fields reads as a whole row of `columns` cells whose label cell is a label the file's one-line rows use
-    (`What does LOL mean?,DESC`), or, in a file whose labels never repeat (a catalog's class ids: `B,What is b?`), a
-    single word as ids are. csv's strict mode catches a stray quote only where a letter follows it; one that a comma
-    follows (`a pizza of 12",NUM`) closes a field that began rows earlier, and every row between would become one
-    question with the last one's label. A real question over two lines (`"Hi, there\nI lost my card"`) has a word
-    there that no row of a file of labeled questions ends in."""
+    quoted fields reads as a whole row of `columns` cells whose label cell is a label the file's rows use
+    (`What does LOL mean?,DESC`), or a single word as labels are where the rest of the line asks a question
+    (`Who wrote Jaws?,HUM`: a class all of whose rows were swallowed, in a file sorted by label) or where the file's
+    labels never repeat (a catalog's class ids: `B,What is b?`). csv's strict mode catches a stray quote only where a
+    letter follows it; one that a comma follows (`a pizza of 12",NUM`) closes a field that began rows earlier, and
+    every row between would become one question with the last one's label. A real question over two lines
+    (`"Hi, there\nI lost my card"`) has a greeting there, which neither asks nor ends in a label the file uses."""
     lines_before = 0
     for field in fields:
         segments = field.split("\n")
@@ -344,7 +345,8 @@ def _swallowed_rows(fields: list[str], columns: int, start_line: int, label_inde
             if len(cells) != columns or not all(cell.strip() for cell in cells):
                 continue
             label = cells[label_index].strip()
-            if label in labels.seen or (not labels.repeat and len(label.split()) == 1):
+            asks = any(cell.strip().endswith("?") for index, cell in enumerate(cells) if index != label_index)
+            if label in labels.seen or ((asks or not labels.repeat) and len(label.split()) == 1):
                 end = start_line + sum(f.count("\n") for f in fields)
                 return (f"a quoted field runs from line {start_line} to {end}, and its line {start_line + lines_before + number} "
                         f"reads as a row of its own ({segment!r}): a quote never closed? (rejected, not read as one question)")
@@ -354,16 +356,15 @@ def _swallowed_rows(fields: list[str], columns: int, start_line: int, label_inde
 
 @dataclass(frozen=True)
 class OneLineLabels:
-    """The labels of a file's records that fit on one line, what a swallowed row would end in; `repeat`: whether one
-    of them labels two records, as labeled questions' do and a catalog's class ids never do."""
+    """The labels a file's records end in, what a swallowed row would end in too; `repeat`: whether one of them
+    labels two records, as labeled questions' do and a catalog's class ids never do."""
 
     seen: frozenset[str]
     repeat: bool
 
 
 def _one_line_labels(records: list[tuple[int, list[str]]], columns: int, label_index: int) -> OneLineLabels:
-    labels = [fields[label_index].strip() for _, fields in records
-              if len(fields) == columns and not any("\n" in field for field in fields)]
+    labels = [fields[label_index].strip() for _, fields in records if len(fields) == columns]
     return OneLineLabels(frozenset(labels), len(set(labels)) < len(labels))
 
 

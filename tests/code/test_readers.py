@@ -557,6 +557,14 @@ def test_rows_swallowed_by_a_quote_that_a_comma_closes_are_rejected_not_read_as_
                          '"Hello, team\nhow do I pay my bill?",billing\n')
     result = read_table(greetings, "text", "label")
     assert [q.source for q in result.rows] == [f"{greetings}:{line}" for line in (2, 3, 4, 6)] and not result.rejected
+    # ... while a swallowed line that asks a question still marks one, though no other row ends in its label (a file
+    # sorted by label, a class whose every row fell inside the quote)
+    by_label = tmp_path / "by_label.csv"
+    by_label.write_text('question,label\nWhat is a bat?,DESC\nWhat is a cat?,DESC\n"Who wrote Jaws?,HUM\n'
+                        'Who directed Alien?,HUM\nHow big is a pizza of 12",NUM\nWhat is a dog?,DESC\n')
+    result = read_table(by_label, "question", "label")
+    assert [q.text for q in result.rows] == ["What is a bat?", "What is a cat?", "What is a dog?"]
+    assert [r.line for r in result.rejected] == [4]
     # a catalog: each class id once, so no one-line row names a swallowed line's id; ids are single words
     catalog = tmp_path / "catalog.csv"
     catalog.write_text('class_id,text\nA,"What is the quoted start\nB,What is b?\nC,What is a 12"\nD,What is d?\n')
