@@ -6,7 +6,6 @@ silently vanishes. Each stage loads only the sections it needs.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -346,16 +345,6 @@ class TrackingParams(Strict):
     uri: str | None = None  # e.g. http://mlflow.internal:5000 or postgresql://…; None = env or local
     experiment: str = Field("tqc", min_length=1)
 
-    @field_validator("uri")
-    @classmethod
-    def _a_store_mlflow_opens(cls, uri: str | None) -> str | None:
-        """A path or file:// URI is MLflow's file store, which MLflow 3 no longer opens: its refusal names neither
-        this key nor the value, so it is said here (a misspelt URI, `notaurl`, reads as such a path)."""
-        if uri is not None and ("://" not in uri or uri.startswith("file:")) and not uri.startswith("databricks"):
-            raise ValueError(f"{uri!r} is not a tracking store MLflow opens: sqlite:///mlflow.db for a file here, "
-                             "sqlite:////abs/path/mlflow.db, postgresql://user@host/db, or http://host:5000 for a server "
-                             "(a folder, MLflow's file store, is no longer opened)")
-        return uri
 
 
 class PromoteParams(Strict):
@@ -470,25 +459,31 @@ class RetrainParams(Strict):
 
     @model_validator(mode="after")
     def _places_apart(self) -> "RetrainParams":
-        """The inbox, the archive and the staging folder are read and emptied apart: an archive that is the inbox
-        would have its own manifest picked up as a delivery and archived away (the record of what was merged lost),
-        and a quarantine file in the inbox read back as new questions."""
-        folders = {"inbox": self.inbox, "archive": self.archive, "work_dir": self.work_dir}
-        for (one, first), (other, second) in itertools.combinations(folders.items(), 2):
-            if _nested(first, second) or _nested(second, first):
-                raise ValueError(f"retrain.{one} {first!r} and retrain.{other} {second!r} overlap: each must be a folder "
-                                 "of its own, neither inside the other")
-        for name in ("quarantine", "lock"):
-            if _nested(getattr(self, name), self.inbox):
-                raise ValueError(f"retrain.{name} {getattr(self, name)!r} is inside retrain.inbox {self.inbox!r}, "
-                                 "whose files are read as deliveries: keep it outside")
+        """The places the flow reads, writes and empties, where one would undo another: an archive that is the inbox
+        has its own manifest picked up as a delivery and archived away (the record of what was merged lost); a
+        quarantine file in the inbox (whose files, not sub-folders, are read) comes back as new questions; and
+        work_dir is emptied at each run, anything kept inside it with it (the lock while it is held)."""
+        if _same(self.archive, self.inbox):
+            raise ValueError(f"retrain.archive {self.archive!r} is retrain.inbox: archived files and the manifest would "
+                             "be read again as deliveries; give the archive a folder of its own")
+        if _same(Path(self.quarantine).parent, self.inbox):
+            raise ValueError(f"retrain.quarantine {self.quarantine!r} is in retrain.inbox, whose files are read as "
+                             "deliveries: keep it outside")
+        for name in ("inbox", "archive", "quarantine", "lock"):
+            if _same(getattr(self, name), self.work_dir) or _within(getattr(self, name), self.work_dir):
+                raise ValueError(f"retrain.{name} {getattr(self, name)!r} is inside retrain.work_dir {self.work_dir!r}, "
+                                 "which each run empties: keep it outside")
         return self
 
 
-def _nested(path: str, folder: str) -> bool:
-    """Whether `path` is `folder` or lies inside it, relative paths taken from the working directory."""
-    path, folder = Path(os.path.abspath(path)), Path(os.path.abspath(folder))
-    return path == folder or folder in path.parents
+def _same(path: str | Path, other: str | Path) -> bool:
+    """Whether two paths name one place, relative ones taken from the working directory and links followed."""
+    return Path(os.path.realpath(path)) == Path(os.path.realpath(other))
+
+
+def _within(path: str | Path, folder: str | Path) -> bool:
+    """Whether `path` lies inside `folder` (not `folder` itself), as `_same` reads paths."""
+    return Path(os.path.realpath(folder)) in Path(os.path.realpath(path)).parents
 
 
 ParamValue = str | int | float | bool | None | list

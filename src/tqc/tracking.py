@@ -63,11 +63,23 @@ def existing_registry(uri: str) -> str:
 
 def _store_that_can_be_made(uri: str) -> str:
     """`uri`, where a store can be made there: a SQLite file's folder must exist (a misspelt path would otherwise get
-    a new, empty store, and `mlruns/` beside it, wherever it points)."""
+    a new, empty store, and `mlruns/` beside it, wherever it points), and a folder (MLflow's file store, a misspelt
+    URI such as `notaurl` read as one) only where MLFLOW_ALLOW_FILE_STORE keeps it open: MLflow's own refusal names
+    neither the key nor the value."""
     database = sqlite_file(uri)
     if database is not None and not database.parent.is_dir():
         raise ConfigError(f"tracking.uri {uri}: no folder {database.parent} to keep the MLflow database in")
+    if _file_store(uri) and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true"):
+        raise ConfigError(f"tracking.uri (or $MLFLOW_TRACKING_URI) {uri!r}: a folder, MLflow's file store, which MLflow 3 "
+                          "opens only with MLFLOW_ALLOW_FILE_STORE=true; give sqlite:///mlflow.db for a file here, "
+                          "postgresql://user@host/db, or http://host:5000 for a server")
     return uri
+
+
+def _file_store(uri: str) -> bool:
+    """Whether MLflow reads `uri` as its file store: a path, or a file: URI (not a scheme such as sqlite, http,
+    postgresql, or databricks, which takes a profile after a colon)."""
+    return uri.startswith("file:") or ("://" not in uri and not uri.startswith("databricks"))
 
 
 # What makes a result: a run that rewrites dvc.lock or reports/ on its way is not "dirty" for that.

@@ -646,29 +646,38 @@ def test_loss_settings_the_loss_does_not_read_are_said():
 
 
 @pytest.mark.parametrize("retrain, problem", [
-    ({"archive": "data/incoming"}, "retrain.inbox 'data/incoming' and retrain.archive 'data/incoming' overlap"),
-    ({"archive": "data/incoming/done"}, "retrain.inbox 'data/incoming' and retrain.archive 'data/incoming/done' overlap"),
-    ({"work_dir": "data"}, "retrain.inbox 'data/incoming' and retrain.work_dir 'data' overlap"),
-    ({"quarantine": "data/incoming/rejected.jsonl"}, "retrain.quarantine 'data/incoming/rejected.jsonl' is inside "
-                                                     "retrain.inbox 'data/incoming'"),
+    ({"archive": "data/incoming"}, "retrain.archive 'data/incoming' is retrain.inbox"),
+    ({"archive": "data/incoming/"}, "retrain.archive 'data/incoming/' is retrain.inbox"),
+    ({"quarantine": "data/incoming/rejected.jsonl"}, "retrain.quarantine 'data/incoming/rejected.jsonl' is in "
+                                                     "retrain.inbox"),
+    ({"work_dir": "data"}, "retrain.inbox 'data/incoming' is inside retrain.work_dir 'data', which each run empties"),
+    ({"lock": "data/retrain/retrain.lock"}, "retrain.lock 'data/retrain/retrain.lock' is inside retrain.work_dir"),
 ])
-def test_retrain_folders_that_overlap_are_refused_at_load(retrain, problem):
+def test_retrain_places_that_would_undo_each_other_are_refused_at_load(retrain, problem):
     """An archive that was the inbox had its manifest picked up as a delivery and archived away: the record of what
-    had been merged, which keeps a file from being merged twice, was lost."""
+    had been merged, which keeps a file from being merged twice, was lost. work_dir is emptied at each run."""
     with pytest.raises(ConfigError, match=re.escape(problem)):
         load_params("params.yaml", {"retrain": retrain})
-    load_params("params.yaml", {"retrain": {"archive": "data/incoming-archive"}})  # a name that only begins alike
+    for harmless in ({"archive": "data/incoming-archive"},  # a name that only begins alike
+                     {"archive": "data/incoming/archived"},  # a sub-folder: the inbox's files are read, not its folders
+                     {"quarantine": "data/incoming/rejected/incoming.jsonl"}):
+        load_params("params.yaml", {"retrain": harmless})
 
 
-@pytest.mark.parametrize("tracking, problem", [
-    ({"uri": "notaurl"}, "tracking.uri: 'notaurl' is not a tracking store MLflow opens: sqlite:///mlflow.db"),
-    ({"uri": "file:///tmp/mlruns"}, "tracking.uri: 'file:///tmp/mlruns' is not a tracking store MLflow opens"),
-    ({"experiment": ""}, "tracking.experiment: String should have at least 1 character"),
-])
-def test_tracking_settings_mlflow_would_refuse_are_refused_naming_the_key(tracking, problem):
+def test_tracking_settings_mlflow_would_refuse_are_refused_naming_the_key(monkeypatch):
     """MLflow's own refusals ("the filesystem tracking backend is in maintenance mode", "Invalid experiment name: ''")
-    named neither the key nor its value."""
-    with pytest.raises(ConfigError, match=re.escape(problem)):
-        load_params("params.yaml", {"tracking": tracking})
+    named neither the key nor its value. A URI is judged where a store is opened, so tracking turned off reads none."""
+    from tqc.tracking import _store_that_can_be_made
+
+    with pytest.raises(ConfigError, match=re.escape("tracking.experiment: String should have at least 1 character")):
+        load_params("params.yaml", {"tracking": {"experiment": ""}})
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    for uri in ("notaurl", "file:///tmp/mlruns"):
+        with pytest.raises(ConfigError, match=re.escape(f"tracking.uri (or $MLFLOW_TRACKING_URI) {uri!r}: a folder, "
+                                                        "MLflow's file store")):
+            _store_that_can_be_made(uri)
     for uri in ("sqlite:///mlflow.db", "http://mlflow.internal:5000", "postgresql://u@db/mlflow", "databricks"):
-        assert load_params("params.yaml", {"tracking": {"uri": uri}}).tracking.uri == uri
+        assert _store_that_can_be_made(uri) == uri
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's own way to keep a file store
+    assert _store_that_can_be_made("file:///tmp/mlruns") == "file:///tmp/mlruns"
+    assert load_params("params.yaml", {"tracking": {"enabled": False, "uri": "mlruns"}}).tracking.uri == "mlruns"
