@@ -124,7 +124,7 @@ def fit(validation_scores: np.ndarray, gold: np.ndarray, log_pi: np.ndarray, tem
         by_weight[f"{weight:g}"] = figures
         if figures[TARGETS[target]] < best_value - 1e-12:
             best_value, best = figures[TARGETS[target]], weight
-    if best != NO_SHIFT_WEIGHT and best in (min(weights), max(weights)):  # as τ at its grid's edge is
+    if best != NO_SHIFT_WEIGHT and len(set(weights)) > 1 and best in (min(weights), max(weights)):  # as τ's edge is
         log.warning("prior: λ = %g, the edge of prior.weights (%g to %g): the validation likelihood may be higher "
                     "beyond it; widen prior.weights", best, min(weights), max(weights))
     return PriorShift(float(best), temperature, temperature * best * log_pi, by_weight, target)

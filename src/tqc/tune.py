@@ -36,6 +36,7 @@ from pydantic import BaseModel, ValidationError
 from tqc.config import (ConfigError, Params, SearchDimension, YAMLError, flatten, problems, read_yaml, redact_secrets,
                         redact_text, unflatten, utf8_text_of)
 from tqc.io import atomic_path, write_json
+from tqc.metrics import DivergedScores
 from tqc.pipeline import PreparedData, prepare_data, train_chain
 from tqc.schema import Catalog
 from tqc.tracking import Tracker, nested_run, standalone_run
@@ -584,9 +585,10 @@ class TrialRefused(Exception):
     see, so this is a combination inside the ranges, and it fails that trial alone."""
 
 
-# What fails one trial but not the worker: sampled values too large for the GPU's memory, or refused together, are
-# the trial's fault, not the study's (Optuna records it FAIL and samples on). Anything else stops the worker, loudly.
-TRIAL_FAILURES = (torch.OutOfMemoryError, TrialRefused)
+# What fails one trial but not the worker: sampled values too large for the GPU's memory, refused together, or that
+# made the model diverge (a learning rate too high: mining or evaluation meets NaN scores) are the trial's fault, not
+# the study's (Optuna records it FAIL and samples on). Anything else stops the worker, loudly.
+TRIAL_FAILURES = (torch.OutOfMemoryError, TrialRefused, DivergedScores)
 
 
 def _objective(params: Params, space: dict[str, SearchDimension], base: dict, data: PreparedData, study_dir: Path,

@@ -119,3 +119,12 @@ def test_plot_tables_quote_class_ids_holding_commas_quotes_and_line_breaks(tmp_p
     with open(tmp_path / "confusion.csv", encoding="utf-8", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert [(row["actual"], row["predicted"]) for row in rows] == list(zip(ids, ids[::-1]))
+
+    from tqc.config import Params
+    from tqc.stages.evaluate import _write_similarity_profile
+
+    params = Params.model_validate({"evaluate": {"profile_questions": 2}})
+    _write_similarity_profile(tmp_path, {"zero_shot": scores, "admc": scores}, questions, catalog, params)
+    with open(tmp_path / "similarity_profile.csv", encoding="utf-8", newline="") as handle:
+        profile = list(csv.DictReader(handle))
+    assert len(profile) == 2 * len(ids) and {row["class"] for row in profile} == set(ids)

@@ -54,6 +54,21 @@ def test_a_vector_that_is_not_finite_is_an_error_naming_its_row_not_a_mined_clas
         mine(vectors["questions"], vectors["standards"], np.array([0, 2, 1, 0, 2]), k=2)
 
 
+def test_a_search_that_returns_no_neighbour_is_an_error_not_the_last_class(monkeypatch):
+    """FAISS answers -1 where it finds fewer neighbours than asked; as an index that is the catalog's last class."""
+    from tqc import mining
+    from tqc.metrics import DivergedScores
+
+    def short(questions, standards, depth, similarity="cosine", scorer=None):  # (N, depth): row 2 found one class only
+        neighbours = np.tile(np.arange(depth), (len(questions), 1))
+        neighbours[2, 1:] = -1
+        return np.zeros(neighbours.shape, dtype=np.float32), neighbours
+
+    monkeypatch.setattr(mining, "nearest", short)
+    with pytest.raises(DivergedScores, match=r"fewer than 3 standard questions for 1 training question\(s\) \(rows \[2\] "):
+        mine(random_unit(4, 8, 10), random_unit(4, 8, 11), np.array([0, 1, 2, 3]), k=2)
+
+
 def test_exclude_gold_handles_gold_outside_the_retrieved_list():
     neighbours = np.array([[4, 2, 1], [0, 3, 2]])
     assert exclude_gold(neighbours, np.array([9, 3]), 2).tolist() == [[4, 2], [0, 2]]

@@ -49,6 +49,7 @@ def test_fit_keeps_the_most_likely_weight_and_the_prior_settles_near_ties(caplog
     caplog.clear()
     with caplog.at_level("WARNING", logger="tqc.prior"):  # the likelihood is highest at 3 of a grid reaching 8
         assert prior.fit(scores, gold, log_pi, temperature=0.1, weights=weights + [3.0, 4.0, 8.0]).weight == 3.0
+        assert prior.fit(scores, gold, log_pi, temperature=0.1, weights=[2.0]).weight == 2.0  # a λ fixed on purpose
     assert "edge of prior.weights" not in caplog.text
 
     nll = {w: prior.gold_nll((scores + 0.1 * w * log_pi) / 0.1, gold) for w in weights}

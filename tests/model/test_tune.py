@@ -632,18 +632,24 @@ def test_a_second_process_with_a_running_workers_index_is_refused(tmp_path, tiny
     assert not (tmp_path / "work" / "test" / "data-worker-0").exists()  # refused before preparing anything
 
 
-def test_a_trial_out_of_gpu_memory_fails_alone_and_the_worker_samples_on(tmp_path, tiny_model_dir, monkeypatch):
-    """Sampled values too large for the GPU fail their trial, not the worker's remaining trials and its reports."""
+@pytest.mark.parametrize("failure", ["out of memory", "diverged"])
+def test_a_trial_out_of_gpu_memory_or_diverged_fails_alone_and_the_worker_samples_on(tmp_path, tiny_model_dir,
+                                                                                     monkeypatch, failure):
+    """Sampled values too large for the GPU, or a learning rate that made the model diverge (mining meets NaN
+    vectors), fail their trial, not the worker's remaining trials and its reports."""
     import torch
 
     from tqc import tune as tuning
+    from tqc.metrics import DivergedScores
 
     real_chain, calls = tuning.train_chain, []
 
     def second_runs_out_of_memory(*args, **kwargs):
         calls.append(args)
-        if len(calls) == 2:
+        if len(calls) == 2 and failure == "out of memory":
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        if len(calls) == 2:
+            raise DivergedScores("1 training question vector(s) hold NaN or inf (rows [3] first): the model diverged")
         return real_chain(*args, **kwargs)
 
     monkeypatch.setattr(tuning, "train_chain", second_runs_out_of_memory)
