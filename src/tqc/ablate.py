@@ -544,6 +544,8 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
             generated = "—" if not counts else str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
             seeds = seeds_text(row["seeds_done"], row["seeds_recorded"])
             seeds += f" (missing {row['seeds_missing']})" if row["seeds_missing"] else ""
+            versions = {cell.get("code_version") or "not recorded" for cell in row["cells"]}
+            seeds += f" (at {len(versions)} code versions)" if len(versions) > 1 else ""  # its mean mixes them
             figures = [_cell_text(row[figure], len(row["seeds_done"])) for figure in shown]
             lines.append(f"| {row['variant']} | " + " | ".join(figures) + f" | {generated} | {seeds} |")
         lines.append("")

@@ -125,6 +125,11 @@ def passes(params: Params, steps: int, batch_size: int, train_path: Path, rounds
                           f"settings would time the same thing; give more than {PASS_ROWS}, e.g. 64")
     catalog, train_rows, validation, model = _training_setup(params, data_dir, train_path)
     texts = [q.text for q in train_rows][:encoded]
+    epoch = steps_per_epoch(len(train_rows), batch_size, None)
+    if steps > epoch:  # an epoch ends there: its steps, not `steps`, would be timed, and the report say `steps`
+        log.warning("bench: --steps %d is more than one epoch of %d rows at batch size %d (%d steps): timing %d",
+                    steps, len(train_rows), batch_size, epoch, epoch)
+        steps = epoch
     training = params.stage_one.model_copy(update={"epochs": 1, "batch_size": batch_size, "max_steps": steps})
     encoders = {model.question, model.standard}  # one encoder when tied
 

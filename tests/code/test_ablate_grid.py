@@ -458,8 +458,12 @@ def test_a_pair_of_cells_of_different_code_is_said_to_be_across_code_versions():
     params = Params.model_validate({"ablate": {"grids": {"aug": {**GRID.model_dump(), "reference": "none"}}}})
     rows = summarise(results)
     assert [d["across_code_versions"] for d in paired_differences(params, "aug", rows)] == [2]  # seeds 1 and 2
-    assert "| eda · ir=50 | none · ir=50 | +0.00 | [+0.00, +0.00] | 0 of 3; 2 across or without code versions |" in \
-        render_markdown(params, ["aug"], rows)
+    table = render_markdown(params, ["aug"], rows)
+    assert "| eda · ir=50 | none · ir=50 | +0.00 | [+0.00, +0.00] | 0 of 3; 2 across or without code versions |" in table
+    # each row says where its seeds ran at more than one code version, since its mean mixes them
+    lines = {line.split(" | ")[0]: line for line in table.split("paired by seed")[0].splitlines() if line.startswith("| ")}
+    assert lines["| none · ir=50"].endswith("| 0, 1, 2 (at 2 code versions) |")
+    assert lines["| eda · ir=50"].endswith("| 0, 1, 2 (at 2 code versions) |")
 
 
 def test_a_grids_reference_must_be_one_of_its_variants():

@@ -7,8 +7,9 @@ import pytest
 from tests.conftest import CLASSES, synthetic_questions, tiny_params
 from tqc import bench
 from tqc.config import Params
-from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, save_questions
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, load_questions, save_questions
 from tqc.stages import stage_one, stage_two
+from tqc.training import steps_per_epoch
 
 
 def test_both_stages_are_timed_after_untimed_warm_up_steps(tiny_model_dir, tmp_path, monkeypatch, capsys):
@@ -105,7 +106,8 @@ def test_with_deferred_augmentation_stage_one_is_timed_on_the_rows_it_trains_on(
     assert (report["rows"], report["stage_one_rows"]) == (60, 36)
 
 
-def test_the_passes_benchmark_times_both_settings_of_each_in_every_round(tiny_model_dir, tmp_path, capsys, monkeypatch):
+def test_the_passes_benchmark_times_both_settings_of_each_in_every_round(tiny_model_dir, tmp_path, capsys, monkeypatch,
+                                                                        caplog):
     from tqc.config import ConfigError
     from tqc.model.encoder import PASS_ROWS
 
@@ -124,7 +126,13 @@ def test_the_passes_benchmark_times_both_settings_of_each_in_every_round(tiny_mo
         return real(model, *args, **kwargs)
 
     monkeypatch.setattr(stage_one, "train", recording)
-    report = bench.passes(params, steps=2, batch_size=40, train_path=data / "train.jsonl", rounds=2, encoded=30, data_dir=data)
+    rows = len(load_questions(data / "train.jsonl"))
+    with caplog.at_level("WARNING", logger="tqc.bench"):
+        report = bench.passes(params, steps=50, batch_size=40, train_path=data / "train.jsonl", rounds=2, encoded=30,
+                              data_dir=data)
+    # an epoch of these rows is a few steps of 40: 50 were reported, an epoch's timed
+    epoch = steps_per_epoch(rows, 40, None)
+    assert report["timed_steps"] == epoch < 50 and f"--steps 50 is more than one epoch of {rows} rows" in caplog.text
     # an untimed warm-up of both, then each setting first in every other round: a cold start charged to neither
     assert pass_rows_trained == [40, PASS_ROWS, 40, PASS_ROWS, PASS_ROWS, 40]
     assert report["rows_per_pass"] == PASS_ROWS and report["rounds"] == 2 and report["encoded_questions"] == 30
