@@ -206,11 +206,14 @@ def read_cell(cell: Cell, project: Path, refs: dict[str, str]) -> CellResult:
     metrics = metrics if cell.about_prior_shift else without_prior_shift(metrics)
     augment = json.loads(_git(project, "show", f"{ref}:reports/augment.json"))
     figures = {name: _dig(metrics, keys) for name, (_, keys) in FIGURES.items()}
-    code_version = (metrics.get("run") or {}).get("code_version")  # evaluate's record of the commit it ran
-    # the commit alone: inside `dvc exp run -S` params.yaml always differs from it, so '-dirty' would say nothing
+    run = metrics.get("run") or {}
+    code_version = run.get("code_version")  # evaluate's record of the commit it ran
+    # the commit, and '-dirty' where the code itself was edited (`code_edited`): inside `dvc exp run -S` params.yaml
+    # always differs from the commit, so code_version's own '-dirty' says nothing
     known = code_version and code_version != "unknown"
+    version = code_version[:10] + ("-dirty" if run.get("code_edited") else "") if known else None
     return CellResult(cell, "done", figures, augment["rows"]["generated"], _git(project, "rev-parse", ref).strip()[:10],
-                      code_version[:10] if known else None)
+                      version)
 
 
 def without_prior_shift(metrics: dict) -> dict:

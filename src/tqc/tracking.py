@@ -83,14 +83,16 @@ def _file_store(uri: str) -> bool:
 
 
 # What makes a result: a run that rewrites dvc.lock or reports/ on its way is not "dirty" for that.
-CODE_AND_CONFIG = ("src", "flows", "params.yaml", "dvc.yaml", "pyproject.toml")
+CODE = ("src", "flows", "dvc.yaml", "pyproject.toml")
+CODE_AND_CONFIG = (*CODE, "params.yaml")
 
 
-def git_commit() -> str:
-    """HEAD, with '-dirty' when the code or config differs from it; 'unknown' outside a git checkout."""
+def git_commit(paths: tuple[str, ...] = CODE_AND_CONFIG) -> str:
+    """HEAD, with '-dirty' when `paths` (the code and config) differ from it; 'unknown' outside a git checkout.
+    `CODE` alone asks about the code: inside `dvc exp run -S`, params.yaml always differs (the values it sets)."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_AND_CONFIG],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *paths],
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -516,3 +516,10 @@ def test_a_code_version_evaluate_could_not_read_is_not_recorded_as_a_commit(monk
     monkeypatch.setattr(ablate_module, "_git", lambda project, *arguments: shown.get(arguments[-1].split(":")[-1], "abc123\n"))
     cell = grid_cells("aug", GRID, [0], {}, {})[0]
     assert ablate_module.read_cell(cell, None, {cell.name: "refs/exps/x"}).code_version is None  # shown as "not recorded"
+    # a cell whose experiment ran edited code (dvc exp run carries the workspace's edits) is not the clean commit's
+    metrics["run"] = {"code_version": "4004902ed30875873001dc387f3b1245b3828602-dirty", "code_edited": True}
+    shown["reports/metrics.json"] = json.dumps(metrics)
+    assert ablate_module.read_cell(cell, None, {cell.name: "refs/exps/x"}).code_version == "4004902ed3-dirty"
+    metrics["run"]["code_edited"] = False  # params.yaml alone differed: the values the cell sets
+    shown["reports/metrics.json"] = json.dumps(metrics)
+    assert ablate_module.read_cell(cell, None, {cell.name: "refs/exps/x"}).code_version == "4004902ed3"

@@ -34,7 +34,7 @@ from tqc.stages import augment
 from tqc.stages import prior as prior_stage
 from tqc.stages.ingest import stratified_split
 from tqc.text import normalise
-from tqc.tracking import git_commit
+from tqc.tracking import CODE, git_commit
 from tqc.training import catalog_scores, gold_indices
 
 log = logging.getLogger(__name__)
@@ -237,7 +237,8 @@ def metrics_document(params: Params, evaluated: dict, shifts: dict[str, PriorShi
         "seeds": seeds,
         # The params evaluate's stage declares (`RECORDED_PARAMS`): those that shaped these models and scores from
         # the validated data on, each of which runs evaluate again when it changes, so none is ever stale here.
-        "run": {"code_version": git_commit(),
+        # code_edited: the code (not params.yaml) differed from that commit, as in a `dvc exp run` of edited code
+        "run": {"code_version": git_commit(), "code_edited": git_commit(CODE).endswith("-dirty"),
                 "params": recorded_params(params)},
     }
 
