@@ -485,9 +485,13 @@ def seeds_text(seeds: list[int], recorded: list[int]) -> str:
 
 def _paired_lines(params: Params, grid: str, rows: list[dict]) -> list[str]:
     differences = paired_differences(params, grid, rows)
-    if not differences:
-        return []
     reference_name = params.ablate.grids[grid].reference
+    if not differences:
+        others = [row for row in rows if row["grid"] == grid and label_parts(row["variant"])[0] != reference_name]
+        if reference_name is not None and others:  # a selection (--variant, --where) that left the reference out
+            return [f"No paired differences: `{reference_name}`, the variant the others are measured against, has no "
+                    "finished cell at their matrix points in this report (select it too, or run it).", ""]
+        return []
     lines = [f"ADMC test macro-F1 minus `{reference_name}`'s at the same matrix point, paired by seed (a seed draws the "
              "validation split and the starting weights, unless a variant sets them), in points: the mean, its 95% t-interval "
              "over the seeds both finished, and in how many of them the variant is higher. An interval that holds 0 is no "

@@ -444,6 +444,10 @@ def test_the_report_pairs_each_variant_with_the_first_at_the_same_matrix_point()
     assert "| eda · ir=10 | none · ir=10 | +0.00 | [-2.48, +2.48] | 1 of 3 |" in table
     paired = table.split("paired by seed")[1].split("Code versions")[0]
     assert not any(line.startswith("| none ·") for line in paired.splitlines())  # the reference has no row of its own
+    # a selection that leaves the reference out (--variant eda) says why the paired table is missing
+    selected = render_markdown(params, ["aug"], summarise([r for r in results if r.cell.variant_name == "eda"]))
+    assert "paired by seed" not in selected
+    assert "No paired differences: `none`, the variant the others are measured against, has no finished cell" in selected
 
 
 def test_a_pair_of_cells_of_different_code_is_said_to_be_across_code_versions():
