@@ -135,26 +135,27 @@ def build_parser() -> argparse.ArgumentParser:
                        "passes by length, and AdamW fused vs not; validate: seconds the validate stage adds on --dataset; "
                        "read: seconds and peak memory to read a CSV of --rows questions; serve: loading and answering "
                        "through the served matcher (as tqc predict), the standard-question rule against the exemplar rule")
-    bench.add_argument("--steps", type=at_least_one, default=20,
+    # Defaults are BENCH_DEFAULTS', applied once the benchmark is known: a flag it does not read is refused, not ignored
+    bench.add_argument("--steps", type=at_least_one,
                        help="epochs: timed steps per stage and round, after 3 untimed warm-up steps; passes: steps per round "
                        "(default 20)")
-    bench.add_argument("--rounds", type=at_least_one, default=3, help="epochs, passes: rounds, alternating the stages or "
+    bench.add_argument("--rounds", type=at_least_one, help="epochs, passes: rounds, alternating the stages or "
                        "the settings; each figure is the median of its rounds (default 3)")
     bench.add_argument("--batch-size", type=at_least_two, help="epochs: both stages' batch size; passes: "
                        "stage one's, which must exceed the rows per pass (32) for there to be passes (default 32); serve: "
                        "questions a frame (default 256)")
-    bench.add_argument("--calls", type=at_least_one, default=50, help="serve: timed calls of one question each, per rule "
+    bench.add_argument("--calls", type=at_least_one, help="serve: timed calls of one question each, per rule "
                        "(default 50)")
-    bench.add_argument("--model", type=Path, default=Path("models/stage_two"), help="serve: the model folder")
-    bench.add_argument("--prior", type=Path, default=Path("models/prior.json"), help="serve: the standard rule's "
-                       "class-prior shift (a file that is not there: none)")
-    bench.add_argument("--rows", type=at_least_one, default=500_000, help="read: synthetic questions in the CSV read "
+    bench.add_argument("--model", type=Path, help="serve: the model folder (default models/stage_two)")
+    bench.add_argument("--prior", type=Path, help="serve: the standard rule's class-prior shift (default "
+                       "models/prior.json, none where it is not there)")
+    bench.add_argument("--rows", type=at_least_one, help="read: synthetic questions in the CSV read "
                        "(default 500000)")
-    bench.add_argument("--dataset", default="trec50", choices=typing.get_args(DatasetName),
+    bench.add_argument("--dataset", choices=typing.get_args(DatasetName),
                        help="validate: the dataset to validate (default trec50)")
-    bench.add_argument("--data", type=Path, default=Path("data/validated"), help="epochs, passes, serve: validated data "
-                       "folder (serve: its catalog, its test questions to answer, its training rows as exemplars)")
-    bench.add_argument("--train", type=Path, default=Path("data/augmented/train.jsonl"), help="epochs, passes: training rows")
+    bench.add_argument("--data", type=Path, help="epochs, passes, serve: validated data folder (default data/validated; "
+                       "serve: its catalog, its test questions to answer, its training rows as exemplars)")
+    bench.add_argument("--train", type=Path, help="epochs, passes: training rows (default data/augmented/train.jsonl)")
     bench.add_argument("--out", type=Path, help="also write the figures, with the machine and code version, to this JSON file")
     for command in commands.choices.values():  # `tqc ingest --set …` as well as `tqc --set … ingest`
         command.add_argument("--set", dest="overrides_after_command", action="append", default=argparse.SUPPRESS,
@@ -454,9 +455,34 @@ def _ablate(args: argparse.Namespace, params: Params) -> None:
     raise SystemExit(1)
 
 
+# Each benchmark's flags and their defaults (batch_size: 32, or 256 for serve)
+BENCH_DEFAULTS = {"steps": 20, "rounds": 3, "batch_size": None, "calls": 50, "model": Path("models/stage_two"),
+                  "prior": Path("models/prior.json"), "rows": 500_000, "dataset": "trec50", "data": Path("data/validated"),
+                  "train": Path("data/augmented/train.jsonl")}
+BENCH_FLAGS = {"epochs": ("steps", "rounds", "batch_size", "data", "train"),
+               "passes": ("steps", "rounds", "batch_size", "data", "train"),
+               "serve": ("calls", "rounds", "batch_size", "model", "prior", "data"), "read": ("rows",), "validate": ("dataset",)}
+
+
+def _with_bench_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with each unset flag at its default, once a flag the benchmark does not read is refused by name (it
+    was ignored: `bench read --steps 5` read 500,000 rows, as asked of no one), and so is a --prior not there."""
+    unread = [name for name in BENCH_DEFAULTS if getattr(args, name) is not None and name not in BENCH_FLAGS[args.what]]
+    if unread:
+        flags = ", ".join("--" + name.replace("_", "-") for name in unread)
+        raise ConfigError(f"tqc bench {args.what} does not read {flags}: it reads "
+                          + (", ".join("--" + name.replace("_", "-") for name in BENCH_FLAGS[args.what]) or "no option"))
+    if args.prior is not None and not args.prior.is_file():  # the default may be absent (no shift); one asked for not
+        raise ConfigError(f"--prior {args.prior}: no such file (leave --prior out to time the rule without a shift "
+                          "where models/prior.json is not there)")
+    return argparse.Namespace(**{**vars(args), **{name: default for name, default in BENCH_DEFAULTS.items()
+                                                  if getattr(args, name) is None}})
+
+
 def _bench(args: argparse.Namespace, params: Params) -> None:
     from tqc import bench
 
+    args = _with_bench_defaults(args)
     batch_size = args.batch_size or (256 if args.what == "serve" else 32)
     if args.what == "epochs":
         report = bench.epochs(params, args.steps, batch_size, args.data, args.train, args.rounds)

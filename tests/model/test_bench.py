@@ -202,3 +202,16 @@ def test_the_serving_benchmark_needs_an_exemplar_k(tmp_path, capsys):
 
     assert main(["--set", "evaluate.exemplar_k=0", "bench", "serve", "--data", str(tmp_path)]) == 2
     assert "evaluate.exemplar_k is 0" in capsys.readouterr().err
+
+
+def test_a_flag_the_benchmark_does_not_read_is_refused_by_name(tmp_path, capsys):
+    """`bench read --steps 5` read its 500,000 rows and said nothing; `bench serve --prior typo.json` timed the standard
+    rule without a shift, as if none had been asked for."""
+    from tqc.cli import main
+
+    assert main(["bench", "read", "--steps", "5", "--calls", "2"]) == 2
+    assert "tqc bench read does not read --steps, --calls: it reads --rows" in capsys.readouterr().err
+    assert main(["bench", "validate", "--data", str(tmp_path)]) == 2
+    assert "tqc bench validate does not read --data: it reads --dataset" in capsys.readouterr().err
+    assert main(["bench", "serve", "--prior", str(tmp_path / "typo.json"), "--data", str(tmp_path)]) == 2
+    assert f"--prior {tmp_path / 'typo.json'}: no such file" in capsys.readouterr().err
