@@ -317,15 +317,17 @@ def _blank(fields: list[str], lines: list[str]) -> bool:
 
 def row_as_csv(row: LabeledQuestion) -> str:
     """A labeled question as the `text,label` CSV line a quarantine record shows, quoted where a field needs it."""
-    return _as_csv([row.text, row.class_id])
+    return csv_record([row.text, row.class_id])
 
 
-def _as_csv(fields: list[str]) -> str:
-    """A record as a CSV line, quoted where a field needs it: a quarantined `"Paris, France?",LOC,extra` shows its
-    three fields, where joining them with commas read as four."""
+def csv_record(fields: list) -> str:
+    """A record as CSV, with no line terminator, each field quoted where a reader needs it: a quarantined
+    `"Paris, France?",LOC,extra` shows its three fields, where joining them with commas read as four, and a field
+    holding a line break (`\n` or a lone `\r`) stays one field. The writer quotes only the line-break characters of
+    its own terminator, so it is given both and its terminator cut off."""
     buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="").writerow(fields)
-    return buffer.getvalue()
+    csv.writer(buffer, lineterminator="\r\n").writerow(fields)
+    return buffer.getvalue()[:-2]
 
 
 def _swallowed_rows(fields: list[str], columns: int, start_line: int, label_index: int, labels: OneLineLabels) -> str:
@@ -376,16 +378,16 @@ def read_headerless_pairs(path: Path) -> ReadResult:
     for line_number, fields in records:
         swallowed = _swallowed_rows(fields, 2, line_number, 1, labels)
         if swallowed:
-            result.rejected.append(RejectedRow(str(path), line_number, swallowed, _as_csv(fields)))
+            result.rejected.append(RejectedRow(str(path), line_number, swallowed, csv_record(fields)))
             continue
         if len(fields) != 2:
             result.rejected.append(
-                RejectedRow(str(path), line_number, f"expected 2 columns (question, label), found {len(fields)}", _as_csv(fields))
+                RejectedRow(str(path), line_number, f"expected 2 columns (question, label), found {len(fields)}", csv_record(fields))
             )
             continue
         text, label = (f.strip() for f in fields)
         if not normalise(label):  # a zero-width space alone is no label either
-            result.rejected.append(RejectedRow(str(path), line_number, "empty label", _as_csv(fields)))
+            result.rejected.append(RejectedRow(str(path), line_number, "empty label", csv_record(fields)))
             continue
         result.rows.append(LabeledQuestion(text, label, f"{path}:{line_number}"))
     return result
@@ -409,7 +411,7 @@ def read_table(path: Path, text_column: str, label_column: str, source_column: s
                                                                                       source_column)
         if reason:  # a CSV record's content is written out only here, for the few rows rejected
             result.rejected.append(RejectedRow(str(path), line_number, reason,
-                                               _as_csv(original) if isinstance(original, list) else original))
+                                               csv_record(original) if isinstance(original, list) else original))
             continue
         text, label = record[text_column], record[label_column]
         source = f"{path}:{line_number}"
@@ -464,7 +466,7 @@ def _encodable(text: str) -> bool:
 
 
 def _csv_dict_records(path: Path, columns: list[str]) -> list[tuple[int, dict | _Unusable, list[str]]]:
-    """(line, record or the reason it is unusable, its fields, which `_as_csv` writes out for a rejected one) for each
+    """(line, record or the reason it is unusable, its fields, which `csv_record` writes out for a rejected one) for each
     data row. A header without one of `columns` is an error about the header, not a rejection of every row."""
     records = _csv_records(path, header=True)
     if not records:

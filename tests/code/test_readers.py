@@ -11,6 +11,7 @@ from tqc.readers import (
     ReadResult,
     RejectedRow,
     added_standard_questions,
+    csv_record,
     decode_file,
     label_in_words,
     read_catalog_file,
@@ -590,6 +591,11 @@ def test_a_rejected_records_content_keeps_its_quoting(tmp_path):
     table.write_text('text,label\n"Where is Paris, France?",LOC,extra\n')
     rejected, = read_table(table, "text", "label").rejected
     assert rejected.content == '"Where is Paris, France?",LOC,extra'  # three fields, not four
+    # a field over two lines stays one quoted field (the writer quotes only its own terminator's line breaks)
+    table.write_text('text,label\n"Where is it,\nor was it?",LOC,extra\n')
+    rejected, = read_table(table, "text", "label").rejected
+    assert rejected.content == '"Where is it,\nor was it?",LOC,extra'
+    assert csv_record(["one\rtwo", "x"]) == '"one\rtwo",x'
 
 
 def test_the_header_is_the_first_line_that_is_not_blank_and_may_not_repeat_a_column(tmp_path):

@@ -296,13 +296,10 @@ def _write_similarity_profile(plots_dir: Path, scores: dict[str, np.ndarray], qu
 
 
 def _write_csv(path: Path, rows: list[list]) -> None:
-    """A plot's data as CSV, each field quoted where it needs to be: a class id may hold a comma, a quote or a line
-    break (a quoted catalog id), which joined by hand would cut its row in two."""
-    import csv
+    """A plot's data as CSV, each field quoted where it needs to be (`csv_record`): a class id may hold a comma, a
+    quote or a line break (a quoted catalog id), which joined by hand would cut its row in two."""
+    from tqc.readers import csv_record
 
-    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8", newline="") as handle:
-        # Under a "\n" terminator the writer quotes a field holding "\n" but not a lone "\r", a line break to readers
-        plain, quoted = (csv.writer(handle, lineterminator="\n", quoting=q) for q in (csv.QUOTE_MINIMAL, csv.QUOTE_ALL))
-        for row in rows:
-            (quoted if any("\r" in str(field) for field in row) else plain).writerow(row)
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(csv_record(row) + "\n" for row in rows), encoding="utf-8")
 
