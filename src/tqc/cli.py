@@ -455,8 +455,8 @@ def _ablate(args: argparse.Namespace, params: Params) -> None:
     raise SystemExit(1)
 
 
-# Each benchmark's flags and their defaults (batch_size: 32, or 256 for serve)
-BENCH_DEFAULTS = {"steps": 20, "rounds": 3, "batch_size": None, "calls": 50, "model": Path("models/stage_two"),
+# Each benchmark's flags and their defaults (batch_size: 256 for serve, `_with_bench_defaults`)
+BENCH_DEFAULTS = {"steps": 20, "rounds": 3, "batch_size": 32, "calls": 50, "model": Path("models/stage_two"),
                   "prior": Path("models/prior.json"), "rows": 500_000, "dataset": "trec50", "data": Path("data/validated"),
                   "train": Path("data/augmented/train.jsonl")}
 BENCH_FLAGS = {"epochs": ("steps", "rounds", "batch_size", "data", "train"),
@@ -475,7 +475,8 @@ def _with_bench_defaults(args: argparse.Namespace) -> argparse.Namespace:
     if args.prior is not None and not args.prior.is_file():  # the default may be absent (no shift); one asked for not
         raise ConfigError(f"--prior {args.prior}: no such file (leave --prior out to time the rule without a shift "
                           "where models/prior.json is not there)")
-    return argparse.Namespace(**{**vars(args), **{name: default for name, default in BENCH_DEFAULTS.items()
+    defaults = {**BENCH_DEFAULTS, **({"batch_size": 256} if args.what == "serve" else {})}
+    return argparse.Namespace(**{**vars(args), **{name: default for name, default in defaults.items()
                                                   if getattr(args, name) is None}})
 
 
@@ -483,17 +484,16 @@ def _bench(args: argparse.Namespace, params: Params) -> None:
     from tqc import bench
 
     args = _with_bench_defaults(args)
-    batch_size = args.batch_size or (256 if args.what == "serve" else 32)
     if args.what == "epochs":
-        report = bench.epochs(params, args.steps, batch_size, args.data, args.train, args.rounds)
+        report = bench.epochs(params, args.steps, args.batch_size, args.data, args.train, args.rounds)
     elif args.what == "passes":
-        report = bench.passes(params, args.steps, batch_size, args.train, args.rounds, data_dir=args.data)
+        report = bench.passes(params, args.steps, args.batch_size, args.train, args.rounds, data_dir=args.data)
     elif args.what == "serve":
         if params.evaluate.exemplar_k < 1:
             raise ConfigError("tqc bench serve: evaluate.exemplar_k is 0, and it times the exemplar rule with that k; "
                               "--set evaluate.exemplar_k=2")
         report = bench.serving(args.model, args.data, args.prior if args.prior.is_file() else None,
-                               params.evaluate.exemplar_k, args.calls, batch_size, args.rounds)
+                               params.evaluate.exemplar_k, args.calls, args.batch_size, args.rounds)
     elif args.what == "read":
         report = bench.reading(args.rows)
     else:

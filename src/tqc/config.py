@@ -346,7 +346,6 @@ class TrackingParams(Strict):
     experiment: str = Field("tqc", min_length=1)
 
 
-
 class PromoteParams(Strict):
     """The champion/challenger gate on the *validation* split (never test)."""
 

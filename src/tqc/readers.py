@@ -330,7 +330,7 @@ def csv_record(fields: list) -> str:
     return buffer.getvalue()[:-2]
 
 
-def _swallowed_rows(fields: list[str], columns: int, start_line: int, label_index: int, labels: OneLineLabels) -> str:
+def _swallowed_rows(fields: list[str], columns: int, start_line: int, label_index: int, labels: _FileLabels) -> str:
     """Why a record looks like rows swallowed by a quote never closed ("" when it does not): a line inside one of its
     quoted fields reads as a whole row of `columns` cells whose label cell is a label the file's rows use
     (`What does LOL mean?,DESC`), or a single word as labels are where the rest of the line asks a question
@@ -357,7 +357,7 @@ def _swallowed_rows(fields: list[str], columns: int, start_line: int, label_inde
 
 
 @dataclass(frozen=True)
-class OneLineLabels:
+class _FileLabels:
     """The labels a file's records end in, what a swallowed row would end in too; `repeat`: whether one of them
     labels two records, as labeled questions' do and a catalog's class ids never do."""
 
@@ -365,16 +365,16 @@ class OneLineLabels:
     repeat: bool
 
 
-def _one_line_labels(records: list[tuple[int, list[str]]], columns: int, label_index: int) -> OneLineLabels:
+def _file_labels(records: list[tuple[int, list[str]]], columns: int, label_index: int) -> _FileLabels:
     labels = [fields[label_index].strip() for _, fields in records if len(fields) == columns]
-    return OneLineLabels(frozenset(labels), len(set(labels)) < len(labels))
+    return _FileLabels(frozenset(labels), len(set(labels)) < len(labels))
 
 
 def read_headerless_pairs(path: Path) -> ReadResult:
     """COVID-Q split files: no header, two columns (question, label)."""
     result = ReadResult()
     records = _csv_records(path)
-    labels = _one_line_labels(records, 2, 1)
+    labels = _file_labels(records, 2, 1)
     for line_number, fields in records:
         swallowed = _swallowed_rows(fields, 2, line_number, 1, labels)
         if swallowed:
@@ -482,7 +482,7 @@ def _csv_dict_records(path: Path, columns: list[str]) -> list[tuple[int, dict | 
     rows = []
     # a label column to tell rows swallowed by an unclosed quote from a question over several lines (none: texts only)
     label_index = header.index(columns[1]) if len(columns) > 1 else None
-    labels = _one_line_labels(records[1:], len(header), label_index) if label_index is not None else None
+    labels = _file_labels(records[1:], len(header), label_index) if label_index is not None else None
     for line_number, fields in records[1:]:
         swallowed = _swallowed_rows(fields, len(header), line_number, label_index, labels) if label_index is not None else ""
         if swallowed:
