@@ -48,10 +48,11 @@ def load_reference(against: Path) -> Reference:
         raise UnreadableReference(f"{against}: the current data to check against cannot be read: {exc}") from None
 
 
-def check_batch(path: Path, against: Path | Reference, params: Params) -> dict:
+def check_batch(path: Path, against: Path | Reference, params: Params, content: bytes | None = None) -> dict:
     """What would be accepted and what quarantined, and why. Raises ReaderError or ValidationFailed for a bad
     batch, UnreadableReference for a bad `against`. `against` is the validate stage's folder, or a Reference
-    loaded from it once for several batches (the retrain flow's delivery).
+    loaded from it once for several batches (the retrain flow's delivery). `content`: the file's bytes, where the
+    caller read them itself (as `read_table`).
 
     The rows are judged as the training rows they would become: a critical row-level expectation makes
     the file unusable when it would fail for more than `max_quarantined_fraction` of the grown training
@@ -59,7 +60,8 @@ def check_batch(path: Path, against: Path | Reference, params: Params) -> dict:
     quarantined, each with its line, and the others accepted."""
     reference = against if isinstance(against, Reference) else load_reference(against)
     catalog, current = reference.catalog, reference.splits
-    parsed = require_rows(read_table(path, params.data.custom.text_column, params.data.custom.label_column), path)
+    parsed = require_rows(read_table(path, params.data.custom.text_column, params.data.custom.label_column,
+                                     content=content), path)
     # `b` is the catalog's `B`, not a stray label, as ingest reads a custom dataset's labels under `derive`; a shipped
     # dataset's ids are fixed, so a delivery's label alike one is read as it too. `quarantine` reads labels exactly.
     if params.data.dataset != "custom" or params.data.custom.unknown_labels == "derive":

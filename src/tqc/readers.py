@@ -90,12 +90,15 @@ class DatasetSplits:
     catalog: Catalog
 
 
-def decode_file(path: Path) -> str:
-    """Text of `path` as UTF-8, with every byte-order mark that starts a line dropped (files joined with `cat`
-    each bring theirs: a second header must read as the header). In a line that is not valid UTF-8, the invalid
-    bytes are read as Windows-1252 (what such files mostly are: `what\x92s` is "what’s"), or as Latin-1 where
-    Windows-1252 leaves a byte undefined, with a warning naming the line, so one stray byte garbles neither the
-    rest of its line nor the file's other lines. Lines are numbered as `split_lines` numbers them (\n, \r\n or \r)."""
+def decode_file(path: Path, content: bytes | None = None) -> str:
+    """Text of `path` (or of `content`, its bytes as a caller read them, named `path` in messages) as UTF-8, with every
+    byte-order mark that starts a line dropped (files joined with `cat` each bring theirs: a second header must read
+    as the header). In a line that is not valid UTF-8, the invalid bytes are read as Windows-1252 (what such files
+    mostly are: `what\x92s` is "what’s"), or as Latin-1 where Windows-1252 leaves a byte undefined, with a warning
+    naming the line, so one stray byte garbles neither the rest of its line nor the file's other lines. Lines are
+    numbered as `split_lines` numbers them (\n, \r\n or \r)."""
+    if content is not None:
+        return decode_bytes(content, str(path))
     if path.is_dir():
         raise ReaderError(f"{path}: a folder, not a file")
     if not path.is_file():
@@ -214,9 +217,9 @@ def read_trec(path: Path, granularity: str) -> ReadResult:
     return result
 
 
-def _csv_records(path: Path, header: bool = False) -> list[tuple[int, list[str]]]:
+def _csv_records(path: Path, header: bool = False, content: bytes | None = None) -> list[tuple[int, list[str]]]:
     """(line number of the record's start, fields) for every CSV record but blank lines; quoted newlines kept."""
-    text = _stray_carriage_returns_as_spaces(decode_file(path), path, header)
+    text = _stray_carriage_returns_as_spaces(decode_file(path, content), path, header)
     if not text.strip():
         raise ReaderError(f"{path}: file is empty")
     # Long rows (a 1 MB question) are read whole and judged by the validate stage's length bound.
@@ -400,11 +403,13 @@ class _Unusable:
     reason: str
 
 
-def read_table(path: Path, text_column: str, label_column: str, source_column: str | None = None) -> ReadResult:
+def read_table(path: Path, text_column: str, label_column: str, source_column: str | None = None,
+               content: bytes | None = None) -> ReadResult:
     """A user's CSV (with header) or JSONL file, through a column mapping; `source_column`, for
-    rows made offline, names the question each row was made from (kept in `named_sources`)."""
+    rows made offline, names the question each row was made from (kept in `named_sources`). `content`: the file's
+    bytes, where the caller read them itself (the retrain flow parses the very bytes it hashed)."""
     columns = [c for c in (text_column, label_column, source_column) if c is not None]
-    records = _jsonl_records(path) if is_jsonl(path) else _csv_dict_records(path, columns)
+    records = _jsonl_records(path, content) if is_jsonl(path) else _csv_dict_records(path, columns, content)
     result = ReadResult()
     for line_number, record, original in records:
         reason = record.reason if isinstance(record, _Unusable) else _unusable_values(record, text_column, label_column,
@@ -465,10 +470,11 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _csv_dict_records(path: Path, columns: list[str]) -> list[tuple[int, dict | _Unusable, list[str]]]:
+def _csv_dict_records(path: Path, columns: list[str],
+                      content: bytes | None = None) -> list[tuple[int, dict | _Unusable, list[str]]]:
     """(line, record or the reason it is unusable, its fields, which `csv_record` writes out for a rejected one) for each
     data row. A header without one of `columns` is an error about the header, not a rejection of every row."""
-    records = _csv_records(path, header=True)
+    records = _csv_records(path, header=True, content=content)
     if not records:
         raise ReaderError(f"{path}: file is empty")
     header_line, header = records[0][0], [h.strip() for h in records[0][1]]  # the first record that is not blank
@@ -528,9 +534,9 @@ def is_jsonl(path: Path) -> bool:
     return path.suffix.lower() in JSONL_SUFFIXES
 
 
-def _jsonl_records(path: Path) -> list[tuple[int, dict | _Unusable, str]]:
+def _jsonl_records(path: Path, content: bytes | None = None) -> list[tuple[int, dict | _Unusable, str]]:
     rows = []
-    text = _stray_carriage_returns_as_spaces(decode_file(path), path)  # JSON whitespace may hold a CR: not a line break
+    text = _stray_carriage_returns_as_spaces(decode_file(path, content), path)  # JSON whitespace may hold a CR: not a line break
     if not text.strip():
         raise ReaderError(f"{path}: file is empty")
     for line_number, line in enumerate(split_lines(text), start=1):
@@ -571,9 +577,9 @@ def read_catalog_file(path: Path, id_column: str = "class_id", text_column: str 
 
 
 def read_catalog_rows(path: Path, id_column: str = "class_id", text_column: str = "text",
-                      taken: dict[str, str] | None = None) -> list[tuple[StandardQuestion, int]]:
-    """`read_catalog_file`'s standard questions, each with the file line it was read from."""
-    result = read_table(path, text_column=text_column, label_column=id_column)
+                      taken: dict[str, str] | None = None, content: bytes | None = None) -> list[tuple[StandardQuestion, int]]:
+    """`read_catalog_file`'s standard questions, each with the file line it was read from (`content`: as `read_table`)."""
+    result = read_table(path, text_column=text_column, label_column=id_column, content=content)
     if result.rejected:
         bad = result.rejected[0]
         message = f"{bad.file}, line {bad.line}: catalog row unusable: {bad.reason}"

@@ -6,17 +6,21 @@ New labeled questions arrive as files in an inbox. A retrain:
    added rows or classes is a repeat delivery and is archived as such, adding nothing. One that
    nothing was taken from (unusable, or every row quarantined) is judged again: its reason may
    have been fixed since, and rows it shares with the current data are quarantined as duplicates.
+   So is a labeled file some of whose rows were quarantined, when a catalog file comes with it:
+   the quarantine asks for the classes its rows lacked in just that way.
 2. `stage`: copies the current additions (data/raw) into a staging folder and merges the new
    files into the copy: catalog files first (new standard questions, i.e. new classes), then
    labeled files, each judged by the validate stage's own contract against the current data
    (`tqc.incoming.check_batch`). Rejected rows go to quarantine with file, line and reason.
+   Each file is read once: the bytes parsed are the bytes hashed, which `commit` archives by.
 3. `train` / `judge`: the pipeline's stage functions on the staged data, then the promotion
    gate against the registry's champion. With `retrain.mode: refresh` (it serves the exemplar rule; promote.rule exemplars or auto)
    `refresh` replaces `train`: the champion's encoder, untrained, serves the grown data's
    labeled questions, and the same gate judges it.
 4. `commit`: the staged additions replace data/raw atomically, `dvc add` records the new data
    version (`dvc push` when a remote is configured), then the inbox files move to the archive
-   and the manifest. Until this step nothing outside the staging folder has changed, so a
+   and the manifest. Refused, changing nothing, when data/raw changed since `stage` copied it
+   (an edit or a checkout during the run), which writing the copy back would undo. Until this step nothing outside the staging folder has changed, so a
    failed or killed retrain leaves the raw data as it was; a commit that fails is rolled back
    at once, and one killed midway from its journal when the next run starts. The champion
    alias moves only in `judge`, after a model is fully trained.
@@ -28,6 +32,7 @@ quarantined as a duplicate of the current data by the validate contract.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -112,8 +117,13 @@ def pick_up(params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
 def split_repeats(files: list[Incoming], params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
     """(new files, repeat deliveries) of `files`, in their order: a repeat has the bytes of a file the manifest says
     added rows or classes, or of an earlier one of `files`. A file nothing was taken from (unusable, or every row
-    quarantined: a label not yet in the catalog, say) may come again once its reason is fixed."""
-    seen = {entry["sha256"] for entry in manifest(params) if entry["outcome"] == "merged" and entry.get("accepted", 0) > 0}
+    quarantined: a label not yet in the catalog, say) may come again once its reason is fixed. So may a labeled file
+    that was partly quarantined, beside a catalog file: what the quarantine's hint for a new class asks for (its rows
+    merged before are quarantined then as duplicates, the rows of the new classes merge)."""
+    brings_classes = any(incoming.is_catalog for incoming in files)
+    seen = {entry["sha256"] for entry in manifest(params)
+            if entry["outcome"] == "merged" and entry.get("accepted", 0) > 0
+            and not (brings_classes and entry.get("kind") == "labeled" and entry.get("quarantined", 0) > 0)}
     new, repeats = [], []
     for incoming in files:
         (repeats if incoming.sha256 in seen else new).append(incoming)
@@ -148,6 +158,8 @@ class Staged:
     raw: Path  # the staged additions folder (labeled.jsonl, catalog.jsonl)
     outcomes: list[FileOutcome] = field(default_factory=list)
     quarantined_rows: list[dict] = field(default_factory=list)
+    # each additions file's sha256 as `stage` copied it (None: there was none): `commit` refuses to write over a change
+    base: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def accepted(self) -> int:
@@ -179,10 +191,13 @@ def stage(files: list[Incoming], params: Params, staging: Path) -> Staged:
     for name in (ADDED_QUESTIONS, ADDED_CATALOG):
         if (current / name).exists():
             shutil.copy2(current / name, raw / name)
-    staged = Staged(raw)
+    staged = Staged(raw, base=_additions_digests(raw))
+    read = [_read_once(incoming) for incoming in files]
+    contents = {incoming.path: content for incoming, content in read}
+    files = [incoming for incoming, _ in read]  # each with the sha256 of the bytes read, which it is archived by
     catalogs = [f for f in files if f.is_catalog]
     for incoming in catalogs:
-        staged.outcomes.append(_merge_catalog(incoming, params, raw, staged))
+        staged.outcomes.append(_merge_catalog(incoming, params, raw, staged, contents[incoming.path]))
     labeled = [f for f in files if not f.is_catalog]
     if labeled:
         # Each new file is judged against the current data (with the new classes) as ingested: the rows the training
@@ -190,13 +205,32 @@ def stage(files: list[Incoming], params: Params, staging: Path) -> Staged:
         # so a delivered copy of a question the data holds under two labels was accepted there, then quarantined
         # unreported by training's validate. Not augmented, which would only cost time.
         reference = ingested_data(_with_additions(params, raw), staging / "reference")
-        staged.outcomes.extend(_merge_labeled(labeled, params, raw, reference, staged))
+        staged.outcomes.extend(_merge_labeled(labeled, params, raw, reference, staged, contents))
     for outcome in staged.outcomes:
         if outcome.outcome == "unusable":  # said here, in the quarantine and in the summary, not only in the manifest
             log.warning("retrain: %s is unusable: %s", outcome.file, outcome.reason)
             staged.quarantined_rows.append(quarantine_record(outcome.file, outcome.sha256, {
                 "line": None, "expectations": ["usable_file"], "reason": f"unusable file: {outcome.reason}"}))
     return staged
+
+
+def _read_once(incoming: Incoming) -> tuple[Incoming, bytes | None]:
+    """(the file with the sha256 of the bytes read now, those bytes): what is parsed is what is hashed, so a file
+    written again since it was picked up (a copy made over it, half done as it is read) is merged as read and, since
+    it no longer holds those bytes, stays in the inbox (`archive`). None where it cannot be read: the reader says why."""
+    try:
+        content = incoming.path.read_bytes()
+    except OSError:
+        return incoming, None
+    digest = hashlib.sha256(content).hexdigest()
+    if digest != incoming.sha256:
+        log.warning("retrain: %s changed after it was picked up: merged as it reads now, and left in the inbox unless it "
+                    "still reads so when archived", incoming.path)
+    return Incoming(incoming.path, digest), content
+
+
+def _additions_digests(folder: Path) -> dict[str, str | None]:
+    return {name: sha256(folder / name) if (folder / name).exists() else None for name in (ADDED_QUESTIONS, ADDED_CATALOG)}
 
 
 def additions_dir(params: Params) -> Path:
@@ -211,7 +245,7 @@ def _with_additions(params: Params, raw: Path) -> Params:
     return params.with_overrides({"data": {"additions": str(raw)}})
 
 
-def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged) -> FileOutcome:
+def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged, content: bytes | None) -> FileOutcome:
     """New classes from a catalog file. A row without text, or whose text is another class's, makes the
     file unusable here, by file and line: merged, it would fail the validate contract on every retrain."""
     from tqc.text import normalise
@@ -221,7 +255,7 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged
     current = [(q.class_id, q.text) for q in _base_catalog(params).questions] + [(r["class_id"], r["text"]) for r in staged_rows]
     try:
         rows = read_catalog_rows(incoming.path, params.data.custom.catalog_id_column, params.data.custom.catalog_text_column,
-                                 taken={normalise(text): class_id for class_id, text in current})
+                                 taken={normalise(text): class_id for class_id, text in current}, content=content)
     except (ReaderError, ValueError) as exc:
         outcome.outcome, outcome.reason = "unusable", str(exc)
         if isinstance(exc, MissingColumns):  # labeled questions, say, in a file whose name made it a catalog
@@ -259,7 +293,8 @@ def _base_catalog(params: Params) -> Catalog:
     return read_dataset(params.data.model_copy(update={"additions": None})).catalog
 
 
-def _merge_labeled(files: list[Incoming], params: Params, raw: Path, against: Path, staged: Staged) -> list[FileOutcome]:
+def _merge_labeled(files: list[Incoming], params: Params, raw: Path, against: Path, staged: Staged,
+                   contents: dict[Path, bytes | None]) -> list[FileOutcome]:
     """Each file judged by the validate contract against the current data; then the delivery's files against each
     other, as validate compares the rows of one file: of a question that several files carry with one label the
     first copy is kept, and with two labels every copy is quarantined, since nothing says which label is right."""
@@ -270,7 +305,7 @@ def _merge_labeled(files: list[Incoming], params: Params, raw: Path, against: Pa
     reports = {}  # file → check_batch's report, or the exception that made it unusable
     for incoming in files:
         try:
-            reports[incoming] = check_batch(incoming.path, reference, params)
+            reports[incoming] = check_batch(incoming.path, reference, params, contents[incoming.path])
         except (ReaderError, ValidationFailed) as exc:
             reports[incoming] = exc
     copies = defaultdict(list)  # normalised text → [(file name, line, label)] over the delivery, in file order
@@ -471,6 +506,8 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
     # Nothing accepted (repeats only, or every row quarantined): the data stays as it is. The staging
     # folder may then hold anything, a failed earlier run's rows say, and must not be copied.
     names = [name for name in (ADDED_QUESTIONS, ADDED_CATALOG) if staged.accepted and (staged.raw / name).exists()]
+    if names:
+        _require_unchanged_since_staged(raw, staged)
     committed = [raw / name for name in names]
     dvc_written = [*(Path(f"{p}.dvc") for p in committed), raw / ".gitignore"]  # what dvc add writes beside the data
     # the manifest first: a roll-back stopped by a full disk after it leaves no file recorded as merged whose rows
@@ -488,14 +525,28 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
         dvc = _dvc_record(committed, params.retrain.push)
         if staged.quarantined_rows:
             _quarantine(Path(params.retrain.quarantine), staged.quarantined_rows)
-        by_file = {o.file: o for o in staged.outcomes}
-        entries = [archive(f, by_file[str(f.path)], params.retrain, archived) for f in files]
+        by_file = {o.file: o for o in staged.outcomes}  # each outcome with the sha256 of the bytes it judged
+        entries = [archive(Incoming(f.path, by_file[str(f.path)].sha256), by_file[str(f.path)], params.retrain, archived)
+                   for f in files]
         entries += [archive(f, repeat_outcome(f), params.retrain, archived) for f in repeats]
     except BaseException:
         journal.roll_back()  # if this fails too, the journal stays for the next run
         raise
     journal.close()
     return {"committed": [str(p) for p in committed], "dvc": dvc, "archived": entries}
+
+
+def _require_unchanged_since_staged(raw: Path, staged: Staged) -> None:
+    """Refuse to write the staged additions over a data/raw that changed during the run (a label fixed by hand, a
+    `dvc checkout`): the staged copy holds the old version, and writing it back would undo that change unsaid."""
+    if not staged.base:  # a Staged made by hand, with nothing copied to compare
+        return
+    now = _additions_digests(raw)
+    changed = [str(raw / name) for name, digest in staged.base.items() if now.get(name) != digest]
+    if changed:
+        raise RetrainCommitError(f"{', '.join(changed)} changed during this run (edited, or checked out): nothing is "
+                                 "committed, so that change stands; the delivered files stay in the inbox, and the "
+                                 "next run merges them into the data as it is then")
 
 
 def journal_dir(params: RetrainParams) -> Path:

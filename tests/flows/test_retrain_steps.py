@@ -177,6 +177,78 @@ def test_rows_appended_to_a_file_during_a_run_are_read_by_the_next_one(project):
     assert sorted(r["text"] for r in added_rows(project)) == sorted(first + late) and not path.exists()
 
 
+def test_a_file_copied_again_over_itself_while_read_is_merged_as_read_and_stays_in_the_inbox(project, monkeypatch):
+    """Picked up whole, read while the same export is copied over it again (cp truncates, then writes), whole again
+    when archived: the bytes parsed are the bytes hashed, so the file is not archived on its pick-up hash with the
+    rows it did not hold when read (they were lost: the archived copy read as processed)."""
+    params = load_params(project / "params.yaml")
+    questions = unseen_questions(project, "LOC", 6)
+    path = drop(project, "export.csv", [(q, "LOC") for q in questions])
+    whole = path.read_bytes()
+    files, _ = steps.pick_up(params.retrain)
+    path.write_bytes(whole[: whole.index(b"\n", whole.index(b"\n") + 1) + 1])  # the copy so far: header, one row
+    staged = steps.stage(files, params, Path(params.retrain.work_dir))
+    path.write_bytes(whole)  # the copy is done: the bytes picked up
+
+    entry, = steps.commit(params, staged, files, [])["archived"]
+
+    assert (entry["read"], entry["accepted"]) == (1, 1) and entry["sha256"] != files[0].sha256  # what was read
+    assert path.exists() and entry["archived_as"] is None and "next run reads it again" in entry["not_archived"]
+    staged_again, again = deliver(project)  # the whole file is new: not a repeat of what was read
+    assert outcome_of(staged_again, "export.csv").accepted == 5  # the first row is in the data already
+    steps.commit(params, staged_again, again, [])
+    assert sorted(r["text"] for r in added_rows(project)) == sorted(questions) and not path.exists()
+
+
+def test_a_commit_refuses_to_write_over_data_raw_changed_during_the_run(project):
+    """A label fixed by hand in data/raw while a retrain trains: the staged copy holds the old one, and writing it
+    back would undo the fix (and `dvc add` would record the undoing). Nothing is committed and the delivery waits."""
+    params = load_params(project / "params.yaml")
+    drop(project, "first.csv", [(q, "HUM") for q in unseen_questions(project, "LOC", 3)])  # LOC questions, mislabeled
+    staged, files = deliver(project)
+    steps.commit(params, staged, files, [])
+    path = drop(project, "second.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
+    staged, files = deliver(project)
+    raw = project / "data" / "raw" / "labeled.jsonl"
+    fixed = "".join(json.dumps({**row, "class_id": "LOC"}) + "\n" for row in added_rows(project))
+    raw.write_text(fixed)  # the fix, made during the second run
+    manifest = (Path(params.retrain.archive) / steps.MANIFEST).read_bytes()
+
+    with pytest.raises(steps.RetrainCommitError, match=r"labeled\.jsonl changed during this run"):
+        steps.commit(params, staged, files, [])
+
+    assert raw.read_text() == fixed and path.exists()  # the fix stands; the delivery stays for the next run
+    assert (Path(params.retrain.archive) / steps.MANIFEST).read_bytes() == manifest
+    assert not steps.journal_dir(params.retrain).exists()
+    staged, files = deliver(project)
+    steps.commit(params, staged, files, [])
+    assert [row["class_id"] for row in added_rows(project)] == ["LOC"] * 3 + ["HUM"] * 2 and not path.exists()
+
+
+def test_a_partly_quarantined_file_delivered_again_beside_a_catalog_file_merges_the_new_classs_rows(project):
+    """The quarantine's hint for a label the catalog lacks: a catalog file of its standard question beside the rows.
+    Followed with the same file, whose other rows were merged, it is judged again rather than taken for a repeat."""
+    params = load_params(project / "params.yaml")
+    loc, food = unseen_questions(project, "LOC", 2), unseen_questions(project, "HUM", 3)
+    path = drop(project, "mixed.csv", [(q, "LOC") for q in loc] + [(q, "FOOD") for q in food])
+    delivered = path.read_bytes()
+    staged, files = deliver(project)
+    assert (outcome_of(staged, "mixed.csv").accepted, outcome_of(staged, "mixed.csv").quarantined) == (2, 3)
+    steps.commit(params, staged, files, [])
+    path.write_bytes(delivered)
+    (path.parent / "catalog-food.csv").write_text("class_id,text\nFOOD,Which food is it?\n")
+    assert steps.pick_up(params.retrain)[1] == []  # with a catalog file beside it: judged again, not a repeat
+
+    staged, files = deliver(project)
+    steps.commit(params, staged, files, [])
+
+    mixed = outcome_of(staged, "mixed.csv")
+    assert (mixed.accepted, mixed.quarantined) == (3, 2)  # the LOC rows, merged before, are duplicates now
+    assert sorted(r["text"] for r in added_rows(project) if r["class_id"] == "FOOD") == sorted(food)
+    path.write_bytes(delivered)  # the same bytes alone, later: a repeat again
+    assert [f.path.name for f in steps.pick_up(params.retrain)[1]] == ["mixed.csv"]
+
+
 def test_rows_appended_between_the_archive_check_and_the_move_are_not_archived_unread(project, monkeypatch):
     """The file is hashed again once moved: a write that lands after the last check but before the move puts it back
     in the inbox, and the next run reads the late rows."""
