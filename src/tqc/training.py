@@ -21,15 +21,22 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from tqc import distributed
-from tqc.config import Schedule
+from tqc.config import Schedule, TrainParams
 from tqc.device import autocast
 from tqc.io import atomic_path
-from tqc.losses import same_class_mask
+from tqc.losses import LossFn, make_loss, same_class_mask
 from tqc.metrics import DivergedScores, summary
 from tqc.model.encoder import BiEncoder, LastEncodings, TextEncoder
 from tqc.schema import Catalog, LabeledQuestion, UnknownClass
 
 log = logging.getLogger(__name__)
+
+
+def stage_loss(params: TrainParams, section: str) -> LossFn:
+    """A training stage's loss, once what its settings would not do is said (`TrainParams.loss_notes`)."""
+    for note in params.loss_notes(section):
+        log.warning("%s: %s", section.replace("_", " "), note)
+    return make_loss(params.loss, params.temperature, params.margin, params.smoothing)
 
 
 @dataclass(frozen=True)
@@ -169,6 +176,7 @@ def fit(
             log.info("%s: no validation gain for %d epochs; stopping early", description, patience)
             break
     model.load_state_dict(best_state)
+    model.eval()  # the kept weights as they score: dropout and cutoff off for whoever calls the model next
     log.info("%s: kept epoch %d (validation macro-F1 %.4f)", description, best_epoch, best_f1)
     return FitResult.of(history)
 

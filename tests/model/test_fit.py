@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from tqc.config import Schedule
+from tqc.config import Schedule, StageTwoParams
 from tqc.metrics import summary
-from tqc.training import fit
+from tqc.training import fit, stage_loss
 
 
 def test_an_epoch_whose_validation_scores_are_nan_counts_as_zero_and_the_best_epoch_is_kept(caplog):
@@ -31,6 +31,25 @@ def test_an_epoch_whose_validation_scores_are_nan_counts_as_zero_and_the_best_ep
     assert [r.validation_macro_f1 for r in result.history] == [1.0, 0.0]
     assert result.best_epoch == 0 and torch.equal(model.weight, weights_before)
     assert "toy: epoch 1: validation scores hold NaN or +inf in 1 row(s)" in caplog.text
+
+
+def test_a_fit_leaves_its_kept_weights_in_eval_mode_whatever_trained_last():
+    """Training switches dropout on; the model handed back is the kept epoch's, as it scores (dropout off), so a
+    caller that embeds without `encode()` gets no random drops."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5))
+    scores = iter([np.array([[0.9, 0.1], [0.2, 0.8]]), np.array([[0.1, 0.9], [0.8, 0.2]])])  # epoch 1 worse: 0 kept
+    fit(model, [{"params": model.parameters(), "lr": 0.1}], lambda rows: model(torch.ones(len(rows), 2)).sum(), 4,
+        lambda: summary(next(scores), np.array([0, 1])), Schedule(epochs=1, batch_size=2, patience=1), seed=0,
+        description="toy")
+    assert not model.training and not any(module.training for module in model.modules())
+
+
+def test_a_stage_loss_says_a_smoothing_its_loss_never_reads(caplog):
+    with caplog.at_level(logging.WARNING):
+        loss_fn = stage_loss(StageTwoParams(loss="hinge", smoothing=0.2), "stage_two")
+    assert "stage two: stage_two.smoothing is 0.2, and only loss sdml reads it: loss hinge trains without it" in caplog.text
+    assert loss_fn.func.__name__ == "hinge" and loss_fn.keywords == {"margin": 0.2}
 
 
 def test_a_fit_read_back_from_its_history_file_is_the_fit_that_wrote_it(tmp_path):

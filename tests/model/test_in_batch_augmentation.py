@@ -70,7 +70,7 @@ def test_the_balanced_set_is_scored_without_the_prior_and_its_synthetic_share_re
     """Its labels are uniform: a prior there biased scores toward the tail (its minimiser is −w·log π). Its share
     follows SharpReCL's t / T for t = 1 … T, so the last step is all synthetic, not (T−1)/T."""
     shares = []
-    real_balanced_set, real_make_loss = stage_one.balanced_set, stage_one.make_loss
+    real_balanced_set, real_stage_loss = stage_one.balanced_set, stage_one.stage_loss
 
     def recording_set(questions, labels, prototypes, per_class, share, *args, **kwargs):
         shares.append(share)
@@ -80,10 +80,10 @@ def test_the_balanced_set_is_scored_without_the_prior_and_its_synthetic_share_re
         seen = []
 
         def recording_loss(*args):
-            loss = real_make_loss(*args)
+            loss = real_stage_loss(*args)
             return lambda scores, target, excluded: seen.append(scores.detach().clone()) or loss(scores, target, excluded)
 
-        monkeypatch.setattr(stage_one, "make_loss", recording_loss)
+        monkeypatch.setattr(stage_one, "stage_loss", recording_loss)
         torch.manual_seed(0)
         model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
         params = PARAMS.model_copy(update={"max_steps": 3, "learning_rate": 1e-12})
@@ -112,17 +112,17 @@ def test_cross_encoding_feeds_joined_inputs_and_relevance_targets(tiny_model_dir
 def _record_loss_calls(monkeypatch, stage) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """(scores, excluded) of every call of `stage`'s loss from here on, on the CPU."""
     calls = []
-    make_loss = stage.make_loss
+    stage_loss = stage.stage_loss
 
     def recording(*args):
-        loss_fn = make_loss(*args)
+        loss_fn = stage_loss(*args)
 
         def loss(scores, target, excluded):
             calls.append((scores.detach().cpu(), None if excluded is None else excluded.cpu()))
             return loss_fn(scores, target, excluded)
         return loss
 
-    monkeypatch.setattr(stage, "make_loss", recording)
+    monkeypatch.setattr(stage, "stage_loss", recording)
     return calls
 
 

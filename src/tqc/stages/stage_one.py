@@ -21,14 +21,14 @@ import torch
 
 from tqc.config import AugmentParams, CrossEncodingParams, ModelParams, PrototypeMixupParams, StageOneParams
 from tqc.device import pick_device, seed_everything
-from tqc.losses import LossFn, class_log_prior, make_loss, prior_offsets, same_class_mask
+from tqc.losses import LossFn, class_log_prior, prior_offsets, same_class_mask
 from tqc.model.cross_encoding import joined_inputs, question_that_fits
 from tqc.model.encoder import BiEncoder
 from tqc.model.prototype_mixup import balanced_set, synthetic_share
 from tqc.model.similarity import scores_directions_only
 from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.training import (FitResult, bi_encoder_validator, fit, gold_indices, parameter_groups, standard_text_groups,
-                           steps_per_epoch, twin_columns, write_outputs)
+                           stage_loss, steps_per_epoch, twin_columns, write_outputs)
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +62,7 @@ def train(
     augment = augment or AugmentParams()
     gold = torch.as_tensor(gold_indices(train_rows, catalog))
     texts = [q.text for q in train_rows]
-    loss_fn = make_loss(params.loss, params.temperature, params.margin, params.smoothing)
-    for note in params.loss_notes("stage_one"):
-        log.warning("stage one: %s", note)
+    loss_fn = stage_loss(params, "stage_one")
     groups = standard_text_groups(catalog)  # None unless classes share a standard question
     mixup = augment.prototype_mixup
     log_pi = class_log_prior(gold, len(catalog))  # (P,) the mix of the rows this stage trains on

@@ -13,12 +13,12 @@ import torch
 
 from tqc.config import AugmentParams, StageTwoParams
 from tqc.device import pick_device, seed_everything
-from tqc.losses import class_log_prior, make_loss, prior_offsets
+from tqc.losses import class_log_prior, prior_offsets
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.stages.mine import load_negatives
 from tqc.training import (FitResult, bi_encoder_validator, fit, gold_indices, parameter_groups, standard_text_groups,
-                           twin_columns, write_outputs)
+                           stage_loss, twin_columns, write_outputs)
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +45,7 @@ def train(
 ) -> FitResult:
     gold = torch.as_tensor(gold_indices(train_rows, catalog))
     texts = [q.text for q in train_rows]
-    loss_fn = make_loss(params.loss, params.temperature, params.margin, params.smoothing)
-    for note in params.loss_notes("stage_two"):
-        log.warning("stage two: %s", note)
+    loss_fn = stage_loss(params, "stage_two")
     column_offsets = prior_offsets(class_log_prior(gold, len(catalog)), params.logit_adjustment, params.temperature)  # (P,)
     groups = standard_text_groups(catalog)  # None unless classes share a standard question
 
