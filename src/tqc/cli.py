@@ -201,9 +201,12 @@ def dispatch(args: argparse.Namespace) -> None:
     """Run one command: those that need no params.yaml first, then the rest with the loaded params."""
     applying = args.command == "tune" and args.apply  # writes a best_params.yaml into --params, which it does not load
     if args.overrides and (args.command in WITHOUT_PARAMS or applying):
+        if args.command == "predict":  # it reads tracking.uri of --params's file, and nothing else of params
+            raise ConfigError(f"--set: `tqc predict` takes no params from --set, so {', '.join(args.overrides)} would "
+                              "change nothing (a models:/ URI's registry is --tracking-uri, else tracking.uri in "
+                              "--params's file, then $MLFLOW_TRACKING_URI; its other options: tqc predict --help)")
         raise ConfigError(f"--set: `tqc {args.command}{' --apply' if applying else ''}` reads no params, "
-                          f"so {', '.join(args.overrides)} would change nothing" + (
-                              " (its own options: tqc predict --help)" if args.command == "predict" else ""))
+                          f"so {', '.join(args.overrides)} would change nothing")
     if applying:
         _apply_tuned(args)
         return

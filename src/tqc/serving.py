@@ -459,12 +459,12 @@ def register(model_dir: Path, catalog_path: Path, prior_path: Path | None, model
     config, entry, exemplar_rows = _served_content(model_dir, prior_path, top_k, exemplars)
     digest = content_digest(model_dir, catalog_path, config, entry, exemplar_rows)
     answers = answers_digest(model_dir, catalog_path, config, entry, exemplar_rows)
-    existing = _tagged_with(client, model_name, digest)
+    existing = _servable(model_name, _tagged_with(client, model_name, digest))
     for legacy in LEGACY_DIGESTS:  # a registry filled before knows it by an older digest: its tags move to this one
         if existing:
             break
-        existing = _tagged_with(client, model_name, content_digest(model_dir, catalog_path, config, entry, exemplar_rows,
-                                                                   legacy=legacy))
+        existing = _servable(model_name, _tagged_with(client, model_name, content_digest(
+            model_dir, catalog_path, config, entry, exemplar_rows, legacy=legacy)))
         for version in existing:
             client.set_model_version_tag(model_name, version.version, DIGEST_TAG, digest)
     if existing:
@@ -589,6 +589,40 @@ def answers_of(client, model_name: str, holder, model_dir: Path, catalog_path: P
 
 def _tagged_with(client, model_name: str, digest: str) -> list:
     return client.search_model_versions(f"name='{model_name}' and tags.{DIGEST_TAG}='{digest}'")
+
+
+def _servable(model_name: str, versions: list) -> list:
+    """`versions` whose model folder the artifact store still holds. One whose files are gone (a store cleaned up or
+    moved) is that content no more, whatever its digest tag says: found again, it would stand in for the new model and
+    fail every load, so the content is registered anew beside it."""
+    kept = [version for version in versions if _model_config_present(model_name, str(version.version))]
+    for version in versions:
+        if version not in kept:
+            logging.getLogger(__name__).warning("%s v%s has this content's digest, but its model folder is gone from the "
+                                                "artifact store: the content is registered again as a new version",
+                                                model_name, version.version)
+    return kept
+
+
+def _model_config_present(model_name: str, version: str) -> bool:
+    """Whether registered `version`'s model folder still has its config (`tqc_model.json`), fetched alone: a cheap
+    sign that its files are there, where loading the version would read its weights."""
+    import tempfile
+
+    import mlflow.artifacts
+    from mlflow.exceptions import MlflowException
+    from mlflow.models import get_model_info
+
+    from tqc.model.encoder import MODEL_CONFIG
+
+    try:
+        model = get_model_info(f"models:/{model_name}/{version}").flavors["python_function"]["artifacts"]["model"]["path"]
+        with tempfile.TemporaryDirectory(prefix="tqc-registered-config-") as scratch:
+            mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{version}/{model}/{MODEL_CONFIG}",
+                                                dst_path=scratch)
+    except (MlflowException, OSError, KeyError, TypeError):
+        return False
+    return True
 
 
 def _prior_tags(entry: dict | None) -> dict[str, str]:

@@ -466,7 +466,7 @@ def test_fetch_verify_only_fails_on_a_missing_file_and_set_is_refused_where_no_p
         cli.main(["fetch", "--verify-only", "--dest", str(tmp_path)])
     assert exited.value.code == 1 and "MISSING OR CHANGED" in capsys.readouterr().out
     assert cli.main(["--set", "evaluate.exemplar_k=5", "predict", "--model", str(tmp_path), "where is it"]) == 2
-    assert "`tqc predict` reads no params, so evaluate.exemplar_k=5 would change nothing" in capsys.readouterr().err
+    assert "`tqc predict` takes no params from --set, so evaluate.exemplar_k=5 would change nothing" in capsys.readouterr().err
 
 
 def test_set_is_refused_by_tune_apply_but_reaches_a_tune_search(tmp_path, capsys):
@@ -490,7 +490,9 @@ def test_set_is_read_before_and_after_the_command_in_order(tmp_path, capsys):
                                ).overrides == ["seed=1", "seed=2", "data.dataset=trec50"]  # the last of a key wins
     assert cli.parse_arguments(["ingest", *paths]).overrides == []
     assert cli.main(["predict", "--set", "seed=1", "q"]) == 2  # a command that reads no params still refuses it
-    assert "`tqc predict` reads no params, so seed=1 would change nothing" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "`tqc predict` takes no params from --set, so seed=1 would change nothing" in error
+    assert "registry is --tracking-uri, else tracking.uri in --params's file" in error  # which it does read
 
 
 def test_set_on_ablate_is_refused_for_params_no_cell_reads(tmp_path, capsys):

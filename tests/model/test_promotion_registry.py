@@ -821,6 +821,76 @@ def test_a_first_model_with_no_unseen_validation_question_still_becomes_champion
     assert report["validation"]["n"] == 0 and report["validation"]["left_out_as_learnt_from"] == 10
 
 
+def _remove_model_folder(registry, version: str) -> None:
+    """Registered `version`'s logged model, gone from the local artifact store (a store cleaned up, say)."""
+    import mlflow
+
+    model_id = mlflow.MlflowClient().get_model_version("tqc-admc", version).source.removeprefix("models:/")  # m-…
+    assert model_id.startswith("m-")
+    folders = [p for p in Path(registry.uri.removeprefix("sqlite:///")).parent.rglob(model_id) if p.is_dir()]
+    assert folders, model_id
+    for folder in folders:  # the logged model's own folder, and any copy of it the store keeps by its id
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_version_whose_files_are_gone_is_not_found_again_nor_set_champion_by_hand(tiny_model_dir, data_dir, tmp_path,
+                                                                                    registry, capsys):
+    """v1's files gone, the same content promoted again stood in as v1 by its digest and failed every load, with
+    `tqc predict`'s "register it again" no way out; and `tqc set-champion` moved the alias onto a version that could not
+    be loaded. The content is registered anew, and set-champion loads a version before it moves the alias."""
+    import mlflow
+    import yaml
+
+    from tqc.cli import main
+
+    weak = untrained(tiny_model_dir, tmp_path / "weak")
+    with standalone_run("promote", registry) as tracker:
+        assert promote.run(data_dir, weak, None, PromoteParams(bootstrap_samples=200), tmp_path / "p.json", tracker)["promoted"]
+    _remove_model_folder(registry, "1")
+
+    with standalone_run("promote", registry) as tracker, pytest.raises(promote.ChampionUnavailable, match="v1, the champion"):
+        promote.run(data_dir, weak, None, PromoteParams(bootstrap_samples=200), tmp_path / "p.json", tracker)
+    client = mlflow.MlflowClient()
+    assert sorted(str(v.version) for v in client.search_model_versions("name='tqc-admc'")) == ["1", "2"]  # v2: anew
+
+    params = yaml.safe_load((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
+    params["tracking"]["uri"] = registry.uri
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "2"]) == 0
+    capsys.readouterr()
+    assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "1"]) == 2
+    assert "tqc-admc v1 cannot be loaded, so it cannot be served" in capsys.readouterr().err
+    assert _alias_version() == "2"
+
+
+def test_the_same_weights_registered_for_another_top_k_are_not_handed_an_alias_taken_by_hand(tiny_model_dir, data_dir,
+                                                                                              tmp_path, registry, capsys):
+    """After `tqc set-champion 1` took the alias from v2, v2's weights under another `promote.top_k` (a new version: the
+    digest holds top_k) won the gate as v2 had and took the alias back unasked."""
+    import mlflow
+    import yaml
+
+    from tqc.cli import main
+
+    challenger = _champion_v1(tiny_model_dir, data_dir, tmp_path, registry)
+    take_anything = PromoteParams(bootstrap_samples=200, min_improvement=-1.0, tail_tolerance=1.0)
+    with standalone_run("promote", registry) as tracker:
+        assert promote.run(data_dir, challenger, None, take_anything, tmp_path / "p.json", tracker)["promoted"]
+    params = yaml.safe_load((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
+    params["tracking"]["uri"] = registry.uri
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "1"]) == 0
+    capsys.readouterr()
+
+    with standalone_run("promote", registry) as tracker:
+        report = promote.run(data_dir, challenger, None, take_anything.model_copy(update={"top_k": 3}), tmp_path / "p.json",
+                             tracker)
+
+    assert report["challenger_version"] == "3" and not report["promoted"] and _alias_version() == "1"
+    assert report["reasons"][0].startswith("v3 gives the answers of v2, which lost champion by hand at ")
+    assert mlflow.MlflowClient().get_model_version("tqc-admc", "3").tags["promotion"] == "rejected"
+
+
 def test_a_champion_whose_artifacts_cannot_be_read_is_named_and_the_challenger_is_registered(tiny_model_dir, data_dir,
                                                                                            tmp_path, registry):
     """Its record is read before the challenger is registered; a champion that cannot be read is still the champion's

@@ -95,8 +95,9 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         _tags_follow_the_alias(client, params.model_name, alias_holder)
     is_champion = champion_version == version  # the same content as the champion: its tags and alias stay
     # A version a person took the alias from (a rollback) found again by its digest, as any re-run of promote on
-    # unchanged weights finds it: the gate, which it passed once, would hand the alias back unasked
-    rolled_back = _taken_by_hand(client, params, version) if registered_before and not is_champion else None
+    # unchanged weights finds it, or registered again with its answers (another top_k): the gate, which it passed
+    # once, would hand the alias back unasked
+    rolled_back = None if is_champion else _taken_by_hand(client, params, version, answers)
     # The champion's answers, served otherwise (top_k): no validation gate can tell the two apart, so none judges it
     same_answers = not is_champion and alias_holder is not None and answers == answers_of(
         client, params.model_name, alias_holder, model_dir, data_dir / "catalog.jsonl",
@@ -134,7 +135,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     if is_champion:
         decision = _already_champion(decision, version)
     elif rolled_back is not None:
-        decision = _taken_back(decision, version, rolled_back, params)
+        decision = _taken_back(decision, version, *rolled_back, params)
     elif same_answers:
         decision = _same_answers(decision, champion_version)
     elif incomparable:
@@ -152,7 +153,8 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     # same two versions again instead of finding the challenger already holding the alias.
     if decision.promote:
         _move_alias(client, params, version)
-    elif not is_champion and rolled_back is None:  # a version rolled back keeps its tags: superseded, and by whom
+    elif not is_champion and (rolled_back is None or rolled_back[0] != version):  # one rolled back keeps its tags:
+        # superseded, and by whom
         client.set_model_version_tag(params.model_name, version, "promotion", "incomparable" if incomparable else "rejected")
     log.info("promote: %s v%s %s; %s", params.model_name, version,
              f"is now {params.alias}" if decision.promote else f"not promoted ({params.alias} stays v{champion_version})",
@@ -214,6 +216,7 @@ def set_champion(params: PromoteParams, version: str) -> tuple[str, str | None]:
     import datetime
 
     import mlflow
+    import mlflow.pyfunc
     from mlflow.exceptions import MlflowException
 
     from tqc.serving import NOT_FOUND_CODES, alias_version
@@ -229,6 +232,11 @@ def set_champion(params: PromoteParams, version: str) -> tuple[str, str | None]:
     if chosen.tags.get("promotion") == "failed":  # registered, but it could not answer the validation questions
         raise ConfigError(f"{params.model_name} v{version} is tagged promotion: failed: it could not answer the "
                           "validation questions when it was judged, so it is not served")
+    try:  # loaded as serving loads it: an alias on a version whose files are gone would serve nothing
+        mlflow.pyfunc.load_model(f"models:/{params.model_name}/{version}")
+    except (MlflowException, OSError, ValueError) as exc:
+        raise ConfigError(f"{params.model_name} v{version} cannot be loaded, so it cannot be served "
+                          f"({type(exc).__name__}: {exc}); {params.alias} stays where it is") from None
     holder = alias_version(client, params.model_name, params.alias)
     before = str(holder.version) if holder is not None else None
     if before == version:
@@ -382,16 +390,26 @@ def taken_by_hand_tag(alias: str) -> str:
     return f"alias_taken_by_hand.{alias}"
 
 
-def _taken_by_hand(client, params: PromoteParams, version: str) -> str | None:
-    """When a person moved `params.alias` off `version` with `tqc set-champion`, or None. (An alias moved in MLflow's
-    own UI or client leaves no such mark, and a rollback made before the tag existed none either: the holder's
-    `alias_set_by_hand` outlives a later gate promotion, so it cannot tell which version a person took it from.)"""
-    return client.get_model_version(params.model_name, version).tags.get(taken_by_hand_tag(params.alias))
+def _taken_by_hand(client, params: PromoteParams, version: str, answers: str) -> tuple[str, str] | None:
+    """(the version a person moved `params.alias` off with `tqc set-champion`, when) for `version`, or for any version
+    giving its answers (`answers_digest`: the same weights registered again for another `promote.top_k`), or None.
+    (An alias moved in MLflow's own UI or client leaves no such mark, and a rollback made before the tag existed none
+    either: the holder's `alias_set_by_hand` outlives a later gate promotion, so it cannot tell which version a person
+    took it from.)"""
+    from tqc.serving import ANSWERS_TAG
+
+    tag = taken_by_hand_tag(params.alias)
+    same = client.search_model_versions(f"name='{params.model_name}' and tags.{ANSWERS_TAG}='{answers}'")
+    for candidate in [client.get_model_version(params.model_name, version), *same]:
+        if tag in candidate.tags:
+            return str(candidate.version), candidate.tags[tag]
+    return None
 
 
-def _taken_back(decision, version: str, when: str, params: PromoteParams):
+def _taken_back(decision, version: str, taken_from: str, when: str, params: PromoteParams):
+    whose = f"v{version}" if taken_from == version else f"v{version} gives the answers of v{taken_from}, which"
     return replace(decision, promote=False, reasons=[
-        f"v{version} lost {params.alias} by hand at {when} (tqc set-champion): a gate does not hand it back; "
+        f"{whose} lost {params.alias} by hand at {when} (tqc set-champion): a gate does not hand it back; "
         f"`tqc set-champion {version}` serves it again"] + decision.reasons)
 
 
