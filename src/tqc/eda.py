@@ -9,18 +9,33 @@ from __future__ import annotations
 import random
 import re
 from collections import defaultdict
+from dataclasses import dataclass
+
+from tqc.text import normalise
 
 OPERATIONS = ("swap", "delete", "insert")
 
-# Chinese and Japanese are written without spaces between words: there a character (an ideograph or a kana, each
-# whole, with no combining marks) is the unit EDA moves, since a whole question would otherwise be one "word" that
+# Chinese and Japanese are written without spaces between words: there a character (an ideograph or a kana, with the
+# kana voicing marks that follow it) is the unit EDA moves, since a whole question would otherwise be one "word" that
 # no swap or deletion can change and that an insertion only doubles. Their punctuation (、。「」) and the full-width
-# forms (，？！) are units of their own too, joined without spaces, or an edited question would come back with
-# spaces its held-out copy lacks and escape augment's comparisons with validation and test. Scripts whose characters
-# carry combining marks (Thai, Khmer, …) keep whitespace words: moving a vowel sign off its consonant makes no text.
-UNSPACED = "\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
-UNITS = re.compile(f"[{UNSPACED}]|[^\\s{UNSPACED}]+")
+# punctuation (，？！) are units of their own too. Full-width letters and digits (Ｗｈａｔ, ３) are written with spaces
+# between words, as their ASCII forms are, and stay whitespace words. Scripts whose characters carry combining marks
+# (Thai, Khmer, …) keep whitespace words: moving a vowel sign off its consonant makes no text.
+UNSPACED = ("\u3000-\u303f\u3041-\u3096\u309b-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+            "\uff01-\uff0f\uff1a-\uff20\uff3b-\uff40\uff5b-\uff65")
+VOICING_MARKS = "\u3099\u309a"  # combining: they stay with the kana before them
+UNITS = re.compile(f"[{UNSPACED}][{VOICING_MARKS}]*|[^\\s{UNSPACED}]+")
 IS_UNSPACED = re.compile(f"[{UNSPACED}]")
+
+
+@dataclass(frozen=True)
+class Spacing:
+    """Where a question puts spaces beside the characters of an unspaced script. An edited question is written as its
+    original was: re-spaced ("我有3张卡" as "我有 3 张卡"), it would escape augment's comparisons with validation and
+    test, which compare texts as validate does (spaces count)."""
+
+    between_unspaced: bool = False  # "我 有" (a corpus segmented into words) or "我有"
+    across_scripts: bool = True  # "我有 3 张" or "我有3张": beside a word of another script, or a digit
 
 
 def words_of(text: str) -> list[str]:
@@ -28,12 +43,31 @@ def words_of(text: str) -> list[str]:
     return UNITS.findall(text)
 
 
-def joined(words: list[str]) -> str:
-    """Units back into text: a space between two units unless both are characters of an unspaced script."""
+def spacing_of(text: str) -> Spacing:
+    """The question's own spacing: for each kind of neighbouring units it has, whether most of them have a space
+    between; a kind it lacks (an insertion may bring one) keeps `Spacing`'s default."""
+    votes: dict[str, list[bool]] = {"between_unspaced": [], "across_scripts": []}
+    units = list(UNITS.finditer(text))
+    for before, after in zip(units, units[1:]):
+        unspaced = [bool(IS_UNSPACED.match(unit.group())) for unit in (before, after)]
+        if any(unspaced):
+            kind = "between_unspaced" if all(unspaced) else "across_scripts"
+            votes[kind].append(before.end() != after.start())  # only whitespace lies between two units
+    default = Spacing()
+    return Spacing(**{kind: (2 * sum(spaced) > len(spaced)) if 2 * sum(spaced) != len(spaced) else getattr(default, kind)
+                      for kind, spaced in votes.items()})
+
+
+def joined(words: list[str], spacing: Spacing = Spacing()) -> str:
+    """Units back into text: a space between two whitespace words, and beside an unspaced script's character as
+    `spacing` says."""
     text = ""
     for word in words:
-        spaced = text and not (IS_UNSPACED.match(word) and IS_UNSPACED.match(text[-1]))
-        text += (" " if spaced else "") + word
+        if text:
+            unspaced = (bool(IS_UNSPACED.match(text[-1]) or text[-1] in VOICING_MARKS), bool(IS_UNSPACED.match(word)))
+            spaced = (True if not any(unspaced) else spacing.between_unspaced if all(unspaced) else spacing.across_scripts)
+            text += " " if spaced else ""
+        text += word
     return text
 
 
@@ -70,11 +104,12 @@ def random_insert(words: list[str], n: int, vocabulary: list[str], rng: random.R
 def augment_text(text: str, vocabulary: list[str], rng: random.Random, alpha: float = 0.1, attempts: int = 4) -> str:
     """One random operation on round(alpha · words) positions (at least one), of those that can change the question, drawn
     again (up to `attempts` times) while it leaves the question as it was (a swap of two equal words): a copy is no
-    augmentation. A question nothing changes (one word, and no vocabulary to insert from) stays."""
-    words = words_of(text)
+    augmentation, nor is a question left with invisible characters alone ("\u200b"), which validate would refuse. A
+    question nothing changes (one word, and no vocabulary to insert from) stays."""
+    words, spacing, original = words_of(text), spacing_of(text), normalise(text)
     for _ in range(attempts):
-        changed = joined(_one_operation(words, vocabulary, rng, alpha))
-        if changed != joined(words):
+        changed = joined(_one_operation(words, vocabulary, rng, alpha), spacing)
+        if normalise(changed) not in ("", original):  # as validate compares: a new question, and not an empty one
             return changed
     return text  # as it came, not re-spaced
 

@@ -102,6 +102,31 @@ def test_eda_moves_the_characters_of_chinese_and_japanese_questions_which_have_n
     assert len(set(made)) > 5 and rows[0].text not in made
 
 
+def test_an_eda_edit_keeps_its_questions_spacing_full_width_words_and_never_comes_back_empty():
+    """Re-spaced ("我有3张卡吗" edited to "我有 3 张卡"), an edit escaped augment's comparison with a test question
+    "我有3张卡"; full-width Latin ("Ｗｈａｔ ｉｓ") was cut into letters with the spaces lost; and an edit could leave
+    a zero-width space alone, a row validate would refuse as empty."""
+    import random
+
+    from tqc.eda import Spacing, augment_text, joined, spacing_of, words_of
+    from tqc.text import normalise
+
+    assert spacing_of("我有3张卡吗") == Spacing(between_unspaced=False, across_scripts=False)
+    assert spacing_of("我 有 三 张 卡") == Spacing(between_unspaced=True, across_scripts=True)  # a segmented corpus
+    for text in ("我有3张卡吗", "我 有 三 张 卡", "where is 北京 now?", "我用 iPhone 吗", "Ｗｈａｔ ｉｓ ｍｙ ｂａｌａｎｃｅ"):
+        assert joined(words_of(text), spacing_of(text)) == text
+    assert joined(["我", "有", "3", "张", "卡"], spacing_of("我有3张卡吗")) == "我有3张卡"  # a deletion: the test question
+    assert words_of("Ｗｈａｔ ｉｓ ｍｙ") == ["Ｗｈａｔ", "ｉｓ", "ｍｙ"] and words_of("か\u3099き") == ["か\u3099", "き"]
+    rng = random.Random(0)
+    made = [augment_text("我有3张卡吗", list("我有3张卡吗的"), rng) for _ in range(20)]
+    assert all(" " not in text for text in made)
+    made = [augment_text("Ｗｈａｔ ｉｓ ｍｙ ｂａｌａｎｃｅ", [], rng) for _ in range(10)]
+    assert all(set(text.split()) <= {"Ｗｈａｔ", "ｉｓ", "ｍｙ", "ｂａｌａｎｃｅ"} and " " in text for text in made)
+    for seed in range(20):  # a deletion down to the zero-width space alone is no edit: an original's copy instead
+        edited = augment_text("balance \u200b", [], random.Random(seed))
+        assert normalise(edited) != ""
+
+
 def test_the_long_tail_follows_sharprecl_counts():
     from tqc.stages.ingest import long_tail
 

@@ -281,6 +281,21 @@ def test_texts_that_read_the_same_are_the_same_question_for_leakage_and_duplicat
     assert reasons == {1: ["no_leakage"], 3: ["no_duplicates"]}
 
 
+def test_a_clean_question_stands_when_its_first_copy_is_quarantined_for_a_fault_of_its_own(tmp_path):
+    """`What is X\x85` (a mis-decoded byte, which str.split reads as a space) and `What is X` are one question as
+    validate compares texts: the first went for its control character and the clean one as its duplicate, so the
+    question was lost. The duplicate is of the first copy that stands, which the reason names."""
+    train = [("What is X\x85", "a"), ("What is X", "a"), ("fine", "b"), ("what is x", "a"), ("long " + "y" * 1000, "b"),
+             ("long " + "y" * 1000 + "\u200b", "b")]  # the second copy too long as well: a duplicate of none
+    write_splits(tmp_path / "in", train, [("kept", "a")], [("held out", "b")])
+    run_validate(tmp_path)
+    quarantined = {q["line"]: q for q in read_jsonl(tmp_path / "quarantine.jsonl")}
+    assert {line: q["expectations"] for line, q in quarantined.items()} == {
+        1: ["no_control_characters"], 4: ["no_duplicates"], 5: ["text_length"], 6: ["text_length"]}
+    assert quarantined[4]["reason"] == "no_duplicates: duplicate of train.csv, line 2"
+    assert [q["text"] for q in read_jsonl(tmp_path / "out" / "train.jsonl")] == ["What is X", "fine"]
+
+
 def test_a_validation_question_labelled_otherwise_in_train_is_quarantined_with_its_train_copy(tmp_path):
     write_splits(tmp_path / "in", [("close my account", "a"), ("fine", "a"), ("also fine", "b")],
                  [("Close my account", "b"), ("kept", "a")], [("held out", "a")])

@@ -225,8 +225,8 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
     under = [f"{c} ({after[c]} of {target})" for c, target in sorted(targets.items()) if after[c] < target]
     if under:  # every training row of the class is a held-out question too (validate quarantines those as leakage)
         log.warning("augment: %d class(es) under their target: %s", len(under), ", ".join(under[:10]))
-    originals = {(q.class_id, q.text) for q in questions}
-    same_as_an_original = sum((q.class_id, q.text) in originals for q in augmented[len(questions):])
+    originals = {(q.class_id, normalise(q.text)) for q in questions}  # as validate compares texts
+    same_as_an_original = sum((q.class_id, normalise(q.text)) in originals for q in augmented[len(questions):])
 
     save_questions(out_path, augmented)
     report = {

@@ -49,8 +49,10 @@ class ExpectationOutcome:
     observed: dict
 
 
-def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog) -> dict[str, pd.DataFrame]:
-    """One frame per split with the derived columns the row-level expectations test."""
+def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog,
+             max_text_chars: int | None = None) -> dict[str, pd.DataFrame]:
+    """One frame per split with the derived columns the row-level expectations test. `max_text_chars`: validate's
+    bound, for which copy of a question is its first (`first_copies`)."""
     normalised = {split: [normalise(q.text) for q in rows] for split, rows in splits.items()}
     # A row that is word for word another class's standard question (one class's alone) is labelled against the catalog
     standard_labels = _standard_question_labels(catalog)
@@ -66,11 +68,8 @@ def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog) -> dict
                 labels_per_text.setdefault(key, set()).add(q.class_id)
         for key, q in zip(keys, rows):
             labels_per_text.setdefault(key, set()).add(q.class_id)
-        seen: set[str] = set()
-        repeated = []
-        for key in keys:
-            repeated.append(key in seen)
-            seen.add(key)
+        firsts = first_copies(rows, keys, catalog, max_text_chars)
+        repeated = [key in firsts and firsts[key] < index for index, key in enumerate(keys)]
         later_splits = [set(normalised[other]) for other in LEAKAGE_PAIRS[split]]
         # an empty text fails non_empty_text; it is no copy of another empty text, nor a question that leaks
         has_text = [bool(key) for key in keys]
@@ -80,6 +79,20 @@ def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog) -> dict
         frame["leaks"] = [any(key in other for other in later_splits) and t for key, t in zip(keys, has_text)]
         frames[split] = frame.reset_index(drop=True)
     return frames
+
+
+def first_copies(rows: list[LabeledQuestion], keys: list[str], catalog: Catalog,
+                 max_text_chars: int | None = None) -> dict[str, int]:
+    """Normalised text → the index of its first copy that passes the checks judging a row alone (no control
+    characters, a catalog label, within the length bound): the copy a later one duplicates. A first copy quarantined
+    for a fault of its own (a mis-decoded byte) leaves the next one to stand, so the clean question is not lost too."""
+    class_ids, control = set(catalog.class_ids), re.compile(CONTROL_CHARACTERS)
+    firsts: dict[str, int] = {}
+    for index, (key, question) in enumerate(zip(keys, rows)):
+        if key and key not in firsts and question.class_id in class_ids and not control.search(question.text) and (
+                max_text_chars is None or len(question.text) <= max_text_chars):
+            firsts[key] = index
+    return firsts
 
 
 def _standard_question_labels(catalog: Catalog) -> dict[str, set[str]]:
@@ -224,9 +237,10 @@ def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: Va
     accepted: dict[str, list[LabeledQuestion]] = {}
     quarantined: list[dict] = []
     flagged: list[dict] = []  # test rows kept despite a warning
-    frames = annotate(splits, catalog)
+    frames = annotate(splits, catalog, params.max_text_chars)
     # the normalised texts annotate compared, not normalised again
-    explain = RowReasons(splits, catalog, {split: frame["normalised_text"].tolist() for split, frame in frames.items()})
+    explain = RowReasons(splits, catalog, {split: frame["normalised_text"].tolist() for split, frame in frames.items()},
+                         params.max_text_chars)
     for split, frame in frames.items():
         split_outcomes = validator.validate(split, frame, row_expectations(catalog, params), critical)
         outcomes += split_outcomes
@@ -278,9 +292,14 @@ class RowReasons:
     split's order is ingest's), a row or standard question with another label (`no_label_conflicts`), the split it
     leaks into, by file and line. Every lookup is built once, so a split of many conflicts costs no scan each."""
 
-    def __init__(self, splits: dict[str, list[LabeledQuestion]], catalog: Catalog, keys: dict[str, list[str]]):
+    def __init__(self, splits: dict[str, list[LabeledQuestion]], catalog: Catalog, keys: dict[str, list[str]],
+                 max_text_chars: int | None = None):
         """`keys`: each split's rows' normalised texts, as `annotate` compared them."""
         self.splits, self.keys = splits, keys
+        # split → normalised text → the source of the copy a later one duplicates (`first_copies`)
+        self.kept = {split: {key: rows[index].source for key, index in first_copies(rows, keys[split], catalog,
+                                                                                    max_text_chars).items()}
+                     for split, rows in splits.items()}
         self.first: dict[str, dict[str, str]] = {}  # split → normalised text → its first row's source
         self.labeled: dict[str, dict[str, dict[str, str]]] = {}  # split → normalised text → label → first source
         for split, rows in splits.items():
@@ -297,7 +316,7 @@ class RowReasons:
     def _one(self, split: str, index: int, name: str) -> str:
         key, question = self.keys[split][index], self.splits[split][index]
         if name == "no_duplicates":
-            return f"no_duplicates: duplicate of {file_and_line(self.first[split][key], NO_FILE)}"
+            return f"no_duplicates: duplicate of {file_and_line(self.kept[split][key], NO_FILE)}"
         if name == "no_label_conflicts":
             return f"no_label_conflicts: conflicts with {self._other_label(split, key, question.class_id)}"
         if name == "no_leakage":
