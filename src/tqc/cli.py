@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from tqc.config import ConfigError, DatasetName, EvaluateParams, Params, load_params, redact_text
-from tqc.errors import input_errors
+from tqc.errors import input_errors, registry_errors
 from tqc.launched import LOG_FORMAT, record_input_error
 from tqc.text import normalise
 from tqc.tracking import LOCAL_STORE, offline_mlflow, stage_run
@@ -872,6 +872,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tqc {args.command}: error: {exc}", file=sys.stderr)
         record_input_error(exc)  # for a parent that launched this under torchrun, which reports only "failed"
         return 2
+    except registry_errors() as exc:  # `tqc promote` against a champion that cannot answer: the message says what to do
+        print(f"tqc {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `tqc predict … | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error as Python flushes stdout at exit
         return 1

@@ -21,3 +21,12 @@ def input_errors() -> tuple[type[Exception], ...]:
 
     return (ConfigError, ReaderError, ValidationFailed, PriorFileError, UnreadableReference, UnknownClass, StaleNegatives,
             StaleClassifier, DataFileError, LaunchedInputError)
+
+
+def registry_errors() -> tuple[type[Exception], ...]:
+    """The failures of a registry whose state stops a command, each message naming the version and the way out (a
+    champion that cannot answer: repair it, or move the alias): said in one line, as a passing fault (exit 1), since
+    the same command passes once the registry is put right. Imported when called."""
+    from tqc.stages.promote import ChampionUnavailable
+
+    return (ChampionUnavailable,)

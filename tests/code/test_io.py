@@ -207,3 +207,19 @@ def test_an_os_error_is_one_line_and_exit_1_not_a_traceback(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"tqc bench: error: [Errno 21] a folder, where a file is to be written: '{tmp_path}'" in err
     assert "Traceback" not in err
+
+
+def test_a_champion_that_cannot_answer_is_one_line_and_exit_1_not_a_traceback(capsys, monkeypatch):
+    """`tqc promote` against a broken champion: the message already names the version and the way out."""
+    from tqc import cli
+    from tqc.stages.promote import ChampionUnavailable
+
+    def unavailable(args):
+        raise ChampionUnavailable("tqc-admc v1, the champion, cannot answer the validation questions (…); challenger "
+                                  "v2 is registered and not judged")
+
+    monkeypatch.setattr(cli, "dispatch", unavailable)
+    assert cli.main(["promote", "--data", "d", "--model", "m", "--prior", "p", "--report", "r"]) == 1
+    err = capsys.readouterr().err
+    assert "tqc promote: error: tqc-admc v1, the champion, cannot answer" in err and "Traceback" not in err
+
