@@ -132,6 +132,12 @@ def check_space(params: Params) -> None:
                               "macro-F1, before any class-prior shift; no NC baseline): its best value would be chance")
     if not params.tune.space:
         raise ConfigError("tune.space is empty: nothing to tune")
+    epochs = [name for name in ("stage_one.epochs", "stage_two.epochs") if name in params.tune.space]
+    if epochs and params.tune.pruner != "none":
+        raise ConfigError(f"tune.space: {', '.join(epochs)} searched under tune.pruner {params.tune.pruner}: the pruner "
+                          "compares trials step by step, and a trial's step n is stage two's epoch n − stage_one.epochs, "
+                          "so searched epochs set one trial's stage-two epoch beside another's stage-one epoch (and "
+                          "past hyperband's last step); search them with tune.pruner: none")
     base = flat_base(params)
     space = params.tune.space
     for name, dimension in space.items():
@@ -151,12 +157,30 @@ def check_space(params: Params) -> None:
 
 # A loss's own knob: it changes nothing under the other losses (`losses.make_loss`)
 KNOB_OF_LOSS = {"margin": "hinge", "smoothing": "sdml"}
+# A knob every loss reads but one: hinge compares raw scores with a margin, and has no temperature
+UNREAD_BY_LOSS = {"temperature": "hinge"}
+
+
+def _unread_in_some_trials(name: str, dimension: SearchDimension, space: dict[str, SearchDimension], base: dict,
+                           loss: str, unread_by: str) -> None:
+    """A knob searched beside a loss that never reads it: said (a `when` cannot name every loss but one), since
+    those trials' draws of it are chance, and a best trial of that loss carries one into best_params.yaml."""
+    losses = {dimension.when[loss]} if loss in dimension.when else (
+        set(space[loss].choices or []) if loss in space else {base.get(loss)})
+    if losses == {unread_by}:
+        raise ConfigError(f"tune.space.{name}: {loss} is {unread_by} in every trial, which never reads it (hinge has no "
+                          "temperature): its best value would be chance")
+    if unread_by in losses:
+        log.warning("tune: tune.space.%s is not read where %s is %s (hinge has no temperature): those trials draw it for "
+                    "nothing, and a best one of them leaves it at chance", name, loss, unread_by)
 
 
 def _acts_in_some_trial(name: str, dimension: SearchDimension, space: dict[str, SearchDimension], base: dict) -> None:
     """A loss's knob searched where no trial trains that loss is refused: its best value would be chance, and
     best_params.yaml would carry it. Searched beside other losses without a `when`, it is said."""
     stage, _, knob = name.rpartition(".")
+    if knob in UNREAD_BY_LOSS and stage:
+        _unread_in_some_trials(name, dimension, space, base, f"{stage}.loss", UNREAD_BY_LOSS[knob])
     if knob not in KNOB_OF_LOSS or not stage:
         return
     loss, needed = f"{stage}.loss", KNOB_OF_LOSS[knob]
@@ -598,7 +622,10 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
     def objective(trial) -> float:
         # first: the sampler's seed counts this worker's trials by it, failed ones too
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}:{worker}")
-        overrides = {} if trial.user_attrs.get("baseline") else sample_overrides(trial, space, base)
+        # a baseline trains the base values it was queued with: params changed since (an --apply, an edit) queue a
+        # new one, and this one must not train today's values under its old label
+        baseline = trial.user_attrs.get("baseline", False)
+        overrides = dict(trial.user_attrs.get("base_values", {})) if baseline else sample_overrides(trial, space, base)
         try:
             trial_params = params.with_overrides(unflatten(overrides))
         except ConfigError as error:
@@ -609,7 +636,7 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
         pruned = None
         with nested_run(f"trial {trial.number}", tags={"optuna.trial": str(trial.number)}) as tracker:
             # the baseline draws nothing: its run gets the values it trains with, so runs compare column by column
-            tracker.log_params(overrides or trial.user_attrs.get("base_values", {}))
+            tracker.log_params(overrides)
             try:
                 # One process a trial, whatever distributed.nproc_per_node says: the pruner must see each epoch as it
                 # ends, and tuning scales out by workers, one a GPU (flows/tune.py), not by ranks.
@@ -619,6 +646,17 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
                 tracker.set_tags({"optuna.state": "PRUNED"})
                 _drop_models(trial_dir, params)
                 pruned = stop
+            except ConfigError as error:  # refused once the model is there (model.max_length beyond its positions)
+                # The draw's fault only where the refusal names a param the trial drew (tqc's refusals name their
+                # key); the base params', or another fault said as one (a model folder unreadable), would fail every
+                # trial alike: the worker stops, loudly
+                if baseline or not any(name in str(error) for name in overrides):
+                    raise
+                log.warning("tune: trial %d drew params the model refuses, and fails: %s", trial.number, error)
+                trial.set_user_attr("refused", str(error))
+                tracker.set_tags({"optuna.state": "FAIL"})
+                _drop_models(trial_dir, params)
+                raise TrialRefused(str(error)) from None
             except TRIAL_FAILURES:
                 tracker.set_tags({"optuna.state": "FAIL"})
                 _drop_models(trial_dir, params)

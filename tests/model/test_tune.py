@@ -686,6 +686,62 @@ def test_a_trial_that_draws_params_the_config_refuses_fails_alone_and_counts_for
     assert summary["trials"] == {"COMPLETE": 2, "FAIL": 1}
 
 
+def test_a_trial_whose_draw_the_model_refuses_fails_alone_and_the_worker_samples_on(tmp_path, tiny_model_dir, monkeypatch):
+    """model.max_length 100 on a backbone of 64 positions is refused when the model is built, inside training: that
+    ConfigError stopped the worker, with the study's other trials never run and no reports written."""
+    from tqc import tune as tuning
+
+    draws = iter([100, 32])
+    monkeypatch.setattr(tuning, "sample_overrides", lambda trial, space, base: {"model.max_length": next(draws)})
+    params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir,
+                                                 space={"model.max_length": {"low": 16, "high": 128}}))
+    tune(params, tmp_path / "reports", tmp_path / "work")
+
+    study = optuna.load_study(study_name="test", storage=params.tune.storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert "model.max_length 100" in study.trials[1].user_attrs["refused"]
+    assert json.loads((tmp_path / "reports" / "summary.json").read_text())["trials"] == {"COMPLETE": 2, "FAIL": 1}
+
+
+def test_a_baseline_queued_for_earlier_base_values_trains_those_values(tmp_path, tiny_model_dir, monkeypatch):
+    """A baseline left waiting by a worker that stopped, then run after the params changed (an --apply, an edit),
+    trained the new values under its old label: best_params.yaml could then name a value no trial trained."""
+    from tqc import tune as tuning
+
+    raw = tuning_params(tmp_path, tiny_model_dir, trials=1, space={"stage_one.temperature": {"low": 0.05, "high": 0.5}})
+    tune(Params.model_validate(raw), tmp_path / "reports", tmp_path / "work")  # the study, and its baseline at 0.1
+    stale = {"stage_one.temperature": 0.07}
+    optuna.load_study(study_name="test", storage=raw["tune"]["storage"]).enqueue_trial(
+        {}, user_attrs={"baseline": True, "base_values": stale})  # as a stopped worker leaves it
+    trained, real = [], tuning.train_chain
+
+    def recording(trial_params, *args, **kwargs):
+        trained.append(trial_params.stage_one.temperature)
+        return real(trial_params, *args, **kwargs)
+
+    monkeypatch.setattr(tuning, "train_chain", recording)
+    raw["stage_one"]["temperature"], raw["tune"]["trials"] = 0.2, 2
+    tune(Params.model_validate(raw), tmp_path / "reports", tmp_path / "work")
+
+    study = optuna.load_study(study_name="test", storage=raw["tune"]["storage"])
+    labelled = [t.user_attrs["base_values"]["stage_one.temperature"] for t in study.trials[1:]]
+    assert labelled == [0.07, 0.2] and trained == labelled  # each baseline trains the values it is recorded with
+
+
+def test_searched_epochs_under_a_pruner_and_a_temperature_hinge_never_reads_are_said():
+    """A pruner compares trials step by step, and a searched stage_one.epochs moves every stage-two step; hinge
+    reads no temperature, so a temperature searched beside it is drawn for nothing in those trials."""
+    from tqc.tune import check_space
+
+    epochs = {"stage_one.epochs": {"low": 1, "high": 3}}
+    with pytest.raises(ConfigError, match=r"stage_one.epochs searched under tune.pruner median: the pruner compares"):
+        check_space(Params.model_validate({"tune": {"space": epochs, "pruner": "median"}}))
+    check_space(Params.model_validate({"tune": {"space": epochs, "pruner": "none"}}))
+    with pytest.raises(ConfigError, match=r"tune.space.stage_two.temperature: stage_two.loss is hinge in every trial"):
+        check_space(Params.model_validate({"stage_two": {"loss": "hinge"},
+                                           "tune": {"space": {"stage_two.temperature": {"low": 0.05, "high": 0.3}}}}))
+
+
 def test_the_tuner_refuses_values_that_clash_together_or_can_never_be_drawn_before_any_work():
     from tqc.config import ConfigError
     from tqc.tune import check_space
@@ -782,6 +838,7 @@ def test_a_losss_own_knob_searched_where_no_trial_trains_that_loss_is_refused(ca
     with caplog.at_level(logging.WARNING, logger="tqc.tune"):
         check_space(load_params(Path(__file__).resolve().parents[2] / "params.yaml"))  # the shipped space: both conditioned
     assert "acts only" not in caplog.text
+    assert "tune.space.stage_two.temperature is not read where stage_two.loss is hinge" in caplog.text
 
 
 @pytest.mark.parametrize("best_number, said", [
