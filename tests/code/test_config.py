@@ -287,7 +287,9 @@ def test_the_tuner_refuses_a_dimension_no_trial_could_use_before_any_work():
     refused = {
         "prior.target": ({"prior.target": {"choices": ["labeled", "uniform"]}}, "does not change what a trial is judged by"),
         "baseline_nc": ({"baseline_nc.learning_rate": {"low": 1e-5, "high": 1e-3}}, "does not change what a trial"),
-        "bounds": ({"stage_one.epochs": {"low": -3, "high": 0}}, r"stage_one.epochs = -3 is not a value the params accept"),
+        "bounds": ({"mine.k": {"low": -3, "high": 0}}, r"mine.k = -3 is not a value the params accept"),
+        # searched epochs under the default median pruner (tune.check_space), before their bounds are read
+        "epochs": ({"stage_one.epochs": {"low": -3, "high": 0}}, r"stage_one.epochs searched under tune.pruner median"),
         "choice": ({"stage_one.loss": {"choices": ["nt_xent", "typo_loss"]}}, "stage_one.loss = 'typo_loss' is not a value"),
         "empty": ({"stage_one.loss": {"choices": []}}, "choices is empty"),
         "when": ({"stage_two.margin": {"low": 0.1, "high": 0.5, "when": {"stage_two.loss": "hinj"}}},
