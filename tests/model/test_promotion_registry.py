@@ -501,6 +501,19 @@ def test_rule_auto_keeps_the_standard_rule_on_a_tie_and_with_nothing_to_judge(mo
     assert promote._served_rule("exemplars", tmp_path, tmp_path, None, 2, questions) == ("exemplars", None)  # asked: not judged
 
 
+# A gate that promotes any challenger: the tests of rollbacks need one promotion to roll back
+TAKE_ANYTHING = PromoteParams(bootstrap_samples=200, min_improvement=-1.0, tail_tolerance=1.0)
+
+
+def write_params_for(registry, path: Path) -> None:
+    """The shipped params.yaml, its tracking.uri the test's registry: what `tqc set-champion` reads."""
+    import yaml
+
+    params = yaml.safe_load((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
+    params["tracking"]["uri"] = registry.uri
+    path.write_text(yaml.safe_dump(params))
+
+
 def _champion_v1(tiny_model_dir, data_dir, tmp_path, registry):
     """v1 (an untrained model) holds the alias; returns the directory of a better challenger."""
     with standalone_run("promote", registry) as tracker:
@@ -637,9 +650,8 @@ def test_an_alias_moved_by_hand_leaves_one_version_tagged_champion(tiny_model_di
     import mlflow
 
     challenger = _champion_v1(tiny_model_dir, data_dir, tmp_path, registry)
-    take_anything = PromoteParams(bootstrap_samples=200, min_improvement=-1.0, tail_tolerance=1.0)
     with standalone_run("promote", registry) as tracker:
-        assert promote.run(data_dir, challenger, None, take_anything, tmp_path / "p.json", tracker)["promoted"]
+        assert promote.run(data_dir, challenger, None, TAKE_ANYTHING, tmp_path / "p.json", tracker)["promoted"]
     client = mlflow.MlflowClient()
     client.set_registered_model_alias("tqc-admc", "champion", "1")  # the rollback, by hand
     with standalone_run("promote", registry) as tracker:
@@ -654,17 +666,13 @@ def test_set_champion_rolls_back_by_hand_with_the_tags_following_at_once(tiny_mo
     """`tqc set-champion`: the documented rollback, so that no hand-moved alias leaves the tags saying otherwise until
     the next promote."""
     import mlflow
-    import yaml
 
     from tqc.cli import main
 
     challenger = _champion_v1(tiny_model_dir, data_dir, tmp_path, registry)
-    take_anything = PromoteParams(bootstrap_samples=200, min_improvement=-1.0, tail_tolerance=1.0)
     with standalone_run("promote", registry) as tracker:
-        assert promote.run(data_dir, challenger, None, take_anything, tmp_path / "p.json", tracker)["promoted"]
-    params = yaml.safe_load((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
-    params["tracking"]["uri"] = registry.uri
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+        assert promote.run(data_dir, challenger, None, TAKE_ANYTHING, tmp_path / "p.json", tracker)["promoted"]
+    write_params_for(registry, tmp_path / "params.yaml")
 
     assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "1"]) == 0
     assert "tqc-admc@champion: v1 (was v2; tagged superseded)" in capsys.readouterr().out
@@ -692,21 +700,17 @@ def test_a_version_rolled_back_by_hand_is_not_handed_the_alias_back_by_the_next_
     promote does) found v2 by its digest and judged it against v1 again: it won, as it had, and took the alias back
     unasked. Set by hand again, the gate judges it again."""
     import mlflow
-    import yaml
 
     from tqc.cli import main
 
     challenger = _champion_v1(tiny_model_dir, data_dir, tmp_path, registry)
-    take_anything = PromoteParams(bootstrap_samples=200, min_improvement=-1.0, tail_tolerance=1.0)
 
     def promote_v2() -> dict:
         with standalone_run("promote", registry) as tracker:
-            return promote.run(data_dir, challenger, None, take_anything, tmp_path / "p.json", tracker)
+            return promote.run(data_dir, challenger, None, TAKE_ANYTHING, tmp_path / "p.json", tracker)
 
     assert promote_v2()["promoted"]
-    params = yaml.safe_load((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
-    params["tracking"]["uri"] = registry.uri
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    write_params_for(registry, tmp_path / "params.yaml")
     assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "1"]) == 0
     capsys.readouterr()
 
@@ -729,17 +733,17 @@ def test_a_version_rolled_back_by_hand_is_not_handed_the_alias_back_by_the_next_
         next(other.parameters()).add_(0.01)  # other weights: another version
     other.save(third)
     with standalone_run("promote", registry) as tracker:
-        first_three = promote.run(data_dir, third, None, take_anything, tmp_path / "p.json", tracker)
+        first_three = promote.run(data_dir, third, None, TAKE_ANYTHING, tmp_path / "p.json", tracker)
     assert first_three["champion_version_after"] == "3", first_three["reasons"]
     with standalone_run("promote", registry) as tracker:
-        assert promote.run(data_dir, tmp_path / "weak", None, take_anything, tmp_path / "p.json", tracker)["promoted"]
+        assert promote.run(data_dir, tmp_path / "weak", None, TAKE_ANYTHING, tmp_path / "p.json", tracker)["promoted"]
     with standalone_run("promote", registry) as tracker:
-        back = promote.run(data_dir, third, None, take_anything, tmp_path / "p.json", tracker)
+        back = promote.run(data_dir, third, None, TAKE_ANYTHING, tmp_path / "p.json", tracker)
     assert back["challenger_registered_before"] and back["promoted"] and _alias_version() == "3"
 
     mlflow.MlflowClient().set_model_version_tag("tqc-admc", "3", "alias_taken_by_hand.champion", "2026-01-01T00:00:00+00:00")
     with standalone_run("promote", registry) as tracker:  # the mark is the champion alias's: another alias judges v3
-        staging = promote.run(data_dir, third, None, take_anything.model_copy(update={"alias": "staging"}),
+        staging = promote.run(data_dir, third, None, TAKE_ANYTHING.model_copy(update={"alias": "staging"}),
                               tmp_path / "s.json", tracker)
     assert staging["promoted"] and staging["champion_version_after"] == "3"
 
@@ -839,7 +843,6 @@ def test_a_version_whose_files_are_gone_is_not_found_again_nor_set_champion_by_h
     `tqc predict`'s "register it again" no way out; and `tqc set-champion` moved the alias onto a version that could not
     be loaded. The content is registered anew, and set-champion loads a version before it moves the alias."""
     import mlflow
-    import yaml
 
     from tqc.cli import main
 
@@ -853,9 +856,7 @@ def test_a_version_whose_files_are_gone_is_not_found_again_nor_set_champion_by_h
     client = mlflow.MlflowClient()
     assert sorted(str(v.version) for v in client.search_model_versions("name='tqc-admc'")) == ["1", "2"]  # v2: anew
 
-    params = yaml.safe_load((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
-    params["tracking"]["uri"] = registry.uri
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    write_params_for(registry, tmp_path / "params.yaml")
     assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "2"]) == 0
     capsys.readouterr()
     assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "1"]) == 2
@@ -868,22 +869,18 @@ def test_the_same_weights_registered_for_another_top_k_are_not_handed_an_alias_t
     """After `tqc set-champion 1` took the alias from v2, v2's weights under another `promote.top_k` (a new version: the
     digest holds top_k) won the gate as v2 had and took the alias back unasked."""
     import mlflow
-    import yaml
 
     from tqc.cli import main
 
     challenger = _champion_v1(tiny_model_dir, data_dir, tmp_path, registry)
-    take_anything = PromoteParams(bootstrap_samples=200, min_improvement=-1.0, tail_tolerance=1.0)
     with standalone_run("promote", registry) as tracker:
-        assert promote.run(data_dir, challenger, None, take_anything, tmp_path / "p.json", tracker)["promoted"]
-    params = yaml.safe_load((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
-    params["tracking"]["uri"] = registry.uri
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+        assert promote.run(data_dir, challenger, None, TAKE_ANYTHING, tmp_path / "p.json", tracker)["promoted"]
+    write_params_for(registry, tmp_path / "params.yaml")
     assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "1"]) == 0
     capsys.readouterr()
 
     with standalone_run("promote", registry) as tracker:
-        report = promote.run(data_dir, challenger, None, take_anything.model_copy(update={"top_k": 3}), tmp_path / "p.json",
+        report = promote.run(data_dir, challenger, None, TAKE_ANYTHING.model_copy(update={"top_k": 3}), tmp_path / "p.json",
                              tracker)
 
     assert report["challenger_version"] == "3" and not report["promoted"] and _alias_version() == "1"
