@@ -54,8 +54,12 @@ def spacing_of(text: str) -> Spacing:
             kind = "between_unspaced" if all(unspaced) else "across_scripts"
             votes[kind].append(before.end() != after.start())  # only whitespace lies between two units
     default = Spacing()
-    return Spacing(**{kind: (2 * sum(spaced) > len(spaced)) if 2 * sum(spaced) != len(spaced) else getattr(default, kind)
-                      for kind, spaced in votes.items()})
+    return Spacing(**{kind: _majority(spaced, getattr(default, kind)) for kind, spaced in votes.items()})
+
+
+def _majority(votes: list[bool], tie: bool) -> bool:
+    """True when most `votes` are; `tie` when they split evenly (none included)."""
+    return tie if 2 * sum(votes) == len(votes) else 2 * sum(votes) > len(votes)
 
 
 def joined(words: list[str], spacing: Spacing = Spacing()) -> str:

@@ -20,9 +20,10 @@ New labeled questions arrive as files in an inbox. A retrain:
 4. `commit`: the staged additions replace data/raw atomically, `dvc add` records the new data
    version (`dvc push` when a remote is configured), then the inbox files move to the archive
    and the manifest. Refused, changing nothing, when data/raw changed since `stage` copied it
-   (an edit or a checkout during the run), which writing the copy back would undo. Until this step nothing outside the staging folder has changed, so a
-   failed or killed retrain leaves the raw data as it was; a commit that fails is rolled back
-   at once, and one killed midway from its journal when the next run starts. The champion
+   (an edit or a checkout during the run), which writing the copy back would undo. Until this
+   step nothing outside the staging folder has changed, so a failed or killed retrain leaves
+   the raw data as it was; a commit that fails is rolled back at once, and one killed midway
+   from its journal when the next run starts. The champion
    alias moves only in `judge`, after a model is fully trained.
 
 A label is never lost: a file stays in the inbox until its rows are committed. A label is
@@ -525,9 +526,8 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
         dvc = _dvc_record(committed, params.retrain.push)
         if staged.quarantined_rows:
             _quarantine(Path(params.retrain.quarantine), staged.quarantined_rows)
-        by_file = {o.file: o for o in staged.outcomes}  # each outcome with the sha256 of the bytes it judged
-        entries = [archive(Incoming(f.path, by_file[str(f.path)].sha256), by_file[str(f.path)], params.retrain, archived)
-                   for f in files]
+        by_file = {o.file: o for o in staged.outcomes}
+        entries = [archive(f, by_file[str(f.path)], params.retrain, archived) for f in files]
         entries += [archive(f, repeat_outcome(f), params.retrain, archived) for f in repeats]
     except BaseException:
         journal.roll_back()  # if this fails too, the journal stays for the next run
@@ -693,27 +693,28 @@ def archive(incoming: Incoming, outcome: FileOutcome, params: RetrainParams,
     """Move a processed file out of the inbox and record it; the manifest write is atomic. A failure after the move
     (the manifest's write) leaves the move in `archived`, for the commit's roll-back to undo.
 
-    A file whose bytes changed since it was picked up (rows appended during the run, or a copy still being
-    written) stays in the inbox: what this run read is merged, and the next run reads the file again, so no
-    row is lost (those merged already are quarantined there as duplicates)."""
+    A file whose bytes are not those `outcome` judged (`stage` reads each file once: rows appended during the run,
+    or a copy still being written, then or since) stays in the inbox: what this run read is merged, and the next run
+    reads the file again, so no row is lost (those merged already are quarantined there as duplicates)."""
+    digest = outcome.sha256  # of the bytes judged, which may differ from the pick-up's
     archive_dir = Path(params.archive)
     archive_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    target = archive_dir / f"{stamp}-{incoming.sha256[:12]}-{incoming.path.name}"
+    target = archive_dir / f"{stamp}-{digest[:12]}-{incoming.path.name}"
     changed = ("changed after it was picked up: it stays in the inbox and the next run reads it again (deliver a file "
                "under another name, e.g. .part, and rename it when it is whole)")
     if not incoming.path.exists():
         not_moved = "removed from the inbox during the run: what this run read is recorded, nothing is archived"
-    elif sha256(incoming.path) != incoming.sha256:
+    elif sha256(incoming.path) != digest:
         not_moved = changed
     else:
         # Hashed again once moved: rows appended between the check above and the move would else be archived unread.
         # Recorded for the roll-back as soon as it moves, so a failure from here on (the hash, the move back) puts
         # it back in the inbox instead of leaving it in the archive unrecorded.
         moves = archived if archived is not None else []
-        moves.append((incoming.path, target, incoming.sha256))  # before the move: a journal holds every move a kill leaves
+        moves.append((incoming.path, target, digest))  # before the move: a journal holds every move a kill leaves
         shutil.move(str(incoming.path), target)
-        not_moved = None if sha256(target) == incoming.sha256 else changed
+        not_moved = None if sha256(target) == digest else changed
         if not_moved:
             shutil.move(str(target), _free_name(incoming.path))
             moves.pop()

@@ -400,7 +400,8 @@ def _taken_by_hand(client, params: PromoteParams, version: str, answers: str) ->
 
     tag = taken_by_hand_tag(params.alias)
     same = client.search_model_versions(f"name='{params.model_name}' and tags.{ANSWERS_TAG}='{answers}'")
-    for candidate in [client.get_model_version(params.model_name, version), *same]:
+    # `version` is among them (`register` tags every version it finds or makes with its answers): it is named first
+    for candidate in sorted(same, key=lambda found: str(found.version) != version):
         if tag in candidate.tags:
             return str(candidate.version), candidate.tags[tag]
     return None

@@ -49,11 +49,10 @@ class ExpectationOutcome:
     observed: dict
 
 
-def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog,
-             max_text_chars: int | None = None) -> dict[str, pd.DataFrame]:
-    """One frame per split with the derived columns the row-level expectations test. `max_text_chars`: validate's
-    bound, for which copy of a question is its first (`first_copies`)."""
-    normalised = {split: [normalise(q.text) for q in rows] for split, rows in splits.items()}
+def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, normalised: dict[str, list[str]],
+             firsts: dict[str, dict[str, int]]) -> dict[str, pd.DataFrame]:
+    """One frame per split with the derived columns the row-level expectations test. `normalised`: each split's rows'
+    normalised texts; `firsts`: each split's `first_copies`."""
     # A row that is word for word another class's standard question (one class's alone) is labelled against the catalog
     standard_labels = _standard_question_labels(catalog)
     frames = {}
@@ -68,8 +67,8 @@ def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog,
                 labels_per_text.setdefault(key, set()).add(q.class_id)
         for key, q in zip(keys, rows):
             labels_per_text.setdefault(key, set()).add(q.class_id)
-        firsts = first_copies(rows, keys, catalog, max_text_chars)
-        repeated = [key in firsts and firsts[key] < index for index, key in enumerate(keys)]
+        first = firsts[split]
+        repeated = [key in first and first[key] < index for index, key in enumerate(keys)]
         later_splits = [set(normalised[other]) for other in LEAKAGE_PAIRS[split]]
         # an empty text fails non_empty_text; it is no copy of another empty text, nor a question that leaks
         has_text = [bool(key) for key in keys]
@@ -237,10 +236,10 @@ def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: Va
     accepted: dict[str, list[LabeledQuestion]] = {}
     quarantined: list[dict] = []
     flagged: list[dict] = []  # test rows kept despite a warning
-    frames = annotate(splits, catalog, params.max_text_chars)
-    # the normalised texts annotate compared, not normalised again
-    explain = RowReasons(splits, catalog, {split: frame["normalised_text"].tolist() for split, frame in frames.items()},
-                         params.max_text_chars)
+    keys = {split: [normalise(q.text) for q in rows] for split, rows in splits.items()}
+    firsts = {split: first_copies(rows, keys[split], catalog, params.max_text_chars) for split, rows in splits.items()}
+    frames = annotate(splits, catalog, keys, firsts)
+    explain = RowReasons(splits, catalog, keys, firsts)
     for split, frame in frames.items():
         split_outcomes = validator.validate(split, frame, row_expectations(catalog, params), critical)
         outcomes += split_outcomes
@@ -293,13 +292,12 @@ class RowReasons:
     leaks into, by file and line. Every lookup is built once, so a split of many conflicts costs no scan each."""
 
     def __init__(self, splits: dict[str, list[LabeledQuestion]], catalog: Catalog, keys: dict[str, list[str]],
-                 max_text_chars: int | None = None):
-        """`keys`: each split's rows' normalised texts, as `annotate` compared them."""
+                 firsts: dict[str, dict[str, int]]):
+        """`keys` and `firsts`: each split's rows' normalised texts and `first_copies`, as `annotate` compared them."""
         self.splits, self.keys = splits, keys
-        # split → normalised text → the source of the copy a later one duplicates (`first_copies`)
-        self.kept = {split: {key: rows[index].source for key, index in first_copies(rows, keys[split], catalog,
-                                                                                    max_text_chars).items()}
-                     for split, rows in splits.items()}
+        # split → normalised text → the source of the copy a later one duplicates
+        self.kept = {split: {key: splits[split][index].source for key, index in first.items()}
+                     for split, first in firsts.items()}
         self.first: dict[str, dict[str, str]] = {}  # split → normalised text → its first row's source
         self.labeled: dict[str, dict[str, dict[str, str]]] = {}  # split → normalised text → label → first source
         for split, rows in splits.items():
