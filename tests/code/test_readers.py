@@ -941,3 +941,30 @@ def test_an_additions_folder_that_is_not_there_adds_nothing_and_is_said(tmp_path
     with caplog.at_level("WARNING", logger="tqc.readers"):
         read_additions(tmp_path / "raw")  # there, and empty: nothing added yet, nothing to say
     assert not caplog.text
+
+
+def test_a_class_left_without_training_or_validation_rows_is_named_and_reported(tmp_path, caplog):
+    """A class of 2 rows stays whole in train, and an added class whose questions all hash to validation has no
+    training row: both were silent (validate names only classes that lost their rows to quarantine)."""
+    import json
+
+    from tqc.schema import LabeledQuestion, load_questions
+    from tqc.stages import ingest
+
+    rows = b"".join(b"%s question %d,%s\n" % (label, i, label) for label, n in ((b"a", 20), (b"b", 2)) for i in range(n))
+    write(tmp_path, "train.csv", b"text,label\n" + rows)
+    write(tmp_path, "test.csv", b"text,label\nheld out,a\n")
+    raw = tmp_path / "raw"  # the retrain flow's new class `c`, with one question that stable_split puts in validation
+    raw.mkdir()
+    (raw / "catalog.jsonl").write_text('{"class_id": "c", "text": "Is this class c?"}\n')
+    candidates = [LabeledQuestion(f"new question {i}?", "c", "x") for i in range(100)]
+    text = ingest.stable_split(candidates, 0.1, 0)[1][0].text
+    (raw / "labeled.jsonl").write_text(json.dumps({"text": text, "class_id": "c"}) + "\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=str(raw),
+                        custom={"train": "train.csv", "test": "test.csv"})
+    with caplog.at_level(logging.WARNING, logger="tqc.stages.ingest"):
+        report = ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
+    assert {q.class_id for q in load_questions(tmp_path / "out" / "train.jsonl")} == {"a", "b"}
+    assert report["classes_without_validation_rows"] == ["b"] and report["classes_without_train_rows"] == ["c"]
+    assert "1 class(es) have training rows but no validation row" in caplog.text and "'b'" in caplog.text
+    assert "1 class(es) have validation rows but no training row" in caplog.text and "'c'" in caplog.text

@@ -225,6 +225,34 @@ def _carved_share(fraction: float, validation_rows: int, train_rows: int) -> flo
     return share
 
 
+def classes_missing_a_split(train: list[LabeledQuestion], validation: list[LabeledQuestion]) -> dict[str, list[str]]:
+    """The classes with rows in one of train and validation and none in the other, said in a warning each way: a
+    class with no validation row is never judged when checkpoints are chosen (under 3 training rows, every row one
+    stratified_split never draws, no row in data.validation_file, or added questions that all hashed to train), and
+    one with no training row is answered by an encoder that never trained on it (every row it has is in
+    data.validation_file, or it is an added class whose questions all hashed to validation). Neither is lost to
+    quarantine, so validate does not name them."""
+    in_train, in_validation = {q.class_id for q in train}, {q.class_id for q in validation}
+    missing = {"classes_without_validation_rows": sorted(in_train - in_validation),
+               "classes_without_train_rows": sorted(in_validation - in_train)}
+    if missing["classes_without_validation_rows"]:
+        classes = missing["classes_without_validation_rows"]
+        log.warning("ingest: %d class(es) have training rows but no validation row, so early stopping and every "
+                    "selection never judge them (under 3 training rows; each row repeated, empty, or a test or standard "
+                    "question; no row in data.validation_file; or added questions that all went to train): %s", len(classes), _first_classes(classes))
+    if missing["classes_without_train_rows"]:
+        classes = missing["classes_without_train_rows"]
+        log.warning("ingest: %d class(es) have validation rows but no training row, so the encoder never trains on "
+                    "them (all their rows are in data.validation_file, or are added questions that data.additions' "
+                    "split by text put in validation; add more questions): %s", len(classes), _first_classes(classes))
+    return missing
+
+
+def _first_classes(classes: list[str], shown: int = 10) -> str:
+    more = len(classes) - shown
+    return ", ".join(map(repr, classes[:shown])) + (f" and {more} more" if more > 0 else "")
+
+
 def _write_quarantine(path: Path, rejected: list[RejectedRow]) -> None:
     write_jsonl(path, (dict(asdict(r), stage="ingest") for r in rejected))
 
@@ -264,6 +292,7 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
         raise ReaderError(f"{params.dataset}: the validation split carved from train is empty (only classes with at "
                           "least 3 training rows give it rows), so early stopping and every selection would have "
                           "nothing to judge by: add labeled questions, or name a data.validation_file")
+    missing_a_split = classes_missing_a_split(train, validation)
 
     with atomic_directory(out_dir) as staging:  # the folder's files replace the last run's together or not at all
         catalog.save(staging / "catalog.jsonl")
@@ -290,6 +319,7 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
         "validation_from": params.validation_file or f"train ({params.validation_fraction:g})",
         # what the carved split took of the official training rows: more than asked where classes are small
         **({"validation_share_of_train": round(carved_share, 4)} if carved_share is not None else {}),
+        **missing_a_split,
         **({"imbalance": {"ratio": params.imbalance_ratio, "train_rows_left_out": left_out,
                           "per_class": _class_counts(official_train)}} if params.imbalance_ratio else {}),
         "quarantined": len(rejected),
