@@ -23,7 +23,7 @@ from typing import Callable
 from tqc.config import ConfigError, DatasetName, EvaluateParams, Params, load_params, redact_text
 from tqc.errors import input_errors, registry_errors
 from tqc.launched import LOG_FORMAT, record_input_error
-from tqc.text import normalise
+from tqc.text import has_words
 from tqc.tracking import LOCAL_STORE, offline_mlflow, stage_run
 
 
@@ -540,15 +540,15 @@ def _file_questions(path: Path | None, column: str) -> list[str]:
 
 
 def _scored(numbered: list[tuple[int, str]], where: str, others: str) -> list[str]:
-    """The questions of (position, text) pairs, stripped. A blank one (whitespace or invisible characters alone, which
-    the model would still answer) is not scored, and said with its position, since the answers then no longer line
-    up with the arguments or the file's lines."""
-    blank = [position for position, text in numbered if not normalise(text)]
+    """The questions of (position, text) pairs, stripped. A blank one (whitespace, invisible or control characters
+    alone, which the model would still answer: `has_words`) is not scored, and said with its position, since the answers
+    then no longer line up with the arguments or the file's lines."""
+    blank = [position for position, text in numbered if not has_words(text)]
     if blank:
         listed = ", ".join(map(str, blank[:10])) + (f" and {len(blank) - 10} more" if len(blank) > 10 else "")
         logging.getLogger(__name__).warning("%s %s have no question: not scored, so the answers follow the other %s",
                                             where, listed, others)
-    return [text.strip() for _, text in numbered if normalise(text)]
+    return [text.strip() for _, text in numbered if has_words(text)]
 
 
 DEFAULT_QUESTION_COLUMN = "text"

@@ -18,7 +18,7 @@ from tqc.model.encoder import LastEncodings, TextEncoder
 from tqc.model.similarity import CosineScorer
 from tqc.schema import Catalog, LabeledQuestion
 from tqc.scoring import Scorer
-from tqc.text import normalise
+from tqc.text import has_words
 
 
 def exemplar_scores(questions: torch.Tensor, exemplars: torch.Tensor, exemplar_classes: np.ndarray, n_classes: int,
@@ -48,8 +48,8 @@ def load_exemplars(path: Path) -> list[LabeledQuestion]:
 
     records = numbered_jsonl(path)  # a line that is not JSON, or not UTF-8, is an error naming it
     for line_number, record in records:
-        # normalise: a text of zero-width characters alone is none (the served model refuses such a question)
-        if not isinstance(record, dict) or not all(isinstance(record.get(key), str) and normalise(record[key])
+        # has_words: a text of zero-width or control characters alone is none (the served model refuses such a question)
+        if not isinstance(record, dict) or not all(isinstance(record.get(key), str) and has_words(record[key])
                                                    for key in ("text", "class_id")):
             raise ValueError(f"{path}, line {line_number}: an exemplar needs non-empty string fields text and class_id, "
                              f"got {json.dumps(record, ensure_ascii=False)[:200]}")

@@ -29,7 +29,7 @@ import pandas as pd
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
-from tqc.text import normalise
+from tqc.text import has_words, normalise
 
 # The model version tag holding `content_digest`: a version serving the same content is not registered again.
 DIGEST_TAG = "content_digest"
@@ -334,9 +334,9 @@ def _questions(model_input) -> list[str]:
         asked = model_input[column].tolist()
     else:
         asked = [model_input] if isinstance(model_input, str) else list(model_input)
-    # Empty once normalised (blank, or zero-width characters alone): validate's non_empty_text would quarantine it,
-    # and the tokenizer would turn it into [CLS] [SEP] alone, which the model would still answer.
-    bad = [(row, q) for row, q in enumerate(asked) if not isinstance(q, str) or not normalise(q)]
+    # No word once normalised (blank, zero-width or control characters, a lone accent): the tokenizer would turn it
+    # into [CLS] [SEP] alone, which the model would still answer.
+    bad = [(row, q) for row, q in enumerate(asked) if not isinstance(q, str) or not has_words(q)]
     if bad:
         listed = ", ".join(f"row {row} ({q!r})" for row, q in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
         raise ValueError(f"every question must be non-blank text: {listed}")

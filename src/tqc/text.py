@@ -2,7 +2,8 @@
 
 Ingest draws validation and attributes generated rows by it, validate's duplicate, conflict, leakage
 and non-empty checks compare it, augment drops generated rows that match a held-out question, and
-serving refuses a question that is empty under it, as validate would have quarantined it.
+serving refuses a question that is empty under it, as validate would have quarantined it, or that holds no word a
+tokenizer reads (`has_words`).
 """
 
 from __future__ import annotations
@@ -39,3 +40,17 @@ def _compatibility_folded(text: str) -> str:
     return unicodedata.normalize("NFC", "".join(
         ch if unicodedata.decomposition(ch).startswith(KEEP_FORMS) else unicodedata.normalize("NFKC", ch)
         for ch in composed))
+
+
+# Characters no tokenizer reads as part of a word: control characters (WordPiece's cleaning drops them, NUL too),
+# combining marks with no letter of the text to sit on (uncased WordPiece strips accents) and U+FFFD (a byte a decoder
+# could not read). A text of them alone is tokenised as the empty question, [CLS] [SEP].
+UNREAD_CATEGORIES = frozenset({"Cc", "Mn", "Me"})
+
+
+def has_words(text: str) -> bool:
+    """Whether `text` holds a question once `normalise`d: a character besides whitespace that a tokenizer reads
+    (not `UNREAD_CATEGORIES`, not U+FFFD). "\\x01", a lone accent or "\\ufffd" have none: the model would encode each as
+    it encodes "", and answer it as confidently as any real question."""
+    return any(not ch.isspace() and ch != "\ufffd" and unicodedata.category(ch) not in UNREAD_CATEGORIES
+               for ch in normalise(text))

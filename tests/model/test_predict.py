@@ -555,6 +555,39 @@ def test_the_served_model_refuses_a_missing_or_blank_question_and_names_its_row(
     assert matcher.predict(None, asked[:1])["class_id"].size == 1
 
 
+TOKENLESS = ["\x00\x01", "\u0301\u0301", "\ufffd", "\x07 \u0301"]  # control characters, lone accents, U+FFFD
+
+
+def test_a_question_with_no_character_the_tokenizer_reads_is_no_question(tiny_model_dir, tmp_path, caplog):
+    """Not blank once normalised, yet tokenised as [CLS] [SEP] alone, as "" is: each was answered, all with one
+    ranking and one confident score, the empty question's. The served model refuses them as blank ones, naming the
+    row; `tqc predict` leaves them unscored with a warning naming the line; an exemplar file refuses such a text."""
+    import pandas as pd
+
+    from tqc.serving import local_matcher
+
+    torch.manual_seed(0)
+    model = tiny_bi_encoder(tiny_model_dir).eval()
+    model.save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    with torch.no_grad():  # the premise: the tokenizer reads nothing in them
+        assert torch.allclose(model.question.encode(TOKENLESS), model.question.encode([""] * len(TOKENLESS)).float())
+    matcher = local_matcher(tmp_path / "model", tmp_path / "catalog.jsonl", 1)
+    with pytest.raises(ValueError, match=r"non-blank text: row 1 \('\\x00\\x01'\), row 2 .*row 3 .*row 4"):
+        matcher.predict(None, pd.DataFrame({"question": ["where is paris", *TOKENLESS, "où est-ce é"]}))
+
+    (tmp_path / "odd.txt").write_text("\n".join(["where is paris", *TOKENLESS, "who wrote it"]) + "\n", encoding="utf-8")
+    with caplog.at_level("WARNING", logger="tqc.cli"):
+        assert main(["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
+                     "--file", str(tmp_path / "odd.txt")]) == 0
+    assert "odd.txt: line(s) 2, 3, 4, 5 have no question: not scored" in caplog.text
+
+    (tmp_path / "exemplars.jsonl").write_text('{"text": "where is paris", "class_id": "loc"}\n'
+                                              '{"text": "\\u0007", "class_id": "hum"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="exemplars.jsonl, line 2: an exemplar needs non-empty string fields"):
+        local_matcher(tmp_path / "model", tmp_path / "catalog.jsonl", 1, None, (tmp_path / "exemplars.jsonl", 1))
+
+
 def test_an_exemplar_cache_that_cannot_be_written_costs_time_not_the_answers(tiny_model_dir, tmp_path, capsys, caplog):
     from tqc.schema import LabeledQuestion, save_questions
 
