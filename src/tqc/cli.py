@@ -526,7 +526,10 @@ def _predict(args: argparse.Namespace) -> None:
     # printed before the next is encoded, so a long file streams out
     for start in range(0, len(questions), PREDICT_CHUNK):
         chunk = questions[start:start + PREDICT_CHUNK]
-        answers = answer(pd.DataFrame({"question": chunk}))
+        try:
+            answers = answer(pd.DataFrame({"question": chunk}))
+        except ValueError as exc:  # the questions were checked above: the model's own fault (NaN scores), named in a line
+            raise ConfigError(f"--model {args.model}: {exc}") from None
         for record in ranked_records(chunk, answers):
             print(json.dumps(record, ensure_ascii=False))
         sys.stdout.flush()

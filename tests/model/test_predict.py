@@ -511,7 +511,7 @@ def test_an_exemplar_of_an_unknown_class_is_named_before_any_encoding_and_a_fold
     assert "--exemplar-cache is empty" in capsys.readouterr().err
 
 
-def test_scores_that_are_nan_are_an_error_not_a_first_answer(tiny_model_dir, tmp_path, monkeypatch):
+def test_scores_that_are_nan_are_an_error_not_a_first_answer(tiny_model_dir, tmp_path, monkeypatch, capsys):
     """torch.topk ranks NaN first, and json writes it as NaN, which no JSON reader accepts."""
     from tqc.model.encoder import BiEncoder
     from tqc.serving import local_matcher
@@ -523,6 +523,9 @@ def test_scores_that_are_nan_are_an_error_not_a_first_answer(tiny_model_dir, tmp
     monkeypatch.setattr(BiEncoder, "score", lambda self, q, s: torch.full((len(q), len(s)), float("nan")))
     with pytest.raises(ValueError, match=r"the model scores NaN for 2 question\(s\) \(row 0 first\)"):
         matcher.predict(None, ["where is it", "who is it"])
+    # tqc predict says it in one line naming the model, not in a traceback
+    assert main(["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"), "where is it"]) == 2
+    assert f"tqc predict: error: --model {tmp_path / 'model'}: the model scores NaN" in capsys.readouterr().err
 
 
 def test_a_file_that_is_no_catalog_is_an_error_naming_its_line_under_either_rule(tiny_model_dir, tmp_path, capsys):
