@@ -24,7 +24,7 @@ from prefect.states import Failed
 from tqc import retrain as steps
 from tqc.config import ConfigError, Params, load_params
 from tqc.errors import input_errors
-from tqc.tracking import nested_run, offline_mlflow, standalone_run
+from tqc.tracking import COMMIT_TAG, git_commit, nested_run, offline_mlflow, run_params, standalone_run
 
 
 # Failures whose message is the whole story (bad params, no champion to refresh, a dvc step of the commit)
@@ -45,7 +45,8 @@ def stage(files, params: Params, staging: Path) -> steps.Staged:
 @task(cache_policy=NO_CACHE)
 def train(params: Params, staged: steps.Staged, staging: Path) -> steps.Trained:
     with nested_run("train", tags={"tqc.stage": "retrain.train"}) as tracker:
-        trained = steps.train(params, staged, staging)
+        # each stage's curves at step = epoch, as a dvc repro's stage runs have them
+        trained = steps.train(params, staged, staging, on_epoch=lambda stage, record: tracker.on_epoch(stage)(record))
         tracker.log_metrics({"stage_two.best_validation_macro_f1": trained.validation_macro_f1})
     return trained
 
@@ -153,6 +154,17 @@ def _of_run(flow_run_id):
     return mark
 
 
+@contextlib.contextmanager
+def retrain_run(params: Params, tags: dict):
+    """The flow run's MLflow run, with the params it ran with and its code's commit, as a `dvc repro`'s parent run has
+    them: without them nothing told what a retrain's challenger was trained with."""
+    with standalone_run("retrain", params.tracking, tags={"tqc.kind": "retrain", **tags}) as run:
+        if run.active:
+            run.set_tags({COMMIT_TAG: git_commit()})
+            run.log_params(run_params(params))
+        yield run
+
+
 def _retrain_locked(params: Params, retries: dict, logger) -> dict:
     """The flow's steps, under the retrain lock: first a challenger the last run committed but did not judge."""
     unjudged = _judge_pending(params, retries, logger)
@@ -167,7 +179,7 @@ def _judge_pending(params: Params, retries: dict, logger) -> dict | None:
     logger.warning("retrain: the last run committed its data but did not judge its challenger (%s); judging it first",
                    unjudged.model)
     try:
-        with standalone_run("retrain", params.tracking, tags={"tqc.kind": "retrain", "tqc.retrain.judge": "pending"}):
+        with retrain_run(params, {"tqc.retrain.judge": "pending"}):
             promotion = judge.with_options(**retries)(params, unjudged, Path(params.retrain.work_dir))
     except input_errors() as error:
         # It would fail the same way every run, and block every delivery after it: given up, said, and the run goes
@@ -198,7 +210,7 @@ def _retrain_new_files(params: Params, retries: dict, logger) -> dict:
                     steps.why_nothing_was_accepted(staged, repeats, Path(params.retrain.quarantine)))
         create_markdown_artifact(steps.summary_markdown(staged, None, None, repeats), key="retrain-summary")
         return {"status": "no rows accepted", "new_files": len(files), "repeats": len(repeats), **result}
-    with standalone_run("retrain", params.tracking, tags={"tqc.kind": "retrain", "tqc.retrain.mode": params.retrain.mode}):
+    with retrain_run(params, {"tqc.retrain.mode": params.retrain.mode}):
         renew = refresh if params.retrain.mode == "refresh" else train  # refresh: the exemplar rule, no training
         trained = renew.with_options(**retries)(params, staged, staging)
         # The data version before the champion: a commit that fails leaves both as they were.

@@ -45,13 +45,16 @@ from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from tqc.config import Params, RetrainParams, redact_text
 from tqc.io import atomic_directory, atomic_path, file_digest, read_json, read_jsonl, write_jsonl, write_text
 from tqc.locks import exclusive
 from tqc.readers import ADDED_CATALOG, ADDED_QUESTIONS, TABLE_SUFFIXES, MissingColumns, ReaderError, read_catalog_rows
 from tqc.schema import Catalog
+
+if TYPE_CHECKING:
+    from tqc.pipeline import EpochHook
 
 log = logging.getLogger(__name__)
 
@@ -416,8 +419,9 @@ def clear_pending_judge(params: RetrainParams) -> None:
     (Path(params.work_dir) / PENDING_JUDGE).unlink(missing_ok=True)
 
 
-def train(params: Params, staged: Staged, staging: Path) -> Trained:
-    """The pipeline's own stage functions on the staged data (ingest → … → stage two → prior)."""
+def train(params: Params, staged: Staged, staging: Path, on_epoch: EpochHook | None = None) -> Trained:
+    """The pipeline's own stage functions on the staged data (ingest → … → stage two → prior); `on_epoch` sees each
+    training stage's epochs (the flow's MLflow run logs them)."""
     from tqc.mining import check_faiss_for
     from tqc.pipeline import prepare_data, train_chain
     from tqc.stages import prior
@@ -425,7 +429,8 @@ def train(params: Params, staged: Staged, staging: Path) -> Trained:
     check_faiss_for(params.model.similarity)
     staged_params = _with_additions(params, staged.raw)
     data = prepare_data(staged_params, staging / "data")
-    outputs = train_chain(staged_params, data.directory, data.train, staging / "models", staged_params.seed, with_nc=False)
+    outputs = train_chain(staged_params, data.directory, data.train, staging / "models", staged_params.seed, with_nc=False,
+                          on_epoch=on_epoch)
     prior_path = staging / "models" / "prior.json"
     prior.run(data.directory, outputs.stage_one, outputs.stage_two, None, staged_params, prior_path)
     return Trained(data.directory, outputs.stage_two, prior_path, outputs.fits["stage_two"].best_validation_macro_f1)

@@ -113,6 +113,11 @@ def _file_md5(path: Path) -> str:
     return file_digest(path, "md5")
 
 
+def run_params(params: Params) -> dict:
+    """What a run records as its params: every section but the search space, database passwords as `***`."""
+    return redact_secrets(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))
+
+
 def params_hash(params: Params) -> str:
     tracked = params.model_dump(mode="json", by_alias=True, exclude={"tracking", "tune"})
     return hashlib.sha256(json.dumps(tracked, sort_keys=True).encode()).hexdigest()[:16]
@@ -343,7 +348,7 @@ def _pipeline_parent(client, experiment_id: str, params: Params, commit: str) ->
     from mlflow.entities import Param
 
     try:
-        for chunk in param_chunks(redact_secrets(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))):
+        for chunk in param_chunks(run_params(params)):
             client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in chunk.items()])
     except BaseException:
         client.set_terminated(run.info.run_id, status="FAILED")
@@ -384,7 +389,7 @@ def stage_run(stage: str, params: Params, inputs: list[Path] = ()) -> Iterator[T
 
 
 def _stage_params(stage: str, params: Params) -> dict:
-    full = redact_secrets(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))
+    full = run_params(params)
     sections = {"stage_one": ("seed", "model", "augment", "stage_one"), "mine": ("mine",),
                 "stage_two": ("seed", "augment", "stage_two"), "baseline_nc": ("seed", "model", "augment", "baseline_nc"),
                 "promote": ("promote",)}.get(stage)

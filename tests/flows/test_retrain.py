@@ -77,6 +77,27 @@ def test_a_file_is_merged_trained_judged_then_nothing_then_a_repeat_adds_nothing
     assert manifest(project)[-1]["outcome"] == "repeat" and champion_version(project) == "1"
 
 
+def test_the_retrain_runs_record_the_params_the_commit_and_each_epochs_curves(project):
+    """A retrain's MLflow runs held no params and only stage two's best figure: nothing told what its challenger was
+    trained with, nor how its stages' epochs went, where a `dvc repro`'s runs have both."""
+    from mlflow import MlflowClient
+
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
+    assert retrain(params_path="params.yaml")["status"] == "retrained"
+
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    runs = {run.info.run_name: run for run in client.search_runs([client.get_experiment_by_name("flows").experiment_id])}
+    params = read_yaml((project / "params.yaml").read_text())
+    flow_run = runs["retrain"].data
+    assert flow_run.params["stage_one.epochs"] == str(params["stage_one"]["epochs"])
+    assert flow_run.params["seed"] == str(params["seed"]) and not any(k.startswith("tune.") for k in flow_run.params)
+    assert flow_run.tags["tqc.git_commit"]
+    trained = runs["train"].info.run_id
+    for stage in ("stage_one", "stage_two"):
+        steps = [point.step for point in client.get_metric_history(trained, f"{stage}.validation_macro_f1")]
+        assert steps == list(range(params[stage]["epochs"] + 1)), stage  # epoch 0 (the start) to the last
+
+
 def test_bad_rows_go_to_quarantine_and_the_good_ones_are_used(project, tmp_path):
     subprocess.run(["dvc", "remote", "add", "-q", "-d", "store", str(tmp_path / "remote")], check=True)
     good = [(q, "NUM") for q in unseen_questions(project, "NUM", 3)]
