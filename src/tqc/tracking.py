@@ -390,10 +390,16 @@ def stage_run(stage: str, params: Params, inputs: list[Path] = ()) -> Iterator[T
 
 def _stage_params(stage: str, params: Params) -> dict:
     full = run_params(params)
-    sections = {"stage_one": ("seed", "model", "augment", "stage_one"), "mine": ("mine",),
-                "stage_two": ("seed", "augment", "stage_two"), "baseline_nc": ("seed", "model", "augment", "baseline_nc"),
+    sections = {"stage_one": ("seed", "model", "augment", "stage_one", "distributed"), "mine": ("mine",),
+                "stage_two": ("seed", "augment", "stage_two", "distributed"),
+                "baseline_nc": ("seed", "model", "augment", "baseline_nc", "distributed"),
                 "promote": ("promote",)}.get(stage)
-    return {k: full[k] for k in sections} if sections else full
+    chosen = {k: full[k] for k in sections} if sections else full
+    if "distributed" in chosen:
+        # The processes that trained, which shape the result (stage one's in-batch negatives come from each process's
+        # share): under a torchrun the user started (several nodes), distributed.nproc_per_node does not say them
+        chosen["distributed"] = {**chosen["distributed"], "world_size": distributed.world_size()}
+    return chosen
 
 
 @contextmanager

@@ -171,6 +171,29 @@ def test_a_pipeline_run_whose_params_fail_to_log_is_failed_and_owned_not_left_ru
     assert run.info.status == "FAILED" and run.data.tags[tracking.OWNER_TAG] == tracking.this_process()
 
 
+def test_a_training_stages_run_records_the_processes_that_trained_it(tmp_path, monkeypatch):
+    """The stage runs logged neither distributed.* nor the world size: a stage trained by a user's torchrun of 4
+    processes (whose in-batch negatives come from each process's share) read as one process's in MLflow."""
+    from mlflow import MlflowClient
+
+    from tqc import tracking
+    from tqc.config import Params
+
+    monkeypatch.delenv(tracking.PARENT_ENV, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    params = Params.model_validate({"tracking": {"uri": store, "experiment": "pipeline"}})
+    with tracking.stage_run("stage_one", params) as tracker:
+        assert tracker.active
+    with tracking.stage_run("mine", params):
+        pass
+    runs = {run.info.run_name: run.data.params for run in MlflowClient(store).search_runs(
+        [MlflowClient(store).get_experiment_by_name("pipeline").experiment_id])}
+    assert runs["stage_one"]["distributed.world_size"] == "4" and runs["stage_one"]["distributed.nproc_per_node"] == "1"
+    assert not any(key.startswith("distributed.") for key in runs["mine"])  # one process, whatever torchrun says
+
+
 def test_a_sqlite_stores_artifacts_go_beside_its_database_not_into_the_working_folder(tmp_path, monkeypatch):
     """MLflow's default artifact root is `./mlruns` of the process's folder: every test store (and a second project's
     store) wrote its models into this checkout's mlruns/."""
