@@ -277,6 +277,27 @@ def test_a_users_torchrun_over_several_nodes_is_checked_for_two_rows_a_process(m
                         argparse.Namespace(argv=["stage-one"], command="stage-one"))
 
 
+def test_a_stage_asked_for_more_processes_than_its_launcher_gave_says_so(monkeypatch, caplog):
+    """WORLD_SIZE=1 in the environment (a job launcher's) made `tqc stage-one` under distributed.nproc_per_node: 2
+    train in one process without a word, where the retrain chain says it."""
+    import argparse
+
+    from tqc import cli, distributed
+    from tqc.config import Params
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(distributed, "setup", lambda backend: None)
+    with caplog.at_level("WARNING"):
+        cli._join_or_launch(Params().with_overrides({"distributed": {"nproc_per_node": 2}}),
+                            argparse.Namespace(argv=["stage-one"], command="stage-one"))
+    assert "distributed.nproc_per_node is 2, and this process is already one of a launcher's 1 (WORLD_SIZE)" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("WORLD_SIZE", "16")  # a user's torchrun over nodes, 8 a node: as asked
+    cli._join_or_launch(Params().with_overrides({"distributed": {"nproc_per_node": 8}}),
+                        argparse.Namespace(argv=["stage-one"], command="stage-one"))
+    assert "nproc_per_node" not in caplog.text
+
+
 def test_the_chain_of_a_retrain_or_an_extra_seed_trains_each_stage_as_torchrun_processes(tiny_model_dir, tmp_path, monkeypatch,
                                                                                            caplog):
     """`distributed.nproc_per_node: 2` used to reach only the dvc stages: the retrain flow and evaluate's extra seeds
