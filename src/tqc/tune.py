@@ -582,7 +582,10 @@ def _open_study(params: Params, worker: int, name: str | None = None, attempts: 
     # would otherwise replay its earlier random draws, trial for trial. Only its own, so that workers starting
     # together on a new study seed as seed + worker whatever order they open it in.
     own = sum(t.user_attrs.get("worker", "").endswith(f":{worker}") for t in study.get_trials(deepcopy=False))
-    study.sampler = optuna.samplers.TPESampler(seed=(settings.seed + worker + 1009 * own) % 2**32, n_startup_trials=4)
+    # constant_liar: workers sharing the study see one another's running trials as poor, so they do not all sample the
+    # same promising point (Optuna 5's default, not 4's, which pyproject allows)
+    study.sampler = optuna.samplers.TPESampler(seed=(settings.seed + worker + 1009 * own) % 2**32, n_startup_trials=4,
+                                               constant_liar=True)
     return study
 
 
@@ -742,6 +745,7 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
     summary = {
         "study": study.study_name,
         "dataset": params.data.dataset,
+        "trained_with": trained_with(params),
         "objective": "validation macro-F1 of stage two (the best epoch)",
         "trials": {k: v for k, v in states.items() if v},
         "workers": sorted({t.user_attrs.get("worker", "?") for t in study.trials}),
@@ -763,6 +767,19 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
     log.info("tune: best trial %d validation macro-F1 %.4f (baseline %s); wrote %s", best.number, best.value,
              f"{baseline.value:.4f}" if baseline else "n/a", out_dir)
     return TuneResult(study.study_name, best_params, summary)
+
+
+# What shapes a trial's figure besides the values it searched: values tuned under these and applied under others were
+# never measured together. data's paths are left out (the same files can lie elsewhere on another machine).
+TRAINING_KEYS = ("seed", "data.validation_fraction", "data.validation_file", "data.imbalance_ratio",
+                 "data.generated.path", "model", "augment", "stage_one", "mine", "stage_two")
+
+
+def trained_with(params: Params) -> dict:
+    """The flat `section.key` values of `TRAINING_KEYS` the study's trials trained with, summary.json's record."""
+    flat = flatten(params.model_dump(mode="json", by_alias=True))
+    return {key: value for key, value in flat.items()
+            if any(key == prefix or key.startswith(prefix + ".") for prefix in TRAINING_KEYS)}
 
 
 def _values(trial) -> dict:
@@ -895,6 +912,24 @@ def _check_tuned_dataset(best_params_file: Path, params_file: Path, dataset: str
                           f"trains {dataset!r}: set data.dataset: {tuned_on} in {params_file} first, or tune on {dataset!r}")
 
 
+def _warn_of_untuned_changes(best_params_file: Path, params_file: Path, current: dict, tuned: dict) -> None:
+    """Say which of the other params the study trained with `params_file` now holds otherwise (an epoch count, a
+    similarity): the tuned values were chosen beside those, and `dvc repro` will train them beside these. Said, not
+    refused, since a change can be meant (more epochs for the final run)."""
+    try:
+        trained = json.loads((best_params_file.parent / "summary.json").read_text(encoding="utf-8")).get("trained_with")
+    except (OSError, ValueError, AttributeError):  # no summary (a file written by hand), or an older one
+        return
+    if not isinstance(trained, dict):
+        return
+    differ = [f"{key}: {value!r} there, {current.get(key)!r} here" for key, value in sorted(trained.items())
+              if key not in tuned and key in current and not _same_value(current[key], value)]
+    if differ:
+        listed = "; ".join(differ[:8]) + (f" and {len(differ) - 8} more" if len(differ) > 8 else "")
+        log.warning("tune --apply: %s was tuned with other values of params it did not search than %s holds (%s): "
+                    "its validation figures measured them, not these", best_params_file, params_file, listed)
+
+
 def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) -> dict:
     """Write the tuned values into params.yaml in place, keeping its comments and layout; returns those that changed
     (a value equal to the current one, `0.0001` for `1.0e-4` say, is left as written)."""
@@ -911,6 +946,11 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
     editor = _layout_keeping_yaml()
     document = editor.load(utf8_text_of(params_file))
     _check_tuned_dataset(best_params_file, params_file, document.get("data", {}).get("dataset"))
+    try:  # params.yaml's values, defaults filled in, as the study's were recorded
+        current = trained_with(Params.model_validate(read_yaml(utf8_text_of(params_file)) or {}))
+    except ValidationError:  # refused with its problems below, once the tuned values are in
+        current = {}
+    _warn_of_untuned_changes(best_params_file, params_file, current, best)
     changed = {}
     for path, value in best.items():
         node = document

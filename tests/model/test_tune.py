@@ -85,6 +85,9 @@ def test_every_sampled_value_reaches_the_training_run(tmp_path, tiny_model_dir):
     summary = json.loads((reports / "summary.json").read_text())
     assert summary["best"]["validation_macro_f1"] == pytest.approx(study.best_value)
     assert "test" in summary["best"] and "test" in summary["baseline"]
+    # what the trials trained with besides the searched values, which `--apply` holds params.yaml to
+    assert summary["trained_with"]["stage_one.epochs"] == params.stage_one.epochs
+    assert summary["trained_with"]["model.pretrained"] == params.model.pretrained and "data.data_dir" not in summary["trained_with"]
     assert (reports / "history.png").stat().st_size > 0 and (reports / "trials.csv").exists()
     assert (reports / "best_params.yaml").read_text().splitlines()[1] == f"# apply with: tqc tune --apply {reports / 'best_params.yaml'}"
 
@@ -332,6 +335,33 @@ def test_apply_refuses_values_tuned_on_another_dataset(tmp_path):
     assert params_file.read_text() == before
     (best.parent / "summary.json").write_text(json.dumps({"study": "s", "dataset": "trec6"}))
     assert apply_best(best, params_file) == {"mine.k": 4}
+
+
+def test_apply_says_which_params_it_did_not_search_differ_from_those_the_study_trained_with(tmp_path, caplog):
+    """Values tuned at 5 epochs and cosine, applied to a params.yaml at 2 epochs, were never measured there: only the
+    dataset was checked, so `dvc repro` trained them beside other values unsaid."""
+    from tqc.tune import trained_with
+
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
+    shipped = load_params(params_file)
+    tuned_under = trained_with(shipped.with_overrides({"stage_one": {"epochs": shipped.stage_one.epochs + 3},
+                                                       "mine": {"k": 9}}))
+    best = tmp_path / "tuned" / "best_params.yaml"
+    best.parent.mkdir()
+    best.write_text("mine:\n  k: 4\n")
+    (best.parent / "summary.json").write_text(json.dumps({"dataset": "trec6", "trained_with": tuned_under}))
+    with caplog.at_level("WARNING", logger="tqc.tune"):
+        assert apply_best(best, params_file) == {"mine.k": 4}
+    said = caplog.text
+    assert f"stage_one.epochs: {shipped.stage_one.epochs + 3} there, {shipped.stage_one.epochs} here" in said
+    assert "mine.k" not in said  # searched: applied, not a difference
+
+    caplog.clear()  # the same params: nothing to say
+    (best.parent / "summary.json").write_text(json.dumps({"dataset": "trec6", "trained_with": trained_with(shipped)}))
+    with caplog.at_level("WARNING", logger="tqc.tune"):
+        apply_best(best, params_file)
+    assert "did not search" not in caplog.text
 
 
 def test_a_median_pruner_that_can_never_prune_is_named_at_the_start(caplog):
