@@ -225,26 +225,28 @@ def _carved_share(fraction: float, validation_rows: int, train_rows: int) -> flo
     return share
 
 
+# Each way a class can miss a split, with what that costs and why it happens, as ingest's warning says it
+MISSING_A_SPLIT = {
+    "classes_without_validation_rows": (
+        "have training rows but no validation row, so early stopping and every selection never judge them (under 3 "
+        "training rows; each row repeated, empty, or a test or standard question; no row in data.validation_file; or "
+        "added questions that all went to train)"),
+    "classes_without_train_rows": (
+        "have validation rows but no training row, so the encoder never trains on them (all their rows are in "
+        "data.validation_file, or are added questions that data.additions' split by text put in validation; add more "
+        "questions)"),
+}
+
+
 def classes_missing_a_split(train: list[LabeledQuestion], validation: list[LabeledQuestion]) -> dict[str, list[str]]:
-    """The classes with rows in one of train and validation and none in the other, said in a warning each way: a
-    class with no validation row is never judged when checkpoints are chosen (under 3 training rows, every row one
-    stratified_split never draws, no row in data.validation_file, or added questions that all hashed to train), and
-    one with no training row is answered by an encoder that never trained on it (every row it has is in
-    data.validation_file, or it is an added class whose questions all hashed to validation). Neither is lost to
-    quarantine, so validate does not name them."""
+    """The classes with rows in one of train and validation and none in the other, each way said in a warning with
+    what it costs (`MISSING_A_SPLIT`). Neither is lost to quarantine, so validate does not name them."""
     in_train, in_validation = {q.class_id for q in train}, {q.class_id for q in validation}
     missing = {"classes_without_validation_rows": sorted(in_train - in_validation),
                "classes_without_train_rows": sorted(in_validation - in_train)}
-    if missing["classes_without_validation_rows"]:
-        classes = missing["classes_without_validation_rows"]
-        log.warning("ingest: %d class(es) have training rows but no validation row, so early stopping and every "
-                    "selection never judge them (under 3 training rows; each row repeated, empty, or a test or standard "
-                    "question; no row in data.validation_file; or added questions that all went to train): %s", len(classes), _first_classes(classes))
-    if missing["classes_without_train_rows"]:
-        classes = missing["classes_without_train_rows"]
-        log.warning("ingest: %d class(es) have validation rows but no training row, so the encoder never trains on "
-                    "them (all their rows are in data.validation_file, or are added questions that data.additions' "
-                    "split by text put in validation; add more questions): %s", len(classes), _first_classes(classes))
+    for key, consequence in MISSING_A_SPLIT.items():
+        if missing[key]:
+            log.warning("ingest: %d class(es) %s: %s", len(missing[key]), consequence, _first_classes(missing[key]))
     return missing
 
 
