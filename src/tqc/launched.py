@@ -44,10 +44,11 @@ def clear_input_errors(path: Path) -> None:
 
 def launched_input_error(path: Path) -> LaunchedInputError | None:
     """The input error a launched command's processes recorded at `path` (the lowest rank's), if any."""
-    written = sorted(path.parent.glob(f"{path.name}.rank*"))
-    if not written:
+    written = path.parent.glob(f"{path.name}.rank*")
+    lowest = min(written, key=lambda file: int(file.name.rsplit(".rank", 1)[1]), default=None)  # by number: 2 before 10
+    if lowest is None:
         return None
-    said = json.loads(written[0].read_text(encoding="utf-8"))
+    said = json.loads(lowest.read_text(encoding="utf-8"))
     return LaunchedInputError(f"{said['error']}: {said['message']}")
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from tqc.launched import FollowedOutput
+from tqc.launched import FollowedOutput, launched_input_error
 
 RUN = contextvars.ContextVar("run", default=None)
 
@@ -101,3 +101,13 @@ def test_a_record_after_a_progress_bars_frame_is_still_read_as_a_record():
     assert _level_and_message(bar + "2026-11-28 02:34:45,430 WARNING tqc.training: no gain") == (logging.WARNING, "no gain")
     assert _level_and_message(bar) == (logging.INFO, bar)
     assert _level_and_message("Traceback (most recent call last):") == (logging.INFO, "Traceback (most recent call last):")
+
+
+def test_the_input_error_raised_is_the_lowest_ranks_by_number(tmp_path):
+    """Rank names sorted as text put rank 10 before rank 2: with 11 processes or more, a higher rank's error was
+    raised where rank 2's was written."""
+    path = tmp_path / "input-error.json"
+    for rank in (10, 2, 3):
+        (tmp_path / f"input-error.json.rank{rank}").write_text(f'{{"error": "ReaderError", "message": "rank {rank}"}}')
+    assert str(launched_input_error(path)) == "ReaderError: rank 2"
+    assert launched_input_error(tmp_path / "none.json") is None
