@@ -4,7 +4,8 @@ One `dvc repro` is one *parent* run; each stage that trains or evaluates is a ne
 it. DVC runs every stage as its own process, so a stage finds its parent by the `dvc`
 process above it (its pid and start time, tagged on the parent run): the first tracked stage
 of a repro creates the parent, the others join it. `TQC_PARENT_RUN_ID` pins the parent
-explicitly (for callers that own a run, such as the Prefect flows).
+explicitly, for a caller that owns a run and starts the stage commands under it (a scheduler of its own); the
+Prefect flows call the stage functions in their own process and nest under their own runs, so they need none.
 
 The store is `tracking.uri`, else `$MLFLOW_TRACKING_URI`, else the local `sqlite:///mlflow.db`:
 no server to start, and the same runs go to a shared server by configuration alone.
