@@ -17,6 +17,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+# One intra-op thread per test process, and for the stages, torchrun workers and flows it starts (they inherit it).
+# `make test` runs two xdist processes on two cores: torch's default of one OpenMP thread per core gave four spinning
+# threads on two cores, and the tiny models' steps, which a thread does in milliseconds, waited on the barrier of a
+# descheduled one: a 4-step stage-one test took 5-17 s, 0.45 s on one thread. Set before torch is imported, and
+# only where the caller has not chosen a number.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported before this conftest (a plugin): its pool is sized already
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 CLASSES = {
     "LOC": ("Where is the place?", ["where is {}", "where can i find {}", "in which country is {}"]),
     "HUM": ("Who is the person?", ["who is {}", "who invented {}", "who wrote about {}"]),
