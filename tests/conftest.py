@@ -108,6 +108,58 @@ def mlflow_left_as_found():
     os.environ.update(exported)
 
 
+_MLFLOW_SCHEMA_TEMPLATE: dict = {}
+
+
+@pytest.fixture(autouse=True)
+def mlflow_sqlite_schema_from_a_template(tmp_path_factory):
+    """A new MLflow SQLite store gets its tables by copying those of the first one this process made. MLflow builds
+    an empty database's schema by running its ~60 alembic migrations, 3 to 6 s on these machines, and about 80 tests
+    each make a fresh `sqlite:///…/mlflow.db` in this process. The first one is made by MLflow itself and kept (as
+    it was before its store wrote anything); every later empty SQLite database is filled from it with SQLite's
+    backup API: the same tables, indexes and alembic revision, and the store then goes on as MLflow always does
+    (the default experiment, the test's own experiments). A database that already has tables, and every other
+    backend (PostgreSQL, in-memory SQLite), still goes through MLflow's own code, as does every subprocess.
+    Installed once MLflow's db utils are imported, so tests that never touch MLflow do not import it."""
+    if "patched" not in _MLFLOW_SCHEMA_TEMPLATE and "mlflow.store.db.utils" in sys.modules:
+        _install_mlflow_schema_template(tmp_path_factory.mktemp("mlflow-schema") / "template.db")
+    yield
+
+
+def _install_mlflow_schema_template(template: Path) -> None:
+    import sqlite3
+    import threading
+
+    import mlflow.store.db.utils as db_utils
+
+    _MLFLOW_SCHEMA_TEMPLATE["patched"] = True
+    if not hasattr(db_utils, "_is_empty_database"):  # another MLflow: leave its code alone
+        return
+    initialize = db_utils._initialize_tables
+    lock = threading.Lock()
+
+    def initialize_from_template(engine):
+        database = engine.url.database or ""
+        if engine.dialect.name != "sqlite" or database in ("", ":memory:") or database.startswith("file:") \
+                or not db_utils._is_empty_database(engine):
+            return initialize(engine)
+        with lock:
+            made = template.exists()
+            if not made:
+                initialize(engine)  # MLflow's own migrations, once
+            raw = engine.raw_connection()
+            try:
+                with contextlib.closing(sqlite3.connect(template)) as kept:
+                    if made:
+                        kept.backup(raw.driver_connection)
+                    else:
+                        raw.driver_connection.backup(kept)
+            finally:
+                raw.close()
+
+    db_utils._initialize_tables = initialize_from_template
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
