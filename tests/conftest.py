@@ -17,14 +17,24 @@ from pathlib import Path
 import pytest
 import yaml
 
-# One intra-op thread per test process, and for the stages, torchrun workers and flows it starts (they inherit it).
-# `make test` runs two xdist processes on two cores: torch's default of one OpenMP thread per core gave four spinning
+
+def _threads_per_xdist_worker() -> str | None:
+    """The cores each pytest-xdist worker has to itself, at least 1; None outside xdist (a serial run keeps torch's
+    default, a thread a core)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    return str(max(1, len(os.sched_getaffinity(0)) // workers)) if workers else None
+
+
+# `make test` runs two xdist workers on two cores: torch's default of one OpenMP thread per core gave four spinning
 # threads on two cores, and the tiny models' steps, which a thread does in milliseconds, waited on the barrier of a
-# descheduled one: a 4-step stage-one test took 5-17 s, 0.45 s on one thread. Set before torch is imported, and
-# only where the caller has not chosen a number.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-if "torch" in sys.modules:  # imported before this conftest (a plugin): its pool is sized already
-    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+# descheduled one: a 4-step stage-one test took 5-17 s, 0.45 s on one thread. So each worker, and the stages,
+# torchrun workers and flows it starts (they inherit it), takes its share of the cores, where the caller has not
+# chosen a number. Set before torch is imported.
+if _threads_per_xdist_worker() and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = _threads_per_xdist_worker()
+    if "torch" in sys.modules:  # imported before this conftest (a plugin): its pool is sized already
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 
 CLASSES = {
     "LOC": ("Where is the place?", ["where is {}", "where can i find {}", "in which country is {}"]),
@@ -133,7 +143,8 @@ def _install_mlflow_schema_template(template: Path) -> None:
     import mlflow.store.db.utils as db_utils
 
     _MLFLOW_SCHEMA_TEMPLATE["patched"] = True
-    if not hasattr(db_utils, "_is_empty_database"):  # another MLflow: leave its code alone
+    if not all(hasattr(db_utils, name) for name in ("_is_empty_database", "_initialize_tables")):
+        return  # another MLflow: leave its code alone
         return
     initialize = db_utils._initialize_tables
     lock = threading.Lock()
