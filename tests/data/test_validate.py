@@ -150,20 +150,26 @@ def test_empty_texts_are_empty_not_copies_of_each_other(tmp_path):
 
 
 def test_a_text_of_invisible_characters_only_is_empty(tmp_path):
-    """Zero-width spaces, a word joiner or a stray byte-order mark are no question: they do not count as text."""
-    train = [("\u200b", "a"), ("\u200b \u200b", "b"), ("\ufeff", "a"), ("fine", "a"), ("good", "b"), ("great", "a")]
-    write_splits(tmp_path / "in", train, [("also fine", "a")], [("\u2060", "a"), ("held out", "a")])
+    """Zero-width spaces, a word joiner or a stray byte-order mark are no question: they do not count as text. Nor do
+    lone accents or U+FFFD (a byte once mis-decoded), which the tokenizer reads as the empty question: they went into
+    training, where the served model refuses them."""
+    train = [("\u200b", "a"), ("\u200b \u200b", "b"), ("\ufeff", "a"), ("\u0301\u0301", "b"), ("\ufffd", "a"),
+             ("fine", "a"), ("good", "b"), ("great", "a"), ("café", "b"), ("nice", "a"), ("well", "b")]
+    write_splits(tmp_path / "in", train, [("also fine", "a")], [("\u2060", "a"), ("\ufffd \ufffd", "b"), ("held out", "a"), ("kept", "b")])
     run_validate(tmp_path)
     reasons = {(q["file"], q["line"]): q["expectations"] for q in read_jsonl(tmp_path / "quarantine.jsonl")}
     assert reasons == {("train.csv", 1): ["non_empty_text"], ("train.csv", 2): ["non_empty_text"],
-                       ("train.csv", 3): ["non_empty_text"], ("test.csv", 1): ["non_empty_text"]}
-    assert [q["text"] for q in read_jsonl(tmp_path / "out" / "test.jsonl")] == ["held out"]
+                       ("train.csv", 3): ["non_empty_text"], ("train.csv", 4): ["non_empty_text"],
+                       ("train.csv", 5): ["non_empty_text"], ("test.csv", 1): ["non_empty_text"],
+                       ("test.csv", 2): ["non_empty_text"]}
+    assert [q["text"] for q in read_jsonl(tmp_path / "out" / "test.jsonl")] == ["held out", "kept"]
 
 
 @pytest.mark.parametrize("catalog,expectation", [
     ((("a", "Same text?"), ("b", "same  TEXT?")), "catalog_unique_texts"),
     ((("a", "Question a?"), ("b", "")), "catalog_non_empty_texts"),
     ((("a", "Question a?"), ("b", "\u200b")), "catalog_non_empty_texts"),
+    ((("a", "Question a?"), ("b", "\ufffd")), "catalog_non_empty_texts"),
 ])
 def test_a_broken_catalog_stops_the_stage_naming_the_classes(tmp_path, catalog, expectation):
     write_splits(tmp_path / "in", [("x", "a"), ("y", "b")], [("fine", "a")], [("held out", "a")], catalog=catalog)

@@ -22,7 +22,7 @@ import pandas as pd
 from tqc.config import ValidateParams
 from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.schema import Catalog, LabeledQuestion, file_and_line, load_questions, save_questions
-from tqc.text import normalise
+from tqc.text import has_words, normalise
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,13 @@ def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, normali
     return frames
 
 
+def compared_text(text: str) -> str:
+    """The text every check compares: `normalise`d, and empty where no character of it is one a tokenizer reads
+    (control characters, lone accents, U+FFFD alone: `has_words`), since the encoder would read it as the empty
+    question, and the served model refuses it."""
+    return normalise(text) if has_words(text) else ""
+
+
 def first_copies(rows: list[LabeledQuestion], keys: list[str], catalog: Catalog,
                  max_text_chars: int | None = None) -> dict[str, int]:
     """Normalised text → the index of its first copy that passes the checks judging a row alone (no control
@@ -99,7 +106,7 @@ def _standard_question_labels(catalog: Catalog) -> dict[str, set[str]]:
     catalog_unique_texts, share theirs: a row with it is either's, and no conflict)."""
     owners: dict[str, set[str]] = {}
     for question in catalog.questions:
-        owners.setdefault(normalise(question.text), set()).add(question.class_id)
+        owners.setdefault(compared_text(question.text), set()).add(question.class_id)
     return {key: labels for key, labels in owners.items() if len(labels) == 1 and key}
 
 
@@ -223,7 +230,7 @@ def class_counts(questions: list[LabeledQuestion], catalog: Catalog) -> pd.DataF
 
 def catalog_frame(catalog: Catalog) -> pd.DataFrame:
     return pd.DataFrame({"class_id": catalog.class_ids, "text": catalog.texts,
-                         "normalised_text": [normalise(t) for t in catalog.texts]})
+                         "normalised_text": [compared_text(t) for t in catalog.texts]})
 
 
 def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: ValidateParams,
@@ -236,7 +243,7 @@ def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: Va
     accepted: dict[str, list[LabeledQuestion]] = {}
     quarantined: list[dict] = []
     flagged: list[dict] = []  # test rows kept despite a warning
-    keys = {split: [normalise(q.text) for q in rows] for split, rows in splits.items()}
+    keys = {split: [compared_text(q.text) for q in rows] for split, rows in splits.items()}
     firsts = {split: first_copies(rows, keys[split], catalog, params.max_text_chars) for split, rows in splits.items()}
     frames = annotate(splits, catalog, keys, firsts)
     explain = RowReasons(splits, catalog, keys, firsts)
