@@ -22,7 +22,8 @@ def _threads_per_xdist_worker() -> str | None:
     """The cores each pytest-xdist worker has to itself, at least 1; None outside xdist (a serial run keeps torch's
     default, a thread a core)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
-    return str(max(1, len(os.sched_getaffinity(0)) // workers)) if workers else None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # Linux; macOS
+    return str(max(1, cores // workers)) if workers else None
 
 
 # `make test` runs two xdist workers on two cores: torch's default of one OpenMP thread per core gave four spinning
@@ -145,7 +146,6 @@ def _install_mlflow_schema_template(template: Path) -> None:
     _MLFLOW_SCHEMA_TEMPLATE["patched"] = True
     if not all(hasattr(db_utils, name) for name in ("_is_empty_database", "_initialize_tables")):
         return  # another MLflow: leave its code alone
-        return
     initialize = db_utils._initialize_tables
     lock = threading.Lock()
 

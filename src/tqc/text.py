@@ -1,9 +1,9 @@
 """The one notion of "the same question" that every stage and serving share.
 
-Ingest draws validation and attributes generated rows by it, validate's duplicate, conflict, leakage
-and non-empty checks compare it, augment drops generated rows that match a held-out question, and
-serving refuses a question that is empty under it, as validate would have quarantined it, or that holds no word a
-tokenizer reads (`has_words`).
+Ingest draws validation by `compared_text` and attributes generated rows by `normalise`, validate's duplicate,
+conflict, leakage and non-empty checks compare `compared_text`, augment drops generated rows that match a held-out
+question, and serving refuses a question that holds no word a tokenizer reads (`has_words`), as validate would have
+quarantined it.
 """
 
 from __future__ import annotations
@@ -43,9 +43,10 @@ def _compatibility_folded(text: str) -> str:
 
 
 # Characters no tokenizer reads as part of a word: control characters (WordPiece's cleaning drops them, NUL too),
-# combining marks with no letter of the text to sit on (uncased WordPiece strips accents) and U+FFFD (a byte a decoder
-# could not read). A text of them alone is tokenised as the empty question, [CLS] [SEP].
-UNREAD_CATEGORIES = frozenset({"Cc", "Mn", "Me"})
+# combining marks with no letter of the text to sit on (uncased WordPiece strips accents), private-use characters
+# (dropped by the same cleaning: MiniLM reads "\ue000" as "") and U+FFFD (a byte a decoder could not read). A text of
+# them alone is tokenised as the empty question, [CLS] [SEP].
+UNREAD_CATEGORIES = frozenset({"Cc", "Mn", "Me", "Co"})
 
 
 def has_words(text: str) -> bool:
@@ -54,3 +55,10 @@ def has_words(text: str) -> bool:
     it encodes "", and answer it as confidently as any real question."""
     return any(not ch.isspace() and ch != "\ufffd" and unicodedata.category(ch) not in UNREAD_CATEGORIES
                for ch in normalise(text))
+
+
+def compared_text(text: str) -> str:
+    """The text validate's checks and ingest's validation draw compare: `normalise`d, and empty where no character of
+    it is one a tokenizer reads (`has_words`), since the encoder would read it as the empty question, and the served
+    model refuses it. Ingest never draws an empty one for validation, where validate would stop on it."""
+    return normalise(text) if has_words(text) else ""

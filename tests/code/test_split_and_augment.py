@@ -238,10 +238,11 @@ def test_a_repeated_or_empty_text_is_never_drawn_for_validation(seed):
     unique = questions({"a": 20, "b": 20})
     repeated = [LabeledQuestion(f"Repeated {i}?", "a", f"r:{i}") for i in range(10)]
     again = [LabeledQuestion(f"repeated  {i} ?", "a", f"s:{i}") for i in range(10)]  # the same text, normalised
-    empty = [LabeledQuestion("\u200b", "b", "e:0"), LabeledQuestion("  ", "b", "e:1")]
+    # no text, or none a tokenizer reads (validate quarantines both as non_empty_text, a critical expectation)
+    empty = [LabeledQuestion(text, "b", f"e:{i}") for i, text in enumerate(["\u200b", "  ", "\ufffd", "\x01", "\u0301"])]
     train, validation = stratified_split(unique + repeated + again + empty, 0.2, seed)
-    assert len(validation) == 8 + 4 and all(q in unique for q in validation)  # round(0.2 · 40), round(0.2 · 22)
-    assert len(train) + len(validation) == 62
+    assert len(validation) == 8 + 5 and all(q in unique for q in validation)  # round(0.2 · 40), round(0.2 · 25)
+    assert len(train) + len(validation) == 65
 
 
 

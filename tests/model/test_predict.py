@@ -558,7 +558,8 @@ def test_the_served_model_refuses_a_missing_or_blank_question_and_names_its_row(
     assert matcher.predict(None, asked[:1])["class_id"].size == 1
 
 
-TOKENLESS = ["\x00\x01", "\u0301\u0301", "\ufffd", "\x07 \u0301"]  # control characters, lone accents, U+FFFD
+# control characters, lone accents, U+FFFD, private use
+TOKENLESS = ["\x00\x01", "\u0301\u0301", "\ufffd", "\x07 \u0301", "\ue000 \U000f0000"]
 
 
 def test_a_question_with_no_character_the_tokenizer_reads_is_no_question(tiny_model_dir, tmp_path, caplog):
@@ -583,7 +584,7 @@ def test_a_question_with_no_character_the_tokenizer_reads_is_no_question(tiny_mo
     with caplog.at_level("WARNING", logger="tqc.cli"):
         assert main(["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
                      "--file", str(tmp_path / "odd.txt")]) == 0
-    assert "odd.txt: line(s) 2, 3, 4, 5 have no question: not scored" in caplog.text
+    assert "odd.txt: line(s) 2, 3, 4, 5, 6 have no question: not scored" in caplog.text
 
     (tmp_path / "exemplars.jsonl").write_text('{"text": "where is paris", "class_id": "loc"}\n'
                                               '{"text": "\\u0007", "class_id": "hum"}\n', encoding="utf-8")

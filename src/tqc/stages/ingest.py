@@ -16,7 +16,7 @@ from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.readers import (ReaderError, RejectedRow, ReadResult, RowsRejected, read_additions, read_dataset, read_generated, read_validation,
                          row_as_csv, with_added_classes)
 from tqc.schema import Catalog, LabeledQuestion, save_questions, usable_generated
-from tqc.text import normalise
+from tqc.text import compared_text, normalise
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def stratified_split(
     """Seeded per-class split into (train, validation).
 
     Each class with at least 3 rows gives max(1, round(fraction·n)) rows to validation, so
-    early stopping sees every class; rarer classes stay whole in train. A row whose text (`normalise`d)
+    early stopping sees every class; rarer classes stay whole in train. A row whose text (`compared_text`)
     is in `held_out_texts` is never drawn for validation: a test question (validate would quarantine it
     there as leakage and leave its class with fewer validation rows, or none), or a standard question of
     the catalog (COVID-Q classes' texts are training questions: matched word for word, such a validation
@@ -37,7 +37,7 @@ def stratified_split(
     quarantines it: one such row among a dozen validation rows stopped validate). Where no drawn row is one,
     the split is the one drawn without them.
     """
-    texts = Counter(normalise(question.text) for question in questions)
+    texts = Counter(compared_text(question.text) for question in questions)
     never_drawn = held_out_texts | {text for text, count in texts.items() if count > 1 or not text}
     by_class: dict[str, list[LabeledQuestion]] = defaultdict(list)
     for question in questions:
@@ -48,7 +48,7 @@ def stratified_split(
         members = list(by_class[class_id])
         rng.shuffle(members)
         n_validation = max(1, round(fraction * len(members))) if len(members) >= 3 else 0
-        drawn = [m for m in members if normalise(m.text) not in never_drawn][:n_validation]
+        drawn = [m for m in members if compared_text(m.text) not in never_drawn][:n_validation]
         if n_validation and not drawn:  # said: validate names only classes that lost their validation rows
             log.warning("ingest: class %r has no validation row: each of its %d training rows repeats, is empty, or is a "
                         "test or standard question, none of which is drawn for validation", class_id, len(members))
@@ -66,7 +66,7 @@ def validation_split(params: DataParams, official_train: list[LabeledQuestion], 
     drawing a question that is also in `test` or is one of the catalog's `standard_questions`."""
     given = read_validation(params, catalog)
     if given is None:
-        held_out = frozenset(normalise(text) for text in [*(q.text for q in test), *standard_questions])
+        held_out = frozenset(compared_text(text) for text in [*(q.text for q in test), *standard_questions])
         return *stratified_split(official_train, params.validation_fraction, seed, held_out), []
     return official_train, given.rows, given.rejected
 

@@ -22,7 +22,7 @@ import pandas as pd
 from tqc.config import ValidateParams
 from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.schema import Catalog, LabeledQuestion, file_and_line, load_questions, save_questions
-from tqc.text import has_words, normalise
+from tqc.text import compared_text
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +78,6 @@ def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, normali
         frame["leaks"] = [any(key in other for other in later_splits) and t for key, t in zip(keys, has_text)]
         frames[split] = frame.reset_index(drop=True)
     return frames
-
-
-def compared_text(text: str) -> str:
-    """The text every check compares: `normalise`d, and empty where no character of it is one a tokenizer reads
-    (control characters, lone accents, U+FFFD alone: `has_words`), since the encoder would read it as the empty
-    question, and the served model refuses it."""
-    return normalise(text) if has_words(text) else ""
 
 
 def first_copies(rows: list[LabeledQuestion], keys: list[str], catalog: Catalog,
