@@ -53,12 +53,17 @@ def has_words(text: str) -> bool:
     """Whether `text` holds a question once `normalise`d: a character besides whitespace that a tokenizer reads
     (not `UNREAD_CATEGORIES`, not U+FFFD). "\\x01", a lone accent or "\\ufffd" have none: the model would encode each as
     it encodes "", and answer it as confidently as any real question."""
+    return _reads_a_word(normalise(text))
+
+
+def _reads_a_word(normalised: str) -> bool:
     return any(not ch.isspace() and ch != "\ufffd" and unicodedata.category(ch) not in UNREAD_CATEGORIES
-               for ch in normalise(text))
+               for ch in normalised)
 
 
 def compared_text(text: str) -> str:
     """The text validate's checks and ingest's validation draw compare: `normalise`d, and empty where no character of
     it is one a tokenizer reads (`has_words`), since the encoder would read it as the empty question, and the served
     model refuses it. Ingest never draws an empty one for validation, where validate would stop on it."""
-    return normalise(text) if has_words(text) else ""
+    normalised = normalise(text)  # once: validate and ingest's split call this on every row
+    return normalised if _reads_a_word(normalised) else ""
