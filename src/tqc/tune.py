@@ -897,30 +897,33 @@ def _same_value(current, new) -> bool:
     return current == new and all(isinstance(current, kind) == isinstance(new, kind) for kind in (float, bool))
 
 
-def _check_tuned_dataset(best_params_file: Path, params_file: Path, dataset: str | None) -> None:
-    """Refuse values tuned on another dataset (the study's summary.json beside the file says which): a study run with
-    `--set data.dataset=…` leaves params.yaml's dataset as it was, and `dvc repro` would train that one with them."""
-    summary_file = best_params_file.parent / "summary.json"
-    if not summary_file.is_file():  # a file written by hand, or copied alone: nothing says where it was tuned
-        return
+def _study_summary(best_params_file: Path) -> dict:
+    """The study's summary.json beside `best_params_file`, {} where there is none (a file written by hand, or copied
+    alone) or it is unreadable: then nothing says where or with what it was tuned."""
     try:
-        tuned_on = json.loads(summary_file.read_text(encoding="utf-8")).get("dataset")
-    except (ValueError, AttributeError):
-        return
+        summary = json.loads((best_params_file.parent / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def _check_tuned_dataset(best_params_file: Path, params_file: Path, summary: dict, dataset: str | None) -> None:
+    """Refuse values tuned on another dataset (the study's `summary` says which): a study run with
+    `--set data.dataset=…` leaves params.yaml's dataset as it was, and `dvc repro` would train that one with them."""
+    tuned_on = summary.get("dataset")
     if tuned_on is not None and tuned_on != dataset:
+        summary_file = best_params_file.parent / "summary.json"
         raise ConfigError(f"{best_params_file}: tuned on data.dataset {tuned_on!r} ({summary_file}), but {params_file} "
                           f"trains {dataset!r}: set data.dataset: {tuned_on} in {params_file} first, or tune on {dataset!r}")
 
 
-def _warn_of_untuned_changes(best_params_file: Path, params_file: Path, current: dict, tuned: dict) -> None:
-    """Say which of the other params the study trained with `params_file` now holds otherwise (an epoch count, a
-    similarity): the tuned values were chosen beside those, and `dvc repro` will train them beside these. Said, not
-    refused, since a change can be meant (more epochs for the final run)."""
-    try:
-        trained = json.loads((best_params_file.parent / "summary.json").read_text(encoding="utf-8")).get("trained_with")
-    except (OSError, ValueError, AttributeError):  # no summary (a file written by hand), or an older one
-        return
-    if not isinstance(trained, dict):
+def _warn_of_untuned_changes(best_params_file: Path, params_file: Path, summary: dict, current: dict,
+                             tuned: dict) -> None:
+    """Say which of the other params the study trained with (`summary`'s trained_with) `params_file` now holds
+    otherwise (an epoch count, a similarity): the tuned values were chosen beside those, and `dvc repro` will train
+    them beside these. Said, not refused, since a change can be meant (more epochs for the final run)."""
+    trained = summary.get("trained_with")
+    if not isinstance(trained, dict):  # an older study's summary
         return
     differ = [f"{key}: {value!r} there, {current.get(key)!r} here" for key, value in sorted(trained.items())
               if key not in tuned and key in current and not _same_value(current[key], value)]
@@ -944,13 +947,15 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
                           f"not a {type(best).__name__}")
     best = flatten(best)
     editor = _layout_keeping_yaml()
-    document = editor.load(utf8_text_of(params_file))
-    _check_tuned_dataset(best_params_file, params_file, document.get("data", {}).get("dataset"))
+    params_text = utf8_text_of(params_file)
+    document = editor.load(params_text)
+    summary = _study_summary(best_params_file)
+    _check_tuned_dataset(best_params_file, params_file, summary, document.get("data", {}).get("dataset"))
     try:  # params.yaml's values, defaults filled in, as the study's were recorded
-        current = trained_with(Params.model_validate(read_yaml(utf8_text_of(params_file)) or {}))
+        current = trained_with(Params.model_validate(read_yaml(params_text) or {}))
     except ValidationError:  # refused with its problems below, once the tuned values are in
         current = {}
-    _warn_of_untuned_changes(best_params_file, params_file, current, best)
+    _warn_of_untuned_changes(best_params_file, params_file, summary, current, best)
     changed = {}
     for path, value in best.items():
         node = document
