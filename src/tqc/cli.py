@@ -190,13 +190,14 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
                 raise FileNotFoundError(f"--{name} {path}: no such file or folder")
         logging.getLogger(__name__).info("distributed: launching %s", " ".join(command))
         raise SystemExit(subprocess.call(command))
-    if params.distributed.nproc_per_node > distributed.world_size():  # said, not silently fewer processes
+    launched = distributed.world_size()
+    if params.distributed.nproc_per_node > launched and distributed.is_main():  # said once, not by every rank
         # WORLD_SIZE already set (a job launcher's, a torchrun of fewer processes): nothing is launched
         logging.getLogger(__name__).warning(
             "distributed: distributed.nproc_per_node is %d, and this process is already one of a launcher's %d "
-            "(WORLD_SIZE): it trains in those", params.distributed.nproc_per_node, distributed.world_size())
+            "(WORLD_SIZE): it trains in those", params.distributed.nproc_per_node, launched)
     distributed.setup(params.distributed.backend)
-    problem = params.rows_per_process_problem(distributed.world_size(), "the world size (WORLD_SIZE)",
+    problem = params.rows_per_process_problem(launched, "the world size (WORLD_SIZE)",
                                               (args.command.replace("-", "_"),))  # stage-one → stage_one: its own batches
     if problem:  # a user's own torchrun, over several nodes, is not what distributed.nproc_per_node says
         raise ConfigError(problem)

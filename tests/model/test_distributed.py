@@ -292,6 +292,16 @@ def test_a_stage_asked_for_more_processes_than_its_launcher_gave_says_so(monkeyp
                             argparse.Namespace(argv=["stage-one"], command="stage-one"))
     assert "distributed.nproc_per_node is 2, and this process is already one of a launcher's 1 (WORLD_SIZE)" in caplog.text
     caplog.clear()
+    monkeypatch.setenv("WORLD_SIZE", "4")  # a launcher's 4 processes of 8 asked: rank 0 says it, the others do not
+    monkeypatch.setenv("RANK", "3")
+    cli._join_or_launch(Params().with_overrides({"distributed": {"nproc_per_node": 8}}),
+                        argparse.Namespace(argv=["stage-one"], command="stage-one"))
+    assert "nproc_per_node" not in caplog.text
+    monkeypatch.setenv("RANK", "0")
+    cli._join_or_launch(Params().with_overrides({"distributed": {"nproc_per_node": 8}}),
+                        argparse.Namespace(argv=["stage-one"], command="stage-one"))
+    assert "nproc_per_node is 8, and this process is already one of a launcher's 4" in caplog.text
+    caplog.clear()
     monkeypatch.setenv("WORLD_SIZE", "16")  # a user's torchrun over nodes, 8 a node: as asked
     cli._join_or_launch(Params().with_overrides({"distributed": {"nproc_per_node": 8}}),
                         argparse.Namespace(argv=["stage-one"], command="stage-one"))
