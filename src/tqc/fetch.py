@@ -75,6 +75,8 @@ def fetch(dest: Path, files: list[RemoteFile] = FILES, opener=None, timeout_s: f
                 # (IncompleteRead): their own text names no file
                 raise OSError(f"{remote.url} (for {target}): {exc}") from exc
             if (actual := sha256_of(tmp)) != remote.sha256:
-                raise ChecksumMismatch(f"{remote.url}: SHA-256 {actual} does not match the expected {remote.sha256}")
+                # the file on disk first: it is what a user deletes or fetches again (left as it was: missing or changed)
+                raise ChecksumMismatch(f"{target}: the download from {remote.url} has SHA-256 {actual}, not the expected "
+                                       f"{remote.sha256}; {target} was not replaced")
         written.append(target)
     return written
