@@ -57,10 +57,12 @@ def test_a_file_delivered_again_unchanged_adds_no_second_copy_of_its_quarantined
     assert len(read_jsonl(Path(params.retrain.archive) / steps.MANIFEST)) == 2  # each delivery is recorded
 
 
-def test_a_catalog_file_without_text_is_unusable_by_line_and_blocks_nothing_else(project, caplog):
+# no text; or none a tokenizer reads (a private-use character): merged, it failed validate's catalog_non_empty_texts
+@pytest.mark.parametrize("text", ["", "\ue000"])
+def test_a_catalog_file_without_text_is_unusable_by_line_and_blocks_nothing_else(project, caplog, text):
     inbox = project / "data" / "incoming"
     inbox.mkdir(parents=True)
-    (inbox / "catalog-new.csv").write_text("class_id,text\nFOOD,\n")
+    (inbox / "catalog-new.csv").write_text(f"class_id,text\nFOOD,{text}\n")
     drop(project, "batch.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
 
     with caplog.at_level(logging.WARNING, logger="tqc.retrain"):
