@@ -254,6 +254,25 @@ def test_a_class_whose_rows_all_repeat_gets_no_validation_row_and_is_named(caplo
     assert "class 'b' has no validation row: each of its 4 training rows repeats" in caplog.text
 
 
+def test_ingest_says_in_one_warning_that_a_class_whose_rows_all_repeat_has_no_validation_row_and_why(tmp_path, caplog):
+    """stratified_split's warning, then the one of classes without validation rows, named the class twice."""
+    from tqc.config import DataParams
+    from tqc.stages import ingest
+
+    rows = [(f"a question {i}", "a") for i in range(20)] + [("Same?", "b")] * 4 + [("one", "c")]
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"{text},{label}\n" for text, label in rows))
+    (tmp_path / "test.csv").write_text("text,label\nheld out,a\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None,
+                        custom={"train": "train.csv", "test": "test.csv"})
+    with caplog.at_level("WARNING", logger="tqc.stages.ingest"):
+        report = ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
+    assert report["classes_without_validation_rows"] == ["b", "c"]  # c: under 3 rows, named without a reason
+    [said] = [r.getMessage() for r in caplog.records if "'b'" in r.getMessage()]
+    assert "2 class(es) have training rows but no validation row" in said
+    assert "'b' (each of its 4 training rows repeats, is empty, or is a test or standard question" in said
+    assert "'c'" in said and "'c' (" not in said
+
+
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
 
 

@@ -35,40 +35,58 @@ def stratified_split(
     `questions` (its copy left in train would be quarantined as leakage, and a user whose file only repeated
     rows was stopped for "leakage"; 15 of TREC-6's validation rows had such a copy), nor one with no text (validate
     quarantines it: one such row among a dozen validation rows stopped validate). Where no drawn row is one,
-    the split is the one drawn without them.
+    the split is the one drawn without them. A class left so without validation rows is said in a warning (ingest
+    says it in its warning of classes without validation rows instead: `_drawn_split`).
     """
-    texts = Counter(compared_text(question.text) for question in questions)
+    train, validation, undrawable = _drawn_split(questions, fraction, seed, held_out_texts)
+    for class_id, rows in undrawable.items():  # said: validate names only classes that lost their validation rows
+        log.warning("ingest: class %r has no validation row: %s", class_id, _undrawable(rows))
+    return train, validation
+
+
+def _drawn_split(questions: list[LabeledQuestion], fraction: float, seed: int, held_out_texts: frozenset[str]
+                 ) -> tuple[list[LabeledQuestion], list[LabeledQuestion], dict[str, int]]:
+    """`stratified_split`'s (train, validation), and the classes that were to give validation rows but had none it
+    may draw (class → its rows), unsaid: ingest says each in its one warning of classes without validation rows."""
+    keys = [compared_text(question.text) for question in questions]  # once a row: for the repeats, then the draw
+    texts = Counter(keys)
     never_drawn = held_out_texts | {text for text, count in texts.items() if count > 1 or not text}
-    by_class: dict[str, list[LabeledQuestion]] = defaultdict(list)
-    for question in questions:
-        by_class[question.class_id].append(question)
+    by_class: dict[str, list[tuple[LabeledQuestion, str]]] = defaultdict(list)
+    for question, key in zip(questions, keys):
+        by_class[question.class_id].append((question, key))
     rng = random.Random(seed)
-    train, validation = [], []
+    train, validation, undrawable = [], [], {}
     for class_id in sorted(by_class):
         members = list(by_class[class_id])
-        rng.shuffle(members)
+        rng.shuffle(members)  # the same draw as of the rows alone: a shuffle depends only on the length
         n_validation = max(1, round(fraction * len(members))) if len(members) >= 3 else 0
-        drawn = [m for m in members if compared_text(m.text) not in never_drawn][:n_validation]
-        if n_validation and not drawn:  # said: validate names only classes that lost their validation rows
-            log.warning("ingest: class %r has no validation row: each of its %d training rows repeats, is empty, or is a "
-                        "test or standard question, none of which is drawn for validation", class_id, len(members))
+        drawn = [question for question, key in members if key not in never_drawn][:n_validation]
+        if n_validation and not drawn:
+            undrawable[class_id] = len(members)
         drawn_ids = {id(m) for m in drawn}  # by identity: two rows may share a text and class
         validation.extend(drawn)
-        train.extend(m for m in members if id(m) not in drawn_ids)
-    return train, validation
+        train.extend(question for question, _ in members if id(question) not in drawn_ids)
+    return train, validation, undrawable
+
+
+def _undrawable(rows: int) -> str:
+    return (f"each of its {rows} training rows repeats, is empty, or is a test or standard question, none of which is "
+            "drawn for validation")
 
 
 def validation_split(params: DataParams, official_train: list[LabeledQuestion], seed: int,
                      test: list[LabeledQuestion] = (), standard_questions: list[str] = (), catalog: Catalog | None = None
-                     ) -> tuple[list[LabeledQuestion], list[LabeledQuestion], list[RejectedRow]]:
-    """(train, validation, the validation file's rejected rows): `data.validation_file` whole when set,
-    the official train then training whole; otherwise a stratified split carved out of train, never
-    drawing a question that is also in `test` or is one of the catalog's `standard_questions`."""
+                     ) -> tuple[list[LabeledQuestion], list[LabeledQuestion], list[RejectedRow], dict[str, int]]:
+    """(train, validation, the validation file's rejected rows, the classes of 3 or more rows none of which could be
+    drawn (class → rows)): `data.validation_file` whole when set, the official train then training whole; otherwise a
+    stratified split carved out of train, never drawing a question that is also in `test` or is one of the catalog's
+    `standard_questions`."""
     given = read_validation(params, catalog)
     if given is None:
         held_out = frozenset(compared_text(text) for text in [*(q.text for q in test), *standard_questions])
-        return *stratified_split(official_train, params.validation_fraction, seed, held_out), []
-    return official_train, given.rows, given.rejected
+        train, validation, undrawable = _drawn_split(official_train, params.validation_fraction, seed, held_out)
+        return train, validation, [], undrawable
+    return official_train, given.rows, given.rejected, {}
 
 
 def long_tail(questions: list[LabeledQuestion], ratio: float, seed: int) -> list[LabeledQuestion]:
@@ -238,21 +256,26 @@ MISSING_A_SPLIT = {
 }
 
 
-def classes_missing_a_split(train: list[LabeledQuestion], validation: list[LabeledQuestion]) -> dict[str, list[str]]:
-    """The classes with rows in one of train and validation and none in the other, each way said in a warning with
-    what it costs (`MISSING_A_SPLIT`). Neither is lost to quarantine, so validate does not name them."""
+def classes_missing_a_split(train: list[LabeledQuestion], validation: list[LabeledQuestion],
+                            undrawable: dict[str, int] | None = None) -> dict[str, list[str]]:
+    """The classes with rows in one of train and validation and none in the other, each way said in one warning with
+    what it costs (`MISSING_A_SPLIT`). Neither is lost to quarantine, so validate does not name them. `undrawable`:
+    the split's classes whose every row was barred from validation (class → rows), each named with that reason."""
     in_train, in_validation = {q.class_id for q in train}, {q.class_id for q in validation}
     missing = {"classes_without_validation_rows": sorted(in_train - in_validation),
                "classes_without_train_rows": sorted(in_validation - in_train)}
+    why = {class_id: _undrawable(rows) for class_id, rows in (undrawable or {}).items()}
     for key, consequence in MISSING_A_SPLIT.items():
         if missing[key]:
-            log.warning("ingest: %d class(es) %s: %s", len(missing[key]), consequence, _first_classes(missing[key]))
+            log.warning("ingest: %d class(es) %s: %s", len(missing[key]), consequence, _first_classes(missing[key], why))
     return missing
 
 
-def _first_classes(classes: list[str], shown: int = 10) -> str:
+def _first_classes(classes: list[str], why: dict[str, str], shown: int = 10) -> str:
+    """The first `shown` of `classes`, each with its own reason where `why` has one."""
     more = len(classes) - shown
-    return ", ".join(map(repr, classes[:shown])) + (f" and {more} more" if more > 0 else "")
+    named = [f"{c!r} ({why[c]})" if c in why else repr(c) for c in classes[:shown]]
+    return ", ".join(named) + (f" and {more} more" if more > 0 else "")
 
 
 def _write_quarantine(path: Path, rejected: list[RejectedRow]) -> None:
@@ -279,8 +302,9 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
         added, added_classes = read_additions(Path(params.additions) if params.additions else None)
         catalog = with_added_classes(splits.catalog, added_classes)  # what a validation or generated label is read as
         official_train = long_tail(splits.train.rows, params.imbalance_ratio, seed) if params.imbalance_ratio else splits.train.rows
-        train, validation, validation_rejected = validation_split(params, official_train, seed, splits.test.rows,
-                                                                  splits.catalog.texts, catalog)
+        train, validation, validation_rejected, undrawable = validation_split(params, official_train, seed,
+                                                                              splits.test.rows, splits.catalog.texts,
+                                                                              catalog)
         # The validation file's questions are candidate origins too, and so are the added questions (some of them are
         # held out by stable_split), so a row made from a held-out question is never trained on (usable_generated)
         held_out = validation if params.validation_file else []
@@ -294,7 +318,7 @@ def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, rep
         raise ReaderError(f"{params.dataset}: the validation split carved from train is empty (only classes with at "
                           "least 3 training rows give it rows), so early stopping and every selection would have "
                           "nothing to judge by: add labeled questions, or name a data.validation_file")
-    missing_a_split = classes_missing_a_split(train, validation)
+    missing_a_split = classes_missing_a_split(train, validation, undrawable)  # one warning, for both facts
 
     with atomic_directory(out_dir) as staging:  # the folder's files replace the last run's together or not at all
         catalog.save(staging / "catalog.jsonl")
