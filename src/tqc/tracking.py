@@ -55,11 +55,66 @@ def sqlite_file(uri: str) -> Path | None:
 
 def existing_registry(uri: str) -> str:
     """`uri`, where it names a store that is there to read: MLflow would create an empty SQLite database (and its
-    folders) in place of a missing one, and then report every version missing."""
+    folders) in place of a missing one, and then report every version missing. A database that does not answer is
+    said at once, naming the setting (`answering`)."""
     database = sqlite_file(uri)
     if database is not None and not database.is_file():
         raise ConfigError(f"no registry at {uri}: no file {database} (promote registers models there)")
+    return answering(uri, way_out="point tracking.uri (or $MLFLOW_TRACKING_URI) at the registry promote registers in")
+
+
+SETTING = "tracking.uri (or $MLFLOW_TRACKING_URI)"
+TRACKING_OFF = "or turn tracking off with tracking.enabled=false"
+CONNECT_SECONDS = 10  # a database's answer to a connection; a closed port answers at once
+
+
+def answering(uri: str, way_out: str) -> str:
+    """`uri`, where it names a database (SQLite, PostgreSQL, MySQL, SQL Server) that takes a connection within
+    CONNECT_SECONDS. MLflow's own engine retries a failed connection 10 times with a growing wait (~100 s, no setting
+    bounds it; each try also waits on the driver's own timeout, none for a host that drops packets) before its error,
+    which names neither the setting nor the way out: a command against a server that is down hung that long. Another
+    store (an MLflow server) is left to MLflow, whose retries tqc bounds (`offline_mlflow`)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.store.db.db_types import DATABASE_ENGINES
+
+    engine_name = uri.split("://", 1)[0].split("+", 1)[0].lower()
+    if engine_name not in DATABASE_ENGINES or "://" not in uri:
+        return uri
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    said = redact_text(uri)
+    try:
+        engine = sqlalchemy.create_engine(uri, poolclass=NullPool)
+        timeout = CONNECT_TIMEOUT.get(engine.dialect.driver)
+        if timeout:  # the dialect's driver, known once the engine is made: each names its connect timeout its own way
+            engine = sqlalchemy.create_engine(uri, poolclass=NullPool, connect_args={timeout: CONNECT_SECONDS})
+    except ImportError as exc:  # the URL is right, its driver not installed: installing it is the way out
+        raise ConfigError(f"{SETTING} {said}: its database driver is not installed ({exc}); for PostgreSQL "
+                          f"pip install -e '.[server]', else {way_out}") from None
+    except Exception as exc:  # a URL SQLAlchemy cannot read (a port that is not a number, an unknown dialect)
+        raise ConfigError(f"{SETTING} {said}: not a database URL SQLAlchemy reads ({_one_line(exc)}); {way_out}") from None
+    try:
+        with engine.connect():
+            pass
+    except Exception as exc:  # refused, timed out, a wrong password, a SQLite file that cannot be opened
+        # MlflowException, as MLflow's own error was: a server that is down may be up when the command runs again
+        start = "" if engine_name == "sqlite" else "start it, or "
+        raise MlflowException(f"{SETTING} {said}: no connection to the database (waited up to {CONNECT_SECONDS} s: "
+                              f"{_one_line(getattr(exc, 'orig', None) or exc)}); {start}{way_out}") from exc
+    finally:
+        engine.dispose()
     return uri
+
+
+# The connect_args key of each driver's connection timeout, in seconds (SQLite's waits on a locked file)
+CONNECT_TIMEOUT = {"psycopg2": "connect_timeout", "psycopg": "connect_timeout", "pg8000": "timeout",
+                   "mysqldb": "connect_timeout", "pymysql": "connect_timeout", "mysqlconnector": "connection_timeout",
+                   "pyodbc": "timeout", "pymssql": "login_timeout", "pysqlite": "timeout"}
+
+
+def _one_line(error: BaseException) -> str:
+    return redact_text(" ".join(str(error).split()))[:500]
 
 
 def _store_that_can_be_made(uri: str) -> str:
@@ -202,8 +257,10 @@ def _client_and_experiment(params: TrackingParams):
     offline_mlflow()
     import mlflow
 
-    uri = _store_that_can_be_made(tracking_uri(params))
+    uri = answering(_store_that_can_be_made(tracking_uri(params)),
+                    way_out=f"point tracking.uri at a store that answers, {TRACKING_OFF}")
     mlflow.set_tracking_uri(uri)
+    _open(mlflow, params.experiment, uri)
     _create_beside_the_database(mlflow, params.experiment, uri)
     experiment = mlflow.set_experiment(params.experiment)
     client = mlflow.MlflowClient()
@@ -212,6 +269,19 @@ def _client_and_experiment(params: TrackingParams):
     except Exception as exc:  # housekeeping: a store that refuses it (the filter, another user's run) stops no stage
         log.warning("mlflow: could not end the runs of killed processes: %s", redact_text(" ".join(str(exc).split()))[:300])
     return mlflow, client, experiment.experiment_id
+
+
+def _open(mlflow, experiment: str, uri: str) -> None:
+    """The first call to the store, whose failure is the store's (a server that is down, a scheme MLflow has no store
+    for, a database MLflow cannot set up): said naming the setting that chose it and the way to turn tracking off,
+    which MLflow's own error, quoting the URI alone, left the user to find."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow.get_experiment_by_name(experiment)
+    except Exception as exc:
+        raise MlflowException(f"{SETTING} {redact_text(uri)}: the store could not be opened ({_one_line(exc)}); point "
+                              f"tracking.uri at one that opens, {TRACKING_OFF}") from exc
 
 
 def _create_beside_the_database(mlflow, experiment: str, uri: str) -> None:

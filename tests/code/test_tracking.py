@@ -300,3 +300,67 @@ def test_ctrl_c_is_one_line_and_exit_130_not_a_traceback(monkeypatch, capsys):
     monkeypatch.setattr(cli, "dispatch", interrupted)
     assert cli.main(["--set", "tracking.enabled=false", "tune"]) == 130
     assert capsys.readouterr().err.strip() == "tqc tune: interrupted"
+
+
+@pytest.fixture
+def no_mlflow_retry(monkeypatch):
+    """MLflow's engine retries a database it cannot connect to 10 times over ~100 s: a test reaching that retry fails
+    at its first wait instead of waiting."""
+    from mlflow.store.db import utils
+
+    def retried(seconds):
+        raise AssertionError(f"MLflow's own retry was reached ({seconds} s wait): the store was not probed first")
+
+    monkeypatch.setattr(utils.time, "sleep", retried)
+
+
+def test_a_store_that_cannot_be_opened_fails_at_once_naming_the_setting_and_how_to_turn_tracking_off(
+        tmp_path, capsys, no_mlflow_retry):
+    """A SQLite store that cannot be opened (here a folder where the file should be) was retried by MLflow for ~100 s,
+    then said in lines naming the engine and the URI, not the setting to change."""
+    from tqc import cli
+
+    store = tmp_path / "mlflow.db"
+    store.mkdir()
+    missing = [f"--{name}={tmp_path / name}" for name in ("data", "train", "model", "out", "report")]
+    assert cli.main(["--set", f"tracking.uri=sqlite:///{store}", "mine", *missing]) == 2
+    error = capsys.readouterr().err.strip()
+    assert f"tracking.uri (or $MLFLOW_TRACKING_URI) sqlite:///{store}: no connection to the database" in error
+    assert "tracking.enabled=false" in error and "\n" not in error
+
+
+def test_a_database_server_that_is_down_fails_at_once_naming_the_setting_and_no_password(no_mlflow_retry):
+    """A PostgreSQL store on a closed port held a stage, and a registry command, ~100 s in MLflow's retries."""
+    pytest.importorskip("psycopg2")
+    from mlflow.exceptions import MlflowException
+
+    from tqc.tracking import existing_registry
+
+    uri = "postgresql://tqc:secret@127.0.0.1:1/mlflow"  # port 1: nothing listens, the connection is refused at once
+    with pytest.raises(MlflowException, match=r"tracking.uri \(or \$MLFLOW_TRACKING_URI\) postgresql://tqc:\*\*\*@127"
+                                              r".*no connection.*start it.*tracking.enabled=false") as stage:
+        with standalone_run("flow", TrackingParams(uri=uri, experiment="down")):
+            pass
+    with pytest.raises(MlflowException, match=r"tracking.uri .*no connection.*at the registry promote registers in") \
+            as registry:
+        existing_registry(uri)
+    assert "secret" not in str(stage.value) + str(registry.value)
+
+
+def test_a_database_url_whose_driver_is_not_installed_says_the_setting_and_what_to_install(monkeypatch):
+    from tqc.config import ConfigError
+
+    monkeypatch.setitem(__import__("sys").modules, "psycopg2", None)  # as if not installed
+    with pytest.raises(ConfigError, match=r"tracking.uri \(or \$MLFLOW_TRACKING_URI\) postgresql://db/mlflow: its "
+                                          r"database driver is not installed .*pip install -e '.\[server\]'"):
+        with standalone_run("flow", TrackingParams(uri="postgresql://db/mlflow", experiment="nodriver")):
+            pass
+
+
+def test_a_uri_mlflow_has_no_store_for_is_said_naming_the_setting():
+    from mlflow.exceptions import MlflowException
+
+    with pytest.raises(MlflowException, match=r"tracking.uri \(or \$MLFLOW_TRACKING_URI\) foo://bar: the store could "
+                                              r"not be opened \(.*unsupported URI.*tracking.enabled=false"):
+        with standalone_run("flow", TrackingParams(uri="foo://bar", experiment="nowhere")):
+            pass
