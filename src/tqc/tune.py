@@ -39,7 +39,7 @@ from tqc.io import atomic_path, write_json
 from tqc.metrics import DivergedScores
 from tqc.pipeline import PreparedData, prepare_data, train_chain
 from tqc.schema import Catalog
-from tqc.tracking import Tracker, nested_run, standalone_run
+from tqc.tracking import Tracker, nested_run, run_params, standalone_run
 
 log = logging.getLogger(__name__)
 
@@ -370,8 +370,10 @@ def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: in
     with standalone_run(f"tune {study.study_name} worker {worker}", params.tracking,
                         tags={"tqc.kind": "tune", "optuna.study": study.study_name}) as parent:
         trials = settings.trials if trials is None else trials
-        parent.log_params({"tune": redact_secrets({**params.tune.model_dump(mode="json"), "trials": trials}),
-                           "data.dataset": params.data.dataset})  # the trials this run makes: --trials, else tune.trials
+        # every param, as a pipeline run has them (run_params), so the two compare in MLflow, and the tune section with
+        # the trials this run makes: --trials, else tune.trials
+        parent.log_params({**run_params(params),
+                           "tune": redact_secrets({**params.tune.model_dump(mode="json"), "trials": trials})})
         objective = _objective(params, space, base, data, study_dir, worker)
         # gc after each trial: a pruned trial's exception holds its frames (model, optimizer state, on a GPU too)
         # until a full collection, which the next trial's allocations would otherwise wait on
@@ -638,7 +640,10 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
         trial_dir = study_dir / f"trial-{trial.number:04d}"
         pruned = None
         with nested_run(f"trial {trial.number}", tags={"optuna.trial": str(trial.number)}) as tracker:
-            # the baseline draws nothing: its run gets the values it trains with, so runs compare column by column
+            # every param it trains with, as a pipeline run has them, then its draws as before (the baseline draws
+            # nothing: its run gets the values it trains with), so runs compare column by column
+            tracker.log_params({key: value for key, value in flatten(run_params(trial_params)).items()
+                                if key not in overrides})
             tracker.log_params(overrides)
             try:
                 # One process a trial, whatever distributed.nproc_per_node says: the pruner must see each epoch as it

@@ -14,8 +14,9 @@ import optuna
 import pytest
 import yaml
 
-from tqc.config import ConfigError, Params, SearchDimension, load_params
+from tqc.config import ConfigError, Params, SearchDimension, load_params, unflatten
 from tqc.schema import Catalog, StandardQuestion
+from tqc.tracking import run_params
 from tqc.tune import EpochReporter, apply_best, default_values, sample_overrides, tune, within_wrong_classes
 from tests.conftest import tiny_params, write_custom_dataset
 
@@ -68,15 +69,22 @@ def test_every_sampled_value_reaches_the_training_run(tmp_path, tiny_model_dir):
         elif expected["stage_two.loss"] == "sdml":
             assert two["smoothing"] == pytest.approx(expected["stage_two.smoothing"]) and "stage_two.margin" not in expected
 
-    # In MLflow, each trial's run has the values it trained with, the baseline's (which draws none) too; the study's
-    # run has the trials it made, not tune.trials
+    # In MLflow, each trial's run has the values it trained with, the baseline's (which draws none) too, beside every
+    # other param as a pipeline run logs them; the study's run has every param too, and the trials it made, not
+    # tune.trials: a tuning run compares with a training run column by column
     runs = tracked_runs(params.tracking.uri)
     logged = {int(run["tags"]["optuna.trial"]): run["params"] for run in runs if "optuna.trial" in run["tags"]}
     for trial in trials:
         expected = trial.user_attrs["base_values"] if trial.number == 0 else trial.params
-        assert logged[trial.number] == {name: str(value) for name, value in expected.items()}, trial.number
+        draws = {name: str(value) for name, value in expected.items()}
+        assert {name: logged[trial.number][name] for name in draws} == draws, trial.number
+        assert logged[trial.number] == {**as_logged(run_params(params.with_overrides(unflatten(expected)))), **draws}
+        assert logged[trial.number]["stage_one.epochs"] == "2" and "tune.trials" not in logged[trial.number]
     (study_run,) = [run for run in runs if run["tags"].get("tqc.kind") == "tune"]
     assert study_run["params"]["tune.trials"] == "3"
+    pipeline = as_logged(run_params(params))  # what a `dvc repro` parent run logs
+    assert {name: study_run["params"].get(name) for name in pipeline} == pipeline
+    assert study_run["params"]["model.pretrained"] == str(params.model.pretrained)
 
     reports = tmp_path / "reports"
     best = yaml.safe_load((reports / "best_params.yaml").read_text())
@@ -259,6 +267,13 @@ def test_two_worker_processes_share_one_study(tmp_path, tiny_model_dir, shared_s
         assert len(studies) == 2 and len(set(studies.values())) == 1, runs
         assert sorted(int(run["tags"]["optuna.trial"]) for run in trials) == sorted(t.number for t in study.trials), runs
         assert all(studies.get(run["tags"].get("mlflow.parentRunId")) == run["experiment"] for run in trials), runs
+
+
+def as_logged(params: dict) -> dict:
+    """`params` as a run's MLflow params read back: flat keys, text values."""
+    from tqc.tracking import param_chunks
+
+    return {name: value for chunk in param_chunks(params) for name, value in chunk.items()}
 
 
 def tracked_runs(tracking_uri: str) -> list[dict]:
