@@ -215,8 +215,9 @@ def validate_stage(params: Params, dataset: str) -> dict:
 
 
 def reading(rows: int) -> dict:
-    """Seconds and peak memory to read a CSV of `rows` synthetic questions, in a fresh process: readers hold a file
-    whole, then its rows, so this is what a user's own data costs ingest before any training."""
+    """Seconds and peak memory to read a CSV of `rows` synthetic questions, in a fresh process: readers hold a file's
+    text while they read it a record at a time, and all its rows, so this is what a user's own data costs ingest
+    before any training."""
     with tempfile.TemporaryDirectory(prefix="tqc-bench-") as work:
         path = Path(work) / "train.csv"
         _write_questions_csv(path, rows)

@@ -15,10 +15,10 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from importlib import resources
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from tqc.config import DataParams
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, file_and_line
@@ -157,6 +157,8 @@ LINE_START_BOM = re.compile("(^|\r\n|\r|\n)\ufeff")
 
 
 def _without_line_boms(text: str) -> str:
+    if "\ufeff" not in text:  # nearly every file: a scan for one character, not the pattern's at every line
+        return text
     return LINE_START_BOM.sub(r"\1", text)
 
 
@@ -198,6 +200,16 @@ def split_lines(text: str) -> list[str]:
     return lines[:-1] if lines and lines[-1] == "" else lines
 
 
+def _iter_lines(text: str) -> Iterator[str]:
+    """`split_lines(text)` one line at a time: a reader holds the text, not a list of its lines as well."""
+    start = 0
+    for match in LINE_BREAK.finditer(text):
+        yield text[start:match.start()]
+        start = match.end()
+    if start < len(text):
+        yield text[start:]
+
+
 def read_trec(path: Path, granularity: str) -> ReadResult:
     """TREC `COARSE:fine question text` lines; TREC-6 keeps the coarse label, TREC-50 the full one."""
     result = ReadResult()
@@ -205,7 +217,7 @@ def read_trec(path: Path, granularity: str) -> ReadResult:
     # question is a stray, read as a space: a line break there would keep half a question and shift every later line
     # number. A file whose lines end in CR keeps each CR as its line break.
     text = _stray_carriage_returns_as_spaces(decode_file(path), path, stray=TREC_STRAY_CR)
-    for line_number, line in enumerate(split_lines(text), start=1):
+    for line_number, line in enumerate(_iter_lines(text), start=1):
         if not line.strip():
             continue
         match = TREC_LINE.match(line.strip())
@@ -217,23 +229,28 @@ def read_trec(path: Path, granularity: str) -> ReadResult:
     return result
 
 
-def _csv_records(path: Path, header: bool = False, content: bytes | None = None) -> list[tuple[int, list[str]]]:
-    """(line number of the record's start, fields) for every CSV record but blank lines; quoted newlines kept."""
+def _csv_text(path: Path, header: bool = False, content: bytes | None = None) -> str:
+    """The text `_csv_records` parses: the file decoded, its stray carriage returns read as spaces; blank is an error."""
     text = _stray_carriage_returns_as_spaces(decode_file(path, content), path, header)
-    if not text.strip():
+    if not text or text.isspace():  # what `not text.strip()` says, without a copy of the whole file
         raise ReaderError(f"{path}: file is empty")
+    return text
+
+
+def _csv_records(path: Path, text: str) -> Iterator[tuple[int, list[str]]]:
+    """(line number of the record's start, fields) for every CSV record of `text` but blank lines, one at a time (a
+    file's records are not all held at once); quoted newlines kept."""
     # Long rows (a 1 MB question) are read whole and judged by the validate stage's length bound.
     csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
     # strict: a stray quote (`"Jaws" was directed by whom?`, or one never closed) is an error naming its
     # line, where the lenient default would drop the quotes or swallow the next rows into one field.
     lines = _RecordLines(text)
     reader = csv.reader(lines, strict=True)
-    records = []
     try:
         line_number = reader.line_num + 1
         for fields in reader:
             if not _blank(fields, lines.taken()):
-                records.append((line_number, fields))
+                yield line_number, fields
             line_number = reader.line_num + 1
     except csv.Error as exc:
         if reader.line_num == line_number:
@@ -242,7 +259,6 @@ def _csv_records(path: Path, header: bool = False, content: bytes | None = None)
         raise ReaderError(f"{path}, line {line_number}: malformed CSV: the record that starts on this line runs on to line "
                           f"{reader.line_num}, where the parser stopped ({exc}): a quote opened on line {line_number} "
                           "and not closed there, or stray text after a closing quote?") from None
-    return records
 
 
 BARE_CR = re.compile(r"\r(?!\n)")
@@ -289,13 +305,17 @@ def _lines_end_in_lf(text: str, lone_crs: int, header: bool) -> bool:
     return text.count("\n") >= lone_crs
 
 
+# A line with its line break (\n, \r\n or \r), as csv.reader takes lines, or the last one without
+LINE_WITH_BREAK = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
+
+
 class _RecordLines:
     """A text's lines as csv.reader takes them, keeping those of the record it is reading: a blank line and a record
     of one empty quoted field have the same fields, and only their lines tell them apart (the text is not held a
-    second time as a list of lines)."""
+    second time: neither as a list of lines nor as io.StringIO, which copies it at four bytes a character)."""
 
     def __init__(self, text: str):
-        self._lines, self._taken = io.StringIO(text, newline=""), []
+        self._lines, self._taken = (match.group() for match in LINE_WITH_BREAK.finditer(text)), []
 
     def __iter__(self):
         return self
@@ -368,17 +388,24 @@ class _FileLabels:
     repeat: bool
 
 
-def _file_labels(records: list[tuple[int, list[str]]], columns: int, label_index: int) -> _FileLabels:
-    labels = [fields[label_index].strip() for _, fields in records if len(fields) == columns]
-    return _FileLabels(frozenset(labels), len(set(labels)) < len(labels))
+def _file_labels(records: Iterator[tuple[int, list[str]]], columns: int, label_index: int | None) -> _FileLabels:
+    """`records`' labels, read through them all: the first of two passes over a file, which also says a malformed
+    line before anything else is judged. `label_index` None: no label column (the pass only parses)."""
+    seen, repeat = set(), False
+    for _, fields in records:
+        if label_index is not None and len(fields) == columns:
+            label = fields[label_index].strip()
+            repeat = repeat or label in seen
+            seen.add(label)
+    return _FileLabels(frozenset(seen), repeat)
 
 
 def read_headerless_pairs(path: Path) -> ReadResult:
     """COVID-Q split files: no header, two columns (question, label)."""
     result = ReadResult()
-    records = _csv_records(path)
-    labels = _file_labels(records, 2, 1)
-    for line_number, fields in records:
+    text = _csv_text(path)
+    labels = _file_labels(_csv_records(path, text), 2, 1)
+    for line_number, fields in _csv_records(path, text):
         swallowed = _swallowed_rows(fields, 2, line_number, 1, labels)
         if swallowed:
             result.rejected.append(RejectedRow(str(path), line_number, swallowed, csv_record(fields)))
@@ -410,7 +437,7 @@ def read_table(path: Path, text_column: str, label_column: str, source_column: s
     bytes, where the caller read them itself (the retrain flow parses the very bytes it hashed)."""
     columns = [c for c in (text_column, label_column, source_column) if c is not None]
     records = _jsonl_records(path, content) if is_jsonl(path) else _csv_dict_records(path, columns, content)
-    result = ReadResult()
+    result, labels = ReadResult(), {}  # labels: each one string, however many rows name it
     for line_number, record, original in records:
         reason = record.reason if isinstance(record, _Unusable) else _unusable_values(record, text_column, label_column,
                                                                                       source_column)
@@ -418,9 +445,9 @@ def read_table(path: Path, text_column: str, label_column: str, source_column: s
             result.rejected.append(RejectedRow(str(path), line_number, reason,
                                                csv_record(original) if isinstance(original, list) else original))
             continue
-        text, label = record[text_column], record[label_column]
+        text, label = record[text_column], str(record[label_column]).strip()
         source = f"{path}:{line_number}"
-        result.rows.append(LabeledQuestion((text or "").strip(), str(label).strip(), source))
+        result.rows.append(LabeledQuestion((text or "").strip(), labels.setdefault(label, label), source))
         if source_column is not None:
             result.named_sources[source] = (record[source_column] or "").strip()
     return result
@@ -445,7 +472,10 @@ def _unusable_values(record: dict, text_column: str, label_column: str, source_c
     for column in (text_column, label_column, source_column):
         if column is not None and isinstance(record[column], str) and not _encodable(record[column]):
             return f"{column!r} holds a lone surrogate (a JSON \\ud800-\\udfff escape that is half a pair), not text"
-    return "" if label is not None and normalise(str(label)) else "empty label"  # a zero-width space alone is none
+    return "" if label is not None and _normalised_label(str(label)) else "empty label"  # a zero-width space alone is none
+
+
+_normalised_label = lru_cache(maxsize=4096)(normalise)  # a file names a few labels many times over
 
 
 def _missing_columns(missing: list[str]) -> str:
@@ -471,13 +501,21 @@ def _encodable(text: str) -> bool:
 
 
 def _csv_dict_records(path: Path, columns: list[str],
-                      content: bytes | None = None) -> list[tuple[int, dict | _Unusable, list[str]]]:
+                      content: bytes | None = None) -> Iterator[tuple[int, dict | _Unusable, list[str]]]:
     """(line, record or the reason it is unusable, its fields, which `csv_record` writes out for a rejected one) for each
-    data row. A header without one of `columns` is an error about the header, not a rejection of every row."""
-    records = _csv_records(path, header=True, content=content)
-    if not records:
+    data row, one at a time. A header without one of `columns` is an error about the header, not a rejection of every
+    row; it, and a malformed line anywhere, is raised here, before any row is given."""
+    text = _csv_text(path, header=True, content=content)
+    # Two passes over the text, where the records were held all at once: this one reads the labels (and says a
+    # malformed line before the header's problems, as before); the second gives the rows
+    records = _csv_records(path, text)
+    first = next(records, None)
+    if first is None:
         raise ReaderError(f"{path}: file is empty")
-    header_line, header = records[0][0], [h.strip() for h in records[0][1]]  # the first record that is not blank
+    header_line, header = first[0], [h.strip() for h in first[1]]  # the first record that is not blank
+    # a label column to tell rows swallowed by an unclosed quote from a question over several lines (none: texts only)
+    label_index = header.index(columns[1]) if len(columns) > 1 and columns[1] in header else None
+    labels = _file_labels(records, len(header), label_index)
     # Unnamed columns (a stray cell beside the table, as spreadsheets export it) hold nothing a mapping can name
     repeated = sorted({h for h in header if h and header.count(h) > 1})
     if repeated:
@@ -485,24 +523,24 @@ def _csv_dict_records(path: Path, columns: list[str],
     missing = [c for c in columns if c not in header]
     if missing:
         raise MissingColumns(f"{path}, line {header_line}: {_missing_columns(missing)}: the header has {header}", missing)
-    rows = []
-    # a label column to tell rows swallowed by an unclosed quote from a question over several lines (none: texts only)
-    label_index = header.index(columns[1]) if len(columns) > 1 else None
-    labels = _file_labels(records[1:], len(header), label_index) if label_index is not None else None
-    for line_number, fields in records[1:]:
+    return _csv_rows(path, text, header, header_line, label_index, labels)
+
+
+def _csv_rows(path: Path, text: str, header: list[str], header_line: int, label_index: int | None,
+              labels: _FileLabels) -> Iterator[tuple[int, dict | _Unusable, list[str]]]:
+    """`_csv_dict_records`' rows: the second pass over `text`, whose checked header is `header`."""
+    records = _csv_records(path, text)
+    next(records)  # the header
+    for line_number, fields in records:
         swallowed = _swallowed_rows(fields, len(header), line_number, label_index, labels) if label_index is not None else ""
         if swallowed:
-            rows.append((line_number, _Unusable(swallowed), fields))
-            continue
-        if len(fields) != len(header):
-            rows.append((line_number, _Unusable(f"expected {len(header)} columns as in the header, found {len(fields)}"),
-                         fields))
-            continue
-        if [f.strip() for f in fields] == header:  # two exports joined: its label would become a class named after the column
-            rows.append((line_number, _Unusable(f"the header again (line {header_line}): two files joined?"), fields))
-            continue
-        rows.append((line_number, {h: f for h, f in zip(header, fields) if h}, fields))
-    return rows
+            yield line_number, _Unusable(swallowed), fields
+        elif len(fields) != len(header):
+            yield line_number, _Unusable(f"expected {len(header)} columns as in the header, found {len(fields)}"), fields
+        elif [f.strip() for f in fields] == header:  # two exports joined: its label would become a class named after the column
+            yield line_number, _Unusable(f"the header again (line {header_line}): two files joined?"), fields
+        else:
+            yield line_number, {h: f for h, f in zip(header, fields) if h}, fields
 
 
 def read_texts(path: Path, column: str) -> list[tuple[int, str]]:
@@ -534,12 +572,17 @@ def is_jsonl(path: Path) -> bool:
     return path.suffix.lower() in JSONL_SUFFIXES
 
 
-def _jsonl_records(path: Path, content: bytes | None = None) -> list[tuple[int, dict | _Unusable, str]]:
-    rows = []
+def _jsonl_records(path: Path, content: bytes | None = None) -> Iterator[tuple[int, dict | _Unusable, str]]:
+    """(line, record or the reason it is unusable, the line) for each line but blank ones, one at a time; an unreadable
+    or blank file is an error here, before any line is given."""
     text = _stray_carriage_returns_as_spaces(decode_file(path, content), path)  # JSON whitespace may hold a CR: not a line break
-    if not text.strip():
+    if not text or text.isspace():  # what `not text.strip()` says, without a copy of the whole file
         raise ReaderError(f"{path}: file is empty")
-    for line_number, line in enumerate(split_lines(text), start=1):
+    return _jsonl_lines(text)
+
+
+def _jsonl_lines(text: str) -> Iterator[tuple[int, dict | _Unusable, str]]:
+    for line_number, line in enumerate(_iter_lines(text), start=1):
         if not line.strip():
             continue
         try:
@@ -550,8 +593,7 @@ def _jsonl_records(path: Path, content: bytes | None = None) -> list[tuple[int, 
             record = _Unusable("not valid JSON: nested too deeply")
         except ValueError as exc:  # a repeated key, or an integer too long to convert (Python's 4300-digit limit)
             record = _Unusable(f"not usable JSON: {exc}")
-        rows.append((line_number, record if isinstance(record, (dict, _Unusable)) else _Unusable("not a JSON object"), line))
-    return rows
+        yield line_number, record if isinstance(record, (dict, _Unusable)) else _Unusable("not a JSON object"), line
 
 
 def _object_without_repeated_keys(pairs: list[tuple[str, object]]) -> dict:

@@ -15,7 +15,7 @@ class StandardQuestion:
     derived: bool = False  # True when no catalog text existed and one was made from the label
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a file's rows are held all at once, and a __dict__ each doubled them
 class LabeledQuestion:
     text: str
     class_id: str
