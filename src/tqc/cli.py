@@ -619,6 +619,10 @@ def _registered_answers(args: argparse.Namespace) -> Callable:
     except OSError as exc:  # a file of the version's artifacts gone (prior.json, say), which MLflow does not check
         raise ConfigError(f"--model {args.model}: a file of the registered version is missing or unreadable ({exc}); "
                           "register it again, or serve another version") from None
+    except ValueError as exc:  # a file of the version that is there but damaged (tqc_model.json no JSON, an empty catalog)
+        reason = " ".join(str(exc).split())  # one line, as transformers' messages are not
+        raise ConfigError(f"--model {args.model}: the registered version does not load ({reason}); "
+                          "register it again, or serve another version") from None
     # no --top-k: the version's own top_k, as it is served
     return lambda questions: model.predict(questions, params=None if args.top_k is None else {"top_k": args.top_k})
 

@@ -1020,3 +1020,27 @@ def test_a_refresh_records_what_its_source_learnt_from_even_when_the_alias_moved
                              refreshed_from=source)
     own = {serving.question_hash(q.text) for q in load_questions(data_dir / "train.jsonl")}
     assert serving.trained_on_record("tqc-admc", report["challenger_version"], tmp_path / "record") == own | source_questions
+
+
+def test_a_registered_version_whose_model_config_is_damaged_is_a_one_line_error(tiny_model_dir, data_dir, tmp_path,
+                                                                                 registry, capsys):
+    """A version whose tqc_model.json is no longer JSON fails its load with a ValueError, which `tqc predict` let
+    through as a traceback where a missing file of the version was one line."""
+    import mlflow
+
+    from tqc.cli import main
+
+    with standalone_run("promote", registry) as tracker:
+        assert promote.run(data_dir, untrained(tiny_model_dir, tmp_path / "weak"), None, PromoteParams(bootstrap_samples=200),
+                           tmp_path / "p.json", tracker)["promoted"]
+    model_id = mlflow.MlflowClient().get_model_version("tqc-admc", "1").source.removeprefix("models:/")
+    stored = [p for p in Path(registry.uri.removeprefix("sqlite:///")).parent.rglob("tqc_model.json")
+              if model_id in p.parts]
+    assert stored, model_id
+    for config in stored:
+        config.write_text("{not json")
+    capsys.readouterr()
+    assert main(["predict", "--model", "models:/tqc-admc/1", "--tracking-uri", registry.uri, "where is paris"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tqc predict: error: --model models:/tqc-admc/1: the registered version does not load (")
+    assert "tqc_model.json: not a saved model's config" in err and "\n" not in err
