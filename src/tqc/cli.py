@@ -520,14 +520,18 @@ def _predict(args: argparse.Namespace) -> None:
 
     from tqc.serving import ranked_records
 
-    questions = _scored(list(enumerate(args.questions, start=1)), "question argument(s)", "arguments")
-    questions += _file_questions(args.file, args.column)
+    # (where, position, question): the questions of the arguments, then of the file
+    asked = [("question argument(s)", position, text)
+             for position, text in _scored(list(enumerate(args.questions, start=1)), "question argument(s)", "arguments")]
+    asked += [(f"{_file_name(args.file)}: line(s)", line, text) for line, text in _file_questions(args.file, args.column)]
+    questions = [text for _, _, text in asked]
     if not questions:
         raise ConfigError(f"no questions: --file {args.file} holds none" if args.file is not None
                           else "no questions: give them as arguments or with --file")
     if args.top_k is not None and args.top_k < 1:
         raise ConfigError(f"--top-k {args.top_k}: must be at least 1")
-    answer = _registered_answers(args) if args.model.startswith(REGISTERED) else _local_answers(args)
+    answer, matcher = _registered_answers(args) if args.model.startswith(REGISTERED) else _local_answers(args)
+    _say_cut(matcher, asked)
     # In chunks: the (chunk, P) scores and the answers' rows are what grows with a file, and each chunk's answers are
     # printed before the next is encoded, so a long file streams out
     for start in range(0, len(questions), PREDICT_CHUNK):
@@ -541,23 +545,44 @@ def _predict(args: argparse.Namespace) -> None:
         sys.stdout.flush()
 
 
-def _file_questions(path: Path | None, column: str) -> list[str]:
-    """`--file`'s questions, blank lines said and left out (`_scored`)."""
+def _say_cut(matcher, asked: list[tuple[str, int, str]]) -> None:
+    """One warning for the questions (where, position, text) the model cuts at its max_length, named by argument or
+    line: the matcher, which would name them by their row in each chunk it is given, says none."""
+    from tqc.serving import listed, say_cut
+
+    def where(cut: list[int]) -> str:
+        positions: dict[str, list[int]] = {}
+        for i in cut:
+            positions.setdefault(asked[i][0], []).append(asked[i][1])
+        return "; ".join(f"{source} {listed(numbers)}" for source, numbers in positions.items())
+
+    matcher.says_cut = False
+    say_cut(matcher.model.question, [text for _, _, text in asked], where)
+
+
+def _file_name(path: Path | None) -> str:
+    return "stdin" if str(path) == "-" else str(path)
+
+
+def _file_questions(path: Path | None, column: str) -> list[tuple[int, str]]:
+    """`--file`'s (line, question) pairs, blank lines said and left out (`_scored`)."""
     if path is None:
         return []
-    return _scored(_question_file_lines(path, column), f"{'stdin' if str(path) == '-' else path}: line(s)", "lines")
+    return _scored(_question_file_lines(path, column), f"{_file_name(path)}: line(s)", "lines")
 
 
-def _scored(numbered: list[tuple[int, str]], where: str, others: str) -> list[str]:
-    """The questions of (position, text) pairs, stripped. A blank one (whitespace, invisible or control characters
-    alone, which the model would still answer: `has_words`) is not scored, and said with its position, since the answers
-    then no longer line up with the arguments or the file's lines."""
-    blank = [position for position, text in numbered if not has_words(text)]
+def _scored(numbered: list[tuple[int, str]], where: str, others: str) -> list[tuple[int, str]]:
+    """The (position, question) pairs of (position, text) ones, stripped. A blank one (whitespace, invisible or control
+    characters alone, which the model would still answer: `has_words`) is not scored, and said with its position, since
+    the answers then no longer line up with the arguments or the file's lines."""
+    from tqc.serving import listed
+
+    worded = [has_words(text) for _, text in numbered]
+    blank = [position for (position, _), words in zip(numbered, worded) if not words]
     if blank:
-        listed = ", ".join(map(str, blank[:10])) + (f" and {len(blank) - 10} more" if len(blank) > 10 else "")
         logging.getLogger(__name__).warning("%s %s have no question: not scored, so the answers follow the other %s",
-                                            where, listed, others)
-    return [text.strip() for _, text in numbered if has_words(text)]
+                                            where, listed(blank), others)
+    return [(position, text.strip()) for (position, text), words in zip(numbered, worded) if words]
 
 
 DEFAULT_QUESTION_COLUMN = "text"
@@ -594,9 +619,10 @@ def _question_file_lines(path: Path, column: str | None) -> list[tuple[int, str]
 REGISTERED = "models:/"  # MLflow's scheme for a registered version
 
 
-def _registered_answers(args: argparse.Namespace) -> Callable:
+def _registered_answers(args: argparse.Namespace) -> tuple[Callable, object]:
     """A registered version's answers (a frame of questions → its ranked answers), through its pyfunc as the registry
-    serves it: its catalog, and its class-prior shift or exemplar rows, are its own, so none is given here."""
+    serves it: its catalog, and its class-prior shift or exemplar rows, are its own, so none is given here; and the
+    `StandardQuestionMatcher` that answers."""
     given = [flag for flag, value in (("--catalog", args.catalog), ("--exemplars", args.exemplars),
                                       ("--exemplar-k", args.exemplar_k), ("--exemplar-cache", args.exemplar_cache))
              if value is not None] + (["--prior"] if args.prior != "auto" else [])
@@ -624,7 +650,8 @@ def _registered_answers(args: argparse.Namespace) -> Callable:
         raise ConfigError(f"--model {args.model}: the registered version does not load ({reason}); "
                           "register it again, or serve another version") from None
     # no --top-k: the version's own top_k, as it is served
-    return lambda questions: model.predict(questions, params=None if args.top_k is None else {"top_k": args.top_k})
+    return (lambda questions: model.predict(questions, params=None if args.top_k is None else {"top_k": args.top_k}),
+            model.unwrap_python_model())
 
 
 def _registry_uri(args: argparse.Namespace) -> str:
@@ -639,8 +666,9 @@ def _registry_uri(args: argparse.Namespace) -> str:
     return existing_registry(tracking_uri(load_params(args.params).tracking if args.params.is_file() else TrackingParams()))
 
 
-def _local_answers(args: argparse.Namespace) -> Callable:
-    """A model folder's answers (a frame of questions → its ranked answers), through the registry's pyfunc code."""
+def _local_answers(args: argparse.Namespace) -> tuple[Callable, object]:
+    """A model folder's answers (a frame of questions → its ranked answers), through the registry's pyfunc code; and
+    the `StandardQuestionMatcher` that answers."""
     if args.tracking_uri is not None:
         raise ConfigError(f"--tracking-uri with --model {args.model}: a model folder is read from disk, not a registry "
                           f"(a registered version is {REGISTERED}NAME@ALIAS)")
@@ -650,7 +678,7 @@ def _local_answers(args: argparse.Namespace) -> Callable:
     top_k = LOCAL_TOP_K if args.top_k is None else args.top_k
     matcher = _matcher(argparse.Namespace(**{**vars(args), "model": Path(args.model), "top_k": top_k,
                                              "catalog": args.catalog or Path("data/validated/catalog.jsonl")}))
-    return lambda questions: matcher.predict(None, questions, {"top_k": top_k})
+    return lambda questions: matcher.predict(None, questions, {"top_k": top_k}), matcher
 
 
 LOCAL_TOP_K = 3  # a model folder's answers per question, where --top-k is not given

@@ -22,6 +22,7 @@ import numbers
 import os
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import mlflow.pyfunc
@@ -54,6 +55,9 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
     # `tqc predict` sets a folder where the exemplar rule's encoded questions are kept between calls; a registered
     # version leaves it None and reads the vectors registered with it (`EXEMPLAR_VECTORS`), else encodes them per load.
     exemplar_cache: Path | None = None
+    # Whether `predict` warns of the questions it cuts at the model's max_length, by their rows. `tqc predict` says them
+    # itself, once for all its chunks, by their arguments and lines.
+    says_cut: bool = True
 
     def load_context(self, context) -> None:
         import torch
@@ -97,6 +101,8 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         if isinstance(asked_k, bool) or not isinstance(asked_k, numbers.Integral) or asked_k < 1:  # before any encoding
             raise ValueError(f"params top_k must be a whole number of at least 1, not {asked_k!r}")
         questions = _questions(model_input)
+        if self.says_cut:
+            say_cut(self.model.question, questions, lambda rows: f"row(s) {listed(rows)}")
         with torch.no_grad():
             asked = self.model.question.encode(questions)  # (N, D)
             if self.exemplars is None:
@@ -117,6 +123,22 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
             for rank, (v, i) in enumerate(zip(row_values, row_indices))
         ]
         return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
+
+
+def say_cut(encoder, questions: list[str], where: Callable[[list[int]], str]) -> None:
+    """One warning for the questions (N,) that `encoder` cuts at its max_length, if any: they are answered from their
+    first tokens alone, which a user would not otherwise know. `where` names them, given their positions in `questions`."""
+    cut = encoder.overlong(questions)
+    if cut:
+        logging.getLogger(__name__).warning(
+            "%d question(s) longer than model.max_length (%d tokens, the model's setting when it was trained) are cut to "
+            "their first %d tokens, and answered from those alone: %s", len(cut), encoder.max_length, encoder.max_length,
+            where(cut))
+
+
+def listed(positions: list, most: int = 10) -> str:
+    """The first `most` positions, and how many more there are."""
+    return ", ".join(map(str, positions[:most])) + (f" and {len(positions) - most} more" if len(positions) > most else "")
 
 
 def _exemplar_bank(model, model_digest: dict | None, catalog, exemplars_file: str | None, config: dict,
@@ -280,7 +302,9 @@ def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_pat
 
 def served_top1(uri: str, questions: list[str]) -> list[str]:
     """(N,) the class id of each question's first answer, from a registered version's pyfunc as it is served."""
-    answers = mlflow.pyfunc.load_model(uri).predict(pd.DataFrame({"question": questions}), params={"top_k": 1})
+    served = mlflow.pyfunc.load_model(uri)
+    served.unwrap_python_model().says_cut = False  # validation questions, which evaluate scores cut as silently
+    answers = served.predict(pd.DataFrame({"question": questions}), params={"top_k": 1})
     return answers[answers["rank"] == 1]["class_id"].tolist()  # in question order
 
 

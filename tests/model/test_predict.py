@@ -844,3 +844,57 @@ def test_a_model_folder_the_system_fails_to_read_is_said_in_a_line_not_ended_sil
     error = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(error) == 1 and error[0].startswith("tqc predict: error: model.pretrained: ")
     assert "question_encoder' could not be read (BrokenPipeError: [Errno 32] Broken pipe)" in error[0]
+
+
+EIGHT_TOKENS = "where is paris where is paris"  # [CLS], six words, [SEP]: exactly model.max_length 8, so not cut
+NINE_TOKENS = EIGHT_TOKENS + " where"
+
+
+def _cut_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "longer than model.max_length" in r.getMessage()]
+
+
+def test_the_served_model_says_once_which_questions_it_cuts_at_max_length(tiny_model_dir, tmp_path, caplog):
+    """A question longer than model.max_length was cut to its first tokens without a word: one warning per call
+    names how many and their rows, and the setting with its value; a question of exactly max_length tokens is not cut."""
+    import pandas as pd
+
+    from tqc.serving import local_matcher
+
+    torch.manual_seed(0)
+    tiny_bi_encoder(tiny_model_dir, max_length=8).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    matcher = local_matcher(tmp_path / "model", tmp_path / "catalog.jsonl", 1)
+    tokens = matcher.model.question.tokenizer([EIGHT_TOKENS, NINE_TOKENS])["input_ids"]
+    assert [len(t) for t in tokens] == [8, 9]  # the premise, untruncated
+    asked = ["where is paris", NINE_TOKENS, EIGHT_TOKENS, NINE_TOKENS + " is paris"]
+    with caplog.at_level("WARNING", logger="tqc.serving"):
+        answers = matcher.predict(None, pd.DataFrame({"question": asked}))
+    assert len(answers) == 4
+    assert _cut_warnings(caplog) == ["2 question(s) longer than model.max_length (8 tokens, the model's setting when it "
+                                     "was trained) are cut to their first 8 tokens, and answered from those alone: "
+                                     "row(s) 1, 3"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tqc.serving"):
+        matcher.predict(None, pd.DataFrame({"question": ["where is paris", EIGHT_TOKENS]}))
+    assert _cut_warnings(caplog) == []
+
+
+def test_predict_says_once_which_arguments_and_lines_it_cuts_at_max_length(tiny_model_dir, tmp_path, capsys, caplog,
+                                                                          monkeypatch):
+    """By their arguments and the file's lines, across all the chunks a file is scored in, and not again by rows."""
+    from tqc import cli
+
+    torch.manual_seed(0)
+    tiny_bi_encoder(tiny_model_dir, max_length=8).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    (tmp_path / "long.txt").write_text("\n".join(["who wrote it", NINE_TOKENS, "", EIGHT_TOKENS, NINE_TOKENS,
+                                                  "how many cats"]) + "\n", encoding="utf-8")
+    monkeypatch.setattr(cli, "PREDICT_CHUNK", 2)
+    with caplog.at_level("WARNING"):
+        assert main(["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
+                     NINE_TOKENS, "where is paris", "--file", str(tmp_path / "long.txt")]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 7
+    assert _cut_warnings(caplog) == ["3 question(s) longer than model.max_length (8 tokens, the model's setting when it "
+                                     "was trained) are cut to their first 8 tokens, and answered from those alone: "
+                                     f"question argument(s) 1; {tmp_path / 'long.txt'}: line(s) 2, 5"]

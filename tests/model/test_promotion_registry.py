@@ -1023,7 +1023,7 @@ def test_a_refresh_records_what_its_source_learnt_from_even_when_the_alias_moved
 
 
 def test_a_registered_version_whose_model_config_is_damaged_is_a_one_line_error(tiny_model_dir, data_dir, tmp_path,
-                                                                                 registry, capsys):
+                                                                                 registry, capsys, caplog):
     """A version whose tqc_model.json is no longer JSON fails its load with a ValueError, which `tqc predict` let
     through as a traceback where a missing file of the version was one line."""
     import mlflow
@@ -1033,6 +1033,14 @@ def test_a_registered_version_whose_model_config_is_damaged_is_a_one_line_error(
     with standalone_run("promote", registry) as tracker:
         assert promote.run(data_dir, untrained(tiny_model_dir, tmp_path / "weak"), None, PromoteParams(bootstrap_samples=200),
                            tmp_path / "p.json", tracker)["promoted"]
+    # Whole, it answers, and says which question it cuts at model.max_length (48 tokens here) by its argument
+    capsys.readouterr()
+    long = " ".join(["where is paris"] * 20)  # 62 tokens
+    assert main(["predict", "--model", "models:/tqc-admc/1", "--tracking-uri", registry.uri, "who is it", long]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    cut = [r.getMessage() for r in caplog.records if "longer than model.max_length" in r.getMessage()]
+    assert len(cut) == 1 and cut[0].startswith("1 question(s) longer than model.max_length (48 tokens")
+    assert cut[0].endswith(": question argument(s) 2")  # by its argument, not again by its row
     model_id = mlflow.MlflowClient().get_model_version("tqc-admc", "1").source.removeprefix("models:/")
     stored = [p for p in Path(registry.uri.removeprefix("sqlite:///")).parent.rglob("tqc_model.json")
               if model_id in p.parts]

@@ -228,6 +228,16 @@ class TextEncoder(nn.Module):
         batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
         return {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
+    def overlong(self, texts: list[str]) -> list[int]:
+        """The positions of the texts (B,) that `tokenize` cuts at max_length. Tokenized again, to one token more, since
+        a text that fills that is longer: asked where questions are served, so `tokenize`, which training and
+        encoding call, does no more work and gives the same tokens."""
+        if not texts:  # a tokenizer given no text fails
+            return []
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length + 1, return_attention_mask=False,
+                             return_token_type_ids=False)["input_ids"]
+        return [i for i, row in enumerate(ids) if len(row) > self.max_length]
+
     def forward(self, texts: list[str], augment: bool = True) -> torch.Tensor:
         """texts (B,) → embeddings (B, D); `augment=False` skips the implicit augmentation (the catalog side).
 
