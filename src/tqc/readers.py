@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 from tqc.config import DataParams
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, file_and_line
-from tqc.text import normalise
+from tqc.text import has_words, normalise
 
 log = logging.getLogger(__name__)
 
@@ -637,9 +637,10 @@ def read_catalog_rows(path: Path, id_column: str = "class_id", text_column: str 
         if first != line:
             raise ReaderError(f"{path}, line {line}: catalog row unusable: class {row.class_id!r} is already given at "
                               f"line {first}; each class id once")
-        if not normalise(row.text):  # zero-width characters alone too
+        if not has_words(row.text):  # zero-width, control or private-use characters alone too: validate would stop
             raise ReaderError(f"{path}, line {line}: catalog row unusable: class {row.class_id!r} has an empty standard "
-                              "question (leave the class out to get a text derived from its label)")
+                              "question (no character a tokenizer reads; leave the class out to get a text derived from "
+                              "its label)")
         owner = owners.setdefault(normalise(row.text), row.class_id)
         if owner != row.class_id:
             raise ReaderError(f"{path}, line {line}: catalog row unusable: class {row.class_id!r} has the standard question "
@@ -669,7 +670,7 @@ def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion], catalog_
             raise ReaderError(f"{where}: labels {twin!r} (first at {file_and_line(first_use[twin])}) and {class_id!r} are "
                               "alike but for case, width or a float's .0, and the catalog has neither: one class written "
                               "two ways, or two? write the label one way, or give each a standard question in the catalog")
-        if not normalise(text):
+        if not has_words(text):  # `___`, or a label of private-use or control characters: validate would stop
             raise ReaderError(f"{where}: class {class_id!r} has no catalog text and no words to derive one from; "
                               "give it a standard question in the catalog")
         owner = owners.setdefault(normalise(text), class_id)

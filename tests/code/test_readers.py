@@ -659,6 +659,23 @@ def test_a_catalog_row_without_text_or_with_another_class_text_is_an_error_namin
         read_catalog_file(again, taken={"who is it?": "Z"})  # a class already in the catalog has C's text
 
 
+# No word a tokenizer reads (`has_words`): a private-use character, control characters, a lone accent, U+FFFD. Read, it
+# passed ingest and stopped validate's catalog_non_empty_texts, which names the class but not the file and line.
+@pytest.mark.parametrize("text", ["\ue000", "\x01\x02", "\u0301", "\ufffd", "\u200b\ue000"])
+def test_a_catalog_row_whose_text_no_tokenizer_reads_is_an_error_naming_its_line(tmp_path, text):
+    path = tmp_path / "catalog.csv"
+    path.write_text(f"class_id,text\nA,Where is it?\nB,{text}\n", encoding="utf-8")
+    with pytest.raises(ReaderError, match=r"catalog.csv, line 3: catalog row unusable: class 'B' has an empty standard "
+                                          r"question \(no character a tokenizer reads"):
+        read_catalog_file(path)
+
+
+def test_a_label_whose_derived_text_no_tokenizer_reads_is_an_error_naming_its_first_row():
+    with pytest.raises(ReaderError, match=r"train.csv, line 3: class '\\ue000' has no catalog text and no words to derive "
+                                          r"one from"):
+        with_derived_classes(Catalog(), rows_labeled("billing", "\ue000"))
+
+
 def test_a_validation_file_that_is_not_there_names_the_param_and_where_it_was_looked_for(tmp_path):
     from tqc.stages import ingest
 
