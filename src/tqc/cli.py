@@ -53,8 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     augment = commands.add_parser("augment", help="rebalance tail classes")
     _paths(augment, "train", "out", "report")
     augment.add_argument("--generated", type=Path, help="validated rows made offline (augment.explicit: file)")
-    augment.add_argument("--held-out", type=Path, nargs="*", default=[],
-                         help="validation and test files: a generated row equal to one of their questions is dropped")
+    # Required: without it a row EDA or a rewrite made equal to a validation or test question joined train unseen (no
+    # later stage compares augmented rows with held-out ones), inflating the scores on it.
+    augment.add_argument("--held-out", type=Path, nargs="+", required=True,
+                         help="validation and test files (data/validated/validation.jsonl data/validated/test.jsonl): "
+                              "a generated row equal to one of their questions is dropped")
     augment.add_argument("--catalog", type=Path, help="the catalog: a generated row equal to another class's standard "
                          "question is dropped")
     _paths(commands.add_parser("stage-one", help="train both encoders with in-batch NT-Xent"), "data", "train", "out", "history")

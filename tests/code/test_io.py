@@ -182,8 +182,9 @@ def test_a_jsonl_file_that_is_not_json_is_an_input_error_said_in_one_line(tmp_pa
     from tqc import cli
 
     (tmp_path / "train.jsonl").write_text('{"text": "where is it?", "class_id": "LOC"}\n{"text": broken\n')
+    (tmp_path / "test.jsonl").write_text('{"text": "who is it?", "class_id": "HUM"}\n')
     code = cli.main(["augment", "--train", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "out.jsonl"),
-                     "--report", str(tmp_path / "augment.json")])
+                     "--report", str(tmp_path / "augment.json"), "--held-out", str(tmp_path / "test.jsonl")])
     err = capsys.readouterr().err
     assert code == 2 and f"{tmp_path / 'train.jsonl'}, line 2: not valid JSON" in err and "Traceback" not in err
 

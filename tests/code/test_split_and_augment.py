@@ -387,3 +387,23 @@ def test_params_augment_does_not_read_are_said_not_refused(tmp_path, caplog):
     assert "augment.target_count (60) is read only by rebalance: count, not 'mean'" in caplog.text
     assert "augment.max_factor (4) caps a rebalance target, and augment.rebalance is 'none': it caps nothing" in caplog.text
     assert report["deferred"] is False and report["rows"]["after"] == 12  # the report says what stage one trains
+
+
+def test_tqc_augment_by_hand_needs_the_held_out_files_that_dvc_yaml_passes(tmp_path, capsys):
+    """Without --held-out a made row equal to a validation or test question joined train unseen: no later stage compares
+    augmented rows with held-out ones. So the command refuses to run without them, and dvc.yaml's command gives both."""
+    import shlex
+
+    import yaml
+
+    from tqc import cli
+
+    save = ["--train", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "out.jsonl"), "--report", str(tmp_path / "a.json")]
+    with pytest.raises(SystemExit) as exited:
+        cli.parse_arguments(["augment", *save])
+    assert exited.value.code == 2 and "--held-out" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.parse_arguments(["augment", *save, "--held-out"])  # named, but with no file: the same leak
+    stage = yaml.safe_load((Path(__file__).resolve().parents[2] / "dvc.yaml").read_text())["stages"]["augment"]
+    args = cli.parse_arguments(shlex.split(stage["cmd"])[1:])
+    assert args.held_out == [Path("data/validated/validation.jsonl"), Path("data/validated/test.jsonl")]
