@@ -260,7 +260,6 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged
     try:
         rows = read_catalog_rows(incoming.path, params.data.custom.catalog_id_column, params.data.custom.catalog_text_column,
                                  taken={normalise(text): class_id for class_id, text in current}, content=content)
-        _require_words(incoming.path, rows)
     except (ReaderError, ValueError) as exc:
         outcome.outcome, outcome.reason = "unusable", str(exc)
         if isinstance(exc, MissingColumns):  # labeled questions, say, in a file whose name made it a catalog
@@ -290,19 +289,6 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged
     if new:
         write_jsonl(raw / ADDED_CATALOG, staged_rows + [asdict(q) for q in new])
     return outcome
-
-
-def _require_words(path: Path, rows: list[tuple[StandardQuestion, int]]) -> None:
-    """A standard question with no word a tokenizer reads ("\\ue000", a control character: `has_words`) is refused at its
-    file and line, as the reader refuses an empty one. Merged, it failed validate's catalog_non_empty_texts, which
-    made every labeled file of that retrain, and of each one after, unusable."""
-    from tqc.text import has_words
-
-    for question, line in rows:
-        if not has_words(question.text):
-            raise ReaderError(f"{path}, line {line}: catalog row unusable: class {question.class_id!r} has an empty "
-                              "standard question (no character a tokenizer reads; leave the class out to get a text "
-                              "derived from its label)")
 
 
 def _base_catalog(params: Params) -> Catalog:
