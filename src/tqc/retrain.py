@@ -51,7 +51,7 @@ from tqc.config import Params, RetrainParams, redact_text
 from tqc.io import atomic_directory, atomic_path, file_digest, read_json, read_jsonl, write_jsonl, write_text
 from tqc.locks import exclusive
 from tqc.readers import ADDED_CATALOG, ADDED_QUESTIONS, TABLE_SUFFIXES, MissingColumns, ReaderError, read_catalog_rows
-from tqc.schema import Catalog, StandardQuestion
+from tqc.schema import Catalog
 
 if TYPE_CHECKING:
     from tqc.pipeline import EpochHook
