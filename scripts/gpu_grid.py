@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from tqc.ablate import FIGURES, CellResult, _dig, local_overrides, select_cells, without_prior_shift, write_report

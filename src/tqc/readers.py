@@ -363,8 +363,8 @@ def _swallowed_rows(fields: list[str], columns: int, start_line: int, label_inde
     every row between would become one question with the last one's label. A real question over two lines
     (`"Hi, there\nI lost my card"`) has a greeting there, which neither asks nor ends in a label the file uses."""
     lines_before = 0
-    for field in fields:
-        segments = field.split("\n")
+    for cell_text in fields:
+        segments = cell_text.split("\n")
         for number, segment in enumerate(segments[:-1]):  # the last one goes on with the record's next cell
             cells = next(csv.reader([segment]), [])
             if len(cells) != columns or not all(cell.strip() for cell in cells):
