@@ -526,3 +526,31 @@ def test_a_loaders_own_no_model_error_is_still_said_as_no_model_that_loads(tiny_
     monkeypatch.setattr(transformers.AutoModel, "from_pretrained", fails)
     with pytest.raises(ConfigError, match="holds no model that loads .*no file named model.safetensors"):
         TextEncoder.from_pretrained(str(tiny_model_dir))
+
+
+def test_a_damaged_weights_file_is_an_error_naming_it_not_a_safetensors_traceback(tiny_model_dir, tmp_path):
+    """A copy or a save cut short, or bytes overwritten: safetensors' SafetensorError named no file, and came as a
+    traceback from every command that loads a model. Now one line naming the file, and what to do."""
+    import shutil
+
+    from tqc.config import ConfigError
+
+    tiny_bi_encoder(tiny_model_dir, similarity="mlp", pooling="attention", tied=False).save(tmp_path / "whole")
+    damaged = {"question_encoder/model.safetensors": lambda data: data[: len(data) // 2],  # cut short
+               "standard_encoder/model.safetensors": lambda data: b"\x00garbage" * 64,
+               "question_encoder/pooling.safetensors": lambda data: b"",
+               "scorer.safetensors": lambda data: data[:-4]}
+    for i, (file, damage) in enumerate(damaged.items()):
+        folder = tmp_path / f"damaged-{i}"
+        shutil.copytree(tmp_path / "whole", folder)
+        (folder / file).write_bytes(damage((folder / file).read_bytes()))
+        with pytest.raises(ConfigError, match=f"^{folder / file}: damaged, not a whole safetensors file \\(.+\\); "
+                                              "train the model again or copy its whole folder again$") as raised:
+            BiEncoder.load(folder)
+        assert "\n" not in str(raised.value)
+    pretrained = tmp_path / "pretrained"  # a backbone that is no tqc model: copied or downloaded again, not trained
+    shutil.copytree(tiny_model_dir, pretrained)
+    (pretrained / "model.safetensors").write_bytes((pretrained / "model.safetensors").read_bytes()[:100])
+    with pytest.raises(ConfigError, match=f"^{pretrained / 'model.safetensors'}: damaged, .*; copy or download the model again$"):
+        TextEncoder.from_pretrained(str(pretrained))
+    assert BiEncoder.load(tmp_path / "whole").similarity == "mlp"  # the undamaged folder loads

@@ -898,3 +898,24 @@ def test_predict_says_once_which_arguments_and_lines_it_cuts_at_max_length(tiny_
     assert _cut_warnings(caplog) == ["3 question(s) longer than model.max_length (8 tokens, the model's setting when it "
                                      "was trained) are cut to their first 8 tokens, and answered from those alone: "
                                      f"question argument(s) 1; {tmp_path / 'long.txt'}: line(s) 2, 5"]
+
+
+def test_a_model_folder_with_damaged_weights_stops_predict_and_mine_in_one_line(tiny_model_dir, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """A model.safetensors cut short was safetensors' traceback from `tqc predict` and from every stage that loads it."""
+    from tqc.schema import LabeledQuestion, save_questions
+
+    monkeypatch.chdir(tmp_path)
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    weights = tmp_path / "model" / "question_encoder" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    CATALOG.save(tmp_path / "data" / "catalog.jsonl")
+    save_questions(tmp_path / "data" / "train.jsonl", [LabeledQuestion("where is paris", "loc", "train:1")])
+    params = Path(__file__).resolve().parents[2] / "params.yaml"
+    for command in (["predict", "--model", "model", "--catalog", "data/catalog.jsonl", "where is paris"],
+                    ["--params", str(params), "--set", "tracking.enabled=false", "mine", "--data", "data", "--train",
+                     "data/train.jsonl", "--model", "model", "--out", "negatives.jsonl", "--report", "mine.json"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert f"error: {weights.relative_to(tmp_path)}: damaged, not a whole safetensors file (" in err
+        assert "Traceback" not in err and len([line for line in err.splitlines() if "error" in line]) == 1

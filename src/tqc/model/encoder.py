@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
@@ -71,6 +72,35 @@ def _no_model_there(exc: OSError) -> bool:
     file that is not there. Not the system failing to read one that is (permission denied, a full disk, a broken pipe)."""
     return ((type(exc) is OSError and exc.errno is None) or isinstance(exc, FileNotFoundError)
             or type(exc).__module__.split(".")[0] == "huggingface_hub")
+
+
+def _damaged(files: list[Path], name: str, exc: SafetensorError, trained: bool) -> ConfigError:
+    """Weights that are there but do not parse (a copy or a save cut short, bytes overwritten), as one line naming the
+    file: safetensors' own message names none. `files`: the ones that fail to open, else the model `name` is said;
+    `trained`: a model a tqc stage saved, which can be trained again, not a pretrained one, fetched again."""
+    where = ", ".join(map(str, files)) or repr(name)
+    remedy = "train the model again or copy its whole folder again" if trained else "copy or download the model again"
+    return ConfigError(f"{where}: damaged, not a whole safetensors file ({' '.join(str(exc).split())}); {remedy}")
+
+
+def _unparsable_weights(folder: Path) -> list[Path]:
+    """The safetensors files in `folder` whose header does not parse, or whose tensors it says lie past the end."""
+    unparsable = []
+    for file in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except SafetensorError:
+            unparsable.append(file)
+    return unparsable
+
+
+def load_weights(path: Path, what: str) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file a saved model must have (`_saved_weights`); damaged, an error naming it."""
+    try:
+        return load_file(_saved_weights(path, what))
+    except SafetensorError as exc:
+        raise _damaged([path], str(path), exc, trained=True) from None
 
 
 def _unloadable_pretrained(name: str, exc: Exception) -> ConfigError:
@@ -215,6 +245,9 @@ class TextEncoder(nn.Module):
             raise _unloadable_pretrained(name, exc) from None
         except ValueError as exc:  # a folder whose tokenizer files transformers cannot use
             raise _unloadable_pretrained(name, exc) from None
+        except SafetensorError as exc:  # its weights cut short or overwritten
+            # a folder a tqc stage saved has its tqc_encoder.json beside the weights
+            raise _damaged(_unparsable_weights(Path(path)), name, exc, (Path(path) / ENCODER_CONFIG).is_file()) from None
         if len(tokenizer) < backbone.config.vocab_size // 2:
             # a folder missing tokenizer.json (and vocab.txt) still loads a tokenizer, of its special tokens alone, which
             # reads every word as [UNK]: the model would answer, wrongly, with no error
@@ -306,7 +339,7 @@ class TextEncoder(nn.Module):
         config = _saved_config(directory / ENCODER_CONFIG, ("pooling", "max_length"))
         encoder = cls.from_pretrained(str(directory), config["pooling"], config["max_length"])
         if encoder.pooling.attention is not None:
-            encoder.pooling.load_state_dict(load_file(_saved_weights(directory / "pooling.safetensors", "attention pooling")))
+            encoder.pooling.load_state_dict(load_weights(directory / "pooling.safetensors", "attention pooling"))
         return encoder
 
 
@@ -390,7 +423,7 @@ class BiEncoder(nn.Module):
         standard = None if config["tied"] else TextEncoder.load(directory / "standard_encoder")
         model = cls(question, standard, config["similarity"])
         if any(True for _ in model.scorer.parameters()):  # as `save` decides whether to write them
-            model.scorer.load_state_dict(load_file(_saved_weights(directory / SCORER_WEIGHTS, f"{config['similarity']} scorer")))
+            model.scorer.load_state_dict(load_weights(directory / SCORER_WEIGHTS, f"{config['similarity']} scorer"))
         return model
 
 
