@@ -275,7 +275,22 @@ def gold_indices(questions: list[LabeledQuestion], catalog: Catalog) -> np.ndarr
     return np.array([catalog.index(q.class_id) for q in questions], dtype=np.int64)
 
 
+def warn_cut_standards(model: BiEncoder, catalog: Catalog, most: int = 5) -> None:
+    """Say how many standard questions the catalog's encoder cuts at model.max_length, and the first `most` of their
+    classes: training, mining, evaluate and serving all read only their first max_length tokens. Tokenized once more
+    (`TextEncoder.overlong`), once per call, off the training steps: the catalog is small, and no figure changes."""
+    cut = model.standard.overlong(catalog.texts)
+    if cut:
+        classes = ", ".join(repr(catalog.class_ids[i]) for i in cut[:most]) + (f" and {len(cut) - most} more" if len(cut) > most else "")
+        log.warning("%d standard question(s) longer than model.max_length (%d tokens) are cut to their first %d tokens, "
+                    "in training and wherever the model matches them: class(es) %s; shorten them or raise model.max_length",
+                    len(cut), model.standard.max_length, model.standard.max_length, classes)
+
+
 def bi_encoder_validator(model: BiEncoder, validation: list[LabeledQuestion], catalog: Catalog) -> Callable[[], dict]:
+    """Validation macro-F1 and accuracy against the catalog. Stage one and stage two build it once, before their first
+    step: there they are told of the standard questions cut at model.max_length (`warn_cut_standards`)."""
+    warn_cut_standards(model, catalog)
     gold = gold_indices(validation, catalog)
     return lambda: summary(catalog_scores(model, validation, catalog), gold)
 

@@ -554,3 +554,27 @@ def test_a_damaged_weights_file_is_an_error_naming_it_not_a_safetensors_tracebac
     with pytest.raises(ConfigError, match=f"^{pretrained / 'model.safetensors'}: damaged, .*; copy or download the model again$"):
         TextEncoder.from_pretrained(str(pretrained))
     assert BiEncoder.load(tmp_path / "whole").similarity == "mlp"  # the undamaged folder loads
+
+
+def test_each_training_stage_says_once_which_standard_questions_it_cuts_at_max_length(tiny_model_dir, caplog):
+    """A standard question over model.max_length tokens was cut in training, mining, evaluate and serving without a
+    word. Stage one and stage two now say it once each, before their first step, by count and class; one of exactly
+    max_length tokens is not cut, so not said."""
+    from tqc.config import StageTwoParams
+    from tqc.stages import stage_two
+
+    torch.manual_seed(0)
+    texts = {"LOC": "where is the place where is the place where",  # [CLS], nine words, [SEP]: 11 tokens, over 8
+             "HUM": "who is the person who is",  # 8 tokens: exactly model.max_length, so not cut
+             "NUM": CLASSES["NUM"][0]}
+    catalog = Catalog([StandardQuestion(c, t) for c, t in texts.items()])
+    rows = [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 4)]
+    model = tiny_bi_encoder(tiny_model_dir, max_length=8)
+    assert model.standard.overlong(catalog.texts) == [0]
+    expected = ("1 standard question(s) longer than model.max_length (8 tokens) are cut to their first 8 tokens, in "
+                "training and wherever the model matches them: class(es) 'LOC'; shorten them or raise model.max_length")
+    with caplog.at_level("WARNING", logger="tqc.training"):
+        stage_one.train(model, rows, rows, catalog, StageOneParams(epochs=1, batch_size=8, max_steps=2), seed=0)
+        negatives = torch.as_tensor([[(catalog.index(q.class_id) + 1) % 3] for q in rows])  # (N, 1) a wrong class each
+        stage_two.train(model, rows, negatives, rows, catalog, StageTwoParams(epochs=1, batch_size=8, max_steps=2), seed=0)
+    assert [r.getMessage() for r in caplog.records if "standard question(s)" in r.getMessage()] == [expected, expected]

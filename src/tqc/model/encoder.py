@@ -263,8 +263,8 @@ class TextEncoder(nn.Module):
 
     def overlong(self, texts: list[str]) -> list[int]:
         """The positions of the texts (B,) that `tokenize` cuts at max_length. Tokenized again, to one token more, since
-        a text that fills that is longer: asked where questions are served, so `tokenize`, which training and
-        encoding call, does no more work and gives the same tokens."""
+        a text that fills that is longer: asked where questions are served, and of the catalog once per training stage,
+        so `tokenize`, which training steps and encoding call, does no more work and gives the same tokens."""
         if not texts:  # a tokenizer given no text fails
             return []
         ids = self.tokenizer(texts, truncation=True, max_length=self.max_length + 1, return_attention_mask=False,
