@@ -238,6 +238,22 @@ def test_nc_classifier_round_trip_keeps_its_classes_and_refuses_another_catalog_
         LinearClassifier.load(tmp_path / "nc")
 
 
+def test_a_damaged_or_missing_nc_head_is_an_error_naming_its_file(tiny_model_dir, tmp_path):
+    """head.safetensors was read by a bare load_file: a damaged one stopped prior and evaluate with safetensors'
+    traceback, naming no file, and a missing one with a FileNotFoundError."""
+    from tqc.config import ConfigError
+    from tqc.stages.baseline_nc import LinearClassifier
+
+    LinearClassifier(TextEncoder.from_pretrained(str(tiny_model_dir)), ["a", "b"]).save(tmp_path / "nc")
+    head = tmp_path / "nc" / "head.safetensors"
+    head.write_bytes(head.read_bytes()[: head.stat().st_size // 2])
+    with pytest.raises(ConfigError, match=r"head\.safetensors: damaged"):
+        LinearClassifier.load(tmp_path / "nc")
+    head.unlink()
+    with pytest.raises(ValueError, match=r"head\.safetensors: missing, so the model's linear head would start untrained"):
+        LinearClassifier.load(tmp_path / "nc")
+
+
 @pytest.mark.parametrize("negatives", ["mined", "mined_and_in_batch"])
 def test_stage_two_trains_against_mined_negatives(tiny_model_dir, negatives):
     from tqc.config import StageTwoParams

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from tqc import distributed
@@ -21,7 +21,7 @@ from tqc.config import AugmentParams, BaselineNCParams, ModelParams
 from tqc.device import pick_device, seed_everything
 from tqc.io import atomic_directory
 from tqc.metrics import summary
-from tqc.model.encoder import EmbeddingAugmentation, TextEncoder
+from tqc.model.encoder import EmbeddingAugmentation, TextEncoder, load_weights
 from tqc.schema import Catalog, LabeledQuestion, StaleClassifier, load_questions
 from tqc.training import FitResult, fit, gold_indices, parameter_groups, write_history, write_outputs
 
@@ -75,7 +75,7 @@ class LinearClassifier(nn.Module):
             raise StaleClassifier(f"{directory}: saved before NC models recorded their class ids (tqc_model.json has "
                                   f"only a count, {config.get('classes')}); train it again")
         model = cls(TextEncoder.load(directory), config["class_ids"])
-        model.head.load_state_dict(load_file(directory / "head.safetensors"))
+        model.head.load_state_dict(load_weights(directory / "head.safetensors", "linear head"))
         model.loaded_from = directory
         return model
 
