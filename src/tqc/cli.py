@@ -411,7 +411,17 @@ def _use_the_registry(params: Params, to_do: str) -> None:
 
     if not params.tracking.enabled:
         raise ConfigError(f"tracking.enabled is false: there is no registry to {to_do}")
-    mlflow.set_tracking_uri(existing_registry(tracking_uri(params.tracking)))
+    setting = _chosen_by(params.tracking)
+    uri = existing_registry(tracking_uri(params.tracking), setting)
+    mlflow.set_tracking_uri(uri)
+
+
+def _chosen_by(tracking, where: str = "tracking.uri") -> str:
+    """The setting that chose `tracking_uri(tracking)`, which an error about that store names: `where` (tracking.uri,
+    of which file), else $MLFLOW_TRACKING_URI; neither chose the local store, which either would replace."""
+    if tracking.uri:
+        return where
+    return "$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else f"{where} (or $MLFLOW_TRACKING_URI)"
 
 
 def _version_number(text: str) -> str:
@@ -644,7 +654,8 @@ def _registered_answers(args: argparse.Namespace) -> tuple[Callable, object]:
         missing = "No such artifact" in exc.message
         hint = ("the version's files may be gone from its artifact store; --tracking-uri names another registry" if missing
                 else "--tracking-uri names another registry")
-        raise ConfigError(f"--model {args.model}: cannot be loaded from the registry at {uri} ({exc.message}); {hint}") from None
+        raise ConfigError(f"--model {args.model}: cannot be loaded from the registry at {redact_text(uri)} "
+                          f"({redact_text(exc.message)}); {hint}") from None
     except OSError as exc:  # a file of the version's artifacts gone (prior.json, say), which MLflow does not check
         raise ConfigError(f"--model {args.model}: a file of the registered version is missing or unreadable ({exc}); "
                           "register it again, or serve another version") from None
@@ -659,14 +670,15 @@ def _registered_answers(args: argparse.Namespace) -> tuple[Callable, object]:
 
 def _registry_uri(args: argparse.Namespace) -> str:
     """--tracking-uri, else the registry the pipeline registers in (`tracking.uri` of --params where that file is,
-    then $MLFLOW_TRACKING_URI, then the local store). A local SQLite file that is not there is an error: MLflow would
-    create an empty registry in its place."""
+    then $MLFLOW_TRACKING_URI, then the local store), whose errors name the setting that chose it. A local SQLite file
+    that is not there is an error: MLflow would create an empty registry in its place."""
     from tqc.config import TrackingParams
     from tqc.tracking import existing_registry, tracking_uri
 
     if args.tracking_uri:
-        return existing_registry(args.tracking_uri)
-    return existing_registry(tracking_uri(load_params(args.params).tracking if args.params.is_file() else TrackingParams()))
+        return existing_registry(args.tracking_uri, "--tracking-uri")
+    tracking = load_params(args.params).tracking if args.params.is_file() else TrackingParams()
+    return existing_registry(tracking_uri(tracking), _chosen_by(tracking, f"tracking.uri of {args.params}"))
 
 
 def _local_answers(args: argparse.Namespace) -> tuple[Callable, object]:

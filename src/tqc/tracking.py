@@ -53,14 +53,16 @@ def sqlite_file(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None
 
 
-def existing_registry(uri: str) -> str:
+def existing_registry(uri: str, setting: str) -> str:
     """`uri`, where it names a store that is there to read: MLflow would create an empty SQLite database (and its
     folders) in place of a missing one, and then report every version missing. A database that does not answer is
-    said at once, naming the setting (`answering`)."""
+    said at once (`answering`). Errors name `setting`, what chose the URI (`--tracking-uri`, `tracking.uri`,
+    `$MLFLOW_TRACKING_URI`), which is what a user changes."""
     database = sqlite_file(uri)
     if database is not None and not database.is_file():
-        raise ConfigError(f"no registry at {uri}: no file {database} (promote registers models there)")
-    return answering(uri, way_out="point tracking.uri (or $MLFLOW_TRACKING_URI) at the registry promote registers in")
+        raise ConfigError(f"no registry at {uri}: no file {database} (promote registers models there; {setting} "
+                          "chose it)")
+    return answering(uri, way_out=f"point {setting} at the registry promote registers in", setting=setting)
 
 
 SETTING = "tracking.uri (or $MLFLOW_TRACKING_URI)"
@@ -68,12 +70,13 @@ TRACKING_OFF = "or turn tracking off with tracking.enabled=false"
 CONNECT_SECONDS = 10  # a database's answer to a connection; a closed port answers at once
 
 
-def answering(uri: str, way_out: str) -> str:
+def answering(uri: str, way_out: str, setting: str = SETTING) -> str:
     """`uri`, where it names a database (SQLite, PostgreSQL, MySQL, SQL Server) that takes a connection within
     CONNECT_SECONDS. MLflow's own engine retries a failed connection 10 times with a growing wait (~100 s, no setting
     bounds it; each try also waits on the driver's own timeout, none for a host that drops packets) before its error,
     which names neither the setting nor the way out: a command against a server that is down hung that long. Another
-    store (an MLflow server) is left to MLflow, whose retries tqc bounds (`offline_mlflow`)."""
+    store (an MLflow server) is left to MLflow, whose retries tqc bounds (`offline_mlflow`). Errors name `setting`,
+    what chose `uri`."""
     from mlflow.exceptions import MlflowException
     from mlflow.store.db.db_types import DATABASE_ENGINES
 
@@ -90,18 +93,20 @@ def answering(uri: str, way_out: str) -> str:
         if timeout:  # the dialect's driver, known once the engine is made: each names its connect timeout its own way
             engine = sqlalchemy.create_engine(uri, poolclass=NullPool, connect_args={timeout: CONNECT_SECONDS})
     except ImportError as exc:  # the URL is right, its driver not installed: installing it is the way out
-        raise ConfigError(f"{SETTING} {said}: its database driver is not installed ({exc}); for PostgreSQL "
+        raise ConfigError(f"{setting} {said}: its database driver is not installed ({exc}); for PostgreSQL "
                           f"pip install -e '.[server]', else {way_out}") from None
     except Exception as exc:  # a URL SQLAlchemy cannot read (a port that is not a number, an unknown dialect)
-        raise ConfigError(f"{SETTING} {said}: not a database URL SQLAlchemy reads ({_one_line(exc)}); {way_out}") from None
+        raise ConfigError(f"{setting} {said}: not a database URL SQLAlchemy reads ({_one_line(exc)}); {way_out}") from None
     try:
         with engine.connect():
             pass
     except Exception as exc:  # refused, timed out, a wrong password, a SQLite file that cannot be opened
         # MlflowException, as MLflow's own error was: a server that is down may be up when the command runs again
         start = "" if engine_name == "sqlite" else "start it, or "
-        raise MlflowException(f"{SETTING} {said}: no connection to the database (waited up to {CONNECT_SECONDS} s: "
-                              f"{_one_line(getattr(exc, 'orig', None) or exc)}); {start}{way_out}") from exc
+        # "gives", not "waited": a closed port refuses at once, a host that drops packets takes the whole time
+        raise MlflowException(f"{setting} {said}: no connection to the database (tqc gives a database "
+                              f"{CONNECT_SECONDS} s to answer: {_one_line(getattr(exc, 'orig', None) or exc)}); "
+                              f"{start}{way_out}") from exc
     finally:
         engine.dispose()
     return uri

@@ -126,6 +126,29 @@ def test_the_served_model_declares_its_input_so_mlflow_imports_it_without_a_warn
     assert "type hints" not in imported.stderr  # MLflow warns when predict's input has no hint
 
 
+def test_a_registered_models_database_that_is_down_is_said_naming_the_setting_that_chose_it(tmp_path, capsys,
+                                                                                                  monkeypatch):
+    """`--tracking-uri` of a database that does not answer was said as tracking.uri (or $MLFLOW_TRACKING_URI), which
+    the command had not read: the way out names what chose the URI."""
+    pytest.importorskip("psycopg2")
+    down = "postgresql://tqc:secret@127.0.0.1:1/mlflow"  # port 1: nothing listens, the connection is refused at once
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    served = ["predict", "--model", "models:/tqc-admc@champion", "q"]
+    (tmp_path / "team.yaml").write_text(f"tracking:\n  uri: {down}\n")
+    for flags, setting in ((["predict", "--tracking-uri", down], "--tracking-uri"),
+                           (["--params", "team.yaml", "predict"], "tracking.uri of team.yaml")):
+        assert main([*flags, *served[1:]]) == 2
+        error = capsys.readouterr().err.strip()
+        assert error.startswith(f"tqc predict: error from mlflow: {setting} postgresql://tqc:***@127.0.0.1:1/mlflow: no "
+                                "connection to the database (tqc gives a database 10 s to answer: ")
+        assert error.endswith(f"start it, or point {setting} at the registry promote registers in")
+        assert "\n" not in error and "MLFLOW_TRACKING_URI" not in error and "secret" not in error
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", down)  # no params file: the variable chose it
+    assert main(["--params", "none.yaml", *served]) == 2
+    assert "point $MLFLOW_TRACKING_URI at the registry promote registers in" in capsys.readouterr().err
+
+
 def test_predict_refuses_options_that_do_not_fit_its_kind_of_model_and_says_how_to_pick_a_column(tmp_path, capsys,
                                                                                                  monkeypatch):
     """A registered version serves its own catalog and shift; a folder is read from disk, not from a registry."""
