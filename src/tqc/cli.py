@@ -414,6 +414,7 @@ def _use_the_registry(params: Params, to_do: str) -> None:
     setting = _chosen_by(params.tracking)
     uri = existing_registry(tracking_uri(params.tracking), setting)
     mlflow.set_tracking_uri(uri)
+    _registry_answers(uri, setting)
 
 
 def _chosen_by(tracking, where: str = "tracking.uri") -> str:
@@ -422,6 +423,22 @@ def _chosen_by(tracking, where: str = "tracking.uri") -> str:
     if tracking.uri:
         return where
     return "$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else f"{where} (or $MLFLOW_TRACKING_URI)"
+
+
+def _registry_answers(uri: str, setting: str) -> None:
+    """The registry's first call, whose failure is the store's (an MLflow server that is down, a scheme MLflow has no
+    store for): said in one line naming `setting` and the URI, as a stage run's first call is (`tracking._open`).
+    Inside the command it came from a version's lookup and named only MLflow's endpoint."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow.MlflowClient().search_registered_models(max_results=1)
+    except Exception as exc:  # MlflowException, as MLflow's own error was: a server that is down may be up later
+        reason = redact_text(" ".join(str(exc).split()))[:500]
+        start = "start it, or " if uri.startswith(("http://", "https://")) else ""
+        raise MlflowException(f"{setting} {redact_text(uri)}: the registry could not be read ({reason}); {start}point "
+                              f"{setting} at the registry promote registers in") from exc
 
 
 def _version_number(text: str) -> str:

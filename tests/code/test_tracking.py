@@ -349,6 +349,29 @@ def test_a_database_server_that_is_down_fails_at_once_naming_the_setting_and_no_
     assert "secret" not in str(stage.value) + str(registry.value)
 
 
+def test_a_registry_command_against_a_tracking_server_that_is_down_names_the_setting_in_one_line(
+        monkeypatch, capsys, tmp_path):
+    """set-champion and trained-on against an MLflow server that is down failed in a version's lookup, with MLflow's
+    error naming its endpoint alone, not tracking.uri or $MLFLOW_TRACKING_URI, whichever chose the server."""
+    from tqc import cli
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # a closed port refuses at once; no retry to wait on
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "train.jsonl").write_text('{"text": "where is paris", "class_id": "LOC"}\n', encoding="utf-8")
+    down = "http://tqc:secret@127.0.0.1:1"  # port 1: nothing listens
+    for command in (["set-champion", "1"], ["trained-on", "--version", "1", "--train", str(tmp_path / "train.jsonl")]):
+        assert cli.main(["--set", f"tracking.uri={down}", *command]) == 2
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert error.startswith(f"tqc {command[0]}: error from mlflow: tracking.uri http://tqc:***@127.0.0.1:1: the "
+                                "registry could not be read (")
+        assert error.endswith("start it, or point tracking.uri at the registry promote registers in")
+        assert "secret" not in error
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", down)  # params.yaml's tracking.uri is null: the variable chose it
+    assert cli.main(["set-champion", "1"]) == 2
+    assert "$MLFLOW_TRACKING_URI http://tqc:***@127.0.0.1:1: the registry could not be read" in capsys.readouterr().err
+
+
 def test_a_database_url_whose_driver_is_not_installed_says_the_setting_and_what_to_install(monkeypatch):
     from tqc.config import ConfigError
 
