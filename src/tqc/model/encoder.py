@@ -108,6 +108,9 @@ def _unloadable_pretrained(name: str, exc: Exception) -> ConfigError:
     return unloadable("model.pretrained", name, exc, packaged)
 
 
+OVERLONG_CHUNK = 8192  # texts `TextEncoder.overlong` tokenizes at a time
+
+
 # Rows per backbone pass. A batch's questions are sorted by length and run in passes of this many, each padded
 # to its own longest question instead of the batch's: TREC-6's training batches of 64 hold about twice as many
 # padded tokens as real ones. On the 2-core CPU, stage-one steps at batch size 64 took 0.77 × the time of one
@@ -265,11 +268,14 @@ class TextEncoder(nn.Module):
         """The positions of the texts (B,) that `tokenize` cuts at max_length. Tokenized again, to one token more, since
         a text that fills that is longer: asked where questions are served, and of the catalog once per training stage,
         so `tokenize`, which training steps and encoding call, does no more work and gives the same tokens."""
-        if not texts:  # a tokenizer given no text fails
-            return []
-        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length + 1, return_attention_mask=False,
-                             return_token_type_ids=False)["input_ids"]
-        return [i for i, row in enumerate(ids) if len(row) > self.max_length]
+        cut = []
+        # In chunks (none for no text: a tokenizer given none fails): a fast tokenizer holds ~4 KB of encodings a text,
+        # and `tqc predict --file` asks of the whole file at once (300,000 lines held 1.2 GB more, whole)
+        for start in range(0, len(texts), OVERLONG_CHUNK):
+            ids = self.tokenizer(texts[start:start + OVERLONG_CHUNK], truncation=True, max_length=self.max_length + 1,
+                                 return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+            cut += [start + i for i, row in enumerate(ids) if len(row) > self.max_length]
+        return cut
 
     def forward(self, texts: list[str], augment: bool = True) -> torch.Tensor:
         """texts (B,) → embeddings (B, D); `augment=False` skips the implicit augmentation (the catalog side).
