@@ -1052,3 +1052,17 @@ def test_a_registered_version_whose_model_config_is_damaged_is_a_one_line_error(
     err = capsys.readouterr().err.strip()
     assert err.startswith("tqc predict: error: --model models:/tqc-admc/1: the registered version does not load (")
     assert "tqc_model.json: not a saved model's config" in err and "\n" not in err
+
+
+def test_rule_auto_judges_validation_questions_over_max_length_without_a_cut_warning(tiny_model_dir, data_dir, tmp_path,
+                                                                                     caplog):
+    """The served model says the questions it cuts at model.max_length; promote's judging is of validation questions,
+    which evaluate scores cut as silently, so it says none (served_top1 did not; rule auto's two rules each did, by
+    rows of a frame the user never sees)."""
+    model_dir = untrained(tiny_model_dir, tmp_path / "model")
+    long = " ".join(["where is paris"] * 20)  # 62 tokens, over the 48 of model.max_length
+    questions = [LabeledQuestion(long, "LOC"), LabeledQuestion("who is it", "HUM")]
+    with caplog.at_level("WARNING"):
+        rule, figures = promote._served_rule("auto", model_dir, data_dir, None, 1, questions)
+    assert figures["n"] == 2
+    assert not [r.getMessage() for r in caplog.records if "longer than model.max_length" in r.getMessage()]

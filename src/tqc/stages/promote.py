@@ -197,6 +197,7 @@ def _local_top1(model_dir: Path, data_dir: Path, prior_path: Path | None, exempl
 
     matcher = local_matcher(model_dir, data_dir / "catalog.jsonl", 1, None if exemplars else prior_path, exemplars,
                             exemplar_cache)
+    matcher.says_cut = False  # validation questions, which evaluate scores cut as silently (as `served_top1`)
     answers = matcher.predict(None, pd.DataFrame({"question": [q.text for q in questions]}), params={"top_k": 1})
     return answers[answers["rank"] == 1]["class_id"].to_numpy()  # in question order
 
