@@ -76,7 +76,8 @@ def fetch(dest: Path, files: list[RemoteFile] = FILES, opener=None, timeout_s: f
                 raise OSError(f"{remote.url} (for {target}): {exc}") from exc
             if (actual := sha256_of(tmp)) != remote.sha256:
                 # the file on disk first: it is what a user deletes or fetches again (left as it was: missing or changed)
+                kept = f"{target} was not replaced" if target.is_file() else "nothing was written"
                 raise ChecksumMismatch(f"{target}: the download from {remote.url} has SHA-256 {actual}, not the expected "
-                                       f"{remote.sha256}; {target} was not replaced")
+                                       f"{remote.sha256}; {kept}")
         written.append(target)
     return written
