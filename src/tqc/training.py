@@ -279,6 +279,8 @@ def warn_cut_standards(model: BiEncoder, catalog: Catalog, most: int = 5) -> Non
     """Say how many standard questions the catalog's encoder cuts at model.max_length, and the first `most` of their
     classes: training, mining, evaluate and serving all read only their first max_length tokens. Tokenized once more
     (`TextEncoder.overlong`), once per call, off the training steps: the catalog is small, and no figure changes."""
+    if not distributed.is_main():  # said once, not by every rank of a launch
+        return
     cut = model.standard.overlong(catalog.texts)
     if cut:
         classes = ", ".join(repr(catalog.class_ids[i]) for i in cut[:most]) + (f" and {len(cut) - most} more" if len(cut) > most else "")

@@ -596,6 +596,23 @@ def test_each_training_stage_says_once_which_standard_questions_it_cuts_at_max_l
     assert [r.getMessage() for r in caplog.records if "standard question(s)" in r.getMessage()] == [expected, expected]
 
 
+def test_the_cut_standard_questions_are_said_by_rank_0_alone(tiny_model_dir, caplog, monkeypatch):
+    """Under a launch every rank built its validator and logged the same warning."""
+    from tqc.training import warn_cut_standards
+
+    catalog = Catalog([StandardQuestion("LOC", "where is the place where is the place where"),  # 11 tokens, over 8
+                       StandardQuestion("NUM", CLASSES["NUM"][0])])
+    model = tiny_bi_encoder(tiny_model_dir, max_length=8)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with caplog.at_level("WARNING", logger="tqc.training"):
+        monkeypatch.setenv("RANK", "1")
+        warn_cut_standards(model, catalog)
+        assert "standard question(s)" not in caplog.text
+        monkeypatch.setenv("RANK", "0")
+        warn_cut_standards(model, catalog)
+    assert "1 standard question(s) longer than model.max_length (8 tokens)" in caplog.text
+
+
 def test_overlong_tokenizes_a_long_list_in_chunks_and_names_positions_in_the_whole_list(tiny_model_dir, monkeypatch):
     """`tqc predict --file` asks of the whole file at once: tokenized in one call, a fast tokenizer's encodings of
     300,000 lines held 1.2 GB more before the first answer. Chunks give the same positions."""
