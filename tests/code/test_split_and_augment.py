@@ -407,3 +407,15 @@ def test_tqc_augment_by_hand_needs_the_held_out_files_that_dvc_yaml_passes(tmp_p
     stage = yaml.safe_load((Path(__file__).resolve().parents[2] / "dvc.yaml").read_text())["stages"]["augment"]
     args = cli.parse_arguments(shlex.split(stage["cmd"])[1:])
     assert args.held_out == [Path("data/validated/validation.jsonl"), Path("data/validated/test.jsonl")]
+
+
+def test_a_class_no_row_of_which_could_be_drawn_keeps_its_reason_in_a_long_list(caplog):
+    """The warning of classes without validation rows lists ten: a class named with its reason (every row repeats) but
+    sorted after ten others lost that reason into "and N more", which the split's own warning used to say."""
+    from tqc.stages.ingest import classes_missing_a_split
+
+    train = [LabeledQuestion(f"question {c}?", c) for c in [f"A{i:02d}" for i in range(12)] + ["Z"]]
+    with caplog.at_level("WARNING", logger="tqc.stages.ingest"):
+        missing = classes_missing_a_split(train, [], undrawable={"Z": 4})
+    assert missing["classes_without_validation_rows"][-1] == "Z"  # the report keeps its sorted order
+    assert "'Z' (" in caplog.text and "and 3 more" in caplog.text

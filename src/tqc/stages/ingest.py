@@ -272,9 +272,11 @@ def classes_missing_a_split(train: list[LabeledQuestion], validation: list[Label
 
 
 def _first_classes(classes: list[str], why: dict[str, str], shown: int = 10) -> str:
-    """The first `shown` of `classes`, each with its own reason where `why` has one."""
+    """The first `shown` of `classes`, each with its own reason where `why` has one: those first, since the reason is
+    what the split's own warning used to say of them, and a cut list would lose it."""
     more = len(classes) - shown
-    named = [f"{c!r} ({why[c]})" if c in why else repr(c) for c in classes[:shown]]
+    ordered = sorted(classes, key=lambda c: c not in why)  # stable: each group keeps its order
+    named = [f"{c!r} ({why[c]})" if c in why else repr(c) for c in ordered[:shown]]
     return ", ".join(named) + (f" and {more} more" if more > 0 else "")
 
 
