@@ -166,7 +166,7 @@ def test_a_few_bad_rows_are_quarantined_by_line_and_a_wholesale_failure_names_it
     foreign.write_text("question,label\nfine question,a\nwho,zzz\nwhat,zzz\n")
     assert main(foreign, current_data, strict) == UNUSABLE  # 2 of 15: 13.3 %
     out = capsys.readouterr().out
-    assert "label_in_catalog on train (2 rows, 13.3%, e.g. " in out
+    assert "label_in_catalog on train (2 rows, 13.3%, more than validate.max_quarantined_fraction (0.05), e.g. " in out
     assert f"{foreign} line 3, {foreign} line 4)" in out
 
 

@@ -94,11 +94,38 @@ def test_a_stopped_stage_names_the_failing_rows_and_leaves_the_last_validated_da
     run_validate(tmp_path)
     before = {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()}
     write_splits(tmp_path / "in", [("x", "zzz"), ("y", "zzz"), ("z", "a")], [("fine", "a")], [("held out", "a")])
-    with pytest.raises(ValidationFailed, match=r"label_in_catalog on train \(2 rows, 66.7%, e.g. train.csv line 1, "
+    with pytest.raises(ValidationFailed, match=r"label_in_catalog on train \(2 rows, 66.7%, more than validate.max_quarantined_fraction "
+                                               r"\(0.1\), e.g. train.csv line 1, "
                                                r"train.csv line 2\); every failing row, with its reasons, is in .*quarantine.jsonl"):
         run_validate(tmp_path, ValidateParams(max_quarantined_fraction=0.1, min_examples_per_class=1))
     assert {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()} == before  # `tqc validate FILE` judges against it
     assert len(read_jsonl(tmp_path / "quarantine.jsonl")) == 2  # the diagnosis is written all the same
+
+
+def write_train_lines(directory, rows):
+    """Training rows read from the given lines of train.csv, in this order (ingest shuffles each class)."""
+    write_splits(directory, [], [("fine", "a")], [("held out", "a")])
+    save_questions(directory / "train.jsonl", [LabeledQuestion(t, c, f"train.csv:{line}") for line, t, c in rows])
+
+
+def test_a_stop_names_the_setting_it_exceeds_and_the_files_first_failing_lines(tmp_path):
+    """A user's 30 empty texts stopped validate with "non_empty_text on train (30 rows, 10.1%, e.g. train.csv line
+    322, train.csv line 319, train.csv line 320)": neither the knob that decides (nor its value) nor the file's first
+    failing lines, which came in ingest's shuffled order."""
+    write_train_lines(tmp_path / "in", [(5, "x", "zzz"), (1, "ok", "a"), (9, "w", "zzz"), (2, "y", "zzz"), (3, "b", "b")])
+    with pytest.raises(ValidationFailed, match=r"label_in_catalog on train \(3 rows, 60.0%, more than "
+                                               r"validate.max_quarantined_fraction \(0.1\), e.g. train.csv line 2, "
+                                               r"train.csv line 5, train.csv line 9\)"):
+        run_validate(tmp_path, ValidateParams(max_quarantined_fraction=0.1, min_examples_per_class=1))
+
+
+def test_rows_quarantined_under_the_threshold_are_named_in_the_warning(tmp_path, caplog):
+    """"expectation non_empty_text on train failed for 2 rows: rows quarantined" named no file or line."""
+    write_train_lines(tmp_path / "in", [(7, "", "a"), (1, "ok", "a"), (4, "  ", "b"), (2, "b one", "b"), (3, "a two", "a")])
+    with caplog.at_level(logging.WARNING):
+        run_validate(tmp_path, ValidateParams(max_quarantined_fraction=0.5, min_examples_per_class=1))
+    assert ("expectation non_empty_text on train failed for 2 rows, e.g. train.csv line 4, train.csv line 7: "
+            "rows quarantined" in caplog.text)
 
 
 def test_c1_control_characters_from_mis_decoded_bytes_are_quarantined(tmp_path):

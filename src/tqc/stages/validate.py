@@ -444,11 +444,14 @@ def raise_on_critical(report: dict, params: ValidateParams, quarantined: list[di
         row_level = e["failing_rows"] is not None
         too_many = not row_level or e["failing_fraction"] > params.max_quarantined_fraction
         if e["severity"] == "critical" and too_many:
-            detail = (f" ({e['failing_rows']} rows, {e['failing_fraction']:.1%}{_first_rows(quarantined or [], e)})"
+            # the knob that decides, as ingest names data.max_rejected_fraction: raise it, or fix the rows
+            detail = (f" ({e['failing_rows']} rows, {e['failing_fraction']:.1%}, more than validate.max_quarantined_"
+                      f"fraction ({params.max_quarantined_fraction}){_first_rows(quarantined or [], e)})"
                       if row_level else f" ({_observation(e['observed'])})")
             failures.append(where + detail)
         elif row_level:
-            log.warning("expectation %s failed for %d rows: rows quarantined", where, e["failing_rows"])
+            log.warning("expectation %s failed for %d rows%s: rows quarantined", where, e["failing_rows"],
+                        _first_rows(quarantined or [], e))
         else:
             log.warning("expectation %s failed (warning): %s", where, _observation(e["observed"]))
     if failures:
@@ -457,7 +460,10 @@ def raise_on_critical(report: dict, params: ValidateParams, quarantined: list[di
 
 
 def _first_rows(quarantined: list[dict], expectation: dict, shown: int = 3) -> str:
-    """", e.g. train.csv line 4, train.csv line 9": where the first rows failing `expectation` were read."""
-    rows = [q for q in quarantined if q.get("split") == expectation["table"] and expectation["name"] in q.get("expectations", ())]
+    """", e.g. train.csv line 4, train.csv line 9": where the first rows failing `expectation` were read, by file
+    and line (the rows come in ingest's order, which shuffles each class)."""
+    rows = sorted((q for q in quarantined
+                   if q.get("split") == expectation["table"] and expectation["name"] in q.get("expectations", ())),
+                  key=lambda q: (str(q["file"]), q.get("line") if q.get("line") is not None else -1))
     places = [f"{q['file']} line {q['line']}" if q.get("line") is not None else q["file"] for q in rows[:shown]]
     return f", e.g. {', '.join(places)}" if places else ""
