@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 from tqc.config import DataParams
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, file_and_line
 from tqc.text import has_words, normalise
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")  # what a reader wrapped by `_naming_settings` returns
 
 JSONL_SUFFIXES = frozenset({".jsonl", ".ndjson"})
 TABLE_SUFFIXES = frozenset({".csv", *JSONL_SUFFIXES})  # files read through a column mapping: a user's CSV or JSONL
@@ -778,7 +779,36 @@ def _custom_catalog(params: DataParams) -> Catalog:
     custom = params.custom
     if not custom.catalog:
         return Catalog()
-    return read_catalog_file(Path(params.data_dir) / custom.catalog, custom.catalog_id_column, custom.catalog_text_column)
+    read = _naming_settings(partial(read_catalog_file, id_column=custom.catalog_id_column,
+                                    text_column=custom.catalog_text_column),
+                            {custom.catalog_id_column: "data.custom.catalog_id_column",
+                             custom.catalog_text_column: "data.custom.catalog_text_column"})
+    return read(_custom_file(params, "catalog"))
+
+
+def _custom_file(params: DataParams, key: str) -> Path:
+    """`data.custom.<key>`'s file. One that is not there is named by its setting, as a missing data.validation_file
+    is: the reader's own "file not found" says neither which setting to fix nor that the path is under data_dir."""
+    named = getattr(params.custom, key)
+    path = Path(params.data_dir) / named
+    if not path.exists():
+        raise ReaderError(f"data.custom.{key} {named!r}: no file {path} (the path is relative to data.data_dir, "
+                          f"{params.data_dir})")
+    return path
+
+
+def _naming_settings(read: Callable[[Path], T], settings: dict[str, str]) -> Callable[[Path], T]:
+    """`read`, whose error for a column the file lacks also names the setting that named the column (`settings`:
+    column → setting): the header's own columns show the misspelling, not where it was made."""
+    def reading(path: Path) -> T:
+        try:
+            return read(path)
+        except MissingColumns as exc:
+            named = list(dict.fromkeys(settings[c] for c in exc.columns if c in settings))
+            if not named:
+                raise
+            raise MissingColumns(f"{exc} (named by {', '.join(named)})", exc.columns) from None
+    return reading
 
 
 def _known_classes(params: DataParams, catalog: Catalog) -> Catalog:
@@ -796,8 +826,12 @@ def _split_files(params: DataParams) -> tuple[Path, Path]:
 def _dataset_reader(params: DataParams, source_column: str | None = None) -> Callable[[Path], ReadResult]:
     """The reader of the dataset's own file format: a shipped dataset's, or custom's column mapping."""
     if params.dataset == "custom":
-        return partial(read_table, text_column=params.custom.text_column, label_column=params.custom.label_column,
-                       source_column=source_column)
+        custom = params.custom
+        settings = {custom.text_column: "data.custom.text_column", custom.label_column: "data.custom.label_column"}
+        if source_column is not None:
+            settings[source_column] = "data.generated.source_column"
+        return _naming_settings(partial(read_table, text_column=custom.text_column, label_column=custom.label_column,
+                                        source_column=source_column), settings)
     return official_files(params)[2]
 
 
@@ -830,7 +864,7 @@ def with_added_classes(catalog: Catalog, added: list[StandardQuestion]) -> Catal
 
 def _read_custom(params: DataParams) -> DatasetSplits:
     custom, root = params.custom, Path(params.data_dir)  # relative paths are under data_dir (a DVC dependency)
-    (train_path, test_path), reader = _split_files(params), _dataset_reader(params)
+    train_path, test_path, reader = _custom_file(params, "train"), _custom_file(params, "test"), _dataset_reader(params)
     if train_path.resolve() == test_path.resolve():  # else ingest's later "validation is empty" would be its reason
         raise ReaderError(f"data.custom.train and data.custom.test are one file, {train_path}: test questions must be "
                           "ones the model never trains on; split the file, or name a separate test file")

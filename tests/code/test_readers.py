@@ -985,3 +985,41 @@ def test_a_class_left_without_training_or_validation_rows_is_named_and_reported(
     assert report["classes_without_validation_rows"] == ["b"] and report["classes_without_train_rows"] == ["c"]
     assert "1 class(es) have training rows but no validation row" in caplog.text and "'b'" in caplog.text
     assert "1 class(es) have validation rows but no training row" in caplog.text and "'c'" in caplog.text
+
+
+@pytest.mark.parametrize("key,said", [("train", "data.custom.train 'trian.csv': no file .*trian.csv"),
+                                      ("test", "data.custom.test 'tset.csv': no file .*tset.csv"),
+                                      ("catalog", "data.custom.catalog 'intent.csv': no file .*intent.csv")])
+def test_a_custom_file_that_is_not_there_is_named_by_its_setting(tmp_path, key, said):
+    """A misspelt `catalog: intent.csv` said "/data/intent.csv: file not found": not which setting, nor that the path
+    is relative to data.data_dir, as a missing data.validation_file's message says."""
+    write(tmp_path, "train.csv", b"question,label\nwhere is rome,LOC\n")
+    write(tmp_path, "test.csv", b"question,label\nwhere is paris,LOC\n")
+    write(tmp_path, "catalog.csv", b"class_id,text\nLOC,Where is it?\n")
+    custom = {"train": "train.csv", "test": "test.csv", "catalog": "catalog.csv", "text_column": "question",
+              key: {"train": "trian.csv", "test": "tset.csv", "catalog": "intent.csv"}[key]}
+    with pytest.raises(ReaderError, match=rf"^{said} \(the path is relative to data.data_dir, {re.escape(str(tmp_path))}\)$"):
+        read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), additions=None, custom=custom))
+
+
+@pytest.mark.parametrize("custom,said", [
+    ({"text_column": "utterence"}, r"train.csv, line 1: missing column\(s\) \['utterence'\]: the header has "
+                                   r"\['question', 'label'\] \(named by data.custom.text_column\)$"),
+    ({"text_column": "text"}, r"train.csv, line 1: missing column\(s\) \['text'\]: .* \(named by data.custom.text_column\)$"),
+    ({"text_column": "question", "label_column": "intent"}, r"\['intent'\]: .* \(named by data.custom.label_column\)$"),
+    ({"text_column": "question", "catalog_id_column": "id"},
+     r"catalog.csv, line 1: missing column\(s\) \['id'\]: .* \(named by data.custom.catalog_id_column\)$"),
+    ({"text_column": "question", "catalog_text_column": "standard_question"},
+     r"catalog.csv, line 1: missing column\(s\) \['standard_question'\]: .* \(named by data.custom.catalog_text_column\)$")])
+def test_a_column_the_header_lacks_names_the_setting_that_named_it(tmp_path, custom, said):
+    """A misspelt `text_column: utterence` said which column the header lacks and which it has, but not which setting
+    to fix: a user who kept the default `text` does not know that data.custom.text_column chose it."""
+    from tqc.readers import MissingColumns
+
+    write(tmp_path, "train.csv", b"question,label\nwhere is rome,LOC\n")
+    write(tmp_path, "test.csv", b"question,label\nwhere is paris,LOC\n")
+    write(tmp_path, "catalog.csv", b"class_id,text\nLOC,Where is it?\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None,
+                        custom={"train": "train.csv", "test": "test.csv", "catalog": "catalog.csv", **custom})
+    with pytest.raises(MissingColumns, match=said):
+        read_dataset(params)
