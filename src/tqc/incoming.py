@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tqc.config import ConfigError, Params
-from tqc.readers import ReaderError, labels_read_as_catalog, read_table, require_rows
+from tqc.readers import ReaderError, labels_read_as_catalog, read_custom_table, require_rows
 from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.stages.validate import ValidationFailed, check, raise_on_critical, summarise
 
@@ -60,8 +60,7 @@ def check_batch(path: Path, against: Path | Reference, params: Params, content: 
     quarantined, each with its line, and the others accepted."""
     reference = against if isinstance(against, Reference) else load_reference(against)
     catalog, current = reference.catalog, reference.splits
-    parsed = require_rows(read_table(path, params.data.custom.text_column, params.data.custom.label_column,
-                                     content=content), path)
+    parsed = require_rows(read_custom_table(path, params.data.custom, content=content), path)
     # `b` is the catalog's `B`, not a stray label, as ingest reads a custom dataset's labels under `derive`; a shipped
     # dataset's ids are fixed, so a delivery's label alike one is read as it too. `quarantine` reads labels exactly.
     if params.data.dataset != "custom" or params.data.custom.unknown_labels == "derive":

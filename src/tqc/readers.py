@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
-from tqc.config import DataParams
+from tqc.config import CustomData, DataParams
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, file_and_line
 from tqc.text import has_words, normalise
 
@@ -799,7 +799,7 @@ def _custom_file(params: DataParams, key: str) -> Path:
 
 def _naming_settings(read: Callable[[Path], T], settings: dict[str, str]) -> Callable[[Path], T]:
     """`read`, whose error for a column the file lacks also names the setting that named the column (`settings`:
-    column → setting): the header's own columns show the misspelling, not where it was made."""
+    column → setting)."""
     def reading(path: Path) -> T:
         try:
             return read(path)
@@ -826,13 +826,21 @@ def _split_files(params: DataParams) -> tuple[Path, Path]:
 def _dataset_reader(params: DataParams, source_column: str | None = None) -> Callable[[Path], ReadResult]:
     """The reader of the dataset's own file format: a shipped dataset's, or custom's column mapping."""
     if params.dataset == "custom":
-        custom = params.custom
-        settings = {custom.text_column: "data.custom.text_column", custom.label_column: "data.custom.label_column"}
-        if source_column is not None:
-            settings[source_column] = "data.generated.source_column"
-        return _naming_settings(partial(read_table, text_column=custom.text_column, label_column=custom.label_column,
-                                        source_column=source_column), settings)
+        return partial(read_custom_table, custom=params.custom, source_column=source_column)
     return official_files(params)[2]
+
+
+def read_custom_table(path: Path, custom: CustomData, source_column: str | None = None,
+                      content: bytes | None = None) -> ReadResult:
+    """`read_table` through data.custom's column mapping (`source_column`: data.generated's). A column the file lacks
+    is an error that also names the setting that named it: the header's own columns show the misspelling, not where
+    it was made."""
+    settings = {custom.text_column: "data.custom.text_column", custom.label_column: "data.custom.label_column"}
+    if source_column is not None:
+        settings[source_column] = "data.generated.source_column"
+    read = partial(read_table, text_column=custom.text_column, label_column=custom.label_column,
+                   source_column=source_column, content=content)
+    return _naming_settings(read, settings)(path)
 
 
 ADDED_QUESTIONS, ADDED_CATALOG = "labeled.jsonl", "catalog.jsonl"

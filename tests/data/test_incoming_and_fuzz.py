@@ -147,7 +147,9 @@ def test_validate_file_exit_codes(tmp_path, current_data, capsys):
     wrong_columns = tmp_path / "wrong.csv"
     wrong_columns.write_text("text,intent\nhello,a\n")
     assert main(wrong_columns, current_data, params()) == UNUSABLE
-    assert f"{wrong_columns}, line 1: missing column(s) ['question', 'label']: the header has ['text', 'intent']" in capsys.readouterr().out
+    # and which settings named the columns (`tqc validate FILE` reads data.custom's mapping whatever the dataset)
+    assert (f"{wrong_columns}, line 1: missing column(s) ['question', 'label']: the header has ['text', 'intent'] "
+            "(named by data.custom.text_column, data.custom.label_column)") in capsys.readouterr().out
 
 
 def test_a_few_bad_rows_are_quarantined_by_line_and_a_wholesale_failure_names_its_lines(tmp_path, current_data, capsys):
