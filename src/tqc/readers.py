@@ -729,6 +729,10 @@ def read_dataset(params: DataParams) -> DatasetSplits:
     if params.dataset == "custom":
         return _read_custom(params)
     train_path, test_path, reader = official_files(params)
+    for path in (train_path, test_path):
+        if not path.exists():  # said as the setting that chose it: own files with dataset left at trec6 end here
+            ignored = "; data.custom.train is set, which only data.dataset: custom reads" if params.custom.train else ""
+            raise ReaderError(f"{path}: file not found (data.dataset {params.dataset!r} reads it under data.data_dir{ignored})")
     limit = params.max_rejected_fraction
     return DatasetSplits(require_rows(reader(train_path), train_path, limit), require_rows(reader(test_path), test_path, limit),
                          shipped_catalog(params.dataset))

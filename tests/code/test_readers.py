@@ -1023,3 +1023,17 @@ def test_a_column_the_header_lacks_names_the_setting_that_named_it(tmp_path, cus
                         custom={"train": "train.csv", "test": "test.csv", "catalog": "catalog.csv", **custom})
     with pytest.raises(MissingColumns, match=said):
         read_dataset(params)
+
+
+def test_a_shipped_datasets_missing_file_names_data_dataset_and_a_custom_file_left_unread(tmp_path):
+    """Own files under data_dir with `dataset: trec6` left as it was said "/data/trec/train_5500.label: file not
+    found", which names neither the setting that chose TREC nor the data.custom.train it ignored."""
+    write(tmp_path, "train.csv", b"question,label\nwhere is rome,LOC\n")
+    params = DataParams(dataset="trec6", data_dir=str(tmp_path), custom={"train": "train.csv", "test": "test.csv"})
+    with pytest.raises(ReaderError, match=rf"^{re.escape(str(tmp_path))}/trec/train_5500.label: file not found \(data.dataset "
+                                          r"'trec6' reads it under data.data_dir; data.custom.train is set, which only "
+                                          r"data.dataset: custom reads\)$"):
+        read_dataset(params)
+    with pytest.raises(ReaderError, match=r"train_5500.label: file not found \(data.dataset 'trec6' reads it under "
+                                          r"data.data_dir\)$"):
+        read_dataset(DataParams(dataset="trec6", data_dir=str(tmp_path)))
