@@ -33,7 +33,6 @@ USER_ERRORS = (ConfigError, steps.RefreshError, steps.RetrainCommitError)
 
 @task(cache_policy=NO_CACHE)
 def pick_up(params: Params):
-    steps.roll_back_interrupted_commit(params.retrain)  # a killed run's half-made commit, before the inbox is read
     return steps.pick_up(params.retrain)
 
 
@@ -77,8 +76,8 @@ def retry_unless_permanent(task, task_run, state) -> bool:
 
 
 @task(cache_policy=NO_CACHE)
-def commit(params: Params, staged: steps.Staged, files, repeats) -> dict:
-    return steps.commit(params, staged, files, repeats)
+def commit(params: Params, staged: steps.Staged, files, repeats, challenger: steps.Trained | None = None) -> dict:
+    return steps.commit(params, staged, files, repeats, challenger)
 
 
 @flow(name="retrain", log_prints=True)
@@ -166,7 +165,9 @@ def retrain_run(params: Params, tags: dict):
 
 
 def _retrain_locked(params: Params, retries: dict, logger) -> dict:
-    """The flow's steps, under the retrain lock: first a challenger the last run committed but did not judge."""
+    """The flow's steps, under the retrain lock: first a commit a killed run left half made is put back (its
+    challenger's mark with it), then a challenger the last run committed but did not judge is judged."""
+    steps.roll_back_interrupted_commit(params.retrain)
     unjudged = _judge_pending(params, retries, logger)
     result = _retrain_new_files(params, retries, logger)
     return {**result, "pending_challenger_promoted": unjudged["promoted"]} if unjudged else result
@@ -213,9 +214,10 @@ def _retrain_new_files(params: Params, retries: dict, logger) -> dict:
     with retrain_run(params, {"tqc.retrain.mode": params.retrain.mode}):
         renew = refresh if params.retrain.mode == "refresh" else train  # refresh: the exemplar rule, no training
         trained = renew.with_options(**retries)(params, staged, staging)
-        # The data version before the champion: a commit that fails leaves both as they were.
-        result = commit(params, staged, files, repeats)
-        steps.mark_judge_pending(params.retrain, trained)
+        # The data version before the champion: a commit that fails leaves both as they were. One that completes
+        # leaves the challenger marked for the gate (judge-pending.json), so a run killed from here on (the
+        # commit task's end reported to Prefect's server, the judge) has the next run judge it.
+        result = commit(params, staged, files, repeats, trained)
         promotion = judge.with_options(**retries)(params, trained, staging)
         steps.clear_pending_judge(params.retrain)
     create_markdown_artifact(steps.summary_markdown(staged, promotion, trained, repeats), key="retrain-summary",

@@ -19,8 +19,9 @@ New labeled questions arrive as files in an inbox. A retrain:
    labeled questions, and the same gate judges it.
 4. `commit`: the staged additions replace data/raw atomically, `dvc add` records the new data
    version (`dvc push` when a remote is configured), then the inbox files move to the archive
-   and the manifest. Refused, changing nothing, when data/raw changed since `stage` copied it
-   (an edit or a checkout during the run), which writing the copy back would undo. Until this
+   and the manifest, and last the challenger is marked for the gate (`PENDING_JUDGE`). Refused,
+   changing nothing, when data/raw changed since `stage` copied it (an edit or a checkout during
+   the run), which writing the copy back would undo. Until this
    step nothing outside the staging folder has changed, so a failed or killed retrain leaves
    the raw data as it was; a commit that fails is rolled back at once, and one killed midway
    from its journal when the next run starts. The champion
@@ -385,10 +386,11 @@ class Trained:
     refreshed_from: Champion | None = None  # a refresh: the champion whose encoder it serves
 
 
-# In work_dir once the commit has archived the delivery and recorded the grown data: the challenger trained on
-# it still awaits the gate. A judge that failed (its retries spent, the registry down) or a run killed before it
-# leaves the file, and the next run judges that challenger first: its inbox files are archived, so nothing else
-# would ever bring the grown data before the gate (on a first delivery, no champion would ever exist).
+# In work_dir, written by the commit as its last change (inside its journal, so a roll-back removes it): the
+# challenger trained on the grown data still awaits the gate. A judge that failed (its retries spent, the registry
+# down) or a run killed before it leaves the file, and the next run judges that challenger first: its inbox files are
+# archived, so nothing else would ever bring the grown data before the gate (on a first delivery, no champion would
+# ever exist).
 PENDING_JUDGE = "judge-pending.json"
 
 
@@ -500,12 +502,16 @@ def tag_refresh(model_name: str, version: str, champion_version: str) -> None:
     client.set_model_version_tag(model_name, version, "refreshed_from", champion_version)
 
 
-def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[Incoming]) -> dict:
-    """The commit point: staged additions → data/raw (atomic), dvc add (+ push), the quarantine, then archive.
+def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[Incoming],
+           challenger: Trained | None = None) -> dict:
+    """The commit point: staged additions → data/raw (atomic), dvc add (+ push), the quarantine, then archive, then
+    `challenger` (the model trained on the staged data) marked as awaiting the gate (`PENDING_JUDGE`).
 
     All or nothing: when a step fails (dvc add or push, a full disk while archiving), data/raw with its .dvc files
-    (and their git index entries), the quarantine and the manifest are put back as they were and archived files
-    return to the inbox, so the next run sees exactly what this one saw.
+    (and their git index entries), the quarantine and the manifest are put back as they were, archived files
+    return to the inbox and no challenger is pending, so the next run sees exactly what this one saw. The mark is the
+    commit's last change, made before its journal closes: a commit that completed always leaves its challenger to be
+    judged, even when the run is killed the moment after, and one killed before is rolled back with its mark.
     """
     raw = additions_dir(params)
     raw.mkdir(parents=True, exist_ok=True)
@@ -519,9 +525,11 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
     # the manifest first: a roll-back stopped by a full disk after it leaves no file recorded as merged whose rows
     # are not in the data (the next run would take it for a repeat)
     touched = [Path(params.retrain.archive) / MANIFEST, *committed, *dvc_written, Path(params.retrain.quarantine)]
+    if challenger is not None:  # the journal keeps the mark's absence: a roll-back removes it
+        touched.append(Path(params.retrain.work_dir) / PENDING_JUDGE)
     before = {path: path.read_bytes() if path.exists() else None for path in touched}
     # Written before anything changes: a commit killed midway runs no except clause below, and the next run rolls
-    # it back from the journal (`roll_back_interrupted_commit`) before it picks anything up
+    # it back from the journal (`roll_back_interrupted_commit`) before it judges or picks anything up
     journal = CommitJournal.begin(journal_dir(params.retrain), before, dvc_written)
     archived = journal.moves  # (inbox path, archived as, sha256), to move back; each one journaled before it is made
     try:
@@ -534,6 +542,8 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
         by_file = {o.file: o for o in staged.outcomes}
         entries = [archive(f, by_file[str(f.path)], params.retrain, archived) for f in files]
         entries += [archive(f, repeat_outcome(f), params.retrain, archived) for f in repeats]
+        if challenger is not None:
+            mark_judge_pending(params.retrain, challenger)
     except BaseException:
         journal.roll_back()  # if this fails too, the journal stays for the next run
         raise
@@ -635,7 +645,8 @@ def roll_back_interrupted_commit(params: RetrainParams) -> bool:
     """Put back what a commit killed midway (SIGKILL, a cancelled flow run, a lost worker) changed, from its journal:
     the data, its .dvc files, the quarantine and the manifest as they were, its files back in the inbox. Else the
     next run would judge the delivered rows against themselves, quarantine them as duplicates and archive their
-    files. True when there was one. Call it under the retrain lock, before `pick_up`."""
+    files, and no challenger pending for the gate (its data is no longer committed). True when there was one. Call it
+    under the retrain lock, before `pending_judge` and `pick_up`."""
     journal = CommitJournal.found(journal_dir(params))
     if journal is None:
         return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -238,6 +239,70 @@ def test_a_challenger_committed_but_never_judged_is_judged_by_the_next_run(proje
     assert champion_version(project) == "1"
     assert not (project / "data" / "retrain" / "judge-pending.json").exists()
     assert retrain(params_path="params.yaml") == {"status": "nothing to do"}
+
+
+KILLED_AROUND_COMMIT = """
+import os, sys
+sys.path.insert(0, sys.argv[2])
+from flows.retrain import retrain
+from tqc import retrain as steps
+
+if sys.argv[1] == "after":  # the commit returned: killed while the task's end is reported, or as the judge starts
+    commit = steps.commit
+    steps.commit = lambda *args: (commit(*args), os._exit(137))
+else:  # killed inside the commit, every change made (the challenger's mark too) but its journal not closed
+    steps.CommitJournal.close = lambda journal: os._exit(137)
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+retrain(params_path="params.yaml")
+"""
+
+
+def killed_around_commit(project: Path, when: str) -> None:
+    """The flow in a process of its own, on the harness's server, killed (`when`) with no chance to clean up."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    with open(project.parent / f"killed-{when}.log", "w+") as log:  # not a pipe: nothing waits on an orphan holding it
+        flow = subprocess.Popen([sys.executable, "-c", KILLED_AROUND_COMMIT, when, str(REPO)], cwd=project, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = flow.wait(timeout=900)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(flow.pid, signal.SIGKILL)  # what the kill left running
+        log.seek(0)
+        assert code == 137, log.read()[-6000:]
+
+
+def test_a_run_killed_right_after_its_commit_has_the_next_run_judge_its_challenger(project):
+    """The flow marked the challenger pending only after the commit task returned: a run killed between the two
+    (Prefect reports the task's end to its server there) left the delivery archived and the grown data committed,
+    and no run ever judged it; on a first delivery no champion ever existed."""
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
+    killed_around_commit(project, "after")
+    assert not (project / "data" / "incoming" / "one.csv").exists() and manifest(project)[0]["accepted"] == 3  # committed
+    assert champion_version(project) is None
+
+    assert retrain(params_path="params.yaml") == {"status": "nothing to do", "pending_challenger_promoted": True}
+    assert champion_version(project) == "1"
+    assert not (project / "data" / "retrain" / "judge-pending.json").exists()
+
+
+def test_a_run_killed_inside_its_commit_is_rolled_back_and_its_challenger_not_judged(project):
+    """A commit killed before its journal closed is put back: its challenger, trained on data no longer committed,
+    is not judged (its mark goes with the roll-back, which comes before the pending judge), and the delivery is
+    merged and trained again."""
+    rows = [(q, "HUM") for q in unseen_questions(project, "HUM", 3)]
+    drop(project, "one.csv", rows)
+    killed_around_commit(project, "inside")
+    assert (project / "data" / "retrain" / "commit-journal").exists()
+
+    after = retrain(params_path="params.yaml")
+    assert after["status"] == "retrained" and after["accepted"] == 3 and after["promoted"]
+    assert "pending_challenger_promoted" not in after  # no challenger of the rolled-back data was judged
+    assert sorted(r["text"] for r in added_rows(project)) == sorted(t for t, _ in rows)  # merged once
+    assert champion_version(project) == "1" and len(manifest(project)) == 1
+    assert not (project / "data" / "retrain" / "judge-pending.json").exists()
 
 
 def set_params(project: Path, **sections) -> None:

@@ -351,6 +351,30 @@ def test_a_file_put_back_by_a_failed_commit_keeps_a_same_named_file_delivered_me
     assert (inbox / "a.rolled-back-1.csv").read_bytes() == first and "who is new here" in (inbox / "a.csv").read_text()
 
 
+def test_a_commit_marks_its_challenger_for_the_gate_as_its_last_change_and_a_rolled_back_one_leaves_no_mark(
+        project, monkeypatch):
+    """The flow marked the challenger only after the commit returned: a run killed in between left the data committed
+    and no challenger for the next run to judge. Inside the commit, the mark is rolled back with the data."""
+    params = load_params(project / "params.yaml")
+    drop(project, "a.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
+    staged, files = deliver(project)
+    challenger = steps.Trained(data=staged.raw, model=staged.raw, prior=None, validation_macro_f1=0.5)
+    mark = steps.mark_judge_pending
+
+    def marked_then_failed(*args):
+        mark(*args)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(steps, "mark_judge_pending", marked_then_failed)
+    with pytest.raises(OSError, match="disk full"):
+        steps.commit(params, staged, files, [], challenger)
+    assert steps.pending_judge(params.retrain) is None and (project / "data" / "incoming" / "a.csv").exists()
+
+    monkeypatch.setattr(steps, "mark_judge_pending", mark)
+    steps.commit(params, staged, files, [], challenger)
+    assert steps.pending_judge(params.retrain) == challenger and not steps.journal_dir(params.retrain).exists()
+
+
 KILLED_COMMIT = """
 import os, sys
 from pathlib import Path
