@@ -99,6 +99,19 @@ def hugging_face_hub_offline():
 
 
 @pytest.fixture(autouse=True)
+def seeded_generators():
+    """Each test starts from the same global random state, whichever tests ran before it in its xdist worker: a test
+    drawing from Python's, NumPy's or torch's global generator otherwise drew what the earlier tests had left, and so
+    could pass or fail by the order xdist gave it (a loss test's unseeded scores met every hinge margin in 15 of 2,000
+    draws). Seeded only where imported already: a test that imports torch itself gets torch's fixed default seed."""
+    random.seed(0)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(0)
+    if "torch" in sys.modules:
+        sys.modules["torch"].manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
 def mlflow_left_as_found():
     """A test's MLflow state stays its own. `mlflow.set_tracking_uri` and `set_experiment` also export
     MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_ID, which every later subprocess (a `dvc repro`, a tune worker)
