@@ -230,8 +230,9 @@ def read_trec(path: Path, granularity: str) -> ReadResult:
     return result
 
 
-def _csv_text(path: Path, header: bool = False, content: bytes | None = None) -> str:
-    """The text `_csv_records` parses: the file decoded, its stray carriage returns read as spaces; blank is an error."""
+def _file_text(path: Path, header: bool = False, content: bytes | None = None) -> str:
+    """The text a CSV or JSONL reader parses: the file decoded, its stray carriage returns read as spaces (in JSONL they
+    may be JSON whitespace, never a line break); blank is an error."""
     text = _stray_carriage_returns_as_spaces(decode_file(path, content), path, header)
     if not text or text.isspace():  # what `not text.strip()` says, without a copy of the whole file
         raise ReaderError(f"{path}: file is empty")
@@ -404,7 +405,7 @@ def _file_labels(records: Iterator[tuple[int, list[str]]], columns: int, label_i
 def read_headerless_pairs(path: Path) -> ReadResult:
     """COVID-Q split files: no header, two columns (question, label)."""
     result = ReadResult()
-    text = _csv_text(path)
+    text = _file_text(path)
     labels = _file_labels(_csv_records(path, text), 2, 1)
     for line_number, fields in _csv_records(path, text):
         swallowed = _swallowed_rows(fields, 2, line_number, 1, labels)
@@ -506,7 +507,7 @@ def _csv_dict_records(path: Path, columns: list[str],
     """(line, record or the reason it is unusable, its fields, which `csv_record` writes out for a rejected one) for each
     data row, one at a time. A header without one of `columns` is an error about the header, not a rejection of every
     row; it, and a malformed line anywhere, is raised here, before any row is given."""
-    text = _csv_text(path, header=True, content=content)
+    text = _file_text(path, header=True, content=content)
     # Two passes over the text, where the records were held all at once: this one reads the labels (and says a
     # malformed line before the header's problems, as before); the second gives the rows
     records = _csv_records(path, text)
@@ -576,10 +577,7 @@ def is_jsonl(path: Path) -> bool:
 def _jsonl_records(path: Path, content: bytes | None = None) -> Iterator[tuple[int, dict | _Unusable, str]]:
     """(line, record or the reason it is unusable, the line) for each line but blank ones, one at a time; an unreadable
     or blank file is an error here, before any line is given."""
-    text = _stray_carriage_returns_as_spaces(decode_file(path, content), path)  # JSON whitespace may hold a CR: not a line break
-    if not text or text.isspace():  # what `not text.strip()` says, without a copy of the whole file
-        raise ReaderError(f"{path}: file is empty")
-    return _jsonl_lines(text)
+    return _jsonl_lines(_file_text(path, content=content))
 
 
 def _jsonl_lines(text: str) -> Iterator[tuple[int, dict | _Unusable, str]]:
