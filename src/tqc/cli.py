@@ -426,19 +426,16 @@ def _chosen_by(tracking, where: str = "tracking.uri") -> str:
 
 
 def _registry_answers(uri: str, setting: str) -> None:
-    """The registry's first call, whose failure is the store's (an MLflow server that is down, a scheme MLflow has no
-    store for): said in one line naming `setting` and the URI, as a stage run's first call is (`tracking._open`).
-    Inside the command it came from a version's lookup and named only MLflow's endpoint."""
+    """The registry's first call, said in one line naming `setting` and the URI where it fails (`tracking.first_call`),
+    as a stage run's first call is: inside the command it came from a version's lookup and named only MLflow's
+    endpoint."""
     import mlflow
-    from mlflow.exceptions import MlflowException
 
-    try:
-        mlflow.MlflowClient().search_registered_models(max_results=1)
-    except Exception as exc:  # MlflowException, as MLflow's own error was: a server that is down may be up later
-        reason = redact_text(" ".join(str(exc).split()))[:500]
-        start = "start it, or " if uri.startswith(("http://", "https://")) else ""
-        raise MlflowException(f"{setting} {redact_text(uri)}: the registry could not be read ({reason}); {start}point "
-                              f"{setting} at the registry promote registers in") from exc
+    from tqc.tracking import first_call
+
+    start = "start it, or " if uri.startswith(("http://", "https://")) else ""
+    first_call(lambda: mlflow.MlflowClient().search_registered_models(max_results=1), uri, setting,
+               "the registry could not be read", f"{start}point {setting} at the registry promote registers in")
 
 
 def _version_number(text: str) -> str:

@@ -29,7 +29,7 @@ import subprocess
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 from urllib.parse import quote
 
 from tqc import distributed
@@ -265,7 +265,8 @@ def _client_and_experiment(params: TrackingParams):
     uri = answering(_store_that_can_be_made(tracking_uri(params)),
                     way_out=f"point tracking.uri at a store that answers, {TRACKING_OFF}")
     mlflow.set_tracking_uri(uri)
-    _open(mlflow, params.experiment, uri)
+    first_call(lambda: mlflow.get_experiment_by_name(params.experiment), uri, SETTING, "the store could not be opened",
+               f"point tracking.uri at one that opens, {TRACKING_OFF}")
     _create_beside_the_database(mlflow, params.experiment, uri)
     experiment = mlflow.set_experiment(params.experiment)
     client = mlflow.MlflowClient()
@@ -276,17 +277,17 @@ def _client_and_experiment(params: TrackingParams):
     return mlflow, client, experiment.experiment_id
 
 
-def _open(mlflow, experiment: str, uri: str) -> None:
-    """The first call to the store, whose failure is the store's (a server that is down, a scheme MLflow has no store
-    for, a database MLflow cannot set up): said naming the setting that chose it and the way to turn tracking off,
-    which MLflow's own error, quoting the URI alone, left the user to find."""
+def first_call(call: Callable[[], object], uri: str, setting: str, failed: str, way_out: str) -> None:
+    """A command's first call to the store at `uri`, whose failure is the store's (a server that is down, a scheme
+    MLflow has no store for, a database MLflow cannot set up): said in one line naming `setting`, the one that chose
+    the URI, and `way_out`, which MLflow's own error, quoting the URI alone, left the user to find. Still an
+    MlflowException, as MLflow's was: a server that is down may be up when the command runs again."""
     from mlflow.exceptions import MlflowException
 
     try:
-        mlflow.get_experiment_by_name(experiment)
+        call()
     except Exception as exc:
-        raise MlflowException(f"{SETTING} {redact_text(uri)}: the store could not be opened ({_one_line(exc)}); point "
-                              f"tracking.uri at one that opens, {TRACKING_OFF}") from exc
+        raise MlflowException(f"{setting} {redact_text(uri)}: {failed} ({_one_line(exc)}); {way_out}") from exc
 
 
 def _create_beside_the_database(mlflow, experiment: str, uri: str) -> None:
