@@ -92,8 +92,8 @@ def test_the_augment_stage_reads_the_validated_offline_rows_and_reports_what_it_
     params = AugmentParams(rebalance="mean", explicit="file", implicit=[])
     report = augment.run(tmp_path / "train.jsonl", params, 0, tmp_path / "out.jsonl", tmp_path / "augment.json",
                          tmp_path / "generated.jsonl")
-    assert report["file"] == {"offline_rows": 2, "usable": 1, "made_from_held_out_questions": 1, "drawn": 1,
-                              "copies_where_too_few": 0}
+    assert report["file"] == {"offline_rows": 2, "usable": 1, "made_from_held_out_questions": 1,
+                              "usable_but_a_held_out_question": 0, "drawn": 1, "copies_where_too_few": 0}
     assert [q.text for q in load_questions(tmp_path / "out.jsonl") if q.generated] == ["question zero again"]
     assert json.loads((tmp_path / "augment.json").read_text())["per_class"]["b"] == {"before": 2, "after": 3, "generated": 1}
     with pytest.raises(FileNotFoundError, match="data.generated.path"):
@@ -101,6 +101,27 @@ def test_the_augment_stage_reads_the_validated_offline_rows_and_reports_what_it_
                     tmp_path / "missing.jsonl")
     with pytest.raises(FileNotFoundError, match="no file of offline rows was given"):
         augment.run(tmp_path / "train.jsonl", params, 0, tmp_path / "out.jsonl", tmp_path / "augment.json")
+
+
+def test_an_offline_row_that_is_a_held_out_question_is_not_drawn_while_others_are_left(tmp_path):
+    """After evaluate.resplit an offline row can be a question of the new validation split: drawn, it was dropped and a
+    copy took its place, though the class had offline rows to spare, and the report said the class ran out."""
+    train = [LabeledQuestion("how do I pay", "A", "t:0"), LabeledQuestion("can I pay by card", "A", "t:1"),
+             *(LabeledQuestion(f"where is branch {i}", "B", f"t:{2 + i}") for i in range(6))]
+    pool = [offline(f"how can I pay {word}", "A", i, "t:0") for i, word in enumerate(["now", "today", "online", "later",
+                                                                                       "here"])]
+    save_questions(tmp_path / "train.jsonl", train)
+    save_questions(tmp_path / "generated.jsonl", pool)
+    params = AugmentParams(rebalance="max", explicit="file", implicit=[])
+    for held_out in (q.text for q in pool):  # 4 of A's 5 offline rows are drawn: whichever is held out
+        save_questions(tmp_path / "validation.jsonl", [LabeledQuestion(held_out.upper(), "A", "v:1")])
+        report = augment.run(tmp_path / "train.jsonl", params, 0, tmp_path / "out.jsonl", tmp_path / "augment.json",
+                             tmp_path / "generated.jsonl", [tmp_path / "validation.jsonl"])
+        made = [q for q in load_questions(tmp_path / "out.jsonl") if q.generated]
+        assert sorted(q.text for q in made) == sorted(q.text for q in pool if q.text != held_out)
+        assert report["rows"]["copies_in_place_of_dropped"] == 0 and report["rows"]["generated_dropped_as_held_out"] == 0
+        assert report["file"] == {"offline_rows": 5, "usable": 5, "made_from_held_out_questions": 0,
+                                  "usable_but_a_held_out_question": 1, "drawn": 4, "copies_where_too_few": 0}
 
 
 def test_file_augmentation_without_a_file_is_a_config_error(tmp_path):

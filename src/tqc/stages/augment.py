@@ -96,13 +96,20 @@ SOURCE_PREFIX = {"none": "oversample", "eda": "eda", "paraphrase": "paraphrase",
                  "file": "file"}
 
 
+def drawable_generated(questions: list[LabeledQuestion], generated: list[LabeledQuestion],
+                       held_out: frozenset[str] = frozenset()) -> list[LabeledQuestion]:
+    """The usable offline rows (`usable_generated`) whose text (as validate compares texts) is no validation or test
+    question: after `evaluate.resplit` one can be, and drawn, it would be dropped for a copy while rows were left."""
+    return [row for row in usable_generated(questions, generated) if normalise(row.text) not in held_out]
+
+
 def draw_generated(questions: list[LabeledQuestion], targets: dict[str, int], generated: list[LabeledQuestion],
-                   rng: random.Random) -> list[LabeledQuestion]:
-    """Extra rows from the usable offline rows of each class, seeded, up to its target; a class
-    whose offline rows run out is topped up with copies (marked `oversample`)."""
+                   rng: random.Random, held_out: frozenset[str] = frozenset()) -> list[LabeledQuestion]:
+    """Extra rows from the drawable offline rows of each class (`drawable_generated`), seeded, up to its target; a
+    class whose offline rows run out is topped up with copies (marked `oversample`)."""
     have = Counter(q.class_id for q in questions)
     pool: dict[str, list[LabeledQuestion]] = defaultdict(list)
-    for row in usable_generated(questions, generated):
+    for row in drawable_generated(questions, generated, held_out):
         pool[row.class_id].append(row)
     drawn, short = [], {}
     for class_id in sorted(have):
@@ -117,15 +124,15 @@ def draw_generated(questions: list[LabeledQuestion], targets: dict[str, int], ge
 
 def oversample(questions: list[LabeledQuestion], targets: dict[str, int], seed: int, explicit: str = "none",
                alpha: float = 0.1, seq2seq: Seq2SeqParams | None = None,
-               generated: list[LabeledQuestion] = ()) -> list[LabeledQuestion]:
+               generated: list[LabeledQuestion] = (), held_out: frozenset[str] = frozenset()) -> list[LabeledQuestion]:
     """The rows, then seeded extra rows until every class has at least its target (`class_targets`).
 
     New rows are marked `generated`, with `source` naming the method and the original's source
-    (for `file`, the offline row's own file and line).
+    (for `file`, the offline row's own file and line; one whose text is in `held_out` is not drawn).
     """
     rng = random.Random(seed)
     if explicit == "file":
-        return questions + draw_generated(questions, targets, list(generated), rng)
+        return questions + draw_generated(questions, targets, list(generated), rng, held_out)
     originals = pick_originals(questions, targets, rng)
     texts = make_texts(originals, questions, explicit, rng, seed, alpha, seq2seq)
     prefix = SOURCE_PREFIX[explicit]
@@ -144,9 +151,11 @@ def load_generated(path: Path | None, explicit: str) -> list[LabeledQuestion]:
     return load_questions(path)
 
 
-def _file_report(questions: list[LabeledQuestion], generated: list[LabeledQuestion], extra: list[LabeledQuestion]) -> dict:
+def _file_report(questions: list[LabeledQuestion], generated: list[LabeledQuestion], extra: list[LabeledQuestion],
+                 held_out: frozenset[str]) -> dict:
     usable = usable_generated(questions, generated)
     return {"offline_rows": len(generated), "usable": len(usable), "made_from_held_out_questions": len(generated) - len(usable),
+            "usable_but_a_held_out_question": len(usable) - len(drawable_generated(questions, generated, held_out)),
             "drawn": sum(q.source.startswith(f"{SOURCE_PREFIX['file']}:") for q in extra),
             "copies_where_too_few": sum(q.source.startswith(f"{SOURCE_PREFIX['none']}:") for q in extra)}
 
@@ -169,8 +178,8 @@ def label_conflicts(questions: list[LabeledQuestion], made: list[LabeledQuestion
     return {text for text, ids in classes.items() if len(ids) > 1}
 
 
-def held_out_texts(paths: list[Path]) -> set[str]:
-    return {normalise(q.text) for path in paths for q in load_questions(path)}
+def held_out_texts(paths: list[Path]) -> frozenset[str]:
+    return frozenset(normalise(q.text) for path in paths for q in load_questions(path))
 
 
 def _warn_of_unread_params(params: AugmentParams) -> None:
@@ -209,9 +218,9 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
     before = Counter(q.class_id for q in questions)
     targets = class_targets(before, params.rebalance, params.target_count, params.max_factor)
     _warn_of_unread_params(params)
-    augmented = oversample(questions, targets, seed, params.explicit, params.eda_alpha, params.seq2seq,
-                           generated)  # no class short: unchanged
     held_out = held_out_texts(list(held_out_paths))
+    augmented = oversample(questions, targets, seed, params.explicit, params.eda_alpha, params.seq2seq,
+                           generated, held_out)  # no class short: unchanged
     made, dropped = without_texts(augmented[len(questions):], held_out)
     standard_questions = Catalog.load(catalog_path).questions if catalog_path else []
     made, conflicting = without_texts(made, label_conflicts(questions, made, standard_questions))
@@ -241,7 +250,8 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
         "rows": {"before": len(questions), "after": len(augmented), "generated": len(augmented) - len(questions),
                  "generated_same_as_an_original": same_as_an_original, "generated_dropped_as_held_out": dropped,
                  "generated_dropped_as_label_conflict": conflicting, "copies_in_place_of_dropped": len(refilled)},
-        **({"file": _file_report(questions, generated, augmented[len(questions):])} if params.explicit == "file" else {}),
+        **({"file": _file_report(questions, generated, augmented[len(questions):], held_out)}
+           if params.explicit == "file" else {}),
         "per_class": {c: {"before": before[c], "after": after[c], "generated": after[c] - before[c]} for c in sorted(after)},
         "seconds": round(time.perf_counter() - started, 2),
     }
