@@ -11,7 +11,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from tqc.text import normalise
+from tqc.text import compared_text, normalise
 
 OPERATIONS = ("swap", "delete", "insert")
 
@@ -108,12 +108,12 @@ def random_insert(words: list[str], n: int, vocabulary: list[str], rng: random.R
 def augment_text(text: str, vocabulary: list[str], rng: random.Random, alpha: float = 0.1, attempts: int = 4) -> str:
     """One random operation on round(alpha · words) positions (at least one), of those that can change the question, drawn
     again (up to `attempts` times) while it leaves the question as it was (a swap of two equal words): a copy is no
-    augmentation, nor is a question left with invisible characters alone ("\u200b"), which validate would refuse. A
-    question nothing changes (one word, and no vocabulary to insert from) stays."""
+    augmentation, nor is a question left with characters no tokenizer reads alone ("\u200b", "\ufffd", a lone accent),
+    which validate would refuse as empty. A question nothing changes (one word, and no vocabulary to insert from) stays."""
     words, spacing, original = words_of(text), spacing_of(text), normalise(text)
     for _ in range(attempts):
         changed = joined(_one_operation(words, vocabulary, rng, alpha), spacing)
-        if normalise(changed) not in ("", original):  # as validate compares: a new question, and not an empty one
+        if compared_text(changed) not in ("", original):  # as validate compares: a new question, and not an empty one
             return changed
     return text  # as it came, not re-spaced
 

@@ -127,6 +127,20 @@ def test_an_eda_edit_keeps_its_questions_spacing_full_width_words_and_never_come
         assert normalise(edited) != ""
 
 
+def test_an_eda_edit_never_leaves_only_characters_a_tokenizer_reads_as_nothing():
+    """A word of U+FFFD (a byte a decoder could not read), a private-use character or a lone accent is text to
+    `normalise` but none to the tokenizer, and validate refuses a row of it alone as empty: a deletion down to it was
+    written as a training row the encoder reads as the empty question."""
+    import random
+
+    from tqc.eda import augment_text
+    from tqc.text import has_words
+
+    for text in ("what \ufffd", "card \ue000", "where \u0301"):
+        made = [augment_text(text, [], random.Random(seed), alpha=0.5) for seed in range(30)]
+        assert all(has_words(edited) for edited in made), text
+
+
 def test_the_long_tail_follows_sharprecl_counts():
     from tqc.stages.ingest import long_tail
 
