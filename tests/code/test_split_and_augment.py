@@ -378,6 +378,31 @@ def test_a_made_row_that_is_another_classs_standard_question_is_dropped_as_a_con
     assert report["rows"]["generated_dropped_as_label_conflict"] == 1
 
 
+def test_a_standard_question_twin_classes_share_is_no_conflict_for_a_row_of_either(tmp_path):
+    """Validate lets a training row of class A be the standard question A shares with its twin B (catalog_unique_texts
+    demoted): it is either's. Augment counted the shared text as two classes', so it dropped A's copies of that row as
+    label conflicts and refilled with copies of A's other rows; a row made for a third class with it is still dropped."""
+    from tqc.config import AugmentParams
+    from tqc.schema import Catalog, StandardQuestion, load_questions, save_questions
+    from tqc.stages import augment
+    from tqc.text import normalise
+
+    twins = [StandardQuestion("A", "what is covid"), StandardQuestion("B", "What is COVID"), StandardQuestion("C", "where")]
+    train = [LabeledQuestion("what is covid", "A", "t:0"), LabeledQuestion("covid meaning", "A", "t:1"),
+             *(LabeledQuestion(f"where to test {i}", "C", f"t:{2 + i}") for i in range(6))]
+    made = [LabeledQuestion("what is covid", "A", "oversample:t:0", generated=True),
+            LabeledQuestion("What is covid", "C", "eda:t:2", generated=True)]
+    assert augment.label_conflicts(train, made[:1], twins) == set()
+    assert augment.label_conflicts(train, made, twins) == {normalise("what is covid")}  # A's and C's rows: both go
+    Catalog(twins).save(tmp_path / "catalog.jsonl")
+    save_questions(tmp_path / "train.jsonl", train)
+    report = augment.run(tmp_path / "train.jsonl", AugmentParams(rebalance="max", implicit=[]), 0, tmp_path / "out.jsonl",
+                         tmp_path / "augment.json", catalog_path=tmp_path / "catalog.jsonl")
+    copies = Counter(q.text for q in load_questions(tmp_path / "out.jsonl") if q.generated)
+    assert copies == {"what is covid": 2, "covid meaning": 2}  # each of A's rows copied alike, as with no catalog
+    assert report["rows"]["generated_dropped_as_label_conflict"] == 0
+
+
 def test_a_max_factor_cap_is_not_cut_by_float_rounding():
     assert class_targets(Counter({"a": 100, "b": 1000}), "max", max_factor=1.15)["a"] == 115  # 1.15 × 100 = 114.999…
 

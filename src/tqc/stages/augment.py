@@ -171,11 +171,15 @@ def label_conflicts(questions: list[LabeledQuestion], made: list[LabeledQuestion
     """Texts (as validate compares them) that training rows, made rows and the catalog's standard questions give to
     two or more classes. EDA can delete a question down to another class's ("what is?"), or to another class's
     standard question, and two classes' rows can be rewritten into one text; train would then teach both labels for
-    it, which validate refuses in training and offline rows."""
+    it, which validate refuses in training and offline rows. A standard question twin classes share (under a demoted
+    catalog_unique_texts) is either's, as validate reads it: a row of one of them with its text is no conflict."""
     classes: dict[str, set[str]] = defaultdict(set)
-    for question in [*standard_questions, *questions, *made]:
+    for question in [*questions, *made]:
         classes[normalise(question.text)].add(question.class_id)
-    return {text for text, ids in classes.items() if len(ids) > 1}
+    owners: dict[str, set[str]] = defaultdict(set)
+    for question in standard_questions:
+        owners[normalise(question.text)].add(question.class_id)
+    return {text for text, ids in classes.items() if len(ids) > 1 or (text in owners and not ids <= owners[text])}
 
 
 def held_out_texts(paths: list[Path]) -> frozenset[str]:
