@@ -128,3 +128,19 @@ def test_plot_tables_quote_class_ids_holding_commas_quotes_and_line_breaks(tmp_p
     with open(tmp_path / "similarity_profile.csv", encoding="utf-8", newline="") as handle:
         profile = list(csv.DictReader(handle))
     assert len(profile) == 2 * len(ids) and {row["class"] for row in profile} == set(ids)
+
+
+def test_similarity_profile_draws_dollar_signs_as_text_not_mathtext(tmp_path):
+    """matplotlib read a title or tick label with two `$` as mathtext: "$5 or $10" lost its dollars to italics, and
+    one that is not valid mathtext ("$_$", "$\\x$") failed savefig, so evaluate stopped after all its training."""
+    from tqc.config import Params
+    from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+    from tqc.stages.evaluate import _write_similarity_profile
+
+    ids = ["$\\x$", "plain"]
+    catalog = Catalog([StandardQuestion(class_id, f"What is {i}?") for i, class_id in enumerate(ids)])
+    questions = [LabeledQuestion("How do I type $_$ in a template ?", ids[0]), LabeledQuestion("Is it $5 or $10 ?", ids[1])]
+    scores = np.eye(2)  # (N, P)
+    params = Params.model_validate({"evaluate": {"profile_questions": 2}})
+    _write_similarity_profile(tmp_path, {"zero_shot": scores, "admc": scores}, questions, catalog, params)
+    assert (tmp_path / "similarity_profile.png").stat().st_size > 0
