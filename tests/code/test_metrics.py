@@ -144,3 +144,28 @@ def test_similarity_profile_draws_dollar_signs_as_text_not_mathtext(tmp_path):
     params = Params.model_validate({"evaluate": {"profile_questions": 2}})
     _write_similarity_profile(tmp_path, {"zero_shot": scores, "admc": scores}, questions, catalog, params)
     assert (tmp_path / "similarity_profile.png").stat().st_size > 0
+
+
+def test_similarity_profile_names_its_axes_and_the_gold_line(tmp_path, monkeypatch):
+    """Figure 3's bars had no y-axis label (cosine? logits?) and nothing said the dotted line is the gold class."""
+    import matplotlib.figure
+
+    from tqc.config import Params
+    from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+    from tqc.stages.evaluate import _write_similarity_profile
+
+    drawn = {}
+
+    def savefig(figure, *args, **kwargs):
+        drawn["ylabels"] = [axis.get_ylabel() for axis in figure.axes]
+        drawn["xlabel"] = figure.axes[-1].get_xlabel()
+        drawn["legend"] = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    catalog = Catalog([StandardQuestion(class_id, f"What is {class_id}?") for class_id in ("A", "B", "C")])
+    questions = [LabeledQuestion("q0", "A"), LabeledQuestion("q1", "C")]
+    params = Params.model_validate({"evaluate": {"profile_questions": 2}, "model": {"similarity": "cosine"}})
+    _write_similarity_profile(tmp_path, {"zero_shot": np.eye(3)[:2], "admc": np.eye(3)[:2]}, questions, catalog, params)
+    assert drawn["ylabels"] == ["similarity (cosine)"] * 2  # model.similarity
+    assert drawn["xlabel"] == "standard question (class id)"
+    assert drawn["legend"] == ["gold class", "before (zero-shot)", "after (ADMC)"]

@@ -284,12 +284,14 @@ def _write_similarity_profile(plots_dir: Path, scores: dict[str, np.ndarray], qu
         x = np.arange(len(catalog))
         axis.bar(x - 0.2, before, 0.4, label="before (zero-shot)")
         axis.bar(x + 0.2, after, 0.4, label="after (ADMC)")
-        axis.axvline(catalog.index(questions[i].class_id), color="black", linestyle=":", linewidth=1)
+        axis.axvline(catalog.index(questions[i].class_id), color="black", linestyle=":", linewidth=1, label="gold class")
+        axis.set_ylabel(f"similarity ({params.model.similarity})", fontsize=7)
         # parse_math=False: a question or class id is text, and two `$` in it would be read as mathtext
         # (garbled, or an error that stops evaluate after its training where it is not valid mathtext)
         axis.set_title(questions[i].text[:90], fontsize=8, parse_math=False)
         axis.set_xticks(x, catalog.class_ids if len(catalog) <= 20 else [""] * len(catalog), fontsize=6, rotation=45,
                         parse_math=False)
+    axes[-1, 0].set_xlabel("standard question (class id)" if len(catalog) <= 20 else "standard question (catalog order)", fontsize=7)
     axes[0, 0].legend(fontsize=7)
     figure.tight_layout()
     _write_csv(plots_dir / "similarity_profile.csv", rows)
