@@ -169,3 +169,13 @@ def test_similarity_profile_names_its_axes_and_the_gold_line(tmp_path, monkeypat
     assert drawn["ylabels"] == ["similarity (cosine)"] * 2  # model.similarity
     assert drawn["xlabel"] == "standard question (class id)"
     assert drawn["legend"] == ["gold class", "before (zero-shot)", "after (ADMC)"]
+
+
+def test_seed_statistics_say_which_standard_deviation_they_give():
+    """metrics.json's seeds block gave a "std" without saying it is the sample one (ddof = 1), not the population's."""
+    from tqc.stages.evaluate import seed_statistics
+
+    runs = [{"admc": {"test": {"accuracy": a, "macro_f1": a, "macro_f1_gold_classes": a}}} for a in (0.90, 0.92, 0.95)]
+    stats = seed_statistics(runs, resplit=False)
+    assert list(stats)[:4] == ["n", "resplit", "std_ddof", "admc"] and stats["std_ddof"] == 1
+    assert stats["admc"]["accuracy"]["std"] == pytest.approx(np.std([0.90, 0.92, 0.95], ddof=stats["std_ddof"]))

@@ -83,8 +83,10 @@ def evaluate_models(models: ChainOutputs, params: Params, splits: dict[str, list
 
 
 def seed_statistics(per_seed: list[dict], resplit: bool) -> dict:
-    """Mean ± sample std over seeds of every model's test accuracy and macro-F1."""
-    stats = {"n": len(per_seed), "resplit": resplit}
+    """Mean ± sample std over seeds of every model's test accuracy and macro-F1; `std_ddof` says which std."""
+    # std_ddof: seed_std's ddof, named here rather than in metrics.py, which every training stage depends on
+    # (tests/code/test_metrics.py holds the two together)
+    stats = {"n": len(per_seed), "resplit": resplit, "std_ddof": 1}
     for name in (name for name in MODELS if name in per_seed[0]):
         stats[name] = {}
         for metric in ("accuracy", "macro_f1", "macro_f1_gold_classes"):
