@@ -109,3 +109,10 @@ def test_metrics_json_records_the_params_evaluate_declares_and_no_others():
     recorded = recorded_params(load_params(DVC_YAML.parent / "params.yaml"))
     assert set(recorded["data"]) == {"dataset", "validation_fraction"} and "validate" not in recorded
     assert recorded["stage_two"]["loss"] == "nt_xent"
+
+
+def test_every_table_plot_says_what_it_draws():
+    """Without a title `dvc plots show` heads a plot with its file's path: the confusion matrix did not say it is
+    ADMC's (class-prior shifted) test predictions, nor a training curve what its y is over."""
+    tables = {path: options for path, options in declared_plots().items() if path.endswith((".csv", ".json", ".tsv"))}
+    assert {path for path, options in tables.items() if not options.get("title")} == set()
