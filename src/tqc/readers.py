@@ -440,7 +440,9 @@ def read_table(path: Path, text_column: str, label_column: str, source_column: s
     columns = [c for c in (text_column, label_column, source_column) if c is not None]
     records = _jsonl_records(path, content) if is_jsonl(path) else _csv_dict_records(path, columns, content)
     result, labels = ReadResult(), {}  # labels: each one string, however many rows name it
+    keys = _KeysSeen(columns)  # a JSONL file has no header: a column no record has is found only at the end
     for line_number, record, original in records:
+        keys.see(line_number, record)
         reason = record.reason if isinstance(record, _Unusable) else _unusable_values(record, text_column, label_column,
                                                                                       source_column)
         if reason:  # a CSV record's content is written out only here, for the few rows rejected
@@ -452,7 +454,30 @@ def read_table(path: Path, text_column: str, label_column: str, source_column: s
         result.rows.append(LabeledQuestion((text or "").strip(), labels.setdefault(label, label), source))
         if source_column is not None:
             result.named_sources[source] = (record[source_column] or "").strip()
+    keys.raise_if_never_seen(path)
     return result
+
+
+class _KeysSeen:
+    """Which of a mapping's columns some JSONL record has. One that no record has is the mapping's fault or the file's
+    (`text_column: utterance` over records keyed `text`), as a CSV header without it is: said once, naming the file,
+    not as every line rejected. A few records without it among others that have it are rejected line by line."""
+
+    def __init__(self, columns: list[str]):
+        self.absent, self.records, self.first = list(columns), 0, None
+
+    def see(self, line_number: int, record: dict | _Unusable) -> None:
+        if isinstance(record, dict):  # a CSV record has every column: its header was checked
+            self.records += 1
+            self.first = self.first or (line_number, list(record))
+            if self.absent:
+                self.absent = [c for c in self.absent if c not in record]
+
+    def raise_if_never_seen(self, path: Path) -> None:
+        if self.records and self.absent:
+            line, has = self.first
+            raise MissingColumns(f"{path}: {_missing_columns(self.absent)} in all {self.records} record(s): line {line} "
+                                 f"has {has}", self.absent)
 
 
 def _unusable_values(record: dict, text_column: str, label_column: str, source_column: str | None) -> str:

@@ -903,7 +903,7 @@ def test_a_catalog_without_a_mapped_column_raises_missing_columns_naming_them(tm
     path.write_text(content, encoding="utf-8")
     with pytest.raises(MissingColumns, match="missing column") as raised:
         read_catalog_rows(path)
-    assert raised.value.columns == columns and f"{path}, line 1" in str(raised.value)
+    assert raised.value.columns == columns and str(path) in str(raised.value)
 
 
 def test_a_catalog_row_unusable_for_another_reason_is_not_missing_columns(tmp_path):
@@ -934,12 +934,12 @@ def test_a_jsonl_record_without_the_mapped_keys_names_the_keys_it_has(tmp_path):
     from tqc.readers import MissingColumns, read_catalog_file
 
     path = tmp_path / "test.jsonl"
-    path.write_text('{"q_text": "Where is Rome?", "label": "LOC"}\n')
+    path.write_text('{"question": "Where is Paris?", "label": "LOC"}\n{"q_text": "Where is Rome?", "label": "LOC"}\n')
     (rejected,) = read_table(path, "question", "label").rejected
     assert rejected.reason == "missing column(s) ['question']: the record has ['q_text', 'label']"
     catalog = tmp_path / "catalog.jsonl"
-    catalog.write_text('{"id": "LOC", "text": "Where is it?"}\n')
-    with pytest.raises(MissingColumns, match=r"line 1: catalog row unusable: missing column\(s\) \['class_id'\]: the record "
+    catalog.write_text('{"class_id": "PER", "text": "Who is it?"}\n{"id": "LOC", "text": "Where is it?"}\n')
+    with pytest.raises(MissingColumns, match=r"line 2: catalog row unusable: missing column\(s\) \['class_id'\]: the record "
                                              r"has \['id', 'text'\]") as raised:
         read_catalog_file(catalog)
     assert raised.value.columns == ["class_id"]  # still read back for the retrain flow's hint
@@ -1023,6 +1023,54 @@ def test_a_column_the_header_lacks_names_the_setting_that_named_it(tmp_path, cus
                         custom={"train": "train.csv", "test": "test.csv", "catalog": "catalog.csv", **custom})
     with pytest.raises(MissingColumns, match=said):
         read_dataset(params)
+
+
+def jsonl(rows: list[dict]) -> bytes:
+    import json
+
+    return "".join(json.dumps(row) + "\n" for row in rows).encode()
+
+
+@pytest.mark.parametrize("custom,said", [
+    ({"text_column": "utterance"}, r"train.jsonl: missing column\(s\) \['utterance'\] in all 40 record\(s\): line 1 has "
+                                   r"\['text', 'label'\] \(named by data.custom.text_column\)$"),
+    ({"label_column": "intent"}, r"train.jsonl: missing column\(s\) \['intent'\] .* \(named by data.custom.label_column\)$"),
+    ({"catalog_id_column": "id"},
+     r"catalog.jsonl: missing column\(s\) \['id'\] in all 2 record\(s\): .* \(named by data.custom.catalog_id_column\)$")])
+def test_a_key_no_jsonl_record_has_is_one_error_naming_the_setting_as_a_csv_header_without_it_is(tmp_path, custom, said):
+    """`text_column: utterance` over records keyed `text` rejected every line, each with the same reason, where the
+    CSV reader says once which column the header lacks and which setting named it."""
+    from tqc.readers import MissingColumns
+
+    write(tmp_path, "train.jsonl", jsonl([{"text": f"where is city {i}?", "label": "LOC"} for i in range(40)]))
+    write(tmp_path, "test.jsonl", jsonl([{"text": "where is paris?", "label": "LOC"}]))
+    write(tmp_path, "catalog.jsonl", jsonl([{"class_id": "LOC", "text": "Where is it?"},
+                                            {"class_id": "HUM", "text": "Who is it?"}]))
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None,
+                        custom={"train": "train.jsonl", "test": "test.jsonl", "catalog": "catalog.jsonl", **custom})
+    with pytest.raises(MissingColumns, match=said) as raised:
+        read_dataset(params)
+    assert "\n" not in str(raised.value) and "line 2" not in str(raised.value)
+
+
+def test_a_few_jsonl_records_without_a_mapped_key_among_many_are_still_rejected_by_line(tmp_path):
+    """Only a key that no record has is the mapping's fault; a record or two without it are those rows' own."""
+    rows = [{"text": f"where is city {i}?", "label": "LOC"} for i in range(40)]
+    rows[7] = {"txt": "where is rome?", "label": "LOC"}
+    rows[30] = {"text": "where is oslo?"}
+    path = write(tmp_path, "train.jsonl", jsonl(rows))
+    result = read_table(path, "text", "label")
+    assert len(result.rows) == 38
+    assert [(r.line, r.reason) for r in result.rejected] == [
+        (8, "missing column(s) ['text']: the record has ['txt', 'label']"),
+        (31, "missing column(s) ['label']: the record has ['text']")]
+
+
+def test_a_jsonl_file_of_no_object_is_rejected_line_by_line_not_said_to_lack_a_key(tmp_path):
+    """No record to have a key or not: every line's own reason (not JSON) says what is wrong."""
+    path = write(tmp_path, "train.jsonl", b"text,label\nwhere is rome?,LOC\n")
+    result = read_table(path, "text", "label")
+    assert [r.reason.split(":")[0] for r in result.rejected] == ["not valid JSON", "not valid JSON"]
 
 
 def test_a_shipped_datasets_missing_file_names_data_dataset_and_a_custom_file_left_unread(tmp_path):

@@ -152,6 +152,16 @@ def test_validate_file_exit_codes(tmp_path, current_data, capsys):
             "(named by data.custom.text_column, data.custom.label_column)") in capsys.readouterr().out
 
 
+def test_validate_file_says_a_key_no_jsonl_record_has_once_naming_the_setting(tmp_path, current_data, capsys):
+    """As a CSV header without the column: not every line quarantined for the same missing key."""
+    path = tmp_path / "batch.jsonl"
+    path.write_text('{"text": "brand new question", "label": "a"}\n{"text": "another one", "label": "b"}\n')
+    assert main(path, current_data, params()) == UNUSABLE
+    out = capsys.readouterr().out
+    assert out == (f"{path}: unusable: {path}: missing column(s) ['question'] in all 2 record(s): line 1 has "
+                   "['text', 'label'] (named by data.custom.text_column)\n")
+
+
 def test_a_few_bad_rows_are_quarantined_by_line_and_a_wholesale_failure_names_its_lines(tmp_path, current_data, capsys):
     """The batch's rows are judged as the training rows they would become: one empty text is quarantined and
     the other rows accepted; a label set the catalog lacks, failing for more than max_quarantined_fraction

@@ -520,6 +520,36 @@ def test_tqc_validate_judges_files_as_the_flow_would_with_its_merged_data_and_a_
     assert not (project / "data" / "raw" / "catalog.jsonl").exists()
 
 
+def test_a_jsonl_delivery_whose_records_all_lack_a_mapped_key_is_unusable_naming_the_setting(project, capsys):
+    """Records keyed `text` where data.custom.text_column says `question` were every one quarantined with the same
+    reason (a CSV whose header lacks the column is one unusable file naming the setting); a record or two without
+    the key among others that have it are still quarantined by line, in `tqc validate FILE` and in the flow alike."""
+    from tqc.cli import main
+
+    inbox = project / "data" / "incoming"
+    inbox.mkdir(parents=True)
+    keyed_text, mixed = inbox / "keyed-text.jsonl", inbox / "mixed.jsonl"
+    keyed_text.write_text("".join(json.dumps({"text": q, "label": "LOC"}) + "\n" for q in unseen_questions(project, "LOC", 3)))
+    records = [{"question": q, "label": "LOC"} for q in unseen_questions(project, "LOC", 3, skip=3)]
+    records.insert(1, {"text": unseen_questions(project, "LOC", 1, skip=6)[0], "label": "LOC"})
+    mixed.write_text("".join(json.dumps(record) + "\n" for record in records))
+    said = ("{}: missing column(s) ['question'] in all 3 record(s): line 1 has ['text', 'label'] "
+            "(named by data.custom.text_column)")
+
+    with pytest.raises(SystemExit) as ended:
+        main(["validate", str(keyed_text), str(mixed)])
+    out = capsys.readouterr().out
+    assert ended.value.code == 2 and f"{keyed_text}: unusable: {said.format(keyed_text)}\n" in out
+    assert "mixed.jsonl: 4 rows read, 3 would be accepted, 1 quarantined" in out
+    assert "  line 2: missing column(s) ['question']: the record has ['text', 'label']" in out
+
+    staged, _ = deliver(project)
+    assert outcome_of(staged, "keyed-text.jsonl").outcome == "unusable"
+    assert outcome_of(staged, "keyed-text.jsonl").reason == said.format(Path("data/incoming/keyed-text.jsonl"))
+    assert [q["line"] for q in staged.quarantined_rows if q["file"].endswith("keyed-text.jsonl")] == [None]
+    assert (outcome_of(staged, "mixed.jsonl").accepted, outcome_of(staged, "mixed.jsonl").quarantined) == (3, 1)
+
+
 def test_tqc_validate_refuses_a_second_file_of_the_same_name_from_another_folder(project, capsys):
     """The flow names a row by its file's name and line, and an inbox holds one file of a name: two x.csv from two
     folders were judged as one (each "would be accepted", though the second repeats the first)."""
