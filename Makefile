@@ -32,7 +32,9 @@ install: $(VENV)/.installed-$(FAISS)
 
 install-test: $(VENV)/.installed-test-$(FAISS)
 
+# check-inputs: a missing data.data_dir, said with its setting (dvc repro names only the path)
 run: install
+	$(BIN)/tqc check-inputs
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 
 # Two pytest-xdist processes: on 2 cores the suite took 0.70 of its serial time (11 min 52 s against 16 min 58 s).

@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     set_champion = commands.add_parser("set-champion", help="move promote.alias to a registered version by hand, with "
                                        "no gate (a rollback, or a rejected version you have judged); the tags follow")
     set_champion.add_argument("version", type=_version_number, help="the version of promote.model_name in the registry")
+    commands.add_parser("check-inputs", help="the folders dvc.yaml's ingest stage depends on through params.yaml "
+                        "(data.data_dir, data.additions) exist: `make run` checks them before `dvc repro`, which would "
+                        "stop on a missing one naming its path but not the setting")
     fetch = commands.add_parser("fetch", help="download the public datasets (needs network), verified by SHA-256")
     fetch.add_argument("--dest", type=Path, required=True)
     fetch.add_argument("--verify-only", action="store_true", help="check the files already in --dest; no network")
@@ -262,6 +265,28 @@ def _check_faiss(similarities: set[str]) -> None:
             check_faiss_for(similarity)
     except (ImportError, RuntimeError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+CHECKED_INPUTS = ("data.data_dir", "data.additions")  # every dvc.yaml dependency named through params.yaml
+
+
+def _check_inputs(args: argparse.Namespace, params: Params) -> None:
+    """dvc.yaml's ingest depends on `${data.data_dir}` and `${data.additions}`: DVC stops on a missing one before any
+    stage runs, with "failed to reproduce 'ingest': [Errno 2] No such file or directory: PATH" (on a null additions,
+    "unexpected error"), which names neither the setting nor the way out, and deletes ingest's report on the way."""
+    data, missing = params.data, []
+    if not Path(data.data_dir).exists():
+        fetch = f", or fetch the public datasets there: .venv/bin/tqc fetch --dest {data.data_dir}" if data.dataset != "custom" else ""
+        missing.append(f"data.data_dir {data.data_dir!r}: no folder {Path(data.data_dir).resolve()} (point it at your "
+                       f"data{fetch})")
+    if data.additions is None:
+        missing.append("data.additions is not set (the retrain flow's merged rows: data/raw, as in git)")
+    elif not Path(data.additions).exists():
+        missing.append(f"data.additions {data.additions!r}: no folder {Path(data.additions).resolve()} (the retrain "
+                       f"flow's merged rows: mkdir -p {data.additions}, or data/raw, as in git)")
+    if missing:
+        raise ConfigError(f"{args.params}: {'; '.join(missing)}: dvc.yaml's ingest depends on it, so `dvc repro` would "
+                          "stop before any stage runs, naming only the path")
 
 
 def _fetch(args: argparse.Namespace) -> None:
@@ -912,7 +937,7 @@ WITH_PARAMS: dict[str, Callable[[argparse.Namespace, Params], None]] = {
     "stage-two": _training_stage("stage_two", ["data", "train", "negatives", "model"], _stage_two),
     "baseline-nc": _training_stage("baseline_nc", ["data", "train"], _baseline_nc),
     "prior": _prior, "evaluate": _evaluate, "promote": _promote, "trained-on": _trained_on, "set-champion": _set_champion, "tune": _tune,
-    "ablate": _ablate, "bench": _bench,
+    "ablate": _ablate, "bench": _bench, "check-inputs": _check_inputs,
 }
 
 

@@ -116,3 +116,34 @@ def test_every_table_plot_says_what_it_draws():
     ADMC's (class-prior shifted) test predictions, nor a training curve what its y is over."""
     tables = {path: options for path, options in declared_plots().items() if path.endswith((".csv", ".json", ".tsv"))}
     assert {path for path, options in tables.items() if not options.get("title")} == set()
+
+
+def test_make_run_checks_the_folders_ingest_depends_on_through_params_before_dvc_repro():
+    """DVC stops on a missing `${data.data_dir}` before any stage runs, with "failed to reproduce 'ingest': [Errno 2]
+    No such file or directory: PATH": the path, not the setting. `make run` asks `tqc check-inputs` first, which
+    checks every such dependency."""
+    import re
+
+    from tqc.cli import CHECKED_INPUTS
+
+    interpolated = {name for stage in yaml.safe_load(DVC_YAML.read_text())["stages"].values()
+                    for dep in stage.get("deps", []) for name in re.findall(r"\$\{([^}]+)\}", str(dep))}
+    assert interpolated == set(CHECKED_INPUTS)
+    recipe = (DVC_YAML.parent / "Makefile").read_text().split("\nrun: install\n")[1].split("\n\n")[0]
+    assert recipe.index("tqc check-inputs") < recipe.index("dvc repro")
+
+
+def test_check_inputs_names_the_setting_of_a_missing_folder_and_passes_when_there(tmp_path, monkeypatch, capsys):
+    from tqc.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    params = ["--params", str(DVC_YAML.parent / "params.yaml")]
+    assert main([*params, "--set", "data.data_dir=../datasetz", "check-inputs"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"tqc check-inputs: error: {DVC_YAML.parent / 'params.yaml'}: data.data_dir '../datasetz': no "
+                            f"folder {tmp_path.parent / 'datasetz'} (point it at your data, or fetch the public datasets "
+                            "there: .venv/bin/tqc fetch --dest ../datasetz); data.additions 'data/raw': no folder ")
+    assert "dvc.yaml's ingest depends on it, so `dvc repro` would stop before any stage runs" in error
+    (tmp_path / "data" / "raw").mkdir(parents=True)
+    assert main([*params, "--set", f"data.data_dir={tmp_path}", "check-inputs"]) == 0
+    assert not capsys.readouterr().err
