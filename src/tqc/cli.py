@@ -285,7 +285,7 @@ def _check_inputs(args: argparse.Namespace, params: Params) -> None:
         missing.append(f"data.additions {data.additions!r}: no folder {Path(data.additions).resolve()} (the retrain "
                        f"flow's merged rows: mkdir -p {data.additions}, or data/raw, as in git)")
     if missing:
-        raise ConfigError(f"{args.params}: {'; '.join(missing)}: dvc.yaml's ingest depends on it, so `dvc repro` would "
+        raise ConfigError(f"{args.params}: {'; '.join(missing)}: dvc.yaml's ingest depends on {'it' if len(missing) == 1 else 'both'}, so `dvc repro` would "
                           "stop before any stage runs, naming only the path")
 
 

@@ -143,7 +143,10 @@ def test_check_inputs_names_the_setting_of_a_missing_folder_and_passes_when_ther
     assert error.startswith(f"tqc check-inputs: error: {DVC_YAML.parent / 'params.yaml'}: data.data_dir '../datasetz': no "
                             f"folder {tmp_path.parent / 'datasetz'} (point it at your data, or fetch the public datasets "
                             "there: .venv/bin/tqc fetch --dest ../datasetz); data.additions 'data/raw': no folder ")
-    assert "dvc.yaml's ingest depends on it, so `dvc repro` would stop before any stage runs" in error
+    assert error.endswith("dvc.yaml's ingest depends on both, so `dvc repro` would stop before any stage runs, naming "
+                          "only the path\n")
     (tmp_path / "data" / "raw").mkdir(parents=True)
+    assert main([*params, "--set", "data.data_dir=../datasetz", "check-inputs"]) == 2
+    assert "data.additions" not in capsys.readouterr().err
     assert main([*params, "--set", f"data.data_dir={tmp_path}", "check-inputs"]) == 0
     assert not capsys.readouterr().err
