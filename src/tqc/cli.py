@@ -757,8 +757,9 @@ def _matcher(args: argparse.Namespace):
         if args.exemplar_k is not None or args.exemplar_cache is not None:
             raise ConfigError("--exemplar-k or --exemplar-cache without --exemplars: the standard-question rule has neither")
         try:
-            # a model folder or catalog that is not there: the loader names it, with no word on a prior first
-            whole = Path(args.model).is_dir() and Path(args.catalog).is_file()
+            # a model folder or catalog that is not there (or a folder with no model: `--model models`): the loader
+            # names it, with no word on a prior first
+            whole = (Path(args.model) / "tqc_model.json").is_file() and Path(args.catalog).is_file()
             return local_matcher(args.model, args.catalog, args.top_k,
                                  _prior_for(args.model, args.prior, args.catalog) if whole else None)
         except ValueError as exc:  # e.g. a catalog's bad line, or a prior file with no entry for the model: each names its file

@@ -942,3 +942,14 @@ def test_a_model_folder_with_damaged_weights_stops_predict_and_mine_in_one_line(
         err = capsys.readouterr().err
         assert f"error: {weights.relative_to(tmp_path)}: damaged, not a whole safetensors file (" in err
         assert "Traceback" not in err and len([line for line in err.splitlines() if "error" in line]) == 1
+
+
+def test_a_folder_that_is_no_model_is_named_with_no_word_on_a_prior_first(tmp_path, capsys):
+    """`--model models` (the folder above the model) said "no prior.json beside models: ranking by similarity alone",
+    and then that it was no model folder: a ranking it never made, said before the error that stopped it."""
+    (tmp_path / "models").mkdir()
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    assert main(["predict", "--model", str(tmp_path / "models"), "--catalog", str(tmp_path / "catalog.jsonl"), "q"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"tqc predict: error: {tmp_path / 'models'}: not a tqc model folder (no tqc_model.json; `dvc repro` writes "
+        "models/stage_two)"]
