@@ -163,9 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "serve: its catalog, its test questions to answer, its training rows as exemplars)")
     bench.add_argument("--train", type=Path, help="epochs, passes: training rows (default data/augmented/train.jsonl)")
     bench.add_argument("--out", type=Path, help="also write the figures, with the machine and code version, to this JSON file")
-    for command in commands.choices.values():  # `tqc ingest --set …` as well as `tqc --set … ingest`
+    for name, command in commands.choices.items():  # `tqc ingest --set …` as well as `tqc --set … ingest`
+        # fetch and predict read no params: their --set is parsed only to be refused in a line, so their help omits it
         command.add_argument("--set", dest="overrides_after_command", action="append", default=argparse.SUPPRESS,
-                             metavar="KEY=VALUE", help="override a param for this command (as tqc --set)")
+                             metavar="KEY=VALUE", help=argparse.SUPPRESS if name in WITHOUT_PARAMS else
+                             "override a param for this command (as tqc --set)")
     return parser
 
 

@@ -497,6 +497,17 @@ def test_set_is_read_before_and_after_the_command_in_order(tmp_path, capsys):
     assert "registry is --tracking-uri, else tracking.uri in --params's file" in error  # which it does read
 
 
+def test_the_help_of_a_command_that_reads_no_params_offers_no_set():
+    """`tqc predict --help` and `tqc fetch --help` listed --set as "override a param for this command", which both
+    refuse."""
+    from tqc import cli
+
+    commands = next(a for a in cli.build_parser()._actions if a.dest == "command").choices
+    for name in ("predict", "fetch"):
+        assert "--set" not in commands[name].format_help(), name
+    assert "override a param for this command" in commands["ingest"].format_help()  # a command that reads them
+
+
 def test_set_on_ablate_is_refused_for_params_no_cell_reads(tmp_path, capsys):
     """Each cell is `dvc exp run` on params.yaml under the cell's values: `--set stage_one.learning_rate=…` reached
     no experiment, and the cells kept their names, so the report read as if trained at it."""
