@@ -576,7 +576,7 @@ def _predict(args: argparse.Namespace) -> None:
 
     # (where, position, question): the questions of the arguments, then of the file
     asked = [("question argument(s)", position, text)
-             for position, text in _scored(list(enumerate(args.questions, start=1)), "question argument(s)", "arguments")]
+             for position, text in _scored(_argument_questions(args.questions), "question argument(s)", "arguments")]
     asked += [(f"{_file_name(args.file)}: line(s)", line, text) for line, text in _file_questions(args.file, args.column)]
     questions = [text for _, _, text in asked]
     if not questions:
@@ -612,6 +612,22 @@ def _say_cut(matcher, asked: list[tuple[str, int, str]]) -> None:
 
     matcher.says_cut = False
     say_cut(matcher.model.question, [text for _, _, text in asked], where)
+
+
+def _argument_questions(arguments: list[str]) -> list[tuple[int, str]]:
+    """(position, text) of the question arguments. Bytes of one that are not UTF-8 (a Latin-1 terminal's "é") reach
+    Python as lone surrogates (argv's surrogateescape), which the tokenizer refuses with a TypeError: they are read
+    as `--file` reads such bytes, as Windows-1252 with a warning naming the argument."""
+    from tqc.readers import decode_argument
+
+    numbered = []
+    for position, text in enumerate(arguments, start=1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = decode_argument(text.encode("utf-8", "surrogateescape"), f"question argument {position}")
+        numbered.append((position, text))
+    return numbered
 
 
 def _file_name(path: Path | None) -> str:

@@ -116,6 +116,16 @@ def decode_bytes(raw: bytes, name: str) -> str:
     return _without_line_boms(_decoded(raw, name))
 
 
+def decode_argument(raw: bytes, name: str) -> str:
+    """`raw` (a command-line argument's bytes, called `name` in the warning) as a file's line is decoded: UTF-8, an
+    invalid stretch as Windows-1252. No byte-order mark is sought: an argument's "ÿþ" (FF FE) is its text."""
+    text, had_invalid_bytes = _utf8_with_single_byte_strays(raw)
+    if had_invalid_bytes:
+        log.warning("%s: not valid UTF-8; read its invalid bytes as Windows-1252 (Latin-1 where it has no character), "
+                    "the rest as UTF-8", name)
+    return text
+
+
 def _decoded(raw: bytes, path: Path | str) -> str:
     if raw.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):  # before UTF-16: FF FE 00 00 starts with FF FE
         return _unicode(raw, "utf-32", path)

@@ -953,3 +953,18 @@ def test_a_folder_that_is_no_model_is_named_with_no_word_on_a_prior_first(tmp_pa
     assert capsys.readouterr().err.splitlines() == [
         f"tqc predict: error: {tmp_path / 'models'}: not a tqc model folder (no tqc_model.json; `dvc repro` writes "
         "models/stage_two)"]
+
+
+def test_a_question_argument_that_is_not_utf8_is_read_as_a_files_line_would_be(tiny_model_dir, tmp_path, capsys, caplog):
+    """A Latin-1 terminal's "é" reaches Python as a lone surrogate (argv's surrogateescape), which the tokenizer
+    refused with a TypeError and a traceback; the same bytes in a --file were read as Windows-1252, with a warning."""
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    arguments = [b.decode("utf-8", "surrogateescape") for b in (b"where is caf\xe9", b"\xff\xfe where")]  # as sys.argv
+    with caplog.at_level("WARNING", logger="tqc.readers"):
+        assert main(["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
+                     "who wrote it", *arguments]) == 0
+    assert [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()] == [
+        "who wrote it", "where is café", "ÿþ where"]  # FF FE: Latin-1 text, not a file's UTF-16 byte-order mark
+    assert "question argument 2: not valid UTF-8; read its invalid bytes as Windows-1252" in caplog.text
+    assert "question argument 3: not valid UTF-8" in caplog.text
