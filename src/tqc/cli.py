@@ -9,6 +9,7 @@ one-line message and a non-zero exit code instead of a stack trace.
 from __future__ import annotations
 
 import argparse
+import codecs
 import datetime
 import json
 import logging
@@ -586,6 +587,8 @@ def _predict(args: argparse.Namespace) -> None:
         raise ConfigError(f"--top-k {args.top_k}: must be at least 1")
     answer, matcher = _registered_answers(args) if args.model.startswith(REGISTERED) else _local_answers(args)
     _say_cut(matcher, asked)
+    # JSON's \u escapes where stdout is not UTF-8 (a Latin-1 locale): a character it cannot encode was a traceback
+    escaped = codecs.lookup(getattr(sys.stdout, "encoding", None) or "ascii").name != "utf-8"
     # In chunks: the (chunk, P) scores and the answers' rows are what grows with a file, and each chunk's answers are
     # printed before the next is encoded, so a long file streams out
     for start in range(0, len(questions), PREDICT_CHUNK):
@@ -595,7 +598,7 @@ def _predict(args: argparse.Namespace) -> None:
         except ValueError as exc:  # the questions were checked above: the model's own fault (NaN scores), named in a line
             raise ConfigError(f"--model {args.model}: {exc}") from None
         for record in ranked_records(chunk, answers):
-            print(json.dumps(record, ensure_ascii=False))
+            print(json.dumps(record, ensure_ascii=escaped))
         sys.stdout.flush()
 
 

@@ -968,3 +968,21 @@ def test_a_question_argument_that_is_not_utf8_is_read_as_a_files_line_would_be(t
         "who wrote it", "where is café", "ÿþ where"]  # FF FE: Latin-1 text, not a file's UTF-16 byte-order mark
     assert "question argument 2: not valid UTF-8; read its invalid bytes as Windows-1252" in caplog.text
     assert "question argument 3: not valid UTF-8" in caplog.text
+
+
+def test_answers_reach_a_stdout_whose_encoding_cannot_hold_them_as_json_escapes(tiny_model_dir, tmp_path, monkeypatch):
+    """Under a Latin-1 locale (or PYTHONIOENCODING=latin-1) a question in Chinese ended in a UnicodeEncodeError and a
+    traceback, after the answers before it were printed; the JSON lines now escape what the stream cannot encode."""
+    import io
+    import sys
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    latin1 = io.TextIOWrapper(io.BytesIO(), encoding="latin-1")
+    monkeypatch.setattr(sys, "stdout", latin1)
+    assert main(["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
+                 "where is café", "巴黎在哪里 where"]) == 0
+    latin1.flush()
+    lines = latin1.buffer.getvalue().decode("latin-1").splitlines()
+    assert [json.loads(line)["text"] for line in lines] == ["where is café", "巴黎在哪里 where"]
+
