@@ -823,6 +823,8 @@ def _prior_for(model_dir: Path, choice: str, catalog_path: Path) -> Path | None:
             print(f"tqc predict: no {path.name} beside {model_dir}: ranking by similarity alone", file=sys.stderr)
             return None
         raise ConfigError(f"--prior {path}: no such file (`dvc repro` writes models/prior.json; --prior none: no shift)")
+    if not path.is_file():  # a folder: reading it was "[Errno 21] Is a directory", exit 1, naming no option
+        raise ConfigError(f"--prior {path}: not a file (`dvc repro` writes models/prior.json; --prior none: no shift)")
     try:
         entry = entry_for(path, model_dir)
     except StaleEntry as exc:

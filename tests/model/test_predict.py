@@ -986,3 +986,14 @@ def test_answers_reach_a_stdout_whose_encoding_cannot_hold_them_as_json_escapes(
     lines = latin1.buffer.getvalue().decode("latin-1").splitlines()
     assert [json.loads(line)["text"] for line in lines] == ["where is café", "巴黎在哪里 where"]
 
+
+def test_a_prior_that_is_a_folder_is_refused_in_a_line_naming_the_option(tiny_model_dir, tmp_path, capsys):
+    """`--prior models` said "[Errno 21] Is a directory: 'models'" and exited 1, as a passing fault; a --file,
+    --catalog or --exemplars that is a folder is an input error naming its option or what it should hold (exit 2)."""
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    capsys.readouterr()  # building the model's progress bars
+    assert main(["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
+                 "--prior", str(tmp_path), "where is it"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"tqc predict: error: --prior {tmp_path}: not a file (`dvc repro` "
+                                                     "writes models/prior.json; --prior none: no shift)"]
