@@ -667,8 +667,8 @@ def _question_file_lines(path: Path, column: str | None) -> list[tuple[int, str]
     from tqc.readers import TABLE_SUFFIXES, MissingColumns, ReaderError, decode_bytes, read_texts, split_lines
 
     if str(path) != "-" and path.suffix.lower() in TABLE_SUFFIXES:
-        try:
-            return read_texts(path, column or DEFAULT_QUESTION_COLUMN)
+        try:  # --column "" names no column: refused, not read as the default one
+            return read_texts(path, DEFAULT_QUESTION_COLUMN if column is None else column)
         except MissingColumns as exc:  # a CSV's header, a JSONL record
             raise ConfigError(f"{exc}: --column names the column holding the questions") from None
     if column is not None:  # else a table piped in would have its header and every raw line answered as questions

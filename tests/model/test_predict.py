@@ -997,3 +997,12 @@ def test_a_prior_that_is_a_folder_is_refused_in_a_line_naming_the_option(tiny_mo
                  "--prior", str(tmp_path), "where is it"]) == 2
     assert capsys.readouterr().err.splitlines() == [f"tqc predict: error: --prior {tmp_path}: not a file (`dvc repro` "
                                                      "writes models/prior.json; --prior none: no shift)"]
+
+
+def test_an_empty_column_is_refused_not_read_as_the_default_one(tmp_path, capsys):
+    """`--column "$COL"` with COL unset read the `text` column, another than the one asked for, and said nothing.
+    Refused with the header, before any model is loaded."""
+    (tmp_path / "batch.csv").write_text("text,utterance\nwhere is paris,who wrote it\n")
+    assert main(["predict", "--model", str(tmp_path / "nowhere"), "--file", str(tmp_path / "batch.csv"),
+                 "--column", ""]) == 2
+    assert "batch.csv, line 1: missing column(s) ['']: the header has ['text', 'utterance']" in capsys.readouterr().err
