@@ -676,7 +676,7 @@ def _question_file_lines(path: Path, column: str | None) -> list[tuple[int, str]
                           "only a --file ending .csv or .jsonl is read as a table (save stdin to one)")
     if str(path) == "-":
         name, raw = "stdin", sys.stdin.buffer.read()  # bytes: the locale's decoder would let bad bytes through or crash
-    elif not path.is_file():
+    elif path.is_dir() or not path.exists():  # a pipe is read: the shell's `--file <(cut -f1 batch.tsv)` names one
         raise ConfigError(f"--file {path}: not a file" if path.exists() else f"--file {path}: no such file")
     else:
         name, raw = str(path), path.read_bytes()

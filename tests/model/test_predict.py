@@ -1006,3 +1006,22 @@ def test_an_empty_column_is_refused_not_read_as_the_default_one(tmp_path, capsys
     assert main(["predict", "--model", str(tmp_path / "nowhere"), "--file", str(tmp_path / "batch.csv"),
                  "--column", ""]) == 2
     assert "batch.csv, line 1: missing column(s) ['']: the header has ['text', 'utterance']" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/dev/fd").is_dir(), reason="no /dev/fd: the shell's process substitution names one")
+def test_a_question_file_that_is_a_pipe_is_read(tiny_model_dir, tmp_path, capsys):
+    """`--file <(cut -f1 batch.tsv)`, the shell's process substitution, names a pipe (/dev/fd/63), which was refused
+    as "not a file"; a folder still is."""
+    import os
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"where is paris\nwho wrote it\n")
+    os.close(write_end)
+    try:
+        assert main(["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
+                     "--file", f"/dev/fd/{read_end}"]) == 0
+    finally:
+        os.close(read_end)
+    assert [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()] == ["where is paris", "who wrote it"]
