@@ -84,8 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "no gate (a rollback, or a rejected version you have judged); the tags follow")
     set_champion.add_argument("version", type=_version_number, help="the version of promote.model_name in the registry")
     commands.add_parser("check-inputs", help="the folders dvc.yaml's ingest stage depends on through params.yaml "
-                        "(data.data_dir, data.additions) exist: `make run` checks them before `dvc repro`, which would "
-                        "stop on a missing one naming its path but not the setting")
+                        "(data.data_dir, data.additions) exist, a relative one from the params file's folder as DVC reads it "
+                        "from dvc.yaml's: `make run` checks them before `dvc repro`, which would stop on a missing one "
+                        "naming its path but not the setting")
     fetch = commands.add_parser("fetch", help="download the public datasets (needs network), verified by SHA-256")
     fetch.add_argument("--dest", type=Path, required=True)
     fetch.add_argument("--verify-only", action="store_true", help="check the files already in --dest; no network")
@@ -278,18 +279,28 @@ def _check_inputs(args: argparse.Namespace, params: Params) -> None:
     stage runs, with "failed to reproduce 'ingest': [Errno 2] No such file or directory: PATH" (on a null additions,
     "unexpected error"), which names neither the setting nor the way out, and deletes ingest's report on the way."""
     data, missing = params.data, []
-    if not Path(data.data_dir).exists():
-        fetch = f", or fetch the public datasets there: .venv/bin/tqc fetch --dest {data.data_dir}" if data.dataset != "custom" else ""
-        missing.append(f"data.data_dir {data.data_dir!r}: no folder {Path(data.data_dir).resolve()} (point it at your "
+    # DVC resolves a dependency from dvc.yaml's folder, the one params.yaml is in, wherever `dvc repro` is started
+    folder = args.params.resolve().parent
+    data_dir = folder / data.data_dir
+    if not data_dir.exists():
+        fetch = (f", or fetch the public datasets there: .venv/bin/tqc fetch --dest {_as_given(data.data_dir, data_dir)}"
+                 if data.dataset != "custom" else "")
+        missing.append(f"data.data_dir {data.data_dir!r}: no folder {data_dir.resolve()} (point it at your "
                        f"data{fetch})")
     if data.additions is None:
         missing.append("data.additions is not set (the retrain flow's merged rows: data/raw, as in git)")
-    elif not Path(data.additions).exists():
-        missing.append(f"data.additions {data.additions!r}: no folder {Path(data.additions).resolve()} (the retrain "
-                       f"flow's merged rows: mkdir -p {data.additions}, or data/raw, as in git)")
+    elif not (additions := folder / data.additions).exists():
+        missing.append(f"data.additions {data.additions!r}: no folder {additions.resolve()} (the retrain "
+                       f"flow's merged rows: mkdir -p {_as_given(data.additions, additions)}, or data/raw, as in git)")
     if missing:
         raise ConfigError(f"{args.params}: {'; '.join(missing)}: dvc.yaml's ingest depends on {'it' if len(missing) == 1 else 'both'}, so `dvc repro` would "
                           "stop before any stage runs, naming only the path")
+
+
+def _as_given(setting: str, path: Path) -> str:
+    """A folder for a command to run here: the setting as written where it means the same from the working directory
+    (`make run`, in the project), else the folder itself."""
+    return setting if Path(setting).resolve() == path.resolve() else str(path.resolve())
 
 
 def _fetch(args: argparse.Namespace) -> None:

@@ -134,13 +134,16 @@ def test_make_run_checks_the_folders_ingest_depends_on_through_params_before_dvc
 
 
 def test_check_inputs_names_the_setting_of_a_missing_folder_and_passes_when_there(tmp_path, monkeypatch, capsys):
+    import shutil
+
     from tqc.cli import main
 
-    monkeypatch.chdir(tmp_path)
-    params = ["--params", str(DVC_YAML.parent / "params.yaml")]
+    shutil.copy(DVC_YAML.parent / "params.yaml", tmp_path / "params.yaml")
+    monkeypatch.chdir(tmp_path)  # as `make run` runs it: in the folder of params.yaml and dvc.yaml
+    params = ["--params", "params.yaml"]
     assert main([*params, "--set", "data.data_dir=../datasetz", "check-inputs"]) == 2
     error = capsys.readouterr().err
-    assert error.startswith(f"tqc check-inputs: error: {DVC_YAML.parent / 'params.yaml'}: data.data_dir '../datasetz': no "
+    assert error.startswith("tqc check-inputs: error: params.yaml: data.data_dir '../datasetz': no "
                             f"folder {tmp_path.parent / 'datasetz'} (point it at your data, or fetch the public datasets "
                             "there: .venv/bin/tqc fetch --dest ../datasetz); data.additions 'data/raw': no folder ")
     assert error.endswith("dvc.yaml's ingest depends on both, so `dvc repro` would stop before any stage runs, naming "
@@ -150,3 +153,27 @@ def test_check_inputs_names_the_setting_of_a_missing_folder_and_passes_when_ther
     assert "data.additions" not in capsys.readouterr().err
     assert main([*params, "--set", f"data.data_dir={tmp_path}", "check-inputs"]) == 0
     assert not capsys.readouterr().err
+
+
+def test_check_inputs_resolves_relative_folders_from_the_params_files_folder_as_dvc_does(tmp_path, monkeypatch, capsys):
+    """DVC resolves `${data.data_dir}` from dvc.yaml's folder, beside params.yaml, wherever `dvc repro` is started;
+    check-inputs resolved it from the working directory: run from elsewhere it refused folders that are there and
+    passed ones DVC would not find, and its `mkdir -p` hint made the folder in the wrong place."""
+    import shutil
+
+    from tqc.cli import main
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    for folder in (project / "datasets", project / "data" / "raw", elsewhere):
+        folder.mkdir(parents=True)
+    shutil.copy(DVC_YAML.parent / "params.yaml", project / "params.yaml")
+    monkeypatch.chdir(elsewhere)
+    params = ["--params", str(project / "params.yaml"), "--set", "data.data_dir=datasets"]
+    assert main([*params, "check-inputs"]) == 0
+    assert not capsys.readouterr().err
+    shutil.rmtree(project / "data")
+    (elsewhere / "data" / "raw").mkdir(parents=True)  # where the working directory would find it, and DVC would not
+    assert main([*params, "check-inputs"]) == 2
+    error = capsys.readouterr().err
+    assert f"data.additions 'data/raw': no folder {project / 'data' / 'raw'} " in error
+    assert f"mkdir -p {project / 'data' / 'raw'}," in error
