@@ -280,7 +280,7 @@ def _check_inputs(args: argparse.Namespace, params: Params) -> None:
     "unexpected error"), which names neither the setting nor the way out, and deletes ingest's report on the way."""
     data, missing = params.data, []
     # DVC resolves a dependency from dvc.yaml's folder, the one params.yaml is in, wherever `dvc repro` is started
-    folder = args.params.resolve().parent
+    folder = args.params.absolute().parent  # not resolve(): a params.yaml that links elsewhere is read beside dvc.yaml
     data_dir = folder / data.data_dir
     if not data_dir.exists():
         fetch = (f", or fetch the public datasets there: .venv/bin/tqc fetch --dest {_as_given(data.data_dir, data_dir)}"

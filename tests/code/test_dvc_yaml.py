@@ -177,3 +177,19 @@ def test_check_inputs_resolves_relative_folders_from_the_params_files_folder_as_
     error = capsys.readouterr().err
     assert f"data.additions 'data/raw': no folder {project / 'data' / 'raw'} " in error
     assert f"mkdir -p {project / 'data' / 'raw'}," in error
+
+
+def test_check_inputs_reads_a_linked_params_file_from_where_the_link_stands(tmp_path, monkeypatch, capsys):
+    """A params.yaml beside dvc.yaml that links to a file kept elsewhere is read by DVC there, beside dvc.yaml."""
+    import shutil
+
+    from tqc.cli import main
+
+    project, kept = tmp_path / "project", tmp_path / "kept"
+    for folder in (project / "datasets", project / "data" / "raw", kept):
+        folder.mkdir(parents=True)
+    shutil.copy(DVC_YAML.parent / "params.yaml", kept / "params.yaml")
+    (project / "params.yaml").symlink_to(kept / "params.yaml")
+    monkeypatch.chdir(project)
+    assert main(["--params", "params.yaml", "--set", "data.data_dir=datasets", "check-inputs"]) == 0
+    assert not capsys.readouterr().err
