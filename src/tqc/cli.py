@@ -687,7 +687,8 @@ def _question_file_lines(path: Path, column: str | None) -> list[tuple[int, str]
                           "only a --file ending .csv or .jsonl is read as a table (save stdin to one)")
     if str(path) == "-":
         name, raw = "stdin", sys.stdin.buffer.read()  # bytes: the locale's decoder would let bad bytes through or crash
-    elif path.is_dir() or not path.exists():  # a pipe is read: the shell's `--file <(cut -f1 batch.tsv)` names one
+    # a pipe is read (the shell's `--file <(cut -f1 batch.tsv)` names one); a device is not: /dev/zero never ends
+    elif not (path.is_file() or path.is_fifo()):
         raise ConfigError(f"--file {path}: not a file" if path.exists() else f"--file {path}: no such file")
     else:
         name, raw = str(path), path.read_bytes()

@@ -1025,3 +1025,16 @@ def test_a_question_file_that_is_a_pipe_is_read(tiny_model_dir, tmp_path, capsys
     finally:
         os.close(read_end)
     assert [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()] == ["where is paris", "who wrote it"]
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
+def test_a_question_file_that_is_a_device_is_refused_before_it_is_read(tmp_path, monkeypatch, capsys):
+    """Reading a pipe let any path that is neither a folder nor missing be read: `--file /dev/zero` read until memory
+    ran out (a MemoryError traceback). A device is refused as "not a file", as before pipes were read."""
+    def never(self):
+        raise AssertionError(f"read {self}")
+
+    monkeypatch.setattr(Path, "read_bytes", never)  # the old code's endless read, stopped at once
+    for device in ("/dev/zero", "/dev/null"):
+        assert main(["predict", "--model", str(tmp_path / "nowhere"), "--file", device]) == 2, device
+        assert capsys.readouterr().err.splitlines() == [f"tqc predict: error: --file {device}: not a file"]
