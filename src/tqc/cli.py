@@ -70,8 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("evaluate", help="score ADMC and its baselines; write metrics and plots")
     _paths(evaluate, "data", "train", "stage-one", "stage-two", "nc", "prior", "metrics", "classes", "plots", "predictions")
     evaluate.add_argument("--validation-report", type=Path, help="the validate stage's report, logged with the run")
-    _paths(commands.add_parser("promote", help="register the stage-two model; move the champion alias if it wins"),
-           "data", "model", "prior", "report")
+    promote = commands.add_parser("promote", help="register the stage-two model; move the champion alias if it wins")
+    _paths(promote, "data", "model", "prior", "report")
+    promote.add_argument("--registered", type=Path, help="also write which registry holds the model, as which version "
+                         "(dvc.yaml: a cached output, never in git, so a fresh clone's dvc repro registers it there)")
     trained_on = commands.add_parser("trained-on", help="give a registered version from before versions recorded what "
                                      "they learnt from that record, so promote leaves those questions out of its judging")
     trained_on.add_argument("--version", required=True, type=_version_number,
@@ -425,7 +427,7 @@ def _promote(args: argparse.Namespace, params: Params) -> None:
 
     with stage_run("promote", params, [args.data, args.model, args.prior]) as tracker:
         promote.run(args.data, args.model, args.prior, params.promote, args.report, tracker, params.seed,
-                    params.evaluate.exemplar_k)
+                    params.evaluate.exemplar_k, registered_path=args.registered)
 
 
 def _trained_on(args: argparse.Namespace, params: Params) -> None:

@@ -137,3 +137,6 @@ def check_mlflow_records_both_repros(project: Path) -> None:
     promotion = json.loads((project / "reports" / "promotion.json").read_text())
     assert promotion["promoted"] and promotion["challenger_version"] == "1"
     assert str(client.get_model_version_by_alias("tqc-admc", "champion").version) == "1"
+    # promote's cached record of it: what a fresh clone lacks, so its dvc repro registers the model there too
+    registered = json.loads((project / "models" / "registered.json").read_text())
+    assert registered["version"] == registered["alias_version"] == "1" and registered["registry"].startswith("sqlite:///")

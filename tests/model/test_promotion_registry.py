@@ -117,6 +117,38 @@ def test_promote_without_tracking_says_so(data_dir, tmp_path):
     assert {"model_name", "alias", "challenger_version", "rule", "champion_version_after"} <= report.keys()  # the usual layout
 
 
+def test_promote_writes_which_registry_holds_the_model_as_which_version(tiny_model_dir, data_dir, tmp_path, registry):
+    """dvc.yaml's cached, git-ignored record of the registration (`--registered`): the registry (its URI's password
+    redacted), the version registered and the alias holder; with tracking off, that none holds it."""
+    from tqc.tracking import Tracker
+
+    model_dir = untrained(tiny_model_dir, tmp_path / "model")
+    with standalone_run("promote", registry) as tracker:
+        promote.run(data_dir, model_dir, None, PromoteParams(bootstrap_samples=100), tmp_path / "promotion.json", tracker,
+                    registered_path=tmp_path / "registered.json")
+    assert json.loads((tmp_path / "registered.json").read_text()) == {
+        "registry": registry.uri, "model_name": "tqc-admc", "version": "1", "alias": "champion", "alias_version": "1"}
+    promote.run(data_dir, model_dir, None, PromoteParams(), tmp_path / "promotion.json", Tracker(None),
+                registered_path=tmp_path / "off.json")
+    assert json.loads((tmp_path / "off.json").read_text())["registry"] is None
+
+
+def test_a_fresh_clone_s_dvc_repro_runs_promote_so_its_registry_holds_the_model():
+    """Every input of promote matched dvc.lock in a fresh clone (training is deterministic, promotion.json is in git),
+    so `make run` skipped promote and left the clone's registry empty: `tqc predict --model models:/tqc-admc@champion`
+    found nothing. An output DVC caches and git ignores is missing in a fresh clone, so promote runs there."""
+    import subprocess
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    stage = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["promote"]
+    cached = [out for out in stage["outs"] if isinstance(out, str) or next(iter(out.values())).get("cache", True)]
+    assert cached == ["models/registered.json"] and "--registered models/registered.json" in stage["cmd"]
+    ignored = subprocess.run(["git", "check-ignore", "-q", "models/registered.json"], cwd=root)
+    assert ignored.returncode == 0  # never in git, so missing in a fresh clone
+
+
 def test_the_promote_stage_reruns_when_tracking_changes():
     import yaml
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tqc.config import ConfigError, PromoteParams
+from tqc.config import ConfigError, PromoteParams, redact_text
 from tqc.io import write_json
 from tqc.promotion import Decision, class_changes, decide, refresh_changes_rule, tail_classes
 from tqc.schema import Catalog, LabeledQuestion, load_questions
@@ -33,7 +33,8 @@ class ChampionUnavailable(RuntimeError):
 
 
 def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: PromoteParams, report_path: Path, tracker: Tracker,
-        seed: int = 0, exemplar_k: int = 2, refresh: bool = False, refreshed_from: str | None = None) -> dict:
+        seed: int = 0, exemplar_k: int = 2, refresh: bool = False, refreshed_from: str | None = None,
+        registered_path: Path | None = None) -> dict:
     """`prior_path`: the prior stage's file, registered with the model so that it serves with its class-prior shift.
     With `params.rule` exemplars the version serves the exemplar rule instead: the validated training rows
     (`data_dir`/train.jsonl, what evaluate scored it with) and `exemplar_k` (evaluate's), and no shift. With auto it
@@ -46,7 +47,9 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
 
     The gate judges on the validation questions neither model learnt from: each version registers the questions it
     learnt from (`serving.TRAINED_ON`), and a champion's may be in this validation split (data grown, or a split
-    drawn another way since), where it would answer them from memory."""
+    drawn another way since), where it would answer them from memory.
+
+    `registered_path`: where to write which registry holds the challenger, and as which version (`_write_registered`)."""
     if not tracker.active:
         # promotion.json's usual keys, nothing registered: a reviewer's diff shows what changed, not a new layout
         report = {"model_name": params.model_name, "alias": params.alias, "challenger_version": None, "rule": params.rule,
@@ -54,6 +57,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
                   "promoted": False,
                   "reasons": ["tracking is disabled (tracking.enabled: false): no registry to promote in"]}
         write_json(report_path, report)
+        _write_registered(registered_path, None, report)
         log.warning("promote: %s", report["reasons"][0])
         return report
     offline_mlflow()
@@ -156,10 +160,22 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     elif not is_champion and (rolled_back is None or rolled_back[0] != version):  # one rolled back keeps its tags:
         # superseded, and by whom
         client.set_model_version_tag(params.model_name, version, "promotion", "incomparable" if incomparable else "rejected")
+    _write_registered(registered_path, mlflow.get_tracking_uri(), report)
     log.info("promote: %s v%s %s; %s", params.model_name, version,
              f"is now {params.alias}" if decision.promote else f"not promoted ({params.alias} stays v{champion_version})",
              "; ".join(decision.reasons))
     return report
+
+
+def _write_registered(path: Path | None, registry_uri: str | None, report: dict) -> None:
+    """The registry this run registered the challenger in, its version and the alias holder after: a DVC output that is
+    cached but never in git. The registry lives outside DVC, so `reports/promotion.json` (in git) alone would let
+    `dvc repro` in a fresh clone, whose inputs all match dvc.lock, skip promote and leave that machine's registry
+    empty; this file is missing there, so promote runs. A second `dvc repro` on the same machine finds it and skips."""
+    if path is not None:
+        write_json(path, {"registry": redact_text(registry_uri) if registry_uri else None,
+                          "model_name": report["model_name"], "version": report["challenger_version"],
+                          "alias": report["alias"], "alias_version": report["champion_version_after"]})
 
 
 def _served_rule(asked: str, model_dir: Path, data_dir: Path, prior_path: Path | None, exemplar_k: int,
