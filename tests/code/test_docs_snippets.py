@@ -32,3 +32,16 @@ def test_tracking_md_tunes_from_python_as_written(monkeypatch, capsys):
     exec(python_block_after(ROOT / "docs" / "tracking.md", "From Python, without DVC"), {})
     assert len(called) == 1 and called[0]["trials"] == 2
     assert capsys.readouterr().out == "{'mine': {'k': 7}}\n"
+
+
+def test_docs_force_one_stage_only_with_single_item():
+    """`dvc repro -f promote` reruns every stage upstream of promote too (DVC forces the whole pipeline up to its
+    target unless -s): docs/tracking.md told a user to register in a local registry that way, which retrains all."""
+    forced = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for span in re.findall(r"`(dvc repro[^`]*)`", doc.read_text(encoding="utf-8")):
+            words = span.split()  # an inline span may break across lines
+            if {"-f", "--force"} & set(words) and any(not w.startswith("-") for w in words[2:]):
+                forced.append((doc.name, " ".join(words)))
+    assert forced  # the docs do force single stages; each must say -s
+    assert [f for f in forced if not {"-s", "--single-item"} & set(f[1].split())] == []
