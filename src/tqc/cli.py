@@ -633,17 +633,11 @@ def _say_cut(matcher, asked: list[tuple[str, int, str]]) -> None:
 def _argument_questions(arguments: list[str]) -> list[tuple[int, str]]:
     """(position, text) of the question arguments. Bytes of one that are not UTF-8 (a Latin-1 terminal's "é") reach
     Python as lone surrogates (argv's surrogateescape), which the tokenizer refuses with a TypeError: they are read
-    as `--file` reads such bytes, as Windows-1252 with a warning naming the argument."""
+    as `--file` reads such bytes, as Windows-1252 with a warning naming the argument (`decode_argument`)."""
     from tqc.readers import decode_argument
 
-    numbered = []
-    for position, text in enumerate(arguments, start=1):
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            text = decode_argument(text.encode("utf-8", "surrogateescape"), f"question argument {position}")
-        numbered.append((position, text))
-    return numbered
+    return [(position, decode_argument(text, f"question argument {position}"))
+            for position, text in enumerate(arguments, start=1)]
 
 
 def _file_name(path: Path | None) -> str:

@@ -116,10 +116,11 @@ def decode_bytes(raw: bytes, name: str) -> str:
     return _without_line_boms(_decoded(raw, name))
 
 
-def decode_argument(raw: bytes, name: str) -> str:
-    """`raw` (a command-line argument's bytes, called `name` in the warning) as a file's line is decoded: UTF-8, an
-    invalid stretch as Windows-1252. No byte-order mark is sought: an argument's "ÿþ" (FF FE) is its text."""
-    text, had_invalid_bytes = _utf8_with_single_byte_strays(raw)
+def decode_argument(argument: str, name: str) -> str:
+    """A command-line argument (called `name` in the warning) as a file's line is decoded: UTF-8, an invalid stretch
+    as Windows-1252. argv hands bytes that are not UTF-8 over as lone surrogates (surrogateescape), which the tokenizer
+    refuses; a valid argument comes back as it was. No byte-order mark is sought: an argument's "ÿþ" is its text."""
+    text, had_invalid_bytes = _utf8_with_single_byte_strays(argument.encode("utf-8", "surrogateescape"))
     if had_invalid_bytes:
         log.warning("%s: not valid UTF-8; read its invalid bytes as Windows-1252 (Latin-1 where it has no character), "
                     "the rest as UTF-8", name)
