@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import tiny_params, write_custom_dataset
+from tests.conftest import dvc_init, tiny_params, write_custom_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -35,7 +35,7 @@ def project(tmp_path, tiny_model_dir) -> Path:
     write_custom_dataset(tmp_path / "raw")
     (project / "params.yaml").write_text(yaml.safe_dump(tiny_params(tmp_path / "raw", tiny_model_dir)))
     run(["git", "init", "-q"], project)
-    run([sys.executable, "-m", "dvc", "init", "-q"], project)
+    dvc_init(project)
     return project
 
 

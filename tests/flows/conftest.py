@@ -13,7 +13,7 @@ from unittest import mock
 import pytest
 import yaml
 
-from tests.conftest import CLASSES, NOUNS, tiny_params, write_custom_dataset
+from tests.conftest import CLASSES, NOUNS, dvc_init, tiny_params, write_custom_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 PREFECT = [str(Path(sys.executable).parent / "prefect"), "--no-prompt"]
@@ -86,7 +86,7 @@ def project(tmp_path, tiny_model_dir, monkeypatch) -> Path:
     monkeypatch.chdir(project)
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     subprocess.run(["git", "init", "-q"], check=True)
-    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], check=True)
+    dvc_init(project)
     return project  # MLflow's global state is put back by the autouse fixture in tests/conftest.py
 
 

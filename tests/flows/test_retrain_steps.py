@@ -723,3 +723,30 @@ def test_a_journal_written_before_moves_carried_their_sha256_still_rolls_back(tm
         update={"work_dir": str(tmp_path / "work")})
     assert steps.roll_back_interrupted_commit(params)  # a KeyError named nothing, and stopped every later run
     assert (tmp_path / "inbox" / "a.csv").exists() and not directory.exists()
+
+
+def test_the_data_version_is_recorded_only_in_a_dvc_project_and_pushed_only_where_a_remote_is_named(tmp_path, monkeypatch, caplog):
+    import subprocess
+
+    from tests.conftest import dvc_init
+
+    data = tmp_path / "labeled.jsonl"
+    data.write_text('{"text": "where is paris", "class_id": "LOC"}\n')
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="tqc.retrain"):
+        assert steps._dvc_record([data], push=True) == {"added": [], "pushed": False}  # not a DVC project
+    assert "not inside a DVC repository" in caplog.text and not Path(f"{data}.dvc").exists()
+
+    subprocess.run(["git", "init", "-q"], check=True)
+    dvc_init(tmp_path)
+    assert steps._dvc_record([data], push=True) == {"added": [f"{data}.dvc"], "pushed": False}  # no remote named
+    (tmp_path / "remote").mkdir()
+    # named in the local config, which `dvc remote list` reads too
+    (tmp_path / ".dvc" / "config.local").write_text(f"[core]\n    remote = store\n['remote \"store\"']\n    url = {tmp_path / 'remote'}\n")
+    data.write_text(data.read_text() + '{"text": "who is the person", "class_id": "HUM"}\n')
+    assert steps._dvc_record([data], push=True)["pushed"] and any((tmp_path / "remote").rglob("*"))
+
+    (tmp_path / ".dvc" / "config.local").write_text("[core\n")  # unreadable: one line naming the command, no traceback
+    with pytest.raises(steps.RetrainCommitError, match=r"^dvc remote list failed: ") as failure:
+        steps._has_remote()
+    assert "\n" not in str(failure.value)
