@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--exemplar-k", type=int, default=None, help=f"with --exemplars: k (default {EvaluateParams().exemplar_k}, evaluate.exemplar_k's)")
     predict.add_argument("--exemplar-cache", default=None,
                          help="with --exemplars: a folder keeping their encoded vectors between calls, keyed by the "
-                              "model's and the file's sha256 (default $XDG_CACHE_HOME/tqc/exemplars, or "
+                              "sha256 of the model and of the questions read from the file, so an edited file "
+                              "encodes again (default $XDG_CACHE_HOME/tqc/exemplars, or "
                               "~/.cache/tqc/exemplars; none: encode every call)")
     bench = commands.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument("what", choices=["epochs", "passes", "validate", "read", "serve"], help="epochs: seconds per epoch, stage one vs stage "
