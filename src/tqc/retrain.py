@@ -758,8 +758,8 @@ def _dvc_record(paths: list[Path], push: bool) -> dict:
     if not _in_dvc_repo():
         log.warning("retrain: not inside a DVC repository; %s not versioned", ", ".join(map(str, paths)))
         return {"added": [], "pushed": False}
+    pushed = push and _remote_to_push_to() is not None  # before the add: a push bound to fail refuses the commit first
     _dvc("add", *map(str, paths))
-    pushed = push and _has_remote()
     if pushed:
         _dvc("push", *(f"{p}.dvc" for p in paths))
     return {"added": [f"{p}.dvc" for p in paths], "pushed": pushed}
@@ -788,15 +788,23 @@ def _in_dvc_repo() -> bool:
     return True
 
 
-def _has_remote() -> bool:
-    """Whether a remote is named at any of DVC's config levels (system, global, project, local)."""
+def _remote_to_push_to() -> str | None:
+    """The default remote `dvc push` sends to; None where no remote is named at any of DVC's config levels (system,
+    global, project, local). Remotes with none of them the default: `dvc push` would stop on "no remote specified"
+    once the data is added, so the commit is refused here, saying how to choose one."""
     from dvc.config import Config
     from dvc.exceptions import DvcException
 
     try:
-        return bool(Config.from_cwd()["remote"])
+        config = Config.from_cwd()
     except DvcException as error:  # an unreadable config: one line, as _dvc says a failed command
         raise RetrainCommitError(f"dvc remote list failed: {error}") from None
+    remotes = sorted(config["remote"])
+    if remotes and not config["core"].get("remote"):
+        raise RetrainCommitError(f"retrain.push is true and DVC names remote(s) {', '.join(remotes)} but no default one, "
+                                 "so dvc push would not know where to send the data: make one the default with "
+                                 "`dvc remote default NAME`, or set retrain.push: false")
+    return config["core"].get("remote") if remotes else None
 
 
 def why_nothing_was_accepted(staged: Staged, repeats: list[Incoming], quarantine: Path) -> str:

@@ -746,7 +746,16 @@ def test_the_data_version_is_recorded_only_in_a_dvc_project_and_pushed_only_wher
     data.write_text(data.read_text() + '{"text": "who is the person", "class_id": "HUM"}\n')
     assert steps._dvc_record([data], push=True)["pushed"] and any((tmp_path / "remote").rglob("*"))
 
+    # remotes, none of them the default: refused before anything is added, saying how to choose one
+    (tmp_path / ".dvc" / "config.local").write_text(f"['remote \"store\"']\n    url = {tmp_path / 'remote'}\n")
+    before = Path(f"{data}.dvc").read_text()
+    data.write_text(data.read_text() + '{"text": "how many are there", "class_id": "NUM"}\n')
+    with pytest.raises(steps.RetrainCommitError, match=r"names remote\(s\) store but no default one.*dvc remote default NAME"):
+        steps._dvc_record([data], push=True)
+    assert Path(f"{data}.dvc").read_text() == before  # not added
+    assert steps._dvc_record([data], push=False)["added"]  # never pushing, the remotes do not matter
+
     (tmp_path / ".dvc" / "config.local").write_text("[core\n")  # unreadable: one line naming the command, no traceback
     with pytest.raises(steps.RetrainCommitError, match=r"^dvc remote list failed: ") as failure:
-        steps._has_remote()
+        steps._remote_to_push_to()
     assert "\n" not in str(failure.value)
