@@ -694,8 +694,13 @@ def _free_name(path: Path) -> Path:
 
 def _restage(paths: list[Path]) -> None:
     """DVC's autostage git-added what `dvc add` wrote: the index follows the files put back."""
-    autostage = subprocess.run([*DVC, "config", "core.autostage"], capture_output=True, text=True)
-    if autostage.returncode != 0 or autostage.stdout.strip().lower() != "true":
+    from dvc.config import Config
+    from dvc.exceptions import DvcException
+
+    try:
+        if not Config.from_cwd()["core"].get("autostage"):
+            return
+    except DvcException:  # an unreadable config: `dvc add` could not have staged anything either
         return
     present, absent = [str(p) for p in paths if p.exists()], [str(p) for p in paths if not p.exists()]
     if present:
