@@ -763,7 +763,7 @@ def _dvc_record(paths: list[Path], push: bool) -> dict:
     if not _in_dvc_repo():
         log.warning("retrain: not inside a DVC repository; %s not versioned", ", ".join(map(str, paths)))
         return {"added": [], "pushed": False}
-    pushed = push and _remote_to_push_to() is not None  # before the add: a push bound to fail refuses the commit first
+    pushed = push and _has_default_remote()  # before the add: a push bound to fail refuses the commit first
     _dvc("add", *map(str, paths))
     if pushed:
         _dvc("push", *(f"{p}.dvc" for p in paths))
@@ -780,8 +780,9 @@ def _dvc(command: str, *arguments: str) -> str:
     return done.stdout
 
 
-# The two checks below read DVC's files in this process, as `dvc root` and `dvc remote list` would: a dvc process
-# for each took about a second of every data commit. `dvc add` and `dvc push`, which do the work, stay processes.
+# The two checks below, and _restage's, read DVC's files in this process, as `dvc root`, `dvc remote list` and `dvc
+# config` would: a dvc process for each took about a second of every data commit. `dvc add` and `dvc push`, which do
+# the work, stay processes.
 def _in_dvc_repo() -> bool:
     from dvc.exceptions import NotDvcRepoError
     from dvc.repo import Repo
@@ -793,10 +794,10 @@ def _in_dvc_repo() -> bool:
     return True
 
 
-def _remote_to_push_to() -> str | None:
-    """The default remote `dvc push` sends to; None where no remote is named at any of DVC's config levels (system,
-    global, project, local). Remotes with none of them the default: `dvc push` would stop on "no remote specified"
-    once the data is added, so the commit is refused here, saying how to choose one."""
+def _has_default_remote() -> bool:
+    """Whether `dvc push` has a remote to send to; False where no remote is named at any of DVC's config levels
+    (system, global, project, local). Remotes with none of them the default: `dvc push` would stop on "no remote
+    specified" once the data is added, so the commit is refused here, saying how to choose one."""
     from dvc.config import Config
     from dvc.exceptions import DvcException
 
@@ -809,7 +810,7 @@ def _remote_to_push_to() -> str | None:
         raise RetrainCommitError(f"retrain.push is true and DVC names remote(s) {', '.join(remotes)} but no default one, "
                                  "so dvc push would not know where to send the data: make one the default with "
                                  "`dvc remote default NAME`, or set retrain.push: false")
-    return config["core"].get("remote") if remotes else None
+    return bool(remotes)
 
 
 def why_nothing_was_accepted(staged: Staged, repeats: list[Incoming], quarantine: Path) -> str:

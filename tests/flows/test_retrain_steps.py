@@ -757,5 +757,5 @@ def test_the_data_version_is_recorded_only_in_a_dvc_project_and_pushed_only_wher
 
     (tmp_path / ".dvc" / "config.local").write_text("[core\n")  # unreadable: one line naming the command, no traceback
     with pytest.raises(steps.RetrainCommitError, match=r"^dvc remote list failed: ") as failure:
-        steps._remote_to_push_to()
+        steps._has_default_remote()
     assert "\n" not in str(failure.value)
