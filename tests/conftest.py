@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path

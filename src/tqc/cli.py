@@ -24,7 +24,7 @@ from typing import Callable
 from tqc.config import ConfigError, DatasetName, EvaluateParams, Params, load_params, redact_text
 from tqc.errors import input_errors, registry_errors
 from tqc.launched import LOG_FORMAT, record_input_error
-from tqc.text import has_words
+from tqc.text import first_of, has_words
 from tqc.tracking import LOCAL_STORE, offline_mlflow, stage_run
 
 
@@ -523,7 +523,7 @@ def _ablate(args: argparse.Namespace, params: Params) -> None:
     missing = [r.cell.name for r in results if r.status == "missing"]
     if not missing:
         return
-    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    shown = first_of(missing, 5)
     if args.report_only:  # tabulating what has run: cells that have not are expected, and marked in the table
         print(f"tqc ablate: {len(missing)} cell(s) have no experiment here and no record in {args.out / 'ablations.json'}: "
               f"marked missing in the table ({shown}); name the grids whose cells ran (--grid, --where), or another --out",
@@ -619,13 +619,13 @@ def _predict(args: argparse.Namespace) -> None:
 def _say_cut(matcher, asked: list[tuple[str, int, str]]) -> None:
     """One warning for the questions (where, position, text) the model cuts at its max_length, named by argument or
     line: the matcher, which would name them by their row in each chunk it is given, says none."""
-    from tqc.serving import listed, say_cut
+    from tqc.serving import say_cut
 
     def where(cut: list[int]) -> str:
         positions: dict[str, list[int]] = {}
         for i in cut:
             positions.setdefault(asked[i][0], []).append(asked[i][1])
-        return "; ".join(f"{source} {listed(numbers)}" for source, numbers in positions.items())
+        return "; ".join(f"{source} {first_of(numbers)}" for source, numbers in positions.items())
 
     matcher.says_cut = False
     say_cut(matcher.model.question, [text for _, _, text in asked], where)
@@ -656,13 +656,11 @@ def _scored(numbered: list[tuple[int, str]], where: str, others: str) -> list[tu
     """The (position, question) pairs of (position, text) ones, stripped. A blank one (whitespace, invisible or control
     characters alone, which the model would still answer: `has_words`) is not scored, and said with its position, since
     the answers then no longer line up with the arguments or the file's lines."""
-    from tqc.serving import listed
-
     worded = [has_words(text) for _, text in numbered]
     blank = [position for (position, _), words in zip(numbered, worded) if not words]
     if blank:
         logging.getLogger(__name__).warning("%s %s have no question: not scored, so the answers follow the other %s",
-                                            where, listed(blank), others)
+                                            where, first_of(blank), others)
     return [(position, text.strip()) for (position, text), words in zip(numbered, worded) if words]
 
 

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, TypeVar
 
 from tqc.config import CustomData, DataParams
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, file_and_line
-from tqc.text import has_words, normalise
+from tqc.text import first_of, has_words, normalise
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")  # what a reader wrapped by `_naming_settings` returns
@@ -147,7 +147,7 @@ def _decoded(raw: bytes, path: Path | str) -> str:
         if had_invalid_bytes:
             misread.append(index // 2 + 1)
     log.warning("%s: line(s) %s not valid UTF-8; read their invalid bytes as Windows-1252 (Latin-1 where it has no "
-                "character), the rest as UTF-8", path, _first_ten(misread))
+                "character), the rest as UTF-8", path, first_of(misread))
     return "".join(decoded)
 
 
@@ -185,12 +185,6 @@ def _unicode(raw: bytes, encoding: str, path: Path | str) -> str:
     return text
 
 
-def _first_ten(line_numbers: list[int]) -> str:
-    """"3, 8, … and 4 more": the line numbers a warning names."""
-    more = len(line_numbers) - 10
-    return ", ".join(map(str, line_numbers[:10])) + (f" and {more} more" if more > 0 else "")
-
-
 def _single_byte(line: bytes) -> str:
     try:
         return line.decode("cp1252")
@@ -206,14 +200,14 @@ LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 def split_lines(text: str) -> list[str]:
     """A text's lines as every reader (and `tqc predict --file`) numbers them."""
-    # \n, \r\n and \r alike, and nothing else: str.splitlines also breaks at U+2028, U+0085 and the
-    # like, which a question may hold (and JSONL written with ensure_ascii=False keeps raw).
-    lines = LINE_BREAK.split(text)
-    return lines[:-1] if lines and lines[-1] == "" else lines
+    return list(_iter_lines(text))
 
 
 def _iter_lines(text: str) -> Iterator[str]:
-    """`split_lines(text)` one line at a time: a reader holds the text, not a list of its lines as well."""
+    """`split_lines(text)` one line at a time: a reader holds the text, not a list of its lines as well. A line break
+    that ends the text ends its last line, and starts no empty one."""
+    # \n, \r\n and \r alike, and nothing else: str.splitlines also breaks at U+2028, U+0085 and the
+    # like, which a question may hold (and JSONL written with ensure_ascii=False keeps raw).
     start = 0
     for match in LINE_BREAK.finditer(text):
         yield text[start:match.start()]
@@ -294,7 +288,7 @@ def _stray_carriage_returns_as_spaces(text: str, path: Path, header: bool = Fals
         return text
     text = stray.sub(" ", text)  # the same length: the offsets hold
     log.warning("%s: line(s) %s hold a carriage return inside the line, and the file ends its lines with LF (or CRLF): "
-                "read as a space", path, _first_ten(_line_numbers(text, offsets, LINE_BREAK)))  # a kept CR ends a line
+                "read as a space", path, first_of(_line_numbers(text, offsets, LINE_BREAK)))  # a kept CR ends a line
     return text
 
 
@@ -718,9 +712,8 @@ def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion], catalog_
                         "or misspelt there?)", where, class_id, text)
         derived.append(StandardQuestion(class_id, text, derived=True))
     if derived and not catalog_given:
-        shown = ", ".join(f"{q.class_id!r} → {q.text!r}" for q in derived[:10])
-        log.info("data.custom.catalog is not set: %d classes take their labels in words as standard questions: %s%s",
-                 len(derived), shown, f" and {len(derived) - 10} more" if len(derived) > 10 else "")
+        log.info("data.custom.catalog is not set: %d classes take their labels in words as standard questions: %s",
+                 len(derived), first_of([f"{q.class_id!r} → {q.text!r}" for q in derived]))
     return Catalog(catalog.questions + derived)
 
 

@@ -30,7 +30,7 @@ import pandas as pd
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
-from tqc.text import has_words, normalise
+from tqc.text import first_of, has_words, normalise
 
 # The model version tag holding `content_digest`: a version serving the same content is not registered again.
 DIGEST_TAG = "content_digest"
@@ -102,7 +102,7 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
             raise ValueError(f"params top_k must be a whole number of at least 1, not {asked_k!r}")
         questions = _questions(model_input)
         if self.says_cut:
-            say_cut(self.model.question, questions, lambda rows: f"row(s) {listed(rows)}")
+            say_cut(self.model.question, questions, lambda rows: f"row(s) {first_of(rows)}")
         with torch.no_grad():
             asked = self.model.question.encode(questions)  # (N, D)
             if self.exemplars is None:
@@ -134,11 +134,6 @@ def say_cut(encoder, questions: list[str], where: Callable[[list[int]], str]) ->
             "%d question(s) longer than model.max_length (%d tokens, the model's setting when it was trained) are cut to "
             "their first %d tokens, and answered from those alone: %s", len(cut), encoder.max_length, encoder.max_length,
             where(cut))
-
-
-def listed(positions: list, most: int = 10) -> str:
-    """The first `most` positions, and how many more there are."""
-    return ", ".join(map(str, positions[:most])) + (f" and {len(positions) - most} more" if len(positions) > most else "")
 
 
 def _exemplar_bank(model, model_digest: dict | None, catalog, exemplars_file: str | None, config: dict,
@@ -362,8 +357,7 @@ def _questions(model_input) -> list[str]:
     # into [CLS] [SEP] alone, which the model would still answer.
     bad = [(row, q) for row, q in enumerate(asked) if not isinstance(q, str) or not has_words(q)]
     if bad:
-        listed = ", ".join(f"row {row} ({q!r})" for row, q in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        raise ValueError(f"every question must be non-blank text: {listed}")
+        raise ValueError(f"every question must be non-blank text: {first_of([f'row {row} ({q!r})' for row, q in bad], 5)}")
     return asked
 
 

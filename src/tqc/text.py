@@ -3,13 +3,14 @@
 Ingest draws validation by `compared_text` and attributes generated rows by `normalise`, validate's duplicate,
 conflict, leakage and non-empty checks compare `compared_text`, augment drops generated rows that match a held-out
 question, and serving refuses a question that holds no word a tokenizer reads (`has_words`), as validate would have
-quarantined it.
+quarantined it. `first_of` is how a message names the first few of many rows, lines or classes.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 
 # Typographic quotes as the plain ones a keyboard types: "what’s" and "what's" are the same question.
 PLAIN_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'",
@@ -67,3 +68,10 @@ def compared_text(text: str) -> str:
     model refuses it. Ingest never draws an empty one for validation, where validate would stop on it."""
     normalised = normalise(text)  # once: validate and ingest's split call this on every row
     return normalised if _reads_a_word(normalised) else ""
+
+
+def first_of(items: Sequence, most: int = 10, separator: str = ", ") -> str:
+    """The first `most` of `items`, and how many more there are: "3, 8, 12 and 4 more". A message names enough of what
+    failed to find it, and a file that fails on every row still makes one line."""
+    shown = separator.join(map(str, items[:most]))
+    return shown + (f" and {len(items) - most} more" if len(items) > most else "")

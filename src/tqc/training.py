@@ -28,6 +28,7 @@ from tqc.losses import LossFn, make_loss, same_class_mask
 from tqc.metrics import DivergedScores, summary
 from tqc.model.encoder import BiEncoder, LastEncodings, TextEncoder
 from tqc.schema import Catalog, LabeledQuestion, UnknownClass
+from tqc.text import first_of, normalise
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +240,6 @@ def standard_text_groups(catalog: Catalog) -> np.ndarray | None:
     texts), or None where each has its own, as validate's critical `catalog_unique_texts` ensures unless demoted.
     Such classes encode alike, so no training can tell them apart by their standard question (the exemplar rule
     still can, by their questions): neither is a negative of the other's questions, in mining or in a loss."""
-    from tqc.text import normalise
-
     keys = [normalise(text) for text in catalog.texts]
     if len(set(keys)) == len(keys):
         return None
@@ -283,7 +282,7 @@ def warn_cut_standards(model: BiEncoder, catalog: Catalog, most: int = 5) -> Non
         return
     cut = model.standard.overlong(catalog.texts)
     if cut:
-        classes = ", ".join(repr(catalog.class_ids[i]) for i in cut[:most]) + (f" and {len(cut) - most} more" if len(cut) > most else "")
+        classes = first_of([repr(catalog.class_ids[i]) for i in cut], most)
         log.warning("%d standard question(s) longer than model.max_length (%d tokens) are cut to their first %d tokens, "
                     "in training and wherever the model matches them: class(es) %s; shorten them or raise model.max_length",
                     len(cut), model.standard.max_length, model.standard.max_length, classes)

@@ -39,6 +39,7 @@ from tqc.io import atomic_path, write_json
 from tqc.metrics import DivergedScores
 from tqc.pipeline import PreparedData, prepare_data, train_chain
 from tqc.schema import Catalog
+from tqc.text import first_of
 from tqc.tracking import Tracker, nested_run, run_params, standalone_run
 
 log = logging.getLogger(__name__)
@@ -933,9 +934,9 @@ def _warn_of_untuned_changes(best_params_file: Path, params_file: Path, summary:
     differ = [f"{key}: {value!r} there, {current.get(key)!r} here" for key, value in sorted(trained.items())
               if key not in tuned and key in current and not _same_value(current[key], value)]
     if differ:
-        listed = "; ".join(differ[:8]) + (f" and {len(differ) - 8} more" if len(differ) > 8 else "")
         log.warning("tune --apply: %s was tuned with other values of params it did not search than %s holds (%s): "
-                    "its validation figures measured them, not these", best_params_file, params_file, listed)
+                    "its validation figures measured them, not these", best_params_file, params_file,
+                    first_of(differ, 8, "; "))
 
 
 def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) -> dict:

@@ -3,7 +3,6 @@ every record besides."""
 
 import pickle
 import tracemalloc
-from pathlib import Path
 
 import pytest
 
@@ -64,9 +63,12 @@ def test_a_labeled_question_has_no_dict_and_still_pickles_and_compares():
         row.text = "changed"  # frozen still
 
 
-@pytest.mark.parametrize("text", ["", "\n", "a", "a\n", "a\r\nb\rc\n\nd", "a\r", "\r\n\r\n", "x\u2028y\n", "\n\na"])
-def test_lines_one_at_a_time_are_split_lines(text):
-    assert list(_iter_lines(text)) == split_lines(text)
+@pytest.mark.parametrize(("text", "lines"), [
+    ("", []), ("\n", [""]), ("a", ["a"]), ("a\n", ["a"]), ("a\r\nb\rc\n\nd", ["a", "b", "c", "", "d"]), ("a\r", ["a"]),
+    ("\r\n\r\n", ["", ""]), ("x\u2028y\n", ["x\u2028y"]), ("\n\na", ["", "", "a"]), ("a\n\r", ["a", ""])])
+def test_lines_break_at_lf_crlf_and_cr_alone_and_a_final_break_starts_no_line(text, lines):
+    assert split_lines(text) == lines
+    assert list(_iter_lines(text)) == lines  # the readers' lazy form
 
 
 def test_a_malformed_line_is_said_before_the_headers_problem(tmp_path):

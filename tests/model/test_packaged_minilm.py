@@ -1,7 +1,5 @@
 """Slow: the packaged all-MiniLM-L6-v2 loads offline and gives meaningful sentence vectors."""
 
-import os
-
 import pytest
 import torch.nn.functional as F
 

@@ -16,7 +16,7 @@ from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.readers import (ReaderError, RejectedRow, ReadResult, RowsRejected, read_additions, read_dataset, read_generated, read_validation,
                          row_as_csv, with_added_classes)
 from tqc.schema import Catalog, LabeledQuestion, save_questions, usable_generated
-from tqc.text import compared_text, normalise
+from tqc.text import compared_text, first_of, normalise
 
 log = logging.getLogger(__name__)
 
@@ -274,10 +274,8 @@ def classes_missing_a_split(train: list[LabeledQuestion], validation: list[Label
 def _first_classes(classes: list[str], why: dict[str, str], shown: int = 10) -> str:
     """The first `shown` of `classes`, each with its own reason where `why` has one: those first, since the reason is
     what the split's own warning used to say of them, and a cut list would lose it."""
-    more = len(classes) - shown
     ordered = sorted(classes, key=lambda c: c not in why)  # stable: each group keeps its order
-    named = [f"{c!r} ({why[c]})" if c in why else repr(c) for c in ordered[:shown]]
-    return ", ".join(named) + (f" and {more} more" if more > 0 else "")
+    return first_of([f"{c!r} ({why[c]})" if c in why else repr(c) for c in ordered], shown)
 
 
 def _write_quarantine(path: Path, rejected: list[RejectedRow]) -> None:
