@@ -109,13 +109,21 @@ def augment_text(text: str, vocabulary: list[str], rng: random.Random, alpha: fl
     """One random operation on round(alpha · words) positions (at least one), of those that can change the question, drawn
     again (up to `attempts` times) while it leaves the question as it was (a swap of two equal words): a copy is no
     augmentation, nor is a question left with characters no tokenizer reads alone ("\u200b", "\ufffd", a lone accent),
-    which validate would refuse as empty. A question nothing changes (one word, and no vocabulary to insert from) stays."""
+    which validate would refuse as empty, nor one left with no letter or digit ("Why ?" cut to "?"), which teaches
+    nothing. A question nothing changes (one word, and no vocabulary to insert from) stays."""
     words, spacing, original = words_of(text), spacing_of(text), normalise(text)
     for _ in range(attempts):
         changed = joined(_one_operation(words, vocabulary, rng, alpha), spacing)
-        if compared_text(changed) not in ("", original):  # as validate compares: a new question, and not an empty one
+        # a new question as validate compares; with a letter or digit (validate reads unread characters alone as empty)
+        if compared_text(changed) != original and has_a_letter_or_digit(changed):
             return changed
     return text  # as it came, not re-spaced
+
+
+def has_a_letter_or_digit(text: str) -> bool:
+    """Whether some character of `text` is a letter or a digit, of any script (not punctuation, a symbol, or a character
+    no tokenizer reads, which `compared_text` empties)."""
+    return any(ch.isalnum() for ch in text)
 
 
 def _one_operation(words: list[str], vocabulary: list[str], rng: random.Random, alpha: float) -> list[str]:

@@ -141,6 +141,19 @@ def test_an_eda_edit_never_leaves_only_characters_a_tokenizer_reads_as_nothing()
         assert all(has_words(edited) for edited in made), text
 
 
+def test_an_eda_edit_never_leaves_a_question_without_a_letter_or_digit():
+    """A deletion cut the two-word "Why ?" to "?", which validate accepts and which teaches nothing: such an edit is
+    drawn again, and the original's copy stands where every draw would be one."""
+    import random
+
+    from tqc.eda import augment_text
+
+    made = [augment_text("Why ?", [], random.Random(seed)) for seed in range(30)]
+    assert all(any(ch.isalnum() for ch in text) for text in made) and {"Why", "? Why"} <= set(made)
+    assert augment_text("? !", [], random.Random(0)) == "? !"  # no edit of it keeps a word: it stays as it came
+    assert "银行?" not in {augment_text("银行?", [], random.Random(seed)) for seed in range(10)}  # a letter of any script
+
+
 def test_the_long_tail_follows_sharprecl_counts():
     from tqc.stages.ingest import long_tail
 
