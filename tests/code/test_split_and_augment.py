@@ -441,6 +441,20 @@ def test_params_augment_does_not_read_are_said_not_refused(tmp_path, caplog):
     assert report["deferred"] is False and report["rows"]["after"] == 12  # the report says what stage one trains
 
 
+def test_the_augment_report_records_where_the_implicit_augmentations_act(tmp_path):
+    """The report recorded implicit and rate but not implicit_at: a diff of two runs' reports hid the input / output
+    placement the implicit_placement grid compares."""
+    from tqc.config import AugmentParams
+    from tqc.io import read_json
+    from tqc.schema import save_questions
+    from tqc.stages.augment import run
+
+    save_questions(tmp_path / "train.jsonl", questions({"head": 10, "tail": 2}))
+    for at in ("input", "output"):
+        run(tmp_path / "train.jsonl", AugmentParams(implicit_at=at), 0, tmp_path / "out.jsonl", tmp_path / f"{at}.json")
+        assert read_json(tmp_path / f"{at}.json")["implicit_at"] == at
+
+
 def test_tqc_augment_by_hand_needs_the_held_out_files_that_dvc_yaml_passes(tmp_path, capsys):
     """Without --held-out a made row equal to a validation or test question joined train unseen: no later stage compares
     augmented rows with held-out ones. So the command refuses to run without them, and dvc.yaml's command gives both."""

@@ -249,6 +249,7 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
         "targets": targets,  # per class; `after` may exceed it where a class already had more
         "implicit": list(params.implicit),
         "rate": params.rate,
+        "implicit_at": params.implicit_at,  # the input or the output token matrix
         "in_batch": {"prototype_mixup": params.prototype_mixup.enabled, "cross_encoding": params.cross_encoding.enabled},
         "deferred": params.deferred,  # stage one trains the original rows alone; stage two these
         "rows": {"before": len(questions), "after": len(augmented), "generated": len(augmented) - len(questions),
@@ -261,7 +262,8 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
     }
     write_json(report_path, report)
     log.info(
-        "augment: %d → %d training rows (%d generated, rebalance %s); implicit %s at %.2f; wrote %s",
-        len(questions), len(augmented), len(augmented) - len(questions), params.rebalance, params.implicit, params.rate, out_path,
+        "augment: %d → %d training rows (%d generated, rebalance %s); implicit %s at %.2f on the %s; wrote %s",
+        len(questions), len(augmented), len(augmented) - len(questions), params.rebalance, params.implicit, params.rate,
+        params.implicit_at, out_path,
     )
     return report
