@@ -133,7 +133,9 @@ class Seq2SeqParams(Strict):
     paraphrase_prefix: str = ""  # prepended to each input, e.g. "paraphrase: " for T5 paraphrasers
     forward_model: str | None = None  # backtranslate: source → pivot, e.g. a Helsinki-NLP/opus-mt-en-de folder
     backward_model: str | None = None  # pivot → source, e.g. opus-mt-de-en
-    sample: bool = True  # nucleus sampling gives varied rewrites of the same question; false: beam search
+    # nucleus sampling gives varied rewrites of the same question; false: beam search, where the copies of one question
+    # take its num_beams best distinct beams in turn
+    sample: bool = True
     top_p: float = Field(0.9, gt=0.0, le=1.0)
     num_beams: int = Field(4, ge=1)  # beam search only
     max_input_tokens: int = Field(128, ge=8)

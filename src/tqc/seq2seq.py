@@ -8,6 +8,7 @@ Pegasus paraphraser for `paraphrase`, a Marian pair such as opus-mt-en-de / opus
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 class Seq2SeqModel:
-    """One seq2seq checkpoint: texts in, one generated text out per input."""
+    """One seq2seq checkpoint: texts in, one generated text out per input (sampled, or a beam: see `generate`)."""
 
     def __init__(self, name: str, params: Seq2SeqParams, prefix: str = "", param: str = "paraphrase_model"):
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -42,6 +43,23 @@ class Seq2SeqModel:
             return []
         torch.manual_seed(seed)  # sampling is reproducible per call
         self._say_cut(texts)
+        if self.params.sample:
+            return self._decoded(texts, 1)
+        # Beam search is deterministic, and augment rewrites an original once per extra row it makes from it: every copy
+        # would get the same best beam, so the k-th copy of a text gets its k-th distinct beam (cycling through them).
+        distinct = list(dict.fromkeys(texts))
+        per_text = min(self.params.num_beams, max(Counter(texts).values()))  # 1 (the best beam) where none repeats
+        decoded = self._decoded(distinct, per_text)
+        beams = {text: list(dict.fromkeys(decoded[i * per_text : (i + 1) * per_text])) for i, text in enumerate(distinct)}
+        used: Counter = Counter()
+        outputs = []
+        for text in texts:
+            outputs.append(beams[text][used[text] % len(beams[text])])
+            used[text] += 1
+        return outputs
+
+    def _decoded(self, texts: list[str], per_text: int) -> list[str]:
+        """`per_text` generated texts for each of `texts` (beam search: its best `per_text` beams, best first)."""
         outputs = []
         size = self.params.batch_size
         for start in tqdm(range(0, len(texts), size), desc=f"rewriting with {Path(self.name).name}", leave=False,
@@ -51,7 +69,8 @@ class Seq2SeqModel:
             batch.pop("token_type_ids", None)
             generated = self.model.generate(**batch, max_new_tokens=self.params.max_new_tokens, do_sample=self.params.sample,
                                             top_p=self.params.top_p if self.params.sample else None,
-                                            num_beams=1 if self.params.sample else self.params.num_beams)
+                                            num_beams=1 if self.params.sample else self.params.num_beams,
+                                            num_return_sequences=per_text)
             outputs += [t.strip() for t in self.tokenizer.batch_decode(generated, skip_special_tokens=True)]
         return outputs
 

@@ -75,6 +75,23 @@ def test_backtranslate_is_the_forward_model_then_the_backward_model(tiny_seq2seq
     assert all(one_way) and through_both == back and through_both != one_way
 
 
+def test_beam_search_gives_the_copies_of_one_original_its_distinct_beams(tmp_path):
+    """Beam search is deterministic: each extra row made from one original got the same best beam, so a class raised
+    by 3 rows a question held 3 identical "rewrites". The k-th copy gets the k-th distinct beam; the first, the best."""
+    model = build_tiny_seq2seq(tmp_path / "beams", 3)  # a random model whose 4 beams differ (seeds 1 and 2 emit nothing)
+    params = Seq2SeqParams(paraphrase_model=str(model), max_new_tokens=8, sample=False, num_beams=4)
+    rows = imbalanced_rows()
+    made = [q for q in oversample(rows, {"LOC": 8}, seed=0, explicit="paraphrase", seq2seq=params) if q.generated]
+    # two originals, three rows each, none alike (the random model ignores its input: each original's beams are alike)
+    assert len(made) == 6 and max(Counter(q.text for q in made).values()) == 2
+    rewriter = Rewriter("paraphrase", params)
+    text = next(q.text for q in rows if q.class_id == "LOC")
+    assert len(set(rewriter.rewrite([text] * 3, seed=0))) == 3
+    assert rewriter.rewrite([text], seed=0)[0] == rewriter.rewrite([text, "where is paris", text], seed=0)[0]  # the best
+    assert rewriter.rewrite(["where is paris", "who invented chess"], seed=0) == [  # no copies: each its best beam
+        rewriter.rewrite(["where is paris"], seed=0)[0], rewriter.rewrite(["who invented chess"], seed=0)[0]]
+
+
 def test_explicit_seq2seq_without_a_model_is_a_clear_config_error():
     with pytest.raises(ValueError, match="augment.seq2seq.paraphrase_model"):
         AugmentParams(explicit="paraphrase")
