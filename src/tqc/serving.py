@@ -153,10 +153,11 @@ def _exemplar_bank(model, model_digest: dict | None, catalog, exemplars_file: st
 
 
 def _encoded_exemplars(model, rows, model_digest: dict | None, exemplars_file: Path, cache_dir: Path | None,
-                       shipped: Path | None = None):
+                       shipped: Path | None = None, key: tuple[str, str] | None = None):
     """(M, D) question-encoder vectors of `rows`; with `model_digest`, read from `shipped` (the entry registered
     with a version, never written to) or `cache_dir` when this model folder encoded these very questions before,
-    else encoded, and written to `cache_dir` when there is one.
+    else encoded, and written to `cache_dir` when there is one. `key`: their `_cache_key`, where the caller has it
+    already (it hashes every question).
 
     The key is the sha256 of the model folder and of the questions `rows` holds, not of the file: a file
     appended to after `rows` were read would otherwise key the old rows' vectors under its new content. A new
@@ -184,7 +185,7 @@ def _encoded_exemplars(model, rows, model_digest: dict | None, exemplars_file: P
 
     if model_digest is None:
         return encode()
-    slot, entry = _cache_key(model_digest, rows, exemplars_file)
+    slot, entry = key or _cache_key(model_digest, rows, exemplars_file)
     # The registered entry's slot named the file where it was registered; a version's rows are its own copy, so
     # the entry's key alone says they are the same questions encoded by the same weights and code
     registered = sorted(shipped.glob(f"*-{entry}.safetensors")) if shipped is not None and shipped.is_dir() else []
@@ -694,7 +695,7 @@ def _registered_vectors(model_dir: Path, exemplars_file: Path, folder: Path, enc
     if encoded is not None and encoded.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(encoded, folder / encoded.name)
-    _encoded_exemplars(BiEncoder.load(model_dir).eval(), rows, digest, exemplars_file, folder)
+    _encoded_exemplars(BiEncoder.load(model_dir).eval(), rows, digest, exemplars_file, folder, key=(slot, entry))
     return folder
 
 

@@ -482,6 +482,26 @@ def test_exemplar_vectors_are_keyed_by_the_questions_encoded_not_by_a_file_that_
     assert [len(texts) for texts in encoded] == [4, 5]  # the third call read the second's entry
 
 
+def test_registering_exemplar_vectors_hashes_the_exemplar_questions_once(tiny_model_dir, tmp_path, monkeypatch):
+    """Promote's `_registered_vectors` keyed its entry, then `_encoded_exemplars` keyed it again: every exemplar
+    question hashed twice. The key is passed along; the entry registered is the one a cache of the same rows holds."""
+    from tqc import serving
+    from tqc.schema import LabeledQuestion, save_questions
+
+    torch.manual_seed(0)
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    save_questions(tmp_path / "train.jsonl", [LabeledQuestion("where is paris", "loc"), LabeledQuestion("who wrote it", "hum")])
+    keyed = []
+    real = serving._cache_key
+    monkeypatch.setattr(serving, "_cache_key", lambda *args: keyed.append(args) or real(*args))
+
+    folder = serving._registered_vectors(tmp_path / "model", tmp_path / "train.jsonl", tmp_path / "registered")
+
+    assert len(keyed) == 1
+    slot, entry = real(*keyed[0])
+    assert [path.name for path in folder.glob("*.safetensors")] == [f"{slot}-{entry}.safetensors"]
+
+
 def test_a_model_folder_replaced_while_it_loads_keys_no_cache_entry(tiny_model_dir, tmp_path, user_cache, monkeypatch):
     """The key was the folder's digest taken after loading: a retrain replacing the folder meanwhile filed the old
     weights' vectors under the new weights, and every later call compared new questions with old exemplars."""
