@@ -286,7 +286,7 @@ def _check_inputs(args: argparse.Namespace, params: Params) -> None:
     folder = args.params.absolute().parent  # not resolve(): a params.yaml that links elsewhere is read beside dvc.yaml
     data_dir = folder / data.data_dir
     if not data_dir.exists():
-        fetch = (f", or fetch the public datasets there: .venv/bin/tqc fetch --dest {_as_given(data.data_dir, data_dir)}"
+        fetch = (f", or fetch the public datasets there: {_this_tqc()} fetch --dest {_as_given(data.data_dir, data_dir)}"
                  if data.dataset != "custom" else "")
         missing.append(f"data.data_dir {data.data_dir!r}: no folder {data_dir.resolve()} (point it at your "
                        f"data{fetch})")
@@ -298,6 +298,16 @@ def _check_inputs(args: argparse.Namespace, params: Params) -> None:
     if missing:
         raise ConfigError(f"{args.params}: {'; '.join(missing)}: dvc.yaml's ingest depends on {'it' if len(missing) == 1 else 'both'}, so `dvc repro` would "
                           "stop before any stage runs, naming only the path")
+
+
+def _this_tqc() -> str:
+    """tqc as this process was started, for a hint's command to run from the same working directory: the script's path
+    as the shell gave it (`make run`'s .venv/bin/tqc, relative to the project it runs in; the full path of one found
+    on PATH), else `tqc` (main called in a process of another program)."""
+    import shlex
+
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    return shlex.quote(sys.argv[0]) if script is not None and script.stem == "tqc" and script.is_file() else "tqc"
 
 
 def _as_given(setting: str, path: Path) -> str:

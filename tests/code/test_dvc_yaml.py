@@ -140,6 +140,9 @@ def test_check_inputs_names_the_setting_of_a_missing_folder_and_passes_when_ther
 
     shutil.copy(DVC_YAML.parent / "params.yaml", tmp_path / "params.yaml")
     monkeypatch.chdir(tmp_path)  # as `make run` runs it: in the folder of params.yaml and dvc.yaml
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "tqc").write_text("")
+    monkeypatch.setattr("sys.argv", [".venv/bin/tqc", "check-inputs"])  # as `make run` starts it
     params = ["--params", "params.yaml"]
     assert main([*params, "--set", "data.data_dir=../datasetz", "check-inputs"]) == 2
     error = capsys.readouterr().err
@@ -177,6 +180,27 @@ def test_check_inputs_resolves_relative_folders_from_the_params_files_folder_as_
     error = capsys.readouterr().err
     assert f"data.additions 'data/raw': no folder {project / 'data' / 'raw'} " in error
     assert f"mkdir -p {project / 'data' / 'raw'}," in error
+
+
+def test_check_inputs_hint_names_the_tqc_that_ran_wherever_it_ran(tmp_path, monkeypatch, capsys):
+    """The fetch hint said `.venv/bin/tqc fetch`, a path from the project: run from another folder, no such command."""
+    import shutil
+
+    from tqc.cli import main
+
+    project, elsewhere = tmp_path / "my project", tmp_path / "elsewhere"
+    (project / ".venv" / "bin").mkdir(parents=True)
+    elsewhere.mkdir()
+    shutil.copy(DVC_YAML.parent / "params.yaml", project / "params.yaml")
+    (project / ".venv" / "bin" / "tqc").write_text("")
+    monkeypatch.chdir(elsewhere)
+    params = ["--params", str(project / "params.yaml"), "--set", "data.data_dir=datasets", "check-inputs"]
+    monkeypatch.setattr("sys.argv", [str(project / ".venv" / "bin" / "tqc"), *params])  # as the shell gave it
+    assert main(params) == 2
+    assert f"there: '{project / '.venv' / 'bin' / 'tqc'}' fetch --dest {project / 'datasets'});" in capsys.readouterr().err
+    monkeypatch.setattr("sys.argv", ["/usr/lib/python3/site-packages/pytest/__main__.py"])  # main called by another program
+    assert main(params) == 2
+    assert f"there: tqc fetch --dest {project / 'datasets'});" in capsys.readouterr().err
 
 
 def test_check_inputs_reads_a_linked_params_file_from_where_the_link_stands(tmp_path, monkeypatch, capsys):
