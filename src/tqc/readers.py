@@ -466,10 +466,12 @@ def read_table(path: Path, text_column: str, label_column: str, source_column: s
 class _KeysSeen:
     """Which of a mapping's columns some JSONL record has. One that no record has is the mapping's fault or the file's
     (`text_column: utterance` over records keyed `text`), as a CSV header without it is: said once, naming the file,
-    not as every line rejected. A few records without it among others that have it are rejected line by line."""
+    not as every line rejected. A few records without it among others that have it are rejected line by line, and so
+    are the few objects of a file whose lines are mostly no JSON object: those lines are what is wrong there, and
+    each one's rejection names it, where the key would be blamed."""
 
     def __init__(self, columns: list[str]):
-        self.absent, self.records, self.first = list(columns), 0, None
+        self.absent, self.records, self.unparsed, self.first = list(columns), 0, 0, None
 
     def see(self, line_number: int, record: dict | _Unusable) -> None:
         if isinstance(record, dict):  # a CSV record has every column: its header was checked
@@ -477,9 +479,11 @@ class _KeysSeen:
             self.first = self.first or (line_number, list(record))
             if self.absent:
                 self.absent = [c for c in self.absent if c not in record]
+        else:
+            self.unparsed += 1
 
     def raise_if_never_seen(self, path: Path) -> None:
-        if self.records and self.absent:
+        if self.records > self.unparsed and self.absent:
             line, has = self.first
             raise MissingColumns(f"{path}: {_missing_columns(self.absent)} in all {self.records} record(s): line {line} "
                                  f"has {has}", self.absent)

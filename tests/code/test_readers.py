@@ -1073,6 +1073,24 @@ def test_a_jsonl_file_of_no_object_is_rejected_line_by_line_not_said_to_lack_a_k
     assert [r.reason.split(":")[0] for r in result.rejected] == ["not valid JSON", "not valid JSON"]
 
 
+def test_a_jsonl_file_of_mostly_broken_lines_names_them_not_the_key_its_one_object_lacks(tmp_path):
+    """One `{}` among lines that are no JSON was "missing column(s) ['text', 'label'] in all 1 record(s)", named by
+    data.custom's settings: the mapping blamed, and not a word of the lines a user must fix."""
+    from tqc.readers import RowsRejected
+
+    write(tmp_path, "train.jsonl", b'{"text": "where is rome?", "label" LOC}\nwhere is oslo?,LOC\n{}\n{"text": "who"\n')
+    write(tmp_path, "test.jsonl", jsonl([{"text": "where is paris?", "label": "LOC"}]))
+    write(tmp_path, "catalog.jsonl", jsonl([{"class_id": "LOC", "text": "Where is it?"}]))
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None,
+                        custom={"train": "train.jsonl", "test": "test.jsonl", "catalog": "catalog.jsonl"})
+    with pytest.raises(RowsRejected) as raised:
+        read_dataset(params)
+    said = str(raised.value)
+    assert said.startswith(f"{tmp_path / 'train.jsonl'}: no usable rows (4 rejected; rejected line 1: not valid JSON: ")
+    assert "; line 2: not valid JSON: " in said and "; line 4: not valid JSON: " in said and "\n" not in said
+    assert "line 3: missing column(s) ['text', 'label']: the record has []" in said and "named by" not in said
+
+
 def test_a_shipped_datasets_missing_file_names_data_dataset_and_a_custom_file_left_unread(tmp_path):
     """Own files under data_dir with `dataset: trec6` left as it was said "/data/trec/train_5500.label: file not
     found", which names neither the setting that chose TREC nor the data.custom.train it ignored."""
