@@ -110,6 +110,27 @@ def _unloadable_pretrained(name: str, exc: Exception) -> ConfigError:
 
 OVERLONG_CHUNK = 8192  # texts `TextEncoder.overlong` tokenizes at a time
 
+# Characters per token of max_length that a text keeps before a space where it is cut (`TextEncoder._read_part`): a
+# WordPiece word reads as at least one token ([UNK] past 100 characters), so a cut this far in nearly always keeps
+# enough; one that does not is tokenized whole, as before.
+READ_CHARS_PER_TOKEN = 128
+
+
+def _splits_at_spaces(tokenizer) -> bool:
+    """Whether the tokens of a text cut before a space are the first tokens of the whole text. So for a fast tokenizer
+    cutting on the right whose normalizer goes a character at a time (BERT's: cleaning, CJK spacing, lowercase, and
+    NFD, which composes and reorders nothing across a space) and whose pre-tokenizer splits at every space (BERT's,
+    Whitespace, WhitespaceSplit), the model reading each piece alone, with no added token holding a space. Others
+    (byte-level BPE, SentencePiece) are tokenized whole."""
+    from tokenizers import normalizers, pre_tokenizers
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return (backend is not None and getattr(tokenizer, "truncation_side", None) == "right"
+            and (backend.normalizer is None or isinstance(backend.normalizer, normalizers.BertNormalizer))
+            and isinstance(backend.pre_tokenizer, (pre_tokenizers.BertPreTokenizer, pre_tokenizers.Whitespace,
+                                                   pre_tokenizers.WhitespaceSplit))
+            and not any(" " in token for token in tokenizer.get_added_vocab()))
+
 
 # Rows per backbone pass. A batch's questions are sorted by length and run in passes of this many, each padded
 # to its own longest question instead of the batch's: TREC-6's training batches of 64 hold about twice as many
@@ -261,7 +282,8 @@ class TextEncoder(nn.Module):
 
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
         """texts (B,) → token ids, masks (B, T) on the CPU, padded to the longest."""
-        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+        batch = self.tokenizer(self._read_parts(texts), padding=True, truncation=True, max_length=self.max_length,
+                               return_tensors="pt")
         return {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
     def overlong(self, texts: list[str]) -> list[int]:
@@ -272,10 +294,32 @@ class TextEncoder(nn.Module):
         # In chunks (none for no text: a tokenizer given none fails): a fast tokenizer holds ~4 KB of encodings a text,
         # and `tqc predict --file` asks of the whole file at once (300,000 lines held 1.2 GB more, whole)
         for start in range(0, len(texts), OVERLONG_CHUNK):
-            ids = self.tokenizer(texts[start:start + OVERLONG_CHUNK], truncation=True, max_length=self.max_length + 1,
-                                 return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+            ids = self.tokenizer(self._read_parts(texts[start:start + OVERLONG_CHUNK]), truncation=True,
+                                 max_length=self.max_length + 1, return_attention_mask=False,
+                                 return_token_type_ids=False)["input_ids"]
             cut += [start + i for i, row in enumerate(ids) if len(row) > self.max_length]
         return cut
+
+    def _read_parts(self, texts: list[str]) -> list[str]:
+        """`texts` with each long one cut where the tokenizer would read no token of the rest that max_length + 1
+        keeps: a fast tokenizer tokenizes a text whole before it truncates, and a 5 MB question took 12 s and 700 MB
+        each time it was tokenized. The same tokens either way (`_read_part`)."""
+        budget = READ_CHARS_PER_TOKEN * (self.max_length + 1)
+        if all(len(text) <= budget for text in texts) or not _splits_at_spaces(self.tokenizer):
+            return texts
+        return [self._read_part(text, budget) for text in texts]
+
+    def _read_part(self, text: str, budget: int) -> str:
+        """`text` up to the last space within `budget` characters, where that part alone is max_length + 1 tokens
+        (special ones aside) or more: the whole text's are those and more (`_splits_at_spaces`), and truncation keeps
+        no more than those. Else the whole text."""
+        cut = text.rfind(" ", 0, budget) if len(text) > budget else -1
+        if cut <= 0:
+            return text
+        head = text[:cut]
+        kept = self.tokenizer(head, add_special_tokens=False, truncation=True, max_length=self.max_length + 1,
+                              return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        return head if len(kept) > self.max_length else text
 
     def forward(self, texts: list[str], augment: bool = True) -> torch.Tensor:
         """texts (B,) → embeddings (B, D); `augment=False` skips the implicit augmentation (the catalog side).
