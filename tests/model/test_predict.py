@@ -587,6 +587,34 @@ def test_a_file_that_is_no_catalog_is_an_error_naming_its_line_under_either_rule
         assert "empty.jsonl: no standard questions, so no question can be answered" in capsys.readouterr().err
 
 
+def test_a_long_question_is_searched_for_a_word_a_piece_at_a_time_with_the_answer_normalising_it_whole_gives(
+        monkeypatch):
+    """`tqc predict` asks twice whether a question has a word, and normalised a 5 MB one whole each time (10 s): a
+    piece cut before a space says as much, since normalising carries nothing across a space."""
+    import random
+
+    from tqc import text as text_module
+
+    whole = lambda text: text_module._reads_a_word(text_module.normalise(text))  # noqa: E731, what has_words did
+    rng = random.Random(0)
+    tricky = [" ", " ", "\u0301", "\u0308", "\u00a8", "\u200b", "\ufffd", "\x01", "\ue000", "\u00a0", "\u3000", "e", "?",
+              "'", "s", "\u1100", "\u1161", "\u00b2", "\ufb01", "\u2019"]
+    monkeypatch.setattr(text_module, "WORD_SEARCH_CHARS", 1, raising=False)  # a piece at every space
+    for _ in range(3000):
+        sample = "".join(rng.choice(tricky) for _ in range(rng.randint(0, 10)))
+        assert text_module.has_words(sample) == whole(sample), repr(sample)
+    monkeypatch.undo()
+
+    normalised, real = [], text_module.normalise
+    monkeypatch.setattr(text_module, "normalise", lambda text: normalised.append(len(text)) or real(text))
+    question = "where is paris " * 300_000  # 4.5 MB
+    assert text_module.has_words(question) and max(normalised) < 5_000
+    normalised.clear()
+    no_word = "\u200b " * 100_000 + "\u0301 " * 100_000
+    assert not text_module.has_words(no_word) and sum(normalised) == len(no_word)  # all of it searched, a piece at a time
+    assert text_module.has_words(no_word + "why")
+
+
 def test_the_served_model_refuses_a_missing_or_blank_question_and_names_its_row(tiny_model_dir, tmp_path):
     import pandas as pd
 
