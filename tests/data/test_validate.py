@@ -83,6 +83,24 @@ def test_a_row_that_is_another_classs_standard_question_is_a_label_conflict(tmp_
     assert report["quarantined_by_expectation"] == {"no_label_conflicts": 1}
 
 
+@pytest.mark.parametrize("label", ["c", "a", "b"])
+def test_a_row_of_a_third_class_with_the_standard_question_twins_share_is_a_label_conflict(tmp_path, label):
+    """Twins a and b (catalog_unique_texts demoted) share a standard question: validate counted it as no class's, so a
+    row of c with it trained c on a's and b's text unsaid, where augment drops a made row of c with it. A row of either
+    twin with it is no conflict."""
+    catalog = (("a", "What is covid?"), ("b", "what is  COVID?"), ("c", "Question c?"))
+    write_splits(tmp_path / "in", [("other", "c"), ("WHAT is covid?", label), ("more", "a"), ("again", "b")],
+                 [("fine", "a")], [("held out", "a")], catalog=catalog)
+    demoted = [name for name in ValidateParams().critical if name != "catalog_unique_texts"]
+    run_validate(tmp_path, ValidateParams(critical=demoted, max_quarantined_fraction=0.5, min_examples_per_class=1))
+    quarantined = [(q["file"], q["line"], q["reason"]) for q in read_jsonl(tmp_path / "quarantine.jsonl")]
+    if label == "c":
+        assert quarantined == [("train.csv", 2, "no_label_conflicts: conflicts with the standard question of classes 'a', 'b'")]
+    else:
+        assert quarantined == []
+        assert "WHAT is covid?" in [q["text"] for q in read_jsonl(tmp_path / "out" / "train.jsonl")]
+
+
 def test_a_critical_expectation_failing_wholesale_stops_the_stage_and_names_it(tmp_path):
     write_splits(tmp_path / "in", [("x", "zzz"), ("y", "zzz"), ("z", "a")], [("fine", "a")], [("held out", "a")])
     with pytest.raises(ValidationFailed, match="label_in_catalog on train"):

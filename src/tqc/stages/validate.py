@@ -53,13 +53,13 @@ def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, normali
              firsts: dict[str, dict[str, int]]) -> dict[str, pd.DataFrame]:
     """One frame per split with the derived columns the row-level expectations test. `normalised`: each split's rows'
     normalised texts; `firsts`: each split's `first_copies`."""
-    # A row that is word for word another class's standard question (one class's alone) is labelled against the catalog
-    standard_labels = _standard_question_labels(catalog)
+    # A row that is word for word a standard question of classes other than its own is labelled against the catalog
+    owners = _standard_question_owners(catalog)
     frames = {}
     for split, rows in splits.items():
         frame = pd.DataFrame([{c: getattr(q, c) for c in COLUMNS} for q in rows], columns=COLUMNS)
         keys = normalised[split]
-        labels_per_text: dict[str, set[str]] = {key: set(labels) for key, labels in standard_labels.items()}
+        labels_per_text: dict[str, set[str]] = {}
         # A made row that is another class's training question would teach it both labels; a validation row
         # labelled otherwise in train would be judged by a disputed label (its train copy goes as leakage).
         if split in (GENERATED, "validation"):
@@ -74,7 +74,8 @@ def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, normali
         has_text = [bool(key) for key in keys]
         frame["normalised_text"] = keys  # zero-width and other invisible characters do not count as text
         frame["is_repeat"] = [r and t for r, t in zip(repeated, has_text)]
-        frame["label_conflict"] = [len(labels_per_text[key]) > 1 and t for key, t in zip(keys, has_text)]
+        frame["label_conflict"] = [t and _is_label_conflict(labels_per_text[key], owners.get(key))
+                                   for key, t in zip(keys, has_text)]
         frame["leaks"] = [any(key in other for other in later_splits) and t for key, t in zip(keys, has_text)]
         frames[split] = frame.reset_index(drop=True)
     return frames
@@ -94,13 +95,20 @@ def first_copies(rows: list[LabeledQuestion], keys: list[str], catalog: Catalog,
     return firsts
 
 
-def _standard_question_labels(catalog: Catalog) -> dict[str, set[str]]:
-    """Normalised standard question → its class, for the texts one class has (twins, under a demoted
-    catalog_unique_texts, share theirs: a row with it is either's, and no conflict)."""
+def _is_label_conflict(labels: set[str], owners: set[str] | None) -> bool:
+    """Two labels for one text, or a label that is none of the text's standard question owners: twins' shared text
+    (catalog_unique_texts demoted) is either's, and a row of a third class conflicts with both."""
+    return len(labels) > 1 or (owners is not None and not labels <= owners)
+
+
+def _standard_question_owners(catalog: Catalog) -> dict[str, set[str]]:
+    """Normalised standard question → the classes it is the standard question of: one, or twins under a demoted
+    catalog_unique_texts (a row of either with it is no conflict; one of any other class conflicts with both), as
+    augment's `label_conflicts` reads them."""
     owners: dict[str, set[str]] = {}
     for question in catalog.questions:
         owners.setdefault(compared_text(question.text), set()).add(question.class_id)
-    return {key: labels for key, labels in owners.items() if len(labels) == 1 and key}
+    return {key: labels for key, labels in owners.items() if key}
 
 
 def row_expectations(catalog: Catalog, params: ValidateParams) -> list:
@@ -305,7 +313,7 @@ class RowReasons:
             for key, question in zip(self.keys[split], rows):
                 first.setdefault(key, question.source)
                 labeled.setdefault(key, {}).setdefault(question.class_id, question.source)
-        self.standard = _standard_question_labels(catalog)  # as annotate compares: a text one class owns
+        self.standard = _standard_question_owners(catalog)  # as annotate compares: a text's owner classes
         self.by_folded_id = {class_id.casefold(): class_id for class_id in catalog.class_ids}
 
     def __call__(self, split: str, index: int, expectations: list[str]) -> str:
@@ -327,9 +335,9 @@ class RowReasons:
         return name
 
     def _other_label(self, split: str, key: str, label: str) -> str:
-        owner = next(iter(self.standard.get(key, {label})))
-        if owner != label:
-            return f"the standard question of class {owner!r}"
+        owners = sorted(self.standard.get(key, {label}))
+        if label not in owners:
+            return f"the standard question of class{'es' if len(owners) > 1 else ''} {', '.join(map(repr, owners))}"
         # as annotate compares: a generated or validation row with train's rows too
         for other in (split, "train") if split in (GENERATED, "validation") else (split,):
             found = next(((lab, source) for lab, source in self.labeled.get(other, {}).get(key, {}).items() if lab != label),
