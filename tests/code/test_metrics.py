@@ -179,3 +179,34 @@ def test_seed_statistics_say_which_standard_deviation_they_give():
     stats = seed_statistics(runs, resplit=False)
     assert list(stats)[:4] == ["n", "resplit", "std_ddof", "admc"] and stats["std_ddof"] == 1
     assert stats["admc"]["accuracy"]["std"] == pytest.approx(np.std([0.90, 0.92, 0.95], ddof=stats["std_ddof"]))
+
+
+@pytest.mark.parametrize("diverged_in", ["mining", "scoring"])
+def test_an_extra_seed_whose_model_diverged_is_named_in_the_error_itself(monkeypatch, diverged_in):
+    """With evaluate.seeds > 1, the seed whose model scored NaN was named only in the log line before the error
+    ("full training 3/3 with seed 44"), which the error's own line in a CI log leaves out."""
+    from pathlib import Path
+
+    from tqc.config import Params
+    from tqc.metrics import DivergedScores
+    from tqc.stages import evaluate
+
+    chains = []
+
+    def train_chain(*_, **__):
+        chains.append(1)
+        if diverged_in == "mining" and len(chains) == 2:
+            raise DivergedScores("1 training question vector(s) hold NaN or inf (rows [3] first): the model diverged")
+
+    def score_chain(*_):
+        if diverged_in == "scoring" and len(chains) == 2:
+            raise DivergedScores("admc on test: scores hold NaN or +inf in 3 row(s) (first: [0, 1, 2]): the model diverged")
+        return {"metrics": {}}, {}
+
+    monkeypatch.setattr(evaluate, "augmented_again", lambda *_: Path("augmented.jsonl"))
+    monkeypatch.setattr(evaluate, "train_chain", train_chain)
+    monkeypatch.setattr(evaluate, "score_chain", score_chain)
+    said = "1 training question vector" if diverged_in == "mining" else "admc on test: scores hold NaN"
+    with pytest.raises(DivergedScores, match=rf"^full training 3/3 with seed 44: {said}[^\n]*diverged$"):
+        evaluate._extra_seeds(Params.model_validate({"seed": 42, "evaluate": {"seeds": 3}}), Path("data"),
+                              Path("train.jsonl"), {}, None)

@@ -151,14 +151,18 @@ def _extra_seeds(params: Params, data_dir: Path, train_path: Path, splits, catal
         seed = params.seed + offset
         log.info("evaluate: full training %d/%d with seed %d%s", offset + 1, params.evaluate.seeds, seed,
                  " on its own validation split" if params.evaluate.resplit else "")
-        with tempfile.TemporaryDirectory(prefix=f"tqc-seed{seed}-") as work:
-            seed_dir, seed_splits = data_dir, splits
-            if params.evaluate.resplit:  # its own validation split; test stays the one every seed is scored on
-                seed_dir = resplit(params, data_dir, seed, Path(work) / "data")
-                seed_splits = {**splits, "validation": load_questions(seed_dir / "validation.jsonl")}
-            seed_train = augmented_again(params, seed_dir, data_dir, seed, Path(work))  # its own copies or rewrites
-            outputs = train_chain(params, seed_dir, seed_train, Path(work), seed)
-            runs.append(score_chain(outputs, params, seed_dir, seed_splits, catalog)[0]["metrics"])
+        try:
+            with tempfile.TemporaryDirectory(prefix=f"tqc-seed{seed}-") as work:
+                seed_dir, seed_splits = data_dir, splits
+                if params.evaluate.resplit:  # its own validation split; test stays the one every seed is scored on
+                    seed_dir = resplit(params, data_dir, seed, Path(work) / "data")
+                    seed_splits = {**splits, "validation": load_questions(seed_dir / "validation.jsonl")}
+                seed_train = augmented_again(params, seed_dir, data_dir, seed, Path(work))  # its own copies or rewrites
+                outputs = train_chain(params, seed_dir, seed_train, Path(work), seed)
+                runs.append(score_chain(outputs, params, seed_dir, seed_splits, catalog)[0]["metrics"])
+        except DivergedScores as exc:  # NaN vectors in mining, NaN scores in the prior fit or here: the seed said in
+            # the error itself, whose line a CI log shows without the log line above
+            raise DivergedScores(f"full training {offset + 1}/{params.evaluate.seeds} with seed {seed}: {exc}") from None
     return runs
 
 
