@@ -11,6 +11,8 @@ import logging
 import math
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -286,6 +288,36 @@ def warn_cut_standards(model: BiEncoder, catalog: Catalog, most: int = 5) -> Non
         log.warning("%d standard question(s) longer than model.max_length (%d tokens) are cut to their first %d tokens, "
                     "in training and wherever the model matches them: class(es) %s; shorten them or raise model.max_length",
                     len(cut), model.standard.max_length, model.standard.max_length, classes)
+
+
+class _EachOnce(logging.Filter):
+    """Lets a warning through the first time its text is logged, and drops it after; info lines pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.said: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        message = record.getMessage()
+        if message in self.said:
+            return False
+        self.said.add(message)
+        return True
+
+
+@contextmanager
+def each_warning_once() -> Iterator[None]:
+    """Within the block, each of training's warnings is said once, not at every training: the callers that train chain
+    after chain in one process (tune's trials, evaluate's seeds) would say the same cut standard questions, shared
+    standard questions and loss notes twice a chain. A warning whose text differs (another max_length) is said."""
+    once = _EachOnce()
+    log.addFilter(once)
+    try:
+        yield
+    finally:
+        log.removeFilter(once)
 
 
 def bi_encoder_validator(model: BiEncoder, validation: list[LabeledQuestion], catalog: Catalog) -> Callable[[], dict]:

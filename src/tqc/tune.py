@@ -41,6 +41,7 @@ from tqc.pipeline import PreparedData, prepare_data, train_chain
 from tqc.schema import Catalog
 from tqc.text import first_of
 from tqc.tracking import Tracker, nested_run, run_params, standalone_run
+from tqc.training import each_warning_once
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +379,8 @@ def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: in
         objective = _objective(params, space, base, data, study_dir, worker)
         # gc after each trial: a pruned trial's exception holds its frames (model, optimizer state, on a GPU too)
         # until a full collection, which the next trial's allocations would otherwise wait on
-        study.optimize(objective, n_trials=trials, catch=TRIAL_FAILURES, gc_after_trial=True)
+        with each_warning_once():  # every trial trains on the same catalog: its warnings are said once a worker
+            study.optimize(objective, n_trials=trials, catch=TRIAL_FAILURES, gc_after_trial=True)
         with reports_lock(out_dir):  # the reports this run logs are the ones it wrote, whole
             result = write_reports(study, params, data, study_dir, out_dir, params_file)
             parent.log_metrics({"best_validation_macro_f1": result.summary["best"]["validation_macro_f1"]})

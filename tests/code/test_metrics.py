@@ -210,3 +210,26 @@ def test_an_extra_seed_whose_model_diverged_is_named_in_the_error_itself(monkeyp
     with pytest.raises(DivergedScores, match=rf"^full training 3/3 with seed 44: {said}[^\n]*diverged$"):
         evaluate._extra_seeds(Params.model_validate({"seed": 42, "evaluate": {"seeds": 3}}), Path("data"),
                               Path("train.jsonl"), {}, None)
+
+
+def test_evaluates_extra_seeds_say_each_training_warning_once(monkeypatch, caplog):
+    """Each extra seed trains on the same catalog, and its stages said the same warnings (a cut standard question)
+    again at every seed."""
+    import logging
+    from pathlib import Path
+
+    from tqc.config import Params
+    from tqc.stages import evaluate
+
+    def train_chain(*_, **__):
+        logging.getLogger("tqc.training").warning("1 standard question(s) longer than model.max_length (8 tokens)")
+        logging.getLogger("tqc.training").info("stage one: epoch 1")
+
+    monkeypatch.setattr(evaluate, "augmented_again", lambda *_: Path("augmented.jsonl"))
+    monkeypatch.setattr(evaluate, "train_chain", train_chain)
+    monkeypatch.setattr(evaluate, "score_chain", lambda *_: ({"metrics": {}}, {}))
+    with caplog.at_level("INFO", logger="tqc.training"):
+        evaluate._extra_seeds(Params.model_validate({"evaluate": {"seeds": 3}}), Path("data"), Path("train.jsonl"), {}, None)
+    said = [r.getMessage() for r in caplog.records if r.name == "tqc.training"]
+    assert said == ["1 standard question(s) longer than model.max_length (8 tokens)", "stage one: epoch 1",
+                    "stage one: epoch 1"]

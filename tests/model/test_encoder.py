@@ -650,6 +650,26 @@ def test_a_long_question_is_tokenized_only_as_far_as_max_length_reads_and_encode
     assert sparse in seen  # tokenized whole
 
 
+def test_within_each_warning_once_a_cut_warning_is_said_once_and_another_max_length_again(tiny_model_dir, caplog):
+    """tune's trials (and evaluate's seeds) train in one process, and said the same warning twice a training chain:
+    within `each_warning_once` it is said once, another max_length (which cuts other classes) is said too, and
+    outside the block every call says it."""
+    from tqc.training import each_warning_once, warn_cut_standards
+
+    catalog = Catalog([StandardQuestion("LOC", "where is the place where is the place where"),  # 11 tokens
+                       StandardQuestion("HUM", "who is the person who is"),  # 8 tokens
+                       StandardQuestion("NUM", CLASSES["NUM"][0])])
+    with caplog.at_level("WARNING", logger="tqc.training"):
+        with each_warning_once():
+            for max_length in (8, 8, 10, 8):
+                warn_cut_standards(tiny_bi_encoder(tiny_model_dir, max_length=max_length), catalog)
+        warn_cut_standards(tiny_bi_encoder(tiny_model_dir, max_length=8), catalog)
+    assert [r.getMessage()[:64] for r in caplog.records] == [
+        "1 standard question(s) longer than model.max_length (8 tokens) a",
+        "1 standard question(s) longer than model.max_length (10 tokens) ",
+        "1 standard question(s) longer than model.max_length (8 tokens) a"]
+
+
 def test_overlong_tokenizes_a_long_list_in_chunks_and_names_positions_in_the_whole_list(tiny_model_dir, monkeypatch):
     """`tqc predict --file` asks of the whole file at once: tokenized in one call, a fast tokenizer's encodings of
     300,000 lines held 1.2 GB more before the first answer. Chunks give the same positions."""

@@ -411,6 +411,23 @@ def test_a_hyperband_study_runs_and_reports(tmp_path, tiny_model_dir):
     assert saved["similarity"] == sampled  # the distance the tuner chose is the one the model was trained with
 
 
+def test_a_standard_question_cut_at_max_length_is_said_once_a_study_not_twice_a_trial(tmp_path, tiny_model_dir, caplog):
+    """Each trial's stage one and stage two said it again: 16 trials, 32 times the same warning."""
+    raw = tuning_params(tmp_path, tiny_model_dir, trials=2, space={"stage_one.temperature": SPACE["stage_one.temperature"]})
+    raw["tracking"]["enabled"] = False
+    raw["model"]["max_length"] = 8
+    for stage in ("stage_one", "stage_two"):
+        raw[stage]["epochs"] = 1
+    catalog = tmp_path / "raw" / "catalog.csv"  # LOC's standard question: 11 tokens
+    catalog.write_text(catalog.read_text().replace("Where is the place?", "Where is the place where is the place where?"))
+    with caplog.at_level("WARNING", logger="tqc.training"):
+        tune(Params.model_validate(raw), tmp_path / "reports", tmp_path / "work")
+    assert len(optuna.load_study(study_name="test", storage=raw["tune"]["storage"]).trials) == 2
+    said = [r.getMessage() for r in caplog.records if "standard question(s)" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("1 standard question(s) longer than model.max_length (8 tokens)")
+    assert "class(es) 'LOC';" in said[0]
+
+
 def test_the_tuner_refuses_to_run_under_torchrun(tmp_path, tiny_model_dir, monkeypatch):
     params = Params(**tuning_params(tmp_path, tiny_model_dir))
     monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets in each process

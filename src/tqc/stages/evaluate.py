@@ -35,7 +35,7 @@ from tqc.stages import prior as prior_stage
 from tqc.stages.ingest import stratified_split
 from tqc.text import normalise
 from tqc.tracking import CODE, git_commit
-from tqc.training import catalog_scores, gold_indices
+from tqc.training import catalog_scores, each_warning_once, gold_indices
 
 log = logging.getLogger(__name__)
 
@@ -147,23 +147,29 @@ def _extra_seeds(params: Params, data_dir: Path, train_path: Path, splits, catal
     includes the split's share of the variance, which dominates on small datasets.
     """
     runs = []
-    for offset in range(1, params.evaluate.seeds):
-        seed = params.seed + offset
-        log.info("evaluate: full training %d/%d with seed %d%s", offset + 1, params.evaluate.seeds, seed,
-                 " on its own validation split" if params.evaluate.resplit else "")
-        try:
-            with tempfile.TemporaryDirectory(prefix=f"tqc-seed{seed}-") as work:
-                seed_dir, seed_splits = data_dir, splits
-                if params.evaluate.resplit:  # its own validation split; test stays the one every seed is scored on
-                    seed_dir = resplit(params, data_dir, seed, Path(work) / "data")
-                    seed_splits = {**splits, "validation": load_questions(seed_dir / "validation.jsonl")}
-                seed_train = augmented_again(params, seed_dir, data_dir, seed, Path(work))  # its own copies or rewrites
-                outputs = train_chain(params, seed_dir, seed_train, Path(work), seed)
-                runs.append(score_chain(outputs, params, seed_dir, seed_splits, catalog)[0]["metrics"])
-        except DivergedScores as exc:  # NaN vectors in mining, NaN scores in the prior fit or here: the seed said in
-            # the error itself, whose line a CI log shows without the log line above
-            raise DivergedScores(f"full training {offset + 1}/{params.evaluate.seeds} with seed {seed}: {exc}") from None
+    with each_warning_once():  # every seed trains on the same catalog: its warnings are said once, not at every seed
+        for offset in range(1, params.evaluate.seeds):
+            runs.append(_extra_seed(params, data_dir, splits, catalog, offset))
     return runs
+
+
+def _extra_seed(params: Params, data_dir: Path, splits, catalog, offset: int) -> dict:
+    """Seed `offset` + 1 of evaluate.seeds: the chain trained and scored in a folder of its own → its figures."""
+    seed = params.seed + offset
+    log.info("evaluate: full training %d/%d with seed %d%s", offset + 1, params.evaluate.seeds, seed,
+             " on its own validation split" if params.evaluate.resplit else "")
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"tqc-seed{seed}-") as work:
+            seed_dir, seed_splits = data_dir, splits
+            if params.evaluate.resplit:  # its own validation split; test stays the one every seed is scored on
+                seed_dir = resplit(params, data_dir, seed, Path(work) / "data")
+                seed_splits = {**splits, "validation": load_questions(seed_dir / "validation.jsonl")}
+            seed_train = augmented_again(params, seed_dir, data_dir, seed, Path(work))  # its own copies or rewrites
+            outputs = train_chain(params, seed_dir, seed_train, Path(work), seed)
+            return score_chain(outputs, params, seed_dir, seed_splits, catalog)[0]["metrics"]
+    except DivergedScores as exc:  # NaN vectors in mining, NaN scores in the prior fit or here: the seed said in
+        # the error itself, whose line a CI log shows without the log line above
+        raise DivergedScores(f"full training {offset + 1}/{params.evaluate.seeds} with seed {seed}: {exc}") from None
 
 
 def score_chain(outputs: ChainOutputs, params: Params, data_dir: Path, splits: dict[str, list[LabeledQuestion]],
