@@ -187,23 +187,26 @@ def fit(
 def _train_epoch(model: nn.Module, batch_loss: Callable[[list[int]], torch.Tensor], progress, optimizer, scheduler,
                  device: torch.device) -> float:
     """One pass over the epoch's batches (`progress`: row indices per batch, with a progress bar); each process
-    takes its share of a batch and the gradients are averaged. Returns the mean loss over every process."""
+    takes its share of a batch and the gradients are averaged. Returns the epoch's mean loss over its batches, each
+    batch's the mean over all its rows (as one process records it), whatever the processes' shares."""
     model.train()
-    losses = []
+    losses, weighted = [], []
     for rows in progress:
         share = distributed.shard(rows)
         with autocast(device):
             loss = batch_loss(share)
         # Each process's mean, weighted by its share of the batch: averaged over the processes, the
         # gradient is the mean over the batch's rows even where the shares differ in size (64 rows on 3 GPUs)
-        (loss * distributed.share_weight(len(share), len(rows))).backward()
+        weight = distributed.share_weight(len(share), len(rows))
+        (loss * weight).backward()
         distributed.average_gradients(model)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
+        weighted.append(losses[-1] * weight)  # so is the loss: the share means' plain mean would not be the batch's
         progress.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
-    return distributed.mean_over_processes(float(np.mean(losses)))
+    return distributed.mean_over_processes(float(np.mean(weighted)))
 
 
 def _validated(validate: Callable[[], dict], description: str, epoch: int) -> dict:

@@ -38,7 +38,7 @@ def _deterministic() -> None:
 
 def _single_process(_index: int, model_dir: str, out_dir: str) -> None:
     _deterministic()
-    before, after = _stage_two_weights(model_dir, device="cuda:0")
+    before, after, _ = _stage_two_weights(model_dir, device="cuda:0")
     torch.save({"before": {k: v.cpu() for k, v in before.items()}, "after": {k: v.cpu() for k, v in after.items()}},
                Path(out_dir) / "single.pt")
 

@@ -42,8 +42,9 @@ def _always_better(*_):
 
 
 def _stage_two_weights(model_dir: str, batch_size: int = 16,
-                       device: str = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """One epoch of stage two on synthetic rows, dropout off so runs are comparable; the weights before and after."""
+                       device: str = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], float]:
+    """One epoch of stage two on synthetic rows, dropout off so runs are comparable; the weights before and after,
+    and the epoch's training loss as its history records it."""
     from tqc.mining import mine
     from tqc.stages import stage_two
     from tqc.training import gold_indices
@@ -62,10 +63,10 @@ def _stage_two_weights(model_dir: str, batch_size: int = 16,
     params = StageTwoParams(epochs=1, batch_size=batch_size, learning_rate=1e-3, patience=1, warmup_ratio=0.0)
     real_validator, stage_two.bi_encoder_validator = stage_two.bi_encoder_validator, _always_better  # keep the trained epoch
     try:
-        stage_two.train(model, rows, torch.as_tensor(mined), validation, catalog, params, seed=0)
+        fitted = stage_two.train(model, rows, torch.as_tensor(mined), validation, catalog, params, seed=0)
     finally:
         stage_two.bi_encoder_validator = real_validator
-    return before, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return before, {k: v.detach().clone() for k, v in model.state_dict().items()}, fitted.history[1].train_loss
 
 
 def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str, batch_size: int = 16) -> None:
@@ -77,10 +78,10 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str, batc
         seen, real_shard = [], distributed.shard
         distributed.shard = lambda rows: seen.extend(real_shard(rows)) or real_shard(rows)  # rows this process trains on
         try:
-            weights = _stage_two_weights(model_dir, batch_size)[1]
+            _, weights, loss = _stage_two_weights(model_dir, batch_size)
         finally:
             distributed.shard = real_shard
-        torch.save({"weights": weights, "rows_seen": len(seen)}, Path(out_dir) / f"rank{rank}.pt")
+        torch.save({"weights": weights, "rows_seen": len(seen), "loss": loss}, Path(out_dir) / f"rank{rank}.pt")
     finally:
         distributed.teardown()
 
@@ -101,11 +102,13 @@ def test_without_torchrun_everything_is_one_process(monkeypatch):
 @pytest.mark.parametrize("batch_size, rows_seen", [(16, [24, 24]), (13, [26, 22])])
 def test_two_processes_end_with_the_weights_of_one_process_on_the_whole_batch(tiny_model_dir, tmp_path, batch_size, rows_seen):
     # 13: batches of 13, 13, 13 and 9 rows, so shares of 7 and 6 (5 and 4): each must weigh as many rows as it has
-    start, single = _stage_two_weights(str(tiny_model_dir), batch_size)
+    start, single, single_loss = _stage_two_weights(str(tiny_model_dir), batch_size)
     assert any(not torch.equal(start[k], single[k]) for k in single)  # the epoch trained something
     multiprocessing.spawn(_worker, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path), batch_size), nprocs=2, join=True)
     saved = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
     assert [r["rows_seen"] for r in saved] == rows_seen  # each process trained on its share of the 48 rows
+    # the history's loss is the mean over each whole batch, as one process records it: a share's mean weighs its rows
+    assert saved[0]["loss"] == saved[1]["loss"] == pytest.approx(single_loss, rel=1e-5)
     replicas = [r["weights"] for r in saved]
     for name, tensor in single.items():
         assert torch.equal(replicas[0][name], replicas[1][name]), f"replicas drifted apart at {name}"
