@@ -137,8 +137,18 @@ def setup(backend: str = "auto") -> None:
     chosen = ("nccl" if cuda else "gloo") if backend == "auto" else backend
     dist.init_process_group(chosen, timeout=timedelta(minutes=30))
     if not is_main():
-        logging.getLogger("tqc").setLevel(logging.WARNING)  # one log, from rank 0
+        _quiet()
     log.info("distributed: %d processes, backend %s", world_size(), chosen)
+
+
+def _quiet() -> None:
+    """One log and one set of progress bars, rank 0's. Every process does the same work on the same data, so another
+    rank's warnings (a loss setting it ignores, classes that share a standard question) and bars (loading the weights,
+    encoding for validation) are rank 0's again, once per process; its errors still show."""
+    from transformers.utils import logging as transformers_logging
+
+    logging.getLogger("tqc").setLevel(logging.ERROR)
+    transformers_logging.disable_progress_bar()
 
 
 def shard(rows: list[int]) -> list[int]:

@@ -135,10 +135,13 @@ def test_the_cli_relaunches_a_training_stage_under_torchrun_and_rank_0_writes(ti
     project, environment = _ingested_project(tmp_path, tiny_model_dir)
     finished = subprocess.run(
         [sys.executable, "-m", "tqc.cli", "--set", "distributed.nproc_per_node=2", "--set", "tracking.enabled=false",
-         "stage-one", "--data", "data/ingested", "--train", "data/ingested/train.jsonl", "--out", "models/stage_one",
-         "--history", "history.csv"], cwd=project, env=environment, capture_output=True, text=True, timeout=300)
+         "--set", "stage_one.smoothing=0.1", "stage-one", "--data", "data/ingested", "--train", "data/ingested/train.jsonl",
+         "--out", "models/stage_one", "--history", "history.csv"], cwd=project, env=environment, capture_output=True,
+        text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "distributed: 2 processes, backend gloo" in finished.stderr
+    # a warning every process would give (a loss setting nt_xent ignores) is said once, by rank 0: it was said twice
+    assert finished.stderr.count("stage_one.smoothing is 0.1, and only loss sdml reads it") == 1, finished.stderr[-3000:]
     assert (project / "models/stage_one/tqc_model.json").exists()
     assert len((project / "history.csv").read_text().splitlines()) >= 2
 
@@ -185,6 +188,35 @@ def test_what_would_fail_in_every_process_is_one_line_before_torchrun_starts(tin
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert cli.main(stage_one) == 2
     assert "distributed.nproc_per_node is 2, and this machine has 1 CUDA device(s)" in capsys.readouterr().err
+
+
+def test_a_process_other_than_rank_0_logs_only_errors_and_draws_no_progress_bar(tiny_model_dir, monkeypatch, capsys):
+    """Every rank warned rank 0's warnings again and drew its bars again (loading the weights, encoding for validation)."""
+    import logging
+
+    import torch.distributed as dist
+    from transformers.utils import logging as transformers_logging
+
+    from tqc.model.encoder import TextEncoder
+
+    encoder = TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 16)
+    encoder.encode(["a question", "another one", "a third"], batch_size=1, description="encoding as rank 0")
+    assert "encoding as rank 0" in capsys.readouterr().err  # the bar as one process, or rank 0, draws it
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda *args, **kwargs: None)  # joined, as torchrun's rank 1 would be
+    tqc_logger, level = logging.getLogger("tqc"), logging.getLogger("tqc").level
+    try:
+        distributed.setup("gloo")
+        assert not logging.getLogger("tqc.training").isEnabledFor(logging.WARNING)
+        assert logging.getLogger("tqc.training").isEnabledFor(logging.ERROR)
+        assert not transformers_logging.is_progress_bar_enabled()  # "Loading weights", once a model
+        encoder.encode(["a question", "another one", "a third"], batch_size=1, description="encoding as rank 1")
+        assert "encoding as rank 1" not in capsys.readouterr().err
+    finally:
+        tqc_logger.setLevel(level)
+        transformers_logging.enable_progress_bar()
 
 
 def test_a_local_rank_without_a_gpu_of_its_own_is_named(monkeypatch):

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
+from tqc import distributed
 from tqc.config import AugmentParams, ConfigError, ModelParams
 from tqc.io import atomic_directory
 from tqc.model.similarity import make_scorer
@@ -366,7 +367,8 @@ class TextEncoder(nn.Module):
         # Batches of texts of similar length (by characters, a cheap stand-in for tokens) pad little
         by_length = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         chunks = []
-        for start in tqdm(range(0, len(texts), batch_size), desc=description, leave=False, disable=len(texts) <= batch_size):
+        for start in tqdm(range(0, len(texts), batch_size), desc=description, leave=False,
+                          disable=len(texts) <= batch_size or not distributed.is_main()):  # rank 0's bar, not one a process
             with autocast(self.device):
                 chunks.append(self([texts[i] for i in by_length[start : start + batch_size]]).float().cpu())
         self.train(was_training)
