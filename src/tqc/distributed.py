@@ -172,6 +172,16 @@ def broadcast_parameters(model: nn.Module) -> None:
             dist.broadcast(tensor, src=0)
 
 
+def seed_own_stream(seed: int) -> None:
+    """Each process its own torch random stream (seed + rank), once the replicas hold rank 0's weights: seeded alike,
+    the processes drew the same dropout masks and embedding cutoffs for their shares, row for row, so a batch had half
+    the noise one process gives it. (One process: untouched, its runs as before.)"""
+    if active():
+        import torch
+
+        torch.manual_seed(seed + rank())
+
+
 def average_gradients(model: nn.Module) -> None:
     """Mean of every parameter's gradient over the processes, in one all-reduce of all of them
     flattened (one collective per step, not one per tensor). A parameter some process's share never

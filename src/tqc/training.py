@@ -152,6 +152,7 @@ def fit(
     scheduler = linear_warmup(optimizer, steps_per_epoch(n_rows, batch_size, max_steps) * epochs, schedule.warmup_ratio)
     device = next(model.parameters()).device
     distributed.broadcast_parameters(model)
+    distributed.seed_own_stream(seed)  # the batches' order is `rng`'s, alike in every process; dropout is not
     on_epoch = on_epoch if distributed.is_main() else None  # tracking and callbacks: rank 0 only
 
     history = [_record(0, math.nan, _validated(validate, description, 0), 0.0)]

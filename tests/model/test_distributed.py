@@ -271,6 +271,40 @@ def test_every_process_takes_rank_0s_early_stopping_choice(tmp_path):
     assert saved[0] == saved[1] == {"epochs_run": 3, "best_epoch": 3}  # rank 0's rising figures: every epoch kept
 
 
+def _dropout_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """`fit` one step on a linear model with dropout, every process seeded alike (as `seed_everything(seed)` leaves
+    them); the dropout mask each process drew on its share."""
+    from tqc.config import Schedule
+    from tqc.training import fit
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    distributed.setup("gloo")
+    try:
+        torch.manual_seed(0)
+        model, inputs, masks = nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5)), torch.randn(8, 16), []  # (rows, features)
+
+        def batch_loss(rows):
+            out = model(inputs[rows])  # (share, 16)
+            masks.append(out == 0)
+            return out.pow(2).mean()
+
+        fit(model, [{"params": list(model.parameters()), "lr": 0.1}], batch_loss, len(inputs), _always_better(),
+            Schedule(epochs=1, batch_size=8), seed=0, description="toy")
+        torch.save(masks[0], Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        distributed.teardown()
+
+
+def test_each_process_draws_its_own_dropout(tmp_path):
+    """Every process was seeded alike, so the two halves of a batch got the same dropout masks, row for row (and the
+    same embedding cutoff): half the noise one process gives a batch. Each process now draws from a stream of its own."""
+    multiprocessing.spawn(_dropout_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    masks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    assert masks[0].shape == masks[1].shape == (4, 16) and masks[0].any()
+    assert not torch.equal(masks[0], masks[1])
+
+
 def test_a_disabled_nc_baseline_is_not_launched_under_torchrun_and_only_rank_0_writes_its_marker(tmp_path, monkeypatch):
     """Every process used to write the marker folder at once: two renames of one folder, and one process failed."""
     from tqc import cli
