@@ -202,7 +202,7 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
             if not Path(path).exists():
                 raise FileNotFoundError(f"--{name} {path}: no such file or folder")
         logging.getLogger(__name__).info("distributed: launching %s", " ".join(command))
-        raise SystemExit(subprocess.call(command))
+        raise SystemExit(_launch(command))
     launched = distributed.world_size()
     if params.distributed.nproc_per_node > launched and distributed.is_main():  # said once, not by every rank
         # WORLD_SIZE already set (a job launcher's, a torchrun of fewer processes): nothing is launched
@@ -214,6 +214,22 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
                                               (args.command.replace("-", "_"),))  # stage-one → stage_one: its own batches
     if problem:  # a user's own torchrun, over several nodes, is not what distributed.nproc_per_node says
         raise ConfigError(problem)
+
+
+def _launch(command: list[str]) -> int:
+    """torchrun's exit status. An input error its processes stopped on (a class the catalog lacks: the same in each) is
+    raised here as one, so the command ends on its line and exits 2 as in one process, not 1 after torchrun's summary."""
+    import tempfile
+
+    from tqc.launched import ERROR_FILE_ENV, launched_input_error
+
+    with tempfile.TemporaryDirectory(prefix="tqc-launch-") as folder:
+        error_file = Path(folder) / "input-error"  # each process writes it + ".rank<RANK>" (launched.record_input_error)
+        status = subprocess.call(command, env={**os.environ, ERROR_FILE_ENV: str(error_file)})
+        said = launched_input_error(error_file) if status != 0 else None
+    if said is not None:
+        raise said
+    return status
 
 
 def dispatch(args: argparse.Namespace) -> None:

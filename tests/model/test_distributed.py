@@ -146,6 +146,24 @@ def test_the_cli_relaunches_a_training_stage_under_torchrun_and_rank_0_writes(ti
     assert len((project / "history.csv").read_text().splitlines()) >= 2
 
 
+def test_an_input_error_in_a_relaunched_stage_ends_the_command_on_its_line_with_status_2(tiny_model_dir, tmp_path):
+    """Found once torchrun had started (a training row of a class the catalog lacks), it exited 1, as a crash does,
+    after torchrun's 30-line summary; one process says it and exits 2."""
+    import json
+
+    project, environment = _ingested_project(tmp_path, tiny_model_dir)
+    with (project / "data/ingested/train.jsonl").open("a") as train:
+        train.write(json.dumps({"text": "a stray question", "class_id": "nowhere", "source": "x:1", "generated": False}) + "\n")
+    finished = subprocess.run(
+        [sys.executable, "-m", "tqc.cli", "--set", "distributed.nproc_per_node=2", "--set", "tracking.enabled=false",
+         "stage-one", "--data", "data/ingested", "--train", "data/ingested/train.jsonl", "--out", "models/stage_one",
+         "--history", "history.csv"], cwd=project, env=environment, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 2, finished.stderr[-3000:]
+    assert finished.stderr.strip().splitlines()[-1].startswith("tqc stage-one: error: UnknownClass: question "), \
+        finished.stderr[-3000:]
+    assert not (project / "models/stage_one").exists()
+
+
 def test_the_readmes_multi_node_command_trains_as_one_job_of_two_nodes(tiny_model_dir, tmp_path):
     """docs/scaling.md "Several GPUs": two nodes rendezvous through c10d (here two torchruns on one host, one process each);
     each gets its own rank, they train as one job of two processes, and global rank 0 alone writes."""
