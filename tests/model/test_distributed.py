@@ -164,6 +164,50 @@ def test_an_input_error_in_a_relaunched_stage_ends_the_command_on_its_line_with_
     assert not (project / "models/stage_one").exists()
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_relaunched_stage_stopped_with_sigterm_stops_its_torchrun_and_its_processes(tiny_model_dir, tmp_path):
+    """`kill` of `tqc stage-one` (distributed.nproc_per_node: 2) ended it alone: its torchrun, left to init, and both
+    processes trained on and wrote the model after it. It now asks torchrun to stop them (SIGTERM), and exits 143."""
+    import signal
+
+    project, environment = _ingested_project(tmp_path, tiny_model_dir)
+    said = tmp_path / "stderr.txt"  # a file, not a pipe: processes that outlive the command would hold a pipe open
+    with said.open("w") as stderr:
+        stage = subprocess.Popen(
+            [sys.executable, "-m", "tqc.cli", "--set", "distributed.nproc_per_node=2", "--set", "tracking.enabled=false",
+             "--set", "stage_one.epochs=100000", "--set", "stage_one.patience=100000", "stage-one", "--data",
+             "data/ingested", "--train", "data/ingested/train.jsonl", "--out", "models/stage_one", "--history", "history.csv"],
+            cwd=project, env={**environment, "PYTHONUNBUFFERED": "1"}, stderr=stderr)
+    launched = []
+    try:
+        deadline = time.monotonic() + 240
+        while "stage one: epoch 1 loss" not in said.read_text() and stage.poll() is None:  # until the processes train
+            assert time.monotonic() < deadline, said.read_text()[-3000:]
+            time.sleep(0.2)
+        launched = [pid for torchrun in _children(stage.pid) for pid in (torchrun, *_children(torchrun))]
+        assert len(launched) == 3, said.read_text()[-3000:]  # torchrun and its two processes
+        stage.send_signal(signal.SIGTERM)
+        stage.wait(timeout=120)
+        deadline = time.monotonic() + 60  # torchrun's own grace for its processes is 30 s
+        while not all(_ended(pid) for pid in launched) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert all(_ended(pid) for pid in launched), "torchrun or a process of its trained on without its command"
+        assert stage.returncode == 128 + signal.SIGTERM
+        assert not (project / "models/stage_one").exists()
+    finally:
+        stage.kill()
+        for pid in launched:
+            if not _ended(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_the_readmes_multi_node_command_trains_as_one_job_of_two_nodes(tiny_model_dir, tmp_path):
     """docs/scaling.md "Several GPUs": two nodes rendezvous through c10d (here two torchruns on one host, one process each);
     each gets its own rank, they train as one job of two processes, and global rank 0 alone writes."""
@@ -192,7 +236,7 @@ def test_what_would_fail_in_every_process_is_one_line_before_torchrun_starts(tin
 
     write_custom_dataset(tmp_path / "raw")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params(tmp_path / "raw", tiny_model_dir)))
-    monkeypatch.setattr(cli.subprocess, "call", lambda command: pytest.fail(f"torchrun started: {command}"))
+    monkeypatch.setattr(cli, "_launch", lambda command: pytest.fail(f"torchrun started: {command}"))
     stage_one = ["--params", str(tmp_path / "params.yaml"), "--set", "distributed.nproc_per_node=2", "stage-one",
                  "--train", str(tmp_path / "nope.jsonl"), "--data", str(tmp_path), "--out", str(tmp_path / "m"),
                  "--history", str(tmp_path / "h.csv")]
@@ -329,7 +373,7 @@ def test_a_disabled_nc_baseline_is_not_launched_under_torchrun_and_only_rank_0_w
     from tqc.config import BaselineNCParams
     from tqc.stages import baseline_nc
 
-    monkeypatch.setattr(cli.subprocess, "call", lambda command: pytest.fail(f"launched {command}"))
+    monkeypatch.setattr(cli, "_launch", lambda command: pytest.fail(f"launched {command}"))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"distributed": {"nproc_per_node": 2},
                                                           "baseline_nc": {"enabled": False}, "tracking": {"enabled": False}}))
     cli.main(["--params", str(tmp_path / "params.yaml"), "baseline-nc", "--data", str(tmp_path), "--train",
