@@ -22,13 +22,16 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 
 from tqc import retrain as steps
-from tqc.config import ConfigError, Params, load_params
+from tqc.config import Params, load_params
 from tqc.errors import input_errors
 from tqc.tracking import COMMIT_TAG, git_commit, nested_run, offline_mlflow, run_params, standalone_run
 
 
-# Failures whose message is the whole story (bad params, no champion to refresh, a dvc step of the commit)
-USER_ERRORS = (ConfigError, steps.RefreshError, steps.RetrainCommitError)
+def user_errors() -> tuple[type[Exception], ...]:
+    """Failures whose message is the whole story: bad params, data or a prior file (`tqc.errors.input_errors`, each
+    naming the file and what is wrong: the current dataset's file gone, say), no champion to refresh, a dvc step of
+    the commit. A function, as input_errors is: the list reaches into validate, which importing the flow must not."""
+    return (*input_errors(), steps.RefreshError, steps.RetrainCommitError)
 
 
 @task(cache_policy=NO_CACHE)
@@ -102,7 +105,7 @@ def _retrain(params_path: str, mode: str | None, logger) -> dict:
     except steps.RetrainBusy as busy:  # not a failure: the files wait in the inbox for the next run
         logger.warning("retrain: %s; this run did nothing", busy)
         return {"status": "busy"}
-    except USER_ERRORS as error:
+    except user_errors() as error:
         # The flow run fails with the reason as its message, not a second traceback through Prefect's flow engine
         # (a task that raised it has logged its own); a caller (a test, `python flows/retrain.py`) still gets it.
         logger.error("retrain: %s", error)
@@ -228,14 +231,19 @@ def _retrain_new_files(params: Params, retries: dict, logger) -> dict:
             "new_classes": staged.new_classes, "promoted": promotion["promoted"], **result}
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """`python flows/retrain.py`: one run; a failure whose message is the whole story exits with that line alone."""
     # Offline, the embedded server's usage report logs an ERROR at each start; a user's own setting stands
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         outcome = retrain()
-    except USER_ERRORS as error:  # said in the run's log already
+    except user_errors() as error:  # said in the run's log already
         raise SystemExit(f"retrain failed: {error}") from None
     if outcome["status"] == "no rows accepted" and outcome["new_files"]:  # new files that added nothing want a look:
         # a non-zero exit for cron (a delivery of repeats only is no fault)
         raise SystemExit("retrain: no row of the delivery was accepted; data/archive/manifest.jsonl and the quarantine "
                          "say why")
+
+
+if __name__ == "__main__":
+    main()

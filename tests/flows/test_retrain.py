@@ -406,6 +406,25 @@ def test_bad_params_fail_the_run_with_the_key_and_the_reason(project):
     assert isinstance(state.result(raise_on_failure=False), ConfigError)
 
 
+def test_bad_data_fails_the_run_with_the_file_and_the_reason_and_the_script_says_it_in_one_line(project):
+    """An input error (tqc.errors.input_errors: here the dataset's train file gone) failed the run as "Flow run
+    encountered an exception: ReaderError: …" with Prefect's traceback, and `python flows/retrain.py` ended in a
+    traceback of its own, where bad params were one line."""
+    from flows.retrain import main
+    from tqc.readers import ReaderError
+
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
+    train_file = Path(read_yaml((project / "params.yaml").read_text())["data"]["data_dir"]) / "train.csv"
+    train_file.unlink()
+    state = retrain(params_path="params.yaml", return_state=True)
+    assert state.is_failed() and state.message.startswith(f"data.custom.train 'train.csv': no file {train_file}")
+    assert isinstance(state.result(raise_on_failure=False), ReaderError)
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert str(exited.value).startswith("retrain failed: data.custom.train 'train.csv': no file")
+    assert (project / "data" / "incoming" / "one.csv").exists() and not added_rows(project)
+
+
 def test_a_refresh_answers_a_new_class_from_its_labeled_questions_alone(project):
     import mlflow.pyfunc
     import pandas as pd
