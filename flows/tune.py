@@ -17,9 +17,10 @@ import sys
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
+from prefect.states import Failed
 
 from tqc.cli import parse_overrides
-from tqc.config import load_params
+from tqc.config import ConfigError, load_params
 from tqc.launched import run_logging_lines
 
 
@@ -62,7 +63,11 @@ def tune(params_path: str = "params.yaml", workers: int = 2, trials_per_worker: 
          overrides: list[str] | None = None, out: str = "reports/tuning", work: str = "tuning") -> list[str]:
     """`overrides`: KEY=VALUE params for the study, as `tqc --set` takes them; each worker runs
     `trials_per_worker` trials, by default `tune.trials` (a per-worker count, as for `tqc tune`)."""
-    params = load_params(params_path, parse_overrides(overrides or []))  # as each worker reads them: study, trials
+    try:
+        params = load_params(params_path, parse_overrides(overrides or []))  # as each worker reads them: study, trials
+    except ConfigError as error:  # the run fails with the key and the reason as its message, as the retrain flow's
+        get_run_logger().error("tune: %s", error)
+        return Failed(message=str(error), data=error)
     trials = trials_per_worker or params.tune.trials
     futures = [tune_worker.submit(params_path, i, trials, overrides or [], out, work) for i in range(workers)]
     results = [f.result() for f in futures]
@@ -88,8 +93,16 @@ def _arguments(argv: list[str] | None = None):
     return parser.parse_args(argv)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    """`python flows/tune.py`: bad params or --set values exit with their reason alone, not a traceback."""
     # Offline, the embedded server's usage report logs an ERROR at each start; a user's own setting stands
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    arguments = _arguments()
-    tune(arguments.params, arguments.workers, arguments.trials, arguments.overrides, arguments.out, arguments.work)
+    arguments = _arguments(argv)
+    try:
+        tune(arguments.params, arguments.workers, arguments.trials, arguments.overrides, arguments.out, arguments.work)
+    except ConfigError as error:  # said in the run's log already
+        raise SystemExit(f"tune failed: {error}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -154,3 +154,20 @@ def test_the_flow_script_takes_the_flows_parameters_on_its_command_line():
     assert (default.workers, default.trials, default.overrides, default.out) == (2, None, [], "reports/tuning")
     with pytest.raises(SystemExit):
         _arguments(["--workers", "0"])
+
+
+def test_bad_params_fail_the_run_with_the_key_and_the_reason_and_the_script_says_it_in_one_line(project):
+    """A --set value the params refuse failed the run as "Flow run encountered an exception: ConfigError: …" with
+    Prefect's traceback, and `python flows/tune.py` ended in a traceback of its own; the retrain flow says it in a line."""
+    from flows.tune import main
+    from tqc.config import ConfigError
+
+    state = tune(params_path="params.yaml", workers=1, overrides=["stage_one.epochs=abc"], return_state=True)
+    assert state.is_failed() and state.message.startswith(
+        "params.yaml with {'stage_one.epochs': 'abc'} set on top: invalid parameters")
+    assert "stage_one.epochs: Input should be a valid integer (got 'abc')" in state.message
+    assert isinstance(state.result(raise_on_failure=False), ConfigError)
+    with pytest.raises(SystemExit) as exited:
+        main(["--workers", "1", "--set", "stage_one.epochs=abc"])
+    assert str(exited.value).startswith("tune failed: params.yaml with {'stage_one.epochs': 'abc'} set on top")
+    assert not (project / "reports").exists()  # no worker started
