@@ -94,7 +94,7 @@ def _with_new_class_hint(record: dict) -> dict:
 
 def main(path: Path, against: Path, params: Params) -> int:
     try:
-        with _quiet(*_CURRENT_DATA_LOGGERS):
+        with quiet(*_CURRENT_DATA_LOGGERS):
             report = check_batch(path, against, params)
     except UnreadableReference as exc:  # exit 2, not an uncaught error's 1, which says QUARANTINED here
         print(f"{exc} (the validate stage writes it: `dvc repro validate`)")
@@ -140,7 +140,7 @@ def check_delivery(paths: list[Path], params: Params) -> int:
         twin = first_with[incoming.sha256]
         print(f"{incoming.path}: a repeat of {twin if twin != incoming.path else 'a file the flow merged'} (the same "
               "bytes): the flow would archive it, adding nothing")
-    with (tempfile.TemporaryDirectory(prefix="tqc-validate-") as scratch, _quiet(*_CURRENT_DATA_LOGGERS),
+    with (tempfile.TemporaryDirectory(prefix="tqc-validate-") as scratch, quiet(*_CURRENT_DATA_LOGGERS),
           _only_about([incoming.path for incoming in files], "tqc.readers")):
         try:
             staged = retrain.stage(files, params, Path(scratch)) if files else retrain.Staged(Path(scratch))
@@ -178,8 +178,10 @@ def _same_names(paths: list[Path]) -> dict[Path, str]:
 
 # What building and validating the grown data logs concerns all of it (ingest's own quarantined rows, validate's
 # "no_duplicates on train failed for 72 rows" over the current data too), not the
-# files checked: those are printed file by file, each quarantined row with its line
-_CURRENT_DATA_LOGGERS = ("tqc.stages.ingest", "tqc.stages.validate", "tqc.retrain")
+# files checked: those are printed file by file, each quarantined row with its line (the retrain flow logs each
+# file's count, first line and reason)
+CURRENT_DATA_STAGES = ("tqc.stages.ingest", "tqc.stages.validate")
+_CURRENT_DATA_LOGGERS = (*CURRENT_DATA_STAGES, "tqc.retrain")
 
 
 class _AboutFiles(logging.Filter):
@@ -207,7 +209,7 @@ def _only_about(files: list[Path], name: str):
 
 
 @contextmanager
-def _quiet(*names: str):
+def quiet(*names: str):
     """The loggers `names` held at ERROR for a block."""
     loggers = [logging.getLogger(name) for name in names]
     levels = [logger.level for logger in loggers]

@@ -438,6 +438,24 @@ def test_the_summary_names_why_a_delivered_files_rows_were_quarantined(project):
     assert row.split("|")[4:7] == [" 3 ", " 1 ", " 2 "] and "e.g. line " in row
 
 
+def test_the_log_names_each_files_quarantined_rows_and_not_the_current_datas_own_failures(project, caplog):
+    """Judging a delivery logged validate's counts over the grown set: "no_duplicates on train failed for 5 rows" for a
+    clean file (the synthetic train's own repeats), and a file's parse rejections nowhere; tqc validate held them back."""
+    fresh = unseen_questions(project, "LOC", 2)
+    drop(project, "clean.csv", [(fresh[0], "LOC")])
+    drop(project, "mixed.csv", [(fresh[1], "LOC"), ("what is a thing", "NOPE")])
+    with (project / "data" / "incoming" / "mixed.csv").open("a") as mixed:
+        mixed.write('"a,b",LOC,extra\n')  # line 4: a parse rejection
+    with caplog.at_level(logging.INFO, logger="tqc"):
+        deliver(project)
+    assert not [r for r in caplog.records if r.name.startswith("tqc.stages")], caplog.text
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("tqc")]
+    assert said == ["retrain: data/incoming/mixed.csv: 2 of 3 row(s) quarantined to data/quarantine/incoming.jsonl, e.g. "
+                    "line 3: label_in_catalog: 'NOPE' is no class of the catalog (a delivery adds a class with a "
+                    "catalog*.csv file of its standard question beside the rows)"]
+    assert logging.getLogger("tqc.stages.validate").level == logging.NOTSET  # restored after the check
+
+
 def test_judging_a_delivery_validates_the_current_data_without_augmenting_it(project, monkeypatch):
     """New files are judged against the validated data; augmenting it (EDA or a seq2seq model's paraphrases on
     a large set) would only cost time, and training augments the staged data later."""
