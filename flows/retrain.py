@@ -1,7 +1,7 @@
 """The `retrain` flow: new labeled questions from the inbox → validated, merged, trained (or, with
 `retrain.mode: refresh`, served by the champion's encoder as exemplars), judged, committed.
 
-    python flows/retrain.py                      # once, locally, on Prefect's embedded default
+    python flows/retrain.py                      # once, locally, on Prefect's embedded default (--mode, --params)
     prefect deploy --all                         # the cron deployment in prefect.yaml (GPU work pool)
 
 Each step is a function of `tqc.retrain` (the pipeline's own stage functions underneath);
@@ -231,12 +231,28 @@ def _retrain_new_files(params: Params, retries: dict, logger) -> dict:
             "new_classes": staged.new_classes, "promoted": promotion["promoted"], **result}
 
 
-def main() -> None:
+def _arguments(argv: list[str] | None = None):
+    """The flow's parameters from the command line (defaults: the flow's own). They were not read: `--mode refresh`
+    trained, and `--help` ran a retrain."""
+    import argparse
+    from typing import get_args
+
+    from tqc.config import RetrainParams
+
+    parser = argparse.ArgumentParser(description="one retrain of the inbox's new files (docs/retrain.md)")
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--mode", choices=get_args(RetrainParams.model_fields["mode"].annotation),
+                        help="this run's retrain.mode (default: the params file's)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
     """`python flows/retrain.py`: one run; a failure whose message is the whole story exits with that line alone."""
+    arguments = _arguments(argv)
     # Offline, the embedded server's usage report logs an ERROR at each start; a user's own setting stands
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
-        outcome = retrain()
+        outcome = retrain(arguments.params, arguments.mode)
     except user_errors() as error:  # said in the run's log already
         raise SystemExit(f"retrain failed: {error}") from None
     if outcome["status"] == "no rows accepted" and outcome["new_files"]:  # new files that added nothing want a look:

@@ -420,9 +420,24 @@ def test_bad_data_fails_the_run_with_the_file_and_the_reason_and_the_script_says
     assert state.is_failed() and state.message.startswith(f"data.custom.train 'train.csv': no file {train_file}")
     assert isinstance(state.result(raise_on_failure=False), ReaderError)
     with pytest.raises(SystemExit) as exited:
-        main()
+        main([])
     assert str(exited.value).startswith("retrain failed: data.custom.train 'train.csv': no file")
     assert (project / "data" / "incoming" / "one.csv").exists() and not added_rows(project)
+
+
+def test_the_flow_script_takes_the_flows_parameters_on_its_command_line(monkeypatch, capsys):
+    """`python flows/retrain.py` read no argument: `--mode refresh` trained (params.yaml's mode), `--help` ran a retrain."""
+    import flows.retrain as script
+
+    runs = []
+    monkeypatch.setattr(script, "retrain", lambda *parameters: runs.append(parameters) or {"status": "nothing to do"})
+    script.main(["--mode", "refresh", "--params", "team.yaml"])
+    script.main([])
+    assert runs == [("team.yaml", "refresh"), ("params.yaml", None)]  # None: the params file's retrain.mode
+    for arguments in (["--help"], ["--mode", "refrsh"]):
+        with pytest.raises(SystemExit):
+            script.main(arguments)
+    assert len(runs) == 2 and "--mode {train,refresh}" in capsys.readouterr().out
 
 
 def test_a_refresh_answers_a_new_class_from_its_labeled_questions_alone(project):
