@@ -73,9 +73,10 @@ def judge(params: Params, trained: steps.Trained, staging: Path) -> dict:
 
 def retry_unless_permanent(task, task_run, state) -> bool:
     """Prefect's retry condition: a step that failed for a reason a retry cannot change is not retried: no champion
-    to refresh, bad params, unreadable or invalid data, a prior file that cannot serve the model. Each would fail
-    again the same way, after `retry_delay_seconds` each time."""
-    return not isinstance(state.result(raise_on_failure=False), (steps.RefreshError, *input_errors()))
+    to refresh, bad params, unreadable or invalid data, a prior file that cannot serve the model, a package the
+    worker lacks (FAISS, which the train step loads first: a failed import fails again in the same process). Each
+    would fail again the same way, after `retry_delay_seconds` each time."""
+    return not isinstance(state.result(raise_on_failure=False), (steps.RefreshError, ImportError, *input_errors()))
 
 
 @task(cache_policy=NO_CACHE)

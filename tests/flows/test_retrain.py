@@ -389,7 +389,8 @@ def test_only_a_failure_a_retry_could_change_is_retried():
         return SimpleNamespace(result=lambda raise_on_failure: exc)
 
     permanent = [steps.RefreshError("no champion"), ConfigError("bad key"), ReaderError("bad row"),
-                 ValidationFailed("critical expectation"), StaleEntry("prior.json: fitted for earlier weights")]
+                 ValidationFailed("critical expectation"), StaleEntry("prior.json: fitted for earlier weights"),
+                 ImportError("FAISS is not installed: `make run` installs it")]  # retried twice, 10 s apart, before
     assert [retry_unless_permanent(None, None, failed_with(exc)) for exc in permanent] == [False] * len(permanent)
     assert retry_unless_permanent(None, None, failed_with(RuntimeError("registry unreachable"))) is True
     assert retry_unless_permanent(None, None, failed_with(OSError("disk busy"))) is True
