@@ -188,11 +188,11 @@ def stage(files: list[Incoming], params: Params, staging: Path) -> Staged:
     """Merge the new files into a staged copy of the additions; the real ones are untouched."""
     from tqc.pipeline import ingested_data
 
+    current = additions_dir(params)  # first: refused where emptying `raw` would delete it
     raw = staging / "raw"
     if raw.exists():
         shutil.rmtree(raw)
     raw.mkdir(parents=True)
-    current = additions_dir(params)
     for name in (ADDED_QUESTIONS, ADDED_CATALOG):
         if (current / name).exists():
             shutil.copy2(current / name, raw / name)
@@ -247,10 +247,17 @@ def _additions_digests(folder: Path) -> dict[str, str | None]:
 
 
 def additions_dir(params: Params) -> Path:
-    if not params.data.additions:
-        from tqc.config import ConfigError
+    """data.additions, where the flow merges. Not retrain.work_dir nor inside it, which each run empties (`stage`
+    its staged copy `raw` first): the questions merged before, and their .dvc files, went with it. Not a check of
+    Params: the flow's own staged params put data.additions there."""
+    from tqc.config import ConfigError
 
+    if not params.data.additions:
         raise ConfigError("the retrain flow merges into data.additions, which is not set in params.yaml")
+    additions, work_dir = Path(params.data.additions).resolve(), Path(params.retrain.work_dir).resolve()
+    if additions == work_dir or work_dir in additions.parents:
+        raise ConfigError(f"data.additions {params.data.additions!r} is inside retrain.work_dir {params.retrain.work_dir!r}, "
+                          "which each retrain empties: keep it outside")
     return Path(params.data.additions)
 
 

@@ -456,6 +456,24 @@ def test_the_log_names_each_files_quarantined_rows_and_not_the_current_datas_own
     assert logging.getLogger("tqc.stages.validate").level == logging.NOTSET  # restored after the check
 
 
+@pytest.mark.parametrize("overrides", [{"data": {"additions": "data/retrain/raw"}}, {"retrain": {"work_dir": "data/raw"}}])
+def test_merged_questions_inside_the_retrain_work_dir_are_refused_before_anything_is_deleted(project, overrides):
+    """Each retrain empties retrain.work_dir: stage deleted additions at data/retrain/raw (every question merged
+    before, with their .dvc files) as it began, and a run that completed deleted data/raw as its work_dir."""
+    from tqc.config import ConfigError
+
+    params = load_params(project / "params.yaml", overrides)
+    merged = Path(params.data.additions) / "labeled.jsonl"
+    merged.parent.mkdir(parents=True, exist_ok=True)
+    merged.write_text('{"text": "where is the merged question", "class_id": "LOC", "source": "old.csv:2"}\n')
+    drop(project, "one.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
+    files, _ = steps.pick_up(params.retrain)
+    with pytest.raises(ConfigError, match=rf"data.additions '{params.data.additions}' is inside retrain.work_dir "
+                                          rf"'{params.retrain.work_dir}', which each retrain empties: keep it outside"):
+        steps.stage(files, params, Path(params.retrain.work_dir))
+    assert merged.read_text() == '{"text": "where is the merged question", "class_id": "LOC", "source": "old.csv:2"}\n'
+
+
 def test_judging_a_delivery_validates_the_current_data_without_augmenting_it(project, monkeypatch):
     """New files are judged against the validated data; augmenting it (EDA or a seq2seq model's paraphrases on
     a large set) would only cost time, and training augments the staged data later."""
