@@ -249,7 +249,8 @@ def _additions_digests(folder: Path) -> dict[str, str | None]:
 def additions_dir(params: Params) -> Path:
     """data.additions, where the flow merges. Not retrain.work_dir nor inside it, which each run empties (`stage`
     its staged copy `raw` first): the questions merged before, and their .dvc files, went with it. Not a check of
-    Params: the flow's own staged params put data.additions there."""
+    Params: the flow's own staged params put data.additions there. Not retrain.inbox either, whose files are
+    deliveries: labeled.jsonl was judged as one, and archived away where nothing of the delivery was accepted."""
     from tqc.config import ConfigError
 
     if not params.data.additions:
@@ -258,6 +259,9 @@ def additions_dir(params: Params) -> Path:
     if additions == work_dir or work_dir in additions.parents:
         raise ConfigError(f"data.additions {params.data.additions!r} is inside retrain.work_dir {params.retrain.work_dir!r}, "
                           "which each retrain empties: keep it outside")
+    if additions == Path(params.retrain.inbox).resolve():
+        raise ConfigError(f"data.additions {params.data.additions!r} is retrain.inbox, whose files are read as deliveries: "
+                          "the merged questions would be judged and archived as one; give the inbox a folder of its own")
     return Path(params.data.additions)
 
 

@@ -474,6 +474,20 @@ def test_merged_questions_inside_the_retrain_work_dir_are_refused_before_anythin
     assert merged.read_text() == '{"text": "where is the merged question", "class_id": "LOC", "source": "old.csv:2"}\n'
 
 
+def test_an_inbox_that_is_data_additions_is_refused_before_the_merged_questions_are_read_as_a_delivery(project):
+    """With retrain.inbox data/raw, labeled.jsonl (columns text, class_id) was an unusable delivery, and a run that
+    accepted nothing archived it: the merged questions left data.additions."""
+    from tqc.config import ConfigError
+
+    params = load_params(project / "params.yaml", {"retrain": {"inbox": "data/raw"}})
+    merged = Path(params.data.additions) / "labeled.jsonl"
+    merged.write_text('{"text": "where is the merged question", "class_id": "LOC", "source": "old.csv:2"}\n')
+    files, _ = steps.pick_up(params.retrain)
+    with pytest.raises(ConfigError, match=r"data.additions 'data/raw' is retrain.inbox, whose files are read as deliveries"):
+        steps.stage(files, params, Path(params.retrain.work_dir))
+    assert merged.exists() and not Path(params.retrain.archive).exists()
+
+
 def test_judging_a_delivery_validates_the_current_data_without_augmenting_it(project, monkeypatch):
     """New files are judged against the validated data; augmenting it (EDA or a seq2seq model's paraphrases on
     a large set) would only cost time, and training augments the staged data later."""
