@@ -33,12 +33,15 @@ from tqc.schema import Catalog, LabeledQuestion, UnknownClass
 from tqc.text import first_of, normalise
 
 log = logging.getLogger(__name__)
+# `extra` of a warning about the settings or the catalog, the same at every training: `each_warning_once` says it once.
+# Another (an epoch whose validation diverged) is this training's own news, said at every training that has it.
+ALIKE_EVERY_TRAINING = {"alike_every_training": True}
 
 
 def stage_loss(params: TrainParams, section: str) -> LossFn:
     """A training stage's loss, once what its settings would not do is said (`TrainParams.loss_notes`)."""
     for note in params.loss_notes(section):
-        log.warning("%s: %s", section.replace("_", " "), note)
+        log.warning("%s: %s", section.replace("_", " "), note, extra=ALIKE_EVERY_TRAINING)
     return make_loss(params.loss, params.temperature, params.margin, params.smoothing)
 
 
@@ -253,7 +256,7 @@ def standard_text_groups(catalog: Catalog) -> np.ndarray | None:
     groups = np.array([first.setdefault(key, index) for index, key in enumerate(keys)])  # (P,) the group's first class
     shared = [[catalog.class_ids[i] for i in np.flatnonzero(groups == group)] for group in np.unique(groups)]
     log.warning("classes that share a standard question are never each other's negatives: %s",
-                "; ".join(" = ".join(ids) for ids in shared if len(ids) > 1))
+                "; ".join(" = ".join(ids) for ids in shared if len(ids) > 1), extra=ALIKE_EVERY_TRAINING)
     return groups
 
 
@@ -291,18 +294,19 @@ def warn_cut_standards(model: BiEncoder, catalog: Catalog, most: int = 5) -> Non
         classes = first_of([repr(catalog.class_ids[i]) for i in cut], most)
         log.warning("%d standard question(s) longer than model.max_length (%d tokens) are cut to their first %d tokens, "
                     "in training and wherever the model matches them: class(es) %s; shorten them or raise model.max_length",
-                    len(cut), model.standard.max_length, model.standard.max_length, classes)
+                    len(cut), model.standard.max_length, model.standard.max_length, classes, extra=ALIKE_EVERY_TRAINING)
 
 
 class _EachOnce(logging.Filter):
-    """Lets a warning through the first time its text is logged, and drops it after; info lines pass."""
+    """Lets a warning `ALIKE_EVERY_TRAINING` through the first time its text is logged, and drops it after; every
+    other line passes."""
 
     def __init__(self):
         super().__init__()
         self.said: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
+        if record.levelno < logging.WARNING or not getattr(record, "alike_every_training", False):
             return True
         message = record.getMessage()
         if message in self.said:
@@ -313,9 +317,10 @@ class _EachOnce(logging.Filter):
 
 @contextmanager
 def each_warning_once() -> Iterator[None]:
-    """Within the block, each of training's warnings is said once, not at every training: the callers that train chain
-    after chain in one process (tune's trials, evaluate's seeds) would say the same cut standard questions, shared
-    standard questions and loss notes twice a chain. A warning whose text differs (another max_length) is said."""
+    """Within the block, each of training's warnings about its settings or catalog is said once, not at every
+    training: the callers that train chain after chain in one process (tune's trials, evaluate's seeds) would say the
+    same cut standard questions, shared standard questions and loss notes twice a chain. A warning whose text differs
+    (another max_length) is said, and so is each training's own (a diverged epoch's, whose text repeats)."""
     once = _EachOnce()
     log.addFilter(once)
     try:

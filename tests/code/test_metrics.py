@@ -221,8 +221,11 @@ def test_evaluates_extra_seeds_say_each_training_warning_once(monkeypatch, caplo
     from tqc.config import Params
     from tqc.stages import evaluate
 
-    def train_chain(*_, **__):
-        logging.getLogger("tqc.training").warning("1 standard question(s) longer than model.max_length (8 tokens)")
+    from tqc.training import ALIKE_EVERY_TRAINING
+
+    def train_chain(*_, **__):  # as warn_cut_standards says it
+        logging.getLogger("tqc.training").warning("1 standard question(s) longer than model.max_length (8 tokens)",
+                                                  extra=ALIKE_EVERY_TRAINING)
         logging.getLogger("tqc.training").info("stage one: epoch 1")
 
     monkeypatch.setattr(evaluate, "augmented_again", lambda *_: Path("augmented.jsonl"))
@@ -233,3 +236,20 @@ def test_evaluates_extra_seeds_say_each_training_warning_once(monkeypatch, caplo
     said = [r.getMessage() for r in caplog.records if r.name == "tqc.training"]
     assert said == ["1 standard question(s) longer than model.max_length (8 tokens)", "stage one: epoch 1",
                     "stage one: epoch 1"]
+
+
+def test_a_diverged_epoch_is_said_at_every_training_that_has_it_within_each_warning_once(caplog):
+    """each_warning_once dropped every repeated warning of tqc.training: a second tuning trial (or evaluate seed)
+    whose stage diverged at the same epoch, with the same message, was not said, where the first was."""
+    from tqc.metrics import DivergedScores
+    from tqc.training import _validated, each_warning_once
+
+    def diverged():
+        raise DivergedScores("scores hold NaN or +inf in 40 row(s) (first: [0, 1, 2, 3, 4]): the model diverged")
+
+    with caplog.at_level("WARNING", logger="tqc.training"), each_warning_once():
+        for _ in range(2):  # two trainings, the same news
+            assert _validated(diverged, "stage one", 3) == {"accuracy": 0.0, "macro_f1": 0.0}
+    said = [r.getMessage() for r in caplog.records if r.name == "tqc.training"]
+    assert said == ["stage one: epoch 3: validation scores hold NaN or +inf in 40 row(s) (first: [0, 1, 2, 3, 4]): the "
+                    "model diverged; the epoch counts as accuracy and macro-F1 0"] * 2
