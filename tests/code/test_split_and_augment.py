@@ -41,7 +41,7 @@ def test_oversampling_lifts_every_class_to_the_mean_and_marks_copies():
 def test_eda_rows_are_perturbed_with_words_of_their_own_class_and_marked_generated():
     import random
 
-    from tqc.eda import augment_text, random_delete, random_insert, random_swap
+    from tqc.eda import random_delete, random_insert, random_swap
 
     rng = random.Random(0)
     assert sorted(random_swap("a b c d".split(), 2, rng)) == ["a", "b", "c", "d"]
