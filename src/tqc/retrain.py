@@ -790,8 +790,11 @@ def _dvc_record(paths: list[Path], push: bool) -> dict:
 
 
 def _dvc(command: str, *arguments: str) -> str:
-    """One dvc command's output; a failure is one line with DVC's own reason (its last error line), not an exit status."""
-    done = subprocess.run([*DVC, command, *arguments], capture_output=True, text=True)
+    """One dvc command's output; a failure is one line with DVC's own reason (its last error line), not an exit status.
+    It waits for DVC's lock where another dvc command holds it (a `dvc status`, an editor's DVC extension, a `dvc repro`
+    in this checkout): DVC's own 3 s and a failure would throw this run's training away. The lock is the OS's, so a
+    holder that dies frees it."""
+    done = subprocess.run([*DVC, "--wait-for-lock", command, *arguments], capture_output=True, text=True)
     if done.returncode != 0:
         lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
         reason = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1] if lines else "no output")

@@ -809,3 +809,35 @@ def test_the_data_version_is_recorded_only_in_a_dvc_project_and_pushed_only_wher
     with pytest.raises(steps.RetrainCommitError, match=r"^dvc remote list failed: ") as failure:
         steps._has_default_remote()
     assert "\n" not in str(failure.value)
+
+
+def test_the_data_version_waits_for_dvc_s_lock_where_another_dvc_command_holds_it(tmp_path, monkeypatch):
+    """A dvc command in the same checkout (a `dvc status`, an editor's DVC extension, a `dvc repro`) holding DVC's lock
+    for more than DVC's 3 s made `dvc add` fail, and the commit threw that run's training away."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from tests.conftest import dvc_init
+
+    data = tmp_path / "labeled.jsonl"
+    data.write_text('{"text": "where is paris", "class_id": "LOC"}\n')
+    monkeypatch.chdir(tmp_path)
+    subprocess.run(["git", "init", "-q"], check=True)
+    dvc_init(tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom dvc.repo import Repo\nwith Repo('.').lock:\n"
+                               "    print('held', flush=True)\n    sys.stdin.read()\n"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        outcome: dict = {}
+        adding = threading.Thread(target=lambda: outcome.update(steps._dvc_record([data], push=False)), daemon=True)
+        adding.start()
+        time.sleep(10)  # DVC gives up on a held lock after 3 s, a dvc process starting included
+        assert adding.is_alive() and not Path(f"{data}.dvc").exists()  # waiting, not failed
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    adding.join(timeout=60)
+    assert outcome == {"added": [f"{data}.dvc"], "pushed": False} and Path(f"{data}.dvc").exists()
