@@ -202,7 +202,7 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
             if not Path(path).exists():
                 raise FileNotFoundError(f"--{name} {path}: no such file or folder")
         logging.getLogger(__name__).info("distributed: launching %s", " ".join(command))
-        raise SystemExit(_launch(command))
+        raise SystemExit(_launch(command, params.distributed.nproc_per_node))
     launched = distributed.world_size()
     if params.distributed.nproc_per_node > launched and distributed.is_main():  # said once, not by every rank
         # WORLD_SIZE already set (a job launcher's, a torchrun of fewer processes): nothing is launched
@@ -216,7 +216,7 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
         raise ConfigError(problem)
 
 
-def _launch(command: list[str]) -> int:
+def _launch(command: list[str], processes: int) -> int:
     """torchrun's exit status. An input error its processes stopped on (a class the catalog lacks: the same in each) is
     raised here as one, so the command ends on its line and exits 2 as in one process, not 1 after torchrun's summary.
     Stopped itself (SIGTERM, Ctrl-C), this command asks torchrun to stop its processes first (`pipeline._wait_for`): a
@@ -225,6 +225,7 @@ def _launch(command: list[str]) -> int:
     import tempfile
     import threading
 
+    from tqc import distributed
     from tqc.launched import ERROR_FILE_ENV, launched_input_error
     from tqc.pipeline import _wait_for
 
@@ -236,7 +237,8 @@ def _launch(command: list[str]) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="tqc-launch-") as folder:
             error_file = Path(folder) / "input-error"  # each process writes it + ".rank<RANK>" (launched.record_input_error)
-            status = _wait_for(subprocess.Popen(command, env={**os.environ, ERROR_FILE_ENV: str(error_file)}))
+            environment = {**distributed.launch_environment(processes), ERROR_FILE_ENV: str(error_file)}  # threads too
+            status = _wait_for(subprocess.Popen(command, env=environment))
             said = launched_input_error(error_file) if status != 0 else None
     finally:
         if handles:

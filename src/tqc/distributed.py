@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -247,6 +248,19 @@ def relaunch_command(nproc_per_node: int, argv: list[str]) -> list[str] | None:
         return None
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}",
             "-m", "tqc.cli", *argv]
+
+
+def launch_environment(nproc_per_node: int, environment: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment to start a torchrun of `nproc_per_node` processes in: `environment` (default this process's),
+    with OMP_NUM_THREADS where it is unset. torchrun sets it to 1 then (and warns), which left all but N of the cores
+    idle in a CPU (gloo) run: each process gets its share of the threads one process would use (torch's own count
+    here, a thread a core), at least one. A user's OMP_NUM_THREADS, even 1, is theirs and kept."""
+    environment = dict(os.environ if environment is None else environment)
+    if nproc_per_node > 1 and "OMP_NUM_THREADS" not in environment:
+        import torch
+
+        environment["OMP_NUM_THREADS"] = str(max(1, torch.get_num_threads() // nproc_per_node))
+    return environment
 
 
 def _collective_device():

@@ -132,7 +132,8 @@ class _Launcher:
         clear_input_errors(error_file)
         _release_cuda_cache()  # this process's cached blocks (mining's model, say) would crowd rank 0's GPU
         log.info("distributed: launching %s", " ".join(launch))
-        environment = {**os.environ, ERROR_FILE_ENV: str(error_file), "PYTHONUNBUFFERED": "1"}  # lines as they come
+        environment = {**distributed.launch_environment(self.processes), ERROR_FILE_ENV: str(error_file),
+                       "PYTHONUNBUFFERED": "1"}  # lines as they come
         # One pipe for both streams: the lines stay in the order the processes wrote them (two pipes, read by two
         # threads, interleave as the threads happen to run), in the log and in the failure's last lines
         launched = subprocess.Popen(launch, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -236,7 +236,7 @@ def test_what_would_fail_in_every_process_is_one_line_before_torchrun_starts(tin
 
     write_custom_dataset(tmp_path / "raw")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params(tmp_path / "raw", tiny_model_dir)))
-    monkeypatch.setattr(cli, "_launch", lambda command: pytest.fail(f"torchrun started: {command}"))
+    monkeypatch.setattr(cli, "_launch", lambda command, processes: pytest.fail(f"torchrun started: {command}"))
     stage_one = ["--params", str(tmp_path / "params.yaml"), "--set", "distributed.nproc_per_node=2", "stage-one",
                  "--train", str(tmp_path / "nope.jsonl"), "--data", str(tmp_path), "--out", str(tmp_path / "m"),
                  "--history", str(tmp_path / "h.csv")]
@@ -373,7 +373,7 @@ def test_a_disabled_nc_baseline_is_not_launched_under_torchrun_and_only_rank_0_w
     from tqc.config import BaselineNCParams
     from tqc.stages import baseline_nc
 
-    monkeypatch.setattr(cli, "_launch", lambda command: pytest.fail(f"launched {command}"))
+    monkeypatch.setattr(cli, "_launch", lambda command, processes: pytest.fail(f"launched {command}"))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"distributed": {"nproc_per_node": 2},
                                                           "baseline_nc": {"enabled": False}, "tracking": {"enabled": False}}))
     cli.main(["--params", str(tmp_path / "params.yaml"), "baseline-nc", "--data", str(tmp_path), "--train",
@@ -505,6 +505,29 @@ def test_a_launch_that_fails_says_its_processes_last_lines_and_logs_every_line(t
     order = [line for line in said if line in ("stage-one: stage one: epoch 1", "stage-one: RuntimeError: out of memory",
                                                "stage-one: a rank writing on")]
     assert order == ["stage-one: stage one: epoch 1", "stage-one: RuntimeError: out of memory", "stage-one: a rank writing on"]
+
+
+def test_launched_processes_share_the_cores_unless_the_user_set_omp_num_threads(tmp_path, monkeypatch):
+    """torchrun sets OMP_NUM_THREADS=1 where it is unset: 2 gloo processes on 8 cores trained on 2 of them. The stage
+    command's launch and the chain's both start torchrun with each process's share of one process's threads."""
+    from tqc import cli
+    from tqc.pipeline import StageLaunchFailed, _Launcher
+
+    said = tmp_path / "threads"
+    launched = [sys.executable, "-c", f"import os, sys; open({str(said)!r}, 'w').write(os.environ['OMP_NUM_THREADS']); sys.exit(1)"]
+    monkeypatch.setattr(distributed, "relaunch_command", lambda processes, arguments: launched)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)  # a thread a core, as one process would use
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for threads, processes in (("4", 2), ("2", 3), ("1", 16)):  # at least one
+        assert cli._launch(launched, processes) == 1 and said.read_text() == threads
+        with pytest.raises(StageLaunchFailed):
+            _Launcher(tmp_path / "params.launched.yaml", processes)("stage-one", {"history": tmp_path / "h.csv"}, None, None)
+        assert said.read_text() == threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's, even torchrun's own choice: kept
+    assert cli._launch(launched, 2) == 1 and said.read_text() == "1"
+    with pytest.raises(StageLaunchFailed):
+        _Launcher(tmp_path / "params.launched.yaml", 2)("stage-one", {"history": tmp_path / "h.csv"}, None, None)
+    assert said.read_text() == "1"
 
 
 def test_a_chain_already_inside_torchrun_or_asked_for_one_process_launches_nothing(monkeypatch, tmp_path, caplog):
