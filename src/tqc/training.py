@@ -23,7 +23,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from tqc import distributed
-from tqc.config import Schedule, TrainParams
+from tqc.config import ConfigError, Schedule, TrainParams
 from tqc.device import autocast
 from tqc.io import atomic_path
 from tqc.losses import LossFn, make_loss, same_class_mask
@@ -149,6 +149,7 @@ def fit(
     every process validates and all of them go by rank 0's figures, so they make the same
     early-stopping choice.
     """
+    check_rows_per_process(n_rows, description)
     epochs, batch_size, max_steps, patience = schedule.epochs, schedule.batch_size, schedule.max_steps, schedule.patience
     rng = random.Random(seed)
     optimizer = adamw(param_groups, schedule.weight_decay)
@@ -186,6 +187,20 @@ def fit(
     model.eval()  # the kept weights as they score: dropout and cutoff off for whoever calls the model next
     log.info("%s: kept epoch %d (validation macro-F1 %.4f)", description, best_epoch, best_f1)
     return FitResult.of(history)
+
+
+def check_rows_per_process(n_rows: int, description: str) -> None:
+    """Under torchrun each process takes its share of every batch, and needs at least two rows of it (an in-batch
+    negative; a loss at all). `batch_size` is checked for that at load (`Params.rows_per_process_problem`), but a
+    training set under 2 × the world size makes a smaller batch: a process got one row (a loss of 0, trained on
+    silently) or none (the tokenizer's IndexError in that process alone, inside torchrun's summary). Said in one line,
+    before any step. One process is left as it was."""
+    processes = distributed.world_size()
+    if processes > 1 and n_rows < 2 * processes:
+        raise ConfigError(f"{description}: {n_rows} training row(s) for {processes} processes (the world size): every batch "
+                          f"is split {processes} ways and each process needs at least two rows, so at least {2 * processes} "
+                          f"rows; train on more rows, or in at most {max(1, n_rows // 2)} process(es) "
+                          "(distributed.nproc_per_node, or your torchrun's)")
 
 
 def _train_epoch(model: nn.Module, batch_loss: Callable[[list[int]], torch.Tensor], progress, optimizer, scheduler,

@@ -333,6 +333,33 @@ def test_every_process_takes_rank_0s_early_stopping_choice(tmp_path):
     assert saved[0] == saved[1] == {"epochs_run": 3, "best_epoch": 3}  # rank 0's rising figures: every epoch kept
 
 
+def test_a_training_set_too_small_to_give_every_process_two_rows_is_one_line_before_training(monkeypatch):
+    """Batch sizes are checked at load, but 3 rows on 2 processes made one batch of 3: a process trained on one row (no
+    negative, a loss of 0) without a word; 1 row left rank 1 none, and it failed alone with the tokenizer's IndexError
+    inside torchrun's summary."""
+    from tqc.config import ConfigError, Schedule
+    from tqc.training import fit
+
+    model, inputs = nn.Linear(4, 1), torch.randn(4, 4)  # (rows, features)
+    steps = []
+
+    def train(rows: int):
+        return fit(model, [{"params": list(model.parameters()), "lr": 0.1}],
+                   lambda share: steps.append(share) or model(inputs[share]).pow(2).mean(), rows, _always_better(),
+                   Schedule(epochs=1, batch_size=16), seed=0, description="stage one")
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # checked first, before any collective: no process group needed
+    for rows in (1, 3):
+        with pytest.raises(ConfigError, match=rf"^stage one: {rows} training row\(s\) for 2 processes \(the world size\): "
+                                              r".* at least 4 rows; train on more rows, or in at most 1 process"):
+            train(rows)
+    assert steps == []
+    train(4)  # two rows each
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    train(1)  # one process: as before
+    assert [len(share) for share in steps] == [4, 1]
+
+
 def _dropout_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """`fit` one step on a linear model with dropout, every process seeded alike (as `seed_everything(seed)` leaves
     them); the dropout mask each process drew on its share."""
