@@ -209,7 +209,7 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
         logging.getLogger(__name__).warning(
             "distributed: distributed.nproc_per_node is %d, and this process is already one of a launcher's %d "
             "(WORLD_SIZE): it trains in those", params.distributed.nproc_per_node, launched)
-    distributed.setup(params.distributed.backend)
+    distributed.setup(params.distributed.backend, params.distributed.timeout_minutes)
     problem = params.rows_per_process_problem(launched, "the world size (WORLD_SIZE)",
                                               (args.command.replace("-", "_"),))  # stage-one → stage_one: its own batches
     if problem:  # a user's own torchrun, over several nodes, is not what distributed.nproc_per_node says

@@ -545,6 +545,10 @@ class DistributedParams(Strict):
 
     nproc_per_node: int = Field(1, ge=1)  # >1: the training stages re-launch themselves with torchrun
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on CUDA, gloo on CPU
+    # How long a process waits in a collective for the others before it fails (init_process_group's timeout): what a
+    # node's survivors wait when a process of another node died or hangs. It also bounds the waits between
+    # collectives (the slowest process's start, rank 0's model write and tracking upload at the end), hence 30.
+    timeout_minutes: float = Field(30.0, gt=0)
 
 
 class Params(Strict):

@@ -123,8 +123,9 @@ def end_with_launcher() -> None:
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def setup(backend: str = "auto") -> None:
-    """Join the process group torchrun described (no-op for one process or when joined already)."""
+def setup(backend: str = "auto", timeout_minutes: float = 30.0) -> None:
+    """Join the process group torchrun described (no-op for one process or when joined already). A collective waits
+    `timeout_minutes` for the other processes, then fails (`distributed.timeout_minutes`)."""
     import torch
     import torch.distributed as dist
 
@@ -136,7 +137,7 @@ def setup(backend: str = "auto") -> None:
         _check_own_gpu()
         torch.cuda.set_device(local_rank())
     chosen = ("nccl" if cuda else "gloo") if backend == "auto" else backend
-    dist.init_process_group(chosen, timeout=timedelta(minutes=30))
+    dist.init_process_group(chosen, timeout=timedelta(minutes=timeout_minutes))
     if not is_main():
         _quiet()
     log.info("distributed: %d processes, backend %s", world_size(), chosen)

@@ -296,6 +296,69 @@ def test_a_local_rank_without_a_gpu_of_its_own_is_named(monkeypatch):
         distributed.setup("auto")
 
 
+def _hanging_peer_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """Joined through the stage commands' own path (`cli._join_or_launch`) with distributed.timeout_minutes 0.05 (3 s):
+    rank 1 hangs (alive, in no collective, as a stuck process of another node), rank 0 all-reduces."""
+    import argparse
+
+    from tqc import cli
+    from tqc.config import Params
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    said = Path(out_dir) / "rank0.txt"
+    cli._join_or_launch(Params().with_overrides({"distributed": {"backend": "gloo", "timeout_minutes": 0.05}}),
+                        argparse.Namespace(argv=["stage-one"], command="stage-one"))
+    if rank == 0:
+        try:
+            distributed.mean_over_processes(1.0)
+            said.write_text("returned")
+        except Exception as exc:  # noqa: BLE001 (whatever gloo raises: its type and message are what is checked)
+            said.write_text(f"{type(exc).__name__}: {exc}")
+    else:
+        deadline = time.monotonic() + 120
+        while not said.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    os._exit(0)  # no teardown: the group is broken, and its barrier would wait again
+
+
+def test_a_collective_fails_after_distributed_timeout_minutes_where_another_process_hangs(tmp_path):
+    """tqc passed init_process_group 30 minutes, whatever the run: a process of a multi-node job whose peer died or hung
+    waited that long (NCCL's own default is 10). distributed.timeout_minutes sets it; gloo keeps to it too."""
+    context = multiprocessing.spawn(_hanging_peer_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False)
+    deadline = time.monotonic() + 120
+    try:
+        while not context.join(timeout=5):
+            assert time.monotonic() < deadline, "rank 0 still waits for its hanging peer"
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+    said = (tmp_path / "rank0.txt").read_text()
+    assert said != "returned" and "timed out" in said.lower(), said
+
+
+def test_distributed_timeout_minutes_is_the_process_groups_timeout(monkeypatch):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from tqc.config import ConfigError, Params
+
+    assert Params().distributed.timeout_minutes == 30  # as before, torch's own default for gloo
+    for wrong in (0, -1, "soon"):
+        with pytest.raises(ConfigError, match="timeout_minutes"):
+            Params().with_overrides({"distributed": {"timeout_minutes": wrong}})
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    joined = []
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **options: joined.append((backend, options)))
+    distributed.setup("auto", 2.5)
+    assert joined == [("gloo", {"timeout": timedelta(minutes=2.5)})]
+
+
 def _early_stopping_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """`fit` on a linear model whose validation figures differ by process: rank 0's rise every epoch,
     rank 1's fall (its own would stop it after epoch 1, patience 1)."""
@@ -424,7 +487,7 @@ def test_a_users_torchrun_over_several_nodes_is_checked_for_two_rows_a_process(m
     from tqc.config import ConfigError, Params
 
     monkeypatch.setenv("WORLD_SIZE", "16")
-    monkeypatch.setattr(distributed, "setup", lambda backend: None)  # joined, as torchrun's processes would be
+    monkeypatch.setattr(distributed, "setup", lambda backend, timeout_minutes: None)  # joined, as torchrun's processes would be
     params = Params().with_overrides({"stage_one": {"batch_size": 16}})
     with pytest.raises(ConfigError, match=r"the world size \(WORLD_SIZE\) is 16, .* stage_one.batch_size \(16\) to at least 32"):
         cli._join_or_launch(params, argparse.Namespace(argv=["stage-one"], command="stage-one"))
@@ -444,7 +507,7 @@ def test_a_stage_asked_for_more_processes_than_its_launcher_gave_says_so(monkeyp
     from tqc.config import Params
 
     monkeypatch.setenv("WORLD_SIZE", "1")
-    monkeypatch.setattr(distributed, "setup", lambda backend: None)
+    monkeypatch.setattr(distributed, "setup", lambda backend, timeout_minutes: None)
     with caplog.at_level("WARNING"):
         cli._join_or_launch(Params().with_overrides({"distributed": {"nproc_per_node": 2}}),
                             argparse.Namespace(argv=["stage-one"], command="stage-one"))
