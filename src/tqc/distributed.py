@@ -174,14 +174,20 @@ def broadcast_parameters(model: nn.Module) -> None:
             dist.broadcast(tensor, src=0)
 
 
+def own_seed(seed: int) -> int:
+    """The seed of a random stream each process draws on its own share (seed + rank under torchrun): `seed` itself in
+    one process, and in rank 0, so they draw as before."""
+    return seed + rank() if active() else seed
+
+
 def seed_own_stream(seed: int) -> None:
-    """Each process its own torch random stream (seed + rank), once the replicas hold rank 0's weights: seeded alike,
+    """Each process its own torch random stream (`own_seed`), once the replicas hold rank 0's weights: seeded alike,
     the processes drew the same dropout masks and embedding cutoffs for their shares, row for row, so a batch had half
     the noise one process gives it. (One process: untouched, its runs as before.)"""
     if active():
         import torch
 
-        torch.manual_seed(seed + rank())
+        torch.manual_seed(own_seed(seed))
 
 
 def average_gradients(model: nn.Module) -> None:

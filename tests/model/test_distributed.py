@@ -457,6 +457,59 @@ def test_each_process_draws_its_own_dropout(tmp_path):
     assert not torch.equal(masks[0], masks[1])
 
 
+class _Drawn(Exception):
+    """Stops a term once it handed its random stream over."""
+
+
+def _first_draws(monkeypatch, rank: int, world: int, seed: int = 7) -> tuple[list[int], list[float]]:
+    """The first draws of stage one's prototype mixup generator and cross-encoding rng, as process `rank` of `world`
+    seeds them: each term is built and called once, its stream caught where it is handed on."""
+    from types import SimpleNamespace
+
+    from tqc.config import CrossEncodingParams, PrototypeMixupParams
+    from tqc.schema import Catalog, StandardQuestion
+    from tqc.stages import stage_one
+
+    monkeypatch.setattr(distributed, "active", lambda: world > 1)
+    monkeypatch.setattr(distributed, "rank", lambda: rank)
+    drawn = {}
+
+    def balanced_set(*args, **options):  # (questions, gold, prototypes, per_class, share, hard_k, beta, generator)
+        drawn["mixup"] = torch.randint(0, 2**30, (4,), generator=args[7]).tolist()
+        raise _Drawn
+
+    def joined_inputs(*args, **options):  # (texts, gold, candidates, standards, separator, share, negatives, rng, fit)
+        drawn["cross"] = [args[7].random() for _ in range(4)]
+        raise _Drawn
+
+    monkeypatch.setattr(stage_one, "balanced_set", balanced_set)
+    monkeypatch.setattr(stage_one, "joined_inputs", joined_inputs)
+    encoder = SimpleNamespace(tokenizer=SimpleNamespace(sep_token="[SEP]"), max_length=16)
+    model = SimpleNamespace(similarity="cosine", question=encoder)
+    mixup = stage_one._prototype_mixup_term(model, None, PrototypeMixupParams(enabled=True), 10, seed)
+    cross = stage_one._cross_encoding_term(model, None, CrossEncodingParams(enabled=True),
+                                           Catalog([StandardQuestion("a", "A?"), StandardQuestion("b", "B?")]), seed)
+    with pytest.raises(_Drawn):
+        mixup(torch.randn(4, 8), torch.tensor([0, 1, 0, 1]), torch.randn(2, 8))  # (B, D), (B,), (P, D)
+    with pytest.raises(_Drawn):
+        cross(["a?", "b?"], torch.tensor([0, 1]), torch.tensor([0, 1]), torch.randn(2, 8))
+    return drawn["mixup"], drawn["cross"]
+
+
+def test_each_process_draws_its_own_mixup_partners_and_joined_pairs(monkeypatch):
+    """Prototype mixup's generator and cross-encoding's rng were seeded alike in every process, so each drew the same
+    partners and joined pairs for its share as the others did for theirs. Each process now draws from seed + rank;
+    one process, and rank 0, draw exactly what one process drew before (the seed's own streams)."""
+    import random
+
+    one = _first_draws(monkeypatch, 0, 1)
+    assert one == (torch.randint(0, 2**30, (4,), generator=torch.Generator().manual_seed(7)).tolist(),
+                   [stream.random() for stream in [random.Random(7)] for _ in range(4)])
+    assert _first_draws(monkeypatch, 0, 2) == one
+    own = _first_draws(monkeypatch, 1, 2)
+    assert own[0] != one[0] and own[1] != one[1]
+
+
 def test_a_disabled_nc_baseline_is_not_launched_under_torchrun_and_only_rank_0_writes_its_marker(tmp_path, monkeypatch):
     """Every process used to write the marker folder at once: two renames of one folder, and one process failed."""
     from tqc import cli

@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from tqc import distributed
 from tqc.config import AugmentParams, CrossEncodingParams, ModelParams, PrototypeMixupParams, StageOneParams
 from tqc.device import pick_device, seed_everything
 from tqc.losses import LossFn, class_log_prior, prior_offsets, same_class_mask
@@ -112,7 +113,8 @@ def _prototype_mixup_term(model: BiEncoder, loss_fn: LossFn, params: PrototypeMi
     No class prior on its scores: the set has `per_class` rows of every class, so its labels are uniform, and the
     logit-adjusted loss on uniform labels is minimised by scores biased by −w·log π, toward the tail (the prior corrects
     the imbalanced anchors, the batch's own columns above, SharpReCL Eq. 11)."""
-    generator = torch.Generator().manual_seed(seed)
+    # Each process its own draws (seed + rank): seeded alike, every process drew the same partners for its share
+    generator = torch.Generator().manual_seed(distributed.own_seed(seed))
     steps = [0]
 
     def term(questions: torch.Tensor, batch_gold: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:
@@ -132,7 +134,7 @@ def _prototype_mixup_term(model: BiEncoder, loss_fn: LossFn, params: PrototypeMi
 def _cross_encoding_term(model: BiEncoder, loss_fn: LossFn, params: CrossEncodingParams, catalog: Catalog, seed: int,
                          groups=None) -> Callable:
     """Joined inputs scored against the batch's standard questions plus the two relevance texts."""
-    rng = random.Random(seed)
+    rng = random.Random(distributed.own_seed(seed))  # each process its own joined pairs, as for mixup above
     separator = model.question.tokenizer.sep_token or "[SEP]"
     encoder = model.question
     fit = question_that_fits(lambda text: len(encoder.tokenizer(text)["input_ids"]), encoder.max_length)
