@@ -19,6 +19,7 @@ import torch
 
 from tqc.metrics import DivergedScores
 from tqc.model.similarity import WEIGHT_FREE, scores_directions_only
+from tqc.training import ALIKE_EVERY_TRAINING
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,8 @@ def mine(questions: np.ndarray, standards: np.ndarray, gold: np.ndarray, k: int,
     n_classes = standards.shape[0]
     own_group = largest_group(groups)
     if k > n_classes - own_group:
-        log.warning("mine.k=%d but only %d wrong classes exist; mining %d", k, n_classes - own_group, n_classes - own_group)
+        log.warning("mine.k=%d but only %d wrong classes exist; mining %d", k, n_classes - own_group, n_classes - own_group,
+                    extra=ALIKE_EVERY_TRAINING)  # the same at every tune trial or evaluate seed: said once there
         k = n_classes - own_group
     elif k == n_classes - own_group and n_classes > 1:  # TREC-6's 6 classes at the default K = 5, say
         log.info("mine.k=%d takes every wrong class there is%s: stage two scores %s against every standard question, so "

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 # `extra` of a warning about the settings or the catalog, the same at every training: `each_warning_once` says it once.
 # Another (an epoch whose validation diverged) is this training's own news, said at every training that has it.
 ALIKE_EVERY_TRAINING = {"alike_every_training": True}
+# The loggers such warnings come from: training's, and mining's (a mine.k above the wrong classes, at every trial).
+_ALIKE_LOGGERS = (__name__, "tqc.mining")
 
 
 def stage_loss(params: TrainParams, section: str) -> LossFn:
@@ -334,14 +336,17 @@ class _EachOnce(logging.Filter):
 def each_warning_once() -> Iterator[None]:
     """Within the block, each of training's warnings about its settings or catalog is said once, not at every
     training: the callers that train chain after chain in one process (tune's trials, evaluate's seeds) would say the
-    same cut standard questions, shared standard questions and loss notes twice a chain. A warning whose text differs
-    (another max_length) is said, and so is each training's own (a diverged epoch's, whose text repeats)."""
-    once = _EachOnce()
-    log.addFilter(once)
+    same cut standard questions, shared standard questions and loss notes twice a chain, and mining its clipped mine.k
+    once a chain. A warning whose text differs (another max_length) is said, and so is each training's own (a
+    diverged epoch's, whose text repeats)."""
+    once, loggers = _EachOnce(), [logging.getLogger(name) for name in _ALIKE_LOGGERS]
+    for logger in loggers:  # one filter for all, so a text is said once whichever logger says it
+        logger.addFilter(once)
     try:
         yield
     finally:
-        log.removeFilter(once)
+        for logger in loggers:
+            logger.removeFilter(once)
 
 
 def bi_encoder_validator(model: BiEncoder, validation: list[LabeledQuestion], catalog: Catalog) -> Callable[[], dict]:

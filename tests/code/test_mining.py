@@ -295,3 +295,22 @@ def test_a_k_that_takes_every_wrong_class_is_said_to_choose_nothing(caplog):
     with caplog.at_level(logging.INFO, logger="tqc.mining"):
         mine(questions, standards, gold, k=1)
     assert "takes every wrong class" not in caplog.text
+
+
+def test_within_each_warning_once_a_k_above_the_wrong_classes_is_said_once(caplog):
+    """tune's trials (and evaluate's seeds) mine the same catalog with the same mine.k: its clipping was said at each."""
+    import logging
+
+    from tqc.mining import mine
+    from tqc.training import each_warning_once
+
+    rng = np.random.default_rng(0)
+    questions, standards = rng.normal(size=(8, 4)).astype(np.float32), rng.normal(size=(3, 4)).astype(np.float32)
+    gold = np.array([0, 1, 2, 0, 1, 2, 0, 1])
+    with caplog.at_level(logging.WARNING, logger="tqc.mining"):
+        with each_warning_once():
+            for _ in range(3):
+                mine(questions, standards, gold, k=5)
+        mine(questions, standards, gold, k=5)  # outside it, said again
+    said = [r.getMessage() for r in caplog.records if "wrong classes exist" in r.getMessage()]
+    assert said == ["mine.k=5 but only 2 wrong classes exist; mining 2"] * 2

@@ -968,3 +968,18 @@ def test_a_study_run_with_another_params_file_writes_its_apply_command(tmp_path,
     tuning.write_reports(study, Params(), None, tmp_path / "study", out, params_file=Path("conf/team.yaml"))
     assert (out / "best_params.yaml").read_text().splitlines()[1] == (
         f"# apply with: tqc --params conf/team.yaml tune --apply {out / 'best_params.yaml'}")
+
+
+def test_a_mine_k_above_the_wrong_classes_is_said_once_a_study_not_once_a_trial(tmp_path, tiny_model_dir, caplog):
+    """mine.k not searched but above the catalog's wrong classes: mining's "only N wrong classes" was said again at
+    every trial."""
+    raw = tuning_params(tmp_path, tiny_model_dir, trials=2, space={"stage_one.temperature": SPACE["stage_one.temperature"]})
+    raw["tracking"]["enabled"] = False
+    raw["mine"]["k"] = 5  # the synthetic data's 3 classes: 2 wrong ones
+    for stage in ("stage_one", "stage_two"):
+        raw[stage]["epochs"] = 1
+    with caplog.at_level("WARNING", logger="tqc.mining"):
+        tune(Params.model_validate(raw), tmp_path / "reports", tmp_path / "work")
+    assert len(optuna.load_study(study_name="test", storage=raw["tune"]["storage"]).trials) == 2
+    said = [r.getMessage() for r in caplog.records if "wrong classes exist" in r.getMessage()]
+    assert said == ["mine.k=5 but only 2 wrong classes exist; mining 2"]
