@@ -455,8 +455,9 @@ def _evaluate(args: argparse.Namespace, params: Params) -> None:
     from tqc.stages import evaluate
 
     models = ChainOutputs(args.stage_one, args.stage_two, args.nc)
+    # --train is only recorded with the run, as the models' input: each extra seed augments its own training rows
     with stage_run("evaluate", params, [args.data, args.train, args.stage_one, args.stage_two, args.nc]) as tracker:
-        metrics = evaluate.run(args.data, args.train, models, args.prior, params, args.metrics, args.classes,
+        metrics = evaluate.run(args.data, models, args.prior, params, args.metrics, args.classes,
                                args.plots, args.predictions)
         # not `run`: its params are the stage's MLflow params already, and as metrics they would crowd the figures
         tracker.log_metrics({key: value for key, value in metrics.items() if key != "run"})

@@ -208,8 +208,7 @@ def test_an_extra_seed_whose_model_diverged_is_named_in_the_error_itself(monkeyp
     monkeypatch.setattr(evaluate, "score_chain", score_chain)
     said = "1 training question vector" if diverged_in == "mining" else "admc on test: scores hold NaN"
     with pytest.raises(DivergedScores, match=rf"^full training 3/3 with seed 44: {said}[^\n]*diverged$"):
-        evaluate._extra_seeds(Params.model_validate({"seed": 42, "evaluate": {"seeds": 3}}), Path("data"),
-                              Path("train.jsonl"), {}, None)
+        evaluate._extra_seeds(Params.model_validate({"seed": 42, "evaluate": {"seeds": 3}}), Path("data"), {}, None)
 
 
 def test_evaluates_extra_seeds_say_each_training_warning_once(monkeypatch, caplog):
@@ -232,7 +231,7 @@ def test_evaluates_extra_seeds_say_each_training_warning_once(monkeypatch, caplo
     monkeypatch.setattr(evaluate, "train_chain", train_chain)
     monkeypatch.setattr(evaluate, "score_chain", lambda *_: ({"metrics": {}}, {}))
     with caplog.at_level("INFO", logger="tqc.training"):
-        evaluate._extra_seeds(Params.model_validate({"evaluate": {"seeds": 3}}), Path("data"), Path("train.jsonl"), {}, None)
+        evaluate._extra_seeds(Params.model_validate({"evaluate": {"seeds": 3}}), Path("data"), {}, None)
     said = [r.getMessage() for r in caplog.records if r.name == "tqc.training"]
     assert said == ["1 standard question(s) longer than model.max_length (8 tokens)", "stage one: epoch 1",
                     "stage one: epoch 1"]

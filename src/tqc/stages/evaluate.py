@@ -95,7 +95,7 @@ def seed_statistics(per_seed: list[dict], resplit: bool) -> dict:
     return stats
 
 
-def run(data_dir: Path, train_path: Path, models: ChainOutputs, prior_path: Path, params: Params, metrics_path: Path,
+def run(data_dir: Path, models: ChainOutputs, prior_path: Path, params: Params, metrics_path: Path,
         classes_path: Path, plots_dir: Path, predictions_path: Path) -> dict:
     started = time.perf_counter()
     catalog = Catalog.load(data_dir / "catalog.jsonl")
@@ -104,7 +104,7 @@ def run(data_dir: Path, train_path: Path, models: ChainOutputs, prior_path: Path
               for name, folder in trained_folders(models.stage_one, models.stage_two, models.nc).items()}
     # The labeled training rows as they were validated: no rebalancing copies or generated rows
     evaluated = evaluate_models(models, params, splits, catalog, shifts, load_questions(data_dir / "train.jsonl"))
-    per_seed = [evaluated["metrics"]] + _extra_seeds(params, data_dir, train_path, splits, catalog)
+    per_seed = [evaluated["metrics"]] + _extra_seeds(params, data_dir, splits, catalog)
 
     metrics = metrics_document(params, evaluated, shifts, seed_statistics(per_seed, params.evaluate.resplit))
     write_json(metrics_path, metrics)
@@ -139,7 +139,7 @@ def rule_on_validation(metrics: dict) -> str:
             f"{nearest:.4f}): promote.rule: standard")
 
 
-def _extra_seeds(params: Params, data_dir: Path, train_path: Path, splits, catalog) -> list[dict]:
+def _extra_seeds(params: Params, data_dir: Path, splits, catalog) -> list[dict]:
     """Seeds 2..N: the whole training chain again, through the same stage functions.
 
     Every seed is scored on the same test split. With `evaluate.resplit` each seed also draws
