@@ -223,6 +223,32 @@ def test_a_broken_catalog_stops_the_stage_naming_the_classes(tmp_path, catalog, 
         run_validate(tmp_path)
 
 
+def test_a_text_of_no_letter_or_digit_is_quarantined_and_a_word_of_any_script_is_not(tmp_path):
+    """"???" or a dash alone passed every expectation and went into training as a question of its class."""
+    train = [("???", "a"), ("—", "b"), ("?!  ...", "a"), ("🍕?", "b"), ("fine", "a"), ("2+2?", "b"),
+             ("¿Qué?", "a"), ("北京在哪里", "b"), ("٣", "a"), ("x²?", "b"), ("", "a")]
+    write_splits(tmp_path / "in", train, [("also fine", "a"), ("--", "b")], [("!!", "a"), ("held out", "a")])
+    report = run_validate(tmp_path)
+    quarantined = {(q["file"], q["line"]): (q["expectations"], q["reason"]) for q in read_jsonl(tmp_path / "quarantine.jsonl")}
+    no_word = (["has_letter_or_digit"], "has_letter_or_digit: no letter or digit, so no question to classify")
+    assert quarantined == {("train.csv", 1): no_word, ("train.csv", 2): no_word, ("train.csv", 3): no_word,
+                           ("train.csv", 4): no_word, ("validation.csv", 2): no_word,
+                           ("train.csv", 11): (["non_empty_text"], "non_empty_text")}  # empty: said once, not twice
+    # a warning by default: a test row keeps its place in test (it can be scored), flagged
+    assert [q["text"] for q in read_jsonl(tmp_path / "out" / "test.jsonl")] == ["!!", "held out"]
+    assert [(q["line"], q["expectations"]) for q in report["test_rows_kept_with_warnings"]] == [(1, ["has_letter_or_digit"])]
+    assert {(e["table"], e["severity"]) for e in report["expectations"] if e["name"] == "has_letter_or_digit"} == {
+        ("train", "warning"), ("validation", "warning"), ("test", "warning")}
+
+
+def test_has_letter_or_digit_made_critical_stops_the_stage_on_wholesale_failure(tmp_path):
+    write_splits(tmp_path / "in", [("???", "a"), ("!!!", "b"), ("fine", "a")], [("also fine", "a")], [("held out", "a")])
+    params = ValidateParams(max_quarantined_fraction=0.1, min_examples_per_class=1,
+                            critical=[*ValidateParams().critical, "has_letter_or_digit"])
+    with pytest.raises(ValidationFailed, match=r"has_letter_or_digit on train \(2 rows, 66.7%"):
+        run_validate(tmp_path, params)
+
+
 def test_data_docs_are_built_as_html(tmp_path):
     write_splits(tmp_path / "in", [("x", "a"), ("y", "b")], [("fine", "a")], [("held out", "a")])
     run_validate(tmp_path, docs=True)

@@ -30,6 +30,8 @@ SPLITS = ("train", "validation", "test")
 GENERATED = "generated"  # data.generated's attributed rows, when configured: checked like a split
 COLUMNS = ["text", "class_id", "source", "generated"]
 CONTROL_CHARACTERS = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"  # C0 but tab and line breaks, DEL, C1 (mis-decoded bytes)
+# A letter or digit of any script ([^\W_] is str.isalnum), or the empty text, which non_empty_text says already
+LETTER_OR_DIGIT = r"^$|[^\W_]"
 # Leakage: a row of the first split whose text also appears in the second is quarantined.
 LEAKAGE_PAIRS = {"train": ("validation", "test"), "validation": ("test",), "test": (), GENERATED: ("validation", "test")}
 
@@ -121,6 +123,8 @@ def row_expectations(catalog: Catalog, params: ValidateParams) -> list:
         e.ExpectColumnValuesToBeOfType(column="text", type_="str", meta={"name": "schema"}),
         e.ExpectColumnValuesToNotBeNull(column="class_id", meta={"name": "schema"}),
         e.ExpectColumnValueLengthsToBeBetween(column="normalised_text", min_value=1, meta={"name": "non_empty_text"}),
+        # "???" or "—": a text the tokenizer reads, but no word of a question
+        e.ExpectColumnValuesToMatchRegex(column="normalised_text", regex=LETTER_OR_DIGIT, meta={"name": "has_letter_or_digit"}),
         e.ExpectColumnValueLengthsToBeBetween(column="text", max_value=params.max_text_chars, meta={"name": "text_length"}),
         e.ExpectColumnValuesToNotMatchRegex(column="text", regex=CONTROL_CHARACTERS, meta={"name": "no_control_characters"}),
         e.ExpectColumnValuesToBeInSet(column="class_id", value_set=catalog.class_ids, meta={"name": "label_in_catalog"}),
@@ -156,8 +160,8 @@ def catalog_expectations() -> list:
 # test (flagged), since dropping it would change what every model is measured on.
 UNSCORABLE = {"non_empty_text", "label_in_catalog"}
 
-ROW_LEVEL = {"non_empty_text", "text_length", "no_control_characters", "label_in_catalog", "no_duplicates",
-             "no_label_conflicts", "no_leakage"}
+ROW_LEVEL = {"non_empty_text", "has_letter_or_digit", "text_length", "no_control_characters", "label_in_catalog",
+             "no_duplicates", "no_label_conflicts", "no_leakage"}
 
 
 class Validator:
@@ -328,6 +332,8 @@ class RowReasons:
         if name == "no_leakage":
             into = [other for other in LEAKAGE_PAIRS[split] if key in self.first.get(other, {})]
             return "no_leakage: also " + ", ".join(f"in {other} at {file_and_line(self.first[other][key], NO_FILE)}" for other in into)
+        if name == "has_letter_or_digit":
+            return "has_letter_or_digit: no letter or digit, so no question to classify"
         if name == "label_in_catalog":
             like = self.by_folded_id.get(question.class_id.casefold())
             hint = f" (the catalog has {like!r}, alike but for case)" if like else ""
