@@ -171,6 +171,35 @@ def test_similarity_profile_names_its_axes_and_the_gold_line(tmp_path, monkeypat
     assert drawn["legend"] == ["gold class", "before (zero-shot)", "after (ADMC)"]
 
 
+def test_similarity_profile_labels_show_control_characters_as_escapes(tmp_path, monkeypatch):
+    """A quoted catalog id's "\\r" drew as a missing glyph (matplotlib's "Glyph 13 missing from font(s)" warning), its
+    "\\n" broke the tick label in two, and a question's line break its title."""
+    import unicodedata
+
+    import matplotlib.figure
+
+    from tqc.config import Params
+    from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+    from tqc.stages.evaluate import _write_similarity_profile
+
+    drawn = {}
+
+    def savefig(figure, *args, **kwargs):
+        drawn["titles"] = [axis.get_title() for axis in figure.axes]
+        drawn["ticks"] = [label.get_text() for label in figure.axes[0].get_xticklabels()]
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    ids = ["a\nb", "g\rh", "tab\tbell\x07", "line\u2028sep", "plain"]
+    catalog = Catalog([StandardQuestion(class_id, f"What is {i}?") for i, class_id in enumerate(ids)])
+    questions = [LabeledQuestion("What is\r\nthis ?", ids[0]), LabeledQuestion("Is it café ?", ids[4])]
+    params = Params.model_validate({"evaluate": {"profile_questions": 2}})
+    _write_similarity_profile(tmp_path, {"zero_shot": np.eye(5)[:2], "admc": np.eye(5)[:2]}, questions, catalog, params)
+    assert drawn["ticks"] == ["a\\nb", "g\\rh", "tab\\tbell\\x07", "line\\u2028sep", "plain"]
+    assert drawn["titles"] == ["What is\\r\\nthis ?", "Is it café ?"]
+    for label in drawn["ticks"] + drawn["titles"]:
+        assert not any(unicodedata.category(character) in ("Cc", "Zl", "Zp") for character in label), label
+
+
 def test_seed_statistics_say_which_standard_deviation_they_give():
     """metrics.json's seeds block gave a "std" without saying it is the sample one (ddof = 1), not the population's."""
     from tqc.stages.evaluate import seed_statistics

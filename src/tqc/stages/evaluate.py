@@ -15,6 +15,7 @@ import random
 import shutil
 import tempfile
 import time
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -300,9 +301,9 @@ def _write_similarity_profile(plots_dir: Path, scores: dict[str, np.ndarray], qu
         axis.set_ylabel(f"similarity ({params.model.similarity})", fontsize=7)
         # parse_math=False: a question or class id is text, and two `$` in it would be read as mathtext
         # (garbled, or an error that stops evaluate after its training where it is not valid mathtext)
-        axis.set_title(questions[i].text[:90], fontsize=8, parse_math=False)
-        axis.set_xticks(x, catalog.class_ids if len(catalog) <= 20 else [""] * len(catalog), fontsize=6, rotation=45,
-                        parse_math=False)
+        axis.set_title(_drawn(questions[i].text[:90]), fontsize=8, parse_math=False)
+        axis.set_xticks(x, [_drawn(c) for c in catalog.class_ids] if len(catalog) <= 20 else [""] * len(catalog),
+                        fontsize=6, rotation=45, parse_math=False)
     axes[-1, 0].set_xlabel("standard question (class id)" if len(catalog) <= 20 else "standard question (catalog order)", fontsize=7)
     axes[0, 0].legend(fontsize=7)
     figure.tight_layout()
@@ -310,6 +311,12 @@ def _write_similarity_profile(plots_dir: Path, scores: dict[str, np.ndarray], qu
     with atomic_path(plots_dir / "similarity_profile.png") as tmp:
         figure.savefig(tmp, format="png", dpi=110)
     plt.close(figure)
+
+
+def _drawn(text: str) -> str:
+    """A question or class id as a plot label shows it: each control character or line separator as its escape
+    ("g\\rh"), which the font has no glyph for (matplotlib warned and drew a box) or which broke the label in two."""
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text)
 
 
 def _write_csv(path: Path, rows: list[list]) -> None:
