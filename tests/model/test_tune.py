@@ -411,21 +411,27 @@ def test_a_hyperband_study_runs_and_reports(tmp_path, tiny_model_dir):
     assert saved["similarity"] == sampled  # the distance the tuner chose is the one the model was trained with
 
 
-def test_a_standard_question_cut_at_max_length_is_said_once_a_study_not_twice_a_trial(tmp_path, tiny_model_dir, caplog):
-    """Each trial's stage one and stage two said it again: 16 trials, 32 times the same warning."""
+def test_a_cut_standard_question_and_a_clipped_mine_k_are_said_once_a_study_not_at_every_trial(tmp_path, tiny_model_dir,
+                                                                                                  caplog):
+    """Each trial's stage one and stage two said the cut again (16 trials, 32 times the same warning), and each
+    trial's mining its "only N wrong classes" (mine.k not searched but above the catalog's wrong classes). One tune
+    checks both: a study is the expensive part."""
     raw = tuning_params(tmp_path, tiny_model_dir, trials=2, space={"stage_one.temperature": SPACE["stage_one.temperature"]})
     raw["tracking"]["enabled"] = False
     raw["model"]["max_length"] = 8
+    raw["mine"]["k"] = 5  # the synthetic data's 3 classes: 2 wrong ones
     for stage in ("stage_one", "stage_two"):
         raw[stage]["epochs"] = 1
     catalog = tmp_path / "raw" / "catalog.csv"  # LOC's standard question: 11 tokens
     catalog.write_text(catalog.read_text().replace("Where is the place?", "Where is the place where is the place where?"))
-    with caplog.at_level("WARNING", logger="tqc.training"):
+    with caplog.at_level("WARNING", logger="tqc"):
         tune(Params.model_validate(raw), tmp_path / "reports", tmp_path / "work")
     assert len(optuna.load_study(study_name="test", storage=raw["tune"]["storage"]).trials) == 2
     said = [r.getMessage() for r in caplog.records if "standard question(s)" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("1 standard question(s) longer than model.max_length (8 tokens)")
     assert "class(es) 'LOC';" in said[0]
+    clipped = [r.getMessage() for r in caplog.records if "wrong classes exist" in r.getMessage()]
+    assert clipped == ["mine.k=5 but only 2 wrong classes exist; mining 2"]
 
 
 def test_the_tuner_refuses_to_run_under_torchrun(tmp_path, tiny_model_dir, monkeypatch):
@@ -969,17 +975,3 @@ def test_a_study_run_with_another_params_file_writes_its_apply_command(tmp_path,
     assert (out / "best_params.yaml").read_text().splitlines()[1] == (
         f"# apply with: tqc --params conf/team.yaml tune --apply {out / 'best_params.yaml'}")
 
-
-def test_a_mine_k_above_the_wrong_classes_is_said_once_a_study_not_once_a_trial(tmp_path, tiny_model_dir, caplog):
-    """mine.k not searched but above the catalog's wrong classes: mining's "only N wrong classes" was said again at
-    every trial."""
-    raw = tuning_params(tmp_path, tiny_model_dir, trials=2, space={"stage_one.temperature": SPACE["stage_one.temperature"]})
-    raw["tracking"]["enabled"] = False
-    raw["mine"]["k"] = 5  # the synthetic data's 3 classes: 2 wrong ones
-    for stage in ("stage_one", "stage_two"):
-        raw[stage]["epochs"] = 1
-    with caplog.at_level("WARNING", logger="tqc.mining"):
-        tune(Params.model_validate(raw), tmp_path / "reports", tmp_path / "work")
-    assert len(optuna.load_study(study_name="test", storage=raw["tune"]["storage"]).trials) == 2
-    said = [r.getMessage() for r in caplog.records if "wrong classes exist" in r.getMessage()]
-    assert said == ["mine.k=5 but only 2 wrong classes exist; mining 2"]
