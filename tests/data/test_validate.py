@@ -256,10 +256,17 @@ def test_data_docs_are_built_as_html(tmp_path):
     assert list((tmp_path / "docs" / "validations").rglob("*.html"))
 
 
-def test_test_rows_leave_test_only_when_they_cannot_be_scored(tmp_path):
+def test_test_rows_leave_test_only_when_they_cannot_be_scored(tmp_path, caplog):
     test = [("held out", "a"), ("Held  out", "a"), ("bell\x07", "b"), ("", "a"), ("unknown label", "zzz"), ("other", "b")]
     write_splits(tmp_path / "in", [("x", "a"), ("y", "b")], [("fine", "a")], test)
-    report = run_validate(tmp_path, ValidateParams(max_quarantined_fraction=0.5, min_examples_per_class=1))
+    with caplog.at_level("WARNING", logger="tqc.stages.validate"):
+        report = run_validate(tmp_path, ValidateParams(max_quarantined_fraction=0.5, min_examples_per_class=1))
+    # each expectation's warning says where its rows went: the log said "rows quarantined" of rows kept in test
+    said = {m.split(" failed")[0]: m for m in caplog.messages if m.startswith("expectation ")}
+    assert said["expectation no_control_characters on test"].endswith(
+        "failed for 1 rows, e.g. test.csv line 3: kept in test (the report's test_rows_kept_with_warnings) unless "
+        "another expectation quarantined them")
+    assert said["expectation non_empty_text on test"].endswith("failed for 1 rows, e.g. test.csv line 4: rows quarantined")
     kept = [q["text"] for q in read_jsonl(tmp_path / "out" / "test.jsonl")]
     assert kept == ["held out", "Held  out", "bell\x07", "other"]  # a repeat and a control character are scored
     flagged = {(q["line"], tuple(q["expectations"])) for q in report["test_rows_kept_with_warnings"]}

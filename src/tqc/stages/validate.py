@@ -389,7 +389,7 @@ def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Pa
     log.info("validate: accepted %s, quarantined %d rows to %s; report %s%s (%.1fs)",
              report["accepted"], len(quarantined), quarantine_path, report_path,
              f", data docs {docs_dir}" if docs_dir else "", report["seconds"])
-    raise_on_critical(report, params, quarantined, quarantine_path)
+    raise_on_critical(report, params, quarantined, quarantine_path, flagged)
     # No train rows: stage one would take no step and "train" nothing; no validation rows: early stopping would score
     # 0 every epoch and keep the starting weights; no test rows: evaluate would write NaN figures, then fail
     for split in ("train", "validation", "test"):
@@ -446,10 +446,10 @@ def _observation(observed: dict) -> str:
 
 
 def raise_on_critical(report: dict, params: ValidateParams, quarantined: list[dict] | None = None,
-                      quarantine_path: Path | None = None) -> None:
+                      quarantine_path: Path | None = None, flagged: list[dict] | None = None) -> None:
     """Stop on a critical expectation that failed for a table, or for more than `max_quarantined_fraction` of
     a split's rows; the error names the first failing rows (file and line, from `quarantined`) and where
-    every one of them is."""
+    every one of them is. Any other failure is a warning naming its first rows (from `flagged` for test rows kept)."""
     failures = []
     for e in report["expectations"]:
         if e["success"]:
@@ -463,6 +463,11 @@ def raise_on_critical(report: dict, params: ValidateParams, quarantined: list[di
                       f"fraction ({params.max_quarantined_fraction}){_first_rows(quarantined or [], e)})"
                       if row_level else f" ({_observation(e['observed'])})")
             failures.append(where + detail)
+        elif row_level and e["table"] == "test" and e["name"] not in UNSCORABLE:
+            # such test rows stay in test, flagged (check's test policy): "quarantined" would be untrue of them
+            log.warning("expectation %s failed for %d rows%s: kept in test (the report's test_rows_kept_with_warnings) "
+                        "unless another expectation quarantined them", where, e["failing_rows"],
+                        _first_rows([*(quarantined or []), *(flagged or [])], e))
         elif row_level:
             log.warning("expectation %s failed for %d rows%s: rows quarantined", where, e["failing_rows"],
                         _first_rows(quarantined or [], e))
