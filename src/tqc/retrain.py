@@ -18,7 +18,8 @@ New labeled questions arrive as files in an inbox. A retrain:
    `refresh` replaces `train`: the champion's encoder, untrained, serves the grown data's
    labeled questions, and the same gate judges it.
 4. `commit`: the staged additions replace data/raw atomically, `dvc add` records the new data
-   version (`dvc push` when a remote is configured), then the inbox files move to the archive
+   version (`dvc push` when a remote is configured, tried again a few times; a push that still fails
+   is left to be redone, with a warning, the commit kept), then the inbox files move to the archive
    and the manifest, and last the challenger is marked for the gate (`PENDING_JUDGE`). Refused,
    changing nothing, when data/raw changed since `stage` copied it (an edit or a checkout during
    the run), which writing the copy back would undo. Until this
@@ -526,11 +527,13 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
     """The commit point: staged additions → data/raw (atomic), dvc add (+ push), the quarantine, then archive, then
     `challenger` (the model trained on the staged data) marked as awaiting the gate (`PENDING_JUDGE`).
 
-    All or nothing: when a step fails (dvc add or push, a full disk while archiving), data/raw with its .dvc files
+    All or nothing: when a step fails (dvc add, a full disk while archiving), data/raw with its .dvc files
     (and their git index entries), the quarantine and the manifest are put back as they were, archived files
     return to the inbox and no challenger is pending, so the next run sees exactly what this one saw. The mark is the
     commit's last change, made before its journal closes: a commit that completed always leaves its challenger to be
-    judged, even when the run is killed the moment after, and one killed before is rolled back with its mark.
+    judged, even when the run is killed the moment after, and one killed before is rolled back with its mark. A dvc
+    push that fails after its retries is no failure of the commit (`_dvc_record`): the data is in the DVC cache, and
+    the push is left to be redone.
     """
     raw = additions_dir(params)
     raw.mkdir(parents=True, exist_ok=True)
@@ -776,17 +779,44 @@ def _quarantine(path: Path, rows: list[dict]) -> None:
 
 
 def _dvc_record(paths: list[Path], push: bool) -> dict:
-    """`dvc add` the additions (the new data version); `dvc push` them when a remote exists."""
+    """`dvc add` the additions (the new data version); `dvc push` them when a remote exists, tried again a few times
+    (`_push`). A push that still fails leaves the version committed, `pushed` false and `push_failed` its reason."""
     if not paths:
         return {"added": [], "pushed": False}
     if not _in_dvc_repo():
         log.warning("retrain: not inside a DVC repository; %s not versioned", ", ".join(map(str, paths)))
         return {"added": [], "pushed": False}
-    pushed = push and _has_default_remote()  # before the add: a push bound to fail refuses the commit first
+    pushing = push and _has_default_remote()  # before the add: a push bound to fail refuses the commit first
     _dvc("add", *map(str, paths))
-    if pushed:
-        _dvc("push", *(f"{p}.dvc" for p in paths))
-    return {"added": [f"{p}.dvc" for p in paths], "pushed": pushed}
+    added = [f"{p}.dvc" for p in paths]
+    failure = _push(added) if pushing else None
+    if failure is None:
+        return {"added": added, "pushed": pushing}
+    log.warning("retrain: %s, %d tries; the new data version is recorded in this checkout and its DVC cache but is not "
+                "on the remote: push it by hand with `dvc push %s` (a later retrain's push sends the data as it is "
+                "then)", failure, len(PUSH_RETRY_WAITS) + 1, " ".join(added))
+    return {"added": added, "pushed": False, "push_failed": failure}
+
+
+# Seconds between `dvc push` tries: a network blip passes in these ~20 s; an outage longer than that leaves the commit
+# made and the push to be redone, rather than throwing the run's training away with a roll-back
+PUSH_RETRY_WAITS = (5.0, 15.0)
+
+
+def _push(dvc_files: list[str]) -> str | None:
+    """`dvc push` the new data version, tried again after each of PUSH_RETRY_WAITS; None once pushed, else the last
+    failure's line. The data is in the DVC cache already (the add), so a push that never got through loses nothing."""
+    waits = iter(PUSH_RETRY_WAITS)
+    while True:
+        try:
+            _dvc("push", *dvc_files)
+            return None
+        except RetrainCommitError as error:
+            wait = next(waits, None)
+            if wait is None:
+                return str(error)
+            log.warning("retrain: %s; trying again in %g s", error, wait)
+            time.sleep(wait)
 
 
 def _dvc(command: str, *arguments: str) -> str:
@@ -862,6 +892,8 @@ def closing_line(staged: Staged, promotion: dict, committed: dict, quarantine: P
     if versions:
         line += (f". New data version: {', '.join(versions)}; commit it to git: until then no commit records it, and "
                  "`dvc exp run` unstages it")
+    if committed.get("dvc", {}).get("push_failed"):
+        line += f"; not on the DVC remote (the push failed): `dvc push {' '.join(versions)}`"
     return line
 
 

@@ -811,6 +811,45 @@ def test_the_data_version_is_recorded_only_in_a_dvc_project_and_pushed_only_wher
     assert "\n" not in str(failure.value)
 
 
+def test_a_dvc_push_that_fails_is_tried_again_and_one_that_keeps_failing_leaves_the_commit_made(project, monkeypatch,
+                                                                                                    caplog):
+    """A push that failed once (a network blip) failed the commit, and its roll-back threw the run's training away."""
+    (project / "remote").mkdir()
+    (project / ".dvc" / "config.local").write_text(f"[core]\n    remote = store\n['remote \"store\"']\n"
+                                                   f"    url = {project / 'remote'}\n")
+    monkeypatch.setattr(steps, "PUSH_RETRY_WAITS", (0.0, 0.0), raising=False)  # no waits here
+    real_dvc, pushes = steps._dvc, []
+
+    def remote(down_for: int):
+        def dvc(command, *arguments):
+            if command == "push":
+                pushes.append(arguments)
+                if len(pushes) <= down_for:
+                    raise steps.RetrainCommitError("dvc push failed (exit 1): ERROR: failed to push data to the cloud")
+            return real_dvc(command, *arguments)
+        return dvc
+
+    params = load_params(project / "params.yaml")
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
+    monkeypatch.setattr(steps, "_dvc", remote(down_for=1))
+    staged, files = deliver(project)
+    result = steps.commit(params, staged, files, [])
+    assert len(pushes) == 2 and result["dvc"] == {"added": ["data/raw/labeled.jsonl.dvc"], "pushed": True}
+    assert any((project / "remote").rglob("*")) and len(added_rows(project)) == 2
+
+    pushes.clear()
+    drop(project, "two.csv", [(q, "NUM") for q in unseen_questions(project, "NUM", 2)])
+    monkeypatch.setattr(steps, "_dvc", remote(down_for=10))  # down longer than the tries
+    staged, files = deliver(project)
+    with caplog.at_level(logging.WARNING, logger="tqc.retrain"):
+        result = steps.commit(params, staged, files, [])
+    assert len(pushes) == 3 and not result["dvc"]["pushed"] and "failed to push" in result["dvc"]["push_failed"]
+    assert len(added_rows(project)) == 4 and not (project / "data" / "incoming" / "two.csv").exists()  # committed
+    assert "push it by hand with `dvc push data/raw/labeled.jsonl.dvc`" in caplog.text
+    assert "`dvc push data/raw/labeled.jsonl.dvc`" in steps.closing_line(staged, {"promoted": False, "reasons": []},
+                                                                          result, Path(params.retrain.quarantine))
+
+
 def test_the_data_version_waits_for_dvc_s_lock_where_another_dvc_command_holds_it(tmp_path, monkeypatch):
     """A dvc command in the same checkout (a `dvc status`, an editor's DVC extension, a `dvc repro`) holding DVC's lock
     for more than DVC's 3 s made `dvc add` fail, and the commit threw that run's training away."""
