@@ -23,7 +23,7 @@ from prefect.states import Failed
 
 from tqc import retrain as steps
 from tqc.config import Params, load_params
-from tqc.errors import input_errors
+from tqc.errors import input_errors, registry_errors
 from tqc.tracking import COMMIT_TAG, git_commit, nested_run, offline_mlflow, run_params, standalone_run
 
 
@@ -74,9 +74,15 @@ def judge(params: Params, trained: steps.Trained, staging: Path) -> dict:
 def retry_unless_permanent(task, task_run, state) -> bool:
     """Prefect's retry condition: a step that failed for a reason a retry cannot change is not retried: no champion
     to refresh, bad params, unreadable or invalid data, a prior file that cannot serve the model, a package the
-    worker lacks (FAISS, which the train step loads first: a failed import fails again in the same process). Each
-    would fail again the same way, after `retry_delay_seconds` each time."""
-    return not isinstance(state.result(raise_on_failure=False), (steps.RefreshError, ImportError, *input_errors()))
+    worker lacks (FAISS, which the train step loads first: a failed import fails again in the same process), a
+    champion the registry cannot serve (`registry_errors`: its artifacts gone or unloadable). Each would fail again
+    the same way, after `retry_delay_seconds` each time. The last may also be an artifact store that stayed
+    unreachable, but the registry's clients (MLflow's HTTP requests, boto3) have retried the connection for minutes
+    before it fails, so a retry 10 s later, promote's whole judging again, would not change it either; the challenger
+    stays pending (judge-pending.json) and the next run judges it first, once the champion is repaired or the store
+    is back."""
+    return not isinstance(state.result(raise_on_failure=False),
+                          (steps.RefreshError, ImportError, *input_errors(), *registry_errors()))
 
 
 @task(cache_policy=NO_CACHE)

@@ -383,6 +383,7 @@ def test_only_a_failure_a_retry_could_change_is_retried():
     from tqc.config import ConfigError
     from tqc.prior import StaleEntry
     from tqc.readers import ReaderError
+    from tqc.stages.promote import ChampionUnavailable
     from tqc.stages.validate import ValidationFailed
 
     def failed_with(exc):
@@ -390,7 +391,8 @@ def test_only_a_failure_a_retry_could_change_is_retried():
 
     permanent = [steps.RefreshError("no champion"), ConfigError("bad key"), ReaderError("bad row"),
                  ValidationFailed("critical expectation"), StaleEntry("prior.json: fitted for earlier weights"),
-                 ImportError("FAISS is not installed: `make run` installs it")]  # retried twice, 10 s apart, before
+                 ImportError("FAISS is not installed: `make run` installs it"),  # retried twice, 10 s apart, before
+                 ChampionUnavailable("tqc-admc v1, the champion, cannot be read (…); repair the champion's artifacts")]
     assert [retry_unless_permanent(None, None, failed_with(exc)) for exc in permanent] == [False] * len(permanent)
     assert retry_unless_permanent(None, None, failed_with(RuntimeError("registry unreachable"))) is True
     assert retry_unless_permanent(None, None, failed_with(OSError("disk busy"))) is True
