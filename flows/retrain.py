@@ -2,6 +2,7 @@
 `retrain.mode: refresh`, served by the champion's encoder as exemplars), judged, committed.
 
     python flows/retrain.py                      # once, locally, on Prefect's embedded default (--mode, --params)
+    python flows/retrain.py --serve --cron "0 2 * * *"   # on a schedule, run by this process: no work pool (a server)
     prefect deploy --all                         # the cron deployment in prefect.yaml (GPU work pool)
 
 Each step is a function of `tqc.retrain` (the pipeline's own stage functions underneath);
@@ -16,7 +17,7 @@ import os
 import shutil
 from pathlib import Path
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger, serve, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
@@ -250,14 +251,45 @@ def _arguments(argv: list[str] | None = None):
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--mode", choices=get_args(RetrainParams.model_fields["mode"].annotation),
                         help="this run's retrain.mode (default: the params file's)")
-    return parser.parse_args(argv)
+    parser.add_argument("--serve", action="store_true", help="run the flow on a schedule (--cron or --interval) in this "
+                        "process until stopped, with no work pool or worker; needs a Prefect server (PREFECT_API_URL)")
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument("--cron", help="with --serve: a cron expression, UTC (e.g. '0 2 * * *', nightly at 02:00)")
+    when.add_argument("--interval", type=float, help="with --serve: seconds from one run's start to the next's")
+    arguments = parser.parse_args(argv)
+    if arguments.serve != (arguments.cron is not None or arguments.interval is not None):
+        parser.error("--serve takes a schedule, --cron or --interval, and they mean nothing without it")
+    if arguments.interval is not None and arguments.interval <= 0:
+        parser.error(f"--interval {arguments.interval:g}: the seconds between runs must be more than 0")
+    return arguments
+
+
+SERVED = "retrain-served"  # the deployment `--serve` registers, beside prefect.yaml's retrain-nightly
+
+
+def serve_on_schedule(arguments) -> None:
+    """`--serve`: Prefect's `serve`, this process running each scheduled run itself (one at a time), no work pool or
+    worker. The runs are made by a Prefect server's scheduler, which the embedded default lacks (Prefect would only
+    warn, and serve forever with nothing scheduled), so without PREFECT_API_URL it stops, saying what to do."""
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        raise SystemExit("retrain --serve: PREFECT_API_URL is not set, and a schedule needs a Prefect server's scheduler: "
+                         "start one (prefect server start) and export PREFECT_API_URL=http://127.0.0.1:4200/api, or "
+                         "run `python flows/retrain.py` from cron instead (docs/retrain.md)")
+    parameters = {"params_path": arguments.params, **({"mode": arguments.mode} if arguments.mode else {})}
+    serve(retrain.to_deployment(name=SERVED, cron=arguments.cron, interval=arguments.interval, parameters=parameters),
+          limit=1)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python flows/retrain.py`: one run; a failure whose message is the whole story exits with that line alone."""
+    """`python flows/retrain.py`: one run; a failure whose message is the whole story exits with that line alone.
+    With --serve, runs on a schedule until stopped (`serve_on_schedule`)."""
     arguments = _arguments(argv)
     # Offline, the embedded server's usage report logs an ERROR at each start; a user's own setting stands
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if arguments.serve:
+        return serve_on_schedule(arguments)
     try:
         outcome = retrain(arguments.params, arguments.mode)
     except user_errors() as error:  # said in the run's log already

@@ -443,6 +443,38 @@ def test_the_flow_script_takes_the_flows_parameters_on_its_command_line(monkeypa
     assert len(runs) == 2 and "--mode {train,refresh}" in capsys.readouterr().out
 
 
+def test_the_flow_script_serves_the_flow_on_a_schedule_in_its_own_process(monkeypatch, capsys):
+    """One machine, no work pool: `--serve` registers the schedule and runs it with Prefect's `serve` (faked here: it
+    loops until stopped). The embedded server has no scheduler, so without a server it stops and says what to do."""
+    from datetime import timedelta
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    import flows.retrain as script
+
+    served = []
+    monkeypatch.setattr(script, "serve", lambda *deployments, **options: served.append((deployments, options)),
+                        raising=False)
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+        script.main(["--serve", "--interval", "3600", "--mode", "refresh"])
+        script.main(["--serve", "--cron", "0 2 * * *", "--params", "team.yaml"])
+    (hourly,), options = served[0]
+    assert options == {"limit": 1} and hourly.name == "retrain-served" and hourly.entrypoint == "flows/retrain.py:retrain"
+    assert [s.schedule.interval for s in hourly.schedules] == [timedelta(hours=1)]
+    assert hourly.parameters == {"params_path": "params.yaml", "mode": "refresh"}
+    (nightly,), _ = served[1]
+    assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
+    assert nightly.parameters == {"params_path": "team.yaml"}  # the params file's retrain.mode
+
+    with temporary_settings(restore_defaults={PREFECT_API_URL}), pytest.raises(SystemExit) as refused:
+        script.main(["--serve", "--interval", "3600"])
+    assert "PREFECT_API_URL is not set, and a schedule needs a Prefect server's scheduler" in str(refused.value)
+    for arguments in (["--serve"], ["--cron", "0 2 * * *"], ["--serve", "--interval", "0"]):
+        with pytest.raises(SystemExit):
+            script.main(arguments)
+    assert len(served) == 2 and "--serve takes a schedule" in capsys.readouterr().err
+
+
 def test_a_refresh_answers_a_new_class_from_its_labeled_questions_alone(project):
     import mlflow.pyfunc
     import pandas as pd
