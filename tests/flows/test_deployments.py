@@ -53,5 +53,31 @@ def test_prefect_deploy_puts_the_nightly_training_and_the_hourly_refresh_on_one_
     assert "mode" in retrain.parameter_openapi_schema["properties"]
     limit = retrain.global_concurrency_limit
     assert limit.limit == 1 and retrain.concurrency_options.collision_strategy == ConcurrencyLimitStrategy.ENQUEUE
-    # the placeholder itself: each worker's TQC_PROJECT_DIR names its checkout when it runs the flow
-    assert retrain.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": "{{ $TQC_PROJECT_DIR }}"}}]
+    # no path: each worker's TQC_PROJECT_DIR names its checkout when it runs the flow
+    assert retrain.pull_steps == [{"tqc.worker.project_checkout": {}}]
+
+
+def test_a_worker_without_tqc_project_dir_is_told_in_one_line_to_set_it(prefect_harness, tmp_path, monkeypatch):
+    """prefect.yaml's pull step, run as a worker runs it: with TQC_PROJECT_DIR unset, Prefect's own step went into the
+    run's temporary folder, and the run crashed on "No such file or directory: '/tmp/tmp…prefect/flows/retrain.py'"."""
+    import asyncio
+
+    import pytest
+    from prefect.deployments.steps.core import StepExecutionError, run_steps
+
+    pull = yaml.safe_load((REPO / "prefect.yaml").read_text())["pull"]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TQC_PROJECT_DIR", raising=False)
+    with pytest.raises(StepExecutionError) as unset:
+        asyncio.run(run_steps(pull))
+    assert str(unset.value.__cause__) == (
+        "TQC_PROJECT_DIR is not set: set TQC_PROJECT_DIR on this worker to the tqc checkout the flows run in (the "
+        "folder with params.yaml and flows/), e.g. `TQC_PROJECT_DIR=$PWD prefect worker start --pool gpu` from it")
+    monkeypatch.setenv("TQC_PROJECT_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(StepExecutionError) as missing:
+        asyncio.run(run_steps(pull))
+    assert str(missing.value.__cause__).startswith(f"TQC_PROJECT_DIR={tmp_path / 'nowhere'}: No such file or directory: ")
+    checkout = tmp_path / "checkout"
+    (checkout / "flows").mkdir(parents=True)
+    monkeypatch.setenv("TQC_PROJECT_DIR", str(checkout))
+    assert asyncio.run(run_steps(pull))["directory"] == os.getcwd() == str(checkout)
