@@ -143,7 +143,10 @@ def check_delivery(paths: list[Path], params: Params) -> int:
     with (tempfile.TemporaryDirectory(prefix="tqc-validate-") as scratch, quiet(*_CURRENT_DATA_LOGGERS),
           _only_about([incoming.path for incoming in files], "tqc.readers")):
         try:
-            staged = retrain.stage(files, params, Path(scratch)) if files else retrain.Staged(Path(scratch))
+            # checking: what the flow's layout guards (an inbox or work_dir holding data.additions) is not at stake
+            # here, where nothing is emptied or archived; the flow itself refuses it
+            staged = (retrain.stage(files, params, Path(scratch), checking=True) if files
+                      else retrain.Staged(Path(scratch)))
         except ConfigError as exc:  # data.additions unset: the flow's data cannot be built
             print(f"{exc}; --against data/validated checks against the last dvc repro's data instead")
             return UNUSABLE

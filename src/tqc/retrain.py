@@ -185,11 +185,14 @@ class Staged:
         return [o for o in self.outcomes if o.outcome == "unusable"]
 
 
-def stage(files: list[Incoming], params: Params, staging: Path) -> Staged:
-    """Merge the new files into a staged copy of the additions; the real ones are untouched."""
+def stage(files: list[Incoming], params: Params, staging: Path, checking: bool = False) -> Staged:
+    """Merge the new files into a staged copy of the additions; the real ones are untouched. `checking`: `tqc validate
+    FILE`'s judging of a delivery in a scratch folder, which empties and archives nothing: the flow's layout
+    (`additions_dir`) is not asked of it, only data.additions, the current data it judges against."""
     from tqc.pipeline import ingested_data
 
-    current = additions_dir(params)  # first: refused where emptying `raw` would delete it
+    # first: the flow's layout refused before emptying `raw` could delete the additions
+    current = merged_additions(params) if checking else additions_dir(params)
     raw = staging / "raw"
     if raw.exists():
         shutil.rmtree(raw)
@@ -254,15 +257,22 @@ def additions_dir(params: Params) -> Path:
     deliveries: labeled.jsonl was judged as one, and archived away where nothing of the delivery was accepted."""
     from tqc.config import ConfigError
 
-    if not params.data.additions:
-        raise ConfigError("the retrain flow merges into data.additions, which is not set in params.yaml")
-    additions, work_dir = Path(params.data.additions).resolve(), Path(params.retrain.work_dir).resolve()
+    additions, work_dir = merged_additions(params).resolve(), Path(params.retrain.work_dir).resolve()
     if additions == work_dir or work_dir in additions.parents:
         raise ConfigError(f"data.additions {params.data.additions!r} is inside retrain.work_dir {params.retrain.work_dir!r}, "
                           "which each retrain empties: keep it outside")
     if additions == Path(params.retrain.inbox).resolve():
         raise ConfigError(f"data.additions {params.data.additions!r} is retrain.inbox, whose files are read as deliveries: "
                           "the merged questions would be judged and archived as one; give the inbox a folder of its own")
+    return Path(params.data.additions)
+
+
+def merged_additions(params: Params) -> Path:
+    """data.additions, the questions the flow merged, which the current data includes."""
+    from tqc.config import ConfigError
+
+    if not params.data.additions:
+        raise ConfigError("the retrain flow merges into data.additions, which is not set in params.yaml")
     return Path(params.data.additions)
 
 

@@ -488,6 +488,24 @@ def test_an_inbox_that_is_data_additions_is_refused_before_the_merged_questions_
     assert merged.exists() and not Path(params.retrain.archive).exists()
 
 
+def test_tqc_validate_judges_a_delivery_where_only_the_flow_refuses_the_inbox_and_work_dir_it_is_set_with(project,
+                                                                                                           capsys):
+    """An inbox that is data.additions, or a work_dir holding it, stops the flow, which would read the merged questions
+    as a delivery or empty them; `tqc validate FILE` (through `stage`) refused as well, exit 2, though in its scratch
+    folder it empties and archives nothing."""
+    from tqc.cli import main
+
+    outside = project / "to-check"
+    outside.mkdir()
+    (outside / "new.csv").write_text(f"question,label\n{unseen_questions(project, 'LOC', 1)[0]},LOC\n")
+    for setting in ("retrain.inbox=data/raw", "retrain.work_dir=data/raw"):
+        with pytest.raises(SystemExit) as ended:
+            main(["--set", setting, "validate", str(outside / "new.csv")])
+        out = capsys.readouterr().out
+        assert ended.value.code == 0 and "new.csv: 1 rows read, 1 would be accepted, 0 quarantined" in out, out
+    assert not (project / "data" / "raw" / "labeled.jsonl").exists() and (outside / "new.csv").exists()
+
+
 def test_judging_a_delivery_validates_the_current_data_without_augmenting_it(project, monkeypatch):
     """New files are judged against the validated data; augmenting it (EDA or a seq2seq model's paraphrases on
     a large set) would only cost time, and training augments the staged data later."""
