@@ -428,6 +428,24 @@ def test_bad_data_fails_the_run_with_the_file_and_the_reason_and_the_script_says
     assert (project / "data" / "incoming" / "one.csv").exists() and not added_rows(project)
 
 
+def test_a_champion_the_gate_cannot_ask_fails_the_run_in_one_line_and_leaves_the_challenger_pending(project, monkeypatch):
+    """ChampionUnavailable failed the run as "Flow run encountered an exception: …" with Prefect's traceback, where
+    bad params and bad data were one line; it names the version and the way out, so its message is the whole story."""
+    from tqc import retrain as steps
+    from tqc.config import load_params
+    from tqc.stages import promote
+
+    def champion_gone(*args, **kwargs):
+        raise promote.ChampionUnavailable("tqc-admc v1, the champion, cannot be read (OSError: gone); challenger v2 "
+                                          "is registered and not judged")
+
+    monkeypatch.setattr(promote, "run", champion_gone)
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
+    state = retrain(params_path="params.yaml", return_state=True)
+    assert state.is_failed() and state.message.startswith("tqc-admc v1, the champion, cannot be read (OSError: gone)")
+    assert isinstance(state.result(raise_on_failure=False), promote.ChampionUnavailable)
+    assert steps.pending_judge(load_params("params.yaml").retrain) is not None  # the next run judges it first
+
 def test_the_flow_script_takes_the_flows_parameters_on_its_command_line(monkeypatch, capsys):
     """`python flows/retrain.py` read no argument: `--mode refresh` trained (params.yaml's mode), `--help` ran a retrain."""
     import flows.retrain as script
