@@ -173,13 +173,15 @@ def test_a_killed_retrain_leaves_the_champion_and_the_raw_data_as_they_were(proj
     champion_before = champion_version(project)
     drop(project, "two.csv", [(q, "NUM") for q in unseen_questions(project, "NUM", 3)])
 
-    flow = subprocess.Popen([sys.executable, str(REPO / "flows" / "retrain.py")], cwd=project, env=os.environ.copy(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    output = project.parent / "flow-output.log"  # why, should the flow end before it is killed
+    with output.open("wb") as sink:
+        flow = subprocess.Popen([sys.executable, str(REPO / "flows" / "retrain.py")], cwd=project, env=os.environ.copy(),
+                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     training = project / "data" / "retrain" / "models"
     deadline = time.time() + 300
     while not training.exists() and flow.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    assert flow.poll() is None, "the flow ended before training started"
+    assert flow.poll() is None, f"the flow ended before training started: {output.read_text(errors='replace')[-3000:]}"
     assert training.exists(), "no training started within 300 s: the kill would not be mid-training"
     os.killpg(flow.pid, signal.SIGKILL)  # mid-training, no chance to clean up
     flow.wait()
