@@ -219,15 +219,14 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
 def _launch(command: list[str], processes: int) -> int:
     """torchrun's exit status. An input error its processes stopped on (a class the catalog lacks: the same in each) is
     raised here as one, so the command ends on its line and exits 2 as in one process, not 1 after torchrun's summary.
-    Stopped itself (SIGTERM, Ctrl-C), this command asks torchrun to stop its processes first (`pipeline._wait_for`): a
+    Stopped itself (SIGTERM, Ctrl-C), this command asks torchrun to stop its processes first (`launched.wait_for_torchrun`): a
     SIGTERM used to end it alone, and torchrun, left to init, trained on and wrote the stage's outputs after it."""
     import signal
     import tempfile
     import threading
 
     from tqc import distributed
-    from tqc.launched import ERROR_FILE_ENV, launched_input_error
-    from tqc.pipeline import _wait_for
+    from tqc.launched import ERROR_FILE_ENV, launched_input_error, wait_for_torchrun
 
     def stop(signum, _frame):
         raise SystemExit(128 + signum)  # as the signal's default action exits, once torchrun has been asked to stop
@@ -238,7 +237,7 @@ def _launch(command: list[str], processes: int) -> int:
         with tempfile.TemporaryDirectory(prefix="tqc-launch-") as folder:
             error_file = Path(folder) / "input-error"  # each process writes it + ".rank<RANK>" (launched.record_input_error)
             environment = {**distributed.launch_environment(processes), ERROR_FILE_ENV: str(error_file)}  # threads too
-            status = _wait_for(subprocess.Popen(command, env=environment))
+            status = wait_for_torchrun(subprocess.Popen(command, env=environment))
             said = launched_input_error(error_file) if status != 0 else None
     finally:
         if handles:

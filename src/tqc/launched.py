@@ -130,3 +130,22 @@ def _log_lines(stream: IO[bytes], log: logging.Logger | logging.LoggerAdapter, n
                 errors.append(message)
             log.log(level, "%s: %s", name, message)
     stream.close()
+
+
+TERMINATE_GRACE_SECONDS = 30  # torchrun's own grace for its processes after SIGTERM is 30 s too
+
+
+def wait_for_torchrun(launched: subprocess.Popen) -> int:
+    """torchrun's exit status, for both launchers (the retrain chain's `pipeline._Launcher`, a stage command's
+    `cli._launch`). Interrupted (a cancelled flow run, Ctrl-C), it is asked to stop first: torchrun passes SIGTERM on
+    to its processes, which run in sessions of their own; killed outright, it would leave them to their own request
+    to end with it (`distributed.end_with_launcher`, Linux only)."""
+    try:
+        return launched.wait()
+    except BaseException:
+        launched.terminate()
+        try:
+            launched.wait(timeout=TERMINATE_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            launched.kill()
+        raise

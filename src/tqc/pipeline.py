@@ -16,7 +16,7 @@ from typing import Callable
 
 from tqc import distributed
 from tqc.config import Params
-from tqc.launched import ERROR_FILE_ENV, FollowedOutput, clear_input_errors, launched_input_error
+from tqc.launched import ERROR_FILE_ENV, FollowedOutput, clear_input_errors, launched_input_error, wait_for_torchrun
 from tqc.io import write_text
 from tqc.stages import augment, baseline_nc, ingest, mine, stage_one, stage_two, validate
 from tqc.training import EpochRecord, FitResult, read_history
@@ -138,7 +138,7 @@ class _Launcher:
         # threads, interleave as the threads happen to run), in the log and in the failure's last lines
         launched = subprocess.Popen(launch, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         output = FollowedOutput(launched, log, command)  # its lines in this process's log: a flow run's, say
-        status = _wait_for(launched)
+        status = wait_for_torchrun(launched)
         last_lines, _ = output.join(timeout=OUTPUT_GRACE_SECONDS)
         if output.cut_short:
             log.warning("%s: torchrun ended (status %s) but a process of its still holds its output; not waiting for it",
@@ -155,24 +155,6 @@ class _Launcher:
         for record in history if on_epoch else ():
             on_epoch(record)
         return FitResult.of(history)
-
-
-TERMINATE_GRACE_SECONDS = 30  # torchrun's own grace for its processes after SIGTERM is 30 s too
-
-
-def _wait_for(launched: subprocess.Popen) -> int:
-    """torchrun's exit status. Interrupted (a cancelled flow run, Ctrl-C), it is asked to stop first: torchrun passes
-    SIGTERM on to its processes, which run in sessions of their own; killed outright, it would leave them to their own
-    request to end with it (`distributed.end_with_launcher`, Linux only)."""
-    try:
-        return launched.wait()
-    except BaseException:
-        launched.terminate()
-        try:
-            launched.wait(timeout=TERMINATE_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            launched.kill()
-        raise
 
 
 def _release_cuda_cache() -> None:

@@ -4,7 +4,7 @@ torchrun (`distributed.nproc_per_node: 2`, gloo here), cancelled with `prefect f
 torchrun's training processes run in sessions of their own, so a flow run that died alone would leave them training
 on the GPUs. Two things stop them, and either suffices: Prefect 3.8's runner sends SIGTERM to the flow run's whole
 process group, torchrun included; and the flow process turns that SIGTERM into an exception, on which
-`pipeline._wait_for` asks torchrun to stop (for launchers that signal the flow's process alone). Checked by hand on
+`launched.wait_for_torchrun` asks torchrun to stop (for launchers that signal the flow's process alone). Checked by hand on
 2026-11-27: with torchrun started in a session of its own and `_wait_for` not passing the stop on, this test failed,
 its two ranks still training 120 s after the cancel; with either one back, it passed."""
 

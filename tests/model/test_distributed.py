@@ -713,7 +713,7 @@ def test_a_launched_stage_stopped_by_an_input_error_raises_it_as_one_so_the_retr
 def test_an_interrupted_launch_asks_torchrun_to_stop_its_processes_before_killing_it():
     """Its processes run in sessions of their own: a torchrun SIGKILLed at once (what subprocess.call does when
     interrupted) leaves them training on the GPUs; SIGTERM makes torchrun stop them."""
-    from tqc.pipeline import _wait_for
+    from tqc.launched import wait_for_torchrun
 
     class Launched:
         calls = []
@@ -732,7 +732,7 @@ def test_an_interrupted_launch_asks_torchrun_to_stop_its_processes_before_killin
 
     launched = Launched()
     with pytest.raises(KeyboardInterrupt):
-        _wait_for(launched)
+        wait_for_torchrun(launched)
     assert launched.calls == [("wait", None), "terminate", ("wait", 30)]  # stopped within the grace: no kill
 
 
