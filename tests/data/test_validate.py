@@ -276,6 +276,21 @@ def test_test_rows_leave_test_only_when_they_cannot_be_scored(tmp_path, caplog):
     assert report["accepted"]["test"] + report["quarantined"]["test"] == report["read"]["test"]
 
 
+def test_a_test_row_failing_an_expectation_made_critical_is_said_quarantined_not_kept(tmp_path, caplog):
+    """Below max_quarantined_fraction a critical expectation's test rows leave test (check's test policy), yet the
+    warning said they were kept in test: the "kept" wording is for warning-level failures only."""
+    test = [("held out", "a"), ("bell\x07", "b"), ("other", "b")]
+    write_splits(tmp_path / "in", [("x", "a"), ("y", "b")], [("fine", "a")], test)
+    params = ValidateParams(max_quarantined_fraction=0.5, min_examples_per_class=1,
+                            critical=[*ValidateParams().critical, "no_control_characters"])
+    with caplog.at_level("WARNING", logger="tqc.stages.validate"):
+        report = run_validate(tmp_path, params)
+    assert [q["text"] for q in read_jsonl(tmp_path / "out" / "test.jsonl")] == ["held out", "other"]
+    assert report["test_rows_kept_with_warnings"] == []
+    said = [m for m in caplog.messages if m.startswith("expectation no_control_characters on test")]
+    assert said == ["expectation no_control_characters on test failed for 1 rows, e.g. test.csv line 2: rows quarantined"]
+
+
 def test_a_validation_split_emptied_by_quarantine_stops_the_stage(tmp_path):
     write_splits(tmp_path / "in", [("good one", "a"), ("good two", "b")], [("good one", "zzz")], [("held out", "a")])
     with pytest.raises(ValidationFailed, match="no validation rows left in .*validation.jsonl \\(1 read, 1 quarantined"):

@@ -463,8 +463,9 @@ def raise_on_critical(report: dict, params: ValidateParams, quarantined: list[di
                       f"fraction ({params.max_quarantined_fraction}){_first_rows(quarantined or [], e)})"
                       if row_level else f" ({_observation(e['observed'])})")
             failures.append(where + detail)
-        elif row_level and e["table"] == "test" and e["name"] not in UNSCORABLE:
-            # such test rows stay in test, flagged (check's test policy): "quarantined" would be untrue of them
+        elif row_level and e["table"] == "test" and e["severity"] != "critical" and e["name"] not in UNSCORABLE:
+            # such test rows stay in test, flagged (check's test policy): "quarantined" would be untrue of them. A
+            # critical one's (under the fraction) leave test, as unscorable ones do, and are said quarantined below
             log.warning("expectation %s failed for %d rows%s: kept in test (the report's test_rows_kept_with_warnings) "
                         "unless another expectation quarantined them", where, e["failing_rows"],
                         _first_rows([*(quarantined or []), *(flagged or [])], e))
