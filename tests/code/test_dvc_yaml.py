@@ -217,3 +217,25 @@ def test_check_inputs_reads_a_linked_params_file_from_where_the_link_stands(tmp_
     monkeypatch.chdir(project)
     assert main(["--params", "params.yaml", "--set", "data.data_dir=datasets", "check-inputs"]) == 0
     assert not capsys.readouterr().err
+
+
+def test_the_collective_timeout_re_runs_no_stage_and_is_not_recorded_in_metrics_json():
+    """distributed.timeout_minutes only bounds how long a process waits for the others; no output follows from it.
+    Declared through the whole `distributed` section, a change to it re-ran stage one, stage two, NC and evaluate (a
+    full training each), and metrics.json recorded it (a new figure in `dvc metrics diff`). The settings that shape
+    the models (the process count, the backend) stay declared."""
+    from tqc.config import load_params
+    from tqc.stages.evaluate import recorded_params
+
+    def covers(declared: str, key: str) -> bool:
+        return key == declared or key.startswith(declared + ".")
+
+    stages = yaml.safe_load(DVC_YAML.read_text(encoding="utf-8"))["stages"]
+    declaring = {name for name, stage in stages.items() for declared in stage.get("params", [])
+                 if covers(str(declared), "distributed.timeout_minutes")}
+    assert declaring == set()
+    for name in ("stage_one", "stage_two", "baseline_nc", "evaluate"):
+        for key in ("distributed.nproc_per_node", "distributed.backend"):
+            assert any(covers(str(declared), key) for declared in stages[name]["params"]), (name, key)
+    recorded = recorded_params(load_params(DVC_YAML.parent / "params.yaml"))
+    assert recorded["distributed"] == {"nproc_per_node": 1, "backend": "auto"}
