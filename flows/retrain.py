@@ -260,9 +260,20 @@ def _arguments(argv: list[str] | None = None):
     arguments = parser.parse_args(argv)
     if arguments.serve != (arguments.cron is not None or arguments.interval is not None):
         parser.error("--serve takes a schedule, --cron or --interval, and they mean nothing without it")
-    if arguments.interval is not None and arguments.interval <= 0:
-        parser.error(f"--interval {arguments.interval:g}: the seconds between runs must be more than 0")
+    if arguments.interval is not None and not _schedulable(arguments.interval):
+        parser.error(f"--interval {arguments.interval:g}: the seconds between runs must be more than 0, and finite")
     return arguments
+
+
+def _schedulable(seconds: float) -> bool:
+    """Whether `seconds` is an interval a schedule holds: more than 0, and a timedelta (nan, inf or 1e300 raised
+    timedelta's own error out of Prefect, a traceback in place of the usage's line)."""
+    from datetime import timedelta
+
+    try:
+        return timedelta(seconds=seconds) > timedelta(0)
+    except (ValueError, OverflowError):
+        return False
 
 
 SERVED = "retrain-served"  # the deployment `--serve` registers, beside prefect.yaml's retrain-nightly

@@ -493,6 +493,13 @@ def test_the_flow_script_serves_the_flow_on_a_schedule_in_its_own_process(monkey
         with pytest.raises(SystemExit):
             script.main(arguments)
     assert len(served) == 2 and "--serve takes a schedule" in capsys.readouterr().err
+    # no seconds a schedule can hold: refused in the usage's line, not a traceback from timedelta
+    for interval in ("nan", "inf", "1e300"):
+        with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}), pytest.raises(SystemExit) as refused:
+            script.main(["--serve", "--interval", interval])
+        assert refused.value.code == 2
+        assert f"--interval {float(interval):g}: the seconds between runs must be more than 0" in capsys.readouterr().err
+    assert len(served) == 2
 
 
 def test_a_refresh_answers_a_new_class_from_its_labeled_questions_alone(project):
