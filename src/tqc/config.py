@@ -548,7 +548,9 @@ class DistributedParams(Strict):
     # How long a process waits in a collective for the others before it fails (init_process_group's timeout): what a
     # node's survivors wait when a process of another node died or hangs. It also bounds the waits between
     # collectives (the slowest process's start, rank 0's model write and tracking upload at the end), hence 30.
-    timeout_minutes: float = Field(30.0, gt=0)
+    # At most 1e9 (some 1,900 years, as good as never): a timedelta holds no more than about 1.4e12 minutes, and
+    # beyond that every process's setup stopped on OverflowError, not on this key
+    timeout_minutes: float = Field(30.0, gt=0, le=1e9)
 
 
 class Params(Strict):

@@ -346,7 +346,7 @@ def test_distributed_timeout_minutes_is_the_process_groups_timeout(monkeypatch):
     from tqc.config import ConfigError, Params
 
     assert Params().distributed.timeout_minutes == 30  # as before, torch's own default for gloo
-    for wrong in (0, -1, "soon"):
+    for wrong in (0, -1, "soon", 1e13):  # 1e13: more than a timedelta holds, OverflowError in every process's setup
         with pytest.raises(ConfigError, match="timeout_minutes"):
             Params().with_overrides({"distributed": {"timeout_minutes": wrong}})
     monkeypatch.setenv("WORLD_SIZE", "2")
