@@ -37,7 +37,8 @@ def test_prefect_deploy_puts_the_nightly_training_and_the_hourly_refresh_on_one_
     from prefect.settings import PREFECT_API_URL
 
     checkout = tmp_path / "checkout"  # a copy: `prefect deploy` must not write into the repository
-    deploying = {k: v for k, v in os.environ.items() if k != "TQC_PROJECT_DIR"}  # as docs/retrain.md deploys: unset
+    # set where deploying (the deploying machine's own checkout): the pull step names no path, so none is baked in
+    deploying = {**os.environ, "TQC_PROJECT_DIR": str(tmp_path / "the-deployers-checkout")}
     deploy_from_a_checkout(checkout, {**deploying, "PREFECT_API_URL": PREFECT_API_URL.value()}, "--all")
     assert sorted(p.name for p in checkout.iterdir()) == ["flows", "prefect.yaml"]
 
