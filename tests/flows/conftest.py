@@ -32,8 +32,9 @@ def deploy_from_a_checkout(checkout: Path, env: dict, *deploy: str) -> None:
 
 def deploy_retrain_for_a_worker(project: Path, tmp_path: Path, api_url: str) -> dict:
     """The retrain deployment on the server at `api_url`, deployed from another checkout, as from another machine,
-    with TQC_PROJECT_DIR unset: the worker's own value names its checkout (set at deploy time, the deploying machine's
-    path would be baked in). The project gets the flows, as a worker's checkout has them. → the worker's environment."""
+    with TQC_PROJECT_DIR unset there: the worker's own value names its checkout, read when a run starts
+    (tqc.worker.project_checkout). The project gets the flows, as a worker's checkout has them. → the worker's
+    environment."""
     env = {**os.environ, "PREFECT_API_URL": api_url, "TQC_PROJECT_DIR": str(project),
            "PREFECT_HOME": str(tmp_path / "client-home")}
     deployer = tmp_path / "deployer"

@@ -974,4 +974,3 @@ def test_a_study_run_with_another_params_file_writes_its_apply_command(tmp_path,
     tuning.write_reports(study, Params(), None, tmp_path / "study", out, params_file=Path("conf/team.yaml"))
     assert (out / "best_params.yaml").read_text().splitlines()[1] == (
         f"# apply with: tqc --params conf/team.yaml tune --apply {out / 'best_params.yaml'}")
-
