@@ -136,6 +136,15 @@ def test_joined_inputs_take_at_least_one_row_and_no_more_negatives_than_the_batc
     assert joined.texts == ["a [SEP] A", "a [SEP] B"] and joined.relevant == [True, False]
 
 
+def test_a_class_sharing_the_gold_standard_question_is_never_joined_as_not_relevant():
+    """Twins' joins are one text: labelled "is not relevant" beside the gold's "is relevant", the two targets contradict."""
+    catalog = ["Where is the place?", "Who is the person?", "Where is the place?"]  # class 2 shares class 0's text
+    joined = joined_inputs(["where is paris"], [0], [0, 1, 2], catalog, "[SEP]", share=1.0, negatives=5,
+                           rng=random.Random(0), groups=[0, 1, 0])
+    assert joined.texts == ["where is paris [SEP] Where is the place?", "where is paris [SEP] Who is the person?"]
+    assert joined.relevant == [True, False]
+
+
 def test_a_long_question_is_shortened_so_its_joined_standard_question_stays_whole():
     """The encoder cuts from the right at max_length: the standard question went, its relevance target stayed."""
     count_words = lambda text: len(text.split()) + 2  # noqa: E731 - a stand-in tokenizer: a token a word, [CLS] and [SEP]

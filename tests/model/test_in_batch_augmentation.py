@@ -330,3 +330,28 @@ def test_a_class_that_shares_its_standard_question_is_no_negative_in_either_stag
     stage_two.train(model, rows, negatives, rows[:4], twins, StageTwoParams(epochs=1, batch_size=8, max_steps=2,
                                                                              negatives="mined_and_in_batch"), seed=0)
     assert any(excluded is not None and excluded.any() for _, excluded in calls)
+
+
+def test_cross_encoding_never_joins_a_class_sharing_the_gold_standard_question_as_not_relevant(tiny_model_dir, monkeypatch):
+    """A LOC question joined with NUM's standard question is its "is relevant" text again: never "is not relevant"."""
+    from tqc.model.cross_encoding import joined_inputs
+
+    twins = Catalog([StandardQuestion("LOC", "Where is the place?"), StandardQuestion("HUM", "Who is the person?"),
+                     StandardQuestion("NUM", "where is the place?")])  # NUM's text is LOC's, as validate compares texts
+    made = []
+
+    def recording(*args, **options):
+        made.append(joined_inputs(*args, **options))
+        return made[-1]
+
+    monkeypatch.setattr(stage_one, "joined_inputs", recording)
+    torch.manual_seed(0)
+    model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+    stage_one.train(model, long_tail_rows(), long_tail_rows()[:4], twins, PARAMS, seed=0,
+                    augment=AugmentParams(cross_encoding={"enabled": True, "share": 1.0, "negatives": 2}))
+    by_row = {}  # (call, row) → {joined text (lowercased): its targets}
+    for call, inputs in enumerate(made):
+        for text, relevant, row in zip(inputs.texts, inputs.relevant, inputs.rows):
+            by_row.setdefault((call, row), {}).setdefault(text.lower(), set()).add(relevant)
+    assert any(False in targets for joins in by_row.values() for targets in joins.values())  # negatives were joined
+    assert all(len(targets) == 1 for joins in by_row.values() for targets in joins.values())  # no text with both targets

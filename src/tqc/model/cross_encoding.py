@@ -11,7 +11,7 @@ cross-encoder's question–answer interaction at no cost at inference, where not
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tqc.eda import joined, words_of
@@ -26,14 +26,17 @@ class JoinedInputs:
 
 def joined_inputs(questions: list[str], gold: list[int], batch_classes: list[int], catalog_texts: list[str], separator: str,
                   share: float, negatives: int, rng: random.Random,
-                  fit: Callable[[str, str], str] | None = None) -> JoinedInputs:
+                  fit: Callable[[str, str], str] | None = None, groups: Sequence[int] | None = None) -> JoinedInputs:
     """For round(share·B) rows (at least one): one join with the gold standard question and
     up to `negatives` joins with other classes among `batch_classes`. `fit(question, " [SEP] standard question")`
-    shortens a question that would push its standard question past the encoder's length (`question_that_fits`)."""
+    shortens a question that would push its standard question past the encoder's length (`question_that_fits`).
+    `groups` (P,): classes that share a standard question (`training.standard_text_groups`); a class of the gold's
+    group is never joined as "is not relevant", since its join is the very text whose target is "is relevant"."""
+    group = (lambda c: c) if groups is None else (lambda c: groups[c])  # noqa: E731
     chosen = sorted(rng.sample(range(len(questions)), max(1, round(share * len(questions)))))
     texts, relevant, rows = [], [], []
     for row in chosen:
-        others = [c for c in batch_classes if c != gold[row]]
+        others = [c for c in batch_classes if group(c) != group(gold[row])]
         pairs = [(gold[row], True)] + [(c, False) for c in rng.sample(others, min(negatives, len(others)))]
         for class_index, is_relevant in pairs:
             tail = f" {separator} {catalog_texts[class_index]}"

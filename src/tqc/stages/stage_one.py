@@ -141,7 +141,7 @@ def _cross_encoding_term(model: BiEncoder, loss_fn: LossFn, params: CrossEncodin
 
     def term(batch_texts: list[str], batch_gold: torch.Tensor, candidates: torch.Tensor, standards: torch.Tensor) -> torch.Tensor:
         joined = joined_inputs(batch_texts, batch_gold.tolist(), candidates.tolist(), catalog.texts, separator,
-                               params.share, params.negatives, rng, fit)
+                               params.share, params.negatives, rng, fit, None if groups is None else groups.tolist())
         relevance = model.embed_standards([params.relevant_text, params.irrelevant_text])  # (2, D)
         scores = model.score(model.embed_questions(joined.texts), torch.cat([standards, relevance.to(standards.device)]))  # (J, U+2)
         target = torch.tensor([standards.shape[0] + (0 if r else 1) for r in joined.relevant])  # (J,)
