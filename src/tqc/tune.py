@@ -21,6 +21,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 import typing
 import warnings
 from contextlib import contextmanager
@@ -359,9 +360,10 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
 def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: int | None,
           data: PreparedData | None, params_file: Path) -> TuneResult:
     settings = params.tune
+    storage = open_storage(params, worker)  # before the data: a server down or a wrong URL is said in minutes less
     data = data or prepare_data(params, work_dir / settings.study / f"data-worker-{worker}")
     digest = data_digest(data)
-    study = _open_study(params, worker, study_name(settings, digest))
+    study = _open_study(params, worker, study_name(settings, digest), storage=storage)
     base = flat_base(params)
     join_study(study, params, base, digest)
     if settings.enqueue_defaults and worker == 0:  # one enqueuer: workers starting together would each add one
@@ -558,22 +560,46 @@ def check_storage(storage: str) -> None:
                           "study's database in")
 
 
-def _open_study(params: Params, worker: int, name: str | None = None, attempts: int = 5):
-    """Create or join the study `name` (default tune.study). Workers starting together race to create the storage's
-    tables; the loser of that race simply tries again."""
-    import time
-
+def open_storage(params: Params, worker: int, attempts: int = 5):
+    """tune.storage opened, its tables made, or a ConfigError naming it in one line: a server that cannot be reached,
+    a file that is not a database, a driver not installed, a schema of another Optuna. The engines' own messages
+    span lines (SQL, a link) and name no setting."""
     import optuna
-    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 
-    settings = params.tune
+    # worth another try: a race between workers creating the tables at once (SQLite's "table already exists" or
+    # "database is locked", PostgreSQL's duplicate key), a server not up yet; not a file that is no database
+    retried = (OperationalError, IntegrityError, ProgrammingError)
+    url = params.tune.storage
     for attempt in range(attempts):
         try:
             # Heartbeats: a trial whose worker was killed (no Ctrl-C to mark it) is failed once it has been silent
             # for the grace period, instead of staying RUNNING for ever
             with _heartbeats_are_experimental():
-                storage = optuna.storages.RDBStorage(settings.storage, heartbeat_interval=HEARTBEAT_SECONDS,
-                                                     grace_period=GRACE_SECONDS)
+                return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS)
+        except (SQLAlchemyError, ImportError, RuntimeError) as error:  # RuntimeError: Optuna's, of its schema's version
+            if not isinstance(error, retried) or attempt == attempts - 1:
+                said = _first_line(str(error)) or type(error).__name__
+                raise ConfigError(f"tune.storage {redact_text(url)!r}: cannot open the study's database: "
+                                  f"{redact_text(said)}") from None
+            time.sleep(1.0 + worker)
+
+
+def _first_line(text: str) -> str:
+    """The first line of `text` that says something."""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def _open_study(params: Params, worker: int, name: str | None = None, attempts: int = 5, storage=None):
+    """Create or join the study `name` (default tune.study) in `storage` (default: tune.storage, opened). Workers
+    starting together race to create the storage's tables; the loser of that race simply tries again."""
+    import optuna
+    from sqlalchemy.exc import SQLAlchemyError
+
+    settings = params.tune
+    storage = open_storage(params, worker, attempts) if storage is None else storage
+    for attempt in range(attempts):
+        try:
             study = optuna.create_study(study_name=name or settings.study, storage=storage, direction="maximize",
                                         load_if_exists=True, pruner=_pruner(params))
             break

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -846,7 +847,6 @@ def test_the_tuner_refuses_values_that_clash_together_or_can_never_be_drawn_befo
 def test_a_trial_that_ties_the_best_keeps_its_models_and_a_best_without_models_says_so(tmp_path):
     """Optuna breaks no tie by trial order: a later trial tied with the best may be reported as best, so it keeps its
     models; a best trial whose models are not here (another machine, or dropped) has test: null and the reason."""
-    from types import SimpleNamespace
 
     from tqc.pipeline import PreparedData
     from tqc.tune import _trial_summary, _worth_keeping
@@ -881,6 +881,29 @@ def test_a_password_in_a_refused_storage_url_is_not_said():
     with pytest.raises(ConfigError) as refused:
         check_storage("postgresql://tqc:hunter2@db.example:notaport/optuna")
     assert "hunter2" not in str(refused.value)
+
+
+@pytest.mark.parametrize("storage, said", [
+    ("sqlite:///{tmp}/not-a-database.db", "file is not a database"),
+    ("postgresql://tqc:hunter2@127.0.0.1:1/optuna", "Connection refused"),  # tried again, as a race would be
+    ("nosuchengine://tqc@localhost/optuna", "Can't load plugin: sqlalchemy.dialects:nosuchengine"),
+])
+def test_a_storage_that_cannot_be_opened_is_said_in_one_line_naming_it_before_any_data_is_prepared(
+        tmp_path, monkeypatch, storage, said):
+    """Opened only after the data was prepared, it stopped with SQLAlchemy's own lines (SQL, a link) as `error from
+    sqlalchemy`, naming neither tune.storage nor its URL."""
+    from tqc import tune as tuning
+
+    (tmp_path / "not-a-database.db").write_text("question,label\n")
+    storage = storage.format(tmp=tmp_path)
+    monkeypatch.setattr(tuning, "prepare_data", lambda *_: pytest.fail("the data was prepared first"))
+    monkeypatch.setattr(tuning, "time", SimpleNamespace(sleep=lambda _: None), raising=False)  # no waits between tries
+    params = Params.model_validate({"tune": {"storage": storage, "space": {"mine.k": {"low": 1, "high": 3}}}})
+    with pytest.raises(ConfigError) as refused:
+        tune(params, tmp_path / "reports", tmp_path / "work")
+    message = str(refused.value)
+    assert message.startswith(f"tune.storage {storage.replace('hunter2', '***')!r}: cannot open the study's database: ")
+    assert said in message and "\n" not in message and "hunter2" not in message
 
 
 def test_a_losss_own_knob_searched_where_no_trial_trains_that_loss_is_refused(caplog):
