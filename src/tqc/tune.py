@@ -21,6 +21,7 @@ import os
 import shutil
 import socket
 import tempfile
+import textwrap
 import time
 import typing
 import warnings
@@ -892,7 +893,9 @@ def _plots(study, out_dir: Path) -> None:
             caveat = importance_caveat(study) if name == "importance" else None
             if caveat:
                 log.warning("tune: %s", caveat)
-                figure.axes[0].set_title(f"{figure.axes[0].get_title()}\n({caveat})", fontsize="small")
+                # Optuna's title is the left one: a centred one was drawn over it, and ran off the figure
+                title = figure.axes[0].get_title(loc="left")
+                figure.axes[0].set_title(f"{title}\n({textwrap.fill(caveat, 60)})", loc="left", fontsize="small")
             figure.tight_layout()
             with atomic_path(out_dir / f"{name}.png") as tmp:
                 figure.savefig(tmp, format="png", dpi=110)

@@ -961,15 +961,27 @@ def test_a_registered_version_that_is_not_a_number_is_refused_by_the_parser(caps
     assert ended.value.code == 2 and "'abc': a registered version is a number" in capsys.readouterr().err
 
 
-def test_an_importance_plot_from_fewer_than_ten_trials_says_it_is_noise(tmp_path, caplog):
+def test_an_importance_plot_from_fewer_than_ten_trials_says_it_is_noise(tmp_path, caplog, monkeypatch):
     """fANOVA ranks a study's knobs from its trials; from three it draws a confident bar chart out of noise."""
+    import matplotlib.figure
+
     from tqc.tune import IMPORTANCE_MIN_TRIALS, _plots, importance_caveat
 
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
     study.optimize(lambda trial: trial.suggest_float("x", 0, 1) + trial.suggest_float("y", 0, 1) / 10, n_trials=3)
+    titles = {}
+    savefig = matplotlib.figure.Figure.savefig
+
+    def saving(figure, *args, **kwargs):
+        titles[len(titles)] = {loc: figure.axes[0].get_title(loc=loc) for loc in ("left", "center")}
+        return savefig(figure, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", saving)
     with caplog.at_level(logging.WARNING, logger="tqc.tune"):
         _plots(study, tmp_path)
     assert (tmp_path / "importance.png").stat().st_size > 0
+    # one title, Optuna's (left), the caveat under it: a centred one was drawn over it
+    assert titles[1]["center"] == "" and titles[1]["left"].startswith("Hyperparameter Importances\n(importance from 3")
     assert "tune: importance from 3 complete trials is noise, not a ranking: read it from 10 trials on" in caplog.text
     study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=IMPORTANCE_MIN_TRIALS - 3)
     assert importance_caveat(study) is None
