@@ -695,7 +695,8 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
                 tracker.set_tags({"optuna.state": "FAIL"})
                 _drop_models(trial_dir, params)
                 raise TrialRefused(str(error)) from None
-            except TRIAL_FAILURES:
+            except TRIAL_FAILURES as error:  # Optuna logs the reason but keeps none: the study's reports name it
+                trial.set_user_attr("failed", f"{type(error).__name__}: {_first_line(str(error))}")
                 tracker.set_tags({"optuna.state": "FAIL"})
                 _drop_models(trial_dir, params)
                 raise
@@ -772,7 +773,7 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
 
     complete = study.get_trials(deepcopy=False, states=[optuna.trial.TrialState.COMPLETE])
     if not complete:
-        raise RuntimeError(f"study {study.study_name!r} has no completed trial")
+        raise ConfigError(_no_completed_trial(study))
     best = study.best_trial
     baseline = current_baseline(complete, params)
     best_params = unflatten(_values(best))
@@ -802,6 +803,21 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
     log.info("tune: best trial %d validation macro-F1 %.4f (baseline %s); wrote %s", best.number, best.value,
              f"{baseline.value:.4f}" if baseline else "n/a", out_dir)
     return TuneResult(study.study_name, best_params, summary)
+
+
+def _no_completed_trial(study) -> str:
+    """Why there is nothing to report, in one line: how the study's trials ended, the last failed one's reason, and
+    what to change (every trial diverged, ran out of memory, drew refused values, or was pruned)."""
+    import optuna
+
+    ended = {state.name: len(study.get_trials(deepcopy=False, states=[state])) for state in optuna.trial.TrialState}
+    reasons = [(t.number, t.user_attrs.get("refused") or t.user_attrs.get("failed")) for t in study.trials]
+    number, reason = next(((n, r) for n, r in reversed(reasons) if r), (None, None))
+    return (f"study {study.study_name!r} has no completed trial, so nothing to report "
+            f"({', '.join(f'{k}: {v}' for k, v in ended.items() if v)}"
+            + (f"; trial {number}: {_first_line(reason)}" if reason else "") + "). Diverged or refused trials: narrow "
+            "tune.space (lower learning rates); out of memory: smaller batch sizes; pruned: tune.pruner none, or more "
+            "tune.startup_trials")
 
 
 # What shapes a trial's figure besides the values it searched: values tuned under these and applied under others were

@@ -727,8 +727,30 @@ def test_a_trial_out_of_gpu_memory_or_diverged_fails_alone_and_the_worker_sample
 
     study = optuna.load_study(study_name="test", storage=params.tune.storage)
     assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert study.trials[1].user_attrs["failed"].startswith(("OutOfMemoryError: CUDA out of memory",
+                                                            "DivergedScores: 1 training question vector(s)"))
     assert not (tmp_path / "work" / "test" / "trial-0001").exists()  # its partial models dropped
     assert json.loads((tmp_path / "reports" / "summary.json").read_text())["trials"] == {"COMPLETE": 2, "FAIL": 1}
+
+
+def test_a_worker_whose_trials_all_failed_says_why_in_one_line(tmp_path):
+    """Every trial out of GPU memory, diverged or pruned: the worker stopped on a traceback ending in RuntimeError
+    "has no completed trial", which said neither how its trials ended nor what to change."""
+    from tqc.metrics import DivergedScores
+    from tqc.tune import write_reports
+
+    def diverges(trial):
+        trial.set_user_attr("failed", "DivergedScores: 3 training question vector(s) hold NaN or inf\n(rows [1] first)")
+        raise DivergedScores("diverged")
+
+    study = optuna.create_study(study_name="s", direction="maximize")
+    study.optimize(diverges, n_trials=2, catch=(DivergedScores,))
+    study.optimize(lambda trial: (_ for _ in ()).throw(optuna.TrialPruned()), n_trials=1)
+    with pytest.raises(ConfigError) as refused:
+        write_reports(study, Params(), None, tmp_path / "work", tmp_path / "reports")
+    assert str(refused.value).startswith("study 's' has no completed trial, so nothing to report (PRUNED: 1, FAIL: 2; "
+                                         "trial 1: DivergedScores: 3 training question vector(s) hold NaN or inf). ")
+    assert "\n" not in str(refused.value) and not (tmp_path / "reports").exists()
 
 
 def test_a_trial_that_draws_params_the_config_refuses_fails_alone_and_counts_for_its_worker(tmp_path, tiny_model_dir,
