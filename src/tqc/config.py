@@ -428,7 +428,8 @@ class TuneParams(Strict):
     warmup_epochs: int = Field(5, ge=0)  # median: epochs before a trial may be pruned
     seed: Seed = 0
     enqueue_defaults: bool = True  # trial 0 runs the base params: the baseline the search must beat
-    keep_models: bool = False  # keep each trial's model folders (disk: two encoders per trial)
+    # keep each trial's model folders (disk: two encoders per trial); false: only the baselines' and the best's
+    keep_models: bool = False
     # The data changed since the study began (new labeled questions): refuse, or open a study per data set,
     # named tune.study-data-<digest> (scheduled tuning beside scheduled retrains)
     on_new_data: Literal["refuse", "new_study"] = "refuse"

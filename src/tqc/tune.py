@@ -708,6 +708,8 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
             raise pruned
         if not _worth_keeping(trial, value):
             _drop_models(trial_dir, params)
+        elif not trial.user_attrs.get("baseline"):  # a new best: the bests it outdid will never be scored on test
+            _drop_former_bests(trial.study, value, study_dir, params)
         return value
 
     return objective
@@ -721,6 +723,16 @@ def _worth_keeping(trial, value: float) -> bool:
         return value >= trial.study.best_value  # a tie may become the study's best: Optuna breaks none by trial order
     except ValueError:  # no completed trial yet
         return True
+
+
+def _drop_former_bests(study, value: float, study_dir: Path, params: Params) -> None:
+    """The models of the completed trials below `value`, baselines' aside: each was kept as the best when it ended,
+    and with tune.keep_models false a study of 50 trials kept every one of its successive bests (two encoders each)."""
+    import optuna
+
+    for former in study.get_trials(deepcopy=False, states=[optuna.trial.TrialState.COMPLETE]):
+        if former.value < value and not former.user_attrs.get("baseline"):
+            _drop_models(study_dir / f"trial-{former.number:04d}", params)
 
 
 def _drop_models(trial_dir: Path, params: Params) -> None:

@@ -881,6 +881,31 @@ def test_a_trial_that_ties_the_best_keeps_its_models_and_a_best_without_models_s
     assert summary["test"] is None and "trial-0003" in summary["test_missing"]
 
 
+def test_a_new_best_drops_the_models_of_the_bests_it_outdid_and_the_baseline_keeps_its_own(tmp_path, monkeypatch):
+    """With tune.keep_models false, each trial that became the best kept its two encoders to the end, though only
+    the final best and the baseline are scored on test: a long study kept every successive best."""
+    from tqc import tune as tuning
+    from tqc.pipeline import PreparedData
+
+    values = iter([0.6, 0.5, 0.7, 0.8, 0.75])  # the baseline, then trials 1..4
+
+    def chain(params, data_dir, train, trial_dir, *args, **kwargs):
+        for name in ("stage_one", "stage_two"):
+            (trial_dir / name).mkdir(parents=True)
+        return SimpleNamespace(fits={"stage_two": SimpleNamespace(best_validation_macro_f1=next(values))})
+
+    monkeypatch.setattr(tuning, "train_chain", chain)
+    params = Params.model_validate({"tracking": {"enabled": False},
+                                    "tune": {"space": {"mine.k": {"low": 1, "high": 3}}}})
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": {"mine.k": 5}})
+    objective = tuning._objective(params, params.tune.space, tuning.flat_base(params),
+                                  PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path / "study", 0)
+    study.optimize(objective, n_trials=5)
+    kept = sorted(path.parent.name for path in (tmp_path / "study").glob("trial-*/stage_two"))
+    assert kept == ["trial-0000", "trial-0003"]  # the baseline below the best, and the best; not 0.7's trial 2
+
+
 @pytest.mark.parametrize("storage, said", [
     ("notaurl", "not a database URL"),
     ("sqlite:/one/slash.db", "not a database URL"),
