@@ -351,8 +351,12 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
     check_space(params)
     check_storage(params.tune.storage)
     if params.distributed.nproc_per_node > 1:  # said, not silently ignored
-        log.warning("tune: distributed.nproc_per_node is %d, and each trial trains in one process: tuning scales out by "
-                    "workers on one tune.storage, one a GPU (flows/tune.py spreads them over CUDA_VISIBLE_DEVICES)",
+        # not the same training: each process draws stage one's in-batch negatives from its share of the batch
+        log.warning("tune: distributed.nproc_per_node is %d, and each trial trains in one process, so its stage one "
+                    "draws in-batch negatives from the whole batch, where dvc repro's processes each draw them from "
+                    "their share (a 1/%d): the stage-one values it tunes are measured with more negatives than dvc "
+                    "repro trains with. Tuning scales out by workers on one tune.storage, one a GPU (flows/tune.py "
+                    "spreads them over CUDA_VISIBLE_DEVICES)", params.distributed.nproc_per_node,
                     params.distributed.nproc_per_node)
     with worker_lock(work_dir / params.tune.study, worker):
         return _tune(params, out_dir, work_dir, worker, trials, data, params_file)

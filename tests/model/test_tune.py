@@ -953,6 +953,19 @@ def test_a_storage_that_cannot_be_opened_is_said_in_one_line_naming_it_before_an
     assert said in message and "\n" not in message and "hunter2" not in message
 
 
+def test_tuning_for_several_processes_says_its_stage_one_trains_with_other_in_batch_negatives(tmp_path, caplog):
+    """Each process of a dvc repro run draws stage one's in-batch negatives from its share of the batch
+    (docs/scaling.md), a trial from the whole batch: the warning said only that a trial trains in one process."""
+    (tmp_path / "not-a-database.db").write_text("x\n")  # stops the worker once the warning is said
+    params = Params.model_validate({"distributed": {"nproc_per_node": 4},
+                                    "tune": {"storage": f"sqlite:///{tmp_path / 'not-a-database.db'}",
+                                             "space": {"mine.k": {"low": 1, "high": 3}}}})
+    with caplog.at_level(logging.WARNING, logger="tqc.tune"), pytest.raises(ConfigError):
+        tune(params, tmp_path / "reports", tmp_path / "work")
+    assert "draws in-batch negatives from the whole batch, where dvc repro's processes each draw them from their share " \
+           "(a 1/4)" in caplog.text
+
+
 def test_a_losss_own_knob_searched_where_no_trial_trains_that_loss_is_refused(caplog):
     """stage_two.margin acts only under hinge and smoothing only under sdml (`losses.make_loss`): searched with the
     loss fixed at nt_xent, half the dimensions did nothing and best_params.yaml carried chance values."""
