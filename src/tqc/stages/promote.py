@@ -94,7 +94,8 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         raise ChampionUnavailable(
             f"{params.model_name} v{champion_version}, the champion, cannot be read ({type(unreadable).__name__}: "
             f"{unreadable}); challenger v{version} is registered and not judged. Repair the champion's artifacts, or "
-            "move the alias by hand, then run promote again") from unreadable
+            "move the alias by hand, then run promote again (a retrain flow judges it first at its next run)"
+        ) from unreadable
     if alias_holder is not None:
         _tags_follow_the_alias(client, params.model_name, alias_holder)
     is_champion = champion_version == version  # the same content as the champion: its tags and alias stay
@@ -316,7 +317,8 @@ def _answers_on_validation(client, model_name: str, version: str, champion_versi
         raise ChampionUnavailable(
             f"{model_name} v{champion_version}, the champion, cannot answer the validation questions "
             f"({type(exc).__name__}: {exc}); challenger v{version} is registered and not judged. Repair the champion's "
-            f"artifacts, or move the alias by hand, then run promote again") from exc
+            f"artifacts, or move the alias by hand, then run promote again (a retrain flow judges it first at its next "
+            "run)") from exc
 
 
 def _learnt_from(model_name: str, version: str | None) -> set[str] | None:
