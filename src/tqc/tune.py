@@ -859,7 +859,16 @@ def _trial_summary(trial, study_dir: Path, data: PreparedData, params: Params) -
                "params": _values(trial)}
     model_dir = study_dir / f"trial-{trial.number:04d}" / "stage_two"
     if (model_dir / "tqc_model.json").exists():
-        summary["test"] = _test_metrics(model_dir, data, params)
+        try:
+            summary["test"] = _test_metrics(model_dir, data, params)
+        except (OSError, ConfigError):
+            # Another worker's trial that outdid this one while it was read dropped its models (_drop_former_bests
+            # takes no lock): this report's best is stale, and the other worker's report names the new one
+            if (model_dir / "tqc_model.json").exists():
+                raise
+            summary["test"] = None
+            summary["test_missing"] = (f"the model in {model_dir} was dropped while it was read: another worker's "
+                                       "trial outdid it (tune.keep_models: false); that worker's reports name it")
     else:  # said, not left out: a reader would otherwise look for figures that were never computed
         summary["test"] = None
         summary["test_missing"] = (f"no model in {model_dir}: the trial ran on another machine, or its models were "

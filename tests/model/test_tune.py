@@ -881,6 +881,28 @@ def test_a_trial_that_ties_the_best_keeps_its_models_and_a_best_without_models_s
     assert summary["test"] is None and "trial-0003" in summary["test_missing"]
 
 
+def test_a_best_whose_models_another_worker_drops_while_it_is_read_is_reported_without_test(tmp_path, monkeypatch):
+    """Two workers on one study: one writes its reports while the other's new best drops the models of the best the
+    first one read (tune.keep_models false). The report says so, and the worker does not stop on the vanished file."""
+    import shutil
+
+    from tqc import tune as tuning
+    from tqc.pipeline import PreparedData
+
+    model_dir = tmp_path / "trial-0003" / "stage_two"
+    model_dir.mkdir(parents=True)
+    (model_dir / "tqc_model.json").write_text("{}", encoding="utf-8")
+
+    def dropped_meanwhile(model_dir, data, params):
+        shutil.rmtree(model_dir.parent)  # the other worker's _drop_former_bests
+        raise FileNotFoundError(model_dir / "model.safetensors")
+
+    monkeypatch.setattr(tuning, "_test_metrics", dropped_meanwhile)
+    trial = SimpleNamespace(number=3, value=0.8, params={"mine.k": 4}, user_attrs={})
+    summary = tuning._trial_summary(trial, tmp_path, PreparedData(tmp_path, tmp_path / "train.jsonl"), Params())
+    assert summary["test"] is None and "dropped while it was read" in summary["test_missing"]
+
+
 def test_a_new_best_drops_the_models_of_the_bests_it_outdid_and_the_baseline_keeps_its_own(tmp_path, monkeypatch):
     """With tune.keep_models false, each trial that became the best kept its two encoders to the end, though only
     the final best and the baseline are scored on test: a long study kept every successive best."""
