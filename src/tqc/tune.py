@@ -387,7 +387,8 @@ def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: in
         # gc after each trial: a pruned trial's exception holds its frames (model, optimizer state, on a GPU too)
         # until a full collection, which the next trial's allocations would otherwise wait on
         with each_warning_once():  # every trial trains on the same catalog: its warnings are said once a worker
-            study.optimize(objective, n_trials=trials, catch=TRIAL_FAILURES, gc_after_trial=True)
+            study.optimize(objective, n_trials=trials, catch=TRIAL_FAILURES, gc_after_trial=True,
+                           callbacks=[dropping_former_bests(study_dir, params)])
         with reports_lock(out_dir):  # the reports this run logs are the ones it wrote, whole
             result = write_reports(study, params, data, study_dir, out_dir, params_file)
             parent.log_metrics({"best_validation_macro_f1": result.summary["best"]["validation_macro_f1"]})
@@ -712,9 +713,7 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
             raise pruned
         if not _worth_keeping(trial, value):
             _drop_models(trial_dir, params)
-        elif not trial.user_attrs.get("baseline"):  # a new best: the bests it outdid will never be scored on test
-            _drop_former_bests(trial.study, value, study_dir, params)
-        return value
+        return value  # the bests it outdid are dropped once it is recorded complete (dropping_former_bests)
 
     return objective
 
@@ -727,6 +726,19 @@ def _worth_keeping(trial, value: float) -> bool:
         return value >= trial.study.best_value  # a tie may become the study's best: Optuna breaks none by trial order
     except ValueError:  # no completed trial yet
         return True
+
+
+def dropping_former_bests(study_dir: Path, params: Params):
+    """study.optimize's callback, run once Optuna has recorded a trial: a complete one (baselines aside) drops the
+    models of the trials it outdid. Not from the objective: a worker stopped (cancelled, killed, the storage gone)
+    after the drop but before the trial was recorded complete left the study's best without its models."""
+    import optuna
+
+    def callback(study, trial) -> None:
+        if trial.state == optuna.trial.TrialState.COMPLETE and not trial.user_attrs.get("baseline"):
+            _drop_former_bests(study, trial.value, study_dir, params)
+
+    return callback
 
 
 def _drop_former_bests(study, value: float, study_dir: Path, params: Params) -> None:

@@ -923,9 +923,37 @@ def test_a_new_best_drops_the_models_of_the_bests_it_outdid_and_the_baseline_kee
     study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": {"mine.k": 5}})
     objective = tuning._objective(params, params.tune.space, tuning.flat_base(params),
                                   PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path / "study", 0)
-    study.optimize(objective, n_trials=5)
+    study.optimize(objective, n_trials=5, callbacks=[tuning.dropping_former_bests(tmp_path / "study", params)])
     kept = sorted(path.parent.name for path in (tmp_path / "study").glob("trial-*/stage_two"))
     assert kept == ["trial-0000", "trial-0003"]  # the baseline below the best, and the best; not 0.7's trial 2
+
+
+def test_a_new_best_stopped_before_it_is_recorded_leaves_the_best_it_would_have_outdone_its_models(tmp_path,
+                                                                                                  monkeypatch):
+    """A worker stopped (cancelled, killed, its storage gone) once a new best's objective returned but before Optuna
+    recorded it complete: the study's best is still the former best, whose models are scored on test at the end."""
+    from tqc import tune as tuning
+    from tqc.pipeline import PreparedData
+
+    values = iter([0.6, 0.7, 0.8])  # the baseline, then trial 1 (the best), then trial 2, which is never recorded
+
+    def chain(params, data_dir, train, trial_dir, *args, **kwargs):
+        for name in ("stage_one", "stage_two"):
+            (trial_dir / name).mkdir(parents=True)
+        return SimpleNamespace(fits={"stage_two": SimpleNamespace(best_validation_macro_f1=next(values))})
+
+    monkeypatch.setattr(tuning, "train_chain", chain)
+    params = Params.model_validate({"tracking": {"enabled": False},
+                                    "tune": {"space": {"mine.k": {"low": 1, "high": 3}}}})
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": {"mine.k": 5}})
+    objective = tuning._objective(params, params.tune.space, tuning.flat_base(params),
+                                  PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path / "study", 0)
+    callbacks = [tuning.dropping_former_bests(tmp_path / "study", params)]
+    study.optimize(objective, n_trials=2, callbacks=callbacks)
+    trial = study.ask()
+    objective(trial)  # trial 2 ends, and the worker stops before study.tell
+    assert study.best_trial.number == 1 and (tmp_path / "study" / "trial-0001" / "stage_two").is_dir()
 
 
 @pytest.mark.parametrize("storage, said", [
