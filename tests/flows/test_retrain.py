@@ -448,6 +448,7 @@ def test_a_champion_the_gate_cannot_ask_fails_the_run_in_one_line_and_leaves_the
     assert isinstance(state.result(raise_on_failure=False), promote.ChampionUnavailable)
     assert steps.pending_judge(load_params("params.yaml").retrain) is not None  # the next run judges it first
 
+
 def test_the_flow_script_takes_the_flows_parameters_on_its_command_line(monkeypatch, capsys):
     """`python flows/retrain.py` read no argument: `--mode refresh` trained (params.yaml's mode), `--help` ran a retrain."""
     import flows.retrain as script
