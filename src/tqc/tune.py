@@ -735,7 +735,11 @@ def dropping_former_bests(study_dir: Path, params: Params):
     import optuna
 
     def callback(study, trial) -> None:
-        if trial.state == optuna.trial.TrialState.COMPLETE and not trial.user_attrs.get("baseline"):
+        if trial.state != optuna.trial.TrialState.COMPLETE or trial.user_attrs.get("baseline"):
+            return
+        if trial.value < study.best_value:  # another worker's trial outdid it while it ran: kept by _worth_keeping
+            _drop_models(study_dir / f"trial-{trial.number:04d}", params)
+        else:
             _drop_former_bests(study, trial.value, study_dir, params)
 
     return callback

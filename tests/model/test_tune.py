@@ -928,6 +928,38 @@ def test_a_new_best_drops_the_models_of_the_bests_it_outdid_and_the_baseline_kee
     assert kept == ["trial-0000", "trial-0003"]  # the baseline below the best, and the best; not 0.7's trial 2
 
 
+def test_a_trial_another_worker_outdid_while_it_ran_drops_its_models_once_recorded(tmp_path, monkeypatch):
+    """Two workers on one study: trial 1 ended above the best, so kept its models, but trial 2 (the other worker's)
+    was recorded complete above it first, and dropped only the trials complete by then. Trial 1 is never scored."""
+    from tqc import tune as tuning
+    from tqc.pipeline import PreparedData
+
+    values = iter([0.6, 0.7, 0.8])  # the baseline, then trial 1, then trial 2
+
+    def chain(params, data_dir, train, trial_dir, *args, **kwargs):
+        for name in ("stage_one", "stage_two"):
+            (trial_dir / name).mkdir(parents=True)
+        return SimpleNamespace(fits={"stage_two": SimpleNamespace(best_validation_macro_f1=next(values))})
+
+    monkeypatch.setattr(tuning, "train_chain", chain)
+    params = Params.model_validate({"tracking": {"enabled": False},
+                                    "tune": {"space": {"mine.k": {"low": 1, "high": 3}}}})
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": {"mine.k": 5}})
+    objective = tuning._objective(params, params.tune.space, tuning.flat_base(params),
+                                  PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path / "study", 0)
+    callback = tuning.dropping_former_bests(tmp_path / "study", params)
+    study.optimize(objective, n_trials=1, callbacks=[callback])
+    first, second = study.ask(), study.ask()
+    first_value = objective(first)  # 0.7 beats the baseline: kept
+    study.tell(second, objective(second))  # the other worker's 0.8, recorded first
+    callback(study, study.trials[2])
+    study.tell(first, first_value)
+    callback(study, study.trials[1])
+    kept = sorted(path.parent.name for path in (tmp_path / "study").glob("trial-*/stage_two"))
+    assert kept == ["trial-0000", "trial-0002"]
+
+
 def test_a_new_best_stopped_before_it_is_recorded_leaves_the_best_it_would_have_outdone_its_models(tmp_path,
                                                                                                   monkeypatch):
     """A worker stopped (cancelled, killed, its storage gone) once a new best's objective returned but before Optuna
