@@ -39,11 +39,12 @@ from tqc.config import (ConfigError, Params, SearchDimension, YAMLError, flatten
                         redact_text, unflatten, utf8_text_of)
 from tqc.io import atomic_path, write_json
 from tqc.metrics import DivergedScores
+from tqc.mining import largest_group
 from tqc.pipeline import PreparedData, prepare_data, train_chain
 from tqc.schema import Catalog
 from tqc.text import first_of
 from tqc.tracking import Tracker, nested_run, run_params, standalone_run
-from tqc.training import each_warning_once
+from tqc.training import each_warning_once, standard_text_groups
 
 log = logging.getLogger(__name__)
 
@@ -294,15 +295,18 @@ def _accepted(params: Params, overrides: dict, name: str, value, where: str) -> 
         raise ConfigError(f"{where}: {name} = {value!r} is not a value the params accept:\n{refused}")
 
 
-def within_wrong_classes(space: dict[str, SearchDimension], n_classes: int) -> dict[str, SearchDimension]:
-    """The space with mine.k's range cut to the wrong classes there are: mining clips K to C − 1 anyway, so
-    every K above it would train the same model (on TREC-6, 6 of the default 2..12 would be one trial repeated)."""
-    dimension, wrong = space.get("mine.k"), n_classes - 1
+def within_wrong_classes(space: dict[str, SearchDimension], n_classes: int, largest_group: int = 1
+                         ) -> dict[str, SearchDimension]:
+    """The space with mine.k's range cut to the wrong classes there are: mining clips K to C − 1 anyway (C minus
+    the largest group of classes sharing one standard question, `mining.largest_group`, where twins are), so every K
+    above it would train the same model (on TREC-6, 6 of the default 2..12 would be one trial repeated)."""
+    dimension, wrong = space.get("mine.k"), n_classes - largest_group
     if dimension is None or dimension.choices is not None or dimension.high <= wrong:
         return space
     low = min(dimension.low, wrong)
-    log.info("tune: mine.k searched over %s..%s, not %s..%s: these data have %d classes, so at most %d wrong ones "
-             "to mine", low, wrong, dimension.low, dimension.high, n_classes, wrong)
+    twins = f", {largest_group} of them sharing one standard question," if largest_group > 1 else ""
+    log.info("tune: mine.k searched over %s..%s, not %s..%s: these data have %d classes%s so at most %d wrong ones "
+             "to mine", low, wrong, dimension.low, dimension.high, n_classes, twins, wrong)
     return {**space, "mine.k": dimension.model_copy(update={"low": low, "high": wrong})}
 
 
@@ -374,7 +378,8 @@ def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: in
     if settings.enqueue_defaults and worker == 0:  # one enqueuer: workers starting together would each add one
         enqueue_baseline(study, default_values(settings.space, base))
     study_dir = work_dir / study.study_name
-    space = within_wrong_classes(settings.space, len(Catalog.load(data.directory / "catalog.jsonl").class_ids))
+    catalog = Catalog.load(data.directory / "catalog.jsonl")
+    space = within_wrong_classes(settings.space, len(catalog.class_ids), largest_group(standard_text_groups(catalog)))
 
     with standalone_run(f"tune {study.study_name} worker {worker}", params.tracking,
                         tags={"tqc.kind": "tune", "optuna.study": study.study_name}) as parent:

@@ -176,6 +176,10 @@ def test_mine_k_is_searched_only_up_to_the_wrong_classes_there_are():
     choices = {"mine.k": SearchDimension(choices=[3, 8])}
     assert within_wrong_classes(choices, 6) == choices  # a list of choices is the user's to keep
     assert space["mine.k"].high == 12  # the params' own space is left as it is
+    # twins (a demoted catalog_unique_texts): 6 classes, 2 sharing a standard question, leave 4 wrong ones to mine, as
+    # mining clips K (mining.largest_group); the tuner stopped at 5, and K = 5 trained what K = 4 did
+    twins = within_wrong_classes(space, 6, largest_group=2)["mine.k"]
+    assert (twins.low, twins.high) == (2, 4)
 
 
 def test_the_reported_baseline_is_the_one_of_the_params_as_they_are_now():
