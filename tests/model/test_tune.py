@@ -907,18 +907,19 @@ def test_a_best_whose_models_another_worker_drops_while_it_is_read_is_reported_w
     assert summary["test"] is None and "dropped while it was read" in summary["test_missing"]
 
 
-def test_a_new_best_drops_the_models_of_the_bests_it_outdid_and_the_baseline_keeps_its_own(tmp_path, monkeypatch):
-    """With tune.keep_models false, each trial that became the best kept its two encoders to the end, though only
-    the final best and the baseline are scored on test: a long study kept every successive best."""
+def _study_of_stub_trials(tmp_path: Path, monkeypatch, values: list[float]):
+    """An in-memory study with its baseline queued, and tune's own objective over a stand-in training chain: each
+    trial writes its two model folders and scores the next of `values` (the baseline's first). → (study, objective,
+    params), the study's folder tmp_path/study."""
     from tqc import tune as tuning
     from tqc.pipeline import PreparedData
 
-    values = iter([0.6, 0.5, 0.7, 0.8, 0.75])  # the baseline, then trials 1..4
+    scores = iter(values)
 
     def chain(params, data_dir, train, trial_dir, *args, **kwargs):
         for name in ("stage_one", "stage_two"):
             (trial_dir / name).mkdir(parents=True)
-        return SimpleNamespace(fits={"stage_two": SimpleNamespace(best_validation_macro_f1=next(values))})
+        return SimpleNamespace(fits={"stage_two": SimpleNamespace(best_validation_macro_f1=next(scores))})
 
     monkeypatch.setattr(tuning, "train_chain", chain)
     params = Params.model_validate({"tracking": {"enabled": False},
@@ -927,7 +928,17 @@ def test_a_new_best_drops_the_models_of_the_bests_it_outdid_and_the_baseline_kee
     study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": {"mine.k": 5}})
     objective = tuning._objective(params, params.tune.space, tuning.flat_base(params),
                                   PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path / "study", 0)
-    study.optimize(objective, n_trials=5, callbacks=[tuning.dropping_former_bests(tmp_path / "study", params)])
+    return study, objective, params
+
+
+def test_a_new_best_drops_the_models_of_the_bests_it_outdid_and_the_baseline_keeps_its_own(tmp_path, monkeypatch):
+    """With tune.keep_models false, each trial that became the best kept its two encoders to the end, though only
+    the final best and the baseline are scored on test: a long study kept every successive best."""
+    from tqc.tune import dropping_former_bests
+
+    # the baseline, then trials 1..4
+    study, objective, params = _study_of_stub_trials(tmp_path, monkeypatch, [0.6, 0.5, 0.7, 0.8, 0.75])
+    study.optimize(objective, n_trials=5, callbacks=[dropping_former_bests(tmp_path / "study", params)])
     kept = sorted(path.parent.name for path in (tmp_path / "study").glob("trial-*/stage_two"))
     assert kept == ["trial-0000", "trial-0003"]  # the baseline below the best, and the best; not 0.7's trial 2
 
@@ -935,24 +946,11 @@ def test_a_new_best_drops_the_models_of_the_bests_it_outdid_and_the_baseline_kee
 def test_a_trial_another_worker_outdid_while_it_ran_drops_its_models_once_recorded(tmp_path, monkeypatch):
     """Two workers on one study: trial 1 ended above the best, so kept its models, but trial 2 (the other worker's)
     was recorded complete above it first, and dropped only the trials complete by then. Trial 1 is never scored."""
-    from tqc import tune as tuning
-    from tqc.pipeline import PreparedData
+    from tqc.tune import dropping_former_bests
 
-    values = iter([0.6, 0.7, 0.8])  # the baseline, then trial 1, then trial 2
-
-    def chain(params, data_dir, train, trial_dir, *args, **kwargs):
-        for name in ("stage_one", "stage_two"):
-            (trial_dir / name).mkdir(parents=True)
-        return SimpleNamespace(fits={"stage_two": SimpleNamespace(best_validation_macro_f1=next(values))})
-
-    monkeypatch.setattr(tuning, "train_chain", chain)
-    params = Params.model_validate({"tracking": {"enabled": False},
-                                    "tune": {"space": {"mine.k": {"low": 1, "high": 3}}}})
-    study = optuna.create_study(direction="maximize")
-    study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": {"mine.k": 5}})
-    objective = tuning._objective(params, params.tune.space, tuning.flat_base(params),
-                                  PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path / "study", 0)
-    callback = tuning.dropping_former_bests(tmp_path / "study", params)
+    # the baseline, then trial 1, then trial 2
+    study, objective, params = _study_of_stub_trials(tmp_path, monkeypatch, [0.6, 0.7, 0.8])
+    callback = dropping_former_bests(tmp_path / "study", params)
     study.optimize(objective, n_trials=1, callbacks=[callback])
     first, second = study.ask(), study.ask()
     first_value = objective(first)  # 0.7 beats the baseline: kept
@@ -968,24 +966,11 @@ def test_a_new_best_stopped_before_it_is_recorded_leaves_the_best_it_would_have_
                                                                                                   monkeypatch):
     """A worker stopped (cancelled, killed, its storage gone) once a new best's objective returned but before Optuna
     recorded it complete: the study's best is still the former best, whose models are scored on test at the end."""
-    from tqc import tune as tuning
-    from tqc.pipeline import PreparedData
+    from tqc.tune import dropping_former_bests
 
-    values = iter([0.6, 0.7, 0.8])  # the baseline, then trial 1 (the best), then trial 2, which is never recorded
-
-    def chain(params, data_dir, train, trial_dir, *args, **kwargs):
-        for name in ("stage_one", "stage_two"):
-            (trial_dir / name).mkdir(parents=True)
-        return SimpleNamespace(fits={"stage_two": SimpleNamespace(best_validation_macro_f1=next(values))})
-
-    monkeypatch.setattr(tuning, "train_chain", chain)
-    params = Params.model_validate({"tracking": {"enabled": False},
-                                    "tune": {"space": {"mine.k": {"low": 1, "high": 3}}}})
-    study = optuna.create_study(direction="maximize")
-    study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": {"mine.k": 5}})
-    objective = tuning._objective(params, params.tune.space, tuning.flat_base(params),
-                                  PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path / "study", 0)
-    callbacks = [tuning.dropping_former_bests(tmp_path / "study", params)]
+    # the baseline, then trial 1 (the best), then trial 2, which is never recorded
+    study, objective, params = _study_of_stub_trials(tmp_path, monkeypatch, [0.6, 0.7, 0.8])
+    callbacks = [dropping_former_bests(tmp_path / "study", params)]
     study.optimize(objective, n_trials=2, callbacks=callbacks)
     trial = study.ask()
     objective(trial)  # trial 2 ends, and the worker stops before study.tell
