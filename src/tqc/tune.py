@@ -677,7 +677,7 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
             log.warning("tune: trial %d drew params the config refuses, and fails: %s", trial.number, error)
             trial.set_user_attr("refused", str(error))
             raise TrialRefused(str(error)) from None
-        trial_dir = study_dir / f"trial-{trial.number:04d}"
+        trial_dir = trial_dir_of(study_dir, trial.number)
         pruned = None
         with nested_run(f"trial {trial.number}", tags={"optuna.trial": str(trial.number)}) as tracker:
             # every param it trains with, as a pipeline run has them, then its draws as before (the baseline draws
@@ -743,7 +743,7 @@ def dropping_former_bests(study_dir: Path, params: Params):
         if trial.state != optuna.trial.TrialState.COMPLETE or trial.user_attrs.get("baseline"):
             return
         if trial.value < study.best_value:  # another worker's trial outdid it while it ran: kept by _worth_keeping
-            _drop_models(study_dir / f"trial-{trial.number:04d}", params)
+            _drop_models(trial_dir_of(study_dir, trial.number), params)
         else:
             _drop_former_bests(study, trial.value, study_dir, params)
 
@@ -757,7 +757,12 @@ def _drop_former_bests(study, value: float, study_dir: Path, params: Params) -> 
 
     for former in study.get_trials(deepcopy=False, states=[optuna.trial.TrialState.COMPLETE]):
         if former.value < value and not former.user_attrs.get("baseline"):
-            _drop_models(study_dir / f"trial-{former.number:04d}", params)
+            _drop_models(trial_dir_of(study_dir, former.number), params)
+
+
+def trial_dir_of(study_dir: Path, number: int) -> Path:
+    """Where trial `number` writes its models: the objective, the droppers and the report all find them here."""
+    return study_dir / f"trial-{number:04d}"
 
 
 def _drop_models(trial_dir: Path, params: Params) -> None:
@@ -878,7 +883,7 @@ def _values(trial) -> dict:
 def _trial_summary(trial, study_dir: Path, data: PreparedData, params: Params) -> dict:
     summary = {"number": trial.number, "validation_macro_f1": trial.value,
                "params": _values(trial)}
-    model_dir = study_dir / f"trial-{trial.number:04d}" / "stage_two"
+    model_dir = trial_dir_of(study_dir, trial.number) / "stage_two"
     if (model_dir / "tqc_model.json").exists():
         try:
             summary["test"] = _test_metrics(model_dir, data, params)
