@@ -399,14 +399,15 @@ class PromoteParams(Strict):
 class SearchDimension(Strict):
     """One tuned knob: a float/int range (log-scaled or not) or a set of choices.
 
-    `when` makes it conditional, e.g. the hinge margin only when the loss is hinge.
+    `when` makes it conditional, e.g. the hinge margin only when the loss is hinge: each named param equals its
+    value, or is one of a list of them (a temperature with every loss that reads one: [nt_xent, bpr, sdml]).
     """
 
     low: int | float | None = None
     high: int | float | None = None
     log: bool = False
     choices: list[str | int | float | bool] | None = None
-    when: dict[str, str | int | float | bool] = {}
+    when: dict[str, str | int | float | bool | list[str | int | float | bool]] = {}
 
     @model_validator(mode="after")
     def _range_or_choices(self) -> "SearchDimension":

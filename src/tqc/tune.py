@@ -14,6 +14,7 @@ share it, each sampling with its own seed.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -59,10 +60,25 @@ def sample_overrides(trial, space: dict[str, SearchDimension], base: dict) -> di
     hold (on the values sampled so far, else the base params) is not sampled at all."""
     values: dict = {}
     for name, dimension in _conditions_first(space):
-        if any(values.get(path, base.get(path)) != wanted for path, wanted in dimension.when.items()):
-            continue
-        values[name] = _suggest(trial, name, dimension, base.get(name))
+        if _applies(dimension, values, base):
+            values[name] = _suggest(trial, name, dimension, base.get(name))
     return values
+
+
+def _listed(wanted) -> list:
+    """A `when` value as the values it accepts: a list's, or the one given."""
+    return wanted if isinstance(wanted, list) else [wanted]
+
+
+def _applies(dimension: SearchDimension, values: dict, base: dict) -> bool:
+    """Whether a trial that has drawn `values` so far (the base params' value elsewhere) draws `dimension`: every param
+    its `when` names is the value given there, or one of the values listed."""
+    return all(values.get(path, base.get(path)) in _listed(wanted) for path, wanted in dimension.when.items())
+
+
+def _each_condition(when: dict) -> list[dict]:
+    """Every set of values a `when` accepts, one value from each param's list: {} for none."""
+    return [dict(zip(when, values)) for values in itertools.product(*map(_listed, when.values()))]
 
 
 def _conditions_first(space: dict[str, SearchDimension]) -> list[tuple[str, SearchDimension]]:
@@ -121,7 +137,7 @@ def default_values(space: dict[str, SearchDimension], base: dict) -> dict:
     """The base params' own value of every dimension that applies to them: trial 0."""
     values: dict = {}
     for name, dimension in _conditions_first(space):
-        if all(values.get(path, base.get(path)) == wanted for path, wanted in dimension.when.items()):
+        if _applies(dimension, values, base):
             values[name] = base[name]
     return values
 
@@ -147,17 +163,31 @@ def check_space(params: Params) -> None:
     space = params.tune.space
     for name, dimension in space.items():
         for path, wanted in dimension.when.items():
-            if path in space:
-                _can_draw(space, path, wanted, base, f"tune.space.{name}.when")
-            else:
-                _accepted(params, {path: wanted}, path, wanted, f"tune.space.{name}.when")
-                if base.get(path) != wanted:  # nothing draws it: the base value decides, for every trial
-                    raise ConfigError(f"tune.space.{name}.when: {path} is {base.get(path)!r} in every trial (it is not "
-                                      f"searched), never {wanted!r}, so no trial would tune {name}")
-        for value in _values_to_check(name, dimension, base):  # with the values its `when` needs, as a trial has them
-            _accepted(params, {**dimension.when, name: value}, name, value, f"tune.space.{name}")
+            _check_condition(params, name, path, wanted, base)
+        values = _values_to_check(name, dimension, base)
+        for needed in _each_condition(dimension.when):  # with the values its `when` needs, as a trial has them
+            for value in values:
+                _accepted(params, {**needed, name: value}, name, value, f"tune.space.{name}")
         _acts_in_some_trial(name, dimension, space, base)
     _combinations_accepted(params, space, base)
+
+
+def _check_condition(params: Params, name: str, path: str, wanted, base: dict) -> None:
+    """`name`'s `when` on `path`: each value it gives is one the params accept and some trial has (drawn by
+    tune.space.`path`, or `path`'s base value where it is not searched). A scalar no trial has leaves `name` untuned;
+    a listed one would be a condition that never acts, beside others that do."""
+    where, space = f"tune.space.{name}.when", params.tune.space
+    if not _listed(wanted):
+        raise ConfigError(f"{where}: {path} lists no value, so no trial would tune {name}")
+    unmet = f"so no trial would tune {name}" if not isinstance(wanted, list) else "list only values a trial can have"
+    for value in _listed(wanted):
+        if path in space:
+            _can_draw(space, path, value, base, where, unmet)
+            continue
+        _accepted(params, {path: value}, path, value, where)
+        if base.get(path) != value:  # nothing draws it: the base value decides, for every trial
+            raise ConfigError(f"{where}: {path} is {base.get(path)!r} in every trial (it is not searched), never "
+                              f"{value!r}, {unmet}")
 
 
 # A loss's own knob: it changes nothing under the other losses (`losses.make_loss`)
@@ -166,40 +196,48 @@ KNOB_OF_LOSS = {"margin": "hinge", "smoothing": "sdml"}
 UNREAD_BY_LOSS = {"temperature": "hinge"}
 
 
+def _losses_drawn_with(dimension: SearchDimension, space: dict[str, SearchDimension], base: dict, loss: str) -> set:
+    """The values of `loss` in the trials that draw `dimension`: those its `when` gives (check_space has made sure a
+    trial can have each), else every one tune.space draws, else the base one."""
+    if loss in dimension.when:
+        return set(_listed(dimension.when[loss]))
+    return set(space[loss].choices or []) if loss in space else {base.get(loss)}
+
+
 def _unread_in_some_trials(name: str, dimension: SearchDimension, space: dict[str, SearchDimension], base: dict,
                            loss: str, unread_by: str) -> None:
-    """A knob searched beside a loss that never reads it: said (a `when` cannot name every loss but one), since
-    those trials' draws of it are chance, and a best trial of that loss carries one into best_params.yaml."""
-    losses = {dimension.when[loss]} if loss in dimension.when else (
-        set(space[loss].choices or []) if loss in space else {base.get(loss)})
+    """A knob searched beside a loss that never reads it: said, since those trials' draws of it are chance (Optuna
+    learns from a value that did nothing), and a best trial of that loss carries one into best_params.yaml."""
+    losses = _losses_drawn_with(dimension, space, base, loss)
     if losses == {unread_by}:
         raise ConfigError(f"tune.space.{name}: {loss} is {unread_by} in every trial, which never reads it (hinge has no "
                           "temperature): its best value would be chance")
     if unread_by in losses:
+        readers = ", ".join(sorted(map(str, losses - {unread_by})))
         log.warning("tune: tune.space.%s is not read where %s is %s (hinge has no temperature): those trials draw it for "
-                    "nothing, and a best one of them leaves it at chance", name, loss, unread_by)
+                    "nothing, and a best one of them leaves it at chance; draw it only with the others: "
+                    "when: {%s: [%s]}", name, loss, unread_by, loss, readers)
 
 
 def _acts_in_some_trial(name: str, dimension: SearchDimension, space: dict[str, SearchDimension], base: dict) -> None:
     """A loss's knob searched where no trial trains that loss is refused: its best value would be chance, and
-    best_params.yaml would carry it. Searched beside other losses without a `when`, it is said."""
+    best_params.yaml would carry it. Searched beside other losses (no `when` on the loss, or one that lists them too),
+    it is said."""
     stage, _, knob = name.rpartition(".")
     if knob in UNREAD_BY_LOSS and stage:
         _unread_in_some_trials(name, dimension, space, base, f"{stage}.loss", UNREAD_BY_LOSS[knob])
     if knob not in KNOB_OF_LOSS or not stage:
         return
     loss, needed = f"{stage}.loss", KNOB_OF_LOSS[knob]
-    if loss in dimension.when:
-        losses = {dimension.when[loss]}
-    else:
-        losses = set(space[loss].choices or []) if loss in space else {base.get(loss)}
+    losses = _losses_drawn_with(dimension, space, base, loss)
     if needed not in losses:
         raise ConfigError(f"tune.space.{name}: acts only with {loss}: {needed}, and {loss} is "
                           f"{' or '.join(sorted(map(str, losses)))} in every trial; search {loss} too, with "
                           f"when: {{{loss}: {needed}}} on {name}")
     if len(losses) > 1:
-        log.warning("tune: tune.space.%s acts only with %s: %s; without when: {%s: %s}, the other losses' trials draw it "
-                    "for nothing", name, loss, needed, loss, needed)
+        log.warning("tune: tune.space.%s acts only with %s: %s; drawn where %s is %s too, the other losses' trials draw "
+                    "it for nothing: give it when: {%s: %s}", name, loss, needed, loss,
+                    " or ".join(sorted(map(str, losses - {needed}))), loss, needed)
 
 
 def _values_to_check(name: str, dimension: SearchDimension, base: dict) -> list:
@@ -216,9 +254,9 @@ def _values_to_check(name: str, dimension: SearchDimension, base: dict) -> list:
     return [float(dimension.low), float(dimension.high)]
 
 
-def _can_draw(space: dict[str, SearchDimension], path: str, wanted, base: dict, where: str) -> None:
-    """A `when` on a searched dimension names one of the values it can draw, or the dimension it conditions never
-    applies: a choice, or an integer in an integer range (a float range's draws never equal one value)."""
+def _can_draw(space: dict[str, SearchDimension], path: str, wanted, base: dict, where: str, unmet: str) -> None:
+    """A `when` on a searched dimension names one of the values it can draw (`unmet` says what else follows):
+    a choice, or an integer in an integer range (a float range's draws never equal one value)."""
     dimension = space[path]
     if dimension.choices is not None and wanted in dimension.choices:
         return
@@ -226,8 +264,7 @@ def _can_draw(space: dict[str, SearchDimension], path: str, wanted, base: dict, 
     if integers and _samples_integers(path, base.get(path)) and dimension.low <= wanted <= dimension.high:
         return
     drawn = dimension.choices if dimension.choices is not None else f"[{dimension.low}, {dimension.high}]"
-    raise ConfigError(f"{where}: {path} = {wanted!r} is never drawn (tune.space.{path} draws from {drawn}), so no trial "
-                      "would tune it")
+    raise ConfigError(f"{where}: {path} = {wanted!r} is never drawn (tune.space.{path} draws from {drawn}), {unmet}")
 
 
 # Past this many combinations of edge values, check_space checks every pair of dimensions instead
@@ -260,7 +297,7 @@ def _edge_combinations(ordered: list[tuple[str, SearchDimension]], base: dict) -
         values = _values_to_check(name, dimension, base)
         grown = []
         for combination in combinations:
-            if all(combination.get(path, base.get(path)) == wanted for path, wanted in dimension.when.items()):
+            if _applies(dimension, combination, base):
                 grown += [{**combination, name: value} for value in values]
             else:
                 grown.append(combination)

@@ -696,3 +696,21 @@ def test_tracking_settings_mlflow_would_refuse_are_refused_naming_the_key(monkey
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's own way to keep a file store
     assert _store_that_can_be_made("file:///tmp/mlruns") == "file:///tmp/mlruns"
     assert load_params("params.yaml", {"tracking": {"enabled": False, "uri": "mlruns"}}).tracking.uri == "mlruns"
+
+
+def test_a_when_takes_one_value_or_a_list_of_them_and_nothing_else():
+    # the list lets a temperature be drawn with every loss that reads one (hinge reads none)
+    from pathlib import Path
+
+    from tqc.cli import parse_overrides
+
+    shipped_yaml = Path(__file__).resolve().parents[2] / "params.yaml"
+    assert load_params(shipped_yaml).tune.space["stage_two.temperature"].when == {
+        "stage_two.loss": ["nt_xent", "bpr", "sdml"]}
+    listed = load_params(shipped_yaml, parse_overrides(
+        ["tune.space.stage_two.temperature={low: 0.05, high: 0.2, when: {stage_two.loss: [nt_xent, sdml]}}"]))
+    assert listed.tune.space["stage_two.temperature"].when == {"stage_two.loss": ["nt_xent", "sdml"]}
+    for wanted in ("{sdml: 1}", "[[sdml]]", "[sdml, null]"):
+        with pytest.raises(ConfigError, match=r"tune.space.*stage_two.temperature.*when"):
+            load_params(shipped_yaml, parse_overrides(
+                [f"tune.space.stage_two.temperature={{low: 0.05, high: 0.2, when: {{stage_two.loss: {wanted}}}}}"]))

@@ -837,6 +837,66 @@ def test_searched_epochs_under_a_pruner_and_a_temperature_hinge_never_reads_are_
                                            "tune": {"space": {"stage_two.temperature": {"low": 0.05, "high": 0.3}}}}))
 
 
+def test_a_listed_when_is_checked_value_by_value_and_says_a_knob_drawn_with_a_loss_that_never_reads_it(caplog):
+    """`when: {stage_two.loss: [nt_xent, bpr]}`: each listed value is one the params accept and a trial can have; a
+    temperature listed with every loss but hinge is drawn only where it acts, so nothing is said; listed with hinge,
+    it is said (with hinge alone, refused) as a temperature searched beside hinge without a `when` is."""
+    from tqc.tune import check_space
+
+    def space(dimensions: dict, **base) -> Params:
+        return Params.model_validate({"tune": {"space": dimensions}, **base})
+
+    losses = {"stage_two.loss": {"choices": ["nt_xent", "bpr", "hinge"]}}
+
+    def temperature(*listed) -> dict:
+        return {**losses, "stage_two.temperature": {"low": 0.05, "high": 0.3, "when": {"stage_two.loss": list(listed)}}}
+
+    refused = {
+        (): r"^tune.space.stage_two.temperature.when: stage_two.loss lists no value, so no trial would tune "
+            r"stage_two.temperature$",
+        ("nt_xent", "sdml"): r"^tune.space.stage_two.temperature.when: stage_two.loss = 'sdml' is never drawn "
+                             r"\(tune.space.stage_two.loss draws from \['nt_xent', 'bpr', 'hinge'\]\), list only values "
+                             r"a trial can have$",
+        ("hinge",): r"tune.space.stage_two.temperature: stage_two.loss is hinge in every trial, which never reads it",
+    }
+    for listed, problem in refused.items():
+        with pytest.raises(ConfigError, match=problem):
+            check_space(space(temperature(*listed)))
+    unsearched = {"stage_two.temperature": {"low": 0.05, "high": 0.3, "when": {"stage_two.loss": ["nt_xent", "hinj"]}}}
+    with pytest.raises(ConfigError, match=r"stage_two.temperature.when: stage_two.loss = 'hinj' is not a value the params"):
+        check_space(space(unsearched))
+    unsearched["stage_two.temperature"]["when"]["stage_two.loss"] = ["nt_xent", "bpr"]
+    with pytest.raises(ConfigError, match=r"stage_two.loss is 'nt_xent' in every trial \(it is not searched\), never "
+                                          r"'bpr', list only values a trial can have"):
+        check_space(space(unsearched))
+    margin = {"low": 0.05, "high": 0.5}
+    with pytest.raises(ConfigError, match=r"stage_two.margin: acts only with stage_two.loss: hinge, and stage_two.loss "
+                                          r"is bpr or nt_xent in every trial"):
+        check_space(space({**losses, "stage_two.margin": {**margin, "when": {"stage_two.loss": ["nt_xent", "bpr"]}}}))
+    with caplog.at_level(logging.WARNING, logger="tqc.tune"):
+        check_space(space(temperature("nt_xent", "bpr")))
+    assert "tune.space" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="tqc.tune"):
+        check_space(space(temperature("nt_xent", "hinge")))
+        check_space(space({**losses, "stage_two.margin": {**margin, "when": {"stage_two.loss": ["hinge", "bpr"]}}}))
+    assert "tune.space.stage_two.temperature is not read where stage_two.loss is hinge" in caplog.text
+    assert "when: {stage_two.loss: [nt_xent]}" in caplog.text
+    assert "stage_two.margin acts only with stage_two.loss: hinge; drawn where stage_two.loss is bpr too" in caplog.text
+    # the edge values are checked with each listed value: logit_adjustment above 0 clashes with hinge alone
+    adjustment = {"low": 0.0, "high": 1.0}
+    check_space(space({**losses, "stage_two.logit_adjustment": {**adjustment, "when": {"stage_two.loss": ["nt_xent", "bpr"]}}}))
+    with pytest.raises(ConfigError, match=r"stage_two.logit_adjustment = 1.0 is not a value the params accept"):
+        check_space(space({**losses, "stage_two.logit_adjustment": {**adjustment,
+                                                                    "when": {"stage_two.loss": ["nt_xent", "hinge"]}}}))
+    # and every combination a trial may draw: a prior weight drawn with a listed similarity, beside a hinge stage one
+    mixup = {"prototype_mixup": {"enabled": True, "prior_weight": 0.0}}
+    with pytest.raises(ConfigError, match=r"may draw stage_one.loss = 'hinge', augment.prototype_mixup.prior_weight = 2.0"):
+        check_space(space({"model.similarity": {"choices": ["cosine", "inner", "mlp"]}, "stage_one.loss": {"choices": ["bpr", "hinge"]},
+                           "augment.prototype_mixup.prior_weight": {"low": 0.0, "high": 2.0,
+                                                                    "when": {"model.similarity": ["cosine", "inner"]}}},
+                          augment=mixup))
+
+
 def test_the_tuner_refuses_values_that_clash_together_or_can_never_be_drawn_before_any_work():
     from tqc.config import ConfigError
     from tqc.tune import check_space
@@ -1055,12 +1115,12 @@ def test_a_losss_own_knob_searched_where_no_trial_trains_that_loss_is_refused(ca
     check_space(space({"stage_two.margin": margin}, stage_two={"loss": "hinge"}))  # the loss every trial trains
     with caplog.at_level(logging.WARNING, logger="tqc.tune"):
         check_space(space({"stage_two.loss": {"choices": ["nt_xent", "hinge"]}, "stage_two.margin": margin}))
-    assert "tune.space.stage_two.margin acts only with stage_two.loss: hinge; without when" in caplog.text
+    assert ("tune.space.stage_two.margin acts only with stage_two.loss: hinge; drawn where stage_two.loss is nt_xent too"
+            in caplog.text)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="tqc.tune"):
-        check_space(load_params(Path(__file__).resolve().parents[2] / "params.yaml"))  # the shipped space: both conditioned
-    assert "acts only" not in caplog.text
-    assert "tune.space.stage_two.temperature is not read where stage_two.loss is hinge" in caplog.text
+    with caplog.at_level(logging.WARNING, logger="tqc.tune"):  # the shipped space: margin, smoothing and temperature
+        check_space(load_params(Path(__file__).resolve().parents[2] / "params.yaml"))  # drawn only where they act
+    assert "tune.space" not in caplog.text
 
 
 @pytest.mark.parametrize("best_number, said", [
@@ -1140,3 +1200,29 @@ def test_a_study_run_with_another_params_file_writes_its_apply_command(tmp_path,
     tuning.write_reports(study, Params(), None, tmp_path / "study", out, params_file=Path("conf/team.yaml"))
     assert (out / "best_params.yaml").read_text().splitlines()[1] == (
         f"# apply with: tqc --params conf/team.yaml tune --apply {out / 'best_params.yaml'}")
+
+
+def test_a_hinge_trial_of_the_shipped_space_draws_no_temperature_hinge_never_reads():
+    """hinge compares raw scores with a margin (`losses.make_loss`): a stage_two.temperature drawn in its trials did
+    nothing, and Optuna learnt from it. The shipped space draws it only with the losses that read it."""
+    shipped = load_params(Path(__file__).resolve().parents[2] / "params.yaml")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    draws = [sample_overrides(study.ask(), shipped.tune.space, {}) for _ in range(40)]
+    losses = {draw["stage_two.loss"]: "stage_two.temperature" in draw for draw in draws}
+    assert losses == {"nt_xent": True, "bpr": True, "sdml": True, "hinge": False}
+
+
+def test_a_when_may_list_the_values_its_condition_takes():
+    """`when: {stage_two.loss: [nt_xent, sdml]}`: the dimension is drawn where the loss is any of them, its trial's
+    value of the loss read wherever the loss is listed, and trial 0 takes the base value where the base loss is one."""
+    space = {"stage_two.temperature": SearchDimension(low=0.05, high=0.3, when={"stage_two.loss": ["nt_xent", "sdml"]}),
+             "stage_two.loss": SearchDimension(choices=["nt_xent", "hinge", "sdml"])}
+    base = {"stage_two.loss": "hinge", "stage_two.temperature": 0.1}
+    for loss in ("nt_xent", "sdml"):
+        trial = optuna.trial.FixedTrial({"stage_two.loss": loss, "stage_two.temperature": 0.2})
+        assert sample_overrides(trial, space, base) == {"stage_two.loss": loss, "stage_two.temperature": 0.2}
+    assert sample_overrides(optuna.trial.FixedTrial({"stage_two.loss": "hinge"}), space, {**base, "stage_two.loss": "sdml"}
+                            ) == {"stage_two.loss": "hinge"}
+    assert default_values(space, base) == {"stage_two.loss": "hinge"}
+    assert default_values(space, {**base, "stage_two.loss": "sdml"}) == {"stage_two.loss": "sdml",
+                                                                          "stage_two.temperature": 0.1}
