@@ -20,7 +20,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, serve, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Failed
+from prefect.states import Failed, State
 
 from tqc import retrain as steps
 from tqc.config import Params, load_params
@@ -94,7 +94,9 @@ def commit(params: Params, staged: steps.Staged, files, repeats, challenger: ste
 
 @flow(name="retrain", log_prints=True)
 def retrain(params_path: str = "params.yaml", mode: str | None = None) -> dict:
-    """Returns what happened: {"status": "nothing to do" | "retrained" | "no rows accepted" | "busy", …}.
+    """Returns what happened: {"status": "nothing to do" | "retrained" | "no rows accepted" | "busy", …}; a run whose
+    new data version did not reach the DVC remote fails (`retrain.on_push_failure: fail`) with `steps.PushFailed`,
+    whose `result` is that dict.
 
     `mode`: "train" or "refresh" for this run, instead of params.yaml's `retrain.mode` (one deployment
     can then refresh often and train now and then: `prefect deployment run … -p mode=refresh`)."""
@@ -110,7 +112,7 @@ def _retrain(params_path: str, mode: str | None, logger) -> dict:
         retries = {"retries": params.retrain.retries, "retry_delay_seconds": params.retrain.retry_delay_seconds,
                    "retry_condition_fn": retry_unless_permanent}
         with steps.retrain_lock(params.retrain):
-            return _retrain_locked(params, retries, logger)
+            result = _retrain_locked(params, retries, logger)
     except steps.RetrainBusy as busy:  # not a failure: the files wait in the inbox for the next run
         logger.warning("retrain: %s; this run did nothing", busy)
         return {"status": "busy"}
@@ -119,6 +121,19 @@ def _retrain(params_path: str, mode: str | None, logger) -> dict:
         # (a task that raised it has logged its own); a caller (a test, `python flows/retrain.py`) still gets it.
         logger.error("retrain: %s", error)
         return Failed(message=str(error), data=error)
+    return _unless_unpushed(result, params.retrain.on_push_failure, logger)
+
+
+def _unless_unpushed(result: dict, on_push_failure: str, logger) -> dict | State:
+    """The run's result; or, where its new data version did not reach the DVC remote and `retrain.on_push_failure` is
+    `fail`, a Failed state that says so and carries the result (`steps.PushFailed`). Nothing is undone: the data stays
+    committed, the gate's decision stands. A run that completed with the data unpushed went unnoticed by cron and by a
+    Prefect automation on failed runs, while other checkouts could not `dvc pull` what the challenger was trained on."""
+    failure = steps.push_failure(result)
+    if failure is None or on_push_failure == "warn":
+        return result
+    logger.error("retrain: %s", failure)
+    return Failed(message=failure, data=steps.PushFailed(failure, result))
 
 
 @contextlib.contextmanager
@@ -232,7 +247,7 @@ def _retrain_new_files(params: Params, retries: dict, logger) -> dict:
         result = commit(params, staged, files, repeats, trained)
         promotion = judge.with_options(**retries)(params, trained, staging)
         steps.clear_pending_judge(params.retrain)
-    create_markdown_artifact(steps.summary_markdown(staged, promotion, trained, repeats), key="retrain-summary",
+    create_markdown_artifact(steps.summary_markdown(staged, promotion, trained, repeats, result), key="retrain-summary",
                              description="rows accepted and the challenger against the champion")
     shutil.rmtree(staging, ignore_errors=True)
     logger.info("%s", steps.closing_line(staged, promotion, result, Path(params.retrain.quarantine)))
@@ -306,6 +321,8 @@ def main(argv: list[str] | None = None) -> None:
         outcome = retrain(arguments.params, arguments.mode)
     except user_errors() as error:  # said in the run's log already
         raise SystemExit(f"retrain failed: {error}") from None
+    except steps.PushFailed as unpushed:  # the run's work stands; the remote lacks its data (said in the log too)
+        raise SystemExit(f"retrain: {unpushed}") from None
     if outcome["status"] == "no rows accepted" and outcome["new_files"]:  # new files that added nothing want a look:
         # a non-zero exit for cron (a delivery of repeats only is no fault)
         raise SystemExit("retrain: no row of the delivery was accepted; data/archive/manifest.jsonl and the quarantine "

@@ -456,6 +456,9 @@ class RetrainParams(Strict):
     retries: int = Field(2, ge=0)  # for steps that can flake (training, the registry)
     retry_delay_seconds: float = Field(10.0, ge=0.0)
     push: bool = True  # dvc push after the commit when a DVC remote is configured
+    # a push that still fails after its retries: fail the run (the commit and the gate's decision kept; the flow run
+    # Failed, `python flows/retrain.py` exits 1, so cron or an automation notices the remote lacks the data) or warn
+    on_push_failure: Literal["fail", "warn"] = "fail"
     # train: the pipeline's stages on the grown data. refresh (promote.rule exemplars or auto): no training;
     # the champion's encoder serves the grown data's labeled questions as its exemplars, judged by the gate.
     mode: Literal["train", "refresh"] = "train"

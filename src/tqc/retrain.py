@@ -19,8 +19,9 @@ New labeled questions arrive as files in an inbox. A retrain:
    labeled questions, and the same gate judges it.
 4. `commit`: the staged additions replace data/raw atomically, `dvc add` records the new data
    version (`dvc push` when a remote is configured, tried again a few times; a push that still fails
-   is left to be redone, with a warning, the commit kept), then the inbox files move to the archive
-   and the manifest, and last the challenger is marked for the gate (`PENDING_JUDGE`). Refused,
+   is left to be redone, the commit kept, and with `retrain.on_push_failure: fail` the flow fails the run once
+   its challenger is judged: `push_failure`), then the inbox files move to the archive and the manifest, and
+   last the challenger is marked for the gate (`PENDING_JUDGE`). Refused,
    changing nothing, when data/raw changed since `stage` copied it (an edit or a checkout during
    the run), which writing the copy back would undo. Until this
    step nothing outside the staging folder has changed, so a failed or killed retrain leaves
@@ -71,6 +72,19 @@ class RetrainCommitError(RuntimeError):
 
 class RetrainBusy(RuntimeError):
     pass
+
+
+class PushFailed(RuntimeError):
+    """A run that committed its new data version, and judged its challenger, but could not push the data to the DVC
+    remote (`push_failure`'s line is the message; `retrain.on_push_failure: fail`). `result` is what the run did, as a
+    run that completes returns it: the commit and the gate's decision stand."""
+
+    def __init__(self, message: str, result: dict):
+        super().__init__(message)
+        self.result = result
+
+    def __reduce__(self):  # pickled as a failed run's data: the default would call __init__ without `result`
+        return type(self), (str(self), self.result)
 
 
 @contextmanager
@@ -803,8 +817,8 @@ def _dvc_record(paths: list[Path], push: bool) -> dict:
     if failure is None:
         return {"added": added, "pushed": pushing}
     log.warning("retrain: %s, %d tries; the new data version is recorded in this checkout and its DVC cache but is not "
-                "on the remote: push it by hand with `dvc push %s` (a later retrain's push sends the data as it is "
-                "then)", failure, len(PUSH_RETRY_WAITS) + 1, " ".join(added))
+                "on the remote: push it by hand with `dvc push %s` before another retrain changes those files (a later "
+                "retrain pushes its own version, not this one)", failure, len(PUSH_RETRY_WAITS) + 1, " ".join(added))
     return {"added": added, "pushed": False, "push_failed": failure}
 
 
@@ -907,6 +921,20 @@ def closing_line(staged: Staged, promotion: dict, committed: dict, quarantine: P
     return line
 
 
+def push_failure(result: dict) -> str | None:
+    """One line for a run whose new data version is committed but not on the DVC remote (`_dvc_record`'s
+    `push_failed`): what stands, DVC's reason and the command that pushes it; None when no push failed."""
+    dvc = result.get("dvc", {})
+    if not dvc.get("push_failed"):
+        return None
+    versions = " ".join(dvc["added"])
+    judged = (f" and its challenger {'promoted' if result['promoted'] else 'judged (champion kept)'}"
+              if "promoted" in result else "")
+    return (f"the new data version ({', '.join(dvc['added'])}) is committed{judged}, but it is not on the DVC remote, so "
+            f"no other checkout can `dvc pull` it: {dvc['push_failed']}; push it by hand with `dvc push {versions}` "
+            "before another retrain changes those files")
+
+
 def _file_reason(outcome: FileOutcome, staged: Staged) -> str:
     """The summary's reason cell: the file's own, or for rows quarantined, the first one's line and reason."""
     if outcome.reason or not outcome.quarantined:
@@ -920,6 +948,21 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _data_version_lines(committed: dict) -> list[str]:
+    """The summary's line on the new data version: on the DVC remote, in this checkout's cache only, or not on the
+    remote because the push failed (the UI's artifact says it where the run's logs are not read)."""
+    dvc = committed.get("dvc", {})
+    versions = dvc.get("added") or []
+    if not versions:
+        return []
+    named = ", ".join(f"`{v}`" for v in versions)
+    if dvc.get("push_failed"):
+        return ["", f"New data version: {named}; **not on the DVC remote**, the push failed: {_cell(dvc['push_failed'])}. "
+                    f"Push it by hand: `dvc push {' '.join(versions)}`."]
+    where = "on the DVC remote" if dvc.get("pushed") else "in this checkout's DVC cache only (no remote, or retrain.push off)"
+    return ["", f"New data version: {named}, {where}."]
+
+
 def _class_changes_table(changes: list[dict]) -> list[str]:
     """The classes whose validation F1 moved most, worst news and best alike (promote's `class_changes`)."""
     if not changes:
@@ -930,13 +973,16 @@ def _class_changes_table(changes: list[dict]) -> list[str]:
         f"{c['difference']:+.3f} |" for c in changes]
 
 
-def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | None, repeats: list[Incoming] = ()) -> str:
-    """The flow's Prefect artifact: what came in (`repeats` too), and the challenger against the champion."""
+def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | None, repeats: list[Incoming] = (),
+                     committed: dict | None = None) -> str:
+    """The flow's Prefect artifact: what came in (`repeats` too), the data version `committed` made (`commit`'s result)
+    and whether the DVC remote has it, and the challenger against the champion."""
     lines = ["# Retrain", "", "| file | kind | outcome | read | accepted | quarantined | reason |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {Path(o.file).name} | {o.kind} | {o.outcome} | {o.read} | {o.accepted} | {o.quarantined} | "
               f"{_cell(_file_reason(o, staged))} |" for o in [*staged.outcomes, *map(repeat_outcome, repeats)]]
     lines += ["", f"Accepted rows: **{staged.accepted - staged.new_classes}**; new classes: **{staged.new_classes}**."]
+    lines += _data_version_lines(committed or {})
     if trained and trained.refreshed_from:
         champion = trained.refreshed_from
         lines += ["", f"Refreshed, not trained: version {champion.version}'s encoder with the grown labeled questions "

@@ -112,3 +112,29 @@ def test_the_flows_last_line_counts_what_was_left_out_and_names_the_data_version
         "commit it to git: until then no commit records it, and `dvc exp run` unstages it")
     assert closing_line(STAGED, {"promoted": True, "reasons": ["better"]}, {"dvc": {"added": []}}, Path("q.jsonl")) == (
         "retrain: 3 rows and 0 classes added; promoted: better")
+
+
+def test_a_push_that_failed_is_said_in_one_line_and_in_the_summary_with_the_command_that_pushes_it():
+    """The run's summary artifact said nothing of the data version, so a push that failed showed only in the logs."""
+    from tqc.retrain import push_failure
+
+    added = ["data/raw/labeled.jsonl.dvc", "data/raw/catalog.jsonl.dvc"]
+    failed = {"status": "retrained", "promoted": False,
+              "dvc": {"added": added, "pushed": False, "push_failed": "dvc push failed (exit 1): ERROR: 403 | denied"}}
+    assert push_failure(failed) == (
+        "the new data version (data/raw/labeled.jsonl.dvc, data/raw/catalog.jsonl.dvc) is committed and its challenger "
+        "judged (champion kept), but it is not on the DVC remote, so no other checkout can `dvc pull` it: dvc push "
+        "failed (exit 1): ERROR: 403 | denied; push it by hand with `dvc push data/raw/labeled.jsonl.dvc "
+        "data/raw/catalog.jsonl.dvc` before another retrain changes those files")
+    assert push_failure({**failed, "dvc": {"added": added, "pushed": True}}) is None
+    assert push_failure({"status": "no rows accepted", "dvc": {"added": [], "pushed": False}}) is None
+
+    text = summary_markdown(STAGED, None, None, committed=failed)
+    assert ("New data version: `data/raw/labeled.jsonl.dvc`, `data/raw/catalog.jsonl.dvc`; **not on the DVC remote**, "
+            "the push failed: dvc push failed (exit 1): ERROR: 403 \\| denied. Push it by hand: "
+            "`dvc push data/raw/labeled.jsonl.dvc data/raw/catalog.jsonl.dvc`.") in text
+    pushed = summary_markdown(STAGED, None, None, committed={"dvc": {"added": added[:1], "pushed": True}})
+    assert "New data version: `data/raw/labeled.jsonl.dvc`, on the DVC remote." in pushed
+    assert "in this checkout's DVC cache only" in summary_markdown(STAGED, None, None,
+                                                                   committed={"dvc": {"added": added[:1], "pushed": False}})
+    assert "New data version" not in summary_markdown(STAGED, None, None)

@@ -114,6 +114,58 @@ def test_bad_rows_go_to_quarantine_and_the_good_ones_are_used(project, tmp_path)
     assert result["dvc"]["pushed"] and any((tmp_path / "remote").rglob("*"))  # the new data version is on the remote
 
 
+def refusing_remote(project: Path, tmp_path: Path, monkeypatch) -> None:
+    """A default DVC remote whose every `dvc push` fails, as an unreachable one's does, with no waits between tries."""
+    from tqc import retrain as steps
+
+    subprocess.run(["dvc", "remote", "add", "-q", "-d", "store", str(tmp_path / "remote")], check=True)
+    real_dvc = steps._dvc
+
+    def dvc(command, *arguments):
+        if command == "push":
+            raise steps.RetrainCommitError("dvc push failed (exit 1): ERROR: failed to push data to the cloud - 403")
+        return real_dvc(command, *arguments)
+
+    monkeypatch.setattr(steps, "_dvc", dvc)
+    monkeypatch.setattr(steps, "PUSH_RETRY_WAITS", (0.0, 0.0))
+
+
+def test_a_push_that_keeps_failing_fails_the_run_and_the_script_and_keeps_the_commit(project, tmp_path, monkeypatch):
+    """After a `dvc push` that failed its retries the run Completed and `python flows/retrain.py` exited 0: neither
+    cron nor a Prefect automation noticed that the remote lacked the data the champion was trained on."""
+    from flows.retrain import main
+    from tqc import retrain as steps
+
+    refusing_remote(project, tmp_path, monkeypatch)
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
+    state = retrain(params_path="params.yaml", return_state=True)
+    assert state.is_failed(), state
+    assert state.message.startswith("the new data version (data/raw/labeled.jsonl.dvc) is committed and its challenger "
+                                    "promoted, but it is not on the DVC remote")
+    assert "failed to push data to the cloud - 403; push it by hand with `dvc push data/raw/labeled.jsonl.dvc`" in state.message
+    failure = state.result(raise_on_failure=False)
+    assert isinstance(failure, steps.PushFailed)  # carrying what the run did, as a completed run returns it
+    assert failure.result["status"] == "retrained" and failure.result["accepted"] == 3 and failure.result["promoted"]
+    assert failure.result["dvc"]["added"] == ["data/raw/labeled.jsonl.dvc"] and not failure.result["dvc"]["pushed"]
+    assert "403" in failure.result["dvc"]["push_failed"]
+    assert len(added_rows(project)) == 3 and champion_version(project) == "1"  # nothing undone
+    assert not (project / "data" / "incoming" / "one.csv").exists()
+    assert "**not on the DVC remote**, the push failed" in latest_artifact_markdown("one.csv")
+
+    drop(project, "two.csv", [(q, "NUM") for q in unseen_questions(project, "NUM", 3)])
+    with pytest.raises(SystemExit) as exited:  # the script: non-zero, one line
+        main([])
+    message = str(exited.value)
+    assert message.startswith("retrain: the new data version (data/raw/labeled.jsonl.dvc) is committed and its "
+                              "challenger") and "\n" not in message and "403" in message
+    assert len(added_rows(project)) == 6
+
+    set_params(project, retrain={"on_push_failure": "warn"})  # a remote that is a best-effort copy: the run completes
+    drop(project, "three.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 3)])
+    result = retrain(params_path="params.yaml")
+    assert result["status"] == "retrained" and "403" in result["dvc"]["push_failed"] and len(added_rows(project)) == 9
+
+
 def test_a_new_standard_question_arrives_with_its_examples(project):
     inbox = project / "data" / "incoming"
     inbox.mkdir(parents=True)

@@ -867,6 +867,23 @@ def test_a_dvc_push_that_fails_is_tried_again_and_one_that_keeps_failing_leaves_
     assert "`dvc push data/raw/labeled.jsonl.dvc`" in steps.closing_line(staged, {"promoted": False, "reasons": []},
                                                                           result, Path(params.retrain.quarantine))
 
+    # The remote back: the next commit pushes the version its .dvc file names then, which holds the unpushed rows too,
+    # but not the unpushed version's own file (docs/retrain.md: push it before another retrain, or --all-commits)
+    unpushed = dvc_md5_of(project / "data" / "raw" / "labeled.jsonl.dvc")
+    monkeypatch.setattr(steps, "_dvc", real_dvc)
+    drop(project, "three.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
+    staged, files = deliver(project)
+    assert steps.commit(params, staged, files, [])["dvc"]["pushed"] and len(added_rows(project)) == 6
+    on_remote = {f"{path.parent.name}{path.name}" for path in (project / "remote").rglob("*") if path.is_file()}
+    assert dvc_md5_of(project / "data" / "raw" / "labeled.jsonl.dvc") in on_remote and unpushed not in on_remote
+
+
+def dvc_md5_of(dvc_file: Path) -> str:
+    """The md5 a .dvc file records for its one output."""
+    from tqc.config import read_yaml
+
+    return read_yaml(dvc_file.read_text())["outs"][0]["md5"]
+
 
 def test_the_data_version_waits_for_dvc_s_lock_where_another_dvc_command_holds_it(tmp_path, monkeypatch):
     """A dvc command in the same checkout (a `dvc status`, an editor's DVC extension, a `dvc repro`) holding DVC's lock
