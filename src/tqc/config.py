@@ -259,6 +259,10 @@ class TrainParams(Schedule):
     # The logit-adjusted loss (Menon et al. 2021): + τ·w·log π_c on each column's training score, π the
     # class mix of the rows the stage trains on; scoring after training adds nothing. 0: off.
     logit_adjustment: float = 0.0
+    # The layers on top of the pretrained encoders (model.pooling attention, model.similarity mlp) start at zero, so
+    # training starts from mean pooling and cosine; at the encoders' rate they move little in a few epochs (AdamW
+    # moves a weight about one learning rate a step). null: they train at learning_rate, as the encoders do.
+    head_learning_rate: float | None = Field(None, gt=0.0)
 
     @model_validator(mode="after")
     def _adjusts_logits_only(self) -> "TrainParams":

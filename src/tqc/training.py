@@ -100,11 +100,31 @@ def parameter_groups(module: nn.Module, learning_rate: float) -> list[dict]:
     BERT and the Hugging Face Trainer do: decaying a norm's scale toward zero shrinks its
     activations rather than regularising a mapping.
     """
-    trainable = [p for p in module.parameters() if p.requires_grad]
+    return _decay_groups(list(module.parameters()), learning_rate)
+
+
+def _decay_groups(parameters: list[nn.Parameter], learning_rate: float) -> list[dict]:
+    """`parameter_groups` of a list of parameters, in their order: the matrices decayed, then the rest undecayed."""
+    trainable = [p for p in parameters if p.requires_grad]
     decayed = [p for p in trainable if p.ndim >= 2]
     undecayed = [p for p in trainable if p.ndim < 2]
     groups = [{"params": decayed, "lr": learning_rate}, {"params": undecayed, "lr": learning_rate, "weight_decay": 0.0}]
     return [group for group in groups if group["params"]]
+
+
+def bi_encoder_parameter_groups(model: BiEncoder, params: TrainParams, section: str) -> list[dict]:
+    """A contrastive stage's AdamW groups: the encoders' at `learning_rate`, then the heads' (`BiEncoder.head_parameters`:
+    attention pooling, the MLP scorer) at `head_learning_rate`. That null, `parameter_groups` of the whole model: the
+    same groups in the same order as before the key existed, so the stage trains as it did."""
+    if params.head_learning_rate is None:
+        return parameter_groups(model, params.learning_rate)
+    heads = model.head_parameters()
+    if not heads:
+        log.warning("%s.head_learning_rate is %g, and model.pooling %s with model.similarity %s has no head layers: it "
+                    "trains nothing", section, params.head_learning_rate, model.question.pooling.kind, model.similarity)
+    in_heads = {id(p) for p in heads}
+    encoders = [p for p in model.parameters() if id(p) not in in_heads]
+    return _decay_groups(encoders, params.learning_rate) + _decay_groups(heads, params.head_learning_rate)
 
 
 def adamw(param_groups: list[dict], weight_decay: float, fused: bool | None = None) -> torch.optim.AdamW:

@@ -264,6 +264,9 @@ def test_an_invalid_override_names_itself_and_each_problem_without_pydantics_inp
     ({"stage_one": {"temperature": math.inf}}, "stage_one.temperature: Input should be a finite number"),
     ({"stage_one": {"logit_adjustment": math.nan}}, "stage_one.logit_adjustment: Input should be a finite number"),
     ({"stage_two": {"learning_rate": math.inf}}, "stage_two.learning_rate: Input should be a finite number"),
+    ({"stage_one": {"head_learning_rate": 0.0}}, "stage_one.head_learning_rate: Input should be greater than 0"),
+    ({"stage_two": {"head_learning_rate": "fast"}}, "stage_two.head_learning_rate: Input should be a valid number"),
+    ({"stage_two": {"head_learning_rate": math.inf}}, "stage_two.head_learning_rate: Input should be a finite number"),
     ({"ablate": {"seeds": [0, 0, 1]}}, r"seeds \[0\] are listed more than once"),
     ({"distributed": {"nproc_per_node": 4}, "stage_two": {"batch_size": 6}},
      r"each process needs at least two rows: raise stage_two.batch_size \(6\) to at least 8"),
@@ -276,6 +279,24 @@ def test_an_invalid_override_names_itself_and_each_problem_without_pydantics_inp
 def test_values_that_would_train_nonsense_are_refused_with_their_reason(override, problem):
     with pytest.raises(ConfigError, match=problem):
         Params().with_overrides(override)
+
+
+def test_the_tuner_can_search_a_head_learning_rate_whose_base_value_is_null():
+    """Its base value null (the stage's learning_rate), a range draws floats, and the baseline trial keeps null."""
+    import optuna
+
+    from tqc.tune import check_space, default_values, flat_base, sample_overrides
+
+    space = {"model.similarity": {"choices": ["cosine", "mlp"]},
+             "stage_one.head_learning_rate": {"low": 1e-4, "high": 1e-2, "log": True, "when": {"model.similarity": "mlp"}},
+             "stage_two.head_learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}}
+    params = Params.model_validate({"tune": {"space": space}})
+    check_space(params)
+    base = flat_base(params)
+    drawn = sample_overrides(optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask(), params.tune.space, base)
+    assert isinstance(drawn["stage_two.head_learning_rate"], float) and 1e-4 <= drawn["stage_two.head_learning_rate"] <= 1e-2
+    assert default_values(params.tune.space, base)["stage_two.head_learning_rate"] is None
+    assert params.with_overrides({"stage_one": {"head_learning_rate": 3e-3}}).stage_one.head_learning_rate == 3e-3
 
 
 def test_the_tuner_refuses_a_dimension_no_trial_could_use_before_any_work():

@@ -7,7 +7,7 @@ from tqc.config import AugmentParams, ModelParams, StageOneParams
 from tqc.model.encoder import BiEncoder, EmbeddingAugmentation, TextEncoder, resolve_pretrained
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
 from tqc.stages import stage_one
-from tqc.training import parameter_groups
+from tqc.training import bi_encoder_parameter_groups, parameter_groups
 from tests.conftest import CLASSES, synthetic_questions
 
 TEXTS = ["where is paris", "who invented chess", "how many people like tea"]
@@ -300,6 +300,67 @@ def test_weight_decay_reaches_matrices_but_not_biases_or_layer_norms(tiny_model_
 
 MIXED_LENGTHS = ["why", "what is the capital of a very large country far away from here", "who", "how far",
                  "which river runs through the oldest town in the northern part of the land", "when", "where is it"]
+
+
+def _rates(groups: list[dict], model: BiEncoder) -> list[tuple[float, float | None, list[str]]]:
+    """Each group's learning rate, weight decay (None: AdamW's) and parameter names, in the optimizer's order."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    return [(group["lr"], group.get("weight_decay"), [names[id(p)] for p in group["params"]]) for group in groups]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_heads_train_at_head_learning_rate_and_the_encoders_at_learning_rate(tiny_model_dir, tied):
+    model = tiny_bi_encoder(tiny_model_dir, pooling="attention", similarity="mlp", tied=tied)
+    params = StageOneParams(learning_rate=1e-4, head_learning_rate=1e-2)
+    rates = _rates(bi_encoder_parameter_groups(model, params, "stage_one"), model)
+    grouped = [name for _, _, names in rates for name in names]
+    assert sorted(grouped) == sorted(name for name, _ in model.named_parameters())  # each parameter once
+    heads = {name for name, _ in model.named_parameters() if ".backbone." not in name}  # every layer on top of them
+    assert heads == {f"{encoder}.pooling.attention.{kind}" for encoder in (["question"] if tied else ["question", "standard"])
+                     for kind in ("weight", "bias")} | {f"scorer.layers.{i}.{kind}" for i in (0, 2) for kind in ("weight", "bias")}
+    assert [(lr, decay) for lr, decay, _ in rates] == [(1e-4, None), (1e-4, 0.0), (1e-2, None), (1e-2, 0.0)]
+    assert set(rates[2][2] + rates[3][2]) == heads and all(name.endswith("weight") for name in rates[2][2])
+    assert all(name.endswith("bias") for name in rates[3][2])  # the heads' biases undecayed, as the encoders' are
+
+
+@pytest.mark.parametrize("pooling, similarity", [("attention", "mlp"), ("mean", "cosine")])
+def test_a_null_head_learning_rate_gives_the_optimizer_the_groups_it_had_before_the_key(tiny_model_dir, pooling, similarity):
+    """The same groups in the same order, each with the same tensors in the same order: a default run trains as before."""
+    model = tiny_bi_encoder(tiny_model_dir, pooling=pooling, similarity=similarity)
+    params = StageOneParams(learning_rate=3e-4)
+    before = parameter_groups(model, 3e-4)  # what stage one and stage two passed to the optimizer before
+    assert _rates(bi_encoder_parameter_groups(model, params, "stage_one"), model) == _rates(before, model)
+    assert len(before) == 2
+
+
+def test_a_head_learning_rate_with_no_head_layers_changes_nothing_and_says_so(tiny_model_dir, caplog):
+    model = tiny_bi_encoder(tiny_model_dir)  # mean pooling, cosine: nothing on top of the backbones
+    groups = bi_encoder_parameter_groups(model, StageOneParams(head_learning_rate=1e-3), "stage_one")
+    assert _rates(groups, model) == _rates(parameter_groups(model, StageOneParams().learning_rate), model)
+    assert "stage_one.head_learning_rate is 0.001" in caplog.text and "has no head layers" in caplog.text
+
+
+@pytest.mark.parametrize("stage", ["stage_one", "stage_two"])
+def test_each_stage_hands_its_head_learning_rate_to_the_optimizer(tiny_model_dir, monkeypatch, stage):
+    from tqc import training
+    from tqc.config import StageTwoParams
+    from tqc.stages import stage_two
+
+    handed = []
+    adamw = training.adamw
+    monkeypatch.setattr(training, "adamw", lambda groups, *args, **kwargs: handed.append(groups) or adamw(groups, *args, **kwargs))
+    catalog = Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()])
+    rows = [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 8)]
+    model = tiny_bi_encoder(tiny_model_dir, similarity="mlp")
+    schedule = dict(epochs=1, batch_size=4, max_steps=1, learning_rate=1e-4, head_learning_rate=5e-3)
+    if stage == "stage_one":
+        stage_one.train(model, rows, rows[:4], catalog, StageOneParams(**schedule), seed=0)
+    else:
+        negatives = torch.as_tensor([[(c + 1) % len(catalog)] for c in training.gold_indices(rows, catalog)])
+        stage_two.train(model, rows, negatives, rows[:4], catalog, StageTwoParams(**schedule), seed=0)
+    heads = {id(p) for p in model.scorer.parameters()}
+    assert [(group["lr"], all(id(p) in heads for p in group["params"])) for group in handed[0]] == [
+        (1e-4, False), (1e-4, False), (5e-3, True), (5e-3, True)]
 
 
 def test_passes_by_length_give_each_question_the_vector_of_one_padded_pass(tiny_model_dir):

@@ -425,6 +425,13 @@ class BiEncoder(nn.Module):
     def tied(self) -> bool:
         return self.standard is self.question
 
+    def head_parameters(self) -> list[nn.Parameter]:
+        """The parameters outside the pretrained backbones, each once: attention pooling's (one pooling when tied) and
+        the MLP scorer's, or any layer added on top. They start at zero (mean pooling, cosine); mean or cls pooling with
+        cosine or inner has none."""
+        backbones = {id(p) for encoder in (self.question, self.standard) for p in encoder.backbone.parameters()}
+        return [p for p in self.parameters() if id(p) not in backbones]
+
     @classmethod
     def from_params(cls, params: ModelParams) -> "BiEncoder":
         question = TextEncoder.from_pretrained(params.pretrained, params.pooling, params.max_length)

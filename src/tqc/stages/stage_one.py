@@ -28,8 +28,8 @@ from tqc.model.encoder import BiEncoder
 from tqc.model.prototype_mixup import balanced_set, synthetic_share
 from tqc.model.similarity import scores_directions_only
 from tqc.schema import Catalog, LabeledQuestion, load_questions
-from tqc.training import (FitResult, bi_encoder_validator, fit, gold_indices, parameter_groups, standard_text_groups,
-                           stage_loss, steps_per_epoch, twin_columns, write_outputs)
+from tqc.training import (FitResult, bi_encoder_parameter_groups, bi_encoder_validator, fit, gold_indices,
+                           standard_text_groups, stage_loss, steps_per_epoch, twin_columns, write_outputs)
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def train(
 
     return fit(
         model,
-        parameter_groups(model, params.learning_rate),
+        bi_encoder_parameter_groups(model, params, "stage_one"),
         batch_loss,
         len(train_rows),
         bi_encoder_validator(model, validation, catalog),

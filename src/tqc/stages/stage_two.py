@@ -17,8 +17,8 @@ from tqc.losses import class_log_prior, prior_offsets
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.stages.mine import load_negatives
-from tqc.training import (FitResult, bi_encoder_validator, fit, gold_indices, parameter_groups, standard_text_groups,
-                           stage_loss, twin_columns, write_outputs)
+from tqc.training import (FitResult, bi_encoder_parameter_groups, bi_encoder_validator, fit, gold_indices,
+                           standard_text_groups, stage_loss, twin_columns, write_outputs)
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def train(
 
     return fit(
         model,
-        parameter_groups(model, params.learning_rate),
+        bi_encoder_parameter_groups(model, params, "stage_two"),
         batch_loss,
         len(train_rows),
         bi_encoder_validator(model, validation, catalog),
