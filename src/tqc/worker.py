@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 VARIABLE = "TQC_PROJECT_DIR"
 
@@ -17,7 +20,16 @@ def project_checkout() -> dict[str, str]:
     """Prefect's `set_working_directory` on `TQC_PROJECT_DIR` (a relative path is the worker's own folder's, as there),
     first checking it. With it unset, Prefect's placeholder `{{ $TQC_PROJECT_DIR }}` became an empty directory, the
     step 'completed successfully' in the run's temporary folder, and the run crashed on "No such file or directory:
-    '/tmp/tmp…prefect/flows/retrain.py'", naming no variable. The error here is one line naming it."""
+    '/tmp/tmp…prefect/flows/retrain.py'", naming no variable. The error here is one line naming it, and the run's
+    state says it too (`_crash_this_run`)."""
+    try:
+        return _checked_checkout()
+    except ProjectDirError as error:
+        _crash_this_run(str(error))
+        raise
+
+
+def _checked_checkout() -> dict[str, str]:
     from prefect.deployments.steps import set_working_directory
 
     value = os.environ.get(VARIABLE, "").strip()
@@ -32,3 +44,24 @@ def project_checkout() -> dict[str, str]:
     if not (Path(directory["directory"]) / "flows").is_dir():
         raise ProjectDirError(f"{VARIABLE}={value}: no flows/ folder there, so no tqc checkout: {what}")
     return directory
+
+
+def _crash_this_run(message: str) -> None:
+    """The flow run this step runs for (PREFECT__FLOW_RUN_ID, which the worker sets) Crashed with `message`. Prefect
+    3.8 runs pull steps in a supervisor process that prints their error to its stderr, the worker's console, and the
+    run's state, all the UI and an automation see, became the runner's "Process exited with status code: 1", naming
+    nothing. The runner still proposes that Crashed state when the process exits; the server refuses it to a run in a
+    final state already, so this message stays. Outside a run (`run_steps` by hand) there is no run to mark; a server
+    that cannot be reached leaves the runner's state, and the step's own error is raised all the same."""
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run.id, Crashed(message=message))
+    except Exception as error:  # the ProjectDirError is the failure to report, not this
+        log.warning("could not mark flow run %s crashed: %s", flow_run.id, error)

@@ -82,3 +82,29 @@ def test_a_worker_without_tqc_project_dir_is_told_in_one_line_to_set_it(prefect_
     (checkout / "flows").mkdir(parents=True)
     monkeypatch.setenv("TQC_PROJECT_DIR", str(checkout))
     assert asyncio.run(run_steps(pull))["directory"] == os.getcwd() == str(checkout)
+
+
+def test_a_run_whose_worker_lacks_tqc_project_dir_says_why_in_its_state(prefect_harness, tmp_path):
+    """The pull step's one line reached only the worker's console (Prefect 3.8 runs pull steps in a supervisor process
+    that prints their traceback to its stderr): the run's state, which the UI and an automation show, said "Process
+    exited with status code: 1. Process exited with a general error.", naming no variable."""
+    import subprocess
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.flows.conftest import PREFECT, deploy_retrain_for_a_worker
+
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    env = deploy_retrain_for_a_worker(checkout, tmp_path, PREFECT_API_URL.value())
+    del env["TQC_PROJECT_DIR"]  # the worker's: unset
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run_from_deployment(client.read_deployment_by_name("retrain/retrain-nightly").id)
+        worker = subprocess.run(PREFECT + ["worker", "start", "--pool", "gpu", "--run-once"], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=300)
+        state = client.read_flow_run(run.id).state
+    assert state.is_crashed(), f"{state}\n{worker.stdout[-3000:]}\n{worker.stderr[-3000:]}"
+    assert state.message == (  # the runner's own Crashed state, proposed when the process exited, refused
+        "TQC_PROJECT_DIR is not set: set TQC_PROJECT_DIR on this worker to the tqc checkout the flows run in (the "
+        "folder with params.yaml and flows/), e.g. `TQC_PROJECT_DIR=$PWD prefect worker start --pool gpu` from it")
