@@ -147,6 +147,23 @@ def test_negatives_of_another_catalog_ragged_or_hand_broken_are_named_by_file_an
             load_negatives(path, catalog, ["a", "b"])
 
 
+def test_a_negative_sharing_the_gold_standard_question_is_named_by_file_and_line(tmp_path):
+    """Stage two's `mined` columns have no twin mask: such a negative would push a question from its own text."""
+    from tqc.schema import Catalog, StaleNegatives, StandardQuestion
+    from tqc.stages.mine import load_negatives
+
+    catalog = Catalog([StandardQuestion("a", "Where is it?"), StandardQuestion("b", "where  is it ?"),
+                       StandardQuestion("c", "Who is it?")])
+    path = tmp_path / "negatives.jsonl"
+    _write_negatives(path, [{"row": 0, "class_id": "c", "negatives": ["a"]}])
+    assert load_negatives(path, catalog, ["c"]).tolist() == [[0]]
+    _write_negatives(path, [{"row": 0, "class_id": "c", "negatives": ["a"]},
+                            {"row": 1, "class_id": "a", "negatives": ["b"]}])
+    with pytest.raises(StaleNegatives, match=r"negatives.jsonl, line 2: row 1 lists \['b'\] as negatives, which share "
+                                             r"class 'a'"):
+        load_negatives(path, catalog, ["c", "a"])
+
+
 def test_a_question_of_a_class_the_catalog_lacks_is_named_by_its_source(tmp_path):
     from tqc.errors import input_errors
     from tqc.schema import UnknownClass

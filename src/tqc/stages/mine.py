@@ -14,6 +14,7 @@ from tqc.io import DataFileError, write_json, write_jsonl
 from tqc.mining import mine
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, StaleNegatives, load_questions
+from tqc.text import normalise
 from tqc.training import gold_indices, standard_text_groups
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,10 @@ def load_negatives(path: Path, catalog: Catalog, train_class_ids: list[str]) -> 
         raise StaleNegatives(f"{path}: {len(rows)} rows of mined negatives for {len(train_class_ids)} training rows; "
                              "re-run mining")
     k = len(rows[0].get("negatives") or []) if rows else 0  # every row mined the same K
+    standard_text = dict(zip(catalog.class_ids, map(normalise, catalog.texts)))  # as standard_text_groups compares
     for i, (mined, class_id) in enumerate(zip(rows, train_class_ids)):
         _check_mined_row(path, i, mined, class_id, catalog, k)
+        _check_no_twin(path, i, mined["negatives"], class_id, standard_text)
     return np.array([[catalog.index(c) for c in r["negatives"]] for r in rows], dtype=np.int64)
 
 
@@ -84,3 +87,13 @@ def _check_mined_row(path: Path, i: int, mined: dict, class_id: str, catalog: Ca
                              "against another catalog; re-run mining")
     if len(mined["negatives"]) != k:
         raise StaleNegatives(f"{where}: {len(mined['negatives'])} negatives where line 1 has {k}; re-run mining")
+
+
+def _check_no_twin(path: Path, i: int, negatives: list[str], class_id: str, standard_text: dict[str, str]) -> None:
+    """Mining never returns a class sharing the gold's standard question (`standard_text_groups`): stage two's
+    `mined` columns have no twin mask of their own, so a hand-edited or other catalog's file would push a question
+    away from its own standard question's text."""
+    twins = [c for c in negatives if standard_text[c] == standard_text[class_id]]
+    if twins:
+        raise StaleNegatives(f"{path}, line {i + 1}: row {i} lists {twins} as negatives, which share class "
+                             f"{class_id!r}'s standard question; re-run mining")
