@@ -714,6 +714,12 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
             log.warning("tune: trial %d drew params the config refuses, and fails: %s", trial.number, error)
             trial.set_user_attr("refused", str(error))
             raise TrialRefused(str(error)) from None
+        # what it trains with: every searched param, `when` applied (one not drawn trains its base value)
+        trained_values = {**{name: base.get(name) for name in space}, **overrides}
+        trial.set_user_attr("trained_values", trained_values)
+        former = None if baseline else _trained_before(trial.study, trained_values)
+        if former is not None:
+            return _repeat(trial, former)
         trial_dir = trial_dir_of(study_dir, trial.number)
         pruned = None
         with nested_run(f"trial {trial.number}", tags={"optuna.trial": str(trial.number)}) as tracker:
@@ -758,6 +764,38 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
         return value  # the bests it outdid are dropped once it is recorded complete (dropping_former_bests)
 
     return objective
+
+
+def _trained_before(study, trained_values: dict):
+    """The first complete trial that trained with `trained_values` (equal, and of the same kind, value for value: a
+    float drawn from a range matches only itself), else None. Every trial trains at params.seed, so it trained the
+    model this trial would. Running and failed trials do not count, nor trials recorded without their values."""
+    import optuna
+
+    for trial in study.get_trials(deepcopy=False, states=[optuna.trial.TrialState.COMPLETE]):
+        recorded = trial.user_attrs.get("trained_values")
+        if recorded is not None and recorded.keys() == trained_values.keys() and all(
+                _same_value(recorded[name], value) for name, value in trained_values.items()):
+            return trial
+    return None
+
+
+def _repeat(trial, former) -> float:
+    """`trial` drew what `former` trained: its value and epochs (to the pruner, as if trained again), no model of its
+    own. The sampler redraws points of a small discrete space (K, a loss, a similarity), each a full training."""
+    for step, value in former.intermediate_values.items():
+        trial.report(value, step)
+    trial.set_user_attr("repeats", former.number)
+    log.info("tune: trial %d draws the values complete trial %d trained with: it takes its validation macro-F1 %.4f, "
+             "and trains nothing", trial.number, former.number, former.value)
+    return former.value
+
+
+def _first_of_its_values(study, trial):
+    """The trial that `trial` repeats (the same values, value and models), else `trial`: a database breaks no tie by
+    trial order, so the study's best may be a repeat, which has no models to score on test."""
+    number = trial.user_attrs.get("repeats")
+    return trial if number is None else next(t for t in study.get_trials(deepcopy=False) if t.number == number)
 
 
 def _worth_keeping(trial, value: float) -> bool:
@@ -853,7 +891,7 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
     complete = study.get_trials(deepcopy=False, states=[optuna.trial.TrialState.COMPLETE])
     if not complete:
         raise ConfigError(_no_completed_trial(study))
-    best = study.best_trial
+    best = _first_of_its_values(study, study.best_trial)
     baseline = current_baseline(complete, params)
     best_params = unflatten(_values(best))
     states = {state.name: len(study.get_trials(deepcopy=False, states=[state])) for state in optuna.trial.TrialState}

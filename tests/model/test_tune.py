@@ -967,10 +967,10 @@ def test_a_best_whose_models_another_worker_drops_while_it_is_read_is_reported_w
     assert summary["test"] is None and "dropped while it was read" in summary["test_missing"]
 
 
-def _study_of_stub_trials(tmp_path: Path, monkeypatch, values: list[float]):
+def _study_of_stub_trials(tmp_path: Path, monkeypatch, values: list, space: dict | None = None):
     """An in-memory study with its baseline queued, and tune's own objective over a stand-in training chain: each
-    trial writes its two model folders and scores the next of `values` (the baseline's first). → (study, objective,
-    params), the study's folder tmp_path/study."""
+    trial writes its two model folders and scores the next of `values` (the baseline's first; an exception is raised
+    instead). → (study, objective, params), the study's folder tmp_path/study."""
     from tqc import tune as tuning
     from tqc.pipeline import PreparedData
 
@@ -979,13 +979,18 @@ def _study_of_stub_trials(tmp_path: Path, monkeypatch, values: list[float]):
     def chain(params, data_dir, train, trial_dir, *args, **kwargs):
         for name in ("stage_one", "stage_two"):
             (trial_dir / name).mkdir(parents=True)
-        return SimpleNamespace(fits={"stage_two": SimpleNamespace(best_validation_macro_f1=next(scores))})
+        score = next(scores)
+        if isinstance(score, Exception):
+            raise score
+        return SimpleNamespace(fits={"stage_two": SimpleNamespace(best_validation_macro_f1=score)})
 
     monkeypatch.setattr(tuning, "train_chain", chain)
-    params = Params.model_validate({"tracking": {"enabled": False},
-                                    "tune": {"space": {"mine.k": {"low": 1, "high": 3}}}})
+    # by default a float range, whose draws never repeat one another (a repeat would train nothing)
+    space = space or {"stage_one.temperature": {"low": 0.05, "high": 0.5}}
+    params = Params.model_validate({"tracking": {"enabled": False}, "tune": {"space": space}})
     study = optuna.create_study(direction="maximize")
-    study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": {"mine.k": 5}})
+    base_values = default_values(params.tune.space, tuning.flat_base(params))
+    study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": base_values})
     objective = tuning._objective(params, params.tune.space, tuning.flat_base(params),
                                   PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path / "study", 0)
     return study, objective, params
@@ -1226,3 +1231,63 @@ def test_a_when_may_list_the_values_its_condition_takes():
     assert default_values(space, base) == {"stage_two.loss": "hinge"}
     assert default_values(space, {**base, "stage_two.loss": "sdml"}) == {"stage_two.loss": "sdml",
                                                                           "stage_two.temperature": 0.1}
+
+
+def test_a_trial_that_draws_what_a_complete_trial_trained_takes_its_value_and_trains_nothing(tmp_path, monkeypatch,
+                                                                                              caplog):
+    """Every trial trains at params.seed: one whose values equal a complete trial's (the sampler redraws a point of a
+    small discrete space) trained the same model again, at full cost. Only complete trials count: a failed one's
+    values train again, and the baseline, the mark to beat, always trains."""
+    from tqc.metrics import DivergedScores
+    from tqc.tune import TRIAL_FAILURES, dropping_former_bests
+
+    # trained: the baseline (K = 5), K = 2, K = 3 (fails), K = 3 again; the second K = 2 and the K = 5 are repeats
+    study, objective, params = _study_of_stub_trials(tmp_path, monkeypatch, [0.6, 0.7, DivergedScores("nan"), 0.65],
+                                                     space={"mine.k": {"low": 1, "high": 6}})
+    for k in (2, 2, 5, 3, 3):
+        study.enqueue_trial({"mine.k": k})
+    with caplog.at_level(logging.INFO, logger="tqc.tune"):
+        study.optimize(objective, n_trials=6, catch=TRIAL_FAILURES, callbacks=[dropping_former_bests(tmp_path / "study",
+                                                                                                     params)])
+    assert [t.value for t in study.trials] == [0.6, 0.7, 0.7, 0.6, None, 0.65]
+    assert [t.user_attrs.get("repeats") for t in study.trials] == [None, None, 1, 0, None, None]
+    assert sorted(path.name for path in (tmp_path / "study").glob("trial-*")) == [
+        "trial-0000", "trial-0001", "trial-0004", "trial-0005"]  # a repeat trains nothing: no folder of its own
+    assert "trial 2 draws the values complete trial 1 trained with" in caplog.text
+    # the bests' models are kept (the baseline's, and trial 1's, which trial 2 repeats)
+    assert sorted(path.parent.name for path in (tmp_path / "study").glob("trial-*/stage_two")) == [
+        "trial-0000", "trial-0001"]
+
+
+def test_a_hinge_trial_repeats_another_whatever_temperature_hinge_never_reads(tmp_path, monkeypatch):
+    """Compared as trained, `when` applied: the temperature is drawn only with the losses that read it, so two hinge
+    trials with one margin are one configuration; two nt_xent trials at two temperatures are two."""
+    space = {"stage_two.loss": {"choices": ["nt_xent", "hinge"]},
+             "stage_two.temperature": {"low": 0.05, "high": 0.3, "when": {"stage_two.loss": ["nt_xent"]}},
+             "stage_two.margin": {"low": 0.1, "high": 0.5, "when": {"stage_two.loss": "hinge"}}}
+    study, objective, _ = _study_of_stub_trials(tmp_path, monkeypatch, [0.6, 0.7, 0.8], space=space)
+    for values in ({"stage_two.loss": "hinge", "stage_two.margin": 0.2}, {"stage_two.loss": "hinge", "stage_two.margin": 0.2},
+                   {"stage_two.loss": "nt_xent", "stage_two.temperature": 0.1},
+                   {"stage_two.loss": "nt_xent", "stage_two.temperature": 0.1 + 1e-12}):
+        study.enqueue_trial(values)
+    study.optimize(objective, n_trials=5)
+    assert [t.value for t in study.trials] == [0.6, 0.7, 0.7, 0.6, 0.8]
+    # the baseline trained nt_xent at the base temperature 0.1: trial 3 draws it, and repeats it
+    assert [t.user_attrs.get("repeats") for t in study.trials] == [None, None, 1, 0, None]
+
+
+def test_a_best_that_repeats_a_trial_is_reported_as_the_trial_it_repeats(tmp_path, monkeypatch):
+    """A database breaks no tie by trial order, so the study's best may be a repeat, which trained no model: the report
+    names the trial that did, whose models are kept and scored on test."""
+    from tqc import tune as tuning
+
+    study = optuna.create_study(direction="maximize")
+    k = {"mine.k": optuna.distributions.IntDistribution(1, 5)}
+    for attrs in ({}, {"repeats": 0}):
+        study.add_trial(optuna.trial.create_trial(value=0.9, params={"mine.k": 3}, distributions=k, user_attrs=attrs))
+    monkeypatch.setattr(optuna.Study, "best_trial", property(lambda self: self.trials[1]))  # as a database may answer
+    monkeypatch.setattr(tuning, "_trial_summary", lambda trial, *_: {"number": trial.number, "validation_macro_f1": trial.value})
+    monkeypatch.setattr(tuning, "_plots", lambda *_: None)
+    result = tuning.write_reports(study, Params(), None, tmp_path / "study", tmp_path / "reports")
+    assert result.summary["best"]["number"] == 0 and result.best_params == {"mine": {"k": 3}}
+    assert "trial 0: validation macro-F1 0.9000" in (tmp_path / "reports" / "best_params.yaml").read_text()
