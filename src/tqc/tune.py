@@ -173,21 +173,34 @@ def check_space(params: Params) -> None:
 
 
 def _check_condition(params: Params, name: str, path: str, wanted, base: dict) -> None:
-    """`name`'s `when` on `path`: each value it gives is one the params accept and some trial has (drawn by
-    tune.space.`path`, or `path`'s base value where it is not searched). A scalar no trial has leaves `name` untuned;
-    a listed one would be a condition that never acts, beside others that do."""
-    where, space = f"tune.space.{name}.when", params.tune.space
-    if not _listed(wanted):
+    """`name`'s `when` on `path`: each value it gives is one the params accept, and some trial has one of them
+    (drawn by tune.space.`path`, or `path`'s base value where it is not searched), else `name` is never tuned. A
+    list may also name values no trial has (the losses that read a knob, beside a space that draws fewer of them):
+    they never act, and narrowing `path`'s choices needs no edit of the list."""
+    where = f"tune.space.{name}.when"
+    listed = _listed(wanted)
+    if not listed:
         raise ConfigError(f"{where}: {path} lists no value, so no trial would tune {name}")
-    unmet = f"so no trial would tune {name}" if not isinstance(wanted, list) else "list only values a trial can have"
-    for value in _listed(wanted):
-        if path in space:
-            _can_draw(space, path, value, base, where, unmet)
-            continue
+    for value in listed:
         _accepted(params, {path: value}, path, value, where)
-        if base.get(path) != value:  # nothing draws it: the base value decides, for every trial
-            raise ConfigError(f"{where}: {path} is {base.get(path)!r} in every trial (it is not searched), never "
-                              f"{value!r}, {unmet}")
+    refusals = []
+    for value in listed:
+        try:
+            _some_trial_has(params.tune.space, path, value, base, where, f"so no trial would tune {name}")
+            return
+        except ConfigError as refusal:
+            refusals.append(str(refusal))
+    raise ConfigError(refusals[0] if len(refusals) == 1 else
+                      f"{where}: no trial has {path} in {listed!r}, so no trial would tune {name} ({'; '.join(refusals)})")
+
+
+def _some_trial_has(space: dict[str, SearchDimension], path: str, value, base: dict, where: str, unmet: str) -> None:
+    """Some trial has `path` = `value`: a searched dimension draws it, or it is `path`'s base value (ConfigError)."""
+    if path in space:
+        _can_draw(space, path, value, base, where, unmet)
+    elif base.get(path) != value:  # nothing draws it: the base value decides, for every trial
+        raise ConfigError(f"{where}: {path} is {base.get(path)!r} in every trial (it is not searched), never "
+                          f"{value!r}, {unmet}")
 
 
 # A loss's own knob: it changes nothing under the other losses (`losses.make_loss`)
@@ -197,11 +210,10 @@ UNREAD_BY_LOSS = {"temperature": "hinge"}
 
 
 def _losses_drawn_with(dimension: SearchDimension, space: dict[str, SearchDimension], base: dict, loss: str) -> set:
-    """The values of `loss` in the trials that draw `dimension`: those its `when` gives (check_space has made sure a
-    trial can have each), else every one tune.space draws, else the base one."""
-    if loss in dimension.when:
-        return set(_listed(dimension.when[loss]))
-    return set(space[loss].choices or []) if loss in space else {base.get(loss)}
+    """The values of `loss` in the trials that draw `dimension`: those tune.space draws (else the base one), less
+    any its `when` leaves out."""
+    possible = set(space[loss].choices or []) if loss in space else {base.get(loss)}
+    return possible & set(_listed(dimension.when[loss])) if loss in dimension.when else possible
 
 
 def _unread_in_some_trials(name: str, dimension: SearchDimension, space: dict[str, SearchDimension], base: dict,
