@@ -165,7 +165,8 @@ def check_space(params: Params) -> None:
         for path, wanted in dimension.when.items():
             _check_condition(params, name, path, wanted, base)
         values = _values_to_check(name, dimension, base)
-        for needed in _each_condition(dimension.when):  # with the values its `when` needs, as a trial has them
+        # with the values its `when` needs, as a trial has them: a listed value no trial has never acts
+        for needed in _each_condition(_had_by_trials(dimension.when, space, base)):
             for value in values:
                 _accepted(params, {**needed, name: value}, name, value, f"tune.space.{name}")
         _acts_in_some_trial(name, dimension, space, base)
@@ -198,9 +199,21 @@ def _some_trial_has(space: dict[str, SearchDimension], path: str, value, base: d
     """Some trial has `path` = `value`: a searched dimension draws it, or it is `path`'s base value (ConfigError)."""
     if path in space:
         _can_draw(space, path, value, base, where, unmet)
-    elif base.get(path) != value:  # nothing draws it: the base value decides, for every trial
+    elif not _some_trial_can_have(space, path, value, base):  # nothing draws it: the base value decides, for every trial
         raise ConfigError(f"{where}: {path} is {base.get(path)!r} in every trial (it is not searched), never "
                           f"{value!r}, {unmet}")
+
+
+def _some_trial_can_have(space: dict[str, SearchDimension], path: str, value, base: dict) -> bool:
+    """Whether some trial has `path` = `value`: tune.space.`path` draws it, or `path` is not searched and its base
+    value is `value`."""
+    return _drawn(space[path], path, value, base) if path in space else base.get(path) == value
+
+
+def _had_by_trials(when: dict, space: dict[str, SearchDimension], base: dict) -> dict:
+    """`when` with each list cut to the values some trial has (`_check_condition` has made sure one is left)."""
+    return {path: [value for value in _listed(wanted) if _some_trial_can_have(space, path, value, base)]
+            for path, wanted in when.items()}
 
 
 # A loss's own knob: it changes nothing under the other losses (`losses.make_loss`)
@@ -267,16 +280,22 @@ def _values_to_check(name: str, dimension: SearchDimension, base: dict) -> list:
 
 
 def _can_draw(space: dict[str, SearchDimension], path: str, wanted, base: dict, where: str, unmet: str) -> None:
-    """A `when` on a searched dimension names one of the values it can draw (`unmet` says what else follows):
-    a choice, or an integer in an integer range (a float range's draws never equal one value)."""
+    """A `when` on a searched dimension names one of the values it can draw (`_drawn`), else a ConfigError whose
+    `unmet` says what follows."""
     dimension = space[path]
-    if dimension.choices is not None and wanted in dimension.choices:
-        return
-    integers = dimension.choices is None and isinstance(wanted, int) and not isinstance(wanted, bool)
-    if integers and _samples_integers(path, base.get(path)) and dimension.low <= wanted <= dimension.high:
+    if _drawn(dimension, path, wanted, base):
         return
     drawn = dimension.choices if dimension.choices is not None else f"[{dimension.low}, {dimension.high}]"
     raise ConfigError(f"{where}: {path} = {wanted!r} is never drawn (tune.space.{path} draws from {drawn}), {unmet}")
+
+
+def _drawn(dimension: SearchDimension, path: str, value, base: dict) -> bool:
+    """Whether `dimension` (tune.space.`path`) can draw `value`: a choice, or an integer in an integer range (a float
+    range's draws never equal one value)."""
+    if dimension.choices is not None:
+        return value in dimension.choices
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    return integer and _samples_integers(path, base.get(path)) and dimension.low <= value <= dimension.high
 
 
 # Past this many combinations of edge values, check_space checks every pair of dimensions instead

@@ -1312,3 +1312,19 @@ def test_narrowing_the_shipped_loss_choices_as_the_docs_show_passes_the_space_ch
     narrowed = load_params(shipped, parse_overrides(["tune.space.stage_two.loss={choices: [nt_xent, sdml, hinge]}"]))
     check_space(narrowed)
     assert narrowed.tune.space["stage_two.temperature"].when == {"stage_two.loss": ["nt_xent", "bpr", "sdml"]}
+
+
+def test_a_listed_when_value_no_trial_has_is_not_checked_with_the_dimensions_edges():
+    """Such a value never acts (4be81d1): a logit adjustment listed with hinge, where no trial draws hinge, was refused
+    as hinge with logit_adjustment 1.0, a pair no trial can draw. One a trial can have is still checked."""
+    from tqc.tune import check_space
+
+    def space(losses: list[str]) -> Params:
+        return Params.model_validate({"tune": {"space": {
+            "stage_two.loss": {"choices": losses},
+            "stage_two.logit_adjustment": {"low": 0.0, "high": 1.0,
+                                           "when": {"stage_two.loss": ["nt_xent", "sdml", "hinge"]}}}}})
+
+    check_space(space(["nt_xent", "sdml"]))
+    with pytest.raises(ConfigError, match=r"stage_two.logit_adjustment = 1.0 is not a value the params accept"):
+        check_space(space(["nt_xent", "hinge"]))
