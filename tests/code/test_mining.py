@@ -164,6 +164,21 @@ def test_a_negative_sharing_the_gold_standard_question_is_named_by_file_and_line
         load_negatives(path, catalog, ["c", "a"])
 
 
+def test_negatives_of_a_training_row_whose_class_the_catalog_lacks_leave_it_to_gold_indices_to_name(tmp_path):
+    """The twin check read that class's standard question, and stage two stopped on a bare KeyError traceback in
+    place of gold_indices' UnknownClass line naming the training row's source."""
+    from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, UnknownClass
+    from tqc.stages.mine import load_negatives
+    from tqc.training import gold_indices
+
+    catalog = Catalog([StandardQuestion("a", "Where is it?"), StandardQuestion("c", "Who is it?")])
+    path = tmp_path / "negatives.jsonl"
+    _write_negatives(path, [{"row": 0, "class_id": "LOC", "negatives": ["a"]}])
+    assert load_negatives(path, catalog, ["LOC"]).tolist() == [[0]]
+    with pytest.raises(UnknownClass, match=r"\(train.csv:2: 'where\?'\) is class 'LOC', which the catalog"):
+        gold_indices([LabeledQuestion("where?", "LOC", "train.csv:2")], catalog)  # what stage two says next
+
+
 def test_a_question_of_a_class_the_catalog_lacks_is_named_by_its_source(tmp_path):
     from tqc.errors import input_errors
     from tqc.schema import UnknownClass

@@ -92,8 +92,9 @@ def _check_mined_row(path: Path, i: int, mined: dict, class_id: str, catalog: Ca
 def _check_no_twin(path: Path, i: int, negatives: list[str], class_id: str, standard_text: dict[str, str]) -> None:
     """Mining never returns a class sharing the gold's standard question (`standard_text_groups`): stage two's
     `mined` columns have no twin mask of their own, so a hand-edited or other catalog's file would push a question
-    away from its own standard question's text."""
-    twins = [c for c in negatives if standard_text[c] == standard_text[class_id]]
+    away from its own standard question's text. A gold class the catalog lacks is `gold_indices`' to name, with its
+    training row's source."""
+    twins = [c for c in negatives if standard_text[c] == standard_text.get(class_id)]
     if twins:
         raise StaleNegatives(f"{path}, line {i + 1}: row {i} lists {twins} as negatives, which share class "
                              f"{class_id!r}'s standard question; re-run mining")
