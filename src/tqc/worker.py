@@ -10,6 +10,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 VARIABLE = "TQC_PROJECT_DIR"
+# How long marking the run Crashed may hold up the step's own error: one try, no Prefect client retries (6 tries of
+# 60 s each by default, some 6 minutes against a server that accepts connections but does not answer)
+MARK_SECONDS = 10.0
 
 
 class ProjectDirError(RuntimeError):
@@ -52,16 +55,19 @@ def _crash_this_run(message: str) -> None:
     run's state, all the UI and an automation see, became the runner's "Process exited with status code: 1", naming
     nothing. The runner still proposes that Crashed state when the process exits; the server refuses it to a run in a
     final state already, so this message stays. Outside a run (`run_steps` by hand) there is no run to mark; a server
-    that cannot be reached leaves the runner's state, and the step's own error is raised all the same."""
+    that cannot be reached, or does not answer within MARK_SECONDS, leaves the runner's state, and the step's own error
+    is raised all the same."""
     from prefect.runtime import flow_run
 
     if not flow_run.id:
         return
     from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
     from prefect.states import Crashed
 
     try:
-        with get_client(sync_client=True) as client:
+        with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}), \
+                get_client(sync_client=True, httpx_settings={"timeout": MARK_SECONDS}) as client:
             client.set_flow_run_state(flow_run.id, Crashed(message=message))
     except Exception as error:  # the ProjectDirError is the failure to report, not this
-        log.warning("could not mark flow run %s crashed: %s", flow_run.id, error)
+        log.warning("could not mark flow run %s crashed: %s: %s", flow_run.id, type(error).__name__, error)

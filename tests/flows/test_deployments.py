@@ -108,3 +108,30 @@ def test_a_run_whose_worker_lacks_tqc_project_dir_says_why_in_its_state(prefect_
     assert state.message == (  # the runner's own Crashed state, proposed when the process exited, refused
         "TQC_PROJECT_DIR is not set: set TQC_PROJECT_DIR on this worker to the tqc checkout the flows run in (the "
         "folder with params.yaml and flows/), e.g. `TQC_PROJECT_DIR=$PWD prefect worker start --pool gpu` from it")
+
+
+def test_a_server_that_does_not_answer_holds_up_the_pull_steps_error_only_briefly(tmp_path):
+    """Marking the run Crashed went through Prefect's client retries: 6 tries of 60 s against a server that accepts
+    connections but never answers, so the worker's one line came some 6 minutes late. One try, MARK_SECONDS long."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    silent = socket.socket()  # the kernel completes connections to a listening socket; nothing ever reads them
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    env = {key: value for key, value in os.environ.items() if key != "TQC_PROJECT_DIR"}
+    env.update(PREFECT_API_URL=f"http://127.0.0.1:{silent.getsockname()[1]}/api",
+               PREFECT__FLOW_RUN_ID="8b5e6a3c-0000-4000-8000-000000000001", PYTHONPATH=str(REPO / "src"))
+    step = ("import tqc.worker as worker\nworker.MARK_SECONDS = 2.0\ntry:\n    worker.project_checkout()\n"
+            "except worker.ProjectDirError as error:\n    print('raised:', error)")
+    started = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-c", step], env=env, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60)
+    finally:
+        silent.close()
+    assert done.stdout.startswith("raised: TQC_PROJECT_DIR is not set"), done.stderr[-2000:]
+    assert "could not mark flow run 8b5e6a3c-0000-4000-8000-000000000001 crashed: ReadTimeout" in done.stderr
+    assert time.monotonic() - started < 40
