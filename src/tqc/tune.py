@@ -184,24 +184,23 @@ def _check_condition(params: Params, name: str, path: str, wanted, base: dict) -
         raise ConfigError(f"{where}: {path} lists no value, so no trial would tune {name}")
     for value in listed:
         _accepted(params, {path: value}, path, value, where)
-    refusals = []
-    for value in listed:
-        try:
-            _some_trial_has(params.tune.space, path, value, base, where, f"so no trial would tune {name}")
-            return
-        except ConfigError as refusal:
-            refusals.append(str(refusal))
-    raise ConfigError(refusals[0] if len(refusals) == 1 else
-                      f"{where}: no trial has {path} in {listed!r}, so no trial would tune {name} ({'; '.join(refusals)})")
+    space = params.tune.space
+    if any(_some_trial_can_have(space, path, value, base) for value in listed):
+        return
+    unmet = f"so no trial would tune {name}"
+    reasons = [_why_no_trial_has(space, path, value, base) for value in listed]
+    raise ConfigError(f"{where}: {reasons[0]}, {unmet}" if len(reasons) == 1 else
+                      f"{where}: no trial has {path} in {listed!r}, {unmet} ({'; '.join(reasons)})")
 
 
-def _some_trial_has(space: dict[str, SearchDimension], path: str, value, base: dict, where: str, unmet: str) -> None:
-    """Some trial has `path` = `value`: a searched dimension draws it, or it is `path`'s base value (ConfigError)."""
-    if path in space:
-        _can_draw(space, path, value, base, where, unmet)
-    elif not _some_trial_can_have(space, path, value, base):  # nothing draws it: the base value decides, for every trial
-        raise ConfigError(f"{where}: {path} is {base.get(path)!r} in every trial (it is not searched), never "
-                          f"{value!r}, {unmet}")
+def _why_no_trial_has(space: dict[str, SearchDimension], path: str, value, base: dict) -> str:
+    """Why no trial has `path` = `value`: tune.space.`path` never draws it, or nothing draws `path` and the base
+    value decides, for every trial."""
+    if path not in space:
+        return f"{path} is {base.get(path)!r} in every trial (it is not searched), never {value!r}"
+    dimension = space[path]
+    drawn = dimension.choices if dimension.choices is not None else f"[{dimension.low}, {dimension.high}]"
+    return f"{path} = {value!r} is never drawn (tune.space.{path} draws from {drawn})"
 
 
 def _some_trial_can_have(space: dict[str, SearchDimension], path: str, value, base: dict) -> bool:
@@ -277,16 +276,6 @@ def _values_to_check(name: str, dimension: SearchDimension, base: dict) -> list:
             raise ConfigError(f"tune.space.{name}: {name} takes integers, and none lies in [{dimension.low}, {dimension.high}]")
         return [low, high]
     return [float(dimension.low), float(dimension.high)]
-
-
-def _can_draw(space: dict[str, SearchDimension], path: str, wanted, base: dict, where: str, unmet: str) -> None:
-    """A `when` on a searched dimension names one of the values it can draw (`_drawn`), else a ConfigError whose
-    `unmet` says what follows."""
-    dimension = space[path]
-    if _drawn(dimension, path, wanted, base):
-        return
-    drawn = dimension.choices if dimension.choices is not None else f"[{dimension.low}, {dimension.high}]"
-    raise ConfigError(f"{where}: {path} = {wanted!r} is never drawn (tune.space.{path} draws from {drawn}), {unmet}")
 
 
 def _drawn(dimension: SearchDimension, path: str, value, base: dict) -> bool:
