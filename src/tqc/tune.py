@@ -644,13 +644,48 @@ def open_storage(params: Params, worker: int, attempts: int = 5):
             # Heartbeats: a trial whose worker was killed (no Ctrl-C to mark it) is failed once it has been silent
             # for the grace period, instead of staying RUNNING for ever
             with _heartbeats_are_experimental():
-                return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS)
+                return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
+                                                  **{_stale_trial_callback_keyword(): _record_lost_worker})
         except (SQLAlchemyError, ImportError, RuntimeError) as error:  # RuntimeError: Optuna's, of its schema's version
             if not isinstance(error, retried) or attempt == attempts - 1:
                 said = _first_line(str(error)) or type(error).__name__
                 raise ConfigError(f"tune.storage {redact_text(url)!r}: cannot open the study's database: "
                                   f"{redact_text(said)}") from None
             time.sleep(1.0 + worker)
+
+
+def _stale_trial_callback_keyword() -> str:
+    """RDBStorage's argument for the callback on each trial its heartbeat check fails: `heartbeat_stale_trial_callback`
+    from Optuna 4.9 on, `failed_trial_callback` before (deprecated since, and gone in 6; pyproject allows 4.0)."""
+    import inspect
+
+    import optuna
+
+    accepted = inspect.signature(optuna.storages.RDBStorage).parameters
+    return "heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in accepted else "failed_trial_callback"
+
+
+def _record_lost_worker(study, trial) -> None:
+    """The reason of a trial the heartbeat check failed, kept in the study under `lost_worker_key`: Optuna calls this
+    once the trial is FAIL, and refuses a user attribute on a finished trial, so it cannot keep `failed` as others do."""
+    study.set_user_attr(lost_worker_key(trial.number),
+                        f"worker lost: {trial.user_attrs.get('worker', 'its worker')} sent no heartbeat for over "
+                        f"{GRACE_SECONDS} s mid-trial (killed, or its machine lost)")
+
+
+def lost_worker_key(number: int) -> str:
+    """The study's user attribute for trial `number` failed by the heartbeat check: one key a trial, so two workers
+    failing two trials at once write two keys, where one shared dict would keep the last writer's alone."""
+    return f"trial {number} failed"
+
+
+def failure_reasons(study) -> dict[int, str]:
+    """Why each failed trial failed, where it was said: its `refused` or `failed` attribute, or the study's record of
+    a trial whose worker was lost."""
+    recorded = study.user_attrs
+    reasons = {t.number: t.user_attrs.get("refused") or t.user_attrs.get("failed") or
+               recorded.get(lost_worker_key(t.number)) for t in study.get_trials(deepcopy=False)}
+    return {number: reason for number, reason in reasons.items() if reason}
 
 
 def _first_line(text: str) -> str:
@@ -935,11 +970,22 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
                        encoding="utf-8")
     write_json(out_dir / "summary.json", summary)
     with atomic_path(out_dir / "trials.csv") as tmp:
-        study.trials_dataframe().to_csv(tmp, index=False)
+        _trials_table(study).to_csv(tmp, index=False)
     _plots(study, out_dir)
     log.info("tune: best trial %d validation macro-F1 %.4f (baseline %s); wrote %s", best.number, best.value,
              f"{baseline.value:.4f}" if baseline else "n/a", out_dir)
     return TuneResult(study.study_name, best_params, summary)
+
+
+def _trials_table(study):
+    """Optuna's table of the study's trials, with the reason of a trial whose worker was lost in its `failed` column
+    beside the others' (the study keeps it, not the trial)."""
+    table, recorded = study.trials_dataframe(), study.user_attrs
+    lost = [recorded.get(lost_worker_key(number)) for number in table["number"]]
+    if any(lost):
+        failed = table.get("user_attrs_failed", [None] * len(table))
+        table["user_attrs_failed"] = [reason or said for reason, said in zip(lost, failed)]
+    return table
 
 
 def _no_completed_trial(study) -> str:
@@ -948,8 +994,7 @@ def _no_completed_trial(study) -> str:
     import optuna
 
     ended = {state.name: len(study.get_trials(deepcopy=False, states=[state])) for state in optuna.trial.TrialState}
-    reasons = [(t.number, t.user_attrs.get("refused") or t.user_attrs.get("failed")) for t in study.trials]
-    number, reason = next(((n, r) for n, r in reversed(reasons) if r), (None, None))
+    number, reason = max(failure_reasons(study).items(), default=(None, None))
     return (f"study {study.study_name!r} has no completed trial, so nothing to report "
             f"({', '.join(f'{k}: {v}' for k, v in ended.items() if v)}"
             + (f"; trial {number}: {_first_line(reason)}" if reason else "") + "). Diverged or refused trials: narrow "

@@ -556,6 +556,43 @@ def test_a_baseline_that_failed_or_whose_worker_was_killed_is_queued_again(tmp_p
     assert len(study.get_trials()) == 3 and waiting.state == optuna.trial.TrialState.WAITING and waiting.user_attrs["baseline"]
 
 
+def test_a_trial_whose_worker_was_killed_keeps_a_reason_that_the_reports_name(tmp_path, monkeypatch):
+    """Optuna's heartbeat check fails a killed worker's trial but keeps no reason, and lets no one set a user attribute
+    on it once failed: the study keeps it, and the one-line error and trials.csv name it as they name the others'."""
+    import time
+
+    import pandas
+
+    from tqc import tune as tune_module
+    from tqc.tune import _open_study, enqueue_baseline, write_reports
+
+    params = Params().with_overrides({"tune": {"study": "lost", "storage": f"sqlite:///{tmp_path / 'optuna.db'}"}})
+    monkeypatch.setattr(tune_module, "GRACE_SECONDS", 1)
+    study = _open_study(params, worker=0)
+    values = {"stage_one.temperature": 0.1}
+    enqueue_baseline(study, values)
+    killed = study.ask()  # the baseline, whose worker is then killed: its heartbeat stops
+    killed.set_user_attr("worker", "gpu-7:4242:0")  # as the objective tags each trial
+    study._storage.record_heartbeat(killed._trial_id)
+    time.sleep(2)  # silent for longer than the grace period
+    study = _open_study(params, worker=1)  # another worker fails it
+    assert study.get_trials()[0].state == optuna.trial.TrialState.FAIL
+    enqueue_baseline(study, values)  # the reason leaves the killed baseline's queueing again as it was
+    assert [t.state for t in study.get_trials()] == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.WAITING]
+    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # failed without a reason (Ctrl-C): not named
+    with pytest.raises(ConfigError) as refused:
+        write_reports(study, params, None, tmp_path / "work", tmp_path / "reports")
+    assert "(FAIL: 2; trial 0: worker lost: gpu-7:4242:0 sent no heartbeat for over 1 s mid-trial (killed, or its " \
+           "machine lost)). " in str(refused.value)
+
+    study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": values})
+    study.tell(study.ask(), 0.5)
+    write_reports(study, params, None, tmp_path / "work", tmp_path / "reports")
+    table = pandas.read_csv(tmp_path / "reports" / "trials.csv")
+    assert table["user_attrs_failed"].fillna("").tolist() == [
+        "worker lost: gpu-7:4242:0 sent no heartbeat for over 1 s mid-trial (killed, or its machine lost)", "", ""]
+
+
 def test_a_pruned_trial_ends_its_mlflow_run_finished_and_tagged_pruned(tmp_path, monkeypatch):
     from tqc import tune as tuning
     from tqc.pipeline import PreparedData
