@@ -62,18 +62,35 @@ def _logger() -> logging.Logger | logging.LoggerAdapter:
 def tune(params_path: str = "params.yaml", workers: int = 2, trials_per_worker: int | None = None,
          overrides: list[str] | None = None, out: str = "reports/tuning", work: str = "tuning") -> list[str]:
     """`overrides`: KEY=VALUE params for the study, as `tqc --set` takes them; each worker runs
-    `trials_per_worker` trials, by default `tune.trials` (a per-worker count, as for `tqc tune`)."""
+    `trials_per_worker` trials, by default `tune.trials` (a per-worker count, as for `tqc tune`). A count below 1 fails
+    the run in one line naming it, before any worker starts, as the script and `tqc tune --trials` refuse it."""
     try:
+        _at_least_one("workers", workers)
+        if trials_per_worker is not None:
+            _at_least_one("trials_per_worker", trials_per_worker)
         params = load_params(params_path, parse_overrides(overrides or []))  # as each worker reads them: study, trials
     except ConfigError as error:  # the run fails with the key and the reason as its message, as the retrain flow's
         get_run_logger().error("tune: %s", error)
         return Failed(message=str(error), data=error)
-    trials = trials_per_worker or params.tune.trials
+    trials = params.tune.trials if trials_per_worker is None else trials_per_worker
     futures = [tune_worker.submit(params_path, i, trials, overrides or [], out, work) for i in range(workers)]
     results = [f.result() for f in futures]
     study = params.tune.study + ("-data-<digest of the data>" if params.tune.on_new_data == "new_study" else "")
     get_run_logger().info("tune: %d workers × %d trials in study %r: %s", workers, trials, study, results)
     return results
+
+
+def _at_least_one(name: str, count: int) -> None:
+    """A count as `python flows/tune.py` and `tqc tune --trials` take it (tqc.cli.at_least_one): a deployment's 0 workers
+    would run nothing and succeed, and 0 trials a worker fall back to tune.trials, neither what was asked."""
+    import argparse
+
+    from tqc.cli import at_least_one
+
+    try:
+        at_least_one(str(count))
+    except argparse.ArgumentTypeError as error:
+        raise ConfigError(f"{name}: {error}") from None
 
 
 def _arguments(argv: list[str] | None = None):

@@ -173,3 +173,20 @@ def test_bad_params_fail_the_run_with_the_key_and_the_reason_and_the_script_says
         main(["--workers", "1", "--set", "stage_one.epochs=abc"])
     assert str(exited.value).startswith("tune failed: params.yaml with {'stage_one.epochs': 'abc'} set on top")
     assert not (project / "reports").exists()  # no worker started
+
+
+@pytest.mark.parametrize("counts, said", [({"workers": 0}, "workers: 0: must be at least 1"),
+                                          ({"trials_per_worker": 0}, "trials_per_worker: 0: must be at least 1"),
+                                          ({"workers": -1}, "workers: -1: must be at least 1")])
+def test_a_run_with_no_worker_or_no_trial_fails_naming_the_parameter(project, monkeypatch, counts, said):
+    """A deployment run with workers 0 did nothing and succeeded, and one with trials_per_worker 0 ran tune.trials
+    a worker: `python flows/tune.py` and `tqc tune --trials` refuse both, and so does the flow, before any worker."""
+    import flows.tune as tune_flow
+
+    class NoWorker:
+        def submit(self, *arguments):
+            raise AssertionError(f"a worker started: {arguments}")
+
+    monkeypatch.setattr(tune_flow, "tune_worker", NoWorker())
+    state = tune(params_path="params.yaml", **{"workers": 1, **counts}, return_state=True)
+    assert state.is_failed() and state.message == said
