@@ -946,7 +946,7 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
     complete = study.get_trials(deepcopy=False, states=[optuna.trial.TrialState.COMPLETE])
     if not complete:
         raise ConfigError(_no_completed_trial(study))
-    best = _first_of_its_values(study, study.best_trial)
+    best, best_summary = _best_and_its_summary(study, study_dir, data, params)
     baseline = current_baseline(complete, params)
     best_params = unflatten(_values(best))
     states = {state.name: len(study.get_trials(deepcopy=False, states=[state])) for state in optuna.trial.TrialState}
@@ -957,7 +957,7 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
         "objective": "validation macro-F1 of stage two (the best epoch)",
         "trials": {k: v for k, v in states.items() if v},
         "workers": sorted({t.user_attrs.get("worker", "?") for t in study.trials}),
-        "best": _trial_summary(best, study_dir, data, params),
+        "best": best_summary,
         "baseline": _trial_summary(baseline, study_dir, data, params) if baseline else None,
         "note": "test figures are reported for the best and baseline trials only; they never choose anything",
     }
@@ -986,6 +986,17 @@ def _trials_table(study):
         failed = table.get("user_attrs_failed", [None] * len(table))
         table["user_attrs_failed"] = [reason or said for reason, said in zip(lost, failed)]
     return table
+
+
+def _best_and_its_summary(study, study_dir: Path, data: PreparedData, params: Params) -> tuple:
+    """The study's best trial and its summary, read again while the best changed as its models were scored: another
+    worker's trial recorded above it meanwhile dropped them (tune.keep_models false), and this worker's reports (its
+    summary, best_params.yaml, its MLflow run) would name the older best. Each pass finds a trial recorded since."""
+    while True:
+        best = _first_of_its_values(study, study.best_trial)
+        summary = _trial_summary(best, study_dir, data, params)
+        if summary.get("test") is not None or _first_of_its_values(study, study.best_trial).number == best.number:
+            return best, summary
 
 
 def _no_completed_trial(study) -> str:
@@ -1029,7 +1040,7 @@ def _trial_summary(trial, study_dir: Path, data: PreparedData, params: Params) -
             summary["test"] = _test_metrics(model_dir, data, params)
         except (OSError, ConfigError):
             # Another worker's trial that outdid this one while it was read dropped its models (_drop_former_bests
-            # takes no lock): this report's best is stale, and the other worker's report names the new one
+            # takes no lock): this best is stale, and write_reports reads the new one (_best_and_its_summary)
             if (model_dir / "tqc_model.json").exists():
                 raise
             summary["test"] = None

@@ -1013,6 +1013,37 @@ def test_a_best_whose_models_another_worker_drops_while_it_is_read_is_reported_w
     assert summary["test"] is None and "dropped while it was read" in summary["test_missing"]
 
 
+def test_a_worker_whose_best_another_worker_outdid_while_it_was_read_reports_the_new_best(tmp_path, monkeypatch):
+    """Two workers on one study (tune.keep_models false): the other worker's trial 2 was recorded above the best one
+    worker had read, and dropped that best's models while its reports scored them. Its summary, best_params.yaml and
+    MLflow metric named the older best, without test figures; the best is now read again, and the new one reported."""
+    from tqc import tune as tuning
+
+    study, objective, params = _study_of_stub_trials(tmp_path, monkeypatch, [0.6, 0.7, 0.8])
+    callback = tuning.dropping_former_bests(tmp_path / "study", params)
+    study.optimize(objective, n_trials=2, callbacks=[callback])  # the baseline, then trial 1: the best, its models kept
+    models = lambda number: tmp_path / "study" / f"trial-{number:04d}" / "stage_two" / "tqc_model.json"
+    for number in (0, 1):
+        models(number).write_text("{}", encoding="utf-8")  # the stand-in chain writes empty model folders
+    scored = []
+
+    def the_other_worker_outdoes_it(model_dir, data, params):
+        if model_dir.parent.name == "trial-0001":  # its best is read: the other worker's trial 2 ends meanwhile
+            other = study.ask()
+            study.tell(other, objective(other))
+            models(2).write_text("{}", encoding="utf-8")
+            callback(study, study.trials[2])  # its new best drops trial 1's models
+            raise FileNotFoundError(model_dir / "model.safetensors")
+        scored.append(model_dir.parent.name)
+        return {"accuracy": 0.9, "macro_f1": 0.85, "n": 10}
+
+    monkeypatch.setattr(tuning, "_test_metrics", the_other_worker_outdoes_it)
+    result = tuning.write_reports(study, params, None, tmp_path / "study", tmp_path / "reports")
+    assert result.summary["best"]["number"] == 2 and result.summary["best"]["test"]["macro_f1"] == 0.85
+    assert "trial 2: validation macro-F1 0.8000" in (tmp_path / "reports" / "best_params.yaml").read_text()
+    assert scored == ["trial-0002", "trial-0000"]  # the new best, then the baseline
+
+
 def _study_of_stub_trials(tmp_path: Path, monkeypatch, values: list, space: dict | None = None):
     """An in-memory study with its baseline queued, and tune's own objective over a stand-in training chain: each
     trial writes its two model folders and scores the next of `values` (the baseline's first; an exception is raised
