@@ -840,6 +840,7 @@ def _repeat(trial, former) -> float:
     own. The sampler redraws points of a small discrete space (K, a loss, a similarity), each a full training."""
     for step, value in former.intermediate_values.items():
         trial.report(value, step)
+        trial.should_prune()  # its answer is moot (the value is known); hyperband records a rung only where it is asked
     trial.set_user_attr("repeats", former.number)
     log.info("tune: trial %d draws the values complete trial %d trained with: it takes its validation macro-F1 %.4f, "
              "and trains nothing", trial.number, former.number, former.value)

@@ -1353,6 +1353,22 @@ def test_a_hinge_trial_repeats_another_whatever_temperature_hinge_never_reads(tm
     assert [t.user_attrs.get("repeats") for t in study.trials] == [None, None, 1, 0, None]
 
 
+def test_a_repeat_asks_the_pruner_at_each_step_so_hyperband_counts_its_rungs():
+    """Hyperband (successive halving) records a trial's rung only when the trial asks `should_prune`; a repeat that
+    only reported its epochs was left out of the rungs later trials are compared with (helper 123's point)."""
+    from tqc.tune import _repeat
+
+    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.HyperbandPruner(min_resource=1, max_resource=3))
+    k = {"mine.k": optuna.distributions.IntDistribution(1, 5)}
+    study.add_trial(optuna.trial.create_trial(value=0.9, params={"mine.k": 3}, distributions=k,
+                                              intermediate_values={0: 0.5, 1: 0.7, 2: 0.9}))
+    repeat = study.ask()
+    assert _repeat(repeat, study.trials[0]) == 0.9
+    rungs = {key: value for key, value in study._storage.get_trial(repeat._trial_id).system_attrs.items()
+             if key.startswith("completed_rung_")}
+    assert rungs == {"completed_rung_0": 0.7}  # min_resource 1: rung 0 at step 1
+
+
 def test_a_best_that_repeats_a_trial_is_reported_as_the_trial_it_repeats(tmp_path, monkeypatch):
     """A database breaks no tie by trial order, so the study's best may be a repeat, which trained no model: the report
     names the trial that did, whose models are kept and scored on test."""
