@@ -1358,7 +1358,8 @@ def test_a_repeat_asks_the_pruner_at_each_step_so_hyperband_counts_its_rungs():
     only reported its epochs was left out of the rungs later trials are compared with (helper 123's point)."""
     from tqc.tune import _repeat
 
-    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.HyperbandPruner(min_resource=1, max_resource=3))
+    # hyperband runs this pruner in each of its brackets, a trial's bracket drawn from the study's random name
+    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=1))
     k = {"mine.k": optuna.distributions.IntDistribution(1, 5)}
     study.add_trial(optuna.trial.create_trial(value=0.9, params={"mine.k": 3}, distributions=k,
                                               intermediate_values={0: 0.5, 1: 0.7, 2: 0.9}))
