@@ -817,8 +817,8 @@ def _dvc_record(paths: list[Path], push: bool) -> dict:
     if failure is None:
         return {"added": added, "pushed": pushing}
     log.warning("retrain: %s, %d tries; the new data version is recorded in this checkout and its DVC cache but is not "
-                "on the remote: push it by hand with `dvc push %s` before another retrain changes those files (a later "
-                "retrain pushes its own version, not this one)", failure, len(PUSH_RETRY_WAITS) + 1, " ".join(added))
+                "on the remote: push it by hand with `%s` before another retrain changes those files (a later "
+                "retrain pushes its own version, not this one)", failure, len(PUSH_RETRY_WAITS) + 1, _push_command(added))
     return {"added": added, "pushed": False, "push_failed": failure}
 
 
@@ -903,6 +903,11 @@ def why_nothing_was_accepted(staged: Staged, repeats: list[Incoming], quarantine
     return "; ".join(parts or [f"{Path(o.file).name}: {o.reason or 'added nothing'}" for o in staged.outcomes])
 
 
+def _push_command(versions: list[str]) -> str:
+    """The command that pushes a data version whose push failed: its .dvc files, as every message about it gives it."""
+    return f"dvc push {' '.join(versions)}"
+
+
 def closing_line(staged: Staged, promotion: dict, committed: dict, quarantine: Path) -> str:
     """The flow's last log line after a training: what was added and quarantined, the gate's decision with its reasons,
     and the data version's .dvc files, which no commit records until a person commits them."""
@@ -917,7 +922,7 @@ def closing_line(staged: Staged, promotion: dict, committed: dict, quarantine: P
         line += (f". New data version: {', '.join(versions)}; commit it to git: until then no commit records it, and "
                  "`dvc exp run` unstages it")
     if committed.get("dvc", {}).get("push_failed"):
-        line += f"; not on the DVC remote (the push failed): `dvc push {' '.join(versions)}`"
+        line += f"; not on the DVC remote (the push failed): `{_push_command(versions)}`"
     return line
 
 
@@ -927,11 +932,10 @@ def push_failure(result: dict) -> str | None:
     dvc = result.get("dvc", {})
     if not dvc.get("push_failed"):
         return None
-    versions = " ".join(dvc["added"])
     judged = (f" and its challenger {'promoted' if result['promoted'] else 'judged (champion kept)'}"
               if "promoted" in result else "")
     return (f"the new data version ({', '.join(dvc['added'])}) is committed{judged}, but it is not on the DVC remote, so "
-            f"no other checkout can `dvc pull` it: {dvc['push_failed']}; push it by hand with `dvc push {versions}` "
+            f"no other checkout can `dvc pull` it: {dvc['push_failed']}; push it by hand with `{_push_command(dvc['added'])}` "
             "before another retrain changes those files")
 
 
@@ -958,7 +962,7 @@ def _data_version_lines(committed: dict) -> list[str]:
     named = ", ".join(f"`{v}`" for v in versions)
     if dvc.get("push_failed"):
         return ["", f"New data version: {named}; **not on the DVC remote**, the push failed: {_cell(dvc['push_failed'])}. "
-                    f"Push it by hand: `dvc push {' '.join(versions)}`."]
+                    f"Push it by hand: `{_push_command(versions)}`."]
     where = "on the DVC remote" if dvc.get("pushed") else "in this checkout's DVC cache only (no remote, or retrain.push off)"
     return ["", f"New data version: {named}, {where}."]
 
