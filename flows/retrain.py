@@ -33,7 +33,8 @@ def user_errors() -> tuple[type[Exception], ...]:
     naming the file and what is wrong: the current dataset's file gone, say), a champion the gate cannot read or ask
     (`registry_errors`, naming the version and the way out), no champion to refresh, a dvc step of the commit. A
     function, as input_errors is: the list reaches into validate, which importing the flow must not."""
-    return (*input_errors(), *registry_errors(), steps.RefreshError, steps.RetrainCommitError)
+    return (*input_errors(), *registry_errors(), steps.RefreshError, steps.RetrainCommitError,
+            steps.JudgeFailedUnpushed)  # the gate's task has logged its own traceback
 
 
 @task(cache_policy=NO_CACHE)
@@ -96,7 +97,8 @@ def commit(params: Params, staged: steps.Staged, files, repeats, challenger: ste
 def retrain(params_path: str = "params.yaml", mode: str | None = None) -> dict:
     """Returns what happened: {"status": "nothing to do" | "retrained" | "no rows accepted" | "busy", …}; a run whose
     new data version did not reach the DVC remote fails (`retrain.on_push_failure: fail`) with `steps.PushFailed`,
-    whose `result` is that dict.
+    whose `result` is that dict; so does one whose push of the version the last run could not push failed again
+    (`pending_dvc`), and one whose gate also raised fails with `steps.JudgeFailedUnpushed`, naming both.
 
     `mode`: "train" or "refresh" for this run, instead of params.yaml's `retrain.mode` (one deployment
     can then refresh often and train now and then: `prefect deployment run … -p mode=refresh`)."""
@@ -195,30 +197,50 @@ def _retrain_locked(params: Params, retries: dict, logger) -> dict:
     """The flow's steps, under the retrain lock: first a commit a killed run left half made is put back (its
     challenger's mark with it), then a challenger the last run committed but did not judge is judged."""
     steps.roll_back_interrupted_commit(params.retrain)
-    unjudged = _judge_pending(params, retries, logger)
-    result = _retrain_new_files(params, retries, logger)
+    # Before the gate, which may fail again or give its challenger up: the version's push is owed either way
+    repushed = steps.push_pending_version(params.retrain)
+    pending = {"pending_dvc": repushed} if repushed else {}
+    unjudged = _judge_pending(params, retries, logger, pending)
+    result = {**_retrain_new_files(params, retries, logger), **pending}
     return {**result, "pending_challenger_promoted": unjudged["promoted"]} if unjudged else result
 
 
-def _judge_pending(params: Params, retries: dict, logger) -> dict | None:
+@contextlib.contextmanager
+def naming_unpushed(result: dict):
+    """A gate that raises in a run whose data version is not on the DVC remote (`steps.push_failure` of `result`)
+    fails the run naming both (`steps.JudgeFailedUnpushed`): the gate's error alone hid the unpushed data, and the next
+    run, judging the challenger, completed without a word of it, so cron never learnt the remote lacked the data."""
+    try:
+        yield
+    except Exception as error:
+        unpushed = steps.push_failure(result)
+        if unpushed is None:
+            raise
+        raise steps.JudgeFailedUnpushed(f"{error}; and {unpushed}") from error
+
+
+def _judge_pending(params: Params, retries: dict, logger, pending: dict) -> dict | None:
+    """The challenger the last run committed but did not judge, judged; `pending`: `pending_dvc`, its data version
+    pushed again (`steps.push_pending_version`), which a failure names."""
     unjudged = steps.pending_judge(params.retrain)
     if unjudged is None:
         return None
     logger.warning("retrain: the last run committed its data but did not judge its challenger (%s); judging it first",
                    unjudged.model)
-    try:
-        with retrain_run(params, {"tqc.retrain.judge": "pending"}):
-            promotion = judge.with_options(**retries)(params, unjudged, Path(params.retrain.work_dir))
-    except input_errors() as error:
-        # It would fail the same way every run, and block every delivery after it: given up, said, and the run goes
-        # on (a later delivery trains on the committed data anyway)
-        steps.clear_pending_judge(params.retrain)
-        logger.error("retrain: the pending challenger %s cannot be judged, and is given up: %s", unjudged.model, error)
-        return None
-    except Exception as error:  # the registry down again: kept for the next run, which tries it first
-        logger.error("retrain: judging the pending challenger failed; %s keeps it for the next run: %s",
-                     Path(params.retrain.work_dir) / steps.PENDING_JUDGE, error)
-        raise
+    with naming_unpushed(pending):
+        try:
+            with retrain_run(params, {"tqc.retrain.judge": "pending"}):
+                promotion = judge.with_options(**retries)(params, unjudged, Path(params.retrain.work_dir))
+        except input_errors() as error:
+            # It would fail the same way every run, and block every delivery after it: given up, said, and the run goes
+            # on (a later delivery trains on the committed data anyway)
+            steps.clear_pending_judge(params.retrain)
+            logger.error("retrain: the pending challenger %s cannot be judged, and is given up: %s", unjudged.model, error)
+            return None
+        except Exception as error:  # the registry down again: kept for the next run, which tries it first
+            logger.error("retrain: judging the pending challenger failed; %s keeps it for the next run: %s",
+                         Path(params.retrain.work_dir) / steps.PENDING_JUDGE, error)
+            raise
     steps.clear_pending_judge(params.retrain)
     shutil.rmtree(params.retrain.work_dir, ignore_errors=True)  # before new files are staged there
     logger.info("retrain: the pending challenger was %s", "promoted" if promotion["promoted"] else "not promoted")
@@ -245,7 +267,8 @@ def _retrain_new_files(params: Params, retries: dict, logger) -> dict:
         # leaves the challenger marked for the gate (judge-pending.json), so a run killed from here on (the
         # commit task's end reported to Prefect's server, the judge) has the next run judge it.
         result = commit(params, staged, files, repeats, trained)
-        promotion = judge.with_options(**retries)(params, trained, staging)
+        with naming_unpushed(result):
+            promotion = judge.with_options(**retries)(params, trained, staging)
         steps.clear_pending_judge(params.retrain)
     create_markdown_artifact(steps.summary_markdown(staged, promotion, trained, repeats, result), key="retrain-summary",
                              description="rows accepted and the challenger against the champion")

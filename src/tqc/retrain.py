@@ -21,7 +21,8 @@ New labeled questions arrive as files in an inbox. A retrain:
    version (`dvc push` when a remote is configured, tried again a few times; a push that still fails
    is left to be redone, the commit kept, and with `retrain.on_push_failure: fail` the flow fails the run once
    its challenger is judged: `push_failure`), then the inbox files move to the archive and the manifest, and
-   last the challenger is marked for the gate (`PENDING_JUDGE`). Refused,
+   last the challenger is marked for the gate (`PENDING_JUDGE`; an unpushed version with it, which the next run
+   pushes again first: `push_pending_version`). Refused,
    changing nothing, when data/raw changed since `stage` copied it (an edit or a checkout during
    the run), which writing the copy back would undo. Until this
    step nothing outside the staging folder has changed, so a failed or killed retrain leaves
@@ -74,10 +75,17 @@ class RetrainBusy(RuntimeError):
     pass
 
 
+class JudgeFailedUnpushed(RuntimeError):
+    """The gate raised in a run whose data version is not on the DVC remote either (`push_failure`): the message is
+    the gate's error and that line, where the gate's alone hid the unpushed data from cron; `__cause__` is the gate's
+    error. The challenger's mark keeps both for the next run (`mark_judge_pending`)."""
+
+
 class PushFailed(RuntimeError):
     """A run that committed its new data version, and judged its challenger, but could not push the data to the DVC
-    remote (`push_failure`'s line is the message; `retrain.on_push_failure: fail`). `result` is what the run did, as a
-    run that completes returns it: the commit and the gate's decision stand."""
+    remote, or could not push again the version the last run left unpushed (`push_failure`'s line is the message;
+    `retrain.on_push_failure: fail`). `result` is what the run did, as a run that completes returns it: the commit and
+    the gate's decision stand."""
 
     def __init__(self, message: str, result: dict):
         super().__init__(message)
@@ -438,17 +446,30 @@ class Trained:
 PENDING_JUDGE = "judge-pending.json"
 
 
-def mark_judge_pending(params: RetrainParams, trained: Trained) -> None:
-    # asdict takes the champion of a refresh along; its paths are written as text
-    write_text(Path(params.work_dir) / PENDING_JUDGE, json.dumps(asdict(trained), default=str, indent=2) + "\n")
+def mark_judge_pending(params: RetrainParams, trained: Trained, dvc: dict | None = None) -> None:
+    """Mark `trained` for the gate; with `dvc` (`_dvc_record`'s result) where its push failed, the mark also records
+    that data version as unpushed, which the next run pushes again (`push_pending_version`)."""
+    unpushed = ({"unpushed": {"added": dvc["added"], "push_failed": dvc["push_failed"]}}
+                if dvc and dvc.get("push_failed") else {})
+    _write_pending(params, {**asdict(trained), **unpushed})  # asdict takes the champion of a refresh along
+
+
+def _write_pending(params: RetrainParams, record: dict) -> None:
+    write_text(Path(params.work_dir) / PENDING_JUDGE, json.dumps(record, default=str, indent=2) + "\n")  # paths as text
+
+
+def _pending_record(params: RetrainParams) -> dict | None:
+    path = Path(params.work_dir) / PENDING_JUDGE
+    return read_json(path) if path.exists() else None
 
 
 def pending_judge(params: RetrainParams) -> Trained | None:
     """The committed challenger the last run did not judge, or None."""
     path = Path(params.work_dir) / PENDING_JUDGE
-    if not path.exists():
+    record = _pending_record(params)
+    if record is None:
         return None
-    record = read_json(path)
+    record.pop("unpushed", None)  # push_pending_version's
     champion = record.pop("refreshed_from")
     trained = Trained(**{**record, "data": Path(record["data"]), "model": Path(record["model"]),
                          "prior": Path(record["prior"]) if record["prior"] else None},
@@ -463,6 +484,27 @@ def pending_judge(params: RetrainParams) -> Trained | None:
 
 def clear_pending_judge(params: RetrainParams) -> None:
     (Path(params.work_dir) / PENDING_JUDGE).unlink(missing_ok=True)
+
+
+def push_pending_version(params: RetrainParams) -> dict | None:
+    """Push again the data version whose push failed in the run that committed it and whose challenger still awaits
+    the gate (the mark records it): its .dvc files name it still, since a retrain commits nothing until that challenger
+    is judged (a change made to them by hand since is what gets pushed). `{"added", "pushed": True}` and the mark's
+    record dropped; `pushed` false with `push_failed` where it fails again (the mark keeps it); None where nothing waits
+    (or retrain.push is off)."""
+    record = _pending_record(params)
+    unpushed = (record or {}).get("unpushed")
+    if not unpushed or not params.push:
+        return None
+    failure = _push(unpushed["added"])
+    if failure is not None:
+        log.warning("retrain: the data version the last run committed (%s) is still not on the DVC remote: %s",
+                    ", ".join(unpushed["added"]), failure)
+        return {"added": unpushed["added"], "pushed": False, "push_failed": failure}
+    _write_pending(params, {key: value for key, value in record.items() if key != "unpushed"})
+    log.info("retrain: the data version the last run committed but could not push (%s) is on the DVC remote now",
+             ", ".join(unpushed["added"]))
+    return {"added": unpushed["added"], "pushed": True}
 
 
 def train(params: Params, staged: Staged, staging: Path, on_epoch: EpochHook | None = None) -> Trained:
@@ -589,7 +631,7 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
         entries = [archive(f, by_file[str(f.path)], params.retrain, archived) for f in files]
         entries += [archive(f, repeat_outcome(f), params.retrain, archived) for f in repeats]
         if challenger is not None:
-            mark_judge_pending(params.retrain, challenger)
+            mark_judge_pending(params.retrain, challenger, dvc)
     except BaseException:
         journal.roll_back()  # if this fails too, the journal stays for the next run
         raise
@@ -928,15 +970,24 @@ def closing_line(staged: Staged, promotion: dict, committed: dict, quarantine: P
 
 def push_failure(result: dict) -> str | None:
     """One line for a run whose new data version is committed but not on the DVC remote (`_dvc_record`'s
-    `push_failed`): what stands, DVC's reason and the command that pushes it; None when no push failed."""
-    dvc = result.get("dvc", {})
-    if not dvc.get("push_failed"):
-        return None
-    judged = (f" and its challenger {'promoted' if result['promoted'] else 'judged (champion kept)'}"
-              if "promoted" in result else "")
-    return (f"the new data version ({', '.join(dvc['added'])}) is committed{judged}, but it is not on the DVC remote, so "
-            f"no other checkout can `dvc pull` it: {dvc['push_failed']}; push it by hand with `{_push_command(dvc['added'])}` "
-            "before another retrain changes those files")
+    `push_failed`), or whose push of the last run's unpushed version failed again (`pending_dvc`,
+    `push_pending_version`'s) and which committed no newer one (a newer one holds its rows, and its own push is what
+    this run says): what stands, DVC's reason and the command that pushes it; None when no push failed."""
+    dvc, pending = result.get("dvc", {}), result.get("pending_dvc", {})
+    if dvc.get("push_failed"):
+        judged = (f" and its challenger {'promoted' if result['promoted'] else 'judged (champion kept)'}"
+                  if "promoted" in result else "")
+        return _unpushed_line(f"the new data version ({', '.join(dvc['added'])}) is committed{judged}, but it is not",
+                              dvc)
+    if pending.get("push_failed") and not dvc.get("added"):
+        return _unpushed_line(f"the data version the last run committed ({', '.join(pending['added'])}) was pushed "
+                              "again, but it is still not", pending)
+    return None
+
+
+def _unpushed_line(what: str, dvc: dict) -> str:
+    return (f"{what} on the DVC remote, so no other checkout can `dvc pull` it: {dvc['push_failed']}; push it by hand "
+            f"with `{_push_command(dvc['added'])}` before another retrain changes those files")
 
 
 def _file_reason(outcome: FileOutcome, staged: Staged) -> str:

@@ -166,6 +166,45 @@ def test_a_push_that_keeps_failing_fails_the_run_and_the_script_and_keeps_the_co
     assert result["status"] == "retrained" and "403" in result["dvc"]["push_failed"] and len(added_rows(project)) == 9
 
 
+def test_a_run_whose_push_and_gate_both_fail_names_both_and_the_next_run_pushes_that_version_again(project, tmp_path,
+                                                                                                     monkeypatch):
+    """A run whose `dvc push` failed its tries and whose gate then raised failed with the gate's message alone, and
+    its challenger's mark did not say the data was unpushed: the next run judged the challenger and completed, and cron
+    never learnt that the remote lacked the data the champion was trained on."""
+    from flows.retrain import main
+    from tqc import retrain as steps
+    from tqc.stages import promote
+
+    def registry_down(*args, **kwargs):
+        raise RuntimeError("the model registry is unreachable")
+
+    real_run = promote.run
+    refusing_remote(project, tmp_path, monkeypatch)
+    monkeypatch.setattr(promote, "run", registry_down)
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
+    state = retrain(params_path="params.yaml", return_state=True)
+    assert state.is_failed(), state
+    assert state.message.startswith("the model registry is unreachable; and the new data version "
+                                    "(data/raw/labeled.jsonl.dvc) is committed, but it is not on the DVC remote")
+    assert "403; push it by hand with `dvc push data/raw/labeled.jsonl.dvc`" in state.message
+    failure = state.result(raise_on_failure=False)
+    assert isinstance(failure, steps.JudgeFailedUnpushed) and isinstance(failure.__cause__, RuntimeError)
+    assert len(added_rows(project)) == 3 and champion_version(project) is None  # committed, not judged
+
+    with pytest.raises(steps.JudgeFailedUnpushed) as again:  # both still down: the next run says both again
+        retrain(params_path="params.yaml")
+    assert str(again.value).startswith("the model registry is unreachable; and the data version the last run "
+                                       "committed (data/raw/labeled.jsonl.dvc) was pushed again, but it is still not "
+                                       "on the DVC remote") and "`dvc push data/raw/labeled.jsonl.dvc`" in str(again.value)
+
+    monkeypatch.setattr(promote, "run", real_run)  # the registry back, the remote still down: judged, and exit 1
+    with pytest.raises(SystemExit) as exited:
+        main([])
+    assert str(exited.value).startswith("retrain: the data version the last run committed (data/raw/labeled.jsonl.dvc) "
+                                        "was pushed again, but it is still not on the DVC remote")
+    assert champion_version(project) == "1" and retrain(params_path="params.yaml") == {"status": "nothing to do"}
+
+
 def test_a_new_standard_question_arrives_with_its_examples(project):
     inbox = project / "data" / "incoming"
     inbox.mkdir(parents=True)

@@ -878,6 +878,44 @@ def test_a_dvc_push_that_fails_is_tried_again_and_one_that_keeps_failing_leaves_
     assert dvc_md5_of(project / "data" / "raw" / "labeled.jsonl.dvc") in on_remote and unpushed not in on_remote
 
 
+def test_a_pending_challengers_unpushed_data_version_is_marked_and_pushed_again_by_the_next_run(project, monkeypatch):
+    """The challenger's mark did not record that its data version was unpushed: a run whose gate also failed left the
+    next one nothing to push again, or to name."""
+    (project / "remote").mkdir()
+    (project / ".dvc" / "config.local").write_text(f"[core]\n    remote = store\n['remote \"store\"']\n"
+                                                   f"    url = {project / 'remote'}\n")
+    monkeypatch.setattr(steps, "PUSH_RETRY_WAITS", (0.0, 0.0))
+    real_dvc = steps._dvc
+
+    def remote_down(command, *arguments):
+        if command == "push":
+            raise steps.RetrainCommitError("dvc push failed (exit 1): ERROR: failed to push data to the cloud")
+        return real_dvc(command, *arguments)
+
+    params = load_params(project / "params.yaml")
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
+    staged, files = deliver(project)
+    challenger = steps.Trained(data=staged.raw, model=staged.raw, prior=None, validation_macro_f1=0.5)
+    assert steps.push_pending_version(params.retrain) is None  # nothing pending
+    monkeypatch.setattr(steps, "_dvc", remote_down)
+    steps.commit(params, staged, files, [], challenger)
+    assert steps.pending_judge(params.retrain) == challenger  # the record beside it leaves the challenger as it was
+
+    again = steps.push_pending_version(params.retrain)  # still down: said, and kept for the run after
+    assert again == {"added": ["data/raw/labeled.jsonl.dvc"], "pushed": False,
+                     "push_failed": "dvc push failed (exit 1): ERROR: failed to push data to the cloud"}
+    assert "was pushed again, but it is still not on the DVC remote" in steps.push_failure({"pending_dvc": again})
+    assert steps.push_failure({"pending_dvc": again, "dvc": {"added": ["data/raw/labeled.jsonl.dvc"], "pushed": True}}
+                              ) is None  # a newer version pushed holds its rows; that run says its own push
+
+    monkeypatch.setattr(steps, "_dvc", real_dvc)  # the remote back
+    assert steps.push_pending_version(params.retrain) == {"added": ["data/raw/labeled.jsonl.dvc"], "pushed": True}
+    on_remote = {f"{path.parent.name}{path.name}" for path in (project / "remote").rglob("*") if path.is_file()}
+    assert dvc_md5_of(project / "data" / "raw" / "labeled.jsonl.dvc") in on_remote
+    assert steps.push_pending_version(params.retrain) is None  # pushed once: the mark no longer records it
+    assert steps.pending_judge(params.retrain) == challenger  # still awaiting the gate
+
+
 def dvc_md5_of(dvc_file: Path) -> str:
     """The md5 a .dvc file records for its one output."""
     from tqc.config import read_yaml
