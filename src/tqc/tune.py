@@ -757,6 +757,15 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
     import optuna
 
     def objective(trial) -> float:
+        try:
+            return run_trial(trial)
+        except (optuna.TrialPruned, *TRIAL_FAILURES):  # each keeps its own reason (refused, failed), or is no failure
+            raise
+        except BaseException as error:  # Ctrl-C, or an error that stops the worker: Optuna fails the trial and keeps no
+            _record_stop(trial, error)  # reason; re-raised, so Ctrl-C still stops the tuner and the error is said
+            raise
+
+    def run_trial(trial) -> float:
         # first: the sampler's seed counts this worker's trials by it, failed ones too
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}:{worker}")
         # a baseline trains the base values it was queued with: params changed since (an --apply, an edit) queue a
@@ -804,7 +813,7 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
                 _drop_models(trial_dir, params)
                 raise TrialRefused(str(error)) from None
             except TRIAL_FAILURES as error:  # Optuna logs the reason but keeps none: the study's reports name it
-                trial.set_user_attr("failed", f"{type(error).__name__}: {_first_line(str(error))}")
+                trial.set_user_attr("failed", _error_line(error))
                 tracker.set_tags({"optuna.state": "FAIL"})
                 _drop_models(trial_dir, params)
                 raise
@@ -819,6 +828,22 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
         return value  # the bests it outdid are dropped once it is recorded complete (dropping_former_bests)
 
     return objective
+
+
+def _error_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {_first_line(str(error))}"
+
+
+def _record_stop(trial, error: BaseException) -> None:
+    """Keep why a trial stopped that no TRIAL_FAILURES ended (`failed`, as theirs), as trials the heartbeat check
+    fails keep theirs: a study showed it FAIL with nothing to say why. A storage that cannot take it (the database gone
+    too) is said, and the trial's own error still raised."""
+    reason = f"interrupted ({type(error).__name__})" if isinstance(error, KeyboardInterrupt) else _error_line(error)
+    try:
+        trial.set_user_attr("failed", reason)
+    except Exception as unrecorded:
+        log.warning("tune: trial %d stopped (%s), and the study could not record it: %s", trial.number, reason,
+                    _first_line(str(unrecorded)) or type(unrecorded).__name__)
 
 
 def _trained_before(study, trained_values: dict):

@@ -1057,7 +1057,7 @@ def _study_of_stub_trials(tmp_path: Path, monkeypatch, values: list, space: dict
         for name in ("stage_one", "stage_two"):
             (trial_dir / name).mkdir(parents=True)
         score = next(scores)
-        if isinstance(score, Exception):
+        if isinstance(score, BaseException):
             raise score
         return SimpleNamespace(fits={"stage_two": SimpleNamespace(best_validation_macro_f1=score)})
 
@@ -1071,6 +1071,20 @@ def _study_of_stub_trials(tmp_path: Path, monkeypatch, values: list, space: dict
     objective = tuning._objective(params, params.tune.space, tuning.flat_base(params),
                                   PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path / "study", 0)
     return study, objective, params
+
+
+def test_a_trial_stopped_by_ctrl_c_or_by_an_error_that_stops_the_worker_keeps_its_reason(tmp_path, monkeypatch):
+    """Optuna fails a trial whose objective raised anything outside TRIAL_FAILURES (KeyboardInterrupt too) and keeps
+    no reason: the study showed it FAIL with nothing to say why, where a heartbeat-failed trial keeps one."""
+    from tqc.tune import failure_reasons
+
+    study, objective, _ = _study_of_stub_trials(tmp_path, monkeypatch, [KeyboardInterrupt(), ValueError("a bug\nhere")])
+    with pytest.raises(KeyboardInterrupt):  # still stops the tuner
+        study.optimize(objective, n_trials=2)
+    with pytest.raises(ValueError, match="a bug"):  # still stops the worker, loudly
+        study.optimize(objective, n_trials=2)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL] * 2
+    assert failure_reasons(study) == {0: "interrupted (KeyboardInterrupt)", 1: "ValueError: a bug"}
 
 
 def test_a_new_best_drops_the_models_of_the_bests_it_outdid_and_the_baseline_keeps_its_own(tmp_path, monkeypatch):
