@@ -281,12 +281,17 @@ def catalog_scores(model: BiEncoder, questions: list[LabeledQuestion], catalog: 
     return model.score(encoded, standards).float().cpu().numpy()
 
 
+def standard_text_keys(catalog: Catalog) -> list[str]:
+    """(P,) each class's standard question as classes are compared for sharing one (as validate compares texts)."""
+    return [normalise(text) for text in catalog.texts]
+
+
 def standard_text_groups(catalog: Catalog) -> np.ndarray | None:
     """(P,) one group id per class, shared by classes whose standard questions are one text (as validate compares
     texts), or None where each has its own, as validate's critical `catalog_unique_texts` ensures unless demoted.
     Such classes encode alike, so no training can tell them apart by their standard question (the exemplar rule
     still can, by their questions): neither is a negative of the other's questions, in mining or in a loss."""
-    keys = [normalise(text) for text in catalog.texts]
+    keys = standard_text_keys(catalog)
     if len(set(keys)) == len(keys):
         return None
     first = {}

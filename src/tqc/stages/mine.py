@@ -14,8 +14,7 @@ from tqc.io import DataFileError, write_json, write_jsonl
 from tqc.mining import mine
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, StaleNegatives, load_questions
-from tqc.text import normalise
-from tqc.training import gold_indices, standard_text_groups
+from tqc.training import gold_indices, standard_text_groups, standard_text_keys
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +59,7 @@ def load_negatives(path: Path, catalog: Catalog, train_class_ids: list[str]) -> 
         raise StaleNegatives(f"{path}: {len(rows)} rows of mined negatives for {len(train_class_ids)} training rows; "
                              "re-run mining")
     k = len(rows[0].get("negatives") or []) if rows else 0  # every row mined the same K
-    standard_text = dict(zip(catalog.class_ids, map(normalise, catalog.texts)))  # as standard_text_groups compares
+    standard_text = dict(zip(catalog.class_ids, standard_text_keys(catalog)))
     for i, (mined, class_id) in enumerate(zip(rows, train_class_ids)):
         _check_mined_row(path, i, mined, class_id, catalog, k)
         _check_no_twin(path, i, mined["negatives"], class_id, standard_text)
