@@ -982,6 +982,7 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
         "trained_with": trained_with(params),
         "objective": "validation macro-F1 of stage two (the best epoch)",
         "trials": {k: v for k, v in states.items() if v},
+        "repeated": repeated_trials(study),
         "workers": sorted({t.user_attrs.get("worker", "?") for t in study.trials}),
         "best": best_summary,
         "baseline": _trial_summary(baseline, study_dir, data, params) if baseline else None,
@@ -1096,6 +1097,15 @@ def _test_metrics(model_dir: Path, data: PreparedData, params: Params) -> dict:
 
 
 IMPORTANCE_MIN_TRIALS = 10  # below this, fANOVA's ranking of a few knobs moves from one added trial to the next
+
+
+def repeated_trials(study) -> int:
+    """How many complete trials repeated a complete trial's values and trained nothing (`repeats`): summary.json says
+    it beside the states' counts, whose COMPLETE alone overstates the models a study trained."""
+    import optuna
+
+    return sum("repeats" in t.user_attrs for t in study.get_trials(deepcopy=False,
+                                                                   states=(optuna.trial.TrialState.COMPLETE,)))
 
 
 def importance_caveat(study) -> str | None:

@@ -1330,7 +1330,7 @@ def test_a_trial_that_draws_what_a_complete_trial_trained_takes_its_value_and_tr
     small discrete space) trained the same model again, at full cost. Only complete trials count: a failed one's
     values train again, and the baseline, the mark to beat, always trains."""
     from tqc.metrics import DivergedScores
-    from tqc.tune import TRIAL_FAILURES, dropping_former_bests
+    from tqc.tune import TRIAL_FAILURES, dropping_former_bests, repeated_trials
 
     # trained: the baseline (K = 5), K = 2, K = 3 (fails), K = 3 again; the second K = 2 and the K = 5 are repeats
     study, objective, params = _study_of_stub_trials(tmp_path, monkeypatch, [0.6, 0.7, DivergedScores("nan"), 0.65],
@@ -1342,6 +1342,7 @@ def test_a_trial_that_draws_what_a_complete_trial_trained_takes_its_value_and_tr
                                                                                                      params)])
     assert [t.value for t in study.trials] == [0.6, 0.7, 0.7, 0.6, None, 0.65]
     assert [t.user_attrs.get("repeats") for t in study.trials] == [None, None, 1, 0, None, None]
+    assert repeated_trials(study) == 2  # summary.json's `repeated`: 5 complete trials, 3 trained
     assert sorted(path.name for path in (tmp_path / "study").glob("trial-*")) == [
         "trial-0000", "trial-0001", "trial-0004", "trial-0005"]  # a repeat trains nothing: no folder of its own
     assert "trial 2 draws the values complete trial 1 trained with" in caplog.text
