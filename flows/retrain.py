@@ -239,7 +239,7 @@ def _judge_pending(params: Params, retries: dict, logger, pending: dict) -> dict
             return None
         except Exception as error:  # the registry down again: kept for the next run, which tries it first
             logger.error("retrain: judging the pending challenger failed; %s keeps it for the next run: %s",
-                         Path(params.retrain.work_dir) / steps.PENDING_JUDGE, error)
+                         steps.pending_judge_path(params.retrain), error)
             raise
     steps.clear_pending_judge(params.retrain)
     shutil.rmtree(params.retrain.work_dir, ignore_errors=True)  # before new files are staged there

@@ -446,6 +446,11 @@ class Trained:
 PENDING_JUDGE = "judge-pending.json"
 
 
+def pending_judge_path(params: RetrainParams) -> Path:
+    """The challenger's mark (`PENDING_JUDGE`) in the retrain's work folder."""
+    return Path(params.work_dir) / PENDING_JUDGE
+
+
 def mark_judge_pending(params: RetrainParams, trained: Trained, dvc: dict | None = None) -> None:
     """Mark `trained` for the gate; with `dvc` (`_dvc_record`'s result) where its push failed, the mark also records
     that data version as unpushed, which the next run pushes again (`push_pending_version`)."""
@@ -455,17 +460,17 @@ def mark_judge_pending(params: RetrainParams, trained: Trained, dvc: dict | None
 
 
 def _write_pending(params: RetrainParams, record: dict) -> None:
-    write_text(Path(params.work_dir) / PENDING_JUDGE, json.dumps(record, default=str, indent=2) + "\n")  # paths as text
+    write_text(pending_judge_path(params), json.dumps(record, default=str, indent=2) + "\n")  # paths as text
 
 
 def _pending_record(params: RetrainParams) -> dict | None:
-    path = Path(params.work_dir) / PENDING_JUDGE
+    path = pending_judge_path(params)
     return read_json(path) if path.exists() else None
 
 
 def pending_judge(params: RetrainParams) -> Trained | None:
     """The committed challenger the last run did not judge, or None."""
-    path = Path(params.work_dir) / PENDING_JUDGE
+    path = pending_judge_path(params)
     record = _pending_record(params)
     if record is None:
         return None
@@ -483,7 +488,7 @@ def pending_judge(params: RetrainParams) -> Trained | None:
 
 
 def clear_pending_judge(params: RetrainParams) -> None:
-    (Path(params.work_dir) / PENDING_JUDGE).unlink(missing_ok=True)
+    pending_judge_path(params).unlink(missing_ok=True)
 
 
 def push_pending_version(params: RetrainParams) -> dict | None:
@@ -614,7 +619,7 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
     # are not in the data (the next run would take it for a repeat)
     touched = [Path(params.retrain.archive) / MANIFEST, *committed, *dvc_written, Path(params.retrain.quarantine)]
     if challenger is not None:  # the journal keeps the mark's absence: a roll-back removes it
-        touched.append(Path(params.retrain.work_dir) / PENDING_JUDGE)
+        touched.append(pending_judge_path(params.retrain))
     before = {path: path.read_bytes() if path.exists() else None for path in touched}
     # Written before anything changes: a commit killed midway runs no except clause below, and the next run rolls
     # it back from the journal (`roll_back_interrupted_commit`) before it judges or picks anything up
