@@ -90,6 +90,17 @@ def hinge(scores: torch.Tensor, target: torch.Tensor, excluded: torch.Tensor | N
     return (pair_loss * negative).sum(dim=1).mean()
 
 
+def triplet_margin(closer: torch.Tensor, farther: torch.Tensor, *, margin: float = 1.0) -> torch.Tensor:
+    """EBSIM Eq. 5: mean over triplets of max(ξ(t, s_n) − ξ(t, s_p) + β, 0), from each anchor t's similarity to its
+    closer sentence s_p, `closer` (B,), and to its farther one s_n, `farther` (B,); β = `margin`.
+
+    It is `hinge` (ADMC Eq. 5) on the two-column scores [ξ(t, s_p), ξ(t, s_n)] with the closer one the target: one
+    negative a row, so hinge's sum over negatives is this max."""
+    scores = torch.stack([closer, farther], dim=1)  # (B, 2)
+    target = torch.zeros(scores.shape[0], dtype=torch.long, device=scores.device)  # (B,) column 0, the closer
+    return hinge(scores, target, margin=margin)
+
+
 def class_log_prior(gold: torch.Tensor, n_classes: int) -> torch.Tensor:
     """(N,) training rows' class indices → (P,) log π, with one pseudo-count so no class is −∞."""
     counts = torch.bincount(gold, minlength=n_classes).float() + 1.0

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from tqc.losses import bpr, class_log_prior, decoupled, hinge, make_loss, nt_xent, prior_offsets, same_class_mask, sdml
+from tqc.losses import (bpr, class_log_prior, decoupled, hinge, make_loss, nt_xent, prior_offsets, same_class_mask, sdml,
+                        triplet_margin)
 from tqc.stages.stage_one import candidate_classes
 from tqc.stages.stage_two import candidate_columns
 
@@ -160,3 +161,33 @@ def test_sdml_spreads_its_smoothing_over_the_valid_columns_only():
     log_p = torch.log_softmax(torch.tensor([0.3, 0.25, -0.5]) / 0.1, dim=0)
     expected = -(0.8 * log_p[0] + 0.1 * log_p[1] + 0.1 * log_p[2])
     assert torch.allclose(sdml(scores, torch.tensor([0]), excluded, temperature=0.1, smoothing=0.3), expected)
+
+
+def test_triplet_margin_matches_ebsim_eq_5_by_hand():
+    """EBSIM Eq. 5 with β = 1: mean of max(ξ(t,s_n) − ξ(t,s_p) + 1, 0) over the triplets."""
+    closer, farther = torch.tensor([0.9, 0.2, 0.5]), torch.tensor([0.1, 0.4, 0.5])
+    # rows: 0.1 − 0.9 + 1 = 0.2; 0.4 − 0.2 + 1 = 1.2; 0.5 − 0.5 + 1 = 1.0 → mean 0.8
+    assert triplet_margin(closer, farther, margin=1.0).item() == pytest.approx(0.8)
+    # the same as hinge on the two-column scores with the closer one the target
+    assert triplet_margin(closer, farther, margin=0.3) == pytest.approx(
+        hinge(torch.stack([closer, farther], dim=1), torch.zeros(3, dtype=torch.long), margin=0.3).item())
+
+
+def test_triplet_margin_pushes_the_closer_up_and_the_farther_down():
+    closer = torch.tensor([0.2, 0.0], requires_grad=True)
+    farther = torch.tensor([0.1, 0.3], requires_grad=True)
+    triplet_margin(closer, farther, margin=1.0).backward()
+    # gradient descent moves each by −grad: ξ(t, s_p) rises, ξ(t, s_n) falls, each by 1/B
+    assert closer.grad.tolist() == pytest.approx([-0.5, -0.5]) and farther.grad.tolist() == pytest.approx([0.5, 0.5])
+
+
+def test_triplet_margin_is_zero_with_no_gradient_once_the_margin_is_met():
+    closer = torch.tensor([0.9, 0.7], requires_grad=True)
+    farther = torch.tensor([-0.2, 0.1], requires_grad=True)  # gaps 1.1 and 0.6, both at least β = 0.5
+    loss = triplet_margin(closer, farther, margin=0.5)
+    loss.backward()
+    assert loss.item() == 0.0 and closer.grad.abs().sum() == 0 and farther.grad.abs().sum() == 0
+    # a triplet short of the margin is the only one that trains
+    closer.grad = farther.grad = None
+    triplet_margin(closer, farther, margin=0.8).backward()
+    assert closer.grad.tolist() == pytest.approx([0.0, -0.5]) and farther.grad.tolist() == pytest.approx([0.0, 0.5])
