@@ -13,9 +13,9 @@ import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 import numpy as np
 import torch
@@ -162,11 +162,14 @@ def fit(
     seed: int,
     description: str,
     on_epoch: Callable[[EpochRecord], None] | None = None,
+    keep: Literal["best", "last"] = "best",
 ) -> FitResult:
     """Train with early stopping on validation macro-F1; `model` ends holding its best weights.
 
     Epoch 0 is the starting point, validated before any step, so a stage never ends worse on
-    validation than it began (stage two starts from stage one's weights). Under torchrun each
+    validation than it began (stage two starts from stage one's weights). `keep="last"` (the warm-up, which
+    learns no classes, so validation only reports on it): every epoch runs and `model` keeps its last weights,
+    and the result's best epoch is the last. Under torchrun each
     process takes its share of every batch and the gradients are averaged (tqc.distributed);
     every process validates and all of them go by rank 0's figures, so they make the same
     early-stopping choice.
@@ -182,7 +185,8 @@ def fit(
     on_epoch = on_epoch if distributed.is_main() else None  # tracking and callbacks: rank 0 only
 
     history = [_record(0, math.nan, _validated(validate, description, 0), 0.0)]
-    best_f1, best_epoch, best_state = history[0].validation_macro_f1, 0, _snapshot(model)
+    best_f1, best_epoch = history[0].validation_macro_f1, 0
+    best_state = _snapshot(model) if keep == "best" else None  # a copy of the weights: none needed to keep the last
     log.info("%s: epoch 0 (start) validation macro-F1 %.4f", description, best_f1)
     if on_epoch:
         on_epoch(history[0])
@@ -200,11 +204,19 @@ def fit(
             "%s: epoch %d loss %.4f validation accuracy %.4f macro-F1 %.4f (%.1fs)",
             description, epoch, record.train_loss, record.validation_accuracy, record.validation_macro_f1, record.seconds,
         )
+        if keep == "last":
+            continue
         if record.validation_macro_f1 > best_f1:
             best_f1, best_epoch, best_state = record.validation_macro_f1, epoch, _snapshot(model)
         elif epoch - best_epoch >= patience:
             log.info("%s: no validation gain for %d epochs; stopping early", description, patience)
             break
+    if keep == "last":
+        model.eval()
+        log.info("%s: kept the last epoch, %d (validation macro-F1 %.4f)", description, history[-1].epoch,
+                 history[-1].validation_macro_f1)
+        return replace(FitResult.of(history), best_epoch=history[-1].epoch,
+                       best_validation_macro_f1=history[-1].validation_macro_f1)
     model.load_state_dict(best_state)
     model.eval()  # the kept weights as they score: dropout and cutoff off for whoever calls the model next
     log.info("%s: kept epoch %d (validation macro-F1 %.4f)", description, best_epoch, best_f1)

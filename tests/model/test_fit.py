@@ -45,6 +45,24 @@ def test_a_fit_leaves_its_kept_weights_in_eval_mode_whatever_trained_last():
     assert not model.training and not any(module.training for module in model.modules())
 
 
+def test_keep_last_runs_every_epoch_and_keeps_the_last_weights_however_validation_went():
+    """The warm-up's fit: validation only reports on it (it learns no classes), so a worse epoch neither stops it
+    early nor brings back an earlier one's weights."""
+    torch.manual_seed(0)
+    model = nn.Linear(2, 2)
+    figures = iter([0.9, 0.5, 0.4, 0.3])  # every epoch worse than the start
+
+    def validate():
+        return {"accuracy": 0.5, "macro_f1": next(figures)}
+
+    before = model.weight.detach().clone()
+    result = fit(model, [{"params": model.parameters(), "lr": 0.1}], lambda rows: model(torch.ones(len(rows), 2)).sum(),
+                 4, validate, Schedule(epochs=3, batch_size=2, patience=1), seed=0, description="toy", keep="last")
+    assert [r.epoch for r in result.history] == [0, 1, 2, 3]  # patience 1 would have stopped after epoch 1
+    assert (result.best_epoch, result.best_validation_macro_f1) == (3, 0.3)
+    assert not torch.equal(model.weight, before) and not model.training
+
+
 def test_a_stage_loss_says_a_smoothing_its_loss_never_reads(caplog):
     with caplog.at_level(logging.WARNING):
         loss_fn = stage_loss(StageTwoParams(loss="hinge", smoothing=0.2), "stage_two")
