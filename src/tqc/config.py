@@ -297,6 +297,41 @@ class StageOneParams(TrainParams):
     negatives: Literal["in_batch", "all_classes"] = "in_batch"
 
 
+class WarmupParams(Strict):
+    """EBSIM's weakly supervised warm-up (§3.2-3.3), before stage one: triplets (a standard question, a closer
+    question, a farther one) made from unlabelled questions, trained with a margin triplet loss. Off by default."""
+
+    enabled: bool = False
+    # A file of unlabelled questions (CSV with a header, or JSONL), under data_dir as data.custom's files are; null: none
+    unlabelled: str | None = None
+    text_column: str = "text"
+    include_train: bool = True  # the training questions' texts, their labels dropped, join the pool
+    candidates: int = Field(20, ge=2)  # R: the pool questions ranked closest to each standard question (two make a pair)
+    mask_threshold: float = Field(0.8, gt=-1.0, le=1.0)  # a word more like a title word than this is masked
+    max_mask_fraction: float = Field(0.5, gt=0.0, le=1.0)  # of a question's words
+    margin: float = Field(1.0, ge=0.0)  # β of max(ξ(t, s_n) − ξ(t, s_p) + β, 0)
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=2)  # triplets a step
+    learning_rate: float = Field(5e-5, gt=0.0)
+    weight_decay: float = Field(0.01, ge=0.0)
+    warmup_ratio: float = Field(0.1, ge=0.0, lt=1.0)
+    max_steps: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _has_questions(self) -> "WarmupParams":
+        if self.enabled and self.unlabelled is None and not self.include_train:
+            raise ValueError("warmup.enabled is true but warmup.unlabelled is not set and warmup.include_train is false: "
+                             "the warm-up has no questions to learn from")
+        return self
+
+    def schedule(self) -> Schedule:
+        """The training loop's schedule. Every epoch runs (the warm-up keeps its last weights, `fit(keep="last")`), so
+        patience reads nothing; it is set to the epochs."""
+        return Schedule(epochs=self.epochs, batch_size=self.batch_size, learning_rate=self.learning_rate,
+                        weight_decay=self.weight_decay, warmup_ratio=self.warmup_ratio, patience=self.epochs,
+                        max_steps=self.max_steps)
+
+
 class MineParams(Strict):
     k: int = Field(5, ge=1)
     batch_size: int = Field(256, ge=1)
@@ -568,6 +603,7 @@ class Params(Strict):
     validate_: ValidateParams = Field(ValidateParams(), alias="validate")
     augment: AugmentParams = AugmentParams()
     model: ModelParams = ModelParams()
+    warmup: WarmupParams = WarmupParams()
     stage_one: StageOneParams = StageOneParams()
     mine: MineParams = MineParams()
     stage_two: StageTwoParams = StageTwoParams()
