@@ -61,7 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
                               "a generated row equal to one of their questions is dropped")
     augment.add_argument("--catalog", type=Path, help="the catalog: a generated row equal to another class's standard "
                          "question is dropped")
-    _paths(commands.add_parser("stage-one", help="train both encoders with in-batch NT-Xent"), "data", "train", "out", "history")
+    warmup = commands.add_parser("warmup", help="EBSIM's warm-up on weak triplets of unlabelled questions (warmup section; "
+                                 "off by default: writes only its skip record)")
+    _paths(warmup, "data", "out", "report", "quarantine")
+    stage_one = commands.add_parser("stage-one", help="train both encoders with in-batch NT-Xent")
+    _paths(stage_one, "data", "train", "out", "history")
+    stage_one.add_argument("--warmup", type=Path, help="the warm-up stage's folder (models/warmup): start from its model "
+                           "where it wrote one, else from model.pretrained")
     _paths(commands.add_parser("mine", help="mine the K hardest wrong standard questions"), "data", "train", "model", "out", "report")
     _paths(commands.add_parser("stage-two", help="retrain against the mined negatives"), "data", "train", "negatives", "model", "out", "history")
     _paths(commands.add_parser("baseline-nc", help="train the NC (encoder + linear head) baseline"), "data", "train", "out", "history")
@@ -411,11 +417,27 @@ def _training_stage(stage: str, deps: list[str], train: Callable) -> Callable:
     return command
 
 
+def _warmup(args: argparse.Namespace, params: Params) -> None:
+    """The warm-up stage; a tracked run only when it trains (skipped, it writes its record and nothing else)."""
+    from tqc.stages import warmup
+
+    def run(on_epoch=None):
+        return warmup.run(args.data, params.model, params.warmup, params.data, params.seed, args.out, args.report,
+                          args.quarantine, on_epoch=on_epoch)
+
+    if not params.warmup.enabled:
+        run()
+        return
+    with stage_run("warmup", params, [args.data]) as tracker:
+        result = run(tracker.on_epoch("warmup"))
+        _log_fit(tracker, "warmup", result, args.report)
+
+
 def _stage_one(args: argparse.Namespace, params: Params, on_epoch):
     from tqc.stages import stage_one
 
     return stage_one.run(args.data, args.train, params.model, params.augment, params.stage_one, params.seed, args.out,
-                         args.history, on_epoch=on_epoch)
+                         args.history, on_epoch=on_epoch, warmup_dir=args.warmup)
 
 
 def _stage_two(args: argparse.Namespace, params: Params, on_epoch):
@@ -1004,7 +1026,7 @@ def _at_least(text: str, low: int) -> int:
 # Commands that need no params.yaml: predict reads a model folder and a catalog, fetch the network
 WITHOUT_PARAMS: dict[str, Callable[[argparse.Namespace], None]] = {"fetch": _fetch, "predict": _predict}
 WITH_PARAMS: dict[str, Callable[[argparse.Namespace, Params], None]] = {
-    "ingest": _ingest, "validate": _validate, "augment": _augment,
+    "ingest": _ingest, "validate": _validate, "augment": _augment, "warmup": _warmup,
     "stage-one": _training_stage("stage_one", ["data", "train"], _stage_one),
     "mine": _mine,
     "stage-two": _training_stage("stage_two", ["data", "train", "negatives", "model"], _stage_two),

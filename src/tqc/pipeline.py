@@ -18,7 +18,7 @@ from tqc import distributed
 from tqc.config import Params
 from tqc.launched import ERROR_FILE_ENV, FollowedOutput, clear_input_errors, launched_input_error, wait_for_torchrun
 from tqc.io import write_text
-from tqc.stages import augment, baseline_nc, ingest, mine, stage_one, stage_two, validate
+from tqc.stages import augment, baseline_nc, ingest, mine, stage_one, stage_two, validate, warmup
 from tqc.training import EpochRecord, FitResult, read_history
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,8 @@ def prepare_data(params: Params, work_dir: Path) -> PreparedData:
 
 def train_chain(params: Params, data_dir: Path, train_path: Path, work_dir: Path, seed: int, with_nc: bool = True,
                 on_epoch: EpochHook | None = None, processes: int | None = None) -> ChainOutputs:
-    """stage one → mine → stage two (→ the NC baseline) in `work_dir`; `on_epoch` sees every epoch.
+    """(the warm-up, when warmup.enabled →) stage one → mine → stage two (→ the NC baseline) in `work_dir`; `on_epoch`
+    sees every epoch of the last four.
 
     `processes` (default distributed.nproc_per_node) above 1: each training stage runs as that many torchrun
     processes, through the stage's own CLI command, as `dvc repro` runs it; `on_epoch` then sees a stage's
@@ -81,9 +82,11 @@ def train_chain(params: Params, data_dir: Path, train_path: Path, work_dir: Path
         return (lambda record: on_epoch(stage, record)) if on_epoch else None
 
     one = {"data": data_dir, "train": train_path, "out": outputs.stage_one, "history": work_dir / "stage_one.csv"}
+    if params.warmup.enabled:  # stage one starts from the warm-up's model; off, from model.pretrained as ever
+        one["warmup"] = warmed_up(params, data_dir, work_dir, seed)
     outputs.fits["stage_one"] = train("stage-one", one, hook("stage_one"), lambda on_epoch: stage_one.run(
         data_dir, train_path, params.model, params.augment, params.stage_one, seed, one["out"], one["history"],
-        on_epoch=on_epoch))
+        on_epoch=on_epoch, warmup_dir=one.get("warmup")))
     mine.run(data_dir, train_path, outputs.stage_one, params.mine, work_dir / "negatives.jsonl", work_dir / "mining.json")
     two = {"data": data_dir, "train": train_path, "negatives": work_dir / "negatives.jsonl", "model": outputs.stage_one,
            "out": outputs.stage_two, "history": work_dir / "stage_two.csv"}
@@ -97,6 +100,14 @@ def train_chain(params: Params, data_dir: Path, train_path: Path, work_dir: Path
             data_dir, train_path, params.model, params.augment, params.baseline_nc, seed, nc["out"], nc["history"],
             on_epoch=on_epoch))
     return outputs
+
+
+def warmed_up(params: Params, data_dir: Path, work_dir: Path, seed: int) -> Path:
+    """The warm-up stage into `work_dir` (in this process: it is not launched under torchrun), as `dvc repro` runs it
+    into models/warmup; returns its model folder."""
+    warmup.run(data_dir, params.model, params.warmup, params.data, seed, work_dir / "warmup",
+               work_dir / "reports" / "warmup.json", work_dir / "quarantine" / "warmup.jsonl")
+    return work_dir / "warmup"
 
 
 # The params sections a launched training command reads (data: for the checks that tie augment to it); the rest default.

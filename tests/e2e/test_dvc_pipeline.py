@@ -44,8 +44,11 @@ def test_dvc_repro_end_to_end_then_nothing_then_only_evaluate(project):
     metrics = json.loads((project / "reports" / "metrics.json").read_text())
     assert metrics["dataset"] == "custom"
     # the params evaluate declares: no grids, tuner or flows, nor validate's thresholds or data's paths
-    assert set(metrics["run"]["params"]) == {"seed", "data", "augment", "model", "stage_one", "mine",
+    assert set(metrics["run"]["params"]) == {"seed", "data", "augment", "model", "warmup", "stage_one", "mine",
                                              "stage_two", "baseline_nc", "prior", "distributed", "evaluate"}
+    # the warm-up is off by default: its folder holds its skip record alone, and stage one started from model.pretrained
+    assert [p.name for p in (project / "models" / "warmup").iterdir()] == ["warmup_skipped.json"]
+    assert "warmed_up_from" not in json.loads((project / "models" / "stage_one" / "tqc_model.json").read_text())
     assert metrics["run"]["params"]["data"] == {"dataset": "custom", "validation_fraction": 0.1}
     for key in ("test", "stage_one.test", "nc.test", "zero_shot.test", "exemplars.test"):
         node = metrics

@@ -208,7 +208,7 @@ UNSHIFTED_FIGURES = ("accuracy", "macro_f1", "macro_f1_gold_classes")
 # them runs evaluate again, so its record in metrics.json is never stale. The others (validate's thresholds, data's
 # paths and columns) shape the validated data, whose hash dvc.lock records; recorded here, a change that left the data
 # as it was would leave their values stale.
-RECORDED_PARAMS = ("seed", "data.dataset", "data.validation_fraction", "model", "augment", "stage_one", "mine",
+RECORDED_PARAMS = ("seed", "data.dataset", "data.validation_fraction", "model", "augment", "warmup", "stage_one", "mine",
                    "stage_two", "baseline_nc", "prior", "evaluate", "distributed.nproc_per_node", "distributed.backend")
 
 

@@ -26,6 +26,7 @@ from tqc.losses import LossFn, class_log_prior, prior_offsets, same_class_mask
 from tqc.model.cross_encoding import joined_inputs, question_that_fits
 from tqc.model.encoder import BiEncoder
 from tqc.model.prototype_mixup import balanced_set, synthetic_share
+from tqc.model.warm_start import starting_model, warmed_model
 from tqc.model.similarity import scores_directions_only
 from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.training import (FitResult, bi_encoder_parameter_groups, bi_encoder_validator, fit, gold_indices,
@@ -165,12 +166,15 @@ def run(
     out_dir: Path,
     history_path: Path,
     on_epoch=None,
+    warmup_dir: Path | None = None,
 ) -> FitResult:
+    """`warmup_dir`: the warm-up stage's folder; where it holds a model, training starts from it, else (None, or the
+    warm-up's skip record) from model.pretrained."""
     seed_everything(seed)
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     train_rows = stage_one_rows(load_questions(train_path), augment_params.deferred)
     validation = load_questions(data_dir / "validation.jsonl")
-    model = BiEncoder.from_params(model_params).to(pick_device())
+    model = starting_model(model_params, warmup_dir).to(pick_device())
     model.set_augmentation(augment_params)
     log.info("stage one: %d training rows%s, %d validation, %d classes on %s", len(train_rows),
              " (deferred re-balancing: generated rows wait for stage two)" if augment_params.deferred else "",
@@ -178,4 +182,6 @@ def run(
     result = train(model, train_rows, validation, catalog, params, seed, on_epoch, augment_params)
     metadata = {"stage": "stage_one", "pretrained": model_params.pretrained, "best_epoch": result.best_epoch,
                 "validation_macro_f1": result.best_validation_macro_f1, "params": params.model_dump(mode="json")}
+    if warmed_model(warmup_dir) is not None:  # only then: without a warm-up the saved config is what it always was
+        metadata["warmed_up_from"] = str(warmup_dir)
     return write_outputs("stage one", lambda: model.save(out_dir, metadata), out_dir, history_path, result)

@@ -1,0 +1,217 @@
+"""The optional warm-up before stage one: EBSIM's weakly supervised triplets on unlabelled questions (§3.2-3.3).
+
+A pool of questions (a file of unlabelled ones, and the training questions with their labels dropped) is ranked
+against every standard question by the pretrained model; the triplets it gives (`tqc.warmup_triplets`) train both
+encoders with the margin triplet loss, ξ the model's own similarity. Stage one then starts from these weights
+(`tqc.model.warm_start`). Held-out questions never enter the pool: a row whose text is a validation or test
+question's (as validate compares texts) is quarantined, with its file, line and reason, as are rows with no text
+or no letter or digit.
+
+Off (`warmup.enabled: false`, the default) it trains nothing and writes only its skip record, so stage one starts
+from model.pretrained as before.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tqc import distributed
+from tqc.config import ConfigError, DataParams, ModelParams, WarmupParams
+from tqc.device import pick_device, seed_everything
+from tqc.io import atomic_directory, write_json, write_jsonl
+from tqc.losses import triplet_margin
+from tqc.model.encoder import BiEncoder
+from tqc.model.warm_start import SKIP_RECORD
+from tqc.readers import ReaderError, read_texts
+from tqc.schema import Catalog, LabeledQuestion, load_questions
+from tqc.stages.validate import LETTER_OR_DIGIT
+from tqc.text import compared_text
+from tqc.training import FitResult, bi_encoder_validator, fit, parameter_groups
+from tqc.warmup_triplets import Triplet, WordVectors, build_triplets
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PoolRow:
+    text: str
+    file: str
+    line: int | None
+
+
+@dataclass
+class Pool:
+    """The questions the warm-up ranks, each text once, and what was kept out of them."""
+
+    texts: list[str] = field(default_factory=list)
+    quarantined: list[dict] = field(default_factory=list)
+    duplicates: int = 0  # rows whose text an earlier row has (as validate compares texts): merged into it
+
+
+def question_pool(rows: list[PoolRow], held_out: dict[str, str]) -> Pool:
+    """The usable rows' texts, each once; the others quarantined with their file, line and reason. `held_out`: each
+    validation and test question's `compared_text` → its split."""
+    pool, seen = Pool(), set()
+    for row in rows:
+        key = compared_text(row.text)
+        reason = _unusable(key, held_out)
+        if reason:
+            pool.quarantined.append({"stage": "warmup", "file": row.file, "line": row.line, "reason": reason,
+                                     "content": {"text": row.text}})
+        elif key in seen:
+            pool.duplicates += 1
+        else:
+            seen.add(key)
+            pool.texts.append(row.text)
+    return pool
+
+
+def _unusable(key: str, held_out: dict[str, str]) -> str:
+    """Why a row with this compared text cannot join the pool ("" when it can)."""
+    if not key:
+        return "non_empty_text: no text (empty, or no character a tokenizer reads)"
+    if not re.search(LETTER_OR_DIGIT, key):
+        return "has_letter_or_digit: no letter or digit, so no question"
+    if key in held_out:
+        return (f"no_leakage: the same question as a {held_out[key]} question (as validate compares texts): held-out "
+                "questions never reach the warm-up")
+    return ""
+
+
+def pool_rows(params: WarmupParams, data_params: DataParams, train_rows: list[LabeledQuestion]) -> list[PoolRow]:
+    """The unlabelled file's rows, then the training questions' (labels dropped) when `include_train`."""
+    rows = _unlabelled_rows(params, data_params) if params.unlabelled else []
+    if params.include_train:
+        for question in train_rows:
+            file, _, line = question.source.rpartition(":")
+            rows.append(PoolRow(question.text, file or question.source, int(line) if line.isdigit() else None))
+    return rows
+
+
+def _unlabelled_rows(params: WarmupParams, data_params: DataParams) -> list[PoolRow]:
+    """warmup.unlabelled's rows; a file that is not there, or does not parse, is an error naming the setting."""
+    path = Path(data_params.data_dir) / params.unlabelled
+    if not path.is_file():
+        raise ConfigError(f"warmup.unlabelled {params.unlabelled!r}: no file {path} (the path is relative to "
+                          f"data.data_dir, {data_params.data_dir})")
+    try:
+        return [PoolRow(text, str(path), line) for line, text in read_texts(path, params.text_column)]
+    except ReaderError as exc:
+        raise ReaderError(f"warmup.unlabelled (warmup.text_column {params.text_column!r}): {exc}") from None
+
+
+def held_out_texts(data_dir: Path) -> dict[str, str]:
+    """Each validation and test question's compared text → its split (test where both have it)."""
+    return {compared_text(q.text): split for split in ("validation", "test")
+            for q in load_questions(data_dir / f"{split}.jsonl")}
+
+
+def mask_token_of(model: BiEncoder, pretrained: str) -> str:
+    token = model.question.tokenizer.mask_token
+    if not token:
+        raise ConfigError(f"warmup.enabled: model.pretrained {pretrained!r} has no mask token, which the warm-up's "
+                          "structure-level triplets put in place of a question's shared words; set warmup.enabled: false")
+    return token
+
+
+@torch.no_grad()
+def weak_triplets(model: BiEncoder, catalog: Catalog, pool: list[str], params: WarmupParams, mask_token: str,
+                  batch_size: int = 256) -> list[Triplet]:
+    """The triplets of `tqc.warmup_triplets`, ranked by `model` as it is (the pretrained one)."""
+    titles = model.standard.encode(catalog.texts, batch_size, "encoding catalog")  # (P, D)
+    questions = model.question.encode(pool, batch_size, "encoding the warm-up pool")  # (N, D)
+    scores = model.score(questions, titles).float().cpu().numpy().T  # (P, N)
+    tokenizer = model.question.tokenizer
+    vectors = WordVectors(lambda word: tokenizer(word, add_special_tokens=False)["input_ids"],
+                          model.question.backbone.get_input_embeddings().weight)
+    return build_triplets(catalog.texts, pool, np.asarray(scores), vectors, params.candidates, params.mask_threshold,
+                          params.max_mask_fraction, mask_token)
+
+
+def train(model: BiEncoder, triplets: list[Triplet], validation: list[LabeledQuestion], catalog: Catalog,
+          params: WarmupParams, seed: int, on_epoch=None) -> FitResult:
+    """Every epoch of the triplets, the last weights kept: validation (zero-shot, against the catalog) is reported,
+    and chooses nothing, since the warm-up learns no classes."""
+
+    def batch_loss(rows: list[int]) -> torch.Tensor:
+        batch = [triplets[i] for i in rows]
+        titles, column = np.unique([t.title for t in batch], return_inverse=True)  # (U,), (B,) each row's title column
+        anchors = model.embed_standards([catalog.texts[c] for c in titles.tolist()])  # (U, D)
+        sentences = model.embed_questions([t.closer for t in batch] + [t.farther for t in batch])  # (2B, D)
+        scores = model.score(sentences, anchors)  # (2B, U): ξ of each sentence against each title
+        rows_of = torch.arange(len(batch), device=scores.device)  # (B,)
+        columns = torch.as_tensor(column, device=scores.device)  # (B,)
+        closer = scores[rows_of, columns]  # (B,) ξ(t, s_p)
+        farther = scores[rows_of + len(batch), columns]  # (B,) ξ(t, s_n)
+        return triplet_margin(closer, farther, margin=params.margin)
+
+    return fit(model, parameter_groups(model, params.learning_rate), batch_loss, len(triplets),
+               bi_encoder_validator(model, validation, catalog), params.schedule(), seed=seed, description="warm-up",
+               on_epoch=on_epoch, keep="last")
+
+
+def run(data_dir: Path, model_params: ModelParams, params: WarmupParams, data_params: DataParams, seed: int,
+        out_dir: Path, report_path: Path, quarantine_path: Path, on_epoch=None) -> FitResult:
+    if not params.enabled:
+        return _write_skipped(out_dir, report_path, quarantine_path)
+    started = time.perf_counter()
+    seed_everything(seed)
+    catalog = Catalog.load(data_dir / "catalog.jsonl")
+    train_rows = load_questions(data_dir / "train.jsonl") if params.include_train else []
+    rows = pool_rows(params, data_params, train_rows)
+    pool = question_pool(rows, held_out_texts(data_dir))
+    if distributed.is_main():
+        write_jsonl(quarantine_path, pool.quarantined)
+    if pool.quarantined:
+        log.warning("warm-up: %d pool row(s) quarantined to %s (no text, no letter or digit, or a held-out question)",
+                    len(pool.quarantined), quarantine_path)
+    model = BiEncoder.from_params(model_params).to(pick_device())
+    triplets = weak_triplets(model, catalog, pool.texts, params, mask_token_of(model, model_params.pretrained))
+    kinds = {kind: sum(t.kind == kind for t in triplets) for kind in ("token", "structure")}
+    log.info("warm-up: %d pool questions (%d rows read, %d duplicates merged, %d quarantined) → %d token-level and %d "
+             "structure-level triplets against %d standard questions", len(pool.texts), len(rows), pool.duplicates,
+             len(pool.quarantined), kinds["token"], kinds["structure"], len(catalog))
+    if not triplets:
+        raise ConfigError(f"warmup: no triplets: {len(pool.texts)} pool question(s) make no pair for any standard question "
+                          "(warmup.candidates needs at least two); add unlabelled questions or set warmup.enabled: false")
+    result = train(model, triplets, load_questions(data_dir / "validation.jsonl"), catalog, params, seed, on_epoch)
+    metadata = {"stage": "warmup", "pretrained": model_params.pretrained, "model": model_params.model_dump(mode="json"),
+                "params": params.model_dump(mode="json"), "triplets": kinds}
+    if distributed.is_main():
+        model.save(out_dir, metadata)
+        write_json(report_path, _report(params, rows, pool, kinds, result, time.perf_counter() - started))
+        log.info("warm-up: wrote %s and %s", out_dir, report_path)
+    return result
+
+
+def _report(params: WarmupParams, rows: list[PoolRow], pool: Pool, kinds: dict[str, int], result: FitResult,
+            seconds: float) -> dict:
+    return {"enabled": True, "rows_read": len(rows), "pool": len(pool.texts), "duplicates_merged": pool.duplicates,
+            "quarantined": len(pool.quarantined), "triplets": kinds, "epochs": len(result.history) - 1,
+            "loss": result.history[-1].train_loss,
+            "validation_macro_f1": {"start": result.history[0].validation_macro_f1,
+                                    "end": result.history[-1].validation_macro_f1},
+            "history": [asdict(record) for record in result.history], "seconds": round(seconds, 1),
+            "params": params.model_dump(mode="json")}
+
+
+def _write_skipped(out_dir: Path, report_path: Path, quarantine_path: Path) -> FitResult:
+    """The skip record alone in the model folder (stage one then starts from model.pretrained), an empty quarantine and
+    a report saying so: every output dvc.yaml declares, no weights."""
+    if not distributed.is_main():
+        return FitResult.of([])
+    reason = {"enabled": False, "reason": "warmup.enabled is false: stage one starts from model.pretrained"}
+    with atomic_directory(out_dir) as staging:
+        (staging / SKIP_RECORD).write_text(json.dumps(reason) + "\n", encoding="utf-8")
+    write_json(report_path, reason)
+    write_jsonl(quarantine_path, [])
+    log.info("warm-up: skipped (warmup.enabled: false); wrote the record %s", out_dir / SKIP_RECORD)
+    return FitResult.of([])

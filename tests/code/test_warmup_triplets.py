@@ -1,0 +1,98 @@
+"""EBSIM's weak triplets (tqc.warmup_triplets) and the warm-up's question pool, without a model."""
+
+import numpy as np
+import pytest
+import torch
+
+from tqc.stages.warmup import PoolRow, question_pool
+from tqc.warmup_triplets import (WordVectors, build_triplets, masked, ranked_candidates, structure_triplet,
+                                 token_triplets, words, words_to_mask)
+
+# A toy embedding table: "where" and "wherever" are one direction (cosine 1), "place" and "spot" close (0.8 < cos < 1),
+# "city" and "paris" apart from everything
+VOCABULARY = {"where": 0, "is": 1, "the": 2, "place": 3, "spot": 4, "city": 5, "paris": 6, "##ever": 7}
+TABLE = torch.tensor([[1.0, 0, 0, 0, 0], [0, 1.0, 0, 0, 0], [0, 0, 1.0, 0, 0], [0, 0, 0, 1.0, 0],
+                      [0, 0, 0.3, 1.0, 0], [0, 0, 0, 0, 1.0], [0, 0.2, 0, -0.3, -1.0], [1.0, 0, 0, 0, 0]])
+
+
+def pieces(word: str) -> list[int]:
+    word = word.lower()
+    if word == "wherever":
+        return [VOCABULARY["where"], VOCABULARY["##ever"]]
+    return [VOCABULARY[word]] if word in VOCABULARY else []
+
+
+def vectors() -> WordVectors:
+    return WordVectors(pieces, TABLE)
+
+
+def test_candidates_are_ranked_best_first_with_ties_in_pool_order():
+    scores = np.array([[0.1, 0.9, 0.5, 0.9], [0.3, 0.2, 0.1, 0.0]])  # (2 titles, 4 questions)
+    assert ranked_candidates(scores, 3) == [[1, 3, 2], [0, 1, 2]]
+
+
+def test_token_triplets_put_the_higher_ranked_question_closer_for_every_pair():
+    pool = ["q0", "q1", "q2", "q3"]
+    triplets = token_triplets(7, [2, 0, 3], pool)
+    assert [(t.closer, t.farther) for t in triplets] == [("q2", "q0"), ("q2", "q3"), ("q0", "q3")]
+    assert {(t.title, t.kind) for t in triplets} == {(7, "token")}
+
+
+def test_words_above_the_threshold_are_masked_most_alike_first_up_to_the_fraction():
+    similarity = [0.95, 0.1, 0.85, 0.99, 0.81]
+    assert words_to_mask(similarity, 0.8, 1.0) == [0, 2, 3, 4]
+    assert words_to_mask(similarity, 0.8, 0.5) == [0, 3]  # ⌊0.5 × 5⌋ = 2: the two most alike, in reading order
+    assert words_to_mask(similarity, 0.9, 0.5) == [0, 3]
+    assert words_to_mask(similarity, 0.999, 0.5) == []  # none above: nothing to mask
+    assert words_to_mask([0.9, 0.9, 0.1, 0.1], 0.8, 0.5) == [0, 1]  # 0.5 × 4 is 2, rounding aside
+    assert words_to_mask([0.9], 0.8, 0.5) == []  # half of one word is no word
+
+
+def test_masking_replaces_whole_words_and_keeps_the_rest_of_the_text():
+    text = "Where's the place, exactly?"
+    spans = words(text)
+    assert [text[a:b] for a, b in spans] == ["Where", "s", "the", "place", "exactly"]
+    assert masked(text, spans, [0, 3], "[MASK]") == "[MASK]'s the [MASK], exactly?"
+
+
+def test_word_vectors_are_the_mean_of_the_word_pieces_rows():
+    closeness = vectors().closeness(["wherever", "city", "unknown"], ["where"])
+    assert closeness[0] == pytest.approx(1.0)  # where + ##ever: both rows are "where"'s direction
+    assert closeness[1] == pytest.approx(0.0) and closeness[2] == 0.0  # a word of no pieces is like nothing
+
+
+def test_a_structure_triplet_masks_the_words_a_title_shares_and_none_is_made_without_one():
+    dropped = structure_triplet(0, "Where is the place?", "where is the spot in paris", vectors(), 0.8, 0.5, "[MASK]")
+    # where, is, the: cosine 1; spot to place: 1/√1.09 ≈ 0.96; 6 words, so at most 3 masked, the most alike first
+    assert dropped.closer == "where is the spot in paris" and dropped.kind == "structure"
+    assert dropped.farther == "[MASK] [MASK] [MASK] spot in paris"
+    assert structure_triplet(0, "Where is the place?", "paris city", vectors(), 0.8, 0.5, "[MASK]") is None
+    # a threshold above every likeness masks nothing either
+    assert structure_triplet(0, "the place", "the spot paris city", vectors(), 1.0, 0.5, "[MASK]") is None
+
+
+def test_build_triplets_is_deterministic_and_keeps_to_the_top_candidates():
+    titles = ["Where is the place?", "city"]
+    pool = ["paris city", "where is the spot", "the place is paris", "city paris"]
+    scores = np.array([[0.1, 0.9, 0.8, 0.0], [0.9, 0.0, 0.1, 0.8]])
+    first = build_triplets(titles, pool, scores, vectors(), 2, 0.8, 0.5, "[MASK]")
+    assert first == build_triplets(titles, pool, scores, vectors(), 2, 0.8, 0.5, "[MASK]")
+    token = [(t.title, t.closer, t.farther) for t in first if t.kind == "token"]
+    assert token == [(0, "where is the spot", "the place is paris"), (1, "paris city", "city paris")]
+    structure = [(t.title, t.closer, t.farther) for t in first if t.kind == "structure"]
+    assert structure == [(0, "where is the spot", "[MASK] [MASK] the spot"),
+                         (0, "the place is paris", "[MASK] [MASK] is paris"),
+                         (1, "paris city", "paris [MASK]"), (1, "city paris", "[MASK] paris")]
+
+
+def test_the_pool_quarantines_held_out_empty_and_wordless_rows_and_merges_repeats():
+    rows = [PoolRow("Where is Paris ?", "u.csv", 2), PoolRow("  ", "u.csv", 3), PoolRow("?!", "u.csv", 4),
+            PoolRow("WHERE is paris?", "u.csv", 5), PoolRow("who is the  person", "u.csv", 6),
+            PoolRow("how many moons", "train.csv", 9)]
+    held_out = {"who is the person": "test"}
+    pool = question_pool(rows, held_out)
+    assert pool.texts == ["Where is Paris ?", "how many moons"] and pool.duplicates == 1
+    assert [(q["file"], q["line"], q["reason"].split(":")[0]) for q in pool.quarantined] == [
+        ("u.csv", 3, "non_empty_text"), ("u.csv", 4, "has_letter_or_digit"), ("u.csv", 6, "no_leakage")]
+    assert "a test question" in pool.quarantined[2]["reason"]
+    assert pool.quarantined[2]["content"] == {"text": "who is the  person"}

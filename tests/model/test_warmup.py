@@ -1,0 +1,185 @@
+"""The warm-up stage (EBSIM's weak triplets) on the tiny random BERT: off, on, its bad input, and stage one after it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import tiny_params, write_custom_dataset
+from tqc.config import ConfigError, Params
+from tqc.model.warm_start import SKIP_RECORD
+from tqc.readers import ReaderError
+from tqc.schema import load_questions
+from tqc.stages import stage_one, warmup
+
+
+@pytest.fixture
+def validated(tiny_model_dir, tmp_path) -> tuple[Params, Path]:
+    from tqc.pipeline import validated_data
+
+    write_custom_dataset(tmp_path / "raw")
+    params = Params.model_validate(tiny_params(tmp_path / "raw", tiny_model_dir)).with_overrides(
+        {"warmup": {"enabled": True, "candidates": 4, "batch_size": 8, "learning_rate": 1e-3}})
+    return params, validated_data(params, tmp_path / "work")
+
+
+def run_warmup(params: Params, data: Path, out: Path):
+    return warmup.run(data, params.model, params.warmup, params.data, params.seed, out / "warmup", out / "warmup.json",
+                      out / "quarantine.jsonl")
+
+
+def backbone_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "question_encoder" / "model.safetensors")
+
+
+def test_off_it_writes_only_its_skip_record_and_stage_one_starts_from_the_pretrained_model(validated, tmp_path):
+    params, data = validated
+    params = params.with_overrides({"warmup": {"enabled": False}})
+    result = run_warmup(params, data, tmp_path / "out")
+    assert [p.name for p in (tmp_path / "out" / "warmup").iterdir()] == [SKIP_RECORD]
+    assert json.loads((tmp_path / "out" / "warmup.json").read_text())["enabled"] is False
+    assert (tmp_path / "out" / "quarantine.jsonl").read_text() == "" and result.history == []
+    from tqc.model.warm_start import warmed_model
+
+    assert warmed_model(tmp_path / "out" / "warmup") is None and warmed_model(None) is None
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="neither a warm-up model"):
+        warmed_model(tmp_path / "empty")
+
+
+def test_on_it_trains_the_encoders_and_stage_one_starts_from_its_weights(validated, tmp_path, tiny_model_dir, monkeypatch):
+    from safetensors.torch import load_file
+
+    params, data = validated
+    test_question = load_questions(data / "test.jsonl")[0].text
+    (tmp_path / "raw" / "unlabelled.csv").write_text(
+        f"text\nwhere is the old castle\n\n???\n{test_question.upper()}\nwho invented tea\n")
+    params = params.with_overrides({"warmup": {"unlabelled": "unlabelled.csv"}})
+    result = run_warmup(params, data, tmp_path / "out")
+
+    report = json.loads((tmp_path / "out" / "warmup.json").read_text())
+    assert report["triplets"]["token"] == 3 * 6  # 3 standard questions, C(4, 2) pairs of their top 4 each
+    assert report["triplets"]["structure"] > 0 and report["epochs"] == 1 == len(result.history) - 1
+    assert report["rows_read"] == 4 + len(load_questions(data / "train.jsonl"))  # the blank line is no row
+    quarantined = [json.loads(line) for line in (tmp_path / "out" / "quarantine.jsonl").read_text().splitlines()]
+    assert [(q["line"], q["reason"].split(":")[0]) for q in quarantined] == [(4, "has_letter_or_digit"), (5, "no_leakage")]
+    assert all(q["file"].endswith("unlabelled.csv") for q in quarantined) and report["quarantined"] == 2
+
+    warmed = backbone_weights(tmp_path / "out" / "warmup")
+    pretrained = load_file(tiny_model_dir / "model.safetensors")
+    changed = [name for name in warmed if not torch.equal(warmed[name], pretrained[name.removeprefix("bert.")])]
+    assert changed, "the warm-up left every weight of the question encoder as it was"
+
+    started_from = {}
+    real_train = stage_one.train
+
+    def spying(model, *args, **kwargs):
+        started_from.update({k: v.detach().clone() for k, v in model.question.backbone.state_dict().items()})
+        return real_train(model, *args, **kwargs)
+
+    monkeypatch.setattr(stage_one, "train", spying)
+    stage_one.run(data, data / "train.jsonl", params.model, params.augment, params.stage_one, params.seed,
+                  tmp_path / "one", tmp_path / "one.csv", warmup_dir=tmp_path / "out" / "warmup")
+    assert all(torch.equal(started_from[name], warmed[name]) for name in warmed)
+    assert json.loads((tmp_path / "one" / "tqc_model.json").read_text())["warmed_up_from"] == str(tmp_path / "out" / "warmup")
+
+
+def test_a_warm_up_of_other_model_settings_is_refused_by_stage_one(validated, tmp_path):
+    from tqc.model.warm_start import starting_model
+
+    params, data = validated
+    run_warmup(params.with_overrides({"warmup": {"max_steps": 1}}), data, tmp_path / "out")
+    other = params.model.model_copy(update={"max_length": 20})
+    with pytest.raises(ConfigError, match="the warm-up was trained with model settings .* run `tqc warmup` again"):
+        starting_model(other, tmp_path / "out" / "warmup")
+
+
+def test_a_missing_or_unparsable_pool_file_is_one_line_naming_the_setting(validated, tmp_path):
+    params, data = validated
+    with pytest.raises(ConfigError, match=r"^warmup.unlabelled 'nowhere.csv': no file .*nowhere.csv \(the path is "
+                                          r"relative to data.data_dir"):
+        run_warmup(params.with_overrides({"warmup": {"unlabelled": "nowhere.csv"}}), data, tmp_path / "out")
+    (tmp_path / "raw" / "bad.jsonl").write_text('{"text": "where is tea"}\n{"text": \n')
+    with pytest.raises(ReaderError, match=r"^warmup.unlabelled \(warmup.text_column 'text'\): .*bad.jsonl, line 2: not "
+                                          "valid JSON"):
+        run_warmup(params.with_overrides({"warmup": {"unlabelled": "bad.jsonl"}}), data, tmp_path / "out")
+    (tmp_path / "raw" / "other.csv").write_text("question\nwhere is tea\n")
+    with pytest.raises(ReaderError, match=r"^warmup.unlabelled \(warmup.text_column 'text'\): "):
+        run_warmup(params.with_overrides({"warmup": {"unlabelled": "other.csv"}}), data, tmp_path / "out")
+    assert not (tmp_path / "out" / "warmup").exists()
+
+
+def test_a_model_without_a_mask_token_is_refused_in_one_line(validated, tmp_path, monkeypatch):
+    from tqc.model.encoder import BiEncoder
+
+    params, data = validated
+    loaded = BiEncoder.from_params
+
+    def without_mask(model_params):
+        model = loaded(model_params)
+        model.question.tokenizer.mask_token = None
+        return model
+
+    monkeypatch.setattr(BiEncoder, "from_params", without_mask)
+    with pytest.raises(ConfigError, match="has no mask token"):
+        run_warmup(params, data, tmp_path / "out")
+
+
+def test_params_refuse_a_warm_up_with_no_questions():
+    with pytest.raises(ValueError, match="the warm-up has no questions"):
+        Params.model_validate({"warmup": {"enabled": True, "include_train": False}})
+
+
+def test_the_chain_warms_up_first_and_hands_stage_one_its_folder_in_process_and_to_a_launched_stage_one(
+        validated, tmp_path, monkeypatch):
+    """pipeline.train_chain (the tuner, evaluate's extra seeds, the flows) runs the warm-up in its work folder when
+    warmup.enabled, and stage one starts from it: in this process, and as `--warmup` to a torchrun-launched stage-one."""
+    from tqc import pipeline
+    from tqc.cli import parse_arguments
+    from tqc.pipeline import train_chain
+
+    params, data = validated
+    params = params.with_overrides({"warmup": {"max_steps": 1}, "stage_two": {"max_steps": 1}, "tracking": {"enabled": False}})
+    outputs = train_chain(params, data, data / "train.jsonl", tmp_path / "chain", seed=0, with_nc=False)
+    saved = json.loads((outputs.stage_one / "tqc_model.json").read_text())
+    assert saved["warmed_up_from"] == str(tmp_path / "chain" / "warmup")
+    assert (tmp_path / "chain" / "reports" / "warmup.json").is_file()
+
+    launched = []
+
+    def launcher(command, paths, on_epoch, call):
+        launched.append((command, dict(paths)))
+        return call(on_epoch)
+
+    monkeypatch.setattr(pipeline, "_launcher", lambda *args: launcher)
+    train_chain(params, data, data / "train.jsonl", tmp_path / "launched", seed=0, with_nc=False, processes=2)
+    stage_one_paths = dict(launched)["stage-one"]
+    assert stage_one_paths["warmup"] == tmp_path / "launched" / "warmup"
+    arguments = [part for name, path in stage_one_paths.items() for part in (f"--{name}", str(path))]
+    assert parse_arguments(["stage-one", *arguments]).warmup == tmp_path / "launched" / "warmup"  # as _Launcher passes them
+    off = params.with_overrides({"warmup": {"enabled": False}})
+    launched.clear()
+    train_chain(off, data, data / "train.jsonl", tmp_path / "off", seed=0, with_nc=False, processes=2)
+    assert "warmup" not in dict(launched)["stage-one"] and not (tmp_path / "off" / "warmup").exists()
+
+
+def test_tqc_warmup_off_writes_its_record_and_a_bad_pool_file_is_one_line(validated, tmp_path, capsys):
+    import yaml
+
+    from tqc.cli import main
+
+    params, data = validated
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(params.with_overrides({"tracking": {"enabled": False}}).to_dict()))
+    paths = ["--data", str(data), "--out", str(tmp_path / "models" / "warmup"), "--report", str(tmp_path / "warmup.json"),
+             "--quarantine", str(tmp_path / "quarantine.jsonl")]
+    assert main(["--params", str(params_file), "--set", "warmup.enabled=false", "warmup", *paths]) == 0
+    assert [p.name for p in (tmp_path / "models" / "warmup").iterdir()] == [SKIP_RECORD]
+    assert main(["--params", str(params_file), "--set", "warmup.unlabelled=missing.jsonl", "warmup", *paths]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("tqc warmup: error: warmup.unlabelled 'missing.jsonl': no file ")
