@@ -56,10 +56,11 @@ def words(text: str) -> list[tuple[int, int]]:
 def words_to_mask(similarity: list[float], threshold: float, max_fraction: float) -> list[int]:
     """Which of a question's words to mask: those whose `similarity` (one a word: its highest to any title word)
     exceeds `threshold`, the most alike first (equal ones in reading order), at most ⌊max_fraction × words⌋ of them;
-    returned in reading order."""
+    returned in reading order. Alike to 6 decimals is equal: a word of several pieces is as alike to itself as a word
+    of one, though its normalised mean's cosine with itself may come out 1 − 6e-8."""
     above = [i for i, value in enumerate(similarity) if value > threshold]
     most = math.floor(max_fraction * len(similarity) + 1e-9)  # 0.5 × 4 words is 2, not 1 by a rounding error
-    kept = sorted(above, key=lambda i: (-similarity[i], i))[:most]
+    kept = sorted(above, key=lambda i: (-round(similarity[i], 6), i))[:most]
     return sorted(kept)
 
 

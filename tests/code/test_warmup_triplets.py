@@ -46,6 +46,7 @@ def test_words_above_the_threshold_are_masked_most_alike_first_up_to_the_fractio
     assert words_to_mask(similarity, 0.999, 0.5) == []  # none above: nothing to mask
     assert words_to_mask([0.9, 0.9, 0.1, 0.1], 0.8, 0.5) == [0, 1]  # 0.5 × 4 is 2, rounding aside
     assert words_to_mask([0.9], 0.8, 0.5) == []  # half of one word is no word
+    assert words_to_mask([0.99999994, 1.0000001, 1.0, 0.2], 0.8, 0.5) == [0, 1]  # a word's own cosine to 6 decimals
 
 
 def test_masking_replaces_whole_words_and_keeps_the_rest_of_the_text():
