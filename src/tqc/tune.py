@@ -248,9 +248,11 @@ def _acts_in_some_trial(name: str, dimension: SearchDimension, space: dict[str, 
     best_params.yaml would carry it. Searched beside other losses (no `when` on the loss, or one that lists them too),
     it is said."""
     stage, _, knob = name.rpartition(".")
-    if knob in UNREAD_BY_LOSS and stage:
+    if f"{stage}.loss" not in base:  # a section with no choice of loss: warmup.margin is its triplet loss's own
+        return
+    if knob in UNREAD_BY_LOSS:
         _unread_in_some_trials(name, dimension, space, base, f"{stage}.loss", UNREAD_BY_LOSS[knob])
-    if knob not in KNOB_OF_LOSS or not stage:
+    if knob not in KNOB_OF_LOSS:
         return
     loss, needed = f"{stage}.loss", KNOB_OF_LOSS[knob]
     losses = _losses_drawn_with(dimension, space, base, loss)
@@ -923,7 +925,7 @@ def trial_dir_of(study_dir: Path, number: int) -> Path:
 
 def _drop_models(trial_dir: Path, params: Params) -> None:
     if not params.tune.keep_models:
-        for name in ("stage_one", "stage_two"):
+        for name in ("warmup", "stage_one", "stage_two"):  # warmup: the trial's warm-up, where warmup.enabled
             shutil.rmtree(trial_dir / name, ignore_errors=True)
 
 

@@ -1087,6 +1087,31 @@ def test_a_trial_stopped_by_ctrl_c_or_by_an_error_that_stops_the_worker_keeps_it
     assert failure_reasons(study) == {0: "interrupted (KeyboardInterrupt)", 1: "ValueError: a bug"}
 
 
+def test_a_tuned_warm_up_margin_reaches_each_trials_warm_up_whose_models_are_dropped_with_the_others(tmp_path,
+                                                                                                   tiny_model_dir):
+    """With warmup.enabled, every trial warms up first (pipeline.train_chain), with the margin it drew; its warm-up
+    model is dropped with its encoders where tune.keep_models says so."""
+    from tqc.tune import _drop_models
+
+    raw = tuning_params(tmp_path, tiny_model_dir, keep_models=True, trials=2)
+    raw["tune"]["space"] = {"warmup.margin": {"low": 0.2, "high": 0.9}}
+    raw["warmup"] = {"enabled": True, "candidates": 3, "max_steps": 1}
+    params = Params.model_validate(raw)
+    tune(params, tmp_path / "reports", tmp_path / "work")
+    study = optuna.load_study(study_name="test", storage=params.tune.storage)
+    trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(trials) == 2
+    for trial in trials:
+        trial_dir = tmp_path / "work" / "test" / f"trial-{trial.number:04d}"
+        expected = trial.user_attrs["base_values"] if trial.number == 0 else trial.params
+        warmed = json.loads((trial_dir / "warmup" / "tqc_model.json").read_text())
+        assert warmed["params"]["margin"] == pytest.approx(expected["warmup.margin"])
+        assert json.loads((trial_dir / "stage_one" / "tqc_model.json").read_text())["warmed_up_from"] == str(
+            trial_dir / "warmup")
+    _drop_models(trial_dir, params.with_overrides({"tune": {"keep_models": False}}))
+    assert not any((trial_dir / name).exists() for name in ("warmup", "stage_one", "stage_two"))
+
+
 def test_a_new_best_drops_the_models_of_the_bests_it_outdid_and_the_baseline_keeps_its_own(tmp_path, monkeypatch):
     """With tune.keep_models false, each trial that became the best kept its two encoders to the end, though only
     the final best and the baseline are scored on test: a long study kept every successive best."""
