@@ -160,6 +160,41 @@ def git_commit(paths: tuple[str, ...] = CODE_AND_CONFIG) -> str:
     return f"{head}-dirty" if dirty else head
 
 
+def code_version() -> str:
+    """The code's version as the tuner records it with each trial: `git_commit(CODE)`, and where that is '-dirty' a
+    digest of the edits (`git diff HEAD` of CODE's paths), since '-dirty' alone names no code: one edited tree run twice
+    is one version, two edits of one commit are two. Untracked files count no more than git_commit counts them."""
+    version = git_commit(CODE)
+    if not version.endswith("-dirty"):
+        return version
+    try:
+        edits = subprocess.run(["git", "diff", "--binary", "HEAD", "--", *CODE], capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{version}:{hashlib.sha256(edits).hexdigest()[:12]}"
+
+
+COMMIT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # sha1 or sha256 repositories; what git is given, never an option
+
+
+@functools.lru_cache(maxsize=256)  # a pair's answer never changes: commits are immutable
+def same_code(recorded, current: str) -> bool:
+    """Whether code of version `recorded` (`code_version`'s, as a trial kept it) trains as `current`'s does: the same
+    version, or two commits whose code (CODE's paths) does not differ, since a docs-only commit moves HEAD, not the
+    code. Never where either is 'unknown' or not recorded, nor a commit this checkout does not hold."""
+    if not isinstance(recorded, str) or "unknown" in (recorded, current):
+        return False
+    if recorded == current:
+        return True
+    if not (COMMIT_ID.fullmatch(recorded) and COMMIT_ID.fullmatch(current)):  # an edited tree matches itself alone
+        return False
+    try:
+        return subprocess.run(["git", "diff", "--quiet", recorded, current, "--", *CODE],
+                              capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
 def dvc_md5(path: Path) -> str:
     """The hash DVC records for `path` in dvc.lock: md5 of a file, or of a directory's listing + '.dir'."""
     path = Path(path)
