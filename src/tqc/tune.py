@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -26,6 +27,7 @@ import textwrap
 import time
 import typing
 import warnings
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +46,7 @@ from tqc.mining import largest_group
 from tqc.pipeline import PreparedData, prepare_data, train_chain
 from tqc.schema import Catalog
 from tqc.text import first_of
-from tqc.tracking import Tracker, nested_run, run_params, standalone_run
+from tqc.tracking import Tracker, code_version, nested_run, run_params, same_code, standalone_run
 from tqc.training import each_warning_once, standard_text_groups
 
 log = logging.getLogger(__name__)
@@ -434,8 +436,10 @@ def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: in
     study = _open_study(params, worker, study_name(settings, digest), storage=storage)
     base = flat_base(params)
     join_study(study, params, base, digest)
+    version = code_version()  # once: the code this process imported, whatever is edited while it runs
+    warn_of_other_code(study, version)
     if settings.enqueue_defaults and worker == 0:  # one enqueuer: workers starting together would each add one
-        enqueue_baseline(study, default_values(settings.space, base))
+        enqueue_baseline(study, default_values(settings.space, base), version)
     study_dir = work_dir / study.study_name
     catalog = Catalog.load(data.directory / "catalog.jsonl")
     space = within_wrong_classes(settings.space, len(catalog.class_ids), largest_group(standard_text_groups(catalog)))
@@ -447,14 +451,14 @@ def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: in
         # the trials this run makes: --trials, else tune.trials
         parent.log_params({**run_params(params),
                            "tune": redact_secrets({**params.tune.model_dump(mode="json"), "trials": trials})})
-        objective = _objective(params, space, base, data, study_dir, worker)
+        objective = _objective(params, space, base, data, study_dir, worker, version)
         # gc after each trial: a pruned trial's exception holds its frames (model, optimizer state, on a GPU too)
         # until a full collection, which the next trial's allocations would otherwise wait on
         with each_warning_once():  # every trial trains on the same catalog: its warnings are said once a worker
             study.optimize(objective, n_trials=trials, catch=TRIAL_FAILURES, gc_after_trial=True,
                            callbacks=[dropping_former_bests(study_dir, params)])
         with reports_lock(out_dir):  # the reports this run logs are the ones it wrote, whole
-            result = write_reports(study, params, data, study_dir, out_dir, params_file)
+            result = write_reports(study, params, data, study_dir, out_dir, params_file, version)
             parent.log_metrics({"best_validation_macro_f1": result.summary["best"]["validation_macro_f1"]})
             parent.log_artifact(out_dir)
     return result
@@ -518,6 +522,38 @@ def join_study(study, params: Params, base: dict, digest: str) -> None:
     check_study_data(held, params, digest)
     for key, value in held.records.items():
         study.set_user_attr(key, value)
+
+
+def other_code_trials(study, version: str) -> Counter:
+    """The complete trials trained by other code than `version` (`same_code`), counted by the version each kept ('not
+    recorded': trained before tqc kept one): their validation macro-F1 is not what this code would score."""
+    import optuna
+
+    versions = (t.user_attrs.get("code_version") for t in study.get_trials(
+        deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    return Counter(recorded or "not recorded" for recorded in versions if not same_code(recorded, version))
+
+
+def short_version(version: str) -> str:
+    """A code version as people read a commit: its first 10 digits, and what follows them ('-dirty:<edits>')."""
+    commit = re.match(r"[0-9a-f]{40,64}", version)
+    return version[:10] + version[commit.end():] if commit else version
+
+
+def warn_of_other_code(study, version: str) -> None:
+    """One line as a worker joins a study holding complete trials of other code (resumed after a fix in training):
+    said, not refused, since a commit that changes nothing a trial runs (docs) is another version too, and the trials
+    stay comparable where the fix changed nothing they measured. summary.json counts them (`other_code_version`)."""
+    other = other_code_trials(study, version)
+    if not other:
+        return
+    best = study.best_trial
+    which = (f"the study's best, trial {best.number}, is one of them"
+             if not same_code(best.user_attrs.get("code_version"), version) else "the study's best is not one of them")
+    log.warning("tune: study %r holds %d complete trials of other code than this worker's %s (%s): their validation "
+                "macro-F1 came from that code, not this; %s", study.study_name, sum(other.values()),
+                short_version(version), ", ".join(f"{count} of {short_version(recorded)}"
+                                                  for recorded, count in other.most_common()), which)
 
 
 def check_study_data(study, params: Params, digest: str) -> None:
@@ -586,16 +622,19 @@ def check_study_space(study, params: Params, base: dict) -> None:
         study.set_user_attr("space_kinds", {**recorded, **mine})
 
 
-def enqueue_baseline(study, base_values: dict) -> None:
+def enqueue_baseline(study, base_values: dict, version: str) -> None:
     """Trial 0 of these params: it samples nothing (its values may lie outside the space) and runs the base
-    params. Enqueued again whenever the searched params' base values change (e.g. after `tune --apply`)."""
+    params. Enqueued again whenever the searched params' base values change (e.g. after `tune --apply`), and when the
+    code changed since it trained (`version`, `same_code`): the mark to beat is this code's figure."""
     import optuna
 
-    # A waiting, running or finished baseline counts; a failed one (interrupted with Ctrl-C, or a killed worker's,
-    # failed by the heartbeat check) is queued again, or the study would have no baseline to beat.
+    # A waiting, running or finished baseline counts (a finished one of this code); a failed one (interrupted with
+    # Ctrl-C, or a killed worker's, failed by the heartbeat check) is queued again, or the study would have no baseline
+    states = optuna.trial.TrialState
     for trial in study.get_trials(deepcopy=False):
         if (trial.user_attrs.get("baseline") and trial.user_attrs.get("base_values") == base_values
-                and trial.state != optuna.trial.TrialState.FAIL):
+                and (trial.state in (states.WAITING, states.RUNNING)
+                     or trial.state != states.FAIL and same_code(trial.user_attrs.get("code_version"), version))):
             return
     study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": base_values})
 
@@ -755,7 +794,8 @@ TRIAL_FAILURES = (torch.OutOfMemoryError, TrialRefused, DivergedScores)
 
 
 def _objective(params: Params, space: dict[str, SearchDimension], base: dict, data: PreparedData, study_dir: Path,
-               worker: int):
+               worker: int, version: str):
+    """Optuna's objective for this worker's trials, each recorded as trained by code `version` (`code_version`)."""
     import optuna
 
     def objective(trial) -> float:
@@ -770,6 +810,8 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
     def run_trial(trial) -> float:
         # first: the sampler's seed counts this worker's trials by it, failed ones too
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}:{worker}")
+        # the code that trains it (or whose trial it repeats): a study resumed after a fix holds trials of two codes
+        trial.set_user_attr("code_version", version)
         # a baseline trains the base values it was queued with: params changed since (an --apply, an edit) queue a
         # new one, and this one must not train today's values under its old label
         baseline = trial.user_attrs.get("baseline", False)
@@ -783,7 +825,7 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
         # what it trains with: every searched param, `when` applied (one not drawn trains its base value)
         trained_values = {**{name: base.get(name) for name in space}, **overrides}
         trial.set_user_attr("trained_values", trained_values)
-        former = None if baseline else _trained_before(trial.study, trained_values)
+        former = None if baseline else _trained_before(trial.study, trained_values, version)
         if former is not None:
             return _repeat(trial, former)
         trial_dir = trial_dir_of(study_dir, trial.number)
@@ -848,18 +890,26 @@ def _record_stop(trial, error: BaseException) -> None:
                     _first_line(str(unrecorded)) or type(unrecorded).__name__)
 
 
-def _trained_before(study, trained_values: dict):
-    """The first complete trial that trained with `trained_values` (equal, and of the same kind, value for value: a
-    float drawn from a range matches only itself), else None. Every trial trains at params.seed, so it trained the
-    model this trial would. Running and failed trials do not count, nor trials recorded without their values."""
+def _trained_before(study, trained_values: dict, version: str):
+    """The first complete trial that trained what this one would (`_trials_like`), else None."""
     import optuna
 
-    for trial in study.get_trials(deepcopy=False, states=[optuna.trial.TrialState.COMPLETE]):
-        recorded = trial.user_attrs.get("trained_values")
-        if recorded is not None and recorded.keys() == trained_values.keys() and all(
-                _same_value(recorded[name], value) for name, value in trained_values.items()):
-            return trial
-    return None
+    return next(iter(_trials_like(study, trained_values, version, optuna.trial.TrialState.COMPLETE)), None)
+
+
+def _trials_like(study, trained_values: dict, version: str, state) -> list:
+    """The trials in `state` that code `version` trained with `trained_values` (equal, and of the same kind, value for
+    value: a float drawn from a range matches only itself). Every trial trains at params.seed, so each trained the model
+    a trial of these values would. Trials recorded without their values do not count, nor ones of other code
+    (`same_code`): their figures are not this code's."""
+    return [trial for trial in study.get_trials(deepcopy=False, states=[state])
+            if _same_values(trial.user_attrs.get("trained_values"), trained_values)
+            and same_code(trial.user_attrs.get("code_version"), version)]
+
+
+def _same_values(recorded: dict | None, trained_values: dict) -> bool:
+    return recorded is not None and recorded.keys() == trained_values.keys() and all(
+        _same_value(recorded[name], value) for name, value in trained_values.items())
 
 
 def _repeat(trial, former) -> float:
@@ -967,9 +1017,12 @@ def current_baseline(complete: list, params: Params):
 
 
 def write_reports(study, params: Params, data: PreparedData, study_dir: Path, out_dir: Path,
-                  params_file: Path = Path("params.yaml")) -> TuneResult:
-    """best_params.yaml (what dvc repro consumes after `tqc tune --apply`), summary.json, trials.csv, plots."""
+                  params_file: Path = Path("params.yaml"), version: str | None = None) -> TuneResult:
+    """best_params.yaml (what dvc repro consumes after `tqc tune --apply`), summary.json, trials.csv, plots. `version`:
+    the code this worker's trials ran (`code_version`), the checkout's now where not given."""
     import optuna
+
+    version = version or code_version()
 
     complete = study.get_trials(deepcopy=False, states=[optuna.trial.TrialState.COMPLETE])
     if not complete:
@@ -985,6 +1038,8 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
         "objective": "validation macro-F1 of stage two (the best epoch)",
         "trials": {k: v for k, v in states.items() if v},
         "repeated": repeated_trials(study),
+        "code_version": version,  # this worker's; the complete trials other code trained, counted beside it
+        "other_code_version": sum(other_code_trials(study, version).values()),
         "workers": sorted({t.user_attrs.get("worker", "?") for t in study.trials}),
         "best": best_summary,
         "baseline": _trial_summary(baseline, study_dir, data, params) if baseline else None,
@@ -1062,7 +1117,7 @@ def _values(trial) -> dict:
 
 def _trial_summary(trial, study_dir: Path, data: PreparedData, params: Params) -> dict:
     summary = {"number": trial.number, "validation_macro_f1": trial.value,
-               "params": _values(trial)}
+               "params": _values(trial), "code_version": trial.user_attrs.get("code_version")}
     model_dir = trial_dir_of(study_dir, trial.number) / "stage_two"
     if (model_dir / "tqc_model.json").exists():
         try:

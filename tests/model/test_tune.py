@@ -414,6 +414,11 @@ def test_a_hyperband_study_runs_and_reports(tmp_path, tiny_model_dir):
     sampled = study.trials[1].params["model.similarity"]  # trial 0 is the baseline (cosine)
     saved = json.loads((tmp_path / "work" / "test" / "trial-0001" / "stage_two" / "tqc_model.json").read_text())
     assert saved["similarity"] == sampled  # the distance the tuner chose is the one the model was trained with
+    from tqc.tracking import code_version
+
+    # each trial keeps the code it trained with, this checkout's, and the summary counts no trial of other code
+    assert {t.user_attrs["code_version"] for t in study.trials} == {code_version()} == {result.summary["code_version"]}
+    assert result.summary["other_code_version"] == 0 and result.summary["best"]["code_version"] == code_version()
 
 
 def test_a_cut_standard_question_and_a_clipped_mine_k_are_said_once_a_study_not_at_every_trial(tmp_path, tiny_model_dir,
@@ -478,10 +483,10 @@ def test_a_study_refuses_other_base_params_and_requeues_its_baseline_when_the_ba
     check_study_base(study, params.model_copy(update={"tune": params.tune.model_copy(update={"space": rebounded})}), base)
 
     values = default_values(params.tune.space, base)
-    enqueue_baseline(study, values)
-    enqueue_baseline(study, values)
+    enqueue_baseline(study, values, CODE)
+    enqueue_baseline(study, values, CODE)
     assert len(study.get_trials()) == 1  # the same base values: one baseline
-    enqueue_baseline(study, {**values, "stage_one.temperature": 0.2})  # after --apply: a new baseline
+    enqueue_baseline(study, {**values, "stage_one.temperature": 0.2}, CODE)  # after --apply: a new baseline
     assert [t.user_attrs["base_values"]["stage_one.temperature"] for t in study.get_trials()] == [values["stage_one.temperature"], 0.2]
 
 
@@ -537,21 +542,21 @@ def test_a_baseline_that_failed_or_whose_worker_was_killed_is_queued_again(tmp_p
     params = Params().with_overrides({"tune": {"study": "killed", "storage": f"sqlite:///{tmp_path / 'optuna.db'}"}})
     study = _open_study(params, worker=0)
     values = {"stage_one.temperature": 0.1}
-    enqueue_baseline(study, values)
+    enqueue_baseline(study, values, CODE)
     interrupted = study.ask()  # the baseline: Ctrl-C in its first epoch marks it FAIL
     study.tell(interrupted, state=optuna.trial.TrialState.FAIL)
-    enqueue_baseline(study, values)
+    enqueue_baseline(study, values, CODE)
     killed = study.ask()  # queued again; this time its worker is killed: it stays RUNNING, its heartbeat stops
     study._storage.record_heartbeat(killed._trial_id)  # as optimize's heartbeat thread does
     assert killed.user_attrs["baseline"] and killed.number == 1
-    enqueue_baseline(study, values)
+    enqueue_baseline(study, values, CODE)
     assert len(study.get_trials()) == 2  # a running baseline counts: no second one while it may still be alive
 
     monkeypatch.setattr(tune_module, "GRACE_SECONDS", 1)
     time.sleep(2)  # silent for longer than the grace period
     study = _open_study(params, worker=0)  # a worker that comes back fails the silent trial
     assert study.get_trials()[1].state == optuna.trial.TrialState.FAIL
-    enqueue_baseline(study, values)
+    enqueue_baseline(study, values, CODE)
     waiting = study.get_trials()[-1]
     assert len(study.get_trials()) == 3 and waiting.state == optuna.trial.TrialState.WAITING and waiting.user_attrs["baseline"]
 
@@ -570,14 +575,14 @@ def test_a_trial_whose_worker_was_killed_keeps_a_reason_that_the_reports_name(tm
     monkeypatch.setattr(tune_module, "GRACE_SECONDS", 1)
     study = _open_study(params, worker=0)
     values = {"stage_one.temperature": 0.1}
-    enqueue_baseline(study, values)
+    enqueue_baseline(study, values, CODE)
     killed = study.ask()  # the baseline, whose worker is then killed: its heartbeat stops
     killed.set_user_attr("worker", "gpu-7:4242:0")  # as the objective tags each trial
     study._storage.record_heartbeat(killed._trial_id)
     time.sleep(2)  # silent for longer than the grace period
     study = _open_study(params, worker=1)  # another worker fails it
     assert study.get_trials()[0].state == optuna.trial.TrialState.FAIL
-    enqueue_baseline(study, values)  # the reason leaves the killed baseline's queueing again as it was
+    enqueue_baseline(study, values, CODE)  # the reason leaves the killed baseline's queueing again as it was
     assert [t.state for t in study.get_trials()] == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.WAITING]
     study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # failed without a reason (Ctrl-C): not named
     with pytest.raises(ConfigError) as refused:
@@ -608,7 +613,8 @@ def test_a_pruned_trial_ends_its_mlflow_run_finished_and_tagged_pruned(tmp_path,
     study = optuna.create_study(direction="maximize")
     with standalone_run("tune", params.tracking):
         study.optimize(tuning._objective(params, params.tune.space, tuning.flat_base(params),
-                                         PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path, 0), n_trials=1)
+                                         PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path, 0, CODE),
+                       n_trials=1)
     assert study.trials[0].state == optuna.trial.TrialState.PRUNED
     (trial_run,) = [run for run in tracked_runs(params.tracking.uri) if "optuna.trial" in run["tags"]]
     assert trial_run["status"] == "FINISHED" and trial_run["tags"]["optuna.state"] == "PRUNED"  # not FAILED
@@ -1044,33 +1050,47 @@ def test_a_worker_whose_best_another_worker_outdid_while_it_was_read_reports_the
     assert scored == ["trial-0002", "trial-0000"]  # the new best, then the baseline
 
 
-def _study_of_stub_trials(tmp_path: Path, monkeypatch, values: list, space: dict | None = None):
+CODE = "c0de" * 10  # the code version the stub trials are trained by (`tqc.tracking.code_version`'s)
+
+
+def _study_of_stub_trials(tmp_path: Path, monkeypatch, values: list, space: dict | None = None, pruner=None):
     """An in-memory study with its baseline queued, and tune's own objective over a stand-in training chain: each
     trial writes its two model folders and scores the next of `values` (the baseline's first; an exception is raised
-    instead). → (study, objective, params), the study's folder tmp_path/study."""
+    instead; a list is a curve, each epoch's validation macro-F1 reported as stage one's, the best returned).
+    → (study, objective, params), the study's folder tmp_path/study, its trials trained by code CODE; `objective_of`
+    gives the objective of other code."""
     from tqc import tune as tuning
-    from tqc.pipeline import PreparedData
 
     scores = iter(values)
 
-    def chain(params, data_dir, train, trial_dir, *args, **kwargs):
+    def chain(params, data_dir, train, trial_dir, *args, on_epoch, **kwargs):
         for name in ("stage_one", "stage_two"):
             (trial_dir / name).mkdir(parents=True)
         score = next(scores)
         if isinstance(score, BaseException):
             raise score
-        return SimpleNamespace(fits={"stage_two": SimpleNamespace(best_validation_macro_f1=score)})
+        for epoch, value in enumerate(score if isinstance(score, list) else [], start=1):
+            on_epoch("stage_one", SimpleNamespace(epoch=epoch, validation_macro_f1=value, validation_accuracy=value))
+        best = max(score) if isinstance(score, list) else score
+        return SimpleNamespace(fits={"stage_two": SimpleNamespace(best_validation_macro_f1=best)})
 
     monkeypatch.setattr(tuning, "train_chain", chain)
     # by default a float range, whose draws never repeat one another (a repeat would train nothing)
     space = space or {"stage_one.temperature": {"low": 0.05, "high": 0.5}}
     params = Params.model_validate({"tracking": {"enabled": False}, "tune": {"space": space}})
-    study = optuna.create_study(direction="maximize")
+    study = optuna.create_study(direction="maximize", pruner=pruner or optuna.pruners.NopPruner())
     base_values = default_values(params.tune.space, tuning.flat_base(params))
     study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": base_values})
-    objective = tuning._objective(params, params.tune.space, tuning.flat_base(params),
-                                  PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path / "study", 0)
-    return study, objective, params
+    return study, objective_of(tmp_path, params, CODE), params
+
+
+def objective_of(tmp_path: Path, params: Params, version: str):
+    """tune's objective for a worker whose code is `version`, the study's folder tmp_path/study."""
+    from tqc import tune as tuning
+    from tqc.pipeline import PreparedData
+
+    return tuning._objective(params, params.tune.space, tuning.flat_base(params),
+                             PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path / "study", 0, version)
 
 
 def test_a_trial_stopped_by_ctrl_c_or_by_an_error_that_stops_the_worker_keeps_its_reason(tmp_path, monkeypatch):
@@ -1453,3 +1473,69 @@ def test_a_listed_when_value_no_trial_has_is_not_checked_with_the_dimensions_edg
     check_space(space(["nt_xent", "sdml"]))
     with pytest.raises(ConfigError, match=r"stage_two.logit_adjustment = 1.0 is not a value the params accept"):
         check_space(space(["nt_xent", "hinge"]))
+
+
+def test_a_trial_repeats_only_a_trial_its_own_code_trained(tmp_path, monkeypatch):
+    """A study resumed after a fix in training: a trial that drew what an older code's trial trained took its value,
+    which the current code never produced. It trains; a later draw repeats the trial this code trained. An edited
+    tree's version is its edits' (`code_version`): one edit run twice repeats itself; 'unknown' never repeats."""
+    from tqc.tune import repeated_trials
+
+    study, objective, params = _study_of_stub_trials(tmp_path, monkeypatch, [0.6, 0.7, 0.65, 0.5, 0.4, 0.45],
+                                                     space={"mine.k": {"low": 1, "high": 6}})
+    study.optimize(objective, n_trials=1)  # the baseline
+    for version in (CODE, "fixed" * 8, "fixed" * 8, f"{CODE}-dirty:0123", f"{CODE}-dirty:0123", "unknown", "unknown"):
+        study.enqueue_trial({"mine.k": 2})
+        study.optimize(objective_of(tmp_path, params, version), n_trials=1)
+    assert [t.user_attrs["code_version"] for t in study.trials][1:] == [
+        CODE, "fixed" * 8, "fixed" * 8, f"{CODE}-dirty:0123", f"{CODE}-dirty:0123", "unknown", "unknown"]
+    assert [t.user_attrs.get("repeats") for t in study.trials] == [None, None, None, 2, None, 4, None, None]
+    assert [t.value for t in study.trials] == [0.6, 0.7, 0.65, 0.65, 0.5, 0.5, 0.4, 0.45]
+    assert repeated_trials(study) == 2
+
+
+def test_a_worker_joining_a_study_of_other_code_says_how_many_and_the_summary_counts_them(tmp_path, monkeypatch,
+                                                                                          caplog):
+    """Resumed after the code changed, a study mixed two codes' trials silently, its best maybe an old one: said in
+    one line as a worker joins (not refused: a docs-only commit is another version too), and counted in summary.json."""
+    from tqc import tune as tuning
+
+    study = optuna.create_study(direction="maximize")
+    k = {"mine.k": optuna.distributions.IntDistribution(1, 5)}
+    older = "0123456789" + "a" * 30
+    for value, attrs in ((0.9, {}), (0.8, {"code_version": older}), (0.7, {"code_version": older}),
+                         (0.6, {"code_version": CODE})):
+        study.add_trial(optuna.trial.create_trial(value=value, params={"mine.k": 3}, distributions=k, user_attrs=attrs))
+    with caplog.at_level(logging.WARNING, logger="tqc.tune"):
+        tuning.warn_of_other_code(study, CODE)
+    (said,) = [record.getMessage() for record in caplog.records if record.name == "tqc.tune"]
+    assert ("holds 3 complete trials of other code than this worker's c0dec0dec0 (2 of 0123456789, 1 of not recorded): "
+            "their validation macro-F1 came from that code, not this; the study's best, trial 0, is one of them") in said
+    monkeypatch.setattr(tuning, "_trial_summary", lambda trial, *_: {"number": trial.number})
+    monkeypatch.setattr(tuning, "_plots", lambda *_: None)
+    summary = tuning.write_reports(study, Params(), None, tmp_path / "study", tmp_path / "reports", version=CODE).summary
+    assert summary["code_version"] == CODE and summary["other_code_version"] == 3
+    assert json.loads((tmp_path / "reports" / "summary.json").read_text())["other_code_version"] == 3
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tqc.tune"):
+        tuning.warn_of_other_code(study, older)  # its best is still other code's: the one without a version
+    assert "holds 2 complete trials of other code than this worker's 0123456789 (1 of not recorded, 1 of c0dec0dec0)" \
+           in caplog.text and "the study's best, trial 0, is one of them" in caplog.text
+
+
+def test_a_baseline_other_code_trained_is_queued_again_and_the_reports_compare_with_the_new_one(tmp_path, monkeypatch):
+    """The baseline is the mark the search must beat: resumed after a fix in training, the study compared this code's
+    best with the old code's baseline. A waiting one counts, whatever code will run it: one is queued, not one a worker."""
+    from tqc.tune import current_baseline, enqueue_baseline
+
+    study, objective, params = _study_of_stub_trials(tmp_path, monkeypatch, [0.6, 0.65])
+    study.optimize(objective, n_trials=1)
+    values = study.trials[0].user_attrs["base_values"]
+    enqueue_baseline(study, values, CODE)
+    assert len(study.trials) == 1
+    for _ in range(2):
+        enqueue_baseline(study, values, "fixed" * 8)
+    assert len(study.trials) == 2 and study.trials[1].user_attrs["baseline"]
+    study.optimize(objective_of(tmp_path, params, "fixed" * 8), n_trials=1)
+    assert study.trials[1].value == 0.65 and study.trials[1].user_attrs["code_version"] == "fixed" * 8
+    assert current_baseline(study.trials, params).number == 1
