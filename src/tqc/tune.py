@@ -374,8 +374,9 @@ def within_wrong_classes(space: dict[str, SearchDimension], n_classes: int, larg
 class EpochReporter:
     """Reports each epoch to the trial (and MLflow) and raises TrialPruned when the pruner says so."""
 
-    def __init__(self, trial, params: Params, tracker: Tracker):
-        self.trial, self.tracker = trial, tracker
+    def __init__(self, trial, params: Params, tracker: Tracker, replayed: set[int] = frozenset()):
+        # replayed: the steps the trial reported already, the pruner asked at each (`_replay_pruned`), not again
+        self.trial, self.tracker, self.replayed = trial, tracker, replayed
         self.offsets = {"stage_one": 0, "stage_two": params.stage_one.epochs}
         self.best = -np.inf
 
@@ -388,6 +389,8 @@ class EpochReporter:
         if record.epoch == 0:
             return  # the starting point: the pretrained encoder, or stage one's result again
         self.best = max(self.best, record.validation_macro_f1)
+        if step in self.replayed:
+            return
         self.trial.report(self.best, step)
         # The baseline is the mark the search must beat, and is queued once per base values: pruned, it would never
         # run again and the summary would show an older one
@@ -828,6 +831,8 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
         former = None if baseline else _trained_before(trial.study, trained_values, version)
         if former is not None:
             return _repeat(trial, former)
+        # the epochs a pruned trial of these values reported, reported again; pruned at one, the trial trains nothing
+        replayed = set() if baseline else _replay_pruned(trial, trained_values, version)
         trial_dir = trial_dir_of(study_dir, trial.number)
         pruned = None
         with nested_run(f"trial {trial.number}", tags={"optuna.trial": str(trial.number)}) as tracker:
@@ -840,7 +845,7 @@ def _objective(params: Params, space: dict[str, SearchDimension], base: dict, da
                 # One process a trial, whatever distributed.nproc_per_node says: the pruner must see each epoch as it
                 # ends, and tuning scales out by workers, one a GPU (flows/tune.py), not by ranks.
                 outputs = train_chain(trial_params, data.directory, data.train, trial_dir, trial_params.seed, with_nc=False,
-                                      on_epoch=EpochReporter(trial, trial_params, tracker), processes=1)
+                                      on_epoch=EpochReporter(trial, trial_params, tracker, replayed), processes=1)
             except optuna.TrialPruned as stop:
                 tracker.set_tags({"optuna.state": "PRUNED"})
                 _drop_models(trial_dir, params)
@@ -915,13 +920,47 @@ def _same_values(recorded: dict | None, trained_values: dict) -> bool:
 def _repeat(trial, former) -> float:
     """`trial` drew what `former` trained: its value and epochs (to the pruner, as if trained again), no model of its
     own. The sampler redraws points of a small discrete space (K, a loss, a similarity), each a full training."""
-    for step, value in former.intermediate_values.items():
-        trial.report(value, step)
-        trial.should_prune()  # its answer is moot (the value is known); hyperband records a rung only where it is asked
+    _report_again(trial, former, until_pruned=False)  # the pruner's answers are moot: the value is known
     trial.set_user_attr("repeats", former.number)
     log.info("tune: trial %d draws the values complete trial %d trained with: it takes its validation macro-F1 %.4f, "
              "and trains nothing", trial.number, former.number, former.value)
     return former.value
+
+
+def _report_again(trial, former, until_pruned: bool) -> int | None:
+    """Report `former`'s epochs as `trial`'s, asking the pruner at each as EpochReporter does (hyperband records a rung
+    only where it is asked); → the step it pruned at, the first (where `until_pruned`, the last reported), else None."""
+    pruned_at = None
+    for step, value in sorted(former.intermediate_values.items()):
+        trial.report(value, step)
+        if trial.should_prune() and pruned_at is None:
+            pruned_at = step
+            if until_pruned:
+                break
+    return pruned_at
+
+
+def _replay_pruned(trial, trained_values: dict, version: str) -> set[int]:
+    """A trial that draws what a pruned trial of this code trained would report that trial's epochs (same params, seed
+    and code: the same model) up to where it was pruned, and be judged on them; the study may have changed since (more
+    complete trials, another hyperband bracket for this trial's number). So they are reported again, the pruner asked at
+    each: pruned at one, the trial ends there, training nothing; else → the steps reported, which it then trains past
+    (from scratch: the pruned trial kept no model). The pruned trial that went furthest is replayed."""
+    import optuna
+
+    pruned = _trials_like(trial.study, trained_values, version, optuna.trial.TrialState.PRUNED)
+    if not pruned:
+        return set()
+    former = max(pruned, key=lambda t: (len(t.intermediate_values), -t.number))
+    step = _report_again(trial, former, until_pruned=True)
+    if step is None:
+        log.info("tune: trial %d draws the values pruned trial %d trained with, and the pruner lets its %d epochs "
+                 "through now: it trains", trial.number, former.number, len(former.intermediate_values))
+        return set(former.intermediate_values)
+    trial.set_user_attr("repeats", former.number)
+    log.info("tune: trial %d draws the values pruned trial %d trained with: pruned at step %d on its epochs, it trains "
+             "nothing", trial.number, former.number, step)
+    raise optuna.TrialPruned(f"pruned at step {step} on the epochs of pruned trial {former.number}, which drew its values")
 
 
 def _first_of_its_values(study, trial):
@@ -1038,6 +1077,7 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
         "objective": "validation macro-F1 of stage two (the best epoch)",
         "trials": {k: v for k, v in states.items() if v},
         "repeated": repeated_trials(study),
+        "repeated_pruned": repeated_trials(study, "PRUNED"),
         "code_version": version,  # this worker's; the complete trials other code trained, counted beside it
         "other_code_version": sum(other_code_trials(study, version).values()),
         "workers": sorted({t.user_attrs.get("worker", "?") for t in study.trials}),
@@ -1156,13 +1196,14 @@ def _test_metrics(model_dir: Path, data: PreparedData, params: Params) -> dict:
 IMPORTANCE_MIN_TRIALS = 10  # below this, fANOVA's ranking of a few knobs moves from one added trial to the next
 
 
-def repeated_trials(study) -> int:
-    """How many complete trials repeated a complete trial's values and trained nothing (`repeats`): summary.json says
-    it beside the states' counts, whose COMPLETE alone overstates the models a study trained."""
+def repeated_trials(study, state: str = "COMPLETE") -> int:
+    """How many trials in `state` repeated a trial's values and trained nothing (`repeats`): complete ones took a
+    complete trial's value, pruned ones were pruned on a pruned trial's epochs. summary.json says both beside the
+    states' counts, which alone overstate the models a study trained."""
     import optuna
 
     return sum("repeats" in t.user_attrs for t in study.get_trials(deepcopy=False,
-                                                                   states=(optuna.trial.TrialState.COMPLETE,)))
+                                                                   states=(optuna.trial.TrialState[state],)))
 
 
 def importance_caveat(study) -> str | None:

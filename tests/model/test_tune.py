@@ -8,6 +8,7 @@ import re
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -1523,6 +1524,53 @@ def test_a_worker_joining_a_study_of_other_code_says_how_many_and_the_summary_co
            in caplog.text and "the study's best, trial 0, is one of them" in caplog.text
 
 
+def test_a_trial_that_draws_what_a_pruned_trial_trained_is_pruned_on_its_epochs_and_trains_nothing(tmp_path,
+                                                                                                   monkeypatch, caplog):
+    """Same values, seed and code: the same epochs, which the pruner pruned. Reported again, the pruner asked at each,
+    the trial is pruned without training them again; a pruned trial of other code is trained again."""
+    from tqc.tune import repeated_trials
+
+    # the baseline, K = 2 (pruned at its first epoch, below the baseline's), K = 3; then K = 2 under other code
+    study, objective, params = _study_of_stub_trials(
+        tmp_path, monkeypatch, [[0.5, 0.6, 0.7], [0.1, 0.9, 0.9], [0.6, 0.65, 0.8], [0.1, 0.2, 0.3]],
+        space={"mine.k": {"low": 1, "high": 6}}, pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
+    for k in (2, 2, 3):
+        study.enqueue_trial({"mine.k": k})
+    with caplog.at_level(logging.INFO, logger="tqc.tune"):
+        study.optimize(objective, n_trials=4)
+    study.enqueue_trial({"mine.k": 2})
+    study.optimize(objective_of(tmp_path, params, "fixed" * 8), n_trials=1)
+    pruned, complete = optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.COMPLETE
+    assert [t.state for t in study.trials] == [complete, pruned, pruned, complete, pruned]
+    assert [t.user_attrs.get("repeats") for t in study.trials] == [None, None, 1, None, None]
+    assert study.trials[2].intermediate_values == {1: 0.1} and repeated_trials(study, "PRUNED") == 1
+    assert sorted(path.name for path in (tmp_path / "study").glob("trial-*")) == [
+        "trial-0000", "trial-0001", "trial-0003", "trial-0004"]  # trial 2 trained nothing; trial 4, other code, did
+    assert "trial 2 draws the values pruned trial 1 trained with: pruned at step 1 on its epochs" in caplog.text
+
+
+def test_a_pruned_trials_values_drawn_where_the_pruner_now_lets_its_epochs_through_train_past_them(tmp_path,
+                                                                                                    monkeypatch, caplog):
+    """The study changed since (lower complete trials moved the median): the replayed epochs are not pruned, so the
+    trial trains from scratch, and reports only the epochs past them, which the replay did not."""
+    study, objective, _ = _study_of_stub_trials(
+        tmp_path, monkeypatch, [[0.5, 0.6, 0.7], [0.4, 0.4, 0.4], [0.4, 0.45, 0.75]],
+        space={"mine.k": {"low": 1, "high": 6}}, pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
+    study.enqueue_trial({"mine.k": 2})
+    study.optimize(objective, n_trials=2)  # the baseline, then K = 2, pruned at its first epoch (0.4 below 0.5)
+    for _ in range(2):  # two trials below it at every epoch: the median of the first is now 0.2
+        study.add_trial(optuna.trial.create_trial(value=0.3, intermediate_values={1: 0.2, 2: 0.25, 3: 0.3}))
+    study.enqueue_trial({"mine.k": 2})
+    with caplog.at_level(logging.INFO, logger="tqc.tune"), warnings.catch_warnings():
+        warnings.simplefilter("error")  # Optuna warns of a step reported twice, and ignores it
+        study.optimize(objective, n_trials=1)
+    trial = study.trials[4]
+    assert trial.state == optuna.trial.TrialState.COMPLETE and trial.value == 0.75
+    assert trial.intermediate_values == {1: 0.4, 2: 0.45, 3: 0.75} and "repeats" not in trial.user_attrs
+    assert "trial 4 draws the values pruned trial 1 trained with, and the pruner lets its 1 epochs through now" \
+           in caplog.text
+
+
 def test_a_baseline_other_code_trained_is_queued_again_and_the_reports_compare_with_the_new_one(tmp_path, monkeypatch):
     """The baseline is the mark the search must beat: resumed after a fix in training, the study compared this code's
     best with the old code's baseline. A waiting one counts, whatever code will run it: one is queued, not one a worker."""
@@ -1539,3 +1587,26 @@ def test_a_baseline_other_code_trained_is_queued_again_and_the_reports_compare_w
     study.optimize(objective_of(tmp_path, params, "fixed" * 8), n_trials=1)
     assert study.trials[1].value == 0.65 and study.trials[1].user_attrs["code_version"] == "fixed" * 8
     assert current_baseline(study.trials, params).number == 1
+
+
+def test_a_replayed_pruned_trial_is_judged_on_hyperbands_rungs_as_a_trained_one_would_be():
+    """Hyperband's brackets run successive halving, which judges a trial at each rung step against the others there, and
+    records its rung only when asked: the replay asks at each epoch, as training does."""
+    from tqc.tune import _replay_pruned
+
+    study = optuna.create_study(direction="maximize",
+                                pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2))
+    for value in (0.9, 0.8, 0.7):
+        study.add_trial(optuna.trial.create_trial(value=value, intermediate_values={1: value, 2: value},
+                                                  system_attrs={"completed_rung_0": value}))
+    values = {"mine.k": 2}
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, intermediate_values={1: 0.1},
+                                              user_attrs={"trained_values": values, "code_version": CODE},
+                                              system_attrs={"completed_rung_0": 0.1}))
+    replay = study.ask()
+    with pytest.raises(optuna.TrialPruned, match="pruned at step 1 on the epochs of pruned trial 3"):
+        _replay_pruned(replay, values, CODE)
+    rungs = {key: value for key, value in study._storage.get_trial(replay._trial_id).system_attrs.items()
+             if key.startswith("completed_rung_")}
+    assert rungs == {"completed_rung_0": 0.1} and replay.user_attrs["repeats"] == 3
+    assert _replay_pruned(study.ask(), values, "fixed" * 8) == set()  # other code's pruned trial: trained again
