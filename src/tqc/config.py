@@ -305,6 +305,8 @@ class WarmupParams(Strict):
     # A file of unlabelled questions (CSV with a header, or JSONL), under data_dir as data.custom's files are; null: none
     unlabelled: str | None = None
     text_column: str = "text"
+    # A partly labelled file: only its rows with this column empty are the pool (null: every row is unlabelled)
+    label_column: str | None = None
     include_train: bool = True  # the training questions' texts, their labels dropped, join the pool
     candidates: int = Field(20, ge=2)  # R: the pool questions ranked closest to each standard question (two make a pair)
     mask_threshold: float = Field(0.8, gt=-1.0, le=1.0)  # a word more like a title word than this is masked

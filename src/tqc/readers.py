@@ -583,16 +583,28 @@ def read_texts(path: Path, column: str) -> list[tuple[int, str]]:
     """(line, text) of the `column` of every row of a CSV (with a header) or JSONL file: questions to score, with no
     labels. A row that cannot give one is an error naming its line (nothing to quarantine it to: the caller is a
     person)."""
-    records = _jsonl_records(path) if is_jsonl(path) else _csv_dict_records(path, [column])
-    texts = []
+    return [(line, text) for line, text, _ in _texts_and_labels(path, column, None)]
+
+
+def read_unlabelled(path: Path, column: str, label_column: str) -> tuple[list[tuple[int, str]], int]:
+    """(line, text) of the rows of a partly labelled file whose `label_column` is empty (null, blank, or absent from a
+    JSONL record), and how many rows carry a label: those belong in the training data, not among unlabelled ones."""
+    rows = list(_texts_and_labels(path, column, label_column))
+    return [(line, text) for line, text, label in rows if not label], sum(1 for *_, label in rows if label)
+
+
+def _texts_and_labels(path: Path, column: str, label_column: str | None) -> Iterator[tuple[int, str, str]]:
+    """(line, text, label: "" where none) of every row; a row with no text field is an error naming its line."""
+    columns = [column] if label_column is None else [column, label_column]
+    records = _jsonl_records(path) if is_jsonl(path) else _csv_dict_records(path, columns)
     for line_number, record, _ in records:
         reason = record.reason if isinstance(record, _Unusable) else _no_text(record, column)
         if reason and isinstance(record, dict) and column not in record:
             raise MissingColumns(f"{path}, line {line_number}: {reason}", [column])
         if reason:
             raise ReaderError(f"{path}, line {line_number}: {reason}")
-        texts.append((line_number, (record[column] or "").strip()))
-    return texts
+        label = record.get(label_column) if label_column else None
+        yield line_number, (record[column] or "").strip(), "" if label is None else str(label).strip()
 
 
 def _no_text(record: dict, column: str) -> str:

@@ -99,6 +99,27 @@ def test_a_warm_up_of_other_model_settings_is_refused_by_stage_one(validated, tm
         starting_model(other, tmp_path / "out" / "warmup")
 
 
+def test_a_partly_labelled_file_gives_only_its_unlabelled_rows_with_label_column(tmp_path):
+    """COVID-Q's master file is such a file: its rows with no Category are questions no split holds."""
+    (tmp_path / "export.csv").write_text("Question,Category\nwhere is tea,\nwho is she,Person\nwhen is noon,  \n")
+    (tmp_path / "export.jsonl").write_text('{"q": "where is tea"}\n{"q": "who is she", "c": "Person"}\n'
+                                           '{"q": "when is noon", "c": null}\n')
+    data = Params().data.model_copy(update={"data_dir": str(tmp_path)})
+    for file, text, label, first in (("export.csv", "Question", "Category", 2), ("export.jsonl", "q", "c", 1)):
+        params = Params().warmup.model_copy(update={"enabled": True, "unlabelled": file, "text_column": text,
+                                                    "label_column": label, "include_train": False})
+        rows, labelled = warmup.pool_rows(params, data, [])
+        assert [(row.text, row.line) for row in rows] == [("where is tea", first), ("when is noon", first + 2)], file
+        assert labelled == 1
+        everything, none = warmup.pool_rows(params.model_copy(update={"label_column": None}), data, [])
+        assert len(everything) == 3 and none == 0
+    params = Params().warmup.model_copy(update={"enabled": True, "unlabelled": "export.csv", "text_column": "Question",
+                                                "label_column": "Label", "include_train": False})
+    with pytest.raises(ReaderError, match=r"^warmup.unlabelled \(warmup.text_column 'Question', warmup.label_column "
+                                          r"'Label'\): .*export.csv"):
+        warmup.pool_rows(params, data, [])
+
+
 def test_a_missing_or_unparsable_pool_file_is_one_line_naming_the_setting(validated, tmp_path):
     params, data = validated
     with pytest.raises(ConfigError, match=r"^warmup.unlabelled 'nowhere.csv': no file .*nowhere.csv \(the path is "

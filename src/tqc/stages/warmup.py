@@ -30,7 +30,7 @@ from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.losses import triplet_margin
 from tqc.model.encoder import BiEncoder
 from tqc.model.warm_start import SKIP_RECORD
-from tqc.readers import ReaderError, read_texts
+from tqc.readers import ReaderError, read_texts, read_unlabelled
 from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.stages.validate import LETTER_OR_DIGIT
 from tqc.text import compared_text
@@ -86,26 +86,35 @@ def _unusable(key: str, held_out: dict[str, str]) -> str:
     return ""
 
 
-def pool_rows(params: WarmupParams, data_params: DataParams, train_rows: list[LabeledQuestion]) -> list[PoolRow]:
-    """The unlabelled file's rows, then the training questions' (labels dropped) when `include_train`."""
-    rows = _unlabelled_rows(params, data_params) if params.unlabelled else []
+def pool_rows(params: WarmupParams, data_params: DataParams,
+              train_rows: list[LabeledQuestion]) -> tuple[list[PoolRow], int]:
+    """The unlabelled file's rows, then the training questions' (labels dropped) when `include_train`; and how many
+    of the file's rows carried a label in `warmup.label_column`, left out."""
+    rows, labelled = _unlabelled_rows(params, data_params) if params.unlabelled else ([], 0)
     if params.include_train:
         for question in train_rows:
             file, _, line = question.source.rpartition(":")
             rows.append(PoolRow(question.text, file or question.source, int(line) if line.isdigit() else None))
-    return rows
+    return rows, labelled
 
 
-def _unlabelled_rows(params: WarmupParams, data_params: DataParams) -> list[PoolRow]:
-    """warmup.unlabelled's rows; a file that is not there, or does not parse, is an error naming the setting."""
+def _unlabelled_rows(params: WarmupParams, data_params: DataParams) -> tuple[list[PoolRow], int]:
+    """warmup.unlabelled's rows (with `label_column`, those without a label) and how many rows carried a label; a file
+    that is not there, or does not parse, is an error naming the setting."""
     path = Path(data_params.data_dir) / params.unlabelled
     if not path.is_file():
         raise ConfigError(f"warmup.unlabelled {params.unlabelled!r}: no file {path} (the path is relative to "
                           f"data.data_dir, {data_params.data_dir})")
     try:
-        return [PoolRow(text, str(path), line) for line, text in read_texts(path, params.text_column)]
+        if params.label_column is None:
+            texts, labelled = read_texts(path, params.text_column), 0
+        else:
+            texts, labelled = read_unlabelled(path, params.text_column, params.label_column)
+        return [PoolRow(text, str(path), line) for line, text in texts], labelled
     except ReaderError as exc:
-        raise ReaderError(f"warmup.unlabelled (warmup.text_column {params.text_column!r}): {exc}") from None
+        columns = f"warmup.text_column {params.text_column!r}" + (
+            f", warmup.label_column {params.label_column!r}" if params.label_column else "")
+        raise ReaderError(f"warmup.unlabelled ({columns}): {exc}") from None
 
 
 def held_out_texts(data_dir: Path) -> dict[str, str]:
@@ -166,7 +175,10 @@ def run(data_dir: Path, model_params: ModelParams, params: WarmupParams, data_pa
     seed_everything(seed)
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     train_rows = load_questions(data_dir / "train.jsonl") if params.include_train else []
-    rows = pool_rows(params, data_params, train_rows)
+    rows, labelled = pool_rows(params, data_params, train_rows)
+    if labelled:
+        log.info("warm-up: left out %d row(s) of %s that carry a label in %r (labelled questions belong in the training "
+                 "data)", labelled, params.unlabelled, params.label_column)
     pool = question_pool(rows, held_out_texts(data_dir))
     if distributed.is_main():
         write_jsonl(quarantine_path, pool.quarantined)
@@ -187,14 +199,14 @@ def run(data_dir: Path, model_params: ModelParams, params: WarmupParams, data_pa
                 "params": params.model_dump(mode="json"), "triplets": kinds}
     if distributed.is_main():
         model.save(out_dir, metadata)
-        write_json(report_path, _report(params, rows, pool, kinds, result, time.perf_counter() - started))
+        write_json(report_path, _report(params, rows, labelled, pool, kinds, result, time.perf_counter() - started))
         log.info("warm-up: wrote %s and %s", out_dir, report_path)
     return result
 
 
-def _report(params: WarmupParams, rows: list[PoolRow], pool: Pool, kinds: dict[str, int], result: FitResult,
+def _report(params: WarmupParams, rows: list[PoolRow], labelled: int, pool: Pool, kinds: dict[str, int], result: FitResult,
             seconds: float) -> dict:
-    return {"enabled": True, "rows_read": len(rows), "pool": len(pool.texts), "duplicates_merged": pool.duplicates,
+    return {"enabled": True, "rows_read": len(rows), "labelled_rows_left_out": labelled, "pool": len(pool.texts), "duplicates_merged": pool.duplicates,
             "quarantined": len(pool.quarantined), "triplets": kinds, "epochs": len(result.history) - 1,
             "loss": result.history[-1].train_loss,
             "validation_macro_f1": {"start": result.history[0].validation_macro_f1,
