@@ -146,6 +146,29 @@ def test_the_cli_relaunches_a_training_stage_under_torchrun_and_rank_0_writes(ti
     assert len((project / "history.csv").read_text().splitlines()) >= 2
 
 
+def test_a_relaunched_stage_one_starts_from_the_warm_up_model_in_every_process(tiny_model_dir, tmp_path):
+    """`tqc warmup` trains in one process; `tqc stage-one --warmup` relaunched under torchrun starts from its model, as
+    `dvc repro` and `pipeline.train_chain` pass it, and says so once (rank 0)."""
+    import json
+
+    project, environment = _ingested_project(tmp_path, tiny_model_dir)
+    settings = ["--set", "tracking.enabled=false", "--set", "warmup.enabled=true", "--set", "warmup.max_steps=2",
+                "--set", "warmup.candidates=4", "--set", "warmup.batch_size=8"]
+    subprocess.run([sys.executable, "-m", "tqc.cli", *settings, "warmup", "--data", "data/ingested", "--out",
+                    "models/warmup", "--report", "warmup.json", "--quarantine", "warmup-quarantine.jsonl"], cwd=project,
+                   env=environment, check=True, capture_output=True, timeout=300)
+    finished = subprocess.run(
+        [sys.executable, "-m", "tqc.cli", "--set", "distributed.nproc_per_node=2", *settings, "stage-one", "--data",
+         "data/ingested", "--train",
+         "data/ingested/train.jsonl", "--warmup", "models/warmup", "--out", "models/stage_one", "--history", "history.csv"],
+        cwd=project, env=environment, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "distributed: 2 processes, backend gloo" in finished.stderr
+    assert finished.stderr.count("starting from the warm-up's model in models/warmup") == 1, finished.stderr[-3000:]
+    saved = json.loads((project / "models/stage_one/tqc_model.json").read_text())
+    assert saved["warmed_up_from"] == "models/warmup"
+
+
 def test_an_input_error_in_a_relaunched_stage_ends_the_command_on_its_line_with_status_2(tiny_model_dir, tmp_path):
     """Found once torchrun had started (a training row of a class the catalog lacks), it exited 1, as a crash does,
     after torchrun's 30-line summary; one process says it and exits 2."""
