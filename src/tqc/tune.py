@@ -929,15 +929,12 @@ def _repeat(trial, former) -> float:
 
 def _report_again(trial, former, until_pruned: bool) -> int | None:
     """Report `former`'s epochs as `trial`'s, asking the pruner at each as EpochReporter does (hyperband records a rung
-    only where it is asked); → the step it pruned at, the first (where `until_pruned`, the last reported), else None."""
-    pruned_at = None
+    only where it is asked); `until_pruned`: stop at the first step it prunes at, → that step; else None."""
     for step, value in sorted(former.intermediate_values.items()):
         trial.report(value, step)
-        if trial.should_prune() and pruned_at is None:
-            pruned_at = step
-            if until_pruned:
-                break
-    return pruned_at
+        if trial.should_prune() and until_pruned:  # asked at every step, whatever the flag
+            return step
+    return None
 
 
 def _replay_pruned(trial, trained_values: dict, version: str) -> set[int]:
