@@ -117,10 +117,9 @@ def _unlabelled_rows(params: WarmupParams, data_params: DataParams) -> tuple[lis
         raise ReaderError(f"warmup.unlabelled ({columns}): {exc}") from None
 
 
-def held_out_texts(data_dir: Path) -> dict[str, str]:
-    """Each validation and test question's compared text → its split (test where both have it)."""
-    return {compared_text(q.text): split for split in ("validation", "test")
-            for q in load_questions(data_dir / f"{split}.jsonl")}
+def held_out_texts(splits: dict[str, list[LabeledQuestion]]) -> dict[str, str]:
+    """Each held-out question's compared text → its split (the later split where two have it: test, after validation)."""
+    return {compared_text(q.text): split for split, questions in splits.items() for q in questions}
 
 
 def mask_token_of(model: BiEncoder, pretrained: str) -> str:
@@ -179,7 +178,8 @@ def run(data_dir: Path, model_params: ModelParams, params: WarmupParams, data_pa
     if labelled:
         log.info("warm-up: left out %d row(s) of %s that carry a label in %r (labelled questions belong in the training "
                  "data)", labelled, params.unlabelled, params.label_column)
-    pool = question_pool(rows, held_out_texts(data_dir))
+    validation = load_questions(data_dir / "validation.jsonl")
+    pool = question_pool(rows, held_out_texts({"validation": validation, "test": load_questions(data_dir / "test.jsonl")}))
     if distributed.is_main():
         write_jsonl(quarantine_path, pool.quarantined)
     if pool.quarantined:
@@ -194,7 +194,7 @@ def run(data_dir: Path, model_params: ModelParams, params: WarmupParams, data_pa
     if not triplets:
         raise ConfigError(f"warmup: no triplets: {len(pool.texts)} pool question(s) make no pair for any standard question "
                           "(warmup.candidates needs at least two); add unlabelled questions or set warmup.enabled: false")
-    result = train(model, triplets, load_questions(data_dir / "validation.jsonl"), catalog, params, seed, on_epoch)
+    result = train(model, triplets, validation, catalog, params, seed, on_epoch)
     metadata = {"stage": "warmup", "pretrained": model_params.pretrained, "model": model_params.model_dump(mode="json"),
                 "params": params.model_dump(mode="json"), "triplets": kinds}
     if distributed.is_main():
