@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 from tqc.config import CustomData, DataParams
-from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, file_and_line
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, file_and_line, split_source
 from tqc.text import first_of, has_words, normalise
 
 log = logging.getLogger(__name__)
@@ -1010,9 +1010,9 @@ def _unknown_labels_rejected(result: ReadResult, catalog: Catalog, catalog_path:
     rejected = []
     for row in result.rows:
         if row.class_id not in known:
-            file, _, line = row.source.rpartition(":")
+            file, line = split_source(row.source)
             like = alike(row.class_id)
             hint = f"; the catalog has {like!r}, alike but for case, width or a float's .0" if like else ""
-            rejected.append(RejectedRow(file, int(line), f"label {row.class_id!r} is not in the catalog {catalog_path} "
+            rejected.append(RejectedRow(file, line or 0, f"label {row.class_id!r} is not in the catalog {catalog_path} "
                                         f"(data.custom.unknown_labels: quarantine){hint}", row_as_csv(row)))
     return ReadResult([r for r in result.rows if r.class_id in known], result.rejected + rejected, result.named_sources)

@@ -30,13 +30,20 @@ class LabeledQuestion:
         object.__setattr__(self, "origins", tuple(self.origins))  # JSON gives a list
 
 
+def split_source(source: str) -> tuple[str, int | None]:
+    """A row's `source` ("file:line") as (file, line); a source with no line number after its last colon is all file
+    (a Windows drive's colon included), with line None."""
+    file, _, line = source.rpartition(":")
+    return (file, int(line)) if file and line.isdigit() else (source, None)
+
+
 def file_and_line(source: str | None, unnamed: str = "training rows") -> str:
     """A row's `source` ("file:line") as errors and quarantine reasons write it: "file, line N"; `unnamed` for a row
     of no file."""
     if not source:
         return unnamed
-    file, _, line = source.rpartition(":")
-    return f"{file}, line {line}" if line.isdigit() else source
+    file, line = split_source(source)
+    return f"{file}, line {line}" if line is not None else source
 
 
 def usable_generated(questions: list[LabeledQuestion], generated: list[LabeledQuestion]) -> list[LabeledQuestion]:

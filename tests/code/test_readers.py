@@ -24,7 +24,7 @@ from tqc.readers import (
     with_added_classes,
     with_derived_classes,
 )
-from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, file_and_line, split_source
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
 
@@ -258,6 +258,19 @@ def test_a_label_the_catalog_lacks_is_a_derived_class_or_with_unknown_labels_qua
     with pytest.raises(ConfigError, match="unknown_labels is 'quarantine' but data.custom.catalog is not set"):
         Params().with_overrides({"data": {"dataset": "custom", "custom": {"train": "t.csv", "test": "u.csv",
                                                                           "unknown_labels": "quarantine"}}})
+
+
+@pytest.mark.parametrize("source, parts, said", [
+    ("data/train.csv:12", ("data/train.csv", 12), "data/train.csv, line 12"),
+    (r"C:\data\train.csv:3", (r"C:\data\train.csv", 3), r"C:\data\train.csv, line 3"),
+    (r"C:\data\train.csv", (r"C:\data\train.csv", None), r"C:\data\train.csv"),
+    ("generated", ("generated", None), "generated"),
+    (":7", (":7", None), ":7"),
+])
+def test_a_rows_source_splits_into_its_file_and_line_only_at_a_trailing_line_number(source, parts, said):
+    """Every stage that quarantines a row, or names it in an error, splits its "file:line" source this one way."""
+    assert split_source(source) == parts
+    assert file_and_line(source) == said
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="shared datasets not present")

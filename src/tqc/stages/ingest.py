@@ -15,7 +15,7 @@ from tqc.config import DataParams, GeneratedData
 from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.readers import (ReaderError, RejectedRow, ReadResult, RowsRejected, read_additions, read_dataset, read_generated, read_validation,
                          row_as_csv, with_added_classes)
-from tqc.schema import Catalog, LabeledQuestion, save_questions, usable_generated
+from tqc.schema import Catalog, LabeledQuestion, save_questions, split_source, usable_generated
 from tqc.text import compared_text, first_of, normalise
 
 log = logging.getLogger(__name__)
@@ -131,8 +131,8 @@ class Attribution:
 
 def _rejected(row: LabeledQuestion, reason: str) -> RejectedRow:
     """A generated row quarantined at its own file and line ("file:line" in its source)."""
-    file, _, line = row.source.rpartition(":")
-    return RejectedRow(file, int(line) if line.isdigit() else 0, reason, row_as_csv(row))
+    file, line = split_source(row.source)
+    return RejectedRow(file, line or 0, reason, row_as_csv(row))
 
 
 def _words(text: str) -> frozenset[str]:

@@ -21,7 +21,7 @@ import pandas as pd
 
 from tqc.config import ValidateParams
 from tqc.io import atomic_directory, write_json, write_jsonl
-from tqc.schema import Catalog, LabeledQuestion, file_and_line, load_questions, save_questions
+from tqc.schema import Catalog, LabeledQuestion, file_and_line, load_questions, save_questions, split_source
 from tqc.text import compared_text
 
 log = logging.getLogger(__name__)
@@ -283,12 +283,12 @@ def _naming_classes(outcome: ExpectationOutcome, catalog: Catalog) -> Expectatio
 
 
 def quarantine_record(question: LabeledQuestion, split: str, expectations: list[str], reason: str | None = None) -> dict:
-    file, _, line = question.source.rpartition(":")
+    file, line = split_source(question.source)
     return {
         "stage": "validate",
         "split": split,
         "file": file,
-        "line": int(line) if line.isdigit() else None,
+        "line": line,
         "expectations": expectations,
         "reason": reason or ", ".join(expectations),
         "content": {"text": question.text, "class_id": question.class_id},

@@ -31,7 +31,7 @@ from tqc.losses import triplet_margin
 from tqc.model.encoder import BiEncoder
 from tqc.model.warm_start import SKIP_RECORD
 from tqc.readers import ReaderError, read_texts, read_unlabelled
-from tqc.schema import Catalog, LabeledQuestion, load_questions
+from tqc.schema import Catalog, LabeledQuestion, load_questions, split_source
 from tqc.stages.validate import LETTER_OR_DIGIT
 from tqc.text import compared_text
 from tqc.training import FitResult, bi_encoder_validator, fit, parameter_groups
@@ -93,8 +93,7 @@ def pool_rows(params: WarmupParams, data_params: DataParams,
     rows, labelled = _unlabelled_rows(params, data_params) if params.unlabelled else ([], 0)
     if params.include_train:
         for question in train_rows:
-            file, _, line = question.source.rpartition(":")
-            rows.append(PoolRow(question.text, file or question.source, int(line) if line.isdigit() else None))
+            rows.append(PoolRow(question.text, *split_source(question.source)))
     return rows, labelled
 
 
