@@ -189,7 +189,7 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-TRAINING_COMMANDS = ("stage-one", "stage-two", "baseline-nc")
+TRAINING_COMMANDS = ("warmup", "stage-one", "stage-two", "baseline-nc")
 # Questions `tqc predict` scores at a time: a multiple of the encoder's batch of 256, so that batches fill
 PREDICT_CHUNK = 8192
 
@@ -274,10 +274,15 @@ def dispatch(args: argparse.Namespace) -> None:
     params = load_params(args.params, parse_overrides(args.overrides))
     if args.command in ("stage-one", "tune"):
         _check_faiss(_similarities(params, args.command))  # mining needs it after stage one: said before an hour of training
-    # A disabled NC baseline trains nothing: its marker is written once, by one process, not raced by torchrun's
-    if args.command in TRAINING_COMMANDS and not (args.command == "baseline-nc" and not params.baseline_nc.enabled):
+    if args.command in TRAINING_COMMANDS and _trains(args.command, params):
         _join_or_launch(params, args)
     WITH_PARAMS[args.command](args, params)
+
+
+def _trains(command: str, params: Params) -> bool:
+    """Whether a training command trains. A disabled warm-up or NC baseline trains nothing: its record is written once,
+    by this one process, not raced by torchrun's, and nothing is launched."""
+    return {"warmup": params.warmup.enabled, "baseline-nc": params.baseline_nc.enabled}.get(command, True)
 
 
 # What `tqc ablate` itself reads: the grids, seeds and budget, and the data folder each cell's experiment is pointed
@@ -407,30 +412,26 @@ def _augment(args: argparse.Namespace, params: Params) -> None:
     augment.run(args.train, params.augment, params.seed, args.out, args.report, args.generated, args.held_out, args.catalog)
 
 
-def _training_stage(stage: str, deps: list[str], train: Callable) -> Callable:
-    """A training command: `train(args, params, on_epoch)` in a tracked run, its fit and curves logged."""
+def _training_stage(stage: str, deps: list[str], train: Callable, logged: str = "history",
+                    off: Callable[[Params], bool] = lambda params: False) -> Callable:
+    """A training command: `train(args, params, on_epoch)` in a tracked run, its fit and its `logged` file (the
+    curves) logged. Where `off(params)`, `train` writes only its skip record, with no run: nothing trained."""
     def command(args: argparse.Namespace, params: Params) -> None:
+        if off(params):
+            train(args, params, None)
+            return
         with stage_run(stage, params, [getattr(args, name) for name in deps]) as tracker:
             result = train(args, params, tracker.on_epoch(stage))
-            _log_fit(tracker, stage, result, args.history)
+            _log_fit(tracker, stage, result, getattr(args, logged))
     command.inputs = deps  # checked before a torchrun relaunch, where a missing one would fail in every process
     return command
 
 
-def _warmup(args: argparse.Namespace, params: Params) -> None:
-    """The warm-up stage; a tracked run only when it trains (skipped, it writes its record and nothing else)."""
+def _warmup(args: argparse.Namespace, params: Params, on_epoch):
     from tqc.stages import warmup
 
-    def run(on_epoch=None):
-        return warmup.run(args.data, params.model, params.warmup, params.data, params.seed, args.out, args.report,
-                          args.quarantine, on_epoch=on_epoch)
-
-    if not params.warmup.enabled:
-        run()
-        return
-    with stage_run("warmup", params, [args.data]) as tracker:
-        result = run(tracker.on_epoch("warmup"))
-        _log_fit(tracker, "warmup", result, args.report)
+    return warmup.run(args.data, params.model, params.warmup, params.data, params.seed, args.out, args.report,
+                      args.quarantine, on_epoch=on_epoch)
 
 
 def _stage_one(args: argparse.Namespace, params: Params, on_epoch):
@@ -1026,7 +1027,9 @@ def _at_least(text: str, low: int) -> int:
 # Commands that need no params.yaml: predict reads a model folder and a catalog, fetch the network
 WITHOUT_PARAMS: dict[str, Callable[[argparse.Namespace], None]] = {"fetch": _fetch, "predict": _predict}
 WITH_PARAMS: dict[str, Callable[[argparse.Namespace, Params], None]] = {
-    "ingest": _ingest, "validate": _validate, "augment": _augment, "warmup": _warmup,
+    "ingest": _ingest, "validate": _validate, "augment": _augment,
+    # its report holds its curves; off, it writes its skip record alone, and no run
+    "warmup": _training_stage("warmup", ["data"], _warmup, logged="report", off=lambda params: not params.warmup.enabled),
     "stage-one": _training_stage("stage_one", ["data", "train"], _stage_one),
     "mine": _mine,
     "stage-two": _training_stage("stage_two", ["data", "train", "negatives", "model"], _stage_two),

@@ -633,13 +633,17 @@ class Params(Strict):
 
     @model_validator(mode="after")
     def _two_rows_per_process(self) -> "Params":
-        problem = self.rows_per_process_problem(self.distributed.nproc_per_node, "distributed.nproc_per_node")
+        problem = self.rows_per_process_problem(self.distributed.nproc_per_node, "distributed.nproc_per_node",
+                                                self.trained_sections())
         if problem:
             raise ValueError(problem)
         return self
 
-    def rows_per_process_problem(self, processes: int, named: str,
-                                 sections: tuple[str, ...] = ("stage_one", "stage_two", "baseline_nc")) -> str:
+    def trained_sections(self) -> tuple[str, ...]:
+        """The sections of the training stages, each batched under torchrun: the warm-up's when it is on."""
+        return (("warmup",) if self.warmup.enabled else ()) + ("stage_one", "stage_two", "baseline_nc")
+
+    def rows_per_process_problem(self, processes: int, named: str, sections: tuple[str, ...]) -> str:
         """Why batches split `processes` ways leave a process with fewer than two rows ("" when none does): such a
         process has no in-batch negative, or no loss at all. Checked at load for `distributed.nproc_per_node` (every
         training section), and again once joined, for the world size of a torchrun the user started (several nodes),

@@ -502,7 +502,7 @@ def stage_run(stage: str, params: Params, inputs: list[Path] = ()) -> Iterator[T
 
 def _stage_params(stage: str, params: Params) -> dict:
     full = run_params(params)
-    sections = {"warmup": ("seed", "model", "warmup"),
+    sections = {"warmup": ("seed", "model", "warmup", "distributed"),
                 "stage_one": ("seed", "model", "augment", "stage_one", "distributed"), "mine": ("mine",),
                 "stage_two": ("seed", "augment", "stage_two", "distributed"),
                 "baseline_nc": ("seed", "model", "augment", "baseline_nc", "distributed"),

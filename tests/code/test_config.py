@@ -270,6 +270,8 @@ def test_an_invalid_override_names_itself_and_each_problem_without_pydantics_inp
     ({"ablate": {"seeds": [0, 0, 1]}}, r"seeds \[0\] are listed more than once"),
     ({"distributed": {"nproc_per_node": 4}, "stage_two": {"batch_size": 6}},
      r"each process needs at least two rows: raise stage_two.batch_size \(6\) to at least 8"),
+    ({"distributed": {"nproc_per_node": 4}, "warmup": {"enabled": True, "batch_size": 6}},
+     r"each process needs at least two rows: raise warmup.batch_size \(6\) to at least 8"),
     # pydantic's lax mode read `true` as 1 epoch and 2.5 as a cut-off count; `-S stage_one.epochs=true` is a slip
     ({"stage_one": {"epochs": True}}, "stage_one.epochs: Input should be a valid integer"),
     ({"mine": {"k": 2.5}}, "mine.k: Input should be a valid integer"),

@@ -234,7 +234,7 @@ def test_the_collective_timeout_re_runs_no_stage_and_is_not_recorded_in_metrics_
     declaring = {name for name, stage in stages.items() for declared in stage.get("params", [])
                  if covers(str(declared), "distributed.timeout_minutes")}
     assert declaring == set()
-    for name in ("stage_one", "stage_two", "baseline_nc", "evaluate"):
+    for name in ("warmup", "stage_one", "stage_two", "baseline_nc", "evaluate"):
         for key in ("distributed.nproc_per_node", "distributed.backend"):
             assert any(covers(str(declared), key) for declared in stages[name]["params"]), (name, key)
     recorded = recorded_params(load_params(DVC_YAML.parent / "params.yaml"))

@@ -147,7 +147,7 @@ def test_the_cli_relaunches_a_training_stage_under_torchrun_and_rank_0_writes(ti
 
 
 def test_a_relaunched_stage_one_starts_from_the_warm_up_model_in_every_process(tiny_model_dir, tmp_path):
-    """`tqc warmup` trains in one process; `tqc stage-one --warmup` relaunched under torchrun starts from its model, as
+    """`tqc stage-one --warmup` relaunched under torchrun starts from a one-process `tqc warmup`'s model, as
     `dvc repro` and `pipeline.train_chain` pass it, and says so once (rank 0)."""
     import json
 
@@ -167,6 +167,96 @@ def test_a_relaunched_stage_one_starts_from_the_warm_up_model_in_every_process(t
     assert finished.stderr.count("starting from the warm-up's model in models/warmup") == 1, finished.stderr[-3000:]
     saved = json.loads((project / "models/stage_one/tqc_model.json").read_text())
     assert saved["warmed_up_from"] == "models/warmup"
+
+
+def _without_dropout(model_dir: Path, folder: Path) -> Path:
+    """A copy of the tiny model with its dropout off, so that runs in one process and in two compare weight for weight
+    (each process draws its own dropout)."""
+    import json
+    import shutil
+
+    shutil.copytree(model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": 0.0,
+                                                    "attention_probs_dropout_prob": 0.0}))
+    return folder
+
+
+WARM_UP_SETTINGS = {"tracking": {"enabled": False},
+                    "warmup": {"enabled": True, "max_steps": 2, "candidates": 4, "batch_size": 8, "learning_rate": 1e-3}}
+
+
+def test_the_cli_relaunches_the_warm_up_under_torchrun_and_two_processes_end_with_one_processs_weights(
+        tiny_model_dir, tmp_path):
+    """`tqc warmup` trained in one process whatever distributed.nproc_per_node said. It is relaunched as two gloo
+    processes now, rank 0 writes its model and report once, and since its triplet loss is per triplet, two processes
+    that each take half of every batch end where one process ends on the whole batch (dropout off). To float error,
+    which AdamW's first steps magnify where a gradient is near zero (each divides by the gradient's own size): a
+    word's embedding ended 8.5e-5 apart on this machine, where a step is up to 1e-3 (learning_rate)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from tqc.config import load_params
+    from tqc.stages import warmup
+
+    project, environment = _ingested_project(tmp_path, _without_dropout(tiny_model_dir, tmp_path / "no-dropout"))
+    settings = [part for key, value in (("tracking.enabled", "false"), *(
+        (f"warmup.{name}", str(value).lower()) for name, value in WARM_UP_SETTINGS["warmup"].items()))
+        for part in ("--set", f"{key}={value}")]
+    finished = subprocess.run(
+        [sys.executable, "-m", "tqc.cli", "--set", "distributed.nproc_per_node=2", *settings, "warmup", "--data",
+         "data/ingested", "--out", "models/warmup", "--report", "warmup.json", "--quarantine", "warmup-quarantine.jsonl"],
+        cwd=project, env=environment, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "distributed: 2 processes, backend gloo" in finished.stderr
+    assert finished.stderr.count("warm-up: wrote models/warmup and warmup.json") == 1, finished.stderr[-3000:]
+    report = json.loads((project / "warmup.json").read_text())
+    assert report["epochs"] == 1 and report["triplets"]["token"] > 0
+
+    params = load_params(project / "params.yaml", WARM_UP_SETTINGS)
+    data = project / "data/ingested"
+    warmup.run(data, params.model, params.warmup, params.data, params.seed, tmp_path / "one", tmp_path / "one.json",
+               tmp_path / "one-quarantine.jsonl")
+    assert json.loads((tmp_path / "one.json").read_text())["triplets"] == report["triplets"]  # rank 0's, trained by both
+    for encoder in ("question_encoder", "standard_encoder"):
+        one, two = (load_file(folder / encoder / "model.safetensors") for folder in (tmp_path / "one", project / "models/warmup"))
+        for name, tensor in one.items():
+            assert torch.allclose(two[name], tensor, atol=2e-4), f"{encoder} {name}: two processes differ from one"
+    start = load_file(tmp_path / "no-dropout" / "model.safetensors")
+    assert any(not torch.equal(one[name], start[name.removeprefix("bert.")]) for name in one)  # it trained something
+
+
+def test_tqc_warmup_is_launched_under_torchrun_as_the_other_stages_only_when_it_is_on(tmp_path, monkeypatch):
+    """On, it checks its inputs and relaunches itself as the training stages do; off, it launches nothing and makes no
+    tracked run: it writes its skip record, once, in this process (another rank of a user's torchrun writes none)."""
+    from tqc import cli
+    from tqc.config import WarmupParams
+    from tqc.model.warm_start import SKIP_RECORD
+    from tqc.stages import warmup
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    launched = []
+    monkeypatch.setattr(cli, "_launch", lambda command, processes: launched.append((command, processes)) or 0)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"distributed": {"nproc_per_node": 2},
+                                                          "warmup": {"enabled": True}, "tracking": {"enabled": False}}))
+    paths = ["--out", str(tmp_path / "warmup"), "--report", str(tmp_path / "warmup.json"), "--quarantine",
+             str(tmp_path / "quarantine.jsonl")]
+    argv = ["--params", str(tmp_path / "params.yaml"), "warmup", "--data", str(tmp_path), *paths]
+    with pytest.raises(SystemExit) as ended:
+        cli.main(argv)
+    assert ended.value.code == 0 and launched == [(distributed.relaunch_command(2, argv), 2)]
+    launched.clear()
+    missing = ["--params", str(tmp_path / "params.yaml"), "warmup", "--data", str(tmp_path / "nowhere"), *paths]
+    assert cli.main(missing) == 2 and launched == []  # said once here, not as every process's traceback
+
+    monkeypatch.setattr(cli, "stage_run", lambda *args: pytest.fail("a tracked run of a warm-up that trained nothing"))
+    assert cli.main(["--set", "warmup.enabled=false", *argv]) == 0 and launched == []
+    assert [p.name for p in (tmp_path / "warmup").iterdir()] == [SKIP_RECORD]
+
+    monkeypatch.setattr(distributed, "rank", lambda: 1)
+    warmup.run(tmp_path, None, WarmupParams(), None, 0, tmp_path / "rank-1", tmp_path / "rank-1.json", tmp_path / "rank-1.jsonl")
+    assert not any((tmp_path / name).exists() for name in ("rank-1", "rank-1.json", "rank-1.jsonl"))
 
 
 def test_an_input_error_in_a_relaunched_stage_ends_the_command_on_its_line_with_status_2(tiny_model_dir, tmp_path):

@@ -185,7 +185,13 @@ def run(data_dir: Path, model_params: ModelParams, params: WarmupParams, data_pa
         log.warning("warm-up: %d pool row(s) quarantined to %s (no text, no letter or digit, or a held-out question)",
                     len(pool.quarantined), quarantine_path)
     model = BiEncoder.from_params(model_params).to(pick_device())
-    triplets = weak_triplets(model, catalog, pool.texts, params, mask_token_of(model, model_params.pretrained))
+    mask_token = mask_token_of(model, model_params.pretrained)
+    # Under torchrun rank 0 ranks the pool, and every process trains on its triplets: each ranking its own, a score
+    # a last digit apart on another device (kernels are not bitwise reproducible across devices) could give a process
+    # other triplets, or another number of them, and so of steps, which would hang the others in an all-reduce.
+    # Everything before is read from the same files alike in every process (the pool, its quarantine, rank 0 writing it).
+    triplets = distributed.from_main(weak_triplets(model, catalog, pool.texts, params, mask_token)
+                                     if distributed.is_main() else None)
     kinds = {kind: sum(t.kind == kind for t in triplets) for kind in ("token", "structure")}
     log.info("warm-up: %d pool questions (%d rows read, %d duplicates merged, %d quarantined) → %d token-level and %d "
              "structure-level triplets against %d standard questions", len(pool.texts), len(rows), pool.duplicates,
