@@ -70,9 +70,9 @@ def train_chain(params: Params, data_dir: Path, train_path: Path, work_dir: Path
     """(the warm-up, when warmup.enabled →) stage one → mine → stage two (→ the NC baseline) in `work_dir`; `on_epoch`
     sees every epoch of the last four.
 
-    `processes` (default distributed.nproc_per_node) above 1: each training stage runs as that many torchrun
-    processes, through the stage's own CLI command, as `dvc repro` runs it; `on_epoch` then sees a stage's
-    epochs when the stage has ended (they come from its history file).
+    `processes` (default distributed.nproc_per_node) above 1: each training stage, the warm-up's too, runs as that
+    many torchrun processes, through the stage's own CLI command, as `dvc repro` runs it; `on_epoch` then sees a
+    stage's epochs when the stage has ended (they come from its history file).
     """
     processes = params.distributed.nproc_per_node if processes is None else processes
     train = _launcher(params, seed, work_dir, processes) or _in_process
@@ -83,7 +83,7 @@ def train_chain(params: Params, data_dir: Path, train_path: Path, work_dir: Path
 
     one = {"data": data_dir, "train": train_path, "out": outputs.stage_one, "history": work_dir / "stage_one.csv"}
     if params.warmup.enabled:  # stage one starts from the warm-up's model; off, from model.pretrained as ever
-        one["warmup"] = warmed_up(params, data_dir, work_dir, seed)
+        one["warmup"] = warmed_up(params, data_dir, work_dir, seed, train)
     outputs.fits["stage_one"] = train("stage-one", one, hook("stage_one"), lambda on_epoch: stage_one.run(
         data_dir, train_path, params.model, params.augment, params.stage_one, seed, one["out"], one["history"],
         on_epoch=on_epoch, warmup_dir=one.get("warmup")))
@@ -102,23 +102,31 @@ def train_chain(params: Params, data_dir: Path, train_path: Path, work_dir: Path
     return outputs
 
 
-def warmed_up(params: Params, data_dir: Path, work_dir: Path, seed: int) -> Path:
-    """The warm-up stage into `work_dir` (in this process: it is not launched under torchrun), as `dvc repro` runs it
-    into models/warmup; returns its model folder."""
-    warmup.run(data_dir, params.model, params.warmup, params.data, seed, work_dir / "warmup",
-               work_dir / "reports" / "warmup.json", work_dir / "quarantine" / "warmup.jsonl")
-    return work_dir / "warmup"
+def warmed_up(params: Params, data_dir: Path, work_dir: Path, seed: int, train: StageRunner) -> Path:
+    """The warm-up stage into `work_dir` as `dvc repro` runs it into models/warmup, through `train` as the other
+    training stages (`tqc warmup` under torchrun, or in this process); returns its model folder."""
+    paths = {"data": data_dir, "out": work_dir / "warmup", "report": work_dir / "reports" / "warmup.json",
+             "quarantine": work_dir / "quarantine" / "warmup.jsonl"}
+    train("warmup", paths, None, lambda on_epoch: warmup.run(
+        data_dir, params.model, params.warmup, params.data, seed, paths["out"], paths["report"], paths["quarantine"],
+        on_epoch=on_epoch))
+    return paths["out"]
 
 
-# The params sections a launched training command reads (data: for the checks that tie augment to it); the rest default.
-LAUNCHED_SECTIONS = ("seed", "data", "validate", "augment", "model", "stage_one", "mine", "stage_two", "baseline_nc",
-                     "distributed")
+# The params sections a launched training command reads (data: for the checks that tie augment to it, and the folder
+# warmup.unlabelled is under); the rest default.
+LAUNCHED_SECTIONS = ("seed", "data", "validate", "augment", "model", "warmup", "stage_one", "mine", "stage_two",
+                     "baseline_nc", "distributed")
 
 StageCall = Callable[[Callable[[EpochRecord], None] | None], FitResult]  # the stage's run(), given its epoch hook
 
 
 def _in_process(command: str, paths: dict[str, Path], on_epoch, call: StageCall) -> FitResult:
     return call(on_epoch)
+
+
+# How a chain runs a training stage: (its CLI command, that command's path arguments, its epoch hook, its run() call)
+StageRunner = Callable[[str, dict[str, Path], Callable[[EpochRecord], None] | None, StageCall], FitResult]
 
 
 class StageLaunchFailed(RuntimeError):
@@ -162,10 +170,17 @@ class _Launcher:
             raise StageLaunchFailed(f"{command}: its {self.processes} torchrun processes exited with status {status}; "
                                     f"their errors:{errors}\nthe last lines they wrote:\n"
                                     + "\n".join(last_lines[-LAST_LINES_SAID:]))
-        history = read_history(paths["history"])
+        history = _launched_history(paths)
         for record in history if on_epoch else ():
             on_epoch(record)
         return FitResult.of(history)
+
+
+def _launched_history(paths: dict[str, Path]) -> list[EpochRecord]:
+    """The epochs a launched stage's rank 0 recorded: in its --history file, the warm-up's in its --report."""
+    if "history" in paths:
+        return read_history(paths["history"])
+    return [EpochRecord(**record) for record in json.loads(paths["report"].read_text(encoding="utf-8"))["history"]]
 
 
 def _release_cuda_cache() -> None:

@@ -700,7 +700,8 @@ def test_the_chain_of_a_retrain_or_an_extra_seed_trains_each_stage_as_torchrun_p
     """`distributed.nproc_per_node: 2` used to reach only the dvc stages: the retrain flow and evaluate's extra seeds
     trained in one process and warned. Their chain now launches each training stage's CLI command under torchrun
     with the chain's own seed, and its caller gets the fit and every epoch back from the stage's history file, and
-    the processes' lines in its own log (a flow run's logs, not only the worker's console)."""
+    the processes' lines in its own log (a flow run's logs, not only the worker's console). The warm-up too: it trained
+    in the chain's one process; launched, it reads its pool file under data.data_dir from the chain's params file."""
     import json
 
     from tqc.config import Params
@@ -711,21 +712,26 @@ def test_the_chain_of_a_retrain_or_an_extra_seed_trains_each_stage_as_torchrun_p
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     write_custom_dataset(tmp_path / "raw")
+    (tmp_path / "raw" / "unlabelled.csv").write_text("text\nwhere is the old castle\nwho invented tea\n")
     params = Params.model_validate(tiny_params(tmp_path / "raw", tiny_model_dir)).with_overrides(
         {"distributed": {"nproc_per_node": 2}, "tracking": {"enabled": False, "uri": "postgresql://user:secret@db/mlflow"},
-         "baseline_nc": {"enabled": False}})
+         "baseline_nc": {"enabled": False}, **WARM_UP_SETTINGS,
+         "warmup": {**WARM_UP_SETTINGS["warmup"], "unlabelled": "unlabelled.csv"}})
     data = prepare_data(params, tmp_path / "work")
     epochs_seen = []
     with caplog.at_level("INFO", logger="tqc.pipeline"):
         outputs = train_chain(params, data.directory, data.train, tmp_path / "chain", seed=3,
                               on_epoch=lambda stage, record: epochs_seen.append((stage, record.epoch)))
     said = [r.getMessage() for r in caplog.records if r.name == "tqc.pipeline"]
-    for command in ("stage-one", "stage-two"):  # the disabled NC: never launched
+    for command in ("warmup", "stage-one", "stage-two"):  # the disabled NC: never launched
         assert sum(line.startswith(f"{command}: ") and "distributed: 2 processes, backend gloo" in line
                    for line in said) == 1, said
     assert any(line.startswith("stage-two: ") and "stage two: kept epoch" in line for line in said), said
     assert (outputs.stage_one / "tqc_model.json").exists() and (outputs.stage_two / "tqc_model.json").exists()
     assert (outputs.nc / baseline_nc.DISABLED_MARKER).exists()
+    assert json.loads((tmp_path / "chain" / "reports" / "warmup.json").read_text())["rows_read"] == 2 + len(
+        (data.directory / "train.jsonl").read_text().splitlines())  # the pool file's rows, and the training questions
+    assert json.loads((outputs.stage_one / "tqc_model.json").read_text())["warmed_up_from"] == str(tmp_path / "chain" / "warmup")
     assert epochs_seen == [("stage_one", 0), ("stage_one", 1), ("stage_two", 0), ("stage_two", 1)]
     written = read_history(tmp_path / "chain" / "stage_two.csv")  # by rank 0
     assert outputs.fits["stage_two"].best_validation_macro_f1 == max(record.validation_macro_f1 for record in written)

@@ -159,7 +159,8 @@ def test_params_refuse_a_warm_up_with_no_questions():
 def test_the_chain_warms_up_first_and_hands_stage_one_its_folder_in_process_and_to_a_launched_stage_one(
         validated, tmp_path, monkeypatch):
     """pipeline.train_chain (the tuner, evaluate's extra seeds, the flows) runs the warm-up in its work folder when
-    warmup.enabled, and stage one starts from it: in this process, and as `--warmup` to a torchrun-launched stage-one."""
+    warmup.enabled, and stage one starts from it: in this process, and as `--warmup` to a torchrun-launched stage-one.
+    With processes > 1 the warm-up is launched too, as `tqc warmup` (it trained in the chain's one process)."""
     from tqc import pipeline
     from tqc.cli import parse_arguments
     from tqc.pipeline import train_chain
@@ -179,6 +180,9 @@ def test_the_chain_warms_up_first_and_hands_stage_one_its_folder_in_process_and_
 
     monkeypatch.setattr(pipeline, "_launcher", lambda *args: launcher)
     train_chain(params, data, data / "train.jsonl", tmp_path / "launched", seed=0, with_nc=False, processes=2)
+    assert [command for command, _ in launched] == ["warmup", "stage-one", "stage-two"]
+    warmup_arguments = [part for name, path in dict(launched)["warmup"].items() for part in (f"--{name}", str(path))]
+    assert parse_arguments(["warmup", *warmup_arguments]).out == tmp_path / "launched" / "warmup"  # tqc warmup's own
     stage_one_paths = dict(launched)["stage-one"]
     assert stage_one_paths["warmup"] == tmp_path / "launched" / "warmup"
     arguments = [part for name, path in stage_one_paths.items() for part in (f"--{name}", str(path))]
@@ -186,7 +190,25 @@ def test_the_chain_warms_up_first_and_hands_stage_one_its_folder_in_process_and_
     off = params.with_overrides({"warmup": {"enabled": False}})
     launched.clear()
     train_chain(off, data, data / "train.jsonl", tmp_path / "off", seed=0, with_nc=False, processes=2)
-    assert "warmup" not in dict(launched)["stage-one"] and not (tmp_path / "off" / "warmup").exists()
+    assert "warmup" not in dict(launched) and "warmup" not in dict(launched)["stage-one"]
+    assert not (tmp_path / "off" / "warmup").exists()
+
+
+def test_a_launched_chains_params_file_carries_the_warm_up_and_the_data_folder_its_pool_file_is_under(validated, tmp_path,
+                                                                                                      monkeypatch):
+    """The launched `tqc warmup` reads the chain's params from the file the chain writes: without the warmup section it
+    would read warmup.enabled false, write its skip record, and stage one would start from model.pretrained unsaid;
+    warmup.unlabelled is relative to data.data_dir."""
+    from tqc.config import load_params
+    from tqc.pipeline import _launcher
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    params, _ = validated
+    params = params.with_overrides({"warmup": {"unlabelled": "unlabelled.csv", "margin": 0.5},
+                                    "tracking": {"enabled": False}})
+    launcher = _launcher(params, 7, tmp_path / "chain", processes=2)
+    launched = load_params(launcher.params_file)
+    assert launched.warmup == params.warmup and launched.data.data_dir == params.data.data_dir
 
 
 def test_tqc_warmup_off_writes_its_record_and_a_bad_pool_file_is_one_line(validated, tmp_path, capsys):
