@@ -184,13 +184,15 @@ def test_a_training_stages_run_records_the_processes_that_trained_it(tmp_path, m
     monkeypatch.setenv("RANK", "0")
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     params = Params.model_validate({"tracking": {"uri": store, "experiment": "pipeline"}})
-    with tracking.stage_run("stage_one", params) as tracker:
-        assert tracker.active
+    for stage in ("warmup", "stage_one"):  # the warm-up too, which trains under torchrun as stage one does
+        with tracking.stage_run(stage, params) as tracker:
+            assert tracker.active
     with tracking.stage_run("mine", params):
         pass
     runs = {run.info.run_name: run.data.params for run in MlflowClient(store).search_runs(
         [MlflowClient(store).get_experiment_by_name("pipeline").experiment_id])}
-    assert runs["stage_one"]["distributed.world_size"] == "4" and runs["stage_one"]["distributed.nproc_per_node"] == "1"
+    for stage in ("warmup", "stage_one"):
+        assert runs[stage]["distributed.world_size"] == "4" and runs[stage]["distributed.nproc_per_node"] == "1", stage
     assert not any(key.startswith("distributed.") for key in runs["mine"])  # one process, whatever torchrun says
 
 
