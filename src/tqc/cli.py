@@ -274,15 +274,12 @@ def dispatch(args: argparse.Namespace) -> None:
     params = load_params(args.params, parse_overrides(args.overrides))
     if args.command in ("stage-one", "tune"):
         _check_faiss(_similarities(params, args.command))  # mining needs it after stage one: said before an hour of training
-    if args.command in TRAINING_COMMANDS and _trains(args.command, params):
+    command = WITH_PARAMS[args.command]
+    # A disabled warm-up or NC baseline trains nothing: its record is written once, by this one process, not raced by
+    # torchrun's, and nothing is launched
+    if args.command in TRAINING_COMMANDS and not command.off(params):
         _join_or_launch(params, args)
-    WITH_PARAMS[args.command](args, params)
-
-
-def _trains(command: str, params: Params) -> bool:
-    """Whether a training command trains. A disabled warm-up or NC baseline trains nothing: its record is written once,
-    by this one process, not raced by torchrun's, and nothing is launched."""
-    return {"warmup": params.warmup.enabled, "baseline-nc": params.baseline_nc.enabled}.get(command, True)
+    command(args, params)
 
 
 # What `tqc ablate` itself reads: the grids, seeds and budget, and the data folder each cell's experiment is pointed
@@ -424,6 +421,7 @@ def _training_stage(stage: str, deps: list[str], train: Callable, logged: str = 
             result = train(args, params, tracker.on_epoch(stage))
             _log_fit(tracker, stage, result, getattr(args, logged))
     command.inputs = deps  # checked before a torchrun relaunch, where a missing one would fail in every process
+    command.off = off
     return command
 
 
@@ -1033,7 +1031,8 @@ WITH_PARAMS: dict[str, Callable[[argparse.Namespace, Params], None]] = {
     "stage-one": _training_stage("stage_one", ["data", "train"], _stage_one),
     "mine": _mine,
     "stage-two": _training_stage("stage_two", ["data", "train", "negatives", "model"], _stage_two),
-    "baseline-nc": _training_stage("baseline_nc", ["data", "train"], _baseline_nc),
+    "baseline-nc": _training_stage("baseline_nc", ["data", "train"], _baseline_nc,
+                                   off=lambda params: not params.baseline_nc.enabled),
     "prior": _prior, "evaluate": _evaluate, "promote": _promote, "trained-on": _trained_on, "set-champion": _set_champion, "tune": _tune,
     "ablate": _ablate, "bench": _bench, "check-inputs": _check_inputs,
 }

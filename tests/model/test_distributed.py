@@ -624,12 +624,14 @@ def test_each_process_draws_its_own_mixup_partners_and_joined_pairs(monkeypatch)
 
 
 def test_a_disabled_nc_baseline_is_not_launched_under_torchrun_and_only_rank_0_writes_its_marker(tmp_path, monkeypatch):
-    """Every process used to write the marker folder at once: two renames of one folder, and one process failed."""
+    """Every process used to write the marker folder at once: two renames of one folder, and one process failed. It
+    makes no tracked run either, as the disabled warm-up makes none: it trained nothing (it made an empty one)."""
     from tqc import cli
     from tqc.config import BaselineNCParams
     from tqc.stages import baseline_nc
 
     monkeypatch.setattr(cli, "_launch", lambda command, processes: pytest.fail(f"launched {command}"))
+    monkeypatch.setattr(cli, "stage_run", lambda *args: pytest.fail("a tracked run of an NC baseline that trained nothing"))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"distributed": {"nproc_per_node": 2},
                                                           "baseline_nc": {"enabled": False}, "tracking": {"enabled": False}}))
     cli.main(["--params", str(tmp_path / "params.yaml"), "baseline-nc", "--data", str(tmp_path), "--train",
