@@ -130,14 +130,20 @@ def _ingested_project(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, dict]
     return project, {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
 
 
+def _tqc_in_two_processes(project: Path, environment: dict, *arguments: str) -> subprocess.CompletedProcess:
+    """`tqc ARGUMENTS` in `project` with distributed.nproc_per_node 2: a training command relaunches itself as two
+    gloo processes under torchrun."""
+    return subprocess.run([sys.executable, "-m", "tqc.cli", "--set", "distributed.nproc_per_node=2", *arguments],
+                          cwd=project, env=environment, capture_output=True, text=True, timeout=300)
+
+
 def test_the_cli_relaunches_a_training_stage_under_torchrun_and_rank_0_writes(tiny_model_dir, tmp_path):
     """`distributed.nproc_per_node: 2` → `tqc stage-one` runs as two gloo processes; one model folder, one history."""
     project, environment = _ingested_project(tmp_path, tiny_model_dir)
-    finished = subprocess.run(
-        [sys.executable, "-m", "tqc.cli", "--set", "distributed.nproc_per_node=2", "--set", "tracking.enabled=false",
-         "--set", "stage_one.smoothing=0.1", "stage-one", "--data", "data/ingested", "--train", "data/ingested/train.jsonl",
-         "--out", "models/stage_one", "--history", "history.csv"], cwd=project, env=environment, capture_output=True,
-        text=True, timeout=300)
+    finished = _tqc_in_two_processes(
+        project, environment, "--set", "tracking.enabled=false", "--set", "stage_one.smoothing=0.1", "stage-one",
+        "--data", "data/ingested", "--train", "data/ingested/train.jsonl", "--out", "models/stage_one", "--history",
+        "history.csv")
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "distributed: 2 processes, backend gloo" in finished.stderr
     # a warning every process would give (a loss setting nt_xent ignores) is said once, by rank 0: it was said twice
@@ -157,11 +163,9 @@ def test_a_relaunched_stage_one_starts_from_the_warm_up_model_in_every_process(t
     subprocess.run([sys.executable, "-m", "tqc.cli", *settings, "warmup", "--data", "data/ingested", "--out",
                     "models/warmup", "--report", "warmup.json", "--quarantine", "warmup-quarantine.jsonl"], cwd=project,
                    env=environment, check=True, capture_output=True, timeout=300)
-    finished = subprocess.run(
-        [sys.executable, "-m", "tqc.cli", "--set", "distributed.nproc_per_node=2", *settings, "stage-one", "--data",
-         "data/ingested", "--train",
-         "data/ingested/train.jsonl", "--warmup", "models/warmup", "--out", "models/stage_one", "--history", "history.csv"],
-        cwd=project, env=environment, capture_output=True, text=True, timeout=300)
+    finished = _tqc_in_two_processes(
+        project, environment, *settings, "stage-one", "--data", "data/ingested", "--train", "data/ingested/train.jsonl",
+        "--warmup", "models/warmup", "--out", "models/stage_one", "--history", "history.csv")
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "distributed: 2 processes, backend gloo" in finished.stderr
     assert finished.stderr.count("starting from the warm-up's model in models/warmup") == 1, finished.stderr[-3000:]
@@ -204,10 +208,9 @@ def test_the_cli_relaunches_the_warm_up_under_torchrun_and_two_processes_end_wit
     settings = [part for key, value in (("tracking.enabled", "false"), *(
         (f"warmup.{name}", str(value).lower()) for name, value in WARM_UP_SETTINGS["warmup"].items()))
         for part in ("--set", f"{key}={value}")]
-    finished = subprocess.run(
-        [sys.executable, "-m", "tqc.cli", "--set", "distributed.nproc_per_node=2", *settings, "warmup", "--data",
-         "data/ingested", "--out", "models/warmup", "--report", "warmup.json", "--quarantine", "warmup-quarantine.jsonl"],
-        cwd=project, env=environment, capture_output=True, text=True, timeout=300)
+    finished = _tqc_in_two_processes(
+        project, environment, *settings, "warmup", "--data", "data/ingested", "--out", "models/warmup", "--report",
+        "warmup.json", "--quarantine", "warmup-quarantine.jsonl")
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "distributed: 2 processes, backend gloo" in finished.stderr
     assert finished.stderr.count("warm-up: wrote models/warmup and warmup.json") == 1, finished.stderr[-3000:]
@@ -267,10 +270,9 @@ def test_an_input_error_in_a_relaunched_stage_ends_the_command_on_its_line_with_
     project, environment = _ingested_project(tmp_path, tiny_model_dir)
     with (project / "data/ingested/train.jsonl").open("a") as train:
         train.write(json.dumps({"text": "a stray question", "class_id": "nowhere", "source": "x:1", "generated": False}) + "\n")
-    finished = subprocess.run(
-        [sys.executable, "-m", "tqc.cli", "--set", "distributed.nproc_per_node=2", "--set", "tracking.enabled=false",
-         "stage-one", "--data", "data/ingested", "--train", "data/ingested/train.jsonl", "--out", "models/stage_one",
-         "--history", "history.csv"], cwd=project, env=environment, capture_output=True, text=True, timeout=300)
+    finished = _tqc_in_two_processes(
+        project, environment, "--set", "tracking.enabled=false", "stage-one", "--data", "data/ingested", "--train",
+        "data/ingested/train.jsonl", "--out", "models/stage_one", "--history", "history.csv")
     assert finished.returncode == 2, finished.stderr[-3000:]
     assert finished.stderr.strip().splitlines()[-1].startswith("tqc stage-one: error: UnknownClass: question "), \
         finished.stderr[-3000:]
