@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,26 @@ log = logging.getLogger(__name__)
 
 class ChampionUnavailable(RuntimeError):
     """The registry's champion cannot answer, so no challenger can be judged against it."""
+
+
+@dataclass(frozen=True)
+class _Champion:
+    """The registry's alias holder when promote starts, and what it learnt from."""
+    holder: Any  # the MLflow model version holding the alias; None: no champion yet
+    version: str | None
+    learnt: set[str] | None  # its `serving.question_hash`es; None without a record, or one that cannot be read
+    unreadable: Exception | None  # why its artifacts could not be read: raised once the challenger is registered
+
+
+@dataclass(frozen=True)
+class _Challenger:
+    """The version registered for this model, and the rule it serves."""
+    version: str
+    registered_before: bool  # found by its content digest
+    answers: str  # its answers digest (`serving.ANSWERS_TAG`)
+    rule: str
+    rule_figures: dict | None  # under auto, what chose the rule (`_served_rule`)
+    exemplars: tuple[Path, int] | None  # the exemplar rule's rows and k; None for the standard rule
 
 
 def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: PromoteParams, report_path: Path, tracker: Tracker,
@@ -51,121 +72,204 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
 
     `registered_path`: where to write which registry holds the challenger, and as which version (`_write_registered`)."""
     if not tracker.active:
-        # promotion.json's usual keys, nothing registered: a reviewer's diff shows what changed, not a new layout
-        report = {"model_name": params.model_name, "alias": params.alias, "challenger_version": None, "rule": params.rule,
-                  "challenger_registered_before": False, "champion_version_before": None, "champion_version_after": None,
-                  "promoted": False,
-                  "reasons": ["tracking is disabled (tracking.enabled: false): no registry to promote in"]}
-        write_json(report_path, report)
-        _write_registered(registered_path, None, report)
-        log.warning("promote: %s", report["reasons"][0])
-        return report
+        return _tracking_disabled(params, report_path, registered_path)
     offline_mlflow()
     import mlflow
-    from tqc.serving import alias_version, answers_of, question_hash, register
 
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     train = load_questions(data_dir / "train.jsonl")
     client = mlflow.MlflowClient()
-
-    alias_holder = alias_version(client, params.model_name, params.alias)  # a failing registry raises: never "no champion"
-    champion_version = str(alias_holder.version) if alias_holder is not None else None
-    try:
-        champion_learnt, unreadable = _learnt_from(params.model_name, champion_version), None
-    except Exception as exc:  # the champion's artifacts: raised as ChampionUnavailable once the challenger is registered
-        champion_learnt, unreadable = None, exc
-    learnt = {question_hash(q.text) for q in train}  # the training questions; the exemplar rule's rows too
-    record = learnt
-    if refresh:  # a refresh serves the champion's encoder, which learnt from the champion's questions too
-        source_learnt = _source_learnt(params.model_name, refreshed_from, champion_version, champion_learnt)
-        learnt = learnt | (source_learnt or set())
-        record = learnt if source_learnt is not None else None  # unknown in part: no record rather than a short one
+    champion = _champion(client, params)
+    learnt, record = _challenger_learnt(train, params.model_name, champion, refresh, refreshed_from)
     validation = load_questions(data_dir / "validation.jsonl")
+    challenger = _register_challenger(params, model_dir, data_dir, prior_path, exemplar_k, refresh, record,
+                                      _unseen(validation, learnt, champion.learnt))
+    _raise_if_unreadable(params.model_name, champion, challenger.version)
+    if champion.holder is not None:
+        _tags_follow_the_alias(client, params.model_name, champion.holder)
+    is_champion = champion.version == challenger.version  # the same content as the champion: its tags and alias stay
+    # A version a person took the alias from (a rollback) found again by its digest, as any re-run of promote on
+    # unchanged weights finds it, or registered again with its answers (another top_k): the gate, which it passed
+    # once, would hand the alias back unasked
+    rolled_back = None if is_champion else _taken_by_hand(client, params, challenger.version, challenger.answers)
+    same_answers = not is_champion and _gives_champions_answers(client, params, champion, challenger, model_dir,
+                                                                data_dir, prior_path)
+    unseen = _unseen(validation, learnt, None if is_champion else champion.learnt)
+    gold = np.array([catalog.index(q.class_id) for q in unseen], dtype=int)
+    answers, champion_answers, incomparable, decision = _judge(client, params, seed, refresh, champion, challenger.version,
+                                                               is_champion, catalog, train, validation, unseen, gold)
+    decision = _overridden(decision, params, challenger.version, champion.version, is_champion, rolled_back,
+                           same_answers, incomparable)
+    report = _report(params, challenger, champion.version, decision, gold, answers, champion_answers, catalog.class_ids,
+                     len(validation))
+    _write_and_log(report_path, report, decision, challenger.rule_figures, tracker)
+    # The registry last: a step above that fails leaves the champion where it was, so a retry judges the
+    # same two versions again instead of finding the challenger already holding the alias.
+    _move_alias_or_tag(client, params, challenger.version, decision.promote, is_champion, rolled_back, incomparable)
+    _write_registered(registered_path, mlflow.get_tracking_uri(), report)
+    log.info("promote: %s v%s %s; %s", params.model_name, challenger.version,
+             f"is now {params.alias}" if decision.promote else f"not promoted ({params.alias} stays v{champion.version})",
+             "; ".join(decision.reasons))
+    return report
+
+
+def _tracking_disabled(params: PromoteParams, report_path: Path, registered_path: Path | None) -> dict:
+    """The report, and the registered file, where tracking is off and there is no registry."""
+    # promotion.json's usual keys, nothing registered: a reviewer's diff shows what changed, not a new layout
+    report = {"model_name": params.model_name, "alias": params.alias, "challenger_version": None, "rule": params.rule,
+              "challenger_registered_before": False, "champion_version_before": None, "champion_version_after": None,
+              "promoted": False,
+              "reasons": ["tracking is disabled (tracking.enabled: false): no registry to promote in"]}
+    write_json(report_path, report)
+    _write_registered(registered_path, None, report)
+    log.warning("promote: %s", report["reasons"][0])
+    return report
+
+
+def _champion(client, params: PromoteParams) -> _Champion:
+    """The alias holder and the questions it learnt from; artifacts it cannot read are kept to raise later."""
+    from tqc.serving import alias_version
+
+    holder = alias_version(client, params.model_name, params.alias)  # a failing registry raises: never "no champion"
+    version = str(holder.version) if holder is not None else None
+    try:
+        return _Champion(holder, version, _learnt_from(params.model_name, version), None)
+    except Exception as exc:  # the champion's artifacts: raised as ChampionUnavailable once the challenger is registered
+        return _Champion(holder, version, None, exc)
+
+
+def _challenger_learnt(train: list[LabeledQuestion], model_name: str, champion: _Champion, refresh: bool,
+                       refreshed_from: str | None) -> tuple[set[str], set[str] | None]:
+    """(the questions the challenger learnt from, the record it registers of them: None where they are unknown in
+    part), as `serving.question_hash`es."""
+    from tqc.serving import question_hash
+
+    learnt = {question_hash(q.text) for q in train}  # the training questions; the exemplar rule's rows too
+    if not refresh:
+        return learnt, learnt
+    # a refresh serves the champion's encoder, which learnt from the champion's questions too
+    source_learnt = _source_learnt(model_name, refreshed_from, champion.version, champion.learnt)
+    learnt = learnt | (source_learnt or set())
+    return learnt, (learnt if source_learnt is not None else None)  # unknown in part: no record rather than a short one
+
+
+def _register_challenger(params: PromoteParams, model_dir: Path, data_dir: Path, prior_path: Path | None,
+                         exemplar_k: int, refresh: bool, record: set[str] | None,
+                         questions: list[LabeledQuestion]) -> _Challenger:
+    """The rule the challenger serves, chosen on `questions` (`_served_rule`), and its registered version, which
+    records `record` as the questions it learnt from."""
+    from tqc.serving import register
+
     # A refresh is the exemplar rule by what it is (the champion's encoder, grown exemplars, no prior stage), whatever
     # the params of the run that judges it say: a retrain run judging the last run's refresh may train, with `standard`
     with tempfile.TemporaryDirectory(prefix="tqc-promote-exemplars-") as encoded:  # auto's choice encodes them once
         rule, rule_figures = _served_rule("exemplars" if refresh else params.rule, model_dir, data_dir, prior_path,
-                                          exemplar_k, _unseen(validation, learnt, champion_learnt), Path(encoded))
+                                          exemplar_k, questions, Path(encoded))
         exemplars = (data_dir / "train.jsonl", exemplar_k) if rule == "exemplars" else None
         version, registered_before, answers = register(model_dir, data_dir / "catalog.jsonl",
                                                        None if exemplars else prior_path, params.model_name, params.top_k,
                                                        exemplars, trained_on=record, encoded_in=Path(encoded))
-    if unreadable is not None and champion_version != version:
+    return _Challenger(version, registered_before, answers, rule, rule_figures, exemplars)
+
+
+def _raise_if_unreadable(model_name: str, champion: _Champion, version: str) -> None:
+    """A champion whose artifacts cannot be read judges nothing, unless it is the challenger `version` itself."""
+    if champion.unreadable is not None and champion.version != version:
         raise ChampionUnavailable(
-            f"{params.model_name} v{champion_version}, the champion, cannot be read ({type(unreadable).__name__}: "
-            f"{unreadable}); challenger v{version} is registered and not judged. Repair the champion's artifacts, or "
-            "move the alias by hand, then run promote again (a retrain flow judges it first at its next run)"
-        ) from unreadable
-    if alias_holder is not None:
-        _tags_follow_the_alias(client, params.model_name, alias_holder)
-    is_champion = champion_version == version  # the same content as the champion: its tags and alias stay
-    # A version a person took the alias from (a rollback) found again by its digest, as any re-run of promote on
-    # unchanged weights finds it, or registered again with its answers (another top_k): the gate, which it passed
-    # once, would hand the alias back unasked
-    rolled_back = None if is_champion else _taken_by_hand(client, params, version, answers)
-    # The champion's answers, served otherwise (top_k): no validation gate can tell the two apart, so none judges it
-    same_answers = not is_champion and alias_holder is not None and answers == answers_of(
-        client, params.model_name, alias_holder, model_dir, data_dir / "catalog.jsonl",
-        None if exemplars else prior_path, exemplars)
-    unseen = _unseen(validation, learnt, None if is_champion else champion_learnt)
-    gold = np.array([catalog.index(q.class_id) for q in unseen], dtype=int)
+            f"{model_name} v{champion.version}, the champion, cannot be read ({type(champion.unreadable).__name__}: "
+            f"{champion.unreadable}); challenger v{version} is registered and not judged. Repair the champion's "
+            "artifacts, or move the alias by hand, then run promote again (a retrain flow judges it first at its next run)"
+        ) from champion.unreadable
+
+
+def _gives_champions_answers(client, params: PromoteParams, champion: _Champion, challenger: _Challenger,
+                             model_dir: Path, data_dir: Path, prior_path: Path | None) -> bool:
+    """Whether the challenger gives the champion's answers, served otherwise (top_k): no validation gate can tell the
+    two apart, so none judges it."""
+    from tqc.serving import answers_of
+
+    return champion.holder is not None and challenger.answers == answers_of(
+        client, params.model_name, champion.holder, model_dir, data_dir / "catalog.jsonl",
+        None if challenger.exemplars else prior_path, challenger.exemplars)
+
+
+def _judge(client, params: PromoteParams, seed: int, refresh: bool, champion: _Champion, version: str,
+           is_champion: bool, catalog: Catalog, train: list[LabeledQuestion], validation: list[LabeledQuestion],
+           unseen: list[LabeledQuestion], gold: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, bool, Decision]:
+    """The gate on the `unseen` validation questions (`gold`: their (N,) catalog indices): (the challenger's answers,
+    the champion's: None where there is none, or none comparable, whether they are incomparable, the decision)."""
     tail_ids = tail_classes([q.class_id for q in train], catalog.class_ids, params.tail_fraction)
-    if unseen or champion_version is None:
-        challenger, champion = (_answers_on_validation(client, params.model_name, version, champion_version, unseen, catalog)
-                                if unseen else (gold, None))  # no question to ask: the first model still becomes champion
-        # A champion answering with classes this catalog lacks has no accuracy here that means anything: none is reported
-        incomparable = not is_champion and champion is not None and bool(np.any(champion < 0))
-        if incomparable:
-            champion = None
-        # Under auto (or standard, in a run judging an earlier run's refresh), a refresh that would switch a
-        # standard-rule champion to the exemplar rule must win
-        switches_rule = refresh and alias_holder is not None and refresh_changes_rule(
-            params.rule, alias_holder.tags.get("rule", "standard"))
-        lenient = refresh and not switches_rule
-        gate = params.model_copy(update={"min_improvement": params.refresh_min_improvement}) if lenient else params
-        decision = decide(gold, challenger, champion, np.array([catalog.index(c) for c in tail_ids]), tail_ids, gate, seed)
-        decision = replace(decision, reasons=decision.reasons + _left_out_reasons(
-            len(validation), len(unseen), None if is_champion else champion_version, champion_learnt))
-        if lenient and champion is not None:
-            decision = replace(decision, reasons=["a refresh of the champion's encoder needs only to be no worse: the "
-                                                  "bound is promote.refresh_min_improvement"] + decision.reasons)
-        elif switches_rule and champion is not None:
-            decision = replace(decision, reasons=[
-                f"promote.rule {params.rule}: the champion, v{champion_version}, serves the standard-question rule, and this "
-                "refresh the exemplar rule: a change of rule must win (promote.min_improvement), not only be no worse"]
-                + decision.reasons)
-    else:  # every validation question is one the champion or the challenger learnt from
-        challenger, champion, incomparable = gold, gold, False
-        decision = _nothing_unseen(len(validation), tail_ids)
+    if not unseen and champion.version is not None:  # every validation question is one the champion or the challenger learnt from
+        return gold, gold, False, _nothing_unseen(len(validation), tail_ids)
+    challenger_answers, champion_answers = (
+        _answers_on_validation(client, params.model_name, version, champion.version, unseen, catalog)
+        if unseen else (gold, None))  # no question to ask: the first model still becomes champion
+    # A champion answering with classes this catalog lacks has no accuracy here that means anything: none is reported
+    incomparable = not is_champion and champion_answers is not None and bool(np.any(champion_answers < 0))
+    if incomparable:
+        champion_answers = None
+    gate, refresh_reason = _refresh_gate(params, refresh, champion)
+    decision = decide(gold, challenger_answers, champion_answers, np.array([catalog.index(c) for c in tail_ids]),
+                      tail_ids, gate, seed)
+    decision = replace(decision, reasons=decision.reasons + _left_out_reasons(
+        len(validation), len(unseen), None if is_champion else champion.version, champion.learnt))
+    if refresh_reason is not None and champion_answers is not None:
+        decision = replace(decision, reasons=[refresh_reason] + decision.reasons)
+    return challenger_answers, champion_answers, incomparable, decision
+
+
+def _refresh_gate(params: PromoteParams, refresh: bool, champion: _Champion) -> tuple[PromoteParams, str | None]:
+    """The params the gate judges with, and where the challenger is a refresh, the reason that names its bound."""
+    # Under auto (or standard, in a run judging an earlier run's refresh), a refresh that would switch a
+    # standard-rule champion to the exemplar rule must win
+    switches_rule = refresh and champion.holder is not None and refresh_changes_rule(
+        params.rule, champion.holder.tags.get("rule", "standard"))
+    lenient = refresh and not switches_rule
+    if lenient:
+        return (params.model_copy(update={"min_improvement": params.refresh_min_improvement}),
+                "a refresh of the champion's encoder needs only to be no worse: the bound is "
+                "promote.refresh_min_improvement")
+    if switches_rule:
+        return params, (f"promote.rule {params.rule}: the champion, v{champion.version}, serves the standard-question "
+                        "rule, and this refresh the exemplar rule: a change of rule must win (promote.min_improvement), "
+                        "not only be no worse")
+    return params, None
+
+
+def _overridden(decision: Decision, params: PromoteParams, version: str, champion_version: str | None,
+                is_champion: bool, rolled_back: tuple[str, str] | None, same_answers: bool,
+                incomparable: bool) -> Decision:
+    """The gate's decision, unless a case it cannot judge decides instead, the first that holds of: the challenger
+    is the champion, was rolled back, gives the champion's answers, or the champion's answers are incomparable."""
     if is_champion:
-        decision = _already_champion(decision, version)
-    elif rolled_back is not None:
-        decision = _taken_back(decision, version, *rolled_back, params)
-    elif same_answers:
-        decision = _same_answers(decision, champion_version)
-    elif incomparable:
-        decision = _incomparable(decision, champion_version, params)
-    report = _report(params, rule, version, registered_before, champion_version, decision, gold, challenger, champion,
-                     catalog.class_ids, len(validation))
-    if rule_figures is not None:
-        report["rule_on_validation"] = rule_figures
+        return _already_champion(decision, version)
+    if rolled_back is not None:
+        return _taken_back(decision, version, *rolled_back, params)
+    if same_answers:
+        return _same_answers(decision, champion_version)
+    if incomparable:
+        return _incomparable(decision, champion_version, params)
+    return decision
+
+
+def _write_and_log(report_path: Path, report: dict, decision: Decision, rule_figures: dict | None,
+                   tracker: Tracker) -> None:
+    """promotion.json, and its figures and the file in the run."""
     write_json(report_path, report)
     tracker.log_metrics({"promoted": int(decision.promote), **report["validation"], **_rule_metrics(rule_figures),
                          **({"ci_low": decision.bootstrap.low, "ci_high": decision.bootstrap.high,
                              "difference": decision.bootstrap.difference} if decision.bootstrap else {})}, prefix="promotion.")
     tracker.log_artifact(report_path)
-    # The registry last: a step above that fails leaves the champion where it was, so a retry judges the
-    # same two versions again instead of finding the challenger already holding the alias.
-    if decision.promote:
+
+
+def _move_alias_or_tag(client, params: PromoteParams, version: str, promote: bool, is_champion: bool,
+                       rolled_back: tuple[str, str] | None, incomparable: bool) -> None:
+    """A promoted challenger takes the alias; one not promoted is tagged why, unless it is the champion already."""
+    if promote:
         _move_alias(client, params, version)
     elif not is_champion and (rolled_back is None or rolled_back[0] != version):  # one rolled back keeps its tags:
         # superseded, and by whom
         client.set_model_version_tag(params.model_name, version, "promotion", "incomparable" if incomparable else "rejected")
-    _write_registered(registered_path, mlflow.get_tracking_uri(), report)
-    log.info("promote: %s v%s %s; %s", params.model_name, version,
-             f"is now {params.alias}" if decision.promote else f"not promoted ({params.alias} stays v{champion_version})",
-             "; ".join(decision.reasons))
-    return report
 
 
 def _write_registered(path: Path | None, registry_uri: str | None, report: dict) -> None:
@@ -373,18 +477,19 @@ def _nothing_unseen(total: int, tail_ids: list[str]) -> Decision:
                             "move the alias by hand"], None, tail_ids, None, None)
 
 
-def _report(params: PromoteParams, rule: str, version: str, registered_before: bool, champion_version: str | None, decision,
+def _report(params: PromoteParams, registered: _Challenger, champion_version: str | None, decision: Decision,
             gold: np.ndarray, challenger: np.ndarray, champion: np.ndarray | None, class_ids: list[str],
             validation_total: int) -> dict:
+    """promotion.json: `challenger` and `champion` are the two versions' (N,) answers to the `gold` questions."""
     judged = len(gold) > 0
     return {
         "model_name": params.model_name,
         "alias": params.alias,
-        "challenger_version": version,
-        "rule": rule,
-        "challenger_registered_before": registered_before,  # the same content (tag content_digest) was there: not registered again
+        "challenger_version": registered.version,
+        "rule": registered.rule,
+        "challenger_registered_before": registered.registered_before,  # the same content (tag content_digest) was there: not registered again
         "champion_version_before": champion_version,
-        "champion_version_after": version if decision.promote else champion_version,
+        "champion_version_after": registered.version if decision.promote else champion_version,
         "promoted": decision.promote,
         "validation": {
             "n": len(gold),  # the questions judged on
@@ -394,6 +499,7 @@ def _report(params: PromoteParams, rule: str, version: str, registered_before: b
         },
         **{k: v for k, v in decision.to_dict().items() if k != "promote"},  # "promoted" above says it
         "class_changes": class_changes(gold, challenger, champion, class_ids) if champion is not None and judged else [],
+        **({"rule_on_validation": registered.rule_figures} if registered.rule_figures is not None else {}),
     }
 
 
