@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tqc.config import DataParams, GeneratedData
 from tqc.io import atomic_directory, write_json, write_jsonl
-from tqc.readers import (ReaderError, RejectedRow, ReadResult, RowsRejected, read_additions, read_dataset, read_generated, read_validation,
-                         row_as_csv, with_added_classes)
+from tqc.readers import (DatasetSplits, ReaderError, RejectedRow, ReadResult, RowsRejected, read_additions, read_dataset,
+                         read_generated, read_validation, row_as_csv, with_added_classes)
 from tqc.schema import Catalog, LabeledQuestion, save_questions, split_source, usable_generated
 from tqc.text import compared_text, first_of, normalise
 
@@ -295,77 +295,139 @@ def _quarantined_if_stopped(quarantine_path: Path):
         raise RowsRejected(f"{exc}. All {len(exc.rejected)} of its rejected rows are in {quarantine_path}", exc.rejected) from None
 
 
-def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, report_path: Path) -> dict:
-    started = time.perf_counter()
-    with _quarantined_if_stopped(quarantine_path):
-        splits = read_dataset(params)
-        added, added_classes = read_additions(Path(params.additions) if params.additions else None)
-        catalog = with_added_classes(splits.catalog, added_classes)  # what a validation or generated label is read as
-        official_train = long_tail(splits.train.rows, params.imbalance_ratio, seed) if params.imbalance_ratio else splits.train.rows
-        train, validation, validation_rejected, undrawable = validation_split(params, official_train, seed,
-                                                                              splits.test.rows, splits.catalog.texts,
-                                                                              catalog)
-        # The validation file's questions are candidate origins too, and so are the added questions (some of them are
-        # held out by stable_split), so a row made from a held-out question is never trained on (usable_generated)
-        held_out = validation if params.validation_file else []
-        generated, generated_read = _generated_rows(params, splits.train.rows + held_out + added.rows, catalog)
-    left_out = len(splits.train.rows) - len(official_train)  # by data.imbalance_ratio, on purpose: counted, not quarantined
-    carved_share = None if params.validation_file else _carved_share(params.validation_fraction, len(validation),
-                                                                       len(official_train))
-    added_train, added_validation = stable_split(added.rows, params.validation_fraction, seed)
-    train, validation = train + added_train, validation + added_validation
+@dataclass(frozen=True)
+class _Read:
+    """What ingest read within `_quarantined_if_stopped`: the dataset, data.additions, the validation rows
+    (data.validation_file's, or drawn from the official train) and data.generated's rows."""
+
+    splits: DatasetSplits
+    added: ReadResult  # data.additions' questions, split by their text later (`_split`)
+    catalog: Catalog  # the dataset's, with data.additions' classes
+    official_train: list[LabeledQuestion]  # the official train, or data.imbalance_ratio's long tail of it
+    train: list[LabeledQuestion]  # official_train less the validation rows drawn from it
+    validation: list[LabeledQuestion]  # drawn from official_train, or data.validation_file's
+    validation_rejected: list[RejectedRow]  # data.validation_file's
+    undrawable: dict[str, int]  # the classes of 3 or more rows none of which could be drawn (class → rows)
+    generated: Attribution
+    generated_read: int
+
+    @property
+    def left_out(self) -> int:
+        """The official training rows left out by data.imbalance_ratio, on purpose: counted, not quarantined."""
+        return len(self.splits.train.rows) - len(self.official_train)
+
+    @property
+    def rejected(self) -> list[RejectedRow]:
+        return (self.splits.train.rejected + self.splits.test.rejected + self.validation_rejected + self.added.rejected
+                + self.generated.rejected)
+
+
+def _read(params: DataParams, seed: int) -> _Read:
+    """The validation rows are drawn among the reads: data.validation_file is read there, and the generated rows
+    read after are told apart by them."""
+    splits = read_dataset(params)
+    added, added_classes = read_additions(Path(params.additions) if params.additions else None)
+    catalog = with_added_classes(splits.catalog, added_classes)  # what a validation or generated label is read as
+    official_train = long_tail(splits.train.rows, params.imbalance_ratio, seed) if params.imbalance_ratio else splits.train.rows
+    train, validation, validation_rejected, undrawable = validation_split(params, official_train, seed,
+                                                                          splits.test.rows, splits.catalog.texts,
+                                                                          catalog)
+    # The validation file's questions are candidate origins too, and so are the added questions (some of them are
+    # held out by stable_split), so a row made from a held-out question is never trained on (usable_generated)
+    held_out = validation if params.validation_file else []
+    generated, generated_read = _generated_rows(params, splits.train.rows + held_out + added.rows, catalog)
+    return _Read(splits, added, catalog, official_train, train, validation, validation_rejected, undrawable, generated,
+                 generated_read)
+
+
+@dataclass(frozen=True)
+class _Split:
+    """The train and validation rows written: those read, each with its share of data.additions' questions."""
+
+    train: list[LabeledQuestion]
+    validation: list[LabeledQuestion]
+    carved_share: float | None  # None where data.validation_file was read whole
+    missing_a_split: dict[str, list[str]]
+
+
+def _split(params: DataParams, seed: int, read: _Read) -> _Split:
+    """Warns of a carved split well over data.validation_fraction and of classes missing a split; stops on an empty
+    validation split."""
+    carved_share = None if params.validation_file else _carved_share(params.validation_fraction, len(read.validation),
+                                                                       len(read.official_train))
+    added_train, added_validation = stable_split(read.added.rows, params.validation_fraction, seed)
+    train, validation = read.train + added_train, read.validation + added_validation
     if not validation:
         raise ReaderError(f"{params.dataset}: the validation split carved from train is empty (only classes with at "
                           "least 3 training rows give it rows), so early stopping and every selection would have "
                           "nothing to judge by: add labeled questions, or name a data.validation_file")
-    missing_a_split = classes_missing_a_split(train, validation, undrawable)  # one warning, for both facts
+    missing_a_split = classes_missing_a_split(train, validation, read.undrawable)  # one warning, for both facts
+    return _Split(train, validation, carved_share, missing_a_split)
 
+
+def _write_data(out_dir: Path, params: DataParams, read: _Read, split: _Split) -> None:
     with atomic_directory(out_dir) as staging:  # the folder's files replace the last run's together or not at all
-        catalog.save(staging / "catalog.jsonl")
-        save_questions(staging / "train.jsonl", train)
-        save_questions(staging / "validation.jsonl", validation)
-        save_questions(staging / "test.jsonl", splits.test.rows)
+        read.catalog.save(staging / "catalog.jsonl")
+        save_questions(staging / "train.jsonl", split.train)
+        save_questions(staging / "validation.jsonl", split.validation)
+        save_questions(staging / "test.jsonl", read.splits.test.rows)
         if params.generated.path:  # all attributed rows: augment uses those whose origins are all in its train
-            save_questions(staging / "generated.jsonl", generated.rows)
-    rejected: list[RejectedRow] = (splits.train.rejected + splits.test.rejected + validation_rejected + added.rejected
-                                   + generated.rejected)
-    _write_quarantine(quarantine_path, rejected)
+            save_questions(staging / "generated.jsonl", read.generated.rows)
 
-    report = {
+
+def _report(params: DataParams, read: _Read, split: _Split, started: float) -> dict:
+    """reports/ingest.json: what was read, split, quarantined and left out, and how long it took since `started`."""
+    splits, added, catalog = read.splits, read.added, read.catalog
+    return {
         "dataset": params.dataset,
         "classes": len(catalog),
         "derived_classes": sum(q.derived for q in catalog.questions),
         "added": {"questions": len(added.rows), "classes": len(catalog) - len(splits.catalog)},
         "read": {"train": len(splits.train.rows) + len(splits.train.rejected), "test": len(splits.test.rows) + len(splits.test.rejected),
-                 **({"validation": len(held_out) + len(validation_rejected)} if params.validation_file else {}),
+                 **({"validation": len(read.validation) + len(read.validation_rejected)} if params.validation_file else {}),
                  # the retrain flow's accepted rows (data.additions): train's, test's and these rows read are the rows
                  # kept, quarantined (less generated rows quarantined) or left out by data.imbalance_ratio
                  **({"additions": len(added.rows) + len(added.rejected)} if added.rows or added.rejected else {})},
-        "rows": {"train": len(train), "validation": len(validation), "test": len(splits.test.rows)},
+        "rows": {"train": len(split.train), "validation": len(split.validation), "test": len(splits.test.rows)},
         "validation_from": params.validation_file or f"train ({params.validation_fraction:g})",
         # what the carved split took of the official training rows: more than asked where classes are small
-        **({"validation_share_of_train": round(carved_share, 4)} if carved_share is not None else {}),
-        **missing_a_split,
-        **({"imbalance": {"ratio": params.imbalance_ratio, "train_rows_left_out": left_out,
-                          "per_class": _class_counts(official_train)}} if params.imbalance_ratio else {}),
-        "quarantined": len(rejected),
-        **({"generated": _generated_report(generated, generated_read, train, _left_out(splits.train.rows, official_train),
-                                                   bool(params.imbalance_ratio))}
+        **({"validation_share_of_train": round(split.carved_share, 4)} if split.carved_share is not None else {}),
+        **split.missing_a_split,
+        **({"imbalance": {"ratio": params.imbalance_ratio, "train_rows_left_out": read.left_out,
+                          "per_class": _class_counts(read.official_train)}} if params.imbalance_ratio else {}),
+        "quarantined": len(read.rejected),
+        **({"generated": _generated_report(read.generated, read.generated_read, split.train,
+                                           _left_out(splits.train.rows, read.official_train), bool(params.imbalance_ratio))}
            if params.generated.path else {}),
         "seconds": round(time.perf_counter() - started, 2),
     }
-    write_json(report_path, report)
+
+
+def _log_summary(params: DataParams, read: _Read, report: dict, quarantine_path: Path, out_dir: Path) -> None:
+    """The report's gist, then each quarantined row."""
     log.info(
         "ingest %s: %d classes; train %d, validation %d, test %d; %d rows quarantined to %s; wrote %s in %.1fs",
-        params.dataset, report["classes"], len(train), len(validation), len(splits.test.rows),
-        len(rejected), quarantine_path, out_dir, report["seconds"],
+        params.dataset, report["classes"], report["rows"]["train"], report["rows"]["validation"], report["rows"]["test"],
+        len(read.rejected), quarantine_path, out_dir, report["seconds"],
     )
     if params.imbalance_ratio:
         log.info("ingest: data.imbalance_ratio %g left out %d of %d official training rows; kept per class: %s",
-                 params.imbalance_ratio, left_out, len(splits.train.rows), report["imbalance"]["per_class"])
+                 params.imbalance_ratio, read.left_out, len(read.splits.train.rows), report["imbalance"]["per_class"])
     if params.generated.path:
         log.info("ingest: generated rows (%s): %s", params.generated.path,
                  ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in report["generated"].items()))
-    for row in rejected:
+    for row in read.rejected:
         log.warning("quarantined %s, line %d: %s", row.file, row.line, row.reason)
+
+
+def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, report_path: Path) -> dict:
+    started = time.perf_counter()
+    with _quarantined_if_stopped(quarantine_path):
+        read = _read(params, seed)
+    split = _split(params, seed, read)
+    _write_data(out_dir, params, read, split)
+    _write_quarantine(quarantine_path, read.rejected)
+    report = _report(params, read, split, started)
+    write_json(report_path, report)
+    _log_summary(params, read, report, quarantine_path, out_dir)
     return report
