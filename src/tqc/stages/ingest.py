@@ -312,7 +312,7 @@ class _Read:
     generated_read: int
 
     @property
-    def left_out(self) -> int:
+    def left_out_count(self) -> int:
         """The official training rows left out by data.imbalance_ratio, on purpose: counted, not quarantined."""
         return len(self.splits.train.rows) - len(self.official_train)
 
@@ -393,7 +393,7 @@ def _report(params: DataParams, read: _Read, split: _Split, started: float) -> d
         # what the carved split took of the official training rows: more than asked where classes are small
         **({"validation_share_of_train": round(split.carved_share, 4)} if split.carved_share is not None else {}),
         **split.missing_a_split,
-        **({"imbalance": {"ratio": params.imbalance_ratio, "train_rows_left_out": read.left_out,
+        **({"imbalance": {"ratio": params.imbalance_ratio, "train_rows_left_out": read.left_out_count,
                           "per_class": _class_counts(read.official_train)}} if params.imbalance_ratio else {}),
         "quarantined": len(read.rejected),
         **({"generated": _generated_report(read.generated, read.generated_read, split.train,
@@ -412,7 +412,7 @@ def _log_summary(params: DataParams, read: _Read, report: dict, quarantine_path:
     )
     if params.imbalance_ratio:
         log.info("ingest: data.imbalance_ratio %g left out %d of %d official training rows; kept per class: %s",
-                 params.imbalance_ratio, read.left_out, len(read.splits.train.rows), report["imbalance"]["per_class"])
+                 params.imbalance_ratio, read.left_out_count, len(read.splits.train.rows), report["imbalance"]["per_class"])
     if params.generated.path:
         log.info("ingest: generated rows (%s): %s", params.generated.path,
                  ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in report["generated"].items()))
