@@ -47,7 +47,7 @@ class _Challenger:
     """The version registered for this model, and the rule it serves."""
     version: str
     registered_before: bool  # found by its content digest
-    answers: str  # its answers digest (`serving.ANSWERS_TAG`)
+    answers_digest: str  # `serving.ANSWERS_TAG`: what it answers, however it is served
     rule: str
     rule_figures: dict | None  # under auto, what chose the rule (`_served_rule`)
     exemplars: tuple[Path, int] | None  # the exemplar rule's rows and k; None for the standard rule
@@ -91,18 +91,18 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     # A version a person took the alias from (a rollback) found again by its digest, as any re-run of promote on
     # unchanged weights finds it, or registered again with its answers (another top_k): the gate, which it passed
     # once, would hand the alias back unasked
-    rolled_back = None if is_champion else _taken_by_hand(client, params, challenger.version, challenger.answers)
+    rolled_back = None if is_champion else _taken_by_hand(client, params, challenger.version, challenger.answers_digest)
     same_answers = not is_champion and _gives_champions_answers(client, params, champion, challenger, model_dir,
                                                                 data_dir, prior_path)
     unseen = _unseen(validation, learnt, None if is_champion else champion.learnt)
     gold = np.array([catalog.index(q.class_id) for q in unseen], dtype=int)
-    answers, champion_answers, incomparable, decision = _judge(client, params, seed, refresh, champion, challenger.version,
-                                                               is_champion, catalog, train, validation, unseen, gold)
+    challenger_answers, champion_answers, incomparable, decision = _judge(
+        client, params, seed, refresh, champion, challenger.version, is_champion, catalog, train, validation, unseen, gold)
     decision = _overridden(decision, params, challenger.version, champion.version, is_champion, rolled_back,
                            same_answers, incomparable)
-    report = _report(params, challenger, champion.version, decision, gold, answers, champion_answers, catalog.class_ids,
-                     len(validation))
-    _write_and_log(report_path, report, decision, challenger.rule_figures, tracker)
+    report = _report(params, challenger, champion.version, decision, gold, challenger_answers, champion_answers,
+                     catalog.class_ids, len(validation))
+    _write_and_log(report_path, report, decision, tracker)
     # The registry last: a step above that fails leaves the champion where it was, so a retry judges the
     # same two versions again instead of finding the challenger already holding the alias.
     _move_alias_or_tag(client, params, challenger.version, decision.promote, is_champion, rolled_back, incomparable)
@@ -188,7 +188,7 @@ def _gives_champions_answers(client, params: PromoteParams, champion: _Champion,
     two apart, so none judges it."""
     from tqc.serving import answers_of
 
-    return champion.holder is not None and challenger.answers == answers_of(
+    return champion.holder is not None and challenger.answers_digest == answers_of(
         client, params.model_name, champion.holder, model_dir, data_dir / "catalog.jsonl",
         None if challenger.exemplars else prior_path, challenger.exemplars)
 
@@ -252,11 +252,11 @@ def _overridden(decision: Decision, params: PromoteParams, version: str, champio
     return decision
 
 
-def _write_and_log(report_path: Path, report: dict, decision: Decision, rule_figures: dict | None,
-                   tracker: Tracker) -> None:
+def _write_and_log(report_path: Path, report: dict, decision: Decision, tracker: Tracker) -> None:
     """promotion.json, and its figures and the file in the run."""
     write_json(report_path, report)
-    tracker.log_metrics({"promoted": int(decision.promote), **report["validation"], **_rule_metrics(rule_figures),
+    tracker.log_metrics({"promoted": int(decision.promote), **report["validation"],
+                         **_rule_metrics(report.get("rule_on_validation")),
                          **({"ci_low": decision.bootstrap.low, "ci_high": decision.bootstrap.high,
                              "difference": decision.bootstrap.difference} if decision.bootstrap else {})}, prefix="promotion.")
     tracker.log_artifact(report_path)
@@ -480,7 +480,8 @@ def _nothing_unseen(total: int, tail_ids: list[str]) -> Decision:
 def _report(params: PromoteParams, registered: _Challenger, champion_version: str | None, decision: Decision,
             gold: np.ndarray, challenger: np.ndarray, champion: np.ndarray | None, class_ids: list[str],
             validation_total: int) -> dict:
-    """promotion.json: `challenger` and `champion` are the two versions' (N,) answers to the `gold` questions."""
+    """promotion.json: `registered` is the challenger's version and rule; `challenger` and `champion` are the two
+    versions' (N,) answers to the `gold` questions."""
     judged = len(gold) > 0
     return {
         "model_name": params.model_name,
