@@ -1108,6 +1108,34 @@ def test_a_trial_stopped_by_ctrl_c_or_by_an_error_that_stops_the_worker_keeps_it
     assert failure_reasons(study) == {0: "interrupted (KeyboardInterrupt)", 1: "ValueError: a bug"}
 
 
+def test_a_refusal_in_training_fails_its_trial_alone_only_where_it_names_a_param_the_trial_drew(tmp_path, monkeypatch,
+                                                                                              caplog):
+    """A ConfigError raised once the model is built is the draw's fault only where it names a param the trial drew;
+    the baseline's (it draws nothing), or one naming no drawn param (a model folder unreadable), would fail every
+    trial alike: it stops the worker, loudly, with its reason kept, where the draw's fails its trial alone."""
+    from tqc.tune import TRIAL_FAILURES, failure_reasons
+
+    study, objective, _ = _study_of_stub_trials(tmp_path, monkeypatch, [
+        ConfigError("stage_one.temperature 0.1: refused by the model"),  # the baseline's: the base params' fault
+        ConfigError("model.model_dir: not a model folder"),  # names no param the trial drew
+        ConfigError("stage_one.temperature 0.3: refused by the model"),  # names the trial's draw
+        0.7])
+    for _ in range(2):
+        with pytest.raises(ConfigError):  # the worker stops
+            study.optimize(objective, n_trials=1, catch=TRIAL_FAILURES)
+    with caplog.at_level(logging.WARNING, logger="tqc.tune"):
+        study.optimize(objective, n_trials=2, catch=TRIAL_FAILURES)  # the refused trial fails, the next one runs
+
+    assert [t.state.name for t in study.trials] == ["FAIL", "FAIL", "FAIL", "COMPLETE"]
+    assert failure_reasons(study) == {0: "ConfigError: stage_one.temperature 0.1: refused by the model",
+                                      1: "ConfigError: model.model_dir: not a model folder",
+                                      2: "stage_one.temperature 0.3: refused by the model"}
+    assert "refused" in study.trials[2].user_attrs and "failed" not in study.trials[2].user_attrs
+    assert "tune: trial 2 drew params the model refuses, and fails: stage_one.temperature 0.3: refused by the model" \
+        in caplog.messages
+    assert not any((tmp_path / "study" / "trial-0002" / name).exists() for name in ("stage_one", "stage_two"))
+
+
 def test_a_tuned_warm_up_margin_reaches_each_trials_warm_up_whose_models_are_dropped_with_the_others(tmp_path,
                                                                                                    tiny_model_dir):
     """With warmup.enabled, every trial warms up first (pipeline.train_chain), with the margin it drew; its warm-up
