@@ -796,87 +796,163 @@ class TrialRefused(Exception):
 TRIAL_FAILURES = (torch.OutOfMemoryError, TrialRefused, DivergedScores)
 
 
+@dataclass(frozen=True)
+class _Worker:
+    """What each of one worker's trials shares: the params a draw is merged into, the space it is drawn from, the
+    prepared data, where the trials' models go, and the code that trains them."""
+    params: Params
+    space: dict[str, SearchDimension]
+    base: dict  # flat_base(params): what a searched param a trial does not draw trains with
+    data: PreparedData
+    study_dir: Path
+    index: int  # the worker's index (tqc tune --worker N)
+    version: str  # the code that trains its trials (`code_version`)
+
+
+@dataclass(frozen=True)
+class _Draw:
+    """What one trial trains with."""
+    baseline: bool  # a queued baseline: it trains the base values it was queued with, never a former trial's
+    overrides: dict  # flat: the values drawn (a baseline's: its base values), merged into the worker's params
+    params: Params  # the worker's params with `overrides`, validated
+    trained_values: dict  # every searched param, `when` applied (one not drawn trains its base value)
+
+
+@dataclass(frozen=True)
+class _Training:
+    """One trial's training under way: the MLflow run it logs to and the folder its models go to."""
+    trial: object  # optuna.Trial
+    worker: _Worker
+    draw: _Draw
+    trial_dir: Path
+    tracker: Tracker
+
+    def end_unfinished(self, state: str) -> None:
+        """Tag its run `state` (PRUNED, FAIL) and drop the models it left part-trained."""
+        self.tracker.set_tags({"optuna.state": state})
+        _drop_models(self.trial_dir, self.worker.params)
+
+
 def _objective(params: Params, space: dict[str, SearchDimension], base: dict, data: PreparedData, study_dir: Path,
                worker: int, version: str):
     """Optuna's objective for this worker's trials, each recorded as trained by code `version` (`code_version`)."""
     import optuna
 
+    shared = _Worker(params, space, base, data, study_dir, worker, version)
+
     def objective(trial) -> float:
         try:
-            return run_trial(trial)
+            return _run_trial(trial, shared)
         except (optuna.TrialPruned, *TRIAL_FAILURES):  # each keeps its own reason (refused, failed), or is no failure
             raise
         except BaseException as error:  # Ctrl-C, or an error that stops the worker: Optuna fails the trial and keeps no
             _record_stop(trial, error)  # reason; re-raised, so Ctrl-C still stops the tuner and the error is said
             raise
 
-    def run_trial(trial) -> float:
-        # first: the sampler's seed counts this worker's trials by it, failed ones too
-        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}:{worker}")
-        # the code that trains it (or whose trial it repeats): a study resumed after a fix holds trials of two codes
-        trial.set_user_attr("code_version", version)
-        # a baseline trains the base values it was queued with: params changed since (an --apply, an edit) queue a
-        # new one, and this one must not train today's values under its old label
-        baseline = trial.user_attrs.get("baseline", False)
-        overrides = dict(trial.user_attrs.get("base_values", {})) if baseline else sample_overrides(trial, space, base)
-        try:
-            trial_params = params.with_overrides(unflatten(overrides))
-        except ConfigError as error:
-            log.warning("tune: trial %d drew params the config refuses, and fails: %s", trial.number, error)
-            trial.set_user_attr("refused", str(error))
-            raise TrialRefused(str(error)) from None
-        # what it trains with: every searched param, `when` applied (one not drawn trains its base value)
-        trained_values = {**{name: base.get(name) for name in space}, **overrides}
-        trial.set_user_attr("trained_values", trained_values)
-        former = None if baseline else _trained_before(trial.study, trained_values, version)
-        if former is not None:
-            return _repeat(trial, former)
-        # the epochs a pruned trial of these values reported, reported again; pruned at one, the trial trains nothing
-        replayed = set() if baseline else _replay_pruned(trial, trained_values, version)
-        trial_dir = trial_dir_of(study_dir, trial.number)
-        pruned = None
-        with nested_run(f"trial {trial.number}", tags={"optuna.trial": str(trial.number)}) as tracker:
-            # every param it trains with, as a pipeline run has them, then its draws as before (the baseline draws
-            # nothing: its run gets the values it trains with), so runs compare column by column
-            tracker.log_params({key: value for key, value in flatten(run_params(trial_params)).items()
-                                if key not in overrides})
-            tracker.log_params(overrides)
-            try:
-                # One process a trial, whatever distributed.nproc_per_node says: the pruner must see each epoch as it
-                # ends, and tuning scales out by workers, one a GPU (flows/tune.py), not by ranks.
-                outputs = train_chain(trial_params, data.directory, data.train, trial_dir, trial_params.seed, with_nc=False,
-                                      on_epoch=EpochReporter(trial, trial_params, tracker, replayed), processes=1)
-            except optuna.TrialPruned as stop:
-                tracker.set_tags({"optuna.state": "PRUNED"})
-                _drop_models(trial_dir, params)
-                pruned = stop
-            except ConfigError as error:  # refused once the model is there (model.max_length beyond its positions)
-                # The draw's fault only where the refusal names a param the trial drew (tqc's refusals name their
-                # key); the base params', or another fault said as one (a model folder unreadable), would fail every
-                # trial alike: the worker stops, loudly
-                if baseline or not any(name in str(error) for name in overrides):
-                    raise
-                log.warning("tune: trial %d drew params the model refuses, and fails: %s", trial.number, error)
-                trial.set_user_attr("refused", str(error))
-                tracker.set_tags({"optuna.state": "FAIL"})
-                _drop_models(trial_dir, params)
-                raise TrialRefused(str(error)) from None
-            except TRIAL_FAILURES as error:  # Optuna logs the reason but keeps none: the study's reports name it
-                trial.set_user_attr("failed", _error_line(error))
-                tracker.set_tags({"optuna.state": "FAIL"})
-                _drop_models(trial_dir, params)
-                raise
-            else:
-                value = outputs.fits["stage_two"].best_validation_macro_f1
-                tracker.set_tags({"optuna.state": "COMPLETE"})
-                tracker.log_metrics({"validation_macro_f1": value})
-        if pruned is not None:  # raised once its MLflow run has ended: a pruned trial is a finished run, not a failed one
-            raise pruned
-        if not _worth_keeping(trial, value):
-            _drop_models(trial_dir, params)
-        return value  # the bests it outdid are dropped once it is recorded complete (dropping_former_bests)
-
     return objective
+
+
+def _run_trial(trial, worker: _Worker) -> float:
+    """One trial: labelled, its params drawn, then the value of a complete trial that trained them taken, or a pruned
+    one's epochs replayed, or its chain trained."""
+    _label(trial, worker)
+    draw = _draw(trial, worker)
+    former = None if draw.baseline else _trained_before(trial.study, draw.trained_values, worker.version)
+    if former is not None:
+        return _repeat(trial, former)
+    # the epochs a pruned trial of these values reported, reported again; pruned at one, the trial trains nothing
+    replayed = set() if draw.baseline else _replay_pruned(trial, draw.trained_values, worker.version)
+    return _train(trial, worker, draw, replayed)
+
+
+def _label(trial, worker: _Worker) -> None:
+    # first: the sampler's seed counts this worker's trials by it, failed ones too
+    trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}:{worker.index}")
+    # the code that trains it (or whose trial it repeats): a study resumed after a fix holds trials of two codes
+    trial.set_user_attr("code_version", worker.version)
+
+
+def _draw(trial, worker: _Worker) -> _Draw:
+    """The trial's values merged into the worker's params; a combination the config refuses fails the trial alone."""
+    # a baseline trains the base values it was queued with: params changed since (an --apply, an edit) queue a
+    # new one, and this one must not train today's values under its old label
+    baseline = trial.user_attrs.get("baseline", False)
+    overrides = (dict(trial.user_attrs.get("base_values", {})) if baseline
+                 else sample_overrides(trial, worker.space, worker.base))
+    try:
+        trial_params = worker.params.with_overrides(unflatten(overrides))
+    except ConfigError as error:
+        raise _refused(trial, "config", error) from None
+    trained_values = {**{name: worker.base.get(name) for name in worker.space}, **overrides}
+    trial.set_user_attr("trained_values", trained_values)
+    return _Draw(baseline, overrides, trial_params, trained_values)
+
+
+def _refused(trial, refuser: str, error: ConfigError) -> TrialRefused:
+    """Said and kept as the trial's `refused` reason: the failure to raise for params the `refuser` refuses."""
+    log.warning("tune: trial %d drew params the %s refuses, and fails: %s", trial.number, refuser, error)
+    trial.set_user_attr("refused", str(error))
+    return TrialRefused(str(error))
+
+
+def _train(trial, worker: _Worker, draw: _Draw, replayed: set[int]) -> float:
+    """Train the trial's chain in an MLflow run of its own, each epoch reported to the pruner (but the `replayed`
+    ones); → its validation macro-F1. Its models are dropped unless it is worth keeping them."""
+    import optuna
+
+    trial_dir = trial_dir_of(worker.study_dir, trial.number)
+    pruned = None
+    with nested_run(f"trial {trial.number}", tags={"optuna.trial": str(trial.number)}) as tracker:
+        _log_trial_params(tracker, draw)
+        training = _Training(trial, worker, draw, trial_dir, tracker)
+        try:
+            value = _train_chain(training, replayed)
+        except optuna.TrialPruned as stop:
+            training.end_unfinished("PRUNED")
+            pruned = stop
+    if pruned is not None:  # raised once its MLflow run has ended: a pruned trial is a finished run, not a failed one
+        raise pruned
+    if not _worth_keeping(trial, value):
+        _drop_models(trial_dir, worker.params)
+    return value  # the bests it outdid are dropped once it is recorded complete (dropping_former_bests)
+
+
+def _log_trial_params(tracker: Tracker, draw: _Draw) -> None:
+    # every param it trains with, as a pipeline run has them, then its draws as before (the baseline draws
+    # nothing: its run gets the values it trains with), so runs compare column by column
+    tracker.log_params({key: value for key, value in flatten(run_params(draw.params)).items()
+                        if key not in draw.overrides})
+    tracker.log_params(draw.overrides)
+
+
+def _train_chain(training: _Training, replayed: set[int]) -> float:
+    """`train_chain` for the trial, as `dvc repro` trains; → stage two's best validation macro-F1, the run tagged
+    COMPLETE. A failure that is the trial's alone (TRIAL_FAILURES, a refusal of what it drew) ends its run FAIL;
+    TrialPruned is the caller's."""
+    trial, draw, data = training.trial, training.draw, training.worker.data
+    try:
+        # One process a trial, whatever distributed.nproc_per_node says: the pruner must see each epoch as it
+        # ends, and tuning scales out by workers, one a GPU (flows/tune.py), not by ranks.
+        outputs = train_chain(draw.params, data.directory, data.train, training.trial_dir, draw.params.seed,
+                              with_nc=False, on_epoch=EpochReporter(trial, draw.params, training.tracker, replayed),
+                              processes=1)
+    except ConfigError as error:  # refused once the model is there (model.max_length beyond its positions)
+        # The draw's fault only where the refusal names a param the trial drew (tqc's refusals name their
+        # key); the base params', or another fault said as one (a model folder unreadable), would fail every
+        # trial alike: the worker stops, loudly
+        if draw.baseline or not any(name in str(error) for name in draw.overrides):
+            raise
+        refused = _refused(trial, "model", error)
+        training.end_unfinished("FAIL")
+        raise refused from None
+    except TRIAL_FAILURES as error:  # Optuna logs the reason but keeps none: the study's reports name it
+        trial.set_user_attr("failed", _error_line(error))
+        training.end_unfinished("FAIL")
+        raise
+    value = outputs.fits["stage_two"].best_validation_macro_f1
+    training.tracker.set_tags({"optuna.state": "COMPLETE"})
+    training.tracker.log_metrics({"validation_macro_f1": value})
+    return value
 
 
 def _error_line(error: BaseException) -> str:
