@@ -28,9 +28,9 @@ from tqc.text import first_of, has_words
 from tqc.tracking import LOCAL_STORE, offline_mlflow, stage_run
 
 
-def _paths(parser: argparse.ArgumentParser, *names: str) -> None:
+def _paths(parser: argparse.ArgumentParser, *names: str, required: bool = True) -> None:
     for name in names:
-        parser.add_argument(f"--{name}", type=Path, required=True)
+        parser.add_argument(f"--{name}", type=Path, required=required)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,16 +41,39 @@ def build_parser() -> argparse.ArgumentParser:
                              "after the command; --params and -v go before it)")
     parser.add_argument("-v", "--verbose", action="store_true")
     commands = parser.add_subparsers(dest="command", required=True)
+    # In the order `tqc --help` lists them: the stages as dvc.yaml runs them, then the tools around them
+    _add_ingest(commands)
+    _add_validate(commands)
+    _add_augment(commands)
+    _add_training_stages(commands)
+    _add_scoring_stages(commands)
+    _add_registry_commands(commands)
+    _add_check_inputs(commands)
+    _add_fetch(commands)
+    _add_tune(commands)
+    _add_ablate(commands)
+    _add_predict(commands)
+    _add_bench(commands)
+    _add_set_after_command(commands)
+    return parser
 
+
+def _add_ingest(commands: argparse._SubParsersAction) -> None:
     _paths(commands.add_parser("ingest", help="read raw data, split validation, quarantine bad lines"), "out", "quarantine", "report")
+
+
+def _add_validate(commands: argparse._SubParsersAction) -> None:
     validate = commands.add_parser("validate", help="the validate stage (with --data …), or check new FILEs of labeled "
                                    "questions (and catalog files) as the retrain flow would judge them in its inbox")
     validate.add_argument("file", type=Path, nargs="*", help="new CSV/JSONL files to check against the current data, "
                           "with the retrain flow's merged additions (a file named catalog* adds classes)")
     validate.add_argument("--against", type=Path, default=None, help="with FILE: judge each file alone against this "
                           "validated folder instead (e.g. data/validated, the last dvc repro's)")
-    for name in ("data", "out", "quarantine", "report", "docs"):
-        validate.add_argument(f"--{name}", type=Path)
+    # The stage's paths, optional as a FILE check reads none: _validate names those the stage misses
+    _paths(validate, "data", "out", "quarantine", "report", "docs", required=False)
+
+
+def _add_augment(commands: argparse._SubParsersAction) -> None:
     augment = commands.add_parser("augment", help="rebalance tail classes")
     _paths(augment, "train", "out", "report")
     augment.add_argument("--generated", type=Path, help="validated rows made offline (augment.explicit: file)")
@@ -61,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                               "a generated row equal to one of their questions is dropped")
     augment.add_argument("--catalog", type=Path, help="the catalog: a generated row equal to another class's standard "
                          "question is dropped")
+
+
+def _add_training_stages(commands: argparse._SubParsersAction) -> None:
+    """warmup, stage-one, mine, stage-two and baseline-nc: each trains (or mines for) a model from the validated data."""
     warmup = commands.add_parser("warmup", help="EBSIM's warm-up on weak triplets of unlabelled questions (warmup section; "
                                  "off by default: writes only its skip record)")
     _paths(warmup, "data", "out", "report", "quarantine")
@@ -71,11 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
     _paths(commands.add_parser("mine", help="mine the K hardest wrong standard questions"), "data", "train", "model", "out", "report")
     _paths(commands.add_parser("stage-two", help="retrain against the mined negatives"), "data", "train", "negatives", "model", "out", "history")
     _paths(commands.add_parser("baseline-nc", help="train the NC (encoder + linear head) baseline"), "data", "train", "out", "history")
+
+
+def _add_scoring_stages(commands: argparse._SubParsersAction) -> None:
+    """prior and evaluate: the stages that score the trained models on held-out data."""
     _paths(commands.add_parser("prior", help="fit each trained model's class-prior shift on validation"),
            "data", "stage-one", "stage-two", "nc", "out")
     evaluate = commands.add_parser("evaluate", help="score ADMC and its baselines; write metrics and plots")
     _paths(evaluate, "data", "train", "stage-one", "stage-two", "nc", "prior", "metrics", "classes", "plots", "predictions")
     evaluate.add_argument("--validation-report", type=Path, help="the validate stage's report, logged with the run")
+
+
+def _add_registry_commands(commands: argparse._SubParsersAction) -> None:
+    """promote (the stage), trained-on and set-champion: what the registry holds and which version is champion."""
     promote = commands.add_parser("promote", help="register the stage-two model; move the champion alias if it wins")
     _paths(promote, "data", "model", "prior", "report")
     promote.add_argument("--registered", type=Path, help="also write which registry holds the model, as which version "
@@ -91,19 +126,31 @@ def build_parser() -> argparse.ArgumentParser:
     set_champion = commands.add_parser("set-champion", help="move promote.alias to a registered version by hand, with "
                                        "no gate (a rollback, or a rejected version you have judged); the tags follow")
     set_champion.add_argument("version", type=_version_number, help="the version of promote.model_name in the registry")
+
+
+def _add_check_inputs(commands: argparse._SubParsersAction) -> None:
     commands.add_parser("check-inputs", help="the folders dvc.yaml's ingest stage depends on through params.yaml "
                         "(data.data_dir, data.additions) exist, a relative one from the params file's folder as DVC reads it "
                         "from dvc.yaml's: `make run` checks them before `dvc repro`, which would stop on a missing one "
                         "naming its path but not the setting")
+
+
+def _add_fetch(commands: argparse._SubParsersAction) -> None:
     fetch = commands.add_parser("fetch", help="download the public datasets (needs network), verified by SHA-256")
     fetch.add_argument("--dest", type=Path, required=True)
     fetch.add_argument("--verify-only", action="store_true", help="check the files already in --dest; no network")
+
+
+def _add_tune(commands: argparse._SubParsersAction) -> None:
     tune = commands.add_parser("tune", help="Optuna search on validation macro-F1 (tune section of params.yaml)")
     tune.add_argument("--trials", type=at_least_one, help="trials for this worker (default tune.trials)")
     tune.add_argument("--worker", type=at_least_zero, default=0, help="this worker's index: its sampler seed is tune.seed + index")
     tune.add_argument("--out", type=Path, default=Path("reports/tuning"))
     tune.add_argument("--work", type=Path, default=Path("tuning"), help="trial folders and prepared data")
     tune.add_argument("--apply", type=Path, metavar="BEST_PARAMS", help="write a best_params.yaml into --params; no search")
+
+
+def _add_ablate(commands: argparse._SubParsersAction) -> None:
     ablate = commands.add_parser("ablate", help="the ablation grids of params.yaml as DVC experiments; writes reports/ablations.md")
     ablate.add_argument("--grid", action="append", help="a grid of ablate.grids (repeatable; default all)")
     ablate.add_argument("--variant", action="append", help="only these variants (repeatable)")
@@ -115,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     ablate.add_argument("--rerun", action="store_true", help="run cells again even when their experiment exists")
     ablate.add_argument("--out", type=Path, default=Path("reports"),
                         help="the folder its report goes to: ablations.md, ablations.json, ablations.png (default reports)")
+
+
+def _add_predict(commands: argparse._SubParsersAction) -> None:
     predict = commands.add_parser("predict", help="the top-k standard questions for questions, from a trained model "
                                   "(the registry's pyfunc code, loaded locally); JSON lines")
     predict.add_argument("questions", nargs="*", help="questions to match")
@@ -123,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--column", default=None, help="with a .csv or .jsonl --file: the column holding the questions "
                          f"(default {DEFAULT_QUESTION_COLUMN!r}, data.custom.text_column's default); refused with any "
                          "other --file, which is read a question a line")
+    _add_predict_model(predict)
+    _add_predict_exemplars(predict)
+
+
+def _add_predict_model(predict: argparse.ArgumentParser) -> None:
+    """predict's model: which one, and what it answers with (catalog, class-prior shift, how many answers)."""
     predict.add_argument("--model", default="models/stage_two",
                          help="a trained model folder (default models/stage_two), or a registered version as the registry "
                               "serves it, with its own catalog, shift or exemplars: models:/NAME@ALIAS (e.g. "
@@ -137,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
                               "beside --model when one of its entries was fitted for it; none: rank by similarity alone")
     predict.add_argument("--top-k", type=int, help="answers per question (default: a registered version's own "
                          "promote.top_k, 3 for a model folder)")
+
+
+def _add_predict_exemplars(predict: argparse.ArgumentParser) -> None:
+    """predict's exemplar rule: rank each class by its nearest labeled questions instead of its standard question."""
     predict.add_argument("--exemplars", type=Path, default=None,
                          help="labeled questions (JSONL of text, class_id, e.g. data/validated/train.jsonl): rank each "
                               "class by its --exemplar-k nearest ones instead of its standard question (no shift)")
@@ -146,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "sha256 of the model and of the questions read from the file, so an edited file "
                               "encodes again (default $XDG_CACHE_HOME/tqc/exemplars, or "
                               "~/.cache/tqc/exemplars; none: encode every call)")
+
+
+def _add_bench(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument("what", choices=["epochs", "passes", "validate", "read", "serve"], help="epochs: seconds per epoch, stage one vs stage "
                        "two at the same batch size; passes: stage-one steps and encoding in one backbone pass per batch vs "
@@ -153,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "read: seconds and peak memory to read a CSV of --rows questions; serve: loading and answering "
                        "through the served matcher (as tqc predict), the standard-question rule against the exemplar rule")
     # Defaults are BENCH_DEFAULTS', applied once the benchmark is known: a flag it does not read is refused, not ignored
+    _add_bench_sizes(bench)
+    _add_bench_inputs(bench)
+
+
+def _add_bench_sizes(bench: argparse.ArgumentParser) -> None:
+    """bench's counts: how long each benchmark runs, and how big its batches are."""
     bench.add_argument("--steps", type=at_least_one,
                        help="epochs: timed steps per stage and round, after 3 untimed warm-up steps; passes: steps per round "
                        "(default 20)")
@@ -163,6 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "questions a frame (default 256)")
     bench.add_argument("--calls", type=at_least_one, help="serve: timed calls of one question each, per rule "
                        "(default 50)")
+
+
+def _add_bench_inputs(bench: argparse.ArgumentParser) -> None:
+    """bench's files: what each benchmark reads, and where it writes its figures."""
     bench.add_argument("--model", type=Path, help="serve: the model folder (default models/stage_two)")
     bench.add_argument("--prior", type=Path, help="serve: the standard rule's class-prior shift (default "
                        "models/prior.json, none where it is not there)")
@@ -174,12 +247,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "serve: its catalog, its test questions to answer, its training rows as exemplars)")
     bench.add_argument("--train", type=Path, help="epochs, passes: training rows (default data/augmented/train.jsonl)")
     bench.add_argument("--out", type=Path, help="also write the figures, with the machine and code version, to this JSON file")
-    for name, command in commands.choices.items():  # `tqc ingest --set …` as well as `tqc --set … ingest`
+
+
+def _add_set_after_command(commands: argparse._SubParsersAction) -> None:
+    """`tqc ingest --set …` as well as `tqc --set … ingest`: every command takes --set after its name too."""
+    for name, command in commands.choices.items():
         # fetch and predict read no params: their --set is parsed only to be refused in a line, so their help omits it
         command.add_argument("--set", dest="overrides_after_command", action="append", default=argparse.SUPPRESS,
                              metavar="KEY=VALUE", help=argparse.SUPPRESS if name in WITHOUT_PARAMS else
                              "override a param for this command (as tqc --set)")
-    return parser
 
 
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
