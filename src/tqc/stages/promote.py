@@ -51,6 +51,32 @@ class _Challenger:
     rule: str
     rule_figures: dict | None  # under auto, what chose the rule (`_served_rule`)
     exemplars: tuple[Path, int] | None  # the exemplar rule's rows and k; None for the standard rule
+    refresh: bool  # the champion's encoder refreshed with grown labeled questions: its bound is `_refresh_gate`'s
+
+
+@dataclass(frozen=True)
+class _Standing:
+    """Where the challenger stands against the champion before the gate: the cases the gate cannot judge
+    (`_overridden`)."""
+    is_champion: bool  # the same content as the champion: its tags and alias stay
+    rolled_back: tuple[str, str] | None  # (the version a person took the alias from, when): `_taken_by_hand`
+    same_answers: bool  # it gives the champion's answers, served otherwise (`_gives_champions_answers`)
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What the gate asks: the catalog answers are indices into, the training questions (their classes name the
+    tail), the validation split, and of it the questions neither model learnt from, which alone are judged on."""
+    catalog: Catalog
+    train: list[LabeledQuestion]
+    validation: list[LabeledQuestion]
+    unseen: list[LabeledQuestion]  # in validation order
+    gold: np.ndarray  # (N,) the unseen questions' catalog indices
+
+    @classmethod
+    def of(cls, catalog: Catalog, train: list[LabeledQuestion], validation: list[LabeledQuestion],
+           unseen: list[LabeledQuestion]) -> _Asked:
+        return cls(catalog, train, validation, unseen, np.array([catalog.index(q.class_id) for q in unseen], dtype=int))
 
 
 def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: PromoteParams, report_path: Path, tracker: Tracker,
@@ -92,20 +118,17 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     # unchanged weights finds it, or registered again with its answers (another top_k): the gate, which it passed
     # once, would hand the alias back unasked
     rolled_back = None if is_champion else _taken_by_hand(client, params, challenger.version, challenger.answers_digest)
-    same_answers = not is_champion and _gives_champions_answers(client, params, champion, challenger, model_dir,
-                                                                data_dir, prior_path)
-    unseen = _unseen(validation, learnt, None if is_champion else champion.learnt)
-    gold = np.array([catalog.index(q.class_id) for q in unseen], dtype=int)
-    challenger_answers, champion_answers, incomparable, decision = _judge(
-        client, params, seed, refresh, champion, challenger.version, is_champion, catalog, train, validation, unseen, gold)
-    decision = _overridden(decision, params, challenger.version, champion.version, is_champion, rolled_back,
-                           same_answers, incomparable)
-    report = _report(params, challenger, champion.version, decision, gold, challenger_answers, champion_answers,
-                     catalog.class_ids, len(validation))
+    standing = _Standing(is_champion, rolled_back, not is_champion and _gives_champions_answers(
+        client, params, champion, challenger, model_dir, data_dir, prior_path))
+    asked = _Asked.of(catalog, train, validation, _unseen(validation, learnt, None if is_champion else champion.learnt))
+    challenger_answers, champion_answers, incomparable, decision = _judge(client, params, seed, champion, challenger,
+                                                                          is_champion, asked)
+    decision = _overridden(decision, params, challenger.version, champion.version, standing, incomparable)
+    report = _report(params, challenger, champion.version, decision, asked, challenger_answers, champion_answers)
     _write_and_log(report_path, report, decision, tracker)
     # The registry last: a step above that fails leaves the champion where it was, so a retry judges the
     # same two versions again instead of finding the challenger already holding the alias.
-    _move_alias_or_tag(client, params, challenger.version, decision.promote, is_champion, rolled_back, incomparable)
+    _move_alias_or_tag(client, params, challenger.version, decision.promote, standing, incomparable)
     _write_registered(registered_path, mlflow.get_tracking_uri(), report)
     log.info("promote: %s v%s %s; %s", params.model_name, challenger.version,
              f"is now {params.alias}" if decision.promote else f"not promoted ({params.alias} stays v{champion.version})",
@@ -169,7 +192,7 @@ def _register_challenger(params: PromoteParams, model_dir: Path, data_dir: Path,
         version, registered_before, answers = register(model_dir, data_dir / "catalog.jsonl",
                                                        None if exemplars else prior_path, params.model_name, params.top_k,
                                                        exemplars, trained_on=record, encoded_in=Path(encoded))
-    return _Challenger(version, registered_before, answers, rule, rule_figures, exemplars)
+    return _Challenger(version, registered_before, answers, rule, rule_figures, exemplars, refresh)
 
 
 def _raise_if_unreadable(model_name: str, champion: _Champion, version: str) -> None:
@@ -193,26 +216,27 @@ def _gives_champions_answers(client, params: PromoteParams, champion: _Champion,
         None if challenger.exemplars else prior_path, challenger.exemplars)
 
 
-def _judge(client, params: PromoteParams, seed: int, refresh: bool, champion: _Champion, version: str,
-           is_champion: bool, catalog: Catalog, train: list[LabeledQuestion], validation: list[LabeledQuestion],
-           unseen: list[LabeledQuestion], gold: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, bool, Decision]:
-    """The gate on the `unseen` validation questions (`gold`: their (N,) catalog indices): (the challenger's answers,
-    the champion's: None where there is none, or none comparable, whether they are incomparable, the decision)."""
-    tail_ids = tail_classes([q.class_id for q in train], catalog.class_ids, params.tail_fraction)
-    if not unseen and champion.version is not None:  # every validation question is one the champion or the challenger learnt from
-        return gold, gold, False, _nothing_unseen(len(validation), tail_ids)
+def _judge(client, params: PromoteParams, seed: int, champion: _Champion, challenger: _Challenger, is_champion: bool,
+           asked: _Asked) -> tuple[np.ndarray, np.ndarray | None, bool, Decision]:
+    """The gate on `asked.unseen` (`asked.gold`: their (N,) catalog indices): (the challenger's answers, the
+    champion's: None where there is none, or none comparable, whether they are incomparable, the decision)."""
+    gold = asked.gold
+    tail_ids = tail_classes([q.class_id for q in asked.train], asked.catalog.class_ids, params.tail_fraction)
+    if not asked.unseen and champion.version is not None:  # every validation question is one the champion or the challenger learnt from
+        return gold, gold, False, _nothing_unseen(len(asked.validation), tail_ids)
     challenger_answers, champion_answers = (
-        _answers_on_validation(client, params.model_name, version, champion.version, unseen, catalog)
-        if unseen else (gold, None))  # no question to ask: the first model still becomes champion
+        _answers_on_validation(client, params.model_name, challenger.version, champion.version, asked.unseen,
+                               asked.catalog)
+        if asked.unseen else (gold, None))  # no question to ask: the first model still becomes champion
     # A champion answering with classes this catalog lacks has no accuracy here that means anything: none is reported
     incomparable = not is_champion and champion_answers is not None and bool(np.any(champion_answers < 0))
     if incomparable:
         champion_answers = None
-    gate, refresh_reason = _refresh_gate(params, refresh, champion)
-    decision = decide(gold, challenger_answers, champion_answers, np.array([catalog.index(c) for c in tail_ids]),
+    gate, refresh_reason = _refresh_gate(params, challenger.refresh, champion)
+    decision = decide(gold, challenger_answers, champion_answers, np.array([asked.catalog.index(c) for c in tail_ids]),
                       tail_ids, gate, seed)
     decision = replace(decision, reasons=decision.reasons + _left_out_reasons(
-        len(validation), len(unseen), None if is_champion else champion.version, champion.learnt))
+        len(asked.validation), len(asked.unseen), None if is_champion else champion.version, champion.learnt))
     if refresh_reason is not None and champion_answers is not None:
         decision = replace(decision, reasons=[refresh_reason] + decision.reasons)
     return challenger_answers, champion_answers, incomparable, decision
@@ -237,15 +261,14 @@ def _refresh_gate(params: PromoteParams, refresh: bool, champion: _Champion) -> 
 
 
 def _overridden(decision: Decision, params: PromoteParams, version: str, champion_version: str | None,
-                is_champion: bool, rolled_back: tuple[str, str] | None, same_answers: bool,
-                incomparable: bool) -> Decision:
+                standing: _Standing, incomparable: bool) -> Decision:
     """The gate's decision, unless a case it cannot judge decides instead, the first that holds of: the challenger
     is the champion, was rolled back, gives the champion's answers, or the champion's answers are incomparable."""
-    if is_champion:
+    if standing.is_champion:
         return _already_champion(decision, version)
-    if rolled_back is not None:
-        return _taken_back(decision, version, *rolled_back, params)
-    if same_answers:
+    if standing.rolled_back is not None:
+        return _taken_back(decision, version, *standing.rolled_back, params)
+    if standing.same_answers:
         return _same_answers(decision, champion_version)
     if incomparable:
         return _incomparable(decision, champion_version, params)
@@ -262,12 +285,13 @@ def _write_and_log(report_path: Path, report: dict, decision: Decision, tracker:
     tracker.log_artifact(report_path)
 
 
-def _move_alias_or_tag(client, params: PromoteParams, version: str, promote: bool, is_champion: bool,
-                       rolled_back: tuple[str, str] | None, incomparable: bool) -> None:
+def _move_alias_or_tag(client, params: PromoteParams, version: str, promote: bool, standing: _Standing,
+                       incomparable: bool) -> None:
     """A promoted challenger takes the alias; one not promoted is tagged why, unless it is the champion already."""
+    rolled_back = standing.rolled_back
     if promote:
         _move_alias(client, params, version)
-    elif not is_champion and (rolled_back is None or rolled_back[0] != version):  # one rolled back keeps its tags:
+    elif not standing.is_champion and (rolled_back is None or rolled_back[0] != version):  # one rolled back keeps its tags:
         # superseded, and by whom
         client.set_model_version_tag(params.model_name, version, "promotion", "incomparable" if incomparable else "rejected")
 
@@ -478,10 +502,10 @@ def _nothing_unseen(total: int, tail_ids: list[str]) -> Decision:
 
 
 def _report(params: PromoteParams, registered: _Challenger, champion_version: str | None, decision: Decision,
-            gold: np.ndarray, challenger: np.ndarray, champion: np.ndarray | None, class_ids: list[str],
-            validation_total: int) -> dict:
+            asked: _Asked, challenger: np.ndarray, champion: np.ndarray | None) -> dict:
     """promotion.json: `registered` is the challenger's version and rule; `challenger` and `champion` are the two
-    versions' (N,) answers to the `gold` questions."""
+    versions' (N,) answers to the `asked.gold` questions."""
+    gold = asked.gold
     judged = len(gold) > 0
     return {
         "model_name": params.model_name,
@@ -494,12 +518,12 @@ def _report(params: PromoteParams, registered: _Challenger, champion_version: st
         "promoted": decision.promote,
         "validation": {
             "n": len(gold),  # the questions judged on
-            "left_out_as_learnt_from": validation_total - len(gold),
+            "left_out_as_learnt_from": len(asked.validation) - len(gold),
             "challenger_accuracy": float(np.mean(challenger == gold)) if judged else None,
             "champion_accuracy": float(np.mean(champion == gold)) if champion is not None and judged else None,
         },
         **{k: v for k, v in decision.to_dict().items() if k != "promote"},  # "promoted" above says it
-        "class_changes": class_changes(gold, challenger, champion, class_ids) if champion is not None and judged else [],
+        "class_changes": class_changes(gold, challenger, champion, asked.catalog.class_ids) if champion is not None and judged else [],
         **({"rule_on_validation": registered.rule_figures} if registered.rule_figures is not None else {}),
     }
 
