@@ -910,6 +910,9 @@ def _train(trial, worker: _Worker, draw: _Draw, replayed: set[int]) -> float:
         except optuna.TrialPruned as stop:
             training.end_unfinished("PRUNED")
             pruned = stop
+        except BaseException:  # its own failure (TRIAL_FAILURES, a refusal of its draw), or an error or Ctrl-C that
+            training.end_unfinished("FAIL")  # stops the worker: its run says FAIL, its part-trained models go alike
+            raise
     if pruned is not None:  # raised once its MLflow run has ended: a pruned trial is a finished run, not a failed one
         raise pruned
     if not _worth_keeping(trial, value):
@@ -927,8 +930,8 @@ def _log_trial_params(tracker: Tracker, draw: _Draw) -> None:
 
 def _train_chain(training: _Training, replayed: set[int]) -> float:
     """`train_chain` for the trial, as `dvc repro` trains; → stage two's best validation macro-F1, the run tagged
-    COMPLETE. A failure that is the trial's alone (TRIAL_FAILURES, a refusal of what it drew) ends its run FAIL;
-    TrialPruned is the caller's."""
+    COMPLETE. A failure that is the trial's alone (TRIAL_FAILURES, a refusal of what it drew) keeps its reason; the
+    caller ends the run of any that stops it."""
     trial, draw, data = training.trial, training.draw, training.worker.data
     try:
         # One process a trial, whatever distributed.nproc_per_node says: the pruner must see each epoch as it
@@ -942,12 +945,9 @@ def _train_chain(training: _Training, replayed: set[int]) -> float:
         # trial alike: the worker stops, loudly
         if draw.baseline or not any(name in str(error) for name in draw.overrides):
             raise
-        refused = _refused(trial, "model", error)
-        training.end_unfinished("FAIL")
-        raise refused from None
+        raise _refused(trial, "model", error) from None
     except TRIAL_FAILURES as error:  # Optuna logs the reason but keeps none: the study's reports name it
         trial.set_user_attr("failed", _error_line(error))
-        training.end_unfinished("FAIL")
         raise
     value = outputs.fits["stage_two"].best_validation_macro_f1
     training.tracker.set_tags({"optuna.state": "COMPLETE"})

@@ -1106,6 +1106,7 @@ def test_a_trial_stopped_by_ctrl_c_or_by_an_error_that_stops_the_worker_keeps_it
         study.optimize(objective, n_trials=2)
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL] * 2
     assert failure_reasons(study) == {0: "interrupted (KeyboardInterrupt)", 1: "ValueError: a bug"}
+    assert _part_trained(tmp_path, 0, 1) == []  # dropped, as a failed trial's are
 
 
 def test_a_refusal_in_training_fails_its_trial_alone_only_where_it_names_a_param_the_trial_drew(tmp_path, monkeypatch,
@@ -1133,7 +1134,15 @@ def test_a_refusal_in_training_fails_its_trial_alone_only_where_it_names_a_param
     assert "refused" in study.trials[2].user_attrs and "failed" not in study.trials[2].user_attrs
     assert "tune: trial 2 drew params the model refuses, and fails: stage_one.temperature 0.3: refused by the model" \
         in caplog.messages
-    assert not any((tmp_path / "study" / "trial-0002" / name).exists() for name in ("stage_one", "stage_two"))
+    assert _part_trained(tmp_path, 0, 1, 2) == []  # the trials that stopped the worker drop theirs too
+
+
+def _part_trained(tmp_path: Path, *trials: int) -> list[str]:
+    """The model folders these trials of _study_of_stub_trials' study left."""
+    from tqc.tune import trial_dir_of
+
+    return [f"{number}/{name}" for number in trials for name in ("stage_one", "stage_two")
+            if (trial_dir_of(tmp_path / "study", number) / name).exists()]
 
 
 def test_a_tuned_warm_up_margin_reaches_each_trials_warm_up_whose_models_are_dropped_with_the_others(tmp_path,
