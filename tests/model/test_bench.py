@@ -12,6 +12,11 @@ from tqc.stages import stage_one, stage_two
 from tqc.training import steps_per_epoch
 
 
+def printed(report: dict, decimals: int) -> list[str]:
+    """The lines a benchmark prints of its figures: one a key, in the report's order, floats to `decimals` places."""
+    return [f"{key}: {value:.{decimals}f}" if isinstance(value, float) else f"{key}: {value}" for key, value in report.items()]
+
+
 def test_both_stages_are_timed_after_untimed_warm_up_steps(tiny_model_dir, tmp_path, monkeypatch, capsys):
     data = tmp_path / "validated"
     Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()]).save(data / "catalog.jsonl")
@@ -37,7 +42,9 @@ def test_both_stages_are_timed_after_untimed_warm_up_steps(tiny_model_dir, tmp_p
     assert report["stage_one_seconds_per_epoch"] > 0 and report["stage_two_seconds_per_epoch"] > 0
     assert report["stage_two_over_stage_one"] == pytest.approx(
         report["stage_two_seconds_per_epoch"] / report["stage_one_seconds_per_epoch"])
-    assert "stage_two_over_stage_one:" in capsys.readouterr().out
+    assert list(report) == ["rows", "batch_size", "timed_steps", "rounds", "k", "stage_one_seconds_per_epoch",
+                            "stage_two_seconds_per_epoch", "stage_two_over_stage_one"]
+    assert capsys.readouterr().out.splitlines()[-len(report):] == printed(report, 3)
 
 
 def test_the_validate_benchmark_reads_the_params_it_is_given_with_their_overrides(tmp_path):
@@ -104,12 +111,13 @@ def test_with_deferred_augmentation_stage_one_is_timed_on_the_rows_it_trains_on(
     report = bench.epochs(params, steps=2, batch_size=8, data_dir=data, train_path=data / "train.jsonl")
     assert rows_seen == {"stage one": {36}, "stage two": {60}}
     assert (report["rows"], report["stage_one_rows"]) == (60, 36)
+    assert list(report)[:3] == ["rows", "stage_one_rows", "batch_size"]
 
 
 def test_the_passes_benchmark_times_both_settings_of_each_in_every_round(tiny_model_dir, tmp_path, capsys, monkeypatch,
                                                                         caplog):
     from tqc.config import ConfigError
-    from tqc.model.encoder import PASS_ROWS
+    from tqc.model.encoder import PASS_ROWS, TextEncoder
 
     data = tmp_path / "validated"
     Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()]).save(data / "catalog.jsonl")
@@ -126,6 +134,23 @@ def test_the_passes_benchmark_times_both_settings_of_each_in_every_round(tiny_mo
         return real(model, *args, **kwargs)
 
     monkeypatch.setattr(stage_one, "train", recording)
+    pass_rows_encoded = []
+    real_encode = TextEncoder.encode
+
+    def recording_encode(self, texts, *args, **kwargs):
+        if len(texts) == 30:  # the benchmark's own encoding (`encoded`), not stage one's of its validation rows
+            pass_rows_encoded.append(self.pass_rows)
+        return real_encode(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(TextEncoder, "encode", recording_encode)
+    fused_timed = []
+    real_optimizer = bench._optimizer_seconds
+
+    def recording_optimizer(model, schedule, steps, fused):
+        fused_timed.append(fused)
+        return real_optimizer(model, schedule, steps, fused)
+
+    monkeypatch.setattr(bench, "_optimizer_seconds", recording_optimizer)
     rows = len(load_questions(data / "train.jsonl"))
     with caplog.at_level("WARNING", logger="tqc.bench"):
         report = bench.passes(params, steps=50, batch_size=40, train_path=data / "train.jsonl", rounds=2, encoded=30,
@@ -135,11 +160,18 @@ def test_the_passes_benchmark_times_both_settings_of_each_in_every_round(tiny_mo
     assert report["timed_steps"] == epoch < 50 and f"--steps 50 is more than one epoch of {rows} rows" in caplog.text
     # an untimed warm-up of both, then each setting first in every other round: a cold start charged to neither
     assert pass_rows_trained == [40, PASS_ROWS, 40, PASS_ROWS, PASS_ROWS, 40]
+    one_pass = max(params.evaluate.batch_size, len(CLASSES))  # every question at once, the catalog's too
+    assert pass_rows_encoded == [one_pass, PASS_ROWS, one_pass, PASS_ROWS, PASS_ROWS, one_pass]
+    assert fused_timed == [False, True, False, True, True, False]
     assert report["rows_per_pass"] == PASS_ROWS and report["rounds"] == 2 and report["encoded_questions"] == 30
     for setting in ("train_one_pass", "train_passes", "encode_one_pass", "encode_passes", "adamw_default", "adamw_fused"):
         assert report[f"{setting}_seconds"] > 0, setting
     assert report["adamw_fused_over_default"] == pytest.approx(report["adamw_fused_seconds"] / report["adamw_default_seconds"])
-    assert "train_passes_over_one_pass:" in capsys.readouterr().out
+    assert list(report) == ["rows_per_pass", "batch_size", "timed_steps", "encoded_questions", "rounds",
+                            "train_one_pass_seconds", "train_passes_seconds", "encode_one_pass_seconds",
+                            "encode_passes_seconds", "adamw_default_seconds", "adamw_fused_seconds",
+                            "train_passes_over_one_pass", "encode_passes_over_one_pass", "adamw_fused_over_default"]
+    assert capsys.readouterr().out.splitlines()[-len(report):] == printed(report, 3)
 
 
 def test_the_reading_benchmark_reads_every_row_it_wrote_in_a_fresh_process(capsys):
@@ -147,7 +179,9 @@ def test_the_reading_benchmark_reads_every_row_it_wrote_in_a_fresh_process(capsy
 
     report = reading(300)
     assert report["rows_read"] == 300 and report["seconds"] > 0 and report["peak_mib_over_imports"] >= 0
-    assert report["file_mib"] > 0 and "rows_read: 300" in capsys.readouterr().out
+    assert report["file_mib"] > 0
+    assert list(report) == ["rows", "file_mib", "rows_read", "seconds", "peak_mib_over_imports"]
+    assert capsys.readouterr().out.splitlines() == printed(report, 2)
 
 
 def test_an_empty_training_file_is_refused_before_any_model_is_loaded(tmp_path, monkeypatch):
@@ -194,7 +228,31 @@ def test_the_serving_benchmark_times_both_rules_alternating_through_the_served_m
         assert figures["load_seconds"] > 0 and 0 < figures["single_ms_median"] <= figures["single_ms_p95"]
     assert report["exemplars_over_standard_single"] == pytest.approx(
         report["exemplars"]["single_ms_median"] / report["standard"]["single_ms_median"])
-    assert "exemplar rule / standard rule:" in capsys.readouterr().out
+    assert list(report) == ["model", "catalog_classes", "calls", "batch_size", "rounds", "exemplar_k", "exemplar_rows",
+                            "standard", "exemplars", "exemplars_over_standard_single", "exemplars_over_standard_batched",
+                            "batched_over_single_standard"]
+    assert list(report["standard"]) == list(report["exemplars"]) == ["load_seconds", "single_ms_median", "single_ms_p95",
+                                                                   "batched_ms_per_question"]
+    assert report["exemplars_over_standard_batched"] == pytest.approx(
+        report["exemplars"]["batched_ms_per_question"] / report["standard"]["batched_ms_per_question"])
+    assert report["batched_over_single_standard"] == pytest.approx(
+        report["standard"]["batched_ms_per_question"] / report["standard"]["single_ms_median"])
+    lines = [f"{rule}: load {f['load_seconds']:.2f} s; one question a call {f['single_ms_median']:.1f} ms "
+             f"(p95 {f['single_ms_p95']:.1f}); in frames of 10 {f['batched_ms_per_question']:.2f} ms a question"
+             for rule, f in (("standard", report["standard"]), ("exemplars", report["exemplars"]))]
+    lines.append(f"exemplar rule / standard rule: {report['exemplars_over_standard_single']:.2f} one a call, "
+                 f"{report['exemplars_over_standard_batched']:.2f} in frames; frames / one a call (standard): "
+                 f"{report['batched_over_single_standard']:.3f}")
+    assert capsys.readouterr().out.splitlines()[-3:] == lines
+
+
+def test_the_serving_benchmark_refuses_a_test_file_without_questions_before_loading_a_model(tmp_path, monkeypatch):
+    from tqc.config import ConfigError
+
+    (tmp_path / "test.jsonl").write_text("")
+    monkeypatch.setattr("tqc.serving.local_matcher", lambda *_: pytest.fail("a model was loaded"))
+    with pytest.raises(ConfigError, match=r"test.jsonl: no questions to answer"):
+        bench.serving(tmp_path / "model", tmp_path, None, exemplar_k=2)
 
 
 def test_the_serving_benchmark_needs_an_exemplar_k(tmp_path, capsys):
