@@ -17,7 +17,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -28,11 +30,14 @@ from tqc.config import ConfigError, Params, StageOneParams
 from tqc.device import pick_device, seed_everything
 from tqc.mining import mine
 from tqc.model.encoder import PASS_ROWS, BiEncoder
-from tqc.schema import Catalog, load_questions
+from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.stages import stage_one, stage_two
 from tqc.training import adamw, gold_indices, parameter_groups, steps_per_epoch
 
 log = logging.getLogger(__name__)
+
+
+Timed = Callable[[int], float]  # one setting's figure in the round (or call) it is given
 
 
 def _in_turn(items, round_index: int):
@@ -41,7 +46,43 @@ def _in_turn(items, round_index: int):
     return items[:: 1 if round_index % 2 == 0 else -1]
 
 
-def _training_setup(params: Params, data_dir: Path, train_path: Path):
+def _alternating_rounds(rounds: int, groups: list[list[tuple[str, Timed]]]) -> dict[str, list[float]]:
+    """Each named setting's figure in each of `rounds` rounds: within a round each group's settings run one after
+    another, in turn (`_in_turn`), so that a slow spell of the machine falls on no setting alone."""
+    figures: dict[str, list[float]] = {name: [] for group in groups for name, _ in group}
+    for round_index in range(rounds):
+        for group in groups:
+            for name, timed in _in_turn(group, round_index):
+                figures[name].append(timed(round_index))
+    return figures
+
+
+def _summarised(header: dict, figures: dict[str, list[float]], unit: str, ratios: dict[str, tuple[str, str]]) -> dict:
+    """`header`, each setting's median over its rounds as `<setting>_<unit>`, then each ratio of `ratios` (its
+    name: the settings over and under the line); printed a line a figure."""
+    report = {**header, **{f"{name}_{unit}": float(np.median(values)) for name, values in figures.items()}}
+    report.update({ratio: report[f"{over}_{unit}"] / report[f"{under}_{unit}"]
+                   for ratio, (over, under) in ratios.items()})
+    _print_figures(report, 3)
+    return report
+
+
+def _print_figures(report: dict, decimals: int) -> None:
+    """A line a figure, `key: value`, floats to `decimals` places."""
+    for key, value in report.items():
+        print(f"{key}: {value:.{decimals}f}" if isinstance(value, float) else f"{key}: {value}")
+
+
+class _TrainingSetup(NamedTuple):
+    """What a training benchmark starts from (`_training_setup`)."""
+
+    catalog: Catalog
+    train_rows: list[LabeledQuestion]
+    validation: list[LabeledQuestion]
+    model: BiEncoder
+
+
+def _training_setup(params: Params, data_dir: Path, train_path: Path) -> _TrainingSetup:
     """The catalog, the training rows, a few validation rows and a fresh model, as stage one would start."""
     seed_everything(params.seed)
     catalog = Catalog.load(data_dir / "catalog.jsonl")
@@ -51,7 +92,32 @@ def _training_setup(params: Params, data_dir: Path, train_path: Path):
     validation = load_questions(data_dir / "validation.jsonl")[:8]  # validation is not what is timed
     model = BiEncoder.from_params(params.model).to(pick_device())
     model.set_augmentation(params.augment)
-    return catalog, train_rows, validation, model
+    return _TrainingSetup(catalog, train_rows, validation, model)
+
+
+def _one_epoch(batch_size: int, max_steps: int) -> dict:
+    """A stage's schedule overrides: one epoch of `batch_size` rows a step, cut at `max_steps` steps."""
+    return {"epochs": 1, "batch_size": batch_size, "max_steps": max_steps}
+
+
+def _at_most_one_epoch(steps: int, rows: int, batch_size: int) -> int:
+    """`steps`, or the steps of one epoch of `rows` rows where those are fewer, with a warning: an epoch ends there,
+    so its steps, not `steps`, would be timed, and its time divided by `steps` under-report it."""
+    epoch = steps_per_epoch(rows, batch_size, None)
+    if steps > epoch:
+        log.warning("bench: --steps %d is more than one epoch of %d rows at batch size %d (%d steps): timing %d",
+                    steps, rows, batch_size, epoch, epoch)
+        return epoch
+    return steps
+
+
+def _stage_one_seconds(params: Params, setup: _TrainingSetup, rows: list[LabeledQuestion], schedule: dict) -> float:
+    """Stage one's seconds an epoch, trained on `rows` with `schedule`'s overrides of params.stage_one."""
+    # With augment's in-batch terms (prototype mixup, cross-encoding), as the pipeline trains stage one: their
+    # cost is part of its epoch
+    stage_params = params.stage_one.model_copy(update=schedule)
+    return stage_one.train(setup.model, rows, setup.validation, setup.catalog, stage_params, params.seed,
+                           augment=params.augment).seconds_per_epoch
 
 
 def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("data/validated"),
@@ -60,56 +126,49 @@ def epochs(params: Params, steps: int, batch_size: int, data_dir: Path = Path("d
 
     The stages alternate in `rounds` rounds, each going first in every other one, and each figure is the median of its
     rounds: a slow spell of a loaded machine would otherwise fall on one stage and move the ratio."""
-    catalog, train_rows, validation, model = _training_setup(params, data_dir, train_path)
-
-    questions = model.question.encode([q.text for q in train_rows]).numpy()
-    negatives, _ = mine(questions, model.standard.encode(catalog.texts).numpy(), gold_indices(train_rows, catalog), params.mine.k,
-                        model.similarity, model.score)
-    negatives = torch.as_tensor(negatives)
+    setup = _training_setup(params, data_dir, train_path)
+    negatives = _mined_negatives(params, setup)
     # Stage one's rows as the pipeline trains it: with augment.deferred, the original rows only
-    one_rows = stage_one.stage_one_rows(train_rows, params.augment.deferred)
-
-    def train_one(schedule: dict) -> float:
-        # With augment's in-batch terms (prototype mixup, cross-encoding), as the pipeline trains stage one: their
-        # cost is part of its epoch
-        return stage_one.train(model, one_rows, validation, catalog, params.stage_one.model_copy(update=schedule),
-                               params.seed, augment=params.augment).seconds_per_epoch
-
-    def train_two(schedule: dict) -> float:
-        return stage_two.train(model, train_rows, negatives, validation, catalog,
-                               params.stage_two.model_copy(update=schedule), params.seed).seconds_per_epoch
-
+    rows = {"stage_one": stage_one.stage_one_rows(setup.train_rows, params.augment.deferred),
+            "stage_two": setup.train_rows}
+    train = _stage_trainers(params, setup, rows, negatives)
     # Warm-up steps of both stages first, untimed: on a GPU the first steps load kernels and
     # allocate optimizer state, which would otherwise be charged to whichever stage runs first.
-    warm_up = {"epochs": 1, "batch_size": batch_size, "max_steps": 3}
-    train_one(warm_up)
-    train_two(warm_up)
-    full_one, full_two = (steps_per_epoch(len(rows), batch_size, None) for rows in (one_rows, train_rows))
-    shorter = min(full_one, full_two)  # stage one's under augment.deferred, else both stages'
-    if steps > shorter:  # an epoch ends there: dividing its time by `steps` would under-report it
-        log.warning("bench: --steps %d is more than one epoch of %d rows at batch size %d (%d steps): timing %d",
-                    steps, len(one_rows), batch_size, shorter, shorter)
-        steps = shorter
-    common = {"epochs": 1, "batch_size": batch_size, "max_steps": steps}
-    stages = (("stage_one", train_one, full_one), ("stage_two", train_two, full_two))
-    seconds: dict[str, list[float]] = {"stage_one": [], "stage_two": []}
-    for round_index in range(rounds):
-        for name, train, full_epoch in _in_turn(stages, round_index):
-            seconds[name].append(train(common) / steps * full_epoch)
-    report = {
-        "rows": len(train_rows),
-        **({"stage_one_rows": len(one_rows)} if len(one_rows) != len(train_rows) else {}),  # augment.deferred
-        "batch_size": batch_size,
-        "timed_steps": steps,
-        "rounds": rounds,
-        "k": int(negatives.shape[1]),
-        "stage_one_seconds_per_epoch": float(np.median(seconds["stage_one"])),
-        "stage_two_seconds_per_epoch": float(np.median(seconds["stage_two"])),
-    }
-    report["stage_two_over_stage_one"] = report["stage_two_seconds_per_epoch"] / report["stage_one_seconds_per_epoch"]
-    for key, value in report.items():
-        print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
-    return report
+    for train_stage in train.values():
+        train_stage(_one_epoch(batch_size, 3))
+    # Stage one's rows are never more than stage two's: its epoch is the shorter (under augment.deferred, else both)
+    steps = _at_most_one_epoch(steps, len(rows["stage_one"]), batch_size)
+    seconds = _alternating_rounds(rounds, [[(stage, _seconds_per_epoch(train_stage, len(rows[stage]), steps, batch_size))
+                                            for stage, train_stage in train.items()]])
+    n_stage_one, n_train = len(rows["stage_one"]), len(setup.train_rows)
+    header = {"rows": n_train, **({"stage_one_rows": n_stage_one} if n_stage_one != n_train else {}),  # augment.deferred
+              "batch_size": batch_size, "timed_steps": steps, "rounds": rounds, "k": int(negatives.shape[1])}
+    return _summarised(header, seconds, "seconds_per_epoch", {"stage_two_over_stage_one": ("stage_two", "stage_one")})
+
+
+def _mined_negatives(params: Params, setup: _TrainingSetup) -> torch.Tensor:
+    """Stage two's hard negatives of the training rows (N, k), mined with the fresh model."""
+    model, catalog, train_rows = setup.model, setup.catalog, setup.train_rows
+    questions = model.question.encode([q.text for q in train_rows]).numpy()
+    negatives, _ = mine(questions, model.standard.encode(catalog.texts).numpy(), gold_indices(train_rows, catalog),
+                        params.mine.k, model.similarity, model.score)
+    return torch.as_tensor(negatives)
+
+
+def _stage_trainers(params: Params, setup: _TrainingSetup, rows: dict[str, list[LabeledQuestion]],
+                    negatives: torch.Tensor) -> dict[str, Callable[[dict], float]]:
+    """Each stage's seconds an epoch on its `rows`, trained with a schedule's overrides (`_one_epoch`)."""
+    def train_two(schedule: dict) -> float:
+        return stage_two.train(setup.model, rows["stage_two"], negatives, setup.validation, setup.catalog,
+                               params.stage_two.model_copy(update=schedule), params.seed).seconds_per_epoch
+
+    return {"stage_one": partial(_stage_one_seconds, params, setup, rows["stage_one"]), "stage_two": train_two}
+
+
+def _seconds_per_epoch(train: Callable[[dict], float], rows: int, steps: int, batch_size: int) -> Timed:
+    """A stage's seconds a full epoch of `rows` rows, from the time of its first `steps` steps."""
+    full_epoch = steps_per_epoch(rows, batch_size, None)
+    return lambda _: train(_one_epoch(batch_size, steps)) / steps * full_epoch
 
 
 def passes(params: Params, steps: int, batch_size: int, train_path: Path, rounds: int = 3, encoded: int = 2000,
@@ -123,56 +182,49 @@ def passes(params: Params, steps: int, batch_size: int, train_path: Path, rounds
     if batch_size <= PASS_ROWS:
         raise ConfigError(f"bench passes: --batch-size {batch_size} fits in one pass of {PASS_ROWS} rows, so both "
                           f"settings would time the same thing; give more than {PASS_ROWS}, e.g. 64")
-    catalog, train_rows, validation, model = _training_setup(params, data_dir, train_path)
-    texts = [q.text for q in train_rows][:encoded]
-    epoch = steps_per_epoch(len(train_rows), batch_size, None)
-    if steps > epoch:  # an epoch ends there: its steps, not `steps`, would be timed, and the report say `steps`
-        log.warning("bench: --steps %d is more than one epoch of %d rows at batch size %d (%d steps): timing %d",
-                    steps, len(train_rows), batch_size, epoch, epoch)
-        steps = epoch
-    training = params.stage_one.model_copy(update={"epochs": 1, "batch_size": batch_size, "max_steps": steps})
-    encoders = {model.question, model.standard}  # one encoder when tied
+    setup = _training_setup(params, data_dir, train_path)
+    texts = [q.text for q in setup.train_rows][:encoded]
+    steps = _at_most_one_epoch(steps, len(setup.train_rows), batch_size)
+    settings = [*_pass_settings(params, setup, texts, steps, batch_size),
+                [(f"adamw_{name}", lambda _, fused=fused: _optimizer_seconds(setup.model, params.stage_one, steps, fused))
+                 for name, fused in (("default", False), ("fused", True))]]
+    _alternating_rounds(1, settings)  # untimed: the first autograd, allocator and kernel loads charged to neither setting
+    timings = _alternating_rounds(rounds, settings)
+    header = {"rows_per_pass": PASS_ROWS, "batch_size": batch_size, "timed_steps": steps, "encoded_questions": len(texts),
+              "rounds": rounds}
+    return _summarised(header, timings, "seconds", {"train_passes_over_one_pass": ("train_passes", "train_one_pass"),
+                                                    "encode_passes_over_one_pass": ("encode_passes", "encode_one_pass"),
+                                                    "adamw_fused_over_default": ("adamw_fused", "adamw_default")})
 
-    def with_pass_rows(rows: int, timed) -> float:
-        for encoder in encoders:
-            encoder.pass_rows = rows
-        return timed()
 
-    def train_steps() -> float:
-        return stage_one.train(model, train_rows, validation, catalog, training, params.seed,
-                               augment=params.augment).seconds_per_epoch
-
+def _pass_settings(params: Params, setup: _TrainingSetup, texts: list[str], steps: int,
+                   batch_size: int) -> list[list[tuple[str, Timed]]]:
+    """Two pairs of settings: `steps` stage-one steps at `batch_size`, and encoding `texts`, each with every row of a
+    batch in one backbone pass and in passes of PASS_ROWS."""
     def encode() -> float:
         started = time.perf_counter()
-        model.question.encode(texts, params.evaluate.batch_size)
+        setup.model.question.encode(texts, params.evaluate.batch_size)
         return time.perf_counter() - started
 
     # "One pass": every row of a batch at once, the standard questions of stage one's all-classes negatives or
     # prototype mixup too (there can be more of them than rows)
-    one_pass = max(batch_size, len(catalog))
-    pairs = [(("train_one_pass", one_pass, train_steps), ("train_passes", PASS_ROWS, train_steps)),
-             (("encode_one_pass", max(params.evaluate.batch_size, len(catalog)), encode), ("encode_passes", PASS_ROWS, encode))]
-    optimizers = (("adamw_default", False), ("adamw_fused", True))
-    for first, second in pairs:  # untimed: the first autograd, allocator and kernel loads charged to neither setting
-        for _, rows, timed in (first, second):
-            with_pass_rows(rows, timed)
-    for _, fused in optimizers:
-        _optimizer_seconds(model, params.stage_one, steps, fused)
-    timings: dict[str, list[float]] = {}
-    for round_index in range(rounds):
-        for pair in pairs:
-            for name, rows, timed in _in_turn(pair, round_index):
-                timings.setdefault(name, []).append(with_pass_rows(rows, timed))
-        for name, fused in _in_turn(optimizers, round_index):
-            timings.setdefault(name, []).append(_optimizer_seconds(model, params.stage_one, steps, fused))
-    report = {"rows_per_pass": PASS_ROWS, "batch_size": batch_size, "timed_steps": steps, "encoded_questions": len(texts),
-              "rounds": rounds, **{f"{name}_seconds": float(np.median(values)) for name, values in timings.items()}}
-    report["train_passes_over_one_pass"] = report["train_passes_seconds"] / report["train_one_pass_seconds"]
-    report["encode_passes_over_one_pass"] = report["encode_passes_seconds"] / report["encode_one_pass_seconds"]
-    report["adamw_fused_over_default"] = report["adamw_fused_seconds"] / report["adamw_default_seconds"]
-    for key, value in report.items():
-        print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
-    return report
+    catalog_rows = len(setup.catalog)
+    timed = {"train": (partial(_stage_one_seconds, params, setup, setup.train_rows, _one_epoch(batch_size, steps)),
+                       max(batch_size, catalog_rows)),
+             "encode": (encode, max(params.evaluate.batch_size, catalog_rows))}
+    return [[(f"{what}_one_pass", _with_pass_rows(setup.model, one_pass, run)),
+             (f"{what}_passes", _with_pass_rows(setup.model, PASS_ROWS, run))]
+            for what, (run, one_pass) in timed.items()]
+
+
+def _with_pass_rows(model: BiEncoder, rows: int, timed: Callable[[], float]) -> Timed:
+    """`timed`, run with the model's encoders (one when tied) at `rows` rows a backbone pass."""
+    def run(_round: int) -> float:
+        for encoder in {model.question, model.standard}:
+            encoder.pass_rows = rows
+        return timed()
+
+    return run
 
 
 def _optimizer_seconds(model: BiEncoder, schedule: StageOneParams, steps: int, fused: bool) -> float:
@@ -231,8 +283,7 @@ def reading(rows: int) -> dict:
                  "'peak_mib_over_imports': (peak() - before) / 1024}))")  # VmHWM: KiB
         finished = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
         report = {"rows": rows, "file_mib": path.stat().st_size / 2**20, **json.loads(finished.stdout.splitlines()[-1])}
-    for key, value in report.items():
-        print(f"{key}: {value:.2f}" if isinstance(value, float) else f"{key}: {value}")
+    _print_figures(report, 2)
     return report
 
 
@@ -245,14 +296,28 @@ def serving(model_dir: Path, data_dir: Path, prior_path: Path | None, exemplar_k
 
     The two rules alternate call by call, so a slow spell of a loaded machine falls on both; the ratios within this
     one run are the figures to quote."""
-    import pandas as pd
-
-    from tqc.serving import local_matcher
-
     questions = [q.text for q in load_questions(data_dir / "test.jsonl")]
     if not questions:
         raise ConfigError(f"{data_dir / 'test.jsonl'}: no questions to answer")
-    batch = (questions * (batch_size // len(questions) + 1))[:batch_size]
+    batch = (questions * (batch_size // len(questions) + 1))[:batch_size]  # the questions cycled to fill a frame
+    matchers, load_seconds = _loaded_rules(model_dir, data_dir, prior_path, exemplar_k, top_k)
+    for rule in matchers:  # warm-up, untimed: the first calls allocate what later ones reuse
+        _ms_a_question(matchers[rule], questions[:3], top_k)
+    single = _alternating_rounds(calls, [_answering(matchers, top_k, lambda call: [questions[call % len(questions)]])])
+    batched = _alternating_rounds(rounds, [_answering(matchers, top_k, lambda _: batch)])
+    figures = {rule: _rule_figures(load_seconds[rule], single[rule], batched[rule]) for rule in matchers}
+    report = {"model": str(model_dir), "catalog_classes": len(matchers["standard"].catalog), "calls": calls,
+              "batch_size": batch_size, "rounds": rounds, "exemplar_k": exemplar_k,
+              "exemplar_rows": int(matchers["exemplars"].exemplars.vectors.shape[0]), **figures, **_rule_ratios(figures)}
+    _print_serving(report, list(matchers), batch_size)
+    return report
+
+
+def _loaded_rules(model_dir: Path, data_dir: Path, prior_path: Path | None, exemplar_k: int,
+                  top_k: int) -> tuple[dict, dict[str, float]]:
+    """Each rule's matcher, loaded as `tqc predict` loads it, and the seconds its load took."""
+    from tqc.serving import local_matcher
+
     rules = {"standard": (prior_path, None), "exemplars": (None, (data_dir / "train.jsonl", exemplar_k))}
     local_matcher(model_dir, data_dir / "catalog.jsonl", top_k, prior_path)  # untimed: the first load pays the imports
     matchers, load_seconds = {}, {}
@@ -260,39 +325,41 @@ def serving(model_dir: Path, data_dir: Path, prior_path: Path | None, exemplar_k
         started = time.perf_counter()
         matchers[rule] = local_matcher(model_dir, data_dir / "catalog.jsonl", top_k, prior, exemplars)
         load_seconds[rule] = time.perf_counter() - started
+    return matchers, load_seconds
 
-    def answer(rule: str, texts: list[str]) -> float:
-        started = time.perf_counter()
-        matchers[rule].predict(None, pd.DataFrame({"question": texts}), params={"top_k": top_k})
-        return time.perf_counter() - started
 
-    def ms_a_question(turns: int, texts_of) -> dict[str, list[float]]:
-        """Each rule's milliseconds a question in each turn, answering `texts_of(turn)`, the rules in turn."""
-        figures = {rule: [] for rule in rules}
-        for turn in range(turns):
-            texts = texts_of(turn)
-            for rule in _in_turn(list(rules), turn):
-                figures[rule].append(answer(rule, texts) * 1000 / len(texts))
-        return figures
+def _answering(matchers: dict, top_k: int, texts_of: Callable[[int], list[str]]) -> list[tuple[str, Timed]]:
+    """Each rule's milliseconds a question answering `texts_of(call)`, to be timed in turn (`_alternating_rounds`)."""
+    return [(rule, lambda call, matcher=matcher: _ms_a_question(matcher, texts_of(call), top_k))
+            for rule, matcher in matchers.items()]
 
-    for rule in rules:  # warm-up, untimed: the first calls allocate what later ones reuse
-        answer(rule, questions[:3])
-    single = ms_a_question(calls, lambda call: [questions[call % len(questions)]])
-    batched = ms_a_question(rounds, lambda _: batch)
 
-    report = {"model": str(model_dir), "catalog_classes": len(matchers["standard"].catalog), "calls": calls,
-              "batch_size": batch_size, "rounds": rounds, "exemplar_k": exemplar_k,
-              "exemplar_rows": int(matchers["exemplars"].exemplars.vectors.shape[0])}
-    for rule in rules:
-        report[rule] = {"load_seconds": load_seconds[rule],
-                        "single_ms_median": float(np.median(single[rule])),
-                        "single_ms_p95": float(np.percentile(single[rule], 95)),
-                        "batched_ms_per_question": float(np.median(batched[rule]))}
-    report["exemplars_over_standard_single"] = report["exemplars"]["single_ms_median"] / report["standard"]["single_ms_median"]
-    report["exemplars_over_standard_batched"] = (report["exemplars"]["batched_ms_per_question"]
-                                                 / report["standard"]["batched_ms_per_question"])
-    report["batched_over_single_standard"] = (report["standard"]["batched_ms_per_question"]
-                                              / report["standard"]["single_ms_median"])
+def _ms_a_question(matcher, texts: list[str], top_k: int) -> float:
+    """Milliseconds a question of `matcher` answering `texts` in one call."""
+    import pandas as pd
+
+    started = time.perf_counter()
+    matcher.predict(None, pd.DataFrame({"question": texts}), params={"top_k": top_k})
+    return (time.perf_counter() - started) * 1000 / len(texts)
+
+
+def _rule_figures(load_seconds: float, single_ms: list[float], batched_ms: list[float]) -> dict[str, float]:
+    """One rule's figures: its load, one question a call (median, 95th percentile) and a question in frames (median)."""
+    return {"load_seconds": load_seconds, "single_ms_median": float(np.median(single_ms)),
+            "single_ms_p95": float(np.percentile(single_ms, 95)), "batched_ms_per_question": float(np.median(batched_ms))}
+
+
+def _rule_ratios(figures: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The exemplar rule's cost over the standard rule's, one question a call and in frames, and frames' over one a
+    call for the standard rule."""
+    standard, exemplars = figures["standard"], figures["exemplars"]
+    return {"exemplars_over_standard_single": exemplars["single_ms_median"] / standard["single_ms_median"],
+            "exemplars_over_standard_batched": exemplars["batched_ms_per_question"] / standard["batched_ms_per_question"],
+            "batched_over_single_standard": standard["batched_ms_per_question"] / standard["single_ms_median"]}
+
+
+def _print_serving(report: dict, rules: list[str], batch_size: int) -> None:
+    """A line a rule, then the ratios."""
     for rule in rules:
         figures = report[rule]
         print(f"{rule}: load {figures['load_seconds']:.2f} s; one question a call {figures['single_ms_median']:.1f} ms "
@@ -301,7 +368,6 @@ def serving(model_dir: Path, data_dir: Path, prior_path: Path | None, exemplar_k
     print(f"exemplar rule / standard rule: {report['exemplars_over_standard_single']:.2f} one a call, "
           f"{report['exemplars_over_standard_batched']:.2f} in frames; frames / one a call (standard): "
           f"{report['batched_over_single_standard']:.3f}")
-    return report
 
 
 def _write_questions_csv(path: Path, rows: int) -> None:
