@@ -122,7 +122,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
         client, params, champion, challenger, model_dir, data_dir, prior_path))
     asked = _Asked.of(catalog, train, validation, _unseen(validation, learnt, None if is_champion else champion.learnt))
     challenger_answers, champion_answers, incomparable, decision = _judge(client, params, seed, champion, challenger,
-                                                                          is_champion, asked)
+                                                                          standing, asked)
     decision = _overridden(decision, params, challenger.version, champion.version, standing, incomparable)
     report = _report(params, challenger, champion.version, decision, asked, challenger_answers, champion_answers)
     _write_and_log(report_path, report, decision, tracker)
@@ -216,7 +216,7 @@ def _gives_champions_answers(client, params: PromoteParams, champion: _Champion,
         None if challenger.exemplars else prior_path, challenger.exemplars)
 
 
-def _judge(client, params: PromoteParams, seed: int, champion: _Champion, challenger: _Challenger, is_champion: bool,
+def _judge(client, params: PromoteParams, seed: int, champion: _Champion, challenger: _Challenger, standing: _Standing,
            asked: _Asked) -> tuple[np.ndarray, np.ndarray | None, bool, Decision]:
     """The gate on `asked.unseen` (`asked.gold`: their (N,) catalog indices): (the challenger's answers, the
     champion's: None where there is none, or none comparable, whether they are incomparable, the decision)."""
@@ -229,14 +229,14 @@ def _judge(client, params: PromoteParams, seed: int, champion: _Champion, challe
                                asked.catalog)
         if asked.unseen else (gold, None))  # no question to ask: the first model still becomes champion
     # A champion answering with classes this catalog lacks has no accuracy here that means anything: none is reported
-    incomparable = not is_champion and champion_answers is not None and bool(np.any(champion_answers < 0))
+    incomparable = not standing.is_champion and champion_answers is not None and bool(np.any(champion_answers < 0))
     if incomparable:
         champion_answers = None
     gate, refresh_reason = _refresh_gate(params, challenger.refresh, champion)
     decision = decide(gold, challenger_answers, champion_answers, np.array([asked.catalog.index(c) for c in tail_ids]),
                       tail_ids, gate, seed)
     decision = replace(decision, reasons=decision.reasons + _left_out_reasons(
-        len(asked.validation), len(asked.unseen), None if is_champion else champion.version, champion.learnt))
+        len(asked.validation), len(asked.unseen), None if standing.is_champion else champion.version, champion.learnt))
     if refresh_reason is not None and champion_answers is not None:
         decision = replace(decision, reasons=[refresh_reason] + decision.reasons)
     return challenger_answers, champion_answers, incomparable, decision
