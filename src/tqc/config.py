@@ -295,6 +295,9 @@ class StageOneParams(TrainParams):
     # in_batch: the paper's Eq. 1, over the batch's distinct standard questions;
     # all_classes: score against the whole catalog (exact and cheap when P is small).
     negatives: Literal["in_batch", "all_classes"] = "in_batch"
+    # w of supervised contrast among the batch's own questions (SharpReCL Eq. 2, at the stage's τ): each question also
+    # pulled toward its classmates in the batch, which the exemplar rule ranks by. 0: off (ADMC's loss alone).
+    question_contrast: float = Field(0.0, ge=0.0)
 
 
 class WarmupParams(Strict):

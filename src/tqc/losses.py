@@ -101,6 +101,27 @@ def triplet_margin(closer: torch.Tensor, farther: torch.Tensor, *, margin: float
     return hinge(scores, target, margin=margin)
 
 
+def supervised_contrastive(vectors: torch.Tensor, labels: torch.Tensor, *, temperature: float = 0.1) -> torch.Tensor:
+    """SCL among a batch's own questions (Khosla et al. 2020; SharpReCL Eq. 2): vectors (B, D), labels (B,) → scalar.
+
+    Each row is pulled toward every other row of its class, −log of its share of the softmax over all other rows
+    (itself never in the denominator), averaged over its classmates, then over the rows that have one; a row alone
+    with its class in the batch adds nothing. Scored by cosine whatever the model's similarity, on the unit sphere
+    as SharpReCL's projections are: the MLP scorer compares a question with a standard question, not two questions.
+    """
+    unit = F.normalize(vectors.float(), dim=-1)  # (B, D)
+    is_self = torch.eye(unit.shape[0], dtype=torch.bool, device=unit.device)  # (B, B)
+    classmates = (labels.unsqueeze(1) == labels.unsqueeze(0)) & ~is_self  # (B, B)
+    n_classmates = classmates.sum(dim=1)  # (B,)
+    has_classmate = n_classmates > 0  # (B,)
+    if not has_classmate.any():
+        return unit.sum() * 0.0  # nothing to pull together; a zero that keeps the graph for backward
+    logits = (unit @ unit.T / temperature).masked_fill(is_self, float("-inf"))  # (B, B)
+    log_share = logits - torch.logsumexp(logits, dim=1, keepdim=True)  # (B, B), −inf on the diagonal
+    row_loss = -log_share.masked_fill(~classmates, 0.0).sum(dim=1) / n_classmates.clamp(min=1)  # (B,)
+    return row_loss[has_classmate].mean()
+
+
 def class_log_prior(gold: torch.Tensor, n_classes: int) -> torch.Tensor:
     """(N,) training rows' class indices → (P,) log π, with one pseudo-count so no class is −∞."""
     counts = torch.bincount(gold, minlength=n_classes).float() + 1.0

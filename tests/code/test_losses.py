@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tqc.losses import (bpr, class_log_prior, decoupled, hinge, make_loss, nt_xent, prior_offsets, same_class_mask, sdml,
-                        triplet_margin)
+                        supervised_contrastive, triplet_margin)
 from tqc.stages.stage_one import candidate_classes
 from tqc.stages.stage_two import candidate_columns
 
@@ -191,3 +191,50 @@ def test_triplet_margin_is_zero_with_no_gradient_once_the_margin_is_met():
     closer.grad = farther.grad = None
     triplet_margin(closer, farther, margin=0.8).backward()
     assert closer.grad.tolist() == pytest.approx([0.0, -0.5]) and farther.grad.tolist() == pytest.approx([0.0, 0.5])
+
+
+def _supervised_contrastive_by_hand(vectors, labels, temperature):
+    """Khosla et al.'s L_out written as loops, the oracle for the vectorised loss."""
+    unit = torch.nn.functional.normalize(vectors, dim=-1)
+    row_losses = []
+    for i in range(len(labels)):
+        others = [k for k in range(len(labels)) if k != i]
+        classmates = [p for p in others if labels[p] == labels[i]]
+        if not classmates:
+            continue
+        denominator = sum(math.exp(float(unit[i] @ unit[k]) / temperature) for k in others)
+        row_losses.append(sum(-math.log(math.exp(float(unit[i] @ unit[p]) / temperature) / denominator)
+                              for p in classmates) / len(classmates))
+    return sum(row_losses) / len(row_losses)
+
+
+def test_supervised_contrastive_equals_khosla_et_al_written_as_loops():
+    torch.manual_seed(0)
+    vectors = torch.randn(7, 5)
+    labels = torch.tensor([0, 1, 0, 2, 1, 0, 3])  # class 2 and 3 have no classmate: their rows add nothing
+    loss = supervised_contrastive(vectors, labels, temperature=0.5)
+    assert loss.item() == pytest.approx(_supervised_contrastive_by_hand(vectors, labels, 0.5), rel=1e-5)
+
+
+def test_supervised_contrastive_pulls_classmates_together_and_pushes_other_classes_apart():
+    vectors = torch.tensor([[1.0, 0.2], [0.6, 0.8], [0.9, -0.3]], requires_grad=True)  # rows 0 and 1 share a class
+    supervised_contrastive(vectors, torch.tensor([5, 5, 7]), temperature=0.1).backward()
+    step = -vectors.grad  # the direction gradient descent moves each vector
+    unit = torch.nn.functional.normalize(vectors.detach(), dim=-1)
+    moved = torch.nn.functional.normalize(vectors.detach() + 1e-3 * step, dim=-1)
+    assert (moved[0] @ moved[1]) > (unit[0] @ unit[1])  # classmates closer
+    assert (moved[0] @ unit[2]) < (unit[0] @ unit[2])  # row 0 away from the other class's row
+
+
+def test_supervised_contrastive_is_zero_with_a_graph_when_no_row_has_a_classmate():
+    vectors = torch.randn(3, 4, requires_grad=True)
+    loss = supervised_contrastive(vectors, torch.tensor([0, 1, 2]))
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(vectors.grad, torch.zeros_like(vectors))
+
+
+def test_supervised_contrastive_ignores_vector_length():
+    torch.manual_seed(1)
+    vectors, labels = torch.randn(6, 4), torch.tensor([0, 0, 1, 1, 2, 2])
+    lengths = torch.tensor([[0.5], [3.0], [1.0], [7.0], [0.1], [2.0]])
+    assert torch.allclose(supervised_contrastive(vectors, labels), supervised_contrastive(vectors * lengths, labels))

@@ -355,3 +355,33 @@ def test_cross_encoding_never_joins_a_class_sharing_the_gold_standard_question_a
             by_row.setdefault((call, row), {}).setdefault(text.lower(), set()).add(relevant)
     assert any(False in targets for joins in by_row.values() for targets in joins.values())  # negatives were joined
     assert all(len(targets) == 1 for joins in by_row.values() for targets in joins.values())  # no text with both targets
+
+
+def test_question_contrast_adds_supervised_contrast_among_each_batchs_own_questions(tiny_model_dir, monkeypatch):
+    calls = []
+    real_contrast = stage_one.supervised_contrastive
+
+    def recording_contrast(vectors, labels, *, temperature):
+        value = real_contrast(vectors, labels, temperature=temperature)
+        calls.append((vectors.shape, labels.tolist(), temperature, value.item()))
+        return value
+
+    monkeypatch.setattr(stage_one, "supervised_contrastive", recording_contrast)
+
+    def first_loss(weight: float) -> float:
+        torch.manual_seed(0)  # the same dropout draws in both runs: the term draws no random numbers
+        model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+        params = PARAMS.model_copy(update={"learning_rate": 1e-12, "question_contrast": weight})  # no step
+        return stage_one.train(model, long_tail_rows(), long_tail_rows()[:4], CATALOG, params, seed=0,
+                               augment=AugmentParams(implicit=[])).history[1].train_loss
+
+    base = first_loss(0.0)
+    assert calls == []  # off: never computed
+    with_contrast = first_loss(0.5)
+    assert len(calls) == PARAMS.max_steps
+    trained_on = {CATALOG.index(r.class_id) for r in long_tail_rows()}
+    for shape, labels, temperature, _ in calls:
+        assert shape[0] == len(labels) == PARAMS.batch_size and temperature == PARAMS.temperature
+        assert set(labels) <= trained_on  # the batch's own gold classes
+    assert with_contrast == pytest.approx(base + 0.5 * sum(c[3] for c in calls) / len(calls), rel=1e-5)
+    assert with_contrast > base

@@ -8,6 +8,10 @@ In-batch augmentations (augment section): `prototype_mixup` (SharpReCL) puts eve
 standard question in every batch, adds a balanced set of mixed-up hard vectors and shifts the
 logits by the class prior; `cross_encoding` (CEAA) adds "question [SEP] standard question"
 inputs whose target is an "is relevant" / "is not relevant" text.
+
+`stage_one.question_contrast: w` adds w × supervised contrast among the batch's own questions (SharpReCL Eq. 2):
+each question is also pulled toward its classmates in the batch, which the exemplar rule ranks by. Under torchrun
+each process contrasts its own share of the batch.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 from tqc import distributed
 from tqc.config import AugmentParams, CrossEncodingParams, ModelParams, PrototypeMixupParams, StageOneParams
 from tqc.device import pick_device, seed_everything
-from tqc.losses import LossFn, class_log_prior, prior_offsets, same_class_mask
+from tqc.losses import LossFn, class_log_prior, prior_offsets, same_class_mask, supervised_contrastive
 from tqc.model.cross_encoding import joined_inputs, question_that_fits
 from tqc.model.encoder import BiEncoder
 from tqc.model.prototype_mixup import balanced_set, synthetic_share
@@ -87,6 +91,9 @@ def train(
             scores = scores + column_offsets[candidates].to(scores.device)  # (B, U)
         twins = twin_columns(groups, gold[rows], candidates, target)  # (B, U) or None
         loss = loss_fn(scores, target.to(questions.device), None if twins is None else twins.to(questions.device))
+        if params.question_contrast:
+            loss = loss + params.question_contrast * supervised_contrastive(
+                questions, gold[rows].to(questions.device), temperature=params.temperature)
         if mixup_term:
             loss = loss + mixup.weight * mixup_term(questions, gold[rows], standards)
         if cross_term:
