@@ -1,6 +1,7 @@
 """training.fit: early stopping on validation macro-F1, and a model that diverges mid-run."""
 
 import logging
+import random
 
 import numpy as np
 import pytest
@@ -9,7 +10,8 @@ from torch import nn
 
 from tqc.config import Schedule, StageTwoParams
 from tqc.metrics import summary
-from tqc.training import fit, stage_loss
+from tqc.device import autocast
+from tqc.training import adamw, batches, fit, linear_warmup, stage_loss, steps_per_epoch
 
 
 def test_an_epoch_whose_validation_scores_are_nan_counts_as_zero_and_the_best_epoch_is_kept(caplog):
@@ -96,3 +98,120 @@ def test_a_fit_read_back_from_its_history_file_is_the_fit_that_wrote_it(tmp_path
     (tmp_path / "other.csv").write_text("epoch,loss\n1,0.5\n")
     with pytest.raises(ValueError, match="other.csv: not a training history"):
         read_history(tmp_path / "other.csv")
+
+
+class _Events(logging.Handler):
+    """Collects tqc.training's log lines into a list that on_epoch writes to as well, so their order shows."""
+
+    def __init__(self, events: list):
+        super().__init__(logging.INFO)
+        self.events = events
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.events.append(("log", record.getMessage()))
+
+
+def _scripted_fit(figures: list[float], schedule: Schedule, keep: str = "best"):
+    """`fit` on a small model with dropout, whose validation macro-F1 is `figures`, epoch by epoch. Returns the result,
+    the log lines and on_epoch calls in their order, each epoch's weights as on_epoch saw them, the losses of each
+    epoch's steps, the rows each step trained on, and the model."""
+    torch.manual_seed(0)
+    model, inputs = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.3)), torch.randn(7, 3)  # (rows, features)
+    events, weights, losses, steps, scripted = [], {}, {}, [], iter(figures)
+
+    def batch_loss(rows):
+        steps.append(rows)
+        loss = model(inputs[rows]).pow(2).mean()
+        losses.setdefault(len(weights), []).append(loss.item())  # the epoch on_epoch sees next
+        return loss
+
+    def on_epoch(record):
+        events.append(("on_epoch", record))
+        weights[record.epoch] = {k: v.clone() for k, v in model.state_dict().items()}
+
+    handler, logger = _Events(events), logging.getLogger("tqc.training")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        result = fit(model, [{"params": model.parameters(), "lr": 0.05}], batch_loss, len(inputs),
+                     lambda: {"accuracy": 0.25, "macro_f1": next(scripted)}, schedule, seed=3, description="toy",
+                     on_epoch=on_epoch, keep=keep)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return result, events, weights, losses, steps, model
+
+
+def _epoch_line(record) -> tuple[str, str]:
+    return ("log", f"toy: epoch {record.epoch} loss {record.train_loss:.4f} validation accuracy 0.2500 "
+                   f"macro-F1 {record.validation_macro_f1:.4f} ({record.seconds:.1f}s)")
+
+
+def test_fit_keeps_the_first_best_epoch_stops_after_patience_epochs_without_a_gain_and_says_so_in_order():
+    """Pins fit's early stopping: a tie is no gain, the run stops `patience` epochs after the best one, the model ends
+    with the best epoch's weights, and the log lines and on_epoch calls come in their order, one record per epoch."""
+    figures = [0.2, 0.5, 0.4, 0.6, 0.55, 0.6, 0.9, 0.9]  # best at 3; 4 and 5 (a tie) no gain: stops after 5
+    result, events, weights, losses, _, model = _scripted_fit(figures, Schedule(epochs=7, batch_size=2, patience=2))
+    history = result.history
+    assert [r.epoch for r in history] == [0, 1, 2, 3, 4, 5]
+    assert [r.validation_macro_f1 for r in history] == figures[:6] and {r.validation_accuracy for r in history} == {0.25}
+    assert (result.best_epoch, result.best_validation_macro_f1) == (3, 0.6)
+    assert np.isnan(history[0].train_loss) and history[0].seconds == 0.0
+    assert [r.train_loss for r in history[1:]] == [float(np.mean(losses[epoch])) for epoch in range(1, 6)]
+    assert [len(losses[epoch]) for epoch in range(1, 6)] == [3] * 5  # 7 rows in twos: the lone seventh joins the third
+    assert result.seconds_per_epoch == float(np.mean([r.seconds for r in history[1:]]))
+    assert events == [("log", "toy: epoch 0 (start) validation macro-F1 0.2000"), ("on_epoch", history[0])] + [
+        event for record in history[1:] for event in (("on_epoch", record), _epoch_line(record))] + [
+        ("log", "toy: no validation gain for 2 epochs; stopping early"),
+        ("log", "toy: kept epoch 3 (validation macro-F1 0.6000)")]
+    kept = model.state_dict()
+    assert all(torch.equal(kept[k], weights[3][k]) for k in kept) and not torch.equal(kept["0.weight"], weights[5]["0.weight"])
+    assert not model.training
+
+
+def test_fit_that_never_gains_keeps_the_starting_weights_and_stops_after_patience():
+    result, events, weights, _, _, model = _scripted_fit([0.5, 0.5, 0.4, 0.9], Schedule(epochs=5, batch_size=2, patience=2))
+    assert [r.epoch for r in result.history] == [0, 1, 2] and result.best_epoch == 0
+    assert all(torch.equal(v, weights[0][k]) for k, v in model.state_dict().items())
+    assert events[-1] == ("log", "toy: kept epoch 0 (validation macro-F1 0.5000)")
+
+
+def test_fit_keep_last_calls_on_epoch_for_every_epoch_and_says_it_kept_the_last():
+    figures = [0.9, 0.5, 0.4, 0.3]
+    result, events, weights, _, _, model = _scripted_fit(figures, Schedule(epochs=3, batch_size=2, patience=1), keep="last")
+    history = result.history
+    assert [r.validation_macro_f1 for r in history] == figures
+    assert (result.best_epoch, result.best_validation_macro_f1) == (3, 0.3)
+    assert events == [("log", "toy: epoch 0 (start) validation macro-F1 0.9000"), ("on_epoch", history[0])] + [
+        event for record in history[1:] for event in (("on_epoch", record), _epoch_line(record))] + [
+        ("log", "toy: kept the last epoch, 3 (validation macro-F1 0.3000)")]
+    assert all(torch.equal(v, weights[3][k]) for k, v in model.state_dict().items()) and not model.training
+
+
+@pytest.mark.parametrize("keep", ["best", "last"])
+def test_fit_trains_exactly_as_a_plain_loop_over_its_seeded_batches(keep):
+    """Pins fit's random draws and their order: one random.Random(seed) shuffles every epoch's batches in turn,
+    dropout draws from torch's global stream (one process: fit does not reseed it), nothing else draws, and AdamW and
+    the linear warm-up schedule are built over the whole run's steps. The weights match a plain loop bit for bit."""
+    schedule = Schedule(epochs=3, batch_size=2, warmup_ratio=0.3, weight_decay=0.1, patience=5)
+    rising = [0.1, 0.2, 0.3, 0.4]  # every epoch a gain: keep="best" keeps the last one too
+    result, _, _, _, steps, model = _scripted_fit(rising, schedule, keep=keep)
+    assert result.best_epoch == 3
+
+    torch.manual_seed(0)
+    plain, inputs = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.3)), torch.randn(7, 3)
+    optimizer = adamw([{"params": plain.parameters(), "lr": 0.05}], schedule.weight_decay)
+    scheduler = linear_warmup(optimizer, 3 * steps_per_epoch(7, 2, None), schedule.warmup_ratio)
+    rng, order = random.Random(3), []
+    plain.train()
+    for _ in range(3):
+        for rows in batches(7, 2, rng, None):
+            order.append(rows)
+            with autocast(torch.device("cpu")):
+                (plain(inputs[rows]).pow(2).mean() * 1.0).backward()
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+    assert steps == order
+    assert all(torch.equal(v, plain.state_dict()[k]) for k, v in model.state_dict().items())
