@@ -175,52 +175,93 @@ def fit(
     early-stopping choice.
     """
     check_rows_per_process(n_rows, description)
-    epochs, batch_size, max_steps, patience = schedule.epochs, schedule.batch_size, schedule.max_steps, schedule.patience
-    rng = random.Random(seed)
-    optimizer = adamw(param_groups, schedule.weight_decay)
-    scheduler = linear_warmup(optimizer, steps_per_epoch(n_rows, batch_size, max_steps) * epochs, schedule.warmup_ratio)
+    rng = random.Random(seed)  # the batches' order: alike in every process
+    optimizer, scheduler = _optimizer_and_schedule(param_groups, schedule, n_rows)
     device = next(model.parameters()).device
     distributed.broadcast_parameters(model)
-    distributed.seed_own_stream(seed)  # the batches' order is `rng`'s, alike in every process; dropout is not
+    distributed.seed_own_stream(seed)  # dropout, unlike the batches' order, is each process's own
     on_epoch = on_epoch if distributed.is_main() else None  # tracking and callbacks: rank 0 only
 
     history = [_record(0, math.nan, _validated(validate, description, 0), 0.0)]
-    best_f1, best_epoch = history[0].validation_macro_f1, 0
-    best_state = _snapshot(model) if keep == "best" else None  # a copy of the weights: none needed to keep the last
-    log.info("%s: epoch 0 (start) validation macro-F1 %.4f", description, best_f1)
-    if on_epoch:
-        on_epoch(history[0])
-    for epoch in range(1, epochs + 1):
+    kept = _KeptEpoch(model, keep, schedule.patience, history[0])
+    _report_start(history[0], description, on_epoch)
+    for epoch in range(1, schedule.epochs + 1):
         started = time.perf_counter()
-        progress = tqdm(batches(n_rows, batch_size, rng, max_steps), desc=f"{description} epoch {epoch}/{epochs}", leave=False,
-                        disable=not distributed.is_main())
+        progress = _epoch_batches(n_rows, schedule, rng, description, epoch)
         mean_loss = _train_epoch(model, batch_loss, progress, optimizer, scheduler, device)
         train_seconds = time.perf_counter() - started  # the epoch's training steps only, not validation
-        record = _record(epoch, mean_loss, _validated(validate, description, epoch), train_seconds)
-        history.append(record)
-        if on_epoch:
-            on_epoch(record)
-        log.info(
-            "%s: epoch %d loss %.4f validation accuracy %.4f macro-F1 %.4f (%.1fs)",
-            description, epoch, record.train_loss, record.validation_accuracy, record.validation_macro_f1, record.seconds,
-        )
-        if keep == "last":
-            continue
-        if record.validation_macro_f1 > best_f1:
-            best_f1, best_epoch, best_state = record.validation_macro_f1, epoch, _snapshot(model)
-        elif epoch - best_epoch >= patience:
-            log.info("%s: no validation gain for %d epochs; stopping early", description, patience)
+        history.append(_record(epoch, mean_loss, _validated(validate, description, epoch), train_seconds))
+        _report_epoch(history[-1], description, on_epoch)
+        if kept.stops_after(history[-1], model, description):
             break
-    if keep == "last":
+    return kept.restore(model, history, description)
+
+
+def _optimizer_and_schedule(param_groups: list[dict], schedule: Schedule, n_rows: int):
+    """AdamW over `param_groups` and its linear warm-up and decay over the whole run's steps, in that order."""
+    optimizer = adamw(param_groups, schedule.weight_decay)
+    total_steps = steps_per_epoch(n_rows, schedule.batch_size, schedule.max_steps) * schedule.epochs
+    return optimizer, linear_warmup(optimizer, total_steps, schedule.warmup_ratio)
+
+
+def _epoch_batches(n_rows: int, schedule: Schedule, rng: random.Random, description: str, epoch: int) -> tqdm:
+    """The epoch's batches (`rng`'s next shuffle) behind a progress bar, shown by rank 0 only."""
+    return tqdm(batches(n_rows, schedule.batch_size, rng, schedule.max_steps),
+                desc=f"{description} epoch {epoch}/{schedule.epochs}", leave=False, disable=not distributed.is_main())
+
+
+def _report_start(record: EpochRecord, description: str, on_epoch: Callable[[EpochRecord], None] | None) -> None:
+    log.info("%s: epoch 0 (start) validation macro-F1 %.4f", description, record.validation_macro_f1)
+    if on_epoch:
+        on_epoch(record)
+
+
+def _report_epoch(record: EpochRecord, description: str, on_epoch: Callable[[EpochRecord], None] | None) -> None:
+    if on_epoch:
+        on_epoch(record)
+    log.info(
+        "%s: epoch %d loss %.4f validation accuracy %.4f macro-F1 %.4f (%.1fs)",
+        description, record.epoch, record.train_loss, record.validation_accuracy, record.validation_macro_f1,
+        record.seconds,
+    )
+
+
+class _KeptEpoch:
+    """Which epoch's weights `fit` hands back, and when it stops. keep="best": the first epoch with the highest
+    validation macro-F1, its weights copied as it ends; training stops once `patience` epochs passed without a gain (a
+    tie is none). keep="last": every epoch runs and the model keeps its last weights, so nothing is copied."""
+
+    def __init__(self, model: nn.Module, keep: Literal["best", "last"], patience: int, start: EpochRecord):
+        self.keep, self.patience = keep, patience
+        self.best_f1, self.best_epoch = start.validation_macro_f1, start.epoch
+        self.best_state = _snapshot(model) if keep == "best" else None
+
+    def stops_after(self, record: EpochRecord, model: nn.Module, description: str) -> bool:
+        """Whether training stops after `record`'s epoch, whose weights `model` holds; a gain copies them."""
+        if self.keep == "last":
+            return False
+        if record.validation_macro_f1 > self.best_f1:
+            self.best_f1, self.best_epoch, self.best_state = record.validation_macro_f1, record.epoch, _snapshot(model)
+            return False
+        if record.epoch - self.best_epoch >= self.patience:
+            log.info("%s: no validation gain for %d epochs; stopping early", description, self.patience)
+            return True
+        return False
+
+    def restore(self, model: nn.Module, history: list[EpochRecord], description: str) -> FitResult:
+        """`model` with the kept epoch's weights, in eval mode (dropout and cutoff off for whoever calls it next), and
+        the fit `history` records, whose best epoch is the kept one."""
+        if self.keep == "last":
+            model.eval()
+            last = history[-1]
+            log.info("%s: kept the last epoch, %d (validation macro-F1 %.4f)", description, last.epoch,
+                     last.validation_macro_f1)
+            return replace(FitResult.of(history), best_epoch=last.epoch,
+                           best_validation_macro_f1=last.validation_macro_f1)
+        model.load_state_dict(self.best_state)
         model.eval()
-        log.info("%s: kept the last epoch, %d (validation macro-F1 %.4f)", description, history[-1].epoch,
-                 history[-1].validation_macro_f1)
-        return replace(FitResult.of(history), best_epoch=history[-1].epoch,
-                       best_validation_macro_f1=history[-1].validation_macro_f1)
-    model.load_state_dict(best_state)
-    model.eval()  # the kept weights as they score: dropout and cutoff off for whoever calls the model next
-    log.info("%s: kept epoch %d (validation macro-F1 %.4f)", description, best_epoch, best_f1)
-    return FitResult.of(history)
+        log.info("%s: kept epoch %d (validation macro-F1 %.4f)", description, self.best_epoch, self.best_f1)
+        return FitResult.of(history)
 
 
 def check_rows_per_process(n_rows: int, description: str) -> None:
