@@ -692,6 +692,92 @@ def test_tqc_validate_says_a_repeat_delivery_adds_nothing_as_the_flow_would_and_
     assert code == 2 and "theirs.csv: unusable: cannot be read (Permission denied)" in out
 
 
+def test_tqc_validate_says_a_delivery_file_by_file_unusable_ones_then_repeats_then_each_judged_file_and_its_rows(
+        project, capsys, monkeypatch):
+    """The whole of what `tqc validate FILE…` prints for a delivery with every kind of file, in its order: the files
+    the flow would not read (a folder, a missing file, another suffix, a second file of a name, an unreadable one),
+    then the repeats, then each judged file as the flow stages it (catalogs first, then by name), each with its
+    quarantined rows by line. Any file unusable: exit 2."""
+    from tqc.cli import main
+
+    outside = project / "to-check"
+    (outside / "a-folder.csv").mkdir(parents=True)
+    (outside / "notes.txt").write_text("question,label\nwhere is the sea,LOC\n")
+    who = unseen_questions(project, "HUM", 1)[0]
+    for folder in ("monday", "tuesday"):
+        (outside / folder).mkdir()
+        (outside / folder / "x.csv").write_text(f"question,label\n{who},HUM\n")
+    (outside / "theirs.csv").write_text("question,label\nwhere is the sea,LOC\n")
+    first, kept, unknown = unseen_questions(project, "LOC", 3)
+    (outside / "copy.csv").write_text(f"question,label\n{first},LOC\n")
+    (outside / "copy-again.csv").write_bytes((outside / "copy.csv").read_bytes())
+    (outside / "catalog-more.csv").write_text("class_id,text\nLOC,Where is the place?\nFOOD,What should I eat?\n")
+    (outside / "mixed.csv").write_text(f"question,label\n{kept},LOC\n{unknown},NOPE\n{kept},LOC\n")
+    (outside / "keyed-text.jsonl").write_text(json.dumps({"text": "where is it", "label": "LOC"}) + "\n")
+    real_sha256 = steps.sha256
+    monkeypatch.setattr(steps, "sha256", lambda path: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+                        if path.name == "theirs.csv" else real_sha256(path))
+    given = ["mixed.csv", "a-folder.csv", "missing.csv", "notes.txt", "monday/x.csv", "tuesday/x.csv", "theirs.csv",
+             "copy.csv", "copy-again.csv", "catalog-more.csv", "keyed-text.jsonl"]
+
+    with pytest.raises(SystemExit) as ended:
+        main(["validate", *(str(outside / name) for name in given)])
+
+    assert ended.value.code == 2
+    assert capsys.readouterr().out.splitlines() == [
+        f"{outside}/a-folder.csv: unusable: not a file",
+        f"{outside}/missing.csv: unusable: no such file",
+        f"{outside}/notes.txt: unusable: the retrain flow reads only .csv, .jsonl, .ndjson files",
+        f"{outside}/tuesday/x.csv: unusable: named as {outside}/monday/x.csv: an inbox holds one file of a name, so "
+        "rename one to deliver both",
+        f"{outside}/theirs.csv: unusable: cannot be read (Permission denied)",
+        # the inbox's order is by name: copy-again.csv comes first, so copy.csv is its repeat
+        f"{outside}/copy.csv: a repeat of {outside}/copy-again.csv (the same bytes): the flow would archive it, adding "
+        "nothing",
+        f"{outside}/catalog-more.csv: 2 class(es) read, 1 would be accepted as new classes, 0 quarantined (1 known "
+        "class(es) as the catalog has them)",
+        f"{outside}/copy-again.csv: 1 rows read, 1 would be accepted, 0 quarantined",
+        f"{outside}/keyed-text.jsonl: unusable: {outside}/keyed-text.jsonl: missing column(s) ['question'] in all 1 "
+        "record(s): line 1 has ['text', 'label'] (named by data.custom.text_column)",
+        f"{outside}/mixed.csv: 3 rows read, 1 would be accepted, 2 quarantined",
+        f"  line 3: label_in_catalog: 'NOPE' is no class of the catalog (a delivery adds a class with a catalog*.csv "
+        f"file of its standard question beside the rows): {{'text': {unknown!r}, 'class_id': 'NOPE'}}",
+        f"  line 4: no_duplicates: duplicate of {outside}/mixed.csv, line 2: {{'text': {kept!r}, 'class_id': 'LOC'}}",
+        f"{outside}/monday/x.csv: 1 rows read, 1 would be accepted, 0 quarantined",
+    ]
+
+
+def test_tqc_validate_without_data_additions_or_with_unreadable_current_data_is_exit_2_saying_so(project, capsys):
+    """What the files are judged against cannot be built: data.additions unset (the flow merges there), or its
+    merged questions unreadable. One line says why, after the files already found unusable; exit 2."""
+    import yaml
+
+    from tqc.cli import main
+
+    def validate(*paths: Path) -> tuple[int, str]:
+        with pytest.raises(SystemExit) as ended:
+            main(["validate", *map(str, paths)])
+        return ended.value.code, capsys.readouterr().out
+
+    batch, notes = project / "batch.csv", project / "notes.txt"
+    batch.write_text(f"question,label\n{unseen_questions(project, 'LOC', 1)[0]},LOC\n")
+    notes.write_text(batch.read_text())
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    (project / "params.yaml").write_text(yaml.safe_dump({**params, "data": {**params["data"], "additions": None}}))
+    assert validate(batch, notes) == (2, f"{notes}: unusable: the retrain flow reads only .csv, .jsonl, .ndjson files\n"
+                                         "the retrain flow merges into data.additions, which is not set in params.yaml; "
+                                         "--against data/validated checks against the last dvc repro's data instead\n")
+    # no file to judge: nothing needs data.additions
+    assert validate(notes) == (2, f"{notes}: unusable: the retrain flow reads only .csv, .jsonl, .ndjson files\n")
+
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    (project / "data" / "raw" / "labeled.jsonl").write_text('{"text": "where is it", "class_id": "LOC"}\nnot json\n')
+    code, out = validate(batch)
+    assert code == 2 and out.startswith("the current data to check against cannot be read: ")
+    assert out.endswith("labeled.jsonl, line 2: not valid JSON: Expecting value: line 1 column 1 (char 0)\n")
+    assert out.count("\n") == 1
+
+
 def test_a_delivered_copy_of_a_question_the_data_holds_under_two_labels_is_quarantined_when_judged(project):
     """The training run's validate quarantines every copy of a contested question, the delivered one too: the
     delivery is judged against the ingested rows it will be validated with, not validate's output (which lacks both)."""
