@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tqc import retrain
 from tqc.config import ConfigError, Params
 from tqc.readers import ReaderError, labels_read_as_catalog, read_custom_table, require_rows
 from tqc.schema import Catalog, LabeledQuestion, load_questions
@@ -113,11 +114,22 @@ def main(path: Path, against: Path, params: Params) -> int:
 def check_delivery(paths: list[Path], params: Params) -> int:
     """The files judged as the retrain flow's staging step judges an inbox delivery (`retrain.stage`, in a scratch
     folder: nothing is merged), printed a file at a time with each quarantined row; the exit code as `main`'s."""
-    import tempfile
-
-    from tqc import retrain
-
     paths = list({path.resolve(): path for path in paths}.values())  # a file given twice, or spelt two ways, is one
+    unread, digests = _unread_and_hashed(paths)
+    for path, why in unread.items():
+        print(f"{path}: unusable: {why}")
+    staged = _staged(_new_files(digests, params), params)
+    if staged is None:
+        return UNUSABLE
+    worst = UNUSABLE if unread else CLEAN
+    for outcome in staged.outcomes:
+        worst = max(worst, _say_outcome(outcome, staged))
+    return worst
+
+
+def _unread_and_hashed(paths: list[Path]) -> tuple[dict[Path, str], dict[Path, str]]:
+    """({file: why the flow would not read it}, {file: its sha256}) of `paths`: a folder or missing file, another
+    suffix, a second file of a name, a file that cannot be read."""
     unread = {path: "not a file" if path.exists() else "no such file" for path in paths if not path.is_file()}
     unread |= {path: f"the retrain flow reads only {', '.join(sorted(retrain.SUFFIXES))} files" for path in paths
                if path not in unread and path.suffix.lower() not in retrain.SUFFIXES}
@@ -128,8 +140,12 @@ def check_delivery(paths: list[Path], params: Params) -> int:
             digests[path] = retrain.sha256(path)
         except OSError as exc:  # the flow leaves such a file in the inbox, said each run
             unread[path] = f"cannot be read ({exc.strerror or exc})"
-    for path, why in unread.items():
-        print(f"{path}: unusable: {why}")
+    return unread, digests
+
+
+def _new_files(digests: dict[Path, str], params: Params) -> list[retrain.Incoming]:
+    """The files of `digests` the flow would judge, in its order; each repeat (its bytes merged before, or an earlier
+    file's) is said, not judged."""
     # in the inbox's order, as the flow reads them: which of two copies is the duplicate or the repeat follows from it
     ordered = [retrain.Incoming(path, digest) for path, digest in sorted(digests.items(), key=lambda item: item[0].name)]
     files, repeats = retrain.split_repeats(ordered, params.retrain)
@@ -140,33 +156,40 @@ def check_delivery(paths: list[Path], params: Params) -> int:
         twin = first_with[incoming.sha256]
         print(f"{incoming.path}: a repeat of {twin if twin != incoming.path else 'a file the flow merged'} (the same "
               "bytes): the flow would archive it, adding nothing")
+    return files
+
+
+def _staged(files: list[retrain.Incoming], params: Params) -> retrain.Staged | None:
+    """`files` staged as the flow stages them, in a scratch folder deleted after; None, said why, where the current
+    data they are judged against cannot be built."""
+    import tempfile
+
     with (tempfile.TemporaryDirectory(prefix="tqc-validate-") as scratch, quiet(*_CURRENT_DATA_LOGGERS),
           _only_about([incoming.path for incoming in files], "tqc.readers")):
         try:
             # checking: what the flow's layout guards (an inbox or work_dir holding data.additions) is not at stake
             # here, where nothing is emptied or archived; the flow itself refuses it
-            staged = (retrain.stage(files, params, Path(scratch), checking=True) if files
-                      else retrain.Staged(Path(scratch)))
+            return (retrain.stage(files, params, Path(scratch), checking=True) if files
+                    else retrain.Staged(Path(scratch)))
         except ConfigError as exc:  # data.additions unset: the flow's data cannot be built
             print(f"{exc}; --against data/validated checks against the last dvc repro's data instead")
-            return UNUSABLE
         except (OSError, ValueError) as exc:  # the current data: its reader names the file and line
             print(f"the current data to check against cannot be read: {exc}")
-            return UNUSABLE
-    worst = UNUSABLE if unread else CLEAN
-    for outcome in staged.outcomes:
-        if outcome.outcome == "unusable":
-            print(f"{outcome.file}: unusable: {outcome.reason}")
-            worst = UNUSABLE
-            continue
-        what = "class(es)" if outcome.kind == "catalog" else "rows"
-        print(f"{outcome.file}: {outcome.read} {what} read, {outcome.accepted} would be accepted"
-              f"{' as new classes' if outcome.kind == 'catalog' else ''}, {outcome.quarantined} quarantined"
-              + (f" ({outcome.reason})" if outcome.reason else ""))
-        for row in (r for r in staged.rows_quarantined if r["file"] == outcome.file):
-            print(f"  line {row['line']}: {row['reason']}: {row['content']!r}")
-        worst = max(worst, QUARANTINED if outcome.quarantined else CLEAN)
-    return worst
+    return None
+
+
+def _say_outcome(outcome: retrain.FileOutcome, staged: retrain.Staged) -> int:
+    """Prints a staged file's outcome, then its quarantined rows by line; its exit code."""
+    if outcome.outcome == "unusable":
+        print(f"{outcome.file}: unusable: {outcome.reason}")
+        return UNUSABLE
+    what = "class(es)" if outcome.kind == "catalog" else "rows"
+    print(f"{outcome.file}: {outcome.read} {what} read, {outcome.accepted} would be accepted"
+          f"{' as new classes' if outcome.kind == 'catalog' else ''}, {outcome.quarantined} quarantined"
+          + (f" ({outcome.reason})" if outcome.reason else ""))
+    for row in (r for r in staged.rows_quarantined if r["file"] == outcome.file):
+        print(f"  line {row['line']}: {row['reason']}: {row['content']!r}")
+    return QUARANTINED if outcome.quarantined else CLEAN
 
 
 def _same_names(paths: list[Path]) -> dict[Path, str]:
