@@ -482,6 +482,72 @@ def test_exemplar_vectors_are_keyed_by_the_questions_encoded_not_by_a_file_that_
     assert [len(texts) for texts in encoded] == [4, 5]  # the third call read the second's entry
 
 
+def _counting_encoder(width: int = 8):
+    """A stand-in for a BiEncoder whose question encoder counts the rows it encodes: (M, width) random vectors."""
+    from types import SimpleNamespace
+
+    encoded = []
+
+    def encode(texts, description=""):
+        encoded.append(len(texts))
+        return torch.randn(len(texts), width)  # (M, D)
+
+    return SimpleNamespace(question=SimpleNamespace(encode=encode, hidden_size=width)), encoded
+
+
+def test_exemplar_vectors_are_read_from_a_whole_registered_entry_else_a_whole_cache_entry_else_encoded(tmp_path, caplog):
+    """Where `_encoded_exemplars` reads its vectors: not cached without the weights' digest; a version's registered
+    entry (any slot, this entry's key), never written to; else the cache's entry; else encoded and written to the
+    cache. An entry that is damaged or does not fit (cut short, no vectors, NaN, another shape) is encoded again."""
+    from safetensors.torch import load_file, save_file
+
+    from tqc.schema import LabeledQuestion
+    from tqc.serving import _cache_key, _encoded_exemplars
+
+    model, encoded = _counting_encoder()
+    rows = [LabeledQuestion("where is paris", "loc"), LabeledQuestion("who wrote it", "hum")]
+    digest, exemplars, cache, shipped = {"weights": "w"}, tmp_path / "train.jsonl", tmp_path / "cache", tmp_path / "shipped"
+    slot, entry = _cache_key(digest, rows, exemplars)
+    cached = cache / f"{slot}-{entry}.safetensors"
+
+    assert _encoded_exemplars(model, rows, None, exemplars, cache).shape == (2, 8)  # no digest: encoded, not cached
+    assert encoded == [2] and not cache.exists()
+
+    shipped.mkdir()
+    registered = torch.randn(2, 8)
+    save_file({"vectors": registered}, str(shipped / f"{'0' * 16}-{entry}.safetensors"))  # slot: another file's path
+    assert torch.equal(_encoded_exemplars(model, rows, digest, exemplars, cache, shipped), registered)
+    assert encoded == [2] and not cache.exists()
+
+    said = f"{shipped}: no registered vectors for these weights, rows and encoding code; the exemplars are encoded"
+    damaged = (shipped / f"{'0' * 16}-{entry}.safetensors").read_bytes()[:-9]
+    (shipped / f"{'0' * 16}-{entry}.safetensors").write_bytes(damaged)
+    with caplog.at_level("INFO", logger="tqc.serving"):
+        vectors = _encoded_exemplars(model, rows, digest, exemplars, cache, shipped)
+    assert encoded == [2, 2] and [r.getMessage() for r in caplog.records] == [said]
+    assert (shipped / f"{'0' * 16}-{entry}.safetensors").read_bytes() == damaged  # the registered entry is never written
+    assert [path.name for path in cache.iterdir()] == [cached.name] and torch.equal(load_file(cached)["vectors"], vectors)
+
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tqc.serving"):  # no registered folder: said, and the cache's entry is read
+        assert torch.equal(_encoded_exemplars(model, rows, digest, exemplars, cache, tmp_path / "nowhere"), vectors)
+    assert encoded == [2, 2] and [r.getMessage() for r in caplog.records] == [said.replace(str(shipped), str(tmp_path / "nowhere"))]
+    assert torch.equal(_encoded_exemplars(model, rows, digest, exemplars, cache), vectors) and encoded == [2, 2]
+
+    for bad in ({"vectors": torch.full((2, 8), float("nan"))}, {"other": torch.zeros(2, 8)}, {"vectors": torch.zeros(16)},
+                {"vectors": torch.zeros(3, 8)}, {"vectors": torch.zeros(2, 8, dtype=torch.float64)}, None):
+        if bad is None:
+            cached.write_bytes(cached.read_bytes()[:-9])  # cut short
+        else:
+            save_file(bad, str(cached))
+        again = _encoded_exemplars(model, rows, digest, exemplars, cache)
+        assert again.shape == (2, 8) and torch.equal(load_file(cached)["vectors"], again)  # encoded again, replaced
+    assert encoded == [2, 2] + [2] * 6
+
+    assert _encoded_exemplars(model, rows, digest, exemplars, None).shape == (2, 8)  # no cache: encoded every call
+    assert encoded[-1] == 2 and len(encoded) == 9
+
+
 def test_registering_exemplar_vectors_hashes_the_exemplar_questions_once(tiny_model_dir, tmp_path, monkeypatch):
     """Promote's `_registered_vectors` keyed its entry, then `_encoded_exemplars` keyed it again: every exemplar
     question hashed twice. The key is passed along; the entry registered is the one a cache of the same rows holds."""
