@@ -164,45 +164,65 @@ def _encoded_exemplars(model, rows, model_digest: dict | None, exemplars_file: P
     entry replaces the one this model made of the same file before, so the folder keeps one per model and file, and
     only the `EXEMPLAR_CACHE_ENTRIES` used last: each retrain is a new model, whose entries would otherwise pile up
     (TREC-50's rows take 7.7 MB an entry)."""
-    import torch
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file, save_file
-
-    from tqc.io import atomic_path
-
-    def encode():
-        return model.question.encode([q.text for q in rows], description="encoding exemplars")
-
-    def read(path: Path):
-        """The entry's vectors, or None where it is damaged (encoded again, and replaced in a cache)."""
-        try:
-            vectors = load_file(path)["vectors"]
-        except (SafetensorError, KeyError, OSError):
-            return None
-        whole = (vectors.ndim == 2 and vectors.shape == (len(rows), model.question.hidden_size)
-                 and vectors.dtype == torch.float32 and bool(torch.isfinite(vectors).all()))
-        return vectors if whole else None
-
     if model_digest is None:
-        return encode()
+        return _encode_exemplars(model, rows)
     slot, entry = key or _cache_key(model_digest, rows, exemplars_file)
-    # The registered entry's slot named the file where it was registered; a version's rows are its own copy, so
-    # the entry's key alone says they are the same questions encoded by the same weights and code
-    registered = sorted(shipped.glob(f"*-{entry}.safetensors")) if shipped is not None and shipped.is_dir() else []
-    vectors = read(registered[0]) if registered else None
+    vectors = _registered_entry(shipped, entry, model, rows)
     if vectors is not None:
         return vectors
-    if shipped is not None:  # another torch or transformers where it is served, say: said, since it costs the load time
-        logging.getLogger(__name__).info("%s: no registered vectors for these weights, rows and encoding code; the "
-                                         "exemplars are encoded", shipped)
     if cache_dir is None:
-        return encode()
+        return _encode_exemplars(model, rows)
     path = Path(cache_dir) / f"{slot}-{entry}.safetensors"
-    vectors = read(path) if path.exists() else None
+    vectors = _whole_entry(path, model, rows) if path.exists() else None
     if vectors is not None:
         _touch(path)  # used: kept over entries used longer ago
         return vectors
-    vectors = encode()
+    vectors = _encode_exemplars(model, rows)
+    _write_entry(cache_dir, path, slot, vectors)
+    return vectors
+
+
+def _encode_exemplars(model, rows):
+    return model.question.encode([q.text for q in rows], description="encoding exemplars")  # (M, D)
+
+
+def _registered_entry(shipped: Path | None, entry: str, model, rows):
+    """The (M, D) vectors registered with a version under `entry`'s key, or None: none registered, or damaged (said)."""
+    if shipped is None:
+        return None
+    # The registered entry's slot named the file where it was registered; a version's rows are its own copy, so
+    # the entry's key alone says they are the same questions encoded by the same weights and code
+    registered = sorted(shipped.glob(f"*-{entry}.safetensors")) if shipped.is_dir() else []
+    vectors = _whole_entry(registered[0], model, rows) if registered else None
+    if vectors is None:  # another torch or transformers where it is served, say: said, since it costs the load time
+        logging.getLogger(__name__).info("%s: no registered vectors for these weights, rows and encoding code; the "
+                                         "exemplars are encoded", shipped)
+    return vectors
+
+
+def _whole_entry(path: Path, model, rows):
+    """The entry's (M, D) vectors, or None where it is damaged or does not fit `rows` and `model` (encoded again, and
+    replaced in a cache)."""
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        vectors = load_file(path)["vectors"]
+    except (SafetensorError, KeyError, OSError):
+        return None
+    whole = (vectors.ndim == 2 and vectors.shape == (len(rows), model.question.hidden_size)
+             and vectors.dtype == torch.float32 and bool(torch.isfinite(vectors).all()))
+    return vectors if whole else None
+
+
+def _write_entry(cache_dir: Path, path: Path, slot: str, vectors) -> None:
+    """`vectors` (M, D) written to the cache as its entry `path`, atomically, in place of the one `slot` held before;
+    then only the `EXEMPLAR_CACHE_ENTRIES` used last are kept."""
+    from safetensors.torch import save_file
+
+    from tqc.io import atomic_path
+
     try:
         with atomic_path(path) as tmp:
             save_file({"vectors": vectors.contiguous()}, str(tmp))
@@ -213,7 +233,6 @@ def _encoded_exemplars(model, rows, model_digest: dict | None, exemplars_file: P
     except OSError as exc:  # a cache that cannot be written (read-only home, full disk) costs time, never the answers
         logging.getLogger(__name__).warning("exemplar cache %s not written (%s): the questions are encoded again next time; "
                                             "--exemplar-cache none skips the cache", cache_dir, exc)
-    return vectors
 
 
 def _cache_key(model_digest: dict, rows, exemplars_file: Path) -> tuple[str, str]:
