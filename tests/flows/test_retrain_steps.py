@@ -773,9 +773,10 @@ def test_tqc_validate_without_data_additions_or_with_unreadable_current_data_is_
     (project / "params.yaml").write_text(yaml.safe_dump(params))
     (project / "data" / "raw" / "labeled.jsonl").write_text('{"text": "where is it", "class_id": "LOC"}\nnot json\n')
     code, out = validate(batch)
-    assert code == 2 and out.startswith("the current data to check against cannot be read: ")
-    assert out.endswith("labeled.jsonl, line 2: not valid JSON: Expecting value: line 1 column 1 (char 0)\n")
-    assert out.count("\n") == 1
+    # named where it is kept, not as the scratch folder's copy that was read, deleted once the check ends
+    additions = load_params(project / "params.yaml").data.additions
+    assert (code, out) == (2, f"the current data to check against cannot be read: {Path(additions) / 'labeled.jsonl'}, "
+                              "line 2: not valid JSON: Expecting value: line 1 column 1 (char 0)\n")
 
 
 def test_a_delivered_copy_of_a_question_the_data_holds_under_two_labels_is_quarantined_when_judged(project):
