@@ -59,7 +59,7 @@ def local_or_shared_registry(request, registry):
 
 
 def test_the_alias_moves_to_a_better_challenger_and_stays_for_a_worse_one(tiny_model_dir, data_dir, tmp_path,
-                                                                          local_or_shared_registry):
+                                                                          local_or_shared_registry, caplog):
     registry = local_or_shared_registry
     import mlflow
 
@@ -68,7 +68,7 @@ def test_the_alias_moves_to_a_better_challenger_and_stays_for_a_worse_one(tiny_m
     reports = []
     tags_of_v1 = []
     for model_dir in (weak, strong, weak):
-        with standalone_run("promote", registry) as tracker:
+        with standalone_run("promote", registry) as tracker, caplog.at_level("INFO", logger="tqc.stages.promote"):
             reports.append(promote.run(data_dir, model_dir, None, params, tmp_path / "promotion.json", tracker))
         tags_of_v1.append(mlflow.MlflowClient().get_model_version("tqc-admc", "1").tags)
 
@@ -88,6 +88,12 @@ def test_the_alias_moves_to_a_better_challenger_and_stays_for_a_worse_one(tiny_m
     # v1's tag follows the alias: champion, then superseded by v2, then (judged again) rejected against v2.
     assert [t["promotion"] for t in tags_of_v1] == ["champion", "superseded", "rejected"]
     assert tags_of_v1[1]["superseded_by"] == "2"
+    # promote's last line: the version, where the alias is now, and every reason
+    said = [r.getMessage() for r in caplog.records if r.name == "tqc.stages.promote" and r.getMessage().startswith(
+        "promote: tqc-admc v")]
+    assert said == [f"promote: tqc-admc v{version} {where}; " + "; ".join(report["reasons"])
+                    for version, where, report in zip(("1", "2", "1"), ("is now champion", "is now champion",
+                                                                        "not promoted (champion stays v2)"), reports)]
     assert mlflow.MlflowClient().get_model_version("tqc-admc", "2").tags["promotion"] == "champion"
     assert str(mlflow.MlflowClient().get_model_version_by_alias("tqc-admc", "champion").version) == "2"
 
