@@ -16,7 +16,7 @@ import logging
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -62,6 +62,18 @@ class _Standing:
     rolled_back: tuple[str, str] | None  # (the version a person took the alias from, when): `_taken_by_hand`
     same_answers: bool  # it gives the champion's answers, served otherwise (`_gives_champions_answers`)
 
+    @classmethod
+    def of(cls, client, params: PromoteParams, champion: _Champion, challenger: _Challenger, model_dir: Path,
+           data_dir: Path, prior_path: Path | None) -> _Standing:
+        is_champion = champion.version == challenger.version
+        # A version a person took the alias from (a rollback) found again by its digest, as any re-run of promote on
+        # unchanged weights finds it, or registered again with its answers (another top_k): the gate, which it passed
+        # once, would hand the alias back unasked
+        rolled_back = None if is_champion else _taken_by_hand(client, params, challenger.version,
+                                                               challenger.answers_digest)
+        return cls(is_champion, rolled_back, not is_champion and _gives_champions_answers(
+            client, params, champion, challenger, model_dir, data_dir, prior_path))
+
 
 @dataclass(frozen=True)
 class _Asked:
@@ -77,6 +89,14 @@ class _Asked:
     def of(cls, catalog: Catalog, train: list[LabeledQuestion], validation: list[LabeledQuestion],
            unseen: list[LabeledQuestion]) -> _Asked:
         return cls(catalog, train, validation, unseen, np.array([catalog.index(q.class_id) for q in unseen], dtype=int))
+
+
+class _Judged(NamedTuple):
+    """The gate's answer (`_judge`): each version's (N,) first answers to `_Asked.unseen`, and its decision."""
+    challenger: np.ndarray
+    champion: np.ndarray | None  # None where there is no champion, or none comparable
+    incomparable: bool  # the champion answers with classes this catalog lacks (`_incomparable`)
+    decision: Decision
 
 
 def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: PromoteParams, report_path: Path, tracker: Tracker,
@@ -113,27 +133,25 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     _raise_if_unreadable(params.model_name, champion, challenger.version)
     if champion.holder is not None:
         _tags_follow_the_alias(client, params.model_name, champion.holder)
-    is_champion = champion.version == challenger.version  # the same content as the champion: its tags and alias stay
-    # A version a person took the alias from (a rollback) found again by its digest, as any re-run of promote on
-    # unchanged weights finds it, or registered again with its answers (another top_k): the gate, which it passed
-    # once, would hand the alias back unasked
-    rolled_back = None if is_champion else _taken_by_hand(client, params, challenger.version, challenger.answers_digest)
-    standing = _Standing(is_champion, rolled_back, not is_champion and _gives_champions_answers(
-        client, params, champion, challenger, model_dir, data_dir, prior_path))
-    asked = _Asked.of(catalog, train, validation, _unseen(validation, learnt, None if is_champion else champion.learnt))
-    challenger_answers, champion_answers, incomparable, decision = _judge(client, params, seed, champion, challenger,
-                                                                          standing, asked)
-    decision = _overridden(decision, params, challenger.version, champion.version, standing, incomparable)
-    report = _report(params, challenger, champion.version, decision, asked, challenger_answers, champion_answers)
+    standing = _Standing.of(client, params, champion, challenger, model_dir, data_dir, prior_path)
+    asked = _Asked.of(catalog, train, validation,
+                      _unseen(validation, learnt, None if standing.is_champion else champion.learnt))
+    judged = _judge(client, params, seed, champion, challenger, standing, asked)
+    decision = _overridden(judged.decision, params, challenger.version, champion.version, standing, judged.incomparable)
+    report = _report(params, challenger, champion.version, decision, asked, judged.challenger, judged.champion)
     _write_and_log(report_path, report, decision, tracker)
     # The registry last: a step above that fails leaves the champion where it was, so a retry judges the
     # same two versions again instead of finding the challenger already holding the alias.
-    _move_alias_or_tag(client, params, challenger.version, decision.promote, standing, incomparable)
+    _move_alias_or_tag(client, params, challenger.version, decision.promote, standing, judged.incomparable)
     _write_registered(registered_path, mlflow.get_tracking_uri(), report)
-    log.info("promote: %s v%s %s; %s", params.model_name, challenger.version,
-             f"is now {params.alias}" if decision.promote else f"not promoted ({params.alias} stays v{champion.version})",
-             "; ".join(decision.reasons))
+    _log_outcome(params, challenger.version, champion.version, decision)
     return report
+
+
+def _log_outcome(params: PromoteParams, version: str, champion_version: str | None, decision: Decision) -> None:
+    log.info("promote: %s v%s %s; %s", params.model_name, version,
+             f"is now {params.alias}" if decision.promote else f"not promoted ({params.alias} stays v{champion_version})",
+             "; ".join(decision.reasons))
 
 
 def _tracking_disabled(params: PromoteParams, report_path: Path, registered_path: Path | None) -> dict:
@@ -217,13 +235,12 @@ def _gives_champions_answers(client, params: PromoteParams, champion: _Champion,
 
 
 def _judge(client, params: PromoteParams, seed: int, champion: _Champion, challenger: _Challenger, standing: _Standing,
-           asked: _Asked) -> tuple[np.ndarray, np.ndarray | None, bool, Decision]:
-    """The gate on `asked.unseen` (`asked.gold`: their (N,) catalog indices): (the challenger's answers, the
-    champion's: None where there is none, or none comparable, whether they are incomparable, the decision)."""
+           asked: _Asked) -> _Judged:
+    """The gate on `asked.unseen` (`asked.gold`: their (N,) catalog indices)."""
     gold = asked.gold
     tail_ids = tail_classes([q.class_id for q in asked.train], asked.catalog.class_ids, params.tail_fraction)
     if not asked.unseen and champion.version is not None:  # every validation question is one the champion or the challenger learnt from
-        return gold, gold, False, _nothing_unseen(len(asked.validation), tail_ids)
+        return _Judged(gold, gold, False, _nothing_unseen(len(asked.validation), tail_ids))
     challenger_answers, champion_answers = (
         _answers_on_validation(client, params.model_name, challenger.version, champion.version, asked.unseen,
                                asked.catalog)
@@ -239,7 +256,7 @@ def _judge(client, params: PromoteParams, seed: int, champion: _Champion, challe
         len(asked.validation), len(asked.unseen), None if standing.is_champion else champion.version, champion.learnt))
     if refresh_reason is not None and champion_answers is not None:
         decision = replace(decision, reasons=[refresh_reason] + decision.reasons)
-    return challenger_answers, champion_answers, incomparable, decision
+    return _Judged(challenger_answers, champion_answers, incomparable, decision)
 
 
 def _refresh_gate(params: PromoteParams, refresh: bool, champion: _Champion) -> tuple[PromoteParams, str | None]:
