@@ -19,8 +19,9 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 
 from tqc import distributed
@@ -65,41 +66,7 @@ def train(
     on_epoch=None,
     augment: AugmentParams | None = None,
 ) -> FitResult:
-    augment = augment or AugmentParams()
-    gold = torch.as_tensor(gold_indices(train_rows, catalog))
-    texts = [q.text for q in train_rows]
-    loss_fn = stage_loss(params, "stage_one")
-    groups = standard_text_groups(catalog)  # None unless classes share a standard question
-    mixup = augment.prototype_mixup
-    log_pi = class_log_prior(gold, len(catalog))  # (P,) the mix of the rows this stage trains on
-    # The batch's own columns: the logit-adjusted loss, plus SharpReCL's logit compensation (+ w·log π_y on the logits,
-    # i.e. τ·w·log π_y on the scores) when mixup is on. The batch's rows, its anchors, keep the long tail's mix.
-    column_weight = params.logit_adjustment + (mixup.prior_weight if mixup.enabled else 0.0)
-    column_offsets = prior_offsets(log_pi, column_weight, params.temperature)  # (P,)
-    negatives = "all_classes" if mixup.enabled else params.negatives  # prototypes of every class in every batch
-    total_steps = params.epochs * steps_per_epoch(len(train_rows), params.batch_size, params.max_steps)
-    mixup_term = _prototype_mixup_term(model, loss_fn, mixup, total_steps, seed, groups) if mixup.enabled else None
-    cross_term = (_cross_encoding_term(model, loss_fn, augment.cross_encoding, catalog, seed, groups)
-                  if augment.cross_encoding.enabled else None)
-
-    def batch_loss(rows: list[int]) -> torch.Tensor:
-        candidates, target = candidate_classes(gold[rows], len(catalog), negatives)
-        questions = model.embed_questions([texts[i] for i in rows])  # (B, D)
-        standards = model.embed_standards([catalog.texts[c] for c in candidates.tolist()])  # (U, D)
-        scores = model.score(questions, standards)  # (B, U)
-        if column_weight:
-            scores = scores + column_offsets[candidates].to(scores.device)  # (B, U)
-        twins = twin_columns(groups, gold[rows], candidates, target)  # (B, U) or None
-        loss = loss_fn(scores, target.to(questions.device), None if twins is None else twins.to(questions.device))
-        if params.question_contrast:
-            loss = loss + params.question_contrast * supervised_contrastive(
-                questions, gold[rows].to(questions.device), temperature=params.temperature)
-        if mixup_term:
-            loss = loss + mixup.weight * mixup_term(questions, gold[rows], standards)
-        if cross_term:
-            loss = loss + augment.cross_encoding.weight * cross_term([texts[i] for i in rows], gold[rows], candidates, standards)
-        return loss
-
+    batch_loss = _batch_loss(model, train_rows, catalog, params, seed, augment or AugmentParams())
     return fit(
         model,
         bi_encoder_parameter_groups(model, params, "stage_one"),
@@ -111,6 +78,97 @@ def train(
         description="stage one",
         on_epoch=on_epoch,
     )
+
+
+class _Batch(NamedTuple):
+    """A batch's rows and their encodings, which every term of the loss reads."""
+
+    texts: list[str]
+    gold: torch.Tensor  # (B,) each row's class
+    candidates: torch.Tensor  # (U,) the classes of the standard questions scored
+    target: torch.Tensor  # (B,) each row's column among them
+    questions: torch.Tensor  # (B, D)
+    standards: torch.Tensor  # (U, D)
+
+
+_Term = Callable[[_Batch], torch.Tensor]
+
+
+def _batch_loss(model: BiEncoder, train_rows: list[LabeledQuestion], catalog: Catalog, params: StageOneParams,
+                seed: int, augment: AugmentParams) -> Callable[[list[int]], torch.Tensor]:
+    """rows → the main loss, plus each optional term in the order `_optional_terms` gives (float addition is not
+    associative: that order is the figures')."""
+    gold = torch.as_tensor(gold_indices(train_rows, catalog))
+    texts = [q.text for q in train_rows]
+    loss_fn = stage_loss(params, "stage_one")
+    groups = standard_text_groups(catalog)  # None unless classes share a standard question
+    mixup = augment.prototype_mixup
+    column_offsets = _column_offsets(gold, len(catalog), params, mixup)
+    negatives = "all_classes" if mixup.enabled else params.negatives  # prototypes of every class in every batch
+    total_steps = params.epochs * steps_per_epoch(len(train_rows), params.batch_size, params.max_steps)
+    terms = _optional_terms(model, loss_fn, params, augment, catalog, total_steps, seed, groups)
+
+    def batch_loss(rows: list[int]) -> torch.Tensor:
+        batch = _encoded_batch(model, rows, texts, gold, catalog, negatives)
+        loss = _main_loss(model, loss_fn, batch, column_offsets, groups)
+        for term in terms:
+            loss = loss + term(batch)
+        return loss
+
+    return batch_loss
+
+
+def _column_offsets(gold: torch.Tensor, n_classes: int, params: StageOneParams,
+                    mixup: PrototypeMixupParams) -> torch.Tensor | None:
+    """(P,) what each class's column adds to the scores, or None where nothing: the logit-adjusted loss, plus
+    SharpReCL's logit compensation (+ w·log π_y on the logits, i.e. τ·w·log π_y on the scores) when mixup is on.
+    The batch's rows, its anchors, keep the long tail's mix."""
+    log_pi = class_log_prior(gold, n_classes)  # (P,) the mix of the rows this stage trains on
+    column_weight = params.logit_adjustment + (mixup.prior_weight if mixup.enabled else 0.0)
+    column_offsets = prior_offsets(log_pi, column_weight, params.temperature)  # (P,)
+    return column_offsets if column_weight else None
+
+
+def _optional_terms(model: BiEncoder, loss_fn: LossFn, params: StageOneParams, augment: AugmentParams,
+                    catalog: Catalog, total_steps: int, seed: int, groups: np.ndarray | None) -> list[_Term]:
+    """The weighted terms that are on, in the order the loss adds them: question contrast, prototype mixup, cross
+    encoding. Mixup's generator is seeded before cross encoding's; each term encodes (if at all) in that order."""
+    terms: list[_Term] = []
+    if params.question_contrast:
+        terms.append(lambda batch: params.question_contrast * supervised_contrastive(
+            batch.questions, batch.gold.to(batch.questions.device), temperature=params.temperature))
+    mixup, cross = augment.prototype_mixup, augment.cross_encoding
+    if mixup.enabled:
+        mixup_term = _prototype_mixup_term(model, loss_fn, mixup, total_steps, seed, groups)
+        terms.append(lambda batch: mixup.weight * mixup_term(batch.questions, batch.gold, batch.standards))
+    if cross.enabled:
+        cross_term = _cross_encoding_term(model, loss_fn, cross, catalog, seed, groups)
+        terms.append(lambda batch: cross.weight * cross_term(batch.texts, batch.gold, batch.candidates,
+                                                             batch.standards))
+    return terms
+
+
+def _encoded_batch(model: BiEncoder, rows: list[int], texts: list[str], gold: torch.Tensor, catalog: Catalog,
+                   negatives: str) -> _Batch:
+    """The rows' questions, then their candidate classes' standard questions, encoded in that order."""
+    batch_gold = gold[rows]
+    candidates, target = candidate_classes(batch_gold, len(catalog), negatives)
+    batch_texts = [texts[i] for i in rows]
+    questions = model.embed_questions(batch_texts)  # (B, D)
+    standards = model.embed_standards([catalog.texts[c] for c in candidates.tolist()])  # (U, D)
+    return _Batch(batch_texts, batch_gold, candidates, target, questions, standards)
+
+
+def _main_loss(model: BiEncoder, loss_fn: LossFn, batch: _Batch, column_offsets: torch.Tensor | None,
+               groups: np.ndarray | None) -> torch.Tensor:
+    """The stage's loss (NT-Xent unless `loss` says otherwise) of the batch's questions against its standard
+    questions, each column shifted by its class's offset; a question's own class is its target."""
+    scores = model.score(batch.questions, batch.standards)  # (B, U)
+    if column_offsets is not None:
+        scores = scores + column_offsets[batch.candidates].to(scores.device)  # (B, U)
+    twins = twin_columns(groups, batch.gold, batch.candidates, batch.target)  # (B, U) or None
+    device = batch.questions.device
+    return loss_fn(scores, batch.target.to(device), None if twins is None else twins.to(device))
 
 
 def _prototype_mixup_term(model: BiEncoder, loss_fn: LossFn, params: PrototypeMixupParams, total_steps: int,
