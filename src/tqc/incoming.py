@@ -174,14 +174,8 @@ def _staged(files: list[retrain.Incoming], params: Params) -> retrain.Staged | N
         except ConfigError as exc:  # data.additions unset: the flow's data cannot be built
             print(f"{exc}; --against data/validated checks against the last dvc repro's data instead")
         except (OSError, ValueError) as exc:  # the current data: its reader names the file and line
-            print(f"the current data to check against cannot be read: {_as_kept(str(exc), Path(scratch), params)}")
+            print(f"the current data to check against cannot be read: {exc}")
     return None
-
-
-def _as_kept(message: str, scratch: Path, params: Params) -> str:
-    """`message` naming the merged questions where they are kept (data.additions), not the scratch folder's copy of
-    them that was read, gone once the check ends."""
-    return message.replace(str(scratch / "raw"), str(retrain.merged_additions(params)))
 
 
 def _say_outcome(outcome: retrain.FileOutcome, staged: retrain.Staged) -> int:

@@ -47,14 +47,15 @@ import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from tqc.config import Params, RetrainParams, redact_text
 from tqc.io import atomic_directory, atomic_path, file_digest, read_json, read_jsonl, write_jsonl, write_text
 from tqc.locks import exclusive
-from tqc.readers import ADDED_CATALOG, ADDED_QUESTIONS, TABLE_SUFFIXES, MissingColumns, ReaderError, read_catalog_rows
+from tqc.readers import (ADDED_CATALOG, ADDED_QUESTIONS, TABLE_SUFFIXES, MissingColumns, ReaderError, RejectedRow,
+                          read_catalog_rows)
 from tqc.schema import Catalog
 
 if TYPE_CHECKING:
@@ -239,7 +240,7 @@ def stage(files: list[Incoming], params: Params, staging: Path, checking: bool =
         # unreported by training's validate. Not augmented, which would only cost time. What ingest and validate log
         # here counts the current data's rows too ("no_duplicates on train failed for 72 rows" for a clean file), so
         # it is held back, as tqc validate holds it; each file's own quarantined rows are said below.
-        with quiet(*CURRENT_DATA_STAGES):
+        with quiet(*CURRENT_DATA_STAGES), _naming_kept(raw, current):
             reference = ingested_data(_with_additions(params, raw), staging / "reference")
             staged.outcomes.extend(_merge_labeled(labeled, params, raw, reference, staged, contents))
     for outcome in staged.outcomes:
@@ -251,6 +252,34 @@ def stage(files: list[Incoming], params: Params, staging: Path, checking: bool =
             log.warning("retrain: %s: %d of %d row(s) quarantined to %s, %s", outcome.file, outcome.quarantined,
                         outcome.read, params.retrain.quarantine, _file_reason(outcome, staged))
     return staged
+
+
+@contextmanager
+def _naming_kept(copy: Path, kept: Path) -> Iterator[None]:
+    """An error reading the staged copy of the merged questions names them where they are kept (data.additions), the
+    file to mend, not the copy: `tqc validate FILE`'s copy is deleted by the time its line prints. Re-raised as the
+    same type with the same arguments but the path: a reader's error carries more (MissingColumns its columns,
+    RowsRejected each rejected row, which names its file too)."""
+    def renamed(value):
+        if isinstance(value, str):
+            return value.replace(str(copy), str(kept))
+        if isinstance(value, RejectedRow):
+            return replace(value, file=renamed(value.file))
+        return [renamed(item) for item in value] if isinstance(value, list) else value
+
+    try:
+        yield
+    except (OSError, ValueError) as exc:
+        if str(copy) not in str(exc):
+            raise
+        kind, args, *state = exc.__reduce__()
+        try:
+            error = kind(*map(renamed, args))
+        except TypeError:  # a constructor that does not take its own arguments back: said as it was
+            raise exc from None
+        if state and isinstance(state[0], dict):
+            error.__dict__.update(state[0])
+        raise error.with_traceback(exc.__traceback__) from None
 
 
 def _read_once(incoming: Incoming) -> tuple[Incoming, bytes | None]:

@@ -10,7 +10,8 @@ import pytest
 
 from tqc import retrain as steps
 from tqc.config import load_params
-from tqc.io import read_jsonl
+from tqc.io import DataFileError, read_jsonl
+from tqc.readers import MissingColumns, RejectedRow, RowsRejected
 from tests.flows.conftest import added_rows, drop, unseen_questions
 
 
@@ -777,6 +778,50 @@ def test_tqc_validate_without_data_additions_or_with_unreadable_current_data_is_
     additions = load_params(project / "params.yaml").data.additions
     assert (code, out) == (2, f"the current data to check against cannot be read: {Path(additions) / 'labeled.jsonl'}, "
                               "line 2: not valid JSON: Expecting value: line 1 column 1 (char 0)\n")
+
+
+@pytest.mark.parametrize("merged, error", [
+    ('{"text": "where is it", "class_id": "LOC"}\nnot json\n', DataFileError),
+    ('{"question": "where is it", "class_id": "LOC"}\n', MissingColumns)])
+def test_merged_questions_that_cannot_be_read_are_named_where_they_are_kept_not_as_the_staged_copy(project, merged, error):
+    """The flow reads a staged copy of data.additions (retrain.work_dir/raw); the file to mend is the kept one. The
+    reader's error keeps its type and what it carries, named so too."""
+    params = load_params(project / "params.yaml")
+    kept, copy = Path(params.data.additions) / "labeled.jsonl", Path(params.retrain.work_dir) / "raw" / "labeled.jsonl"
+    kept.write_text(merged)
+    drop(project, "batch.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 1)])
+
+    with pytest.raises(error) as raised:
+        deliver(project)
+
+    assert str(raised.value).startswith(f"{kept}") and str(copy) not in str(raised.value)
+    if error is MissingColumns:
+        assert raised.value.columns == ["text"]
+    assert copy.exists()  # what was read: the message is about the kept file, not a copy that is gone
+
+
+def test_rows_rejected_from_the_staged_copy_name_the_kept_file_each(tmp_path):
+    copy, kept = tmp_path / "staging" / "raw", tmp_path / "kept"
+    rejected = [RejectedRow(str(copy / "labeled.jsonl"), line, "empty label", "{}") for line in (2, 5)]
+    with pytest.raises(RowsRejected) as raised, steps._naming_kept(copy, kept):
+        raise RowsRejected(f"{copy / 'labeled.jsonl'}: 2 of 5 rows rejected", rejected)
+    assert str(raised.value) == f"{kept / 'labeled.jsonl'}: 2 of 5 rows rejected"
+    assert raised.value.rejected == [RejectedRow(str(kept / "labeled.jsonl"), line, "empty label", "{}") for line in (2, 5)]
+
+
+def test_an_error_about_another_file_or_whose_constructor_does_not_take_its_arguments_back_is_raised_as_it_was(tmp_path):
+    class Odd(ValueError):
+        def __init__(self, path: str, extra: int):
+            super().__init__(f"{path}: odd ({extra})")
+
+    copy = tmp_path / "staging" / "raw"
+    with pytest.raises(Odd) as raised, steps._naming_kept(copy, tmp_path / "kept"):
+        raise Odd(str(copy / "labeled.jsonl"), 1)
+    assert str(raised.value) == f"{copy / 'labeled.jsonl'}: odd (1)"
+    other = FileNotFoundError(2, "No such file or directory", str(tmp_path / "elsewhere.csv"))
+    with pytest.raises(FileNotFoundError) as raised, steps._naming_kept(copy, tmp_path / "kept"):
+        raise other
+    assert raised.value is other
 
 
 def test_a_delivered_copy_of_a_question_the_data_holds_under_two_labels_is_quarantined_when_judged(project):
