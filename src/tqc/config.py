@@ -247,6 +247,9 @@ class Schedule(Strict):
     warmup_ratio: float = Field(0.1, ge=0.0, lt=1.0)
     patience: int = Field(2, ge=1)  # epochs without a validation macro-F1 gain before stopping
     max_steps: int | None = Field(None, ge=1)  # cap per epoch, for quick runs and benchmarks
+    # Polyak averaging: validation scores, and early stopping keeps, an exponential moving average of the weights
+    # with this decay a step (tqc.training.WeightAverage) instead of the last step's weights. 0: off.
+    weight_averaging: float = Field(0.0, ge=0.0, lt=1.0)
 
 
 class TrainParams(Schedule):

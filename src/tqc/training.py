@@ -184,16 +184,21 @@ def fit(
 
     history = [_record(0, math.nan, _validated(validate, description, 0), 0.0)]
     kept = _KeptEpoch(model, keep, schedule.patience, history[0])
+    average = WeightAverage(model, schedule.weight_averaging)
     _report_start(history[0], description, on_epoch)
     for epoch in range(1, schedule.epochs + 1):
         started = time.perf_counter()
         progress = _epoch_batches(n_rows, schedule, rng, description, epoch)
-        mean_loss = _train_epoch(model, batch_loss, progress, optimizer, scheduler, device)
+        mean_loss = _train_epoch(model, batch_loss, progress, optimizer, scheduler, device, average.update)
         train_seconds = time.perf_counter() - started  # the epoch's training steps only, not validation
-        history.append(_record(epoch, mean_loss, _validated(validate, description, epoch), train_seconds))
-        _report_epoch(history[-1], description, on_epoch)
-        if kept.stops_after(history[-1], model, description):
+        with average.applied():  # what is validated, and kept when best, is the average
+            history.append(_record(epoch, mean_loss, _validated(validate, description, epoch), train_seconds))
+            _report_epoch(history[-1], description, on_epoch)
+            stops = kept.stops_after(history[-1], model, description)
+        if stops:
             break
+    if keep == "last":  # the last average; "best" restores the kept epoch's
+        average.install()
     return kept.restore(model, history, description)
 
 
@@ -224,6 +229,51 @@ def _report_epoch(record: EpochRecord, description: str, on_epoch: Callable[[Epo
         description, record.epoch, record.train_loss, record.validation_accuracy, record.validation_macro_f1,
         record.seconds,
     )
+
+
+class WeightAverage:
+    """Polyak averaging: an exponential moving average of the trainable weights, updated after every optimizer step.
+    Its decay ramps up as min(decay, (1 + t) / (10 + t)) at step t (TensorFlow's ExponentialMovingAverage with
+    num_updates), so the starting weights do not dominate a short run's average. Decay 0: off, and nothing is copied.
+    Every process of a torchrun steps the same averaged gradients, so each holds the same average."""
+
+    def __init__(self, model: nn.Module, decay: float):
+        self.decay, self.steps = decay, 0
+        self.weights = [p for p in model.parameters() if p.requires_grad]
+        self.average = [p.detach().clone() for p in self.weights] if decay > 0 else None
+
+    def update(self) -> None:
+        if self.average is None:
+            return
+        self.steps += 1
+        decay = min(self.decay, (1 + self.steps) / (10 + self.steps))
+        with torch.no_grad():
+            for average, weight in zip(self.average, self.weights):
+                average.lerp_(weight, 1.0 - decay)
+
+    @contextmanager
+    def applied(self) -> Iterator[None]:
+        """The model holds the average inside the block, its own weights again after it."""
+        if self.average is None:
+            yield
+            return
+        own = [p.detach().clone() for p in self.weights]
+        self.install()
+        try:
+            yield
+        finally:
+            _copy_into(self.weights, own)
+
+    def install(self) -> None:
+        """The model holds the average from now on."""
+        if self.average is not None:
+            _copy_into(self.weights, self.average)
+
+
+def _copy_into(weights: list[nn.Parameter], values: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for weight, value in zip(weights, values):
+            weight.copy_(value)
 
 
 class _KeptEpoch:
@@ -279,7 +329,7 @@ def check_rows_per_process(n_rows: int, description: str) -> None:
 
 
 def _train_epoch(model: nn.Module, batch_loss: Callable[[list[int]], torch.Tensor], progress, optimizer, scheduler,
-                 device: torch.device) -> float:
+                 device: torch.device, after_step: Callable[[], None] = lambda: None) -> float:
     """One pass over the epoch's batches (`progress`: row indices per batch, with a progress bar); each process
     takes its share of a batch and the gradients are averaged. Returns the epoch's mean loss over its batches, each
     batch's the mean over all its rows (as one process records it), whatever the processes' shares."""
@@ -297,6 +347,7 @@ def _train_epoch(model: nn.Module, batch_loss: Callable[[list[int]], torch.Tenso
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        after_step()
         losses.append(loss.item())
         weighted.append(losses[-1] * weight)  # so is the loss: the share means' plain mean would not be the batch's
         progress.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")

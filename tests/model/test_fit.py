@@ -216,3 +216,46 @@ def test_fit_trains_exactly_as_a_plain_loop_over_its_seeded_batches(keep):
             optimizer.zero_grad(set_to_none=True)
     assert steps == order
     assert all(torch.equal(v, plain.state_dict()[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("keep", ["best", "last"])
+def test_fit_with_weight_averaging_validates_and_keeps_the_average_while_its_own_weights_train_on(keep):
+    """Polyak averaging (Schedule.weight_averaging): each epoch validates the moving average of the weights, with the
+    decay ramped as min(d, (1 + t) / (10 + t)) at step t, and early stopping keeps the best epoch's average; the
+    optimizer steps the model's own weights throughout, exactly as without it. keep="last" ends with the last average."""
+    decay = 0.3  # the ramp binds for the first two steps ((1 + t) / (10 + t) < 0.3), the decay after
+    schedule = Schedule(epochs=4, batch_size=2, warmup_ratio=0.3, patience=5, weight_averaging=decay)
+    figures = [0.1, 0.2, 0.5, 0.4, 0.3]  # best at epoch 2
+    result, _, seen, _, steps, model = _scripted_fit(figures, schedule, keep=keep)
+
+    torch.manual_seed(0)
+    plain, inputs = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.3)), torch.randn(7, 3)
+    optimizer = adamw([{"params": plain.parameters(), "lr": 0.05}], schedule.weight_decay)
+    scheduler = linear_warmup(optimizer, 4 * steps_per_epoch(7, 2, None), schedule.warmup_ratio)
+    average = {k: v.clone() for k, v in plain.state_dict().items()}
+    rng, order, averages, step = random.Random(3), [], {0: dict(average)}, 0
+    plain.train()
+    for epoch in range(1, 5):
+        for rows in batches(7, 2, rng, None):
+            order.append(rows)
+            plain(inputs[rows]).pow(2).mean().backward()
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            d = min(decay, (1 + step) / (10 + step))
+            average = {k: d * average[k] + (1 - d) * v.detach() for k, v in plain.state_dict().items()}
+        averages[epoch] = dict(average)
+
+    assert steps == order and result.best_epoch == (2 if keep == "best" else 4)
+    for epoch in range(5):  # what each epoch validated (on_epoch sees the model as validation scored it)
+        assert all(torch.allclose(seen[epoch][k], averages[epoch][k], atol=1e-6) for k in average), epoch
+    assert not torch.allclose(seen[4]["0.weight"], plain.state_dict()["0.weight"], atol=1e-3)  # not the own weights
+    kept = model.state_dict()
+    assert all(torch.equal(kept[k], seen[result.best_epoch][k]) for k in kept) and not model.training
+
+
+def test_weight_averaging_is_a_decay_below_one():
+    assert Schedule().weight_averaging == 0.0
+    with pytest.raises(ValueError, match="weight_averaging"):
+        Schedule(weight_averaging=1.0)
