@@ -123,10 +123,11 @@ def _column_offsets(gold: torch.Tensor, n_classes: int, params: StageOneParams,
     """(P,) what each class's column adds to the scores, or None where nothing: the logit-adjusted loss, plus
     SharpReCL's logit compensation (+ w·log π_y on the logits, i.e. τ·w·log π_y on the scores) when mixup is on.
     The batch's rows, its anchors, keep the long tail's mix."""
-    log_pi = class_log_prior(gold, n_classes)  # (P,) the mix of the rows this stage trains on
     column_weight = params.logit_adjustment + (mixup.prior_weight if mixup.enabled else 0.0)
-    column_offsets = prior_offsets(log_pi, column_weight, params.temperature)  # (P,)
-    return column_offsets if column_weight else None
+    if not column_weight:
+        return None
+    log_pi = class_log_prior(gold, n_classes)  # (P,) the mix of the rows this stage trains on
+    return prior_offsets(log_pi, column_weight, params.temperature)  # (P,)
 
 
 def _optional_terms(model: BiEncoder, loss_fn: LossFn, params: StageOneParams, augment: AugmentParams,
