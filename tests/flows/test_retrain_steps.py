@@ -376,6 +376,54 @@ def test_a_commit_marks_its_challenger_for_the_gate_as_its_last_change_and_a_rol
     assert steps.pending_judge(params.retrain) == challenger and not steps.journal_dir(params.retrain).exists()
 
 
+
+def test_a_commit_journals_the_manifest_first_and_makes_its_changes_in_order(project, monkeypatch):
+    """The commit's order, which its roll-back relies on: the journal holds the manifest first (a roll-back stopped by
+    a full disk after it records no file as merged whose rows are not in the data), then the data, what dvc add
+    writes, the quarantine and the mark; the data is replaced before dvc add records it, then come the quarantine,
+    the deliveries' archiving, the repeats', and the mark last."""
+    params = load_params(project / "params.yaml")
+    inbox, raw = project / "data" / "incoming", steps.additions_dir(params)
+    food = unseen_questions(project, "HUM", 2)
+    drop(project, "food.csv", [(q, "FOOD") for q in food] + [("", "FOOD")])
+    (inbox / "catalog-food.csv").write_text("class_id,text\nFOOD,Which food is it?\n")
+    staged, files = deliver(project)
+    again = drop(project, "again.csv", [("where is paris", "LOC")])
+    repeat = steps.Incoming(again, steps.sha256(again))
+    challenger = steps.Trained(data=staged.raw, model=staged.raw, prior=None, validation_macro_f1=0.5)
+    events, begin, record, quarantine, archive, mark = ([], steps.CommitJournal.begin, steps._dvc_record,
+                                                        steps._quarantine, steps.archive, steps.mark_judge_pending)
+
+    def journaled(directory, before, dvc_written):
+        events.append(("journal", list(before), dvc_written))
+        return begin(directory, before, dvc_written)
+
+    def recorded(paths, push):
+        replaced = all(path.read_bytes() == (staged.raw / path.name).read_bytes() for path in paths)
+        events.append(("dvc", paths, replaced))
+        return record(paths, push)
+
+    monkeypatch.setattr(steps.CommitJournal, "begin", staticmethod(journaled))
+    monkeypatch.setattr(steps, "_dvc_record", recorded)
+    monkeypatch.setattr(steps, "_quarantine", lambda *args: (events.append(("quarantine", len(args[1]))), quarantine(*args)))
+    monkeypatch.setattr(steps, "archive", lambda f, o, *args: (events.append(("archive", f.path.name, o.outcome)),
+                                                               archive(f, o, *args))[1])
+    monkeypatch.setattr(steps, "mark_judge_pending", lambda *args: (events.append(("mark",)), mark(*args)))
+
+    result = steps.commit(params, staged, files, [repeat], challenger)
+
+    data = [raw / "labeled.jsonl", raw / "catalog.jsonl"]
+    written = [raw / "labeled.jsonl.dvc", raw / "catalog.jsonl.dvc", raw / ".gitignore"]
+    assert events == [
+        ("journal", [Path(params.retrain.archive) / steps.MANIFEST, *data, *written, Path(params.retrain.quarantine),
+                     steps.pending_judge_path(params.retrain)], written),
+        ("dvc", data, True), ("quarantine", 1),
+        ("archive", "catalog-food.csv", "merged"), ("archive", "food.csv", "merged"), ("archive", "again.csv", "repeat"),
+        ("mark",)]
+    assert list(result) == ["committed", "dvc", "archived"] and result["committed"] == [str(p) for p in data]
+    assert [Path(e["file"]).name for e in result["archived"]] == ["catalog-food.csv", "food.csv", "again.csv"]
+    assert steps.pending_judge(params.retrain) == challenger and not steps.journal_dir(params.retrain).exists()
+
 KILLED_COMMIT = """
 import os, sys
 from pathlib import Path
