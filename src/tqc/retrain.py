@@ -637,40 +637,73 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
     """
     raw = additions_dir(params)
     raw.mkdir(parents=True, exist_ok=True)
-    # Nothing accepted (repeats only, or every row quarantined): the data stays as it is. The staging
-    # folder may then hold anything, a failed earlier run's rows say, and must not be copied.
-    names = [name for name in (ADDED_QUESTIONS, ADDED_CATALOG) if staged.accepted and (staged.raw / name).exists()]
-    if names:
-        _require_unchanged_since_staged(raw, staged)
+    names = _names_to_commit(raw, staged)
     committed = [raw / name for name in names]
     dvc_written = [*(Path(f"{p}.dvc") for p in committed), raw / ".gitignore"]  # what dvc add writes beside the data
-    # the manifest first: a roll-back stopped by a full disk after it leaves no file recorded as merged whose rows
-    # are not in the data (the next run would take it for a repeat)
-    touched = [Path(params.retrain.archive) / MANIFEST, *committed, *dvc_written, Path(params.retrain.quarantine)]
-    if challenger is not None:  # the journal keeps the mark's absence: a roll-back removes it
-        touched.append(pending_judge_path(params.retrain))
-    before = {path: path.read_bytes() if path.exists() else None for path in touched}
-    # Written before anything changes: a commit killed midway runs no except clause below, and the next run rolls
-    # it back from the journal (`roll_back_interrupted_commit`) before it judges or picks anything up
-    journal = CommitJournal.begin(journal_dir(params.retrain), before, dvc_written)
-    archived = journal.moves  # (inbox path, archived as, sha256), to move back; each one journaled before it is made
-    try:
-        for name in names:
-            with atomic_path(raw / name) as tmp:
-                shutil.copy2(staged.raw / name, tmp)
+    before = _as_they_are(_touched_by_commit(params.retrain, committed, dvc_written, marks=challenger is not None))
+    with _journaled(journal_dir(params.retrain), before, dvc_written) as moves:
+        _replace_data(staged.raw, committed)
         dvc = _dvc_record(committed, params.retrain.push)
         if staged.quarantined_rows:
             _quarantine(Path(params.retrain.quarantine), staged.quarantined_rows)
-        by_file = {o.file: o for o in staged.outcomes}
-        entries = [archive(f, by_file[str(f.path)], params.retrain, archived) for f in files]
-        entries += [archive(f, repeat_outcome(f), params.retrain, archived) for f in repeats]
+        entries = _archive_delivered(staged, files, repeats, params.retrain, moves)
         if challenger is not None:
             mark_judge_pending(params.retrain, challenger, dvc)
+    return {"committed": [str(p) for p in committed], "dvc": dvc, "archived": entries}
+
+
+@contextmanager
+def _journaled(directory: Path, before: dict[Path, bytes | None], dvc_written: list[Path]) -> Iterator[JournaledMoves]:
+    """The changes made inside, all or nothing: the journal is written before anything changes, and a failure rolls
+    them back. A commit killed midway runs no except clause, and the next run rolls it back from the journal
+    (`roll_back_interrupted_commit`) before it judges or picks anything up. → the moves, for `archive` to record."""
+    journal = CommitJournal.begin(directory, before, dvc_written)
+    try:
+        yield journal.moves  # (inbox path, archived as, sha256), to move back; each one journaled before it is made
     except BaseException:
         journal.roll_back()  # if this fails too, the journal stays for the next run
         raise
     journal.close()
-    return {"committed": [str(p) for p in committed], "dvc": dvc, "archived": entries}
+
+
+def _names_to_commit(raw: Path, staged: Staged) -> list[str]:
+    """The staged additions' names to write over data/raw's, refused where data/raw changed since it was staged.
+    Nothing accepted (repeats only, or every row quarantined): the data stays as it is. The staging folder may then
+    hold anything, a failed earlier run's rows say, and must not be copied."""
+    names = [name for name in (ADDED_QUESTIONS, ADDED_CATALOG) if staged.accepted and (staged.raw / name).exists()]
+    if names:
+        _require_unchanged_since_staged(raw, staged)
+    return names
+
+
+def _touched_by_commit(params: RetrainParams, committed: list[Path], dvc_written: list[Path], marks: bool) -> list[Path]:
+    """What a commit may change, in the order its journal restores them: the manifest first, so that a roll-back
+    stopped by a full disk after it leaves no file recorded as merged whose rows are not in the data (the next run
+    would take it for a repeat)."""
+    touched = [Path(params.archive) / MANIFEST, *committed, *dvc_written, Path(params.quarantine)]
+    if marks:  # the journal keeps the mark's absence: a roll-back removes it
+        touched.append(pending_judge_path(params))
+    return touched
+
+
+def _as_they_are(paths: list[Path]) -> dict[Path, bytes | None]:
+    """Each file's bytes, or None where there is none."""
+    return {path: path.read_bytes() if path.exists() else None for path in paths}
+
+
+def _replace_data(staged_raw: Path, committed: list[Path]) -> None:
+    """Each of data/raw's `committed` files replaced, atomically, by its staged copy of the same name."""
+    for path in committed:
+        with atomic_path(path) as tmp:
+            shutil.copy2(staged_raw / path.name, tmp)
+
+
+def _archive_delivered(staged: Staged, files: list[Incoming], repeats: list[Incoming], params: RetrainParams,
+                       archived: list[tuple[Path, Path, str]]) -> list[dict]:
+    """Archive the files `staged` judged, then the repeats; each move recorded in `archived` for the roll-back."""
+    by_file = {o.file: o for o in staged.outcomes}
+    entries = [archive(f, by_file[str(f.path)], params, archived) for f in files]
+    return entries + [archive(f, repeat_outcome(f), params, archived) for f in repeats]
 
 
 def _require_unchanged_since_staged(raw: Path, staged: Staged) -> None:
