@@ -733,6 +733,45 @@ def test_set_champion_rolls_back_by_hand_with_the_tags_following_at_once(tiny_mo
     assert _alias_version() == "1"
 
 
+
+def test_set_champion_moves_the_alias_then_tags_by_hand_in_order_and_logs_one_line(tiny_model_dir, data_dir, tmp_path,
+                                                                                    registry, monkeypatch, caplog):
+    """What `set_champion` writes, in order: the alias (its tags following it), then the version tagged
+    alias_set_by_hand, its own alias_taken_by_hand tag gone, and the version that lost the alias tagged
+    alias_taken_by_hand, one time for both; then one log line. A version that holds the alias already writes nothing."""
+    import mlflow
+
+    from tqc.cli import main
+
+    challenger = _champion_v1(tiny_model_dir, data_dir, tmp_path, registry)
+    with standalone_run("promote", registry) as tracker:
+        assert promote.run(data_dir, challenger, None, TAKE_ANYTHING, tmp_path / "p.json", tracker)["promoted"]
+    write_params_for(registry, tmp_path / "params.yaml")
+    assert main(["--params", str(tmp_path / "params.yaml"), "set-champion", "1"]) == 0  # v2 tagged taken by hand
+    writes = []
+    for method in ("set_registered_model_alias", "set_model_version_tag", "delete_model_version_tag"):
+        def recorded(client, *args, _method=method, _real=getattr(mlflow.MlflowClient, method)):
+            writes.append((_method, *args))
+            return _real(client, *args)
+        monkeypatch.setattr(mlflow.MlflowClient, method, recorded)
+
+    with caplog.at_level("INFO", logger="tqc.stages.promote"):
+        assert promote.set_champion(PromoteParams(), "02") == ("2", "1")
+        assert promote.set_champion(PromoteParams(), "2") == ("2", "2")  # held already: nothing written, nothing said
+
+    when = writes[5][4]  # one time for both tags
+    assert writes == [("set_registered_model_alias", "tqc-admc", "champion", "2"),  # the tags follow it (_move_alias)
+                      ("delete_model_version_tag", "tqc-admc", "2", "superseded_by"),
+                      ("set_model_version_tag", "tqc-admc", "2", "promotion", "champion"),
+                      ("set_model_version_tag", "tqc-admc", "1", "promotion", "superseded"),
+                      ("set_model_version_tag", "tqc-admc", "1", "superseded_by", "2"),
+                      ("set_model_version_tag", "tqc-admc", "2", "alias_set_by_hand", when),
+                      ("delete_model_version_tag", "tqc-admc", "2", "alias_taken_by_hand.champion"),
+                      ("set_model_version_tag", "tqc-admc", "1", "alias_taken_by_hand.champion", when)]
+    assert [r.getMessage() for r in caplog.records if r.name == "tqc.stages.promote"] == [
+        "set-champion: tqc-admc@champion is v2 (was v1), set by hand"]
+
+
 def test_a_version_rolled_back_by_hand_is_not_handed_the_alias_back_by_the_next_promote(tiny_model_dir, data_dir, tmp_path,
                                                                                         registry, capsys):
     """After `tqc set-champion 1`, a `dvc repro` that re-ran promote on v2's unchanged weights (any change upstream of
