@@ -376,35 +376,68 @@ def set_champion(params: PromoteParams, version: str) -> tuple[str, str | None]:
     version is tagged `alias_set_by_hand` with the time. Returns (the version as the registry spells it, the version
     that held the alias before: None where none did). Runs against the registry MLflow is set to."""
     offline_mlflow()
-    import datetime
-
     import mlflow
-    import mlflow.pyfunc
-    from mlflow.exceptions import MlflowException
 
-    from tqc.serving import NOT_FOUND_CODES, alias_version
+    from tqc.serving import alias_version
 
     client = mlflow.MlflowClient()
-    try:
-        chosen = client.get_model_version(params.model_name, version)
-    except MlflowException as exc:
-        if exc.error_code in NOT_FOUND_CODES:
-            raise ConfigError(f"{params.model_name} v{version}: no such registered version ({exc.message})") from None
-        raise
+    chosen = _servable_version(client, params, version)
     version = str(chosen.version)  # "01" is v1
-    if chosen.tags.get("promotion") == "failed":  # registered, but it could not answer the validation questions
-        raise ConfigError(f"{params.model_name} v{version} is tagged promotion: failed: it could not answer the "
-                          "validation questions when it was judged, so it is not served")
-    try:  # loaded as serving loads it: an alias on a version whose files are gone would serve nothing
-        mlflow.pyfunc.load_model(f"models:/{params.model_name}/{version}")
-    except (MlflowException, OSError, ValueError) as exc:
-        raise ConfigError(f"{params.model_name} v{version} cannot be loaded, so it cannot be served "
-                          f"({type(exc).__name__}: {exc}); {params.alias} stays where it is") from None
     holder = alias_version(client, params.model_name, params.alias)
     before = str(holder.version) if holder is not None else None
     if before == version:
         return version, before
     _move_alias(client, params, version)
+    _tag_set_by_hand(client, params, chosen, before)
+    log.info("set-champion: %s@%s is v%s (was %s), set by hand", params.model_name, params.alias, version,
+             f"v{before}" if before else "unset")
+    return version, before
+
+
+def _servable_version(client, params: PromoteParams, version: str):
+    """Registered `version` of `params.model_name` (a ModelVersion), refused with a ConfigError where it is not
+    registered, failed its judging, or cannot be loaded."""
+    chosen = _registered_version(client, params.model_name, version)
+    version = str(chosen.version)
+    if chosen.tags.get("promotion") == "failed":  # registered, but it could not answer the validation questions
+        raise ConfigError(f"{params.model_name} v{version} is tagged promotion: failed: it could not answer the "
+                          "validation questions when it was judged, so it is not served")
+    _require_loadable(params, version)
+    return chosen
+
+
+def _registered_version(client, model_name: str, version: str):
+    """The registry's `model_name` `version`; one it does not hold is a ConfigError, any other failure its own."""
+    from mlflow.exceptions import MlflowException
+
+    from tqc.serving import NOT_FOUND_CODES
+
+    try:
+        return client.get_model_version(model_name, version)
+    except MlflowException as exc:
+        if exc.error_code in NOT_FOUND_CODES:
+            raise ConfigError(f"{model_name} v{version}: no such registered version ({exc.message})") from None
+        raise
+
+
+def _require_loadable(params: PromoteParams, version: str) -> None:
+    """Loaded as serving loads it: an alias on a version whose files are gone would serve nothing."""
+    import mlflow.pyfunc
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow.pyfunc.load_model(f"models:/{params.model_name}/{version}")
+    except (MlflowException, OSError, ValueError) as exc:
+        raise ConfigError(f"{params.model_name} v{version} cannot be loaded, so it cannot be served "
+                          f"({type(exc).__name__}: {exc}); {params.alias} stays where it is") from None
+
+
+def _tag_set_by_hand(client, params: PromoteParams, chosen, before: str | None) -> None:
+    """`chosen` tagged alias_set_by_hand, its alias_taken_by_hand tag gone; `before`, the version that lost the
+    alias, tagged alias_taken_by_hand: both with the same time."""
+    import datetime
+
+    version = str(chosen.version)
     when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     client.set_model_version_tag(params.model_name, version, "alias_set_by_hand", when)
     taken = taken_by_hand_tag(params.alias)
@@ -412,9 +445,6 @@ def set_champion(params: PromoteParams, version: str) -> tuple[str, str | None]:
         client.delete_model_version_tag(params.model_name, version, taken)
     if before is not None:  # the next promote finding it again by its digest must not hand the alias back
         client.set_model_version_tag(params.model_name, before, taken, when)
-    log.info("set-champion: %s@%s is v%s (was %s), set by hand", params.model_name, params.alias, version,
-             f"v{before}" if before else "unset")
-    return version, before
 
 
 def _move_alias(client, params: PromoteParams, version: str) -> None:
