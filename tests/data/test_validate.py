@@ -433,3 +433,40 @@ def test_a_conflict_over_a_standard_question_two_classes_share_names_the_row_not
     run_validate(tmp_path, ValidateParams(max_quarantined_fraction=1.0, min_examples_per_class=1, critical=[]))
     said = {q["line"]: q["reason"] for q in read_jsonl(tmp_path / "quarantine.jsonl") if q["split"] == "train"}
     assert said[1] == "no_label_conflicts: conflicts with train.csv, line 2, labeled 'b'"
+
+
+def test_run_says_each_finding_in_order_then_writes_the_quarantine_the_report_and_the_data(tmp_path, caplog):
+    """What `run` logs, in order, and the report's keys in the order they are written: a class left without
+    validation rows, one left without train rows, one with test questions and no training question, the test rows
+    kept with warnings, then the closing line. An emptied split stops it after the quarantine and the report are
+    written, and leaves no validated data."""
+    catalog = (("a", "Question a?"), ("b", "Question b?"), ("c", "Question c?"))
+    write_splits(tmp_path / "in", [("a" * 50, "a"), ("short b", "b")], [("fine", "a"), ("shared with test", "b")],
+                 [("held out", "a"), ("Shared with test", "b"), ("bell\x07", "b"), ("sea one", "c"), ("sea two", "c")],
+                 catalog)
+    params = ValidateParams(max_quarantined_fraction=1.0, min_examples_per_class=1, max_text_chars=20)
+    with caplog.at_level(logging.INFO, logger="tqc.stages.validate"):
+        report = run_validate(tmp_path, params)
+
+    said = [m for m in caplog.messages if m.startswith("validate: ")]
+    assert said[:4] == [
+        "validate: 1 class(es) lost every validation row to quarantine, so no selection sees them: b",
+        "validate: 1 class(es) lost every train row to quarantine: a",
+        "validate: 1 class(es) have test questions but no training question: c (2 test questions)",
+        f"validate: 1 test rows fail a warning-level expectation and stay in test (listed in {tmp_path / 'validation.json'})"]
+    assert said[4] == (f"validate: accepted {report['accepted']}, quarantined 2 rows to {tmp_path / 'quarantine.jsonl'}; "
+                       f"report {tmp_path / 'validation.json'} ({report['seconds']:.1f}s)") and len(said) == 5
+    assert list(report)[-4:] == ["test_rows_kept_with_warnings", "classes_without_validation_rows",
+                                 "classes_without_train_rows", "test_classes_without_train_rows"]
+    assert (report["classes_without_validation_rows"], report["classes_without_train_rows"]) == (["b"], ["a"])
+    assert report["test_classes_without_train_rows"] == {"a": 1, "c": 2}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["catalog.jsonl", "test.jsonl", "train.jsonl",
+                                                                    "validation.jsonl"]
+
+    write_splits(tmp_path / "again" / "in", [("good", "a")], [("gone", "zzz")], [("held out", "a")])
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tqc.stages.validate"), pytest.raises(ValidationFailed, match="no validation"):
+        run_validate(tmp_path / "again", params)
+    assert read_json(tmp_path / "again" / "validation.json")["quarantined"]["validation"] == 1
+    assert len(read_jsonl(tmp_path / "again" / "quarantine.jsonl")) == 1 and not (tmp_path / "again" / "out").exists()
+    assert [m for m in caplog.messages if m.startswith("validate: ")][-1].startswith("validate: accepted ")
