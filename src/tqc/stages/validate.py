@@ -356,31 +356,14 @@ class RowReasons:
 def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Path, report_path: Path,
         docs_dir: Path | None = None) -> dict:
     started = time.perf_counter()
-    catalog = Catalog.load(in_dir / "catalog.jsonl")
-    splits = {split: load_questions(in_dir / f"{split}.jsonl") for split in SPLITS}
-    if (in_dir / f"{GENERATED}.jsonl").exists():
-        splits[GENERATED] = load_questions(in_dir / f"{GENERATED}.jsonl")
+    catalog, splits = _load(in_dir)
     accepted, quarantined, flagged, outcomes = check(splits, catalog, params, docs_dir)
 
     report = summarise(catalog, splits, accepted, quarantined, outcomes, params, time.perf_counter() - started)
     report["test_rows_kept_with_warnings"] = flagged
-    # A class whose every validation row was quarantined is judged by nothing when checkpoints are chosen; one whose
-    # every train row was stays in the catalog, answered by an encoder that never trained on it
     for split, consequence in (("validation", ", so no selection sees them"), ("train", "")):
-        emptied = sorted({q.class_id for q in splits[split]} - {q.class_id for q in accepted[split]})
-        report[f"classes_without_{split}_rows"] = emptied
-        if emptied:
-            log.warning("validate: %d class(es) lost every %s row to quarantine%s: %s", len(emptied), split, consequence,
-                        ", ".join(emptied[:10]))
-    # A class with test questions and no training question at all (none in the file, not lost to quarantine): every
-    # test question of it is scored against a standard question the encoder never trained on
-    trained = {q.class_id for q in accepted["train"]}
-    untrained = Counter(q.class_id for q in accepted["test"] if q.class_id not in trained)
-    report["test_classes_without_train_rows"] = {class_id: untrained[class_id] for class_id in sorted(untrained)}
-    never_had = sorted(set(untrained) - set(report["classes_without_train_rows"]))  # those lost to quarantine: said above
-    if never_had:
-        log.warning("validate: %d class(es) have test questions but no training question: %s", len(never_had),
-                    ", ".join(f"{c} ({untrained[c]} test question{'s' if untrained[c] != 1 else ''})" for c in never_had[:10]))
+        report[f"classes_without_{split}_rows"] = _classes_emptied(split, consequence, splits, accepted)
+    report["test_classes_without_train_rows"] = _test_classes_never_trained(accepted, report["classes_without_train_rows"])
     if flagged:
         log.warning("validate: %d test rows fail a warning-level expectation and stay in test (listed in %s)",
                     len(flagged), report_path)
@@ -390,18 +373,61 @@ def run(in_dir: Path, params: ValidateParams, out_dir: Path, quarantine_path: Pa
              report["accepted"], len(quarantined), quarantine_path, report_path,
              f", data docs {docs_dir}" if docs_dir else "", report["seconds"])
     raise_on_critical(report, params, quarantined, quarantine_path, flagged)
-    # No train rows: stage one would take no step and "train" nothing; no validation rows: early stopping would score
-    # 0 every epoch and keep the starting weights; no test rows: evaluate would write NaN figures, then fail
+    _require_rows_in_every_split(accepted, report, in_dir, quarantine_path)
+    _save_validated(out_dir, catalog, accepted)
+    return report
+
+
+def _load(in_dir: Path) -> tuple[Catalog, dict[str, list[LabeledQuestion]]]:
+    """The catalog and each split in `in_dir`, with the generated rows where there are any."""
+    catalog = Catalog.load(in_dir / "catalog.jsonl")
+    splits = {split: load_questions(in_dir / f"{split}.jsonl") for split in SPLITS}
+    if (in_dir / f"{GENERATED}.jsonl").exists():
+        splits[GENERATED] = load_questions(in_dir / f"{GENERATED}.jsonl")
+    return catalog, splits
+
+
+def _classes_emptied(split: str, consequence: str, splits: dict[str, list[LabeledQuestion]],
+                     accepted: dict[str, list[LabeledQuestion]]) -> list[str]:
+    """The classes whose every `split` row was quarantined, said in a warning. A class without validation rows is
+    judged by nothing when checkpoints are chosen; one without train rows stays in the catalog, answered by an
+    encoder that never trained on it."""
+    emptied = sorted({q.class_id for q in splits[split]} - {q.class_id for q in accepted[split]})
+    if emptied:
+        log.warning("validate: %d class(es) lost every %s row to quarantine%s: %s", len(emptied), split, consequence,
+                    ", ".join(emptied[:10]))
+    return emptied
+
+
+def _test_classes_never_trained(accepted: dict[str, list[LabeledQuestion]], emptied: list[str]) -> dict[str, int]:
+    """{class: its test questions} for each class with test questions and no training question: every test question
+    of it is scored against a standard question the encoder never trained on. Those with none in the file at all
+    (not lost to quarantine: `emptied` said those) are said in a warning."""
+    trained = {q.class_id for q in accepted["train"]}
+    untrained = Counter(q.class_id for q in accepted["test"] if q.class_id not in trained)
+    never_had = sorted(set(untrained) - set(emptied))
+    if never_had:
+        log.warning("validate: %d class(es) have test questions but no training question: %s", len(never_had),
+                    ", ".join(f"{c} ({untrained[c]} test question{'s' if untrained[c] != 1 else ''})" for c in never_had[:10]))
+    return {class_id: untrained[class_id] for class_id in sorted(untrained)}
+
+
+def _require_rows_in_every_split(accepted: dict[str, list[LabeledQuestion]], report: dict, in_dir: Path,
+                                 quarantine_path: Path) -> None:
+    """No train rows: stage one would take no step and "train" nothing; no validation rows: early stopping would score
+    0 every epoch and keep the starting weights; no test rows: evaluate would write NaN figures, then fail."""
     for split in ("train", "validation", "test"):
         if not accepted[split]:
             raise ValidationFailed(f"no {split} rows left in {in_dir / f'{split}.jsonl'} ({report['read'][split]} read, "
                                    f"{report['quarantined'][split]} quarantined to {quarantine_path})")
-    # Only data that passed replaces the last validated data (`tqc validate FILE` judges batches against it)
+
+
+def _save_validated(out_dir: Path, catalog: Catalog, accepted: dict[str, list[LabeledQuestion]]) -> None:
+    """Only data that passed replaces the last validated data (`tqc validate FILE` judges batches against it)."""
     with atomic_directory(out_dir) as staging:
         catalog.save(staging / "catalog.jsonl")
         for split, questions in accepted.items():
             save_questions(staging / f"{split}.jsonl", questions)
-    return report
 
 
 def summarise(catalog, splits, accepted, quarantined, outcomes, params, seconds) -> dict:
