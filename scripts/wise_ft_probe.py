@@ -26,8 +26,9 @@ from tqc.training import catalog_scores, gold_indices
 
 
 def interpolated(pretrained: dict[str, torch.Tensor], trained: dict[str, torch.Tensor], alpha: float) -> dict:
-    """The trained state with each pretrained float weight moved to (1 − α) · pretrained + α · trained; what the
-    pretrained encoder lacks (a trained pooling head) stays as trained."""
+    """The trained state with each float weight the pretrained encoder also has moved to (1 − α) · pretrained +
+    α · trained: attention pooling's too, which starts at zero, so it is scaled by α. The MLP scorer is outside the
+    encoders and stays as trained. θ_pretrained is model.pretrained's, not a warm-up's model where the warm-up ran."""
     return {name: (1 - alpha) * pretrained[name] + alpha * weight
             if name in pretrained and weight.is_floating_point() else weight
             for name, weight in trained.items()}

@@ -52,7 +52,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from tqc.config import Params, RetrainParams, redact_text
-from tqc.io import atomic_directory, atomic_path, file_digest, read_json, read_jsonl, write_jsonl, write_text
+from tqc.io import (DataFileError, atomic_directory, atomic_path, file_digest, read_json, read_jsonl, write_jsonl,
+                    write_text)
 from tqc.locks import exclusive
 from tqc.readers import (ADDED_CATALOG, ADDED_QUESTIONS, TABLE_SUFFIXES, MissingColumns, ReaderError, RejectedRow,
                           read_catalog_rows)
@@ -212,8 +213,6 @@ def stage(files: list[Incoming], params: Params, staging: Path, checking: bool =
     """Merge the new files into a staged copy of the additions; the real ones are untouched. `checking`: `tqc validate
     FILE`'s judging of a delivery in a scratch folder, which empties and archives nothing: the flow's layout
     (`additions_dir`) is not asked of it, only data.additions, the current data it judges against."""
-    from tqc.pipeline import ingested_data
-
     # first: the flow's layout refused before emptying `raw` could delete the additions
     current = merged_additions(params) if checking else additions_dir(params)
     raw = staging / "raw"
@@ -227,22 +226,8 @@ def stage(files: list[Incoming], params: Params, staging: Path, checking: bool =
     read = [_read_once(incoming) for incoming in files]
     contents = {incoming.path: content for incoming, content in read}
     files = [incoming for incoming, _ in read]  # each with the sha256 of the bytes read, which it is archived by
-    catalogs = [f for f in files if f.is_catalog]
-    for incoming in catalogs:
-        staged.outcomes.append(_merge_catalog(incoming, params, raw, staged, contents[incoming.path]))
-    labeled = [f for f in files if not f.is_catalog]
-    if labeled:
-        from tqc.incoming import CURRENT_DATA_STAGES, quiet
-
-        # Each new file is judged against the current data (with the new classes) as ingested: the rows the training
-        # run's validate stage will judge the grown set by. Its validated output lacks the rows validate quarantined,
-        # so a delivered copy of a question the data holds under two labels was accepted there, then quarantined
-        # unreported by training's validate. Not augmented, which would only cost time. What ingest and validate log
-        # here counts the current data's rows too ("no_duplicates on train failed for 72 rows" for a clean file), so
-        # it is held back, as tqc validate holds it; each file's own quarantined rows are said below.
-        with quiet(*CURRENT_DATA_STAGES), _naming_kept(raw, current):
-            reference = ingested_data(_with_additions(params, raw), staging / "reference")
-            staged.outcomes.extend(_merge_labeled(labeled, params, raw, reference, staged, contents))
+    with _naming_kept(raw, current):
+        _merge_files(files, contents, params, raw, staging, staged)
     for outcome in staged.outcomes:
         if outcome.outcome == "unusable":  # said here, in the quarantine and in the summary, not only in the manifest
             log.warning("retrain: %s is unusable: %s", outcome.file, outcome.reason)
@@ -254,32 +239,62 @@ def stage(files: list[Incoming], params: Params, staging: Path, checking: bool =
     return staged
 
 
+def _merge_files(files: list[Incoming], contents: dict[Path, bytes | None], params: Params, raw: Path, staging: Path,
+                 staged: Staged) -> None:
+    """The catalog files' classes, then the labeled files' rows, merged into the staged copy `raw`; each outcome in
+    `staged`."""
+    from tqc.pipeline import ingested_data
+
+    for incoming in (f for f in files if f.is_catalog):
+        staged.outcomes.append(_merge_catalog(incoming, params, raw, staged, contents[incoming.path]))
+    labeled = [f for f in files if not f.is_catalog]
+    if labeled:
+        from tqc.incoming import CURRENT_DATA_STAGES, quiet
+
+        # Each new file is judged against the current data (with the new classes) as ingested: the rows the training
+        # run's validate stage will judge the grown set by. Its validated output lacks the rows validate quarantined,
+        # so a delivered copy of a question the data holds under two labels was accepted there, then quarantined
+        # unreported by training's validate. Not augmented, which would only cost time. What ingest and validate log
+        # here counts the current data's rows too ("no_duplicates on train failed for 72 rows" for a clean file), so
+        # it is held back, as tqc validate holds it; each file's own quarantined rows are said below.
+        with quiet(*CURRENT_DATA_STAGES):
+            reference = ingested_data(_with_additions(params, raw), staging / "reference")
+            staged.outcomes.extend(_merge_labeled(labeled, params, raw, reference, staged, contents))
+
+
 @contextmanager
 def _naming_kept(copy: Path, kept: Path) -> Iterator[None]:
-    """An error reading the staged copy of the merged questions names them where they are kept (data.additions), the
-    file to mend, not the copy: `tqc validate FILE`'s copy is deleted by the time its line prints. Re-raised as the
-    same type with the same arguments but the path: a reader's error carries more (MissingColumns its columns,
-    RowsRejected each rejected row, which names its file too)."""
+    """A reader's error about the staged copy of the merged questions (data.additions' files, read in `copy`) names
+    them where they are kept, the file to mend, not the copy: `tqc validate FILE`'s copy is deleted by the time its
+    line prints. Re-raised as the same type with the same arguments but the path: a reader's error carries more
+    (MissingColumns its columns, RowsRejected each rejected row, which names its file too). Other errors, a failed
+    write to the copy say, name what failed."""
+    inside, kept_inside = f"{copy}{os.sep}", f"{kept}{os.sep}"  # the folder's files, not a path it is a prefix of
+
     def renamed(value):
         if isinstance(value, str):
-            return value.replace(str(copy), str(kept))
+            return value.replace(inside, kept_inside)
         if isinstance(value, RejectedRow):
             return replace(value, file=renamed(value.file))
         return [renamed(item) for item in value] if isinstance(value, list) else value
 
     try:
         yield
-    except (OSError, ValueError) as exc:
-        if str(copy) not in str(exc):
+    except (DataFileError, ReaderError) as exc:
+        if inside not in str(exc):
             raise
         kind, args, *state = exc.__reduce__()
         try:
             error = kind(*map(renamed, args))
-        except TypeError:  # a constructor that does not take its own arguments back: said as it was
-            raise exc from None
-        if state and isinstance(state[0], dict):
-            error.__dict__.update(state[0])
-        raise error.with_traceback(exc.__traceback__) from None
+        except TypeError:  # a constructor that does not take its own arguments back
+            error = None
+        if error is None:
+            raise  # as it was
+        if state and isinstance(state[0], dict):  # its attributes, renamed too
+            error.__dict__.update({key: renamed(value) for key, value in state[0].items()})
+        if hasattr(exc, "__notes__"):  # and its notes, which a __reduce__ of its own leaves out
+            error.__notes__ = renamed(list(exc.__notes__))
+        raise error.with_traceback(exc.__traceback__) from exc.__cause__
 
 
 def _read_once(incoming: Incoming) -> tuple[Incoming, bytes | None]:

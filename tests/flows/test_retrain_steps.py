@@ -11,7 +11,7 @@ import pytest
 from tqc import retrain as steps
 from tqc.config import load_params
 from tqc.io import DataFileError, read_jsonl
-from tqc.readers import MissingColumns, RejectedRow, RowsRejected
+from tqc.readers import MissingColumns, ReaderError, RejectedRow, RowsRejected
 from tests.flows.conftest import added_rows, drop, unseen_questions
 
 
@@ -828,16 +828,23 @@ def test_tqc_validate_without_data_additions_or_with_unreadable_current_data_is_
                               "line 2: not valid JSON: Expecting value: line 1 column 1 (char 0)\n")
 
 
-@pytest.mark.parametrize("merged, error", [
-    ('{"text": "where is it", "class_id": "LOC"}\nnot json\n', DataFileError),
-    ('{"question": "where is it", "class_id": "LOC"}\n', MissingColumns)])
-def test_merged_questions_that_cannot_be_read_are_named_where_they_are_kept_not_as_the_staged_copy(project, merged, error):
+@pytest.mark.parametrize("name, merged, error, delivered", [
+    ("labeled.jsonl", '{"text": "where is it", "class_id": "LOC"}\nnot json\n', DataFileError, "batch.csv"),
+    ("labeled.jsonl", '{"question": "where is it", "class_id": "LOC"}\n', MissingColumns, "batch.csv"),
+    # a catalog delivery reads the merged classes before any labeled file is judged
+    ("catalog.jsonl", '{"class_id": "FOOD", "text": "What is on the menu?"}\nnot json\n', DataFileError, "catalog-new.csv")])
+def test_merged_data_that_cannot_be_read_is_named_where_it_is_kept_not_as_the_staged_copy(project, name, merged, error,
+                                                                                          delivered):
     """The flow reads a staged copy of data.additions (retrain.work_dir/raw); the file to mend is the kept one. The
     reader's error keeps its type and what it carries, named so too."""
     params = load_params(project / "params.yaml")
-    kept, copy = Path(params.data.additions) / "labeled.jsonl", Path(params.retrain.work_dir) / "raw" / "labeled.jsonl"
+    kept, copy = Path(params.data.additions) / name, Path(params.retrain.work_dir) / "raw" / name
     kept.write_text(merged)
-    drop(project, "batch.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 1)])
+    if delivered == "catalog-new.csv":
+        (project / "data" / "incoming").mkdir(parents=True)
+        (project / "data" / "incoming" / delivered).write_text("class_id,text\nDRINK,What can I drink?\n")
+    else:
+        drop(project, delivered, [(q, "LOC") for q in unseen_questions(project, "LOC", 1)])
 
     with pytest.raises(error) as raised:
         deliver(project)
@@ -848,28 +855,52 @@ def test_merged_questions_that_cannot_be_read_are_named_where_they_are_kept_not_
     assert copy.exists()  # what was read: the message is about the kept file, not a copy that is gone
 
 
-def test_rows_rejected_from_the_staged_copy_name_the_kept_file_each(tmp_path):
+def test_a_failed_write_to_the_staged_copy_names_the_copy_it_failed_to_write(project, monkeypatch):
+    """Only a reader's errors are renamed: a write that failed names what failed, not the DVC-tracked data."""
+    import errno
+
+    params = load_params(project / "params.yaml")
+    copy = Path(params.retrain.work_dir) / "raw" / "labeled.jsonl"
+    drop(project, "batch.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 1)])
+
+    def full_disk(path, rows):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(steps, "write_jsonl", full_disk)
+    with pytest.raises(OSError) as raised:
+        deliver(project)
+    assert raised.value.filename == str(copy)
+
+
+def test_rows_rejected_from_the_staged_copy_name_the_kept_file_each_and_keep_their_cause_and_notes(tmp_path):
     copy, kept = tmp_path / "staging" / "raw", tmp_path / "kept"
     rejected = [RejectedRow(str(copy / "labeled.jsonl"), line, "empty label", "{}") for line in (2, 5)]
+    cause = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
     with pytest.raises(RowsRejected) as raised, steps._naming_kept(copy, kept):
-        raise RowsRejected(f"{copy / 'labeled.jsonl'}: 2 of 5 rows rejected", rejected)
+        error = RowsRejected(f"{copy / 'labeled.jsonl'}: 2 of 5 rows rejected", rejected)
+        error.add_note(f"see {copy / 'labeled.jsonl'}")
+        raise error from cause
     assert str(raised.value) == f"{kept / 'labeled.jsonl'}: 2 of 5 rows rejected"
     assert raised.value.rejected == [RejectedRow(str(kept / "labeled.jsonl"), line, "empty label", "{}") for line in (2, 5)]
+    assert raised.value.__notes__ == [f"see {kept / 'labeled.jsonl'}"] and raised.value.__cause__ is cause
 
 
 def test_an_error_about_another_file_or_whose_constructor_does_not_take_its_arguments_back_is_raised_as_it_was(tmp_path):
-    class Odd(ValueError):
+    class Odd(ReaderError):
         def __init__(self, path: str, extra: int):
             super().__init__(f"{path}: odd ({extra})")
 
     copy = tmp_path / "staging" / "raw"
+    odd = Odd(str(copy / "labeled.jsonl"), 1)
     with pytest.raises(Odd) as raised, steps._naming_kept(copy, tmp_path / "kept"):
-        raise Odd(str(copy / "labeled.jsonl"), 1)
-    assert str(raised.value) == f"{copy / 'labeled.jsonl'}: odd (1)"
-    other = FileNotFoundError(2, "No such file or directory", str(tmp_path / "elsewhere.csv"))
-    with pytest.raises(FileNotFoundError) as raised, steps._naming_kept(copy, tmp_path / "kept"):
-        raise other
-    assert raised.value is other
+        raise odd
+    assert raised.value is odd and str(odd) == f"{copy / 'labeled.jsonl'}: odd (1)"
+    # a path the copy's is a prefix of is another file
+    for other in (DataFileError(f"{copy}_old/labeled.jsonl, line 2: not valid JSON"),
+                  DataFileError(f"{tmp_path / 'elsewhere.csv'}, line 2: not valid JSON")):
+        with pytest.raises(DataFileError) as raised, steps._naming_kept(copy, tmp_path / "kept"):
+            raise other
+        assert raised.value is other
 
 
 def test_a_delivered_copy_of_a_question_the_data_holds_under_two_labels_is_quarantined_when_judged(project):

@@ -111,10 +111,10 @@ class _Events(logging.Handler):
         self.events.append(("log", record.getMessage()))
 
 
-def _scripted_fit(figures: list[float], schedule: Schedule, keep: str = "best"):
+def _scripted_fit(figures: list[float], schedule: Schedule, keep: str = "best", validated: list | None = None):
     """`fit` on a small model with dropout, whose validation macro-F1 is `figures`, epoch by epoch. Returns the result,
     the log lines and on_epoch calls in their order, each epoch's weights as on_epoch saw them, the losses of each
-    epoch's steps, the rows each step trained on, and the model."""
+    epoch's steps, the rows each step trained on, and the model. `validated` gets the weights each validation scored."""
     torch.manual_seed(0)
     model, inputs = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.3)), torch.randn(7, 3)  # (rows, features)
     events, weights, losses, steps, scripted = [], {}, {}, [], iter(figures)
@@ -125,6 +125,11 @@ def _scripted_fit(figures: list[float], schedule: Schedule, keep: str = "best"):
         losses.setdefault(len(weights), []).append(loss.item())  # the epoch on_epoch sees next
         return loss
 
+    def validate():
+        if validated is not None:
+            validated.append({k: v.clone() for k, v in model.state_dict().items()})
+        return {"accuracy": 0.25, "macro_f1": next(scripted)}
+
     def on_epoch(record):
         events.append(("on_epoch", record))
         weights[record.epoch] = {k: v.clone() for k, v in model.state_dict().items()}
@@ -134,9 +139,8 @@ def _scripted_fit(figures: list[float], schedule: Schedule, keep: str = "best"):
     level = logger.level
     logger.setLevel(logging.INFO)
     try:
-        result = fit(model, [{"params": model.parameters(), "lr": 0.05}], batch_loss, len(inputs),
-                     lambda: {"accuracy": 0.25, "macro_f1": next(scripted)}, schedule, seed=3, description="toy",
-                     on_epoch=on_epoch, keep=keep)
+        result = fit(model, [{"params": model.parameters(), "lr": 0.05}], batch_loss, len(inputs), validate, schedule,
+                     seed=3, description="toy", on_epoch=on_epoch, keep=keep)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
@@ -226,7 +230,8 @@ def test_fit_with_weight_averaging_validates_and_keeps_the_average_while_its_own
     decay = 0.3  # the ramp binds for the first two steps ((1 + t) / (10 + t) < 0.3), the decay after
     schedule = Schedule(epochs=4, batch_size=2, warmup_ratio=0.3, patience=5, weight_averaging=decay)
     figures = [0.1, 0.2, 0.5, 0.4, 0.3]  # best at epoch 2
-    result, _, seen, _, steps, model = _scripted_fit(figures, schedule, keep=keep)
+    validated = []
+    result, _, seen, _, steps, model = _scripted_fit(figures, schedule, keep=keep, validated=validated)
 
     torch.manual_seed(0)
     plain, inputs = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.3)), torch.randn(7, 3)
@@ -248,8 +253,9 @@ def test_fit_with_weight_averaging_validates_and_keeps_the_average_while_its_own
         averages[epoch] = dict(average)
 
     assert steps == order and result.best_epoch == (2 if keep == "best" else 4)
-    for epoch in range(5):  # what each epoch validated (on_epoch sees the model as validation scored it)
-        assert all(torch.allclose(seen[epoch][k], averages[epoch][k], atol=1e-6) for k in average), epoch
+    for epoch in range(5):  # what each epoch's validation scored, and on_epoch saw
+        assert all(torch.allclose(validated[epoch][k], averages[epoch][k], atol=1e-6) for k in average), epoch
+        assert all(torch.equal(seen[epoch][k], validated[epoch][k]) for k in average), epoch
     assert not torch.allclose(seen[4]["0.weight"], plain.state_dict()["0.weight"], atol=1e-3)  # not the own weights
     kept = model.state_dict()
     assert all(torch.equal(kept[k], seen[result.best_epoch][k]) for k in kept) and not model.training
