@@ -9,7 +9,10 @@ for `mlp`, whose learned term no index can search (exact over the catalog, which
 
 from __future__ import annotations
 
+import functools
 import logging
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable
 from importlib import metadata
@@ -39,7 +42,9 @@ def load_faiss():
                            f"one: `pip uninstall -y faiss-cpu` for the GPU index (pyproject.toml's gpu extra)")
     try:
         import faiss
-    except ImportError:
+    except (ImportError, OSError) as error:  # OSError: a GPU build's CUDA library missing
+        if installed:
+            raise ImportError(f"FAISS: {installed[0]} is installed, yet `import faiss` failed: {error}") from error
         raise ImportError("FAISS is not installed: `make run` installs it (FAISS=cpu, or FAISS=gpu on a GPU machine), "
                           "as does `pip install -e '.[cpu]'`") from None
     return faiss
@@ -61,13 +66,14 @@ def _installed(distribution: str) -> bool:
 
 
 def build_index(standards: np.ndarray, normalise: bool = True) -> "faiss.Index":
-    """Exact inner-product index over standard questions (P, D), L2-normalised for cosine; on a GPU when present."""
+    """Exact inner-product index over standard questions (P, D), L2-normalised for cosine; on the GPU when faiss is a
+    GPU build that runs there."""
     faiss = load_faiss()
     vectors = np.array(standards, dtype=np.float32, order="C")  # a copy: normalize_L2 works in place
     if normalise:
         faiss.normalize_L2(vectors)
     index = faiss.IndexFlatIP(vectors.shape[1])
-    if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
+    if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0 and gpu_index_runs():
         resources = faiss.StandardGpuResources()
         index = faiss.index_cpu_to_gpu(resources, 0, index)
         # The GPU index uses its resources to its end; whether index_cpu_to_gpu keeps them alive depends on the faiss
@@ -75,6 +81,42 @@ def build_index(standards: np.ndarray, normalise: bool = True) -> "faiss.Index":
         index.referenced_objects = [*getattr(index, "referenced_objects", []), resources]
     index.add(vectors)
     return index
+
+
+# One search on a GPU index, as build_index and retrieve make one
+GPU_PROBE = """
+import faiss, numpy
+index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, faiss.IndexFlatIP(4))
+index.add(numpy.eye(4, dtype="float32"))
+assert (index.search(numpy.eye(4, dtype="float32"), 1)[1].ravel() == numpy.arange(4)).all()
+"""
+
+
+@functools.cache
+def gpu_index_runs() -> bool:
+    """Whether this faiss build's GPU index runs on GPU 0, tried once per process in a child process. A build compiled
+    without the GPU's architecture aborts the whole process on its first kernel, which Python cannot catch: PyPI's
+    faiss-gpu-cu12 stops at compute capability 8.9, so on an H100 or H200 it died with "no kernel image is available
+    for execution on the device". Then mining searches the CPU index, which is exact too: the same neighbours."""
+    try:
+        probe = subprocess.run([sys.executable, "-c", GPU_PROBE], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        reason = "its probe search did not finish in 300 s"
+    else:
+        if probe.returncode == 0:
+            return True
+        reason = f"its probe search exited with status {probe.returncode}" + _said(probe.stderr)
+    log.warning("FAISS's GPU index cannot run on this GPU (%s); mining searches the CPU index instead, exact too. "
+                "To silence this, install a faiss build for this GPU's architecture, or faiss-cpu.", reason)
+    return False
+
+
+def _said(stderr: str) -> str:
+    """The line of a failed probe that says why: faiss's own assertion (an abort prints it first, then perhaps a stack),
+    from its "details:" on, else the last line (a Python exception's)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    line = next((line for line in lines if line.startswith("Faiss assertion")), lines[-1] if lines else "")
+    return f": {line.partition('details: ')[2] or line}" if line else ""
 
 
 def retrieve(index: "faiss.Index", questions: np.ndarray, depth: int, normalise: bool = True) -> tuple[np.ndarray, np.ndarray]:

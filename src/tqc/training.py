@@ -329,9 +329,10 @@ def check_rows_per_process(n_rows: int, description: str) -> None:
 
 
 def _train_epoch(model: nn.Module, batch_loss: Callable[[list[int]], torch.Tensor], progress, optimizer, scheduler,
-                 device: torch.device, after_step: Callable[[], None] = lambda: None) -> float:
+                 device: torch.device, after_step: Callable[[], None]) -> float:
     """One pass over the epoch's batches (`progress`: row indices per batch, with a progress bar); each process
-    takes its share of a batch and the gradients are averaged. Returns the epoch's mean loss over its batches, each
+    takes its share of a batch and the gradients are averaged; `after_step` runs after each optimizer step (the weight
+    average's update). Returns the epoch's mean loss over its batches, each
     batch's the mean over all its rows (as one process records it), whatever the processes' shares."""
     model.train()
     losses, weighted = [], []

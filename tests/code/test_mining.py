@@ -209,6 +209,7 @@ def test_a_gpu_index_keeps_its_gpu_resources_alive_as_long_as_it_lives(monkeypat
     monkeypatch.setattr(faiss, "StandardGpuResources", lambda: made.append(FakeResources()) or made[-1], raising=False)
     monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1)
     monkeypatch.setattr(faiss, "index_cpu_to_gpu", lambda resources, device, index: index, raising=False)
+    monkeypatch.setattr(mining, "gpu_index_runs", lambda: True)
     index = mining.build_index(np.eye(3, dtype=np.float32))
     alive = weakref.ref(made.pop())
     gc.collect()
@@ -216,6 +217,76 @@ def test_a_gpu_index_keeps_its_gpu_resources_alive_as_long_as_it_lives(monkeypat
     del index
     gc.collect()
     assert alive() is None
+
+
+@pytest.fixture
+def fresh_gpu_probe():
+    """gpu_index_runs asks once per process: each of these tests asks anew, and leaves no verdict behind."""
+    from tqc import mining
+
+    mining.gpu_index_runs.cache_clear()
+    yield mining
+    mining.gpu_index_runs.cache_clear()
+
+
+def test_a_gpu_build_whose_kernels_cannot_run_here_mines_on_the_cpu_index(monkeypatch, caplog, fresh_gpu_probe):
+    """On the lent H200, PyPI's faiss-gpu-cu12 (compute capability up to 8.9) aborted the whole process on its first
+    search, "no kernel image is available": a probe in a child process now finds that first, and mining stays alive."""
+    import logging
+
+    import faiss
+
+    mining = fresh_gpu_probe
+    moved = []
+    monkeypatch.setattr(faiss, "StandardGpuResources", object, raising=False)
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1)
+    monkeypatch.setattr(faiss, "index_cpu_to_gpu", lambda *args: moved.append(args), raising=False)
+    monkeypatch.setattr(mining, "GPU_PROBE", "import os, sys\n"  # what the H200 printed, then the abort
+                        "sys.stderr.write(\"Faiss assertion 'err__ == cudaSuccess' failed in void faiss::gpu::runL2Norm at "
+                        "L2Norm.cu:257; details: CUDA error 209 no kernel image is available for execution on the device\\n\")\n"
+                        "sys.stderr.flush(); os.abort()")
+    with caplog.at_level(logging.WARNING, logger="tqc.mining"):
+        first = mining.build_index(np.eye(3, dtype=np.float32))
+        second = mining.build_index(np.eye(3, dtype=np.float32))
+    assert type(first).__name__ == type(second).__name__ == "IndexFlatIP" and moved == []
+    assert first.search(np.eye(3, dtype=np.float32), 1)[1].ravel().tolist() == [0, 1, 2]
+    warnings = [r.getMessage() for r in caplog.records if "GPU index cannot run" in r.getMessage()]
+    assert len(warnings) == 1  # asked once per process
+    assert "exited with status -6: CUDA error 209 no kernel image is available" in warnings[0]
+
+
+def test_the_gpu_probe_runs_a_real_search_in_a_child_process(caplog, fresh_gpu_probe):
+    """Here faiss-cpu has no GPU index, so the real probe fails, and says why in Python's own words."""
+    import logging
+
+    import faiss
+
+    if hasattr(faiss, "StandardGpuResources"):
+        pytest.skip("a GPU build of faiss: tests/gpu asks its probe")
+
+    with caplog.at_level(logging.WARNING, logger="tqc.mining"):
+        assert fresh_gpu_probe.gpu_index_runs() is False
+    assert "status 1: AttributeError: module 'faiss' has no attribute 'index_cpu_to_gpu'" in caplog.text
+
+
+def test_the_gpu_probe_passes_when_its_search_does(monkeypatch, fresh_gpu_probe):
+    monkeypatch.setattr(fresh_gpu_probe, "GPU_PROBE", "import faiss")
+    assert fresh_gpu_probe.gpu_index_runs() is True
+
+
+def test_an_installed_faiss_that_fails_to_import_is_not_called_missing(monkeypatch):
+    """A GPU build without its CUDA libraries fails `import faiss`; the message said FAISS was not installed."""
+    import sys
+
+    from tqc import mining
+
+    monkeypatch.setattr(mining, "_installed", lambda name: name == "faiss-gpu-cu12")
+    monkeypatch.setitem(sys.modules, "faiss", None)  # `import faiss` now raises ImportError
+    with pytest.raises(ImportError, match="faiss-gpu-cu12 is installed, yet `import faiss` failed"):
+        mining.load_faiss()
+    monkeypatch.setattr(mining, "_installed", lambda name: False)
+    with pytest.raises(ImportError, match="FAISS is not installed"):
+        mining.load_faiss()
 
 
 def test_two_faiss_builds_are_refused_by_name(monkeypatch):

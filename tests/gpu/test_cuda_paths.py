@@ -79,7 +79,33 @@ def test_both_stages_train_on_the_gpu_keep_float32_weights_and_score_alike_on_th
     assert (gpu_scores.argmax(1) == cpu_scores.argmax(1)).mean() >= 0.9
 
 
-def test_the_gpu_index_ranks_as_the_cpu_index_does():
+def test_weight_averaging_keeps_its_average_on_the_gpu_and_trains_there(tiny_model_dir):
+    from tqc.training import WeightAverage
+
+    layer = torch.nn.Linear(4, 4).to(pick_device())
+    start = layer.weight.detach().clone()
+    average = WeightAverage(layer, 0.9)
+    assert all(a.device.type == "cuda" and a.dtype == torch.float32 for a in average.average)
+    with torch.no_grad():
+        layer.weight.add_(1.0)
+    average.update()  # step 1: the ramp's decay is min(0.9, 2 / 11), so the average moves 9 / 11 of the way
+    with average.applied():
+        torch.testing.assert_close(layer.weight, start + 9 / 11)
+    torch.testing.assert_close(layer.weight, start + 1.0)  # the own weights back after the block
+
+    torch.manual_seed(0)
+    model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir))).to(pick_device())
+    before = _float_weights(model)
+    one = stage_one.train(model, _rows(0, 16), _rows(1, 4), CATALOG,
+                          StageOneParams(epochs=2, batch_size=8, learning_rate=1e-3, patience=2, weight_averaging=0.9),
+                          seed=0)
+    after = _float_weights(model)
+    assert all(v.dtype == torch.float32 and v.device.type == "cuda" and torch.isfinite(v).all() for v in after.values())
+    assert any(not torch.equal(before[k], after[k]) for k in after)
+    assert [r.epoch for r in one.history] == [0, 1, 2] and all(np.isfinite(r.validation_macro_f1) for r in one.history)
+
+
+def _gpu_faiss():
     from tqc.mining import _installed, load_faiss
 
     faiss = load_faiss()
@@ -87,6 +113,29 @@ def test_the_gpu_index_ranks_as_the_cpu_index_does():
     if not gpu_build:
         pytest.skip("faiss-cpu is installed, not a GPU build (make run FAISS=gpu)")
     assert hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0, "a GPU build is installed, yet faiss has no GPU"
+    return faiss
+
+
+def test_a_faiss_build_whose_kernels_cannot_run_on_this_gpu_mines_on_the_cpu_index():
+    """PyPI's faiss-gpu-cu12 stops at compute capability 8.9: on an H200 its first search aborted the process."""
+    from tqc.mining import gpu_index_runs
+
+    _gpu_faiss()
+    if gpu_index_runs():
+        pytest.skip("this faiss build's GPU index runs on this GPU")
+    standards = np.random.default_rng(0).normal(size=(6, 8))  # (P, D)
+    assert type(build_index(standards)).__name__ == "IndexFlatIP"
+    gold = np.arange(60) % 6
+    negatives, _ = mine(standards[gold] + 0.1, standards, gold, 2)
+    assert negatives.shape == (60, 2) and not (negatives == gold[:, None]).any()
+
+
+def test_the_gpu_index_ranks_as_the_cpu_index_does():
+    from tqc.mining import gpu_index_runs
+
+    faiss = _gpu_faiss()
+    if not gpu_index_runs():
+        pytest.skip("this faiss build's GPU index cannot run on this GPU: see the test above")
     rng = np.random.default_rng(0)
     standards, questions = rng.normal(size=(50, 32)), rng.normal(size=(200, 32))  # (P, D), (N, D)
     index = build_index(standards)
