@@ -83,39 +83,49 @@ def build_index(standards: np.ndarray, normalise: bool = True) -> "faiss.Index":
     return index
 
 
-# One search on a GPU index, as build_index and retrieve make one
+# One search on a GPU index, as build_index and retrieve make one: its resources held, as build_index's index holds them
 GPU_PROBE = """
 import faiss, numpy
-index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, faiss.IndexFlatIP(4))
+resources = faiss.StandardGpuResources()
+index = faiss.index_cpu_to_gpu(resources, 0, faiss.IndexFlatIP(4))
 index.add(numpy.eye(4, dtype="float32"))
 assert (index.search(numpy.eye(4, dtype="float32"), 1)[1].ravel() == numpy.arange(4)).all()
 """
+GPU_PROBE_SECONDS = 300  # CUDA's start and one tiny search take seconds; a hung driver is not waited on longer
 
 
 @functools.cache
 def gpu_index_runs() -> bool:
-    """Whether this faiss build's GPU index runs on GPU 0, tried once per process in a child process. A build compiled
-    without the GPU's architecture aborts the whole process on its first kernel, which Python cannot catch: PyPI's
-    faiss-gpu-cu12 stops at compute capability 8.9, so on an H100 or H200 it died with "no kernel image is available
-    for execution on the device". Then mining searches the CPU index, which is exact too: the same neighbours."""
-    try:
-        probe = subprocess.run([sys.executable, "-c", GPU_PROBE], capture_output=True, text=True, timeout=300)
+    """Whether this faiss build's GPU index runs on GPU 0 (build_index's: the first CUDA_VISIBLE_DEVICES lists, which
+    the child inherits), tried once per process in a child process. A build compiled without the GPU's architecture
+    aborts the whole process on its first kernel, which Python cannot catch: PyPI's faiss-gpu-cu12 from 1.9 on stops at
+    compute capability 8.9, so on an H100 or H200 it died with "no kernel image is available for execution on the
+    device". Then mining searches the CPU index, which is exact too: the same neighbours."""
+    try:  # errors="replace": a driver's message in another encoding is still read, not a crash of mining
+        probe = subprocess.run([sys.executable, "-c", GPU_PROBE], capture_output=True, text=True, errors="replace",
+                               timeout=GPU_PROBE_SECONDS)
     except subprocess.TimeoutExpired:
-        reason = "its probe search did not finish in 300 s"
+        reason = f"its probe search did not finish in {GPU_PROBE_SECONDS} s"
+    except OSError as error:  # no interpreter to start (sys.executable empty or gone): the CPU index needs none
+        reason = f"its probe could not start: {error}"
     else:
         if probe.returncode == 0:
             return True
         reason = f"its probe search exited with status {probe.returncode}" + _said(probe.stderr)
     log.warning("FAISS's GPU index cannot run on this GPU (%s); mining searches the CPU index instead, exact too. "
-                "To silence this, install a faiss build for this GPU's architecture, or faiss-cpu.", reason)
+                "To silence this, install a faiss build with kernels for this GPU (README.md, on FAISS), or faiss-cpu "
+                "in its place: `make install FAISS=cpu`.", reason)
     return False
 
 
 def _said(stderr: str) -> str:
     """The line of a failed probe that says why: faiss's own assertion (an abort prints it first, then perhaps a stack),
-    from its "details:" on, else the last line (a Python exception's)."""
+    from its "details:" on, else the last line before Python's fault report (PYTHONFAULTHANDLER, inherited, appends
+    "Fatal Python error: Aborted", a stack and the extension modules to an abort), else that report's first line."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    line = next((line for line in lines if line.startswith("Faiss assertion")), lines[-1] if lines else "")
+    fault = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), len(lines))
+    cause = lines[:fault] or lines[fault:fault + 1]
+    line = next((line for line in cause if line.startswith("Faiss assertion")), cause[-1] if cause else "")
     return f": {line.partition('details: ')[2] or line}" if line else ""
 
 

@@ -266,12 +266,81 @@ def test_the_gpu_probe_runs_a_real_search_in_a_child_process(caplog, fresh_gpu_p
 
     with caplog.at_level(logging.WARNING, logger="tqc.mining"):
         assert fresh_gpu_probe.gpu_index_runs() is False
-    assert "status 1: AttributeError: module 'faiss' has no attribute 'index_cpu_to_gpu'" in caplog.text
+    assert "status 1: AttributeError: module 'faiss' has no attribute 'StandardGpuResources'" in caplog.text
 
 
 def test_the_gpu_probe_passes_when_its_search_does(monkeypatch, fresh_gpu_probe):
     monkeypatch.setattr(fresh_gpu_probe, "GPU_PROBE", "import faiss")
     assert fresh_gpu_probe.gpu_index_runs() is True
+
+
+FAULT_REPORT = """Fatal Python error: Aborted
+
+Current thread 0x00007f3c (most recent call first):
+  File "<string>", line 6 in <module>
+
+Extension modules: numpy._core._multiarray_umath, faiss._swigfaiss (total: 2)
+"""
+
+
+@pytest.mark.parametrize("stderr, said", [
+    ("Faiss assertion 'err__ == cudaSuccess' failed in void faiss::gpu::runL2Norm at L2Norm.cu:257; details: CUDA "
+     "error 209 no kernel image is available for execution on the device\n" + FAULT_REPORT,
+     ": CUDA error 209 no kernel image is available for execution on the device"),
+    ("terminate called after throwing an instance of 'faiss::FaissException'\n  what():  Error in StandardGpuResources: "
+     "CUDA error 100 no CUDA-capable device is detected\n" + FAULT_REPORT,
+     ": what():  Error in StandardGpuResources: CUDA error 100 no CUDA-capable device is detected"),
+    (FAULT_REPORT, ": Fatal Python error: Aborted"),
+    ("Traceback (most recent call last):\n  File \"<string>\", line 2, in <module>\nModuleNotFoundError: No module "
+     "named 'faiss'\n", ": ModuleNotFoundError: No module named 'faiss'"),
+    ("Faiss assertion 'p' failed in f at g.cu:1\nsomething after\n", ": Faiss assertion 'p' failed in f at g.cu:1"),
+    ("", ""),
+    (" \n\t\n", ""),
+])
+def test_a_failed_probe_is_named_by_its_cause_not_by_python_s_fault_report(stderr, said):
+    """PYTHONFAULTHANDLER, which the probe inherits, follows an abort with Python's own report: the warning named its
+    last line ("Extension modules: …") instead of the C++ error above it."""
+    from tqc.mining import _said
+
+    assert _said(stderr) == said
+
+
+def test_an_abort_under_pythonfaulthandler_is_named_by_its_cause(monkeypatch, caplog, fresh_gpu_probe):
+    import logging
+
+    monkeypatch.setenv("PYTHONFAULTHANDLER", "1")
+    monkeypatch.setattr(fresh_gpu_probe, "GPU_PROBE", "import os, sys\n"
+                        "sys.stderr.write(\"terminate called after throwing an instance of 'faiss::FaissException'\\n"
+                        "  what():  CUDA error 46 all CUDA-capable devices are busy or unavailable\\n\")\n"
+                        "sys.stderr.flush(); os.abort()")
+    with caplog.at_level(logging.WARNING, logger="tqc.mining"):
+        assert fresh_gpu_probe.gpu_index_runs() is False
+    assert "status -6: what():  CUDA error 46 all CUDA-capable devices are busy or unavailable)" in caplog.text
+
+
+def test_a_probe_that_hangs_cannot_start_or_writes_odd_bytes_leaves_mining_on_the_cpu(monkeypatch, caplog, tmp_path,
+                                                                                      fresh_gpu_probe):
+    """A hung probe is given up on; one that cannot start, or writes bytes the locale cannot decode, raised out of
+    mining before (FileNotFoundError, UnicodeDecodeError), where the CPU index needs neither."""
+    import logging
+    import sys
+
+    mining = fresh_gpu_probe
+    monkeypatch.setattr(mining, "GPU_PROBE_SECONDS", 1)
+    monkeypatch.setattr(mining, "GPU_PROBE", "import time; time.sleep(60)")
+    with caplog.at_level(logging.WARNING, logger="tqc.mining"):
+        assert mining.gpu_index_runs() is False
+        mining.gpu_index_runs.cache_clear()
+        monkeypatch.setattr(mining, "GPU_PROBE", "import sys; sys.stderr.buffer.write(b'CUDA error \\xff\\n'); sys.exit(3)")
+        assert mining.gpu_index_runs() is False  # UnicodeDecodeError before
+        mining.gpu_index_runs.cache_clear()
+        monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+        assert mining.gpu_index_runs() is False  # FileNotFoundError before
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 3 and "its probe search did not finish in 1 s" in said[0]
+    assert "exited with status 3: CUDA error \ufffd" in said[1]
+    assert "its probe could not start: [Errno 2] No such file or directory" in said[2] and "no-python" in said[2]
+    assert all("`make install FAISS=cpu`" in line for line in said)
 
 
 def test_an_installed_faiss_that_fails_to_import_is_not_called_missing(monkeypatch):
@@ -286,6 +355,22 @@ def test_an_installed_faiss_that_fails_to_import_is_not_called_missing(monkeypat
         mining.load_faiss()
     monkeypatch.setattr(mining, "_installed", lambda name: False)
     with pytest.raises(ImportError, match="FAISS is not installed"):
+        mining.load_faiss()
+
+
+def test_a_gpu_build_whose_cuda_library_is_missing_is_named(monkeypatch, tmp_path):
+    """faiss's loader raises OSError where a CUDA library it preloads is missing; that is the build's failure too."""
+    import sys
+
+    from tqc import mining
+
+    (tmp_path / "faiss").mkdir()
+    (tmp_path / "faiss" / "__init__.py").write_text('raise OSError("libcublas.so.12: cannot open shared object file")')
+    monkeypatch.delitem(sys.modules, "faiss", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(mining, "_installed", lambda name: name == "faiss-gpu-cu12")
+    with pytest.raises(ImportError, match="faiss-gpu-cu12 is installed, yet `import faiss` failed: libcublas.so.12: "
+                                          "cannot open shared object file"):
         mining.load_faiss()
 
 
