@@ -31,5 +31,7 @@ import numpy, torch, transformers, faiss
 from tqc.mining import build_index
 print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0), 'transformers', transformers.__version__,
       'faiss', faiss.__version__, 'GPUs for faiss', faiss.get_num_gpus(), 'index', type(build_index(numpy.eye(4))).__name__)"
-  python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rA --durations=5
-  python3 -m pytest tests/code/test_mining.py -q -p no:cacheprovider; } 2>&1 | tee "$log"
+  python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rA --durations=5; gpu=$?
+  python3 -m pytest tests/code/test_mining.py -q -p no:cacheprovider; mining=$?
+  exit $((gpu || mining)); } 2>&1 | tee "$log"
+exit "${PIPESTATUS[0]}"  # a failed test fails the script, not only tee's status
