@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import json
+from pathlib import Path
 
 from tqc.ablate import (Cell, CellResult, _or_recorded, experiment_overrides, grid_cells, matches, paired_difference,
                         paired_differences, recorded_cells, render_markdown, set_arguments, summarise)
@@ -527,3 +528,41 @@ def test_a_code_version_evaluate_could_not_read_is_not_recorded_as_a_commit(monk
     metrics["run"]["code_edited"] = False  # params.yaml alone differed: the values the cell sets
     shown["reports/metrics.json"] = json.dumps(metrics)
     assert ablate_module.read_cell(cell, None, {cell.name: "refs/exps/x"}).code_version == "4004902ed3"
+
+
+PINNED = Path(__file__).parent / "pinned"  # whole reports as the code wrote them: a moved, dropped or reworded line fails
+
+
+def _report_of_every_kind_of_row() -> tuple[Params, list[dict]]:
+    """Three grids whose rows take every branch of the table: NC in one seed of three (n = k), a seed read from a
+    record (†), missing seeds, cells at two code versions, generated rows as a range, one count and none, a paired
+    difference across code versions, a two-axis pivot, a reference left out of the selection, budgets of both kinds."""
+    aug = GRID.model_copy(update={"reference": "none", "budget": {"stage_one.epochs": 5}})
+    ld = AblationGrid(title="Loss × distance", matrix={"stage_two.loss": ["nt_xent", "bpr"],
+                                                        "model.similarity": ["cosine", "mlp"]})
+    sel = AblationGrid(title="Selected", variants={"none": {}, "eda": {"augment.explicit": "eda"}}, reference="none")
+    params = Params.model_validate({"ablate": {"budget": {"stage_two.epochs": 1}, "grids": {
+        "aug": aug.model_dump(), "ld": ld.model_dump(), "sel": sel.model_dump()}}})
+    outcomes = {  # (variant, seed): (status, ADMC macro-F1, NC, generated rows, code version); any other: missing
+        ("none · ir=50", 0): ("done", 0.50, 0.70, 10, "aaa"), ("none · ir=50", 1): ("done", 0.60, None, 12, "aaa"),
+        ("none · ir=50", 2): ("recorded", 0.55, None, 12, None), ("eda · ir=50", 0): ("done", 0.62, None, 20, "aaa"),
+        ("eda · ir=50", 1): ("done", 0.64, None, 20, "bbb"), ("none · ir=10", 0): ("done", 0.40, None, 5, "aaa"),
+        ("default · loss=nt_xent · similarity=cosine", 0): ("done", 0.80, None, None, "aaa"),
+        ("default · loss=nt_xent · similarity=cosine", 1): ("done", 0.82, None, None, "aaa"),
+        ("default · loss=bpr · similarity=mlp", 0): ("done", 0.70, None, None, "aaa"), ("eda", 0): ("done", 0.9, None, 3, "aaa"),
+    }
+    results = []
+    for name, seeds in (("aug", [0, 1, 2]), ("ld", [0, 1]), ("sel", [0, 1])):
+        for cell in grid_cells(name, params.ablate.grids[name], seeds, {}, {}):
+            status, f1, nc, generated, version = outcomes.get((cell.variant, cell.seed), ("missing", None, None, None, None))
+            results.append(CellResult(cell, status, _figures(f1, nc) if f1 is not None else {}, generated, None, version))
+    return params, summarise(results)
+
+
+def test_the_whole_report_is_pinned_line_for_line():
+    """The checks above look for a line each; this one holds the whole text, so that a refactoring of render_markdown
+    that moves, drops or rewords a line, or a blank one, fails."""
+    params, rows = _report_of_every_kind_of_row()
+    assert render_markdown(params, ["aug", "ld", "sel"], rows) == (PINNED / "ablations.md").read_text(encoding="utf-8")
+    nothing_yet = Params.model_validate({"ablate": {"grids": {"ld": params.ablate.grids["ld"].model_dump()}}})
+    assert render_markdown(nothing_yet, ["ld"], []) == (PINNED / "ablations_none_finished.md").read_text(encoding="utf-8")

@@ -19,7 +19,7 @@ import yaml
 from tqc.config import ConfigError, Params, SearchDimension, load_params, unflatten
 from tqc.schema import Catalog, StandardQuestion
 from tqc.tracking import run_params
-from tqc.tune import EpochReporter, apply_best, default_values, sample_overrides, tune, within_wrong_classes
+from tqc.tune import EpochReporter, apply_best, default_values, flat_base, sample_overrides, tune, within_wrong_classes
 from tests.conftest import tiny_params, write_custom_dataset
 
 SPACE = {
@@ -1647,3 +1647,133 @@ def test_a_replayed_pruned_trial_is_judged_on_hyperbands_rungs_as_a_trained_one_
              if key.startswith("completed_rung_")}
     assert rungs == {"completed_rung_0": 0.1} and replay.user_attrs["repeats"] == 3
     assert _replay_pruned(study.ask(), values, "fixed" * 8) == set()  # other code's pruned trial: trained again
+
+
+def _study_of_every_trial_state(params: Params):
+    """A finished study as write_reports reads it: the baseline, a better trial, a repeat of it, one of other code, a
+    pruned one and a failed one, from two workers."""
+    k = {"mine.k": optuna.distributions.IntDistribution(1, 5)}
+    base = default_values(params.tune.space, flat_base(params))
+    study = optuna.create_study(study_name="pinned", direction="maximize")
+    for state, value, values, attrs in (
+            ("COMPLETE", 0.8, {}, {"baseline": True, "base_values": base, "worker": "a:1:0", "code_version": CODE}),
+            ("COMPLETE", 0.9, {"mine.k": 3}, {"worker": "a:1:0", "code_version": CODE}),
+            ("COMPLETE", 0.9, {"mine.k": 3}, {"worker": "b:2:1", "code_version": CODE, "repeats": 1}),
+            ("COMPLETE", 0.7, {"mine.k": 4}, {"worker": "b:2:1", "code_version": "0123456789" + "a" * 30}),
+            ("PRUNED", None, {"mine.k": 2}, {"worker": "b:2:1", "code_version": CODE, "repeats": 9}),
+            ("FAIL", None, {"mine.k": 1}, {"worker": "a:1:0", "code_version": CODE, "failed": "DivergedScores: NaN"})):
+        study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState[state], value=value, params=values,
+                                                  distributions={name: k[name] for name in values}, user_attrs=attrs,
+                                                  intermediate_values={1: 0.5} if state == "PRUNED" else None))
+    return study
+
+
+def test_the_reports_are_pinned_file_for_file(tmp_path, monkeypatch, caplog):
+    """Every file write_reports writes, whole, and nothing else: a refactoring that changes a byte of them fails."""
+    from tqc import tune as tuning
+
+    params = Params.model_validate({"tracking": {"enabled": False},
+                                    "tune": {"study": "pinned", "space": {"mine.k": {"low": 1, "high": 5}}}})
+    study = _study_of_every_trial_state(params)
+    plotted = []
+    monkeypatch.setattr(tuning, "_plots", lambda study, out_dir: plotted.append(out_dir))  # matplotlib's PNG bytes vary
+    out = tmp_path / "new" / "reports"
+    with caplog.at_level(logging.INFO, logger="tqc.tune"):
+        result = tuning.write_reports(study, params, None, tmp_path / "study", out, Path("conf/team.yaml"), CODE)
+
+    missing = lambda number: (f"no model in {tmp_path / 'study' / f'trial-{number:04d}' / 'stage_two'}: the trial ran on "
+                              "another machine, or its models were dropped (tune.keep_models: false) before it became "
+                              "the best")
+    summary = {
+        "study": "pinned", "dataset": "trec6", "trained_with": tuning.trained_with(params),
+        "objective": "validation macro-F1 of stage two (the best epoch)",
+        "trials": {"COMPLETE": 4, "PRUNED": 1, "FAIL": 1}, "repeated": 1, "repeated_pruned": 1, "code_version": CODE,
+        "other_code_version": 1, "workers": ["a:1:0", "b:2:1"],
+        "best": {"number": 1, "validation_macro_f1": 0.9, "params": {"mine.k": 3}, "code_version": CODE, "test": None,
+                 "test_missing": missing(1)},
+        "baseline": {"number": 0, "validation_macro_f1": 0.8, "params": {"mine.k": 5}, "code_version": CODE,
+                     "test": None, "test_missing": missing(0)},
+        "note": "test figures are reported for the best and baseline trials only; they never choose anything",
+    }
+    assert sorted(p.name for p in out.iterdir()) == ["best_params.yaml", "summary.json", "trials.csv"]
+    assert plotted == [out]
+    assert (out / "best_params.yaml").read_text(encoding="utf-8") == (
+        "# Optuna study 'pinned', trial 1: validation macro-F1 0.9000\n"
+        f"# apply with: tqc --params conf/team.yaml tune --apply {out / 'best_params.yaml'}\n"
+        "mine:\n  k: 3\n")
+    assert list(result.summary.items()) == list(summary.items())  # the keys' order too: summary.json keeps it
+    assert (out / "summary.json").read_text(encoding="utf-8") == json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
+    assert (out / "trials.csv").read_text(encoding="utf-8") == tuning._trials_table(study).to_csv(index=False)
+    assert result == tuning.TuneResult("pinned", {"mine": {"k": 3}}, summary)
+    assert [r.getMessage() for r in caplog.records if r.name == "tqc.tune"] == [
+        f"tune: best trial 1 validation macro-F1 0.9000 (baseline 0.8000); wrote {out}"]
+
+
+PINNED_PARAMS = """\
+# A team's params: every comment, quote, null and flow list below survives --apply
+seed: 0
+
+data:
+  dataset: trec6            # the study's
+  data_dir: "data/raw"      # quoted, and stays so
+
+augment:
+  target_count: null
+  seq2seq:
+    paraphrase_prefix: ""
+  implicit: [dropout, cutoff, dropout, cutoff, dropout, cutoff, dropout, cutoff, dropout, cutoff, dropout, cutoff, dropout]
+
+stage_one:
+  epochs: 2                 # short
+  learning_rate: 1.0e-4
+  temperature: 0.1
+  loss: nt_xent             # nt_xent | decoupled | bpr | hinge | sdml
+  margin: 0.2
+  max_steps: null
+
+mine:                       # ranked by model.similarity
+  k: 5
+
+stage_two:
+  learning_rate: 5.0e-5
+"""
+
+
+def test_apply_is_pinned_byte_for_byte_with_its_refusals(tmp_path):
+    """What `tqc tune --apply` writes, whole, what it returns, and each refusal's message, the file left as it was."""
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(PINNED_PARAMS, encoding="utf-8")
+    best = tmp_path / "tuned" / "best_params.yaml"
+    best.parent.mkdir()
+    best.write_text("stage_one:\n  temperature: 0.05\n  learning_rate: 1.0e-05\n  loss: hinge\n  margin: 0.3\n"
+                    "  max_steps: 40\nmine:\n  k: 7\nstage_two:\n  learning_rate: 0.00005\n", encoding="utf-8")
+    changed = apply_best(best, params_file)
+    assert list(changed.items()) == [("stage_one.temperature", 0.05), ("stage_one.learning_rate", 1e-05),
+                                     ("stage_one.loss", "hinge"), ("stage_one.margin", 0.3), ("stage_one.max_steps", 40),
+                                     ("mine.k", 7)]  # stage_two's learning rate is the one there, written otherwise
+    applied = PINNED_PARAMS
+    for before, after in (("  learning_rate: 1.0e-4\n", "  learning_rate: 1.0e-05\n"),
+                          ("  temperature: 0.1\n", "  temperature: 0.05\n"),
+                          ("  loss: nt_xent             #", "  loss: hinge               #"),
+                          ("  margin: 0.2\n", "  margin: 0.3\n"), ("  max_steps: null\n", "  max_steps: 40\n"),
+                          ("  k: 5\n", "  k: 7\n")):
+        assert applied.count(before) == 1
+        applied = applied.replace(before, after)
+    assert params_file.read_text(encoding="utf-8") == applied
+
+    def refused(best_text: str, summary: dict | None = None) -> str:
+        best.write_text(best_text, encoding="utf-8")
+        (best.parent / "summary.json").write_text(json.dumps(summary or {}), encoding="utf-8")
+        with pytest.raises(ConfigError) as raised:
+            apply_best(best, params_file)
+        assert params_file.read_text(encoding="utf-8") == applied
+        return str(raised.value)
+
+    assert refused("mine: [").startswith(f"{best}: not YAML (")
+    assert refused("- 1\n") == f"{best}: expected params.yaml's layout (section: {{key: value}}), not a list"
+    assert refused("mine:\n  kk: 3\n") == f"{best}: 'mine.kk' is not in {params_file}"
+    assert refused("mine:\n  k: 0\n").startswith(f"{best}: applying it would make {params_file} invalid:\n")
+    # the dataset is checked before any value: a study of another dataset is refused as such, whatever it holds
+    assert refused("mine:\n  kk: 3\n", {"dataset": "covidq-categories"}) == (
+        f"{best}: tuned on data.dataset 'covidq-categories' ({best.parent / 'summary.json'}), but {params_file} "
+        f"trains 'trec6': set data.dataset: covidq-categories in {params_file} first, or tune on 'trec6'")
