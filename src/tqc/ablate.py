@@ -524,6 +524,15 @@ def _overrides_text(overrides: dict) -> str:
 
 
 def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
+    """ablations.md: what its figures are, then each grid's table, paired differences, code versions and variants."""
+    lines = _preamble(params, rows)
+    for grid in grids:
+        lines += _grid_section(params, grid, [r for r in rows if r["grid"] == grid])
+    return "\n".join(lines)
+
+
+def _preamble(params: Params, rows: list[dict]) -> list[str]:
+    """How to read every table below, and what the marks some of its rows carry mean."""
     budget = _overrides_text(params.ablate.budget) or "the params as they are"
     lines = ["# Ablations", "",
              "Written by `tqc ablate` from DVC experiments (`dvc exp show` lists them by the names below). "
@@ -537,44 +546,60 @@ def render_markdown(params: Params, grids: list[str], rows: list[dict]) -> str:
     if any(row["seeds_recorded"] for row in rows):
         lines += ["Seeds marked † were read from the report this one replaced: their experiments are not among this "
                   "repository's (they ran in another clone; `tqc ablate --rerun` trains them here).", ""]
-    for grid in grids:
-        spec = params.ablate.grids[grid]
-        grid_rows = [r for r in rows if r["grid"] == grid]
-        # NC's columns only where some cell of the grid trained it (most grids compare ADMC variants alone)
-        shown = [f for f in FIGURES if not f.startswith("nc_") or any(r[f]["mean"] is not None for r in grid_rows)]
-        lines += [f"## {spec.title}", "", f"Grid `{grid}`; common params: {_overrides_text(spec.base) or 'none'}"
-                  + (f"; this grid's budget: {_overrides_text(spec.budget)}" if spec.budget else "") + ".", "",
-                  "| variant | " + " | ".join(FIGURES[f][0] for f in shown) + " | generated rows | seeds |",
-                  "|---" * (len(shown) + 3) + "|"]
-        for row in grid_rows:
-            counts = sorted(set(row["generated_rows"]) - {None})  # seeds may draw other splits, so other counts
-            generated = "—" if not counts else str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
-            seeds = seeds_text(row["seeds_done"], row["seeds_recorded"])
-            seeds += f" (missing {row['seeds_missing']})" if row["seeds_missing"] else ""
-            versions = {cell.get("code_version") or "not recorded" for cell in row["cells"]}
-            seeds += f" (at {len(versions)} code versions)" if len(versions) > 1 else ""  # its mean mixes them
-            figures = [_cell_text(row[figure], len(row["seeds_done"])) for figure in shown]
-            lines.append(f"| {row['variant']} | " + " | ".join(figures) + f" | {generated} | {seeds} |")
-        lines.append("")
-        lines += _paired_lines(params, grid, grid_rows)
-        lines += [_code_versions_text(grid_rows), ""]
-        settings = [f"`{name}`: {_overrides_text(overrides)}" for name, overrides in spec.variants.items() if overrides]
-        if settings:  # what each variant sets over the common params, so the table explains itself
-            lines += ["Variants: " + "; ".join(settings) + ".", ""]
-        if len(spec.matrix) == 2:
-            lines += pivot_tables(spec, grid_rows)
-    return "\n".join(lines)
+    return lines
+
+
+def _grid_section(params: Params, grid: str, grid_rows: list[dict]) -> list[str]:
+    """One grid: its table, its variants against the reference, the code its cells ran, what each variant sets, and
+    a two-axis matrix's pivot."""
+    spec = params.ablate.grids[grid]
+    # NC's columns only where some cell of the grid trained it (most grids compare ADMC variants alone)
+    shown = [f for f in FIGURES if not f.startswith("nc_") or any(r[f]["mean"] is not None for r in grid_rows)]
+    lines = [f"## {spec.title}", "", f"Grid `{grid}`; common params: {_overrides_text(spec.base) or 'none'}"
+             + (f"; this grid's budget: {_overrides_text(spec.budget)}" if spec.budget else "") + ".", "",
+             "| variant | " + " | ".join(FIGURES[f][0] for f in shown) + " | generated rows | seeds |",
+             "|---" * (len(shown) + 3) + "|"]
+    lines += [_table_row(row, shown) for row in grid_rows] + [""]
+    lines += _paired_lines(params, grid, grid_rows)
+    lines += [_code_versions_text(grid_rows), ""]
+    settings = [f"`{name}`: {_overrides_text(overrides)}" for name, overrides in spec.variants.items() if overrides]
+    if settings:  # what each variant sets over the common params, so the table explains itself
+        lines += ["Variants: " + "; ".join(settings) + ".", ""]
+    if len(spec.matrix) == 2:
+        lines += pivot_tables(spec, grid_rows)
+    return lines
+
+
+def _table_row(row: dict, shown: list[str]) -> str:
+    """A variant's line of its grid's table: the `shown` figures, the rows it generated, and its seeds."""
+    counts = sorted(set(row["generated_rows"]) - {None})  # seeds may draw other splits, so other counts
+    generated = "—" if not counts else str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    figures = [_cell_text(row[figure], len(row["seeds_done"])) for figure in shown]
+    return f"| {row['variant']} | " + " | ".join(figures) + f" | {generated} | {_seeds_cell(row)} |"
+
+
+def _seeds_cell(row: dict) -> str:
+    """The seeds a row finished († where read from a record), those missing, and how many code versions ran them."""
+    seeds = seeds_text(row["seeds_done"], row["seeds_recorded"])
+    seeds += f" (missing {row['seeds_missing']})" if row["seeds_missing"] else ""
+    versions = {_version_text(cell) for cell in row["cells"]}
+    return seeds + (f" (at {len(versions)} code versions)" if len(versions) > 1 else "")  # its mean mixes them
 
 
 def _code_versions_text(rows: list[dict]) -> str:
     """Which code the grid's cells ran: a cell's name fixes the params it overrides, not the code or the rest of
     params.yaml, so cells trained at other commits are read as they are and said to be."""
-    versions = Counter(cell.get("code_version") or "not recorded" for row in rows for cell in row["cells"])
+    versions = Counter(_version_text(cell) for row in rows for cell in row["cells"])
     if not versions:
         return "No cell of this grid has finished yet."
     listed = ", ".join(f"`{version}` ({count})" for version, count in sorted(versions.items()))
     return (f"Code versions its cells ran (cells): {listed}. A cell's name fixes only the params it sets; "
             "`tqc ablate --rerun` trains a row again at this commit.")
+
+
+def _version_text(cell: dict) -> str:
+    """The commit a cell of a report row ran, as the report shows it."""
+    return cell.get("code_version") or "not recorded"
 
 
 def _pivot_text(row: dict) -> str:
