@@ -40,7 +40,7 @@ from pydantic import BaseModel, ValidationError
 
 from tqc.config import (ConfigError, Params, SearchDimension, YAMLError, flatten, problems, read_yaml, redact_secrets,
                         redact_text, unflatten, utf8_text_of)
-from tqc.io import atomic_path, write_json
+from tqc.io import atomic_path, write_json, write_text
 from tqc.metrics import DivergedScores
 from tqc.mining import largest_group
 from tqc.pipeline import PreparedData, prepare_data, train_chain
@@ -1142,36 +1142,51 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
     best, best_summary = _best_and_its_summary(study, study_dir, data, params)
     baseline = current_baseline(complete, params)
     best_params = unflatten(_values(best))
-    states = {state.name: len(study.get_trials(deepcopy=False, states=[state])) for state in optuna.trial.TrialState}
-    summary = {
+    summary = {**_study_record(study, params, version), "best": best_summary,
+               "baseline": _trial_summary(baseline, study_dir, data, params) if baseline else None,
+               "note": "test figures are reported for the best and baseline trials only; they never choose anything"}
+    # Both files written only once every figure is in hand (the test evaluations above can fail), so that
+    # best_params.yaml never sits beside another study's summary.json, whose dataset `--apply` checks
+    _write_report_files(study, best, best_params, summary, out_dir, params_file)
+    log.info("tune: best trial %d validation macro-F1 %.4f (baseline %s); wrote %s", best.number, best.value,
+             f"{baseline.value:.4f}" if baseline else "n/a", out_dir)
+    return TuneResult(study.study_name, best_params, summary)
+
+
+def _study_record(study, params: Params, version: str) -> dict:
+    """summary.json's account of the study, before its best and baseline trials: what it trained, on what, how its
+    trials ended, and which code and workers ran them."""
+    return {
         "study": study.study_name,
         "dataset": params.data.dataset,
         "trained_with": trained_with(params),
         "objective": "validation macro-F1 of stage two (the best epoch)",
-        "trials": {k: v for k, v in states.items() if v},
+        "trials": {state: count for state, count in _trial_states(study).items() if count},
         "repeated": repeated_trials(study),
         "repeated_pruned": repeated_trials(study, "PRUNED"),
         "code_version": version,  # this worker's; the complete trials other code trained, counted beside it
         "other_code_version": sum(other_code_trials(study, version).values()),
         "workers": sorted({t.user_attrs.get("worker", "?") for t in study.trials}),
-        "best": best_summary,
-        "baseline": _trial_summary(baseline, study_dir, data, params) if baseline else None,
-        "note": "test figures are reported for the best and baseline trials only; they never choose anything",
     }
-    # Both files written only once every figure is in hand (the test evaluations above can fail), so that
-    # best_params.yaml never sits beside another study's summary.json, whose dataset `--apply` checks
+
+
+def _trial_states(study) -> dict[str, int]:
+    """How many of the study's trials are in each state, by the state's name (COMPLETE, PRUNED, …), none left out."""
+    import optuna
+
+    return {state.name: len(study.get_trials(deepcopy=False, states=[state])) for state in optuna.trial.TrialState}
+
+
+def _write_report_files(study, best, best_params: dict, summary: dict, out_dir: Path, params_file: Path) -> None:
+    """best_params.yaml, headed by the trial it is and how to apply it, summary.json, trials.csv and the plots."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out_dir / "best_params.yaml") as tmp:
-        tmp.write_text(f"# Optuna study {study.study_name!r}, trial {best.number}: validation macro-F1 {best.value:.4f}\n"
-                       f"# apply with: {apply_command(params_file, out_dir)}\n" + yaml.safe_dump(best_params),
-                       encoding="utf-8")
+    write_text(out_dir / "best_params.yaml",
+               f"# Optuna study {study.study_name!r}, trial {best.number}: validation macro-F1 {best.value:.4f}\n"
+               f"# apply with: {apply_command(params_file, out_dir)}\n" + yaml.safe_dump(best_params))
     write_json(out_dir / "summary.json", summary)
     with atomic_path(out_dir / "trials.csv") as tmp:
         _trials_table(study).to_csv(tmp, index=False)
     _plots(study, out_dir)
-    log.info("tune: best trial %d validation macro-F1 %.4f (baseline %s); wrote %s", best.number, best.value,
-             f"{baseline.value:.4f}" if baseline else "n/a", out_dir)
-    return TuneResult(study.study_name, best_params, summary)
 
 
 def _trials_table(study):
@@ -1199,9 +1214,7 @@ def _best_and_its_summary(study, study_dir: Path, data: PreparedData, params: Pa
 def _no_completed_trial(study) -> str:
     """Why there is nothing to report, in one line: how the study's trials ended, the last failed one's reason, and
     what to change (every trial diverged, ran out of memory, drew refused values, or was pruned)."""
-    import optuna
-
-    ended = {state.name: len(study.get_trials(deepcopy=False, states=[state])) for state in optuna.trial.TrialState}
+    ended = _trial_states(study)
     number, reason = max(failure_reasons(study).items(), default=(None, None))
     return (f"study {study.study_name!r} has no completed trial, so nothing to report "
             f"({', '.join(f'{k}: {v}' for k, v in ended.items() if v)}"
