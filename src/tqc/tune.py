@@ -1411,8 +1411,19 @@ def _warn_of_untuned_changes(best_params_file: Path, params_file: Path, summary:
 def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) -> dict:
     """Write the tuned values into params.yaml in place, keeping its comments and layout; returns those that changed
     (a value equal to the current one, `0.0001` for `1.0e-4` say, is left as written)."""
-    from io import StringIO
+    best = _tuned_values(best_params_file)
+    editor = _layout_keeping_yaml()
+    params_text = utf8_text_of(params_file)
+    document = editor.load(params_text)
+    _check_against_the_study(best_params_file, params_file, params_text, document, best)
+    changed = _set_tuned_values(document, best, best_params_file, params_file)
+    if changed:  # else left as it was, as said: a round trip would re-wrap a long line, unescape a "\xD7"
+        _write_if_valid(editor, document, best_params_file, params_file)
+    return changed
 
+
+def _tuned_values(best_params_file: Path) -> dict:
+    """best_params.yaml's values as flat 'section.key' ones, refused in one line where it is not params.yaml's layout."""
     try:
         best = read_yaml(utf8_text_of(best_params_file)) or {}
     except YAMLError as exc:
@@ -1420,10 +1431,12 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
     if not isinstance(best, dict):
         raise ConfigError(f"{best_params_file}: expected params.yaml's layout (section: {{key: value}}), "
                           f"not a {type(best).__name__}")
-    best = flatten(best)
-    editor = _layout_keeping_yaml()
-    params_text = utf8_text_of(params_file)
-    document = editor.load(params_text)
+    return flatten(best)
+
+
+def _check_against_the_study(best_params_file: Path, params_file: Path, params_text: str, document, best: dict) -> None:
+    """Hold `best` against the study's summary.json beside it: values tuned on another dataset are refused, and the
+    params the study trained with that `params_file` (`params_text`, loaded as `document`) holds otherwise are said."""
     summary = _study_summary(best_params_file)
     _check_tuned_dataset(best_params_file, params_file, summary, document.get("data", {}).get("dataset"))
     try:  # params.yaml's values, defaults filled in, as the study's were recorded
@@ -1431,6 +1444,11 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
     except ValidationError:  # refused with its problems below, once the tuned values are in
         current = {}
     _warn_of_untuned_changes(best_params_file, params_file, summary, current, best)
+
+
+def _set_tuned_values(document, best: dict, best_params_file: Path, params_file: Path) -> dict:
+    """Set each flat 'section.key' value of `best` in the loaded params `document`; returns those that changed. A key
+    `params_file` does not hold is refused: nothing is added."""
     changed = {}
     for path, value in best.items():
         node = document
@@ -1441,14 +1459,18 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
             raise ConfigError(f"{best_params_file}: {path!r} is not in {params_file}")
         if not _same_value(node[leaf], value):
             node[leaf] = changed[path] = value
-    if not changed:  # left as it was, as said: a round trip would re-wrap a long line, unescape a "\xD7"
-        return changed
+    return changed
+
+
+def _write_if_valid(editor, document, best_params_file: Path, params_file: Path) -> None:
+    """Write `document` to `params_file` with `editor` (its layout kept), refused before touching the file where the
+    params it holds are invalid."""
+    from io import StringIO
+
     text = StringIO()
     editor.dump(document, text)
     try:
         Params.model_validate(read_yaml(text.getvalue()))
     except ValidationError as exc:  # refuse before touching params.yaml
         raise ConfigError(f"{best_params_file}: applying it would make {params_file} invalid:\n{problems(exc)}") from None
-    with atomic_path(params_file) as tmp:
-        tmp.write_text(text.getvalue(), encoding="utf-8")
-    return changed
+    write_text(params_file, text.getvalue())
