@@ -348,8 +348,8 @@ def dispatch(args: argparse.Namespace) -> None:
     if args.command == "ablate":
         _refuse_what_no_cell_reads(args.overrides)
     params = load_params(args.params, parse_overrides(args.overrides))
-    if args.command in ("stage-one", "tune"):
-        _check_faiss(_similarities(params, args.command))  # mining needs it after stage one: said before an hour of training
+    if args.command in ("stage-one", "mine", "tune"):  # mining needs FAISS after stage one: said before an hour of
+        _check_faiss(_similarities(params, args.command))  # training, and its GPU index tried before CUDA starts
     command = WITH_PARAMS[args.command]
     # A disabled warm-up or NC baseline trains nothing: its record is written once, by this one process, not raced by
     # torchrun's, and nothing is launched

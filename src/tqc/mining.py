@@ -52,9 +52,17 @@ def load_faiss():
 
 def check_faiss_for(similarity: str) -> None:
     """Load FAISS now when mining under `similarity` will search an index (every similarity without learned
-    weights), so a missing or doubled FAISS is said before the training that mining follows, not after it."""
-    if similarity in WEIGHT_FREE:
-        load_faiss()
+    weights), so a missing or doubled FAISS is said before the training that mining follows, not after it. A GPU
+    build's index is tried now too, before this process starts CUDA: on a GPU in exclusive-process mode (common on
+    clusters), the probe's child cannot start CUDA beside a parent that already holds the GPU, and mining would fall
+    back to the CPU index for no fault of the build."""
+    if similarity in WEIGHT_FREE and _sees_gpus(load_faiss()):
+        gpu_index_runs()
+
+
+def _sees_gpus(faiss) -> bool:
+    """Whether `faiss` is a GPU build that sees a GPU (CUDA's device count starts no context on it)."""
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
 def _installed(distribution: str) -> bool:
@@ -73,7 +81,7 @@ def build_index(standards: np.ndarray, normalise: bool = True) -> "faiss.Index":
     if normalise:
         faiss.normalize_L2(vectors)
     index = faiss.IndexFlatIP(vectors.shape[1])
-    if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0 and gpu_index_runs():
+    if _sees_gpus(faiss) and gpu_index_runs():
         resources = faiss.StandardGpuResources()
         index = faiss.index_cpu_to_gpu(resources, 0, index)
         # The GPU index uses its resources to its end; whether index_cpu_to_gpu keeps them alive depends on the faiss

@@ -374,6 +374,32 @@ def test_a_gpu_build_whose_cuda_library_is_missing_is_named(monkeypatch, tmp_pat
         mining.load_faiss()
 
 
+def test_the_gpu_index_is_tried_when_faiss_is_checked_before_cuda_starts(monkeypatch):
+    """On a GPU in exclusive-process mode the probe's child cannot start CUDA once the parent holds the GPU (the
+    model's encoding before mining does): `tqc stage-one`, `mine` and `tune`, and the retrain flow, check FAISS before
+    any model loads, so the verdict is had there, and only for a GPU build that sees a GPU and a similarity mined
+    through an index."""
+    import faiss
+
+    from tqc import cli, mining
+
+    tried = []
+    monkeypatch.setattr(mining, "gpu_index_runs", lambda: tried.append("probe") or True)
+    mining.check_faiss_for("cosine")
+    assert tried == []  # faiss-cpu: nothing to try
+    monkeypatch.setattr(faiss, "StandardGpuResources", object, raising=False)
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1)
+    mining.check_faiss_for("mlp")
+    assert tried == []  # the learned scorer searches no index
+    mining.check_faiss_for("cosine")
+    assert tried == ["probe"]
+    # the stage itself, its model loaded: by then the probe had run
+    monkeypatch.setitem(cli.WITH_PARAMS, "mine", lambda args, params: tried.append("mine"))
+    assert cli.main(["mine", "--data", "d", "--train", "t.jsonl", "--model", "m", "--out", "n.jsonl",
+                     "--report", "r.json"]) == 0
+    assert tried == ["probe", "probe", "mine"]  # `tqc mine` tried the GPU index before loading its model
+
+
 def test_two_faiss_builds_are_refused_by_name(monkeypatch):
     """faiss-cpu and faiss-gpu-cu12 share the `faiss` package: with both, the CPU binary was loaded and the GPU index
     silently never built, or `import faiss` failed on a missing GPU symbol."""
