@@ -385,10 +385,15 @@ def test_the_gpu_index_is_tried_when_faiss_is_checked_before_cuda_starts(monkeyp
 
     tried = []
     monkeypatch.setattr(mining, "gpu_index_runs", lambda: tried.append("probe") or True)
+    monkeypatch.setattr(faiss, "StandardGpuResources", object, raising=False)
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 0, raising=False)
+    mining.check_faiss_for("cosine")
+    assert tried == []  # a GPU build that sees no GPU: nothing to try
+    monkeypatch.delattr(faiss, "StandardGpuResources")
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1)
     mining.check_faiss_for("cosine")
     assert tried == []  # faiss-cpu: nothing to try
     monkeypatch.setattr(faiss, "StandardGpuResources", object, raising=False)
-    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1)
     mining.check_faiss_for("mlp")
     assert tried == []  # the learned scorer searches no index
     mining.check_faiss_for("cosine")
