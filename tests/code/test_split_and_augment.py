@@ -485,3 +485,86 @@ def test_a_class_no_row_of_which_could_be_drawn_keeps_its_reason_in_a_long_list(
         missing = classes_missing_a_split(train, [], undrawable={"Z": 4})
     assert missing["classes_without_validation_rows"][-1] == "Z"  # the report keeps its sorted order
     assert "'Z' (" in caplog.text and "and 3 more" in caplog.text
+
+
+PINNED_AUGMENT = Path(__file__).parent / "pinned" / "augment"  # each case's outputs as the code wrote them
+
+
+def _augment_inputs(tmp_path: Path) -> dict[str, dict]:
+    """Cases that take every branch of `augment.run`: copies dropped as held-out questions and as label conflicts and
+    refilled, a class left under its target, a cap, params it does not read, EDA against a catalog, offline rows
+    (usable, made from a held-out question, equal to one, too few), and nothing to make."""
+    from tqc.config import AugmentParams
+    from tqc.schema import Catalog, StandardQuestion, save_questions
+
+    train = [*questions({"head": 10, "tail": 3}), LabeledQuestion("what is a card", "tail", "f:card"),
+             LabeledQuestion("gone question", "gone", "f:gone")]
+    save_questions(tmp_path / "train.jsonl", train)
+    save_questions(tmp_path / "validation.jsonl", [LabeledQuestion("TAIL question 1", "tail", "v:1")])
+    save_questions(tmp_path / "test.jsonl", [LabeledQuestion("gone  question", "gone", "t:1"),
+                                             LabeledQuestion("tail rewrite 2", "tail", "t:2")])
+    Catalog([StandardQuestion("head", "what is a card"), StandardQuestion("tail", "tail?"),
+             StandardQuestion("gone", "gone?")]).save(tmp_path / "catalog.jsonl")
+    save_questions(tmp_path / "generated.jsonl", [
+        *(LabeledQuestion(f"tail rewrite {i}", "tail", f"g:{i}", True, ("f:0",)) for i in range(4)),
+        LabeledQuestion("made from validation", "tail", "g:4", True, ("v:1",)),
+        LabeledQuestion("head rewrite", "head", "g:5", True, ("f:1", "f:2"))])
+    held_out = [tmp_path / "validation.jsonl", tmp_path / "test.jsonl"]
+    everything = {"held_out_paths": held_out, "catalog_path": tmp_path / "catalog.jsonl"}
+    return {
+        "copies": {"params": AugmentParams(rebalance="max", target_count=5, max_factor=3.5), **everything},
+        "eda": {"params": AugmentParams(rebalance="sqrt", explicit="eda", eda_alpha=0.3, implicit=["dropout"]),
+                **everything},
+        "file": {"params": AugmentParams(rebalance="max", explicit="file", deferred=True),
+                 "generated_path": tmp_path / "generated.jsonl", **everything},
+        "nothing": {"params": AugmentParams(rebalance="none", explicit="eda", max_factor=2), "held_out_paths": held_out},
+    }
+
+
+def _run_augment_case(tmp_path: Path, case: str, caplog) -> dict[str, str]:
+    """The case's outputs as text: the training rows, the report (its seconds put to 0), the log lines, and whether
+    the report returned is the one written, key for key."""
+    import json
+    import logging
+    import re
+
+    from tqc.stages import augment
+
+    inputs = _augment_inputs(tmp_path)[case]
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="tqc"):
+        report = augment.run(tmp_path / "train.jsonl", inputs.pop("params"), 7, tmp_path / case / "train.jsonl",
+                             tmp_path / case / "augment.json", **inputs)
+    written = (tmp_path / case / "augment.json").read_text(encoding="utf-8")
+    assert written == json.dumps(report, indent=2, ensure_ascii=False) + "\n"  # returned as written, in its order
+    return {"train.jsonl": (tmp_path / case / "train.jsonl").read_text(encoding="utf-8"),
+            "augment.json": re.sub(r'\n  "seconds": [0-9.e-]+\n', '\n  "seconds": 0\n', written),
+            "log.txt": "".join(f"{r.name} {r.levelname} {r.getMessage()}\n" for r in caplog.records).replace(
+                str(tmp_path), "TMP")}
+
+
+@pytest.mark.parametrize("case", ["copies", "eda", "file", "nothing"])
+def test_the_augment_stage_is_pinned_file_for_file(tmp_path, case, caplog):
+    """Every output of the stage, whole (rows, report in its key order, log lines), for cases that take every branch:
+    a refactoring that changes a byte of them fails."""
+    outputs = _run_augment_case(tmp_path, case, caplog)
+    assert sorted(p.name for p in (tmp_path / case).iterdir()) == ["augment.json", "train.jsonl"]
+    for name, text in outputs.items():
+        assert text == (PINNED_AUGMENT / case / name).read_text(encoding="utf-8"), f"{case}/{name}"
+
+
+def test_the_augment_stage_s_refusals_are_pinned_and_write_nothing(tmp_path):
+    from tqc.config import AugmentParams
+    from tqc.stages import augment
+
+    _augment_inputs(tmp_path)
+    out, report = tmp_path / "out" / "train.jsonl", tmp_path / "out" / "augment.json"
+    with pytest.raises(FileNotFoundError) as missing:
+        augment.run(tmp_path / "train.jsonl", AugmentParams(explicit="file"), 0, out, report)
+    assert str(missing.value) == (
+        "augment.explicit is 'file' but no file of offline rows was given (tqc augment --generated): ingest writes it "
+        "when data.generated.path is set, and validate passes it on (run both again)")
+    with pytest.raises(FileNotFoundError) as no_catalog:
+        augment.run(tmp_path / "train.jsonl", AugmentParams(), 0, out, report, catalog_path=tmp_path / "nowhere.jsonl")
+    assert "nowhere.jsonl" in str(no_catalog.value)
+    assert not (tmp_path / "out").exists()
