@@ -16,7 +16,7 @@ import math
 import random
 import time
 from collections import Counter, defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tqc.config import AugmentParams, Seq2SeqParams
@@ -212,6 +212,44 @@ def copies_for_dropped(questions: list[LabeledQuestion], made: list[LabeledQuest
     return [replace(q, generated=True, source=f"{SOURCE_PREFIX['none']}:{q.source}") for q in copies]
 
 
+@dataclass(frozen=True)
+class _Made:
+    """The extra rows augment keeps, and what became of those the method made."""
+    rows: list[LabeledQuestion]  # the made rows kept, then the copies that took the dropped ones' place
+    dropped: int  # made rows whose text is a validation or test question
+    conflicting: int  # made rows whose text another class has too (`label_conflicts`)
+    refilled: int  # copies of training rows in their place (`copies_for_dropped`)
+
+
+def _made_rows(questions: list[LabeledQuestion], targets: dict[str, int], params: AugmentParams, seed: int,
+               generated: list[LabeledQuestion], held_out: frozenset[str], catalog_path: Path | None) -> _Made:
+    """The rows the method makes (`oversample`), less those equal to a held-out question or another class's text, and
+    copies of training rows where that left a class under its target."""
+    made = oversample(questions, targets, seed, params.explicit, params.eda_alpha, params.seq2seq, generated,
+                      held_out)[len(questions):]  # no class short: none
+    made, dropped = without_texts(made, held_out)
+    standard_questions = Catalog.load(catalog_path).questions if catalog_path else []
+    made, conflicting = without_texts(made, label_conflicts(questions, made, standard_questions))
+    refilled = copies_for_dropped(questions, made, targets, held_out, seed) if dropped or conflicting else []
+    if dropped or conflicting:
+        log.warning("augment: dropped %d generated row(s) whose text is a validation or test question and %d whose text "
+                    "is another class's too; %d copies of training rows took their place", dropped, conflicting,
+                    len(refilled))
+    return _Made(made + refilled, dropped, conflicting, len(refilled))
+
+
+def _warn_of_classes_under_target(augmented: list[LabeledQuestion], targets: dict[str, int]) -> None:
+    after = Counter(q.class_id for q in augmented)
+    under = [f"{c} ({after[c]} of {target})" for c, target in sorted(targets.items()) if after[c] < target]
+    if under:  # every training row of the class is a held-out question too (validate quarantines those as leakage)
+        log.warning("augment: %d class(es) under their target: %s", len(under), ", ".join(under[:10]))
+
+
+def _same_as_an_original(questions: list[LabeledQuestion], made: list[LabeledQuestion]) -> int:
+    originals = {(q.class_id, normalise(q.text)) for q in questions}  # as validate compares texts
+    return sum((q.class_id, normalise(q.text)) in originals for q in made)
+
+
 def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, report_path: Path,
         generated_path: Path | None = None, held_out_paths: list[Path] = (), catalog_path: Path | None = None) -> dict:
     """`held_out_paths`: the validation and test files; a generated row equal to one of their questions is dropped,
@@ -219,30 +257,31 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
     started = time.perf_counter()
     questions = load_questions(train_path)
     generated = load_generated(generated_path, params.explicit)
-    before = Counter(q.class_id for q in questions)
-    targets = class_targets(before, params.rebalance, params.target_count, params.max_factor)
+    targets = class_targets(Counter(q.class_id for q in questions), params.rebalance, params.target_count,
+                            params.max_factor)
     _warn_of_unread_params(params)
     held_out = held_out_texts(list(held_out_paths))
-    augmented = oversample(questions, targets, seed, params.explicit, params.eda_alpha, params.seq2seq,
-                           generated, held_out)  # no class short: unchanged
-    made, dropped = without_texts(augmented[len(questions):], held_out)
-    standard_questions = Catalog.load(catalog_path).questions if catalog_path else []
-    made, conflicting = without_texts(made, label_conflicts(questions, made, standard_questions))
-    refilled = copies_for_dropped(questions, made, targets, held_out, seed) if dropped or conflicting else []
-    augmented = questions + made + refilled
-    if dropped or conflicting:
-        log.warning("augment: dropped %d generated row(s) whose text is a validation or test question and %d whose text "
-                    "is another class's too; %d copies of training rows took their place", dropped, conflicting,
-                    len(refilled))
-    after = Counter(q.class_id for q in augmented)
-    under = [f"{c} ({after[c]} of {target})" for c, target in sorted(targets.items()) if after[c] < target]
-    if under:  # every training row of the class is a held-out question too (validate quarantines those as leakage)
-        log.warning("augment: %d class(es) under their target: %s", len(under), ", ".join(under[:10]))
-    originals = {(q.class_id, normalise(q.text)) for q in questions}  # as validate compares texts
-    same_as_an_original = sum((q.class_id, normalise(q.text)) in originals for q in augmented[len(questions):])
-
+    made = _made_rows(questions, targets, params, seed, generated, held_out, catalog_path)
+    augmented = questions + made.rows
+    _warn_of_classes_under_target(augmented, targets)
     save_questions(out_path, augmented)
-    report = {
+    file_report = _file_report(questions, generated, made.rows, held_out) if params.explicit == "file" else None
+    report = _report(params, targets, questions, augmented, made, file_report, started)
+    write_json(report_path, report)
+    log.info(
+        "augment: %d → %d training rows (%d generated, rebalance %s); implicit %s at %.2f on the %s; wrote %s",
+        len(questions), len(augmented), len(augmented) - len(questions), params.rebalance, params.implicit, params.rate,
+        params.implicit_at, out_path,
+    )
+    return report
+
+
+def _report(params: AugmentParams, targets: dict[str, int], questions: list[LabeledQuestion],
+            augmented: list[LabeledQuestion], made: _Made, file_report: dict | None, started: float) -> dict:
+    """augment.json: the params that shaped the rows, the rows before and after, and `file_report` where the rows
+    were drawn from offline ones."""
+    before, after = Counter(q.class_id for q in questions), Counter(q.class_id for q in augmented)
+    return {
         "rebalance": params.rebalance,
         "max_factor": params.max_factor,
         "explicit": params.explicit,
@@ -253,17 +292,10 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
         "in_batch": {"prototype_mixup": params.prototype_mixup.enabled, "cross_encoding": params.cross_encoding.enabled},
         "deferred": params.deferred,  # stage one trains the original rows alone; stage two these
         "rows": {"before": len(questions), "after": len(augmented), "generated": len(augmented) - len(questions),
-                 "generated_same_as_an_original": same_as_an_original, "generated_dropped_as_held_out": dropped,
-                 "generated_dropped_as_label_conflict": conflicting, "copies_in_place_of_dropped": len(refilled)},
-        **({"file": _file_report(questions, generated, augmented[len(questions):], held_out)}
-           if params.explicit == "file" else {}),
+                 "generated_same_as_an_original": _same_as_an_original(questions, made.rows),
+                 "generated_dropped_as_held_out": made.dropped, "generated_dropped_as_label_conflict": made.conflicting,
+                 "copies_in_place_of_dropped": made.refilled},
+        **({"file": file_report} if file_report is not None else {}),
         "per_class": {c: {"before": before[c], "after": after[c], "generated": after[c] - before[c]} for c in sorted(after)},
         "seconds": round(time.perf_counter() - started, 2),
     }
-    write_json(report_path, report)
-    log.info(
-        "augment: %d → %d training rows (%d generated, rebalance %s); implicit %s at %.2f on the %s; wrote %s",
-        len(questions), len(augmented), len(augmented) - len(questions), params.rebalance, params.implicit, params.rate,
-        params.implicit_at, out_path,
-    )
-    return report
