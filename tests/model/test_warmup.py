@@ -226,3 +226,88 @@ def test_tqc_warmup_off_writes_its_record_and_a_bad_pool_file_is_one_line(valida
     assert main(["--params", str(params_file), "--set", "warmup.unlabelled=missing.jsonl", "warmup", *paths]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and error[0].startswith("tqc warmup: error: warmup.unlabelled 'missing.jsonl': no file ")
+
+
+PINNED_WARMUP = Path(__file__).parents[1] / "code" / "pinned" / "warmup"  # each case's outputs as the code wrote them
+
+
+def _warmup_outputs(params: Params, data: Path, tmp_path: Path, tiny_model_dir: Path, monkeypatch, caplog,
+                    triplets: list) -> dict[str, str]:
+    """warmup.run's outputs as text, its paths put as TMP and TINY, its report's seconds as 0: the report, the
+    quarantine, the model folder's files and config, the log lines, and what it asked of `weak_triplets` and `train`
+    (both stood in for, so that nothing here hangs on a model's floats)."""
+    import logging
+    import re
+
+    from tqc.training import EpochRecord, FitResult
+
+    asked = []
+
+    def ranked(model, catalog, pool, warmup_params, mask_token):
+        asked.append(f"weak_triplets: {len(catalog)} standard questions, mask {mask_token!r}, pool {pool}\n")
+        return list(triplets)
+
+    def trained(model, triplets, validation, catalog, warmup_params, seed, on_epoch):
+        asked.append(f"train: {triplets}, {len(validation)} validation questions, {len(catalog)} standard questions, "
+                     f"params as given {warmup_params == params.warmup}, seed {seed}, on_epoch {on_epoch}\n")
+        return FitResult.of([EpochRecord(0, float("nan"), 0.25, 0.2, 0.0), EpochRecord(1, 0.5, 0.5, 0.4, 1.5)])
+
+    monkeypatch.setattr(warmup, "weak_triplets", ranked)
+    monkeypatch.setattr(warmup, "train", trained)
+    caplog.clear()
+    out = tmp_path / "out"
+    with caplog.at_level(logging.DEBUG, logger="tqc.stages.warmup"):
+        result = warmup.run(data, params.model, params.warmup, params.data, params.seed, out / "warmup",
+                            out / "warmup.json", out / "quarantine.jsonl", on_epoch="ON_EPOCH")
+    texts = {"result.txt": f"{result}\n", "asked.txt": "".join(asked),
+             "log.txt": "".join(f"{r.name} {r.levelname} {r.getMessage()}\n" for r in caplog.records
+                                if r.name == "tqc.stages.warmup"),
+             "files.txt": "".join(f"{p.relative_to(out)}\n" for p in sorted(out.rglob("*")))}
+    for name in ("warmup.json", "quarantine.jsonl", "warmup/tqc_model.json", f"warmup/{SKIP_RECORD}"):
+        if (out / name).is_file():
+            texts[name.replace("/", "_")] = (out / name).read_text(encoding="utf-8")
+    texts["warmup.json"] = re.sub(r'\n  "seconds": [0-9.e-]+,\n', '\n  "seconds": 0,\n', texts["warmup.json"])
+    return {name: text.replace(str(tiny_model_dir), "TINY").replace(str(tmp_path), "TMP") for name, text in texts.items()}
+
+
+def _pinned_warmup_case(case: str, validated, tmp_path, tiny_model_dir, monkeypatch, caplog) -> dict[str, str]:
+    from tqc.warmup_triplets import Triplet
+
+    params, data = validated
+    if case == "off":
+        return _warmup_outputs(params.with_overrides({"warmup": {"enabled": False}}), data, tmp_path, tiny_model_dir,
+                               monkeypatch, caplog, [])
+    test_question = load_questions(data / "test.jsonl")[0].text
+    (tmp_path / "raw" / "unlabelled.csv").write_text(  # a duplicate, no letter, a test question, a labelled row
+        f"text,label\nwhere is the old castle,\n\n???,\n{test_question.upper()},\nWhere is the  old castle,\n"
+        "who invented tea,\nwhen is noon,HUM\n")
+    params = params.with_overrides({"warmup": {"unlabelled": "unlabelled.csv", "label_column": "label", "margin": 0.3}})
+    triplets = [Triplet(0, "where is the old castle", "who invented tea", "token"),
+                Triplet(2, "who invented tea", "where is the [MASK] castle", "structure"),
+                Triplet(1, "who invented tea", "where is the old castle", "token")]
+    return _warmup_outputs(params, data, tmp_path, tiny_model_dir, monkeypatch, caplog, triplets)
+
+
+@pytest.mark.parametrize("case", ["on", "off"])
+def test_the_warm_up_stage_is_pinned_file_for_file(case, validated, tmp_path, tiny_model_dir, monkeypatch, caplog):
+    """Every output of warmup.run, whole (report in its key order, quarantine, model config, log lines, what it
+    returns and what it hands its training): a refactoring that changes a byte of them fails."""
+    outputs = _pinned_warmup_case(case, validated, tmp_path, tiny_model_dir, monkeypatch, caplog)
+    assert sorted(outputs) == sorted(p.name for p in (PINNED_WARMUP / case).iterdir())
+    for name, text in outputs.items():
+        assert text == (PINNED_WARMUP / case / name).read_text(encoding="utf-8"), f"{case}/{name}"
+
+
+def test_a_warm_up_with_no_triplets_is_refused_after_its_quarantine_is_written(validated, tmp_path, tiny_model_dir,
+                                                                                 monkeypatch, caplog):
+    params, data = validated
+    with pytest.raises(ConfigError) as refused:
+        _warmup_outputs(params, data, tmp_path, tiny_model_dir, monkeypatch, caplog, [])
+    pool = len({q.text for q in load_questions(data / "train.jsonl")})
+    assert str(refused.value) == (
+        f"warmup: no triplets: {pool} pool question(s) make no pair for any standard question (warmup.candidates needs "
+        "at least two); add unlabelled questions or set warmup.enabled: false")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["quarantine.jsonl"]
+    assert [r.getMessage() for r in caplog.records if r.name == "tqc.stages.warmup"] == [
+        f"warm-up: {pool} pool questions ({pool} rows read, 0 duplicates merged, 0 quarantined) → 0 token-level and 0 "
+        "structure-level triplets against 3 standard questions"]
