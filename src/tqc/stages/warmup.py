@@ -172,20 +172,46 @@ def run(data_dir: Path, model_params: ModelParams, params: WarmupParams, data_pa
     started = time.perf_counter()
     seed_everything(seed)
     catalog = Catalog.load(data_dir / "catalog.jsonl")
+    rows, labelled = _read_pool_rows(data_dir, params, data_params)
+    validation = load_questions(data_dir / "validation.jsonl")
+    pool = _quarantined_pool(rows, validation, load_questions(data_dir / "test.jsonl"), quarantine_path)
+    model = BiEncoder.from_params(model_params).to(pick_device())
+    triplets, kinds = _ranked_triplets(model, catalog, pool, len(rows), params,
+                                       mask_token_of(model, model_params.pretrained))
+    result = train(model, triplets, validation, catalog, params, seed, on_epoch)
+    if distributed.is_main():
+        model.save(out_dir, _metadata(model_params, params, kinds))
+        write_json(report_path, _report(params, rows, labelled, pool, kinds, result, time.perf_counter() - started))
+        log.info("warm-up: wrote %s and %s", out_dir, report_path)
+    return result
+
+
+def _read_pool_rows(data_dir: Path, params: WarmupParams, data_params: DataParams) -> tuple[list[PoolRow], int]:
+    """`pool_rows` from the unlabelled file and the validated training questions, saying how many were left out as
+    labelled."""
     train_rows = load_questions(data_dir / "train.jsonl") if params.include_train else []
     rows, labelled = pool_rows(params, data_params, train_rows)
     if labelled:
         log.info("warm-up: left out %d row(s) of %s that carry a label in %r (labelled questions belong in the training "
                  "data)", labelled, params.unlabelled, params.label_column)
-    validation = load_questions(data_dir / "validation.jsonl")
-    pool = question_pool(rows, held_out_texts({"validation": validation, "test": load_questions(data_dir / "test.jsonl")}))
+    return rows, labelled
+
+
+def _quarantined_pool(rows: list[PoolRow], validation: list[LabeledQuestion], test: list[LabeledQuestion],
+                      quarantine_path: Path) -> Pool:
+    """`question_pool` with the held-out splits kept out; what it kept out written to `quarantine_path` (by rank 0)."""
+    pool = question_pool(rows, held_out_texts({"validation": validation, "test": test}))
     if distributed.is_main():
         write_jsonl(quarantine_path, pool.quarantined)
     if pool.quarantined:
         log.warning("warm-up: %d pool row(s) quarantined to %s (no text, no letter or digit, or a held-out question)",
                     len(pool.quarantined), quarantine_path)
-    model = BiEncoder.from_params(model_params).to(pick_device())
-    mask_token = mask_token_of(model, model_params.pretrained)
+    return pool
+
+
+def _ranked_triplets(model: BiEncoder, catalog: Catalog, pool: Pool, rows_read: int, params: WarmupParams,
+                     mask_token: str) -> tuple[list[Triplet], dict[str, int]]:
+    """`weak_triplets`, ranked by rank 0 and handed to every process, and how many of each kind; none is an error."""
     # Under torchrun rank 0 ranks the pool, and every process trains on its triplets: each ranking its own, a score
     # a last digit apart on another device (kernels are not bitwise reproducible across devices) could give a process
     # other triplets, or another number of them, and so of steps, which would hang the others in an all-reduce.
@@ -194,19 +220,18 @@ def run(data_dir: Path, model_params: ModelParams, params: WarmupParams, data_pa
                                      if distributed.is_main() else None)
     kinds = {kind: sum(t.kind == kind for t in triplets) for kind in ("token", "structure")}
     log.info("warm-up: %d pool questions (%d rows read, %d duplicates merged, %d quarantined) → %d token-level and %d "
-             "structure-level triplets against %d standard questions", len(pool.texts), len(rows), pool.duplicates,
+             "structure-level triplets against %d standard questions", len(pool.texts), rows_read, pool.duplicates,
              len(pool.quarantined), kinds["token"], kinds["structure"], len(catalog))
     if not triplets:
         raise ConfigError(f"warmup: no triplets: {len(pool.texts)} pool question(s) make no pair for any standard question "
                           "(warmup.candidates needs at least two); add unlabelled questions or set warmup.enabled: false")
-    result = train(model, triplets, validation, catalog, params, seed, on_epoch)
-    metadata = {"stage": "warmup", "pretrained": model_params.pretrained, "model": model_params.model_dump(mode="json"),
-                "params": params.model_dump(mode="json"), "triplets": kinds}
-    if distributed.is_main():
-        model.save(out_dir, metadata)
-        write_json(report_path, _report(params, rows, labelled, pool, kinds, result, time.perf_counter() - started))
-        log.info("warm-up: wrote %s and %s", out_dir, report_path)
-    return result
+    return triplets, kinds
+
+
+def _metadata(model_params: ModelParams, params: WarmupParams, kinds: dict[str, int]) -> dict:
+    """What the warmed-up model folder says made it (stage one checks its model settings against them)."""
+    return {"stage": "warmup", "pretrained": model_params.pretrained, "model": model_params.model_dump(mode="json"),
+            "params": params.model_dump(mode="json"), "triplets": kinds}
 
 
 def _report(params: WarmupParams, rows: list[PoolRow], labelled: int, pool: Pool, kinds: dict[str, int], result: FitResult,
