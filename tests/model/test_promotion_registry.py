@@ -1,6 +1,7 @@
 """The promotion gate against a real MLflow registry (local SQLite; and an MLflow server on PostgreSQL, as a
 team shares one), with tiny models."""
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -1146,3 +1147,71 @@ def test_rule_auto_judges_validation_questions_over_max_length_without_a_cut_war
         rule, figures = promote._served_rule("auto", model_dir, data_dir, None, 1, questions)
     assert figures["n"] == 2
     assert not [r.getMessage() for r in caplog.records if "longer than model.max_length" in r.getMessage()]
+
+
+PINNED_PROMOTE = Path(__file__).parents[1] / "code" / "pinned" / "promote"  # each step's outputs as the code wrote them
+
+
+def _promote_steps(tiny_model_dir, data_dir, tmp_path, registry, monkeypatch, caplog) -> dict[str, str]:
+    """promote.run's outputs, step by step on one registry, as text (tmp paths put as TMP, digests and run ids as *):
+    its report (the written file, and whether the one returned is it, key for key), the registered file, its log
+    lines, what it logged to the run, and the registry after (alias holder, each version's tags). The served answers
+    are stood in for by each version's share right, so that nothing hangs on a model's floats; the steps take
+    tracking off, a first champion chosen under auto, a better challenger, a worse one found registered, the champion
+    again, the champion's answers served otherwise (top_k) and a refresh."""
+    import logging
+
+    import mlflow
+
+    from tqc.tracking import Tracker
+
+    catalog = Catalog.load(data_dir / "catalog.jsonl")
+    right = {"1": 0.5, "2": 0.9, "3": 0.9, "4": 0.85}  # the share of the questions each version answers right
+
+    def answers(uri, validation, catalog_):
+        gold = np.array([catalog.index(q.class_id) for q in validation])
+        wrong = (gold + 1) % len(catalog)
+        return np.where(np.arange(len(gold)) < round(right[uri.rsplit("/", 1)[1]] * len(gold)), gold, wrong)
+
+    monkeypatch.setattr(promote, "_validation_predictions", answers)
+    monkeypatch.setattr(promote, "_local_top1", lambda model_dir, data_dir_, prior, exemplars, questions, *cache:
+                        np.array([q.class_id for q in questions]))  # a tie: auto keeps the standard rule
+    weak, strong = untrained(tiny_model_dir, tmp_path / "weak"), trained(tiny_model_dir, data_dir, tmp_path / "strong")
+    steps = {"off": (weak, PromoteParams(), {}), "first": (weak, PromoteParams(bootstrap_samples=200, rule="auto"), {}),
+             "better": (strong, PromoteParams(bootstrap_samples=200), {}),
+             "worse": (weak, PromoteParams(bootstrap_samples=200), {}),
+             "again": (strong, PromoteParams(bootstrap_samples=200), {}),
+             "top_k": (strong, PromoteParams(bootstrap_samples=200, top_k=3), {}),
+             "refresh": (strong, PromoteParams(bootstrap_samples=200), {"refresh": True, "exemplar_k": 1})}
+    outputs = {}
+    for step, (model_dir, params, options) in steps.items():
+        logged, out = [], tmp_path / step
+        caplog.clear()
+        with (standalone_run("promote", registry) if step != "off" else contextlib.nullcontext(Tracker(None))) as tracker, \
+                caplog.at_level(logging.DEBUG, logger="tqc.stages.promote"):
+            tracker.log_metrics = lambda metrics, *args, **kw: logged.append(f"metrics {metrics} {args} {kw}")
+            tracker.log_artifact = lambda path, *args: logged.append(f"artifact {Path(path).relative_to(tmp_path)} {args}")
+            report = promote.run(data_dir, model_dir, None, params, out / "promotion.json", tracker, seed=3,
+                                 registered_path=out / "registered.json", **options)
+        written = (out / "promotion.json").read_text(encoding="utf-8")
+        assert written == json.dumps(report, indent=2, ensure_ascii=False) + "\n"  # returned as written, in its order
+        client = mlflow.MlflowClient(registry.uri)
+        versions = sorted(client.search_model_versions("name='tqc-admc'"), key=lambda v: int(v.version))
+        holder = [str(client.get_model_version_by_alias("tqc-admc", "champion").version)] if versions else []
+        tags = [f"v{v.version} " + json.dumps({k: "*" if k in ("content_digest", "answers_digest", "trained_on_record")
+                                               else v.tags[k] for k in sorted(v.tags)}) + "\n" for v in versions]
+        outputs[step] = "".join([
+            "promotion.json\n", written, "registered.json\n", (out / "registered.json").read_text(encoding="utf-8"),
+            "\nlog\n", *(f"{r.levelname} {r.getMessage()}\n" for r in caplog.records if r.name == "tqc.stages.promote"),
+            "run\n", *(f"{line}\n" for line in logged), f"registry: champion {holder}\n", *tags,
+        ]).replace(str(tmp_path), "TMP")
+    return outputs
+
+
+def test_promote_is_pinned_step_for_step(tiny_model_dir, data_dir, tmp_path, registry, monkeypatch, caplog):
+    """Every output of promote.run, whole, step after step on one registry: a refactoring that changes a byte of its
+    report, registered file, log lines, run metrics, alias or tags fails."""
+    outputs = _promote_steps(tiny_model_dir, data_dir, tmp_path, registry, monkeypatch, caplog)
+    assert sorted(outputs) == sorted(p.stem for p in PINNED_PROMOTE.iterdir())
+    for step, text in outputs.items():
+        assert text == (PINNED_PROMOTE / f"{step}.txt").read_text(encoding="utf-8"), step
