@@ -91,6 +91,15 @@ class _Asked:
         return cls(catalog, train, validation, unseen, np.array([catalog.index(q.class_id) for q in unseen], dtype=int))
 
 
+@dataclass(frozen=True)
+class _Contest:
+    """What `_contest` gathers for the gate: the two versions, where the challenger stands, and what is asked."""
+    champion: _Champion
+    challenger: _Challenger
+    standing: _Standing
+    asked: _Asked
+
+
 class _Judged(NamedTuple):
     """The gate's answer (`_judge`): each version's (N,) first answers to `_Asked.unseen`, and its decision."""
     challenger: np.ndarray
@@ -125,6 +134,21 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     train = load_questions(data_dir / "train.jsonl")
     client = mlflow.MlflowClient()
+    contest = _contest(client, params, catalog, train, data_dir, model_dir, prior_path, exemplar_k, refresh,
+                       refreshed_from)
+    judged = _decided(client, params, seed, contest)
+    report = _report(params, contest.challenger, contest.champion.version, judged.decision, contest.asked,
+                     judged.challenger, judged.champion)
+    _publish(client, params, contest, judged, report, report_path, registered_path, tracker)
+    return report
+
+
+def _contest(client, params: PromoteParams, catalog: Catalog, train: list[LabeledQuestion], data_dir: Path,
+             model_dir: Path, prior_path: Path | None, exemplar_k: int, refresh: bool,
+             refreshed_from: str | None) -> _Contest:
+    """The champion; the challenger, registered with the rule it serves (`_register_challenger`); where it stands
+    against the champion; and what the gate asks the two. A champion that cannot be read is raised once the
+    challenger is registered, and one that can has its tags put right first (`_tags_follow_the_alias`)."""
     champion = _champion(client, params)
     learnt, record = _challenger_learnt(train, params.model_name, champion, refresh, refreshed_from)
     validation = load_questions(data_dir / "validation.jsonl")
@@ -136,16 +160,30 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     standing = _Standing.of(client, params, champion, challenger, model_dir, data_dir, prior_path)
     asked = _Asked.of(catalog, train, validation,
                       _unseen(validation, learnt, None if standing.is_champion else champion.learnt))
-    judged = _judge(client, params, seed, champion, challenger, standing, asked)
-    decision = _overridden(judged.decision, params, challenger.version, champion.version, standing, judged.incomparable)
-    report = _report(params, challenger, champion.version, decision, asked, judged.challenger, judged.champion)
+    return _Contest(champion, challenger, standing, asked)
+
+
+def _decided(client, params: PromoteParams, seed: int, contest: _Contest) -> _Judged:
+    """The gate's answers (`_judge`), its decision replaced where a case it cannot judge decides (`_overridden`)."""
+    champion, challenger, standing = contest.champion, contest.challenger, contest.standing
+    judged = _judge(client, params, seed, champion, challenger, standing, contest.asked)
+    return judged._replace(decision=_overridden(judged.decision, params, challenger.version, champion.version, standing,
+                                                judged.incomparable))
+
+
+def _publish(client, params: PromoteParams, contest: _Contest, judged: _Judged, report: dict, report_path: Path,
+             registered_path: Path | None, tracker: Tracker) -> None:
+    """The report to its file and the run, then the registry (the alias moved, or the challenger tagged why not),
+    then the registered file and the outcome's log line."""
+    import mlflow
+
+    version, decision = contest.challenger.version, judged.decision
     _write_and_log(report_path, report, decision, tracker)
-    # The registry last: a step above that fails leaves the champion where it was, so a retry judges the
+    # The registry last: a step before it that fails leaves the champion where it was, so a retry judges the
     # same two versions again instead of finding the challenger already holding the alias.
-    _move_alias_or_tag(client, params, challenger.version, decision.promote, standing, judged.incomparable)
+    _move_alias_or_tag(client, params, version, decision.promote, contest.standing, judged.incomparable)
     _write_registered(registered_path, mlflow.get_tracking_uri(), report)
-    _log_outcome(params, challenger.version, champion.version, decision)
-    return report
+    _log_outcome(params, version, contest.champion.version, decision)
 
 
 def _log_outcome(params: PromoteParams, version: str, champion_version: str | None, decision: Decision) -> None:
