@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -219,6 +220,10 @@ def test_a_gpu_index_keeps_its_gpu_resources_alive_as_long_as_it_lives(monkeypat
     assert alive() is None
 
 
+# A fake probe that aborts leaves no core file behind, wherever the machine's core limit and pattern would put one
+NO_CORE_FILE = "import resource\nresource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
+
+
 @pytest.fixture
 def fresh_gpu_probe():
     """gpu_index_runs asks once per process: each of these tests asks anew, and leaves no verdict behind."""
@@ -241,7 +246,7 @@ def test_a_gpu_build_whose_kernels_cannot_run_here_mines_on_the_cpu_index(monkey
     monkeypatch.setattr(faiss, "StandardGpuResources", object, raising=False)
     monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1)
     monkeypatch.setattr(faiss, "index_cpu_to_gpu", lambda *args: moved.append(args), raising=False)
-    monkeypatch.setattr(mining, "GPU_PROBE", "import os, sys\n"  # what the H200 printed, then the abort
+    monkeypatch.setattr(mining, "GPU_PROBE", NO_CORE_FILE + "import os, sys\n"  # what the H200 printed, then the abort
                         "sys.stderr.write(\"Faiss assertion 'err__ == cudaSuccess' failed in void faiss::gpu::runL2Norm at "
                         "L2Norm.cu:257; details: CUDA error 209 no kernel image is available for execution on the device\\n\")\n"
                         "sys.stderr.flush(); os.abort()")
@@ -309,7 +314,7 @@ def test_an_abort_under_pythonfaulthandler_is_named_by_its_cause(monkeypatch, ca
     import logging
 
     monkeypatch.setenv("PYTHONFAULTHANDLER", "1")
-    monkeypatch.setattr(fresh_gpu_probe, "GPU_PROBE", "import os, sys\n"
+    monkeypatch.setattr(fresh_gpu_probe, "GPU_PROBE", NO_CORE_FILE + "import os, sys\n"
                         "sys.stderr.write(\"terminate called after throwing an instance of 'faiss::FaissException'\\n"
                         "  what():  CUDA error 46 all CUDA-capable devices are busy or unavailable\\n\")\n"
                         "sys.stderr.flush(); os.abort()")
@@ -400,8 +405,9 @@ def test_the_gpu_index_is_tried_when_faiss_is_checked_before_cuda_starts(monkeyp
     assert tried == ["probe"]
     # the stage itself, its model loaded: by then the probe had run
     monkeypatch.setitem(cli.WITH_PARAMS, "mine", lambda args, params: tried.append("mine"))
-    assert cli.main(["mine", "--data", "d", "--train", "t.jsonl", "--model", "m", "--out", "n.jsonl",
-                     "--report", "r.json"]) == 0
+    params_file = Path(__file__).resolve().parents[2] / "params.yaml"  # the project's, wherever pytest runs from
+    assert cli.main(["--params", str(params_file), "mine", "--data", "d", "--train", "t.jsonl", "--model", "m",
+                     "--out", "n.jsonl", "--report", "r.json"]) == 0
     assert tried == ["probe", "probe", "mine"]  # `tqc mine` tried the GPU index before loading its model
 
 
