@@ -349,7 +349,8 @@ def dispatch(args: argparse.Namespace) -> None:
         _refuse_what_no_cell_reads(args.overrides)
     params = load_params(args.params, parse_overrides(args.overrides))
     if args.command in ("stage-one", "mine", "tune"):  # mining needs FAISS after stage one: said before an hour of
-        _check_faiss(_similarities(params, args.command))  # training, and its GPU index tried before CUDA starts
+        # training; where this process mines (mine, tune's trials), its GPU index is tried before CUDA starts
+        _check_faiss(_similarities(params, args.command), mines_here=args.command != "stage-one")
     command = WITH_PARAMS[args.command]
     # A disabled warm-up or NC baseline trains nothing: its record is written once, by this one process, not raced by
     # torchrun's, and nothing is launched
@@ -379,12 +380,12 @@ def _similarities(params: Params, command: str) -> set[str]:
     return {params.model.similarity, *(searched.choices or [] if searched else [])}
 
 
-def _check_faiss(similarities: set[str]) -> None:
+def _check_faiss(similarities: set[str], mines_here: bool) -> None:
     from tqc.mining import check_faiss_for
 
     try:
         for similarity in sorted(similarities):
-            check_faiss_for(similarity)
+            check_faiss_for(similarity, mines_here)
     except (ImportError, RuntimeError) as exc:
         raise ConfigError(str(exc)) from None
 

@@ -50,13 +50,17 @@ def load_faiss():
     return faiss
 
 
-def check_faiss_for(similarity: str) -> None:
+def check_faiss_for(similarity: str, mines_here: bool = True) -> None:
     """Load FAISS now when mining under `similarity` will search an index (every similarity without learned
-    weights), so a missing or doubled FAISS is said before the training that mining follows, not after it. A GPU
-    build's index is tried now too, before this process starts CUDA: on a GPU in exclusive-process mode (common on
-    clusters), the probe's child cannot start CUDA beside a parent that already holds the GPU, and mining would fall
-    back to the CPU index for no fault of the build."""
-    if similarity in WEIGHT_FREE and _sees_gpus(load_faiss()):
+    weights), so a missing or doubled FAISS is said before the training that mining follows, not after it. Where this
+    process mines later (`mines_here`), a GPU build's index is tried now too, before the process starts CUDA: on a GPU
+    in exclusive-process mode (common on clusters), the probe's child cannot start CUDA beside a parent that already
+    holds the GPU, and mining would fall back to the CPU index for no fault of the build. `tqc stage-one` mines in
+    no process of its own, so it tries nothing (the verdict is kept per process)."""
+    if similarity not in WEIGHT_FREE:
+        return
+    faiss = load_faiss()
+    if mines_here and _sees_gpus(faiss):
         gpu_index_runs()
 
 
