@@ -220,8 +220,11 @@ def test_a_gpu_index_keeps_its_gpu_resources_alive_as_long_as_it_lives(monkeypat
     assert alive() is None
 
 
-# A fake probe that aborts leaves no core file behind, wherever the machine's core limit and pattern would put one
-NO_CORE_FILE = "import resource\nresource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
+def aborting_probe(stderr: str) -> str:
+    """A fake probe that writes `stderr` and aborts, as faiss does on a GPU it has no kernels for; with no core file
+    left behind, wherever the machine's core limit and pattern would put one."""
+    return ("import os, resource, sys\nresource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
+            f"sys.stderr.write({stderr!r})\nsys.stderr.flush()\nos.abort()\n")
 
 
 @pytest.fixture
@@ -246,10 +249,9 @@ def test_a_gpu_build_whose_kernels_cannot_run_here_mines_on_the_cpu_index(monkey
     monkeypatch.setattr(faiss, "StandardGpuResources", object, raising=False)
     monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1)
     monkeypatch.setattr(faiss, "index_cpu_to_gpu", lambda *args: moved.append(args), raising=False)
-    monkeypatch.setattr(mining, "GPU_PROBE", NO_CORE_FILE + "import os, sys\n"  # what the H200 printed, then the abort
-                        "sys.stderr.write(\"Faiss assertion 'err__ == cudaSuccess' failed in void faiss::gpu::runL2Norm at "
-                        "L2Norm.cu:257; details: CUDA error 209 no kernel image is available for execution on the device\\n\")\n"
-                        "sys.stderr.flush(); os.abort()")
+    monkeypatch.setattr(mining, "GPU_PROBE", aborting_probe(  # what the H200 printed, then the abort
+        "Faiss assertion 'err__ == cudaSuccess' failed in void faiss::gpu::runL2Norm at L2Norm.cu:257; details: CUDA "
+        "error 209 no kernel image is available for execution on the device\n"))
     with caplog.at_level(logging.WARNING, logger="tqc.mining"):
         first = mining.build_index(np.eye(3, dtype=np.float32))
         second = mining.build_index(np.eye(3, dtype=np.float32))
@@ -314,10 +316,9 @@ def test_an_abort_under_pythonfaulthandler_is_named_by_its_cause(monkeypatch, ca
     import logging
 
     monkeypatch.setenv("PYTHONFAULTHANDLER", "1")
-    monkeypatch.setattr(fresh_gpu_probe, "GPU_PROBE", NO_CORE_FILE + "import os, sys\n"
-                        "sys.stderr.write(\"terminate called after throwing an instance of 'faiss::FaissException'\\n"
-                        "  what():  CUDA error 46 all CUDA-capable devices are busy or unavailable\\n\")\n"
-                        "sys.stderr.flush(); os.abort()")
+    monkeypatch.setattr(fresh_gpu_probe, "GPU_PROBE", aborting_probe(
+        "terminate called after throwing an instance of 'faiss::FaissException'\n"
+        "  what():  CUDA error 46 all CUDA-capable devices are busy or unavailable\n"))
     with caplog.at_level(logging.WARNING, logger="tqc.mining"):
         assert fresh_gpu_probe.gpu_index_runs() is False
     assert "status -6: what():  CUDA error 46 all CUDA-capable devices are busy or unavailable)" in caplog.text
@@ -409,6 +410,10 @@ def test_the_gpu_index_is_tried_when_faiss_is_checked_before_cuda_starts(monkeyp
     assert cli.main(["--params", str(params_file), "mine", "--data", "d", "--train", "t.jsonl", "--model", "m",
                      "--out", "n.jsonl", "--report", "r.json"]) == 0
     assert tried == ["probe", "probe", "mine"]  # `tqc mine` tried the GPU index before loading its model
+    # `tqc stage-one` checks FAISS but mines in no process of its own: nothing tried (it stops on its missing data)
+    assert cli.main(["--params", str(params_file), "stage-one", "--data", "d", "--train", "t.jsonl", "--out", "m",
+                     "--history", "h.csv"]) == 2
+    assert tried == ["probe", "probe", "mine"]
 
 
 def test_two_faiss_builds_are_refused_by_name(monkeypatch):

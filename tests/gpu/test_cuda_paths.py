@@ -106,10 +106,10 @@ def test_weight_averaging_keeps_its_average_on_the_gpu_and_trains_there(tiny_mod
 
 
 def _gpu_faiss():
-    from tqc.mining import _installed, load_faiss
+    from tqc.mining import FAISS_BUILDS, _installed, load_faiss
 
     faiss = load_faiss()
-    gpu_build = any(_installed(name) for name in ("faiss-gpu-cu12", "faiss-gpu-cu11", "faiss-gpu"))
+    gpu_build = any(_installed(name) for name in FAISS_BUILDS if name != "faiss-cpu")
     if not gpu_build:
         pytest.skip("faiss-cpu is installed, not a GPU build (make run FAISS=gpu)")
     assert hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0, "a GPU build is installed, yet faiss has no GPU"
