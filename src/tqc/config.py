@@ -250,6 +250,11 @@ class Schedule(Strict):
     # Polyak averaging: validation scores, and early stopping keeps, an exponential moving average of the weights
     # with this decay a step (tqc.training.WeightAverage) instead of the last step's weights. 0: off.
     weight_averaging: float = Field(0.0, ge=0.0, lt=1.0)
+    # Layer-wise learning-rate decay (ELECTRA, BEiT; Zhang et al. 2021 for few-sample fine-tuning): the pretrained
+    # backbone's top block trains at learning_rate × d, each block below it × d once more, the embeddings at
+    # d^(blocks + 1); the heads keep theirs. The lower layers hold general language, which a few hundred labeled
+    # questions should move least. 1: every layer at learning_rate.
+    layer_decay: float = Field(1.0, gt=0.0, le=1.0)
 
 
 class TrainParams(Schedule):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -113,18 +114,56 @@ def _decay_groups(parameters: list[nn.Parameter], learning_rate: float) -> list[
 
 
 def bi_encoder_parameter_groups(model: BiEncoder, params: TrainParams, section: str) -> list[dict]:
-    """A contrastive stage's AdamW groups: the encoders' at `learning_rate`, then the heads' (`BiEncoder.head_parameters`:
-    attention pooling, the MLP scorer) at `head_learning_rate`. That null, `parameter_groups` of the whole model: the
-    same groups in the same order as before the key existed, so the stage trains as it did."""
-    if params.head_learning_rate is None:
+    """A contrastive stage's AdamW groups: the backbones' at `learning_rate` (by depth under `layer_decay`), then the
+    heads' (`BiEncoder.head_parameters`: attention pooling, the MLP scorer) at `head_learning_rate`. Both at their
+    defaults, `parameter_groups` of the whole model: the same groups in the same order as before either key existed,
+    so the stage trains as it did."""
+    if params.head_learning_rate is None and params.layer_decay == 1.0:
         return parameter_groups(model, params.learning_rate)
     heads = model.head_parameters()
-    if not heads:
+    if params.head_learning_rate is not None and not heads:
         log.warning("%s.head_learning_rate is %g, and model.pooling %s with model.similarity %s has no head layers: it "
                     "trains nothing", section, params.head_learning_rate, model.question.pooling.kind, model.similarity)
-    in_heads = {id(p) for p in heads}
-    encoders = [p for p in model.parameters() if id(p) not in in_heads]
-    return _decay_groups(encoders, params.learning_rate) + _decay_groups(heads, params.head_learning_rate)
+    backbones = [model.question.backbone] if model.tied else [model.question.backbone, model.standard.backbone]
+    head_rate = params.learning_rate if params.head_learning_rate is None else params.head_learning_rate
+    return backbone_groups(backbones, params.learning_rate, params.layer_decay) + _decay_groups(heads, head_rate)
+
+
+# A transformer block's index in a parameter's name: BERT's encoder.layer.3., GPT-2's h.3., T5's block.3., others' layers.3.
+BLOCK_INDEX = re.compile(r"(?:^|\.)(?:layer|layers|h|block|blocks)\.(\d+)\.")
+
+
+def backbone_groups(backbones: list[nn.Module], learning_rate: float, layer_decay: float) -> list[dict]:
+    """AdamW groups for pretrained backbones, with layer-wise learning-rate decay: depth 0 (what comes before the first
+    block: the embeddings) at learning_rate × d^(L + 1), block i at × d^(L − i), what comes after the last block (a
+    pooler, a final norm) at learning_rate, for L blocks (BEiT's and ELECTRA's rule). At d = 1, `_decay_groups` of
+    all their parameters: one rate, the same groups as `parameter_groups`."""
+    if layer_decay == 1.0:
+        return _decay_groups([p for backbone in backbones for p in backbone.parameters()], learning_rate)
+    by_depth: dict[int, list[nn.Parameter]] = {}
+    for backbone in backbones:
+        depths, top = layer_depths(backbone)
+        for parameter, depth in depths:
+            by_depth.setdefault(top - depth, []).append(parameter)
+    return [group for steps_below_top in sorted(by_depth)
+            for group in _decay_groups(by_depth[steps_below_top], learning_rate * layer_decay**steps_below_top)]
+
+
+def layer_depths(backbone: nn.Module) -> tuple[list[tuple[nn.Parameter, int]], int]:
+    """Each parameter of `backbone` with its depth: 0 before its first numbered block (the embeddings), i + 1 in block
+    i, and `top` = blocks + 1 after the last block (a pooler, a final norm); and `top`. Parameters come in registration
+    order, which is the forward order in Hugging Face models."""
+    named = list(backbone.named_parameters())
+    blocks = [int(match.group(1)) for name, _ in named if (match := BLOCK_INDEX.search(name))]
+    if not blocks:
+        raise ConfigError(f"layer_decay needs numbered transformer blocks, and no parameter of {type(backbone).__name__} "
+                          "is named like one (layer.0., layers.0., h.0., block.0.): set layer_decay to 1")
+    top, depth, depths = max(blocks) + 2, 0, []
+    for name, parameter in named:
+        match = BLOCK_INDEX.search(name)
+        depth = int(match.group(1)) + 1 if match else (0 if depth == 0 else top)
+        depths.append((parameter, depth))
+    return depths, top
 
 
 def adamw(param_groups: list[dict], weight_decay: float, fused: bool | None = None) -> torch.optim.AdamW:

@@ -363,6 +363,100 @@ def test_each_stage_hands_its_head_learning_rate_to_the_optimizer(tiny_model_dir
         (1e-4, False), (1e-4, False), (5e-3, True), (5e-3, True)]
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_layer_decay_gives_each_depth_of_the_backbones_its_rate_and_the_heads_theirs(tiny_model_dir, tied):
+    """The tiny BERT has 2 blocks: its embeddings train at lr·d³, block 0 at lr·d², block 1 at lr·d, its pooler (after
+    the blocks) at lr; both backbones' layers of one depth share a group; the heads keep head_learning_rate."""
+    model = tiny_bi_encoder(tiny_model_dir, pooling="attention", similarity="mlp", tied=tied)
+    params = StageOneParams(learning_rate=1e-4, head_learning_rate=1e-2, layer_decay=0.5)
+    rates = _rates(bi_encoder_parameter_groups(model, params, "stage_one"), model)
+    grouped = [name for _, _, names in rates for name in names]
+    assert sorted(grouped) == sorted(name for name, _ in model.named_parameters())  # each parameter once
+    rate_of = {name: lr for lr, _, names in rates for name in names}
+    expected_factor = {"embeddings": 0.125, "encoder.layer.0": 0.25, "encoder.layer.1": 0.5, "pooler": 1.0}
+    for name, rate in rate_of.items():
+        if ".backbone." not in name:
+            assert rate == 1e-2, name
+            continue
+        part = name.split(".backbone.")[1]
+        factor = next(f for prefix, f in expected_factor.items() if part.startswith(prefix + "."))
+        assert rate == pytest.approx(1e-4 * factor), name
+    encoders = ["question"] if tied else ["question", "standard"]
+    block_zero = next(names for _, _, names in rates if any(".encoder.layer.0." in n for n in names))
+    assert {n.split(".backbone.")[0] for n in block_zero} == set(encoders)  # one group for a depth, both encoders in it
+
+
+def test_layer_decay_of_1_leaves_the_groups_as_they_were(tiny_model_dir):
+    model = tiny_bi_encoder(tiny_model_dir, pooling="attention", similarity="mlp")
+    with_key = StageOneParams(learning_rate=1e-4, head_learning_rate=1e-2, layer_decay=1.0)
+    without = StageOneParams(learning_rate=1e-4, head_learning_rate=1e-2)
+    assert _rates(bi_encoder_parameter_groups(model, with_key, "s"), model) == _rates(
+        bi_encoder_parameter_groups(model, without, "s"), model)
+    assert len(bi_encoder_parameter_groups(model, with_key, "s")) == 4  # encoders decayed and not, heads decayed and not
+
+
+def test_layer_depths_reads_gpt2_and_t5_style_names_and_what_comes_after_the_blocks():
+    from torch import nn
+
+    from tqc.training import layer_depths
+
+    class Decoder(nn.Module):  # GPT-2's layout: wte, wpe, h.0 … h.2, ln_f
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(5, 4), nn.Embedding(5, 4)
+            self.h = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+            self.ln_f = nn.LayerNorm(4)
+
+    decoder = Decoder()
+    depths, top = layer_depths(decoder)
+    names = {id(p): name for name, p in decoder.named_parameters()}
+    assert top == 4
+    assert {names[id(p)]: d for p, d in depths} == {"wte.weight": 0, "wpe.weight": 0, "h.0.weight": 1, "h.0.bias": 1,
+                                                    "h.1.weight": 2, "h.1.bias": 2, "h.2.weight": 3, "h.2.bias": 3,
+                                                    "ln_f.weight": 4, "ln_f.bias": 4}
+
+
+def test_layer_decay_on_a_backbone_with_no_numbered_blocks_is_refused_by_name():
+    from torch import nn
+
+    from tqc.config import ConfigError
+    from tqc.training import backbone_groups
+
+    with pytest.raises(ConfigError, match="layer_decay needs numbered transformer blocks.*Sequential.*set layer_decay to 1"):
+        backbone_groups([nn.Sequential(nn.Linear(2, 2))], 1e-4, 0.8)
+
+
+@pytest.mark.parametrize("stage", ["stage_one", "stage_two", "baseline_nc"])
+def test_each_stage_hands_its_layer_decay_to_the_optimizer(tiny_model_dir, monkeypatch, stage):
+    from tqc import training
+    from tqc.config import BaselineNCParams, StageTwoParams
+    from tqc.stages import baseline_nc, stage_two
+
+    handed = []
+    adamw = training.adamw
+    monkeypatch.setattr(training, "adamw", lambda groups, *args, **kwargs: handed.append(groups) or adamw(groups, *args, **kwargs))
+    catalog = Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()])
+    rows = [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 8)]
+    schedule = dict(epochs=1, batch_size=4, max_steps=1, learning_rate=1e-4, layer_decay=0.5)
+    if stage == "baseline_nc":
+        model = baseline_nc.LinearClassifier(TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 32), catalog.class_ids)
+        baseline_nc.train(model, rows, rows[:4], catalog, BaselineNCParams(head_learning_rate=1e-2, **schedule), seed=0)
+        backbone = model.encoder.backbone
+    else:
+        model = tiny_bi_encoder(tiny_model_dir)
+        if stage == "stage_one":
+            stage_one.train(model, rows, rows[:4], catalog, StageOneParams(**schedule), seed=0)
+        else:
+            negatives = torch.as_tensor([[(c + 1) % len(catalog)] for c in training.gold_indices(rows, catalog)])
+            stage_two.train(model, rows, negatives, rows[:4], catalog, StageTwoParams(**schedule), seed=0)
+        backbone = model.question.backbone
+    rate_of = {id(p): group["lr"] for group in handed[0] for p in group["params"]}
+    assert rate_of[id(backbone.embeddings.word_embeddings.weight)] == pytest.approx(1e-4 * 0.5**3)
+    assert rate_of[id(backbone.encoder.layer[1].output.dense.weight)] == pytest.approx(1e-4 * 0.5)
+    if stage == "baseline_nc":
+        assert rate_of[id(model.head.weight)] == 1e-2
+
+
 def test_passes_by_length_give_each_question_the_vector_of_one_padded_pass(tiny_model_dir):
     torch.manual_seed(0)
     encoder = TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 32).eval()

@@ -23,7 +23,8 @@ from tqc.io import atomic_directory
 from tqc.metrics import summary
 from tqc.model.encoder import EmbeddingAugmentation, TextEncoder, load_weights
 from tqc.schema import Catalog, LabeledQuestion, StaleClassifier, load_questions
-from tqc.training import FitResult, fit, gold_indices, parameter_groups, write_history, write_outputs
+from tqc.training import (FitResult, backbone_groups, fit, gold_indices, parameter_groups, write_history,
+                          write_outputs)
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def train(model: LinearClassifier, train_rows: list[LabeledQuestion], validation
 
     return fit(
         model,
-        parameter_groups(model.encoder, params.learning_rate) + parameter_groups(model.head, params.head_learning_rate),
+        encoder_groups(model.encoder, params) + parameter_groups(model.head, params.head_learning_rate),
         batch_loss,
         len(train_rows),
         lambda: summary(model.logits([q.text for q in validation]), validation_gold),
@@ -109,6 +110,17 @@ def train(model: LinearClassifier, train_rows: list[LabeledQuestion], validation
         description="NC baseline",
         on_epoch=on_epoch,
     )
+
+
+def encoder_groups(encoder: TextEncoder, params: BaselineNCParams) -> list[dict]:
+    """The encoder's AdamW groups at `learning_rate`: its backbone's by depth under `layer_decay`, then its pooling's.
+    At d = 1, `parameter_groups` of the whole encoder, as before the key existed."""
+    if params.layer_decay == 1.0:
+        return parameter_groups(encoder, params.learning_rate)
+    in_backbone = {id(p) for p in encoder.backbone.parameters()}
+    pooling = [p for p in encoder.parameters() if id(p) not in in_backbone]
+    return (backbone_groups([encoder.backbone], params.learning_rate, params.layer_decay)
+            + parameter_groups(nn.ParameterList(pooling), params.learning_rate))
 
 
 def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_params: AugmentParams,
