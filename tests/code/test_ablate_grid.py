@@ -6,6 +6,7 @@ import pytest
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 from tqc.ablate import (Cell, CellResult, _or_recorded, experiment_overrides, grid_cells, matches, paired_difference,
                         paired_differences, recorded_cells, render_markdown, set_arguments, summarise)
@@ -268,7 +269,9 @@ def test_a_rerun_forces_dvc_and_a_failed_cell_is_not_read_from_its_old_experimen
     params = Params.model_validate({"ablate": {"grids": {"aug": GRID.model_dump()}, "seeds": [0]},
                                     "data": {"data_dir": str(tmp_path)}, "tracking": {"enabled": False}})
     commands = []
-    monkeypatch.setattr(ablate_module.subprocess, "run", lambda command, **_: commands.append(command) or type("R", (), {"returncode": 1}))
+    # ablate's own name for the module, not subprocess.run itself: another thread's call in this process stays out
+    failing_run = SimpleNamespace(run=lambda command, **_: commands.append(command) or SimpleNamespace(returncode=1))
+    monkeypatch.setattr(ablate_module, "subprocess", failing_run)
     monkeypatch.setattr(ablate_module, "experiment_refs", lambda project: {c.name: "refs/exps/ab/cd/" + c.name
                                                                            for c in grid_cells("aug", GRID, [0], {}, {})})
     monkeypatch.setattr(ablate_module, "read_cell", lambda cell, project, refs: CellResult(cell, "done", _figures(0.9), 0, "old"))
