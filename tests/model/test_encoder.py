@@ -340,26 +340,35 @@ def test_a_head_learning_rate_with_no_head_layers_changes_nothing_and_says_so(ti
     assert "stage_one.head_learning_rate is 0.001" in caplog.text and "has no head layers" in caplog.text
 
 
-@pytest.mark.parametrize("stage", ["stage_one", "stage_two"])
-def test_each_stage_hands_its_head_learning_rate_to_the_optimizer(tiny_model_dir, monkeypatch, stage):
+def _groups_handed_to_the_optimizer(monkeypatch, stage: str, model, **schedule) -> list[dict]:
+    """One step of `stage` ("stage_one", "stage_two" or "baseline_nc") on `model` with `schedule`'s params: the
+    parameter groups it gave AdamW."""
     from tqc import training
-    from tqc.config import StageTwoParams
-    from tqc.stages import stage_two
+    from tqc.config import BaselineNCParams, StageTwoParams
+    from tqc.stages import baseline_nc, stage_two
 
     handed = []
     adamw = training.adamw
     monkeypatch.setattr(training, "adamw", lambda groups, *args, **kwargs: handed.append(groups) or adamw(groups, *args, **kwargs))
     catalog = Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()])
     rows = [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 8)]
-    model = tiny_bi_encoder(tiny_model_dir, similarity="mlp")
-    schedule = dict(epochs=1, batch_size=4, max_steps=1, learning_rate=1e-4, head_learning_rate=5e-3)
+    schedule = dict(epochs=1, batch_size=4, max_steps=1, **schedule)
     if stage == "stage_one":
         stage_one.train(model, rows, rows[:4], catalog, StageOneParams(**schedule), seed=0)
-    else:
+    elif stage == "stage_two":
         negatives = torch.as_tensor([[(c + 1) % len(catalog)] for c in training.gold_indices(rows, catalog)])
         stage_two.train(model, rows, negatives, rows[:4], catalog, StageTwoParams(**schedule), seed=0)
+    else:
+        baseline_nc.train(model, rows, rows[:4], catalog, BaselineNCParams(**schedule), seed=0)
+    return handed[0]
+
+
+@pytest.mark.parametrize("stage", ["stage_one", "stage_two"])
+def test_each_stage_hands_its_head_learning_rate_to_the_optimizer(tiny_model_dir, monkeypatch, stage):
+    model = tiny_bi_encoder(tiny_model_dir, similarity="mlp")
+    handed = _groups_handed_to_the_optimizer(monkeypatch, stage, model, learning_rate=1e-4, head_learning_rate=5e-3)
     heads = {id(p) for p in model.scorer.parameters()}
-    assert [(group["lr"], all(id(p) in heads for p in group["params"])) for group in handed[0]] == [
+    assert [(group["lr"], all(id(p) in heads for p in group["params"])) for group in handed] == [
         (1e-4, False), (1e-4, False), (5e-3, True), (5e-3, True)]
 
 
@@ -428,29 +437,17 @@ def test_layer_decay_on_a_backbone_with_no_numbered_blocks_is_refused_by_name():
 
 @pytest.mark.parametrize("stage", ["stage_one", "stage_two", "baseline_nc"])
 def test_each_stage_hands_its_layer_decay_to_the_optimizer(tiny_model_dir, monkeypatch, stage):
-    from tqc import training
-    from tqc.config import BaselineNCParams, StageTwoParams
-    from tqc.stages import baseline_nc, stage_two
+    from tqc.stages import baseline_nc
 
-    handed = []
-    adamw = training.adamw
-    monkeypatch.setattr(training, "adamw", lambda groups, *args, **kwargs: handed.append(groups) or adamw(groups, *args, **kwargs))
-    catalog = Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()])
-    rows = [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 8)]
-    schedule = dict(epochs=1, batch_size=4, max_steps=1, learning_rate=1e-4, layer_decay=0.5)
     if stage == "baseline_nc":
-        model = baseline_nc.LinearClassifier(TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 32), catalog.class_ids)
-        baseline_nc.train(model, rows, rows[:4], catalog, BaselineNCParams(head_learning_rate=1e-2, **schedule), seed=0)
-        backbone = model.encoder.backbone
+        classes = Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()]).class_ids
+        model = baseline_nc.LinearClassifier(TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 32), classes)
+        backbone, more = model.encoder.backbone, {"head_learning_rate": 1e-2}
     else:
         model = tiny_bi_encoder(tiny_model_dir)
-        if stage == "stage_one":
-            stage_one.train(model, rows, rows[:4], catalog, StageOneParams(**schedule), seed=0)
-        else:
-            negatives = torch.as_tensor([[(c + 1) % len(catalog)] for c in training.gold_indices(rows, catalog)])
-            stage_two.train(model, rows, negatives, rows[:4], catalog, StageTwoParams(**schedule), seed=0)
-        backbone = model.question.backbone
-    rate_of = {id(p): group["lr"] for group in handed[0] for p in group["params"]}
+        backbone, more = model.question.backbone, {}
+    handed = _groups_handed_to_the_optimizer(monkeypatch, stage, model, learning_rate=1e-4, layer_decay=0.5, **more)
+    rate_of = {id(p): group["lr"] for group in handed for p in group["params"]}
     assert rate_of[id(backbone.embeddings.word_embeddings.weight)] == pytest.approx(1e-4 * 0.5**3)
     assert rate_of[id(backbone.encoder.layer[1].output.dense.weight)] == pytest.approx(1e-4 * 0.5)
     if stage == "baseline_nc":
