@@ -54,28 +54,25 @@ def main() -> None:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="for evaluate.exemplar_k and batch_size")
     args = parser.parse_args()
     params = load_params(args.params)
-    first = args.workspaces[0] / "data" / "validated"
-    catalog = Catalog.load(first / "catalog.jsonl")
-    test = load_questions(first / "test.jsonl")
-    validations = [(w / "data" / "validated" / "validation.jsonl").read_text() for w in args.workspaces]
-    shared_validation = len(set(validations)) == 1
-    for workspace in args.workspaces[1:]:
-        data = workspace / "data" / "validated"
-        if Catalog.load(data / "catalog.jsonl").texts != catalog.texts or load_questions(data / "test.jsonl") != test:
-            raise SystemExit(f"{workspace}: its catalog or test split differs from {args.workspaces[0]}'s")
+    folders = [workspace / "data" / "validated" for workspace in args.workspaces]
+    catalog = Catalog.load(folders[0] / "catalog.jsonl")
+    test = load_questions(folders[0] / "test.jsonl")
+    for folder in folders[1:]:
+        if Catalog.load(folder / "catalog.jsonl").texts != catalog.texts or load_questions(folder / "test.jsonl") != test:
+            raise SystemExit(f"{folder}: its catalog or test split differs from {folders[0]}'s")
+    validations = [load_questions(folder / "validation.jsonl") for folder in folders]
+    shared = {"test": test} | ({"validation": validations[0]} if all(v == validations[0] for v in validations) else {})
 
     singles, totals = [], {}
-    for workspace in args.workspaces:
-        splits = {"test": test, "validation": load_questions(workspace / "data" / "validated" / "validation.jsonl")}
+    for workspace, validation in zip(args.workspaces, validations):
+        splits = {"test": test, "validation": validation}
         scores = workspace_scores(workspace, params, catalog, splits)
         singles.append({"workspace": str(workspace),
                         **{split: {rule: figures(s, gold_indices(splits[split], catalog)) for rule, s in by_rule.items()}
                            for split, by_rule in scores.items()}})
-        for split, by_rule in scores.items():
-            if split == "test" or shared_validation:
-                for rule, s in by_rule.items():
-                    totals[(split, rule)] = totals.get((split, rule), 0) + s / len(args.workspaces)
-    shared = {"test": test} if not shared_validation else {"test": test, "validation": load_questions(first / "validation.jsonl")}
+        for split in shared:
+            for rule, s in scores[split].items():
+                totals[(split, rule)] = totals.get((split, rule), 0) + s / len(args.workspaces)
     ensemble = {split: {rule: figures(totals[(split, rule)], gold_indices(questions, catalog))
                         for rule in ("standard", "exemplars")}
                 for split, questions in shared.items()}
