@@ -817,6 +817,10 @@ def _question_file_lines(path: Path, column: str | None) -> list[tuple[int, str]
             return read_texts(path, DEFAULT_QUESTION_COLUMN if column is None else column)
         except MissingColumns as exc:  # a CSV's header, a JSONL record
             raise ConfigError(f"{exc}: --column names the column holding the questions") from None
+    if str(path) != "-" and path.suffix.lower() in UNREAD_TABLE_SUFFIXES:  # read a line at a time, each was answered
+        raise ConfigError(f"--file {path}: a {path.suffix} file is no plain text and is not read as a table (only .csv "
+                          "with a header and .jsonl are), so its header, columns or records would be answered as "
+                          "questions; save it as one of those, or give its questions alone, a question a line")
     if column is not None:  # else a table piped in would have its header and every raw line answered as questions
         raise ConfigError(f"--column {column!r}: --file {path} is read a question a line, so it has no columns; "
                           "only a --file ending .csv or .jsonl is read as a table (save stdin to one)")
@@ -833,7 +837,26 @@ def _question_file_lines(path: Path, column: str | None) -> list[tuple[int, str]
         raise ConfigError(str(exc)) from None
     # the readers' line breaks: \n, \r\n or \r only, never U+2028 or U+0085 inside a question (str.splitlines),
     # so the answers line up with the file's lines; a BOM is no part of a question
-    return list(enumerate(split_lines(text), start=1))
+    lines = list(enumerate(split_lines(text), start=1))
+    record = next((number for number, line in lines if _is_json_record(line)), None)
+    if record is not None:  # JSON Lines under another name (a .json, a .txt, stdin): each raw record was answered
+        raise ConfigError(f"{name}, line {record}: a JSON record, not a question: a JSON Lines file is read as a table, "
+                          "its --column (default text) the questions, when its name ends .jsonl")
+    return lines
+
+
+UNREAD_TABLE_SUFFIXES = frozenset({".json", ".tsv", ".tab", ".xlsx", ".xls", ".parquet"})
+
+
+def _is_json_record(line: str) -> bool:
+    """Whether a line is a JSON object (a JSON Lines record), which no question is."""
+    stripped = line.strip()
+    if not (stripped.startswith("{") and stripped.endswith("}")):
+        return False
+    try:
+        return isinstance(json.loads(stripped), dict)
+    except ValueError:
+        return False
 
 
 REGISTERED = "models:/"  # MLflow's scheme for a registered version
@@ -1129,6 +1152,7 @@ def main(argv: list[str] | None = None) -> int:
     offline_mlflow()  # before any command imports MLflow
     args = parse_arguments(argv)
     args.argv = argv  # what a torchrun relaunch repeats
+    _escape_what_stdout_cannot_encode()
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=LOG_FORMAT)
     for noisy in ("httpx", "urllib3", "filelock", "great_expectations", "faiss", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -1160,6 +1184,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tqc {args.command}: error from {engine}: {redact_text(str(exc))}", file=sys.stderr)
         return 2
     return 0
+
+
+def _escape_what_stdout_cannot_encode() -> None:
+    """Under a Latin-1 or ASCII locale (or PYTHONIOENCODING) a character stdout cannot encode, in a question, a label
+    or a file's name, was a UnicodeEncodeError and a traceback: exit 1, which `tqc validate` means as "rows
+    quarantined". It is written as a backslash escape instead, as Python writes it to stderr."""
+    if getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
 
 
 ENGINES = ("mlflow", "optuna", "sqlalchemy", "alembic")

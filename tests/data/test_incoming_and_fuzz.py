@@ -244,3 +244,36 @@ def test_checking_a_file_logs_nothing_about_the_current_datas_own_failures(tmp_p
     # Great Expectations' base module sets its logger to INFO at import; the validator gives it back its parent's level,
     # so the CLI's WARNING for "great_expectations" also hides the path of every run's scratch docs folder
     assert logging.getLogger("great_expectations.data_context.types.base").level == logging.NOTSET
+
+
+def test_validate_file_escapes_what_a_latin1_stdout_cannot_encode_and_keeps_its_exit_codes(tmp_path, current_data,
+                                                                                             monkeypatch):
+    """Under a Latin-1 locale (PYTHONIOENCODING=latin-1) a row, a column or a file name in Chinese ended `tqc validate`
+    in a UnicodeEncodeError and a traceback, exit 1, which it means as "rows quarantined": a clean file in such a
+    folder said 1, not 0, and a file it cannot use said 1, not 2. What stdout cannot encode is now a backslash escape."""
+    import sys
+
+    from tqc.cli import main as cli_main
+
+    (tmp_path / "params.yaml").write_text("data:\n  custom:\n    text_column: question\n    label_column: label\n"
+                                          "validate:\n  max_quarantined_fraction: 0.9\n  min_examples_per_class: 1\n")
+    folder = tmp_path / "斑马"
+    folder.mkdir()
+    (folder / "clean.csv").write_text("question,label\nbrand new question,a\nanother one,b\n")
+    (folder / "mixed.csv").write_text("question,label\n斑马在哪里?,zzz\nfresh question,a\n", encoding="utf-8")
+    (folder / "unusable.csv").write_text("question,标签\nfresh question,a\n", encoding="utf-8")
+    latin1 = io.TextIOWrapper(io.BytesIO(), encoding="latin-1")
+    monkeypatch.setattr(sys, "stdout", latin1)
+
+    codes = []
+    for name in ("clean.csv", "mixed.csv", "unusable.csv"):
+        with pytest.raises(SystemExit) as exited:
+            cli_main(["--params", str(tmp_path / "params.yaml"), "validate", str(folder / name), "--against",
+                      str(current_data)])
+        codes.append(exited.value.code)
+    assert codes == [CLEAN, QUARANTINED, UNUSABLE]
+    latin1.flush()
+    out = latin1.buffer.getvalue().decode("latin-1")
+    assert "\\u6591\\u9a6c/clean.csv: 2 rows read, 2 would be accepted, 0 quarantined" in out
+    assert "'zzz' is no class of the catalog" in out and "'\\u6591\\u9a6c\\u5728\\u54ea\\u91cc?'" in out
+    assert "missing column(s) ['label']: the header has ['question', '\\u6807\\u7b7e']" in out

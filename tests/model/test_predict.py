@@ -97,14 +97,35 @@ def test_a_csv_or_jsonl_file_gives_its_question_column_not_its_header_or_raw_jso
 
     # A table piped in, or in a file of another ending, is read a question a line: its header and each raw row would
     # be answered as questions, so a --column asked for is refused, not ignored
-    (tmp_path / "batch.tsv").write_text("utterance\tintent\nwhere is paris\tloc\n")
-    assert main(ask + ["--file", str(tmp_path / "batch.tsv")]) == 2
-    assert (f"--column 'utterance': --file {tmp_path / 'batch.tsv'} is read a question a line, so it has no columns"
+    (tmp_path / "batch.txt").write_text("utterance,intent\nwhere is paris,loc\n")
+    assert main(ask + ["--file", str(tmp_path / "batch.txt")]) == 2
+    assert (f"--column 'utterance': --file {tmp_path / 'batch.txt'} is read a question a line, so it has no columns"
             in capsys.readouterr().err)
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"utterance,intent\nwhere is paris,loc\n")))
     assert main(ask + ["--file", "-"]) == 2
     assert "--column 'utterance': --file - is read a question a line" in capsys.readouterr().err
-    assert main(ask[:-2] + ["--file", str(tmp_path / "batch.tsv")]) == 0  # no --column: its lines, as asked
+    assert main(ask[:-2] + ["--file", str(tmp_path / "batch.txt")]) == 0  # no --column: its lines, as asked
+    assert len(capsys.readouterr().out.splitlines()) == 2
+
+    # A .tsv or .json file, with --column or without, is refused: read a line at a time, its header and each raw
+    # row or record were answered as questions, exit 0 (a header "text\tid" got a class)
+    (tmp_path / "batch.tsv").write_text("utterance\tintent\nwhere is paris\tloc\n")
+    (tmp_path / "batch.json").write_text('{"utterance": "where is paris"}\n')
+    for name in ("batch.tsv", "batch.json"):
+        for asked in (ask, ask[:-2]):
+            assert main(asked + ["--file", str(tmp_path / name)]) == 2
+            assert (f"--file {tmp_path / name}: a {name[5:]} file is no plain text and is not read as a table"
+                    in capsys.readouterr().err)
+    # and JSON Lines under another name, or piped in, is named by its first record's line, not answered record by record
+    (tmp_path / "records.txt").write_text('where is paris\n{"utterance": "who wrote it", "intent": "hum"}\n')
+    assert main(ask[:-2] + ["--file", str(tmp_path / "records.txt")]) == 2
+    assert (f"{tmp_path / 'records.txt'}, line 2: a JSON record, not a question: a JSON Lines file is read as a table"
+            in capsys.readouterr().err)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b'{"text": "where is paris"}\n')))
+    assert main(ask[:-2] + ["--file", "-"]) == 2
+    assert "stdin, line 1: a JSON record, not a question" in capsys.readouterr().err
+    (tmp_path / "braces.txt").write_text("what does {x} stand for\n{not json}\n")  # braces alone are still questions
+    assert main(ask[:-2] + ["--file", str(tmp_path / "braces.txt")]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
 
 
