@@ -789,24 +789,44 @@ def utf8_text_of(path: Path) -> str:
 def load_params(path: str | Path = "params.yaml", overrides: dict | None = None) -> Params:
     """Read and check `params.yaml`; `overrides` is a nested dict merged on top."""
     path = Path(path)
+    raw = read_params_mapping(path)
+    if overrides:
+        raw = deep_merge(raw, overrides)
     try:
-        raw = read_yaml(utf8_text_of(path)) or {}
+        return params_of(raw)
+    except ValidationError as exc:
+        given = f" with {flatten(overrides)} set on top" if overrides else ""  # e.g. a Prefect run's parameter
+        raise ConfigError(f"{path}{given}: invalid parameters:\n{problems(exc)}") from None
+
+
+def read_params_mapping(path: Path) -> dict:
+    """A parameters file's sections, unchecked; ConfigError naming the file where it cannot be read, is not YAML, is
+    empty (comments alone) or is not a mapping. Empty, it was read as every default: a truncated params.yaml ran."""
+    try:
+        raw = read_yaml(utf8_text_of(path))
     except FileNotFoundError:
         raise ConfigError(f"{path}: parameters file not found") from None
     except OSError as exc:  # a folder, or no permission to read it
         raise ConfigError(f"{path}: cannot read the parameters file: {exc.strerror}") from None
     except YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if raw is None:
+        raise ConfigError(f"{path}: the parameters file is empty: it sets no section (seed, data, …)")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the parameters file must be a mapping of sections (seed, data, …), "
                           f"not a {type(raw).__name__}")
-    if overrides:
-        raw = deep_merge(raw, overrides)
-    try:
-        return Params.model_validate(raw)
-    except ValidationError as exc:
-        given = f" with {flatten(overrides)} set on top" if overrides else ""  # e.g. a Prefect run's parameter
-        raise ConfigError(f"{path}{given}: invalid parameters:\n{problems(exc)}") from None
+    return raw
+
+
+def params_of(raw: dict) -> Params:
+    """A parameters file's sections checked (ValidationError). A section spelt as its Python field (`validate_`) rather
+    than its key (`validate`) is refused as an unknown one: `populate_by_name` let it through, so the stage took its
+    settings while DVC's `params: [validate]` found no such section."""
+    by_field_name = [name for name, field in Params.model_fields.items() if field.alias not in (None, name) and name in raw]
+    if by_field_name:
+        raise ValidationError.from_exception_data(Params.__name__, [
+            {"type": "extra_forbidden", "loc": (name,), "input": raw[name]} for name in by_field_name])
+    return Params.model_validate(raw)
 
 
 YAML_1_1_BOOLEANS = {"yes", "no", "on", "off", "y", "n"}

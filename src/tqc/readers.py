@@ -772,6 +772,10 @@ def read_dataset(params: DataParams) -> DatasetSplits:
     if params.dataset == "custom":
         return _read_custom(params)
     train_path, test_path, reader = official_files(params)
+    own = [f"data.custom.{key}" for key in ("train", "test") if getattr(params.custom, key)]
+    if own:  # a user's files set, and dataset left at trec6: it trained on TREC-6 without a word
+        log.warning("%s set, but data.dataset is %r, so %s and %s are read instead; data.dataset: custom reads your files",
+                    " and ".join(own), params.dataset, train_path, test_path)
     for path in (train_path, test_path):
         if not path.exists():  # said as the setting that chose it: own files with dataset left at trec6 end here
             ignored = "; data.custom.train is set, which only data.dataset: custom reads" if params.custom.train else ""

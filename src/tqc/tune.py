@@ -38,8 +38,8 @@ import torch
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from tqc.config import (ConfigError, Params, SearchDimension, YAMLError, flatten, problems, read_yaml, redact_secrets,
-                        redact_text, unflatten, utf8_text_of)
+from tqc.config import (ConfigError, Params, SearchDimension, YAMLError, flatten, params_of, problems, read_params_mapping,
+                        read_yaml, redact_secrets, redact_text, unflatten, utf8_text_of)
 from tqc.io import atomic_path, write_json, write_text
 from tqc.metrics import DivergedScores
 from tqc.mining import largest_group
@@ -172,6 +172,7 @@ def check_space(params: Params) -> None:
             for value in values:
                 _accepted(params, {**needed, name: value}, name, value, f"tune.space.{name}")
         _acts_in_some_trial(name, dimension, space, base)
+        _switched_on_in_some_trial(name, space, base)
     _combinations_accepted(params, space, base)
 
 
@@ -266,6 +267,20 @@ def _acts_in_some_trial(name: str, dimension: SearchDimension, space: dict[str, 
         log.warning("tune: tune.space.%s acts only with %s: %s; drawn where %s is %s too, the other losses' trials draw "
                     "it for nothing: give it when: {%s: %s}", name, loss, needed, loss,
                     " or ".join(sorted(map(str, losses - {needed}))), loss, needed)
+
+
+def _switched_on_in_some_trial(name: str, space: dict[str, SearchDimension], base: dict) -> None:
+    """A knob of a feature that is off in every trial (the warm-up, prototype mixup, cross-encoding: its section's
+    `enabled`) is refused: no trial reads it, so its best value would be chance, and best_params.yaml would carry it."""
+    section = name.rpartition(".")[0]
+    while section:
+        switch = f"{section}.enabled"
+        if switch in base and name != switch:
+            if not _some_trial_can_have(space, switch, True, base):
+                raise ConfigError(f"tune.space.{name}: {switch} is false in every trial, so no trial reads it; set "
+                                  f"{switch}: true, or search {switch} too, with when: {{{switch}: true}} on {name}")
+            return
+        section = section.rpartition(".")[0]
 
 
 def _values_to_check(name: str, dimension: SearchDimension, base: dict) -> list:
@@ -1412,6 +1427,7 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
     """Write the tuned values into params.yaml in place, keeping its comments and layout; returns those that changed
     (a value equal to the current one, `0.0001` for `1.0e-4` say, is left as written)."""
     best = _tuned_values(best_params_file)
+    read_params_mapping(params_file)  # not YAML, empty or no mapping: refused in a line naming it, as load_params does
     editor = _layout_keeping_yaml()
     params_text = utf8_text_of(params_file)
     document = editor.load(params_text)
@@ -1438,7 +1454,8 @@ def _check_against_the_study(best_params_file: Path, params_file: Path, params_t
     """Hold `best` against the study's summary.json beside it: values tuned on another dataset are refused, and the
     params the study trained with that `params_file` (`params_text`, loaded as `document`) holds otherwise are said."""
     summary = _study_summary(best_params_file)
-    _check_tuned_dataset(best_params_file, params_file, summary, document.get("data", {}).get("dataset"))
+    data = document.get("data")  # `data: null` or a scalar is refused with the other problems once the values are in
+    _check_tuned_dataset(best_params_file, params_file, summary, data.get("dataset") if hasattr(data, "get") else None)
     try:  # params.yaml's values, defaults filled in, as the study's were recorded
         current = trained_with(Params.model_validate(read_yaml(params_text) or {}))
     except ValidationError:  # refused with its problems below, once the tuned values are in
@@ -1470,7 +1487,7 @@ def _write_if_valid(editor, document, best_params_file: Path, params_file: Path)
     text = StringIO()
     editor.dump(document, text)
     try:
-        Params.model_validate(read_yaml(text.getvalue()))
+        params_of(read_yaml(text.getvalue()))
     except ValidationError as exc:  # refuse before touching params.yaml
         raise ConfigError(f"{best_params_file}: applying it would make {params_file} invalid:\n{problems(exc)}") from None
     write_text(params_file, text.getvalue())

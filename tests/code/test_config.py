@@ -394,6 +394,8 @@ def test_a_mapping_given_with_set_replaces_the_one_there():
     (b"seed: 1\ndata:\n  dataset: trec\xe96\n", "line 3: not UTF-8 text \\(byte 0xe9\\)"),
     (b"- seed\n- data\n", "the parameters file must be a mapping of sections .* not a list"),
     (b"seed: [1\n", "not valid YAML"),
+    (b"", "the parameters file is empty: it sets no section"),  # was every default: a truncated params.yaml ran
+    (b"# seed: 3\n", "the parameters file is empty"),
 ])
 def test_a_params_file_that_cannot_be_params_is_one_line_naming_it(tmp_path, content, message):
     import re
@@ -407,6 +409,20 @@ def test_a_params_file_that_cannot_be_params_is_one_line_naming_it(tmp_path, con
             load_params(path, overrides)
     with pytest.raises(ConfigError, match="parameters file not found"):
         load_params(tmp_path / "nothing.yaml")
+
+
+def test_a_section_spelt_as_its_python_field_is_refused_as_the_set_option_refuses_it(tmp_path):
+    """`validate_:` (the Params field) was read as `validate:` (populate_by_name), so the stage took its settings while
+    DVC's `params: [validate]` found no such section; `--set validate_.…` was already refused."""
+    from tqc.config import ConfigError
+
+    path = tmp_path / "params.yaml"
+    path.write_text("validate_:\n  max_text_chars: 3\n")
+    with pytest.raises(ConfigError, match=r"invalid parameters:\n- validate_: Extra inputs are not permitted; did you "
+                                          r"mean validate\?$"):
+        load_params(path)
+    path.write_text("validate:\n  max_text_chars: 3\n")
+    assert load_params(path).validate_.max_text_chars == 3
 
 
 def test_a_password_in_a_database_url_is_redacted_in_what_is_logged():

@@ -1104,6 +1104,24 @@ def test_a_jsonl_file_of_mostly_broken_lines_names_them_not_the_key_its_one_obje
     assert "line 3: missing column(s) ['text', 'label']: the record has []" in said and "named by" not in said
 
 
+def test_own_files_set_beside_a_shipped_dataset_are_said_to_be_left_unread(tmp_path, caplog):
+    """data.custom.train and test set with `dataset: trec6` left as it was read TREC-6 without a word where its files
+    were there (the default data_dir): the user's own files were never trained on."""
+    (tmp_path / "trec").mkdir()
+    for name in ("train_5500.label", "TREC_10.label"):
+        write(tmp_path, f"trec/{name}", b"LOC:city Where is Rome ?\nHUM:ind Who wrote Hamlet ?\n")
+    params = DataParams(dataset="trec6", data_dir=str(tmp_path), additions=None,
+                        custom={"train": "mine/train.csv", "test": "mine/test.csv"})
+    with caplog.at_level("WARNING", logger="tqc.readers"):
+        assert len(read_dataset(params).train.rows) == 2
+    assert (f"data.custom.train and data.custom.test set, but data.dataset is 'trec6', so {tmp_path}/trec/train_5500.label "
+            f"and {tmp_path}/trec/TREC_10.label are read instead; data.dataset: custom reads your files") in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tqc.readers"):
+        read_dataset(DataParams(dataset="trec6", data_dir=str(tmp_path), additions=None))
+    assert "data.custom" not in caplog.text
+
+
 def test_a_shipped_datasets_missing_file_names_data_dataset_and_a_custom_file_left_unread(tmp_path):
     """Own files under data_dir with `dataset: trec6` left as it was said "/data/trec/train_5500.label: file not
     found", which names neither the setting that chose TREC nor the data.custom.train it ignored."""

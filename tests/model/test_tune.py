@@ -341,6 +341,26 @@ def test_apply_names_the_file_and_line_that_is_not_utf8(tmp_path):
         apply_best(best, params_file)
 
 
+@pytest.mark.parametrize("content, message", [
+    ("seed: 0\ndata:\n\tdataset: trec6\n", "not valid YAML"),
+    ("stage_one:\n  epochs: 2\n  epochs: 5\n", "not valid YAML: .*duplicate key"),
+    ("", "the parameters file is empty"),
+    ("- seed: 0\n", "the parameters file must be a mapping of sections .* not a list"),
+])
+def test_apply_refuses_a_params_file_that_is_no_params_in_a_line_naming_it(tmp_path, content, message):
+    """Its layout-keeping reader had no such checks: a traceback (a tab, a duplicate key, an AttributeError on an
+    empty file or a list), where load_params names the file."""
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(content)
+    best = tmp_path / "best_params.yaml"
+    best.write_text("mine:\n  k: 4\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(params_file))}: {message}"):
+        apply_best(best, params_file)
+    params_file.write_text("data: null\nmine:\n  k: 5\n")  # was 'NoneType' object has no attribute 'get'
+    with pytest.raises(ConfigError, match=r"applying it would make .* invalid:\n- data: Input should be a valid dictionary"):
+        apply_best(best, params_file)
+
+
 def test_apply_refuses_values_tuned_on_another_dataset(tmp_path):
     """`tqc --set data.dataset=… tune` leaves params.yaml's dataset as it was: applying its values there would have
     `dvc repro` train that dataset with them. The study's summary.json beside the file says where it was tuned."""
@@ -879,6 +899,26 @@ def test_searched_epochs_under_a_pruner_and_a_temperature_hinge_never_reads_are_
     with pytest.raises(ConfigError, match=r"tune.space.stage_two.temperature: stage_two.loss is hinge in every trial"):
         check_space(Params.model_validate({"stage_two": {"loss": "hinge"},
                                            "tune": {"space": {"stage_two.temperature": {"low": 0.05, "high": 0.3}}}}))
+
+
+def test_a_knob_of_a_feature_off_in_every_trial_is_refused_and_searched_with_its_switch_it_is_not():
+    """warmup.margin with the warm-up off (the default), or prototype mixup's beta with mixup off, passed and would
+    train: no trial reads them, so their best values were chance, carried into best_params.yaml."""
+    from tqc.tune import check_space
+
+    def space(dimensions: dict, **sections) -> Params:
+        return Params.model_validate({**sections, "tune": {"space": dimensions, "pruner": "none"}})
+
+    margin = {"warmup.margin": {"low": 0.1, "high": 1.0}}
+    with pytest.raises(ConfigError, match=r"tune.space.warmup.margin: warmup.enabled is false in every trial, so no "
+                                          r"trial reads it; set warmup.enabled: true, or search warmup.enabled too"):
+        check_space(space(margin))
+    with pytest.raises(ConfigError, match=r"tune.space.augment.prototype_mixup.beta: augment.prototype_mixup.enabled "
+                                          r"is false in every trial"):
+        check_space(space({"augment.prototype_mixup.beta": {"low": 0.2, "high": 1.0}}))
+    check_space(space(margin, warmup={"enabled": True, "unlabelled": "pool.csv"}))  # on: read by every trial
+    check_space(space({**margin, "warmup.enabled": {"choices": [False, True]}}))  # on in some trials
+    check_space(space({"augment.prototype_mixup.enabled": {"choices": [False, True]}}))  # the switch itself
 
 
 def test_a_listed_when_is_checked_value_by_value_and_says_a_knob_drawn_with_a_loss_that_never_reads_it(caplog):
