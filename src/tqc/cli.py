@@ -1024,7 +1024,8 @@ def _shift_misfit(path: Path, entry: str, catalog_path: Path) -> str | None:
     from tqc.schema import Catalog
 
     try:
-        PriorShift.from_json(read_file(path)[entry], Catalog.load(catalog_path).class_ids, str(path))
+        class_ids = Catalog.load(catalog_path).class_ids
+        PriorShift.from_json(read_file(path)[entry], class_ids, f"{path}, entry {entry!r}")
     except PriorFileError as exc:
         return str(exc)
     return None

@@ -67,9 +67,19 @@ class PriorShift:
         if missing or extra:
             raise PriorFileError(f"{source}: fitted on another catalog (no shift for {missing[:5]}, {len(missing)} in all; "
                                  f"shifts for classes the catalog lacks: {extra[:5]}, {len(extra)} in all); run the prior stage again")
+        numbers = {**{f"the shift of class {c!r}": record["shift"][c] for c in class_ids},
+                   "weight": record["weight"], "temperature": record["temperature"]}
+        damaged = [f"{what} is {value!r}" for what, value in numbers.items() if not _finite_number(value)]
+        if damaged:  # NaN scores were blamed on the model's weights ("train it again"), a string was float()'s error
+            raise PriorFileError(f"{source}: {damaged[0]}, not a finite number ({len(damaged)} such value(s)); run the "
+                                 "prior stage again")
         shift = np.array([record["shift"][c] for c in class_ids], dtype=np.float64)
         return cls(float(record["weight"]), float(record["temperature"]), shift,
                    dict(record.get("validation_by_weight", {})), record.get("target", "labeled"))  # files before targets: labeled
+
+
+def _finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and bool(np.isfinite(value))
 
 
 NO_SHIFT_WEIGHT = 0.0
@@ -206,7 +216,7 @@ def load_for(path: Path, model_dir: Path, class_ids: list[str]) -> PriorShift:
     name = _entry_in(entries, path, model_dir)
     if name is None:
         raise PriorFileError(f"{path}: none of its entries was fitted for {model_dir} (run the prior stage for it)")
-    return PriorShift.from_json(entries[name], class_ids, str(path))
+    return PriorShift.from_json(entries[name], class_ids, f"{path}, entry {name!r}")
 
 
 class StaleEntry(PriorFileError):

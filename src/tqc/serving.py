@@ -85,8 +85,9 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         # (P, D), encoded once per load; the exemplar rule never reads them
         self.standards = self.model.standard.encode(self.catalog.texts) if self.exemplars is None else None
         if prior_file:  # the entry `_model_config` found for this model when it was logged
-            entry = prior.read_file(Path(prior_file))[config.get("prior_model", FIRST_REGISTERED_ENTRY)]
-            shift = PriorShift.from_json(entry, self.catalog.class_ids, prior_file).shift
+            name = config.get("prior_model", FIRST_REGISTERED_ENTRY)
+            entry = prior.read_file(Path(prior_file))[name]
+            shift = PriorShift.from_json(entry, self.catalog.class_ids, f"{prior_file}, entry {name!r}").shift
         else:
             shift = prior.no_shift(len(self.catalog)).shift
         self.shift = torch.as_tensor(shift, dtype=torch.float32)  # (P,): 0 for a model registered without one

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 
@@ -90,10 +93,32 @@ def test_the_prior_file_round_trips_names_its_models_and_refuses_another_catalog
     assert prior.entry_for(path, tmp_path / "models" / "stage_one") is None
     with pytest.raises(ValueError, match="prior.json: none of its entries was fitted for .*stage_one"):
         prior.load_for(path, tmp_path / "models" / "stage_one", CLASSES)
-    with pytest.raises(ValueError, match=r"prior.json: fitted on another catalog \(no shift for \['new'\]"):
+    with pytest.raises(ValueError, match=r"prior.json, entry 'admc': fitted on another catalog \(no shift for \['new'\]"):
         prior.load_for(path, tmp_path / "models" / "stage_two", CLASSES + ["new"])
     with pytest.raises(ValueError, match=r"shifts for classes the catalog lacks: \['rare'\]"):
         prior.load_for(path, tmp_path / "models" / "stage_two", ["common"])
+
+
+@pytest.mark.parametrize("key, value, said", [
+    ("rare", None, "the shift of class 'rare' is None"),  # NaN scores blamed the model's weights: "train it again"
+    ("rare", float("nan"), "the shift of class 'rare' is nan"),
+    ("rare", "oops", "the shift of class 'rare' is 'oops'"),  # float()'s "could not convert string", no file named
+    ("rare", True, "the shift of class 'rare' is True"),
+    ("temperature", float("inf"), "temperature is inf"),
+])
+def test_a_prior_entry_with_a_value_that_is_no_finite_number_is_named_by_file_entry_and_class(tmp_path, key, value, said):
+    scores, gold = ambiguous_validation()
+    entry = {"model": "stage_two", **prior.fit(scores, gold, np.log([0.8, 0.2]), 0.1, [0.0, 0.5]).to_json(CLASSES)}
+    if key == "temperature":
+        entry["temperature"] = value
+    else:
+        entry["shift"][key] = value
+    path = tmp_path / "models" / "prior.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"weights": [0.0, 0.5], "models": {"admc": entry}}))  # NaN and Infinity as json writes them
+    with pytest.raises(prior.PriorFileError, match=rf"prior.json, entry 'admc': {re.escape(said)}, not a finite number "
+                                                   r"\(1 such value\(s\)\); run the prior stage again"):
+        prior.load_for(path, tmp_path / "models" / "stage_two", CLASSES)
 
 
 def test_an_entry_fitted_for_other_weights_is_refused_and_one_without_a_digest_is_taken(tmp_path):
