@@ -22,7 +22,7 @@ from typing import Callable, Iterator, TypeVar
 
 from tqc.config import CustomData, DataParams
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, file_and_line, split_source
-from tqc.text import first_of, has_words, normalise
+from tqc.text import catalog_label_key, first_of, has_words, normalise
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")  # what a reader wrapped by `_naming_settings` returns
@@ -710,7 +710,7 @@ def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion], catalog_
     derived, alike = [], {}
     for class_id in sorted(set(first_use) - set(catalog.class_ids)):
         text, where = label_in_words(class_id), file_and_line(first_use[class_id])
-        twin = alike.setdefault(_catalog_label_key(class_id), class_id)
+        twin = alike.setdefault(catalog_label_key(class_id), class_id)
         if twin != class_id:  # `1` and `1.0`: their derived texts differ, but a test `1.00` could be read as neither
             raise ReaderError(f"{where}: labels {twin!r} (first at {file_and_line(first_use[twin])}) and {class_id!r} are "
                               "alike but for case, width or a float's .0, and the catalog has neither: one class written "
@@ -961,26 +961,15 @@ def _warn_if_untracked(data_dir: Path, paths: list[Path]) -> None:
                         "it changes; put it under data.data_dir", path, data_dir)
 
 
-def _catalog_label_key(label: str) -> str:
-    """What a label is matched to a catalog id by when it is not one exactly: case, width, invisible characters and
-    spacing aside (`normalise`), and a whole number written as a float (pandas writes 1.0 for 1, a spreadsheet 1.00)."""
-    key = normalise(label)
-    whole = WHOLE_FLOAT.fullmatch(key)
-    return whole.group(1) if whole else key
-
-
-WHOLE_FLOAT = re.compile(r"(-?\d+)\.0+")
-
-
 def _alike_in(catalog: Catalog) -> Callable[[str], str | None]:
-    """label → the catalog id it is like (`_catalog_label_key`) when exactly one is; None for none, or for several
+    """label → the catalog id it is like (`catalog_label_key`) when exactly one is; None for none, or for several
     (hum and HUM both ids: neither is chosen)."""
     by_key: dict[str, list[str]] = {}
     for class_id in catalog.class_ids:
-        by_key.setdefault(_catalog_label_key(class_id), []).append(class_id)
+        by_key.setdefault(catalog_label_key(class_id), []).append(class_id)
 
     def alike(label: str) -> str | None:
-        matches = by_key.get(_catalog_label_key(label), [])
+        matches = by_key.get(catalog_label_key(label), [])
         return matches[0] if len(matches) == 1 else None
 
     return alike

@@ -56,8 +56,8 @@ from tqc.io import (DataFileError, atomic_directory, atomic_path, file_digest, r
                     write_text)
 from tqc.locks import exclusive
 from tqc.readers import (ADDED_CATALOG, ADDED_QUESTIONS, TABLE_SUFFIXES, MissingColumns, ReaderError, RejectedRow,
-                          read_catalog_rows)
-from tqc.schema import Catalog
+                          catalog_label_key, read_catalog_rows)
+from tqc.schema import Catalog, StandardQuestion
 
 if TYPE_CHECKING:
     from tqc.pipeline import EpochHook
@@ -366,14 +366,24 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged
         return outcome
     added, line_of = [q for q, _ in rows], {q.class_id: line for q, line in rows}
     known = dict(current)
-    new = [q for q in added if q.class_id not in known]
+    new, alike = _new_and_alike([q for q in added if q.class_id not in known], list(known))
     # A class the catalog has keeps its standard question: a delivery adds classes. A row repeating it (a whole catalog
     # delivered again) changes nothing; one giving it another text is quarantined, row by row, so it is not lost unsaid
     kept = [q for q in added if q.class_id in known and normalise(q.text) != normalise(known[q.class_id])]
-    outcome.read, outcome.accepted, outcome.quarantined = len(added), len(new), len(kept)
-    repeated = len(added) - len(new) - len(kept)
+    outcome.read, outcome.accepted, outcome.quarantined = len(added), len(new), len(kept) + len(alike)
+    repeated = len(added) - len(new) - len(kept) - len(alike)
     outcome.reason = "; ".join(([f"{repeated} known class(es) as the catalog has them"] if repeated else []) +
-                               ([f"{len(kept)} known class(es) with another text kept theirs (quarantined)"] if kept else []))
+                               ([f"{len(kept)} known class(es) with another text kept theirs (quarantined)"] if kept else []) +
+                               ([f"{len(alike)} new class id(s) alike but for case or width to another (quarantined)"]
+                                if alike else []))
+    for q, twin in alike:
+        log.warning("%s, line %s: class %r is alike but for case or width to class %r; quarantined", incoming.path,
+                    line_of[q.class_id], q.class_id, twin)
+    staged.quarantined_rows.extend(quarantine_record(str(incoming.path), incoming.sha256, {
+        "line": line_of[q.class_id], "expectations": ["new_class"],
+        "reason": f"class {q.class_id!r} is alike but for case or width to class {twin!r}: one class written two ways, "
+                  "or two? a label written either way would then match neither; give a new class an id of its own",
+        "content": {"class_id": q.class_id, "text": q.text}}) for q, twin in alike)
     for q in kept:  # said in the run's log too: the manifest's count alone reads like a success
         log.warning("%s, line %s: class %r already has the standard question %r; this row's %r is quarantined (a "
                     "delivery adds classes; edit data/raw/catalog.jsonl or the dataset's catalog to change one)",
@@ -386,6 +396,21 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged
     if new:
         write_jsonl(raw / ADDED_CATALOG, staged_rows + [asdict(q) for q in new])
     return outcome
+
+
+def _new_and_alike(candidates: list[StandardQuestion], known_ids: list[str]) -> tuple[list, list]:
+    """(the new classes, [(a class, the known or earlier new id it is alike)]): an id alike another but for case or
+    width (`catalog_label_key`, as labels are matched to ids) is no new class. Merged, `hum` beside `HUM` left every
+    label written either way matching neither, quarantined with a hint naming one of them."""
+    first = {catalog_label_key(class_id): class_id for class_id in reversed(known_ids)}
+    new, alike = [], []
+    for question in candidates:
+        twin = first.setdefault(catalog_label_key(question.class_id), question.class_id)
+        if twin == question.class_id:
+            new.append(question)
+        else:
+            alike.append((question, twin))
+    return new, alike
 
 
 def _base_catalog(params: Params) -> Catalog:

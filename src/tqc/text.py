@@ -34,6 +34,17 @@ def normalise(text: str) -> str:
     return DETACHED.sub("", " ".join("".join(ch for ch in folded if unicodedata.category(ch) != "Cf").split()))
 
 
+def catalog_label_key(label: str) -> str:
+    """What a label is matched to a catalog id by when it is not one exactly: case, width, invisible characters and
+    spacing aside (`normalise`), and a whole number written as a float (pandas writes 1.0 for 1, a spreadsheet 1.00)."""
+    key = normalise(label)
+    whole = WHOLE_FLOAT.fullmatch(key)
+    return whole.group(1) if whole else key
+
+
+WHOLE_FLOAT = re.compile(r"(-?\d+)\.0+")
+
+
 def _compatibility_folded(text: str) -> str:
     if text.isascii():  # nearly every question: nothing to fold
         return text

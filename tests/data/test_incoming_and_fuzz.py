@@ -196,7 +196,7 @@ def test_a_batch_label_alike_a_catalog_id_is_read_as_it_as_ingest_reads_it(tmp_p
         "label_column": "label"}}, "validate": {"max_quarantined_fraction": 0.9, "min_examples_per_class": 1}})
     assert main(batch, current_data, exact) == QUARANTINED  # unknown_labels: quarantine reads labels exactly, as ingest
     # the near-miss is named, and no new class is suggested for it
-    assert "line 2: label_in_catalog: 'B' is no class of the catalog (the catalog has 'b', alike but for case):" in capsys.readouterr().out
+    assert "line 2: label_in_catalog: 'B' is no class of the catalog (the catalog has 'b', alike but for case, width or a float's .0):" in capsys.readouterr().out
 
 
 def test_unreadable_current_data_is_exit_2_naming_its_file_and_line_not_the_batch(tmp_path, current_data, capsys):

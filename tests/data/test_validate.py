@@ -68,7 +68,21 @@ def test_a_validation_row_labeled_otherwise_in_train_names_the_training_row_and_
     run_validate(tmp_path)
     said = {(q["split"], q["line"]): q["reason"] for q in read_jsonl(tmp_path / "quarantine.jsonl")}
     assert said[("validation", 1)] == "no_label_conflicts: conflicts with train.csv, line 1 (train), labeled 'a'"
-    assert said[("test", 2)] == "label_in_catalog: 'B' is no class of the catalog (the catalog has 'b', alike but for case)"
+    assert said[("test", 2)] == "label_in_catalog: 'B' is no class of the catalog (the catalog has 'b', alike but for case, width or a float's .0)"
+
+
+def test_a_label_alike_two_catalog_ids_is_said_to_match_neither_not_to_be_a_misspelling_of_one(tmp_path):
+    """`hum` and `HUM` both ids: ingest reads a `Hum` as neither, and the hint named only the last of them."""
+    catalog = (("a", "Question a?"), ("hum", "Who is it?"), ("HUM", "Which person?"), ("ＬＯＣ", "Where is it?"))
+    write_splits(tmp_path / "in", [("is it safe", "a"), ("who wrote it", "hum"), ("who sang it", "HUM")], [("fine", "a")],
+                 [("a test row", "Hum"), ("where is it now", "loc"), ("which one", "zzz"), ("held out", "a")], catalog)
+    run_validate(tmp_path, ValidateParams(max_quarantined_fraction=0.8, min_examples_per_class=1))
+    said = {(q["split"], q["line"]): q["reason"] for q in read_jsonl(tmp_path / "quarantine.jsonl")}
+    assert said[("test", 1)] == ("label_in_catalog: 'Hum' is no class of the catalog (the catalog has 'hum' and 'HUM', each "
+                                 "alike but for case, width or a float's .0, so it was read as neither)")
+    assert said[("test", 2)] == ("label_in_catalog: 'loc' is no class of the catalog (the catalog has 'ＬＯＣ', alike but for "
+                                 "case, width or a float's .0)")  # width too, as ingest matches labels
+    assert said[("test", 3)] == "label_in_catalog: 'zzz' is no class of the catalog"
 
 
 def test_a_row_that_is_another_classs_standard_question_is_a_label_conflict(tmp_path):

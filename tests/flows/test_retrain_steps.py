@@ -90,6 +90,29 @@ def test_a_new_class_may_not_take_the_standard_question_of_another(project):
     assert catalog.outcome == "unusable" and "line 3" in catalog.reason and "of class 'LOC'" in catalog.reason
 
 
+def test_a_new_class_id_alike_another_but_for_case_or_width_is_quarantined_not_merged(project, caplog):
+    """`hum` beside the catalog's `HUM`, or `Veh` and `veh` in one delivery, were merged as classes: every label written
+    either way then matched neither, and was quarantined with a hint naming one of them."""
+    inbox = project / "data" / "incoming"
+    inbox.mkdir(parents=True)
+    (inbox / "catalog-new.csv").write_text("class_id,text\nhum,Which famous person wrote this book?\n"
+                                           "Veh,Which vehicle is it?\nveh,What kind of car is it?\nFOOD,What food is it?\n")
+
+    with caplog.at_level("WARNING", logger="tqc.retrain"):
+        staged, _ = deliver(project)
+
+    catalog = outcome_of(staged, "catalog-new.csv")
+    assert (catalog.outcome, catalog.read, catalog.accepted, catalog.quarantined) == ("merged", 4, 2, 2)
+    assert catalog.reason == "2 new class id(s) alike but for case or width to another (quarantined)"
+    assert [row["class_id"] for row in read_jsonl(staged.raw / steps.ADDED_CATALOG)] == ["Veh", "FOOD"]
+    alike = {q["line"]: q for q in staged.quarantined_rows if q["expectations"] == ["new_class"]}
+    assert sorted(alike) == [2, 4]
+    assert alike[2]["reason"].startswith("class 'hum' is alike but for case or width to class 'HUM': one class written two ways")
+    assert alike[4]["content"] == {"class_id": "veh", "text": "What kind of car is it?"}
+    assert "class 'veh' is alike but for case or width to class 'Veh'" in alike[4]["reason"]
+    assert "catalog-new.csv, line 2: class 'hum' is alike but for case or width to class 'HUM'; quarantined" in caplog.text
+
+
 def test_labeled_questions_in_a_file_named_catalog_say_why_they_were_read_as_a_catalog(project):
     drop(project, "catalog_additions.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
 
