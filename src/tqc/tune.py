@@ -38,8 +38,8 @@ import torch
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from tqc.config import (ConfigError, Params, SearchDimension, YAMLError, flatten, params_of, problems, read_params_mapping,
-                        read_yaml, redact_secrets, redact_text, unflatten, utf8_text_of)
+from tqc.config import (ConfigError, Params, SearchDimension, YAMLError, deep_merge, flatten, params_of, problems,
+                        read_params_mapping, read_yaml, redact_secrets, redact_text, unflatten, utf8_text_of)
 from tqc.io import atomic_path, write_json, write_text
 from tqc.metrics import DivergedScores
 from tqc.mining import largest_group
@@ -347,10 +347,11 @@ def _edge_combinations(ordered: list[tuple[str, SearchDimension]], base: dict) -
 
 
 def _refusal(params: Params, overrides: dict) -> str | None:
+    """The params' problems, a line each, with the flat `overrides` (a trial's drawn values) set; None: accepted."""
     try:
-        params.with_overrides(unflatten(overrides))
-    except ConfigError as error:
-        return str(error)
+        params_of(deep_merge(params.to_dict(), unflatten(overrides)))
+    except ValidationError as exc:
+        return problems(exc)
     return None
 
 
@@ -431,7 +432,10 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
         # other ranks waiting in a collective; tuning scales out by workers on one storage instead.
         raise ConfigError("tqc tune runs each trial in one process and does not run under torchrun; "
                           "start more workers (tqc tune --worker N) on a shared tune.storage instead")
-    check_space(params)
+    try:
+        check_space(params)
+    except ConfigError as exc:  # the file it is in: tune.space's problems were said with no file
+        raise ConfigError(f"{params_file}: {exc}") from None
     check_storage(params.tune.storage)
     if params.distributed.nproc_per_node > 1:  # said, not silently ignored
         # not the same training: each process draws stage one's in-batch negatives from its share of the batch

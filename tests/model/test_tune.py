@@ -1553,6 +1553,19 @@ def test_a_listed_when_value_no_trial_has_is_not_checked_with_the_dimensions_edg
         check_space(space(["nt_xent", "hinge"]))
 
 
+def test_a_space_refused_at_tune_time_names_its_params_file_and_the_problem_alone(tmp_path):
+    """It named no file, and said the drawn value as "invalid parameter overrides {'mine': {'k': 'abc'}}": a user set no
+    override. Nothing is prepared or trained before the refusal."""
+    from tqc.tune import tune
+
+    params = Params.model_validate({"tune": {"space": {"mine.k": {"choices": [2, "abc"]}}}})
+    with pytest.raises(ConfigError) as raised:
+        tune(params, tmp_path / "out", tmp_path / "work", params_file=tmp_path / "mine.yaml")
+    assert str(raised.value) == (f"{tmp_path / 'mine.yaml'}: tune.space.mine.k: mine.k = 'abc' is not a value the params "
+                                 "accept:\n- mine.k: Input should be a valid integer (got 'abc')")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
+
+
 def test_a_trial_repeats_only_a_trial_its_own_code_trained(tmp_path, monkeypatch):
     """A study resumed after a fix in training: a trial that drew what an older code's trial trained took its value,
     which the current code never produced. It trains; a later draw repeats the trial this code trained. An edited
