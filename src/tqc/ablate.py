@@ -242,15 +242,20 @@ def recorded_cells(report: Path) -> dict[str, CellResult]:
     """
     if not report.exists():
         return {}
-    content = json.loads(report.read_text(encoding="utf-8"))
-    entries = [{"grid": row["grid"], "variant": row["variant"], **entry}
-               for row in content["rows"] for entry in (row.get("cells") or _cells_of_old_row(row))]
-    recorded = {}
-    for entry in entries + content.get("other_cells", []):
-        cell = Cell(entry["grid"], entry["variant"], entry["seed"], {})
-        figures = {name: entry["figures"].get(name) for name in FIGURES}
-        recorded[entry["experiment"]] = CellResult(cell, "recorded", figures, entry["generated_rows"], entry.get("rev"),
-                                                   entry.get("code_version"))
+    try:
+        content = json.loads(report.read_text(encoding="utf-8"))
+        entries = [{"grid": row["grid"], "variant": row["variant"], **entry}
+                   for row in content["rows"] for entry in (row.get("cells") or _cells_of_old_row(row))]
+        recorded = {}
+        for entry in entries + content.get("other_cells", []):
+            cell = Cell(entry["grid"], entry["variant"], entry["seed"], {})
+            figures = {name: entry["figures"].get(name) for name in FIGURES}
+            recorded[entry["experiment"]] = CellResult(cell, "recorded", figures, entry["generated_rows"],
+                                                       entry.get("rev"), entry.get("code_version"))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # cut short, or not this command's: a traceback
+        said = f"no {exc}" if isinstance(exc, KeyError) else " ".join(str(exc).split())
+        raise ConfigError(f"{report}: not a report tqc ablate wrote ({said}); move it aside, or give another "
+                          "--out") from None
     return recorded
 
 

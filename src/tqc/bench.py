@@ -257,10 +257,14 @@ def validate_stage(params: Params, dataset: str) -> dict:
         (work / "params.yaml").write_text(yaml.safe_dump(params.to_dict()))
         ingest.run(params.data, params.seed, work / "ingested", work / "q.jsonl", work / "ingest.json")
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "tqc.cli", "--params", str(work / "params.yaml"), "validate",
-                        "--data", str(work / "ingested"), "--out", str(work / "validated"), "--quarantine",
-                        str(work / "vq.jsonl"), "--report", str(work / "validation.json"), "--docs", str(work / "docs")], check=True)
+        finished = subprocess.run([sys.executable, "-m", "tqc.cli", "--params", str(work / "params.yaml"), "validate",
+                                   "--data", str(work / "ingested"), "--out", str(work / "validated"), "--quarantine",
+                                   str(work / "vq.jsonl"), "--report", str(work / "validation.json"), "--docs",
+                                   str(work / "docs")])
         seconds = time.perf_counter() - started
+    if finished.returncode != 0:  # its own one line is above; then CalledProcessError's traceback followed it
+        raise ConfigError(f"tqc bench validate: the validate stage it times stopped (exit {finished.returncode}, said "
+                          f"above) on {dataset}, so there is no time to report")
     report = {"dataset": dataset, "validate_stage_seconds": seconds}
     print(f"dataset: {dataset}\nvalidate_stage_seconds: {seconds:.2f}")
     return report

@@ -654,10 +654,11 @@ def _ablate(args: argparse.Namespace, params: Params) -> None:
     from tqc.ablate import ablate
 
     where = where_filters(args.where)
-    if args.out.exists() and not args.out.is_dir():  # said before any cell trains, not when the report is written
-        raise ConfigError(f"--out {args.out}: a file; ablate writes its report into a folder")
+    writable_out(args.out, "ablate writes its report into a folder", folder=True)  # before any cell trains
     if args.rerun and args.report_only:
         raise ConfigError("--rerun with --report-only: --report-only trains nothing, so there is nothing to run again")
+    if not args.report_only:  # each cell's `dvc exp run` stopped at ingest on a missing data_dir, naming the path alone
+        _check_inputs(args, params)
     results = ablate(params, Path.cwd(), args.out, args.grid, args.variant, args.seeds, not args.report_only, args.rerun,
                      where)
     missing = [r.cell.name for r in results if r.status == "missing"]
@@ -671,6 +672,20 @@ def _ablate(args: argparse.Namespace, params: Params) -> None:
         return
     print(f"tqc ablate: {len(missing)} cell(s) without a finished experiment: {shown}", file=sys.stderr)
     raise SystemExit(1)
+
+
+def writable_out(path: Path, what: str, folder: bool) -> None:
+    """An --out a command writes at its end: a folder (`folder`) or a file there, or one that can be made, in a
+    folder this process may write. Said before the work, as ConfigError naming --out: found at the end, the error
+    was the OS's (`[Errno 20] Not a directory`, or a temporary file's name), after every cell or round had run."""
+    if path.exists() and path.is_dir() != folder:
+        raise ConfigError(f"--out {path}: {'a file' if folder else 'a folder'}; {what}")
+    folder_of_it = path.absolute() if folder else path.absolute().parent  # where the atomic write puts its files
+    existing = next(parent for parent in [folder_of_it, *folder_of_it.parents] if parent.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"--out {path}: {existing} is a file, so nothing can be written under it; {what}")
+    if not os.access(existing, os.W_OK):
+        raise ConfigError(f"--out {path}: {existing} is not writable by this user; {what}")
 
 
 # Each benchmark's flags and their defaults (batch_size: 256 for serve, `_with_bench_defaults`)
@@ -702,6 +717,8 @@ def _bench(args: argparse.Namespace, params: Params) -> None:
     from tqc import bench
 
     args = _with_bench_defaults(args)
+    if args.out:  # before minutes of timing, not when the report is written
+        writable_out(args.out, "bench writes its report to a JSON file", folder=False)
     if args.what == "epochs":
         report = bench.epochs(params, args.steps, args.batch_size, args.data, args.train, args.rounds)
     elif args.what == "passes":

@@ -746,7 +746,12 @@ class Params(Strict):
                     raise ValueError(f"ablate.grids.{grid_name}: {path!r} is not a parameter (e.g. augment.rebalance)")
             if not grid.variants:
                 raise ValueError(f"ablate.grids.{grid_name}: no variants (a grid without one has no cell; e.g. "
-                                 "variants: {{default: {{}}}})")
+                                 "variants: {default: {}})")
+            for variant, settings in grid.variants.items():  # the matrix's value was the one every cell ran, unsaid
+                both = sorted(set(settings) & set(grid.matrix))
+                if both:
+                    raise ValueError(f"ablate.grids.{grid_name}.variants.{variant}: sets {', '.join(both)}, which the "
+                                     "grid's matrix sets for every cell; set it in one of them")
         return self
 
     def _tunable_paths(self) -> set[str]:
@@ -927,8 +932,10 @@ def redact_text(text: str) -> str:
     return TEXT_PASSWORD.sub(r"\1***", URL_PASSWORD.sub(r"\1***@", text))
 
 
-# user:password@ after a scheme; the password runs to the host's @, the last before a / or a space (p@ss@host)
-URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)[^\s/]*@")
+# user:password@ after a scheme and one slash or more (postgresql:/u:… is a typo that still holds a password); the
+# password runs to the last @ before a space or a quote, slashes and @s in it (pa/ss, p@ss@host: SQLAlchemy reads a
+# slash as part of it), so a later @ in the same word is hidden too, which is the side to err on
+URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*:/+[^\s:/@]*:)[^\s'\"]*@")
 TEXT_PASSWORD = re.compile(r"(\bpassword=)[^&\s'\"]*", re.IGNORECASE)
 
 
@@ -938,4 +945,4 @@ def redact_secrets(value):
         return {key: redact_secrets(item) for key, item in value.items()}
     if isinstance(value, list):
         return [redact_secrets(item) for item in value]
-    return redact_text(value) if isinstance(value, str) and "://" in value else value
+    return redact_text(value) if isinstance(value, str) and ":/" in value else value

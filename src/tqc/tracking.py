@@ -129,9 +129,10 @@ def _store_that_can_be_made(uri: str) -> str:
     neither the key nor the value."""
     database = sqlite_file(uri)
     if database is not None and not database.parent.is_dir():
-        raise ConfigError(f"tracking.uri {uri}: no folder {database.parent} to keep the MLflow database in")
+        raise ConfigError(f"{SETTING} {uri}: no folder {database.parent} to keep the MLflow database in")
     if _file_store(uri) and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true"):
-        raise ConfigError(f"tracking.uri (or $MLFLOW_TRACKING_URI) {uri!r}: a folder, MLflow's file store, which MLflow 3 "
+        # redacted: a URI MLflow reads as a folder may be a database URL with a typo (postgresql:/user:secret@host)
+        raise ConfigError(f"{SETTING} {redact_text(uri)!r}: a folder, MLflow's file store, which MLflow 3 "
                           "opens only with MLFLOW_ALLOW_FILE_STORE=true; give sqlite:///mlflow.db for a file here, "
                           "postgresql://user@host/db, or http://host:5000 for a server")
     return uri

@@ -373,6 +373,7 @@ def test_report_only_marks_cells_that_never_ran_and_exits_0_while_a_run_that_fai
     raw = {"ablate": {"seeds": [0], "budget": {}, "grids": {"aug": GRID.model_dump()}},
            "data": {"data_dir": str(tmp_path)}, "tracking": {"enabled": False}}
     (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    (project / "data" / "raw").mkdir(parents=True)  # data.additions, as git holds it
     monkeypatch.chdir(project)
 
     assert main(["ablate", "--report-only", "--out", "reports"]) == 0  # nothing has run: a table of missing cells
@@ -398,6 +399,20 @@ def test_report_only_marks_cells_that_never_ran_and_exits_0_while_a_run_that_fai
     (project / "file").write_text("")
     assert main(["ablate", "--out", "file"]) == 2  # said before any cell trains, not when the report is written
     assert "--out file: a file; ablate writes its report into a folder" in capsys.readouterr().err
+    # under a file: every cell trained, then "[Errno 20] Not a directory" naming no option
+    monkeypatch.setattr(ablate_module, "run_cell", lambda *a, **k: pytest.fail("a cell ran before --out was checked"))
+    assert main(["ablate", "--out", "file/sub"]) == 2
+    assert f"--out file/sub: {project / 'file'} is a file, so nothing can be written under it" in capsys.readouterr().err
+    # a data_dir that is not there: each cell's dvc exp run stopped at ingest, naming the path alone
+    (project / "params.yaml").write_text(yaml.safe_dump({**raw, "data": {"data_dir": str(tmp_path / "none")}}))
+    assert main(["ablate", "--out", "reports"]) == 2
+    assert f"data.data_dir '{tmp_path / 'none'}': no folder" in capsys.readouterr().err
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    # a report cut short, or not this command's: one line naming it, not a JSONDecodeError or KeyError traceback
+    for damaged, said in (("", "Expecting value"), ("{}", "no 'rows'"), ("[1, 2]", "list indices must be integers")):
+        (project / "reports" / "ablations.json").write_text(damaged)
+        assert main(["ablate", "--report-only", "--out", "reports"]) == 2
+        assert (f"reports/ablations.json: not a report tqc ablate wrote ({said}" in capsys.readouterr().err)
     assert main(["ablate", "--report-only", "--rerun", "--out", "reports"]) == 2
     assert "--rerun with --report-only" in capsys.readouterr().err
 

@@ -434,6 +434,12 @@ def test_a_password_in_a_database_url_is_redacted_in_what_is_logged():
     for unchanged in ("sqlite:///optuna.db", "http://mlflow:5000", "postgresql://tuner@db/optuna", "not a url", "http://h:x/"):
         assert redact_text(unchanged) == unchanged
     assert redact_text("postgresql://u:p@ss@db/optuna") == "postgresql://u:***@db/optuna"  # an @ in the password
+    # a slash in the password (SQLAlchemy reads pa/ss as one), and a scheme with one slash (a typo): printed whole
+    assert redact_text("tracking.uri postgresql://u:pa/s3cret@127.0.0.1:1/db: no connection") == \
+        "tracking.uri postgresql://u:***@127.0.0.1:1/db: no connection"
+    assert redact_text("tune.storage 'postgresql:/u:s3cret@h/db': not a database URL") == \
+        "tune.storage 'postgresql:/u:***@h/db': not a database URL"
+    assert redact_secrets({"tune": {"storage": "postgresql:/u:s3cret@h/db"}}) == {"tune": {"storage": "postgresql:/u:***@h/db"}}
     dumped = {"tracking": {"uri": "mysql://u:p@h/mlflow"}, "tune": {"storage": "sqlite:///o.db", "trials": 3},
               "weights": [0.0, "https://u:p@h/x"]}
     assert redact_secrets(dumped) == {"tracking": {"uri": "mysql://u:***@h/mlflow"},
@@ -475,7 +481,11 @@ def test_set_values_read_as_yaml_1_2_and_text_stays_text():
     ({"seed": 2**32 - 1, "evaluate": {"seeds": 2}}, "trains up to seed 4294967296"),
     ({"ablate": {"grids": {"g": {"title": "t", "matrix": {"seed": [7, 8]}}}}}, "'seed' is set per cell from ablate.seeds"),
     ({"ablate": {"grids": {"g": {"title": "t", "matrix": {"data.imbalance_ratio": []}}}}}, "matrix data.imbalance_ratio: no values"),
-    ({"ablate": {"grids": {"g": {"title": "t", "variants": {}}}}}, "ablate.grids.g: no variants"),
+    ({"ablate": {"grids": {"g": {"title": "t", "variants": {}}}}},
+     "ablate.grids.g: no variants (a grid without one has no cell; e.g. variants: {default: {}})"),  # was {{default: …
+    ({"ablate": {"grids": {"g": {"title": "t", "matrix": {"data.imbalance_ratio": [50]},  # the matrix's 50 ran, unsaid
+                               "variants": {"a": {"data.imbalance_ratio": 5}}}}}},
+     "ablate.grids.g.variants.a: sets data.imbalance_ratio, which the grid's matrix sets for every cell"),
 ])
 def test_params_that_would_fail_late_or_do_nothing_are_refused_at_load(tmp_path, overrides, reason):
     """Each of these loaded, then crashed a later stage (a negative seed, in stage one after ingest, validate and

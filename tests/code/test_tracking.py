@@ -256,10 +256,16 @@ def test_a_sqlite_store_in_a_folder_that_is_not_there_is_refused_not_made(tmp_pa
 
     monkeypatch.chdir(tmp_path)
     store = tmp_path / "misspelt" / "mlflow.db"
-    with pytest.raises(ConfigError, match=rf"tracking.uri sqlite:///{store}: no folder {store.parent} to keep"):
+    with pytest.raises(ConfigError, match=rf"tracking.uri \(or \$MLFLOW_TRACKING_URI\) sqlite:///{store}: no folder "
+                                          rf"{store.parent} to keep"):  # the variable may have chosen it: both named
         with standalone_run("flow", TrackingParams(uri=f"sqlite:///{store}", experiment="nowhere")):
             pass
     assert not store.parent.exists() and not (tmp_path / "mlruns").exists()
+    # a database URL with one slash too few reads as a folder: said with its password hidden
+    with pytest.raises(ConfigError, match=r"'postgresql:/u:\*\*\*@127.0.0.1/db': a folder, MLflow's file store") as raised:
+        with standalone_run("flow", TrackingParams(uri="postgresql:/u:s3cret@127.0.0.1/db", experiment="nowhere")):
+            pass
+    assert "s3cret" not in str(raised.value)
 
 
 def test_a_registry_command_refuses_a_sqlite_store_that_is_not_there(tmp_path, capsys):

@@ -273,3 +273,27 @@ def test_a_flag_the_benchmark_does_not_read_is_refused_by_name(tmp_path, capsys)
     assert "tqc bench validate does not read --data: it reads --dataset" in capsys.readouterr().err
     assert main(["bench", "serve", "--prior", str(tmp_path / "typo.json"), "--data", str(tmp_path)]) == 2
     assert f"--prior {tmp_path / 'typo.json'}: no such file" in capsys.readouterr().err
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_the_benchmark_runs(tmp_path, capsys, monkeypatch):
+    """`--out` under a file, or a folder, was found when the report was written, after the timing: `[Errno 17] File
+    exists` or a temporary file's name, exit 1, naming no option."""
+    from tqc.cli import main
+
+    monkeypatch.setattr(bench, "reading", lambda rows: pytest.fail("the benchmark ran before --out was checked"))
+    (tmp_path / "afile").write_text("")
+    assert main(["bench", "read", "--rows", "10", "--out", str(tmp_path / "afile" / "x.json")]) == 2
+    assert (f"--out {tmp_path / 'afile' / 'x.json'}: {tmp_path / 'afile'} is a file, so nothing can be written under it; "
+            "bench writes its report to a JSON file") in capsys.readouterr().err
+    assert main(["bench", "read", "--rows", "10", "--out", str(tmp_path)]) == 2
+    assert f"--out {tmp_path}: a folder; bench writes its report to a JSON file" in capsys.readouterr().err
+
+
+def test_a_validate_stage_that_stops_ends_the_benchmark_in_its_line_not_a_traceback(capsys):
+    """Its child said why in one line; then CalledProcessError's traceback followed, exit 1."""
+    from tqc.cli import main
+
+    assert main(["--set", "validate.max_quarantined_fraction=0", "bench", "validate", "--dataset", "trec6"]) == 2
+    err = capsys.readouterr().err
+    assert "tqc bench validate: the validate stage it times stopped (exit 2, said above) on trec6" in err
+    assert "Traceback" not in err
