@@ -300,7 +300,21 @@ def _arguments(argv: list[str] | None = None):
         parser.error("--serve takes a schedule, --cron or --interval, and they mean nothing without it")
     if arguments.interval is not None and not _schedulable(arguments.interval):
         parser.error(f"--interval {arguments.interval:g}: the seconds between runs must be more than 0, and finite")
+    if arguments.cron is not None and not _valid_cron(arguments.cron):
+        parser.error(f"--cron {arguments.cron!r}: not a cron expression (five fields, e.g. '0 2 * * *')")
     return arguments
+
+
+def _valid_cron(expression: str) -> bool:
+    """Whether Prefect's schedule takes `expression`: its ValidationError was a traceback in place of the usage's line."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    try:
+        CronSchedule(cron=expression)
+    except ValidationError:
+        return False
+    return True
 
 
 def _schedulable(seconds: float) -> bool:

@@ -564,8 +564,12 @@ def _evaluate(args: argparse.Namespace, params: Params) -> None:
 
 
 def _promote(args: argparse.Namespace, params: Params) -> None:
+    from tqc.model.encoder import MODEL_CONFIG
     from tqc.stages import promote
 
+    if not (args.model / MODEL_CONFIG).is_file():  # before a run is opened: it was a traceback, and a FAILED run pair
+        raise ConfigError(f"--model {args.model}: not a tqc model folder (no {MODEL_CONFIG}; `dvc repro` writes "
+                          "models/stage_two)")
     with stage_run("promote", params, [args.data, args.model, args.prior]) as tracker:
         promote.run(args.data, args.model, args.prior, params.promote, args.report, tracker, params.seed,
                     params.evaluate.exemplar_k, registered_path=args.registered)

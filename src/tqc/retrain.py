@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from tqc.config import Params, RetrainParams, redact_text
+from tqc.config import ConfigError, Params, RetrainParams, redact_text
 from tqc.io import (DataFileError, atomic_directory, atomic_path, file_digest, read_json, read_jsonl, write_jsonl,
                     write_text)
 from tqc.locks import exclusive
@@ -100,7 +100,12 @@ class PushFailed(RuntimeError):
 @contextmanager
 def retrain_lock(params: RetrainParams) -> Iterator[None]:
     """Two retrains never run at once (`tqc.locks.exclusive`)."""
-    with exclusive(Path(params.lock), RetrainBusy(f"another retrain holds {params.lock}; not starting a second one")):
+    lock = Path(params.lock)
+    within = next(folder for folder in [lock.absolute().parent, *lock.absolute().parents] if folder.exists())
+    if lock.is_dir() or not within.is_dir():  # the OS's IsADirectoryError or FileExistsError, in two tracebacks
+        raise ConfigError(f"retrain.lock {lock}: {'a folder' if lock.is_dir() else f'{within} is a file'}; the lock is a "
+                          "file the flow makes, in a folder")
+    with exclusive(lock, RetrainBusy(f"another retrain holds {params.lock}; not starting a second one")):
         yield
 
 
@@ -130,7 +135,10 @@ def manifest(params: RetrainParams) -> list[dict]:
 def pick_up(params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
     """(new files, repeat deliveries): the inbox's files in name order, split by the manifest."""
     inbox = Path(params.inbox)
-    if not inbox.is_dir():
+    if inbox.exists() and not inbox.is_dir():  # was read as an empty inbox, each run "nothing to do", never a delivery
+        raise ConfigError(f"retrain.inbox {inbox}: a file; the inbox is the folder deliveries are put in")
+    if not inbox.is_dir():  # not in git: made by the first delivery
+        log.info("retrain: %s: no such folder yet, so nothing was delivered", inbox)
         return [], []
     listed = sorted(inbox.iterdir())
     present = [p for p in listed if p.is_file()]

@@ -406,8 +406,9 @@ def _model_config(model_dir: Path, prior_path: Path | None, top_k: int, exemplar
     if prior_path is None:
         return {"top_k": top_k}
     entry = prior.entry_for(prior_path, model_dir)
-    if entry is None:
-        raise ValueError(f"{prior_path}: none of its entries was fitted for {model_dir} (run the prior stage for it)")
+    if entry is None:  # an input error, said in one line: a ValueError was a traceback from `tqc promote --model typo`
+        raise prior.PriorFileError(f"{prior_path}: none of its entries was fitted for {model_dir} (run the prior stage "
+                                   "for it)")
     return {"top_k": top_k, "prior_model": entry}
 
 

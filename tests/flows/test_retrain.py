@@ -591,6 +591,11 @@ def test_the_flow_script_serves_the_flow_on_a_schedule_in_its_own_process(monkey
             script.main(["--serve", "--interval", interval])
         assert refused.value.code == 2
         assert f"--interval {float(interval):g}: the seconds between runs must be more than 0" in capsys.readouterr().err
+    # nor a cron expression Prefect's schedule refuses: its ValidationError was a traceback
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}), pytest.raises(SystemExit) as refused:
+        script.main(["--serve", "--cron", "0 2 * *"])
+    assert refused.value.code == 2
+    assert "--cron '0 2 * *': not a cron expression (five fields, e.g. '0 2 * * *')" in capsys.readouterr().err
     assert len(served) == 2
 
 

@@ -113,6 +113,23 @@ def test_a_new_class_id_alike_another_but_for_case_or_width_is_quarantined_not_m
     assert "catalog-new.csv, line 2: class 'hum' is alike but for case or width to class 'HUM'; quarantined" in caplog.text
 
 
+def test_an_inbox_or_lock_that_cannot_be_one_is_a_config_error_naming_its_setting(tmp_path):
+    """An inbox that is a file was read as an empty one, "nothing to do" each run, forever; a lock that is a folder, or
+    under a file, was the OS's IsADirectoryError or FileExistsError in two tracebacks."""
+    from tqc.config import ConfigError, RetrainParams
+
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match=rf"^retrain.inbox {tmp_path / 'afile'}: a file; the inbox is the folder"):
+        steps.pick_up(RetrainParams(inbox=str(tmp_path / "afile")))
+    assert steps.pick_up(RetrainParams(inbox=str(tmp_path / "not-yet"))) == ([], [])  # not in git: made by a delivery
+    for lock, said in ((tmp_path, "a folder"), (tmp_path / "afile" / "x.lock", f"{tmp_path / 'afile'} is a file")):
+        with pytest.raises(ConfigError, match=rf"^retrain.lock {lock}: {said}; the lock is a file the flow makes"):
+            with steps.retrain_lock(RetrainParams(lock=str(lock))):
+                pass
+    with steps.retrain_lock(RetrainParams(lock=str(tmp_path / "locks" / "retrain.lock"))):
+        pass
+
+
 def test_labeled_questions_in_a_file_named_catalog_say_why_they_were_read_as_a_catalog(project):
     drop(project, "catalog_additions.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
 

@@ -210,6 +210,18 @@ def test_the_registry_serves_the_model_with_the_class_prior_shift_fitted_for_it(
         promote.run(data_dir, strong, models / "prior.json", PromoteParams(), tmp_path / "p.json", tracker)
 
 
+def test_promote_refuses_a_model_folder_that_is_not_there_before_any_run_is_opened(tmp_path, capsys, monkeypatch):
+    """`tqc promote --model typo` was a traceback ending in the prior file's ValueError, exit 1, after a FAILED
+    `dvc repro` / `promote` run pair had been left in the store."""
+    from tqc.cli import main
+
+    monkeypatch.setattr("tqc.cli.stage_run", lambda *a, **k: pytest.fail("a run was opened"))
+    assert main(["promote", "--data", str(tmp_path), "--model", str(tmp_path / "nope"), "--prior",
+                 str(tmp_path / "prior.json"), "--report", str(tmp_path / "p.json")]) == 2
+    assert (f"tqc promote: error: --model {tmp_path / 'nope'}: not a tqc model folder (no tqc_model.json; `dvc repro` "
+            "writes models/stage_two)") in capsys.readouterr().err
+
+
 def test_a_version_that_could_not_be_judged_is_tagged_failed(tiny_model_dir, data_dir, tmp_path, registry, monkeypatch):
     import mlflow
 
