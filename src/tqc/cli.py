@@ -444,6 +444,8 @@ def _fetch(args: argparse.Namespace) -> None:
     verified = fetch.verify(args.dest)
     for path, ok in verified.items():
         print(f"{'ok' if ok else 'MISSING OR CHANGED'}  {path}")
+    if not args.dest.is_dir():  # each file listed missing, and not why: the folder itself is not there
+        print(f"tqc fetch: --dest {args.dest}: {'a file' if args.dest.exists() else 'no such folder'}", file=sys.stderr)
     if not all(verified.values()):  # a script or CI step reads the status, not the listing
         raise SystemExit(1)
 
@@ -678,6 +680,17 @@ def _ablate(args: argparse.Namespace, params: Params) -> None:
     raise SystemExit(1)
 
 
+def _bench_inputs_are_what_they_should_be(args: argparse.Namespace) -> None:
+    """--data a folder and --train a file, where the benchmark reads them: the other way round, the OS's one line
+    ("Not a directory", "Is a directory") named no option, exit 1 as for a passing fault."""
+    reads = BENCH_FLAGS[args.what]
+    if "data" in reads and args.data.exists() and not args.data.is_dir():
+        raise ConfigError(f"--data {args.data}: a file; the benchmark reads a validated folder (data/validated)")
+    if "train" in reads and args.train.is_dir():
+        raise ConfigError(f"--train {args.train}: a folder; the benchmark reads a training file "
+                          "(data/augmented/train.jsonl)")
+
+
 def writable_out(path: Path, what: str, folder: bool) -> None:
     """An --out a command writes at its end: a folder (`folder`) or a file there, or one that can be made, in a
     folder this process may write. Said before the work, as ConfigError naming --out: found at the end, the error
@@ -721,6 +734,7 @@ def _bench(args: argparse.Namespace, params: Params) -> None:
     from tqc import bench
 
     args = _with_bench_defaults(args)
+    _bench_inputs_are_what_they_should_be(args)
     if args.out:  # before minutes of timing, not when the report is written
         writable_out(args.out, "bench writes its report to a JSON file", folder=False)
     if args.what == "epochs":

@@ -515,7 +515,13 @@ def test_fetch_verify_only_fails_on_a_missing_file_and_set_is_refused_where_no_p
 
     with pytest.raises(SystemExit) as exited:
         cli.main(["fetch", "--verify-only", "--dest", str(tmp_path)])
-    assert exited.value.code == 1 and "MISSING OR CHANGED" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert exited.value.code == 1 and "MISSING OR CHANGED" in captured.out and "--dest" not in captured.err
+    for dest, said in ((tmp_path / "none", "no such folder"), (tmp_path / "afile", "a file")):  # each file listed missing
+        (tmp_path / "afile").write_text("")                                                     # and not why
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["fetch", "--verify-only", "--dest", str(dest)])
+        assert exited.value.code == 1 and f"tqc fetch: --dest {dest}: {said}" in capsys.readouterr().err
     assert cli.main(["--set", "evaluate.exemplar_k=5", "predict", "--model", str(tmp_path), "where is it"]) == 2
     assert "`tqc predict` takes no params from --set, so evaluate.exemplar_k=5 would change nothing" in capsys.readouterr().err
 

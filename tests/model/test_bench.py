@@ -287,6 +287,11 @@ def test_an_out_that_cannot_be_written_is_refused_before_the_benchmark_runs(tmp_
             "bench writes its report to a JSON file") in capsys.readouterr().err
     assert main(["bench", "read", "--rows", "10", "--out", str(tmp_path)]) == 2
     assert f"--out {tmp_path}: a folder; bench writes its report to a JSON file" in capsys.readouterr().err
+    # --data a file, --train a folder: the OS's "Not a directory" or "Is a directory", exit 1, naming no option
+    assert main(["bench", "epochs", "--data", str(tmp_path / "afile"), "--train", str(tmp_path / "afile")]) == 2
+    assert f"--data {tmp_path / 'afile'}: a file; the benchmark reads a validated folder" in capsys.readouterr().err
+    assert main(["bench", "passes", "--data", str(tmp_path), "--train", str(tmp_path)]) == 2
+    assert f"--train {tmp_path}: a folder; the benchmark reads a training file" in capsys.readouterr().err
 
 
 def test_a_validate_stage_that_stops_ends_the_benchmark_in_its_line_not_a_traceback(capsys):
