@@ -638,9 +638,13 @@ class Params(Strict):
     def with_overrides(self, overrides: dict) -> "Params":
         """A new, re-validated Params with a nested dict merged on top."""
         try:
-            return Params.model_validate(deep_merge(self.to_dict(), overrides))
+            return self.validated_with(overrides)
         except ValidationError as exc:
             raise ConfigError(f"invalid parameter overrides {overrides}:\n{problems(exc)}") from None
+
+    def validated_with(self, overrides: dict) -> "Params":
+        """`with_overrides`, its refusal pydantic's ValidationError (`problems` says it a line a problem)."""
+        return params_of(deep_merge(self.to_dict(), overrides))
 
     @model_validator(mode="after")
     def _two_rows_per_process(self) -> "Params":

@@ -100,12 +100,8 @@ class PushFailed(RuntimeError):
 @contextmanager
 def retrain_lock(params: RetrainParams) -> Iterator[None]:
     """Two retrains never run at once (`tqc.locks.exclusive`)."""
-    lock = Path(params.lock)
-    within = next(folder for folder in [lock.absolute().parent, *lock.absolute().parents] if folder.exists())
-    if lock.is_dir() or not within.is_dir():  # the OS's IsADirectoryError or FileExistsError, in two tracebacks
-        raise ConfigError(f"retrain.lock {lock}: {'a folder' if lock.is_dir() else f'{within} is a file'}; the lock is a "
-                          "file the flow makes, in a folder")
-    with exclusive(lock, RetrainBusy(f"another retrain holds {params.lock}; not starting a second one")):
+    with exclusive(Path(params.lock), RetrainBusy(f"another retrain holds {params.lock}; not starting a second one"),
+                   "retrain.lock"):
         yield
 
 

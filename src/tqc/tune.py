@@ -38,7 +38,7 @@ import torch
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from tqc.config import (ConfigError, Params, SearchDimension, YAMLError, deep_merge, flatten, params_of, problems,
+from tqc.config import (ConfigError, Params, SearchDimension, YAMLError, flatten, params_of, problems,
                         read_params_mapping, read_yaml, redact_secrets, redact_text, unflatten, utf8_text_of)
 from tqc.io import atomic_path, write_json, write_text
 from tqc.metrics import DivergedScores
@@ -349,7 +349,7 @@ def _edge_combinations(ordered: list[tuple[str, SearchDimension]], base: dict) -
 def _refusal(params: Params, overrides: dict) -> str | None:
     """The params' problems, a line each, with the flat `overrides` (a trial's drawn values) set; None: accepted."""
     try:
-        params_of(deep_merge(params.to_dict(), unflatten(overrides)))
+        params.validated_with(unflatten(overrides))
     except ValidationError as exc:
         return problems(exc)
     return None
@@ -1431,11 +1431,10 @@ def apply_best(best_params_file: Path, params_file: Path = Path("params.yaml")) 
     """Write the tuned values into params.yaml in place, keeping its comments and layout; returns those that changed
     (a value equal to the current one, `0.0001` for `1.0e-4` say, is left as written)."""
     best = _tuned_values(best_params_file)
-    read_params_mapping(params_file)  # not YAML, empty or no mapping: refused in a line naming it, as load_params does
+    sections = read_params_mapping(params_file)  # not YAML, empty or no mapping: one line naming it, as load_params says
     editor = _layout_keeping_yaml()
-    params_text = utf8_text_of(params_file)
-    document = editor.load(params_text)
-    _check_against_the_study(best_params_file, params_file, params_text, document, best)
+    document = editor.load(utf8_text_of(params_file))  # the same file, read again to keep its layout in the edit
+    _check_against_the_study(best_params_file, params_file, sections, best)
     changed = _set_tuned_values(document, best, best_params_file, params_file)
     if changed:  # else left as it was, as said: a round trip would re-wrap a long line, unescape a "\xD7"
         _write_if_valid(editor, document, best_params_file, params_file)
@@ -1454,14 +1453,14 @@ def _tuned_values(best_params_file: Path) -> dict:
     return flatten(best)
 
 
-def _check_against_the_study(best_params_file: Path, params_file: Path, params_text: str, document, best: dict) -> None:
+def _check_against_the_study(best_params_file: Path, params_file: Path, sections: dict, best: dict) -> None:
     """Hold `best` against the study's summary.json beside it: values tuned on another dataset are refused, and the
-    params the study trained with that `params_file` (`params_text`, loaded as `document`) holds otherwise are said."""
+    params the study trained with that `params_file` (its `sections`, as read) holds otherwise are said."""
     summary = _study_summary(best_params_file)
-    data = document.get("data")  # `data: null` or a scalar is refused with the other problems once the values are in
-    _check_tuned_dataset(best_params_file, params_file, summary, data.get("dataset") if hasattr(data, "get") else None)
+    data = sections.get("data")  # `data: null` or a scalar is refused with the other problems once the values are in
+    _check_tuned_dataset(best_params_file, params_file, summary, data.get("dataset") if isinstance(data, dict) else None)
     try:  # params.yaml's values, defaults filled in, as the study's were recorded
-        current = trained_with(Params.model_validate(read_yaml(params_text) or {}))
+        current = trained_with(Params.model_validate(sections))
     except ValidationError:  # refused with its problems below, once the tuned values are in
         current = {}
     _warn_of_untuned_changes(best_params_file, params_file, summary, current, best)

@@ -123,11 +123,16 @@ def test_an_inbox_or_lock_that_cannot_be_one_is_a_config_error_naming_its_settin
         steps.pick_up(RetrainParams(inbox=str(tmp_path / "afile")))
     assert steps.pick_up(RetrainParams(inbox=str(tmp_path / "not-yet"))) == ([], [])  # not in git: made by a delivery
     for lock, said in ((tmp_path, "a folder"), (tmp_path / "afile" / "x.lock", f"{tmp_path / 'afile'} is a file")):
-        with pytest.raises(ConfigError, match=rf"^retrain.lock {lock}: {said}; the lock is a file the flow makes"):
+        with pytest.raises(ConfigError, match=rf"^retrain.lock {lock}: {said}; a lock is a file, made in a folder$"):
             with steps.retrain_lock(RetrainParams(lock=str(lock))):
                 pass
     with steps.retrain_lock(RetrainParams(lock=str(tmp_path / "locks" / "retrain.lock"))):
         pass
+    from tqc.locks import exclusive  # the check is the lock's own, so a tune worker's lock has it too
+
+    with pytest.raises(ConfigError, match=rf"^lock {tmp_path}: a folder; a lock is a file, made in a folder$"):
+        with exclusive(tmp_path, RuntimeError("held")):
+            pass
 
 
 def test_labeled_questions_in_a_file_named_catalog_say_why_they_were_read_as_a_catalog(project):
