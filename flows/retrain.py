@@ -23,7 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed, State
 
 from tqc import retrain as steps
-from tqc.config import Params, load_params
+from tqc.config import Params, RetrainMode, load_params
 from tqc.errors import input_errors, registry_errors
 from tqc.tracking import COMMIT_TAG, git_commit, nested_run, offline_mlflow, run_params, standalone_run
 
@@ -94,7 +94,7 @@ def commit(params: Params, staged: steps.Staged, files, repeats, challenger: ste
 
 
 @flow(name="retrain", log_prints=True)
-def retrain(params_path: str = "params.yaml", mode: str | None = None) -> dict:
+def retrain(params_path: str = "params.yaml", mode: RetrainMode | None = None) -> dict:
     """Returns what happened: {"status": "nothing to do" | "retrained" | "no rows accepted" | "busy", …}; a run whose
     new data version did not reach the DVC remote fails (`retrain.on_push_failure: fail`) with `steps.PushFailed`,
     whose `result` is that dict; so does one whose push of the version the last run could not push failed again
@@ -108,7 +108,7 @@ def retrain(params_path: str = "params.yaml", mode: str | None = None) -> dict:
         return _retrain(params_path, mode, logger)
 
 
-def _retrain(params_path: str, mode: str | None, logger) -> dict:
+def _retrain(params_path: str, mode: RetrainMode | None, logger) -> dict:
     try:
         params = load_params(params_path, {"retrain": {"mode": mode}} if mode else None)
         retries = {"retries": params.retrain.retries, "retry_delay_seconds": params.retrain.retry_delay_seconds,
@@ -284,11 +284,9 @@ def _arguments(argv: list[str] | None = None):
     import argparse
     from typing import get_args
 
-    from tqc.config import RetrainParams
-
     parser = argparse.ArgumentParser(description="one retrain of the inbox's new files (docs/retrain.md)")
     parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--mode", choices=get_args(RetrainParams.model_fields["mode"].annotation),
+    parser.add_argument("--mode", choices=get_args(RetrainMode),
                         help="this run's retrain.mode (default: the params file's)")
     parser.add_argument("--serve", action="store_true", help="run the flow on a schedule (--cron or --interval) in this "
                         "process until stopped, with no work pool or worker; needs a Prefect server (PREFECT_API_URL)")

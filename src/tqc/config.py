@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 DatasetName = Literal["trec6", "trec50", "covidq-categories", "covidq-classes", "custom"]
 ImplicitAugmentation = Literal["dropout", "cutoff"]
+RetrainMode = Literal["train", "refresh"]
 
 
 # What NumPy, torch and Optuna take as a seed: a negative one failed in stage one, after ingest, validate and augment
@@ -513,7 +514,7 @@ class RetrainParams(Strict):
     on_push_failure: Literal["fail", "warn"] = "fail"
     # train: the pipeline's stages on the grown data. refresh (promote.rule exemplars or auto): no training;
     # the champion's encoder serves the grown data's labeled questions as its exemplars, judged by the gate.
-    mode: Literal["train", "refresh"] = "train"
+    mode: RetrainMode = "train"
 
     @model_validator(mode="after")
     def _places_apart(self) -> "RetrainParams":

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, TypeVar
 
 from tqc.config import CustomData, DataParams
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, file_and_line, split_source
-from tqc.text import catalog_label_key, first_of, has_words, normalise
+from tqc.text import ALIKE, catalog_label_key, first_of, has_words, ids_by_label_key, normalise
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")  # what a reader wrapped by `_naming_settings` returns
@@ -713,8 +713,8 @@ def with_derived_classes(catalog: Catalog, rows: list[LabeledQuestion], catalog_
         twin = alike.setdefault(catalog_label_key(class_id), class_id)
         if twin != class_id:  # `1` and `1.0`: their derived texts differ, but a test `1.00` could be read as neither
             raise ReaderError(f"{where}: labels {twin!r} (first at {file_and_line(first_use[twin])}) and {class_id!r} are "
-                              "alike but for case, width or a float's .0, and the catalog has neither: one class written "
-                              "two ways, or two? write the label one way, or give each a standard question in the catalog")
+                              f"{ALIKE}, and the catalog has neither: one class written two ways, or two? write the "
+                              "label one way, or give each a standard question in the catalog")
         if not has_words(text):  # `___`, or a label of private-use or control characters: validate would stop
             raise ReaderError(f"{where}: class {class_id!r} has no catalog text and no words to derive one from; "
                               "give it a standard question in the catalog")
@@ -964,9 +964,7 @@ def _warn_if_untracked(data_dir: Path, paths: list[Path]) -> None:
 def _alike_in(catalog: Catalog) -> Callable[[str], str | None]:
     """label → the catalog id it is like (`catalog_label_key`) when exactly one is; None for none, or for several
     (hum and HUM both ids: neither is chosen)."""
-    by_key: dict[str, list[str]] = {}
-    for class_id in catalog.class_ids:
-        by_key.setdefault(catalog_label_key(class_id), []).append(class_id)
+    by_key = ids_by_label_key(catalog.class_ids)
 
     def alike(label: str) -> str | None:
         matches = by_key.get(catalog_label_key(label), [])
@@ -1005,7 +1003,7 @@ def _unknown_labels_rejected(result: ReadResult, catalog: Catalog, catalog_path:
         if row.class_id not in known:
             file, line = split_source(row.source)
             like = alike(row.class_id)
-            hint = f"; the catalog has {like!r}, alike but for case, width or a float's .0" if like else ""
+            hint = f"; the catalog has {like!r}, {ALIKE}" if like else ""
             rejected.append(RejectedRow(file, line or 0, f"label {row.class_id!r} is not in the catalog {catalog_path} "
                                         f"(data.custom.unknown_labels: quarantine){hint}", row_as_csv(row)))
     return ReadResult([r for r in result.rows if r.class_id in known], result.rejected + rejected, result.named_sources)

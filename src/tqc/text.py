@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 # Typographic quotes as the plain ones a keyboard types: "what’s" and "what's" are the same question.
 PLAIN_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'",
@@ -43,6 +43,16 @@ def catalog_label_key(label: str) -> str:
 
 
 WHOLE_FLOAT = re.compile(r"(-?\d+)\.0+")
+ALIKE = "alike but for case, width or a float's .0"  # how messages say two ids share a `catalog_label_key`
+
+
+def ids_by_label_key(class_ids: Iterable[str]) -> dict[str, list[str]]:
+    """`catalog_label_key` → the ids of that key, in their order. A label alike exactly one id is read as it; one
+    alike several (`hum` and `HUM` both ids) as none of them."""
+    by_key: dict[str, list[str]] = {}
+    for class_id in class_ids:
+        by_key.setdefault(catalog_label_key(class_id), []).append(class_id)
+    return by_key
 
 
 def _compatibility_folded(text: str) -> str:

@@ -516,6 +516,13 @@ def _stage_params(stage: str, params: Params) -> dict:
     return chosen
 
 
+def check_store(params: TrackingParams) -> None:
+    """The store a command will log to opens (when tracking is on): said before the command's work, not after it
+    (tuning prepares its data for minutes before its run opens)."""
+    if params.enabled:
+        _client_and_experiment(params)
+
+
 @contextmanager
 def standalone_run(name: str, params: TrackingParams, tags: dict | None = None) -> Iterator[Tracker]:
     """A top-level run outside the pipeline (a tuning study, a flow); nested runs go under it."""

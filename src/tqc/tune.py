@@ -46,7 +46,7 @@ from tqc.mining import largest_group
 from tqc.pipeline import PreparedData, prepare_data, train_chain
 from tqc.schema import Catalog
 from tqc.text import first_of
-from tqc.tracking import Tracker, code_version, nested_run, run_params, same_code, standalone_run
+from tqc.tracking import Tracker, check_store, code_version, nested_run, run_params, same_code, standalone_run
 from tqc.training import each_warning_once, standard_text_groups
 
 log = logging.getLogger(__name__)
@@ -452,7 +452,9 @@ def tune(params: Params, out_dir: Path = Path("reports/tuning"), work_dir: Path 
 def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: int | None,
           data: PreparedData | None, params_file: Path) -> TuneResult:
     settings = params.tune
-    storage = open_storage(params, worker)  # before the data: a server down or a wrong URL is said in minutes less
+    # before the data: a server down or a wrong URL is said in minutes less
+    storage = open_storage(params, worker)
+    check_store(params.tracking)
     data = data or prepare_data(params, work_dir / settings.study / f"data-worker-{worker}")
     digest = data_digest(data)
     study = _open_study(params, worker, study_name(settings, digest), storage=storage)

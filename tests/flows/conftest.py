@@ -19,12 +19,12 @@ REPO = Path(__file__).resolve().parents[2]
 PREFECT = [str(Path(sys.executable).parent / "prefect"), "--no-prompt"]
 
 
-def deploy_from_a_checkout(checkout: Path, env: dict, *deploy: str) -> None:
-    """docs/retrain.md's scale-out commands in `checkout`, given a copy of flows/ and prefect.yaml: the `gpu` process
-    pool, then `prefect deploy` with `deploy`'s arguments. `env` names the server (PREFECT_API_URL); with
-    TQC_PROJECT_DIR unset there, each worker's own names the checkout it runs in."""
+def deploy_from_a_checkout(checkout: Path, env: dict, *deploy: str, edit=lambda text: text) -> None:
+    """docs/retrain.md's scale-out commands in `checkout`, given a copy of flows/ and prefect.yaml (its text through
+    `edit`): the `gpu` process pool, then `prefect deploy` with `deploy`'s arguments. `env` names the server
+    (PREFECT_API_URL); with TQC_PROJECT_DIR unset there, each worker's own names the checkout it runs in."""
     shutil.copytree(REPO / "flows", checkout / "flows")
-    shutil.copy(REPO / "prefect.yaml", checkout)
+    (checkout / "prefect.yaml").write_text(edit((REPO / "prefect.yaml").read_text()))
     for command in (["work-pool", "create", "gpu", "--type", "process", "--overwrite"], ["deploy", *deploy]):
         done = subprocess.run(PREFECT + command, cwd=checkout, env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 
+import pytest
 import yaml
 from prefect import Flow
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
-from tests.flows.conftest import REPO, deploy_from_a_checkout
+from tests.flows.conftest import PREFECT, REPO, deploy_from_a_checkout
+from tqc.worker import DeploymentParametersError, check_parameters
 
 
 def deployments() -> dict[str, dict]:
@@ -28,6 +31,46 @@ def test_every_deployment_entrypoint_is_a_prefect_flow():
 def test_the_nightly_retrain_runs_one_at_a_time_and_queues_the_next():
     limit = ConcurrencyLimitConfig(**deployments()["retrain-nightly"]["concurrency_limit"])
     assert limit.limit == 1 and limit.collision_strategy == ConcurrencyLimitStrategy.ENQUEUE
+
+
+def test_the_shipped_deployments_give_their_flows_parameters_they_take(monkeypatch):
+    monkeypatch.chdir(REPO)  # prefect.yaml's entrypoints are the project root's
+    assert check_parameters() == {"checked": "prefect.yaml"}
+
+
+def test_parameters_a_flow_does_not_take_are_said_by_deployment_schedule_and_parameter(tmp_path, monkeypatch):
+    config = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    retrain, tune = config["deployments"]
+    retrain["schedules"][0]["parameters"] = {"mode": "trian"}
+    retrain["schedules"][1]["parameters"] = {"mdoe": "refresh"}
+    tune["parameters"] = {**tune["parameters"], "workers": "two", "overrides": "tune.trials=3"}
+    bad = tmp_path / "prefect.yaml"
+    bad.write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(REPO)
+    with pytest.raises(DeploymentParametersError) as refused:
+        check_parameters(str(bad))
+    assert str(refused.value).splitlines() == [
+        f"{bad}: deployment 'retrain-nightly', schedule train-nightly: parameter mode: 'trian' is not one of "
+        "['train', 'refresh']",
+        f"{bad}: deployment 'retrain-nightly', schedule refresh-hourly: parameter 'mdoe': the flow takes no such "
+        "parameter (it takes params_path, mode)",
+        f"{bad}: deployment 'tune-weekly': parameter workers: 'two' is not of type 'integer'",
+        f"{bad}: deployment 'tune-weekly': parameter overrides: 'tune.trials=3' is not of type 'array'",
+    ]
+
+
+def test_prefect_deploy_refuses_a_misspelt_schedule_parameter(prefect_harness, tmp_path):
+    """prefect.yaml's build step, as `prefect deploy` runs it: without it the deployment was made, and the schedule's
+    run failed when it fired."""
+    from prefect.settings import PREFECT_API_URL
+
+    checkout = tmp_path / "checkout"
+    with pytest.raises(AssertionError, match="schedule train-nightly: parameter mode: 'trian' is not one of"):
+        deploy_from_a_checkout(checkout, {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}, "--all",
+                               edit=lambda text: text.replace("mode: train ", "mode: trian "))
+    listed = subprocess.run([*PREFECT, "deployment", "ls"], cwd=checkout, capture_output=True, text=True,
+                            env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()})
+    assert listed.returncode == 0 and "retrain-nightly" not in listed.stdout
 
 
 def test_prefect_deploy_puts_the_nightly_training_and_the_hourly_refresh_on_one_limited_deployment(prefect_harness, tmp_path):

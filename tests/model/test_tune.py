@@ -1303,6 +1303,20 @@ def test_a_storage_that_cannot_be_opened_is_said_in_one_line_naming_it_before_an
     assert said in message and "\n" not in message and "hunter2" not in message
 
 
+def test_a_tracking_store_that_cannot_be_made_is_said_before_any_data_is_prepared(tmp_path, monkeypatch):
+    """It was opened with the study's MLflow run, after the data was prepared: minutes of ingest, validate and augment
+    before the misspelt folder was said."""
+    from tqc import tune as tuning
+
+    monkeypatch.setattr(tuning, "prepare_data", lambda *_: pytest.fail("the data was prepared first"))
+    params = Params.model_validate({
+        "tune": {"storage": f"sqlite:///{tmp_path}/optuna.db", "space": {"mine.k": {"low": 1, "high": 3}}},
+        "tracking": {"enabled": True, "uri": f"sqlite:///{tmp_path}/no-such-folder/mlflow.db"}})
+    with pytest.raises(ConfigError, match=r"^tracking.uri \(or \$MLFLOW_TRACKING_URI\) sqlite:///.*/no-such-folder/mlflow.db: "
+                                         "no folder .*no-such-folder to keep the MLflow database in$"):
+        tune(params, tmp_path / "reports", tmp_path / "work")
+
+
 def test_tuning_for_several_processes_says_its_stage_one_trains_with_other_in_batch_negatives(tmp_path, caplog):
     """Each process of a dvc repro run draws stage one's in-batch negatives from its share of the batch
     (docs/scaling.md), a trial from the whole batch: the warning said only that a trial trains in one process."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -395,6 +396,13 @@ class TextEncoder(nn.Module):
         return encoder
 
 
+def outside_backbones(module: nn.Module, encoders: Iterable[TextEncoder]) -> list[nn.Parameter]:
+    """`module`'s parameters that none of `encoders`' pretrained backbones hold, each once, in `module`'s order:
+    pooling's, a scorer's, a classifier's head."""
+    backbones = {id(p) for encoder in encoders for p in encoder.backbone.parameters()}
+    return [p for p in module.parameters() if id(p) not in backbones]
+
+
 class LastEncodings:
     """A text encoder that keeps its last call's encodings and answers the same texts again from them, so
     two scorers over one trained encoder (evaluate's standard and exemplar rules) encode a split once."""
@@ -429,8 +437,7 @@ class BiEncoder(nn.Module):
         """The parameters outside the pretrained backbones, each once: attention pooling's (one pooling when tied) and
         the MLP scorer's, or any layer added on top. They start at zero (mean pooling, cosine); mean or cls pooling with
         cosine or inner has none."""
-        backbones = {id(p) for encoder in (self.question, self.standard) for p in encoder.backbone.parameters()}
-        return [p for p in self.parameters() if id(p) not in backbones]
+        return outside_backbones(self, (self.question, self.standard))
 
     @classmethod
     def from_params(cls, params: ModelParams) -> "BiEncoder":

@@ -21,7 +21,7 @@ from tqc.config import AugmentParams, BaselineNCParams, ModelParams
 from tqc.device import pick_device, seed_everything
 from tqc.io import atomic_directory
 from tqc.metrics import summary
-from tqc.model.encoder import EmbeddingAugmentation, TextEncoder, load_weights
+from tqc.model.encoder import EmbeddingAugmentation, TextEncoder, load_weights, outside_backbones
 from tqc.schema import Catalog, LabeledQuestion, StaleClassifier, load_questions
 from tqc.training import (FitResult, backbone_groups, fit, gold_indices, parameter_groups, write_history,
                           write_outputs)
@@ -117,10 +117,9 @@ def encoder_groups(encoder: TextEncoder, params: BaselineNCParams) -> list[dict]
     At d = 1, `parameter_groups` of the whole encoder, as before the key existed."""
     if params.layer_decay == 1.0:
         return parameter_groups(encoder, params.learning_rate)
-    in_backbone = {id(p) for p in encoder.backbone.parameters()}
-    pooling = [p for p in encoder.parameters() if id(p) not in in_backbone]
+    pooling = nn.ParameterList(outside_backbones(encoder, [encoder]))
     return (backbone_groups([encoder.backbone], params.learning_rate, params.layer_decay)
-            + parameter_groups(nn.ParameterList(pooling), params.learning_rate))
+            + parameter_groups(pooling, params.learning_rate))
 
 
 def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_params: AugmentParams,

@@ -22,7 +22,7 @@ import pandas as pd
 from tqc.config import ValidateParams
 from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.schema import Catalog, LabeledQuestion, file_and_line, load_questions, save_questions, split_source
-from tqc.text import catalog_label_key, compared_text
+from tqc.text import ALIKE, catalog_label_key, compared_text, ids_by_label_key
 
 log = logging.getLogger(__name__)
 
@@ -318,9 +318,7 @@ class RowReasons:
                 first.setdefault(key, question.source)
                 labeled.setdefault(key, {}).setdefault(question.class_id, question.source)
         self.standard = _standard_question_owners(catalog)  # as annotate compares: a text's owner classes
-        self.alike_ids: dict[str, list[str]] = {}  # `catalog_label_key` → the catalog ids of that key, as ingest matches
-        for class_id in catalog.class_ids:
-            self.alike_ids.setdefault(catalog_label_key(class_id), []).append(class_id)
+        self.alike_ids = ids_by_label_key(catalog.class_ids)  # as ingest matches labels to ids
 
     def __call__(self, split: str, index: int, expectations: list[str]) -> str:
         return "; ".join(self._one(split, index, name) for name in expectations)
@@ -345,9 +343,8 @@ class RowReasons:
         all named, since ingest took neither: the hint named the last, as if the label were just misspelt."""
         like = [class_id for class_id in self.alike_ids.get(catalog_label_key(label), []) if class_id != label]
         if len(like) > 1:
-            return (f" (the catalog has {' and '.join(map(repr, like))}, each alike but for case, width or a "
-                    "float's .0, so it was read as neither)")
-        return f" (the catalog has {like[0]!r}, alike but for case, width or a float's .0)" if like else ""
+            return f" (the catalog has {' and '.join(map(repr, like))}, each {ALIKE}, so it was read as neither)"
+        return f" (the catalog has {like[0]!r}, {ALIKE})" if like else ""
 
     def _other_label(self, split: str, key: str, label: str) -> str:
         owners = sorted(self.standard.get(key, {label}))
