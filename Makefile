@@ -43,7 +43,7 @@ test: install-test
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n 2 -m "not slow and not gpu"
 
 # pyproject allows optuna>=4.0, and before 4.9 Optuna names the heartbeat's callback otherwise
-# (tune._stale_trial_callback_keyword): the tuner's tests on the oldest Optuna allowed, laid over the venv's
+# (tqc.tuning.study._stale_trial_callback_keyword): the tuner's tests on the oldest Optuna allowed, laid over the venv's
 # (its dependencies are the venv's), so that path is run, not assumed.
 OPTUNA_MIN ?= 4.0.0
 test-optuna-min: install-test

@@ -451,7 +451,7 @@ def _fetch(args: argparse.Namespace) -> None:
 
 
 def _apply_tuned(args: argparse.Namespace) -> None:
-    from tqc.tune import apply_best
+    from tqc.tuning.apply import apply_best
 
     changed = apply_best(args.apply, args.params)
     for key, value in changed.items():
@@ -644,7 +644,8 @@ def _set_champion(args: argparse.Namespace, params: Params) -> None:
 
 
 def _tune(args: argparse.Namespace, params: Params) -> None:
-    from tqc.tune import apply_command, tune
+    from tqc.tune import tune
+    from tqc.tuning.reports import apply_command
 
     result = tune(params, args.out, args.work, args.worker, args.trials, params_file=args.params)
     best, baseline = result.summary["best"], result.summary["baseline"]

@@ -165,7 +165,7 @@ def test_the_tuner_refuses_knobs_the_augment_stage_reads():
     import pytest
 
     from tqc.config import ConfigError, Params
-    from tqc.tune import check_space
+    from tqc.tuning.space import check_space
 
     from tqc.config import AugmentParams
 
@@ -287,7 +287,7 @@ def test_the_tuner_can_search_a_head_learning_rate_whose_base_value_is_null():
     """Its base value null (the stage's learning_rate), a range draws floats, and the baseline trial keeps null."""
     import optuna
 
-    from tqc.tune import check_space, default_values, flat_base, sample_overrides
+    from tqc.tuning.space import check_space, default_values, flat_base, sample_overrides
 
     space = {"model.similarity": {"choices": ["cosine", "mlp"]},
              "stage_one.head_learning_rate": {"low": 1e-4, "high": 1e-2, "log": True, "when": {"model.similarity": "mlp"}},
@@ -302,7 +302,7 @@ def test_the_tuner_can_search_a_head_learning_rate_whose_base_value_is_null():
 
 
 def test_the_tuner_refuses_a_dimension_no_trial_could_use_before_any_work():
-    from tqc.tune import check_space
+    from tqc.tuning.space import check_space
 
     def space(dimension: dict) -> Params:
         return Params.model_validate({"tune": {"space": dimension}})
@@ -311,7 +311,7 @@ def test_the_tuner_refuses_a_dimension_no_trial_could_use_before_any_work():
         "prior.target": ({"prior.target": {"choices": ["labeled", "uniform"]}}, "does not change what a trial is judged by"),
         "baseline_nc": ({"baseline_nc.learning_rate": {"low": 1e-5, "high": 1e-3}}, "does not change what a trial"),
         "bounds": ({"mine.k": {"low": -3, "high": 0}}, r"mine.k = -3 is not a value the params accept"),
-        # searched epochs under the default median pruner (tune.check_space), before their bounds are read
+        # searched epochs under the default median pruner (tqc.tuning.space.check_space), before their bounds are read
         "epochs": ({"stage_one.epochs": {"low": -3, "high": 0}}, r"stage_one.epochs searched under tune.pruner median"),
         "choice": ({"stage_one.loss": {"choices": ["nt_xent", "typo_loss"]}}, "stage_one.loss = 'typo_loss' is not a value"),
         "empty": ({"stage_one.loss": {"choices": []}}, "choices is empty"),
@@ -607,7 +607,7 @@ def test_tune_apply_leaves_ruamels_own_float_and_null_writing_alone():
 
     from ruamel.yaml import YAML
 
-    from tqc.tune import _layout_keeping_yaml
+    from tqc.tuning.apply import _layout_keeping_yaml
 
     tuned = io.StringIO()
     _layout_keeping_yaml().dump({"lr": 5e-5, "cap": None}, tuned)

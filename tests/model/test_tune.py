@@ -19,7 +19,10 @@ import yaml
 from tqc.config import ConfigError, Params, SearchDimension, load_params, unflatten
 from tqc.schema import Catalog, StandardQuestion
 from tqc.tracking import run_params
-from tqc.tune import EpochReporter, apply_best, default_values, flat_base, sample_overrides, tune, within_wrong_classes
+from tqc.tuning.apply import apply_best
+from tqc.tuning.space import default_values, flat_base, sample_overrides, within_wrong_classes
+from tqc.tuning.trials import EpochReporter
+from tqc.tune import tune
 from tests.conftest import tiny_params, write_custom_dataset
 
 SPACE = {
@@ -184,7 +187,7 @@ def test_mine_k_is_searched_only_up_to_the_wrong_classes_there_are():
 
 
 def test_the_reported_baseline_is_the_one_of_the_params_as_they_are_now():
-    from tqc.tune import current_baseline
+    from tqc.tuning.reports import current_baseline
 
     def params(temperature: float) -> Params:
         return Params.model_validate({"stage_one": {"temperature": temperature},
@@ -381,7 +384,7 @@ def test_apply_refuses_values_tuned_on_another_dataset(tmp_path):
 def test_apply_says_which_params_it_did_not_search_differ_from_those_the_study_trained_with(tmp_path, caplog):
     """Values tuned at 5 epochs and cosine, applied to a params.yaml at 2 epochs, were never measured there: only the
     dataset was checked, so `dvc repro` trained them beside other values unsaid."""
-    from tqc.tune import trained_with
+    from tqc.tuning.reports import trained_with
 
     params_file = tmp_path / "params.yaml"
     params_file.write_text((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
@@ -406,7 +409,7 @@ def test_apply_says_which_params_it_did_not_search_differ_from_those_the_study_t
 
 
 def test_a_median_pruner_that_can_never_prune_is_named_at_the_start(caplog):
-    from tqc.tune import _pruner
+    from tqc.tuning.study import _pruner
 
     short = Params().with_overrides({"stage_one": {"epochs": 2}, "stage_two": {"epochs": 1}, "tune": {"warmup_epochs": 3}})
     with caplog.at_level("WARNING", logger="tqc.tune"):
@@ -427,7 +430,7 @@ def test_a_hyperband_study_runs_and_reports(tmp_path, tiny_model_dir):
     raw["tracking"]["enabled"] = False
     params = Params.model_validate(raw)
     result = tune(params, tmp_path / "reports", tmp_path / "work")
-    from tqc.tune import _pruner
+    from tqc.tuning.study import _pruner
 
     assert isinstance(_pruner(params), optuna.pruners.HyperbandPruner)
     study = optuna.load_study(study_name="test", storage=params.tune.storage)
@@ -475,7 +478,7 @@ def test_the_tuner_refuses_to_run_under_torchrun(tmp_path, tiny_model_dir, monke
 
 def test_a_study_refuses_other_base_params_and_requeues_its_baseline_when_the_base_values_change(tmp_path, tiny_model_dir):
     from tqc.config import flatten
-    from tqc.tune import check_study_base, enqueue_baseline
+    from tqc.tuning.study import check_study_base, enqueue_baseline
 
     params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir))
     study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}", direction="maximize")
@@ -514,7 +517,7 @@ def test_a_study_refuses_other_base_params_and_requeues_its_baseline_when_the_ba
 def test_report_writers_on_one_out_dir_wait_for_each_other_and_leave_no_lock_file_there(tmp_path):
     import threading
 
-    from tqc.tune import reports_lock
+    from tqc.tuning.reports import reports_lock
 
     out = tmp_path / "reports" / "tuning"
     order: list[str] = []
@@ -534,7 +537,7 @@ def test_report_writers_on_one_out_dir_wait_for_each_other_and_leave_no_lock_fil
 
 
 def test_a_worker_that_comes_back_to_a_study_draws_anew_and_a_new_study_draws_as_before(tmp_path):
-    from tqc.tune import _open_study
+    from tqc.tuning.study import open_study
 
     params = Params().with_overrides({"tune": {"study": "again", "storage": f"sqlite:///{tmp_path / 'optuna.db'}"}})
     space = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
@@ -544,24 +547,24 @@ def test_a_worker_that_comes_back_to_a_study_draws_anew_and_a_new_study_draws_as
         trial.set_user_attr("worker", f"host:1:{worker}")  # as the objective tags each trial
         return trial.params["x"]
 
-    first = draw(_open_study(params, worker=0), 0)  # the study now holds one trial of worker 0
-    assert draw(_open_study(params, worker=0), 0) != first  # before: the same seed, so the same draw, trial for trial
+    first = draw(open_study(params, worker=0), 0)  # the study now holds one trial of worker 0
+    assert draw(open_study(params, worker=0), 0) != first  # before: the same seed, so the same draw, trial for trial
 
     fresh = params.with_overrides({"tune": {"study": "fresh", "storage": f"sqlite:///{tmp_path / 'other.db'}"}})
-    assert draw(_open_study(fresh, worker=0), 0) == first  # reproducible from an empty study
-    worker_1 = draw(_open_study(fresh, worker=1), 1)  # opened after worker 0's trial: its draw is still seed + 1
+    assert draw(open_study(fresh, worker=0), 0) == first  # reproducible from an empty study
+    worker_1 = draw(open_study(fresh, worker=1), 1)  # opened after worker 0's trial: its draw is still seed + 1
     alone = params.with_overrides({"tune": {"study": "alone", "storage": f"sqlite:///{tmp_path / 'third.db'}"}})
-    assert draw(_open_study(alone, worker=1), 1) == worker_1
+    assert draw(open_study(alone, worker=1), 1) == worker_1
 
 
 def test_a_baseline_that_failed_or_whose_worker_was_killed_is_queued_again(tmp_path, monkeypatch):
     import time
 
-    from tqc import tune as tune_module
-    from tqc.tune import _open_study, enqueue_baseline
+    from tqc.tuning import study as tuning_study
+    from tqc.tuning.study import enqueue_baseline, open_study
 
     params = Params().with_overrides({"tune": {"study": "killed", "storage": f"sqlite:///{tmp_path / 'optuna.db'}"}})
-    study = _open_study(params, worker=0)
+    study = open_study(params, worker=0)
     values = {"stage_one.temperature": 0.1}
     enqueue_baseline(study, values, CODE)
     interrupted = study.ask()  # the baseline: Ctrl-C in its first epoch marks it FAIL
@@ -573,9 +576,9 @@ def test_a_baseline_that_failed_or_whose_worker_was_killed_is_queued_again(tmp_p
     enqueue_baseline(study, values, CODE)
     assert len(study.get_trials()) == 2  # a running baseline counts: no second one while it may still be alive
 
-    monkeypatch.setattr(tune_module, "GRACE_SECONDS", 1)
+    monkeypatch.setattr(tuning_study, "GRACE_SECONDS", 1)
     time.sleep(2)  # silent for longer than the grace period
-    study = _open_study(params, worker=0)  # a worker that comes back fails the silent trial
+    study = open_study(params, worker=0)  # a worker that comes back fails the silent trial
     assert study.get_trials()[1].state == optuna.trial.TrialState.FAIL
     enqueue_baseline(study, values, CODE)
     waiting = study.get_trials()[-1]
@@ -589,19 +592,20 @@ def test_a_trial_whose_worker_was_killed_keeps_a_reason_that_the_reports_name(tm
 
     import pandas
 
-    from tqc import tune as tune_module
-    from tqc.tune import _open_study, enqueue_baseline, write_reports
+    from tqc.tuning import study as tuning_study
+    from tqc.tuning.reports import write_reports
+    from tqc.tuning.study import enqueue_baseline, open_study
 
     params = Params().with_overrides({"tune": {"study": "lost", "storage": f"sqlite:///{tmp_path / 'optuna.db'}"}})
-    monkeypatch.setattr(tune_module, "GRACE_SECONDS", 1)
-    study = _open_study(params, worker=0)
+    monkeypatch.setattr(tuning_study, "GRACE_SECONDS", 1)
+    study = open_study(params, worker=0)
     values = {"stage_one.temperature": 0.1}
     enqueue_baseline(study, values, CODE)
     killed = study.ask()  # the baseline, whose worker is then killed: its heartbeat stops
     killed.set_user_attr("worker", "gpu-7:4242:0")  # as the objective tags each trial
     study._storage.record_heartbeat(killed._trial_id)
     time.sleep(2)  # silent for longer than the grace period
-    study = _open_study(params, worker=1)  # another worker fails it
+    study = open_study(params, worker=1)  # another worker fails it
     assert study.get_trials()[0].state == optuna.trial.TrialState.FAIL
     enqueue_baseline(study, values, CODE)  # the reason leaves the killed baseline's queueing again as it was
     assert [t.state for t in study.get_trials()] == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.WAITING]
@@ -620,7 +624,7 @@ def test_a_trial_whose_worker_was_killed_keeps_a_reason_that_the_reports_name(tm
 
 
 def test_a_pruned_trial_ends_its_mlflow_run_finished_and_tagged_pruned(tmp_path, monkeypatch):
-    from tqc import tune as tuning
+    from tqc.tuning import trials
     from tqc.pipeline import PreparedData
     from tqc.tracking import standalone_run
 
@@ -630,10 +634,10 @@ def test_a_pruned_trial_ends_its_mlflow_run_finished_and_tagged_pruned(tmp_path,
     def pruned(*_, **__):
         raise optuna.TrialPruned("pruned at stage_one epoch 1")
 
-    monkeypatch.setattr(tuning, "train_chain", pruned)
+    monkeypatch.setattr(trials, "train_chain", pruned)
     study = optuna.create_study(direction="maximize")
     with standalone_run("tune", params.tracking):
-        study.optimize(tuning._objective(params, params.tune.space, tuning.flat_base(params),
+        study.optimize(trials.make_objective(params, params.tune.space, flat_base(params),
                                          PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path, 0, CODE),
                        n_trials=1)
     assert study.trials[0].state == optuna.trial.TrialState.PRUNED
@@ -646,7 +650,7 @@ def test_a_study_refuses_trials_on_other_data_unless_it_opens_one_study_per_data
     in one study are not comparable, and its best may be a model of the old data. `on_new_data: new_study` opens
     one study per data set instead (a weekly tune beside nightly retrains)."""
     from tqc.pipeline import PreparedData
-    from tqc.tune import check_study_data, data_digest, study_name
+    from tqc.tuning.study import check_study_data, data_digest, study_name
 
     from tqc.schema import LabeledQuestion, save_questions
 
@@ -686,7 +690,7 @@ def test_a_study_refuses_trials_on_other_data_unless_it_opens_one_study_per_data
 
 def test_a_dimension_added_to_or_removed_from_a_study_is_named_as_such(tmp_path, tiny_model_dir):
     from tqc.config import flatten
-    from tqc.tune import check_study_base
+    from tqc.tuning.study import check_study_base
 
     params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir))
     study = optuna.create_study(study_name="s", direction="maximize")
@@ -716,7 +720,7 @@ def test_a_refused_worker_leaves_the_study_as_it_found_it(tmp_path, tiny_model_d
     """A worker with a dimension the study never searched, refused for its dataset, recorded that dimension as
     searched there first: a right worker was then refused ("searched there, fixed here")."""
     from tqc.config import flatten
-    from tqc.tune import join_study
+    from tqc.tuning.study import join_study
 
     params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir))
     study = optuna.create_study(study_name="s", direction="maximize")
@@ -736,7 +740,7 @@ def test_a_refused_worker_leaves_the_study_as_it_found_it(tmp_path, tiny_model_d
 def test_reports_are_replaced_only_once_every_figure_is_in_hand(tmp_path, monkeypatch):
     """The test evaluation of the best trial can fail (a model folder gone, memory): best_params.yaml must not then
     sit beside the previous study's summary.json, whose dataset `tqc tune --apply` checks."""
-    from tqc import tune as tuning
+    from tqc.tuning import reports
 
     study = optuna.create_study(direction="maximize")
     study.add_trial(optuna.trial.create_trial(value=0.9, params={"mine.k": 3},
@@ -749,9 +753,9 @@ def test_reports_are_replaced_only_once_every_figure_is_in_hand(tmp_path, monkey
     def evaluation_fails(*args, **kwargs):
         raise MemoryError("out of memory")
 
-    monkeypatch.setattr(tuning, "_trial_summary", evaluation_fails)
+    monkeypatch.setattr(reports, "_trial_summary", evaluation_fails)
     with pytest.raises(MemoryError):
-        tuning.write_reports(study, Params(), None, tmp_path / "study", out)
+        reports.write_reports(study, Params(), None, tmp_path / "study", out)
     assert (out / "best_params.yaml").read_text() == "mine:\n  k: 7\n"  # the pair as it was
     assert (out / "summary.json").read_text() == '{"dataset": "trec6"}'
 
@@ -776,10 +780,10 @@ def test_a_trial_out_of_gpu_memory_or_diverged_fails_alone_and_the_worker_sample
     vectors), fail their trial, not the worker's remaining trials and its reports."""
     import torch
 
-    from tqc import tune as tuning
+    from tqc.tuning import trials
     from tqc.metrics import DivergedScores
 
-    real_chain, calls = tuning.train_chain, []
+    real_chain, calls = trials.train_chain, []
 
     def second_runs_out_of_memory(*args, **kwargs):
         calls.append(args)
@@ -789,7 +793,7 @@ def test_a_trial_out_of_gpu_memory_or_diverged_fails_alone_and_the_worker_sample
             raise DivergedScores("1 training question vector(s) hold NaN or inf (rows [3] first): the model diverged")
         return real_chain(*args, **kwargs)
 
-    monkeypatch.setattr(tuning, "train_chain", second_runs_out_of_memory)
+    monkeypatch.setattr(trials, "train_chain", second_runs_out_of_memory)
     params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir))
     tune(params, tmp_path / "reports", tmp_path / "work")
 
@@ -805,7 +809,7 @@ def test_a_worker_whose_trials_all_failed_says_why_in_one_line(tmp_path):
     """Every trial out of GPU memory, diverged or pruned: the worker stopped on a traceback ending in RuntimeError
     "has no completed trial", which said neither how its trials ended nor what to change."""
     from tqc.metrics import DivergedScores
-    from tqc.tune import write_reports
+    from tqc.tuning.reports import write_reports
 
     def diverges(trial):
         trial.set_user_attr("failed", "DivergedScores: 3 training question vector(s) hold NaN or inf\n(rows [1] first)")
@@ -824,16 +828,16 @@ def test_a_worker_whose_trials_all_failed_says_why_in_one_line(tmp_path):
 def test_a_trial_that_draws_params_the_config_refuses_fails_alone_and_counts_for_its_worker(tmp_path, tiny_model_dir,
                                                                                             monkeypatch):
     """check_space sees the edges; a clash inside the ranges (none the shipped config has) fails its trial only."""
-    from tqc import tune as tuning
+    from tqc.tuning import trials
 
-    real, calls = tuning.sample_overrides, []
+    real, calls = trials.sample_overrides, []
 
     def second_draws_a_clash(trial, space, base):
         calls.append(trial.number)
         drawn = real(trial, space, base)
         return {**drawn, "stage_two.loss": "hinge", "stage_two.logit_adjustment": 0.5} if len(calls) == 1 else drawn
 
-    monkeypatch.setattr(tuning, "sample_overrides", second_draws_a_clash)
+    monkeypatch.setattr(trials, "sample_overrides", second_draws_a_clash)
     params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir))
     tune(params, tmp_path / "reports", tmp_path / "work")
 
@@ -848,10 +852,10 @@ def test_a_trial_that_draws_params_the_config_refuses_fails_alone_and_counts_for
 def test_a_trial_whose_draw_the_model_refuses_fails_alone_and_the_worker_samples_on(tmp_path, tiny_model_dir, monkeypatch):
     """model.max_length 100 on a backbone of 64 positions is refused when the model is built, inside training: that
     ConfigError stopped the worker, with the study's other trials never run and no reports written."""
-    from tqc import tune as tuning
+    from tqc.tuning import trials
 
     draws = iter([100, 32])
-    monkeypatch.setattr(tuning, "sample_overrides", lambda trial, space, base: {"model.max_length": next(draws)})
+    monkeypatch.setattr(trials, "sample_overrides", lambda trial, space, base: {"model.max_length": next(draws)})
     params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir,
                                                  space={"model.max_length": {"low": 16, "high": 128}}))
     tune(params, tmp_path / "reports", tmp_path / "work")
@@ -865,20 +869,20 @@ def test_a_trial_whose_draw_the_model_refuses_fails_alone_and_the_worker_samples
 def test_a_baseline_queued_for_earlier_base_values_trains_those_values(tmp_path, tiny_model_dir, monkeypatch):
     """A baseline left waiting by a worker that stopped, then run after the params changed (an --apply, an edit),
     trained the new values under its old label: best_params.yaml could then name a value no trial trained."""
-    from tqc import tune as tuning
+    from tqc.tuning import trials
 
     raw = tuning_params(tmp_path, tiny_model_dir, trials=1, space={"stage_one.temperature": {"low": 0.05, "high": 0.5}})
     tune(Params.model_validate(raw), tmp_path / "reports", tmp_path / "work")  # the study, and its baseline at 0.1
     stale = {"stage_one.temperature": 0.07}
     optuna.load_study(study_name="test", storage=raw["tune"]["storage"]).enqueue_trial(
         {}, user_attrs={"baseline": True, "base_values": stale})  # as a stopped worker leaves it
-    trained, real = [], tuning.train_chain
+    trained, real = [], trials.train_chain
 
     def recording(trial_params, *args, **kwargs):
         trained.append(trial_params.stage_one.temperature)
         return real(trial_params, *args, **kwargs)
 
-    monkeypatch.setattr(tuning, "train_chain", recording)
+    monkeypatch.setattr(trials, "train_chain", recording)
     raw["stage_one"]["temperature"], raw["tune"]["trials"] = 0.2, 2
     tune(Params.model_validate(raw), tmp_path / "reports", tmp_path / "work")
 
@@ -890,7 +894,7 @@ def test_a_baseline_queued_for_earlier_base_values_trains_those_values(tmp_path,
 def test_searched_epochs_under_a_pruner_and_a_temperature_hinge_never_reads_are_said():
     """A pruner compares trials step by step, and a searched stage_one.epochs moves every stage-two step; hinge
     reads no temperature, so a temperature searched beside it is drawn for nothing in those trials."""
-    from tqc.tune import check_space
+    from tqc.tuning.space import check_space
 
     epochs = {"stage_one.epochs": {"low": 1, "high": 3}}
     with pytest.raises(ConfigError, match=r"stage_one.epochs searched under tune.pruner median: the pruner compares"):
@@ -904,7 +908,7 @@ def test_searched_epochs_under_a_pruner_and_a_temperature_hinge_never_reads_are_
 def test_a_knob_of_a_feature_off_in_every_trial_is_refused_and_searched_with_its_switch_it_is_not():
     """warmup.margin with the warm-up off (the default), or prototype mixup's beta with mixup off, passed and would
     train: no trial reads them, so their best values were chance, carried into best_params.yaml."""
-    from tqc.tune import check_space
+    from tqc.tuning.space import check_space
 
     def space(dimensions: dict, **sections) -> Params:
         return Params.model_validate({**sections, "tune": {"space": dimensions, "pruner": "none"}})
@@ -925,7 +929,7 @@ def test_a_listed_when_is_checked_value_by_value_and_says_a_knob_drawn_with_a_lo
     """`when: {stage_two.loss: [nt_xent, bpr]}`: each listed value is one the params accept and a trial can have; a
     temperature listed with every loss but hinge is drawn only where it acts, so nothing is said; listed with hinge,
     it is said (with hinge alone, refused) as a temperature searched beside hinge without a `when` is."""
-    from tqc.tune import check_space
+    from tqc.tuning.space import check_space
 
     def space(dimensions: dict, **base) -> Params:
         return Params.model_validate({"tune": {"space": dimensions}, **base})
@@ -992,7 +996,7 @@ def test_a_listed_when_is_checked_value_by_value_and_says_a_knob_drawn_with_a_lo
 
 def test_the_tuner_refuses_values_that_clash_together_or_can_never_be_drawn_before_any_work():
     from tqc.config import ConfigError
-    from tqc.tune import check_space
+    from tqc.tuning.space import check_space
 
     def space(dimensions: dict, **base) -> Params:
         return Params.model_validate({"tune": {"space": dimensions}, **base})
@@ -1028,7 +1032,8 @@ def test_a_trial_that_ties_the_best_keeps_its_models_and_a_best_without_models_s
     models; a best trial whose models are not here (another machine, or dropped) has test: null and the reason."""
 
     from tqc.pipeline import PreparedData
-    from tqc.tune import _trial_summary, _worth_keeping
+    from tqc.tuning.reports import _trial_summary
+    from tqc.tuning.trials import _worth_keeping
 
     study = SimpleNamespace(best_value=0.8)
     assert _worth_keeping(SimpleNamespace(user_attrs={}, study=study), 0.8)  # a tie
@@ -1043,7 +1048,7 @@ def test_a_best_whose_models_another_worker_drops_while_it_is_read_is_reported_w
     first one read (tune.keep_models false). The report says so, and the worker does not stop on the vanished file."""
     import shutil
 
-    from tqc import tune as tuning
+    from tqc.tuning import reports
     from tqc.pipeline import PreparedData
 
     model_dir = tmp_path / "trial-0003" / "stage_two"
@@ -1054,9 +1059,9 @@ def test_a_best_whose_models_another_worker_drops_while_it_is_read_is_reported_w
         shutil.rmtree(model_dir.parent)  # the other worker's _drop_former_bests
         raise FileNotFoundError(model_dir / "model.safetensors")
 
-    monkeypatch.setattr(tuning, "_test_metrics", dropped_meanwhile)
+    monkeypatch.setattr(reports, "_test_metrics", dropped_meanwhile)
     trial = SimpleNamespace(number=3, value=0.8, params={"mine.k": 4}, user_attrs={})
-    summary = tuning._trial_summary(trial, tmp_path, PreparedData(tmp_path, tmp_path / "train.jsonl"), Params())
+    summary = reports._trial_summary(trial, tmp_path, PreparedData(tmp_path, tmp_path / "train.jsonl"), Params())
     assert summary["test"] is None and "dropped while it was read" in summary["test_missing"]
 
 
@@ -1064,10 +1069,10 @@ def test_a_worker_whose_best_another_worker_outdid_while_it_was_read_reports_the
     """Two workers on one study (tune.keep_models false): the other worker's trial 2 was recorded above the best one
     worker had read, and dropped that best's models while its reports scored them. Its summary, best_params.yaml and
     MLflow metric named the older best, without test figures; the best is now read again, and the new one reported."""
-    from tqc import tune as tuning
+    from tqc.tuning import reports, trials
 
     study, objective, params = _study_of_stub_trials(tmp_path, monkeypatch, [0.6, 0.7, 0.8])
-    callback = tuning.dropping_former_bests(tmp_path / "study", params)
+    callback = trials.dropping_former_bests(tmp_path / "study", params)
     study.optimize(objective, n_trials=2, callbacks=[callback])  # the baseline, then trial 1: the best, its models kept
     models = lambda number: tmp_path / "study" / f"trial-{number:04d}" / "stage_two" / "tqc_model.json"
     for number in (0, 1):
@@ -1084,8 +1089,8 @@ def test_a_worker_whose_best_another_worker_outdid_while_it_was_read_reports_the
         scored.append(model_dir.parent.name)
         return {"accuracy": 0.9, "macro_f1": 0.85, "n": 10}
 
-    monkeypatch.setattr(tuning, "_test_metrics", the_other_worker_outdoes_it)
-    result = tuning.write_reports(study, params, None, tmp_path / "study", tmp_path / "reports")
+    monkeypatch.setattr(reports, "_test_metrics", the_other_worker_outdoes_it)
+    result = reports.write_reports(study, params, None, tmp_path / "study", tmp_path / "reports")
     assert result.summary["best"]["number"] == 2 and result.summary["best"]["test"]["macro_f1"] == 0.85
     assert "trial 2: validation macro-F1 0.8000" in (tmp_path / "reports" / "best_params.yaml").read_text()
     assert scored == ["trial-0002", "trial-0000"]  # the new best, then the baseline
@@ -1100,7 +1105,7 @@ def _study_of_stub_trials(tmp_path: Path, monkeypatch, values: list, space: dict
     instead; a list is a curve, each epoch's validation macro-F1 reported as stage one's, the best returned).
     → (study, objective, params), the study's folder tmp_path/study, its trials trained by code CODE; `objective_of`
     gives the objective of other code."""
-    from tqc import tune as tuning
+    from tqc.tuning import trials
 
     scores = iter(values)
 
@@ -1115,29 +1120,29 @@ def _study_of_stub_trials(tmp_path: Path, monkeypatch, values: list, space: dict
         best = max(score) if isinstance(score, list) else score
         return SimpleNamespace(fits={"stage_two": SimpleNamespace(best_validation_macro_f1=best)})
 
-    monkeypatch.setattr(tuning, "train_chain", chain)
+    monkeypatch.setattr(trials, "train_chain", chain)
     # by default a float range, whose draws never repeat one another (a repeat would train nothing)
     space = space or {"stage_one.temperature": {"low": 0.05, "high": 0.5}}
     params = Params.model_validate({"tracking": {"enabled": False}, "tune": {"space": space}})
     study = optuna.create_study(direction="maximize", pruner=pruner or optuna.pruners.NopPruner())
-    base_values = default_values(params.tune.space, tuning.flat_base(params))
+    base_values = default_values(params.tune.space, flat_base(params))
     study.enqueue_trial({}, user_attrs={"baseline": True, "base_values": base_values})
     return study, objective_of(tmp_path, params, CODE), params
 
 
 def objective_of(tmp_path: Path, params: Params, version: str):
     """tune's objective for a worker whose code is `version`, the study's folder tmp_path/study."""
-    from tqc import tune as tuning
+    from tqc.tuning import trials
     from tqc.pipeline import PreparedData
 
-    return tuning._objective(params, params.tune.space, tuning.flat_base(params),
-                             PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path / "study", 0, version)
+    return trials.make_objective(params, params.tune.space, flat_base(params),
+                                 PreparedData(tmp_path, tmp_path / "train.jsonl"), tmp_path / "study", 0, version)
 
 
 def test_a_trial_stopped_by_ctrl_c_or_by_an_error_that_stops_the_worker_keeps_its_reason(tmp_path, monkeypatch):
     """Optuna fails a trial whose objective raised anything outside TRIAL_FAILURES (KeyboardInterrupt too) and keeps
     no reason: the study showed it FAIL with nothing to say why, where a heartbeat-failed trial keeps one."""
-    from tqc.tune import failure_reasons
+    from tqc.tuning.study import failure_reasons
 
     study, objective, _ = _study_of_stub_trials(tmp_path, monkeypatch, [KeyboardInterrupt(), ValueError("a bug\nhere")])
     with pytest.raises(KeyboardInterrupt):  # still stops the tuner
@@ -1154,7 +1159,8 @@ def test_a_refusal_in_training_fails_its_trial_alone_only_where_it_names_a_param
     """A ConfigError raised once the model is built is the draw's fault only where it names a param the trial drew;
     the baseline's (it draws nothing), or one naming no drawn param (a model folder unreadable), would fail every
     trial alike: it stops the worker, loudly, with its reason kept, where the draw's fails its trial alone."""
-    from tqc.tune import TRIAL_FAILURES, failure_reasons
+    from tqc.tuning.study import failure_reasons
+    from tqc.tuning.trials import TRIAL_FAILURES
 
     study, objective, _ = _study_of_stub_trials(tmp_path, monkeypatch, [
         ConfigError("stage_one.temperature 0.1: refused by the model"),  # the baseline's: the base params' fault
@@ -1179,7 +1185,7 @@ def test_a_refusal_in_training_fails_its_trial_alone_only_where_it_names_a_param
 
 def _part_trained(tmp_path: Path, *trials: int) -> list[str]:
     """The model folders these trials of _study_of_stub_trials' study left."""
-    from tqc.tune import trial_dir_of
+    from tqc.tuning.trials import trial_dir_of
 
     return [f"{number}/{name}" for number in trials for name in ("stage_one", "stage_two")
             if (trial_dir_of(tmp_path / "study", number) / name).exists()]
@@ -1189,7 +1195,7 @@ def test_a_tuned_warm_up_margin_reaches_each_trials_warm_up_whose_models_are_dro
                                                                                                    tiny_model_dir):
     """With warmup.enabled, every trial warms up first (pipeline.train_chain), with the margin it drew; its warm-up
     model is dropped with its encoders where tune.keep_models says so."""
-    from tqc.tune import _drop_models
+    from tqc.tuning.trials import _drop_models
 
     raw = tuning_params(tmp_path, tiny_model_dir, keep_models=True, trials=2)
     raw["tune"]["space"] = {"warmup.margin": {"low": 0.2, "high": 0.9}}
@@ -1213,7 +1219,7 @@ def test_a_tuned_warm_up_margin_reaches_each_trials_warm_up_whose_models_are_dro
 def test_a_new_best_drops_the_models_of_the_bests_it_outdid_and_the_baseline_keeps_its_own(tmp_path, monkeypatch):
     """With tune.keep_models false, each trial that became the best kept its two encoders to the end, though only
     the final best and the baseline are scored on test: a long study kept every successive best."""
-    from tqc.tune import dropping_former_bests
+    from tqc.tuning.trials import dropping_former_bests
 
     # the baseline, then trials 1..4
     study, objective, params = _study_of_stub_trials(tmp_path, monkeypatch, [0.6, 0.5, 0.7, 0.8, 0.75])
@@ -1225,7 +1231,7 @@ def test_a_new_best_drops_the_models_of_the_bests_it_outdid_and_the_baseline_kee
 def test_a_trial_another_worker_outdid_while_it_ran_drops_its_models_once_recorded(tmp_path, monkeypatch):
     """Two workers on one study: trial 1 ended above the best, so kept its models, but trial 2 (the other worker's)
     was recorded complete above it first, and dropped only the trials complete by then. Trial 1 is never scored."""
-    from tqc.tune import dropping_former_bests
+    from tqc.tuning.trials import dropping_former_bests
 
     # the baseline, then trial 1, then trial 2
     study, objective, params = _study_of_stub_trials(tmp_path, monkeypatch, [0.6, 0.7, 0.8])
@@ -1245,7 +1251,7 @@ def test_a_new_best_stopped_before_it_is_recorded_leaves_the_best_it_would_have_
                                                                                                   monkeypatch):
     """A worker stopped (cancelled, killed, its storage gone) once a new best's objective returned but before Optuna
     recorded it complete: the study's best is still the former best, whose models are scored on test at the end."""
-    from tqc.tune import dropping_former_bests
+    from tqc.tuning.trials import dropping_former_bests
 
     # the baseline, then trial 1 (the best), then trial 2, which is never recorded
     study, objective, params = _study_of_stub_trials(tmp_path, monkeypatch, [0.6, 0.7, 0.8])
@@ -1264,7 +1270,7 @@ def test_a_new_best_stopped_before_it_is_recorded_leaves_the_best_it_would_have_
 def test_a_storage_that_cannot_hold_a_study_is_refused_by_its_setting_before_any_data_is_prepared(storage, said):
     """SQLAlchemy's own words ("Could not parse SQLAlchemy URL", "unable to open database file") came after the data was
     prepared, and named neither tune.storage nor the URL; MLflow uses SQLAlchemy too."""
-    from tqc.tune import check_storage
+    from tqc.tuning.study import check_storage
 
     with pytest.raises(ConfigError, match=rf"tune.storage {re.escape(repr(storage))}: {said}"):
         check_storage(storage)
@@ -1273,7 +1279,7 @@ def test_a_storage_that_cannot_hold_a_study_is_refused_by_its_setting_before_any
 
 
 def test_a_password_in_a_refused_storage_url_is_not_said():
-    from tqc.tune import check_storage
+    from tqc.tuning.study import check_storage
 
     with pytest.raises(ConfigError) as refused:
         check_storage("postgresql://tqc:hunter2@db.example:notaport/optuna")
@@ -1289,12 +1295,13 @@ def test_a_storage_that_cannot_be_opened_is_said_in_one_line_naming_it_before_an
         tmp_path, monkeypatch, storage, said):
     """Opened only after the data was prepared, it stopped with SQLAlchemy's own lines (SQL, a link) as `error from
     sqlalchemy`, naming neither tune.storage nor its URL."""
-    from tqc import tune as tuning
+    from tqc import tune as tune_entry
+    from tqc.tuning import study as tuning_study
 
     (tmp_path / "not-a-database.db").write_text("question,label\n")
     storage = storage.format(tmp=tmp_path)
-    monkeypatch.setattr(tuning, "prepare_data", lambda *_: pytest.fail("the data was prepared first"))
-    monkeypatch.setattr(tuning, "time", SimpleNamespace(sleep=lambda _: None), raising=False)  # no waits between tries
+    monkeypatch.setattr(tune_entry, "prepare_data", lambda *_: pytest.fail("the data was prepared first"))
+    monkeypatch.setattr(tuning_study, "time", SimpleNamespace(sleep=lambda _: None), raising=False)  # no waits between tries
     params = Params.model_validate({"tune": {"storage": storage, "space": {"mine.k": {"low": 1, "high": 3}}}})
     with pytest.raises(ConfigError) as refused:
         tune(params, tmp_path / "reports", tmp_path / "work")
@@ -1306,9 +1313,9 @@ def test_a_storage_that_cannot_be_opened_is_said_in_one_line_naming_it_before_an
 def test_a_tracking_store_that_cannot_be_made_is_said_before_any_data_is_prepared(tmp_path, monkeypatch):
     """It was opened with the study's MLflow run, after the data was prepared: minutes of ingest, validate and augment
     before the misspelt folder was said."""
-    from tqc import tune as tuning
+    from tqc import tune as tune_entry
 
-    monkeypatch.setattr(tuning, "prepare_data", lambda *_: pytest.fail("the data was prepared first"))
+    monkeypatch.setattr(tune_entry, "prepare_data", lambda *_: pytest.fail("the data was prepared first"))
     params = Params.model_validate({
         "tune": {"storage": f"sqlite:///{tmp_path}/optuna.db", "space": {"mine.k": {"low": 1, "high": 3}}},
         "tracking": {"enabled": True, "uri": f"sqlite:///{tmp_path}/no-such-folder/mlflow.db"}})
@@ -1333,7 +1340,7 @@ def test_tuning_for_several_processes_says_its_stage_one_trains_with_other_in_ba
 def test_a_losss_own_knob_searched_where_no_trial_trains_that_loss_is_refused(caplog):
     """stage_two.margin acts only under hinge and smoothing only under sdml (`losses.make_loss`): searched with the
     loss fixed at nt_xent, half the dimensions did nothing and best_params.yaml carried chance values."""
-    from tqc.tune import check_space
+    from tqc.tuning.space import check_space
 
     def space(dimensions: dict, **base) -> Params:
         return Params.model_validate({"tune": {"space": dimensions}, **base})
@@ -1363,11 +1370,12 @@ def test_a_losss_own_knob_searched_where_no_trial_trains_that_loss_is_refused(ca
 def test_tune_ends_with_the_best_against_the_baseline_and_how_to_apply_it(tmp_path, monkeypatch, capsys, best_number, said):
     """It printed the tuned values as a Python dict; where they are and how to apply them was in the log only."""
     from tqc import cli
-    from tqc import tune as tuning
+    from tqc import tune as tune_entry
+    from tqc.tuning import reports
 
     baseline = {"number": 0, "validation_macro_f1": 0.80, "params": {"mine.k": 2}}
     best = baseline if best_number == 0 else {"number": best_number, "validation_macro_f1": 0.81, "params": {"mine.k": 5}}
-    monkeypatch.setattr(tuning, "tune", lambda *_, **__: tuning.TuneResult("s", {}, {"best": best, "baseline": baseline}))
+    monkeypatch.setattr(tune_entry, "tune", lambda *_, **__: reports.TuneResult("s", {}, {"best": best, "baseline": baseline}))
     params_file = tmp_path / "team.yaml"
     params_file.write_text("tracking: {enabled: false}\n")
     assert cli.main(["--params", str(params_file), "tune", "--out", str(tmp_path / "out")]) == 0
@@ -1389,7 +1397,7 @@ def test_an_importance_plot_from_fewer_than_ten_trials_says_it_is_noise(tmp_path
     """fANOVA ranks a study's knobs from its trials; from three it draws a confident bar chart out of noise."""
     import matplotlib.figure
 
-    from tqc.tune import IMPORTANCE_MIN_TRIALS, _plots, importance_caveat
+    from tqc.tuning.reports import _plots, importance_caveat, IMPORTANCE_MIN_TRIALS
 
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
     study.optimize(lambda trial: trial.suggest_float("x", 0, 1) + trial.suggest_float("y", 0, 1) / 10, n_trials=3)
@@ -1414,7 +1422,7 @@ def test_an_importance_plot_from_fewer_than_ten_trials_says_it_is_noise(tmp_path
 def test_the_apply_command_names_a_params_file_other_than_params_yaml():
     """best_params.yaml's comment said `tqc tune --apply …` for a study run with `--params team.yaml`, which would
     have written the values into params.yaml."""
-    from tqc.tune import apply_command
+    from tqc.tuning.reports import apply_command
 
     out = Path("reports/tuning")
     assert apply_command(Path("params.yaml"), out) == "tqc tune --apply reports/tuning/best_params.yaml"
@@ -1422,15 +1430,15 @@ def test_the_apply_command_names_a_params_file_other_than_params_yaml():
 
 
 def test_a_study_run_with_another_params_file_writes_its_apply_command(tmp_path, monkeypatch):
-    from tqc import tune as tuning
+    from tqc.tuning import reports
 
     study = optuna.create_study(direction="maximize")
     study.add_trial(optuna.trial.create_trial(value=0.9, params={"mine.k": 3},
                                               distributions={"mine.k": optuna.distributions.IntDistribution(1, 5)}))
-    monkeypatch.setattr(tuning, "_trial_summary", lambda trial, *_: {"number": trial.number, "validation_macro_f1": trial.value})
-    monkeypatch.setattr(tuning, "_plots", lambda *_: None)
+    monkeypatch.setattr(reports, "_trial_summary", lambda trial, *_: {"number": trial.number, "validation_macro_f1": trial.value})
+    monkeypatch.setattr(reports, "_plots", lambda *_: None)
     out = tmp_path / "reports"
-    tuning.write_reports(study, Params(), None, tmp_path / "study", out, params_file=Path("conf/team.yaml"))
+    reports.write_reports(study, Params(), None, tmp_path / "study", out, params_file=Path("conf/team.yaml"))
     assert (out / "best_params.yaml").read_text().splitlines()[1] == (
         f"# apply with: tqc --params conf/team.yaml tune --apply {out / 'best_params.yaml'}")
 
@@ -1467,7 +1475,8 @@ def test_a_trial_that_draws_what_a_complete_trial_trained_takes_its_value_and_tr
     small discrete space) trained the same model again, at full cost. Only complete trials count: a failed one's
     values train again, and the baseline, the mark to beat, always trains."""
     from tqc.metrics import DivergedScores
-    from tqc.tune import TRIAL_FAILURES, dropping_former_bests, repeated_trials
+    from tqc.tuning.reports import repeated_trials
+    from tqc.tuning.trials import dropping_former_bests, TRIAL_FAILURES
 
     # trained: the baseline (K = 5), K = 2, K = 3 (fails), K = 3 again; the second K = 2 and the K = 5 are repeats
     study, objective, params = _study_of_stub_trials(tmp_path, monkeypatch, [0.6, 0.7, DivergedScores("nan"), 0.65],
@@ -1508,7 +1517,7 @@ def test_a_hinge_trial_repeats_another_whatever_temperature_hinge_never_reads(tm
 def test_a_repeat_asks_the_pruner_at_each_step_so_hyperband_counts_its_rungs():
     """Hyperband (successive halving) records a trial's rung only when the trial asks `should_prune`; a repeat that
     only reported its epochs was left out of the rungs later trials are compared with (helper 123's point)."""
-    from tqc.tune import _repeat
+    from tqc.tuning.trials import _repeat
 
     # hyperband runs this pruner in each of its brackets, a trial's bracket drawn from the study's random name
     study = optuna.create_study(direction="maximize", pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=1))
@@ -1525,16 +1534,16 @@ def test_a_repeat_asks_the_pruner_at_each_step_so_hyperband_counts_its_rungs():
 def test_a_best_that_repeats_a_trial_is_reported_as_the_trial_it_repeats(tmp_path, monkeypatch):
     """A database breaks no tie by trial order, so the study's best may be a repeat, which trained no model: the report
     names the trial that did, whose models are kept and scored on test."""
-    from tqc import tune as tuning
+    from tqc.tuning import reports
 
     study = optuna.create_study(direction="maximize")
     k = {"mine.k": optuna.distributions.IntDistribution(1, 5)}
     for attrs in ({}, {"repeats": 0}):
         study.add_trial(optuna.trial.create_trial(value=0.9, params={"mine.k": 3}, distributions=k, user_attrs=attrs))
     monkeypatch.setattr(optuna.Study, "best_trial", property(lambda self: self.trials[1]))  # as a database may answer
-    monkeypatch.setattr(tuning, "_trial_summary", lambda trial, *_: {"number": trial.number, "validation_macro_f1": trial.value})
-    monkeypatch.setattr(tuning, "_plots", lambda *_: None)
-    result = tuning.write_reports(study, Params(), None, tmp_path / "study", tmp_path / "reports")
+    monkeypatch.setattr(reports, "_trial_summary", lambda trial, *_: {"number": trial.number, "validation_macro_f1": trial.value})
+    monkeypatch.setattr(reports, "_plots", lambda *_: None)
+    result = reports.write_reports(study, Params(), None, tmp_path / "study", tmp_path / "reports")
     assert result.summary["best"]["number"] == 0 and result.best_params == {"mine": {"k": 3}}
     assert "trial 0: validation macro-F1 0.9000" in (tmp_path / "reports" / "best_params.yaml").read_text()
 
@@ -1543,7 +1552,7 @@ def test_narrowing_the_shipped_loss_choices_as_the_docs_show_passes_the_space_ch
     """docs/tracking.md's `--set` example: the shipped temperature's `when` lists bpr, which this space no longer
     draws, beside losses it does; before lists could name such values, the shipped space refused it."""
     from tqc.cli import parse_overrides
-    from tqc.tune import check_space
+    from tqc.tuning.space import check_space
 
     shipped = Path(__file__).resolve().parents[2] / "params.yaml"
     narrowed = load_params(shipped, parse_overrides(["tune.space.stage_two.loss={choices: [nt_xent, sdml, hinge]}"]))
@@ -1554,7 +1563,7 @@ def test_narrowing_the_shipped_loss_choices_as_the_docs_show_passes_the_space_ch
 def test_a_listed_when_value_no_trial_has_is_not_checked_with_the_dimensions_edges():
     """Such a value never acts (4be81d1): a logit adjustment listed with hinge, where no trial draws hinge, was refused
     as hinge with logit_adjustment 1.0, a pair no trial can draw. One a trial can have is still checked."""
-    from tqc.tune import check_space
+    from tqc.tuning.space import check_space
 
     def space(losses: list[str]) -> Params:
         return Params.model_validate({"tune": {"space": {
@@ -1584,7 +1593,7 @@ def test_a_trial_repeats_only_a_trial_its_own_code_trained(tmp_path, monkeypatch
     """A study resumed after a fix in training: a trial that drew what an older code's trial trained took its value,
     which the current code never produced. It trains; a later draw repeats the trial this code trained. An edited
     tree's version is its edits' (`code_version`): one edit run twice repeats itself; 'unknown' never repeats."""
-    from tqc.tune import repeated_trials
+    from tqc.tuning.reports import repeated_trials
 
     study, objective, params = _study_of_stub_trials(tmp_path, monkeypatch, [0.6, 0.7, 0.65, 0.5, 0.4, 0.45],
                                                      space={"mine.k": {"low": 1, "high": 6}})
@@ -1603,7 +1612,7 @@ def test_a_worker_joining_a_study_of_other_code_says_how_many_and_the_summary_co
                                                                                           caplog):
     """Resumed after the code changed, a study mixed two codes' trials silently, its best maybe an old one: said in
     one line as a worker joins (not refused: a docs-only commit is another version too), and counted in summary.json."""
-    from tqc import tune as tuning
+    from tqc.tuning import reports, study as tuning_study
 
     study = optuna.create_study(direction="maximize")
     k = {"mine.k": optuna.distributions.IntDistribution(1, 5)}
@@ -1612,18 +1621,18 @@ def test_a_worker_joining_a_study_of_other_code_says_how_many_and_the_summary_co
                          (0.6, {"code_version": CODE})):
         study.add_trial(optuna.trial.create_trial(value=value, params={"mine.k": 3}, distributions=k, user_attrs=attrs))
     with caplog.at_level(logging.WARNING, logger="tqc.tune"):
-        tuning.warn_of_other_code(study, CODE)
+        tuning_study.warn_of_other_code(study, CODE)
     (said,) = [record.getMessage() for record in caplog.records if record.name == "tqc.tune"]
     assert ("holds 3 complete trials of other code than this worker's c0dec0dec0 (2 of 0123456789, 1 of not recorded): "
             "their validation macro-F1 came from that code, not this; the study's best, trial 0, is one of them") in said
-    monkeypatch.setattr(tuning, "_trial_summary", lambda trial, *_: {"number": trial.number})
-    monkeypatch.setattr(tuning, "_plots", lambda *_: None)
-    summary = tuning.write_reports(study, Params(), None, tmp_path / "study", tmp_path / "reports", version=CODE).summary
+    monkeypatch.setattr(reports, "_trial_summary", lambda trial, *_: {"number": trial.number})
+    monkeypatch.setattr(reports, "_plots", lambda *_: None)
+    summary = reports.write_reports(study, Params(), None, tmp_path / "study", tmp_path / "reports", version=CODE).summary
     assert summary["code_version"] == CODE and summary["other_code_version"] == 3
     assert json.loads((tmp_path / "reports" / "summary.json").read_text())["other_code_version"] == 3
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="tqc.tune"):
-        tuning.warn_of_other_code(study, older)  # its best is still other code's: the one without a version
+        tuning_study.warn_of_other_code(study, older)  # its best is still other code's: the one without a version
     assert "holds 2 complete trials of other code than this worker's 0123456789 (1 of not recorded, 1 of c0dec0dec0)" \
            in caplog.text and "the study's best, trial 0, is one of them" in caplog.text
 
@@ -1632,7 +1641,7 @@ def test_a_trial_that_draws_what_a_pruned_trial_trained_is_pruned_on_its_epochs_
                                                                                                    monkeypatch, caplog):
     """Same values, seed and code: the same epochs, which the pruner pruned. Reported again, the pruner asked at each,
     the trial is pruned without training them again; a pruned trial of other code is trained again."""
-    from tqc.tune import repeated_trials
+    from tqc.tuning.reports import repeated_trials
 
     # the baseline, K = 2 (pruned at its first epoch, below the baseline's), K = 3; then K = 2 under other code
     study, objective, params = _study_of_stub_trials(
@@ -1678,7 +1687,8 @@ def test_a_pruned_trials_values_drawn_where_the_pruner_now_lets_its_epochs_throu
 def test_a_baseline_other_code_trained_is_queued_again_and_the_reports_compare_with_the_new_one(tmp_path, monkeypatch):
     """The baseline is the mark the search must beat: resumed after a fix in training, the study compared this code's
     best with the old code's baseline. A waiting one counts, whatever code will run it: one is queued, not one a worker."""
-    from tqc.tune import current_baseline, enqueue_baseline
+    from tqc.tuning.reports import current_baseline
+    from tqc.tuning.study import enqueue_baseline
 
     study, objective, params = _study_of_stub_trials(tmp_path, monkeypatch, [0.6, 0.65])
     study.optimize(objective, n_trials=1)
@@ -1696,7 +1706,7 @@ def test_a_baseline_other_code_trained_is_queued_again_and_the_reports_compare_w
 def test_a_replayed_pruned_trial_is_judged_on_hyperbands_rungs_as_a_trained_one_would_be():
     """Hyperband's brackets run successive halving, which judges a trial at each rung step against the others there, and
     records its rung only when asked: the replay asks at each epoch, as training does."""
-    from tqc.tune import _replay_pruned
+    from tqc.tuning.trials import _replay_pruned
 
     study = optuna.create_study(direction="maximize",
                                 pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2))
@@ -1737,22 +1747,22 @@ def _study_of_every_trial_state(params: Params):
 
 def test_the_reports_are_pinned_file_for_file(tmp_path, monkeypatch, caplog):
     """Every file write_reports writes, whole, and nothing else: a refactoring that changes a byte of them fails."""
-    from tqc import tune as tuning
+    from tqc.tuning import reports
 
     params = Params.model_validate({"tracking": {"enabled": False},
                                     "tune": {"study": "pinned", "space": {"mine.k": {"low": 1, "high": 5}}}})
     study = _study_of_every_trial_state(params)
     plotted = []
-    monkeypatch.setattr(tuning, "_plots", lambda study, out_dir: plotted.append(out_dir))  # matplotlib's PNG bytes vary
+    monkeypatch.setattr(reports, "_plots", lambda study, out_dir: plotted.append(out_dir))  # matplotlib's PNG bytes vary
     out = tmp_path / "new" / "reports"
     with caplog.at_level(logging.INFO, logger="tqc.tune"):
-        result = tuning.write_reports(study, params, None, tmp_path / "study", out, Path("conf/team.yaml"), CODE)
+        result = reports.write_reports(study, params, None, tmp_path / "study", out, Path("conf/team.yaml"), CODE)
 
     missing = lambda number: (f"no model in {tmp_path / 'study' / f'trial-{number:04d}' / 'stage_two'}: the trial ran on "
                               "another machine, or its models were dropped (tune.keep_models: false) before it became "
                               "the best")
     summary = {
-        "study": "pinned", "dataset": "trec6", "trained_with": tuning.trained_with(params),
+        "study": "pinned", "dataset": "trec6", "trained_with": reports.trained_with(params),
         "objective": "validation macro-F1 of stage two (the best epoch)",
         "trials": {"COMPLETE": 4, "PRUNED": 1, "FAIL": 1}, "repeated": 1, "repeated_pruned": 1, "code_version": CODE,
         "other_code_version": 1, "workers": ["a:1:0", "b:2:1"],
@@ -1770,8 +1780,8 @@ def test_the_reports_are_pinned_file_for_file(tmp_path, monkeypatch, caplog):
         "mine:\n  k: 3\n")
     assert list(result.summary.items()) == list(summary.items())  # the keys' order too: summary.json keeps it
     assert (out / "summary.json").read_text(encoding="utf-8") == json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
-    assert (out / "trials.csv").read_text(encoding="utf-8") == tuning._trials_table(study).to_csv(index=False)
-    assert result == tuning.TuneResult("pinned", {"mine": {"k": 3}}, summary)
+    assert (out / "trials.csv").read_text(encoding="utf-8") == reports._trials_table(study).to_csv(index=False)
+    assert result == reports.TuneResult("pinned", {"mine": {"k": 3}}, summary)
     assert [r.getMessage() for r in caplog.records if r.name == "tqc.tune"] == [
         f"tune: best trial 1 validation macro-F1 0.9000 (baseline 0.8000); wrote {out}"]
 

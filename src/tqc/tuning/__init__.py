@@ -1,0 +1,1 @@
+"""`tqc tune`'s parts; `tqc.tune.tune` runs them."""
