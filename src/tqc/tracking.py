@@ -48,6 +48,14 @@ def tracking_uri(params: TrackingParams) -> str:
     return params.uri or os.environ.get("MLFLOW_TRACKING_URI") or LOCAL_STORE
 
 
+def chosen_by(params: TrackingParams, where: str = "tracking.uri") -> str:
+    """The setting that chose `tracking_uri(params)`, which an error about that store names: `where` (tracking.uri,
+    of which file), else $MLFLOW_TRACKING_URI; neither chose the local store, which either would replace."""
+    if params.uri:
+        return where
+    return "$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else f"{where} (or $MLFLOW_TRACKING_URI)"
+
+
 def sqlite_file(uri: str) -> Path | None:
     """The database file of a `sqlite:///` store (None for any other store)."""
     return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None

@@ -80,11 +80,11 @@ def test_a_csv_or_jsonl_file_gives_its_question_column_not_its_header_or_raw_jso
         assert [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()] == expected
 
     (tmp_path / "gappy.csv").write_text("utterance,intent\nwhere is paris,loc\n,hum\n")
-    with caplog.at_level("WARNING", logger="tqc.cli"):
+    with caplog.at_level("WARNING", logger="tqc.predict_command"):
         assert main(ask + ["--file", str(tmp_path / "gappy.csv")]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 1
     assert "gappy.csv: line(s) 3 have no question: not scored" in caplog.text
-    with caplog.at_level("WARNING", logger="tqc.cli"):
+    with caplog.at_level("WARNING", logger="tqc.predict_command"):
         assert main(ask[:-2] + ["where is paris", " ", "who wrote it"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
     assert "question argument(s) 2 have no question: not scored" in caplog.text
@@ -739,7 +739,7 @@ def test_a_question_with_no_character_the_tokenizer_reads_is_no_question(tiny_mo
         matcher.predict(None, pd.DataFrame({"question": ["where is paris", *TOKENLESS, "où est-ce é"]}))
 
     (tmp_path / "odd.txt").write_text("\n".join(["where is paris", *TOKENLESS, "who wrote it"]) + "\n", encoding="utf-8")
-    with caplog.at_level("WARNING", logger="tqc.cli"):
+    with caplog.at_level("WARNING", logger="tqc.predict_command"):
         assert main(["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
                      "--file", str(tmp_path / "odd.txt")]) == 0
     assert "odd.txt: line(s) 2, 3, 4, 5, 6 have no question: not scored" in caplog.text
@@ -803,7 +803,7 @@ def test_blank_lines_of_a_question_file_are_named_and_stdin_is_read_as_utf8_byte
     ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl")]
     (tmp_path / "gappy.txt").write_text("where is paris\n\n\u200b \u2060\nwho wrote it\n", encoding="utf-8")
 
-    with caplog.at_level("WARNING", logger="tqc.cli"):
+    with caplog.at_level("WARNING", logger="tqc.predict_command"):
         assert main([*ask, "--file", str(tmp_path / "gappy.txt")]) == 0
     assert [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()] == ["where is paris", "who wrote it"]
     assert "gappy.txt: line(s) 2, 3 have no question: not scored" in caplog.text
@@ -836,7 +836,7 @@ def test_prior_auto_says_when_the_model_folder_has_no_prior_file_beside_it(tiny_
 def test_predict_scores_a_long_file_in_chunks_with_the_answers_of_one_pass(tiny_model_dir, tmp_path, capsys, monkeypatch):
     """A file is scored PREDICT_CHUNK questions at a time (bounded memory, streamed output); the answers are the
     one-pass answers, in the file's order, for each rule."""
-    from tqc import cli
+    from tqc import predict_command
 
     torch.manual_seed(0)
     tiny_bi_encoder(tiny_model_dir).eval().save(tmp_path / "model")
@@ -856,7 +856,7 @@ def test_predict_scores_a_long_file_in_chunks_with_the_answers_of_one_pass(tiny_
     for rule in ([], ["--exemplars", str(tmp_path / "train.jsonl"), "--exemplar-k", "1", "--exemplar-cache", "none"]):
         answers = {}
         for chunk in (len(questions), 5):  # one pass, then chunks of 5, 5 and 2
-            monkeypatch.setattr(cli, "PREDICT_CHUNK", chunk)
+            monkeypatch.setattr(predict_command, "PREDICT_CHUNK", chunk)
             scored.clear()
             assert main(base + rule) == 0
             assert scored == ([12] if chunk == len(questions) else [5, 5, 2])
@@ -1041,14 +1041,14 @@ def test_the_served_model_says_once_which_questions_it_cuts_at_max_length(tiny_m
 def test_predict_says_once_which_arguments_and_lines_it_cuts_at_max_length(tiny_model_dir, tmp_path, capsys, caplog,
                                                                           monkeypatch):
     """By their arguments and the file's lines, across all the chunks a file is scored in, and not again by rows."""
-    from tqc import cli
+    from tqc import predict_command
 
     torch.manual_seed(0)
     tiny_bi_encoder(tiny_model_dir, max_length=8).save(tmp_path / "model")
     CATALOG.save(tmp_path / "catalog.jsonl")
     (tmp_path / "long.txt").write_text("\n".join(["who wrote it", NINE_TOKENS, "", EIGHT_TOKENS, NINE_TOKENS,
                                                   "how many cats"]) + "\n", encoding="utf-8")
-    monkeypatch.setattr(cli, "PREDICT_CHUNK", 2)
+    monkeypatch.setattr(predict_command, "PREDICT_CHUNK", 2)
     with caplog.at_level("WARNING"):
         assert main(["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
                      NINE_TOKENS, "where is paris", "--file", str(tmp_path / "long.txt")]) == 0
