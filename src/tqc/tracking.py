@@ -86,11 +86,10 @@ def answering(uri: str, way_out: str, setting: str = SETTING) -> str:
     store (an MLflow server) is left to MLflow, whose retries tqc bounds (`offline_mlflow`). Errors name `setting`,
     what chose `uri`."""
     from mlflow.exceptions import MlflowException
-    from mlflow.store.db.db_types import DATABASE_ENGINES
 
-    engine_name = uri.split("://", 1)[0].split("+", 1)[0].lower()
-    if engine_name not in DATABASE_ENGINES or "://" not in uri:
+    if not _is_database(uri):
         return uri
+    engine_name = uri.split("://", 1)[0].split("+", 1)[0].lower()
     import sqlalchemy
     from sqlalchemy.pool import NullPool
 
@@ -118,6 +117,13 @@ def answering(uri: str, way_out: str, setting: str = SETTING) -> str:
     finally:
         engine.dispose()
     return uri
+
+
+def _is_database(uri: str) -> bool:
+    """Whether `uri` names a database MLflow opens itself (SQLite, PostgreSQL, MySQL, SQL Server), not a server."""
+    from mlflow.store.db.db_types import DATABASE_ENGINES
+
+    return "://" in uri and uri.split("://", 1)[0].split("+", 1)[0].lower() in DATABASE_ENGINES
 
 
 # The connect_args key of each driver's connection timeout, in seconds (SQLite's waits on a locked file)
@@ -525,10 +531,25 @@ def _stage_params(stage: str, params: Params) -> dict:
 
 
 def check_store(params: TrackingParams) -> None:
-    """The store a command will log to opens (when tracking is on): said before the command's work, not after it
-    (tuning prepares its data for minutes before its run opens)."""
-    if params.enabled:
-        _client_and_experiment(params)
+    """The store a command will log to can be made or answers (when tracking is on): said before the command's work,
+    not after it (tuning prepares its data for minutes before its run opens). It only reads: no database file, table
+    or experiment is made here, so workers that start together do not race MLflow's migrations of a new store (the
+    run that opens later makes it, as before), and a command that then fails leaves no store behind."""
+    if not params.enabled:
+        return
+    offline_mlflow()  # before MLflow is imported (`_is_database`)
+    uri = _store_that_can_be_made(tracking_uri(params))
+    database = sqlite_file(uri)
+    if database is not None and not database.exists():  # the folder is there; the run will make the file
+        return
+    way_out = f"point tracking.uri at a store that answers, {TRACKING_OFF}"
+    if _is_database(uri):
+        answering(uri, way_out)
+    elif uri.startswith(("http://", "https://")):  # a tracking server: one read, which makes nothing
+        import mlflow
+
+        first_call(lambda: mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1), uri, SETTING,
+                   "the store could not be read", way_out)
 
 
 @contextmanager

@@ -1,6 +1,5 @@
-"""prefect.yaml's steps. Pull: a worker runs each flow in the project checkout that its own `TQC_PROJECT_DIR` names
-(each machine's own path, so it is read when the run starts, not when it is deployed). Build: `prefect deploy` refuses
-parameters that the deployments' flows do not take."""
+"""The pull step of prefect.yaml's deployments: a worker runs each flow in the project checkout that its own
+`TQC_PROJECT_DIR` names (each machine's own path, so it is read when the run starts, not when it is deployed)."""
 
 from __future__ import annotations
 
@@ -18,56 +17,6 @@ MARK_SECONDS = 10.0
 
 class ProjectDirError(RuntimeError):
     """The worker's TQC_PROJECT_DIR is unset or names no checkout."""
-
-
-class DeploymentParametersError(ValueError):
-    """A deployment's or a schedule's parameters that its flow does not take."""
-
-
-def check_parameters(prefect_file: str = "prefect.yaml") -> dict[str, str]:
-    """The build step: every deployment's `parameters`, and each of its schedules', name parameters of its entrypoint
-    flow with values of their types (`mode: trian`, `mdoe: train`). Prefect checks a schedule's parameters nowhere
-    before the schedule fires: a misspelt one deployed, and the nightly run failed at 02:00. One line a problem,
-    naming the file, the deployment, the schedule and the parameter."""
-    import yaml
-
-    config = yaml.safe_load(Path(prefect_file).read_text()) or {}
-    problems = [problem for deployment in config.get("deployments") or []
-                for problem in _parameter_problems(deployment)]
-    if problems:
-        raise DeploymentParametersError("\n".join(f"{prefect_file}: {problem}" for problem in problems))
-    return {"checked": prefect_file}
-
-
-def _parameter_problems(deployment: dict) -> list[str]:
-    from prefect.flows import load_flow_from_entrypoint
-    from prefect.utilities.callables import parameter_schema
-
-    schema = parameter_schema(load_flow_from_entrypoint(deployment["entrypoint"])).model_dump(exclude_none=True)
-    where = f"deployment {deployment.get('name')!r}"
-    given = [(where, deployment.get("parameters") or {})]
-    given += [(f"{where}, schedule {schedule.get('slug') or index}", schedule.get("parameters") or {})
-              for index, schedule in enumerate(deployment.get("schedules") or [])]
-    return [problem for place, parameters in given for problem in _refused(place, parameters, schema)]
-
-
-def _refused(place: str, parameters: dict, schema: dict) -> list[str]:
-    from prefect.utilities.schema_tools.validation import validate
-
-    taken = schema["properties"]
-    unknown = [f"{place}: parameter {name!r}: the flow takes no such parameter (it takes {', '.join(taken)})"
-               for name in parameters if name not in taken]
-    known = {name: value for name, value in parameters.items() if name in taken}
-    wrong = [f"{place}: parameter {'.'.join(map(str, error.absolute_path)) or '?'}: {_reason(error)}"
-             for error in validate(known, schema, ignore_required=True)]
-    return unknown + wrong
-
-
-def _reason(error) -> str:
-    """jsonschema's message, from the branch that matters where a parameter may also be None (`str | None` is anyOf
-    string or null): "'x=1' is not of type 'array'", not "is not valid under any of the given schemas"."""
-    branches = [branch for branch in error.context or () if branch.validator_value != "null"]
-    return "; ".join(dict.fromkeys(branch.message for branch in branches)) or error.message
 
 
 def project_checkout() -> dict[str, str]:

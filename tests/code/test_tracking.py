@@ -397,3 +397,28 @@ def test_a_uri_mlflow_has_no_store_for_is_said_naming_the_setting():
                                               r"not be opened \(.*unsupported URI.*tracking.enabled=false"):
         with standalone_run("flow", TrackingParams(uri="foo://bar", experiment="nowhere")):
             pass
+
+
+def test_checking_a_store_makes_nothing_so_workers_starting_together_race_no_migration(tmp_path, monkeypatch,
+                                                                                      no_mlflow_retry):
+    """tune's check before its data is prepared made the store (migrations, the experiment): two workers starting
+    together raced MLflow's migrations of a new SQLite file ("duplicate column name"), and a tune that then failed
+    left the store behind. The check only reads; what it refuses, it refuses naming the setting."""
+    from mlflow.exceptions import MlflowException
+
+    from tqc.config import ConfigError
+    from tqc.tracking import check_store
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    fresh = tmp_path / "mlflow.db"
+    check_store(TrackingParams(uri=f"sqlite:///{fresh}"))
+    assert list(tmp_path.iterdir()) == []  # the run that opens later makes it
+    with pytest.raises(ConfigError, match="no folder .*nowhere to keep the MLflow database in"):
+        check_store(TrackingParams(uri=f"sqlite:///{tmp_path / 'nowhere' / 'mlflow.db'}"))
+    fresh.mkdir()  # a folder where the file should be: it cannot be opened
+    with pytest.raises(MlflowException, match=r"^tracking.uri \(or \$MLFLOW_TRACKING_URI\) sqlite:///.*no connection"):
+        check_store(TrackingParams(uri=f"sqlite:///{fresh}"))
+    with pytest.raises(MlflowException, match=r"^tracking.uri \(or \$MLFLOW_TRACKING_URI\) http://127.0.0.1:1: the "
+                                              r"store could not be read \(.*tracking.enabled=false$"):
+        check_store(TrackingParams(uri="http://127.0.0.1:1"))  # port 1: nothing listens
+    check_store(TrackingParams(enabled=False, uri="http://127.0.0.1:1"))  # off: nothing is checked

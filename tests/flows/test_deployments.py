@@ -11,7 +11,7 @@ from prefect import Flow
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
 from tests.flows.conftest import REPO, deploy_from_a_checkout
-from tqc.worker import DeploymentParametersError, check_parameters
+from tqc.deployments import DeploymentParametersError, check_parameters
 
 
 def deployments() -> dict[str, dict]:
@@ -32,9 +32,27 @@ def test_the_nightly_retrain_runs_one_at_a_time_and_queues_the_next():
     assert limit.limit == 1 and limit.collision_strategy == ConcurrencyLimitStrategy.ENQUEUE
 
 
-def test_the_shipped_deployments_give_their_flows_parameters_they_take(monkeypatch):
+def test_the_shipped_deployments_give_their_flows_parameters_they_take_and_each_is_checked_on_deploy(monkeypatch):
     monkeypatch.chdir(REPO)  # prefect.yaml's entrypoints are the project root's
+    monkeypatch.setattr("sys.argv", ["prefect", "deploy", "--all"])
     assert check_parameters() == {"checked": "prefect.yaml"}
+    config = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    assert config["build"] == [{"tqc.deployments.check_parameters": {}}]
+    # a deployment's own build: (even an empty one) replaces the file's, and its parameters would go unchecked
+    assert not [d["name"] for d in config["deployments"] if "build" in d]
+
+
+def test_the_file_checked_is_the_one_prefect_deploy_was_given(tmp_path, monkeypatch):
+    """Prefect tells a step nothing of the file it deploys: the step read ./prefect.yaml, so `--prefect-file other.yaml`
+    with a misspelt mode deployed beside a correct prefect.yaml, and failed where no prefect.yaml was."""
+    other = tmp_path / "other.yaml"
+    other.write_text((REPO / "prefect.yaml").read_text().replace("mode: train ", "mode: trian "))
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr("sys.argv", ["prefect", "--no-prompt", "deploy", "--name", "retrain-nightly",
+                                     "--prefect-file", str(other)])
+    with pytest.raises(DeploymentParametersError, match=f"^{other}: deployment 'retrain-nightly', schedule "
+                                                        "train-nightly: parameter mode: 'trian' is not one of"):
+        check_parameters()
 
 
 def test_parameters_a_flow_does_not_take_are_said_by_deployment_schedule_and_parameter(tmp_path, monkeypatch):
@@ -56,6 +74,27 @@ def test_parameters_a_flow_does_not_take_are_said_by_deployment_schedule_and_par
         f"{bad}: deployment 'tune-weekly': parameter workers: 'two' is not of type 'integer'",
         f"{bad}: deployment 'tune-weekly': parameter overrides: 'tune.trials=3' is not of type 'array'",
     ]
+
+
+def test_what_prefect_fills_in_or_loads_itself_is_left_to_it_and_a_broken_entrypoint_names_its_deployment(
+        tmp_path, monkeypatch):
+    config = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    retrain, tune = config["deployments"]
+    tune["parameters"]["workers"] = "{{ prefect.variables.tune_workers }}"  # filled in by Prefect after the step
+    retrain["schedule"] = {"cron": "0 3 * * *", "parameters": {"mode": "nightly"}}  # Prefect 2's single schedule
+    config["deployments"] += [{"name": "entrypoint-on-the-command-line"},
+                              {"name": "misspelt", "entrypoint": "flows/tuen.py:tune"},
+                              {"name": "listed", "entrypoint": "flows/tune.py:tune", "parameters": ["workers", 2]}]
+    bad = tmp_path / "prefect.yaml"
+    bad.write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(REPO)
+    with pytest.raises(DeploymentParametersError) as refused:
+        check_parameters(str(bad))
+    lines = str(refused.value).splitlines()
+    assert lines[0] == (f"{bad}: deployment 'retrain-nightly', schedule 2: parameter mode: 'nightly' is not one of "
+                        "['train', 'refresh']")
+    assert lines[1].startswith(f"{bad}: deployment 'misspelt': entrypoint 'flows/tuen.py:tune' does not load (")
+    assert lines[2:] == [f"{bad}: deployment 'listed': parameters must be a mapping of name to value, not list"]
 
 
 def test_prefect_deploy_refuses_a_misspelt_schedule_parameter(prefect_harness, tmp_path):
