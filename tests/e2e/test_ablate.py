@@ -8,12 +8,12 @@ import sys
 import pytest
 import yaml
 
-from tests.e2e.test_dvc_pipeline import project, run  # noqa: F401  (the scratch-project fixture)
+from tests.e2e.conftest import run
 
 pytestmark = pytest.mark.e2e
 
 
-def test_ablate_runs_each_cell_as_a_dvc_experiment_and_resumes(project):  # noqa: F811
+def test_ablate_runs_each_cell_as_a_dvc_experiment_and_resumes(project):
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["validate"]["min_examples_per_class"] = 1
     params["ablate"] = {
