@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 from prefect.states import Failed
 
-from tqc.cli import parse_overrides
+from tqc.arguments import parse_overrides
 from tqc.config import ConfigError, load_params
 from tqc.launched import run_logging_lines
 
@@ -81,11 +81,11 @@ def tune(params_path: str = "params.yaml", workers: int = 2, trials_per_worker: 
 
 
 def _at_least_one(name: str, count: int) -> None:
-    """A count as `python flows/tune.py` and `tqc tune --trials` take it (tqc.cli.at_least_one): a deployment's 0 workers
+    """A count as `python flows/tune.py` and `tqc tune --trials` take it (tqc.arguments.at_least_one): a deployment's 0 workers
     would run nothing and succeed, and 0 trials a worker fall back to tune.trials, neither what was asked."""
     import argparse
 
-    from tqc.cli import at_least_one
+    from tqc.arguments import at_least_one
 
     try:
         at_least_one(str(count))
@@ -97,7 +97,7 @@ def _arguments(argv: list[str] | None = None):
     """The flow's parameters from the command line, as the deployment gives them (defaults: the flow's own)."""
     import argparse
 
-    from tqc.cli import at_least_one
+    from tqc.arguments import at_least_one
 
     parser = argparse.ArgumentParser(description="the Optuna study of tqc tune, its workers in parallel")
     parser.add_argument("--params", default="params.yaml")

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from tqc.ablate import FIGURES, CellResult, _dig, local_overrides, select_cells, without_prior_shift, write_report
-from tqc.cli import where_filters
+from tqc.arguments import where_filters
 from tqc.config import ConfigError, Params, load_params, unflatten
 from tqc.io import file_digest, tree_digests, write_json, write_text
 from tqc.tracking import git_commit
@@ -233,7 +233,7 @@ def _known(code_version: str | None) -> str | None:
 
 def _budget(pairs: list[str]) -> dict:
     """-B / -D KEY=VALUE pairs, each value read as `tqc --set` reads it (YAML 1.2: 5e-5 is a number)."""
-    from tqc.cli import override_value
+    from tqc.arguments import override_value
 
     return {key: override_value(f"{key}={value}", value) for key, value in (pair.split("=", 1) for pair in pairs)}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tqc.cli import parse_overrides
+from tqc.arguments import parse_overrides
 from tqc.config import load_params
 from tqc.pipeline import ChainOutputs
 from tqc.schema import Catalog, load_questions

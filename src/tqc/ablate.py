@@ -126,7 +126,7 @@ def local_overrides(params: Params, project: Path) -> dict:
     return overrides
 
 
-def override_value(value) -> str:
+def hydra_literal(value) -> str:
     """A param value in Hydra's override grammar, which `dvc exp run -S` parses: strings single-quoted.
 
     Bare, a path such as /home/josé/a,b would be read as an escape and a sweep, and '1e3' as a float.
@@ -139,13 +139,13 @@ def override_value(value) -> str:
         escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
         return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped) + "'"
     if isinstance(value, list):
-        return "[" + ",".join(override_value(v) for v in value) + "]"
+        return "[" + ",".join(hydra_literal(v) for v in value) + "]"
     return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
 
 
 def set_arguments(overrides: dict) -> list[str]:
     """{"augment.implicit": ["dropout"]} → ["-S", "++augment.implicit=['dropout']"] (++: add the key when params.yaml lacks it)."""
-    return [argument for path, value in overrides.items() for argument in ("-S", f"++{path}={override_value(value)}")]
+    return [argument for path, value in overrides.items() for argument in ("-S", f"++{path}={hydra_literal(value)}")]
 
 
 def experiment_refs(project: Path) -> dict[str, str]:

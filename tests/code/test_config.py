@@ -92,7 +92,7 @@ def test_a_search_space_must_name_real_params_and_ranges_or_choices():
 
 
 def test_set_overrides_are_read_as_yaml_values():
-    from tqc.cli import parse_overrides
+    from tqc.arguments import parse_overrides
     from tqc.config import ConfigError
 
     assert parse_overrides(["stage_one.epochs=5", "data.dataset=trec50", "augment.implicit=[dropout]"]) == {
@@ -111,7 +111,7 @@ def test_set_overrides_are_read_as_yaml_values():
 def test_maps_keyed_by_param_paths_take_a_dotted_key_whole():
     """ablate's budgets, a grid's base, matrix and variants, like tune.space, are keyed by dotted param paths:
     `--set ablate.budget.stage_one.epochs=1` is one budget entry, not ablate.budget.stage_one = {epochs: 1}."""
-    from tqc.cli import parse_overrides
+    from tqc.arguments import parse_overrides
     from tqc.config import ConfigError
 
     overrides = parse_overrides(["ablate.budget.stage_one.epochs=1", "ablate.grids.rebalancing.budget.stage_two.epochs=1",
@@ -145,7 +145,7 @@ def test_counts_on_the_command_line_are_at_least_one(capsys):
 
 def test_a_where_key_given_twice_is_refused_and_a_malformed_one_is_named_as_where():
     """Two --where values of one key kept the last alone: the slice of the first was dropped unsaid."""
-    from tqc.cli import where_filters
+    from tqc.arguments import where_filters
 
     with pytest.raises(ConfigError, match="--where data.imbalance_ratio is given more than once"):
         where_filters(["data.imbalance_ratio=50", "data.imbalance_ratio=20"])
@@ -374,7 +374,7 @@ def test_a_mapping_given_with_set_replaces_the_one_there():
     # and a range could not become choices
     from pathlib import Path
 
-    from tqc.cli import parse_overrides
+    from tqc.arguments import parse_overrides
 
     shipped_yaml = Path(__file__).resolve().parents[2] / "params.yaml"
     shipped = load_params(shipped_yaml)
@@ -460,7 +460,7 @@ def test_every_stage_run_logs_its_params_with_database_passwords_redacted():
 def test_set_values_read_as_yaml_1_2_and_text_stays_text():
     """As `dvc exp run -S` reads them: YAML 1.1 made 010 eight, left 1e-4 a string and made yes true; a `#` was a
     comment, and params.yaml's own example prefix `paraphrase: ` became a mapping."""
-    from tqc.cli import parse_overrides
+    from tqc.arguments import parse_overrides
 
     assert parse_overrides(["seed=010", "stage_one.learning_rate=1e-4", "tracking.experiment=trec6 #2",
                             "augment.seq2seq.paraphrase_prefix=paraphrase: ", "evaluate.exemplar_k=no",
@@ -757,7 +757,7 @@ def test_a_when_takes_one_value_or_a_list_of_them_and_nothing_else():
     # the list lets a temperature be drawn with every loss that reads one (hinge reads none)
     from pathlib import Path
 
-    from tqc.cli import parse_overrides
+    from tqc.arguments import parse_overrides
 
     shipped_yaml = Path(__file__).resolve().parents[2] / "params.yaml"
     assert load_params(shipped_yaml).tune.space["stage_two.temperature"].when == {

@@ -1551,7 +1551,7 @@ def test_a_best_that_repeats_a_trial_is_reported_as_the_trial_it_repeats(tmp_pat
 def test_narrowing_the_shipped_loss_choices_as_the_docs_show_passes_the_space_check():
     """docs/tracking.md's `--set` example: the shipped temperature's `when` lists bpr, which this space no longer
     draws, beside losses it does; before lists could name such values, the shipped space refused it."""
-    from tqc.cli import parse_overrides
+    from tqc.arguments import parse_overrides
     from tqc.tuning.space import check_space
 
     shipped = Path(__file__).resolve().parents[2] / "params.yaml"
