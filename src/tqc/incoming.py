@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tqc import retrain
+from tqc.retraining import inbox, staging
 from tqc.config import ConfigError, Params
 from tqc.readers import ReaderError, labels_read_as_catalog, read_custom_table, require_rows
 from tqc.schema import Catalog, LabeledQuestion, load_questions
@@ -112,7 +112,7 @@ def main(path: Path, against: Path, params: Params) -> int:
 
 
 def check_delivery(paths: list[Path], params: Params) -> int:
-    """The files judged as the retrain flow's staging step judges an inbox delivery (`retrain.stage`, in a scratch
+    """The files judged as the retrain flow's staging step judges an inbox delivery (`staging.stage`, in a scratch
     folder: nothing is merged), printed a file at a time with each quarantined row; the exit code as `main`'s."""
     paths = list({path.resolve(): path for path in paths}.values())  # a file given twice, or spelt two ways, is one
     unread, digests = _unread_and_hashed(paths)
@@ -131,24 +131,24 @@ def _unread_and_hashed(paths: list[Path]) -> tuple[dict[Path, str], dict[Path, s
     """({file: why the flow would not read it}, {file: its sha256}) of `paths`: a folder or missing file, another
     suffix, a second file of a name, a file that cannot be read."""
     unread = {path: "not a file" if path.exists() else "no such file" for path in paths if not path.is_file()}
-    unread |= {path: f"the retrain flow reads only {', '.join(sorted(retrain.SUFFIXES))} files" for path in paths
-               if path not in unread and path.suffix.lower() not in retrain.SUFFIXES}
+    unread |= {path: f"the retrain flow reads only {', '.join(sorted(inbox.SUFFIXES))} files" for path in paths
+               if path not in unread and path.suffix.lower() not in inbox.SUFFIXES}
     unread |= _same_names([path for path in paths if path not in unread])
     digests = {}
     for path in (path for path in paths if path not in unread):
         try:
-            digests[path] = retrain.sha256(path)
+            digests[path] = inbox.sha256(path)
         except OSError as exc:  # the flow leaves such a file in the inbox, said each run
             unread[path] = f"cannot be read ({exc.strerror or exc})"
     return unread, digests
 
 
-def _new_files(digests: dict[Path, str], params: Params) -> list[retrain.Incoming]:
+def _new_files(digests: dict[Path, str], params: Params) -> list[inbox.Incoming]:
     """The files of `digests` the flow would judge, in its order; each repeat (its bytes merged before, or an earlier
     file's) is said, not judged."""
     # in the inbox's order, as the flow reads them: which of two copies is the duplicate or the repeat follows from it
-    ordered = [retrain.Incoming(path, digest) for path, digest in sorted(digests.items(), key=lambda item: item[0].name)]
-    files, repeats = retrain.split_repeats(ordered, params.retrain)
+    ordered = [inbox.Incoming(path, digest) for path, digest in sorted(digests.items(), key=lambda item: item[0].name)]
+    files, repeats = inbox.split_repeats(ordered, params.retrain)
     first_with = {}
     for incoming in ordered:
         first_with.setdefault(incoming.sha256, incoming.path)
@@ -159,7 +159,7 @@ def _new_files(digests: dict[Path, str], params: Params) -> list[retrain.Incomin
     return files
 
 
-def _staged(files: list[retrain.Incoming], params: Params) -> retrain.Staged | None:
+def _staged(files: list[inbox.Incoming], params: Params) -> staging.Staged | None:
     """`files` staged as the flow stages them, in a scratch folder deleted after; None, said why, where the current
     data they are judged against cannot be built."""
     import tempfile
@@ -169,8 +169,8 @@ def _staged(files: list[retrain.Incoming], params: Params) -> retrain.Staged | N
         try:
             # checking: what the flow's layout guards (an inbox or work_dir holding data.additions) is not at stake
             # here, where nothing is emptied or archived; the flow itself refuses it
-            return (retrain.stage(files, params, Path(scratch), checking=True) if files
-                    else retrain.Staged(Path(scratch)))
+            return (staging.stage(files, params, Path(scratch), checking=True) if files
+                    else staging.Staged(Path(scratch)))
         except ConfigError as exc:  # data.additions unset: the flow's data cannot be built
             print(f"{exc}; --against data/validated checks against the last dvc repro's data instead")
         except (OSError, ValueError) as exc:  # the current data: its reader names the file and line
@@ -178,7 +178,7 @@ def _staged(files: list[retrain.Incoming], params: Params) -> retrain.Staged | N
     return None
 
 
-def _say_outcome(outcome: retrain.FileOutcome, staged: retrain.Staged) -> int:
+def _say_outcome(outcome: inbox.FileOutcome, staged: staging.Staged) -> int:
     """Prints a staged file's outcome, then its quarantined rows by line; its exit code."""
     if outcome.outcome == "unusable":
         print(f"{outcome.file}: unusable: {outcome.reason}")

@@ -2,7 +2,10 @@
 
 from pathlib import Path
 
-from tqc.retrain import FileOutcome, Incoming, Staged, Trained, quarantine_record, summary_markdown
+from tqc.retraining.inbox import FileOutcome, Incoming, quarantine_record
+from tqc.retraining.pending import Trained
+from tqc.retraining.staging import Staged
+from tqc.retraining.summary import summary_markdown
 
 STAGED = Staged(Path("raw"), [FileOutcome("inbox/a.csv", "0" * 64, "labeled", "merged", read=3, accepted=3)])
 TRAINED = Trained(Path("data"), Path("model"), Path("prior.json"), 0.9)

@@ -117,17 +117,18 @@ def test_bad_rows_go_to_quarantine_and_the_good_ones_are_used(project, tmp_path)
 def refusing_remote(project: Path, tmp_path: Path, monkeypatch) -> None:
     """A default DVC remote whose every `dvc push` fails, as an unreachable one's does, with no waits between tries."""
     from tqc import retrain as steps
+    from tqc.retraining import data_versions as retrain_dvc
 
     subprocess.run(["dvc", "remote", "add", "-q", "-d", "store", str(tmp_path / "remote")], check=True)
-    real_dvc = steps._dvc
+    real_dvc = retrain_dvc._dvc
 
     def dvc(command, *arguments):
         if command == "push":
             raise steps.RetrainCommitError("dvc push failed (exit 1): ERROR: failed to push data to the cloud - 403")
         return real_dvc(command, *arguments)
 
-    monkeypatch.setattr(steps, "_dvc", dvc)
-    monkeypatch.setattr(steps, "PUSH_RETRY_WAITS", (0.0, 0.0))
+    monkeypatch.setattr(retrain_dvc, "_dvc", dvc)
+    monkeypatch.setattr(retrain_dvc, "PUSH_RETRY_WAITS", (0.0, 0.0))
 
 
 def test_a_push_that_keeps_failing_fails_the_run_and_the_script_and_keeps_the_commit(project, tmp_path, monkeypatch):
@@ -285,7 +286,7 @@ def test_a_killed_retrain_leaves_the_champion_and_the_raw_data_as_they_were(proj
 
 
 def test_a_failed_data_commit_leaves_the_raw_data_the_champion_and_the_inbox_as_they_were(project, monkeypatch):
-    from tqc import retrain as steps
+    from tqc.retraining import commit as retrain_commit
 
     drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
     assert retrain(params_path="params.yaml")["promoted"]
@@ -296,7 +297,7 @@ def test_a_failed_data_commit_leaves_the_raw_data_the_champion_and_the_inbox_as_
     def disk_full(paths, push):  # a push that fails is tried again, then left to be redone (test_retrain_steps)
         raise OSError(28, "dvc add: No space left on device")
 
-    monkeypatch.setattr(steps, "_dvc_record", disk_full)
+    monkeypatch.setattr(retrain_commit, "dvc_record", disk_full)
     with pytest.raises(OSError, match="No space left"):
         retrain(params_path="params.yaml")
     assert (project / "data" / "raw" / "labeled.jsonl").read_bytes() == raw_before
@@ -339,12 +340,13 @@ import os, sys
 sys.path.insert(0, sys.argv[2])
 from flows.retrain import retrain
 from tqc import retrain as steps
+from tqc.retraining import commit as retrain_commit, data_versions as retrain_dvc, renew as retrain_renew
 
 if sys.argv[1] == "after":  # the commit returned: killed while the task's end is reported, or as the judge starts
     commit = steps.commit
     steps.commit = lambda *args: (commit(*args), os._exit(137))
 else:  # killed inside the commit, every change made (the challenger's mark too) but its journal not closed
-    steps.CommitJournal.close = lambda journal: os._exit(137)
+    retrain_commit.CommitJournal.close = lambda journal: os._exit(137)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 retrain(params_path="params.yaml")
 """
@@ -454,11 +456,12 @@ def test_a_refresh_serves_the_new_questions_with_the_champions_encoder_and_train
 
 def test_a_refresh_without_a_champion_says_what_to_do_changes_nothing_and_is_not_retried(project, monkeypatch):
     from tqc import retrain as steps
+    from tqc.retraining import renew as retrain_renew
 
     set_params(project, promote={"rule": "exemplars"}, retrain={"retries": 2})
     lookups = []
-    looked_up = steps.champion_model
-    monkeypatch.setattr(steps, "champion_model", lambda *args: lookups.append(args) or looked_up(*args))
+    looked_up = retrain_renew.champion_model
+    monkeypatch.setattr(retrain_renew, "champion_model", lambda *args: lookups.append(args) or looked_up(*args))
     drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
     state = retrain(params_path="params.yaml", mode="refresh", return_state=True)  # the parameter, over params.yaml's train
     # The run fails with the reason as its message (no traceback through Prefect's engine), and the caller gets the error

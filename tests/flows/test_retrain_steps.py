@@ -12,6 +12,8 @@ from tqc import retrain as steps
 from tqc.config import load_params
 from tqc.io import DataFileError, read_jsonl
 from tqc.readers import MissingColumns, ReaderError, RejectedRow, RowsRejected
+from tqc.retraining import commit as retrain_commit, data_versions as retrain_dvc, inbox as retrain_inbox
+from tqc.retraining import pending as retrain_pending, staging as retrain_staging
 from tests.flows.conftest import added_rows, drop, unseen_questions
 
 
@@ -22,7 +24,7 @@ def deliver(project: Path) -> tuple[steps.Staged, list[steps.Incoming]]:
     return steps.stage(files, params, Path(params.retrain.work_dir)), files
 
 
-def outcome_of(staged: steps.Staged, name: str) -> steps.FileOutcome:
+def outcome_of(staged: steps.Staged, name: str) -> retrain_inbox.FileOutcome:
     return next(o for o in staged.outcomes if o.file.endswith(name))
 
 
@@ -33,9 +35,9 @@ def test_a_file_nothing_was_taken_from_may_be_delivered_again_and_one_that_added
     inbox = Path(params.inbox)
     archive = Path(params.archive)
     archive.mkdir(parents=True, exist_ok=True)
-    (archive / steps.MANIFEST).write_text("".join(json.dumps(entry) + "\n" for entry in [
-        {"sha256": steps.sha256(inbox / "all-quarantined.csv"), "outcome": "merged", "accepted": 0, "quarantined": 2},
-        {"sha256": steps.sha256(inbox / "merged.csv"), "outcome": "merged", "accepted": 2, "quarantined": 0}]))
+    (archive / retrain_inbox.MANIFEST).write_text("".join(json.dumps(entry) + "\n" for entry in [
+        {"sha256": retrain_inbox.sha256(inbox / "all-quarantined.csv"), "outcome": "merged", "accepted": 0, "quarantined": 2},
+        {"sha256": retrain_inbox.sha256(inbox / "merged.csv"), "outcome": "merged", "accepted": 2, "quarantined": 0}]))
 
     new, repeats = steps.pick_up(params)
 
@@ -55,7 +57,7 @@ def test_a_file_delivered_again_unchanged_adds_no_second_copy_of_its_quarantined
 
     quarantined = read_jsonl(params.retrain.quarantine)
     assert sorted(q["line"] for q in quarantined) == [2, 3]
-    assert len(read_jsonl(Path(params.retrain.archive) / steps.MANIFEST)) == 2  # each delivery is recorded
+    assert len(read_jsonl(Path(params.retrain.archive) / retrain_inbox.MANIFEST)) == 2  # each delivery is recorded
 
 
 # no text; or none a tokenizer reads (a private-use character): merged, it failed validate's catalog_non_empty_texts
@@ -104,7 +106,7 @@ def test_a_new_class_id_alike_another_but_for_case_or_width_is_quarantined_not_m
     catalog = outcome_of(staged, "catalog-new.csv")
     assert (catalog.outcome, catalog.read, catalog.accepted, catalog.quarantined) == ("merged", 4, 2, 2)
     assert catalog.reason == "2 new class id(s) alike but for case or width to another (quarantined)"
-    assert [row["class_id"] for row in read_jsonl(staged.raw / steps.ADDED_CATALOG)] == ["Veh", "FOOD"]
+    assert [row["class_id"] for row in read_jsonl(staged.raw / retrain_staging.ADDED_CATALOG)] == ["Veh", "FOOD"]
     alike = {q["line"]: q for q in staged.quarantined_rows if q["expectations"] == ["new_class"]}
     assert sorted(alike) == [2, 4]
     assert alike[2]["reason"].startswith("class 'hum' is alike but for case or width to class 'HUM': one class written two ways")
@@ -260,14 +262,14 @@ def test_a_commit_refuses_to_write_over_data_raw_changed_during_the_run(project)
     raw = project / "data" / "raw" / "labeled.jsonl"
     fixed = "".join(json.dumps({**row, "class_id": "LOC"}) + "\n" for row in added_rows(project))
     raw.write_text(fixed)  # the fix, made during the second run
-    manifest = (Path(params.retrain.archive) / steps.MANIFEST).read_bytes()
+    manifest = (Path(params.retrain.archive) / retrain_inbox.MANIFEST).read_bytes()
 
     with pytest.raises(steps.RetrainCommitError, match=r"labeled\.jsonl changed during this run"):
         steps.commit(params, staged, files, [])
 
     assert raw.read_text() == fixed and path.exists()  # the fix stands; the delivery stays for the next run
-    assert (Path(params.retrain.archive) / steps.MANIFEST).read_bytes() == manifest
-    assert not steps.journal_dir(params.retrain).exists()
+    assert (Path(params.retrain.archive) / retrain_inbox.MANIFEST).read_bytes() == manifest
+    assert not retrain_commit.journal_dir(params.retrain).exists()
     staged, files = deliver(project)
     steps.commit(params, staged, files, [])
     assert [row["class_id"] for row in added_rows(project)] == ["LOC"] * 3 + ["HUM"] * 2 and not path.exists()
@@ -304,7 +306,7 @@ def test_rows_appended_between_the_archive_check_and_the_move_are_not_archived_u
     first, late = unseen_questions(project, "LOC", 3), unseen_questions(project, "LOC", 2, skip=3)
     path = drop(project, "racing.csv", [(q, "LOC") for q in first])
     staged, files = deliver(project)
-    real_sha256 = steps.sha256
+    real_sha256 = retrain_inbox.sha256
 
     def hash_then_a_write_lands(checked):
         digest = real_sha256(checked)
@@ -313,9 +315,9 @@ def test_rows_appended_between_the_archive_check_and_the_move_are_not_archived_u
                 appending.write("".join(f"{q},LOC\n" for q in late))
         return digest
 
-    monkeypatch.setattr(steps, "sha256", hash_then_a_write_lands)
+    monkeypatch.setattr(retrain_inbox, "sha256", hash_then_a_write_lands)
     entry, = steps.commit(params, staged, files, [])["archived"]
-    monkeypatch.setattr(steps, "sha256", real_sha256)
+    monkeypatch.setattr(retrain_inbox, "sha256", real_sha256)
 
     assert path.exists() and entry["archived_as"] is None and "next run reads it again" in entry["not_archived"]
     assert not list(Path(params.retrain.archive).glob("*racing.csv"))
@@ -329,7 +331,7 @@ def test_a_file_whose_second_hash_fails_after_the_move_goes_back_to_the_inbox(pr
     params = load_params(project / "params.yaml")
     path = drop(project, "stranded.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 3)])
     staged, files = deliver(project)
-    real_sha256, calls = steps.sha256, []
+    real_sha256, calls = retrain_inbox.sha256, []
 
     def fails_once_moved(checked):
         calls.append(checked)
@@ -337,7 +339,7 @@ def test_a_file_whose_second_hash_fails_after_the_move_goes_back_to_the_inbox(pr
             raise OSError("I/O error while reading")
         return real_sha256(checked)
 
-    monkeypatch.setattr(steps, "sha256", fails_once_moved)
+    monkeypatch.setattr(retrain_inbox, "sha256", fails_once_moved)
     with pytest.raises(OSError, match="I/O error"):
         steps.commit(params, staged, files, [])
     assert path.exists() and not list(Path(params.retrain.archive).glob("*stranded.csv"))
@@ -356,16 +358,16 @@ def test_a_commit_that_fails_while_archiving_puts_everything_back(project, monke
     staged, files = deliver(project)
     assert staged.quarantined_rows  # the empty row: the quarantine would be written
     watched = [project / "data" / "raw" / name for name in ("labeled.jsonl", "labeled.jsonl.dvc", ".gitignore")]
-    watched += [Path(params.retrain.quarantine), Path(params.retrain.archive) / steps.MANIFEST]
+    watched += [Path(params.retrain.quarantine), Path(params.retrain.archive) / retrain_inbox.MANIFEST]
     before = {path: path.read_bytes() if path.exists() else None for path in watched}
-    archive = steps.archive
+    archive = retrain_commit.archive
 
     def disk_full_at_the_second(incoming, *args):
         if incoming.path.name == "b.csv":
             raise OSError(28, "No space left on device")
         return archive(incoming, *args)
 
-    monkeypatch.setattr(steps, "archive", disk_full_at_the_second)
+    monkeypatch.setattr(retrain_commit, "archive", disk_full_at_the_second)
     with pytest.raises(OSError, match="No space left"):
         steps.commit(params, staged, files, [])
 
@@ -381,7 +383,7 @@ def test_a_file_put_back_by_a_failed_commit_keeps_a_same_named_file_delivered_me
     drop(project, "b.csv", [(q, "NUM") for q in unseen_questions(project, "NUM", 2)])
     params = load_params(project / "params.yaml")
     staged, files = deliver(project)
-    inbox, archive = project / "data" / "incoming", steps.archive
+    inbox, archive = project / "data" / "incoming", retrain_commit.archive
     first = (inbox / "a.csv").read_bytes()
 
     def new_a_then_disk_full(incoming, *args):
@@ -390,7 +392,7 @@ def test_a_file_put_back_by_a_failed_commit_keeps_a_same_named_file_delivered_me
             raise OSError(28, "No space left on device")
         return archive(incoming, *args)
 
-    monkeypatch.setattr(steps, "archive", new_a_then_disk_full)
+    monkeypatch.setattr(retrain_commit, "archive", new_a_then_disk_full)
     with pytest.raises(OSError, match="No space left"):
         steps.commit(params, staged, files, [])
     assert sorted(p.name for p in inbox.iterdir()) == ["a.csv", "a.rolled-back-1.csv", "b.csv"]
@@ -405,20 +407,20 @@ def test_a_commit_marks_its_challenger_for_the_gate_as_its_last_change_and_a_rol
     drop(project, "a.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
     staged, files = deliver(project)
     challenger = steps.Trained(data=staged.raw, model=staged.raw, prior=None, validation_macro_f1=0.5)
-    mark = steps.mark_judge_pending
+    mark = retrain_pending.mark_judge_pending
 
     def marked_then_failed(*args):
         mark(*args)
         raise OSError("disk full")
 
-    monkeypatch.setattr(steps, "mark_judge_pending", marked_then_failed)
+    monkeypatch.setattr(retrain_commit, "mark_judge_pending", marked_then_failed)
     with pytest.raises(OSError, match="disk full"):
         steps.commit(params, staged, files, [], challenger)
     assert steps.pending_judge(params.retrain) is None and (project / "data" / "incoming" / "a.csv").exists()
 
-    monkeypatch.setattr(steps, "mark_judge_pending", mark)
+    monkeypatch.setattr(retrain_commit, "mark_judge_pending", mark)
     steps.commit(params, staged, files, [], challenger)
-    assert steps.pending_judge(params.retrain) == challenger and not steps.journal_dir(params.retrain).exists()
+    assert steps.pending_judge(params.retrain) == challenger and not retrain_commit.journal_dir(params.retrain).exists()
 
 
 
@@ -428,16 +430,16 @@ def test_a_commit_journals_the_manifest_first_and_makes_its_changes_in_order(pro
     writes, the quarantine and the mark; the data is replaced before dvc add records it, then come the quarantine,
     the deliveries' archiving, the repeats', and the mark last."""
     params = load_params(project / "params.yaml")
-    inbox, raw = project / "data" / "incoming", steps.additions_dir(params)
+    inbox, raw = project / "data" / "incoming", retrain_staging.additions_dir(params)
     food = unseen_questions(project, "HUM", 2)
     drop(project, "food.csv", [(q, "FOOD") for q in food] + [("", "FOOD")])
     (inbox / "catalog-food.csv").write_text("class_id,text\nFOOD,Which food is it?\n")
     staged, files = deliver(project)
     again = drop(project, "again.csv", [("where is paris", "LOC")])
-    repeat = steps.Incoming(again, steps.sha256(again))
+    repeat = steps.Incoming(again, retrain_inbox.sha256(again))
     challenger = steps.Trained(data=staged.raw, model=staged.raw, prior=None, validation_macro_f1=0.5)
-    events, begin, record, quarantine, archive, mark = ([], steps.CommitJournal.begin, steps._dvc_record,
-                                                        steps._quarantine, steps.archive, steps.mark_judge_pending)
+    events, begin, record, quarantine, archive, mark = ([], retrain_commit.CommitJournal.begin, retrain_dvc.dvc_record,
+                                                        retrain_commit._quarantine, retrain_commit.archive, retrain_pending.mark_judge_pending)
 
     def journaled(directory, before, dvc_written):
         events.append(("journal", list(before), dvc_written))
@@ -448,39 +450,40 @@ def test_a_commit_journals_the_manifest_first_and_makes_its_changes_in_order(pro
         events.append(("dvc", paths, replaced))
         return record(paths, push)
 
-    monkeypatch.setattr(steps.CommitJournal, "begin", staticmethod(journaled))
-    monkeypatch.setattr(steps, "_dvc_record", recorded)
-    monkeypatch.setattr(steps, "_quarantine", lambda *args: (events.append(("quarantine", len(args[1]))), quarantine(*args)))
-    monkeypatch.setattr(steps, "archive", lambda f, o, *args: (events.append(("archive", f.path.name, o.outcome)),
+    monkeypatch.setattr(retrain_commit.CommitJournal, "begin", staticmethod(journaled))
+    monkeypatch.setattr(retrain_commit, "dvc_record", recorded)
+    monkeypatch.setattr(retrain_commit, "_quarantine", lambda *args: (events.append(("quarantine", len(args[1]))), quarantine(*args)))
+    monkeypatch.setattr(retrain_commit, "archive", lambda f, o, *args: (events.append(("archive", f.path.name, o.outcome)),
                                                                archive(f, o, *args))[1])
-    monkeypatch.setattr(steps, "mark_judge_pending", lambda *args: (events.append(("mark",)), mark(*args)))
+    monkeypatch.setattr(retrain_commit, "mark_judge_pending", lambda *args: (events.append(("mark",)), mark(*args)))
 
     result = steps.commit(params, staged, files, [repeat], challenger)
 
     data = [raw / "labeled.jsonl", raw / "catalog.jsonl"]
     written = [raw / "labeled.jsonl.dvc", raw / "catalog.jsonl.dvc", raw / ".gitignore"]
     assert events == [
-        ("journal", [Path(params.retrain.archive) / steps.MANIFEST, *data, *written, Path(params.retrain.quarantine),
+        ("journal", [Path(params.retrain.archive) / retrain_inbox.MANIFEST, *data, *written, Path(params.retrain.quarantine),
                      steps.pending_judge_path(params.retrain)], written),
         ("dvc", data, True), ("quarantine", 1),
         ("archive", "catalog-food.csv", "merged"), ("archive", "food.csv", "merged"), ("archive", "again.csv", "repeat"),
         ("mark",)]
     assert list(result) == ["committed", "dvc", "archived"] and result["committed"] == [str(p) for p in data]
     assert [Path(e["file"]).name for e in result["archived"]] == ["catalog-food.csv", "food.csv", "again.csv"]
-    assert steps.pending_judge(params.retrain) == challenger and not steps.journal_dir(params.retrain).exists()
+    assert steps.pending_judge(params.retrain) == challenger and not retrain_commit.journal_dir(params.retrain).exists()
 
 KILLED_COMMIT = """
 import os, sys
 from pathlib import Path
 from tqc import retrain as steps
+from tqc.retraining import commit as retrain_commit
 from tqc.config import load_params
 
 params = load_params("params.yaml")
 if sys.argv[1] == "dvc":  # the data replaced, then killed in dvc add / push (which can take minutes)
-    steps._dvc_record = lambda *args: os._exit(137)
+    retrain_commit.dvc_record = lambda *args: os._exit(137)
 else:  # killed while archiving the second file, the first one archived
-    archive = steps.archive
-    steps.archive = lambda incoming, *args: os._exit(137) if incoming.path.name == "b.csv" else archive(incoming, *args)
+    archive = retrain_commit.archive
+    retrain_commit.archive = lambda incoming, *args: os._exit(137) if incoming.path.name == "b.csv" else archive(incoming, *args)
 files, repeats = steps.pick_up(params.retrain)
 steps.commit(params, steps.stage(files, params, Path(params.retrain.work_dir)), files, repeats)
 """
@@ -497,7 +500,7 @@ def test_a_commit_killed_midway_is_rolled_back_by_the_next_run_and_its_rows_then
     drop(project, "a.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
     drop(project, "b.csv", [(q, "NUM") for q in unseen_questions(project, "NUM", 2)])
     watched = [project / "data" / "raw" / name for name in ("labeled.jsonl", "labeled.jsonl.dvc", ".gitignore")]
-    watched += [Path(params.retrain.quarantine), Path(params.retrain.archive) / steps.MANIFEST]
+    watched += [Path(params.retrain.quarantine), Path(params.retrain.archive) / retrain_inbox.MANIFEST]
     before = {path: path.read_bytes() if path.exists() else None for path in watched}
     inbox = {path.name: path.read_bytes() for path in Path(params.retrain.inbox).iterdir()}
 
@@ -508,18 +511,18 @@ def test_a_commit_killed_midway_is_rolled_back_by_the_next_run_and_its_rows_then
     assert steps.roll_back_interrupted_commit(params.retrain)
     assert {path: path.read_bytes() if path.exists() else None for path in watched} == before
     assert {path.name: path.read_bytes() for path in Path(params.retrain.inbox).iterdir()} == inbox
-    assert not steps.journal_dir(params.retrain).exists() and not steps.roll_back_interrupted_commit(params.retrain)
+    assert not retrain_commit.journal_dir(params.retrain).exists() and not steps.roll_back_interrupted_commit(params.retrain)
 
     staged, files = deliver(project)
     assert staged.accepted == 4 and not staged.quarantined_rows  # judged as new, not as copies of themselves
     result = steps.commit(params, staged, files, [])
     assert result["dvc"]["added"] and len(added_rows(project)) == 4
-    assert not steps.journal_dir(params.retrain).exists()
+    assert not retrain_commit.journal_dir(params.retrain).exists()
 
 
 def test_a_failed_dvc_command_says_dvcs_reason_in_one_line(project):
     with pytest.raises(steps.RetrainCommitError) as failure:
-        steps._dvc("push", "no-such-file.dvc")
+        retrain_dvc._dvc("push", "no-such-file.dvc")
     message = str(failure.value)
     assert message.startswith("dvc push failed (exit") and "ERROR" in message and "\n" not in message
 
@@ -778,8 +781,8 @@ def test_tqc_validate_says_a_repeat_delivery_adds_nothing_as_the_flow_would_and_
     code, out = validate(outside / "copy.csv")
     assert code == 0 and "copy.csv: a repeat of a file the flow merged (the same bytes)" in out, out
 
-    real_sha256 = steps.sha256
-    monkeypatch.setattr(steps, "sha256", lambda path: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+    real_sha256 = retrain_inbox.sha256
+    monkeypatch.setattr(retrain_inbox, "sha256", lambda path: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
                         if path.name == "theirs.csv" else real_sha256(path))
     (outside / "theirs.csv").write_text("question,label\nwhere is the sea,LOC\n")
     code, out = validate(outside / "theirs.csv")
@@ -808,8 +811,8 @@ def test_tqc_validate_says_a_delivery_file_by_file_unusable_ones_then_repeats_th
     (outside / "catalog-more.csv").write_text("class_id,text\nLOC,Where is the place?\nFOOD,What should I eat?\n")
     (outside / "mixed.csv").write_text(f"question,label\n{kept},LOC\n{unknown},NOPE\n{kept},LOC\n")
     (outside / "keyed-text.jsonl").write_text(json.dumps({"text": "where is it", "label": "LOC"}) + "\n")
-    real_sha256 = steps.sha256
-    monkeypatch.setattr(steps, "sha256", lambda path: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+    real_sha256 = retrain_inbox.sha256
+    monkeypatch.setattr(retrain_inbox, "sha256", lambda path: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
                         if path.name == "theirs.csv" else real_sha256(path))
     given = ["mixed.csv", "a-folder.csv", "missing.csv", "notes.txt", "monday/x.csv", "tuesday/x.csv", "theirs.csv",
              "copy.csv", "copy-again.csv", "catalog-more.csv", "keyed-text.jsonl"]
@@ -911,7 +914,7 @@ def test_a_failed_write_to_the_staged_copy_names_the_copy_it_failed_to_write(pro
     def full_disk(path, rows):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(steps, "write_jsonl", full_disk)
+    monkeypatch.setattr(retrain_staging, "write_jsonl", full_disk)
     with pytest.raises(OSError) as raised:
         deliver(project)
     assert raised.value.filename == str(copy)
@@ -921,7 +924,7 @@ def test_rows_rejected_from_the_staged_copy_name_the_kept_file_each_and_keep_the
     copy, kept = tmp_path / "staging" / "raw", tmp_path / "kept"
     rejected = [RejectedRow(str(copy / "labeled.jsonl"), line, "empty label", "{}") for line in (2, 5)]
     cause = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
-    with pytest.raises(RowsRejected) as raised, steps._naming_kept(copy, kept):
+    with pytest.raises(RowsRejected) as raised, retrain_staging._naming_kept(copy, kept):
         error = RowsRejected(f"{copy / 'labeled.jsonl'}: 2 of 5 rows rejected", rejected)
         error.add_note(f"see {copy / 'labeled.jsonl'}")
         raise error from cause
@@ -937,13 +940,13 @@ def test_an_error_about_another_file_or_whose_constructor_does_not_take_its_argu
 
     copy = tmp_path / "staging" / "raw"
     odd = Odd(str(copy / "labeled.jsonl"), 1)
-    with pytest.raises(Odd) as raised, steps._naming_kept(copy, tmp_path / "kept"):
+    with pytest.raises(Odd) as raised, retrain_staging._naming_kept(copy, tmp_path / "kept"):
         raise odd
     assert raised.value is odd and str(odd) == f"{copy / 'labeled.jsonl'}: odd (1)"
     # a path the copy's is a prefix of is another file
     for other in (DataFileError(f"{copy}_old/labeled.jsonl, line 2: not valid JSON"),
                   DataFileError(f"{tmp_path / 'elsewhere.csv'}, line 2: not valid JSON")):
-        with pytest.raises(DataFileError) as raised, steps._naming_kept(copy, tmp_path / "kept"):
+        with pytest.raises(DataFileError) as raised, retrain_staging._naming_kept(copy, tmp_path / "kept"):
             raise other
         assert raised.value is other
 
@@ -995,20 +998,20 @@ def test_a_delivery_that_adds_nothing_writes_no_empty_additions_file_that_ingest
     assert known_class["line"] == 2  # the file's line, as every other quarantined row has
     assert outcome_of(staged, "catalog-known.csv").reason == ("2 known class(es) as the catalog has them; 1 known class(es) "
                                                              "with another text kept theirs (quarantined)")
-    assert ingested_data(steps._with_additions(params, staged.raw), Path(params.retrain.work_dir) / "check").exists()
+    assert ingested_data(retrain_staging.with_additions(params, staged.raw), Path(params.retrain.work_dir) / "check").exists()
 
 
 def test_an_inbox_file_that_cannot_be_read_is_left_there_and_the_others_go_on(project, monkeypatch, caplog):
     drop(project, "theirs.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 1)])
     drop(project, "ours.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 1)])
-    real = steps.sha256
+    real = retrain_inbox.sha256
 
     def not_ours(path):
         if path.name == "theirs.csv":
             raise PermissionError(13, "Permission denied", str(path))
         return real(path)
 
-    monkeypatch.setattr(steps, "sha256", not_ours)
+    monkeypatch.setattr(retrain_inbox, "sha256", not_ours)
     with caplog.at_level(logging.WARNING, logger="tqc.retrain"):
         new, repeats = steps.pick_up(load_params(project / "params.yaml").retrain)
     assert [f.path.name for f in new] == ["ours.csv"] and not repeats
@@ -1023,7 +1026,7 @@ def added_rows_of(staged: steps.Staged) -> list[dict]:
 def test_a_journal_is_gone_at_once_when_closed_and_a_copy_cut_short_is_not_put_back_as_a_delivery(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     directory = tmp_path / "work" / "commit-journal"
-    journal = steps.CommitJournal.begin(directory, {tmp_path / "absent.jsonl": None}, [])
+    journal = retrain_commit.CommitJournal.begin(directory, {tmp_path / "absent.jsonl": None}, [])
     (tmp_path / "work" / "commit-journal.closed").mkdir()  # what a kill while deleting an earlier one leaves
     journal.close()
     assert not directory.exists() and not (tmp_path / "work" / "commit-journal.closed").exists()
@@ -1032,14 +1035,14 @@ def test_a_journal_is_gone_at_once_when_closed_and_a_copy_cut_short_is_not_put_b
     inbox.mkdir(), archive.mkdir()
     (inbox / "a.csv").write_text("question,label\nwho is it,HUM\nwhere is it,LOC\n")
     (archive / "a.csv").write_text("question,label\nwho is it,HU")  # a copy to another disk, killed midway
-    steps._roll_back({}, [(inbox / "a.csv", archive / "a.csv", steps.sha256(inbox / "a.csv"))], [])
+    retrain_commit._roll_back({}, [(inbox / "a.csv", archive / "a.csv", retrain_inbox.sha256(inbox / "a.csv"))], [])
     assert [p.name for p in inbox.iterdir()] == ["a.csv"] and not any(archive.iterdir())
 
 
 def test_a_journal_written_before_moves_carried_their_sha256_still_rolls_back(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     directory = tmp_path / "work" / "commit-journal"
-    steps.CommitJournal.begin(directory, {}, [])
+    retrain_commit.CommitJournal.begin(directory, {}, [])
     (tmp_path / "inbox").mkdir(), (tmp_path / "archive").mkdir()
     (tmp_path / "archive" / "a.csv").write_text("question,label\nwho is it,HUM\n")
     (directory / "moves.jsonl").write_text(json.dumps({"inbox": "inbox/a.csv", "archived_as": "archive/a.csv"}) + "\n")
@@ -1058,30 +1061,30 @@ def test_the_data_version_is_recorded_only_in_a_dvc_project_and_pushed_only_wher
     data.write_text('{"text": "where is paris", "class_id": "LOC"}\n')
     monkeypatch.chdir(tmp_path)
     with caplog.at_level(logging.WARNING, logger="tqc.retrain"):
-        assert steps._dvc_record([data], push=True) == {"added": [], "pushed": False}  # not a DVC project
+        assert retrain_dvc.dvc_record([data], push=True) == {"added": [], "pushed": False}  # not a DVC project
     assert "not inside a DVC repository" in caplog.text and not Path(f"{data}.dvc").exists()
 
     subprocess.run(["git", "init", "-q"], check=True)
     dvc_init(tmp_path)
-    assert steps._dvc_record([data], push=True) == {"added": [f"{data}.dvc"], "pushed": False}  # no remote named
+    assert retrain_dvc.dvc_record([data], push=True) == {"added": [f"{data}.dvc"], "pushed": False}  # no remote named
     (tmp_path / "remote").mkdir()
     # named in the local config, which `dvc remote list` reads too
     (tmp_path / ".dvc" / "config.local").write_text(f"[core]\n    remote = store\n['remote \"store\"']\n    url = {tmp_path / 'remote'}\n")
     data.write_text(data.read_text() + '{"text": "who is the person", "class_id": "HUM"}\n')
-    assert steps._dvc_record([data], push=True)["pushed"] and any((tmp_path / "remote").rglob("*"))
+    assert retrain_dvc.dvc_record([data], push=True)["pushed"] and any((tmp_path / "remote").rglob("*"))
 
     # remotes, none of them the default: refused before anything is added, saying how to choose one
     (tmp_path / ".dvc" / "config.local").write_text(f"['remote \"store\"']\n    url = {tmp_path / 'remote'}\n")
     before = Path(f"{data}.dvc").read_text()
     data.write_text(data.read_text() + '{"text": "how many are there", "class_id": "NUM"}\n')
     with pytest.raises(steps.RetrainCommitError, match=r"names remote\(s\) store but no default one.*dvc remote default NAME"):
-        steps._dvc_record([data], push=True)
+        retrain_dvc.dvc_record([data], push=True)
     assert Path(f"{data}.dvc").read_text() == before  # not added
-    assert steps._dvc_record([data], push=False)["added"]  # never pushing, the remotes do not matter
+    assert retrain_dvc.dvc_record([data], push=False)["added"]  # never pushing, the remotes do not matter
 
     (tmp_path / ".dvc" / "config.local").write_text("[core\n")  # unreadable: one line naming the command, no traceback
     with pytest.raises(steps.RetrainCommitError, match=r"^dvc remote list failed: ") as failure:
-        steps._has_default_remote()
+        retrain_dvc._has_default_remote()
     assert "\n" not in str(failure.value)
 
 
@@ -1091,8 +1094,8 @@ def test_a_dvc_push_that_fails_is_tried_again_and_one_that_keeps_failing_leaves_
     (project / "remote").mkdir()
     (project / ".dvc" / "config.local").write_text(f"[core]\n    remote = store\n['remote \"store\"']\n"
                                                    f"    url = {project / 'remote'}\n")
-    monkeypatch.setattr(steps, "PUSH_RETRY_WAITS", (0.0, 0.0), raising=False)  # no waits here
-    real_dvc, pushes = steps._dvc, []
+    monkeypatch.setattr(retrain_dvc, "PUSH_RETRY_WAITS", (0.0, 0.0), raising=False)  # no waits here
+    real_dvc, pushes = retrain_dvc._dvc, []
 
     def remote(down_for: int):
         def dvc(command, *arguments):
@@ -1105,7 +1108,7 @@ def test_a_dvc_push_that_fails_is_tried_again_and_one_that_keeps_failing_leaves_
 
     params = load_params(project / "params.yaml")
     drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
-    monkeypatch.setattr(steps, "_dvc", remote(down_for=1))
+    monkeypatch.setattr(retrain_dvc, "_dvc", remote(down_for=1))
     staged, files = deliver(project)
     result = steps.commit(params, staged, files, [])
     assert len(pushes) == 2 and result["dvc"] == {"added": ["data/raw/labeled.jsonl.dvc"], "pushed": True}
@@ -1113,7 +1116,7 @@ def test_a_dvc_push_that_fails_is_tried_again_and_one_that_keeps_failing_leaves_
 
     pushes.clear()
     drop(project, "two.csv", [(q, "NUM") for q in unseen_questions(project, "NUM", 2)])
-    monkeypatch.setattr(steps, "_dvc", remote(down_for=10))  # down longer than the tries
+    monkeypatch.setattr(retrain_dvc, "_dvc", remote(down_for=10))  # down longer than the tries
     staged, files = deliver(project)
     with caplog.at_level(logging.WARNING, logger="tqc.retrain"):
         result = steps.commit(params, staged, files, [])
@@ -1126,7 +1129,7 @@ def test_a_dvc_push_that_fails_is_tried_again_and_one_that_keeps_failing_leaves_
     # The remote back: the next commit pushes the version its .dvc file names then, which holds the unpushed rows too,
     # but not the unpushed version's own file (docs/retrain.md: push it before another retrain, or --all-commits)
     unpushed = dvc_md5_of(project / "data" / "raw" / "labeled.jsonl.dvc")
-    monkeypatch.setattr(steps, "_dvc", real_dvc)
+    monkeypatch.setattr(retrain_dvc, "_dvc", real_dvc)
     drop(project, "three.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
     staged, files = deliver(project)
     assert steps.commit(params, staged, files, [])["dvc"]["pushed"] and len(added_rows(project)) == 6
@@ -1140,8 +1143,8 @@ def test_a_pending_challengers_unpushed_data_version_is_marked_and_pushed_again_
     (project / "remote").mkdir()
     (project / ".dvc" / "config.local").write_text(f"[core]\n    remote = store\n['remote \"store\"']\n"
                                                    f"    url = {project / 'remote'}\n")
-    monkeypatch.setattr(steps, "PUSH_RETRY_WAITS", (0.0, 0.0))
-    real_dvc = steps._dvc
+    monkeypatch.setattr(retrain_dvc, "PUSH_RETRY_WAITS", (0.0, 0.0))
+    real_dvc = retrain_dvc._dvc
 
     def remote_down(command, *arguments):
         if command == "push":
@@ -1153,7 +1156,7 @@ def test_a_pending_challengers_unpushed_data_version_is_marked_and_pushed_again_
     staged, files = deliver(project)
     challenger = steps.Trained(data=staged.raw, model=staged.raw, prior=None, validation_macro_f1=0.5)
     assert steps.push_pending_version(params.retrain) is None  # nothing pending
-    monkeypatch.setattr(steps, "_dvc", remote_down)
+    monkeypatch.setattr(retrain_dvc, "_dvc", remote_down)
     steps.commit(params, staged, files, [], challenger)
     assert steps.pending_judge(params.retrain) == challenger  # the record beside it leaves the challenger as it was
 
@@ -1164,7 +1167,7 @@ def test_a_pending_challengers_unpushed_data_version_is_marked_and_pushed_again_
     assert steps.push_failure({"pending_dvc": again, "dvc": {"added": ["data/raw/labeled.jsonl.dvc"], "pushed": True}}
                               ) is None  # a newer version pushed holds its rows; that run says its own push
 
-    monkeypatch.setattr(steps, "_dvc", real_dvc)  # the remote back
+    monkeypatch.setattr(retrain_dvc, "_dvc", real_dvc)  # the remote back
     assert steps.push_pending_version(params.retrain) == {"added": ["data/raw/labeled.jsonl.dvc"], "pushed": True}
     on_remote = {f"{path.parent.name}{path.name}" for path in (project / "remote").rglob("*") if path.is_file()}
     assert dvc_md5_of(project / "data" / "raw" / "labeled.jsonl.dvc") in on_remote
@@ -1200,7 +1203,7 @@ def test_the_data_version_waits_for_dvc_s_lock_where_another_dvc_command_holds_i
     try:
         assert holder.stdout.readline().strip() == "held"
         outcome: dict = {}
-        adding = threading.Thread(target=lambda: outcome.update(steps._dvc_record([data], push=False)), daemon=True)
+        adding = threading.Thread(target=lambda: outcome.update(retrain_dvc.dvc_record([data], push=False)), daemon=True)
         adding.start()
         time.sleep(10)  # DVC gives up on a held lock after 3 s, a dvc process starting included
         assert adding.is_alive() and not Path(f"{data}.dvc").exists()  # waiting, not failed

@@ -1,0 +1,108 @@
+"""DVC: `dvc add` of the committed additions, and `dvc push` tried again a few times where a remote is configured."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tqc.retraining.errors import RetrainCommitError
+
+log = logging.getLogger("tqc.retrain")  # one logger for the retrain steps, whichever module says it
+
+DVC = (sys.executable, "-m", "dvc")  # the dvc beside this Python, whatever PATH a worker starts with
+# Seconds between `dvc push` tries: a network blip passes in these ~20 s; an outage longer than that leaves the commit
+# made and the push to be redone, rather than throwing the run's training away with a roll-back
+PUSH_RETRY_WAITS = (5.0, 15.0)
+
+
+def dvc_record(paths: list[Path], push: bool) -> dict:
+    """`dvc add` the additions (the new data version); `dvc push` them when a remote exists, tried again a few times
+    (`push_with_retries`). A push that still fails leaves the version committed, `pushed` false and `push_failed` its
+    reason."""
+    if not paths:
+        return {"added": [], "pushed": False}
+    if not _in_dvc_repo():
+        log.warning("retrain: not inside a DVC repository; %s not versioned", ", ".join(map(str, paths)))
+        return {"added": [], "pushed": False}
+    pushing = push and _has_default_remote()  # before the add: a push bound to fail refuses the commit first
+    _dvc("add", *map(str, paths))
+    added = [f"{p}.dvc" for p in paths]
+    failure = push_with_retries(added) if pushing else None
+    if failure is None:
+        return {"added": added, "pushed": pushing}
+    log.warning("retrain: %s, %d tries; the new data version is recorded in this checkout and its DVC cache but is not "
+                "on the remote: push it by hand with `%s` before another retrain changes those files (a later "
+                "retrain pushes its own version, not this one)", failure, len(PUSH_RETRY_WAITS) + 1, push_command(added))
+    return {"added": added, "pushed": False, "push_failed": failure}
+
+
+
+def push_with_retries(dvc_files: list[str]) -> str | None:
+    """`dvc push` the new data version, tried again after each of PUSH_RETRY_WAITS; None once pushed, else the last
+    failure's line. The data is in the DVC cache already (the add), so a push that never got through loses nothing."""
+    waits = iter(PUSH_RETRY_WAITS)
+    while True:
+        try:
+            _dvc("push", *dvc_files)
+            return None
+        except RetrainCommitError as error:
+            wait = next(waits, None)
+            if wait is None:
+                return str(error)
+            log.warning("retrain: %s; trying again in %g s", error, wait)
+            time.sleep(wait)
+
+
+def _dvc(command: str, *arguments: str) -> str:
+    """One dvc command's output; a failure is one line with DVC's own reason (its last error line), not an exit status.
+    It waits for DVC's lock where another dvc command holds it (a `dvc status`, an editor's DVC extension, a `dvc repro`
+    in this checkout): DVC's own 3 s and a failure would throw this run's training away. The lock is the OS's, so a
+    holder that dies frees it."""
+    done = subprocess.run([*DVC, "--wait-for-lock", command, *arguments], capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        reason = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1] if lines else "no output")
+        raise RetrainCommitError(f"dvc {command} failed (exit {done.returncode}): {reason}")
+    return done.stdout
+
+
+# The two checks below, and _restage's, read DVC's files in this process, as `dvc root`, `dvc remote list` and `dvc
+# config` would: a dvc process for each took about a second of every data commit. `dvc add` and `dvc push`, which do
+# the work, stay processes.
+def _in_dvc_repo() -> bool:
+    from dvc.exceptions import NotDvcRepoError
+    from dvc.repo import Repo
+
+    try:
+        Repo.find_root()
+    except NotDvcRepoError:
+        return False
+    return True
+
+
+def _has_default_remote() -> bool:
+    """Whether `dvc push` has a remote to send to; False where no remote is named at any of DVC's config levels
+    (system, global, project, local). Remotes with none of them the default: `dvc push` would stop on "no remote
+    specified" once the data is added, so the commit is refused here, saying how to choose one."""
+    from dvc.config import Config
+    from dvc.exceptions import DvcException
+
+    try:
+        config = Config.from_cwd()
+    except DvcException as error:  # an unreadable config: one line, as _dvc says a failed command
+        raise RetrainCommitError(f"dvc remote list failed: {error}") from None
+    remotes = sorted(config["remote"])
+    if remotes and not config["core"].get("remote"):
+        raise RetrainCommitError(f"retrain.push is true and DVC names remote(s) {', '.join(remotes)} but no default one, "
+                                 "so dvc push would not know where to send the data: make one the default with "
+                                 "`dvc remote default NAME`, or set retrain.push: false")
+    return bool(remotes)
+
+
+def push_command(versions: list[str]) -> str:
+    """The command that pushes a data version whose push failed: its .dvc files, as every message about it gives it."""
+    return f"dvc push {' '.join(versions)}"
+
