@@ -57,6 +57,9 @@ class EpochRecord:
     seconds: float
 
 
+OnEpoch = Callable[[EpochRecord], None]  # a stage's hook, called on rank 0 with each epoch's record (epoch 0 first)
+
+
 @dataclass
 class FitResult:
     history: list[EpochRecord]
@@ -200,7 +203,7 @@ def fit(
     *,
     seed: int,
     description: str,
-    on_epoch: Callable[[EpochRecord], None] | None = None,
+    on_epoch: OnEpoch | None = None,
     keep: Literal["best", "last"] = "best",
 ) -> FitResult:
     """Train with early stopping on validation macro-F1; `model` ends holding its best weights.
@@ -254,13 +257,13 @@ def _epoch_batches(n_rows: int, schedule: Schedule, rng: random.Random, descript
                 desc=f"{description} epoch {epoch}/{schedule.epochs}", leave=False, disable=not distributed.is_main())
 
 
-def _report_start(record: EpochRecord, description: str, on_epoch: Callable[[EpochRecord], None] | None) -> None:
+def _report_start(record: EpochRecord, description: str, on_epoch: OnEpoch | None) -> None:
     log.info("%s: epoch 0 (start) validation macro-F1 %.4f", description, record.validation_macro_f1)
     if on_epoch:
         on_epoch(record)
 
 
-def _report_epoch(record: EpochRecord, description: str, on_epoch: Callable[[EpochRecord], None] | None) -> None:
+def _report_epoch(record: EpochRecord, description: str, on_epoch: OnEpoch | None) -> None:
     if on_epoch:
         on_epoch(record)
     log.info(

@@ -23,7 +23,7 @@ from tqc.io import atomic_directory
 from tqc.metrics import summary
 from tqc.model.encoder import EmbeddingAugmentation, TextEncoder, load_weights, outside_backbones
 from tqc.schema import Catalog, LabeledQuestion, StaleClassifier, load_questions
-from tqc.training import (FitResult, backbone_groups, fit, gold_indices, parameter_groups, write_history,
+from tqc.training import (FitResult, OnEpoch, backbone_groups, fit, gold_indices, parameter_groups, write_history,
                           write_outputs)
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def _first_difference(saved: list[str], catalog: list[str]) -> str:
 
 
 def train(model: LinearClassifier, train_rows: list[LabeledQuestion], validation: list[LabeledQuestion], catalog: Catalog,
-          params: BaselineNCParams, seed: int, on_epoch=None) -> FitResult:
+          params: BaselineNCParams, seed: int, on_epoch: OnEpoch | None = None) -> FitResult:
     gold = torch.as_tensor(gold_indices(train_rows, catalog))
     texts = [q.text for q in train_rows]
     validation_gold = gold_indices(validation, catalog)
@@ -123,7 +123,8 @@ def encoder_groups(encoder: TextEncoder, params: BaselineNCParams) -> list[dict]
 
 
 def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_params: AugmentParams,
-        params: BaselineNCParams, seed: int, out_dir: Path, history_path: Path, on_epoch=None) -> FitResult:
+        params: BaselineNCParams, seed: int, out_dir: Path, history_path: Path,
+        on_epoch: OnEpoch | None = None) -> FitResult:
     if not params.enabled:
         return _write_disabled(out_dir, history_path)
     seed_everything(seed)

@@ -34,7 +34,7 @@ from tqc.model.prototype_mixup import balanced_set, synthetic_share
 from tqc.model.warm_start import starting_model, warmed_model
 from tqc.model.similarity import scores_directions_only
 from tqc.schema import Catalog, LabeledQuestion, load_questions
-from tqc.training import (FitResult, bi_encoder_parameter_groups, bi_encoder_validator, fit, gold_indices,
+from tqc.training import (FitResult, OnEpoch, bi_encoder_parameter_groups, bi_encoder_validator, fit, gold_indices,
                            standard_text_groups, stage_loss, steps_per_epoch, twin_columns, write_outputs)
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def train(
     catalog: Catalog,
     params: StageOneParams,
     seed: int,
-    on_epoch=None,
+    on_epoch: OnEpoch | None = None,
     augment: AugmentParams | None = None,
 ) -> FitResult:
     batch_loss = _batch_loss(model, train_rows, catalog, params, seed, augment or AugmentParams())
@@ -231,7 +231,7 @@ def run(
     seed: int,
     out_dir: Path,
     history_path: Path,
-    on_epoch=None,
+    on_epoch: OnEpoch | None = None,
     warmup_dir: Path | None = None,
 ) -> FitResult:
     """`warmup_dir`: the warm-up stage's folder; where it holds a model, training starts from it, else (None, or the

@@ -17,7 +17,7 @@ from tqc.losses import class_log_prior, prior_offsets
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.stages.mine import load_negatives
-from tqc.training import (FitResult, bi_encoder_parameter_groups, bi_encoder_validator, fit, gold_indices,
+from tqc.training import (FitResult, OnEpoch, bi_encoder_parameter_groups, bi_encoder_validator, fit, gold_indices,
                            standard_text_groups, stage_loss, twin_columns, write_outputs)
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def train(
     catalog: Catalog,
     params: StageTwoParams,
     seed: int,
-    on_epoch=None,
+    on_epoch: OnEpoch | None = None,
 ) -> FitResult:
     gold = torch.as_tensor(gold_indices(train_rows, catalog))
     texts = [q.text for q in train_rows]
@@ -86,7 +86,7 @@ def run(
     seed: int,
     out_dir: Path,
     history_path: Path,
-    on_epoch=None,
+    on_epoch: OnEpoch | None = None,
 ) -> FitResult:
     seed_everything(seed)
     catalog = Catalog.load(data_dir / "catalog.jsonl")

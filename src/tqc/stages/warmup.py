@@ -34,7 +34,7 @@ from tqc.readers import ReaderError, read_texts, read_unlabelled
 from tqc.schema import Catalog, LabeledQuestion, load_questions, split_source
 from tqc.stages.validate import LETTER_OR_DIGIT
 from tqc.text import compared_text
-from tqc.training import FitResult, bi_encoder_validator, fit, parameter_groups
+from tqc.training import FitResult, OnEpoch, bi_encoder_validator, fit, parameter_groups
 from tqc.warmup_triplets import Triplet, WordVectors, build_triplets
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def weak_triplets(model: BiEncoder, catalog: Catalog, pool: list[str], params: W
 
 
 def train(model: BiEncoder, triplets: list[Triplet], validation: list[LabeledQuestion], catalog: Catalog,
-          params: WarmupParams, seed: int, on_epoch=None) -> FitResult:
+          params: WarmupParams, seed: int, on_epoch: OnEpoch | None = None) -> FitResult:
     """Every epoch of the triplets, the last weights kept: validation (zero-shot, against the catalog) is reported,
     and chooses nothing, since the warm-up learns no classes."""
 
@@ -166,7 +166,7 @@ def train(model: BiEncoder, triplets: list[Triplet], validation: list[LabeledQue
 
 
 def run(data_dir: Path, model_params: ModelParams, params: WarmupParams, data_params: DataParams, seed: int,
-        out_dir: Path, report_path: Path, quarantine_path: Path, on_epoch=None) -> FitResult:
+        out_dir: Path, report_path: Path, quarantine_path: Path, on_epoch: OnEpoch | None = None) -> FitResult:
     if not params.enabled:
         return _write_skipped(out_dir, report_path, quarantine_path)
     started = time.perf_counter()
