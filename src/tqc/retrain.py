@@ -43,13 +43,13 @@ from __future__ import annotations
 from tqc.retraining.commit import commit, roll_back_interrupted_commit
 from tqc.retraining.errors import JudgeFailedUnpushed, PushFailed, RefreshError, RetrainBusy, RetrainCommitError
 from tqc.retraining.inbox import Incoming, pick_up, retrain_lock
-from tqc.retraining.pending import (Champion, Trained, clear_pending_judge, pending_judge, pending_judge_path,
+from tqc.retraining.pending import (Trained, clear_pending_judge, pending_judge, pending_judge_path,
                                     push_pending_version)
 from tqc.retraining.renew import refresh, tag_refresh, train
 from tqc.retraining.staging import Staged, stage
 from tqc.retraining.summary import closing_line, push_failure, summary_markdown, why_nothing_was_accepted
 
-__all__ = ["Champion", "Incoming", "JudgeFailedUnpushed", "PushFailed", "RefreshError", "RetrainBusy",
+__all__ = ["Incoming", "JudgeFailedUnpushed", "PushFailed", "RefreshError", "RetrainBusy",
            "RetrainCommitError", "Staged", "Trained", "clear_pending_judge", "closing_line", "commit", "pending_judge",
            "pending_judge_path", "pick_up", "push_failure", "push_pending_version", "refresh", "retrain_lock",
            "roll_back_interrupted_commit", "stage", "summary_markdown", "tag_refresh", "train", "why_nothing_was_accepted"]

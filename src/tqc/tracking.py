@@ -75,6 +75,7 @@ def existing_registry(uri: str, setting: str) -> str:
 
 SETTING = "tracking.uri (or $MLFLOW_TRACKING_URI)"
 TRACKING_OFF = "or turn tracking off with tracking.enabled=false"
+STORE_WAY_OUT = f"point tracking.uri at a store that answers, {TRACKING_OFF}"  # what a stage or tune is told
 CONNECT_SECONDS = 10  # a database's answer to a connection; a closed port answers at once
 
 
@@ -87,9 +88,9 @@ def answering(uri: str, way_out: str, setting: str = SETTING) -> str:
     what chose `uri`."""
     from mlflow.exceptions import MlflowException
 
-    if not _is_database(uri):
+    engine_name = _engine_name(uri)
+    if engine_name is None:
         return uri
-    engine_name = uri.split("://", 1)[0].split("+", 1)[0].lower()
     import sqlalchemy
     from sqlalchemy.pool import NullPool
 
@@ -119,11 +120,13 @@ def answering(uri: str, way_out: str, setting: str = SETTING) -> str:
     return uri
 
 
-def _is_database(uri: str) -> bool:
-    """Whether `uri` names a database MLflow opens itself (SQLite, PostgreSQL, MySQL, SQL Server), not a server."""
+def _engine_name(uri: str) -> str | None:
+    """The database `uri` names, which MLflow opens itself (sqlite, postgresql, mysql, mssql: a `+driver` aside); None
+    for a tracking server or a path."""
     from mlflow.store.db.db_types import DATABASE_ENGINES
 
-    return "://" in uri and uri.split("://", 1)[0].split("+", 1)[0].lower() in DATABASE_ENGINES
+    name = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else None
+    return name if name in DATABASE_ENGINES else None
 
 
 # The connect_args key of each driver's connection timeout, in seconds (SQLite's waits on a locked file)
@@ -312,8 +315,7 @@ def _client_and_experiment(params: TrackingParams):
     offline_mlflow()
     import mlflow
 
-    uri = answering(_store_that_can_be_made(tracking_uri(params)),
-                    way_out=f"point tracking.uri at a store that answers, {TRACKING_OFF}")
+    uri = answering(_store_that_can_be_made(tracking_uri(params)), way_out=STORE_WAY_OUT)
     mlflow.set_tracking_uri(uri)
     first_call(lambda: mlflow.get_experiment_by_name(params.experiment), uri, SETTING, "the store could not be opened",
                f"point tracking.uri at one that opens, {TRACKING_OFF}")
@@ -537,19 +539,18 @@ def check_store(params: TrackingParams) -> None:
     run that opens later makes it, as before), and a command that then fails leaves no store behind."""
     if not params.enabled:
         return
-    offline_mlflow()  # before MLflow is imported (`_is_database`)
+    offline_mlflow()  # before MLflow is imported (`_engine_name`)
     uri = _store_that_can_be_made(tracking_uri(params))
     database = sqlite_file(uri)
     if database is not None and not database.exists():  # the folder is there; the run will make the file
         return
-    way_out = f"point tracking.uri at a store that answers, {TRACKING_OFF}"
-    if _is_database(uri):
-        answering(uri, way_out)
+    if _engine_name(uri):
+        answering(uri, STORE_WAY_OUT)
     elif uri.startswith(("http://", "https://")):  # a tracking server: one read, which makes nothing
         import mlflow
 
         first_call(lambda: mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1), uri, SETTING,
-                   "the store could not be read", way_out)
+                   "the store could not be read", STORE_WAY_OUT)
 
 
 @contextmanager
