@@ -24,6 +24,7 @@ from tqc import predict_command
 from tqc.arguments import at_least_one, at_least_two, at_least_zero, parse_overrides, where_filters
 from tqc.text import first_of
 from tqc.tracking import offline_mlflow, stage_run
+from tqc.training_commands import BASELINE_NC, STAGE_ONE, STAGE_TWO, TRAINING_COMMANDS, WARMUP, TrainingCommand
 
 
 def _paths(parser: argparse.ArgumentParser, *names: str, required: bool = True) -> None:
@@ -85,17 +86,21 @@ def _add_augment(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_training_stages(commands: argparse._SubParsersAction) -> None:
-    """warmup, stage-one, mine, stage-two and baseline-nc: each trains (or mines for) a model from the validated data."""
-    warmup = commands.add_parser("warmup", help="EBSIM's warm-up on weak triplets of unlabelled questions (warmup section; "
-                                 "off by default: writes only its skip record)")
-    _paths(warmup, "data", "out", "report", "quarantine")
-    stage_one = commands.add_parser("stage-one", help="train both encoders with in-batch NT-Xent")
-    _paths(stage_one, "data", "train", "out", "history")
-    stage_one.add_argument("--warmup", type=Path, help="the warm-up stage's folder (models/warmup): start from its model "
-                           "where it wrote one, else from model.pretrained")
+    """warmup, stage-one, mine, stage-two and baseline-nc: each trains (or mines for) a model from the validated data;
+    the training ones take the path arguments of their `training_commands` entry."""
+    def training(command: TrainingCommand, help: str) -> argparse.ArgumentParser:
+        parser = commands.add_parser(command.name, help=help)
+        _paths(parser, *command.paths)
+        return parser
+
+    training(WARMUP, "EBSIM's warm-up on weak triplets of unlabelled questions (warmup section; off by default: writes "
+                     "only its skip record)")
+    training(STAGE_ONE, "train both encoders with in-batch NT-Xent").add_argument(
+        "--warmup", type=Path, help="the warm-up stage's folder (models/warmup): start from its model where it wrote "
+                                    "one, else from model.pretrained")
     _paths(commands.add_parser("mine", help="mine the K hardest wrong standard questions"), "data", "train", "model", "out", "report")
-    _paths(commands.add_parser("stage-two", help="retrain against the mined negatives"), "data", "train", "negatives", "model", "out", "history")
-    _paths(commands.add_parser("baseline-nc", help="train the NC (encoder + linear head) baseline"), "data", "train", "out", "history")
+    training(STAGE_TWO, "retrain against the mined negatives")
+    training(BASELINE_NC, "train the NC (encoder + linear head) baseline")
 
 
 def _add_scoring_stages(commands: argparse._SubParsersAction) -> None:
@@ -219,9 +224,6 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-TRAINING_COMMANDS = ("warmup", "stage-one", "stage-two", "baseline-nc")
-
-
 def _join_or_launch(params, args: argparse.Namespace) -> None:
     """`distributed.nproc_per_node > 1`: run this very command under torchrun and exit with its
     status; under torchrun (ours or the user's): join the process group."""
@@ -231,7 +233,7 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
     if command is not None:
         # What would fail in every process, said once here: under torchrun it comes back as its traceback
         distributed.check_launch(params.distributed.backend, params.distributed.nproc_per_node)
-        for name in WITH_PARAMS[args.command].inputs:  # the stage's own input arguments (_training_stage)
+        for name in TRAINING_COMMANDS[args.command].inputs:  # the stage's own input arguments
             path = getattr(args, name)
             if not Path(path).exists():
                 raise FileNotFoundError(f"--{name} {path}: no such file or folder")
@@ -303,12 +305,11 @@ def dispatch(args: argparse.Namespace) -> None:
     if args.command in ("stage-one", "mine", "tune"):  # mining needs FAISS after stage one: said before an hour of
         # training; where this process mines (mine, tune's trials), its GPU index is tried before CUDA starts
         _check_faiss(_similarities(params, args.command), mines_here=args.command != "stage-one")
-    command = WITH_PARAMS[args.command]
     # A disabled warm-up or NC baseline trains nothing: its record is written once, by this one process, not raced by
     # torchrun's, and nothing is launched
-    if args.command in TRAINING_COMMANDS and not command.off(params):
+    if args.command in TRAINING_COMMANDS and not TRAINING_COMMANDS[args.command].is_off(params):
         _join_or_launch(params, args)
-    command(args, params)
+    WITH_PARAMS[args.command](args, params)
 
 
 # What `tqc ablate` itself reads: the grids, seeds and budget, and the data folder each cell's experiment is pointed
@@ -440,48 +441,18 @@ def _augment(args: argparse.Namespace, params: Params) -> None:
     augment.run(args.train, params.augment, params.seed, args.out, args.report, args.generated, args.held_out, args.catalog)
 
 
-def _training_stage(stage: str, deps: list[str], train: Callable, logged: str = "history",
-                    off: Callable[[Params], bool] = lambda params: False) -> Callable:
-    """A training command: `train(args, params, on_epoch)` in a tracked run, its fit and its `logged` file (the
-    curves) logged. Where `off(params)`, `train` writes only its skip record, with no run: nothing trained."""
-    def command(args: argparse.Namespace, params: Params) -> None:
-        if off(params):
-            train(args, params, None)
+def _training_stage(command: TrainingCommand) -> Callable[[argparse.Namespace, Params], None]:
+    """A training command: its stage's run() in a tracked run, its fit and its curves file logged. A stage that is off
+    writes only its skip record, with no run: nothing trained."""
+    def run(args: argparse.Namespace, params: Params) -> None:
+        paths = command.given(vars(args))
+        if command.is_off(params):
+            command.run(paths, params, params.seed)
             return
-        with stage_run(stage, params, [getattr(args, name) for name in deps]) as tracker:
-            result = train(args, params, tracker.on_epoch(stage))
-            _log_fit(tracker, stage, result, getattr(args, logged))
-    command.inputs = deps  # checked before a torchrun relaunch, where a missing one would fail in every process
-    command.off = off
-    return command
-
-
-def _warmup(args: argparse.Namespace, params: Params, on_epoch):
-    from tqc.stages import warmup
-
-    return warmup.run(args.data, params.model, params.warmup, params.data, params.seed, args.out, args.report,
-                      args.quarantine, on_epoch=on_epoch)
-
-
-def _stage_one(args: argparse.Namespace, params: Params, on_epoch):
-    from tqc.stages import stage_one
-
-    return stage_one.run(args.data, args.train, params.model, params.augment, params.stage_one, params.seed, args.out,
-                         args.history, on_epoch=on_epoch, warmup_dir=args.warmup)
-
-
-def _stage_two(args: argparse.Namespace, params: Params, on_epoch):
-    from tqc.stages import stage_two
-
-    return stage_two.run(args.data, args.train, args.negatives, args.model, params.augment, params.stage_two, params.seed,
-                         args.out, args.history, on_epoch=on_epoch)
-
-
-def _baseline_nc(args: argparse.Namespace, params: Params, on_epoch):
-    from tqc.stages import baseline_nc
-
-    return baseline_nc.run(args.data, args.train, params.model, params.augment, params.baseline_nc, params.seed, args.out,
-                           args.history, on_epoch=on_epoch)
+        with stage_run(command.stage, params, [paths[name] for name in command.inputs]) as tracker:
+            result = command.run(paths, params, params.seed, tracker.on_epoch(command.stage))
+            _log_fit(tracker, command.stage, result, paths[command.curves])
+    return run
 
 
 def _mine(args: argparse.Namespace, params: Params) -> None:
@@ -707,12 +678,8 @@ WITHOUT_PARAMS: dict[str, Callable[[argparse.Namespace], None]] = {"fetch": _fet
 WITH_PARAMS: dict[str, Callable[[argparse.Namespace, Params], None]] = {
     "ingest": _ingest, "validate": _validate, "augment": _augment,
     # its report holds its curves; off, it writes its skip record alone, and no run
-    "warmup": _training_stage("warmup", ["data"], _warmup, logged="report", off=lambda params: not params.warmup.enabled),
-    "stage-one": _training_stage("stage_one", ["data", "train"], _stage_one),
+    **{name: _training_stage(command) for name, command in TRAINING_COMMANDS.items()},
     "mine": _mine,
-    "stage-two": _training_stage("stage_two", ["data", "train", "negatives", "model"], _stage_two),
-    "baseline-nc": _training_stage("baseline_nc", ["data", "train"], _baseline_nc,
-                                   off=lambda params: not params.baseline_nc.enabled),
     "prior": _prior, "evaluate": _evaluate, "promote": _promote, "trained-on": _trained_on, "set-champion": _set_champion, "tune": _tune,
     "ablate": _ablate, "bench": _bench, "check-inputs": _check_inputs,
 }

@@ -18,8 +18,9 @@ from tqc import distributed
 from tqc.config import Params
 from tqc.launched import ERROR_FILE_ENV, FollowedOutput, clear_input_errors, launched_input_error, wait_for_torchrun
 from tqc.io import write_text
-from tqc.stages import augment, baseline_nc, ingest, mine, stage_one, stage_two, validate, warmup
-from tqc.training import EpochRecord, FitResult, read_history
+from tqc.stages import augment, ingest, mine, validate
+from tqc.training import EpochRecord, FitResult, OnEpoch, read_history
+from tqc.training_commands import BASELINE_NC, STAGE_ONE, STAGE_TWO, WARMUP, StagePaths, TrainingCommand
 
 log = logging.getLogger(__name__)
 
@@ -75,41 +76,32 @@ def train_chain(params: Params, data_dir: Path, train_path: Path, work_dir: Path
     stage's epochs when the stage has ended (they come from its history file).
     """
     processes = params.distributed.nproc_per_node if processes is None else processes
-    train = _launcher(params, seed, work_dir, processes) or _in_process
+    train = _Trainer(params, seed, _launcher(params, seed, work_dir, processes))
     outputs = ChainOutputs(work_dir / "stage_one", work_dir / "stage_two", work_dir / "nc" if with_nc else None)
 
-    def hook(stage: str):
+    def hook(stage: str) -> OnEpoch | None:
         return (lambda record: on_epoch(stage, record)) if on_epoch else None
 
     one = {"data": data_dir, "train": train_path, "out": outputs.stage_one, "history": work_dir / "stage_one.csv"}
     if params.warmup.enabled:  # stage one starts from the warm-up's model; off, from model.pretrained as ever
-        one["warmup"] = warmed_up(params, data_dir, work_dir, seed, train)
-    outputs.fits["stage_one"] = train("stage-one", one, hook("stage_one"), lambda on_epoch: stage_one.run(
-        data_dir, train_path, params.model, params.augment, params.stage_one, seed, one["out"], one["history"],
-        on_epoch=on_epoch, warmup_dir=one.get("warmup")))
+        one["warmup"] = warmed_up(data_dir, work_dir, train)
+    outputs.fits["stage_one"] = train(STAGE_ONE, one, hook("stage_one"))
     mine.run(data_dir, train_path, outputs.stage_one, params.mine, work_dir / "negatives.jsonl", work_dir / "mining.json")
-    two = {"data": data_dir, "train": train_path, "negatives": work_dir / "negatives.jsonl", "model": outputs.stage_one,
-           "out": outputs.stage_two, "history": work_dir / "stage_two.csv"}
-    outputs.fits["stage_two"] = train("stage-two", two, hook("stage_two"), lambda on_epoch: stage_two.run(
-        data_dir, train_path, two["negatives"], two["model"], params.augment, params.stage_two, seed, two["out"],
-        two["history"], on_epoch=on_epoch))
+    outputs.fits["stage_two"] = train(STAGE_TWO, {
+        "data": data_dir, "train": train_path, "negatives": work_dir / "negatives.jsonl", "model": outputs.stage_one,
+        "out": outputs.stage_two, "history": work_dir / "stage_two.csv"}, hook("stage_two"))
     if outputs.nc is not None:
-        nc = {"data": data_dir, "train": train_path, "out": outputs.nc, "history": work_dir / "nc.csv"}
-        train_nc = train if params.baseline_nc.enabled else _in_process  # disabled: a marker, nothing to launch
-        outputs.fits["baseline_nc"] = train_nc("baseline-nc", nc, hook("baseline_nc"), lambda on_epoch: baseline_nc.run(
-            data_dir, train_path, params.model, params.augment, params.baseline_nc, seed, nc["out"], nc["history"],
-            on_epoch=on_epoch))
+        outputs.fits["baseline_nc"] = train(BASELINE_NC, {
+            "data": data_dir, "train": train_path, "out": outputs.nc, "history": work_dir / "nc.csv"}, hook("baseline_nc"))
     return outputs
 
 
-def warmed_up(params: Params, data_dir: Path, work_dir: Path, seed: int, train: StageRunner) -> Path:
+def warmed_up(data_dir: Path, work_dir: Path, train: _Trainer) -> Path:
     """The warm-up stage into `work_dir` as `dvc repro` runs it into models/warmup, through `train` as the other
     training stages (`tqc warmup` under torchrun, or in this process); returns its model folder."""
     paths = {"data": data_dir, "out": work_dir / "warmup", "report": work_dir / "reports" / "warmup.json",
              "quarantine": work_dir / "quarantine" / "warmup.jsonl"}
-    train("warmup", paths, None, lambda on_epoch: warmup.run(
-        data_dir, params.model, params.warmup, params.data, seed, paths["out"], paths["report"], paths["quarantine"],
-        on_epoch=on_epoch))
+    train(WARMUP, paths, None)
     return paths["out"]
 
 
@@ -118,15 +110,19 @@ def warmed_up(params: Params, data_dir: Path, work_dir: Path, seed: int, train: 
 LAUNCHED_SECTIONS = ("seed", "data", "validate", "augment", "model", "warmup", "stage_one", "mine", "stage_two",
                      "baseline_nc", "distributed")
 
-StageCall = Callable[[Callable[[EpochRecord], None] | None], FitResult]  # the stage's run(), given its epoch hook
 
+@dataclass(frozen=True)
+class _Trainer:
+    """Runs a training command of the chain: in this process, or through `launcher` when there is one. A stage that
+    is off (a disabled NC baseline) writes its skip record here: nothing to launch."""
+    params: Params
+    seed: int
+    launcher: _Launcher | None
 
-def _in_process(command: str, paths: dict[str, Path], on_epoch, call: StageCall) -> FitResult:
-    return call(on_epoch)
-
-
-# How a chain runs a training stage: (its CLI command, that command's path arguments, its epoch hook, its run() call)
-StageRunner = Callable[[str, dict[str, Path], Callable[[EpochRecord], None] | None, StageCall], FitResult]
+    def __call__(self, command: TrainingCommand, paths: StagePaths, on_epoch: OnEpoch | None) -> FitResult:
+        if self.launcher is None or command.is_off(self.params):
+            return command.run(paths, self.params, self.seed, on_epoch)
+        return self.launcher(command, paths, on_epoch)
 
 
 class StageLaunchFailed(RuntimeError):
@@ -144,9 +140,10 @@ class _Launcher:
     params_file: Path
     processes: int
 
-    def __call__(self, command: str, paths: dict[str, Path], on_epoch, call: StageCall) -> FitResult:
-        arguments = [part for name, path in paths.items() for part in (f"--{name}", str(path))]
-        launch = distributed.relaunch_command(self.processes, ["--params", str(self.params_file), command, *arguments])
+    def __call__(self, stage: TrainingCommand, paths: StagePaths, on_epoch: OnEpoch | None) -> FitResult:
+        command = stage.name
+        launch = distributed.relaunch_command(self.processes, ["--params", str(self.params_file), command,
+                                                               *stage.arguments(paths)])
         error_file = self.params_file.with_name(f"input-error.{command}")
         clear_input_errors(error_file)
         _release_cuda_cache()  # this process's cached blocks (mining's model, say) would crowd rank 0's GPU
@@ -170,17 +167,18 @@ class _Launcher:
             raise StageLaunchFailed(f"{command}: its {self.processes} torchrun processes exited with status {status}; "
                                     f"their errors:{errors}\nthe last lines they wrote:\n"
                                     + "\n".join(last_lines[-LAST_LINES_SAID:]))
-        history = _launched_history(paths)
+        history = _launched_history(stage, paths)
         for record in history if on_epoch else ():
             on_epoch(record)
         return FitResult.of(history)
 
 
-def _launched_history(paths: dict[str, Path]) -> list[EpochRecord]:
+def _launched_history(stage: TrainingCommand, paths: StagePaths) -> list[EpochRecord]:
     """The epochs a launched stage's rank 0 recorded: in its --history file, the warm-up's in its --report."""
-    if "history" in paths:
-        return read_history(paths["history"])
-    return [EpochRecord(**record) for record in json.loads(paths["report"].read_text(encoding="utf-8"))["history"]]
+    curves = paths[stage.curves]
+    if stage.curves == "history":
+        return read_history(curves)
+    return [EpochRecord(**record) for record in json.loads(curves.read_text(encoding="utf-8"))["history"]]
 
 
 def _release_cuda_cache() -> None:

@@ -239,3 +239,16 @@ def test_the_collective_timeout_re_runs_no_stage_and_is_not_recorded_in_metrics_
             assert any(covers(str(declared), key) for declared in stages[name]["params"]), (name, key)
     recorded = recorded_params(load_params(DVC_YAML.parent / "params.yaml"))
     assert recorded["distributed"] == {"nproc_per_node": 1, "backend": "auto"}
+
+
+def test_each_training_stage_in_dvc_yaml_passes_the_path_arguments_its_command_takes():
+    """The training stages' path arguments are one table (`training_commands`), which the CLI's parser and the chain
+    (in process and under torchrun) both read; dvc.yaml writes them out once more, held to it here."""
+    from tqc.training_commands import TRAINING_COMMANDS
+
+    stages = yaml.safe_load(DVC_YAML.read_text())["stages"]
+    for command in TRAINING_COMMANDS.values():
+        words = stages[command.stage]["cmd"].split()
+        assert words[:2] == ["tqc", command.name]
+        given = [word[2:] for word in words[2:] if word.startswith("--")]
+        assert set(command.paths) <= set(given) <= set(command.paths) | set(command.optional), (command.stage, given)

@@ -750,6 +750,7 @@ def test_a_launch_that_fails_says_its_processes_last_lines_and_logs_every_line(t
 
     from tqc import distributed
     from tqc.pipeline import StageLaunchFailed, _Launcher
+    from tqc.training_commands import STAGE_ONE
 
     # as torchrun writes it: a rank's traceback, then 25 lines of torchrun's own summary after it
     crash = ("import sys\nprint('stage one: epoch 1', flush=True)\n"
@@ -760,7 +761,7 @@ def test_a_launch_that_fails_says_its_processes_last_lines_and_logs_every_line(t
              "print('the last line, on stdout', flush=True)\nsys.exit(1)")
     monkeypatch.setattr(distributed, "relaunch_command", lambda processes, arguments: [sys.executable, "-c", crash])
     with caplog.at_level("INFO", logger="tqc.pipeline"), pytest.raises(StageLaunchFailed) as failed:
-        _Launcher(tmp_path / "params.launched.yaml", 2)("stage-one", {"history": tmp_path / "h.csv"}, None, None)
+        _Launcher(tmp_path / "params.launched.yaml", 2)(STAGE_ONE, {"history": tmp_path / "h.csv"}, None)
     message = str(failed.value)
     # stdout's lines too, in the order written: the message's last lines were standard error's alone
     assert "exited with status 1" in message and message.endswith("summary line 24\nthe last line, on stdout")
@@ -778,6 +779,7 @@ def test_launched_processes_share_the_cores_unless_the_user_set_omp_num_threads(
     command's launch and the chain's both start torchrun with each process's share of one process's threads."""
     from tqc import cli
     from tqc.pipeline import StageLaunchFailed, _Launcher
+    from tqc.training_commands import STAGE_ONE
 
     said = tmp_path / "threads"
     launched = [sys.executable, "-c", f"import os, sys; open({str(said)!r}, 'w').write(os.environ['OMP_NUM_THREADS']); sys.exit(1)"]
@@ -787,12 +789,12 @@ def test_launched_processes_share_the_cores_unless_the_user_set_omp_num_threads(
     for threads, processes in (("4", 2), ("2", 3), ("1", 16)):  # at least one
         assert cli._launch(launched, processes) == 1 and said.read_text() == threads
         with pytest.raises(StageLaunchFailed):
-            _Launcher(tmp_path / "params.launched.yaml", processes)("stage-one", {"history": tmp_path / "h.csv"}, None, None)
+            _Launcher(tmp_path / "params.launched.yaml", processes)(STAGE_ONE, {"history": tmp_path / "h.csv"}, None)
         assert said.read_text() == threads
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's, even torchrun's own choice: kept
     assert cli._launch(launched, 2) == 1 and said.read_text() == "1"
     with pytest.raises(StageLaunchFailed):
-        _Launcher(tmp_path / "params.launched.yaml", 2)("stage-one", {"history": tmp_path / "h.csv"}, None, None)
+        _Launcher(tmp_path / "params.launched.yaml", 2)(STAGE_ONE, {"history": tmp_path / "h.csv"}, None)
     assert said.read_text() == "1"
 
 

@@ -174,23 +174,20 @@ def test_the_chain_warms_up_first_and_hands_stage_one_its_folder_in_process_and_
 
     launched = []
 
-    def launcher(command, paths, on_epoch, call):
-        launched.append((command, dict(paths)))
-        return call(on_epoch)
+    def launcher(command, paths, on_epoch):
+        launched.append((command.name, command.arguments(paths)))  # the command line _Launcher would give torchrun
+        return command.run(paths, params, 0, on_epoch)
 
     monkeypatch.setattr(pipeline, "_launcher", lambda *args: launcher)
     train_chain(params, data, data / "train.jsonl", tmp_path / "launched", seed=0, with_nc=False, processes=2)
     assert [command for command, _ in launched] == ["warmup", "stage-one", "stage-two"]
-    warmup_arguments = [part for name, path in dict(launched)["warmup"].items() for part in (f"--{name}", str(path))]
-    assert parse_arguments(["warmup", *warmup_arguments]).out == tmp_path / "launched" / "warmup"  # tqc warmup's own
-    stage_one_paths = dict(launched)["stage-one"]
-    assert stage_one_paths["warmup"] == tmp_path / "launched" / "warmup"
-    arguments = [part for name, path in stage_one_paths.items() for part in (f"--{name}", str(path))]
-    assert parse_arguments(["stage-one", *arguments]).warmup == tmp_path / "launched" / "warmup"  # as _Launcher passes them
+    assert parse_arguments(["warmup", *dict(launched)["warmup"]]).out == tmp_path / "launched" / "warmup"  # tqc warmup's own
+    stage_one = parse_arguments(["stage-one", *dict(launched)["stage-one"]])
+    assert stage_one.warmup == tmp_path / "launched" / "warmup"  # as _Launcher passes it
     off = params.with_overrides({"warmup": {"enabled": False}})
     launched.clear()
     train_chain(off, data, data / "train.jsonl", tmp_path / "off", seed=0, with_nc=False, processes=2)
-    assert "warmup" not in dict(launched) and "warmup" not in dict(launched)["stage-one"]
+    assert "warmup" not in dict(launched) and "--warmup" not in dict(launched)["stage-one"]
     assert not (tmp_path / "off" / "warmup").exists()
 
 

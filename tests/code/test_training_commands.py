@@ -1,0 +1,48 @@
+"""The training stages' one table of path arguments: what the CLI parses, the chain hands over and a launch passes."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tqc.cli import parse_arguments
+from tqc.config import Params
+from tqc.training_commands import BASELINE_NC, STAGE_ONE, TRAINING_COMMANDS, WARMUP
+
+
+@pytest.mark.parametrize("command", TRAINING_COMMANDS.values(), ids=lambda command: command.name)
+def test_the_command_line_a_launch_passes_parses_back_to_the_same_paths(command):
+    paths = {name: Path("work") / name for name in (*command.paths, *command.optional)}
+    args = parse_arguments([command.name, *command.arguments(paths)])
+    assert command.given(vars(args)) == paths
+
+
+def test_a_path_argument_left_out_of_the_command_line_is_an_error_of_the_parser():
+    paths = {name: Path(name) for name in STAGE_ONE.paths if name != "history"}
+    with pytest.raises(SystemExit):
+        parse_arguments([STAGE_ONE.name, *STAGE_ONE.arguments(paths)])
+
+
+def test_an_optional_path_not_given_is_not_handed_on():
+    args = parse_arguments([STAGE_ONE.name, *STAGE_ONE.arguments({name: Path(name) for name in STAGE_ONE.paths})])
+    assert "warmup" not in STAGE_ONE.given(vars(args))
+
+
+def test_a_caller_that_leaves_out_or_adds_a_path_is_stopped_before_the_stage_runs():
+    def never(*_):
+        raise AssertionError("the stage ran")
+
+    command = replace(BASELINE_NC, call=never)
+    paths = {name: Path(name) for name in command.paths}
+    with pytest.raises(TypeError, match=r"missing path arguments \['history'\], unknown ones \[\]"):
+        command.run({name: path for name, path in paths.items() if name != "history"}, Params(), 0)
+    with pytest.raises(TypeError, match=r"missing path arguments \[\], unknown ones \['negatives'\]"):
+        command.run({**paths, "negatives": Path("n.jsonl")}, Params(), 0)
+
+
+def test_only_the_stages_with_an_enabled_switch_are_ever_off():
+    params = Params().with_overrides({"warmup": {"enabled": False}, "baseline_nc": {"enabled": False}})
+    assert {name for name, command in TRAINING_COMMANDS.items() if command.is_off(params)} == {"warmup", "baseline-nc"}
+    assert not WARMUP.is_off(params.with_overrides({"warmup": {"enabled": True, "include_train": True}}))
+    assert not any(command.is_off(Params().with_overrides({"warmup": {"enabled": True}}))
+                   for command in (STAGE_ONE, WARMUP))
