@@ -39,8 +39,8 @@ from tqc.tracking import git_commit
 log = logging.getLogger("gpu_grid")
 
 PREPARATION_SECTIONS = ("seed", "data", "validate_", "augment")  # what ingest → validate → augment read
-PREPARATION_CODE = ("readers.py", "schema.py", "stages/ingest.py", "stages/validate.py", "stages/augment.py", "eda.py",
-                    "seq2seq.py")  # their code (dvc.yaml's deps of those stages)
+PREPARATION_CODE = ("readers", "schema.py", "stages/ingest.py", "stages/validate.py", "stages/augment.py", "eda.py",
+                    "seq2seq.py")  # their code (dvc.yaml's deps of those stages): files, and folders (.py files within)
 
 
 def gpu_params(params: Params, budget: dict) -> Params:
@@ -89,7 +89,8 @@ def inputs_digest(params: Params, project: Path) -> str:
              "additions": project / params.data.additions if params.data.additions else None}
     # each file by its path in its root (linked sub-folders included), not the machine's path to the root
     inputs = {name: tree_digests(root) if root else {} for name, root in roots.items()}
-    inputs["code"] = {name: file_digest(code / name, "sha256") for name in PREPARATION_CODE}
+    inputs["code"] = {name: tree_digests(code / name, ".py") if (code / name).is_dir() else file_digest(code / name, "sha256")
+                      for name in PREPARATION_CODE}
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
 
 

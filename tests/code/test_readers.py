@@ -828,7 +828,7 @@ def test_a_stopping_files_rejected_rows_survive_pickling_with_its_error():
 
 
 def test_stray_carriage_returns_are_numbered_by_line_in_one_pass():
-    from tqc.readers import _line_numbers
+    from tqc.readers.decoding import _line_numbers
 
     text = "a\rb\nc\nd\re\rf\n\ng\r"
     offsets = [i for i, ch in enumerate(text) if ch == "\r"]

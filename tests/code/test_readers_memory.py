@@ -6,7 +6,8 @@ import tracemalloc
 
 import pytest
 
-from tqc.readers import ReaderError, _iter_lines, read_table, read_texts, split_lines
+from tqc.readers import ReaderError, read_table, read_texts, split_lines
+from tqc.readers.decoding import _iter_lines
 from tqc.schema import LabeledQuestion
 
 WORDS = "what where who how many is the of capital river city first largest country name".split()

@@ -16,10 +16,10 @@ from typing import Iterator
 
 from tqc.config import Params
 from tqc.io import DataFileError, write_jsonl
-from tqc.readers import (ADDED_CATALOG, ADDED_QUESTIONS, MissingColumns, ReaderError, RejectedRow, catalog_label_key,
-                         read_catalog_rows)
+from tqc.readers import ADDED_CATALOG, ADDED_QUESTIONS, MissingColumns, ReaderError, RejectedRow, read_catalog_rows
 from tqc.retraining.inbox import FileOutcome, Incoming, quarantine_record, rows_of, sha256
 from tqc.schema import Catalog, StandardQuestion
+from tqc.text import catalog_label_key
 
 log = logging.getLogger("tqc.retrain")  # one logger for the retrain steps, whichever module says it
 
