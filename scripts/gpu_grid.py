@@ -39,7 +39,7 @@ from tqc.tracking import git_commit
 log = logging.getLogger("gpu_grid")
 
 PREPARATION_SECTIONS = ("seed", "data", "validate_", "augment")  # what ingest → validate → augment read
-PREPARATION_CODE = ("readers", "schema.py", "stages/ingest.py", "stages/validate.py", "stages/augment.py", "eda.py",
+PREPARATION_CODE = ("readers", "schema.py", "text.py", "io.py", "stages/ingest.py", "stages/validate.py", "stages/augment.py", "eda.py",
                     "seq2seq.py")  # their code (dvc.yaml's deps of those stages): files, and folders (.py files within)
 
 

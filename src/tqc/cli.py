@@ -88,19 +88,23 @@ def _add_augment(commands: argparse._SubParsersAction) -> None:
 def _add_training_stages(commands: argparse._SubParsersAction) -> None:
     """warmup, stage-one, mine, stage-two and baseline-nc: each trains (or mines for) a model from the validated data;
     the training ones take the path arguments of their `training_commands` entry."""
-    def training(command: TrainingCommand, help: str) -> argparse.ArgumentParser:
-        parser = commands.add_parser(command.name, help=help)
+    def training(command: TrainingCommand, description: str) -> None:
+        parser = commands.add_parser(command.name, help=description)
         _paths(parser, *command.paths)
-        return parser
+        for name in command.optional:
+            parser.add_argument(f"--{name}", type=Path, help=OPTIONAL_PATHS[name])
 
     training(WARMUP, "EBSIM's warm-up on weak triplets of unlabelled questions (warmup section; off by default: writes "
                      "only its skip record)")
-    training(STAGE_ONE, "train both encoders with in-batch NT-Xent").add_argument(
-        "--warmup", type=Path, help="the warm-up stage's folder (models/warmup): start from its model where it wrote "
-                                    "one, else from model.pretrained")
+    training(STAGE_ONE, "train both encoders with in-batch NT-Xent")
     _paths(commands.add_parser("mine", help="mine the K hardest wrong standard questions"), "data", "train", "model", "out", "report")
     training(STAGE_TWO, "retrain against the mined negatives")
     training(BASELINE_NC, "train the NC (encoder + linear head) baseline")
+
+
+# What a training command's optional path argument is (`training_commands`: which command takes which)
+OPTIONAL_PATHS = {"warmup": "the warm-up stage's folder (models/warmup): start from its model where it wrote one, else "
+                            "from model.pretrained"}
 
 
 def _add_scoring_stages(commands: argparse._SubParsersAction) -> None:
@@ -247,7 +251,7 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
             "(WORLD_SIZE): it trains in those", params.distributed.nproc_per_node, launched)
     distributed.setup(params.distributed.backend, params.distributed.timeout_minutes)
     problem = params.rows_per_process_problem(launched, "the world size (WORLD_SIZE)",
-                                              (args.command.replace("-", "_"),))  # stage-one → stage_one: its own batches
+                                              (TRAINING_COMMANDS[args.command].stage,))  # its own batches
     if problem:  # a user's own torchrun, over several nodes, is not what distributed.nproc_per_node says
         raise ConfigError(problem)
 
@@ -677,7 +681,7 @@ def _bench(args: argparse.Namespace, params: Params) -> None:
 WITHOUT_PARAMS: dict[str, Callable[[argparse.Namespace], None]] = {"fetch": _fetch, "predict": predict_command.run}
 WITH_PARAMS: dict[str, Callable[[argparse.Namespace, Params], None]] = {
     "ingest": _ingest, "validate": _validate, "augment": _augment,
-    # its report holds its curves; off, it writes its skip record alone, and no run
+    # warmup, stage-one, stage-two, baseline-nc: each its stage's run() in a tracked run (training_commands)
     **{name: _training_stage(command) for name, command in TRAINING_COMMANDS.items()},
     "mine": _mine,
     "prior": _prior, "evaluate": _evaluate, "promote": _promote, "trained-on": _trained_on, "set-champion": _set_champion, "tune": _tune,

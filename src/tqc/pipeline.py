@@ -85,14 +85,14 @@ def train_chain(params: Params, data_dir: Path, train_path: Path, work_dir: Path
     one = {"data": data_dir, "train": train_path, "out": outputs.stage_one, "history": work_dir / "stage_one.csv"}
     if params.warmup.enabled:  # stage one starts from the warm-up's model; off, from model.pretrained as ever
         one["warmup"] = warmed_up(data_dir, work_dir, train)
-    outputs.fits["stage_one"] = train(STAGE_ONE, one, hook("stage_one"))
+    outputs.fits[STAGE_ONE.stage] = train(STAGE_ONE, one, hook(STAGE_ONE.stage))
     mine.run(data_dir, train_path, outputs.stage_one, params.mine, work_dir / "negatives.jsonl", work_dir / "mining.json")
-    outputs.fits["stage_two"] = train(STAGE_TWO, {
+    outputs.fits[STAGE_TWO.stage] = train(STAGE_TWO, {
         "data": data_dir, "train": train_path, "negatives": work_dir / "negatives.jsonl", "model": outputs.stage_one,
-        "out": outputs.stage_two, "history": work_dir / "stage_two.csv"}, hook("stage_two"))
+        "out": outputs.stage_two, "history": work_dir / "stage_two.csv"}, hook(STAGE_TWO.stage))
     if outputs.nc is not None:
-        outputs.fits["baseline_nc"] = train(BASELINE_NC, {
-            "data": data_dir, "train": train_path, "out": outputs.nc, "history": work_dir / "nc.csv"}, hook("baseline_nc"))
+        outputs.fits[BASELINE_NC.stage] = train(BASELINE_NC, {
+            "data": data_dir, "train": train_path, "out": outputs.nc, "history": work_dir / "nc.csv"}, hook(BASELINE_NC.stage))
     return outputs
 
 
@@ -120,6 +120,7 @@ class _Trainer:
     launcher: _Launcher | None
 
     def __call__(self, command: TrainingCommand, paths: StagePaths, on_epoch: OnEpoch | None) -> FitResult:
+        command.check(paths)  # here, not as the launched processes' argparse error after torchrun started
         if self.launcher is None or command.is_off(self.params):
             return command.run(paths, self.params, self.seed, on_epoch)
         return self.launcher(command, paths, on_epoch)
@@ -140,11 +141,10 @@ class _Launcher:
     params_file: Path
     processes: int
 
-    def __call__(self, stage: TrainingCommand, paths: StagePaths, on_epoch: OnEpoch | None) -> FitResult:
-        command = stage.name
-        launch = distributed.relaunch_command(self.processes, ["--params", str(self.params_file), command,
-                                                               *stage.arguments(paths)])
-        error_file = self.params_file.with_name(f"input-error.{command}")
+    def __call__(self, command: TrainingCommand, paths: StagePaths, on_epoch: OnEpoch | None) -> FitResult:
+        launch = distributed.relaunch_command(self.processes, ["--params", str(self.params_file), command.name,
+                                                               *command.arguments(paths)])
+        error_file = self.params_file.with_name(f"input-error.{command.name}")
         clear_input_errors(error_file)
         _release_cuda_cache()  # this process's cached blocks (mining's model, say) would crowd rank 0's GPU
         log.info("distributed: launching %s", " ".join(launch))
@@ -153,30 +153,30 @@ class _Launcher:
         # One pipe for both streams: the lines stay in the order the processes wrote them (two pipes, read by two
         # threads, interleave as the threads happen to run), in the log and in the failure's last lines
         launched = subprocess.Popen(launch, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        output = FollowedOutput(launched, log, command)  # its lines in this process's log: a flow run's, say
+        output = FollowedOutput(launched, log, command.name)  # its lines in this process's log: a flow run's, say
         status = wait_for_torchrun(launched)
         last_lines, _ = output.join(timeout=OUTPUT_GRACE_SECONDS)
         if output.cut_short:
             log.warning("%s: torchrun ended (status %s) but a process of its still holds its output; not waiting for it",
-                        command, status)
+                        command.name, status)
         if status != 0:
             said = launched_input_error(error_file)
             if said is not None:  # the same on every retry: an input error, which the retrain flow does not retry
                 raise said
             errors = "".join(f"\n  {line}" for line in output.errors) or " none recognised"
-            raise StageLaunchFailed(f"{command}: its {self.processes} torchrun processes exited with status {status}; "
+            raise StageLaunchFailed(f"{command.name}: its {self.processes} torchrun processes exited with status {status}; "
                                     f"their errors:{errors}\nthe last lines they wrote:\n"
                                     + "\n".join(last_lines[-LAST_LINES_SAID:]))
-        history = _launched_history(stage, paths)
+        history = _launched_history(command, paths)
         for record in history if on_epoch else ():
             on_epoch(record)
         return FitResult.of(history)
 
 
-def _launched_history(stage: TrainingCommand, paths: StagePaths) -> list[EpochRecord]:
+def _launched_history(command: TrainingCommand, paths: StagePaths) -> list[EpochRecord]:
     """The epochs a launched stage's rank 0 recorded: in its --history file, the warm-up's in its --report."""
-    curves = paths[stage.curves]
-    if stage.curves == "history":
+    curves = paths[command.curves]
+    if command.curves == "history":
         return read_history(curves)
     return [EpochRecord(**record) for record in json.loads(curves.read_text(encoding="utf-8"))["history"]]
 

@@ -21,6 +21,8 @@ StagePaths = Mapping[str, Path]  # path argument (without its "--") → path
 
 @dataclass(frozen=True)
 class TrainingCommand:
+    """A training stage as `tqc <name> --<path> PATH …`: which path arguments it takes, and its run() on them."""
+
     name: str  # `tqc <name>`
     stage: str  # its params section, its MLflow run's stage and its fit's name in the chain: stage_one
     paths: tuple[str, ...]  # the path arguments it needs, `--data PATH` …
@@ -28,16 +30,22 @@ class TrainingCommand:
     call: Callable[[StagePaths, Params, int, OnEpoch | None], FitResult]  # the stage's run() on them
     optional: tuple[str, ...] = ()  # path arguments it may be given
     curves: str = "history"  # the path argument its epochs' curves are written to
+    switch: str | None = None  # the params section whose `enabled: false` turns it off; None: always on
 
     def is_off(self, params: Params) -> bool:
-        """Its section says `enabled: false` (the warm-up, the NC baseline): it writes only its skip record."""
-        return not getattr(getattr(params, self.stage), "enabled", True)
+        """Its switch is off (the warm-up, the NC baseline): it writes only its skip record, and trains nothing."""
+        return self.switch is not None and not getattr(params, self.switch).enabled
 
-    def run(self, paths: StagePaths, params: Params, seed: int, on_epoch: OnEpoch | None = None) -> FitResult:
+    def check(self, paths: StagePaths) -> None:
+        """A caller's paths are the command's: a missing or unknown one is the caller's mistake, said as the
+        programming error it is, before anything runs or is launched."""
         missing = [name for name in self.paths if paths.get(name) is None]
         unknown = sorted(set(paths) - set(self.paths) - set(self.optional))
-        if missing or unknown:  # a caller's mistake, not the user's: said as the programming error it is
+        if missing or unknown:
             raise TypeError(f"tqc {self.name}: missing path arguments {missing}, unknown ones {unknown}")
+
+    def run(self, paths: StagePaths, params: Params, seed: int, on_epoch: OnEpoch | None = None) -> FitResult:
+        self.check(paths)
         return self.call(paths, params, seed, on_epoch)
 
     def arguments(self, paths: StagePaths) -> list[str]:
@@ -77,15 +85,16 @@ def _baseline_nc(paths: StagePaths, params: Params, seed: int, on_epoch: OnEpoch
                            paths["out"], paths["history"], on_epoch=on_epoch)
 
 
-# Its report holds its curves
-WARMUP = TrainingCommand("warmup", "warmup", ("data", "out", "report", "quarantine"), ("data",), _warmup, curves="report")
-# --warmup: the warm-up stage's folder, whose model it starts from where the warm-up wrote one
-STAGE_ONE = TrainingCommand("stage-one", "stage_one", ("data", "train", "out", "history"), ("data", "train"), _stage_one,
-                            optional=("warmup",))
-STAGE_TWO = TrainingCommand("stage-two", "stage_two", ("data", "train", "negatives", "model", "out", "history"),
-                            ("data", "train", "negatives", "model"), _stage_two)
-BASELINE_NC = TrainingCommand("baseline-nc", "baseline_nc", ("data", "train", "out", "history"), ("data", "train"),
-                              _baseline_nc)
+WARMUP = TrainingCommand(name="warmup", stage="warmup", paths=("data", "out", "report", "quarantine"), inputs=("data",),
+                        call=_warmup, curves="report", switch="warmup")  # its report holds its curves
+STAGE_ONE = TrainingCommand(name="stage-one", stage="stage_one", paths=("data", "train", "out", "history"),
+                            inputs=("data", "train"), call=_stage_one,
+                            optional=("warmup",))  # the warm-up's folder: it starts from the model there, if any
+STAGE_TWO = TrainingCommand(name="stage-two", stage="stage_two",
+                            paths=("data", "train", "negatives", "model", "out", "history"),
+                            inputs=("data", "train", "negatives", "model"), call=_stage_two)
+BASELINE_NC = TrainingCommand(name="baseline-nc", stage="baseline_nc", paths=("data", "train", "out", "history"),
+                              inputs=("data", "train"), call=_baseline_nc, switch="baseline_nc")
 
 TRAINING_COMMANDS: dict[str, TrainingCommand] = {command.name: command for command in
                                                  (WARMUP, STAGE_ONE, STAGE_TWO, BASELINE_NC)}

@@ -252,3 +252,5 @@ def test_each_training_stage_in_dvc_yaml_passes_the_path_arguments_its_command_t
         assert words[:2] == ["tqc", command.name]
         given = [word[2:] for word in words[2:] if word.startswith("--")]
         assert set(command.paths) <= set(given) <= set(command.paths) | set(command.optional), (command.stage, given)
+        # what the table hands run() decides the stage's outputs, and no import of the stage's module reaches it
+        assert "src/tqc/training_commands.py" in [str(dep) for dep in stages[command.stage]["deps"]], command.stage

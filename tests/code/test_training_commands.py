@@ -46,3 +46,16 @@ def test_only_the_stages_with_an_enabled_switch_are_ever_off():
     assert not WARMUP.is_off(params.with_overrides({"warmup": {"enabled": True, "include_train": True}}))
     assert not any(command.is_off(Params().with_overrides({"warmup": {"enabled": True}}))
                    for command in (STAGE_ONE, WARMUP))
+
+
+def test_the_chain_checks_a_stages_paths_before_it_launches_one():
+    """Under torchrun a wrong set of paths would fail as each process's argparse error, after the launch."""
+    from tqc.pipeline import _Trainer
+
+    launched = []
+    trainer = _Trainer(Params(), 0, launcher=lambda command, paths, on_epoch: launched.append(command.name))
+    with pytest.raises(TypeError, match=r"tqc stage-one: missing path arguments \['out', 'history'\]"):
+        trainer(STAGE_ONE, {"data": Path("d"), "train": Path("t.jsonl")}, None)
+    assert launched == []
+    trainer(STAGE_ONE, {name: Path(name) for name in STAGE_ONE.paths}, None)
+    assert launched == ["stage-one"]

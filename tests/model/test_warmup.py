@@ -174,11 +174,13 @@ def test_the_chain_warms_up_first_and_hands_stage_one_its_folder_in_process_and_
 
     launched = []
 
-    def launcher(command, paths, on_epoch):
-        launched.append((command.name, command.arguments(paths)))  # the command line _Launcher would give torchrun
-        return command.run(paths, params, 0, on_epoch)
+    def launcher_for(chain_params, seed, work_dir, processes):
+        def launcher(command, paths, on_epoch):
+            launched.append((command.name, command.arguments(paths)))  # the command line _Launcher would give torchrun
+            return command.run(paths, chain_params, seed, on_epoch)
+        return launcher
 
-    monkeypatch.setattr(pipeline, "_launcher", lambda *args: launcher)
+    monkeypatch.setattr(pipeline, "_launcher", launcher_for)
     train_chain(params, data, data / "train.jsonl", tmp_path / "launched", seed=0, with_nc=False, processes=2)
     assert [command for command, _ in launched] == ["warmup", "stage-one", "stage-two"]
     assert parse_arguments(["warmup", *dict(launched)["warmup"]]).out == tmp_path / "launched" / "warmup"  # tqc warmup's own

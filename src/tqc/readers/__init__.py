@@ -10,7 +10,7 @@ Checks on rows that *do* parse (labels, duplicates, leakage) belong to the valid
 - `catalogs`: catalogs of standard questions, derived texts, labels read as catalog ids;
 - `datasets`: what ingest reads as params.yaml's data section names it.
 
-All of them log as "tqc.readers".
+Those that log (decoding, catalogs, datasets) log as "tqc.readers", the one logger `incoming` filters.
 """
 
 from tqc.readers.catalogs import (label_in_words, labels_read_as_catalog, read_catalog_file, read_catalog_rows,

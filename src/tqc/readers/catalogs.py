@@ -14,7 +14,7 @@ from tqc.readers.tables import _missing_in, read_table
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, file_and_line
 from tqc.text import ALIKE, catalog_label_key, first_of, has_words, ids_by_label_key, normalise
 
-log = logging.getLogger("tqc.readers")  # every reader logs as one: incoming filters it, tests catch it
+log = logging.getLogger(__package__)  # "tqc.readers" for every reader: incoming filters that one logger
 
 
 def label_in_words(class_id: str) -> str:

@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from tqc.config import CustomData, DataParams
-from tqc.readers.catalogs import _alike_in, labels_read_as_catalog, read_catalog_file, shipped_catalog, \
-    with_added_classes, with_derived_classes
+from tqc.readers.catalogs import (_alike_in, labels_read_as_catalog, read_catalog_file, shipped_catalog,
+                                  with_added_classes, with_derived_classes)
 from tqc.readers.results import DatasetSplits, MissingColumns, ReaderError, ReadResult, RejectedRow, require_rows
 from tqc.readers.tables import read_headerless_pairs, read_table, read_trec, row_as_csv
 from tqc.schema import Catalog, StandardQuestion, split_source
 from tqc.text import ALIKE
 
-log = logging.getLogger("tqc.readers")  # every reader logs as one: incoming filters it, tests catch it
+log = logging.getLogger(__package__)  # "tqc.readers" for every reader: incoming filters that one logger
 T = TypeVar("T")  # what a reader wrapped by `_naming_settings` returns
 
 

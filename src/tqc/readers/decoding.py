@@ -14,7 +14,7 @@ from typing import Iterator
 from tqc.readers.results import ReaderError
 from tqc.text import first_of
 
-log = logging.getLogger("tqc.readers")  # every reader logs as one: incoming filters it, tests catch it
+log = logging.getLogger(__package__)  # "tqc.readers" for every reader: incoming filters that one logger
 
 
 def decode_file(path: Path, content: bytes | None = None) -> str:
