@@ -254,3 +254,20 @@ def test_each_training_stage_in_dvc_yaml_passes_the_path_arguments_its_command_t
         assert set(command.paths) <= set(given) <= set(command.paths) | set(command.optional), (command.stage, given)
         # what the table hands run() decides the stage's outputs, and no import of the stage's module reaches it
         assert "src/tqc/training_commands.py" in [str(dep) for dep in stages[command.stage]["deps"]], command.stage
+
+
+def test_bytecode_caches_in_a_code_folder_dvc_yaml_depends_on_are_not_part_of_its_hash():
+    """src/tqc/model and src/tqc/readers are folder deps. DVC does not read .gitignore, so the __pycache__ that the
+    first import writes there (wherever PYTHONDONTWRITEBYTECODE is unset) made every stage that depends on them stale:
+    a second `dvc repro` then ran ten of eleven stages again."""
+    import subprocess
+    import sys
+
+    folders = sorted({str(dep).rstrip("/") for stage in yaml.safe_load(DVC_YAML.read_text())["stages"].values()
+                      for dep in stage.get("deps", []) if (DVC_YAML.parent / str(dep)).is_dir() and str(dep).startswith("src/")})
+    assert folders, "no code folder among dvc.yaml's deps: this test guards nothing"
+    caches = [f"{folder}/__pycache__/module.cpython-311.pyc" for folder in folders]
+    dvc = Path(sys.executable).with_name("dvc")
+    checked = subprocess.run([str(dvc), "check-ignore", *caches, f"{folders[0]}/__init__.py"], cwd=DVC_YAML.parent,
+                             capture_output=True, text=True)
+    assert checked.stdout.split() == caches, checked.stdout + checked.stderr  # the bytecode ignored, the code not
