@@ -120,9 +120,9 @@ class _Trainer:
     launcher: _Launcher | None
 
     def __call__(self, command: TrainingCommand, paths: StagePaths, on_epoch: OnEpoch | None) -> FitResult:
-        command.check(paths)  # here, not as the launched processes' argparse error after torchrun started
         if self.launcher is None or command.is_off(self.params):
-            return command.run(paths, self.params, self.seed, on_epoch)
+            return command.run(paths, self.params, self.seed, on_epoch)  # run() checks the paths itself
+        command.check(paths)  # here, not as the launched processes' argparse error after torchrun started
         return self.launcher(command, paths, on_epoch)
 
 
