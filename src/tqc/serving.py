@@ -84,6 +84,8 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
                                         self.exemplar_cache, shipped)
         # (P, D), encoded once per load; the exemplar rule never reads them
         self.standards = self.model.standard.encode(self.catalog.texts) if self.exemplars is None else None
+        if self.exemplars is None:
+            _say_shared_standard_questions(self.catalog, context.artifacts["catalog"])
         if prior_file:  # the entry `_model_config` found for this model when it was logged
             name = config.get("prior_model", FIRST_REGISTERED_ENTRY)
             entry = prior.read_file(Path(prior_file))[name]
@@ -124,6 +126,23 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
             for rank, (v, i) in enumerate(zip(row_values, row_indices))
         ]
         return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
+
+
+def _say_shared_standard_questions(catalog, catalog_path) -> None:
+    """One warning where classes share one standard question (as validate compares texts, `normalise`): the standard
+    rule scores them alike, so only one of each such group can ever be a first answer (the first in catalog order, or
+    the one the class-prior shift favours). Validate refuses such a catalog unless `catalog_unique_texts` is demoted;
+    a catalog handed to `tqc predict --catalog` was never validated."""
+    groups: dict[str, list[str]] = {}
+    for class_id, text in zip(catalog.class_ids, catalog.texts):
+        groups.setdefault(normalise(text), []).append(class_id)
+    shared = [ids for ids in groups.values() if len(ids) > 1]
+    if shared:
+        logging.getLogger(__name__).warning(
+            "%s: %d group(s) of classes share one standard question, so the standard rule scores each group's classes "
+            "alike and only one of them can be a first answer: %s; give each class its own text, or serve the exemplar "
+            "rule (--exemplars), which tells them apart by their labeled questions", catalog_path, len(shared),
+            first_of([" = ".join(ids) for ids in shared], 5, "; "))
 
 
 def say_cut(encoder, questions: list[str], where: Callable[[list[int]], str]) -> None:

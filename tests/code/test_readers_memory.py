@@ -7,7 +7,7 @@ import tracemalloc
 import pytest
 
 from tqc.readers import ReaderError, read_table, read_texts, split_lines
-from tqc.readers.decoding import _iter_lines
+from tqc.readers.decoding import iter_lines
 from tqc.schema import LabeledQuestion
 
 WORDS = "what where who how many is the of capital river city first largest country name".split()
@@ -69,7 +69,7 @@ def test_a_labeled_question_has_no_dict_and_still_pickles_and_compares():
     ("\r\n\r\n", ["", ""]), ("x\u2028y\n", ["x\u2028y"]), ("\n\na", ["", "", "a"]), ("a\n\r", ["a", ""])])
 def test_lines_break_at_lf_crlf_and_cr_alone_and_a_final_break_starts_no_line(text, lines):
     assert split_lines(text) == lines
-    assert list(_iter_lines(text)) == lines  # the readers' lazy form
+    assert list(iter_lines(text)) == lines  # the readers' lazy form
 
 
 def test_a_malformed_line_is_said_before_the_headers_problem(tmp_path):

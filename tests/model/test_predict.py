@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -922,9 +923,10 @@ def test_the_exemplar_cache_touches_no_file_of_its_folder_but_its_own_and_replac
     assert main(ask) == 0 and capsys.readouterr().out == first
 
 
-def test_tied_scores_are_ranked_in_catalog_order_as_evaluate_ranks_them(tiny_model_dir, tmp_path):
+def test_tied_scores_are_ranked_in_catalog_order_as_evaluate_ranks_them(tiny_model_dir, tmp_path, caplog):
     """torch.topk keeps no order among ties (at 50 classes it put the later class first); evaluate's argmax and
-    stable sort put the first in catalog order. Two classes with one standard question tie exactly."""
+    stable sort put the first in catalog order. Two classes with one standard question tie exactly, and the matcher
+    says so when it loads: a catalog handed to `tqc predict --catalog` was never validated."""
     import pandas as pd
 
     from tqc.serving import local_matcher
@@ -933,12 +935,33 @@ def test_tied_scores_are_ranked_in_catalog_order_as_evaluate_ranks_them(tiny_mod
     texts = [f"question number {i} about topic {i}" for i in range(60)]
     texts[3] = texts[49] = "who is it"
     Catalog([StandardQuestion(f"c{i:02d}", text) for i, text in enumerate(texts)]).save(tmp_path / "catalog.jsonl")
-    matcher = local_matcher(tmp_path / "model", tmp_path / "catalog.jsonl", top_k=2)
+    with caplog.at_level(logging.WARNING, logger="tqc.serving"):
+        matcher = local_matcher(tmp_path / "model", tmp_path / "catalog.jsonl", top_k=2)
+    shared = [r.getMessage() for r in caplog.records if "share one standard question" in r.getMessage()]
+    assert len(shared) == 1 and f"{tmp_path / 'catalog.jsonl'}: 1 group(s)" in shared[0] and ": c03 = c49; " in shared[0]
     answers = matcher.predict(None, pd.DataFrame({"question": ["who is it"]}), {"top_k": 2})
     ranked = answers["class_id"].tolist()
     scores = dict(zip(answers["class_id"], answers["score"]))
     assert scores["c03"] == scores["c49"]  # an exact tie
     assert ranked == ["c03", "c49"]  # the catalog's first first
+
+
+def test_classes_whose_standard_questions_read_alike_are_named_when_the_matcher_loads(tiny_model_dir, tmp_path, caplog):
+    """As validate compares texts (case, spacing aside), each group once; a catalog of distinct texts says nothing."""
+    from tqc.serving import local_matcher
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    alike = Catalog([StandardQuestion("a", "Who is it?"), StandardQuestion("b", "What is it?"),
+                     StandardQuestion("c", "  who  is IT ?"), StandardQuestion("d", "what is it?"),
+                     StandardQuestion("e", "Where is it?")])
+    alike.save(tmp_path / "alike.jsonl")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    with caplog.at_level(logging.WARNING, logger="tqc.serving"):
+        local_matcher(tmp_path / "model", tmp_path / "catalog.jsonl")
+        assert not [r for r in caplog.records if "share one standard question" in r.getMessage()]
+        local_matcher(tmp_path / "model", tmp_path / "alike.jsonl")
+    shared = [r.getMessage() for r in caplog.records if "share one standard question" in r.getMessage()]
+    assert len(shared) == 1 and "2 group(s)" in shared[0] and ": a = c; b = d; give each class its own text" in shared[0]
 
 
 def test_a_model_folder_whose_tokenizer_files_are_gone_is_refused_not_answered_with_unknown_words(tiny_model_dir, tmp_path):

@@ -189,6 +189,15 @@ def test_the_registry_serves_the_model_with_the_class_prior_shift_fitted_for_it(
     answers = mlflow.pyfunc.load_model("models:/tqc-admc@champion").predict(
         pd.DataFrame({"question": ["where is paris", "who invented chess"]}), params={"top_k": 1})
     assert answers["class_id"].tolist() == ["NUM", "NUM"] and (answers["score"] > 99).all()
+    # MLflow's schema check passes a column of mixed values on, so tqc's own check names the bad rows; it refuses a
+    # column with no text at all, or none named "question", itself, naming the column (every row is then bad)
+    served = mlflow.pyfunc.load_model("models:/tqc-admc@champion")
+    with pytest.raises(ValueError, match=r"non-blank text: row 1 \(7\), row 2 \(None\)"):
+        served.predict(pd.DataFrame({"question": ["where is paris", 7, None]}))
+    with pytest.raises(mlflow.exceptions.MlflowException, match="column question"):
+        served.predict(pd.DataFrame({"question": [1, 2]}))
+    with pytest.raises(mlflow.exceptions.MlflowException, match=r"missing inputs \['question'\]"):
+        served.predict(pd.DataFrame({"text": ["where is paris"]}))
     # tqc predict asks the registry the same, with the version's own catalog and shift (the local prior.json is gone)
     capsys.readouterr()
     assert main(["predict", "--model", "models:/tqc-admc@champion", "--tracking-uri", registry.uri, "--top-k", "1",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 from tqc.readers.results import MissingColumns, ReaderError, ReadResult
-from tqc.readers.tables import _missing_in, read_table
+from tqc.readers.tables import missing_columns_in, read_table
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, file_and_line
 from tqc.text import ALIKE, catalog_label_key, first_of, has_words, ids_by_label_key, normalise
 
@@ -36,7 +36,7 @@ def read_catalog_rows(path: Path, id_column: str = "class_id", text_column: str 
     if result.rejected:
         bad = result.rejected[0]
         message = f"{bad.file}, line {bad.line}: catalog row unusable: {bad.reason}"
-        missing = _missing_in(bad.reason, [text_column, id_column])
+        missing = missing_columns_in(bad.reason, [text_column, id_column])
         raise MissingColumns(message, missing) if missing else ReaderError(message)
     if not result.rows:  # a header alone: every class would get a derived text, one warning each, and no error
         raise ReaderError(f"{path}: the catalog file has no rows, only its header: each row gives a class its standard "
@@ -104,7 +104,7 @@ def with_added_classes(catalog: Catalog, added: list[StandardQuestion]) -> Catal
     return Catalog(catalog.questions + [q for q in added if q.class_id not in catalog])
 
 
-def _alike_in(catalog: Catalog) -> Callable[[str], str | None]:
+def alike_id_in(catalog: Catalog) -> Callable[[str], str | None]:
     """label → the catalog id it is like (`catalog_label_key`) when exactly one is; None for none, or for several
     (hum and HUM both ids: neither is chosen)."""
     by_key = ids_by_label_key(catalog.class_ids)
@@ -123,7 +123,7 @@ def labels_read_as_catalog(result: ReadResult, catalog: Catalog) -> ReadResult:
     from collections import Counter
     from dataclasses import replace
 
-    known, alike, read_as, first = set(catalog.class_ids), _alike_in(catalog), {}, {}
+    known, alike, read_as, first = set(catalog.class_ids), alike_id_in(catalog), {}, {}
     for row in result.rows:
         if row.class_id not in known and row.class_id not in read_as and (class_id := alike(row.class_id)):
             read_as[row.class_id], first[row.class_id] = class_id, row.source

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from tqc.config import CustomData, DataParams
-from tqc.readers.catalogs import (_alike_in, labels_read_as_catalog, read_catalog_file, shipped_catalog,
+from tqc.readers.catalogs import (alike_id_in, labels_read_as_catalog, read_catalog_file, shipped_catalog,
                                   with_added_classes, with_derived_classes)
 from tqc.readers.results import DatasetSplits, MissingColumns, ReaderError, ReadResult, RejectedRow, require_rows
 from tqc.readers.tables import read_headerless_pairs, read_table, read_trec, row_as_csv
@@ -223,7 +223,7 @@ def _warn_if_untracked(data_dir: Path, paths: list[Path]) -> None:
 
 def _unknown_labels_rejected(result: ReadResult, catalog: Catalog, catalog_path: Path) -> ReadResult:
     """`unknown_labels: quarantine`: a row whose label the catalog lacks is rejected by file and line."""
-    known, alike = set(catalog.class_ids), _alike_in(catalog)
+    known, alike = set(catalog.class_ids), alike_id_in(catalog)
     rejected = []
     for row in result.rows:
         if row.class_id not in known:

@@ -126,10 +126,10 @@ LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 def split_lines(text: str) -> list[str]:
     """A text's lines as every reader (and `tqc predict --file`) numbers them."""
-    return list(_iter_lines(text))
+    return list(iter_lines(text))
 
 
-def _iter_lines(text: str) -> Iterator[str]:
+def iter_lines(text: str) -> Iterator[str]:
     """`split_lines(text)` one line at a time: a reader holds the text, not a list of its lines as well. A line break
     that ends the text ends its last line, and starts no empty one."""
     # \n, \r\n and \r alike, and nothing else: str.splitlines also breaks at U+2028, U+0085 and the
@@ -146,7 +146,7 @@ BARE_CR = re.compile(r"\r(?!\n)")
 HEADER_BREAK = re.compile(r"[\r\n]+")
 
 
-def _stray_carriage_returns_as_spaces(text: str, path: Path, header: bool = False, stray: re.Pattern = BARE_CR) -> str:
+def stray_carriage_returns_as_spaces(text: str, path: Path, header: bool = False, stray: re.Pattern = BARE_CR) -> str:
     """In a file whose lines end in LF (or CRLF), a carriage return alone is a stray, not a line break (a CSV
     reader would cut its row in two, keeping half as data; in JSONL it may be JSON whitespace): read as a
     space, with a warning naming the lines. A file whose lines end in CR alone (old Mac) is left as it is,

@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
-from tqc.readers.decoding import _iter_lines, _stray_carriage_returns_as_spaces, decode_file
+from tqc.readers.decoding import decode_file, iter_lines, stray_carriage_returns_as_spaces
 from tqc.readers.results import MissingColumns, ReaderError, ReadResult, RejectedRow
 from tqc.schema import LabeledQuestion
 from tqc.text import normalise
@@ -29,8 +29,8 @@ def read_trec(path: Path, granularity: str) -> ReadResult:
     # In a file whose lines end in LF, a lone CR before a label ends a line (an old-Mac line pasted in); one inside a
     # question is a stray, read as a space: a line break there would keep half a question and shift every later line
     # number. A file whose lines end in CR keeps each CR as its line break.
-    text = _stray_carriage_returns_as_spaces(decode_file(path), path, stray=TREC_STRAY_CR)
-    for line_number, line in enumerate(_iter_lines(text), start=1):
+    text = stray_carriage_returns_as_spaces(decode_file(path), path, stray=TREC_STRAY_CR)
+    for line_number, line in enumerate(iter_lines(text), start=1):
         if not line.strip():
             continue
         match = TREC_LINE.match(line.strip())
@@ -45,7 +45,7 @@ def read_trec(path: Path, granularity: str) -> ReadResult:
 def _file_text(path: Path, header: bool = False, content: bytes | None = None) -> str:
     """The text a CSV or JSONL reader parses: the file decoded, its stray carriage returns read as spaces (in JSONL they
     may be JSON whitespace, never a line break); blank is an error."""
-    text = _stray_carriage_returns_as_spaces(decode_file(path, content), path, header)
+    text = stray_carriage_returns_as_spaces(decode_file(path, content), path, header)
     if not text or text.isspace():  # what `not text.strip()` says, without a copy of the whole file
         raise ReaderError(f"{path}: file is empty")
     return text
@@ -281,7 +281,7 @@ def _missing_columns(missing: list[str]) -> str:
     return f"missing column(s) {missing}"
 
 
-def _missing_in(reason: str, columns: list[str]) -> list[str]:
+def missing_columns_in(reason: str, columns: list[str]) -> list[str]:
     """The columns a rejected row's `reason` says its record lacks ([] when it gives another reason): `_unusable_values`
     names them in `columns`' order."""
     subsets = ([c for i, c in enumerate(columns) if mask >> i & 1] for mask in range(1, 2 ** len(columns)))
@@ -390,7 +390,7 @@ def _jsonl_records(path: Path, content: bytes | None = None) -> Iterator[tuple[i
 
 
 def _jsonl_lines(text: str) -> Iterator[tuple[int, dict | _Unusable, str]]:
-    for line_number, line in enumerate(_iter_lines(text), start=1):
+    for line_number, line in enumerate(iter_lines(text), start=1):
         if not line.strip():
             continue
         try:
