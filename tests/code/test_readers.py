@@ -950,12 +950,15 @@ def test_a_jsonl_record_without_the_mapped_keys_names_the_keys_it_has(tmp_path):
     path.write_text('{"question": "Where is Paris?", "label": "LOC"}\n{"q_text": "Where is Rome?", "label": "LOC"}\n')
     (rejected,) = read_table(path, "question", "label").rejected
     assert rejected.reason == "missing column(s) ['question']: the record has ['q_text', 'label']"
+    assert rejected.missing_columns == ("question",)  # carried, not read back from the reason's words
+    assert rejected.quarantined("ingest") == {"file": str(path), "line": 2, "reason": rejected.reason,
+                                              "content": '{"q_text": "Where is Rome?", "label": "LOC"}', "stage": "ingest"}
     catalog = tmp_path / "catalog.jsonl"
     catalog.write_text('{"class_id": "PER", "text": "Who is it?"}\n{"id": "LOC", "text": "Where is it?"}\n')
     with pytest.raises(MissingColumns, match=r"line 2: catalog row unusable: missing column\(s\) \['class_id'\]: the record "
                                              r"has \['id', 'text'\]") as raised:
         read_catalog_file(catalog)
-    assert raised.value.columns == ["class_id"]  # still read back for the retrain flow's hint
+    assert raised.value.columns == ["class_id"]  # the retrain flow's hint names the option from them
 
 
 def test_an_additions_folder_that_is_not_there_adds_nothing_and_is_said(tmp_path, caplog):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 from tqc.readers.results import MissingColumns, ReaderError, ReadResult
-from tqc.readers.tables import missing_columns_in, read_table
+from tqc.readers.tables import read_table
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, file_and_line
 from tqc.text import ALIKE, catalog_label_key, first_of, has_words, ids_by_label_key, normalise
 
@@ -36,7 +36,7 @@ def read_catalog_rows(path: Path, id_column: str = "class_id", text_column: str 
     if result.rejected:
         bad = result.rejected[0]
         message = f"{bad.file}, line {bad.line}: catalog row unusable: {bad.reason}"
-        missing = missing_columns_in(bad.reason, [text_column, id_column])
+        missing = list(bad.missing_columns)
         raise MissingColumns(message, missing) if missing else ReaderError(message)
     if not result.rows:  # a header alone: every class would get a derived text, one warning each, and no error
         raise ReaderError(f"{path}: the catalog file has no rows, only its header: each row gives a class its standard "

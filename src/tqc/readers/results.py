@@ -42,6 +42,13 @@ class RejectedRow:
     line: int
     reason: str
     content: str
+    # The mapped columns a JSONL record lacks, where that is its `reason` (a catalog reader raises MissingColumns
+    # then); not one of a quarantine line's fields, whose reason already names them
+    missing_columns: tuple[str, ...] = field(default=(), compare=False)
+
+    def quarantined(self, stage: str) -> dict:
+        """The row as a quarantine file's line."""
+        return {"file": self.file, "line": self.line, "reason": self.reason, "content": self.content, "stage": stage}
 
 
 @dataclass

@@ -214,8 +214,9 @@ def read_table(path: Path, text_column: str, label_column: str, source_column: s
         reason = record.reason if isinstance(record, _Unusable) else _unusable_values(record, text_column, label_column,
                                                                                       source_column)
         if reason:  # a CSV record's content is written out only here, for the few rows rejected
+            absent = () if isinstance(record, _Unusable) else tuple(_absent(record, columns))
             result.rejected.append(RejectedRow(str(path), line_number, reason,
-                                               csv_record(original) if isinstance(original, list) else original))
+                                               csv_record(original) if isinstance(original, list) else original, absent))
             continue
         text, label = record[text_column], str(record[label_column]).strip()
         source = f"{path}:{line_number}"
@@ -258,7 +259,7 @@ def _unusable_values(record: dict, text_column: str, label_column: str, source_c
     (`3.0`: pandas writes an integer column that holds a missing value so), read as a CSV's `3.0` is, which takes the
     catalog's `3` where there is one. Anything else (2.5, true, a list) is refused rather than turned into a class
     named "2.5" or "True"."""
-    missing = [c for c in (text_column, label_column, source_column) if c is not None and c not in record]
+    missing = _absent(record, [c for c in (text_column, label_column, source_column) if c is not None])
     if missing:
         return f"{_missing_columns(missing)}: the record has {list(record)}"
     for column in (text_column, source_column):
@@ -281,12 +282,9 @@ def _missing_columns(missing: list[str]) -> str:
     return f"missing column(s) {missing}"
 
 
-def missing_columns_in(reason: str, columns: list[str]) -> list[str]:
-    """The columns a rejected row's `reason` says its record lacks ([] when it gives another reason): `_unusable_values`
-    names them in `columns`' order."""
-    subsets = ([c for i, c in enumerate(columns) if mask >> i & 1] for mask in range(1, 2 ** len(columns)))
-    return next((subset for subset in subsets if reason == _missing_columns(subset)
-                 or reason.startswith(f"{_missing_columns(subset)}: ")), [])
+def _absent(record: dict, columns: list[str]) -> list[str]:
+    """The mapped `columns` a parsed record lacks, in their order."""
+    return [c for c in columns if c not in record]
 
 
 def _encodable(text: str) -> bool:

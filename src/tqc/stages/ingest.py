@@ -8,7 +8,7 @@ import random
 import time
 from collections import Counter, defaultdict
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tqc.config import DataParams, GeneratedData
@@ -279,7 +279,7 @@ def _first_classes(classes: list[str], why: dict[str, str], shown: int = 10) -> 
 
 
 def _write_quarantine(path: Path, rejected: list[RejectedRow]) -> None:
-    write_jsonl(path, (dict(asdict(r), stage="ingest") for r in rejected))
+    write_jsonl(path, (r.quarantined("ingest") for r in rejected))
 
 
 @contextmanager
