@@ -5,13 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."  # the repository: params.yaml, data.data_dir and data/raw as dvc repro reads them
 T=".venv/bin/tqc"
 OUT="$(realpath -m "${1:-/tmp/trec50-k-probe}")"  # scratch folder; the histories land in $OUT/s<seed>/*.csv
+source scripts/trec50_probe_data.sh
 for seed in 0 1 2; do
-  W=$OUT/s$seed; mkdir -p $W
-  S=(--set data.dataset=trec50 --set seed=$seed --set tracking.enabled=false)
-  $T "${S[@]}" ingest --out $W/ingested --quarantine $W/q/ingest.jsonl --report $W/r/ingest.json
-  $T "${S[@]}" validate --data $W/ingested --out $W/validated --quarantine $W/q/validate.jsonl --report $W/r/validation.json --docs $W/r/docs
-  $T "${S[@]}" augment --train $W/validated/train.jsonl --generated $W/validated/generated.jsonl --held-out $W/validated/validation.jsonl $W/validated/test.jsonl --catalog $W/validated/catalog.jsonl --out $W/augmented/train.jsonl --report $W/r/augment.json
-  $T "${S[@]}" warmup --data $W/validated --out $W/warmup --report $W/r/warmup.json --quarantine $W/q/warmup.jsonl
+  prepare_seed $seed
   $T "${S[@]}" stage-one --data $W/validated --train $W/augmented/train.jsonl --warmup $W/warmup --out $W/stage_one --history $W/stage_one.csv
   for k in 5 20; do
     $T "${S[@]}" --set mine.k=$k mine --data $W/validated --train $W/augmented/train.jsonl --model $W/stage_one --out $W/negatives-k$k.jsonl --report $W/r/mining-k$k.json
