@@ -30,7 +30,7 @@ import pandas as pd
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
-from tqc.text import first_of, has_words, normalise
+from tqc.text import first_of, has_words, normalise, sharing_a_key
 
 # The model version tag holding `content_digest`: a version serving the same content is not registered again.
 DIGEST_TAG = "content_digest"
@@ -133,10 +133,7 @@ def _say_shared_standard_questions(catalog, catalog_path) -> None:
     rule scores them alike, so only one of each such group can ever be a first answer (the first in catalog order, or
     the one the class-prior shift favours). Validate refuses such a catalog unless `catalog_unique_texts` is demoted;
     a catalog handed to `tqc predict --catalog` was never validated."""
-    groups: dict[str, list[str]] = {}
-    for class_id, text in zip(catalog.class_ids, catalog.texts):
-        groups.setdefault(normalise(text), []).append(class_id)
-    shared = [ids for ids in groups.values() if len(ids) > 1]
+    shared = sharing_a_key(catalog.class_ids, map(normalise, catalog.texts))
     if shared:
         logging.getLogger(__name__).warning(
             "%s: %d group(s) of classes share one standard question, so the standard rule scores each group's classes "

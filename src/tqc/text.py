@@ -55,6 +55,15 @@ def ids_by_label_key(class_ids: Iterable[str]) -> dict[str, list[str]]:
     return by_key
 
 
+def sharing_a_key(names: Iterable[str], keys: Iterable[str]) -> list[list[str]]:
+    """The groups of `names` whose `keys` are equal, each of two or more names: the groups in the order their first
+    name comes, each group's names in theirs (classes whose standard questions are one text, as validate compares them)."""
+    by_key: dict[str, list[str]] = {}
+    for name, key in zip(names, keys):
+        by_key.setdefault(key, []).append(name)
+    return [group for group in by_key.values() if len(group) > 1]
+
+
 def _compatibility_folded(text: str) -> str:
     if text.isascii():  # nearly every question: nothing to fold
         return text

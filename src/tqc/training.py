@@ -31,7 +31,7 @@ from tqc.losses import LossFn, make_loss, same_class_mask
 from tqc.metrics import DivergedScores, summary
 from tqc.model.encoder import BiEncoder, LastEncodings, TextEncoder
 from tqc.schema import Catalog, LabeledQuestion, UnknownClass
-from tqc.text import first_of, normalise
+from tqc.text import first_of, normalise, sharing_a_key
 
 log = logging.getLogger(__name__)
 # `extra` of a warning about the settings or the catalog, the same at every training: `each_warning_once` says it once.
@@ -443,9 +443,8 @@ def standard_text_groups(catalog: Catalog) -> np.ndarray | None:
         return None
     first = {}
     groups = np.array([first.setdefault(key, index) for index, key in enumerate(keys)])  # (P,) the group's first class
-    shared = [[catalog.class_ids[i] for i in np.flatnonzero(groups == group)] for group in np.unique(groups)]
     log.warning("classes that share a standard question are never each other's negatives: %s",
-                "; ".join(" = ".join(ids) for ids in shared if len(ids) > 1), extra=ALIKE_EVERY_TRAINING)
+                "; ".join(" = ".join(ids) for ids in sharing_a_key(catalog.class_ids, keys)), extra=ALIKE_EVERY_TRAINING)
     return groups
 
 

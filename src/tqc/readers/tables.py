@@ -211,12 +211,15 @@ def read_table(path: Path, text_column: str, label_column: str, source_column: s
     keys = _KeysSeen(columns)  # a JSONL file has no header: a column no record has is found only at the end
     for line_number, record, original in records:
         keys.see(line_number, record)
-        reason = record.reason if isinstance(record, _Unusable) else _unusable_values(record, text_column, label_column,
-                                                                                      source_column)
+        if isinstance(record, _Unusable):
+            absent, reason = [], record.reason
+        else:
+            absent = [c for c in columns if c not in record]  # the mapped columns it lacks
+            reason = _unusable_values(record, absent, text_column, label_column, source_column)
         if reason:  # a CSV record's content is written out only here, for the few rows rejected
-            absent = () if isinstance(record, _Unusable) else tuple(_absent(record, columns))
             result.rejected.append(RejectedRow(str(path), line_number, reason,
-                                               csv_record(original) if isinstance(original, list) else original, absent))
+                                               csv_record(original) if isinstance(original, list) else original,
+                                               tuple(absent)))
             continue
         text, label = record[text_column], str(record[label_column]).strip()
         source = f"{path}:{line_number}"
@@ -253,13 +256,13 @@ class _KeysSeen:
                                  f"has {has}", self.absent)
 
 
-def _unusable_values(record: dict, text_column: str, label_column: str, source_column: str | None) -> str:
-    """Why a parsed record's values cannot be a row ("" when they can). JSON values must be what a
-    CSV cell would hold: a string (null: empty) or, for the label, an integer id, or a whole number written as a float
-    (`3.0`: pandas writes an integer column that holds a missing value so), read as a CSV's `3.0` is, which takes the
-    catalog's `3` where there is one. Anything else (2.5, true, a list) is refused rather than turned into a class
-    named "2.5" or "True"."""
-    missing = _absent(record, [c for c in (text_column, label_column, source_column) if c is not None])
+def _unusable_values(record: dict, missing: list[str], text_column: str, label_column: str,
+                     source_column: str | None) -> str:
+    """Why a parsed record's values cannot be a row ("" when they can); `missing`: the mapped columns it lacks. JSON
+    values must be what a CSV cell would hold: a string (null: empty) or, for the label, an integer id, or a whole
+    number written as a float (`3.0`: pandas writes an integer column that holds a missing value so), read as a CSV's
+    `3.0` is, which takes the catalog's `3` where there is one. Anything else (2.5, true, a list) is refused rather
+    than turned into a class named "2.5" or "True"."""
     if missing:
         return f"{_missing_columns(missing)}: the record has {list(record)}"
     for column in (text_column, source_column):
@@ -280,11 +283,6 @@ _normalised_label = lru_cache(maxsize=4096)(normalise)  # a file names a few lab
 
 def _missing_columns(missing: list[str]) -> str:
     return f"missing column(s) {missing}"
-
-
-def _absent(record: dict, columns: list[str]) -> list[str]:
-    """The mapped `columns` a parsed record lacks, in their order."""
-    return [c for c in columns if c not in record]
 
 
 def _encodable(text: str) -> bool:
