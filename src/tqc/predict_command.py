@@ -50,7 +50,8 @@ def _add_model_options(predict: argparse.ArgumentParser) -> None:
                          help=f"with a models:/ --model: the registry (default: tracking.uri of --params, else "
                               f"$MLFLOW_TRACKING_URI, else {LOCAL_STORE})")
     predict.add_argument("--catalog", type=Path, default=None, help="with a model folder: the catalog it answers with "
-                         "(default data/validated/catalog.jsonl)")
+                         "(default data/validated/catalog.jsonl): the pipeline's JSONL, or a CSV with class_id and text "
+                         "columns, as data.custom.catalog is written")
     predict.add_argument("--prior", default="auto",
                          help="the prior stage's file with --model's class-prior shift; auto (default): the prior.json "
                               "beside --model when one of its entries was fitted for it; none: rank by similarity alone")
@@ -357,10 +358,10 @@ def _shift_misfit(path: Path, entry: str, catalog_path: Path) -> str | None:
     """Why the prior file's `entry` cannot shift the scores of the catalog's classes (None: it can). `_matcher` asks only
     once the catalog file is there."""
     from tqc.prior import PriorFileError, PriorShift, read_file
-    from tqc.schema import Catalog
+    from tqc.readers.catalogs import load_catalog
 
     try:
-        class_ids = Catalog.load(catalog_path).class_ids
+        class_ids = load_catalog(catalog_path).class_ids
         PriorShift.from_json(read_file(path)[entry], class_ids, f"{path}, entry {entry!r}")
     except PriorFileError as exc:
         return str(exc)

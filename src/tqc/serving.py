@@ -65,7 +65,7 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         from tqc import prior
         from tqc.model.encoder import BiEncoder
         from tqc.prior import PriorShift
-        from tqc.schema import Catalog
+        from tqc.readers.catalogs import load_catalog
 
         model_dir = Path(context.artifacts["model"])
         # The exemplar cache's key: the weights as loaded, so a folder replaced during the load (a retrain) is not
@@ -76,7 +76,7 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         self.model = BiEncoder.load(model_dir).eval()
         if digest is not None and folder_digest(model_dir) != digest:
             digest = None  # the folder changed while loading: its vectors are encoded, not cached
-        self.catalog = Catalog.load(context.artifacts["catalog"])
+        self.catalog = load_catalog(context.artifacts["catalog"])
         if not len(self.catalog):  # else every question would get an empty ranking, and a caller no error
             raise ValueError(f"{context.artifacts['catalog']}: no standard questions, so no question can be answered")
         prior_file, config = context.artifacts.get("prior"), context.model_config or {}

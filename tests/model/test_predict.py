@@ -675,6 +675,24 @@ def test_a_file_that_is_no_catalog_is_an_error_naming_its_line_under_either_rule
         assert "empty.jsonl: no standard questions, so no question can be answered" in capsys.readouterr().err
 
 
+def test_a_catalog_csv_written_as_data_custom_catalog_is_answered_with_as_its_jsonl_is(tiny_model_dir, tmp_path, capsys):
+    """`--catalog my/catalog.csv` stopped at "line 1: not valid JSON": the CSV users write for data.custom.catalog is
+    read by ingest's catalog reader, and a bad row of it is an error naming the file and the line."""
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    rows = "".join(f'{question.class_id},"{question.text}"\n' for question in CATALOG.questions)
+    (tmp_path / "catalog.csv").write_text("class_id,text\n" + rows)
+    ask = ["predict", "--model", str(tmp_path / "model"), "--top-k", "3", "where is paris", "who wrote it"]
+    answers = []
+    for catalog in ("catalog.jsonl", "catalog.csv"):
+        assert main(ask + ["--catalog", str(tmp_path / catalog)]) == 0
+        answers.append([json.loads(line) for line in capsys.readouterr().out.splitlines()])
+    assert answers[0] == answers[1] and len(answers[0]) == 2
+    (tmp_path / "bad.csv").write_text("class_id,text\nloc,Where is it?\nhum,\n")
+    assert main(ask + ["--catalog", str(tmp_path / "bad.csv")]) == 2
+    assert f"{tmp_path / 'bad.csv'}, line 3: catalog row unusable" in capsys.readouterr().err
+
+
 def test_a_long_question_is_searched_for_a_word_a_piece_at_a_time_with_the_answer_normalising_it_whole_gives(
         monkeypatch):
     """`tqc predict` asks twice whether a question has a word, and normalised a 5 MB one whole each time (10 s): a

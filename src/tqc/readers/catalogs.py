@@ -59,6 +59,14 @@ def read_catalog_rows(path: Path, id_column: str = "class_id", text_column: str 
     return [(StandardQuestion(class_id=row.class_id, text=row.text), id_lines[row.class_id]) for row in result.rows]
 
 
+def load_catalog(path: Path) -> Catalog:
+    """A catalog as a matcher answers with one: the pipeline's JSONL (`Catalog.save`'s, data/validated/catalog.jsonl),
+    or any other file read as ingest reads `data.custom.catalog`, with its default columns class_id and text (a CSV, or
+    a JSONL whose suffix is not .jsonl, like .ndjson); a bad row is an error naming the file and the line either way."""
+    path = Path(path)
+    return Catalog.load(path) if path.suffix.lower() == ".jsonl" else read_catalog_file(path)
+
+
 def shipped_catalog(dataset: str) -> Catalog:
     with resources.as_file(resources.files("tqc") / "catalogs" / f"{dataset}.csv") as path:
         return read_catalog_file(path)
