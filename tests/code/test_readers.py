@@ -70,24 +70,15 @@ def test_latin1_bom_and_crlf_are_read(tmp_path, caplog):
 
 
 @pytest.mark.parametrize("text", ["Où est la boîte à lettres ? À été ?", "Wie ändere ich meine Größe ?",
-                                  "¿Cuál es el límite? ¡¿Qué?!", "« Déjà vu » : œuvre naïve"])
-def test_western_windows_1252_files_are_read_with_their_accents(tmp_path, text):
-    """Excel's "CSV (Comma delimited)" on a Western Windows: accented letters one or two at a time among ASCII."""
+                                  "¿Cuál es el límite? ¡¿Qué?!", "«\xa0Déjà vu\xa0» : œuvre naïve", "Hvað þýðir þetta ?",
+                                  "“Wait…”—“No.”"])
+def test_western_windows_1252_files_are_read_with_their_accents(tmp_path, caplog, text):
+    """Excel's "CSV (Comma delimited)" on a Western Windows, typography as Word writes it. The warning names the line
+    and says what a file in another encoding (Chinese Excel's GBK) becomes: bytes cannot tell that one from this."""
     path = write(tmp_path, "faq.csv", f"question,label\n{text},a\n".encode("cp1252"))
-    assert [row.text for row in read_table(path, "question", "label").rows] == [text]
-
-
-@pytest.mark.parametrize("text,encoding,why", [
-    ("如何挂失银行卡？", "gbk", "more than 2 bytes in a row"), ("暗証番号を変更したい", "shift_jis", "more than 2 bytes in a row"),
-    ("Где ближайший банкомат?", "cp1251", "more than 2 bytes in a row"), ("카드를 분실했어요", "euc_kr", "more than 2 bytes in a row"),
-    ("如何掛失銀行卡？", "big5", "72% of the bytes of its 1 non-UTF-8 line(s) over 127")])
-def test_a_file_in_another_encoding_is_refused_naming_its_line_not_trained_on_as_mojibake(tmp_path, text, encoding, why):
-    """A GBK file (Chinese Excel's CSV) was read as Windows-1252 with a warning alone: "是老师" trained on as "ÊÇÀÏʦ"."""
-    path = write(tmp_path, "faq.csv", b"question,label\nreset my PIN,a\n" + f"{text},b\n".encode(encoding))
-    with pytest.raises(ReaderError) as error:
-        read_table(path, "question", "label")
-    assert str(error.value).startswith(f"{path}, line 3: not UTF-8 ({why}")
-    assert "save it as UTF-8" in str(error.value)
+    with caplog.at_level(logging.WARNING):
+        assert [row.text for row in read_table(path, "question", "label").rows] == [text]
+    assert "faq.csv: line(s) 2 not valid UTF-8" in caplog.text and "another encoding (GBK" in caplog.text
 
 
 def test_one_latin1_line_does_not_garble_the_utf8_lines_around_it(tmp_path, caplog):

@@ -60,9 +60,6 @@ def test_generated_files_never_crash_and_never_lose_a_row(tmp_path, rows, encodi
         if "NUL" in str(exc):  # a file a quarter NUL bytes is UTF-16 or not text, as the error says
             assert content.count(b"\x00") * 4 >= len(content)
             return
-        if "not UTF-8 (" in str(exc):  # random Latin-1 letters read as another encoding would (GBK, Windows-1251)
-            assert encoding == "latin-1" and re.search(r", line \d+: ", str(exc)), str(exc)
-            return
         # only a file with no record may be refused whole: every other one reads, its bad rows rejected one by one
         assert (headerless and non_blank(rows, newline) == 0 or not headerless and not rows), str(exc)
         return

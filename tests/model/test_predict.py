@@ -687,7 +687,10 @@ def test_a_catalog_csv_written_as_data_custom_catalog_is_answered_with_as_its_js
     for catalog in ("catalog.jsonl", "catalog.csv"):
         assert main(ask + ["--catalog", str(tmp_path / catalog)]) == 0
         answers.append([json.loads(line) for line in capsys.readouterr().out.splitlines()])
-    assert answers[0] == answers[1] and len(answers[0]) == 2
+    CATALOG.save(tmp_path / "catalog.json")  # the pipeline's JSONL under another name reads as it did
+    assert main(ask + ["--catalog", str(tmp_path / "catalog.json")]) == 0
+    answers.append([json.loads(line) for line in capsys.readouterr().out.splitlines()])
+    assert answers[0] == answers[1] == answers[2] and len(answers[0]) == 2
     (tmp_path / "bad.csv").write_text("class_id,text\nloc,Where is it?\nhum,\n")
     assert main(ask + ["--catalog", str(tmp_path / "bad.csv")]) == 2
     assert f"{tmp_path / 'bad.csv'}, line 3: catalog row unusable" in capsys.readouterr().err

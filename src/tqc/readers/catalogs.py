@@ -60,11 +60,11 @@ def read_catalog_rows(path: Path, id_column: str = "class_id", text_column: str 
 
 
 def load_catalog(path: Path) -> Catalog:
-    """A catalog as a matcher answers with one: the pipeline's JSONL (`Catalog.save`'s, data/validated/catalog.jsonl),
-    or any other file read as ingest reads `data.custom.catalog`, with its default columns class_id and text (a CSV, or
-    a JSONL whose suffix is not .jsonl, like .ndjson); a bad row is an error naming the file and the line either way."""
+    """A catalog as a matcher answers with one: a CSV read as ingest reads `data.custom.catalog`, with its default
+    columns class_id and text; any other file (data/validated/catalog.jsonl, or that file under another name) as the
+    pipeline's JSONL (`Catalog.load`). A bad row is an error naming the file and the line either way."""
     path = Path(path)
-    return Catalog.load(path) if path.suffix.lower() == ".jsonl" else read_catalog_file(path)
+    return read_catalog_file(path) if path.suffix.lower() == ".csv" else Catalog.load(path)
 
 
 def shipped_catalog(dataset: str) -> Catalog:

@@ -22,9 +22,8 @@ def decode_file(path: Path, content: bytes | None = None) -> str:
     byte-order mark that starts a line dropped (files joined with `cat` each bring theirs: a second header must read
     as the header). In a line that is not valid UTF-8, the invalid bytes are read as Windows-1252 (what such files
     mostly are: `what\x92s` is "what’s"), or as Latin-1 where Windows-1252 leaves a byte undefined, with a warning
-    naming the line, so one stray byte garbles neither the rest of its line nor the file's other lines. A file whose
-    non-UTF-8 lines read as another encoding (GBK, Shift-JIS, Windows-1251, …) is an error naming its file and line
-    (`_refuse_another_encoding`). Lines are numbered as `split_lines` numbers them (\n, \r\n or \r)."""
+    naming the line, so one stray byte garbles neither the rest of its line nor the file's other lines. Lines are
+    numbered as `split_lines` numbers them (\n, \r\n or \r)."""
     if content is not None:
         return decode_bytes(content, str(path))
     if path.is_dir():
@@ -47,8 +46,8 @@ def decode_argument(argument: str, name: str) -> str:
     """A command-line argument (called `name` in the warning) as a file's line is decoded: UTF-8, an invalid stretch
     as Windows-1252. argv hands bytes that are not UTF-8 over as lone surrogates (surrogateescape), which the tokenizer
     refuses; a valid argument comes back as it was. No byte-order mark is sought: an argument's "ÿþ" is its text."""
-    text, invalid_runs = _utf8_with_single_byte_strays(argument.encode("utf-8", "surrogateescape"))
-    if invalid_runs:
+    text, had_invalid_bytes = _utf8_with_single_byte_strays(argument.encode("utf-8", "surrogateescape"))
+    if had_invalid_bytes:
         log.warning("%s: not valid UTF-8; read its invalid bytes as Windows-1252 (Latin-1 where it has no character), "
                     "the rest as UTF-8", name)
     return text
@@ -69,57 +68,31 @@ def _decoded(raw: bytes, path: Path | str) -> str:
     pieces = LINE_BREAK_BYTES.split(raw)  # lines, each followed by its own line break
     decoded, misread = [], []
     for index, piece in enumerate(pieces):
-        text, invalid_runs = _utf8_with_single_byte_strays(piece)
+        text, had_invalid_bytes = _utf8_with_single_byte_strays(piece)
         decoded.append(text)
-        if invalid_runs:
-            misread.append((index // 2 + 1, piece, invalid_runs))
-    _refuse_another_encoding(misread, path)
-    misread = [line for line, _, _ in misread]
+        if had_invalid_bytes:
+            misread.append(index // 2 + 1)
+    # Bytes alone cannot tell a few words of GBK, Big5, Shift-JIS or EUC-KR (two bytes a character, some pairs of them
+    # valid UTF-8) from Windows-1252's accents and quotes ("Hvað þýðir", "«\xa0À", "…”—“"): so the warning says
+    # what a file in another encoding becomes, rather than an error refusing Western text
     log.warning("%s: line(s) %s not valid UTF-8; read their invalid bytes as Windows-1252 (Latin-1 where it has no "
-                "character), the rest as UTF-8", path, first_of(misread))
+                "character), the rest as UTF-8; a file written in another encoding (GBK, Shift-JIS, Windows-1251, …) "
+                "reads as mojibake so: save it as UTF-8", path, first_of(misread))
     return "".join(decoded)
 
 
-def _utf8_with_single_byte_strays(line: bytes) -> tuple[str, list[int]]:
-    """(text, the lengths of its runs of invalid bytes): the line's valid UTF-8 as UTF-8, so text pasted from two
-    sources keeps its "é" beside a stray `\x92`, and each invalid stretch as Windows-1252 (`_single_byte`)."""
-    pieces, start, runs, run_end = [], 0, [], -1
+def _utf8_with_single_byte_strays(line: bytes) -> tuple[str, bool]:
+    """(text, whether any byte was invalid): the line's valid UTF-8 as UTF-8, so text pasted from two sources
+    keeps its "é" beside a stray `\x92`, and each invalid stretch as Windows-1252 (`_single_byte`)."""
+    pieces, start = [], 0
     while True:
         try:
             pieces.append(line[start:].decode("utf-8"))
-            return "".join(pieces), runs
+            return "".join(pieces), start > 0
         except UnicodeDecodeError as exc:
             pieces.append(line[start:start + exc.start].decode("utf-8"))
             pieces.append(_single_byte(line[start + exc.start:start + exc.end]))
-            if start + exc.start == run_end:  # the decoder says one run of invalid bytes in pieces of one to three
-                runs[-1] += exc.end - exc.start
-            else:
-                runs.append(exc.end - exc.start)
             start += exc.end
-            run_end = start
-
-
-# Windows-1252 text has its accented letters one at a time, or two ("Größe", "¿Qué"), among ASCII letters, spaces and
-# punctuation. Chinese, Japanese and Korean in their older encodings are two bytes a character, and Cyrillic or Greek
-# (Windows-1251, 1253, KOI8-R) whole words of bytes over 127: read as Windows-1252 they would be trained on as
-# mojibake ("ÊÇÀÏʦ"), so such a file is refused rather than read with a warning.
-LONGEST_STRAY_RUN = 2  # invalid bytes in a row a Western stray may have
-MOST_HIGH_BYTES = 0.5  # the share of bytes over 127 in a file's non-UTF-8 lines that Western text stays within
-
-
-def _refuse_another_encoding(misread: list[tuple[int, bytes, list[int]]], path: Path | str) -> None:
-    """A ReaderError naming the file and its first telling line when its non-UTF-8 lines (line, bytes, runs of invalid
-    bytes) read as another encoding rather than UTF-8 with stray Windows-1252 bytes."""
-    long_run = next((line for line, _, runs in misread if max(runs) > LONGEST_STRAY_RUN), None)
-    high = sum(sum(byte > 127 for byte in piece) for _, piece, _ in misread)
-    share = high / max(1, sum(len(piece) for _, piece, _ in misread))
-    if long_run is None and share <= MOST_HIGH_BYTES:
-        return
-    why = (f"more than {LONGEST_STRAY_RUN} bytes in a row that are not UTF-8" if long_run is not None else
-           f"{share:.0%} of the bytes of its {len(misread)} non-UTF-8 line(s) over 127")
-    raise ReaderError(f"{path}, line {long_run or misread[0][0]}: not UTF-8 ({why}): written in another encoding, such "
-                      "as GBK, Big5, Shift-JIS or Windows-1251, not UTF-8 with a stray Windows-1252 byte; save it as "
-                      "UTF-8 (Excel: \"CSV UTF-8\")")
 
 
 LINE_START_BOM = re.compile("(^|\r\n|\r|\n)\ufeff")
