@@ -38,9 +38,24 @@ class CustomData(Strict):
     label_column: str = "label"
     catalog_id_column: str = "class_id"
     catalog_text_column: str = "text"
+    # the files' encoding: null reads UTF-8 (a stray byte as Windows-1252, with a warning); a codec name (gbk, big5,
+    # shift_jis, euc_kr, cp1251, …) reads train, test, catalog and the retrain inbox's files in it, strictly
+    encoding: str | None = None
     # a training label the catalog lacks: derive (a new class, its text derived from the label, with a warning)
     # or quarantine (the row, with its file and line: a misspelt label never becomes a class)
     unknown_labels: Literal["derive", "quarantine"] = "derive"
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_codec(cls, encoding: str | None) -> str | None:
+        """A misspelt codec failed only when ingest read the first file, as a LookupError's traceback."""
+        import codecs
+
+        try:
+            return None if encoding is None else codecs.lookup(encoding).name
+        except LookupError:
+            raise ValueError(f"data.custom.encoding {encoding!r}: no codec of that name (e.g. gbk, big5, shift_jis, "
+                             "euc_kr, cp1251; null: UTF-8)") from None
 
     @model_validator(mode="after")
     def _quarantine_needs_a_catalog(self) -> "CustomData":

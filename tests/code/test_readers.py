@@ -221,6 +221,35 @@ def test_custom_dataset_paths_are_relative_to_data_dir(tmp_path):
     assert len(splits.catalog) == 3 and splits.train.rows and splits.test.rows
 
 
+def test_custom_files_in_a_declared_encoding_are_read_in_it_and_an_undecodable_byte_names_its_line(tmp_path, caplog):
+    """A Chinese Excel saves its CSVs in GBK. Read as UTF-8, each question became Windows-1252 mojibake ("ÊÇÀÏʦ") with
+    a warning alone; `data.custom.encoding: gbk` reads them as written, train, test, catalog and a JSONL alike."""
+    write(tmp_path, "train.csv", "question,label\n谁是老师？,hum\n在哪里？,loc\n".encode("gbk"))
+    write(tmp_path, "test.jsonl", '{"question": "银行在哪里？", "label": "loc"}\n'.encode("gbk"))
+    write(tmp_path, "catalog.csv", "class_id,text\nhum,这个人是谁？\nloc,这个地方在哪里？\n".encode("gbk"))
+    custom = {"train": "train.csv", "test": "test.jsonl", "catalog": "catalog.csv", "text_column": "question",
+              "encoding": "GBK"}
+    with caplog.at_level(logging.WARNING):
+        splits = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom))
+    assert [q.text for q in splits.train.rows] == ["谁是老师？", "在哪里？"] and splits.test.rows[0].text == "银行在哪里？"
+    assert splits.catalog.texts == ["这个人是谁？", "这个地方在哪里？"] and "not valid UTF-8" not in caplog.text
+
+    write(tmp_path, "train.csv", "question,label\n谁是老师？,hum\n".encode("gbk") + b"where\xff,loc\n")
+    with pytest.raises(ReaderError, match=r"train.csv, line 3: not gbk \(data.custom.encoding\): .* at b'\\xff'"):
+        read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom))
+    write(tmp_path, "train.csv", codecs.BOM_UTF8 + "question,label\nwhat’s this,hum\n".encode("utf-8"))  # its mark wins
+    splits = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom))
+    assert [q.text for q in splits.train.rows] == ["what’s this"]
+
+
+def test_a_misspelt_encoding_is_an_error_when_params_are_read():
+    from tqc.config import CustomData
+
+    with pytest.raises(ValueError, match=r"data.custom.encoding 'gbk2312': no codec of that name"):
+        DataParams(dataset="custom", custom={"train": "t.csv", "test": "e.csv", "encoding": "gbk2312"})
+    assert CustomData(encoding="Shift-JIS").encoding == "shift_jis"  # as Python names it
+
+
 def test_a_label_the_catalog_lacks_is_a_derived_class_or_with_unknown_labels_quarantine_a_rejected_row(tmp_path):
     from tests.conftest import write_custom_dataset
     from tqc.config import ConfigError, Params

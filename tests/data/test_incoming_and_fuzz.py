@@ -182,6 +182,18 @@ def test_a_few_bad_rows_are_quarantined_by_line_and_a_wholesale_failure_names_it
     assert f"{foreign} line 3, {foreign} line 4)" in out
 
 
+def test_an_inbox_batch_is_read_in_data_custom_encoding_as_ingest_reads_the_custom_files(tmp_path, current_data):
+    """The retrain flow's deliveries go through check_batch: a GBK batch is read in GBK when data.custom.encoding says
+    so, not as the Windows-1252 mojibake a UTF-8 reading makes of it."""
+    batch = tmp_path / "batch.csv"
+    batch.write_bytes("question,label\n谁是老师？,a\n在哪里？,b\n".encode("gbk"))
+    declared = Params.model_validate({**params().model_dump(), "data": {"custom": {
+        "text_column": "question", "label_column": "label", "encoding": "gbk"}}})
+    assert [row["text"] for row in check_batch(batch, current_data, declared)["accepted"]] == ["谁是老师？", "在哪里？"]
+    misread = [row["text"] for row in check_batch(batch, current_data, params())["accepted"]]  # encoding null: UTF-8
+    assert misread[0].startswith("\u02edÊÇÀÏ") and "谁" not in "".join(misread)
+
+
 def test_a_batch_label_alike_a_catalog_id_is_read_as_it_as_ingest_reads_it(tmp_path, current_data, capsys):
     """Ingest reads a training label `B` as the catalog's `b` (with a warning); `tqc validate FILE`, which the retrain
     flow's deliveries go through, quarantined the same row as label_in_catalog."""

@@ -23,16 +23,19 @@ def label_in_words(class_id: str) -> str:
 
 
 def read_catalog_file(path: Path, id_column: str = "class_id", text_column: str = "text",
-                      taken: dict[str, str] | None = None) -> Catalog:
+                      taken: dict[str, str] | None = None, encoding: str | None = None) -> Catalog:
     """A catalog file; an error naming the file and line for a row without text, or whose text repeats
     another class's (within the file, or one of `taken`: normalised text → the class id that has it)."""
-    return Catalog([question for question, _ in read_catalog_rows(path, id_column, text_column, taken)])
+    return Catalog([question for question, _ in read_catalog_rows(path, id_column, text_column, taken,
+                                                                  encoding=encoding)])
 
 
 def read_catalog_rows(path: Path, id_column: str = "class_id", text_column: str = "text",
-                      taken: dict[str, str] | None = None, content: bytes | None = None) -> list[tuple[StandardQuestion, int]]:
-    """`read_catalog_file`'s standard questions, each with the file line it was read from (`content`: as `read_table`)."""
-    result = read_table(path, text_column=text_column, label_column=id_column, content=content)
+                      taken: dict[str, str] | None = None, content: bytes | None = None,
+                      encoding: str | None = None) -> list[tuple[StandardQuestion, int]]:
+    """`read_catalog_file`'s standard questions, each with the file line it was read from (`content`, `encoding`: as
+    `read_table`)."""
+    result = read_table(path, text_column=text_column, label_column=id_column, content=content, encoding=encoding)
     if result.rejected:
         bad = result.rejected[0]
         message = f"{bad.file}, line {bad.line}: catalog row unusable: {bad.reason}"

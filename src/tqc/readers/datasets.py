@@ -96,7 +96,7 @@ def _custom_catalog(params: DataParams) -> Catalog:
     if not custom.catalog:
         return Catalog()
     read = _naming_settings(partial(read_catalog_file, id_column=custom.catalog_id_column,
-                                    text_column=custom.catalog_text_column),
+                                    text_column=custom.catalog_text_column, encoding=custom.encoding),
                             {custom.catalog_id_column: "data.custom.catalog_id_column",
                              custom.catalog_text_column: "data.custom.catalog_text_column"})
     return read(_custom_file(params, "catalog"))
@@ -155,7 +155,7 @@ def read_custom_table(path: Path, custom: CustomData, source_column: str | None 
     if source_column is not None:
         settings[source_column] = "data.generated.source_column"
     read = partial(read_table, text_column=custom.text_column, label_column=custom.label_column,
-                   source_column=source_column, content=content)
+                   source_column=source_column, content=content, encoding=custom.encoding)
     return _naming_settings(read, settings)(path)
 
 

@@ -17,15 +17,16 @@ from tqc.text import first_of
 log = logging.getLogger(__package__)  # "tqc.readers" for every reader: incoming filters that one logger
 
 
-def decode_file(path: Path, content: bytes | None = None) -> str:
+def decode_file(path: Path, content: bytes | None = None, encoding: str | None = None) -> str:
     """Text of `path` (or of `content`, its bytes as a caller read them, named `path` in messages) as UTF-8, with every
     byte-order mark that starts a line dropped (files joined with `cat` each bring theirs: a second header must read
     as the header). In a line that is not valid UTF-8, the invalid bytes are read as Windows-1252 (what such files
     mostly are: `what\x92s` is "what’s"), or as Latin-1 where Windows-1252 leaves a byte undefined, with a warning
     naming the line, so one stray byte garbles neither the rest of its line nor the file's other lines. Lines are
-    numbered as `split_lines` numbers them (\n, \r\n or \r)."""
+    numbered as `split_lines` numbers them (\n, \r\n or \r). `encoding` (data.custom.encoding): the file is in that
+    codec instead, and a byte it cannot decode is an error naming the line."""
     if content is not None:
-        return decode_bytes(content, str(path))
+        return decode_bytes(content, str(path), encoding)
     if path.is_dir():
         raise ReaderError(f"{path}: a folder, not a file")
     if not path.is_file():
@@ -34,12 +35,12 @@ def decode_file(path: Path, content: bytes | None = None) -> str:
         raw = path.read_bytes()
     except OSError as exc:  # no permission, an I/O error: said as the file's problem, not a traceback
         raise ReaderError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    return decode_bytes(raw, str(path))
+    return decode_bytes(raw, str(path), encoding)
 
 
-def decode_bytes(raw: bytes, name: str) -> str:
+def decode_bytes(raw: bytes, name: str, encoding: str | None = None) -> str:
     """`raw` (a file's or standard input's bytes, called `name` in messages) as `decode_file` decodes a file."""
-    return _without_line_boms(_decoded(raw, name))
+    return _without_line_boms(_decoded(raw, name) if encoding is None else _declared(raw, encoding, name))
 
 
 def decode_argument(argument: str, name: str) -> str:
@@ -79,6 +80,21 @@ def _decoded(raw: bytes, path: Path | str) -> str:
                 "character), the rest as UTF-8; a file written in another encoding (GBK, Shift-JIS, Windows-1251, …) "
                 "reads as mojibake so: save it as UTF-8", path, first_of(misread))
     return "".join(decoded)
+
+
+def _declared(raw: bytes, encoding: str, path: Path | str) -> str:
+    """`raw` in the declared codec; a byte-order mark (UTF-8's, or UTF-16's or 32's) still says what it says."""
+    if raw.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return _decoded(raw, path)
+    if raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8):]
+        encoding = "utf-8"
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = len(LINE_BREAK_BYTES.findall(raw, 0, exc.start)) + 1
+        raise ReaderError(f"{path}, line {line}: not {encoding} (data.custom.encoding): {exc.reason} at "
+                          f"{raw[exc.start:exc.end]!r}; save the file in {encoding}, or name its encoding") from None
 
 
 def _utf8_with_single_byte_strays(line: bytes) -> tuple[str, bool]:

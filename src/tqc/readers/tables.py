@@ -42,10 +42,10 @@ def read_trec(path: Path, granularity: str) -> ReadResult:
     return result
 
 
-def _file_text(path: Path, header: bool = False, content: bytes | None = None) -> str:
-    """The text a CSV or JSONL reader parses: the file decoded, its stray carriage returns read as spaces (in JSONL they
-    may be JSON whitespace, never a line break); blank is an error."""
-    text = stray_carriage_returns_as_spaces(decode_file(path, content), path, header)
+def _file_text(path: Path, header: bool = False, content: bytes | None = None, encoding: str | None = None) -> str:
+    """The text a CSV or JSONL reader parses: the file decoded (`encoding`: as `decode_file`), its stray carriage returns
+    read as spaces (in JSONL they may be JSON whitespace, never a line break); blank is an error."""
+    text = stray_carriage_returns_as_spaces(decode_file(path, content, encoding), path, header)
     if not text or text.isspace():  # what `not text.strip()` says, without a copy of the whole file
         raise ReaderError(f"{path}: file is empty")
     return text
@@ -201,12 +201,14 @@ class _Unusable:
 
 
 def read_table(path: Path, text_column: str, label_column: str, source_column: str | None = None,
-               content: bytes | None = None) -> ReadResult:
+               content: bytes | None = None, encoding: str | None = None) -> ReadResult:
     """A user's CSV (with header) or JSONL file, through a column mapping; `source_column`, for
     rows made offline, names the question each row was made from (kept in `named_sources`). `content`: the file's
-    bytes, where the caller read them itself (the retrain flow parses the very bytes it hashed)."""
+    bytes, where the caller read them itself (the retrain flow parses the very bytes it hashed). `encoding`:
+    data.custom.encoding (None: UTF-8, stray bytes as Windows-1252)."""
     columns = [c for c in (text_column, label_column, source_column) if c is not None]
-    records = _jsonl_records(path, content) if is_jsonl(path) else _csv_dict_records(path, columns, content)
+    records = (_jsonl_records(path, content, encoding) if is_jsonl(path)
+               else _csv_dict_records(path, columns, content, encoding))
     result, labels = ReadResult(), {}  # labels: each one string, however many rows name it
     keys = _KeysSeen(columns)  # a JSONL file has no header: a column no record has is found only at the end
     for line_number, record, original in records:
@@ -295,12 +297,12 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _csv_dict_records(path: Path, columns: list[str],
-                      content: bytes | None = None) -> Iterator[tuple[int, dict | _Unusable, list[str]]]:
+def _csv_dict_records(path: Path, columns: list[str], content: bytes | None = None,
+                      encoding: str | None = None) -> Iterator[tuple[int, dict | _Unusable, list[str]]]:
     """(line, record or the reason it is unusable, its fields, which `csv_record` writes out for a rejected one) for each
     data row, one at a time. A header without one of `columns` is an error about the header, not a rejection of every
     row; it, and a malformed line anywhere, is raised here, before any row is given."""
-    text = _file_text(path, header=True, content=content)
+    text = _file_text(path, header=True, content=content, encoding=encoding)
     # Two passes over the text, where the records were held all at once: this one reads the labels (and says a
     # malformed line before the header's problems, as before); the second gives the rows
     records = _csv_records(path, text)
@@ -379,10 +381,11 @@ def is_jsonl(path: Path) -> bool:
     return path.suffix.lower() in JSONL_SUFFIXES
 
 
-def _jsonl_records(path: Path, content: bytes | None = None) -> Iterator[tuple[int, dict | _Unusable, str]]:
+def _jsonl_records(path: Path, content: bytes | None = None,
+                   encoding: str | None = None) -> Iterator[tuple[int, dict | _Unusable, str]]:
     """(line, record or the reason it is unusable, the line) for each line but blank ones, one at a time; an unreadable
     or blank file is an error here, before any line is given."""
-    return _jsonl_lines(_file_text(path, content=content))
+    return _jsonl_lines(_file_text(path, content=content, encoding=encoding))
 
 
 def _jsonl_lines(text: str) -> Iterator[tuple[int, dict | _Unusable, str]]:

@@ -197,7 +197,8 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged
     current = [(q.class_id, q.text) for q in _base_catalog(params).questions] + [(r["class_id"], r["text"]) for r in staged_rows]
     try:
         rows = read_catalog_rows(incoming.path, params.data.custom.catalog_id_column, params.data.custom.catalog_text_column,
-                                 taken={normalise(text): class_id for class_id, text in current}, content=content)
+                                 taken={normalise(text): class_id for class_id, text in current}, content=content,
+                                 encoding=params.data.custom.encoding)
     except (ReaderError, ValueError) as exc:
         outcome.outcome, outcome.reason = "unusable", str(exc)
         if isinstance(exc, MissingColumns):  # labeled questions, say, in a file whose name made it a catalog
