@@ -86,7 +86,7 @@ def test_the_summary_lists_repeat_deliveries():
     """A delivery of repeats only published a files table with no row."""
     repeat = Incoming(Path("inbox/again.csv"), "6" * 64)
     summary = summary_markdown(Staged(Path("raw")), None, None, [repeat])
-    assert "| again.csv | labeled | repeat | 0 | 0 | 0 | already processed (same sha256) |" in summary
+    assert "| again.csv | labeled | repeat | 0 | 0 | 0 | the same bytes (sha256) as a file already merged, or as an earlier file of this delivery |" in summary
 
 
 def test_the_summary_of_a_promotion_that_judged_no_question_says_so():

@@ -182,6 +182,20 @@ def test_every_quarantined_row_has_one_shape_whichever_check_rejected_it(project
     assert all(len(q["sha256"]) == 64 for q in staged.quarantined_rows)
 
 
+def test_a_duplicate_of_a_merged_question_names_it_where_it_is_kept_not_in_the_deleted_staged_copy(project):
+    """The reason read "duplicate of data/retrain/raw/labeled.jsonl, line 1": the staged copy the current data was
+    ingested from, which the run deletes. The line is the same in data/raw/labeled.jsonl, the file a person opens."""
+    where, = unseen_questions(project, "LOC", 1)
+    (project / "data" / "raw" / "labeled.jsonl").write_text(json.dumps({"text": where, "class_id": "LOC",
+                                                                        "source": "a.csv:2"}) + "\n")
+    drop(project, "b.csv", [(where, "LOC")])
+
+    staged, _ = deliver(project)
+
+    [row] = staged.quarantined_rows
+    assert row["reason"] == "no_duplicates: duplicate of data/raw/labeled.jsonl, line 1"  # data.additions, as set
+
+
 def test_a_delivery_that_adds_nothing_commits_no_data_whatever_staging_holds(project):
     params = load_params(project / "params.yaml")
     raw = project / "data" / "raw"

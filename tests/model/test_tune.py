@@ -204,6 +204,25 @@ def test_the_reported_baseline_is_the_one_of_the_params_as_they_are_now():
     assert current_baseline(complete[:2], params(0.07)).number == 0  # none of these values: the newest baseline
 
 
+def test_a_trial_that_only_ties_the_current_baseline_is_not_the_best_to_apply():
+    """A review ran a study again after changing stage_one.temperature: its new baseline (trial 2) scored what the old
+    one (trial 0) had, Optuna's best was trial 0 by order, and `tune` said to apply it, setting the old value back."""
+    from tqc.tuning.reports import best_trial
+
+    def params(temperature: float) -> Params:
+        return Params.model_validate({"stage_one": {"temperature": temperature},
+                                      "tune": {"space": {"stage_one.temperature": {"low": 0.02, "high": 0.2}}}})
+
+    study = optuna.create_study(direction="maximize")
+    for value, attrs in [(0.9048, {"baseline": True, "base_values": {"stage_one.temperature": 0.0211}}), (0.85, {}),
+                         (0.9048, {"baseline": True, "base_values": {"stage_one.temperature": 0.1}})]:
+        study.add_trial(optuna.trial.create_trial(value=value, params={}, distributions={}, user_attrs=attrs))
+    assert study.best_trial.number == 0 and best_trial(study, params(0.1)).number == 2  # the tie: the params stand
+    assert best_trial(study, params(0.0211)).number == 0
+    study.add_trial(optuna.trial.create_trial(value=0.91, params={}, distributions={}, user_attrs={}))
+    assert best_trial(study, params(0.1)).number == 3  # a gain is the best
+
+
 def test_the_reporter_prunes_when_the_pruner_says_so():
     from tqc.tracking import Tracker
     from tqc.training import EpochRecord

@@ -124,7 +124,7 @@ def quarantine_record(file: str, sha256: str, row: dict) -> dict:
 
 def repeat_outcome(incoming: Incoming) -> FileOutcome:
     return FileOutcome(str(incoming.path), incoming.sha256, "catalog" if incoming.is_catalog else "labeled", "repeat",
-                       reason="already processed (same sha256)")
+                       reason="the same bytes (sha256) as a file already merged, or as an earlier file of this delivery")
 
 
 def free_name(path: Path) -> Path:

@@ -69,6 +69,7 @@ def stage(files: list[Incoming], params: Params, staging: Path, checking: bool =
     files = [incoming for incoming, _ in read]  # each with the sha256 of the bytes read, which it is archived by
     with _naming_kept(raw, current):
         _merge_files(files, contents, params, raw, staging, staged)
+    _name_kept_in_reasons(staged, raw, current)
     for outcome in staged.outcomes:
         if outcome.outcome == "unusable":  # said here, in the quarantine and in the summary, not only in the manifest
             log.warning("retrain: %s is unusable: %s", outcome.file, outcome.reason)
@@ -101,6 +102,17 @@ def _merge_files(files: list[Incoming], contents: dict[Path, bytes | None], para
         with quiet(*CURRENT_DATA_STAGES):
             reference = ingested_data(with_additions(params, raw), staging / "reference")
             staged.outcomes.extend(_merge_labeled(labeled, params, raw, reference, staged, contents))
+
+
+def _name_kept_in_reasons(staged: Staged, copy: Path, kept: Path) -> None:
+    """The quarantine's and the manifest's reasons name a merged question where it is kept ("duplicate of
+    data/raw/labeled.jsonl, line 3"), not in the staged copy the current data was ingested from, which the run deletes
+    (as `_naming_kept` does for errors); the line numbers are the same in both."""
+    inside, kept_inside = f"{copy}{os.sep}", f"{kept}{os.sep}"
+    for row in staged.quarantined_rows:
+        row["reason"] = row["reason"].replace(inside, kept_inside)
+    for outcome in staged.outcomes:
+        outcome.reason = outcome.reason.replace(inside, kept_inside)
 
 
 @contextmanager

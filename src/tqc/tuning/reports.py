@@ -133,10 +133,21 @@ def _best_and_its_summary(study, study_dir: Path, data: PreparedData, params: Pa
     worker's trial recorded above it meanwhile dropped them (tune.keep_models false), and this worker's reports (its
     summary, best_params.yaml, its MLflow run) would name the older best. Each pass finds a trial recorded since."""
     while True:
-        best = first_of_its_values(study, study.best_trial)
+        best = best_trial(study, params)
         summary = _trial_summary(best, study_dir, data, params)
-        if summary.get("test") is not None or first_of_its_values(study, study.best_trial).number == best.number:
+        if summary.get("test") is not None or best_trial(study, params).number == best.number:
             return best, summary
+
+
+def best_trial(study, params: Params):
+    """The study's best trial, or the baseline of the params as they are now where that one ties it: a tie beats
+    nothing, and `--apply` of another trial's values would change params.yaml for no measured gain (Optuna breaks a
+    tie by trial order, so an older baseline, or any trial, ahead of the current one was the best)."""
+    import optuna
+
+    best = first_of_its_values(study, study.best_trial)
+    baseline = current_baseline(study.get_trials(deepcopy=False, states=[optuna.trial.TrialState.COMPLETE]), params)
+    return baseline if baseline is not None and baseline.value >= best.value else best
 
 
 def _no_completed_trial(study) -> str:
