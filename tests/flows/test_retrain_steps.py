@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tqc import retrain as steps
 from tqc.config import load_params
@@ -180,6 +181,23 @@ def test_every_quarantined_row_has_one_shape_whichever_check_rejected_it(project
     assert by_file["b.csv"]["content"] == {"text": where, "class_id": "LOC"}
     assert by_file["c.csv"]["expectations"] == ["usable_file"] and by_file["c.csv"]["line"] is None
     assert all(len(q["sha256"]) == 64 for q in staged.quarantined_rows)
+
+
+def test_a_delivery_in_data_custom_encoding_merges_its_catalog_and_rows_as_written(project):
+    """data.custom.encoding reads the inbox's files too: a Chinese Excel's GBK catalog file and rows merge as written."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["data"]["custom"]["encoding"] = "gbk"
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    inbox = project / "data" / "incoming"
+    inbox.mkdir(parents=True, exist_ok=True)
+    (inbox / "catalog-food.csv").write_bytes("class_id,text\nFOOD,这是什么食物？\n".encode("gbk"))
+    (inbox / "food.csv").write_bytes("question,label\n饺子是什么？,FOOD\n米饭好吃吗？,FOOD\n".encode("gbk"))
+
+    staged, _ = deliver(project)
+
+    assert [(o.outcome, o.accepted) for o in staged.outcomes] == [("merged", 1), ("merged", 2)], staged.outcomes
+    assert [(r["class_id"], r["text"]) for r in read_jsonl(staged.raw / "catalog.jsonl")] == [("FOOD", "这是什么食物？")]
+    assert [r["text"] for r in read_jsonl(staged.raw / "labeled.jsonl")] == ["饺子是什么？", "米饭好吃吗？"]
 
 
 def test_a_duplicate_of_a_merged_question_names_it_where_it_is_kept_not_in_the_deleted_staged_copy(project):
