@@ -78,7 +78,9 @@ def _decoded(raw: bytes, path: Path | str) -> str:
     # what a file in another encoding becomes, rather than an error refusing Western text
     log.warning("%s: line(s) %s not valid UTF-8; read their invalid bytes as Windows-1252 (Latin-1 where it has no "
                 "character), the rest as UTF-8; a file written in another encoding (GBK, Shift-JIS, Windows-1251, …) "
-                "reads as mojibake so: save it as UTF-8", path, first_of(misread))
+                "reads as mojibake so: save it as UTF-8 (a custom dataset's or the inbox's files: or name it in "
+                "data.custom.encoding)",
+                path, first_of(misread))
     return "".join(decoded)
 
 
