@@ -36,6 +36,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     predict.add_argument("--column", default=None, help="with a .csv or .jsonl --file: the column holding the questions "
                          f"(default {DEFAULT_QUESTION_COLUMN!r}, data.custom.text_column's default); refused with any "
                          "other --file, which is read a question a line")
+    predict.add_argument("--encoding", default=None,
+                         help="the codec of --file, standard input and a .csv --catalog, as data.custom.encoding names "
+                              "one (e.g. gbk, big5, shift_jis, cp1251); default UTF-8, a stray byte read as "
+                              "Windows-1252 with a warning")
     _add_model_options(predict)
     _add_exemplar_options(predict)
 
@@ -78,10 +82,11 @@ def run(args: argparse.Namespace) -> None:
 
     from tqc.serving import ranked_records
 
+    args.encoding = _codec(args.encoding)
     # (where, position, question): the questions of the arguments, then of the file
     asked = [("question argument(s)", position, text)
              for position, text in _scored(_argument_questions(args.questions), "question argument(s)", "arguments")]
-    asked += [(f"{_file_name(args.file)}: line(s)", line, text) for line, text in _file_questions(args.file, args.column)]
+    asked += [(f"{_file_name(args.file)}: line(s)", line, text) for line, text in _file_questions(args.file, args.column, args.encoding)]
     questions = [text for _, _, text in asked]
     if not questions:
         raise ConfigError(f"no questions: --file {args.file} holds none" if args.file is not None
@@ -134,11 +139,20 @@ def _file_name(path: Path | None) -> str:
     return "stdin" if str(path) == "-" else str(path)
 
 
-def _file_questions(path: Path | None, column: str) -> list[tuple[int, str]]:
+def _codec(encoding: str | None) -> str | None:
+    """--encoding's codec, by Python's own name for it; a misspelt one is refused before any file is read."""
+    try:
+        return None if encoding is None else codecs.lookup(encoding).name
+    except LookupError:
+        raise ConfigError(f"--encoding {encoding!r}: no codec of that name (e.g. gbk, big5, shift_jis, euc_kr, cp1251; "
+                          "leave it out for UTF-8)") from None
+
+
+def _file_questions(path: Path | None, column: str, encoding: str | None = None) -> list[tuple[int, str]]:
     """`--file`'s (line, question) pairs, blank lines said and left out (`_scored`)."""
     if path is None:
         return []
-    return _scored(_question_file_lines(path, column), f"{_file_name(path)}: line(s)", "lines")
+    return _scored(_question_file_lines(path, column, encoding), f"{_file_name(path)}: line(s)", "lines")
 
 
 def _scored(numbered: list[tuple[int, str]], where: str, others: str) -> list[tuple[int, str]]:
@@ -153,14 +167,14 @@ def _scored(numbered: list[tuple[int, str]], where: str, others: str) -> list[tu
     return [(position, text.strip()) for (position, text), words in zip(numbered, worded) if words]
 
 
-def _question_file_lines(path: Path, column: str | None) -> list[tuple[int, str]]:
+def _question_file_lines(path: Path, column: str | None, encoding: str | None = None) -> list[tuple[int, str]]:
     """(line, text) of `--file`: a .csv or .jsonl file's `column` (never its header or raw JSON as questions), else
-    each line, stdin's for `-`."""
+    each line, stdin's for `-`; in `encoding` (None: UTF-8)."""
     from tqc.readers import TABLE_SUFFIXES, MissingColumns, ReaderError, decode_bytes, read_texts, split_lines
 
     if str(path) != "-" and path.suffix.lower() in TABLE_SUFFIXES:
         try:  # --column "" names no column: refused, not read as the default one
-            return read_texts(path, DEFAULT_QUESTION_COLUMN if column is None else column)
+            return read_texts(path, DEFAULT_QUESTION_COLUMN if column is None else column, encoding)
         except MissingColumns as exc:  # a CSV's header, a JSONL record
             raise ConfigError(f"{exc}: --column names the column holding the questions") from None
     if str(path) != "-" and path.suffix.lower() in UNREAD_TABLE_SUFFIXES:  # read a line at a time, each was answered
@@ -178,7 +192,7 @@ def _question_file_lines(path: Path, column: str | None) -> list[tuple[int, str]
     else:
         name, raw = str(path), path.read_bytes()
     try:  # decoded as the readers decode training files (stray bytes as Windows-1252, with a warning; a UTF-16 mark)
-        text = decode_bytes(raw, name)
+        text = decode_bytes(raw, name, encoding)
     except ReaderError as exc:  # mostly NUL bytes, or a byte-order mark the bytes belie
         raise ConfigError(str(exc)) from None
     # the readers' line breaks: \n, \r\n or \r only, never U+2028 or U+0085 inside a question (str.splitlines),
@@ -289,7 +303,8 @@ def _matcher(args: argparse.Namespace):
             # names it, with no word on a prior first
             whole = (Path(args.model) / "tqc_model.json").is_file() and Path(args.catalog).is_file()
             return local_matcher(args.model, args.catalog, args.top_k,
-                                 _prior_for(args.model, args.prior, args.catalog) if whole else None)
+                                 _prior_for(args.model, args.prior, args.catalog, args.encoding) if whole else None,
+                                 catalog_encoding=args.encoding)
         except ValueError as exc:  # e.g. a catalog's bad line, or a prior file with no entry for the model: each names its file
             raise ConfigError(str(exc)) from None
     # predict reads no params.yaml: evaluate.exemplar_k's default, not the project's setting
@@ -300,7 +315,8 @@ def _matcher(args: argparse.Namespace):
         raise ConfigError(f"--prior {args.prior} with --exemplars: the class-prior shift was fitted for the "
                           "standard-question rule, and the exemplar rule has none")
     try:
-        return local_matcher(args.model, args.catalog, args.top_k, None, (args.exemplars, k), _exemplar_cache(args.exemplar_cache))
+        return local_matcher(args.model, args.catalog, args.top_k, None, (args.exemplars, k),
+                             _exemplar_cache(args.exemplar_cache), args.encoding)
     except ValueError as exc:  # e.g. an exemplar file's bad line or unknown class: each message names its file
         raise ConfigError(str(exc)) from None
 
@@ -316,7 +332,7 @@ def _exemplar_cache(choice: str | None) -> Path | None:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tqc" / "exemplars"
 
 
-def _prior_for(model_dir: Path, choice: str, catalog_path: Path) -> Path | None:
+def _prior_for(model_dir: Path, choice: str, catalog_path: Path, catalog_encoding: str | None = None) -> Path | None:
     """`tqc predict --prior`: the prior file with an entry for `model_dir` that covers the catalog's classes, or None
     for no shift. `auto` falls back to similarity alone, saying why; a named file that cannot serve is an error."""
     from tqc.prior import StaleEntry, entry_for
@@ -347,21 +363,21 @@ def _prior_for(model_dir: Path, choice: str, catalog_path: Path) -> Path | None:
         print(f"tqc predict: {path} has no class-prior shift fitted for {model_dir}: ranking by similarity alone",
               file=sys.stderr)
         return None
-    if choice == "auto" and (misfit := _shift_misfit(path, entry, catalog_path)):
+    if choice == "auto" and (misfit := _shift_misfit(path, entry, catalog_path, catalog_encoding)):
         # a catalog grown since the prior stage ran (a new standard question served before retraining)
         print(f"tqc predict: {misfit}. Ranking by similarity alone", file=sys.stderr)
         return None
     return path
 
 
-def _shift_misfit(path: Path, entry: str, catalog_path: Path) -> str | None:
+def _shift_misfit(path: Path, entry: str, catalog_path: Path, catalog_encoding: str | None = None) -> str | None:
     """Why the prior file's `entry` cannot shift the scores of the catalog's classes (None: it can). `_matcher` asks only
     once the catalog file is there."""
     from tqc.prior import PriorFileError, PriorShift, read_file
     from tqc.readers.catalogs import load_catalog
 
     try:
-        class_ids = load_catalog(catalog_path).class_ids
+        class_ids = load_catalog(catalog_path, catalog_encoding).class_ids
         PriorShift.from_json(read_file(path)[entry], class_ids, f"{path}, entry {entry!r}")
     except PriorFileError as exc:
         return str(exc)

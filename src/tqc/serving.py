@@ -55,6 +55,9 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
     # `tqc predict` sets a folder where the exemplar rule's encoded questions are kept between calls; a registered
     # version leaves it None and reads the vectors registered with it (`EXEMPLAR_VECTORS`), else encodes them per load.
     exemplar_cache: Path | None = None
+    # `tqc predict --encoding`: the codec of a catalog given as CSV (None: UTF-8). A registered version's catalog is the
+    # pipeline's JSONL, which is UTF-8.
+    catalog_encoding: str | None = None
     # Whether `predict` warns of the questions it cuts at the model's max_length, by their rows. `tqc predict` says them
     # itself, once for all its chunks, by their arguments and lines.
     says_cut: bool = True
@@ -76,7 +79,7 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         self.model = BiEncoder.load(model_dir).eval()
         if digest is not None and folder_digest(model_dir) != digest:
             digest = None  # the folder changed while loading: its vectors are encoded, not cached
-        self.catalog = load_catalog(context.artifacts["catalog"])
+        self.catalog = load_catalog(context.artifacts["catalog"], self.catalog_encoding)
         if not len(self.catalog):  # else every question would get an empty ranking, and a caller no error
             raise ValueError(f"{context.artifacts['catalog']}: no standard questions, so no question can be answered")
         prior_file, config = context.artifacts.get("prior"), context.model_config or {}
@@ -309,12 +312,14 @@ def _sha256(value) -> str:
 
 
 def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_path: Path | None = None,
-                  exemplars: tuple[Path, int] | None = None, exemplar_cache: Path | None = None) -> StandardQuestionMatcher:
+                  exemplars: tuple[Path, int] | None = None, exemplar_cache: Path | None = None,
+                  catalog_encoding: str | None = None) -> StandardQuestionMatcher:
     """The matcher the registry serves, loaded from local folders (`tqc predict`): the same code answers.
 
     `prior_path`: a prior stage's file with an entry fitted for `model_dir` (None: similarity alone).
     `exemplars`: (labeled questions JSONL, k) to serve the exemplar rule instead, which has no shift;
-    `exemplar_cache`: a folder keeping their encoded vectors between calls (None: encode every time)."""
+    `exemplar_cache`: a folder keeping their encoded vectors between calls (None: encode every time).
+    `catalog_encoding`: the codec of a CSV `catalog_path` (None: UTF-8)."""
     from types import SimpleNamespace
 
     from tqc.model.encoder import MODEL_CONFIG
@@ -327,6 +332,7 @@ def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_pat
         raise FileNotFoundError(f"{exemplars[0]}: no labeled questions there (`dvc repro` writes data/validated/train.jsonl)")
     matcher = StandardQuestionMatcher()
     matcher.exemplar_cache = exemplar_cache
+    matcher.catalog_encoding = catalog_encoding
     matcher.load_context(SimpleNamespace(artifacts=_artifacts(model_dir, catalog_path, prior_path, exemplars),
                                          model_config=_model_config(model_dir, prior_path, top_k, exemplars)))
     return matcher

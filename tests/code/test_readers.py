@@ -235,7 +235,7 @@ def test_custom_files_in_a_declared_encoding_are_read_in_it_and_an_undecodable_b
     assert splits.catalog.texts == ["这个人是谁？", "这个地方在哪里？"] and "not valid UTF-8" not in caplog.text
 
     write(tmp_path, "train.csv", "question,label\n谁是老师？,hum\n".encode("gbk") + b"where\xff,loc\n")
-    with pytest.raises(ReaderError, match=r"train.csv, line 3: not gbk \(data.custom.encoding\): .* at b'\\xff'"):
+    with pytest.raises(ReaderError, match=r"train.csv, line 3: not gbk, the encoding declared for it \(data.custom.encoding, .*\): .* at b'\\xff'"):
         read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom))
     write(tmp_path, "train.csv", codecs.BOM_UTF8 + "question,label\nwhat’s this,hum\n".encode("utf-8"))  # its mark wins
     splits = read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), custom=custom))

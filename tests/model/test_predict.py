@@ -1217,3 +1217,46 @@ def test_a_question_file_that_is_a_device_is_refused_before_it_is_read(tmp_path,
     for device in ("/dev/zero", "/dev/null"):
         assert main(["predict", "--model", str(tmp_path / "nowhere"), "--file", device]) == 2, device
         assert capsys.readouterr().err.splitlines() == [f"tqc predict: error: --file {device}: not a file"]
+
+
+def test_encoding_reads_a_file_stdin_and_a_csv_catalog_in_another_codec_as_their_utf8_copies_read(
+        tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """A GBK file from a Chinese Excel was answered as Windows-1252 mojibake with a warning: `--encoding` names its
+    codec, as data.custom.encoding does for training files, for --file, stdin and a .csv --catalog."""
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    questions = ["如何预防感染？", "疫苗安全吗？"]
+    catalog = "class_id,text\nprevention,怎样保护自己免受感染？\nvaccine,疫苗安全吗？\n"
+    for codec in ("utf-8", "gbk"):
+        (tmp_path / codec).mkdir()
+        (tmp_path / codec / "asked.txt").write_bytes("\n".join(questions).encode(codec))
+        (tmp_path / codec / "asked.csv").write_bytes(("text\n" + "\n".join(questions) + "\n").encode(codec))
+        (tmp_path / codec / "catalog.csv").write_bytes(catalog.encode(codec))
+
+    def answers(codec: str, file: str, *encoding: str) -> list[dict]:
+        folder = tmp_path / codec
+        ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(folder / "catalog.csv"), *encoding]
+        assert main(ask + ["--file", str(folder / file)]) == 0, capsys.readouterr().err
+        return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+    for file in ("asked.txt", "asked.csv"):
+        expected = answers("utf-8", file)
+        assert [record["text"] for record in expected] == questions
+        assert answers("gbk", file, "--encoding", "gbk") == expected
+        assert [record["text"] for record in answers("gbk", file)] != questions  # undeclared: read as UTF-8 with strays
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("\n".join(questions).encode("gbk"))))
+    assert main(["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "gbk" / "catalog.csv"),
+                 "--encoding", "GBK", "--file", "-"]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == answers("utf-8", "asked.txt")
+
+
+def test_encoding_misspelt_or_a_byte_its_codec_cannot_read_is_an_error_naming_the_option_or_the_line(
+        tiny_model_dir, tmp_path, capsys):
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    (tmp_path / "asked.txt").write_bytes("where is it?\n".encode() + b"who \x80 is it?\n")
+    ask = ["predict", "--model", str(tmp_path / "model"), "--catalog", str(tmp_path / "catalog.jsonl"),
+           "--file", str(tmp_path / "asked.txt")]
+    assert main(ask + ["--encoding", "gkb"]) == 2
+    assert "--encoding 'gkb': no codec of that name" in capsys.readouterr().err
+    assert main(ask + ["--encoding", "gbk"]) == 2  # 0x80 starts no GBK character
+    assert f"{tmp_path / 'asked.txt'}, line 2" in capsys.readouterr().err

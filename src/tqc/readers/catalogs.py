@@ -62,12 +62,13 @@ def read_catalog_rows(path: Path, id_column: str = "class_id", text_column: str 
     return [(StandardQuestion(class_id=row.class_id, text=row.text), id_lines[row.class_id]) for row in result.rows]
 
 
-def load_catalog(path: Path) -> Catalog:
+def load_catalog(path: Path, csv_encoding: str | None = None) -> Catalog:
     """A catalog as a matcher answers with one: a CSV read as ingest reads `data.custom.catalog`, with its default
-    columns class_id and text; any other file (data/validated/catalog.jsonl, or that file under another name) as the
-    pipeline's JSONL (`Catalog.load`). A bad row is an error naming the file and the line either way."""
+    columns class_id and text, in `csv_encoding` (None: UTF-8, as `decode_file`); any other file
+    (data/validated/catalog.jsonl, or that file under another name) as the pipeline's JSONL (`Catalog.load`), which
+    the pipeline writes in UTF-8. A bad row is an error naming the file and the line either way."""
     path = Path(path)
-    return read_catalog_file(path) if path.suffix.lower() == ".csv" else Catalog.load(path)
+    return read_catalog_file(path, encoding=csv_encoding) if path.suffix.lower() == ".csv" else Catalog.load(path)
 
 
 def shipped_catalog(dataset: str) -> Catalog:

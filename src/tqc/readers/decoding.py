@@ -95,8 +95,9 @@ def _declared(raw: bytes, encoding: str, path: Path | str) -> str:
         return raw.decode(encoding)
     except UnicodeDecodeError as exc:
         line = len(LINE_BREAK_BYTES.findall(raw, 0, exc.start)) + 1
-        raise ReaderError(f"{path}, line {line}: not {encoding} (data.custom.encoding): {exc.reason} at "
-                          f"{raw[exc.start:exc.end]!r}; save the file in {encoding}, or name its encoding") from None
+        raise ReaderError(f"{path}, line {line}: not {encoding}, the encoding declared for it (data.custom.encoding, "
+                          f"or tqc predict's --encoding): {exc.reason} at {raw[exc.start:exc.end]!r}; save the file in "
+                          f"{encoding}, or declare the encoding it is in") from None
 
 
 def _utf8_with_single_byte_strays(line: bytes) -> tuple[str, bool]:

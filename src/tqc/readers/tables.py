@@ -340,11 +340,11 @@ def _csv_rows(path: Path, text: str, header: list[str], header_line: int, label_
             yield line_number, {h: f for h, f in zip(header, fields) if h}, fields
 
 
-def read_texts(path: Path, column: str) -> list[tuple[int, str]]:
+def read_texts(path: Path, column: str, encoding: str | None = None) -> list[tuple[int, str]]:
     """(line, text) of the `column` of every row of a CSV (with a header) or JSONL file: questions to score, with no
     labels. A row that cannot give one is an error naming its line (nothing to quarantine it to: the caller is a
-    person)."""
-    return [(line, text) for line, text, _ in _texts_and_labels(path, column, None)]
+    person). `encoding`: the file's codec, as `decode_file` takes it (None: UTF-8)."""
+    return [(line, text) for line, text, _ in _texts_and_labels(path, column, None, encoding)]
 
 
 def read_unlabelled(path: Path, column: str, label_column: str) -> tuple[list[tuple[int, str]], int]:
@@ -354,10 +354,12 @@ def read_unlabelled(path: Path, column: str, label_column: str) -> tuple[list[tu
     return [(line, text) for line, text, label in rows if not label], sum(1 for *_, label in rows if label)
 
 
-def _texts_and_labels(path: Path, column: str, label_column: str | None) -> Iterator[tuple[int, str, str]]:
+def _texts_and_labels(path: Path, column: str, label_column: str | None,
+                      encoding: str | None = None) -> Iterator[tuple[int, str, str]]:
     """(line, text, label: "" where none) of every row; a row with no text field is an error naming its line."""
     columns = [column] if label_column is None else [column, label_column]
-    records = _jsonl_records(path) if is_jsonl(path) else _csv_dict_records(path, columns)
+    records = (_jsonl_records(path, encoding=encoding) if is_jsonl(path)
+               else _csv_dict_records(path, columns, encoding=encoding))
     for line_number, record, _ in records:
         reason = record.reason if isinstance(record, _Unusable) else _no_text(record, column)
         if reason and isinstance(record, dict) and column not in record:
