@@ -120,6 +120,23 @@ def test_a_partly_labelled_file_gives_only_its_unlabelled_rows_with_label_column
         warmup.pool_rows(params, data, [])
 
 
+def test_the_pool_file_is_read_in_data_custom_encoding_as_the_users_other_files_are(tmp_path):
+    """A GBK export of unlabelled questions was read as Windows-1252 mojibake with a warning, though
+    data.custom.encoding named gbk for the labeled ones beside it."""
+    questions = ["如何预防感染？", "疫苗安全吗？", "症状有哪些？"]
+    (tmp_path / "export.csv").write_bytes(("问题,类别\n" + f"{questions[0]},\n{questions[1]},预防\n{questions[2]},\n")
+                                          .encode("gbk"))
+    (tmp_path / "export.jsonl").write_bytes("".join(json.dumps({"q": q}, ensure_ascii=False) + "\n" for q in questions)
+                                            .encode("gbk"))
+    data = Params().with_overrides({"data": {"data_dir": str(tmp_path), "custom": {"encoding": "gbk"}}}).data
+    for file, text, label, expected in (("export.csv", "问题", "类别", [questions[0], questions[2]]),
+                                        ("export.jsonl", "q", None, questions)):
+        params = Params().warmup.model_copy(update={"enabled": True, "unlabelled": file, "text_column": text,
+                                                    "label_column": label, "include_train": False})
+        rows, _ = warmup.pool_rows(params, data, [])
+        assert [row.text for row in rows] == expected, file
+
+
 def test_a_missing_or_unparsable_pool_file_is_one_line_naming_the_setting(validated, tmp_path):
     params, data = validated
     with pytest.raises(ConfigError, match=r"^warmup.unlabelled 'nowhere.csv': no file .*nowhere.csv \(the path is "

@@ -347,10 +347,12 @@ def read_texts(path: Path, column: str, encoding: str | None = None) -> list[tup
     return [(line, text) for line, text, _ in _texts_and_labels(path, column, None, encoding)]
 
 
-def read_unlabelled(path: Path, column: str, label_column: str) -> tuple[list[tuple[int, str]], int]:
+def read_unlabelled(path: Path, column: str, label_column: str,
+                    encoding: str | None = None) -> tuple[list[tuple[int, str]], int]:
     """(line, text) of the rows of a partly labelled file whose `label_column` is empty (null, blank, or absent from a
-    JSONL record), and how many rows carry a label: those belong in the training data, not among unlabelled ones."""
-    rows = list(_texts_and_labels(path, column, label_column))
+    JSONL record), and how many rows carry a label: those belong in the training data, not among unlabelled ones.
+    `encoding`: as `read_texts`'s."""
+    rows = list(_texts_and_labels(path, column, label_column, encoding))
     return [(line, text) for line, text, label in rows if not label], sum(1 for *_, label in rows if label)
 
 

@@ -99,16 +99,17 @@ def pool_rows(params: WarmupParams, data_params: DataParams,
 
 def _unlabelled_rows(params: WarmupParams, data_params: DataParams) -> tuple[list[PoolRow], int]:
     """warmup.unlabelled's rows (with `label_column`, those without a label) and how many rows carried a label; a file
-    that is not there, or does not parse, is an error naming the setting."""
+    that is not there, or does not parse, is an error naming the setting. It is read in data.custom.encoding, as the
+    user's other files under data_dir are (a Chinese Excel's export of unlabelled questions is GBK as its labeled one)."""
     path = Path(data_params.data_dir) / params.unlabelled
     if not path.is_file():
         raise ConfigError(f"warmup.unlabelled {params.unlabelled!r}: no file {path} (the path is relative to "
                           f"data.data_dir, {data_params.data_dir})")
     try:
         if params.label_column is None:
-            texts, labelled = read_texts(path, params.text_column), 0
+            texts, labelled = read_texts(path, params.text_column, data_params.custom.encoding), 0
         else:
-            texts, labelled = read_unlabelled(path, params.text_column, params.label_column)
+            texts, labelled = read_unlabelled(path, params.text_column, params.label_column, data_params.custom.encoding)
         return [PoolRow(text, str(path), line) for line, text in texts], labelled
     except ReaderError as exc:
         columns = f"warmup.text_column {params.text_column!r}" + (
