@@ -88,18 +88,12 @@ TARGETS = {"labeled": "nll", "uniform": "balanced_nll"}
 
 
 def log_prior(train_class_ids: list[str], class_ids: list[str], smoothing: float = 1.0) -> np.ndarray:
-    """log π (C,): the training rows' class frequencies, add-`smoothing`.
+    """log π (C,): the training rows' class frequencies, add-`smoothing` (`losses.log_prior_of_counts`)."""
+    from tqc.losses import log_prior_of_counts
 
-    A class with no training row (one added by its standard question alone, or whose rows were all quarantined) has
-    no mix to follow: it takes the mean log π of the classes with rows, neither favoured nor silenced. Smoothing alone
-    left it at 1/(N+C), and the shift then put it a quarter of a cosine behind every other class on TREC-6."""
     index = {c: i for i, c in enumerate(class_ids)}
-    counts = np.bincount([index[c] for c in train_class_ids], minlength=len(class_ids)).astype(np.float64)
-    log_pi = np.log((counts + smoothing) / (counts + smoothing).sum())
-    rowless = counts == 0
-    if rowless.any() and not rowless.all():
-        log_pi[rowless] = log_pi[~rowless].mean()
-    return log_pi
+    return log_prior_of_counts(np.bincount([index[c] for c in train_class_ids], minlength=len(class_ids)), smoothing)
+
 
 
 def fit(validation_scores: np.ndarray, gold: np.ndarray, log_pi: np.ndarray, temperature: float | None,

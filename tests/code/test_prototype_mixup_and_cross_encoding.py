@@ -112,10 +112,18 @@ def test_balanced_set_carries_gradients_back_to_the_encoded_questions():
     assert questions.grad.abs().sum() > 0 and prototypes.grad.abs().sum() > 0
 
 
-def test_log_prior_ranks_rare_classes_lowest_and_never_minus_infinity():
-    prior = class_log_prior(torch.tensor([0] * 100 + [1] * 10), 3)
-    assert prior[0] > prior[1] > prior[2] > float("-inf")
-    assert torch.exp(prior).sum() == pytest.approx(1.0)
+def test_log_prior_ranks_rare_classes_lower_and_a_class_with_no_row_at_the_others_mean_as_the_prior_stage_does():
+    """A class with no row was ranked lowest in training (plain smoothing) and at the mean by the prior stage: its
+    offset made the loss push questions away from it as a negative ~30× more weakly than the shift served it."""
+    from tqc.prior import log_prior
+
+    prior = class_log_prior(torch.tensor([0] * 100 + [1] * 10 + [3] * 5), 4)  # (4,) class 2 has no row
+    assert prior[0] > prior[1] > prior[3] > float("-inf")
+    assert prior[2].item() == pytest.approx(prior[[0, 1, 3]].mean().item())
+    served = log_prior(["a"] * 100 + ["b"] * 10 + ["d"] * 5, ["a", "b", "c", "d"])
+    assert prior.tolist() == pytest.approx(served.tolist(), abs=1e-6)
+    assert prior.dtype == torch.float32
+    assert torch.exp(class_log_prior(torch.tensor([0] * 100 + [1] * 10), 2)).sum() == pytest.approx(1.0)
 
 
 def test_joined_inputs_pair_questions_with_gold_as_relevant_and_other_batch_classes_as_not():
