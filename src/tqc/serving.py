@@ -25,12 +25,17 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-import mlflow.pyfunc
-import pandas as pd
-from mlflow.models import ModelSignature
-from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
+from tqc.tracking import offline_mlflow
 
-from tqc.text import first_of, has_words, normalise, sharing_a_key
+# The matcher subclasses MLflow's PythonModel, so MLflow is imported with this module; a library user importing it (a
+# script, a notebook) would otherwise have MLflow send usage records and write ~/.config/mlflow, as the CLI never lets
+offline_mlflow()
+import mlflow.pyfunc  # noqa: E402
+import pandas as pd  # noqa: E402
+from mlflow.models import ModelSignature  # noqa: E402
+from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema  # noqa: E402
+
+from tqc.text import first_of, has_words, normalise, sharing_a_key  # noqa: E402
 
 # The model version tag holding `content_digest`: a version serving the same content is not registered again.
 DIGEST_TAG = "content_digest"

@@ -422,3 +422,21 @@ def test_checking_a_store_makes_nothing_so_workers_starting_together_race_no_mig
                                               r"store could not be read \(.*tracking.enabled=false$"):
         check_store(TrackingParams(uri="http://127.0.0.1:1"))  # port 1: nothing listens
     check_store(TrackingParams(enabled=False, uri="http://127.0.0.1:1"))  # off: nothing is checked
+
+
+def test_importing_the_served_model_module_sends_mlflow_no_usage_records(tmp_path):
+    """`import tqc.serving` from a script or notebook imported MLflow before any entry point had told it to stay
+    offline: it wrote ~/.config/mlflow/telemetry.json and was set to send usage records. A user's own setting stands."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")}
+    said = subprocess.run([sys.executable, "-c", "import os, tqc.serving; print(os.environ['MLFLOW_DISABLE_TELEMETRY'])"],
+                          env={**env, "HOME": str(tmp_path)}, capture_output=True, text=True, check=True)
+    assert said.stdout.strip() == "true"
+    assert not (tmp_path / ".config" / "mlflow").exists()
+    own = subprocess.run([sys.executable, "-c", "import os, tqc.serving; print(os.environ['MLFLOW_DISABLE_TELEMETRY'])"],
+                         env={**env, "HOME": str(tmp_path), "MLFLOW_DISABLE_TELEMETRY": "false"}, capture_output=True,
+                         text=True, check=True)
+    assert own.stdout.strip() == "false"
