@@ -347,9 +347,6 @@ def _check_faiss(similarities: set[str], mines_here: bool) -> None:
         raise ConfigError(str(exc)) from None
 
 
-CHECKED_INPUTS = ("data.data_dir", "data.additions")  # every dvc.yaml dependency named through params.yaml
-
-
 def _check_inputs(args: argparse.Namespace, params: Params) -> None:
     """dvc.yaml's ingest depends on `${data.data_dir}` and `${data.additions}`: DVC stops on a missing one before any
     stage runs, with "failed to reproduce 'ingest': [Errno 2] No such file or directory: PATH" (on a null additions,

@@ -118,17 +118,28 @@ def test_every_table_plot_says_what_it_draws():
     assert {path for path, options in tables.items() if not options.get("title")} == set()
 
 
-def test_make_run_checks_the_folders_ingest_depends_on_through_params_before_dvc_repro():
+def test_make_run_checks_the_folders_ingest_depends_on_through_params_before_dvc_repro(tmp_path, monkeypatch, capsys):
     """DVC stops on a missing `${data.data_dir}` before any stage runs, with "failed to reproduce 'ingest': [Errno 2]
     No such file or directory: PATH": the path, not the setting. `make run` asks `tqc check-inputs` first, which
-    checks every such dependency."""
+    checks every such dependency: each is pointed at a folder that is not there, and must be named. (A constant
+    listing them was checked against dvc.yaml, but the check itself never read it.)"""
     import re
+    import shutil
 
-    from tqc.cli import CHECKED_INPUTS
+    from tqc.cli import main
 
     interpolated = {name for stage in yaml.safe_load(DVC_YAML.read_text())["stages"].values()
                     for dep in stage.get("deps", []) for name in re.findall(r"\$\{([^}]+)\}", str(dep))}
-    assert interpolated == set(CHECKED_INPUTS)
+    assert interpolated, "dvc.yaml names no dependency through params.yaml: this test then checks nothing"
+    shutil.copy(DVC_YAML.parent / "params.yaml", tmp_path / "params.yaml")
+    for name in interpolated:
+        (tmp_path / "there" / name).mkdir(parents=True)
+    there = [arg for name in interpolated for arg in ("--set", f"{name}={tmp_path / 'there' / name}")]
+    params = ["--params", str(tmp_path / "params.yaml")]
+    assert main([*params, *there, "check-inputs"]) == 0, capsys.readouterr().err
+    for name in sorted(interpolated):
+        assert main([*params, *there, "--set", f"{name}=nowhere", "check-inputs"]) == 2
+        assert f"{name} 'nowhere': no folder {tmp_path / 'nowhere'}" in capsys.readouterr().err, name
     recipe = (DVC_YAML.parent / "Makefile").read_text().split("\nrun: install\n")[1].split("\n\n")[0]
     assert recipe.index("tqc check-inputs") < recipe.index("dvc repro")
 
