@@ -310,6 +310,7 @@ def test_the_tuner_refuses_a_dimension_no_trial_could_use_before_any_work():
     refused = {
         "prior.target": ({"prior.target": {"choices": ["labeled", "uniform"]}}, "does not change what a trial is judged by"),
         "baseline_nc": ({"baseline_nc.learning_rate": {"low": 1e-5, "high": 1e-3}}, "does not change what a trial"),
+        "encoding chunk": ({"mine.batch_size": {"low": 32, "high": 512}}, "does not change what a trial"),
         "bounds": ({"mine.k": {"low": -3, "high": 0}}, r"mine.k = -3 is not a value the params accept"),
         # searched epochs under the default median pruner (tqc.tuning.space.check_space), before their bounds are read
         "epochs": ({"stage_one.epochs": {"low": -3, "high": 0}}, r"stage_one.epochs searched under tune.pruner median"),

@@ -355,9 +355,10 @@ def within_wrong_classes(space: dict[str, SearchDimension], n_classes: int, larg
 
 # Params a study's trials do not depend on: where things are, how they are logged, what runs around them
 # (a trial's objective is stage two's validation macro-F1 before any class-prior shift: no trial runs the prior stage,
-# nor trains the NC baseline).
+# nor trains the NC baseline), and mine.batch_size, how many questions mining encodes at a time, which mines the same
+# negatives at any size.
 NOT_TUNED_ON = ("data.data_dir", "tracking.", "promote.", "retrain.", "ablate.", "distributed.", "evaluate.", "prior.",
-                "baseline_nc.")
+                "baseline_nc.", "mine.batch_size")
 
 
 def same_value(current, new) -> bool:
