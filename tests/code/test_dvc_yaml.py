@@ -1,5 +1,7 @@
 """What dvc.yaml declares, read as DVC reads it."""
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import yaml
@@ -124,7 +126,6 @@ def test_make_run_checks_the_folders_ingest_depends_on_through_params_before_dvc
     checks every such dependency: each is pointed at a folder that is not there, and must be named. (A constant
     listing them was checked against dvc.yaml, but the check itself never read it.)"""
     import re
-    import shutil
 
     from tqc.cli import main
 
@@ -145,7 +146,6 @@ def test_make_run_checks_the_folders_ingest_depends_on_through_params_before_dvc
 
 
 def test_check_inputs_names_the_setting_of_a_missing_folder_and_passes_when_there(tmp_path, monkeypatch, capsys):
-    import shutil
 
     from tqc.cli import main
 
@@ -173,7 +173,6 @@ def test_check_inputs_resolves_relative_folders_from_the_params_files_folder_as_
     """DVC resolves `${data.data_dir}` from dvc.yaml's folder, beside params.yaml, wherever `dvc repro` is started;
     check-inputs resolved it from the working directory: run from elsewhere it refused folders that are there and
     passed ones DVC would not find, and its `mkdir -p` hint made the folder in the wrong place."""
-    import shutil
 
     from tqc.cli import main
 
@@ -195,7 +194,6 @@ def test_check_inputs_resolves_relative_folders_from_the_params_files_folder_as_
 
 def test_check_inputs_hint_names_the_tqc_that_ran_wherever_it_ran(tmp_path, monkeypatch, capsys):
     """The fetch hint said `.venv/bin/tqc fetch`, a path from the project: run from another folder, no such command."""
-    import shutil
 
     from tqc.cli import main
 
@@ -216,7 +214,6 @@ def test_check_inputs_hint_names_the_tqc_that_ran_wherever_it_ran(tmp_path, monk
 
 def test_check_inputs_reads_a_linked_params_file_from_where_the_link_stands(tmp_path, monkeypatch, capsys):
     """A params.yaml beside dvc.yaml that links to a file kept elsewhere is read by DVC there, beside dvc.yaml."""
-    import shutil
 
     from tqc.cli import main
 
@@ -271,7 +268,6 @@ def test_bytecode_caches_in_a_code_folder_dvc_yaml_depends_on_are_not_part_of_it
     """src/tqc/model and src/tqc/readers are folder deps. DVC does not read .gitignore, so the __pycache__ that the
     first import writes there (wherever PYTHONDONTWRITEBYTECODE is unset) made every stage that depends on them stale:
     a second `dvc repro` then ran ten of eleven stages again."""
-    import subprocess
     import sys
 
     folders = sorted({str(dep).rstrip("/") for stage in yaml.safe_load(DVC_YAML.read_text())["stages"].values()
@@ -282,3 +278,50 @@ def test_bytecode_caches_in_a_code_folder_dvc_yaml_depends_on_are_not_part_of_it
     checked = subprocess.run([str(dvc), "check-ignore", *caches, f"{folders[0]}/__init__.py"], cwd=DVC_YAML.parent,
                              capture_output=True, text=True)
     assert checked.stdout.split() == caches, checked.stdout + checked.stderr  # the bytecode ignored, the code not
+
+
+
+def declared_outputs() -> dict[str, bool]:
+    """Each output dvc.yaml declares, and whether DVC caches it (a `cache: false` one is git's, as metrics.json)."""
+    outputs: dict[str, bool] = {}
+    for stage in yaml.safe_load(DVC_YAML.read_text())["stages"].values():
+        for entry in stage.get("outs", []):
+            (path, options), = (entry.items() if isinstance(entry, dict) else [(entry, {})])
+            outputs[path] = (options or {}).get("cache", True)
+    return outputs
+
+
+def test_git_ignores_every_output_dvc_caches_and_nothing_a_commit_needs():
+    cached = sorted(path for path, cache in declared_outputs().items() if cache)
+    kept = ["data/raw/labeled.jsonl.dvc", "data/raw/.gitignore", "data/raw/README.md", "reports/metrics.json"]
+    checked = subprocess.run(["git", "check-ignore", "--no-index", *cached, *kept], cwd=DVC_YAML.parent,
+                             capture_output=True, text=True)
+    assert sorted(checked.stdout.split()) == cached, checked.stdout + checked.stderr
+
+
+def test_dvc_collects_the_data_versions_the_retrain_flow_adds_under_data_raw(tmp_path):
+    """DVC reads .gitignore through dulwich, which took the old `/data/*` with `!/data/raw/` to ignore data/ whole:
+    it never collected data/raw/labeled.jsonl.dvc, the retrain flow's data version, so a target-less `dvc push` left
+    its data off the remote and `dvc exp run` deleted it. Here, in a project with the repository's .gitignore, the
+    .dvc file is one of the project's stages and a target-less push sends its data."""
+    from dvc.repo import Repo
+
+    from tests.conftest import dvc_init
+
+    project = tmp_path / "project"
+    (project / "data" / "raw").mkdir(parents=True)
+    shutil.copy(DVC_YAML.parent / ".gitignore", project)
+    added = project / "data" / "raw" / "labeled.jsonl"
+    added.write_text('{"text": "How do I reset my card PIN?", "label": "pin"}\n')
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    dvc_init(project)
+    with Repo(project) as repo:
+        repo.add(str(added))
+        with repo.config.edit() as config:
+            config["remote"]["store"] = {"url": str(tmp_path / "remote")}
+            config["core"]["remote"] = "store"
+    with Repo(project) as repo:  # read afresh, as the next dvc command would
+        assert f"{added}.dvc" in [stage.path for stage in repo.index.stages]
+        repo.push()
+    pushed = [path.read_bytes() for path in (tmp_path / "remote").rglob("*") if path.is_file()]
+    assert pushed == [added.read_bytes()]

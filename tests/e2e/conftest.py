@@ -28,6 +28,7 @@ def project(tmp_path, tiny_model_dir) -> Path:
     project = tmp_path / "project"
     project.mkdir()
     shutil.copy(REPO / "dvc.yaml", project)
+    shutil.copy(REPO / ".gitignore", project)  # what git and DVC ignore there, as in a checkout
     shutil.copytree(REPO / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     shutil.copytree(REPO / "data" / "raw", project / "data" / "raw", ignore=shutil.ignore_patterns("*.jsonl", "*.dvc"))
     write_custom_dataset(tmp_path / "raw")

@@ -78,6 +78,7 @@ def _patient_health_checks():
 def project(tmp_path, tiny_model_dir, monkeypatch) -> Path:
     project = tmp_path / "project"
     (project / "data" / "raw").mkdir(parents=True)
+    shutil.copy(REPO / ".gitignore", project)  # what git and DVC ignore there, as in a checkout
     write_custom_dataset(tmp_path / "dataset")
     params = tiny_params(tmp_path / "dataset", tiny_model_dir)
     params["tracking"] = {"enabled": True, "uri": f"sqlite:///{project / 'mlflow.db'}", "experiment": "flows"}
