@@ -19,6 +19,7 @@ one and each grid's), so the cells' names differ from the CPU cells' and the rep
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -239,7 +240,7 @@ def _budget(pairs: list[str]) -> dict:
     return {key: override_value(f"{key}={value}", value) for key, value in (pair.split("=", 1) for pair in pairs)}
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["prepare", "train", "worker", "report"])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
@@ -259,6 +260,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--where-it-ran", default="")
     parser.add_argument("--code-version", default=None, help="the commit the cells train at, for their records: a GPU box "
                         "given a copy of the working tree has no git to ask (default: this checkout's, or unknown)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.command != "prepare" and not args.budget:
@@ -266,52 +272,62 @@ def main(argv: list[str] | None = None) -> None:
     base = gpu_params(load_params(args.params), _budget(args.budget))
     if args.seed:  # every command reads the seeds from params, the report's header included
         base = base.with_overrides({"ablate": {"seeds": args.seed}})
-    device_overrides = _budget(args.device_set)
+    device_overrides = _budget(args.device_set)  # read here: a mistake in it stops train before its workers start
     args.code_version = args.code_version or git_commit()
     where = where_filters(args.where)
     if args.command == "prepare":
         prepare(base, args.grid, args.prepared, Path.cwd(), args.variant, where)
-    elif args.command == "report":
+        return
+    if args.command == "report":
         report(base, args.grid, args.done, args.out, args.where_it_ran, args.variant, where)
+        return
+    todo = cells_to_train(base, args.grid, args.variant, read_results(args.done), where)
+    if not todo:
+        log.info("%s: every chosen cell is in --done: nothing to train", args.command)
+    elif args.command == "worker":
+        worker(base, todo, args.prepared, args.out / "results", args.out / "claims", args.deadline,
+               device_overrides, args.code_version)
     else:
-        done = read_results(args.done)
-        todo = cells_to_train(base, args.grid, args.variant, done, where)
-        if not todo:
-            log.info("train: every chosen cell is in --done: nothing to train")
-            return
-        results, claims = args.out / "results", args.out / "claims"
-        if args.command == "worker":
-            worker(base, todo, args.prepared, results, claims, args.deadline, device_overrides, args.code_version)
-            return
-        results.mkdir(parents=True, exist_ok=True)
-        claims.mkdir(parents=True, exist_ok=True)
-        # One `train` per --out: a claim without a result is a cell an earlier, ended run never finished
-        for claim in claims.iterdir():
-            if not (results / f"{claim.name}.json").exists():
-                claim.unlink()
-        deadline = time.time() + 60 * args.minutes
-        log.info("train: %d cells to do, %d workers, until %s", len(todo), args.workers, time.ctime(deadline))
-        workers = [subprocess.Popen([sys.executable, __file__, "worker", *_worker_arguments(args), "--deadline", str(deadline)],
-                                    stdout=open(args.out / f"worker{i}.log", "w"), stderr=subprocess.STDOUT)
-                   for i in range(args.workers)]
-        for number, process in enumerate(workers):
-            try:
-                process.wait(timeout=max(1.0, deadline + 30 - time.time()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            if process.returncode:
-                log.warning("train: worker %d ended with exit code %d (see %s)", number, process.returncode,
-                            args.out / f"worker{number}.log")
-        finished = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(results.glob("*.json"))]
-        write_text(args.out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in finished))
-        done_here = {r["experiment"] for r in finished}
-        unfinished = sorted(c.name for c in claims.iterdir() if c.name not in done_here)
-        if unfinished:
-            log.warning("train: %d cell(s) started but not finished (killed at the deadline or failed): %s",
-                        len(unfinished), ", ".join(unfinished))
-        log.info("train: %s", progress([cell.name for cell in todo], done_here))
+        train(todo, args)
 
+
+def train(todo: list, args: argparse.Namespace) -> None:
+    """`args.workers` worker processes share the cells until `args.minutes` have passed; then results.jsonl."""
+    results, claims = args.out / "results", args.out / "claims"
+    results.mkdir(parents=True, exist_ok=True)
+    claims.mkdir(parents=True, exist_ok=True)
+    # One `train` per --out: a claim without a result is a cell an earlier, ended run never finished
+    for claim in claims.iterdir():
+        if not (results / f"{claim.name}.json").exists():
+            claim.unlink()
+    deadline = time.time() + 60 * args.minutes
+    log.info("train: %d cells to do, %d workers, until %s", len(todo), args.workers, time.ctime(deadline))
+    logs = [args.out / f"worker{number}.log" for number in range(args.workers)]
+    with contextlib.ExitStack() as open_logs:
+        workers = [subprocess.Popen([sys.executable, __file__, "worker", *_worker_arguments(args), "--deadline", str(deadline)],
+                                    stdout=open_logs.enter_context(log_file.open("w")), stderr=subprocess.STDOUT)
+                   for log_file in logs]
+        for process, log_file in zip(workers, logs):
+            _wait_until(process, deadline + 30)
+            if process.returncode:
+                log.warning("train: a worker ended with exit code %d (see %s)", process.returncode, log_file)
+    finished = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(results.glob("*.json"))]
+    write_text(args.out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in finished))
+    done_here = {r["experiment"] for r in finished}
+    unfinished = sorted(c.name for c in claims.iterdir() if c.name not in done_here)
+    if unfinished:
+        log.warning("train: %d cell(s) started but not finished (killed at the deadline or failed): %s",
+                    len(unfinished), ", ".join(unfinished))
+    log.info("train: %s", progress([cell.name for cell in todo], done_here))
+
+
+def _wait_until(process: subprocess.Popen, deadline: float) -> None:
+    """Wait for `process` until the wall-clock `deadline`; kill it past that (a worker stuck in a cell)."""
+    try:
+        process.wait(timeout=max(1.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 if __name__ == "__main__":
     try:
