@@ -90,7 +90,8 @@ def test_evaluate_names_the_rule_validation_prefers_by_the_gates_figure():
         return {"validation": {"accuracy": standard, "macro_f1": 1.0}, "exemplars": exemplars}
 
     assert "prefers the exemplar rule (accuracy 0.7300 against the standard questions' 0.7200)" in rule_on_validation(metrics(0.72, 0.73))
-    assert "promote.rule: exemplars" in rule_on_validation(metrics(0.72, 0.73))
+    assert "promote.rule: exemplars would serve it" in rule_on_validation(metrics(0.72, 0.73))
+    assert "auto chooses on the validation questions the champion did not learn from" in rule_on_validation(metrics(0.72, 0.73))
     assert rule_on_validation(metrics(0.7342, 0.7300)).startswith("validation keeps the standard-question rule")
     assert rule_on_validation(metrics(0.73, 0.73)).endswith("promote.rule: standard")  # a tie keeps the headline rule
     assert "not scored" in rule_on_validation(metrics(0.73, None))

@@ -126,7 +126,8 @@ def run(data_dir: Path, models: ChainOutputs, prior_path: Path, params: Params, 
 
 def rule_on_validation(metrics: dict) -> str:
     """Which rule validation prefers, by the promotion gate's figure (accuracy, each rule as it would be
-    served: ADMC with its shift, the exemplar rule without one), and the key that serves it."""
+    served: ADMC with its shift, the exemplar rule without one), and the key that serves it. All of validation:
+    promote.rule auto chooses on the part of it a standing champion did not learn from (tqc.stages.promote)."""
     exemplars = metrics.get("exemplars")
     if not exemplars:
         return "the exemplar rule was not scored (evaluate.exemplar_k: 0)"
@@ -135,7 +136,8 @@ def rule_on_validation(metrics: dict) -> str:
     standard, nearest = metrics["validation"]["accuracy"], exemplars["validation"]["accuracy"]
     if nearest > standard:
         return (f"validation prefers the exemplar rule (accuracy {nearest:.4f} against the standard questions' "
-                f"{standard:.4f}): promote.rule: exemplars, or auto, would serve it, if it passes the gate")
+                f"{standard:.4f}): promote.rule: exemplars would serve it, if it passes the gate (auto chooses on "
+                "the validation questions the champion did not learn from, which may prefer the other)")
     return (f"validation keeps the standard-question rule (accuracy {standard:.4f}, the exemplar rule "
             f"{nearest:.4f}): promote.rule: standard")
 
