@@ -238,6 +238,28 @@ def test_nc_classifier_round_trip_keeps_its_classes_and_refuses_another_catalog_
         LinearClassifier.load(tmp_path / "nc")
 
 
+def test_the_nc_stage_records_how_its_model_was_trained_as_the_contrastive_stages_do(tiny_model_dir, tmp_path):
+    """Its tqc_model.json held only the class ids: nothing said which encoder, params or epoch the baseline in
+    metrics.json came from, as stage one's and stage two's folders say of theirs."""
+    from tqc.config import BaselineNCParams
+    from tqc.io import read_json
+    from tqc.schema import save_questions
+    from tqc.stages import baseline_nc
+
+    catalog = Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()])
+    catalog.save(tmp_path / "catalog.jsonl")
+    save_questions(tmp_path / "train.jsonl", [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 4)])
+    save_questions(tmp_path / "validation.jsonl", [LabeledQuestion(t, c) for t, c in synthetic_questions(1, 2)])
+    params = BaselineNCParams(epochs=1, batch_size=8, max_steps=1)
+    result = baseline_nc.run(tmp_path, tmp_path / "train.jsonl", ModelParams(pretrained=str(tiny_model_dir)),
+                             AugmentParams(), params, 0, tmp_path / "nc", tmp_path / "nc.csv")
+    config = read_json(tmp_path / "nc" / "tqc_model.json")
+    assert config["class_ids"] == catalog.class_ids and config["stage"] == "baseline_nc"
+    assert config["pretrained"] == str(tiny_model_dir) and config["params"] == params.model_dump(mode="json")
+    assert (config["best_epoch"], config["validation_macro_f1"]) == (result.best_epoch, result.best_validation_macro_f1)
+    assert baseline_nc.LinearClassifier.load(tmp_path / "nc").class_ids == catalog.class_ids
+
+
 def test_a_damaged_or_missing_nc_head_is_an_error_naming_its_file(tiny_model_dir, tmp_path):
     """head.safetensors was read by a bare load_file: a damaged one stopped prior and evaluate with safetensors'
     traceback, naming no file, and a missing one with a FileNotFoundError."""

@@ -62,11 +62,14 @@ class LinearClassifier(nn.Module):
         embeddings = self.encoder.encode(texts, batch_size, "NC: encoding")  # (N, D)
         return self.head(embeddings.to(self.head.weight.device)).float().cpu().numpy()  # (N, P)
 
-    def save(self, directory: Path) -> None:
+    def save(self, directory: Path, metadata: dict | None = None) -> None:
+        """The encoder's Hugging Face folder, the head as safetensors, and tqc_model.json: the class ids the head
+        scores, in order, then `metadata` (how it was trained, as the contrastive stages record theirs)."""
         with atomic_directory(directory) as staging:
             self.encoder.save(staging)
             save_file({k: v.contiguous().cpu() for k, v in self.head.state_dict().items()}, staging / "head.safetensors")
-            config = {"kind": "linear_classifier", "classes": len(self.class_ids), "class_ids": self.class_ids}
+            config = {"kind": "linear_classifier", "classes": len(self.class_ids), "class_ids": self.class_ids,
+                      **(metadata or {})}
             (staging / "tqc_model.json").write_text(json.dumps(config, indent=2))
 
     @classmethod
@@ -135,7 +138,9 @@ def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_par
     model = LinearClassifier(encoder, catalog.class_ids).to(pick_device())
     log.info("NC baseline: %d training rows, %d classes", len(train_rows), len(catalog))
     result = train(model, train_rows, validation, catalog, params, seed, on_epoch)
-    return write_outputs("NC baseline", lambda: model.save(out_dir), out_dir, history_path, result)
+    metadata = {"stage": "baseline_nc", "pretrained": model_params.pretrained, "best_epoch": result.best_epoch,
+                "validation_macro_f1": result.best_validation_macro_f1, "params": params.model_dump(mode="json")}
+    return write_outputs("NC baseline", lambda: model.save(out_dir, metadata), out_dir, history_path, result)
 
 
 def _write_disabled(out_dir: Path, history_path: Path) -> FitResult:
