@@ -51,7 +51,7 @@ def question_that_fits(count_tokens: Callable[[str], int], max_length: int) -> C
     as EDA's `words_of` splits them) until question + tail fits in `max_length` tokens (`count_tokens` counts them as the encoder does, special tokens included). The encoder truncates from the
     right, so a long question would otherwise lose the standard question its "is relevant" target is about; CEAA
     shortens the question and keeps what it is joined with."""
-    def fit(question: str, tail: str) -> str:
+    def shortened(question: str, tail: str) -> str:
         if count_tokens(question + tail) <= max_length:
             return question
         words = words_of(question)
@@ -59,4 +59,4 @@ def question_that_fits(count_tokens: Callable[[str], int], max_length: int) -> C
             words.pop()
         return joined(words)
 
-    return fit
+    return shortened

@@ -223,11 +223,11 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged
     new, alike = _new_and_alike([q for q in added if q.class_id not in known], list(known))
     # A class the catalog has keeps its standard question: a delivery adds classes. A row repeating it (a whole catalog
     # delivered again) changes nothing; one giving it another text is quarantined, row by row, so it is not lost unsaid
-    kept = [q for q in added if q.class_id in known and normalise(q.text) != normalise(known[q.class_id])]
-    outcome.read, outcome.accepted, outcome.quarantined = len(added), len(new), len(kept) + len(alike)
-    repeated = len(added) - len(new) - len(kept) - len(alike)
+    restated = [q for q in added if q.class_id in known and normalise(q.text) != normalise(known[q.class_id])]
+    outcome.read, outcome.accepted, outcome.quarantined = len(added), len(new), len(restated) + len(alike)
+    repeated = len(added) - len(new) - len(restated) - len(alike)
     outcome.reason = "; ".join(([f"{repeated} known class(es) as the catalog has them"] if repeated else []) +
-                               ([f"{len(kept)} known class(es) with another text kept theirs (quarantined)"] if kept else []) +
+                               ([f"{len(restated)} known class(es) with another text kept theirs (quarantined)"] if restated else []) +
                                ([f"{len(alike)} new class id(s) alike but for case or width to another (quarantined)"]
                                 if alike else []))
     for q, twin in alike:
@@ -238,7 +238,7 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged
         "reason": f"class {q.class_id!r} is alike but for case or width to class {twin!r}: one class written two ways, "
                   "or two? a label written either way would then match neither; give a new class an id of its own",
         "content": {"class_id": q.class_id, "text": q.text}}) for q, twin in alike)
-    for q in kept:  # said in the run's log too: the manifest's count alone reads like a success
+    for q in restated:  # said in the run's log too: the manifest's count alone reads like a success
         log.warning("%s, line %s: class %r already has the standard question %r; this row's %r is quarantined (a "
                     "delivery adds classes; edit data/raw/catalog.jsonl or the dataset's catalog to change one)",
                     incoming.path, line_of[q.class_id], q.class_id, known[q.class_id], q.text)
@@ -246,7 +246,7 @@ def _merge_catalog(incoming: Incoming, params: Params, raw: Path, staged: Staged
         "line": line_of[q.class_id], "expectations": ["new_class"],
         "reason": f"class {q.class_id!r} already has the standard question {known[q.class_id]!r}; a delivery adds "
                   "classes, it does not change one's text", "content": {"class_id": q.class_id, "text": q.text}})
-        for q in kept)
+        for q in restated)
     if new:
         write_jsonl(raw / ADDED_CATALOG, staged_rows + [asdict(q) for q in new])
     return outcome

@@ -16,6 +16,7 @@ each process contrasts its own share of the batch.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 from pathlib import Path
@@ -182,11 +183,10 @@ def _prototype_mixup_term(model: BiEncoder, loss_fn: LossFn, params: PrototypeMi
     the imbalanced anchors, the batch's own columns above, SharpReCL Eq. 11)."""
     # Each process its own draws (seed + rank): seeded alike, every process drew the same partners for its share
     generator = torch.Generator().manual_seed(distributed.own_seed(seed))
-    steps = [0]
+    step_numbers = itertools.count(1)  # t of t / T: the call's step, 1 at the first
 
     def term(questions: torch.Tensor, batch_gold: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:
-        steps[0] += 1
-        share = synthetic_share(steps[0], total_steps, params.synthetic_start, params.synthetic_end)
+        share = synthetic_share(next(step_numbers), total_steps, params.synthetic_start, params.synthetic_end)
         balanced = balanced_set(questions, batch_gold.to(questions.device), prototypes, params.per_class, share,
                                 params.hard_k, params.beta, generator,
                                 unit_norm=scores_directions_only(model.similarity))  # (P·per_class, D), lengths kept for inner
@@ -204,11 +204,11 @@ def _cross_encoding_term(model: BiEncoder, loss_fn: LossFn, params: CrossEncodin
     rng = random.Random(distributed.own_seed(seed))  # each process its own joined pairs, as for mixup above
     separator = model.question.tokenizer.sep_token or "[SEP]"
     encoder = model.question
-    fit = question_that_fits(lambda text: len(encoder.tokenizer(text)["input_ids"]), encoder.max_length)
+    shortened_to_fit = question_that_fits(lambda text: len(encoder.tokenizer(text)["input_ids"]), encoder.max_length)
 
     def term(batch_texts: list[str], batch_gold: torch.Tensor, candidates: torch.Tensor, standards: torch.Tensor) -> torch.Tensor:
         joined = joined_inputs(batch_texts, batch_gold.tolist(), candidates.tolist(), catalog.texts, separator,
-                               params.share, params.negatives, rng, fit, None if groups is None else groups.tolist())
+                               params.share, params.negatives, rng, shortened_to_fit, None if groups is None else groups.tolist())
         relevance = model.embed_standards([params.relevant_text, params.irrelevant_text])  # (2, D)
         scores = model.score(model.embed_questions(joined.texts), torch.cat([standards, relevance.to(standards.device)]))  # (J, U+2)
         target = torch.tensor([standards.shape[0] + (0 if r else 1) for r in joined.relevant])  # (J,)
