@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tqc.model.similarity import SIMILARITIES, MLPScorer, make_scorer, pairwise_scores, scores_directions_only
+from tqc.model.similarity import SIMILARITIES, MLPScorer, make_scorer, scores_directions_only
 
 
 def vectors(seed: int, rows: int, dim: int = 8) -> torch.Tensor:
@@ -45,11 +45,9 @@ def test_the_mlp_scorer_learns_a_relation_cosine_cannot_express():
     assert (scorer(q, s).argmax(dim=1) == target).float().mean() > 0.9
 
 
-def test_unknown_similarity_and_weighted_pairwise_are_clear_errors():
+def test_an_unknown_similarity_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown similarity 'l2'"):
         make_scorer("l2", 8)
-    with pytest.raises(ValueError, match="has weights"):
-        pairwise_scores(vectors(0, 2), vectors(1, 2), "mlp")
 
 
 @pytest.mark.parametrize("kind", SIMILARITIES)

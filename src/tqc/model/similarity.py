@@ -74,9 +74,3 @@ def make_scorer(kind: str, dim: int) -> nn.Module:
         return MLPScorer(dim)
     raise ValueError(f"unknown similarity {kind!r}; expected one of {', '.join(SIMILARITIES)}")
 
-
-def pairwise_scores(questions: torch.Tensor, standards: torch.Tensor, kind: str) -> torch.Tensor:
-    """questions (B, D), standards (C, D) → scores (B, C) for the weight-free similarities."""
-    if kind == "mlp":
-        raise ValueError("the mlp similarity has weights: score through BiEncoder.score")
-    return make_scorer(kind, questions.shape[-1])(questions, standards)
