@@ -253,14 +253,19 @@ class ModelParams(Strict):
 LossName = Literal["nt_xent", "decoupled", "bpr", "hinge", "sdml"]
 
 
-class Schedule(Strict):
-    """How long and how fast a model trains; shared by both stages and the NC baseline."""
+class Optimisation(Strict):
+    """How many epochs, how large a step's batch, and AdamW's rate, decay and warm-up: every training loop's."""
 
     epochs: int = Field(3, ge=1)
     batch_size: int = Field(64, ge=2)
     learning_rate: float = Field(5e-5, gt=0.0)
     weight_decay: float = Field(0.01, ge=0.0)
     warmup_ratio: float = Field(0.1, ge=0.0, lt=1.0)
+
+
+class Schedule(Optimisation):
+    """How long and how fast a model trains; shared by both stages and the NC baseline."""
+
     patience: int = Field(2, ge=1)  # epochs without a validation macro-F1 gain before stopping
     max_steps: int | None = Field(None, ge=1)  # cap per epoch, for quick runs and benchmarks
     # Polyak averaging: validation scores, and early stopping keeps, an exponential moving average of the weights
@@ -324,7 +329,7 @@ class StageOneParams(TrainParams):
     question_contrast: float = Field(0.0, ge=0.0)
 
 
-class WarmupParams(Strict):
+class WarmupParams(Optimisation):
     """EBSIM's weakly supervised warm-up (§3.2-3.3), before stage one: triplets (a standard question, a closer
     question, a farther one) made from unlabelled questions, trained with a margin triplet loss. Off by default."""
 
@@ -341,9 +346,6 @@ class WarmupParams(Strict):
     margin: float = Field(1.0, ge=0.0)  # β of max(ξ(t, s_n) − ξ(t, s_p) + β, 0)
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=2)  # triplets a step
-    learning_rate: float = Field(5e-5, gt=0.0)
-    weight_decay: float = Field(0.01, ge=0.0)
-    warmup_ratio: float = Field(0.1, ge=0.0, lt=1.0)
     max_steps: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
@@ -356,9 +358,8 @@ class WarmupParams(Strict):
     def schedule(self) -> Schedule:
         """The training loop's schedule. Every epoch runs (the warm-up keeps its last weights, `fit(keep="last")`), so
         patience reads nothing; it is set to the epochs."""
-        return Schedule(epochs=self.epochs, batch_size=self.batch_size, learning_rate=self.learning_rate,
-                        weight_decay=self.weight_decay, warmup_ratio=self.warmup_ratio, patience=self.epochs,
-                        max_steps=self.max_steps)
+        return Schedule(**{name: getattr(self, name) for name in Optimisation.model_fields},
+                        patience=self.epochs, max_steps=self.max_steps)
 
 
 class MineParams(Strict):
