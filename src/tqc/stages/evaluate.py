@@ -34,7 +34,7 @@ from tqc.scoring import Scorer, scorer_for, trained_folders, trained_models
 from tqc.stages import augment
 from tqc.stages import prior as prior_stage
 from tqc.stages.ingest import stratified_split
-from tqc.text import normalise
+from tqc.text import compared_text
 from tqc.tracking import CODE, git_commit
 from tqc.training import catalog_scores, each_warning_once, gold_indices
 
@@ -184,9 +184,13 @@ def score_chain(outputs: ChainOutputs, params: Params, data_dir: Path, splits: d
 
 
 def resplit(params: Params, data_dir: Path, seed: int, out_dir: Path) -> Path:
-    """The validated train ∪ validation rows split again with `seed` (ingest's stratified split) → the data folder."""
+    """The validated train ∪ validation rows split again with `seed` (ingest's stratified split) → the data folder.
+    Held out from the draw as ingest holds them: the catalog's standard questions, compared as ingest compares them
+    (validated train holds no test question, which validate quarantines). The retrain flow's added rows, which
+    ingest splits by their text alone so a delivery never moves an earlier row, are drawn with the rest here: each
+    seed's split is meant to differ."""
     rows = load_questions(data_dir / "train.jsonl") + load_questions(data_dir / "validation.jsonl")
-    standard_questions = frozenset(normalise(text) for text in Catalog.load(data_dir / "catalog.jsonl").texts)
+    standard_questions = frozenset(compared_text(text) for text in Catalog.load(data_dir / "catalog.jsonl").texts)
     train, validation = stratified_split(rows, params.data.validation_fraction, seed, standard_questions)
     out_dir.mkdir(parents=True)
     shutil.copyfile(data_dir / "catalog.jsonl", out_dir / "catalog.jsonl")
