@@ -118,3 +118,22 @@ def check_mlflow_records_both_repros(project: Path) -> None:
     # promote's cached record of it: what a fresh clone lacks, so its dvc repro registers the model there too
     registered = json.loads((project / "models" / "registered.json").read_text())
     assert registered["version"] == registered["alias_version"] == "1" and registered["registry"].startswith("sqlite:///")
+
+
+@pytest.mark.slow  # a whole tiny pipeline, ~1.5 min; the collection it relies on is tests/code/test_dvc_yaml.py's
+def test_dvc_exp_run_trains_on_the_retrain_flows_data_version_and_keeps_it(project):
+    """Under the old `/data/*` + `!/data/raw/` .gitignore DVC never collected data/raw/labeled.jsonl.dvc, so
+    `dvc exp run` deleted the committed data version and trained without its rows (ingest read no additions)."""
+    from tests.conftest import CLASSES, synthetic_questions
+
+    label = next(iter(CLASSES))
+    added = project / "data" / "raw" / "labeled.jsonl"
+    added.write_text("".join(json.dumps({"text": f"{text} (added)", "class_id": label}) + "\n"
+                             for text, _ in synthetic_questions(7, 3)[:6]))
+    run([sys.executable, "-m", "dvc", "add", str(added)], project)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    run(["git", "add", "-A"], project)
+    run([*git, "commit", "-qm", "a data version"], project)
+    run([sys.executable, "-m", "dvc", "exp", "run", "-S", "evaluate.top_k=3"], project)
+    assert added.is_file()
+    assert json.loads((project / "reports" / "ingest.json").read_text())["read"]["additions"] == 6
