@@ -409,6 +409,41 @@ def test_a_commit_that_fails_while_archiving_puts_everything_back(project, monke
     assert "labeled.jsonl.dvc" not in staged_index
 
 
+def test_a_roll_back_that_cannot_set_gits_index_fails_saying_both_and_the_next_run_finishes_it(project, monkeypatch):
+    """git's index.lock held by another process (an editor's `git status`, a killed git) while a failed commit rolls
+    back: the `git add` that un-stages the new .dvc files failed unchecked, and the log said all was as it was, while
+    the rolled-back data version stayed staged for the next `git commit`. Now the failure names both causes, the
+    journal stays, and the next run's roll-back, the lock gone, leaves the index as it was."""
+    import subprocess
+    import sys
+
+    from tqc.retraining.errors import RetrainCommitError
+
+    subprocess.run([sys.executable, "-m", "dvc", "config", "core.autostage", "true"], check=True)
+    params = load_params(project / "params.yaml")
+    drop(project, "a.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
+    staged, files = deliver(project)
+    index_lock = project / ".git" / "index.lock"
+    monkeypatch.setattr(retrain_commit, "INDEX_LOCK_WAITS", (0.0,))
+
+    def disk_full_with_the_index_locked(*args):
+        index_lock.write_text("")  # another git process, from here until after the roll-back
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(retrain_commit, "archive", disk_full_with_the_index_locked)
+    with pytest.raises(RetrainCommitError, match=r"No space left on device.*; and the roll-back put the files back but "
+                                                 r"could not set git's index to match \(git (add|rm): .*index\.lock"):
+        steps.commit(params, staged, files, [])
+    assert retrain_commit.journal_dir(params.retrain).exists()
+    staged_index = subprocess.run(["git", "diff", "--cached", "--name-only"], capture_output=True, text=True).stdout
+    assert "labeled.jsonl.dvc" in staged_index  # what the journal is kept for
+
+    index_lock.unlink()
+    assert steps.roll_back_interrupted_commit(params.retrain)
+    staged_index = subprocess.run(["git", "diff", "--cached", "--name-only"], capture_output=True, text=True).stdout
+    assert "labeled.jsonl.dvc" not in staged_index and not retrain_commit.journal_dir(params.retrain).exists()
+
+
 def test_a_file_put_back_by_a_failed_commit_keeps_a_same_named_file_delivered_meanwhile(project, monkeypatch):
     """a.csv is archived, a new a.csv arrives, then the commit fails: both are in the inbox for the next run."""
     drop(project, "a.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])

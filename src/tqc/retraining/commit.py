@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,8 +64,11 @@ def _journaled(directory: Path, before: dict[Path, bytes | None], dvc_written: l
     journal = CommitJournal.begin(directory, before, dvc_written)
     try:
         yield journal.moves  # (inbox path, archived as, sha256), to move back; each one journaled before it is made
-    except BaseException:
-        journal.roll_back()  # if this fails too, the journal stays for the next run
+    except BaseException as failure:
+        try:
+            journal.roll_back()  # if this fails too, the journal stays for the next run
+        except RetrainCommitError as unfinished:  # both said: why the commit failed, and what is left to put back
+            raise RetrainCommitError(f"{failure}; and {unfinished}") from failure
         raise
     journal.close()
 
@@ -245,9 +249,32 @@ def _restage(paths: list[Path]) -> None:
         return
     present, absent = [str(p) for p in paths if p.exists()], [str(p) for p in paths if not p.exists()]
     if present:
-        subprocess.run(["git", "add", "--", *present], capture_output=True)
+        _git_index("add", "--", *present)
     if absent:
-        subprocess.run(["git", "rm", "-q", "--cached", "--ignore-unmatch", "--", *absent], capture_output=True)
+        _git_index("rm", "-q", "--cached", "--ignore-unmatch", "--", *absent)
+
+
+# Seconds between tries of a git command the roll-back needs while another git process holds .git/index.lock (an
+# editor's `git status`, a commit in another terminal): such holders let go within a second or two
+INDEX_LOCK_WAITS = (0.5, 1.0, 2.0, 4.0)
+
+
+def _git_index(*arguments: str) -> None:
+    """`git ARGUMENTS` on the index, tried again while another git process holds its lock. A failure raises: a roll-back
+    that left the rolled-back .dvc files staged would have the next `git commit` record a data version whose rows went
+    back to the inbox. The journal then stays, and the next run rolls back again (`roll_back_interrupted_commit`)."""
+    waits = iter(INDEX_LOCK_WAITS)
+    while True:
+        done = subprocess.run(["git", *arguments], capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        wait = next(waits, None) if "index.lock" in done.stderr else None
+        if wait is None:
+            reason = next((line for line in done.stderr.splitlines() if line.strip()), f"exit {done.returncode}")
+            raise RetrainCommitError(f"the roll-back put the files back but could not set git's index to match (git "
+                                     f"{arguments[0]}: {reason}); the next retrain run rolls back again, or run "
+                                     f"`git {' '.join(arguments)}` yourself")
+        time.sleep(wait)
 
 
 def _quarantine(path: Path, rows: list[dict]) -> None:
