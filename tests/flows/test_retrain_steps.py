@@ -307,6 +307,39 @@ def test_a_commit_refuses_to_write_over_data_raw_changed_during_the_run(project)
     assert [row["class_id"] for row in added_rows(project)] == ["LOC"] * 3 + ["HUM"] * 2 and not path.exists()
 
 
+def test_a_run_refuses_to_merge_onto_an_older_copy_than_the_data_version_git_brought(project):
+    """Another checkout committed a data version; here `git pull` brought its .dvc file, not its data (`dvc pull`).
+    The run staged the older file it found, and its commit recorded a version without the other checkout's rows,
+    saying nothing. Now staging stops, naming the dvc pull; a version this checkout's cache holds (a file edited
+    here since it was recorded) is merged onto as before (test_a_commit_refuses_to_write_over_data_raw_…)."""
+    import hashlib
+    import subprocess
+    import sys
+
+    from dvc.repo import Repo
+
+    params = load_params(project / "params.yaml")
+    drop(project, "ours.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
+    steps.commit(params, *deliver(project), [])
+    raw = project / "data" / "raw" / "labeled.jsonl"
+    ours = raw.read_bytes()
+    theirs = ours + (json.dumps({"text": unseen_questions(project, "NUM", 1)[0], "class_id": "NUM"}) + "\n").encode()
+    raw.write_bytes(theirs)  # the other checkout's version: recorded, its data not fetched here
+    subprocess.run([sys.executable, "-m", "dvc", "add", str(raw)], check=True, capture_output=True)
+    with Repo(project) as repo:  # as in a checkout that never had it
+        Path(repo.cache.local.oid_to_path(hashlib.md5(theirs).hexdigest())).unlink()
+    raw.write_bytes(ours)
+    drop(project, "next.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
+
+    with pytest.raises(ReaderError, match=r"labeled\.jsonl: not the version data/raw/labeled\.jsonl\.dvc records .*"
+                                          r"`dvc pull data/raw/labeled\.jsonl\.dvc`"):
+        deliver(project)
+    raw.unlink()
+    with pytest.raises(ReaderError, match=r"labeled\.jsonl: missing, though data/raw/labeled\.jsonl\.dvc records"):
+        deliver(project)
+    assert (project / "data" / "incoming" / "next.csv").exists()  # the delivery waits for the next run
+
+
 def test_a_partly_quarantined_file_delivered_again_beside_a_catalog_file_merges_the_new_classs_rows(project):
     """The quarantine's hint for a label the catalog lacks: a catalog file of its standard question beside the rows.
     Followed with the same file, whose other rows were merged, it is judged again rather than taken for a repeat."""

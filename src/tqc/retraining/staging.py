@@ -56,6 +56,8 @@ def stage(files: list[Incoming], params: Params, staging: Path, checking: bool =
     (`additions_dir`) is not asked of it, only data.additions, the current data it judges against."""
     # first: the flow's layout refused before emptying `raw` could delete the additions
     current = merged_additions(params) if checking else additions_dir(params)
+    if not checking:
+        _require_the_recorded_versions(current)
     raw = staging / "raw"
     if raw.exists():
         shutil.rmtree(raw)
@@ -167,6 +169,49 @@ def _read_once(incoming: Incoming) -> tuple[Incoming, bytes | None]:
 
 def additions_digests(folder: Path) -> dict[str, str | None]:
     return {name: sha256(folder / name) if (folder / name).exists() else None for name in (ADDED_QUESTIONS, ADDED_CATALOG)}
+
+
+def _require_the_recorded_versions(current: Path) -> None:
+    """Each merged file is the version its .dvc file records, or one made from it here. After a `git pull` that
+    brought another checkout's data version (a .dvc file) without its data (`dvc pull`), the file here is an older
+    version, or none: merged onto and committed, the new version would drop every row the other checkout added, and
+    say nothing. A version this checkout's DVC cache holds was recorded here, so a file that differs from it was
+    edited here since (a label fixed by hand), which the commit records with the delivery."""
+    import yaml
+
+    from tqc.tracking import dvc_md5
+
+    for name in (ADDED_QUESTIONS, ADDED_CATALOG):
+        record, data = current / f"{name}.dvc", current / name
+        if not record.is_file():
+            continue
+        try:
+            recorded = yaml.safe_load(record.read_text(encoding="utf-8"))["outs"][0]["md5"]
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, IndexError, TypeError) as exc:
+            raise ReaderError(f"{record}: not a DVC record of {name} ({type(exc).__name__}: {exc}); restore it "
+                              f"(`git checkout -- {record}`)") from None
+        found = dvc_md5(data) if data.is_file() else None
+        if found == recorded or (found is not None and _in_dvc_cache(recorded)):
+            continue
+        if found is None:
+            raise ReaderError(f"{data}: missing, though {record} records a version of it (md5 {recorded}): fetch it "
+                              f"with `dvc pull {record}` (or `dvc checkout {record}`); merged onto nothing, the new "
+                              "version would hold none of its rows")
+        raise ReaderError(f"{data}: not the version {record} records (md5 {recorded}, which this checkout's DVC cache "
+                          f"lacks: a `git pull` brought the record without its data): fetch it with `dvc pull {record}`; "
+                          "merged onto this older copy, the new version would drop the rows the recorded one holds")
+
+
+def _in_dvc_cache(md5: str) -> bool:
+    """Whether this checkout's DVC cache holds the file `md5` (False outside a DVC repository)."""
+    from dvc.exceptions import DvcException, NotDvcRepoError
+    from dvc.repo import Repo
+
+    try:
+        with Repo() as repo:
+            return bool(repo.cache.local.exists(md5))
+    except (NotDvcRepoError, DvcException):
+        return False
 
 
 def additions_dir(params: Params) -> Path:
