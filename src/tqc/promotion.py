@@ -107,11 +107,16 @@ def _macro_f1_of_counts(counts: np.ndarray, triples: np.ndarray, labels: np.ndar
     return np.stack(scores, axis=1)
 
 
-def tail_classes(train_class_ids: list[str], catalog_ids: list[str], fraction: float) -> list[str]:
-    """The rarest ⌈fraction · P⌉ classes by training count (ties broken by id, for stability)."""
+def tail_classes(train_class_ids: list[str], judged_ids: list[str], fraction: float) -> list[str]:
+    """The rarest ⌈fraction · P⌉ of the P classes `judged_ids` by training count (ties broken by id, for stability).
+    The gate passes the classes its validation questions hold: a class with none scores F1 0 for either model
+    whatever they answer, so a tail of such classes (ingest draws no validation row from a class of under 3
+    training rows, the rarest) read "0.0000 vs 0.0000: within the tolerance" and could never veto."""
+    if not judged_ids:
+        return []
     counts = Counter(train_class_ids)
-    ranked = sorted(catalog_ids, key=lambda c: (counts.get(c, 0), c))
-    return ranked[: max(1, math.ceil(fraction * len(catalog_ids)))]
+    ranked = sorted(judged_ids, key=lambda c: (counts.get(c, 0), c))
+    return ranked[: max(1, math.ceil(fraction * len(judged_ids)))]
 
 
 def class_changes(gold: np.ndarray, challenger: np.ndarray, champion: np.ndarray, class_ids: list[str],

@@ -40,6 +40,23 @@ def test_the_tail_is_the_rarest_third_of_classes_by_training_count():
     train = ["a"] * 10 + ["b"] * 1 + ["c"] * 5 + ["d"] * 2 + ["e"] * 8 + ["f"] * 9
     assert tail_classes(train, ["a", "b", "c", "d", "e", "f"], 1 / 3) == ["b", "d"]
     assert tail_classes(train, ["a", "b", "c", "d", "e", "f", "g"], 0.1) == ["g"]  # never seen in train: rarest
+    assert tail_classes(train, [], 1 / 3) == []  # no class to judge: no tail
+
+
+def test_a_tail_of_classes_validation_can_judge_vetoes_what_one_of_unjudged_classes_passed():
+    """The gate's tail is drawn from the classes its validation questions hold. Drawn from the whole catalog, it was
+    the two classes of 2 and 1 training rows, which have no validation row: 0 vs 0, and a challenger wrong on every
+    question of C and D passed."""
+    train = ["A"] * 100 + ["B"] * 100 + ["C"] * 50 + ["D"] * 6 + ["E"] * 2 + ["F"] * 1
+    catalog = ["A", "B", "C", "D", "E", "F"]
+    gold = np.array([0] * 10 + [1] * 10 + [2] * 5 + [3] * 2)  # (27,) no E or F question
+    challenger = np.where(gold >= 2, 0, gold)  # every C and D question answered A
+    lenient = PromoteParams(min_improvement=-1.0)
+    judged = [catalog[c] for c in sorted(set(gold.tolist()))]
+    for judged_from, promoted in ((catalog, True), (judged, False)):
+        tail = tail_classes(train, judged_from, 1 / 3)
+        decision = decide(gold, challenger, gold.copy(), np.array([catalog.index(c) for c in tail]), tail, lenient)
+        assert decision.promote is promoted, (tail, decision.reasons)
 
 
 def test_tail_macro_f1_counts_only_the_tail_labels():

@@ -116,6 +116,26 @@ def test_the_alias_moves_to_a_better_challenger_and_stays_for_a_worse_one(tiny_m
     assert v2["promotion"] == "superseded" and v2["superseded_by"] == "1"
 
 
+def test_the_tail_check_judges_the_rarest_classes_validation_can_judge(tiny_model_dir, data_dir, tmp_path, registry):
+    """Ingest draws no validation row from a class of under 3 training rows, the rarest: the tail was those classes,
+    each F1 0 for either model whatever it answered, and the check read "0.0000 vs 0.0000: within the tolerance",
+    able to veto nothing. The tail is now drawn from the classes the asked questions hold, and the others named."""
+    rare = list(CLASSES)[-1]
+    rows = load_questions(data_dir / "train.jsonl")
+    save_questions(data_dir / "train.jsonl", [q for q in rows if q.class_id != rare] +
+                   [q for q in rows if q.class_id == rare][:2])
+    save_questions(data_dir / "validation.jsonl",
+                   [q for q in load_questions(data_dir / "validation.jsonl") if q.class_id != rare])
+    with standalone_run("promote", registry) as tracker:
+        promote.run(data_dir, untrained(tiny_model_dir, tmp_path / "old"), None, PromoteParams(), tmp_path / "p.json", tracker)
+    with standalone_run("promote", registry) as tracker:
+        report = promote.run(data_dir, trained(tiny_model_dir, data_dir, tmp_path / "new"), None,
+                             PromoteParams(bootstrap_samples=200), tmp_path / "p.json", tracker)
+    judged = {q.class_id for q in load_questions(data_dir / "validation.jsonl")}
+    assert report["tail_classes"] and set(report["tail_classes"]) <= judged and rare not in report["tail_classes"]
+    assert any("1 class(es) have no validation question judged here" in r and rare in r for r in report["reasons"])
+
+
 def test_promote_without_tracking_says_so(data_dir, tmp_path):
     from tqc.tracking import Tracker
 
@@ -125,7 +145,7 @@ def test_promote_without_tracking_says_so(data_dir, tmp_path):
 
 
 def test_promote_writes_which_registry_holds_the_model_as_which_version(tiny_model_dir, data_dir, tmp_path, registry):
-    """dvc.yaml's cached, git-ignored record of the registration (`--registered`): the registry (its URI's password
+    """dvc.yaml's uncached, git-ignored record of the registration (`--registered`): the registry (its URI's password
     redacted), the version registered and the alias holder; with tracking off, that none holds it."""
     from tqc.tracking import Tracker
 

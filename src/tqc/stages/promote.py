@@ -24,6 +24,7 @@ from tqc.config import ConfigError, PromoteParams, redact_text
 from tqc.io import write_json
 from tqc.promotion import Decision, class_changes, decide, refresh_changes_rule, tail_classes
 from tqc.schema import Catalog, LabeledQuestion, load_questions
+from tqc.text import first_of
 from tqc.tracking import Tracker, offline_mlflow
 
 log = logging.getLogger(__name__)
@@ -276,7 +277,9 @@ def _judge(client, params: PromoteParams, seed: int, champion: _Champion, challe
            asked: _Asked) -> _Judged:
     """The gate on `asked.unseen` (`asked.gold`: their (N,) catalog indices)."""
     gold = asked.gold
-    tail_ids = tail_classes([q.class_id for q in asked.train], asked.catalog.class_ids, params.tail_fraction)
+    judged = {q.class_id for q in asked.unseen}  # the classes a validation question asked here can tell apart
+    tail_ids = tail_classes([q.class_id for q in asked.train], [c for c in asked.catalog.class_ids if c in judged],
+                            params.tail_fraction)
     if not asked.unseen and champion.version is not None:  # every validation question is one the champion or the challenger learnt from
         return _Judged(gold, gold, False, _nothing_unseen(len(asked.validation), tail_ids))
     challenger_answers, champion_answers = (
@@ -290,11 +293,22 @@ def _judge(client, params: PromoteParams, seed: int, champion: _Champion, challe
     gate, refresh_reason = _refresh_gate(params, challenger.refresh, champion)
     decision = decide(gold, challenger_answers, champion_answers, np.array([asked.catalog.index(c) for c in tail_ids]),
                       tail_ids, gate, seed)
-    decision = replace(decision, reasons=decision.reasons + _left_out_reasons(
-        len(asked.validation), len(asked.unseen), None if standing.is_champion else champion.version, champion.learnt))
+    decision = replace(decision, reasons=decision.reasons + _unjudged_reasons(asked.catalog.class_ids, judged) +
+                       _left_out_reasons(len(asked.validation), len(asked.unseen),
+                                         None if standing.is_champion else champion.version, champion.learnt))
     if refresh_reason is not None and champion_answers is not None:
         decision = replace(decision, reasons=[refresh_reason] + decision.reasons)
     return _Judged(challenger_answers, champion_answers, incomparable, decision)
+
+
+def _unjudged_reasons(class_ids: list[str], judged: set[str]) -> list[str]:
+    """Said where some classes have no validation question the gate asked: neither check can judge them, and the tail
+    is drawn from the others."""
+    unjudged = [c for c in class_ids if c not in judged]
+    if not unjudged:
+        return []
+    return [f"{len(unjudged)} class(es) have no validation question judged here, so neither check judges them and "
+            f"the tail is drawn from the other {len(class_ids) - len(unjudged)}: {first_of(unjudged)}"]
 
 
 def _refresh_gate(params: PromoteParams, refresh: bool, champion: _Champion) -> tuple[PromoteParams, str | None]:
