@@ -566,7 +566,8 @@ def _tune(args: argparse.Namespace, params: Params) -> None:
     result = tune(params, args.out, args.work, args.worker, args.trials, params_file=args.params)
     best, baseline = result.summary["best"], result.summary["baseline"]
     against = (f"; the baseline, trial {baseline['number']}: {baseline['validation_macro_f1']:.4f}"
-               if baseline and baseline["number"] != best["number"] else "")
+               if baseline and baseline["number"] != best["number"] else
+               "; no baseline of the params' current values has completed yet" if not baseline else "")
     apply = ("the baseline is best: the params' values stand, nothing to apply"
              if baseline and baseline["number"] == best["number"] else
              f"apply with: {apply_command(args.params, args.out)}")

@@ -201,7 +201,9 @@ def test_the_reported_baseline_is_the_one_of_the_params_as_they_are_now():
     complete = study.get_trials(states=[optuna.trial.TrialState.COMPLETE])
     assert current_baseline(complete, params(0.07)).number == 2
     assert current_baseline(complete, params(0.1)).number == 0  # its values, though not the newest
-    assert current_baseline(complete[:2], params(0.07)).number == 0  # none of these values: the newest baseline
+    # None of these values: no baseline. The newest, of other values, stood in, won the tie below with a trial of
+    # the values it ran, and `tune` said the params' values stood, though they had scored worse
+    assert current_baseline(complete[:2], params(0.07)) is None
 
 
 def test_a_trial_that_only_ties_the_current_baseline_is_not_the_best_to_apply():
@@ -221,6 +223,14 @@ def test_a_trial_that_only_ties_the_current_baseline_is_not_the_best_to_apply():
     assert best_trial(study, params(0.0211)).number == 0
     study.add_trial(optuna.trial.create_trial(value=0.91, params={}, distributions={}, user_attrs={}))
     assert best_trial(study, params(0.1)).number == 3  # a gain is the best
+
+    # The params changed to values no baseline has run yet (worker 1 queues none): the newest baseline, of other
+    # values, tied the best, and `tune` said "the params' values stand" of values that scored 0.80
+    study = optuna.create_study(direction="maximize")
+    for value, attrs in [(0.888, {}), (0.80, {}),
+                         (0.888, {"baseline": True, "base_values": {"stage_one.temperature": 0.1}})]:
+        study.add_trial(optuna.trial.create_trial(value=value, params={}, distributions={}, user_attrs=attrs))
+    assert best_trial(study, params(0.05)).number == 0 and best_trial(study, params(0.1)).number == 2
 
 
 def test_the_reporter_prunes_when_the_pruner_says_so():

@@ -49,11 +49,21 @@ def reports_lock(out_dir: Path) -> Iterator[None]:
 
 
 def current_baseline(complete: list, params: Params):
-    """The completed baseline of params.yaml's values as they are now (after `--apply` there is a
-    newer one than trial 0), else the newest baseline."""
-    baselines = [t for t in complete if t.user_attrs.get("baseline")]
+    """The completed baseline of params.yaml's values as they are now (after `--apply` there is a newer one than
+    trial 0), else None: not yet trained (only worker 0 queues one, and it may still run or have failed). Another
+    values' baseline is no mark for these: the newest one stood in, tied the best and had `tune` say "the params'
+    values stand, nothing to apply" of values that had scored worse."""
     now = default_values(params.tune.space, flat_base(params))
-    return next((t for t in reversed(baselines) if t.user_attrs.get("base_values") == now), baselines[-1] if baselines else None)
+    return next((t for t in reversed(complete) if t.user_attrs.get("baseline") and t.user_attrs.get("base_values") == now),
+                None)
+
+
+def baseline_missing(complete: list, params: Params) -> str:
+    """summary.json's word where no baseline of the params' current values has completed."""
+    others = [t.number for t in complete if t.user_attrs.get("baseline")]
+    return ("no baseline of the params' current values has completed yet (worker 0 queues one when they change): "
+            "nothing here says how they score" + (f"; baseline trial(s) {', '.join(map(str, others))} ran other "
+                                                  "values" if others else ""))
 
 
 def write_reports(study, params: Params, data: PreparedData, study_dir: Path, out_dir: Path,
@@ -72,6 +82,7 @@ def write_reports(study, params: Params, data: PreparedData, study_dir: Path, ou
     best_params = unflatten(_values(best))
     summary = {**_study_record(study, params, version), "best": best_summary,
                "baseline": _trial_summary(baseline, study_dir, data, params) if baseline else None,
+               **({} if baseline else {"baseline_missing": baseline_missing(complete, params)}),
                "note": "test figures are reported for the best and baseline trials only; they never choose anything"}
     # Both files written only once every figure is in hand (the test evaluations above can fail), so that
     # best_params.yaml never sits beside another study's summary.json, whose dataset `--apply` checks
