@@ -17,7 +17,9 @@ Its parts are in `tqc.tuning`: the search space (`space`), the study a worker jo
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from tqc.config import ConfigError, Params, redact_secrets
 from tqc.mining import largest_group
@@ -91,7 +93,8 @@ def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: in
         objective = make_objective(params, space, base, data, study_dir, worker, version)
         # gc after each trial: a pruned trial's exception holds its frames (model, optimizer state, on a GPU too)
         # until a full collection, which the next trial's allocations would otherwise wait on
-        with each_warning_once():  # every trial trains on the same catalog: its warnings are said once a worker
+        with each_warning_once(), optuna_quiet_on_interrupt():  # each_warning_once: every trial trains on the same
+            # catalog, so its warnings are said once a worker
             study.optimize(objective, n_trials=trials, catch=TRIAL_FAILURES, gc_after_trial=True,
                            callbacks=[dropping_former_bests(study_dir, params)])
         with reports_lock(out_dir):  # the reports this run logs are the ones it wrote, whole
@@ -100,3 +103,33 @@ def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: in
             parent.log_artifact(out_dir)
     return result
 
+
+class _InterruptedTrialFilter(logging.Filter):
+    """Drops Optuna's two warnings about a trial Ctrl-C stopped: the first carries the interrupt's traceback (~100
+    lines through torch) ahead of tqc's one line ("interrupted", exit 130), the second says the trial "failed with
+    value None". The trial is still marked failed, with the interrupt as its reason; other failures keep theirs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.after_an_interrupt = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[0] is not None and issubclass(record.exc_info[0], KeyboardInterrupt):
+            self.after_an_interrupt = True
+            return False
+        if self.after_an_interrupt and "failed with value" in record.getMessage():
+            self.after_an_interrupt = False
+            return False
+        return True
+
+
+@contextmanager
+def optuna_quiet_on_interrupt() -> Iterator[None]:
+    """`_InterruptedTrialFilter` on the logger Optuna's optimize loop reports failed trials with, while inside."""
+    logger = logging.getLogger("optuna.study._optimize")
+    interrupted = _InterruptedTrialFilter()
+    logger.addFilter(interrupted)
+    try:
+        yield
+    finally:
+        logger.removeFilter(interrupted)

@@ -1883,3 +1883,35 @@ def test_apply_is_pinned_byte_for_byte_with_its_refusals(tmp_path):
     assert refused("mine:\n  kk: 3\n", {"dataset": "covidq-categories"}) == (
         f"{best}: tuned on data.dataset 'covidq-categories' ({best.parent / 'summary.json'}), but {params_file} "
         f"trains 'trec6': set data.dataset: covidq-categories in {params_file} first, or tune on 'trec6'")
+
+
+def test_ctrl_c_in_a_trial_leaves_no_optuna_traceback_and_other_failures_keep_theirs():
+    """Ctrl-C during `tqc tune` ended with tqc's one line and exit 130, after Optuna's warning with the interrupt's
+    traceback, ~100 lines through torch (the CLI's own test stubs out the study). A real failure keeps its traceback."""
+    import logging
+
+    from tqc.tune import optuna_quiet_on_interrupt
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("optuna.study._optimize")
+    logger.addHandler(handler)
+    try:
+        study = optuna.create_study()
+
+        def interrupted(trial):
+            raise KeyboardInterrupt
+
+        with optuna_quiet_on_interrupt(), pytest.raises(KeyboardInterrupt):
+            study.optimize(interrupted, n_trials=1)
+        assert records == [] and study.trials[0].state == optuna.trial.TrialState.FAIL
+
+        def broken(trial):
+            raise ValueError("a real failure")
+
+        with optuna_quiet_on_interrupt():
+            study.optimize(broken, n_trials=1, catch=(ValueError,))
+        assert records[0].exc_info[0] is ValueError and "failed with value" in records[1].getMessage()
+    finally:
+        logger.removeHandler(handler)
