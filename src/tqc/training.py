@@ -81,6 +81,13 @@ class FitResult:
         return cls(history, best_epoch, history[best_epoch].validation_macro_f1,
                    float(np.mean(trained)) if trained else 0.0)
 
+    def model_record(self, stage: str, params, pretrained: str | None = None) -> dict:
+        """What a trained model's tqc_model.json says of how it was trained: the stage, the encoder it started from,
+        the kept epoch and its validation macro-F1, and the stage's params (`params`, a pydantic model)."""
+        return {"stage": stage, **({"pretrained": pretrained} if pretrained is not None else {}),
+                "best_epoch": self.best_epoch, "validation_macro_f1": self.best_validation_macro_f1,
+                "params": params.model_dump(mode="json")}
+
 
 def batches(n_rows: int, batch_size: int, rng: random.Random, max_steps: int | None) -> list[list[int]]:
     order = list(range(n_rows))

@@ -138,8 +138,7 @@ def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_par
     model = LinearClassifier(encoder, catalog.class_ids).to(pick_device())
     log.info("NC baseline: %d training rows, %d classes", len(train_rows), len(catalog))
     result = train(model, train_rows, validation, catalog, params, seed, on_epoch)
-    metadata = {"stage": "baseline_nc", "pretrained": model_params.pretrained, "best_epoch": result.best_epoch,
-                "validation_macro_f1": result.best_validation_macro_f1, "params": params.model_dump(mode="json")}
+    metadata = result.model_record("baseline_nc", params, model_params.pretrained)
     return write_outputs("NC baseline", lambda: model.save(out_dir, metadata), out_dir, history_path, result)
 
 

@@ -246,8 +246,7 @@ def run(
              " (deferred re-balancing: generated rows wait for stage two)" if augment_params.deferred else "",
              len(validation), len(catalog), pick_device())
     result = train(model, train_rows, validation, catalog, params, seed, on_epoch, augment_params)
-    metadata = {"stage": "stage_one", "pretrained": model_params.pretrained, "best_epoch": result.best_epoch,
-                "validation_macro_f1": result.best_validation_macro_f1, "params": params.model_dump(mode="json")}
+    metadata = result.model_record("stage_one", params, model_params.pretrained)
     if warmed_model(warmup_dir) is not None:  # only then: without a warm-up the saved config is what it always was
         metadata["warmed_up_from"] = str(warmup_dir)
     return write_outputs("stage one", lambda: model.save(out_dir, metadata), out_dir, history_path, result)

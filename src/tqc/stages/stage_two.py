@@ -96,6 +96,5 @@ def run(
     model.set_augmentation(augment_params)
     log.info("stage two: %d training rows × %d negatives, %d validation", len(train_rows), negatives.shape[1], len(validation))
     result = train(model, train_rows, negatives, validation, catalog, params, seed, on_epoch)
-    metadata = {"stage": "stage_two", "best_epoch": result.best_epoch,
-                "validation_macro_f1": result.best_validation_macro_f1, "params": params.model_dump(mode="json")}
+    metadata = result.model_record("stage_two", params)
     return write_outputs("stage two", lambda: model.save(out_dir, metadata), out_dir, history_path, result)
