@@ -112,8 +112,6 @@ def tail_classes(train_class_ids: list[str], judged_ids: list[str], fraction: fl
     The gate passes the classes its validation questions hold: a class with none scores F1 0 for either model
     whatever they answer, so a tail of such classes (ingest draws no validation row from a class of under 3
     training rows, the rarest) read "0.0000 vs 0.0000: within the tolerance" and could never veto."""
-    if not judged_ids:
-        return []
     counts = Counter(train_class_ids)
     ranked = sorted(judged_ids, key=lambda c: (counts.get(c, 0), c))
     return ranked[: max(1, math.ceil(fraction * len(judged_ids)))]

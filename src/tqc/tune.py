@@ -92,9 +92,9 @@ def _tune(params: Params, out_dir: Path, work_dir: Path, worker: int, trials: in
                            "tune": redact_secrets({**params.tune.model_dump(mode="json"), "trials": trials})})
         objective = make_objective(params, space, base, data, study_dir, worker, version)
         # gc after each trial: a pruned trial's exception holds its frames (model, optimizer state, on a GPU too)
-        # until a full collection, which the next trial's allocations would otherwise wait on
-        with each_warning_once(), optuna_quiet_on_interrupt():  # each_warning_once: every trial trains on the same
-            # catalog, so its warnings are said once a worker
+        # until a full collection, which the next trial's allocations would otherwise wait on. Every trial trains on
+        # the same catalog, so its warnings are said once a worker
+        with each_warning_once(), optuna_quiet_on_interrupt():
             study.optimize(objective, n_trials=trials, catch=TRIAL_FAILURES, gc_after_trial=True,
                            callbacks=[dropping_former_bests(study_dir, params)])
         with reports_lock(out_dir):  # the reports this run logs are the ones it wrote, whole

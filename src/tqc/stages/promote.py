@@ -367,9 +367,10 @@ def _move_alias_or_tag(client, params: PromoteParams, version: str, promote: boo
 
 def _write_registered(path: Path | None, registry_uri: str | None, report: dict) -> None:
     """The registry this run registered the challenger in, its version and the alias holder after: a DVC output in
-    neither git nor DVC's cache (cached, `dvc pull` brought it back and a fresh clone skipped promote too). The registry lives outside DVC, so `reports/promotion.json` (in git) alone would let
-    `dvc repro` in a fresh clone, whose inputs all match dvc.lock, skip promote and leave that machine's registry
-    empty; this file is missing there, so promote runs. A second `dvc repro` on the same machine finds it and skips."""
+    neither git nor DVC's cache (cached, `dvc pull` brought it back and a fresh clone skipped promote too). The
+    registry lives outside DVC, so `reports/promotion.json` (in git) alone would let `dvc repro` in a fresh clone,
+    whose inputs all match dvc.lock, skip promote and leave that machine's registry empty; this file is missing
+    there, so promote runs. A second `dvc repro` on the same machine finds it and skips."""
     if path is not None:
         write_json(path, {"registry": redact_text(registry_uri) if registry_uri else None,
                           "model_name": report["model_name"], "version": report["challenger_version"],
