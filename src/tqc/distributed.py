@@ -9,9 +9,11 @@ function here is a no-op, so single-process runs are unchanged to the bit. With 
   in tests/model/test_distributed.py);
 - only rank 0 writes models, reports and tracking runs (`is_main`).
 
-In-batch negatives come from each process's share of the batch (as in most multi-GPU
-bi-encoder training without an all-gather); stage two's mined negatives are per question, so
-its gradient is the single-process one exactly, shares of unequal size included (`share_weight`). NCCL on CUDA, gloo on CPU (`distributed.backend`).
+Stage one's in-batch negatives come from each process's share of the batch (as in most multi-GPU
+bi-encoder training without an all-gather). Stage two's mined negatives are per question, and with
+`negatives: mined_and_in_batch` every process scores its share against the whole batch's classes
+(`union_over_processes`), so its gradient is the single-process one exactly, shares of unequal size included
+(`share_weight`). NCCL on CUDA, gloo on CPU (`distributed.backend`).
 
 `distributed.nproc_per_node > 1` in params.yaml makes the training stages re-launch themselves
 under `python -m torch.distributed.run`; a multi-node job runs `torchrun … -m tqc.cli stage-one …`
@@ -28,6 +30,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
 log = logging.getLogger(__name__)
@@ -224,6 +227,20 @@ def mean_over_processes(value: float) -> float:
     tensor = torch.tensor([value], dtype=torch.float64, device=_collective_device())
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return float(tensor.item()) / world_size()
+
+
+def union_over_processes(present: "torch.Tensor") -> "torch.Tensor":
+    """present (P,) bool, the classes this process's share holds → (P,) bool, the classes any process's share
+    holds: the whole batch's, so a loss over the batch's distinct classes (stage two's in-batch negatives) scores
+    every share against the columns one process would (one all-reduce of P bytes a step)."""
+    if not active():
+        return present
+    import torch
+    import torch.distributed as dist
+
+    counts = present.to(device=_collective_device(), dtype=torch.int32)  # (P,); gloo and NCCL both sum int32
+    dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+    return (counts > 0).to(present.device)  # (P,)
 
 
 def from_main(value):

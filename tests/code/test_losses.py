@@ -123,7 +123,7 @@ def test_hinge_and_bpr_average_over_rows_whatever_each_row_masks():
 def test_stage_two_columns_put_gold_first_and_encode_each_class_once():
     gold = torch.tensor([3, 1])
     negatives = torch.tensor([[1, 4], [3, 4]])
-    distinct, columns = candidate_columns(gold, negatives)
+    distinct, columns = candidate_columns(gold, negatives, n_classes=5)
     assert distinct.tolist() == [1, 3, 4]  # 6 slots, 3 distinct standard questions
     assert distinct[columns].tolist() == [[3, 1, 4], [1, 3, 4]]
 
@@ -131,7 +131,7 @@ def test_stage_two_columns_put_gold_first_and_encode_each_class_once():
 def test_stage_two_in_batch_variant_targets_each_rows_gold_among_distinct_classes():
     gold = torch.tensor([3, 1, 3])
     negatives = torch.tensor([[1, 4], [3, 4], [0, 1]])
-    distinct, columns = candidate_columns(gold, negatives)
+    distinct, columns = candidate_columns(gold, negatives, n_classes=5)
     assert distinct.tolist() == [0, 1, 3, 4]
     assert distinct[columns[:, 0]].tolist() == [3, 1, 3]  # the target column holds the row's own class
 

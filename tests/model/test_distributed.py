@@ -1,8 +1,8 @@
 """Data-parallel training on CPU (gloo): two processes take the single process's steps.
 
-Stage two's loss is per question (its mined negatives), so two processes that each take half
-of every batch and average their gradients must end with the weights one process gets from
-the whole batch. Stage one and NC are run the way `distributed.nproc_per_node: 2` runs them,
+Stage two's loss is per question (its mined negatives; with in-batch ones, the whole batch's classes), so two
+processes that each take half of every batch and average their gradients must end with the weights one process gets
+from the whole batch. Stage one and NC are run the way `distributed.nproc_per_node: 2` runs them,
 through the CLI and torchrun, and must write one model; so must docs/scaling.md's two-node command.
 """
 
@@ -41,8 +41,8 @@ def _always_better(*_):
     return lambda: {"accuracy": 0.0, "macro_f1": next(epochs) / 1000}
 
 
-def _stage_two_weights(model_dir: str, batch_size: int = 16,
-                       device: str = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], float]:
+def _stage_two_weights(model_dir: str, batch_size: int = 16, device: str = "cpu", negatives: str = "mined",
+                       k: int = 2) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], float]:
     """One epoch of stage two on synthetic rows, dropout off so runs are comparable; the weights before and after,
     and the epoch's training loss as its history records it."""
     from tqc.mining import mine
@@ -58,9 +58,10 @@ def _stage_two_weights(model_dir: str, batch_size: int = 16,
         if isinstance(module, nn.Dropout):
             module.p = 0.0
     mined, _ = mine(model.question.encode([q.text for q in rows]).numpy(), model.standard.encode(catalog.texts).numpy(),
-                    gold_indices(rows, catalog), k=2)
+                    gold_indices(rows, catalog), k=k)
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    params = StageTwoParams(epochs=1, batch_size=batch_size, learning_rate=1e-3, patience=1, warmup_ratio=0.0)
+    params = StageTwoParams(epochs=1, batch_size=batch_size, learning_rate=1e-3, patience=1, warmup_ratio=0.0,
+                            negatives=negatives)
     real_validator, stage_two.bi_encoder_validator = stage_two.bi_encoder_validator, _always_better  # keep the trained epoch
     try:
         fitted = stage_two.train(model, rows, torch.as_tensor(mined), validation, catalog, params, seed=0)
@@ -69,7 +70,8 @@ def _stage_two_weights(model_dir: str, batch_size: int = 16,
     return before, {k: v.detach().clone() for k, v in model.state_dict().items()}, fitted.history[1].train_loss
 
 
-def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str, batch_size: int = 16) -> None:
+def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str, batch_size: int = 16,
+            negatives: str = "mined", k: int = 2) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     distributed.setup("gloo")
@@ -78,7 +80,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str, batc
         seen, real_shard = [], distributed.shard
         distributed.shard = lambda rows: seen.extend(real_shard(rows)) or real_shard(rows)  # rows this process trains on
         try:
-            _, weights, loss = _stage_two_weights(model_dir, batch_size)
+            _, weights, loss = _stage_two_weights(model_dir, batch_size, negatives=negatives, k=k)
         finally:
             distributed.shard = real_shard
         torch.save({"weights": weights, "rows_seen": len(seen), "loss": loss}, Path(out_dir) / f"rank{rank}.pt")
@@ -99,12 +101,17 @@ def test_without_torchrun_everything_is_one_process(monkeypatch):
     assert distributed.relaunch_command(2, ["stage-one"]) is None
 
 
-@pytest.mark.parametrize("batch_size, rows_seen", [(16, [24, 24]), (13, [26, 22])])
-def test_two_processes_end_with_the_weights_of_one_process_on_the_whole_batch(tiny_model_dir, tmp_path, batch_size, rows_seen):
-    # 13: batches of 13, 13, 13 and 9 rows, so shares of 7 and 6 (5 and 4): each must weigh as many rows as it has
-    start, single, single_loss = _stage_two_weights(str(tiny_model_dir), batch_size)
-    assert any(not torch.equal(start[k], single[k]) for k in single)  # the epoch trained something
-    multiprocessing.spawn(_worker, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path), batch_size), nprocs=2, join=True)
+@pytest.mark.parametrize("batch_size, rows_seen, negatives, k", [(16, [24, 24], "mined", 2), (13, [26, 22], "mined", 2),
+                                                                (4, [24, 24], "mined_and_in_batch", 1)])
+def test_two_processes_end_with_the_weights_of_one_process_on_the_whole_batch(tiny_model_dir, tmp_path, batch_size, rows_seen,
+                                                                             negatives, k):
+    # 13: batches of 13, 13, 13 and 9 rows, so shares of 7 and 6 (5 and 4): each must weigh as many rows as it has.
+    # In-batch negatives at shares of 2 rows and K = 1: a share holds fewer of the batch's classes than the batch does,
+    # and each process must still score its rows against all of the batch's
+    start, single, single_loss = _stage_two_weights(str(tiny_model_dir), batch_size, negatives=negatives, k=k)
+    assert any(not torch.equal(start[name], single[name]) for name in single)  # the epoch trained something
+    multiprocessing.spawn(_worker, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path), batch_size, negatives, k),
+                          nprocs=2, join=True)
     saved = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
     assert [r["rows_seen"] for r in saved] == rows_seen  # each process trained on its share of the 48 rows
     # the history's loss is the mean over each whole batch, as one process records it: a share's mean weighs its rows

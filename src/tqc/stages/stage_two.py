@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from tqc import distributed
 from tqc.config import AugmentParams, StageTwoParams
 from tqc.device import pick_device, seed_everything
 from tqc.losses import class_log_prior, prior_offsets
@@ -23,14 +24,21 @@ from tqc.training import (FitResult, OnEpoch, bi_encoder_parameter_groups, bi_en
 log = logging.getLogger(__name__)
 
 
-def candidate_columns(batch_gold: torch.Tensor, batch_negatives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """batch_gold (B,), batch_negatives (B, K) → (distinct classes (U,), per-row columns (B, K+1)).
+def candidate_columns(batch_gold: torch.Tensor, batch_negatives: torch.Tensor, n_classes: int,
+                      whole_batch: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """batch_gold (B,), batch_negatives (B, K) → (distinct classes (U,) ascending, per-row columns (B, K+1)).
 
-    Column 0 of each row is its gold class, so the target is always 0.
+    Column 0 of each row is its gold class, so the target is always 0. Under torchrun B is this process's share;
+    `whole_batch` (in-batch negatives) makes U the whole batch's distinct classes (`distributed.union_over_processes`
+    over the catalog's `n_classes`), so every share is scored against the columns one process scores.
     """
     per_row = torch.cat([batch_gold.unsqueeze(1), batch_negatives], dim=1)  # (B, K+1)
-    distinct, columns = torch.unique(per_row, return_inverse=True)
-    return distinct, columns
+    present = torch.zeros(n_classes, dtype=torch.bool)  # (P,)
+    present[per_row.reshape(-1)] = True
+    if whole_batch:
+        present = distributed.union_over_processes(present)
+    distinct = torch.nonzero(present).reshape(-1)  # (U,)
+    return distinct, torch.searchsorted(distinct, per_row)  # columns (B, K+1): each class's place in `distinct`
 
 
 def train(
@@ -50,7 +58,8 @@ def train(
     groups = standard_text_groups(catalog)  # None unless classes share a standard question
 
     def batch_loss(rows: list[int]) -> torch.Tensor:
-        distinct, columns = candidate_columns(gold[rows], negatives[rows])
+        distinct, columns = candidate_columns(gold[rows], negatives[rows], len(catalog),
+                                              whole_batch=params.negatives == "mined_and_in_batch")
         questions = model.embed_questions([texts[i] for i in rows])  # (B, D)
         standards = model.embed_standards([catalog.texts[c] for c in distinct.tolist()])  # (U, D)
         scores = model.score(questions, standards)  # (B, U)
