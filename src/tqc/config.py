@@ -672,8 +672,10 @@ class Params(Strict):
         return self
 
     def trained_sections(self) -> tuple[str, ...]:
-        """The sections of the training stages, each batched under torchrun: the warm-up's when it is on."""
-        return (("warmup",) if self.warmup.enabled else ()) + ("stage_one", "stage_two", "baseline_nc")
+        """The sections of the training stages, each batched under torchrun: the warm-up's and NC's when they are on
+        (off, each writes its marker in one process and batches nothing)."""
+        return ((("warmup",) if self.warmup.enabled else ()) + ("stage_one", "stage_two")
+                + (("baseline_nc",) if self.baseline_nc.enabled else ()))
 
     def rows_per_process_problem(self, processes: int, named: str, sections: tuple[str, ...]) -> str:
         """Why batches split `processes` ways leave a process with fewer than two rows ("" when none does): such a

@@ -283,6 +283,15 @@ def test_values_that_would_train_nonsense_are_refused_with_their_reason(override
         Params().with_overrides(override)
 
 
+def test_a_training_section_that_is_off_batches_nothing_so_its_batch_size_is_not_held_to_the_process_count():
+    """Off, the warm-up and NC each write their marker in one process: a small batch_size of theirs is no problem."""
+    off = {"distributed": {"nproc_per_node": 4}, "warmup": {"enabled": False, "batch_size": 4},
+           "baseline_nc": {"enabled": False, "batch_size": 4}}
+    assert Params().with_overrides(off).trained_sections() == ("stage_one", "stage_two")
+    with pytest.raises(ConfigError, match=r"raise baseline_nc.batch_size \(4\) to at least 8"):
+        Params().with_overrides({**off, "baseline_nc": {"enabled": True, "batch_size": 4}})
+
+
 def test_the_tuner_can_search_a_head_learning_rate_whose_base_value_is_null():
     """Its base value null (the stage's learning_rate), a range draws floats, and the baseline trial keeps null."""
     import optuna
