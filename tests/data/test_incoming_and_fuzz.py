@@ -109,6 +109,27 @@ def test_a_utf16_file_with_no_byte_order_mark_is_named_as_such_not_misread_row_b
         read_table(path, "question", "label")
 
 
+@pytest.mark.parametrize("compress, kind", [
+    (lambda raw: __import__("gzip").compress(raw), "gzip-compressed data"),
+    (lambda raw: __import__("bz2").compress(raw), "bzip2-compressed data"),
+    (lambda raw: __import__("lzma").compress(raw), "xz-compressed data"),
+    (None, r"a zip archive \(as an .xlsx is\)"),
+])
+def test_a_compressed_file_is_refused_by_name_not_read_as_mojibake_rows(tmp_path, compress, kind):
+    raw = "question,label\nwhere is paris,LOC\nwho wrote it,HUM\n".encode()
+    path = tmp_path / "export.csv.packed"
+    if compress is None:
+        import zipfile
+
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr("export.csv", raw)
+    else:
+        path.write_bytes(compress(raw))
+        assert path.read_bytes().count(b"\x00") * 4 < path.stat().st_size  # the NUL check alone would have read it
+    with pytest.raises(ReaderError, match=rf"{path}: {kind}, not text: decompress it, or export it as CSV"):
+        read_table(path, "question", "label")
+
+
 @pytest.fixture
 def current_data(tmp_path):
     against = tmp_path / "validated"

@@ -66,6 +66,11 @@ def test_predict_without_a_model_or_questions_is_a_clear_error(tmp_path, capsys)
     (tmp_path / "utf16-no-mark.txt").write_bytes("where is it?\n".encode("utf-16-le"))
     assert main(["predict", "--file", str(tmp_path / "utf16-no-mark.txt")]) == 2
     assert "utf16-no-mark.txt: a quarter or more of its bytes are NUL" in capsys.readouterr().err
+    import gzip
+
+    (tmp_path / "questions.txt.gz").write_bytes(gzip.compress(b"where is paris\nwho wrote it\n"))
+    assert main(["predict", "--file", str(tmp_path / "questions.txt.gz")]) == 2  # not its bytes answered as questions
+    assert "questions.txt.gz: gzip-compressed data, not text: decompress it" in capsys.readouterr().err
 
 
 def test_a_csv_or_jsonl_file_gives_its_question_column_not_its_header_or_raw_json(tiny_model_dir, tmp_path, capsys, caplog,
@@ -240,6 +245,17 @@ def test_predict_adds_the_class_prior_shift_fitted_for_its_model(tiny_model_dir,
     assert "fitted on another catalog (no shift for ['date']" in capsys.readouterr().err
     assert main(grown + ["--prior", str(tmp_path / "models" / "prior.json")]) == 2
     assert "fitted on another catalog" in capsys.readouterr().err
+
+    # A catalog with a standard question retired keeps the others' shifts, auto or named: the ranking among them is
+    # the full catalog's (before, the fit's extra class dropped every shift and "hum" outranked "num" by similarity)
+    Catalog([q for q in CATALOG.questions if q.class_id != "loc"]).save(tmp_path / "retired.jsonl")
+    retired = ask[:3] + ["--catalog", str(tmp_path / "retired.jsonl"), "--top-k", "2", "who wrote it"]
+    for prior_option in ([], ["--prior", str(tmp_path / "models" / "prior.json")]):
+        assert main(retired + prior_option) == 0
+        captured = capsys.readouterr()
+        answers = json.loads(captured.out)["top_k"]
+        assert [a["class_id"] for a in answers] == ["num", "hum"] and answers[0]["score"] > 99
+        assert "fitted on another catalog" not in captured.err
 
 
 def test_a_shift_fitted_for_earlier_weights_in_the_same_folder_is_not_applied(tiny_model_dir, tmp_path, capsys):

@@ -38,9 +38,29 @@ def decode_file(path: Path, content: bytes | None = None, encoding: str | None =
     return decode_bytes(raw, str(path), encoding)
 
 
+# Archive and compressed formats by their first bytes. None of them starts a text file: each opens with a control
+# character, a byte UTF-8 never starts with, or (bzip2) a run no text has; and their bytes hold too few NULs for the
+# NUL check, so a `.csv.gz` export read as text was its compressed bytes, each "line" mojibake, answered or quarantined
+ARCHIVE_SIGNATURES = {
+    "gzip-compressed data": re.compile(rb"\x1f\x8b"),
+    "bzip2-compressed data": re.compile(rb"BZh[1-9]1AY&SY"),
+    "a zip archive (as an .xlsx is)": re.compile(rb"PK\x03\x04"),
+    "xz-compressed data": re.compile(rb"\xfd7zXZ\x00"),
+    "zstd-compressed data": re.compile(rb"\x28\xb5\x2f\xfd"),
+}
+
+
 def decode_bytes(raw: bytes, name: str, encoding: str | None = None) -> str:
     """`raw` (a file's or standard input's bytes, called `name` in messages) as `decode_file` decodes a file."""
+    _refuse_archive(raw, name)
     return _without_line_boms(_decoded(raw, name) if encoding is None else _declared(raw, encoding, name))
+
+
+def _refuse_archive(raw: bytes, name: str) -> None:
+    for kind, signature in ARCHIVE_SIGNATURES.items():
+        if signature.match(raw):
+            raise ReaderError(f"{name}: {kind}, not text: decompress it, or export it as CSV (the readers take "
+                              "plain CSV, JSONL or text)")
 
 
 def decode_argument(argument: str, name: str) -> str:
