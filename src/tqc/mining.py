@@ -16,6 +16,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable
 from importlib import metadata
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,6 +24,9 @@ import torch
 from tqc.metrics import DivergedScores
 from tqc.model.similarity import WEIGHT_FREE, scores_directions_only
 from tqc.training import ALIKE_EVERY_TRAINING
+
+if TYPE_CHECKING:  # for the annotations only: importing faiss goes through load_faiss, which checks the build
+    import faiss
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +81,7 @@ def _installed(distribution: str) -> bool:
     return True
 
 
-def build_index(standards: np.ndarray, normalise: bool = True) -> "faiss.Index":
+def build_index(standards: np.ndarray, normalise: bool = True) -> faiss.Index:
     """Exact inner-product index over standard questions (P, D), L2-normalised for cosine; on the GPU when faiss is a
     GPU build that runs there."""
     faiss = load_faiss()
@@ -141,7 +145,7 @@ def _said(stderr: str) -> str:
     return f": {line.partition('details: ')[2] or line}" if line else ""
 
 
-def retrieve(index: "faiss.Index", questions: np.ndarray, depth: int, normalise: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def retrieve(index: faiss.Index, questions: np.ndarray, depth: int, normalise: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """questions (N, D) → (similarities (N, depth), class indices (N, depth)), nearest first."""
     vectors = np.array(questions, dtype=np.float32, order="C")  # a copy: normalize_L2 works in place
     if normalise:
