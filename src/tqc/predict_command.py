@@ -378,7 +378,7 @@ def _shift_misfit(path: Path, entry: str, catalog_path: Path, catalog_encoding: 
 
     try:
         class_ids = load_catalog(catalog_path, catalog_encoding).class_ids
-        PriorShift.from_json(read_file(path)[entry], class_ids, f"{path}, entry {entry!r}")
+        PriorShift.from_json(read_file(path)[entry], class_ids, f"{path}, entry {entry!r}", catalog_may_drop_classes=True)
     except PriorFileError as exc:
         return str(exc)
     return None

@@ -61,9 +61,13 @@ class PriorShift:
                 "shift": {class_id: float(value) for class_id, value in zip(class_ids, self.shift)}}
 
     @classmethod
-    def from_json(cls, record: dict, class_ids: list[str], source: str = "prior file") -> "PriorShift":
+    def from_json(cls, record: dict, class_ids: list[str], source: str = "prior file",
+                  catalog_may_drop_classes: bool = False) -> "PriorShift":
+        """The shift of `class_ids`' classes, in their order. A catalog with a class the fit never saw is refused; so
+        is one that lacks fitted classes, unless `catalog_may_drop_classes` (serving a catalog with standard questions
+        retired: each class's shift is its own, so the ranking among the rest is the full catalog's, restricted)."""
         missing = [c for c in class_ids if c not in record["shift"]]
-        extra = sorted(set(record["shift"]) - set(class_ids))
+        extra = [] if catalog_may_drop_classes else sorted(set(record["shift"]) - set(class_ids))
         if missing or extra:
             raise PriorFileError(f"{source}: fitted on another catalog (no shift for {missing[:5]}, {len(missing)} in all; "
                                  f"shifts for classes the catalog lacks: {extra[:5]}, {len(extra)} in all); run the prior stage again")

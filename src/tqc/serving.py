@@ -97,7 +97,8 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         if prior_file:  # the entry `_model_config` found for this model when it was logged
             name = config.get("prior_model", FIRST_REGISTERED_ENTRY)
             entry = prior.read_file(Path(prior_file))[name]
-            shift = PriorShift.from_json(entry, self.catalog.class_ids, f"{prior_file}, entry {name!r}").shift
+            shift = PriorShift.from_json(entry, self.catalog.class_ids, f"{prior_file}, entry {name!r}",
+                                         catalog_may_drop_classes=True).shift
         else:
             shift = prior.no_shift(len(self.catalog)).shift
         self.shift = torch.as_tensor(shift, dtype=torch.float32)  # (P,): 0 for a model registered without one
