@@ -536,7 +536,9 @@ def bi_encoder_validator(model: BiEncoder, validation: list[LabeledQuestion], ca
 
 
 def _csv_value(value) -> str:
-    return "" if isinstance(value, float) and math.isnan(value) else str(value)
+    # "NaN", not an empty cell: DVC hands a cell to Vega as a string, and Vega reads "" as 0 (the training-loss plot
+    # drew every curve from a loss of 0 at epoch 0, below its axis) but "NaN" as no value, which it leaves out
+    return "NaN" if isinstance(value, float) and math.isnan(value) else str(value)
 
 
 def write_outputs(stage: str, save_model: Callable[[], None], out_dir, history_path, result: FitResult) -> FitResult:
@@ -553,7 +555,7 @@ def write_outputs(stage: str, save_model: Callable[[], None], out_dir, history_p
 
 
 def read_history(path) -> list[EpochRecord]:
-    """What write_history wrote (an empty cell is the NaN it stands for)."""
+    """What write_history wrote ("NaN", or the empty cell histories before it wrote, is no value)."""
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     fields = list(EpochRecord.__dataclass_fields__)
     if not lines or lines[0].split(",") != fields:

@@ -91,6 +91,10 @@ def test_a_fit_read_back_from_its_history_file_is_the_fit_that_wrote_it(tmp_path
     read = read_history(tmp_path / "history.csv")
     assert read[1:] == result.history[1:] and np.isnan(read[0].train_loss)  # epoch 0 trained nothing: no loss
     assert (read[0].epoch, read[0].validation_macro_f1) == (0, 0.5)
+    # "NaN", which Vega leaves out of the training-loss plot; an empty cell, which it drew as a loss of 0, is gone
+    assert (tmp_path / "history.csv").read_text().splitlines()[1].split(",")[:2] == ["0", "NaN"]
+    (tmp_path / "before.csv").write_text("epoch,train_loss,validation_accuracy,validation_macro_f1,seconds\n0,,0.5,0.5,0.0\n")
+    assert np.isnan(read_history(tmp_path / "before.csv")[0].train_loss)  # histories written before still read
     again = FitResult.of(read)
     assert (again.best_epoch, again.best_validation_macro_f1, again.seconds_per_epoch) == (
         result.best_epoch, result.best_validation_macro_f1, result.seconds_per_epoch)
