@@ -255,7 +255,8 @@ def validate_stage(params: Params, dataset: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="tqc-bench-") as work:
         work = Path(work)
         (work / "params.yaml").write_text(yaml.safe_dump(params.to_dict()))
-        ingest.run(params.data, params.seed, work / "ingested", work / "q.jsonl", work / "ingest.json")
+        ingest.run(params.data, params.seed, work / "ingested", work / "q.jsonl", work / "ingest.json",
+                   params.validate_.max_text_chars)
         started = time.perf_counter()
         finished = subprocess.run([sys.executable, "-m", "tqc.cli", "--params", str(work / "params.yaml"), "validate",
                                    "--data", str(work / "ingested"), "--out", str(work / "validated"), "--quarantine",

@@ -417,7 +417,7 @@ def _apply_tuned(args: argparse.Namespace) -> None:
 def _ingest(args: argparse.Namespace, params: Params) -> None:
     from tqc.stages import ingest
 
-    ingest.run(params.data, params.seed, args.out, args.quarantine, args.report)
+    ingest.run(params.data, params.seed, args.out, args.quarantine, args.report, params.validate_.max_text_chars)
 
 
 def _validate(args: argparse.Namespace, params: Params) -> None:

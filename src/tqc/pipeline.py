@@ -45,7 +45,7 @@ EpochHook = Callable[[str, EpochRecord], None]  # (stage name, epoch record)
 def ingested_data(params: Params, work_dir: Path) -> Path:
     """ingest into `work_dir`, as `dvc repro` does into data/; returns the ingested folder."""
     ingest.run(params.data, params.seed, work_dir / "ingested", work_dir / "quarantine" / "ingest.jsonl",
-               work_dir / "reports" / "ingest.json")
+               work_dir / "reports" / "ingest.json", params.validate_.max_text_chars)
     return work_dir / "ingested"
 
 

@@ -114,6 +114,20 @@ def compared_text(text: str) -> str:
     return normalised if _reads_a_word(normalised) else ""
 
 
+# Validate's checks of a row alone, whatever its split (its no_control_characters, has_letter_or_digit and text_length);
+# ingest's validation draw passes over a row that fails one, which validate would take out of validation
+CONTROL_CHARACTERS = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"  # C0 but tab and line breaks, DEL, C1 (mis-decoded bytes)
+# A letter or digit of any script ([^\W_] is str.isalnum), or the empty text, which non_empty_text says already
+LETTER_OR_DIGIT = r"^$|[^\W_]"
+
+
+def fails_alone(text: str, key: str, max_text_chars: int | None) -> bool:
+    """Whether validate quarantines a row of `text` (its `compared_text` `key`) wherever it stands: a control
+    character, no letter or digit, or more than `max_text_chars` characters (None: no bound)."""
+    return bool(re.search(CONTROL_CHARACTERS, text) or not re.search(LETTER_OR_DIGIT, key)
+                or (max_text_chars is not None and len(text) > max_text_chars))
+
+
 def first_of(items: Sequence, most: int = 10, separator: str = ", ") -> str:
     """The first `most` of `items`, and how many more there are: "3, 8, 12 and 4 more". A message names enough of what
     failed to find it, and a file that fails on every row still makes one line."""

@@ -257,6 +257,22 @@ def test_the_validation_split_never_draws_a_test_question_and_is_unchanged_where
     assert stratified_split(rows, 0.1, seed=0, held_out_texts=frozenset({a_train.text})) == (train, validation)
 
 
+@pytest.mark.parametrize("doomed", ["b question\x02 with a stray control byte", "???", "b question " + "x" * 60])
+def test_a_row_validate_quarantines_wherever_it_stands_is_passed_over_by_the_draw(doomed):
+    """A control character, no letter or digit, or over validate.max_text_chars (50 here): drawn as class b's one
+    validation row, validate took it out and left b none, with clean rows in train."""
+    rows = questions({"a": 30, "b": 5})
+    _, validation = stratified_split(rows, 0.1, seed=0)
+    drawn_b = next(q for q in validation if q.class_id == "b")
+    rows = [LabeledQuestion(doomed, "b", q.source) if q is drawn_b else q for q in rows]  # the same draw's place
+    train, validation = stratified_split(rows, 0.1, seed=0, max_text_chars=50)
+    b_validation = [q for q in validation if q.class_id == "b"]
+    assert len(b_validation) == 1 and b_validation[0].text != doomed  # a clean one of b's rows instead
+    assert any(q.text == doomed for q in train)  # kept in train, where validate judges it
+    assert [q for q in validation if q.class_id == "a"] == [q for q in stratified_split(rows, 0.1, seed=0)[1]
+                                                            if q.class_id == "a"]
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_a_repeated_or_empty_text_is_never_drawn_for_validation(seed):
     """A copy drawn for validation left its twin in train, which validate quarantined as leakage (critical: a file
@@ -296,7 +312,7 @@ def test_ingest_says_in_one_warning_that_a_class_whose_rows_all_repeat_has_no_va
     assert report["classes_without_validation_rows"] == ["b", "c"]  # c: under 3 rows, named without a reason
     [said] = [r.getMessage() for r in caplog.records if "'b'" in r.getMessage()]
     assert "2 class(es) have training rows but no validation row" in said
-    assert "'b' (each of its 4 training rows repeats, is empty, or is a test or standard question" in said
+    assert "'b' (each of its 4 training rows repeats, is empty, is a test or standard question, or fails a check" in said
     assert "'c'" in said and "'c' (" not in said
 
 

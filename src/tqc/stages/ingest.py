@@ -16,14 +16,14 @@ from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.readers import (DatasetSplits, ReaderError, RejectedRow, ReadResult, RowsRejected, read_additions, read_dataset,
                          read_generated, read_validation, row_as_csv, with_added_classes)
 from tqc.schema import Catalog, LabeledQuestion, save_questions, split_source, usable_generated
-from tqc.text import compared_text, first_of, normalise
+from tqc.text import compared_text, fails_alone, first_of, normalise
 
 log = logging.getLogger(__name__)
 
 
 def stratified_split(
-    questions: list[LabeledQuestion], fraction: float, seed: int, held_out_texts: frozenset[str] = frozenset()
-) -> tuple[list[LabeledQuestion], list[LabeledQuestion]]:
+    questions: list[LabeledQuestion], fraction: float, seed: int, held_out_texts: frozenset[str] = frozenset(),
+    max_text_chars: int | None = None) -> tuple[list[LabeledQuestion], list[LabeledQuestion]]:
     """Seeded per-class split into (train, validation).
 
     Each class with at least 3 rows gives max(1, round(fraction·n)) rows to validation, so
@@ -34,18 +34,20 @@ def stratified_split(
     row would judge nothing, and a third of that validation split was one). Nor is a text that repeats in
     `questions` (its copy left in train would be quarantined as leakage, and a user whose file only repeated
     rows was stopped for "leakage"; 15 of TREC-6's validation rows had such a copy), nor one with no text (validate
-    quarantines it: one such row among a dozen validation rows stopped validate). Where no drawn row is one,
+    quarantines it: one such row among a dozen validation rows stopped validate), nor one validate quarantines
+    wherever it stands (`fails_alone`: a control character, no letter or digit, over `max_text_chars`; a class's one
+    validation row so drawn left it none, with clean rows in train). Where no drawn row is one,
     the split is the one drawn without them. A class left so without validation rows is said in a warning (ingest
     says it in its warning of classes without validation rows instead: `_drawn_split`).
     """
-    train, validation, undrawable = _drawn_split(questions, fraction, seed, held_out_texts)
+    train, validation, undrawable = _drawn_split(questions, fraction, seed, held_out_texts, max_text_chars)
     for class_id, rows in undrawable.items():  # said: validate names only classes that lost their validation rows
         log.warning("ingest: class %r has no validation row: %s", class_id, _undrawable(rows))
     return train, validation
 
 
-def _drawn_split(questions: list[LabeledQuestion], fraction: float, seed: int, held_out_texts: frozenset[str]
-                 ) -> tuple[list[LabeledQuestion], list[LabeledQuestion], dict[str, int]]:
+def _drawn_split(questions: list[LabeledQuestion], fraction: float, seed: int, held_out_texts: frozenset[str],
+                 max_text_chars: int | None = None) -> tuple[list[LabeledQuestion], list[LabeledQuestion], dict[str, int]]:
     """`stratified_split`'s (train, validation), and the classes that were to give validation rows but had none it
     may draw (class → its rows), unsaid: ingest says each in its one warning of classes without validation rows."""
     keys = [compared_text(question.text) for question in questions]  # once a row: for the repeats, then the draw
@@ -60,7 +62,8 @@ def _drawn_split(questions: list[LabeledQuestion], fraction: float, seed: int, h
         members = list(by_class[class_id])
         rng.shuffle(members)  # the same draw as of the rows alone: a shuffle depends only on the length
         n_validation = max(1, round(fraction * len(members))) if len(members) >= 3 else 0
-        drawn = [question for question, key in members if key not in never_drawn][:n_validation]
+        drawn = [question for question, key in members
+                 if key not in never_drawn and not fails_alone(question.text, key, max_text_chars)][:n_validation]
         if n_validation and not drawn:
             undrawable[class_id] = len(members)
         drawn_ids = {id(m) for m in drawn}  # by identity: two rows may share a text and class
@@ -70,21 +73,24 @@ def _drawn_split(questions: list[LabeledQuestion], fraction: float, seed: int, h
 
 
 def _undrawable(rows: int) -> str:
-    return (f"each of its {rows} training rows repeats, is empty, or is a test or standard question, none of which is "
-            "drawn for validation")
+    return (f"each of its {rows} training rows repeats, is empty, is a test or standard question, or fails a check of "
+            "validate's on its own (a control character, no letter or digit, too long), none of which is drawn for "
+            "validation")
 
 
 def validation_split(params: DataParams, official_train: list[LabeledQuestion], seed: int,
-                     test: list[LabeledQuestion] = (), standard_questions: list[str] = (), catalog: Catalog | None = None
+                     test: list[LabeledQuestion] = (), standard_questions: list[str] = (), catalog: Catalog | None = None,
+                     max_text_chars: int | None = None
                      ) -> tuple[list[LabeledQuestion], list[LabeledQuestion], list[RejectedRow], dict[str, int]]:
     """(train, validation, the validation file's rejected rows, the classes of 3 or more rows none of which could be
     drawn (class → rows)): `data.validation_file` whole when set, the official train then training whole; otherwise a
     stratified split carved out of train, never drawing a question that is also in `test` or is one of the catalog's
-    `standard_questions`."""
+    `standard_questions`, nor one validate quarantines wherever it stands (`max_text_chars`: validate's bound)."""
     given = read_validation(params, catalog)
     if given is None:
         held_out = frozenset(compared_text(text) for text in [*(q.text for q in test), *standard_questions])
-        train, validation, undrawable = _drawn_split(official_train, params.validation_fraction, seed, held_out)
+        train, validation, undrawable = _drawn_split(official_train, params.validation_fraction, seed, held_out,
+                                                     max_text_chars)
         return train, validation, [], undrawable
     return official_train, given.rows, given.rejected, {}
 
@@ -322,16 +328,17 @@ class _Read:
                 + self.generated.rejected)
 
 
-def _read(params: DataParams, seed: int) -> _Read:
+def _read(params: DataParams, seed: int, max_text_chars: int | None) -> _Read:
     """The validation rows are drawn among the reads: data.validation_file is read there, and the generated rows
     read after are told apart by them."""
     splits = read_dataset(params)
     added, added_classes = read_additions(Path(params.additions) if params.additions else None)
     catalog = with_added_classes(splits.catalog, added_classes)  # what a validation or generated label is read as
     official_train = long_tail(splits.train.rows, params.imbalance_ratio, seed) if params.imbalance_ratio else splits.train.rows
+    # the standard questions of data.additions' classes too: validate quarantines a validation row that is one
     train, validation, validation_rejected, undrawable = validation_split(params, official_train, seed,
-                                                                          splits.test.rows, splits.catalog.texts,
-                                                                          catalog)
+                                                                          splits.test.rows, catalog.texts, catalog,
+                                                                          max_text_chars)
     # The validation file's questions are candidate origins too, and so are the added questions (some of them are
     # held out by stable_split), so a row made from a held-out question is never trained on (usable_generated)
     held_out = validation if params.validation_file else []
@@ -420,10 +427,13 @@ def _log_summary(params: DataParams, read: _Read, report: dict, quarantine_path:
         log.warning("quarantined %s, line %d: %s", row.file, row.line, row.reason)
 
 
-def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, report_path: Path) -> dict:
+def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, report_path: Path,
+        max_text_chars: int | None = None) -> dict:
+    """`max_text_chars`: validate's bound (validate.max_text_chars), so that the validation draw passes over a row
+    validate would take out of validation for its length."""
     started = time.perf_counter()
     with _quarantined_if_stopped(quarantine_path):
-        read = _read(params, seed)
+        read = _read(params, seed, max_text_chars)
     split = _split(params, seed, read)
     _write_data(out_dir, params, read, split)
     _write_quarantine(quarantine_path, read.rejected)

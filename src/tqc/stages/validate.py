@@ -22,16 +22,13 @@ import pandas as pd
 from tqc.config import ValidateParams
 from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.schema import Catalog, LabeledQuestion, file_and_line, load_questions, save_questions, split_source
-from tqc.text import ALIKE, catalog_label_key, compared_text, ids_by_label_key
+from tqc.text import ALIKE, CONTROL_CHARACTERS, LETTER_OR_DIGIT, catalog_label_key, compared_text, ids_by_label_key
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test")
 GENERATED = "generated"  # data.generated's attributed rows, when configured: checked like a split
 COLUMNS = ["text", "class_id", "source", "generated"]
-CONTROL_CHARACTERS = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"  # C0 but tab and line breaks, DEL, C1 (mis-decoded bytes)
-# A letter or digit of any script ([^\W_] is str.isalnum), or the empty text, which non_empty_text says already
-LETTER_OR_DIGIT = r"^$|[^\W_]"
 # Leakage: a row of the first split whose text also appears in the second is quarantined.
 LEAKAGE_PAIRS = {"train": ("validation", "test"), "validation": ("test",), "test": (), GENERATED: ("validation", "test")}
 
