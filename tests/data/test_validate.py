@@ -484,3 +484,19 @@ def test_run_says_each_finding_in_order_then_writes_the_quarantine_the_report_an
     assert read_json(tmp_path / "again" / "validation.json")["quarantined"]["validation"] == 1
     assert len(read_jsonl(tmp_path / "again" / "quarantine.jsonl")) == 1 and not (tmp_path / "again" / "out").exists()
     assert [m for m in caplog.messages if m.startswith("validate: ")][-1].startswith("validate: accepted ")
+
+
+def test_a_training_question_stays_when_its_only_test_copy_leaves_test_unscorable(tmp_path):
+    """A test row whose label the catalog lacks leaves test; a train row of its text leaked into nothing then, and went
+    as leakage all the same, so the clean question was in neither split. A test copy that stays still takes it."""
+    write_splits(tmp_path / "in", [("where is it", "a"), ("who is it", "b"), ("good one", "a"), ("good two", "b")],
+                 [("fine", "a")],
+                 [("where is it", "zzz"), ("Who is  it", "b"), ("who is it", "zzz"), ("held out", "a")])
+    report = run_validate(tmp_path)
+    said = {(q["split"], q["line"]): q["reason"] for q in read_jsonl(tmp_path / "quarantine.jsonl")}
+    assert ("train", 1) not in said  # its test copy left test
+    assert said[("train", 2)] == "no_leakage: also in test at test.csv, line 2"  # the copy that stays, not line 3
+    assert said[("test", 1)].startswith("label_in_catalog")
+    assert [q["text"] for q in read_jsonl(tmp_path / "out" / "train.jsonl")] == ["where is it", "good one", "good two"]
+    for split in ("train", "validation", "test"):
+        assert report["accepted"][split] + report["quarantined"][split] == report["read"][split]

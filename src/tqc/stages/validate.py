@@ -49,9 +49,12 @@ class ExpectationOutcome:
 
 
 def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, normalised: dict[str, list[str]],
-             firsts: dict[str, dict[str, int]]) -> dict[str, pd.DataFrame]:
+             firsts: dict[str, dict[str, int]], leak_targets: dict[str, dict[str, str]] | None = None
+             ) -> dict[str, pd.DataFrame]:
     """One frame per split with the derived columns the row-level expectations test. `normalised`: each split's rows'
-    normalised texts; `firsts`: each split's `first_copies`."""
+    normalised texts; `firsts`: each split's `first_copies`; `leak_targets`: split → the normalised texts a row of an
+    earlier split leaks into (`leak_targets`' default: every row's)."""
+    leak_targets = leak_targets or {split: dict.fromkeys(keys, "") for split, keys in normalised.items()}
     # A row that is word for word a standard question of classes other than its own is labelled against the catalog
     owners = _standard_question_owners(catalog)
     frames = {}
@@ -68,7 +71,7 @@ def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, normali
             labels_per_text.setdefault(key, set()).add(q.class_id)
         first = firsts[split]
         repeated = [key in first and first[key] < index for index, key in enumerate(keys)]
-        later_splits = [set(normalised[other]) for other in LEAKAGE_PAIRS[split]]
+        later_splits = [leak_targets[other] for other in LEAKAGE_PAIRS[split]]
         # an empty text fails non_empty_text; it is no copy of another empty text, nor a question that leaks
         has_text = [bool(key) for key in keys]
         frame["normalised_text"] = keys  # zero-width and other invisible characters do not count as text
@@ -247,27 +250,68 @@ def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: Va
     flagged: list[dict] = []  # test rows kept despite a warning
     keys = {split: [compared_text(q.text) for q in rows] for split, rows in splits.items()}
     firsts = {split: first_copies(rows, keys[split], catalog, params.max_text_chars) for split, rows in splits.items()}
-    frames = annotate(splits, catalog, keys, firsts)
-    explain = RowReasons(splits, catalog, keys, firsts)
-    for split, frame in frames.items():
-        split_outcomes = validator.validate(split, frame, row_expectations(catalog, params), critical)
-        outcomes += split_outcomes
-        reasons: dict[int, list[str]] = {}
-        for outcome in split_outcomes:
-            for row in outcome.failing_rows:
-                reasons.setdefault(row, []).append(outcome.name)
-        if split == "test":
-            kept = {i: names for i, names in reasons.items() if not set(names) & (critical | UNSCORABLE)}
-            flagged += [quarantine_record(splits[split][i], split, names, explain(split, i, names))
-                        for i, names in sorted(kept.items())]
-            reasons = {i: names for i, names in reasons.items() if i not in kept}
-        accepted[split] = [q for i, q in enumerate(splits[split]) if i not in reasons]
-        quarantined += [quarantine_record(splits[split][i], split, names, explain(split, i, names))
-                        for i, names in sorted(reasons.items())]
+    # Test is judged first: a train, validation or generated row leaks into the test rows that stay, not into one
+    # test itself drops (unscorable: a label the catalog lacks), which took a clean training question with it.
+    # Validation's rows all count: a validation row labelled otherwise in train takes its train copy with it.
+    test_verdicts = None
+    if "test" in splits:  # test leaks into nothing: its frame needs no other split's
+        test_only = ({"test": splits["test"]}, catalog, {"test": keys["test"]}, {"test": firsts["test"]})
+        test_verdicts = _judged_split("test", annotate(*test_only), *test_only[:2], params, validator,
+                                      RowReasons(*test_only), critical)
+    leak_targets = {split: first_sources(splits[split], keys[split]) for split in splits}
+    if test_verdicts is not None:
+        leak_targets["test"] = first_sources(test_verdicts.accepted, [keys["test"][i] for i in test_verdicts.kept])
+    frames = annotate(splits, catalog, keys, firsts, leak_targets)
+    explain = RowReasons(splits, catalog, keys, firsts, leak_targets)
+    for split in frames:
+        verdicts = test_verdicts if split == "test" else _judged_split(split, frames, splits, catalog, params, validator,
+                                                                       explain, critical)
+        outcomes += verdicts.outcomes
+        accepted[split] = verdicts.accepted
+        quarantined += verdicts.quarantined
+        flagged += verdicts.flagged
     outcomes += [_naming_classes(outcome, catalog)  # class_counts has one row per catalog class, in catalog order
                  for outcome in validator.validate("class_counts", class_counts(accepted["train"], catalog),
                                                    class_count_expectations(params), critical)]
     return accepted, quarantined, flagged, outcomes
+
+
+@dataclass(frozen=True)
+class _Verdicts:
+    """One split judged: its outcomes, the indices and rows it keeps, its quarantine records, its flagged test rows."""
+    outcomes: list[ExpectationOutcome]
+    kept: list[int]
+    accepted: list[LabeledQuestion]
+    quarantined: list[dict]
+    flagged: list[dict]
+
+
+def _judged_split(split: str, frames: dict[str, pd.DataFrame], splits: dict[str, list[LabeledQuestion]],
+                  catalog: Catalog, params: ValidateParams, validator: "Validator", explain: "RowReasons",
+                  critical: set[str]) -> _Verdicts:
+    rows = splits[split]
+    outcomes = validator.validate(split, frames[split], row_expectations(catalog, params), critical)
+    reasons: dict[int, list[str]] = {}
+    for outcome in outcomes:
+        for row in outcome.failing_rows:
+            reasons.setdefault(row, []).append(outcome.name)
+    flagged = []
+    if split == "test":  # kept despite a warning: dropping it would change what every model is measured on
+        kept_flagged = {i: names for i, names in reasons.items() if not set(names) & (critical | UNSCORABLE)}
+        flagged = [quarantine_record(rows[i], split, names, explain(split, i, names)) for i, names in sorted(kept_flagged.items())]
+        reasons = {i: names for i, names in reasons.items() if i not in kept_flagged}
+    kept = [i for i in range(len(rows)) if i not in reasons]
+    return _Verdicts(outcomes, kept, [rows[i] for i in kept],
+                     [quarantine_record(rows[i], split, names, explain(split, i, names)) for i, names in sorted(reasons.items())],
+                     flagged)
+
+
+def first_sources(rows: list[LabeledQuestion], keys: list[str]) -> dict[str, str]:
+    """Normalised text → the source of its first row among `rows`."""
+    first: dict[str, str] = {}
+    for key, question in zip(keys, rows):
+        first.setdefault(key, question.source)
+    return first
 
 
 def _naming_classes(outcome: ExpectationOutcome, catalog: Catalog) -> ExpectationOutcome:
@@ -301,8 +345,9 @@ class RowReasons:
     leaks into, by file and line. Every lookup is built once, so a split of many conflicts costs no scan each."""
 
     def __init__(self, splits: dict[str, list[LabeledQuestion]], catalog: Catalog, keys: dict[str, list[str]],
-                 firsts: dict[str, dict[str, int]]):
-        """`keys` and `firsts`: each split's rows' normalised texts and `first_copies`, as `annotate` compared them."""
+                 firsts: dict[str, dict[str, int]], leak_targets: dict[str, dict[str, str]] | None = None):
+        """`keys`, `firsts` and `leak_targets`: each split's rows' normalised texts, `first_copies` and the texts a row
+        leaks into with their first sources, as `annotate` compared them."""
         self.splits, self.keys = splits, keys
         # split → normalised text → the source of the copy a later one duplicates
         self.kept = {split: {key: splits[split][index].source for key, index in first.items()}
@@ -314,6 +359,7 @@ class RowReasons:
             for key, question in zip(self.keys[split], rows):
                 first.setdefault(key, question.source)
                 labeled.setdefault(key, {}).setdefault(question.class_id, question.source)
+        self.leak_targets = leak_targets or self.first
         self.standard = _standard_question_owners(catalog)  # as annotate compares: a text's owner classes
         self.alike_ids = ids_by_label_key(catalog.class_ids)  # as ingest matches labels to ids
 
@@ -327,8 +373,9 @@ class RowReasons:
         if name == "no_label_conflicts":
             return f"no_label_conflicts: conflicts with {self._other_label(split, key, question.class_id)}"
         if name == "no_leakage":
-            into = [other for other in LEAKAGE_PAIRS[split] if key in self.first.get(other, {})]
-            return "no_leakage: also " + ", ".join(f"in {other} at {file_and_line(self.first[other][key], NO_FILE)}" for other in into)
+            into = [other for other in LEAKAGE_PAIRS[split] if key in self.leak_targets.get(other, {})]
+            return "no_leakage: also " + ", ".join(f"in {other} at {file_and_line(self.leak_targets[other][key], NO_FILE)}"
+                                                   for other in into)
         if name == "has_letter_or_digit":
             return "has_letter_or_digit: no letter or digit, so no question to classify"
         if name == "label_in_catalog":
