@@ -124,6 +124,22 @@ def test_an_offline_row_that_is_a_held_out_question_is_not_drawn_while_others_ar
                                   "usable_but_a_held_out_question": 1, "drawn": 4, "copies_where_too_few": 0}
 
 
+def test_copies_that_replace_a_dropped_offline_row_are_not_counted_as_copies_where_too_few(tmp_path):
+    """An offline row that is another class's training question is dropped after the draw and a copy takes its place:
+    the report counts that copy once, in rows.copies_in_place_of_dropped, not also as one for want of offline rows."""
+    train = [LabeledQuestion("how do I pay", "A", "t:0"), LabeledQuestion("can I pay by card", "A", "t:1"),
+             *(LabeledQuestion(f"where is branch {i}", "B", f"t:{2 + i}") for i in range(6))]
+    save_questions(tmp_path / "train.jsonl", train)
+    save_questions(tmp_path / "generated.jsonl", [offline("how can I pay now", "A", 1, "t:0"),
+                                                   offline("where is branch 0", "A", 2, "t:0")])  # B's question
+    report = augment.run(tmp_path / "train.jsonl", AugmentParams(rebalance="max", explicit="file", implicit=[]), 0,
+                         tmp_path / "out.jsonl", tmp_path / "augment.json", tmp_path / "generated.jsonl")
+    assert report["rows"]["generated_dropped_as_label_conflict"] == 1 and report["rows"]["copies_in_place_of_dropped"] == 1
+    # A: 2 rows + 1 offline row kept of the 2 drawn + 2 copies for want of offline rows + 1 in the dropped one's place
+    assert report["file"]["drawn"] == 1 and report["file"]["copies_where_too_few"] == 2
+    assert report["per_class"]["A"]["after"] == 6
+
+
 def test_file_augmentation_without_a_file_is_a_config_error(tmp_path):
     (tmp_path / "params.yaml").write_text("augment: {explicit: file}\n")
     with pytest.raises(ConfigError, match="data.generated.path is not set"):

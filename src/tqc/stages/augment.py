@@ -265,7 +265,9 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
     augmented = questions + made.rows
     _warn_of_classes_under_target(augmented, targets)
     save_questions(out_path, augmented)
-    file_report = _file_report(questions, generated, made.rows, held_out) if params.explicit == "file" else None
+    # the draw's own rows: the copies that took dropped rows' place (last in made.rows) are reported beside them
+    drawn = made.rows[:len(made.rows) - made.refilled]
+    file_report = _file_report(questions, generated, drawn, held_out) if params.explicit == "file" else None
     report = _report(params, targets, questions, augmented, made, file_report, started)
     write_json(report_path, report)
     log.info(
