@@ -116,6 +116,19 @@ def test_a_new_class_id_alike_another_but_for_case_or_width_is_quarantined_not_m
     assert "catalog-new.csv, line 2: class 'hum' is alike but for case or width to class 'HUM'; quarantined" in caplog.text
 
 
+def test_a_missing_inbox_is_nothing_delivered_said_as_a_warning_with_the_folder_it_resolved_to(tmp_path, monkeypatch,
+                                                                                              caplog):
+    """A misspelt retrain.inbox, or a worker in another checkout than the deliveries', read as an info line, "nothing
+    was delivered", each night: the warning gives the absolute folder looked in."""
+    from tqc.config import RetrainParams
+
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="tqc"):
+        assert steps.pick_up(RetrainParams(inbox="data/incomming")) == ([], [])
+    said = [r for r in caplog.records if r.levelno == logging.WARNING and "nothing was delivered" in r.getMessage()]
+    assert len(said) == 1 and f"data/incomming ({tmp_path / 'data' / 'incomming'}): no such folder" in said[0].getMessage()
+
+
 def test_an_inbox_or_lock_that_cannot_be_one_is_a_config_error_naming_its_setting(tmp_path):
     """An inbox that is a file was read as an empty one, "nothing to do" each run, forever; a lock that is a folder, or
     under a file, was the OS's IsADirectoryError or FileExistsError in two tracebacks."""

@@ -60,7 +60,11 @@ def pick_up(params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
     if inbox.exists() and not inbox.is_dir():  # was read as an empty inbox, each run "nothing to do", never a delivery
         raise ConfigError(f"retrain.inbox {inbox}: a file; the inbox is the folder deliveries are put in")
     if not inbox.is_dir():  # not in git: made by the first delivery
-        log.info("retrain: %s: no such folder yet, so nothing was delivered", inbox)
+        # a warning with the folder it resolved to: a misspelt retrain.inbox, or a worker's TQC_PROJECT_DIR naming
+        # another checkout than the one deliveries go to, read as "nothing delivered" every night, deliveries waiting
+        log.warning("retrain: %s (%s): no such folder, so nothing was delivered; the first delivery makes it, so where "
+                    "deliveries have been made, check retrain.inbox and the checkout the flow runs in", inbox,
+                    inbox.resolve())
         return [], []
     listed = sorted(inbox.iterdir())
     present = [p for p in listed if p.is_file()]
