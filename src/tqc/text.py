@@ -121,11 +121,20 @@ CONTROL_CHARACTERS = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"  # C0 but tab and 
 LETTER_OR_DIGIT = r"^$|[^\W_]"
 
 
+_CONTROL_CHARACTER = re.compile(CONTROL_CHARACTERS)
+_LETTER_OR_DIGIT = re.compile(LETTER_OR_DIGIT)
+
+
+def faulty_text(text: str, max_text_chars: int | None) -> bool:
+    """Whether `text` itself has a fault validate quarantines: a control character, or more than `max_text_chars`
+    characters (None: no bound)."""
+    return bool(_CONTROL_CHARACTER.search(text)) or (max_text_chars is not None and len(text) > max_text_chars)
+
+
 def fails_alone(text: str, key: str, max_text_chars: int | None) -> bool:
-    """Whether validate quarantines a row of `text` (its `compared_text` `key`) wherever it stands: a control
-    character, no letter or digit, or more than `max_text_chars` characters (None: no bound)."""
-    return bool(re.search(CONTROL_CHARACTERS, text) or not re.search(LETTER_OR_DIGIT, key)
-                or (max_text_chars is not None and len(text) > max_text_chars))
+    """Whether validate quarantines a row of `text` (its `compared_text` `key`) wherever it stands: `faulty_text`, or
+    no letter or digit."""
+    return faulty_text(text, max_text_chars) or not _LETTER_OR_DIGIT.search(key)
 
 
 def first_of(items: Sequence, most: int = 10, separator: str = ", ") -> str:

@@ -11,7 +11,6 @@ failure means the input is wrong (a bad column mapping, a foreign catalog).
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -22,7 +21,8 @@ import pandas as pd
 from tqc.config import ValidateParams
 from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.schema import Catalog, LabeledQuestion, file_and_line, load_questions, save_questions, split_source
-from tqc.text import ALIKE, CONTROL_CHARACTERS, LETTER_OR_DIGIT, catalog_label_key, compared_text, ids_by_label_key
+from tqc.text import (ALIKE, CONTROL_CHARACTERS, LETTER_OR_DIGIT, catalog_label_key, compared_text, faulty_text,
+                      ids_by_label_key)
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +88,10 @@ def first_copies(rows: list[LabeledQuestion], keys: list[str], catalog: Catalog,
     """Normalised text → the index of its first copy that passes the checks judging a row alone (no control
     characters, a catalog label, within the length bound): the copy a later one duplicates. A first copy quarantined
     for a fault of its own (a mis-decoded byte) leaves the next one to stand, so the clean question is not lost too."""
-    class_ids, control = set(catalog.class_ids), re.compile(CONTROL_CHARACTERS)
+    class_ids = set(catalog.class_ids)
     firsts: dict[str, int] = {}
     for index, (key, question) in enumerate(zip(keys, rows)):
-        if key and key not in firsts and question.class_id in class_ids and not control.search(question.text) and (
-                max_text_chars is None or len(question.text) <= max_text_chars):
+        if key and key not in firsts and question.class_id in class_ids and not faulty_text(question.text, max_text_chars):
             firsts[key] = index
     return firsts
 
