@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -49,12 +50,10 @@ class ExpectationOutcome:
 
 
 def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, normalised: dict[str, list[str]],
-             firsts: dict[str, dict[str, int]], leak_targets: dict[str, dict[str, str]] | None = None
-             ) -> dict[str, pd.DataFrame]:
-    """One frame per split with the derived columns the row-level expectations test. `normalised`: each split's rows'
-    normalised texts; `firsts`: each split's `first_copies`; `leak_targets`: split → the normalised texts a row of an
-    earlier split leaks into (`leak_targets`' default: every row's)."""
-    leak_targets = leak_targets or {split: dict.fromkeys(keys, "") for split, keys in normalised.items()}
+             firsts: dict[str, dict[str, int]], leak_targets: dict[str, dict[str, str]]) -> dict[str, pd.DataFrame]:
+    """One frame per split of `splits` with the derived columns the row-level expectations test. `normalised`: each
+    split's rows' normalised texts (train's too); `firsts`: each split's `first_copies`; `leak_targets`: split → the
+    normalised texts a row of an earlier split leaks into (`LEAKAGE_PAIRS`)."""
     # A row that is word for word a standard question of classes other than its own is labelled against the catalog
     owners = _standard_question_owners(catalog)
     frames = {}
@@ -252,23 +251,23 @@ def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: Va
     # Test is judged first: a train, validation or generated row leaks into the test rows that stay, not into one
     # test itself drops (unscorable: a label the catalog lacks), which took a clean training question with it.
     # Validation's rows all count: a validation row labelled otherwise in train takes its train copy with it.
-    test_verdicts = None
-    if "test" in splits:  # test leaks into nothing: its frame needs no other split's
-        test_only = ({"test": splits["test"]}, catalog, {"test": keys["test"]}, {"test": firsts["test"]})
-        test_verdicts = _judged_split("test", annotate(*test_only), *test_only[:2], params, validator,
-                                      RowReasons(*test_only), critical)
-    leak_targets = {split: first_sources(splits[split], keys[split]) for split in splits}
-    if test_verdicts is not None:
-        leak_targets["test"] = first_sources(test_verdicts.accepted, [keys["test"][i] for i in test_verdicts.kept])
-    frames = annotate(splits, catalog, keys, firsts, leak_targets)
+    verdicts: dict[str, _Verdicts] = {}
+    if "test" in splits:  # test leaks into nothing: no other split's verdict decides its frame
+        test_only = ({"test": splits["test"]}, catalog, keys, {"test": firsts["test"]}, {})
+        verdicts["test"] = _judged_split("test", annotate(*test_only)["test"], splits["test"], catalog, params,
+                                         validator, RowReasons(*test_only), critical)
+    standing = {split: verdicts[split].kept if split in verdicts else range(len(rows)) for split, rows in splits.items()}
+    leak_targets = {split: first_sources(splits[split], keys[split], standing[split]) for split in splits}
+    rest = {split: rows for split, rows in splits.items() if split not in verdicts}
+    frames = annotate(rest, catalog, keys, firsts, leak_targets)
     explain = RowReasons(splits, catalog, keys, firsts, leak_targets)
-    for split in frames:
-        verdicts = test_verdicts if split == "test" else _judged_split(split, frames, splits, catalog, params, validator,
-                                                                       explain, critical)
-        outcomes += verdicts.outcomes
-        accepted[split] = verdicts.accepted
-        quarantined += verdicts.quarantined
-        flagged += verdicts.flagged
+    for split in rest:
+        verdicts[split] = _judged_split(split, frames[split], splits[split], catalog, params, validator, explain, critical)
+    for split, rows in splits.items():  # in the splits' order: the report's and the quarantine file's
+        outcomes += verdicts[split].outcomes
+        accepted[split] = [rows[i] for i in verdicts[split].kept]
+        quarantined += verdicts[split].quarantined
+        flagged += verdicts[split].flagged
     outcomes += [_naming_classes(outcome, catalog)  # class_counts has one row per catalog class, in catalog order
                  for outcome in validator.validate("class_counts", class_counts(accepted["train"], catalog),
                                                    class_count_expectations(params), critical)]
@@ -277,19 +276,16 @@ def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: Va
 
 @dataclass(frozen=True)
 class _Verdicts:
-    """One split judged: its outcomes, the indices and rows it keeps, its quarantine records, its flagged test rows."""
+    """One split judged: its outcomes, the indices of the rows it keeps, its quarantine records, its flagged test rows."""
     outcomes: list[ExpectationOutcome]
     kept: list[int]
-    accepted: list[LabeledQuestion]
     quarantined: list[dict]
     flagged: list[dict]
 
 
-def _judged_split(split: str, frames: dict[str, pd.DataFrame], splits: dict[str, list[LabeledQuestion]],
-                  catalog: Catalog, params: ValidateParams, validator: "Validator", explain: "RowReasons",
-                  critical: set[str]) -> _Verdicts:
-    rows = splits[split]
-    outcomes = validator.validate(split, frames[split], row_expectations(catalog, params), critical)
+def _judged_split(split: str, frame: pd.DataFrame, rows: list[LabeledQuestion], catalog: Catalog,
+                  params: ValidateParams, validator: "Validator", explain: "RowReasons", critical: set[str]) -> _Verdicts:
+    outcomes = validator.validate(split, frame, row_expectations(catalog, params), critical)
     reasons: dict[int, list[str]] = {}
     for outcome in outcomes:
         for row in outcome.failing_rows:
@@ -299,17 +295,16 @@ def _judged_split(split: str, frames: dict[str, pd.DataFrame], splits: dict[str,
         kept_flagged = {i: names for i, names in reasons.items() if not set(names) & (critical | UNSCORABLE)}
         flagged = [quarantine_record(rows[i], split, names, explain(split, i, names)) for i, names in sorted(kept_flagged.items())]
         reasons = {i: names for i, names in reasons.items() if i not in kept_flagged}
-    kept = [i for i in range(len(rows)) if i not in reasons]
-    return _Verdicts(outcomes, kept, [rows[i] for i in kept],
+    return _Verdicts(outcomes, [i for i in range(len(rows)) if i not in reasons],
                      [quarantine_record(rows[i], split, names, explain(split, i, names)) for i, names in sorted(reasons.items())],
                      flagged)
 
 
-def first_sources(rows: list[LabeledQuestion], keys: list[str]) -> dict[str, str]:
-    """Normalised text → the source of its first row among `rows`."""
+def first_sources(rows: list[LabeledQuestion], keys: list[str], indices: Iterable[int]) -> dict[str, str]:
+    """Normalised text (`keys`, one a row) → the source of its first row among those of `rows` at `indices`."""
     first: dict[str, str] = {}
-    for key, question in zip(keys, rows):
-        first.setdefault(key, question.source)
+    for index in indices:
+        first.setdefault(keys[index], rows[index].source)
     return first
 
 
@@ -344,21 +339,19 @@ class RowReasons:
     leaks into, by file and line. Every lookup is built once, so a split of many conflicts costs no scan each."""
 
     def __init__(self, splits: dict[str, list[LabeledQuestion]], catalog: Catalog, keys: dict[str, list[str]],
-                 firsts: dict[str, dict[str, int]], leak_targets: dict[str, dict[str, str]] | None = None):
+                 firsts: dict[str, dict[str, int]], leak_targets: dict[str, dict[str, str]]):
         """`keys`, `firsts` and `leak_targets`: each split's rows' normalised texts, `first_copies` and the texts a row
         leaks into with their first sources, as `annotate` compared them."""
         self.splits, self.keys = splits, keys
         # split → normalised text → the source of the copy a later one duplicates
         self.kept = {split: {key: splits[split][index].source for key, index in first.items()}
                      for split, first in firsts.items()}
-        self.first: dict[str, dict[str, str]] = {}  # split → normalised text → its first row's source
         self.labeled: dict[str, dict[str, dict[str, str]]] = {}  # split → normalised text → label → first source
         for split, rows in splits.items():
-            first, labeled = self.first.setdefault(split, {}), self.labeled.setdefault(split, {})
+            labeled = self.labeled.setdefault(split, {})
             for key, question in zip(self.keys[split], rows):
-                first.setdefault(key, question.source)
                 labeled.setdefault(key, {}).setdefault(question.class_id, question.source)
-        self.leak_targets = leak_targets or self.first
+        self.leak_targets = leak_targets
         self.standard = _standard_question_owners(catalog)  # as annotate compares: a text's owner classes
         self.alike_ids = ids_by_label_key(catalog.class_ids)  # as ingest matches labels to ids
 
