@@ -292,11 +292,12 @@ def dispatch(args: argparse.Namespace) -> None:
     applying = args.command == "tune" and args.apply  # writes a best_params.yaml into --params, which it does not load
     if args.overrides and (args.command in WITHOUT_PARAMS or applying):
         if args.command == "predict":  # it reads tracking.uri of --params's file, and nothing else of params
-            raise ConfigError(f"--set: `tqc predict` takes no params from --set, so {', '.join(args.overrides)} would "
-                              "change nothing (a models:/ URI's registry is --tracking-uri, else tracking.uri in "
+            given = redact_text(", ".join(args.overrides))  # a URL given may hold a password
+            raise ConfigError(f"--set: `tqc predict` takes no params from --set, so {given} would change nothing "
+                              "(a models:/ URI's registry is --tracking-uri, else tracking.uri in "
                               "--params's file, then $MLFLOW_TRACKING_URI; its other options: tqc predict --help)")
         raise ConfigError(f"--set: `tqc {args.command}{' --apply' if applying else ''}` reads no params, "
-                          f"so {', '.join(args.overrides)} would change nothing")
+                          f"so {redact_text(', '.join(args.overrides))} would change nothing")
     if applying:
         _apply_tuned(args)
         return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -462,6 +463,10 @@ class PromoteParams(Strict):
             raise ValueError(f"{name!r} has a quote or backslash, which MLflow's search filter cannot escape")
         if any(c in name for c in "/:"):  # MLflow's rule, which it enforces only at the first registration: after training
             raise ValueError(f"{name!r} has '/' or ':', which MLflow's registry refuses in a model name")
+        # MLflow's rules too (its path_not_unique): a name becomes a folder of its artifact store
+        if not name.strip() or name == "." or name.startswith("..") or posixpath.normpath(name) != name:
+            raise ValueError(f"{name!r} is blank or reads as a path ('.', '..'), which MLflow's registry refuses in a "
+                             "model name")
         return name
 
 
@@ -657,7 +662,8 @@ class Params(Strict):
         try:
             return self.validated_with(overrides)
         except ValidationError as exc:
-            raise ConfigError(f"invalid parameter overrides {overrides}:\n{problems(exc)}") from None
+            # redacted: an override may be a database URL with its password (tracking.uri, tune.storage)
+            raise ConfigError(f"invalid parameter overrides {redact_secrets(overrides)}:\n{problems(exc)}") from None
 
     def validated_with(self, overrides: dict) -> "Params":
         """`with_overrides`, its refusal pydantic's ValidationError (`problems` says it a line a problem)."""
@@ -823,7 +829,8 @@ def load_params(path: str | Path = "params.yaml", overrides: dict | None = None)
     try:
         return params_of(raw)
     except ValidationError as exc:
-        given = f" with {flatten(overrides)} set on top" if overrides else ""  # e.g. a Prefect run's parameter
+        # e.g. a Prefect run's parameter; redacted, as another override may be a database URL with its password
+        given = f" with {redact_secrets(flatten(overrides))} set on top" if overrides else ""
         raise ConfigError(f"{path}{given}: invalid parameters:\n{problems(exc)}") from None
 
 
@@ -872,7 +879,7 @@ def problems(exc: ValidationError) -> str:
         if error["type"] == "extra_forbidden":
             value += _did_you_mean(error["loc"])
         lines.append(f"- {where}: {error['msg'].removeprefix('Value error, ')}{value}")
-    return "\n".join(lines)
+    return redact_text("\n".join(lines))  # a refused value, or its message, may be a database URL with its password
 
 
 def _did_you_mean(loc: tuple) -> str:

@@ -355,6 +355,14 @@ def test_a_model_name_the_mlflow_registry_refuses_is_refused_before_training(nam
     assert Params().with_overrides({"promote": {"model_name": "team-tqc@eu"}}).promote.model_name == "team-tqc@eu"
 
 
+@pytest.mark.parametrize("name", ["", " ", ".", "..", "..v2", "tqc//v2", "tqc/."])
+def test_a_blank_model_name_or_one_that_reads_as_a_path_is_refused_before_training(name):
+    # a reviewer's run: '..' and ' ' loaded, and promote failed in MLflow's registration after every training stage
+    with pytest.raises(ConfigError, match="promote.model_name"):
+        Params().with_overrides({"promote": {"model_name": name}})
+    assert Params().with_overrides({"promote": {"model_name": "v2..final"}}).promote.model_name == "v2..final"
+
+
 def test_mlflow_refuses_the_model_names_the_config_refuses(tmp_path):
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
@@ -363,6 +371,12 @@ def test_mlflow_refuses_the_model_names_the_config_refuses(tmp_path):
     for name in ("team/tqc", "tqc:v2"):
         with pytest.raises(MlflowException, match="Names cannot contain"):
             client.create_registered_model(name)
+    for name in (" ", ".", "..", "..v2"):
+        with pytest.raises(MlflowException):
+            client.create_registered_model(name)
+        with pytest.raises(ConfigError, match="promote.model_name"):
+            Params().with_overrides({"promote": {"model_name": name}})
+    client.create_registered_model("v2..final")
     client.create_registered_model("team-tqc@eu")  # '@' is taken, and models:/team-tqc@eu@champion parses
 
 
@@ -455,6 +469,26 @@ def test_a_password_in_a_database_url_is_redacted_in_what_is_logged():
     assert redact_secrets(dumped) == {"tracking": {"uri": "mysql://u:***@h/mlflow"},
                                       "tune": {"storage": "sqlite:///o.db", "trials": 3},
                                       "weights": [0.0, "https://u:***@h/x"]}
+
+
+def test_an_invalid_override_beside_a_database_url_does_not_print_its_password(tmp_path, capsys):
+    """A typo in one --set value printed every override raw, a tracking.uri's password with them."""
+    from tqc import cli
+
+    url = "postgresql://alice:S3cret@db.internal/mlflow"
+    with pytest.raises(ConfigError) as refused:
+        load_params(Path(__file__).resolve().parents[2] / "params.yaml", {"tracking": {"uri": url}, "mine": {"k": 0}})
+    assert "S3cret" not in str(refused.value) and "alice:***@db.internal" in str(refused.value)
+    with pytest.raises(ConfigError) as refused:
+        Params().with_overrides({"tune": {"storage": url}, "mine": {"k": 0}})
+    assert "S3cret" not in str(refused.value) and "mine" in str(refused.value)
+    with pytest.raises(ConfigError) as refused:  # the refused value itself
+        Params().with_overrides({"seed": url})
+    assert "S3cret" not in str(refused.value) and "seed: " in str(refused.value) and "alice:***@" in str(refused.value)
+    assert cli.main(["--set", f"tracking.uri={url}", "fetch", "--dest", str(tmp_path / "d")]) == 2
+    assert cli.main(["--set", f"tracking.uri={url}", "predict", "--model", str(tmp_path), "x"]) == 2
+    error = capsys.readouterr().err
+    assert "S3cret" not in error and error.count("alice:***@db.internal") == 2
 
 
 def test_every_stage_run_logs_its_params_with_database_passwords_redacted():
