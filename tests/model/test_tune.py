@@ -359,6 +359,18 @@ def test_apply_writes_the_best_values_and_keeps_the_comments(tmp_path):
         apply_best(best, params_file)
 
 
+def test_apply_writes_through_a_params_file_that_links_to_a_shared_one(tmp_path):
+    """It replaced the link with an edited copy: the shared file kept its old values, and the link was gone."""
+    shared = tmp_path / "shared" / "params.yaml"
+    shared.parent.mkdir()
+    shared.write_text((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
+    (tmp_path / "params.yaml").symlink_to(shared)
+    best = tmp_path / "best_params.yaml"
+    best.write_text("mine:\n  k: 7\n")
+    assert apply_best(best, tmp_path / "params.yaml") == {"mine.k": 7}
+    assert (tmp_path / "params.yaml").is_symlink() and load_params(shared).mine.k == 7
+
+
 def test_apply_names_the_file_and_line_that_is_not_utf8(tmp_path):
     """A file saved in Latin-1 was a bare UnicodeDecodeError, a traceback from `tqc tune --apply`."""
     params_file = tmp_path / "params.yaml"

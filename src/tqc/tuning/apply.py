@@ -147,5 +147,6 @@ def _write_if_valid(editor, document, best_params_file: Path, params_file: Path)
         params_of(read_yaml(text.getvalue()))
     except ValidationError as exc:  # refuse before touching params.yaml
         raise ConfigError(f"{best_params_file}: applying it would make {params_file} invalid:\n{problems(exc)}") from None
-    write_text(params_file, text.getvalue())
+    # through a link to its target: replacing the link itself would leave the shared file untouched, a copy in its place
+    write_text(params_file.resolve(), text.getvalue())
 
