@@ -110,17 +110,21 @@ def supervised_contrastive(vectors: torch.Tensor, labels: torch.Tensor, *, tempe
     with its class in the batch adds nothing. Scored by cosine whatever the model's similarity, on the unit sphere
     as SharpReCL's projections are: the MLP scorer compares a question with a standard question, not two questions.
     """
-    unit = F.normalize(vectors.float(), dim=-1)  # (B, D)
-    is_self = torch.eye(unit.shape[0], dtype=torch.bool, device=unit.device)  # (B, B)
-    classmates = (labels.unsqueeze(1) == labels.unsqueeze(0)) & ~is_self  # (B, B)
-    n_classmates = classmates.sum(dim=1)  # (B,)
-    has_classmate = n_classmates > 0  # (B,)
-    if not has_classmate.any():
-        return unit.sum() * 0.0  # nothing to pull together; a zero that keeps the graph for backward
-    logits = (unit @ unit.T / temperature).masked_fill(is_self, float("-inf"))  # (B, B)
-    log_share = logits - torch.logsumexp(logits, dim=1, keepdim=True)  # (B, B), −inf on the diagonal
-    row_loss = -log_share.masked_fill(~classmates, 0.0).sum(dim=1) / n_classmates.clamp(min=1)  # (B,)
-    return row_loss[has_classmate].mean()
+    # in float32 even under the training step's bf16 autocast (CUDA), which casts a matmul's inputs whatever their
+    # dtype: bf16's ~3 significant digits put a 16% error into this loss's gradient (a reviewer's run), as BiEncoder.score
+    # keeps its scores out of autocast for the same reason
+    with torch.autocast(device_type=vectors.device.type, enabled=False):
+        unit = F.normalize(vectors.float(), dim=-1)  # (B, D)
+        is_self = torch.eye(unit.shape[0], dtype=torch.bool, device=unit.device)  # (B, B)
+        classmates = (labels.unsqueeze(1) == labels.unsqueeze(0)) & ~is_self  # (B, B)
+        n_classmates = classmates.sum(dim=1)  # (B,)
+        has_classmate = n_classmates > 0  # (B,)
+        if not has_classmate.any():
+            return unit.sum() * 0.0  # nothing to pull together; a zero that keeps the graph for backward
+        logits = (unit @ unit.T / temperature).masked_fill(is_self, float("-inf"))  # (B, B)
+        log_share = logits - torch.logsumexp(logits, dim=1, keepdim=True)  # (B, B), −inf on the diagonal
+        row_loss = -log_share.masked_fill(~classmates, 0.0).sum(dim=1) / n_classmates.clamp(min=1)  # (B,)
+        return row_loss[has_classmate].mean()
 
 
 def class_log_prior(gold: torch.Tensor, n_classes: int) -> torch.Tensor:

@@ -87,7 +87,8 @@ def balanced_set(questions: torch.Tensor, labels: torch.Tensor, prototypes: torc
     absent = torch.tensor([c for c in range(n_classes) if not (labels == c).any()], dtype=torch.long)
     pool = torch.cat([questions, prototypes[absent]])  # (B + A, D)
     pool_labels = torch.cat([labels.cpu(), absent]).to(labels.device)
-    positives, negatives = hard_sets(pool @ prototypes.T, pool_labels, hard_k)
+    with torch.autocast(device_type=pool.device.type, enabled=False):  # bf16 under CUDA's autocast: ranks would tie
+        positives, negatives = hard_sets(pool.float() @ prototypes.float().T, pool_labels, hard_k)
     confusable = _confusable_members(negatives, pool_labels)
     beta_distribution = torch.distributions.Beta(torch.tensor(beta), torch.tensor(beta))
 
