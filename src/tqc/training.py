@@ -420,7 +420,16 @@ def _record(epoch: int, loss: float, metrics: dict, seconds: float) -> EpochReco
 
 
 def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """A copy of the weights; a tensor the state dict names twice (tied encoders: one module as `question` and
+    `standard`) is copied once, not a second model's worth of memory on the training device."""
+    copies: dict[tuple, torch.Tensor] = {}
+    snapshot = {}
+    for name, tensor in model.state_dict().items():
+        same = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())  # the very tensor, not a view of it
+        if same not in copies:
+            copies[same] = tensor.detach().clone()
+        snapshot[name] = copies[same]
+    return snapshot
 
 
 @torch.no_grad()

@@ -55,6 +55,21 @@ def test_tied_shares_one_encoder_and_untied_has_two(tiny_model_dir):
     assert sum(p.numel() for p in untied.parameters()) == 2 * sum(p.numel() for p in tied.parameters())
 
 
+def test_a_kept_checkpoint_of_a_tied_model_copies_its_one_encoder_once(tiny_model_dir):
+    from tqc.training import _snapshot
+
+    model = tiny_bi_encoder(tiny_model_dir, tied=True)
+    snapshot = _snapshot(model)
+    # the state dict names each weight twice (question.… and standard.…): a reviewer saw 78 copies of 39 weights
+    assert len({t.data_ptr() for t in snapshot.values()}) == len({t.data_ptr() for t in model.state_dict().values()})
+    assert snapshot.keys() == model.state_dict().keys()
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)  # training on after the snapshot leaves it as it was
+    model.load_state_dict(snapshot)
+    assert all(torch.equal(snapshot[name], tensor) for name, tensor in model.state_dict().items())
+    assert model.standard is model.question
+
+
 def test_cutoff_zeroes_whole_feature_dimensions_per_sentence():
     torch.manual_seed(0)
     augmentation = EmbeddingAugmentation(["cutoff"], 0.5).train()
