@@ -204,6 +204,7 @@ def test_each_seed_augments_its_train_again_and_resplit_draws_a_new_validation_s
     train, validation = stratified_split(questions({"a": 30, "b": 10, "c": 4}), 0.2, seed=0)
     save_questions(validated / "train.jsonl", train)
     save_questions(validated / "validation.jsonl", validation)
+    save_questions(validated / "test.jsonl", questions({"a": 2, "b": 2, "c": 1}))
     Catalog([StandardQuestion(c, f"standard {c}?") for c in "abc"]).save(validated / "catalog.jsonl")
     params = Params.model_validate({"data": {"validation_fraction": 0.2}, "augment": {"rebalance": "mean"}})
 
@@ -215,6 +216,8 @@ def test_each_seed_augments_its_train_again_and_resplit_draws_a_new_validation_s
     assert Counter(q.class_id for q in new_validation) == Counter(q.class_id for q in validation)  # ... as stratified
     assert set(new_train) | set(new_validation) == set(train) | set(validation) and not set(new_train) & set(new_validation)
     assert Catalog.load(seed_dir / "catalog.jsonl").class_ids == ["a", "b", "c"]
+    # test as it was: the warm-up reads it to keep its questions out of the pool (its absence failed the seed)
+    assert (seed_dir / "test.jsonl").read_bytes() == (validated / "test.jsonl").read_bytes()
     augmented = load_questions(seed_train)  # the augment stage ran on the new train: tail classes lifted, originals kept
     assert Counter(q.class_id for q in augmented)["c"] > Counter(q.class_id for q in new_train)["c"]
     assert [q for q in augmented if not q.generated] == new_train

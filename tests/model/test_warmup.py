@@ -210,6 +210,21 @@ def test_the_chain_warms_up_first_and_hands_stage_one_its_folder_in_process_and_
     assert not (tmp_path / "off" / "warmup").exists()
 
 
+def test_an_extra_evaluate_seed_on_its_own_split_warms_up_too(validated):
+    """evaluate.seeds > 1 with resplit: the seed's data folder had no test.jsonl, which the warm-up reads to keep test
+    questions out of its pool, and evaluate failed after the main chain was trained and scored (two reviewers' runs)."""
+    from tqc.schema import Catalog
+    from tqc.stages.evaluate import _extra_seed
+
+    params, data = validated
+    params = params.with_overrides({"warmup": {"max_steps": 1}, "evaluate": {"seeds": 2, "resplit": True},
+                                    "stage_one": {"max_steps": 1}, "stage_two": {"max_steps": 1},
+                                    "baseline_nc": {"enabled": False}})
+    splits = {"test": load_questions(data / "test.jsonl"), "validation": load_questions(data / "validation.jsonl")}
+    metrics = _extra_seed(params, data, splits, Catalog.load(data / "catalog.jsonl"), 1)
+    assert 0.0 <= metrics["admc"]["test"]["accuracy"] <= 1.0
+
+
 def test_a_launched_chains_params_file_carries_the_warm_up_and_the_data_folder_its_pool_file_is_under(validated, tmp_path,
                                                                                                       monkeypatch):
     """The launched `tqc warmup` reads the chain's params from the file the chain writes: without the warmup section it

@@ -184,7 +184,8 @@ def score_chain(outputs: ChainOutputs, params: Params, data_dir: Path, splits: d
 
 
 def resplit(params: Params, data_dir: Path, seed: int, out_dir: Path) -> Path:
-    """The validated train ∪ validation rows split again with `seed` (ingest's stratified split) → the data folder.
+    """The validated train ∪ validation rows split again with `seed` (ingest's stratified split) → the data folder,
+    with the catalog and test as they were.
     Held out from the draw as ingest holds them: the catalog's standard questions, compared as ingest compares them
     (validated train holds no test question, which validate quarantines). The retrain flow's added rows, which
     ingest splits by their text alone so a delivery never moves an earlier row, are drawn with the rest here: each
@@ -193,7 +194,9 @@ def resplit(params: Params, data_dir: Path, seed: int, out_dir: Path) -> Path:
     standard_questions = frozenset(compared_text(text) for text in Catalog.load(data_dir / "catalog.jsonl").texts)
     train, validation = stratified_split(rows, params.data.validation_fraction, seed, standard_questions)
     out_dir.mkdir(parents=True)
-    shutil.copyfile(data_dir / "catalog.jsonl", out_dir / "catalog.jsonl")
+    # test too, unchanged: the warm-up keeps its questions out of the pool (it failed to find the file)
+    for unchanged in ("catalog.jsonl", "test.jsonl"):
+        shutil.copyfile(data_dir / unchanged, out_dir / unchanged)
     save_questions(out_dir / "train.jsonl", train)
     save_questions(out_dir / "validation.jsonl", validation)
     return out_dir
