@@ -63,6 +63,31 @@ def _umask() -> int:
     return mask
 
 
+def name_within_limit(folder: str | Path, name: str, spare: int = 0) -> str:
+    """`name`, or where its bytes (with `spare` more) would pass `folder`'s limit on one name (NAME_MAX: 255 bytes
+    on Linux's file systems) its stem cut short and tagged with a hash of the whole name, the suffix kept. A name
+    made from another (an archive's stamp before a delivered file's name) would else fail with ENAMETOOLONG only
+    when the file is moved; the tag keeps two long names that share a start apart."""
+    limit = _name_max(Path(folder)) - spare
+    if len(os.fsencode(name)) <= limit:
+        return name
+    stem, suffix = os.path.splitext(name)
+    if len(os.fsencode(suffix)) > 16:  # no extension, only a dot in a long name
+        stem, suffix = name, ""
+    tag = "~" + hashlib.sha256(os.fsencode(name)).hexdigest()[:12]
+    budget = limit - len(os.fsencode(tag + suffix))
+    while stem and len(os.fsencode(stem)) > budget:  # by characters: a cut inside one's UTF-8 bytes is no name
+        stem = stem[:-1]
+    return stem + tag + suffix
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):  # a folder not made yet, or a system with no such setting
+        return 255
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside `path`; it replaces `path` only if the block succeeds.
@@ -75,7 +100,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     if path.is_dir():  # before a temporary file is made beside it, in its parent: the replace would fail only at the end
         raise IsADirectoryError(errno.EISDIR, "a folder, where a file is to be written", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # mkstemp adds a dot, 8 random characters and .tmp: a target name near the limit would else be unwritable
+    fd, tmp = tempfile.mkstemp(prefix=f".{name_within_limit(path.parent, path.name, spare=14)}.", suffix=".tmp",
+                               dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     tmp_path.chmod(0o666 & ~_umask())  # mkstemp makes it 0600; the file should read like any other the user writes

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from tqc.io import atomic_directory, read_jsonl, write_json, write_jsonl, write_text
+from tqc.io import atomic_directory, atomic_path, name_within_limit, read_jsonl, write_json, write_jsonl, write_text
 
 
 @pytest.mark.parametrize("umask, file_mode, folder_mode", [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)])
@@ -232,3 +232,20 @@ def test_a_champion_that_cannot_answer_is_one_line_and_exit_1_not_a_traceback(ca
     err = capsys.readouterr().err
     assert "tqc promote: error: tqc-admc v1, the champion, cannot answer" in err and "Traceback" not in err
 
+
+
+def test_a_name_past_the_folders_limit_is_cut_short_by_characters_keeping_its_suffix_and_apart_from_its_neighbours(tmp_path):
+    assert name_within_limit(tmp_path, "short.csv") == "short.csv"
+    first, second = (name_within_limit(tmp_path, "质" * 100 + end + ".csv") for end in ("a", "b"))
+    assert first != second  # the same start: kept apart by the hash of the whole name
+    for name in (first, second):
+        assert len(name.encode()) <= 255 and name.endswith(".csv") and name.startswith("质")
+        (tmp_path / name).write_text("x")  # a name the system takes
+    assert len(name_within_limit(tmp_path, "a" * 250, spare=14).encode()) <= 241
+
+
+def test_an_atomic_write_to_a_name_near_the_limit_succeeds(tmp_path):
+    target = tmp_path / ("a" * 250)  # mkstemp's dot, random part and .tmp took it past 255
+    with atomic_path(target) as tmp:
+        tmp.write_text("whole")
+    assert target.read_text() == "whole" and [p.name for p in tmp_path.iterdir()] == [target.name]

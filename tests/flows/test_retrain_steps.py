@@ -455,6 +455,32 @@ def test_a_commit_that_fails_while_archiving_puts_everything_back(project, monke
     assert "labeled.jsonl.dvc" not in staged_index
 
 
+def test_a_file_whose_name_is_near_the_limit_is_archived_and_a_journal_naming_an_impossible_name_rolls_back(project):
+    """The archive's name adds a stamp and a digest to the delivered name: a name of 227 to 255 bytes failed the move
+    (ENAMETOOLONG), and the roll-back's exists() raised the same, so the data kept the uncommitted rows and every
+    later run failed."""
+    params = load_params(project / "params.yaml")
+    name = "质" * 80 + ".csv"  # 244 bytes: a name the inbox takes
+    drop(project, name, [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
+    staged, files = deliver(project)
+    steps.commit(params, staged, files, [])
+
+    [entry] = read_jsonl(Path(params.retrain.archive) / retrain_inbox.MANIFEST)
+    archived = Path(entry["archived_as"])
+    assert archived.exists() and len(archived.name.encode()) <= 255 and archived.name.endswith(".csv")
+    assert len(added_rows(project)) == 2
+
+    inbox = Path(params.retrain.inbox)
+    data = project / "scratch.txt"
+    data.write_text("new")
+    impossible = Path(params.retrain.archive) / ("x" * 300)
+    with pytest.raises(OSError):
+        with retrain_commit._journaled(retrain_commit.journal_dir(params.retrain), {data: b"old"}, []) as moves:
+            moves.append((inbox / "y.csv", impossible, "0" * 64))
+            raise OSError(36, "File name too long")
+    assert data.read_text() == "old" and not retrain_commit.journal_dir(params.retrain).exists()
+
+
 def test_a_roll_back_that_cannot_set_gits_index_fails_saying_both_and_the_next_run_finishes_it(project, monkeypatch):
     """git's index.lock held by another process (an editor's `git status`, a killed git) while a failed commit rolls
     back: the `git add` that un-stages the new .dvc files failed unchecked, and the log said all was as it was, while

@@ -219,19 +219,22 @@ def roll_back_interrupted_commit(params: RetrainParams) -> bool:
 
 
 def _roll_back(before: dict[Path, bytes | None], archived: list[tuple[Path, Path, str]], dvc_files: list[Path]) -> None:
-    for inbox_path, archived_as, digest in reversed(archived):
-        if not archived_as.exists():  # the move was journaled and then not made, or already undone
-            continue
-        if digest and inbox_path.exists() and sha256(inbox_path) == digest:  # a copy to another disk cut short: it stayed
-            archived_as.unlink()
-        else:
-            shutil.move(str(archived_as), free_name(inbox_path))
+    # The data first: a move that cannot be undone (its journal kept, the next run tries again) then leaves the data
+    # as it was, not holding rows the manifest never recorded.
     for path, content in before.items():
         if content is None:
             path.unlink(missing_ok=True)
         else:
             with atomic_path(path) as tmp:
                 tmp.write_bytes(content)
+    for inbox_path, archived_as, digest in reversed(archived):
+        # lexists: False for a name the system refuses (exists() raised ENAMETOOLONG, and every later run with it)
+        if not os.path.lexists(archived_as):  # the move was journaled and then not made, or already undone
+            continue
+        if digest and inbox_path.exists() and sha256(inbox_path) == digest:  # a copy to another disk cut short: it stayed
+            archived_as.unlink()
+        else:
+            shutil.move(str(archived_as), free_name(inbox_path))
     _restage(dvc_files)
     log.error("retrain: the commit failed; the data, its .dvc files, the quarantine, the manifest and the inbox are "
               "as they were")

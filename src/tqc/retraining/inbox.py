@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from tqc.config import ConfigError, RetrainParams
-from tqc.io import file_digest, read_jsonl, write_jsonl
+from tqc.io import file_digest, name_within_limit, read_jsonl, write_jsonl
 from tqc.locks import exclusive
 from tqc.readers import TABLE_SUFFIXES
 from tqc.retraining.errors import RetrainBusy
@@ -137,7 +137,7 @@ def free_name(path: Path) -> Path:
     candidate, number = path, 0
     while candidate.exists():
         number += 1
-        candidate = path.with_name(f"{path.stem}.rolled-back-{number}{path.suffix}")
+        candidate = path.with_name(name_within_limit(path.parent, f"{path.stem}.rolled-back-{number}{path.suffix}"))
     if candidate != path:
         log.warning("retrain: %s arrived during the run; the file put back from the archive is %s", path, candidate.name)
     return candidate
@@ -155,7 +155,8 @@ def archive(incoming: Incoming, outcome: FileOutcome, params: RetrainParams,
     archive_dir = Path(params.archive)
     archive_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    target = archive_dir / f"{stamp}-{digest[:12]}-{incoming.path.name}"
+    # within the folder's limit on a name: a delivered name near it failed the move, and with it the commit
+    target = archive_dir / name_within_limit(archive_dir, f"{stamp}-{digest[:12]}-{incoming.path.name}")
     changed = ("changed after it was picked up: it stays in the inbox and the next run reads it again (deliver a file "
                "under another name, e.g. .part, and rename it when it is whole)")
     if not incoming.path.exists():
