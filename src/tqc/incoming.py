@@ -12,6 +12,7 @@ current data cannot be read.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 from tqc.retraining import inbox, staging
 from tqc.config import ConfigError, Params
 from tqc.readers import ReaderError, labels_read_as_catalog, read_custom_table, require_rows
-from tqc.schema import Catalog, LabeledQuestion, load_questions
+from tqc.schema import Catalog, LabeledQuestion, load_questions, split_source
 from tqc.stages.validate import ValidationFailed, check, raise_on_critical, summarise
 
 log = logging.getLogger(__name__)
@@ -68,19 +69,35 @@ def check_batch(path: Path, against: Path | Reference, params: Params, content: 
         parsed = labels_read_as_catalog(parsed, catalog)
     splits = {"train": current["train"] + parsed.rows, "validation": current["validation"], "test": current["test"]}
     accepted, quarantined, _, outcomes = check(splits, catalog, params.validate_)
-    mine = f"{path}:"
-    batch_quarantined = [_with_new_class_hint(q) for q in quarantined if q["split"] == "train" and f"{q['file']}:" == mine]
+    batch_quarantined = [_with_new_class_hint(q) for q in _batch_records(quarantined, parsed.rows)]
     report = summarise(catalog, splits, accepted, quarantined, outcomes, params.validate_, 0.0)
     raise_on_critical(report, params.validate_, batch_quarantined)  # the error names the file's failing lines
     rejected = [{"file": r.file, "line": r.line, "expectations": ["parse"], "reason": r.reason, "content": r.content}
                 for r in parsed.rejected]
     rejected += batch_quarantined
+    batch_ids = {id(row) for row in parsed.rows}
     return {
         "file": str(path),
         "read": len(parsed.rows) + len(parsed.rejected),
-        "accepted": [asdict(q) for q in accepted["train"] if q.source.startswith(mine)],
+        # the batch's own rows, by identity (check keeps the objects): by source, the current rows ingested from a
+        # file of the same path (an edited data/questions.csv checked again) were counted as the batch's
+        "accepted": [asdict(q) for q in accepted["train"] if id(q) in batch_ids],
         "quarantined": sorted(rejected, key=lambda q: q["line"] or 0),
     }
+
+
+def _batch_records(quarantined: list[dict], batch: list[LabeledQuestion]) -> list[dict]:
+    """The quarantine records of the batch's rows: each row's (file, line, text, label) taken once, so a current
+    row from a file of the batch's path is not counted as the batch's (the records carry no row index; a current
+    row alike in all four is the batch row's duplicate, and its record reads the same)."""
+    waiting = Counter((*split_source(row.source), row.text, row.class_id) for row in batch)
+    mine = []
+    for record in (q for q in quarantined if q["split"] == "train"):
+        key = (record["file"], record["line"], record["content"]["text"], record["content"]["class_id"])
+        if waiting[key] > 0:
+            waiting[key] -= 1
+            mine.append(record)
+    return mine
 
 
 NEW_CLASS_HINT = "a delivery adds a class with a catalog*.csv file of its standard question beside the rows"

@@ -6,6 +6,7 @@ import logging
 import csv
 import io
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -171,6 +172,21 @@ def test_validate_file_exit_codes(tmp_path, current_data, capsys):
     # and which settings named the columns (`tqc validate FILE` reads data.custom's mapping whatever the dataset)
     assert (f"{wrong_columns}, line 1: missing column(s) ['question', 'label']: the header has ['text', 'intent'] "
             "(named by data.custom.text_column, data.custom.label_column)") in capsys.readouterr().out
+
+
+def test_a_batch_at_the_path_the_current_data_was_ingested_from_counts_only_its_own_rows(tmp_path, current_data, capsys,
+                                                                                           monkeypatch):
+    """An edited data/questions.csv checked again: the current rows read from it (their source names that path)
+    are not the batch's. By source, 7 of 1 row read were accepted."""
+    monkeypatch.chdir(tmp_path)
+    batch = Path("questions.csv")
+    save_questions(current_data / "train.jsonl", [LabeledQuestion(f"known {i}", "a", f"{batch}:{i + 2}") for i in range(6)]
+                   + [LabeledQuestion(f"bee {i}", "b", f"t:{i}") for i in range(6)])
+    batch.write_text("question,label\nbrand new question,a\nknown 3,a\n")
+    assert main(batch, current_data, params()) == QUARANTINED
+    out = capsys.readouterr().out
+    assert f"{batch}: 2 rows read, 1 would be accepted, 1 quarantined" in out
+    assert out.count("  line ") == 1 and "line 3: no_duplicates" in out
 
 
 def test_validate_file_says_a_key_no_jsonl_record_has_once_naming_the_setting(tmp_path, current_data, capsys):
