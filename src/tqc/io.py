@@ -190,7 +190,14 @@ def write_json(path: str | Path, obj) -> None:
 
 
 def read_json(path: str | Path):
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    """A JSON file's value; a DataFileError naming the file where it is no UTF-8 JSON (a BOM is taken, as an editor
+    on Windows writes it). json's own errors named neither file nor, for a BOM, what to do."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise DataFileError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except json.JSONDecodeError as exc:
+        raise DataFileError(f"{path}: not valid JSON ({exc})") from None
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:

@@ -20,9 +20,8 @@ def exclusive(path: Path, refusal: Exception, setting: str = "lock") -> Iterator
         raise ConfigError(f"{setting} {path}: a folder; a lock is a file, made in a folder")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):  # a file where one of its folders should be
-        blocking = next(folder for folder in path.absolute().parents if folder.is_file())
-        raise ConfigError(f"{setting} {path}: {blocking} is a file; a lock is a file, made in a folder") from None
+    except OSError as exc:  # a file, or a link to nothing, where one of its folders should be; or no permission
+        raise ConfigError(f"{setting} {path}: {_why_no_folder(path, exc)}; a lock is a file, made in a folder") from None
     lock = FileLock(str(path))
     try:
         lock.acquire(timeout=0)
@@ -32,3 +31,12 @@ def exclusive(path: Path, refusal: Exception, setting: str = "lock") -> Iterator
         yield
     finally:
         lock.release()
+
+
+def _why_no_folder(path: Path, exc: OSError) -> str:
+    for folder in reversed(path.absolute().parents):  # the outermost at fault: the one to fix
+        if folder.is_symlink() and not folder.exists():
+            return f"{folder} is a link to {Path(folder).readlink()}, which does not exist"
+        if folder.is_file():
+            return f"{folder} is a file"
+    return f"{path.parent} cannot be made: {exc.strerror or exc}"

@@ -180,6 +180,7 @@ def no_shift(n_classes: int) -> PriorShift:
 
 
 ENTRY_KEYS = ("model", "weight", "temperature", "shift")
+ENTRY_TYPES = {"model": str, "shift": dict, "validation_by_weight": dict}  # numbers are checked where they are read
 
 
 def read_file(path: Path) -> dict[str, dict]:
@@ -191,7 +192,7 @@ def read_file(path: Path) -> dict[str, dict]:
     try:
         document = read_json(path)
     except ValueError as exc:  # not JSON at all
-        raise PriorFileError(f"{path}: not a prior stage's file ({exc})") from None
+        raise PriorFileError(f"{path}: not a prior stage's file ({str(exc).removeprefix(f'{path}: ')})") from None
     entries = document.get("models") if isinstance(document, dict) else None
     if not isinstance(entries, dict):
         raise PriorFileError(f"{path}: not a prior stage's file (no 'models')")
@@ -199,6 +200,11 @@ def read_file(path: Path) -> dict[str, dict]:
         absent = [key for key in ENTRY_KEYS if not isinstance(entry, dict) or key not in entry]
         if absent:
             raise PriorFileError(f"{path}: entry {name!r} lacks {absent}")
+        # the types the readers rely on: a hand-edited null or list was a TypeError naming neither file nor entry
+        wrong = [f"{key} is {type(entry[key]).__name__}, not {kind.__name__}" for key, kind in ENTRY_TYPES.items()
+                 if key in entry and not isinstance(entry[key], kind)]
+        if wrong:
+            raise PriorFileError(f"{path}: entry {name!r}: {'; '.join(wrong)}")
     return entries
 
 

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from tqc.io import atomic_directory, atomic_path, name_within_limit, read_jsonl, write_json, write_jsonl, write_text
+from tqc.io import DataFileError, atomic_directory, atomic_path, name_within_limit, read_json, read_jsonl, write_json, write_jsonl, write_text
 
 
 @pytest.mark.parametrize("umask, file_mode, folder_mode", [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)])
@@ -249,3 +249,14 @@ def test_an_atomic_write_to_a_name_near_the_limit_succeeds(tmp_path):
     with atomic_path(target) as tmp:
         tmp.write_text("whole")
     assert target.read_text() == "whole" and [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+def test_a_json_file_that_cannot_be_read_is_named_and_a_bom_is_taken(tmp_path):
+    (tmp_path / "bad.json").write_text('{"a": 1,}')
+    with pytest.raises(DataFileError, match=rf"^{tmp_path / 'bad.json'}: not valid JSON \(Expecting property name"):
+        read_json(tmp_path / "bad.json")
+    (tmp_path / "latin.json").write_bytes('{"a": "é"}'.encode("latin-1"))
+    with pytest.raises(DataFileError, match=rf"^{tmp_path / 'latin.json'}: not UTF-8 text \(byte 7: "):
+        read_json(tmp_path / "latin.json")
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + b'{"a": 1}')
+    assert read_json(tmp_path / "bom.json") == {"a": 1}

@@ -174,6 +174,14 @@ def test_a_file_that_is_not_a_prior_stages_says_so(tmp_path):
     write_json(tmp_path / "partial.json", {"models": {"admc": {"model": "stage_two", "weight": 1.0}}})
     with pytest.raises(ValueError, match=r"partial.json: entry 'admc' lacks \['temperature', 'shift'\]"):
         prior.read_file(tmp_path / "partial.json")
+    whole = {"model": "stage_two", "weight": 1.0, "temperature": 0.1, "shift": {"a": 0.0}}
+    for key, value, said in (("shift", None, "shift is NoneType, not dict"), ("model", None, "model is NoneType, not str"),
+                             ("validation_by_weight", [1], "validation_by_weight is list, not dict")):
+        write_json(tmp_path / "edited.json", {"models": {"admc": {**whole, key: value}}})  # a TypeError, naming nothing
+        with pytest.raises(ValueError, match=rf"^{tmp_path / 'edited.json'}: entry 'admc': {said}$"):
+            prior.read_file(tmp_path / "edited.json")
+    (tmp_path / "bom.json").write_text("\ufeff" + json.dumps({"models": {"admc": whole}}), encoding="utf-8")
+    assert prior.read_file(tmp_path / "bom.json") == {"admc": whole}  # saved by a Windows editor
 
 
 def test_the_shift_keeps_the_scores_dtype():

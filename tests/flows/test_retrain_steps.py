@@ -149,6 +149,12 @@ def test_an_inbox_or_lock_that_cannot_be_one_is_a_config_error_naming_its_settin
     with pytest.raises(ConfigError, match=rf"^lock {tmp_path}: a folder; a lock is a file, made in a folder$"):
         with exclusive(tmp_path, RuntimeError("held")):
             pass
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")  # a folder on another disk, not mounted: was a StopIteration
+    dangling = tmp_path / "gone" / "x.lock"
+    with pytest.raises(ConfigError, match=rf"^lock {dangling}: {tmp_path / 'gone'} is a link to {tmp_path / 'nowhere'}, "
+                                          "which does not exist; a lock is a file, made in a folder$"):
+        with exclusive(dangling, RuntimeError("held")):
+            pass
 
 
 def test_labeled_questions_in_a_file_named_catalog_say_why_they_were_read_as_a_catalog(project):

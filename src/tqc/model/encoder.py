@@ -503,7 +503,7 @@ def _saved_config(path: Path, keys: tuple[str, ...]) -> dict:
     try:
         config = read_json(path)
     except ValueError as exc:  # not JSON, or not UTF-8
-        raise ValueError(f"{path}: not a saved model's config ({exc})") from None
+        raise ValueError(f"{path}: not a saved model's config ({str(exc).removeprefix(f'{path}: ')})") from None
     absent = [key for key in keys if not isinstance(config, dict) or key not in config]
     if absent:
         raise ValueError(f"{path}: not a saved model's config (no {', '.join(absent)})")
