@@ -8,7 +8,8 @@ import pytest
 from tqc.io import DataFileError, atomic_directory, atomic_path, name_within_limit, read_json, read_jsonl, write_json, write_jsonl, write_text
 
 
-@pytest.mark.parametrize("umask, file_mode, folder_mode", [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)])
+@pytest.mark.parametrize("umask, file_mode, folder_mode", [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750),
+                                                          (0o002, 0o664, 0o775)])  # a shared group's: writable by it
 def test_atomic_files_and_folders_follow_the_umask_not_the_temp_file_mode(tmp_path, umask, file_mode, folder_mode):
     previous = os.umask(umask)
     try:

@@ -20,16 +20,25 @@ def test_same_class_mask_hides_other_copies_of_own_class_only():
 def test_masked_in_batch_loss_equals_deduplicated_loss():
     torch.manual_seed(0)
     labels = torch.tensor([2, 0, 2, 1])  # class 2 twice, the others once
-    class_vectors = torch.randn(3, 8)
-    questions = torch.randn(4, 8)
-    # Naive in-batch: one standard-question column per row, same-class duplicates masked.
+    # Unit vectors, as the cosine model scores: raw randn's scores/τ ran to ±100
+    class_vectors = torch.nn.functional.normalize(torch.randn(3, 8), dim=-1)  # (3, 8)
+    questions = torch.nn.functional.normalize(torch.randn(4, 8), dim=-1)  # (4, 8)
+    # Naive in-batch: one standard-question column per row. Masked: the own class's other copies (same_class_mask)
+    # and every later copy of another class, so each row sees each distinct class once.
     per_row_scores = questions @ class_vectors[labels].T  # (4, 4)
-    masked = nt_xent(per_row_scores, torch.arange(4), same_class_mask(labels, labels, torch.arange(4)))
-    # Deduplicated: one column per distinct class in the batch.
+    own_copies = same_class_mask(labels, labels, torch.arange(4))  # (4, 4)
+    first_copy = torch.tensor([bool(labels[:j].ne(labels[j]).all()) for j in range(4)])  # (4,)
+    other_repeats = ~first_copy[None, :] & (labels[:, None] != labels[None, :])  # (4, 4)
+    masked = nt_xent(per_row_scores, torch.arange(4), own_copies | other_repeats)
+    # Deduplicated, as stage one trains: one column per distinct class in the batch.
     candidates, target = candidate_classes(labels, 3, "in_batch")
+    assert candidates.tolist() == [0, 1, 2]
     deduplicated = nt_xent(questions @ class_vectors[candidates].T, target)
-    # Both treat each distinct class once: same denominator, same loss.
     assert torch.allclose(masked, deduplicated, atol=1e-6)
+    # A class counted twice changes the loss, so the comparison can tell (with raw randn vectors the softmax was
+    # one-hot and it could not: the test passed with no deduplication at all).
+    assert not torch.allclose(deduplicated, nt_xent(per_row_scores, torch.arange(4), own_copies), atol=1e-3)
+    assert not torch.allclose(deduplicated, nt_xent(per_row_scores, torch.arange(4)), atol=1e-3)
 
 
 def test_unmasked_duplicates_would_push_a_question_from_its_own_class():

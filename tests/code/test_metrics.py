@@ -82,6 +82,13 @@ def test_confused_pairs_are_sorted_by_count():
     assert confused_pairs(gold, predicted, 2) == [(0, 1, 2), (1, 0, 1)]
 
 
+def test_confused_pairs_of_one_count_are_in_gold_then_predicted_order_not_first_seen():
+    """Ties in (gold, predicted) order, so metrics.json's list is the same whatever the test rows' order."""
+    gold = np.array([2, 1, 1, 0])
+    predicted = np.array([0, 2, 0, 2])
+    assert confused_pairs(gold, predicted, 3) == [(0, 2, 1), (1, 0, 1), (1, 2, 1)]
+
+
 def test_evaluate_names_the_rule_validation_prefers_by_the_gates_figure():
     from tqc.stages.evaluate import rule_on_validation
 
@@ -144,7 +151,31 @@ def test_similarity_profile_draws_dollar_signs_as_text_not_mathtext(tmp_path):
     scores = np.eye(2)  # (N, P)
     params = Params.model_validate({"evaluate": {"profile_questions": 2}})
     _write_similarity_profile(tmp_path, {"zero_shot": scores, "admc": scores}, questions, catalog, params)
-    assert (tmp_path / "similarity_profile.png").stat().st_size > 0
+    assert (tmp_path / "similarity_profile.png").stat().st_size > 0  # "$_$" as mathtext failed savefig
+
+
+def test_similarity_profile_titles_and_ticks_are_drawn_as_text_not_mathtext(tmp_path, monkeypatch):
+    """The figure saved above could still draw "$5 or $10" as italic mathtext: each text must say it is not parsed."""
+    import matplotlib.figure
+
+    from tqc.config import Params
+    from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+    from tqc.stages.evaluate import _write_similarity_profile
+
+    texts = []
+
+    def savefig(figure, *args, **kwargs):
+        for axis in figure.axes:
+            texts.extend([axis.title, *axis.get_xticklabels()])
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    catalog = Catalog([StandardQuestion(class_id, f"What is {class_id}?") for class_id in ("$a$", "b")])
+    questions = [LabeledQuestion("Is it $5 or $10 ?", "b"), LabeledQuestion("q", "$a$")]
+    params = Params.model_validate({"evaluate": {"profile_questions": 2}})
+    _write_similarity_profile(tmp_path, {"zero_shot": np.eye(2), "admc": np.eye(2)}, questions, catalog, params)
+    dollars = [text for text in texts if "$" in text.get_text()]
+    assert any("$5 or $10" in text.get_text() for text in dollars) and any(t.get_text() == "$a$" for t in dollars)
+    assert all(text.get_parse_math() is False for text in dollars)
 
 
 def test_similarity_profile_names_its_axes_and_the_gold_line(tmp_path, monkeypatch):

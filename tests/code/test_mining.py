@@ -36,11 +36,15 @@ def test_mined_negatives_are_the_nearest_wrong_classes_in_order():
         assert negatives[i].tolist() == ranked_wrong[:3]
 
 
-def test_k_above_the_wrong_class_count_is_capped():
+@pytest.mark.parametrize("k", [2, 3, 4, 9])  # n − 2, n − 1 (TREC-6's default K = 5 of 6 classes), n, above n
+def test_k_at_or_above_the_wrong_class_count_is_capped(k):
     standards = random_unit(4, 8, 6)
-    negatives, _ = mine(random_unit(10, 8, 7), standards, np.zeros(10, dtype=int), k=10)
-    assert negatives.shape == (10, 3)
-    assert all(sorted(row) == [1, 2, 3] for row in negatives.tolist())  # every wrong class, gold (0) never
+    negatives, stats = mine(random_unit(10, 8, 7), standards, np.zeros(10, dtype=int), k=k)
+    wrong = min(k, 3)
+    assert negatives.shape == (10, wrong) and stats["k"] == wrong
+    assert all(len(set(row)) == wrong and 0 not in row for row in negatives.tolist())  # gold (0) never
+    if k >= 3:
+        assert all(sorted(row) == [1, 2, 3] for row in negatives.tolist())  # every wrong class
 
 
 @pytest.mark.parametrize("broken", ["questions", "standards"])
@@ -337,6 +341,7 @@ def test_a_probe_that_hangs_cannot_start_or_writes_odd_bytes_leaves_mining_on_th
     with caplog.at_level(logging.WARNING, logger="tqc.mining"):
         assert mining.gpu_index_runs() is False
         mining.gpu_index_runs.cache_clear()
+        monkeypatch.setattr(mining, "GPU_PROBE_SECONDS", 60)  # the probes below end at once; 1 s for a start is tight
         monkeypatch.setattr(mining, "GPU_PROBE", "import sys; sys.stderr.buffer.write(b'CUDA error \\xff\\n'); sys.exit(3)")
         assert mining.gpu_index_runs() is False  # UnicodeDecodeError before
         mining.gpu_index_runs.cache_clear()

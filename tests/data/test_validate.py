@@ -290,6 +290,17 @@ def test_test_rows_leave_test_only_when_they_cannot_be_scored(tmp_path, caplog):
     assert report["accepted"]["test"] + report["quarantined"]["test"] == report["read"]["test"]
 
 
+def test_unscorable_test_rows_leave_test_even_where_their_expectations_are_demoted_to_warnings(tmp_path):
+    """An empty text or a label the catalog lacks cannot be scored, whatever the expectation's severity: kept in
+    test, evaluate would fail on it. No other test demoted them, so the rule could go unnoticed."""
+    write_splits(tmp_path / "in", [("x", "a"), ("y", "b")], [("fine", "a")], [("held out", "a"), ("", "a"), ("what", "zzz")])
+    report = run_validate(tmp_path, ValidateParams(critical=["schema"], max_quarantined_fraction=0.9, min_examples_per_class=1))
+    assert [q["text"] for q in read_jsonl(tmp_path / "out" / "test.jsonl")] == ["held out"]
+    assert report["test_rows_kept_with_warnings"] == []
+    quarantined = {q["line"]: q["expectations"] for q in read_jsonl(tmp_path / "quarantine.jsonl") if q["split"] == "test"}
+    assert quarantined == {2: ["non_empty_text"], 3: ["label_in_catalog"]}
+
+
 def test_a_test_row_failing_an_expectation_made_critical_is_said_quarantined_not_kept(tmp_path, caplog):
     """Below max_quarantined_fraction a critical expectation's test rows leave test (check's test policy), yet the
     warning said they were kept in test: the "kept" wording is for warning-level failures only."""
