@@ -30,8 +30,13 @@ def normalise(text: str) -> str:
     punctuation too, `DETACHED`), Unicode composition and width (NFKC but for `KEEP_FORMS`: "é" composed or not,
     full-width letters), invisible format characters (zero-width spaces, category Cf) and typographic quotes. Texts
     that read the same are the same question."""
-    folded = _compatibility_folded(text).translate(PLAIN_QUOTES).casefold()
-    return DETACHED.sub("", " ".join("".join(ch for ch in folded if unicodedata.category(ch) != "Cf").split()))
+    # Invisible characters go first, so the letters and accents they separated compose ("e", U+200B, U+0301 is "é"),
+    # and NFC goes last, over what casefold decomposed: else normalise(normalise(t)) could differ from normalise(t).
+    visible = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+    folded = _compatibility_folded(visible).translate(PLAIN_QUOTES).casefold()
+    if not folded.isascii():
+        folded = unicodedata.normalize("NFC", folded)
+    return DETACHED.sub("", " ".join(folded.split()))
 
 
 def catalog_label_key(label: str) -> str:
