@@ -254,14 +254,19 @@ class TextEncoder(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name: str, pooling: str = "mean", max_length: int = 48) -> "TextEncoder":
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoConfig, AutoModel, AutoModelForTextEncoding, AutoTokenizer
 
         path = resolve_pretrained(name)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
+            config = AutoConfig.from_pretrained(path)
+            # An encoder-decoder (T5, MT5): its encoder alone, saved so (T5EncoderModel) and loaded so. AutoModel built the
+            # whole model, whose decoder has no input, and the first batch failed; one with no text encoder is refused.
+            encoder_alone = any(kind.endswith("EncoderModel") for kind in getattr(config, "architectures", None) or [])
+            loader = AutoModelForTextEncoding if config.is_encoder_decoder or encoder_alone else AutoModel
             # float32 whatever the checkpoint holds: transformers 5 keeps a folder's saved dtype (4.x made it float32),
             # and an fp16 backbone would meet float32 pooling weights, and train with updates lost to rounding
-            backbone = AutoModel.from_pretrained(path).float()
+            backbone = loader.from_pretrained(path, config=config).float()
         except OSError as exc:
             # The system failing to read a model that is there: its own reason, not bad config; as a plain OSError,
             # which `tqc` says in a line (a BrokenPipeError it would take for a reader of its output that stopped)
@@ -280,7 +285,17 @@ class TextEncoder(nn.Module):
             raise unloadable("model.pretrained", name, f"its tokenizer has {len(tokenizer)} tokens where the model has "
                              f"{backbone.config.vocab_size}: the tokenizer files (tokenizer.json, vocab.txt) are missing "
                              "or not this model's; copy the whole folder")
-        return cls(backbone, tokenizer, pooling, max_length)
+        if tokenizer.pad_token is None:  # GPT-2-like: batches are padded, and transformers refused at the first one
+            if tokenizer.eos_token is None:
+                raise unloadable("model.pretrained", name, "its tokenizer has no pad token and no end-of-text token to "
+                                 "pad with; give its folder a tokenizer with a pad token")
+            tokenizer.pad_token = tokenizer.eos_token  # masked out of pooling, so any token pads; saved with the model
+        encoder = cls(backbone, tokenizer, pooling, max_length)
+        readable = encoder.readable_tokens()
+        if readable is not None and max_length > readable:  # else a long enough question fails mid-training
+            raise ConfigError(f"model.max_length {max_length}: {name} reads at most {readable} tokens (its position "
+                              f"embeddings); set model.max_length to {readable} or less")
+        return encoder
 
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
         """texts (B,) → token ids, masks (B, T) on the CPU, padded to the longest."""
@@ -305,7 +320,11 @@ class TextEncoder(nn.Module):
     def _read_parts(self, texts: list[str]) -> list[str]:
         """`texts` with each long one cut where the tokenizer would read no token of the rest that max_length + 1
         keeps: a fast tokenizer tokenizes a text whole before it truncates, and a 5 MB question took 12 s and 700 MB
-        each time it was tokenized. The same tokens either way (`_read_part`)."""
+        each time it was tokenized. The same tokens either way (`_read_part`).
+
+        Stripped first, as the readers strip every training and catalog text: to a byte-level BPE (RoBERTa, GPT-2) a
+        space is a token, and a question served with one (the registered model's REST input) read otherwise."""
+        texts = [text.strip() for text in texts]
         budget = READ_CHARS_PER_TOKEN * (self.max_length + 1)
         if all(len(text) <= budget for text in texts) or not _splits_at_spaces(self.tokenizer):
             return texts
@@ -442,10 +461,6 @@ class BiEncoder(nn.Module):
     @classmethod
     def from_params(cls, params: ModelParams) -> "BiEncoder":
         question = TextEncoder.from_pretrained(params.pretrained, params.pooling, params.max_length)
-        readable = question.readable_tokens()
-        if readable is not None and params.max_length > readable:  # else a long enough question fails mid-training
-            raise ConfigError(f"model.max_length {params.max_length}: {params.pretrained} reads at most {readable} "
-                              f"tokens (its position embeddings); set model.max_length to {readable} or less")
         standard = None if params.tied else TextEncoder.from_pretrained(params.pretrained, params.pooling, params.max_length)
         return cls(question, standard, params.similarity)
 
