@@ -240,6 +240,33 @@ def test_seed_statistics_say_which_standard_deviation_they_give():
     stats = seed_statistics(runs, resplit=False)
     assert list(stats)[:4] == ["n", "resplit", "std_ddof", "admc"] and stats["std_ddof"] == 1
     assert stats["admc"]["accuracy"]["std"] == pytest.approx(np.std([0.90, 0.92, 0.95], ddof=stats["std_ddof"]))
+    assert stats["admc"]["accuracy"]["mean"] == pytest.approx(np.mean([0.90, 0.92, 0.95]))  # the mean, not the median
+
+
+def test_seed_statistics_list_the_models_in_one_order_whatever_order_a_run_gave_them():
+    from tqc.stages.evaluate import seed_statistics
+
+    figures = {"test": {"accuracy": 0.9, "macro_f1": 0.8, "macro_f1_gold_classes": 0.85}}
+    runs = [{"exemplars": figures, "zero_shot": figures, "nc": figures, "stage_one": figures, "admc": figures}] * 2
+    assert list(seed_statistics(runs, resplit=True))[3:] == ["admc", "stage_one", "nc", "zero_shot", "exemplars"]
+
+
+def test_the_headline_metrics_and_metrics_json_keep_their_key_order(monkeypatch):
+    """Reviewers diff metrics.json in pull requests: a reordered key reads as a change of every figure below it."""
+    from tqc.config import Params
+    from tqc.stages import evaluate
+
+    scores = np.array([[0.9, 0.1, 0.0, 0.0], [0.2, 0.7, 0.1, 0.0]])  # (2, 4)
+    figures = summary(scores, np.array([0, 2]))
+    assert list(figures) == ["accuracy", "macro_f1", "macro_f1_gold_classes", "mrr", "hits_at_1", "hits_at_3",
+                             "hits_at_10", "n"]
+    monkeypatch.setattr(evaluate, "git_commit", lambda *_: "0" * 40)
+    splits = {"test": figures, "validation": figures}
+    evaluated = {"metrics": {"admc": splits, "stage_one": splits, "zero_shot": splits}, "unshifted": {}}
+    document = evaluate.metrics_document(Params(), evaluated, {}, {})
+    assert list(document) == ["dataset", "test", "validation", "stage_one", "nc", "zero_shot", "exemplars",
+                              "gains_on_test", "prior_shift", "seeds", "run"]
+    assert list(document["run"]) == ["code_version", "code_edited", "params"]
 
 
 @pytest.mark.parametrize("diverged_in", ["mining", "scoring"])
@@ -313,3 +340,10 @@ def test_a_diverged_epoch_is_said_at_every_training_that_has_it_within_each_warn
     said = [r.getMessage() for r in caplog.records if r.name == "tqc.training"]
     assert said == ["stage one: epoch 3: validation scores hold NaN or +inf in 40 row(s) (first: [0, 1, 2, 3, 4]): the "
                     "model diverged; the epoch counts as accuracy and macro-F1 0"] * 2
+
+
+def test_recall_of_a_class_with_no_gold_row_is_zero_and_macro_f1_counts_a_gold_class_never_predicted():
+    per_class = per_class_prf(np.array([0, 0]), np.array([0, 1]), np.array([0, 1, 2]))
+    assert per_class[1]["recall"] == per_class[2]["recall"] == 0.0  # undefined: 0, as scikit-learn (classes.json)
+    gold, predicted = np.array([0, 1, 2]), np.array([0, 0, 1])  # class 2 in gold, never predicted
+    assert macro_f1(gold, predicted) == pytest.approx(f1_score(gold, predicted, average="macro")) == pytest.approx(2 / 9)

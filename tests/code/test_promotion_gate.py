@@ -170,3 +170,28 @@ def test_with_tail_check_bootstrap_only_a_tail_loss_the_bootstrap_shows_vetoes()
     collapsed[60:75] = 0  # half the tail lost
     vetoed = decide(gold, collapsed, champion, tail, ids, PromoteParams(tail_check="bootstrap"))
     assert not vetoed.promote and vetoed.tail_bootstrap.high < -0.02 and "a loss beyond the tolerance" in vetoed.reasons[1]
+
+
+def test_a_challenger_ahead_by_a_point_difference_the_interval_does_not_clear_is_not_promoted():
+    """The lower bound decides, not the point difference or the upper bound: 1 question of 40 better, CI [0, +0.075]."""
+    gold = np.arange(40) % 4
+    champion, challenger = gold.copy(), gold.copy()
+    champion[:3] = (gold[:3] + 1) % 4
+    challenger[:2] = (gold[:2] + 1) % 4
+    decision = decide(gold, challenger, champion, np.array([3]), ["3"], PromoteParams())
+    assert decision.bootstrap.difference > 0 and decision.bootstrap.low <= 0 < decision.bootstrap.high
+    assert not decision.promote and "not above" in decision.reasons[0]
+
+
+def test_a_tail_exactly_as_good_as_the_champions_is_within_a_zero_tolerance():
+    champion = GOLD.copy()
+    champion[:30] = 1  # head errors only: the tail answers are the same
+    decision = decide(GOLD, GOLD.copy(), champion, TAIL, ["2"], PromoteParams(tail_tolerance=0.0))
+    assert decision.challenger_tail_macro_f1 == decision.champion_tail_macro_f1
+    assert decision.promote and "within the tolerance 0.0000" in decision.reasons[1]
+
+
+def test_under_tail_check_bootstrap_a_challenger_no_better_overall_is_not_promoted_though_its_tail_passes():
+    same = GOLD.copy()
+    decision = decide(GOLD, same, same.copy(), TAIL, ["2"], PromoteParams(tail_check="bootstrap"))
+    assert "no loss beyond" in decision.reasons[1] and not decision.promote

@@ -25,6 +25,16 @@ def test_stratified_split_is_seeded_and_covers_every_class():
     assert sorted(train + validation, key=lambda q: q.source + q.class_id) == sorted(rows, key=lambda q: q.source + q.class_id)
 
 
+def test_the_split_depends_on_the_seed_and_not_on_the_order_classes_come_in():
+    """A seed that changed nothing (or a draw of each class's first rows) and a draw that followed the file's order
+    of classes both kept every test above."""
+    rows = questions({"a": 50, "b": 10, "c": 3})
+    texts = lambda split: sorted(q.text for q in split[1])  # noqa: E731
+    assert texts(stratified_split(rows, 0.1, seed=0)) != texts(stratified_split(rows, 0.1, seed=1))
+    c_first = sorted(rows, key=lambda q: q.class_id != "c")  # stable: each class's rows keep their order
+    assert texts(stratified_split(c_first, 0.1, seed=0)) == texts(stratified_split(rows, 0.1, seed=0))
+
+
 def test_oversampling_lifts_every_class_to_the_mean_and_marks_copies():
     rows = questions({"head": 30, "mid": 9, "tail": 3})
     target = rebalance_target(Counter(q.class_id for q in rows))
@@ -191,6 +201,7 @@ def test_sqrt_rebalancing_raises_each_class_to_the_root_of_its_size_times_the_la
     counts = Counter({"head": 400, "mid": 100, "tail": 4})
     assert class_targets(counts, "sqrt") == {"head": 400, "mid": 200, "tail": 40}
     assert class_targets(counts, "mean") == {"head": 400, "mid": 168, "tail": 168}
+    assert class_targets(Counter(a=4, b=1)) == {"a": 4, "b": 3}  # a mean of 2.5: at least the mean is 3
     augmented = oversample(questions(dict(counts)), class_targets(counts, "sqrt"), seed=0)
     assert Counter(q.class_id for q in augmented) == {"head": 400, "mid": 200, "tail": 40}
 
