@@ -458,6 +458,8 @@ def test_classes_that_share_a_standard_question_are_never_mined_for_each_other()
     assert not (groups[negatives] == groups[gold][:, None]).any()  # neither gold nor its twin
     capped, _ = mine(questions, standards, gold, 10, groups=groups)
     assert capped.shape == (120, 4)  # 6 classes, a group of 2: at most 4 wrong for every row
+    every_class_but_gold, _ = mine(questions, standards, gold, 5, groups=groups)  # K = n − 1, the TREC-6 default's
+    assert every_class_but_gold.shape == (120, 4)  # capped by the twin too, not "need at least k + 2 neighbours"
     plain, _ = mine(questions, standards, gold, 3)
     assert ((plain == 4) & (gold[:, None] == 1)).any()  # without groups the twin is mined
 

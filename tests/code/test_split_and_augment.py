@@ -82,6 +82,13 @@ def test_eda_draws_again_where_an_operation_would_leave_the_question_as_it_was()
     assert all(text != "Hello" for text in one_word) and all("Hello" in text.split() for text in one_word)
     assert all(augment_text("why why why", ["why", "how"], rng) != "why why why" for _ in range(50))
     assert augment_text("why", [], rng) == "why"  # nothing can change it: it stays, and is counted as a copy
+    # a swap of words equal but for case is no change either (the questions compare alike), nor is one of two equal words
+    from tqc.text import compared_text
+
+    for seed in range(50):
+        swapped = augment_text("Why WHY why", [], random.Random(seed))
+        assert swapped == "Why WHY why" or compared_text(swapped) != compared_text("Why WHY why")
+    assert all(augment_text("hello hello", [], random.Random(seed), attempts=1) == "hello" for seed in range(50))
 
 
 def test_eda_moves_the_characters_of_chinese_and_japanese_questions_which_have_no_spaces():

@@ -167,6 +167,39 @@ def test_c1_control_characters_from_mis_decoded_bytes_are_quarantined(tmp_path):
     assert [(q["line"], q["expectations"]) for q in read_jsonl(tmp_path / "quarantine.jsonl")] == [(1, ["no_control_characters"])]
 
 
+@pytest.mark.parametrize("control", ["\x0b", "\x0c", "\x1f", "\x7f", "\x85"])  # VT, FF, US, DEL, C1's NEL
+def test_each_control_character_but_tab_and_line_breaks_is_quarantined(tmp_path, control):
+    write_splits(tmp_path / "in", [(f"bell{control}ring", "a"), ("fine question", "b"), ("another one", "a")],
+                 [("fine", "a")], [("held out", "a")])
+    run_validate(tmp_path)
+    assert [(q["line"], q["expectations"]) for q in read_jsonl(tmp_path / "quarantine.jsonl")] == [(1, ["no_control_characters"])]
+
+
+def test_text_length_is_the_raw_texts_and_an_underscore_is_no_letter_or_digit(tmp_path):
+    """A text over max_text_chars as written but under it normalised (its spaces collapsed) is too long: the tokenizer
+    and the first-copy rule read the raw text. `_` is a word character to a regex's \\w, not a letter or digit."""
+    train = [("what" + " " * 20 + "is it", "a"), ("___", "b"), ("fine question", "b"), ("another one", "a"),
+             ("a third one", "a"), ("a fourth one", "b")]
+    write_splits(tmp_path / "in", train, [("fine", "a")], [("held out", "a")])
+    run_validate(tmp_path, ValidateParams(max_text_chars=20, max_quarantined_fraction=0.5, min_examples_per_class=1))
+    assert [(q["line"], q["expectations"]) for q in read_jsonl(tmp_path / "quarantine.jsonl")] == [
+        (1, ["text_length"]), (2, ["has_letter_or_digit"])]
+
+
+def test_empty_texts_are_no_leak_and_a_label_conflict_is_not_also_a_duplicate(tmp_path):
+    """An empty train row beside an empty validation row is empty, not a leak of it; a row whose text another row
+    has under another label conflicts, and is no repeat of that row (the first copy is the first with a label the
+    catalog has)."""
+    train = [("", "a"), ("is it safe", "zzz"), ("Is it safe", "a"), ("fine question", "b"), ("another one", "a"),
+             ("a third one", "b"), ("a fourth one", "a"), ("a fifth one", "b")]
+    write_splits(tmp_path / "in", train, [("", "a"), ("fine", "a"), ("fine too", "b")], [("held out", "a")])
+    report = run_validate(tmp_path, ValidateParams(max_quarantined_fraction=0.5, min_examples_per_class=1))
+    reasons = {(q["split"], q["line"]): q["expectations"] for q in read_jsonl(tmp_path / "quarantine.jsonl")}
+    assert reasons[("train", 1)] == ["non_empty_text"]
+    assert reasons[("train", 3)] == ["no_label_conflicts"]
+    assert "no_leakage" not in report["quarantined_by_expectation"]
+
+
 def test_a_warning_expectation_only_quarantines(tmp_path):
     write_splits(tmp_path / "in", [("x", "zzz"), ("y", "zzz"), ("z", "a")], [("fine", "a")], [("held out", "a")])
     params = ValidateParams(critical=["schema"], max_quarantined_fraction=0.1, min_examples_per_class=1)

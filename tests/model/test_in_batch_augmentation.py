@@ -385,3 +385,15 @@ def test_question_contrast_adds_supervised_contrast_among_each_batchs_own_questi
         assert set(labels) <= trained_on  # the batch's own gold classes
     assert with_contrast == pytest.approx(base + 0.5 * sum(c[3] for c in calls) / len(calls), rel=1e-5)
     assert with_contrast > base
+
+
+def test_deferred_keeps_every_generated_row_out_of_stage_one_whatever_made_it():
+    """The test above uses oversampled copies alone: EDA's and an offline file's rows are generated rows too."""
+    from dataclasses import replace
+
+    from tqc.stages.stage_one import stage_one_rows
+
+    original = LabeledQuestion("where is paris", "LOC", "train.csv:1")
+    made = [replace(original, generated=True, source=source) for source in ("oversample:x", "eda:x", "file:y")]
+    assert stage_one_rows([original, *made], deferred=True) == [original]
+    assert stage_one_rows([original, *made], deferred=False) == [original, *made]

@@ -981,6 +981,13 @@ def test_tied_scores_are_ranked_in_catalog_order_as_evaluate_ranks_them(tiny_mod
     scores = dict(zip(answers["class_id"], answers["score"]))
     assert scores["c03"] == scores["c49"]  # an exact tie
     assert ranked == ["c03", "c49"]  # the catalog's first first
+    # every class tied: an unstable sort of 60 equal scores put c45 first, where one tied pair kept its order by chance
+    import torch
+
+    matcher.model.score = lambda questions, standards: torch.zeros(questions.shape[0], standards.shape[0])  # (N, P)
+    everything = matcher.predict(None, pd.DataFrame({"id": [7], "question": ["who is it"]}), {"top_k": 60})
+    assert everything["class_id"].tolist() == [f"c{i:02d}" for i in range(60)]
+    assert set(everything["question"]) == {"who is it"}  # the "question" column, not the first (the request's id)
 
 
 def test_classes_whose_standard_questions_read_alike_are_named_when_the_matcher_loads(tiny_model_dir, tmp_path, caplog):
