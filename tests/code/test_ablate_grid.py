@@ -43,6 +43,7 @@ def test_names_share_one_hash_over_seeds_ignore_local_paths_and_change_with_para
     longer = grid_cells("aug", GRID, [0, 1], {"stage_one.epochs": 9}, {})
     assert longer[0].name != cells[0].name
     assert all(part.replace("-", "").isalnum() for part in [c.name for c in cells])  # a valid git ref component
+    assert Cell("g", "v", 0, {"a.b": 1, "c.d": 2}).name == Cell("g", "v", 0, {"c.d": 2, "a.b": 1}).name  # key order aside
 
 
 def test_set_arguments_are_override_values_that_add_missing_keys():
@@ -213,6 +214,11 @@ def test_a_narrowed_or_failed_run_keeps_every_earlier_record_in_the_json(tmp_pat
     report = json.loads((out / "ablations.json").read_text())
     assert [row["variant"] for row in report["rows"]] == ["none · ir=50"]
     assert [c["experiment"] for c in report["other_cells"]] == [cells["eda · ir=50"].name]  # not in the table, not lost
+
+    # training on, without --rerun: a recorded cell is read back, not trained again
+    monkeypatch.setattr(ablate_module, "run_cell", lambda *_, **__: pytest.fail("a recorded cell was trained again"))
+    trained = ablate_module.ablate(params, project, out, variants=["none"], where={"data.imbalance_ratio": 50})
+    assert [r.status for r in trained] == ["recorded"]
 
     # --rerun asks for training here: a failed run shows as missing, not as the old figures, and its record stays.
     monkeypatch.setattr(ablate_module, "run_cell", lambda cell, project, force=False: False)
@@ -481,6 +487,8 @@ def test_a_pair_of_cells_of_different_code_is_said_to_be_across_code_versions():
     params = Params.model_validate({"ablate": {"grids": {"aug": {**GRID.model_dump(), "reference": "none"}}}})
     rows = summarise(results)
     assert [d["across_code_versions"] for d in paired_differences(params, "aug", rows)] == [2]  # seeds 1 and 2
+    unknown = [CellResult(result.cell, "recorded", result.figures, 10, code_version=None) for result in results]
+    assert [d["across_code_versions"] for d in paired_differences(params, "aug", summarise(unknown))] == [3]  # both unknown
     table = render_markdown(params, ["aug"], rows)
     assert "| eda · ir=50 | none · ir=50 | +0.00 | [+0.00, +0.00] | 0 of 3; 2 across or without code versions |" in table
     # each row says where its seeds ran at more than one code version, since its mean mixes them

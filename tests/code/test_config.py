@@ -813,3 +813,34 @@ def test_a_when_takes_one_value_or_a_list_of_them_and_nothing_else():
         with pytest.raises(ConfigError, match=r"tune.space.*stage_two.temperature.*when"):
             load_params(shipped_yaml, parse_overrides(
                 [f"tune.space.stage_two.temperature={{low: 0.05, high: 0.2, when: {{stage_two.loss: {wanted}}}}}"]))
+
+
+def test_hinge_refuses_a_negative_logit_adjustment_as_a_positive_one():
+    """hinge has no temperature for the adjustment to scale: any weight but 0 is refused, not only a positive one."""
+    from pydantic import ValidationError
+
+    from tqc.config import TrainParams
+
+    with pytest.raises(ValidationError, match="hinge"):
+        TrainParams(loss="hinge", logit_adjustment=-0.5)
+
+
+def test_an_ablation_budget_may_not_set_the_seed_each_cell_gets_from_ablate_seeds():
+    from pydantic import ValidationError
+
+    from tqc.config import Params
+
+    with pytest.raises(ValidationError, match="'seed' is not a parameter a cell may set"):
+        Params.model_validate({"ablate": {"budget": {"seed": 3}}})
+
+
+def test_a_date_given_with_set_stays_text_and_ablate_refuses_data_keys_no_cell_reads():
+    """YAML 1.2 as dvc exp run -S reads it: 2024-01-01 is a study's name, not a datetime.date."""
+    from tqc import cli
+    from tqc.arguments import override_value, parse_overrides
+    from tqc.config import ConfigError
+
+    assert override_value("tune.study=2024-01-01", "2024-01-01") == "2024-01-01"
+    assert parse_overrides(["tune.study=2024-01-01"]) == {"tune": {"study": "2024-01-01"}}
+    with pytest.raises(ConfigError, match="data.dataset would reach no experiment"):
+        cli._refuse_what_no_cell_reads(["data.dataset=trec50"])  # ablate takes data.data_dir alone

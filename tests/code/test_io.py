@@ -261,3 +261,16 @@ def test_a_json_file_that_cannot_be_read_is_named_and_a_bom_is_taken(tmp_path):
         read_json(tmp_path / "latin.json")
     (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + b'{"a": 1}')
     assert read_json(tmp_path / "bom.json") == {"a": 1}
+
+
+def test_a_link_to_a_folder_above_the_root_is_not_followed(tmp_path):
+    """Not only a link back to a folder on the walk's path: one to any folder above the root would walk the root again."""
+    from tqc.io import tree_digests
+
+    outer = tmp_path / "outer"
+    root = outer / "root"
+    root.mkdir(parents=True)
+    (outer / "other.safetensors").write_bytes(b"o")
+    (root / "w.safetensors").write_bytes(b"w")
+    (root / "up").symlink_to(outer, target_is_directory=True)
+    assert list(tree_digests(root, ".safetensors")) == ["w.safetensors"]

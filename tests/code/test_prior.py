@@ -323,3 +323,15 @@ def test_the_trained_models_are_scored_on_the_device_they_trained_on(tiny_model_
     models = scoring.trained_models(tmp_path / "stage_one", tmp_path / "stage_two", None)
     assert set(models) == {"stage_one", "admc"}
     assert {p.device.type for model in models.values() for p in model.parameters()} == {"meta"}
+
+
+def test_the_weights_digest_changes_when_two_encoders_swap_weights(tmp_path):
+    """The digest covers each file's path with its bytes: the question and standard encoders' weights exchanged are
+    other weights."""
+    for name, data in (("question", b"Q"), ("standard", b"S")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(data)
+    before = prior.weights_digest(tmp_path)
+    (tmp_path / "question" / "model.safetensors").write_bytes(b"S")
+    (tmp_path / "standard" / "model.safetensors").write_bytes(b"Q")
+    assert prior.weights_digest(tmp_path) != before

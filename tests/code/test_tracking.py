@@ -440,3 +440,77 @@ def test_importing_the_served_model_module_sends_mlflow_no_usage_records(tmp_pat
                          env={**env, "HOME": str(tmp_path), "MLFLOW_DISABLE_TELEMETRY": "false"}, capture_output=True,
                          text=True, check=True)
     assert own.stdout.strip() == "false"
+
+
+def test_tracking_uri_is_the_params_then_mlflows_variable_then_the_local_store(monkeypatch):
+    from tqc.tracking import tracking_uri
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://env:5000")
+    assert tracking_uri(TrackingParams(uri="sqlite:///a.db")) == "sqlite:///a.db"
+    assert tracking_uri(TrackingParams()) == "http://env:5000"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert tracking_uri(TrackingParams()) == "sqlite:///mlflow.db"
+
+
+def test_logged_params_redact_the_database_password_and_leave_out_the_tuners():
+    from tqc.config import Params
+    from tqc.tracking import run_params
+
+    logged = run_params(Params.model_validate({"tracking": {"uri": "postgresql://u:s3cret@db/mlflow"}}))
+    assert logged["tracking"]["uri"] == "postgresql://u:***@db/mlflow" and "tune" not in logged
+
+
+def test_only_the_main_process_of_a_distributed_run_opens_a_tracking_run(monkeypatch, tmp_path):
+    """Every distributed test turns tracking off, so no test held a second rank off the store."""
+    from tqc import tracking
+    from tqc.config import Params
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(tracking, "_client_and_experiment", lambda *_: pytest.fail("rank 1 opened the store"))
+    params = Params.model_validate({"tracking": {"uri": f"sqlite:///{tmp_path}/m.db"}})
+    with tracking.stage_run("stage_one", params) as tracker:
+        assert not tracker.active
+
+
+class RecordingMlflow:
+    """Stands in for the mlflow module: every call it is given, in order."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: self.calls.append((name, args, kwargs))
+
+
+def test_metrics_leave_out_nan_and_flags_and_a_folder_is_logged_under_its_name(tmp_path):
+    import math
+
+    from tqc.tracking import Tracker
+    from tqc.training import EpochRecord
+
+    fake = RecordingMlflow()
+    tracker = Tracker(fake)
+    tracker.on_epoch("stage_one")(EpochRecord(0, float("nan"), 0.5, 0.4, 0.0))
+    [(name, (metrics,), keywords)] = fake.calls
+    assert name == "log_metrics" and keywords["step"] == 0 and not any(math.isnan(v) for v in metrics.values())
+    fake.calls.clear()
+    tracker.log_metrics({"promoted": True, "accuracy": 1})
+    assert fake.calls == [("log_metrics", ({"accuracy": 1.0},), {"step": None})]
+    fake.calls.clear()
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "weights").write_text("x")
+    tracker.log_artifact(tmp_path / "model")
+    assert fake.calls == [("log_artifacts", (str(tmp_path / "model"), "model"), {})]
+
+
+def test_params_are_logged_in_chunks_that_keep_every_one_and_the_hash_ignores_tracking():
+    from tqc.config import Params
+    from tqc.tracking import param_chunks, params_hash
+
+    chunks = param_chunks({f"k{i}": i for i in range(250)})
+    assert [len(chunk) for chunk in chunks] == [100, 100, 50]
+    assert {key for chunk in chunks for key in chunk} == {f"k{i}" for i in range(250)}
+    params = Params()
+    assert params_hash(params) == params_hash(params.with_overrides({"tracking": {"uri": "sqlite:///other.db"}}))
+    assert params_hash(params) != params_hash(params.with_overrides({"seed": 1}))

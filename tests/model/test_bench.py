@@ -302,3 +302,9 @@ def test_a_validate_stage_that_stops_ends_the_benchmark_in_its_line_not_a_traceb
     err = capsys.readouterr().err
     assert "tqc bench validate: the validate stage it times stopped (exit 2, said above) on trec6" in err
     assert "Traceback" not in err
+
+
+def test_a_few_timed_steps_are_scaled_up_to_a_whole_epoch():
+    """2 s for 2 steps of an 8-step epoch (64 rows, batches of 8) is 8 s an epoch; the test above timed a whole one."""
+    timed = bench._seconds_per_epoch(lambda schedule: 2.0, rows=64, steps=2, batch_size=8)
+    assert timed(0) == pytest.approx(8.0)
