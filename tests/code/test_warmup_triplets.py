@@ -97,3 +97,8 @@ def test_the_pool_quarantines_held_out_empty_and_wordless_rows_and_merges_repeat
         ("u.csv", 3, "non_empty_text"), ("u.csv", 4, "has_letter_or_digit"), ("u.csv", 6, "no_leakage")]
     assert "a test question" in pool.quarantined[2]["reason"]
     assert pool.quarantined[2]["content"] == {"text": "who is the  person"}
+
+
+def test_the_mask_share_is_not_cut_by_a_rounding_error():
+    # 0.29 * 100 == 28.999999999999996 in floats: the share allows 29 words
+    assert len(words_to_mask([1.0] * 100, 0.0, 0.29)) == 29

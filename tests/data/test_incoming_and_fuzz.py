@@ -326,3 +326,15 @@ def test_validate_file_escapes_what_a_latin1_stdout_cannot_encode_and_keeps_its_
     assert "\\u6591\\u9a6c/clean.csv: 2 rows read, 2 would be accepted, 0 quarantined" in out
     assert "'zzz' is no class of the catalog" in out and "'\\u6591\\u9a6c\\u5728\\u54ea\\u91cc?'" in out
     assert "missing column(s) ['label']: the header has ['question', '\\u6807\\u7b7e']" in out
+
+
+def test_a_batch_file_that_cannot_be_opened_is_exit_2_not_a_traceback(monkeypatch, tmp_path, capsys):
+    from tqc import incoming
+    from tqc.config import Params
+
+    def missing(path, against, params):
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+
+    monkeypatch.setattr(incoming, "check_batch", missing)
+    assert incoming.main(tmp_path / "gone.csv", tmp_path, Params()) == incoming.UNUSABLE
+    assert "unusable" in capsys.readouterr().out

@@ -1357,3 +1357,15 @@ def test_the_data_version_waits_for_dvc_s_lock_where_another_dvc_command_holds_i
         holder.wait(timeout=30)
     adding.join(timeout=60)
     assert outcome == {"added": [f"{data}.dvc"], "pushed": False} and Path(f"{data}.dvc").exists()
+
+
+def test_free_name_skips_every_taken_rolled_back_name(tmp_path):
+    for name in ("a.csv", "a.rolled-back-1.csv", "a.rolled-back-2.csv"):
+        (tmp_path / name).write_text("x")
+    assert retrain_inbox.free_name(tmp_path / "a.csv").name == "a.rolled-back-3.csv"
+
+
+def test_a_catalog_file_is_known_whatever_its_case():
+    assert retrain_inbox.Incoming(Path("CATALOG_new.csv"), "0" * 64).is_catalog
+    assert retrain_inbox.Incoming(Path("Catalog.jsonl"), "0" * 64).is_catalog
+    assert not retrain_inbox.Incoming(Path("questions.csv"), "0" * 64).is_catalog

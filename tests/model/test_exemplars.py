@@ -94,3 +94,12 @@ def test_last_encodings_let_the_exemplar_rule_reuse_the_standard_rules_encodings
     monkeypatch.undo()
     assert np.allclose(standard, catalog_scores(model, split, catalog, 8))
     assert np.allclose(nearest, exemplar_scorer(model.question, exemplars, k=1, batch_size=8)(split, catalog))
+
+
+def test_an_empty_exemplar_file_is_an_error(tmp_path):
+    from tqc.exemplars import load_exemplars
+
+    path = tmp_path / "ex.jsonl"
+    path.write_text("\n\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no labeled questions"):
+        load_exemplars(path)

@@ -1283,3 +1283,50 @@ def test_encoding_misspelt_or_a_byte_its_codec_cannot_read_is_an_error_naming_th
     assert "--encoding 'gkb': no codec of that name" in capsys.readouterr().err
     assert main(ask + ["--encoding", "gbk"]) == 2  # 0x80 starts no GBK character
     assert f"{tmp_path / 'asked.txt'}, line 2" in capsys.readouterr().err
+
+
+def _args(**overrides):
+    """`tqc predict`'s arguments, as its parser gives them."""
+    import argparse
+
+    base = dict(questions=["is it safe?"], file=None, column=None, encoding=None, model="no-such-model",
+                tracking_uri=None, catalog=None, prior="auto", top_k=None, exemplars=None, exemplar_k=None,
+                exemplar_cache=None)
+    return argparse.Namespace(**{**base, **overrides})
+
+
+def test_a_model_folder_answers_three_by_default(monkeypatch):
+    from tqc import predict_command
+
+    seen = {}
+    monkeypatch.setattr(predict_command, "_matcher", lambda ns: seen.setdefault("args", ns))
+    predict_command._local_answers(_args())
+    assert seen["args"].top_k == 3
+
+
+def test_top_k_zero_is_refused_before_any_model_is_read():
+    from tqc import predict_command
+    from tqc.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--top-k 0: must be at least 1"):
+        predict_command.run(_args(top_k=0))
+
+
+def test_a_table_suffix_in_upper_case_is_refused_as_a_table(tmp_path):
+    from tqc import predict_command
+    from tqc.config import ConfigError
+
+    path = tmp_path / "batch.JSON"
+    path.write_text('[{"text": "hi"}]\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match="no plain text"):
+        predict_command._question_file_lines(path, None)
+
+
+def test_an_empty_column_with_a_plain_file_is_refused(tmp_path):
+    from tqc import predict_command
+    from tqc.config import ConfigError
+
+    path = tmp_path / "q.txt"
+    path.write_text("is it safe?\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="--column ''"):
+        predict_command._question_file_lines(path, "")

@@ -342,3 +342,42 @@ def test_a_warm_up_with_no_triplets_is_refused_after_its_quarantine_is_written(v
     assert [r.getMessage() for r in caplog.records if r.name == "tqc.stages.warmup"] == [
         f"warm-up: {pool} pool questions ({pool} rows read, 0 duplicates merged, 0 quarantined) → 0 token-level and 0 "
         "structure-level triplets against 3 standard questions"]
+
+
+def test_a_held_out_question_is_kept_out_of_the_pool_as_validate_compares_texts():
+    from tqc.schema import LabeledQuestion
+    from tqc.stages.warmup import PoolRow, held_out_texts, question_pool
+
+    held_out = held_out_texts({"validation": [LabeledQuestion("  Is it  safe?  ", "c1")], "test": []})
+    pool = question_pool([PoolRow("Is it safe?", "pool.csv", 1)], held_out)
+    assert pool.texts == [] and len(pool.quarantined) == 1
+    assert pool.quarantined[0]["reason"].startswith("no_leakage")
+
+
+def test_the_warmup_loss_compares_the_closer_with_the_farther_sentence(monkeypatch):
+    import torch
+    from tqc.stages import warmup
+    from tqc.config import WarmupParams
+    from tqc.warmup_triplets import Triplet
+
+    vectors = {"close": [1.0, 0.0], "far": [0.0, 1.0]}
+
+    class Fake:
+        def embed_standards(self, texts):
+            return torch.tensor([[1.0, 0.0] for _ in texts])
+
+        def embed_questions(self, texts):
+            return torch.tensor([vectors[t] for t in texts])
+
+        def score(self, questions, standards):
+            return questions @ standards.T
+
+    seen = {}
+    monkeypatch.setattr(warmup, "parameter_groups", lambda model, lr: [])
+    monkeypatch.setattr(warmup, "bi_encoder_validator", lambda *a: None)
+    monkeypatch.setattr(warmup, "fit", lambda model, groups, batch_loss, n, *a, **k: batch_loss(list(range(n))))
+    monkeypatch.setattr(warmup, "triplet_margin",
+                        lambda closer, farther, margin: seen.update(closer=closer, farther=farther) or closer.sum())
+    catalog = type("C", (), {"texts": ["title"]})()
+    warmup.train(Fake(), [Triplet(0, "close", "far", "token")], [], catalog, WarmupParams(), seed=0)
+    assert seen["closer"].tolist() == [1.0] and seen["farther"].tolist() == [0.0]
