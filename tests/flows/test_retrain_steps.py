@@ -877,6 +877,20 @@ def test_tqc_validate_refuses_a_second_file_of_the_same_name_from_another_folder
     assert "monday/x.csv: 1 rows read, 1 would be accepted, 0 quarantined" in out
 
 
+def test_tqc_validate_takes_one_file_spelt_two_ways_as_one(project, capsys):
+    """x.csv and monday/../x.csv are one file, not a second file of its name."""
+    from tqc.cli import main
+
+    question = unseen_questions(project, "LOC", 1)[0]
+    (project / "monday").mkdir()
+    (project / "x.csv").write_text(f"question,label\n{question},LOC\n")
+    with pytest.raises(SystemExit) as ended:
+        main(["validate", str(project / "x.csv"), str(project / "monday" / ".." / "x.csv")])
+    out = capsys.readouterr().out
+    assert ended.value.code == 0 and "named as" not in out
+    assert out.count("1 rows read, 1 would be accepted, 0 quarantined") == 1
+
+
 def test_tqc_validate_warns_of_a_checked_files_labels_not_of_the_current_datas_derived_classes(project, capsys, caplog):
     """The grown data is built again for each check, and readers warned each time of every class the current data
     derives (a label its catalog lacks): lines about no file checked. A checked file's own label read as a catalog
