@@ -18,6 +18,18 @@ class DataFileError(ValueError):
     error (`tqc.errors.input_errors`): said in one line, and never retried, since reading again fails the same way."""
 
 
+class UnreadableJson(DataFileError):
+    """A JSON file that is no UTF-8 JSON (`read_json`): the message names the file, `reason` says why alone, for a
+    caller that names the file itself with what it should have held."""
+
+    def __init__(self, path: str | Path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+    def __reduce__(self):  # made again from both (a worker process's error pickled to the flow that runs it)
+        return type(self), (self.path, self.reason)
+
+
 def file_digest(path: str | Path, algorithm: str) -> str:
     """Hex digest of a file's bytes, read in blocks (md5 for DVC's hashes, sha256 for checksums)."""
     with Path(path).open("rb") as handle:
@@ -190,14 +202,14 @@ def write_json(path: str | Path, obj) -> None:
 
 
 def read_json(path: str | Path):
-    """A JSON file's value; a DataFileError naming the file where it is no UTF-8 JSON (a BOM is taken, as an editor
+    """A JSON file's value; UnreadableJson naming the file where it is no UTF-8 JSON (a BOM is taken, as an editor
     on Windows writes it). json's own errors named neither file nor, for a BOM, what to do."""
     try:
         return json.loads(Path(path).read_text(encoding="utf-8-sig"))
     except UnicodeDecodeError as exc:
-        raise DataFileError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+        raise UnreadableJson(path, f"not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except json.JSONDecodeError as exc:
-        raise DataFileError(f"{path}: not valid JSON ({exc})") from None
+        raise UnreadableJson(path, f"not valid JSON ({exc})") from None
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:

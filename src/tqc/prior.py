@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tqc.io import read_json, tree_digests
+from tqc.io import UnreadableJson, read_json, tree_digests
 from tqc.metrics import summary
 
 log = logging.getLogger(__name__)
@@ -191,8 +191,8 @@ def read_file(path: Path) -> dict[str, dict]:
     """
     try:
         document = read_json(path)
-    except ValueError as exc:  # not JSON at all
-        raise PriorFileError(f"{path}: not a prior stage's file ({str(exc).removeprefix(f'{path}: ')})") from None
+    except UnreadableJson as exc:  # not JSON at all
+        raise PriorFileError(f"{path}: not a prior stage's file ({exc.reason})") from None
     entries = document.get("models") if isinstance(document, dict) else None
     if not isinstance(entries, dict):
         raise PriorFileError(f"{path}: not a prior stage's file (no 'models')")

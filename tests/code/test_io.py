@@ -261,6 +261,13 @@ def test_a_json_file_that_cannot_be_read_is_named_and_a_bom_is_taken(tmp_path):
         read_json(tmp_path / "latin.json")
     (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + b'{"a": 1}')
     assert read_json(tmp_path / "bom.json") == {"a": 1}
+    with pytest.raises(DataFileError) as failure:
+        read_json(tmp_path / "bad.json")
+    # the reason alone, for callers that name the file with what it should hold; whole again once pickled
+    assert failure.value.reason.startswith("not valid JSON (")
+    import pickle
+
+    assert str(pickle.loads(pickle.dumps(failure.value))) == str(failure.value)
 
 
 def test_a_link_to_a_folder_above_the_root_is_not_followed(tmp_path):

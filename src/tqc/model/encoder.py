@@ -510,15 +510,15 @@ class BiEncoder(nn.Module):
 
 def _saved_config(path: Path, keys: tuple[str, ...]) -> dict:
     """A saved model's JSON config; a partial copy or a hand edit is an error naming the file, not a KeyError."""
-    from tqc.io import read_json
+    from tqc.io import UnreadableJson, read_json
 
     if not path.is_file():  # read_json's bare "[Errno 2]" would not say the folder is a partial copy; an OSError still,
         # which the commands say in one line (a registered version's files, a stage's input folder)
         raise FileNotFoundError(f"{path}: missing, so this is not a whole saved model folder; copy the whole model folder")
     try:
         config = read_json(path)
-    except ValueError as exc:  # not JSON, or not UTF-8
-        raise ValueError(f"{path}: not a saved model's config ({str(exc).removeprefix(f'{path}: ')})") from None
+    except UnreadableJson as exc:  # not JSON, or not UTF-8
+        raise ValueError(f"{path}: not a saved model's config ({exc.reason})") from None
     absent = [key for key in keys if not isinstance(config, dict) or key not in config]
     if absent:
         raise ValueError(f"{path}: not a saved model's config (no {', '.join(absent)})")
