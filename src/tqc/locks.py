@@ -36,7 +36,7 @@ def exclusive(path: Path, refusal: Exception, setting: str = "lock") -> Iterator
 def _why_no_folder(path: Path, exc: OSError) -> str:
     for folder in reversed(path.absolute().parents):  # the outermost at fault: the one to fix
         if folder.is_symlink() and not folder.exists():
-            return f"{folder} is a link to {Path(folder).readlink()}, which does not exist"
+            return f"{folder} is a link to {folder.readlink()}, which does not exist"
         if folder.is_file():
             return f"{folder} is a file"
     return f"{path.parent} cannot be made: {exc.strerror or exc}"
