@@ -860,6 +860,29 @@ def test_a_jsonl_delivery_whose_records_all_lack_a_mapped_key_is_unusable_naming
     assert (outcome_of(staged, "mixed.jsonl").accepted, outcome_of(staged, "mixed.jsonl").quarantined) == (3, 1)
 
 
+def test_tqc_validate_is_exit_1_for_a_catalog_files_quarantined_rows_and_says_each_by_line(project, capsys):
+    """A catalog file giving a known class another text, or a new id alike another but for case, has those rows
+    quarantined by the flow (a delivery adds classes): `tqc validate` says so by line and exits 1, as for rows."""
+    from tqc.cli import main
+
+    catalog = retrain_staging._base_catalog(load_params(project / "params.yaml"))
+    known = catalog.texts[catalog.index("LOC")]
+    outside = project / "to-check"
+    outside.mkdir()
+    (outside / "catalog-more.csv").write_text("class_id,text\nLOC,Where on earth is it?\nFOOD,What should I eat?\n"
+                                             "food,What is there to eat?\n")
+    with pytest.raises(SystemExit) as ended:
+        main(["validate", str(outside / "catalog-more.csv")])
+    out = capsys.readouterr().out
+    assert ended.value.code == 1, out
+    assert ("catalog-more.csv: 3 class(es) read, 1 would be accepted as new classes, 2 quarantined (1 known class(es) "
+            "with another text kept theirs (quarantined); 1 new class id(s) alike but for case or width to another "
+            "(quarantined))") in out
+    assert (f"  line 2: class 'LOC' already has the standard question {known!r}; a delivery adds classes, it does not "
+            "change one's text") in out
+    assert "  line 4: class 'food' is alike but for case or width to class 'FOOD'" in out
+
+
 def test_tqc_validate_refuses_a_second_file_of_the_same_name_from_another_folder(project, capsys):
     """The flow names a row by its file's name and line, and an inbox holds one file of a name: two x.csv from two
     folders were judged as one (each "would be accepted", though the second repeats the first)."""
