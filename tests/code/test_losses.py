@@ -129,6 +129,38 @@ def test_hinge_and_bpr_average_over_rows_whatever_each_row_masks():
     assert bpr(scores, target, excluded, temperature=0.1).item() == pytest.approx(sum(bpr_rows) / 2, rel=1e-5)
 
 
+def test_bpr_row_without_negatives_adds_zero_not_nan():
+    """A row whose other columns are all masked (every one its own class) has no pair: it adds 0 to Eq. 4's mean over
+    rows, as the docstring says. Its mean over no negatives is 0/0, which made the whole batch's loss NaN."""
+    scores = torch.tensor([[1.0, 0.2, 0.1], [0.5, 0.4, 0.9]], requires_grad=True)
+    target, excluded = torch.tensor([0, 0]), torch.tensor([[False, False, False], [False, True, True]])
+    loss = bpr(scores, target, excluded, temperature=0.1)
+    softplus = lambda x: math.log1p(math.exp(-x / 0.1))  # −log σ(x/τ)
+    assert loss.item() == pytest.approx((softplus(0.8) + softplus(0.9)) / 2 / 2, rel=1e-5)  # row 1 counts as 0
+    loss.backward()
+    assert torch.isfinite(scores.grad).all() and (scores.grad[1] == 0).all()
+
+
+@pytest.mark.parametrize("name, direct", [
+    ("nt_xent", lambda s, t, e: nt_xent(s, t, e, temperature=0.5)),
+    ("decoupled", lambda s, t, e: decoupled(s, t, e, temperature=0.5)),
+    ("sdml", lambda s, t, e: sdml(s, t, e, temperature=0.5, smoothing=0.2)),
+    ("bpr", lambda s, t, e: bpr(s, t, e, temperature=0.5)),
+    ("hinge", lambda s, t, e: hinge(s, t, e, margin=0.3)),
+])
+def test_make_loss_builds_the_named_loss_with_the_stages_settings(name, direct):
+    """The gradient-direction test runs every name through make_loss, but at τ = 0.1 (every loss's default) and with
+    checks any contrastive loss passes: a name wired to another loss (decoupled to nt_xent), or a setting not passed
+    on (bpr at its default τ), went unnoticed. Here τ, margin and ε differ from the defaults."""
+    scores = torch.tensor([[0.3, 0.2, 0.1, 0.9], [0.0, 0.5, 0.4, -0.2]])
+    target = torch.tensor([0, 1])
+    excluded = torch.tensor([[False, False, False, True], [False, False, False, False]])
+    built = make_loss(name, temperature=0.5, margin=0.3, smoothing=0.2)
+    assert built(scores, target, excluded).item() == pytest.approx(direct(scores, target, excluded).item(), rel=1e-6)
+    with pytest.raises(ValueError, match="unknown loss 'infonce'"):
+        make_loss("infonce", temperature=0.5, margin=0.3, smoothing=0.2)
+
+
 def test_stage_two_columns_put_gold_first_and_encode_each_class_once():
     gold = torch.tensor([3, 1])
     negatives = torch.tensor([[1, 4], [3, 4]])

@@ -286,6 +286,56 @@ def test_a_temperature_at_the_grids_edge_is_logged(caplog):
     assert fitted == pytest.approx(np.std(scores) * 1e-3) and "edge of the temperature grid" in caplog.text
 
 
+def test_a_temperature_at_the_grids_upper_edge_is_logged_too(caplog):
+    """Validation whose gold classes score lowest wants τ → ∞ (the flattest softmax): the grid's other edge, just as
+    uncertain a scale as τ → 0, and said alike."""
+    scores, gold = np.array([[1.0, 0.0], [0.0, 1.0]] * 5), np.array([1, 0] * 5)
+    with caplog.at_level("WARNING", logger="tqc.prior"):
+        fitted = prior.fit_temperature(scores, gold)
+    assert fitted == pytest.approx(np.std(scores) * 100) and "edge of the temperature grid" in caplog.text
+
+
+def test_validation_scores_without_spread_get_a_finite_positive_temperature():
+    """Scores all alike (a collapsed model) give the grid no spread to scale by: it takes unit spread instead. At a
+    spread of 0 every candidate τ was 0, τ came back 0, and the λ fit divided the scores by it (NaN likelihoods)."""
+    scores, gold = np.full((6, 3), 0.5), np.array([0, 1, 2, 0, 1, 2])  # 0.5: exact in binary, so the spread is 0
+    tau = prior.fit_temperature(scores, gold)
+    assert np.isfinite(tau) and tau > 0
+    shift = prior.fit(scores, gold, np.log([0.5, 0.3, 0.2]), temperature=None, weights=[0.0, 1.0])
+    assert shift.temperature == tau and np.isfinite(shift.shift).all()
+    assert all(np.isfinite(figures["nll"]) for figures in shift.validation_by_weight.values())
+
+
+def test_no_shift_at_the_edge_of_the_weights_is_not_a_reason_to_widen_them(caplog):
+    """λ = 0 at the low end of prior.weights (0 to 2, the usual grid) says the prior does not help; the warning to
+    widen the grid is for a shift that might help more beyond its edge, not for none."""
+    gold = np.array([0] * 8 + [1] * 2)
+    clear = np.array([[0.9, 0.1]] * 8 + [[0.3, 0.7]] * 2)
+    with caplog.at_level("WARNING", logger="tqc.prior"):
+        assert prior.fit(clear, gold, np.log([0.01, 0.99]), 0.1, [0.0, 1.0, 2.0]).weight == 0.0
+    assert "edge of prior.weights" not in caplog.text
+
+
+def test_a_prior_with_no_training_row_at_all_is_uniform():
+    """No class has a row (the rule's "mean of the classes with rows" has none to take): add-one smoothing alone
+    gives every class the same prior, not a NaN from the mean of nothing."""
+    assert np.exp(prior.log_prior([], CLASSES)) == pytest.approx([0.5, 0.5])
+
+
+def test_the_runs_models_leave_out_an_nc_baseline_that_is_disabled_or_absent(tmp_path):
+    """baseline_nc.enabled false still writes its folder, holding only the disabled marker: prior and evaluate must
+    not try to load a linear classifier from it (nor fit a shift for one)."""
+    from tqc.scoring import trained_folders
+    from tqc.stages.baseline_nc import DISABLED_MARKER
+
+    one, two, nc = tmp_path / "stage_one", tmp_path / "stage_two", tmp_path / "nc"
+    nc.mkdir()
+    assert trained_folders(one, two, nc) == {"admc": two, "stage_one": one, "nc": nc}
+    (nc / DISABLED_MARKER).write_text("{}\n")
+    assert trained_folders(one, two, nc) == {"admc": two, "stage_one": one}
+    assert trained_folders(one, two, None) == {"admc": two, "stage_one": one}
+
+
 def test_hinge_trained_models_have_no_training_temperature_to_reuse():
     from tqc.config import Params
     from tqc.scoring import logit_temperatures

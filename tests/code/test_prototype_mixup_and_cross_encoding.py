@@ -86,6 +86,43 @@ def test_a_class_hard_negative_mixups_are_its_members_nearest_a_wrong_prototype(
     assert result.labels.tolist() == [0, 0, 1, 1]
 
 
+def _hard_rows_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Class 0's rows: 0 on its prototype, 1 nearest prototype 1 (its hard negative), 2 farthest from prototype 0
+    (its hard positive); row 3 is class 1's."""
+    prototypes = torch.eye(4)[:2]
+    questions = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.6, 0.8, 0.0, 0.0], [0.5, 0.0, 0.866, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    return questions, torch.tensor([0, 0, 0, 1]), prototypes
+
+
+@pytest.mark.parametrize("per_class, share, synthetic", [(3, 1.0, [2, 2, 1]), (4, 0.7, [2, 2, 1])])
+def test_a_class_gets_round_share_synthetic_rows_the_odd_one_a_hard_positive_mix(per_class, share, synthetic):
+    """round(share·per_class) rows of each class are synthetic (0.7 of 4 is 3, not int's 2), and of an odd count the
+    hard-positive mixups take the larger half (ceil), the hard-negative ones the rest. hard_k 1: each mixup pairs a
+    row with itself, so a synthetic row is the hard row itself."""
+    questions, labels, prototypes = _hard_rows_batch()
+    result = balanced_set(questions, labels, prototypes, per_class=per_class, share=share, hard_k=1, beta=0.5,
+                          generator=torch.Generator().manual_seed(0))
+    own = result.labels == 0
+    assert result.synthetic[own].sum().item() == len(synthetic) and (~result.synthetic[own]).sum() == per_class - 3
+    expected = F.normalize(questions[synthetic], dim=-1)  # hard positive twice, then the hard negative
+    assert torch.allclose(result.vectors[own & result.synthetic], expected, atol=1e-6)
+
+
+def test_under_cosine_hardness_is_by_direction_and_every_row_is_unit_norm_whatever_the_encoders_lengths():
+    """unit_norm (cosine, mlp) normalises the batch and the prototypes first: the encoder's vectors come in at their
+    own lengths, and a long row must not look less hard (more similar to its prototype) by its length alone, nor a real
+    row enter the set at it. Row 2, the hard positive, is 4× as long as the others: by inner product it was the most
+    similar, and row 1 the hard positive."""
+    questions, labels, prototypes = _hard_rows_batch()
+    long = questions * torch.tensor([[1.0], [1.0], [4.0], [2.0]])
+    mixed = balanced_set(long, labels, prototypes * 3.0, per_class=2, share=1.0, hard_k=1, beta=0.5,
+                         generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(mixed.vectors[mixed.labels == 0], F.normalize(questions[[2, 1]], dim=-1), atol=1e-6)
+    real = balanced_set(long, labels, prototypes * 3.0, per_class=3, share=0.0, hard_k=1, beta=0.5,
+                        generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(real.vectors.norm(dim=-1), torch.ones(6), atol=1e-6)
+
+
 def test_under_inner_product_the_balanced_set_keeps_the_vectors_lengths():
     torch.manual_seed(0)
     questions = torch.randn(10, 16) * torch.linspace(0.5, 3.0, 10).unsqueeze(1)  # (10, 16) lengths differ

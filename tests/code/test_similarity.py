@@ -30,6 +30,28 @@ def test_the_mlp_scorer_is_chunked_without_changing_scores():
     assert whole.shape == (7, 5) and torch.allclose(scorer(q, s), whole, atol=1e-6)
 
 
+def test_the_mlp_scorer_reads_the_pair_features_q_s_their_product_and_absolute_difference():
+    """The MLP's input is [q; s; q⊙s; |q−s|] of the normalised vectors (the module docstring). An untrained scorer is
+    cosine whatever its features (its last layer starts at zero), and the learning test passes with other features:
+    a feature swapped (q for q⊙s) or its absolute value dropped changed no test. Here the MLP is replaced by a
+    recorder of what it is given."""
+    seen = []
+
+    class Recorder(torch.nn.Module):
+        def forward(self, pairs):
+            seen.append(pairs)
+            return torch.zeros(*pairs.shape[:-1], 1)
+
+    scorer = MLPScorer(8)
+    scorer.layers = Recorder()
+    q, s = vectors(0, 3), vectors(1, 5)
+    scores = scorer(q, s)
+    qn, sn = F.normalize(q, dim=-1)[:, None].expand(3, 5, 8), F.normalize(s, dim=-1)[None].expand(3, 5, 8)
+    expected = torch.cat([qn, sn, qn * sn, (qn - sn).abs()], dim=-1)  # (3, 5, 32)
+    assert len(seen) == 1 and torch.allclose(seen[0], expected, atol=1e-6)
+    assert torch.allclose(scores, (qn * sn).sum(-1), atol=1e-6)  # plus cosine: the recorder adds nothing
+
+
 def test_the_mlp_scorer_learns_a_relation_cosine_cannot_express():
     """Target: score high when the pair is *far apart* in cosine; only a trained MLP can rank that."""
     torch.manual_seed(0)

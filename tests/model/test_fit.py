@@ -198,6 +198,37 @@ def test_fit_keep_last_calls_on_epoch_for_every_epoch_and_says_it_kept_the_last(
     assert all(torch.equal(v, weights[3][k]) for k, v in model.state_dict().items()) and not model.training
 
 
+def test_batches_shuffle_every_row_once_fold_a_lone_trailing_row_and_stop_at_max_steps():
+    """fit's other tests build their expected runs with `batches` and `linear_warmup` themselves, so a change to either
+    moved both sides alike: these pin them by hand. One process: a trailing batch of one row (no in-batch negative)
+    joins the one before; a trailing two stays its own batch; max_steps keeps that many batches."""
+    order = list(range(7))
+    random.Random(5).shuffle(order)
+    assert batches(7, 3, random.Random(5), None) == [order[:3], order[3:]]  # 3 + 1: the lone row folded in
+    order = list(range(8))
+    random.Random(5).shuffle(order)
+    assert batches(8, 3, random.Random(5), None) == [order[:3], order[3:6], order[6:]]  # 3 + 3 + 2
+    assert batches(8, 3, random.Random(5), 2) == [order[:3], order[3:6]]
+    assert steps_per_epoch(7, 3, None) == 2 and steps_per_epoch(8, 3, None) == 3 and steps_per_epoch(8, 3, 2) == 2
+
+
+@pytest.mark.parametrize("warmup_ratio, factors", [
+    (0.3, [1 / 3, 2 / 3, 1.0, 1.0, 6 / 7, 5 / 7, 4 / 7, 3 / 7, 2 / 7, 1 / 7, 0.0]),  # 3 warm-up steps, then 7 of decay
+    (0.0, [1.0, 1.0, 8 / 9, 7 / 9, 6 / 9, 5 / 9, 4 / 9, 3 / 9, 2 / 9, 1 / 9, 0.0]),  # at least one warm-up step
+])
+def test_linear_warmup_rises_from_the_first_step_and_decays_to_zero_at_the_last(warmup_ratio, factors):
+    """The learning rate at each of 10 steps (and after the last), as a fraction of the set one: the first step
+    already trains (1/warm-up, not 0), the peak is reached at the end of warm-up, and it falls linearly to 0."""
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = linear_warmup(optimizer, total_steps=10, warmup_ratio=warmup_ratio)
+    seen = []
+    for _ in range(11):
+        seen.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert seen == pytest.approx(factors)
+
+
 @pytest.mark.parametrize("keep", ["best", "last"])
 def test_fit_trains_exactly_as_a_plain_loop_over_its_seeded_batches(keep):
     """Pins fit's random draws and their order: one random.Random(seed) shuffles every epoch's batches in turn,
