@@ -277,6 +277,15 @@ def test_an_invalid_override_names_itself_and_each_problem_without_pydantics_inp
     ({"mine": {"k": 2.5}}, "mine.k: Input should be a valid integer"),
     ({"stage_one": {"temperature": True}}, "stage_one.temperature: Input should be a valid number"),
     ({"augment": {"deferred": 1}}, "augment.deferred: Input should be a valid boolean"),
+    # the bounds themselves: half of train as validation, a seed NumPy refuses, a confidence no better than a coin,
+    # a timeout past what a timedelta holds
+    ({"data": {"validation_fraction": 0.5}}, r"data.validation_fraction: Input should be less than 0.5 \(got 0.5\)"),
+    ({"tune": {"seed": 2**32}}, "tune.seed: Input should be less than or equal to 4294967295"),
+    ({"ablate": {"seeds": [2**32]}}, "ablate.seeds.0: Input should be less than or equal to 4294967295"),
+    ({"promote": {"confidence": 0.5}}, r"promote.confidence: Input should be greater than 0.5 \(got 0.5\)"),
+    ({"distributed": {"timeout_minutes": 1e10}}, "distributed.timeout_minutes: Input should be less than or equal to 1000000000"),
+    ({"data": {"dataset": "custom", "custom": {"train": "train.csv"}}},
+     "data.dataset is 'custom' but data.custom.train and data.custom.test are not both set"),
 ])
 def test_values_that_would_train_nonsense_are_refused_with_their_reason(override, problem):
     with pytest.raises(ConfigError, match=problem):
@@ -290,6 +299,25 @@ def test_a_training_section_that_is_off_batches_nothing_so_its_batch_size_is_not
     assert Params().with_overrides(off).trained_sections() == ("stage_one", "stage_two")
     with pytest.raises(ConfigError, match=r"raise baseline_nc.batch_size \(4\) to at least 8"):
         Params().with_overrides({**off, "baseline_nc": {"enabled": True, "batch_size": 4}})
+
+
+def test_a_batch_of_exactly_two_rows_per_process_is_enough():
+    """Two rows a process is the least that gives each one an in-batch negative: the bound itself is accepted."""
+    sections = {name: {"batch_size": 8} for name in ("stage_one", "stage_two", "baseline_nc")}
+    assert Params().with_overrides({"distributed": {"nproc_per_node": 4}, **sections}).stage_two.batch_size == 8
+
+
+def test_params_and_their_sections_cannot_be_changed_in_place():
+    """Every change goes through with_overrides, which validates it: a section changed in place (a trial's
+    `params.mine.k = 0`) would skip each bound and check, and change the params every other holder of them reads."""
+    from pydantic import ValidationError
+
+    params = Params()
+    with pytest.raises(ValidationError, match="Instance is frozen"):
+        params.mine.k = 0
+    with pytest.raises(ValidationError, match="Instance is frozen"):
+        params.seed = 1
+    assert params.with_overrides({"mine": {"k": 3}}).mine.k == 3 and params.mine.k == 5
 
 
 def test_the_tuner_can_search_a_head_learning_rate_whose_base_value_is_null():
@@ -766,6 +794,7 @@ def test_loss_settings_the_loss_does_not_read_are_said():
                                                      "retrain.inbox"),
     ({"work_dir": "data"}, "retrain.inbox 'data/incoming' is inside retrain.work_dir 'data', which each run empties"),
     ({"lock": "data/retrain/retrain.lock"}, "retrain.lock 'data/retrain/retrain.lock' is inside retrain.work_dir"),
+    ({"work_dir": "data/incoming"}, "retrain.inbox 'data/incoming' is inside retrain.work_dir 'data/incoming'"),  # the same
 ])
 def test_retrain_places_that_would_undo_each_other_are_refused_at_load(retrain, problem):
     """An archive that was the inbox had its manifest picked up as a delivery and archived away: the record of what

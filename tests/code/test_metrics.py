@@ -239,6 +239,7 @@ def test_seed_statistics_say_which_standard_deviation_they_give():
     runs = [{"admc": {"test": {"accuracy": a, "macro_f1": a, "macro_f1_gold_classes": a}}} for a in (0.90, 0.92, 0.95)]
     stats = seed_statistics(runs, resplit=False)
     assert list(stats)[:4] == ["n", "resplit", "std_ddof", "admc"] and stats["std_ddof"] == 1
+    assert list(stats["admc"]) == ["accuracy", "macro_f1", "macro_f1_gold_classes"]  # each figure the gate and tail read
     assert stats["admc"]["accuracy"]["std"] == pytest.approx(np.std([0.90, 0.92, 0.95], ddof=stats["std_ddof"]))
     assert stats["admc"]["accuracy"]["mean"] == pytest.approx(np.mean([0.90, 0.92, 0.95]))  # the mean, not the median
 
@@ -347,3 +348,166 @@ def test_recall_of_a_class_with_no_gold_row_is_zero_and_macro_f1_counts_a_gold_c
     assert per_class[1]["recall"] == per_class[2]["recall"] == 0.0  # undefined: 0, as scikit-learn (classes.json)
     gold, predicted = np.array([0, 1, 2]), np.array([0, 0, 1])  # class 2 in gold, never predicted
     assert macro_f1(gold, predicted) == pytest.approx(f1_score(gold, predicted, average="macro")) == pytest.approx(2 / 9)
+
+
+def test_evaluate_scores_each_shifted_model_with_its_shift_and_keeps_its_figures_without_it(monkeypatch):
+    """A trained model is reported as it is served, its class-prior shift applied; `unshifted` keeps its figures from
+    the raw scores, and the zero-shot encoder, which has no shift, is scored as it is (and has no `unshifted`)."""
+    from tqc.config import Params
+    from tqc.prior import PriorShift
+    from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+    from tqc.stages import evaluate
+
+    catalog = Catalog([StandardQuestion(c, f"What is {c}?") for c in ("A", "B")])
+    questions = [LabeledQuestion("q0", "A"), LabeledQuestion("q1", "B")]
+    raw = np.array([[0.7, 0.2], [0.55, 0.45]])  # (N, P): q1 answered A, wrongly, until A is shifted down
+    monkeypatch.setattr(evaluate, "load_models", lambda *_: {"admc": lambda qs, c: raw, "zero_shot": lambda qs, c: raw})
+    shift = PriorShift(weight=1.0, temperature=0.1, shift=np.array([-0.2, 0.0]), validation_by_weight={})
+    evaluated = evaluate.evaluate_models(None, Params(), {"test": questions}, catalog, {"admc": shift})
+    assert evaluated["metrics"]["admc"]["test"]["accuracy"] == 1.0  # shifted: [[0.5, 0.2], [0.35, 0.45]]
+    assert evaluated["unshifted"]["admc"]["test"]["accuracy"] == 0.5
+    assert evaluated["metrics"]["zero_shot"]["test"]["accuracy"] == 0.5 and "zero_shot" not in evaluated["unshifted"]
+    np.testing.assert_allclose(evaluated["scores"]["test"]["admc"], raw + [-0.2, 0.0])
+    np.testing.assert_array_equal(evaluated["raw_scores"]["test"]["admc"], raw)  # Figure 3 plots these
+
+
+def test_the_exemplar_rule_is_scored_only_with_training_rows_and_a_k_above_zero(monkeypatch):
+    """evaluate.exemplar_k 0 means "not scored" (metrics.json's exemplars: null); with it the exemplar scorer was asked
+    for each class's 0 nearest questions."""
+    from types import SimpleNamespace
+
+    from tqc.config import Params
+    from tqc.schema import LabeledQuestion
+    from tqc.stages import evaluate
+
+    class Model:
+        question = None
+
+        def to(self, device):
+            return self
+
+    monkeypatch.setattr(evaluate.TextEncoder, "from_pretrained", lambda *_: None)
+    monkeypatch.setattr(evaluate, "BiEncoder", lambda *_: Model())
+    monkeypatch.setattr(evaluate, "trained_models", lambda *_: {"admc": Model(), "stage_one": Model()})
+    monkeypatch.setattr(evaluate, "scorer_for", lambda *_: "trained scorer")
+    monkeypatch.setattr(evaluate, "exemplar_scorer", lambda *_: "exemplar scorer")
+    models, rows = SimpleNamespace(stage_one=None, stage_two=None, nc=None), [LabeledQuestion("q", "A")]
+
+    def scored(exemplar_k: int, exemplars) -> list[str]:
+        return list(evaluate.load_models(models, Params.model_validate({"evaluate": {"exemplar_k": exemplar_k}}), exemplars))
+
+    assert scored(2, rows) == ["admc", "stage_one", "zero_shot", "exemplars"]
+    assert scored(0, rows) == scored(2, None) == ["admc", "stage_one", "zero_shot"]
+
+
+def test_each_extra_seed_splits_augments_and_trains_with_its_own_seed(monkeypatch, tmp_path):
+    """seed + offset must reach every draw of an extra training: with the base seed in one of them, every seed repeats
+    that draw (one validation split, one augmentation, one initialisation), and the spread leaves its variance out."""
+    from tqc.config import Params
+    from tqc.schema import LabeledQuestion, save_questions
+    from tqc.stages import evaluate
+
+    save_questions(tmp_path / "validation.jsonl", [LabeledQuestion("q", "A")])
+    drawn = []
+
+    def resplit(params, data_dir, seed, out_dir):
+        drawn.append(("resplit", seed))
+        return tmp_path
+
+    monkeypatch.setattr(evaluate, "resplit", resplit)
+    monkeypatch.setattr(evaluate, "augmented_again", lambda _, __, ___, seed, ____: drawn.append(("augment", seed)))
+    monkeypatch.setattr(evaluate, "train_chain", lambda _, __, ___, ____, seed: drawn.append(("train", seed)))
+    monkeypatch.setattr(evaluate, "score_chain", lambda *_: ({"metrics": {}}, {}))
+    params = Params.model_validate({"seed": 42, "evaluate": {"seeds": 3, "resplit": True}})
+    evaluate._extra_seeds(params, tmp_path, {"test": []}, None)
+    assert drawn == [(step, seed) for seed in (43, 44) for step in ("resplit", "augment", "train")]
+
+
+def test_each_seeds_augmentation_holds_out_its_own_validation_split_and_test(monkeypatch, tmp_path):
+    """augment drops a made row equal to a held-out question: an extra seed's are its own validation rows (resplit's,
+    in its folder) and the one test split, which stays in the validated data folder."""
+    from tqc.config import Params
+    from tqc.stages import evaluate
+
+    seed_dir, data_dir = tmp_path / "seed", tmp_path / "validated"
+    for path in (seed_dir / "validation.jsonl", data_dir / "validation.jsonl", data_dir / "test.jsonl"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("")
+    calls = []
+    monkeypatch.setattr(evaluate.augment, "run", lambda *args: calls.append(args))
+    written = evaluate.augmented_again(Params(), seed_dir, data_dir, 7, tmp_path / "work")
+    (train, _, seed, out, _, generated, held_out, catalog), = calls
+    assert (train, seed, out, written) == (seed_dir / "train.jsonl", 7, tmp_path / "work" / "augmented.jsonl", out)
+    assert held_out == [seed_dir / "validation.jsonl", data_dir / "test.jsonl"]
+    assert (generated, catalog) == (data_dir / "generated.jsonl", data_dir / "catalog.jsonl")
+
+
+def test_metrics_json_gains_are_admc_minus_each_baseline_and_each_shift_is_recorded_as_fitted(monkeypatch):
+    """The gains read as ADMC's improvement (a sign flip reads as a loss), each by its own figure; prior_shift holds
+    each shifted model's fitted λ, τ and target beside its unshifted figures; code_edited says the code differed."""
+    from tqc.config import Params
+    from tqc.prior import PriorShift
+    from tqc.stages import evaluate
+
+    def figures(accuracy: float, f1: float) -> dict:
+        return {"accuracy": accuracy, "macro_f1": f1, "macro_f1_gold_classes": f1, "mrr": 1.0}
+
+    splits = lambda accuracy, f1: {"test": figures(accuracy, f1), "validation": figures(accuracy - 0.1, f1 - 0.1)}  # noqa: E731
+    evaluated = {"metrics": {"admc": splits(0.9, 0.8), "stage_one": splits(0.7, 0.6), "nc": splits(0.85, 0.5),
+                             "zero_shot": splits(0.3, 0.2)},
+                 "unshifted": {"admc": splits(0.88, 0.78)}}
+    shifts = {"admc": PriorShift(weight=0.5, temperature=0.05, shift=np.zeros(2), validation_by_weight={}, target="uniform")}
+    monkeypatch.setattr(evaluate, "git_commit", lambda paths=None: "abc123-dirty" if paths == evaluate.CODE else "abc123")
+    document = evaluate.metrics_document(Params(), evaluated, shifts, {})
+    assert document["gains_on_test"] == pytest.approx({"macro_f1_stage_two_minus_stage_one": 0.2,
+                                                       "macro_f1_admc_minus_nc": 0.3, "accuracy_admc_minus_nc": 0.05})
+    unshifted = {"accuracy": 0.88, "macro_f1": 0.78, "macro_f1_gold_classes": 0.78}
+    assert document["prior_shift"] == {"admc": {
+        "weight": 0.5, "temperature": 0.05, "target": "uniform", "test_unshifted": unshifted,
+        "validation_unshifted": pytest.approx({k: v - 0.1 for k, v in unshifted.items()})}}
+    assert document["run"]["code_version"] == "abc123" and document["run"]["code_edited"] is True
+
+
+def test_classes_json_names_each_confusion_gold_first_and_predictions_list_the_top_k_best_first(tmp_path):
+    """most_confused's "gold" is the class a question belongs to and "predicted" the one it was answered as;
+    predictions.jsonl lists exactly top_k standard questions, highest score first."""
+    import json
+
+    from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+    from tqc.stages.evaluate import _class_report, _write_predictions
+
+    catalog = Catalog([StandardQuestion(c, f"What is {c}?") for c in ("A", "B", "C")])
+    questions = [LabeledQuestion("q0", "A"), LabeledQuestion("q1", "A"), LabeledQuestion("q2", "C")]
+    scores = np.array([[0.1, 0.7, 0.2], [0.2, 0.5, 0.3], [0.1, 0.3, 0.6]])  # q0 and q1 (A) answered B
+    report = _class_report(scores, questions, catalog, 10)
+    assert report["most_confused"] == [{"gold": "A", "predicted": "B", "count": 2}]
+    _write_predictions(tmp_path / "p.jsonl", scores, questions, catalog, 2)
+    rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [[(t["class_id"], t["score"]) for t in row["top_k"]] for row in rows] == [
+        [("B", 0.7), ("C", 0.2)], [("B", 0.5), ("C", 0.3)], [("C", 0.6), ("B", 0.3)]]
+    assert rows[0]["top_k"][0]["standard_question"] == "What is B?" and rows[2]["gold"] == "C"
+
+
+def test_similarity_profile_puts_zero_shot_before_and_admc_after_and_samples_by_the_seed(tmp_path):
+    """Figure 3 is before (the untrained encoder) against after (ADMC): swapped, it shows training undoing itself. The
+    sampled questions are drawn with params.seed, so a re-run of evaluate draws the same figure."""
+    import csv
+
+    from tqc.config import Params
+    from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
+    from tqc.stages.evaluate import _write_similarity_profile
+
+    catalog = Catalog([StandardQuestion(c, f"What is {c}?") for c in ("A", "B")])
+    questions = [LabeledQuestion(f"q{i}", "AB"[i % 2]) for i in range(30)]
+    zero_shot, admc = np.full((30, 2), 0.25), np.full((30, 2), 0.75)
+    params = Params.model_validate({"seed": 3, "evaluate": {"profile_questions": 3}})
+
+    def profile(folder):
+        folder.mkdir()
+        _write_similarity_profile(folder, {"zero_shot": zero_shot, "admc": admc}, questions, catalog, params)
+        with open(folder / "similarity_profile.csv", encoding="utf-8", newline="") as handle:
+            return list(csv.DictReader(handle))
+
+    first = profile(tmp_path / "one")
+    assert {(row["before"], row["after"]) for row in first} == {("0.250000", "0.750000")}
+    assert profile(tmp_path / "two") == first and len({row["question"] for row in first}) == 3

@@ -57,6 +57,9 @@ def test_a_vector_that_is_not_finite_is_an_error_naming_its_row_not_a_mined_clas
     vectors[broken][1] = np.nan
     with pytest.raises(DivergedScores, match=r"1 (training|standard) question vector\(s\) hold NaN or inf \(rows \[1\] first\)"):
         mine(vectors["questions"], vectors["standards"], np.array([0, 2, 1, 0, 2]), k=2)
+    vectors[broken][2, 3] = np.inf  # one component is enough: that vector scores nothing either
+    with pytest.raises(DivergedScores, match=r"2 (training|standard) question vector\(s\) hold NaN or inf \(rows \[1, 2\] first\)"):
+        mine(vectors["questions"], vectors["standards"], np.array([0, 2, 1, 0, 2]), k=2)
 
 
 def test_a_search_that_returns_no_neighbour_is_an_error_not_the_last_class(monkeypatch):
@@ -77,6 +80,35 @@ def test_a_search_that_returns_no_neighbour_is_an_error_not_the_last_class(monke
 def test_exclude_gold_handles_gold_outside_the_retrieved_list():
     neighbours = np.array([[4, 2, 1], [0, 3, 2]])
     assert exclude_gold(neighbours, np.array([9, 3]), 2).tolist() == [[4, 2], [0, 2]]
+
+
+def test_exclude_gold_refuses_fewer_neighbours_than_k_plus_the_gold_s_group():
+    """With only k neighbours a row whose gold was retrieved has k - 1 wrong ones: the k-th "negative" was its gold."""
+    with pytest.raises(ValueError, match=r"need at least k \+ 1 = 3 neighbours per row, got 2"):
+        exclude_gold(np.array([[0, 1], [2, 1]]), np.array([0, 2]), 2)
+    with pytest.raises(ValueError, match=r"need at least k \+ 2 = 3 neighbours per row, got 2"):  # a's twin group
+        exclude_gold(np.array([[0, 1], [2, 1]]), np.array([0, 2]), 1, groups=np.array([0, 0, 1]))
+
+
+def test_mined_negatives_keep_the_nearest_first_order_when_k_is_large():
+    """exclude_gold's sort must be stable: numpy's default sort reorders rows longer than 16, and a k of 20 (TREC-50)
+    mined the right classes in a scrambled order, which stage two's first (hardest) negative reads."""
+    standards, questions = random_unit(40, 16, 20), random_unit(30, 16, 21)
+    gold = np.random.default_rng(22).integers(0, 40, size=30)
+    negatives, _ = mine(questions, standards, gold, 25)
+    assert negatives.tolist() == _ranked_wrong(questions @ standards.T, gold, 25)
+
+
+def test_a_learned_scorer_mines_every_row_whatever_its_chunking():
+    """retrieve_by_scorer scores the questions a chunk at a time: every row, each in its place, as one chunk would."""
+    from tqc.mining import retrieve_by_scorer
+
+    standards, questions = random_unit(5, 8, 23), random_unit(7, 8, 24)
+    scorer = lambda q, s: q @ s.T  # noqa: E731
+    whole = retrieve_by_scorer(scorer, questions, standards, 3)
+    chunked = retrieve_by_scorer(scorer, questions, standards, 3, chunk_rows=2)
+    assert chunked[1].shape == (7, 3) and chunked[1].tolist() == whole[1].tolist()
+    np.testing.assert_allclose(chunked[0], whole[0], rtol=1e-6)
 
 
 def _ranked_wrong(scores: np.ndarray, gold: np.ndarray, k: int) -> list[list[int]]:
@@ -127,6 +159,12 @@ def test_load_negatives_refuses_stale_or_self_negatives(tmp_path):
     assert load_negatives(path, catalog, ["a", "b"]).tolist() == [[1, 2], [2, 0]]
     with pytest.raises(ValueError, match="row 1 .*stale"):
         load_negatives(path, catalog, ["a", "c"])  # same length, another training set
+    _write_negatives(path, [{"row": 1, "class_id": "a", "negatives": ["b", "c"]},  # rows of one class swapped
+                            {"row": 0, "class_id": "a", "negatives": ["c", "b"]}])
+    with pytest.raises(ValueError, match=r"line 1: mined for row 1 \(class 'a'\), but training row 0 is class 'a'"):
+        load_negatives(path, catalog, ["a", "a"])
+    _write_negatives(path, [{"row": 0, "class_id": "a", "negatives": ["b", "c"]},
+                            {"row": 1, "class_id": "b", "negatives": ["c", "a"]}])
     with pytest.raises(ValueError, match="2 rows of mined negatives for 3"):
         load_negatives(path, catalog, ["a", "b", "c"])
     _write_negatives(path, [{"row": 0, "class_id": "a", "negatives": ["a", "c"]}])
@@ -513,6 +551,10 @@ def test_mining_statistics_count_where_gold_ranks_and_which_classes_are_mined_mo
     assert (stats["gold_is_nearest"], stats["gold_within_depth"]) == (0.0, 0.5)
     assert stats["hardest_negative_similarity_mean"] == pytest.approx((0.9 + 0.8) / 2)
     assert stats["most_mined_classes"][0] == [1, 2]  # class 1 mined by both questions
+    gold_first = statistics(similarities, neighbours, negatives, np.array([2, 0]))  # each gold the nearest
+    assert (gold_first["gold_is_nearest"], gold_first["gold_within_depth"]) == (1.0, 1.0)
+    many = np.arange(24).reshape(2, 12)  # 24 classes mined once each: the report keeps the ten most mined
+    assert len(statistics(similarities[:, :1], many[:, :1], many, np.array([30, 31]))["most_mined_classes"]) == 10
 
 
 def test_a_k_that_takes_every_wrong_class_is_said_to_choose_nothing(caplog):

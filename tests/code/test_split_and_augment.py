@@ -247,6 +247,28 @@ def test_each_seed_augments_its_train_again_and_resplit_draws_a_new_validation_s
     assert [q.source for q in seed_2 if q.generated] != [q.source for q in seed_3 if q.generated]
 
 
+def test_resplit_never_draws_a_standard_question_for_validation_at_any_seed(tmp_path):
+    """Ingest holds the catalog's standard questions out of validation (matched word for word, such a row judges
+    nothing); each extra seed's resplit draws again from the same rows and must hold them out as ingest does."""
+    from tqc.config import Params
+    from tqc.schema import Catalog, StandardQuestion, load_questions, save_questions
+    from tqc.stages.evaluate import resplit
+
+    rows = questions({"a": 6, "b": 6})
+    validated = tmp_path / "validated"
+    save_questions(validated / "train.jsonl", rows[1:])
+    save_questions(validated / "validation.jsonl", rows[:1])
+    save_questions(validated / "test.jsonl", questions({"a": 1, "b": 1}))
+    # compared as ingest compares texts: case and spacing aside
+    Catalog([StandardQuestion("a", rows[0].text.upper()), StandardQuestion("b", f"  {rows[6].text}")]).save(
+        validated / "catalog.jsonl")
+    params = Params.model_validate({"data": {"validation_fraction": 0.4}})
+    for seed in range(10):
+        drawn = load_questions(resplit(params, validated, seed, tmp_path / f"seed{seed}") / "validation.jsonl")
+        assert Counter(q.class_id for q in drawn) == {"a": 2, "b": 2}
+        assert rows[0] not in drawn and rows[6] not in drawn
+
+
 def test_max_factor_caps_each_class_at_a_multiple_of_its_own_count(tmp_path):
     from tqc.config import AugmentParams
     from tqc.schema import load_questions, save_questions

@@ -1234,6 +1234,153 @@ def test_a_journal_written_before_moves_carried_their_sha256_still_rolls_back(tm
     assert (tmp_path / "inbox" / "a.csv").exists() and not directory.exists()
 
 
+def test_a_journal_still_there_is_never_written_over_by_the_next_commit(tmp_path):
+    """An interrupted commit's journal holds the only copy of the data as it was: a second commit that wrote its own
+    journal over it (its "before" being the half-committed data) would make that state unrecoverable."""
+    directory = tmp_path / "work" / "commit-journal"
+    retrain_commit.CommitJournal.begin(directory, {tmp_path / "labeled.jsonl": b"as it was\n"}, [])
+    with pytest.raises(steps.RetrainCommitError, match="an interrupted commit's journal is still there"):
+        retrain_commit.CommitJournal.begin(directory, {tmp_path / "labeled.jsonl": b"half committed\n"}, [])
+    assert retrain_commit.CommitJournal.found(directory).before == {tmp_path / "labeled.jsonl": b"as it was\n"}
+
+
+def test_a_journal_whose_last_move_was_cut_by_the_kill_still_rolls_back_the_moves_before_it(tmp_path, monkeypatch):
+    """A kill while a move's line was written leaves it cut: that move was never made, and the ones before it are
+    undone; a JSONDecodeError would stop this and every later run until someone edited the journal."""
+    monkeypatch.chdir(tmp_path)
+    directory = tmp_path / "work" / "commit-journal"
+    (tmp_path / "data").mkdir(), (tmp_path / "inbox").mkdir(), (tmp_path / "archive").mkdir()
+    (tmp_path / "data" / "labeled.jsonl").write_text("committed\n")
+    retrain_commit.CommitJournal.begin(directory, {Path("data/labeled.jsonl"): b"as it was\n"}, [])
+    (tmp_path / "archive" / "a.csv").write_text("question,label\nwho is it,HUM\n")
+    move = json.dumps({"inbox": "inbox/a.csv", "archived_as": "archive/a.csv", "sha256": None})
+    (directory / "moves.jsonl").write_text(move + "\n" + '{"inbox": "inbox/b.csv", "archived_a')
+    params = load_params(Path(__file__).resolve().parents[2] / "params.yaml").retrain.model_copy(
+        update={"work_dir": str(tmp_path / "work")})
+    assert steps.roll_back_interrupted_commit(params)
+    assert (tmp_path / "inbox" / "a.csv").exists() and not (tmp_path / "archive" / "a.csv").exists()
+    assert (tmp_path / "data" / "labeled.jsonl").read_text() == "as it was\n" and not directory.exists()
+
+
+def test_a_roll_back_waits_for_gits_index_lock_and_fails_at_once_on_any_other_git_error(monkeypatch):
+    """Another git process (an editor's `git status`) holds .git/index.lock for a moment: the roll-back's git command
+    is tried again after each wait, and given up once the waits are spent; any other failure is not waited on."""
+    import subprocess
+
+    locked = "fatal: Unable to create '/repo/.git/index.lock': File exists."
+    outcomes, sleeps = [], []
+    monkeypatch.setattr(retrain_commit.subprocess, "run",
+                        lambda args, **_: subprocess.CompletedProcess(args, *outcomes.pop(0)))
+    monkeypatch.setattr(retrain_commit.time, "sleep", sleeps.append)
+
+    outcomes[:] = [(128, "", locked), (128, "", locked), (0, "", "")]
+    retrain_commit._git_index("add", "--", "data/raw/labeled.jsonl.dvc")
+    assert sleeps == [0.5, 1.0] and not outcomes
+
+    sleeps.clear()
+    outcomes[:] = [(128, "", "fatal: not a git repository")]
+    with pytest.raises(steps.RetrainCommitError, match="could not set git's index to match \\(git add: fatal: not a git"):
+        retrain_commit._git_index("add", "--", "data/raw/labeled.jsonl.dvc")
+    assert sleeps == []
+
+    outcomes[:] = [(128, "", locked)] * 5  # held past every wait
+    with pytest.raises(steps.RetrainCommitError, match="index.lock"):
+        retrain_commit._git_index("rm", "-q", "--cached", "--", "data/raw/labeled.jsonl.dvc")
+    assert sleeps == list(retrain_commit.INDEX_LOCK_WAITS) and not outcomes
+
+
+def test_a_retrain_trains_no_nc_baseline_and_fits_the_prior_on_the_staged_data(tmp_path, monkeypatch):
+    """The gate judges stage two alone: an NC baseline trained in a retrain is a third model's training for nothing.
+    The chain and its prior run on the staged data (data.additions the staged folder), with the run's seed."""
+    from types import SimpleNamespace
+
+    import tqc.mining
+    import tqc.pipeline
+    from tqc.config import Params
+    from tqc.retraining import renew
+    from tqc.stages import prior
+
+    chains, priors = [], []
+
+    def train_chain(params, data_dir, train, work, seed, with_nc=True, on_epoch=None):
+        chains.append((params.data.additions, data_dir, train, work, seed, with_nc))
+        return tqc.pipeline.ChainOutputs(work / "stage_one", work / "stage_two", work / "nc" if with_nc else None,
+                                         fits={"stage_two": SimpleNamespace(best_validation_macro_f1=0.75)})
+
+    monkeypatch.setattr(tqc.mining, "check_faiss_for", lambda similarity: None)
+    monkeypatch.setattr(tqc.pipeline, "prepare_data", lambda params, work: SimpleNamespace(
+        directory=work / "validated", train=work / "augmented.jsonl"))
+    monkeypatch.setattr(tqc.pipeline, "train_chain", train_chain)
+    monkeypatch.setattr(prior, "run", lambda data, one, two, nc, params, out: priors.append((data, one, two, nc, out)))
+    staging = tmp_path / "staging"
+    trained = renew.train(Params(seed=9), SimpleNamespace(raw=staging / "raw"), staging)
+    models = staging / "models"
+    assert chains == [(str(staging / "raw"), staging / "data" / "validated", staging / "data" / "augmented.jsonl", models,
+                       9, False)]
+    assert priors == [(staging / "data" / "validated", models / "stage_one", models / "stage_two", None,
+                       models / "prior.json")]
+    assert trained == steps.Trained(staging / "data" / "validated", models / "stage_two", models / "prior.json", 0.75)
+
+
+def test_the_champion_to_refresh_is_read_with_its_rule_and_k_into_a_folder_emptied_first(tmp_path, monkeypatch):
+    """A version registered before versions carried a rule tag serves the standard rule; the exemplar k is the one it
+    was registered with. The folder it downloads into is emptied first: a failed earlier download's files stayed."""
+    from types import SimpleNamespace
+
+    import mlflow
+
+    import tqc.serving
+    from tqc.retraining import renew
+
+    versions = {"tqc-admc": SimpleNamespace(version=4, tags={})}
+    config = {}
+
+    def registered_artifacts(name, version, destination):
+        destination.mkdir(parents=True, exist_ok=True)
+        return {"model": destination / "model"}, config
+
+    monkeypatch.setattr(mlflow, "MlflowClient", lambda *args, **kwargs: None)
+    monkeypatch.setattr(tqc.serving, "alias_version", lambda client, name, alias: versions.get(name))
+    monkeypatch.setattr(tqc.serving, "registered_artifacts", registered_artifacts)
+    destination = tmp_path / "champion"
+    destination.mkdir()
+    (destination / "left-over.bin").write_text("an earlier download's")
+    champion = renew.champion_model("tqc-admc", "champion", destination)
+    assert champion == retrain_pending.Champion("4", destination / "model", "standard", None)
+    assert not (destination / "left-over.bin").exists()
+    versions["tqc-admc"], config["exemplar_k"] = SimpleNamespace(version=5, tags={"rule": "exemplars"}), "3"
+    assert renew.champion_model("tqc-admc", "champion", destination) == retrain_pending.Champion(
+        "5", destination / "model", "exemplars", 3)
+    with pytest.raises(steps.RefreshError, match="has no other@champion to refresh"):
+        renew.champion_model("other", "champion", destination)
+
+
+def test_a_refresh_says_when_it_changes_the_exemplar_k_the_champion_serves(tmp_path, monkeypatch, caplog):
+    """A refresh serves evaluate.exemplar_k: a champion registered with another k is a change of rule the gate judges,
+    and the log says so; one with the same k and rule is said nothing of."""
+    from types import SimpleNamespace
+
+    import tqc.pipeline
+    from tqc.config import Params
+    from tqc.retraining import renew
+
+    champion = retrain_pending.Champion("1", tmp_path / "model", "exemplars", 3)
+    monkeypatch.setattr(renew, "champion_model", lambda *args: champion)
+    monkeypatch.setattr(tqc.pipeline, "validated_data", lambda params, work: work / "validated")
+    params = Params.model_validate({"promote": {"rule": "exemplars"}, "evaluate": {"exemplar_k": 2}})
+    with caplog.at_level(logging.WARNING, logger="tqc.retrain"):
+        refreshed = renew.refresh(params, SimpleNamespace(raw=tmp_path / "raw"), tmp_path / "staging")
+    assert "tqc-admc v1 serves the exemplars rule with k = 3; this refresh serves the exemplar rule with k = 2, so the " \
+           "gate also judges that change" in caplog.text
+    assert refreshed == steps.Trained(tmp_path / "staging" / "data" / "validated", champion.model, None, None,
+                                      refreshed_from=champion)
+    caplog.clear()
+    champion = retrain_pending.Champion("1", tmp_path / "model", "exemplars", 2)
+    with caplog.at_level(logging.WARNING, logger="tqc.retrain"):
+        renew.refresh(params, SimpleNamespace(raw=tmp_path / "raw"), tmp_path / "staging")
+    assert "serves the" not in caplog.text
+
+
 def test_the_data_version_is_recorded_only_in_a_dvc_project_and_pushed_only_where_a_remote_is_named(tmp_path, monkeypatch, caplog):
     import subprocess
 

@@ -300,3 +300,33 @@ def test_weight_averaging_is_a_decay_below_one():
     assert Schedule().weight_averaging == 0.0
     with pytest.raises(ValueError, match="weight_averaging"):
         Schedule(weight_averaging=1.0)
+
+
+def test_seed_everything_seeds_python_numpy_and_torch_alike():
+    """Each library draws from its own generator (shuffles from `random`, EDA and mixup from NumPy, initialisation
+    and dropout from torch): one left unseeded makes a run unrepeatable at the same seed."""
+    from tqc.device import seed_everything
+
+    def draws() -> tuple:
+        return random.random(), float(np.random.rand()), float(torch.rand(1))
+
+    seed_everything(7)
+    first = draws()
+    draws()  # the generators move on ...
+    seed_everything(7)  # ... and the seed brings each one back
+    assert draws() == first
+    seed_everything(8)
+    assert all(a != b for a, b in zip(draws(), first))
+
+
+def test_each_torchrun_process_picks_its_own_gpu_by_local_rank(monkeypatch):
+    """Under torchrun every process of a node sees every GPU: on GPU 0, each would train on the first one."""
+    from tqc.device import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert pick_device() == torch.device("cuda", 3)
+    monkeypatch.delenv("LOCAL_RANK")
+    assert pick_device() == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pick_device() == torch.device("cpu")
