@@ -1,6 +1,7 @@
 """Atomic writes: all or nothing, and files as readable as any other the user writes."""
 
 import os
+import pickle
 import stat
 
 import pytest
@@ -265,8 +266,6 @@ def test_a_json_file_that_cannot_be_read_is_named_and_a_bom_is_taken(tmp_path):
         read_json(tmp_path / "bad.json")
     # the reason alone, for callers that name the file with what it should hold; whole again once pickled
     assert failure.value.reason.startswith("not valid JSON (")
-    import pickle
-
     assert str(pickle.loads(pickle.dumps(failure.value))) == str(failure.value)
 
 

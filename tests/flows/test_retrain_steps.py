@@ -1249,7 +1249,8 @@ def test_a_journal_whose_last_move_was_cut_by_the_kill_still_rolls_back_the_move
     undone; a JSONDecodeError would stop this and every later run until someone edited the journal."""
     monkeypatch.chdir(tmp_path)
     directory = tmp_path / "work" / "commit-journal"
-    (tmp_path / "data").mkdir(), (tmp_path / "inbox").mkdir(), (tmp_path / "archive").mkdir()
+    for folder in ("data", "inbox", "archive"):
+        (tmp_path / folder).mkdir()
     (tmp_path / "data" / "labeled.jsonl").write_text("committed\n")
     retrain_commit.CommitJournal.begin(directory, {Path("data/labeled.jsonl"): b"as it was\n"}, [])
     (tmp_path / "archive" / "a.csv").write_text("question,label\nwho is it,HUM\n")
