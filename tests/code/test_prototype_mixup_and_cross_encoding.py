@@ -221,3 +221,19 @@ def test_a_joined_input_is_never_pushed_away_from_its_own_questions_standard_que
         (gradient,) = torch.autograd.grad(loss, scores)
         assert torch.isfinite(loss) and gradient[excluded].abs().sum() == 0, name  # no push on the own-class column
         assert gradient[~excluded].abs().sum() > 0, name
+
+
+def test_a_question_that_fits_exactly_is_kept_as_it_is():
+    """At max_length to the token the join fits: the question is not re-spaced through its words."""
+    count_words = lambda text: len(text.split()) + 2  # noqa: E731 - a token a word, [CLS] and [SEP]
+    tail = " [SEP] Where is the place?"
+    assert count_words("where  is paris" + tail) == 10
+    assert question_that_fits(count_words, 10)("where  is paris", tail) == "where  is paris"
+
+
+def test_a_join_whose_standard_question_alone_is_too_long_keeps_the_questions_first_word():
+    """Nothing of the question fits beside a standard question this long; it is not emptied to nothing before
+    [SEP], its first word stays (the encoder's truncation cuts what is left)."""
+    count_words = lambda text: len(text.split()) + 2  # noqa: E731
+    fit = question_that_fits(count_words, 6)
+    assert fit("where is paris", " [SEP] Where on earth is the place?") == "where"

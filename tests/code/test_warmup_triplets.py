@@ -102,3 +102,31 @@ def test_the_pool_quarantines_held_out_empty_and_wordless_rows_and_merges_repeat
 def test_the_mask_share_is_not_cut_by_a_rounding_error():
     # 0.29 * 100 == 28.999999999999996 in floats: the share allows 29 words
     assert len(words_to_mask([1.0] * 100, 0.0, 0.29)) == 29
+
+
+def test_words_are_letters_and_digits_of_any_script_not_only_ascii():
+    text = "Où est la tour Eiffel, n° 42?"
+    assert [text[a:b] for a, b in words(text)] == ["Où", "est", "la", "tour", "Eiffel", "n", "42"]
+    assert masked(text, words(text), [0, 6], "[MASK]") == "[MASK] est la tour Eiffel, n° [MASK]?"
+
+
+def test_closeness_is_a_cosine_whatever_the_length_of_the_embedding_rows():
+    """The threshold is on cosines: an encoder whose embedding rows are three times as long makes the same words
+    alike, not every word 9 times as alike."""
+    question, title = ["where", "spot", "paris", "wherever"], ["place", "where"]
+    long_rows = WordVectors(pieces, 3 * TABLE).closeness(question, title)
+    assert long_rows == pytest.approx(vectors().closeness(question, title), abs=1e-6)
+    assert max(long_rows) == pytest.approx(1.0) and long_rows[1] == pytest.approx(1 / 1.09 ** 0.5)
+
+
+def test_a_title_with_no_word_makes_no_word_alike_and_no_structure_triplet():
+    assert vectors().closeness(["where", "is"], []) == [-1.0, -1.0]
+    assert structure_triplet(0, "?!", "where is the spot", vectors(), 0.8, 1.0, "[MASK]") is None
+
+
+def test_a_half_precision_embedding_table_is_read_in_float32():
+    """An encoder loaded in float16: its table's values, compared in float32 (float16 sums and norms are ~1e-3 off,
+    which moves likeness across the threshold and reorders words that are alike to 6 decimals)."""
+    question, title = ["where", "spot", "paris", "wherever", "city"], ["place", "where", "city"]
+    half = TABLE.half()
+    assert WordVectors(pieces, half).closeness(question, title) == WordVectors(pieces, half.float()).closeness(question, title)

@@ -190,3 +190,40 @@ def test_a_run_with_no_worker_or_no_trial_fails_naming_the_parameter(project, mo
     monkeypatch.setattr(tune_flow, "tune_worker", NoWorker())
     state = tune(params_path="params.yaml", **{"workers": 1, **counts}, return_state=True)
     assert state.is_failed() and state.message == said
+
+
+def test_a_worker_runs_its_own_tqc_tune_on_its_gpu_and_fails_whenever_its_process_does(monkeypatch):
+    """What each task starts: `tqc tune` with its worker number, trials, overrides and folders, on GPU i mod count of
+    those its starter listed; its result is the process's last line. A status of a process a signal ended (the OOM
+    killer's -9) is a failure as much as an exit status of 1 is: the flow run must not succeed without that worker."""
+    import flows.tune as tune_flow
+
+    started, outcome = [], {}
+    monkeypatch.setattr(tune_flow, "run_logging_lines",
+                        lambda command, logger, name, environment: started.append((command, name, environment)) or outcome["now"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    outcome["now"] = (0, ["trial 0 started", "best validation macro-F1 0.5000"], [])
+    arguments = ("team.yaml", 1, 3, ["stage_one.epochs=1"], "out", "work")
+    assert tune_flow.tune_worker.fn(*arguments) == "best validation macro-F1 0.5000"
+    command, name, environment = started[0]
+    assert command[1:] == ["-m", "tqc.cli", "--params", "team.yaml", "--set", "stage_one.epochs=1", "tune", "--worker", "1",
+                           "--trials", "3", "--out", "out", "--work", "work"]
+    assert name == "tune worker 1" and environment["CUDA_VISIBLE_DEVICES"] == "5"
+    for returncode in (1, -9):
+        outcome["now"] = (returncode, [], ["Killed"])
+        with pytest.raises(RuntimeError, match="^tune worker 1 failed:\nKilled$"):
+            tune_flow.tune_worker.fn(*arguments)
+
+
+def test_the_flow_script_keeps_a_users_own_analytics_setting(monkeypatch):
+    """`python flows/tune.py` turns the embedded server's usage report off only where the user has not set it."""
+    from flows.tune import main
+
+    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "true")
+    with pytest.raises(SystemExit):
+        main(["--workers", "0"])  # refused by the command line, after the setting is made
+    assert os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "true"
+    monkeypatch.delenv("PREFECT_SERVER_ANALYTICS_ENABLED")
+    with pytest.raises(SystemExit):
+        main(["--workers", "0"])
+    assert os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"

@@ -923,3 +923,61 @@ def test_every_tqc_command_asks_to_end_with_its_launcher_before_anything_else(mo
     libc, signal_number = ctypes.CDLL(None, use_errno=True), ctypes.c_int(-1)
     libc.prctl(2, ctypes.byref(signal_number), 0, 0, 0)  # PR_GET_PDEATHSIG
     assert signal_number.value == 0  # this (pytest's) process is not tied to its parent
+
+
+def test_as_many_processes_as_gpus_may_be_launched_and_one_more_may_not(monkeypatch):
+    """One process per GPU is the intended launch (tests/gpu checks it on a real machine, skipped without CUDA): the
+    limit is the device count itself, not one below it."""
+    from tqc.config import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    distributed.check_launch("auto", 2)
+    distributed.check_launch("nccl", 1)
+    with pytest.raises(ConfigError, match="distributed.nproc_per_node is 3, and this machine has 2 CUDA device"):
+        distributed.check_launch("auto", 3)
+
+
+def test_on_a_gpu_node_each_process_takes_its_local_gpu_and_the_backend_asked_for(monkeypatch):
+    """Rank 3 of a two-node job of 2 GPUs a node is the second process on its node: GPU 1 (LOCAL_RANK), not GPU 3,
+    which the node lacks. `auto` is NCCL there; a backend named in distributed.backend is the one joined."""
+    import torch.distributed as dist
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed, "_quiet", lambda: None)  # rank 3 would quieten this test process's loggers
+    devices, joined = [], []
+    monkeypatch.setattr(torch.cuda, "set_device", devices.append)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **options: joined.append(backend))
+    for backend in ("auto", "gloo", "nccl"):
+        distributed.setup(backend)
+    assert devices == [1, 1, 1] and joined == ["nccl", "gloo", "nccl"]
+
+
+def _broadcast_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """A linear model initialised from each rank's own seed, then `broadcast_parameters`: what each replica holds."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    distributed.setup("gloo")
+    try:
+        torch.manual_seed(rank)  # replicas that start apart, as heads drawn from streams that differ would
+        model = nn.Linear(4, 3)
+        distributed.broadcast_parameters(model)
+        torch.save({k: v.clone() for k, v in model.state_dict().items()}, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        distributed.teardown()
+
+
+def test_every_replica_starts_from_rank_0s_weights(tmp_path):
+    """The stage tests seed every process alike, so their replicas start equal with or without the broadcast; here
+    they do not, and after it each holds rank 0's weights (its own seed's)."""
+    multiprocessing.spawn(_broadcast_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    replicas = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    torch.manual_seed(0)
+    expected = nn.Linear(4, 3).state_dict()
+    for name, tensor in expected.items():
+        assert torch.equal(replicas[0][name], tensor) and torch.equal(replicas[1][name], tensor), name

@@ -156,3 +156,75 @@ def test_inputs_cut_at_max_input_tokens_are_said(tiny_seq2seq, caplog):
     with caplog.at_level("WARNING", logger="tqc.seq2seq"):
         Rewriter("paraphrase", params.model_copy(update={"max_input_tokens": 64})).rewrite(["where is paris"], seed=0)
     assert "max_input_tokens" not in caplog.text
+
+
+@pytest.fixture(scope="module")
+def beam_seq2seq(tmp_path_factory) -> Path:
+    """A random model whose beams differ (seeds 1 and 2 emit nothing under beam search)."""
+    return build_tiny_seq2seq(tmp_path_factory.mktemp("beams") / "model", 3)
+
+
+def test_the_copies_of_an_original_get_distinct_beams_beside_an_original_that_is_not_repeated(beam_seq2seq):
+    """Beams are per text: a repeated original takes its next beam even where another input appears once, and
+    each original's first rewrite is its own best beam, not a neighbour's."""
+    rewriter = Rewriter("paraphrase", Seq2SeqParams(paraphrase_model=str(beam_seq2seq), max_new_tokens=8, sample=False,
+                                                    num_beams=4))
+    text, other = "where is paris", "who invented chess"
+    rewrites = rewriter.rewrite([text, other, text], seed=0)
+    assert rewrites[0] != rewrites[2]
+    assert rewrites[:2] == [rewriter.rewrite([text], seed=0)[0], rewriter.rewrite([other], seed=0)[0]]
+
+
+def test_copies_beyond_the_distinct_beams_cycle_through_them_again(beam_seq2seq):
+    """5 copies of a question, 2 beams: best, second, best, second, best."""
+    rewriter = Rewriter("paraphrase", Seq2SeqParams(paraphrase_model=str(beam_seq2seq), max_new_tokens=8, sample=False,
+                                                    num_beams=2))
+    rewrites = rewriter.rewrite(["where is paris"] * 5, seed=0)
+    assert rewrites[0] != rewrites[1] and rewrites == [rewrites[0], rewrites[1]] * 2 + [rewrites[0]]
+
+
+def test_inputs_rewritten_over_several_batches_each_get_their_own_rewrite(beam_seq2seq):
+    """batch_size 1: three inputs are three generate calls, and every one of them is rewritten, in its place."""
+    rewriter = Rewriter("paraphrase", Seq2SeqParams(paraphrase_model=str(beam_seq2seq), max_new_tokens=8, sample=False,
+                                                    num_beams=2, batch_size=1))
+    texts = ["where is paris", "who invented chess", "where is the city"]
+    assert rewriter.rewrite(texts, seed=0) == [rewriter.rewrite([text], seed=0)[0] for text in texts]
+
+
+def test_an_input_of_exactly_max_input_tokens_is_not_said_to_be_cut(tiny_seq2seq, caplog):
+    params = Seq2SeqParams(paraphrase_model=str(tiny_seq2seq[0]), max_input_tokens=8, max_new_tokens=4, sample=False)
+    rewriter = Rewriter("paraphrase", params)
+    fits, one_more = "who invented chess in the city", "who invented chess in the city of"
+    assert [len(rewriter.models[0].tokenizer(t)["input_ids"]) for t in (fits, one_more)] == [8, 9]  # [CLS] … [SEP]
+    with caplog.at_level("WARNING", logger="tqc.seq2seq"):
+        rewriter.rewrite([fits], seed=0)
+    assert "max_input_tokens" not in caplog.text
+    with caplog.at_level("WARNING", logger="tqc.seq2seq"):
+        rewriter.rewrite([one_more], seed=0)
+    assert "1 of 1 inputs are longer than augment.seq2seq.max_input_tokens (8 tokens; the longest 9)" in caplog.text
+
+
+def test_the_paraphrase_prefix_is_given_to_the_model_and_counted_in_the_inputs_length(tiny_seq2seq, monkeypatch, caplog):
+    """A T5 paraphraser reads "paraphrase: <question>": the prefix goes into every input, and into its length."""
+    params = Seq2SeqParams(paraphrase_model=str(tiny_seq2seq[0]), paraphrase_prefix="paraphrase: ", max_input_tokens=8,
+                           max_new_tokens=4, sample=False)
+    model = Rewriter("paraphrase", params).models[0]
+    seen, real = [], model.model.generate
+    monkeypatch.setattr(model.model, "generate", lambda **inputs: seen.append(inputs["input_ids"].tolist()) or real(**inputs))
+    with caplog.at_level("WARNING", logger="tqc.seq2seq"):
+        model.generate(["who invented chess in"], seed=0)  # 4 words: 8 tokens with the prefix's 2, [CLS] and [SEP]
+    assert seen == [[model.tokenizer("paraphrase: who invented chess in")["input_ids"]]]
+    assert "max_input_tokens" not in caplog.text
+    with caplog.at_level("WARNING", logger="tqc.seq2seq"):
+        model.generate(["who invented chess in the"], seed=0)  # 7 tokens without the prefix, 9 with it
+    assert "1 of 1 inputs are longer than augment.seq2seq.max_input_tokens (8 tokens; the longest 9)" in caplog.text
+
+
+def test_a_backtranslation_whose_every_pivot_is_empty_gives_every_row_no_rewrite(tiny_seq2seq, monkeypatch):
+    """No pivot to translate back: the backward model is asked for nothing (a tokenizer, and beam search's count of
+    copies, refuse an empty batch) and every row is "", which augment replaces by its original."""
+    forward, backward = tiny_seq2seq
+    rewriter = Rewriter("backtranslate", Seq2SeqParams(forward_model=str(forward), backward_model=str(backward),
+                                                       sample=False, max_new_tokens=8))
+    monkeypatch.setattr(rewriter.models[0], "generate", lambda texts, seed: ["" for _ in texts])
+    assert rewriter.rewrite(["where is paris", "who invented chess"], seed=0) == ["", ""]
