@@ -141,3 +141,53 @@ def test_a_push_that_failed_is_said_in_one_line_and_in_the_summary_with_the_comm
     assert "in this checkout's DVC cache only" in summary_markdown(STAGED, None, None,
                                                                    committed={"dvc": {"added": added[:1], "pushed": False}})
     assert "New data version" not in summary_markdown(STAGED, None, None)
+
+
+def test_the_summary_and_the_last_line_count_a_catalog_files_classes_apart_from_rows():
+    """A catalog file's accepted rows are new classes, not questions: counted as rows too, a delivery of 3 questions
+    and 2 classes read "5 rows and 2 classes added"."""
+    from tqc.retrain import closing_line
+
+    staged = Staged(Path("raw"), [FileOutcome("inbox/a.csv", "0" * 64, "labeled", "merged", read=3, accepted=3),
+                                  FileOutcome("inbox/catalog-new.csv", "7" * 64, "catalog", "merged", read=2, accepted=2)])
+    assert "Accepted rows: **3**; new classes: **2**." in summary_markdown(staged, None, None)
+    assert closing_line(staged, {"promoted": True, "reasons": ["better"]}, {}, Path("q.jsonl")) == (
+        "retrain: 3 rows and 2 classes added; promoted: better")
+
+
+def test_the_summary_compares_the_tail_classes_macro_f1_as_it_compares_accuracy():
+    promotion = {"promoted": True, "reasons": ["better"], "challenger_version": "2", "champion_version_after": "2",
+                 "validation": {"challenger_accuracy": 0.9, "champion_accuracy": 0.8},
+                 "challenger_tail_macro_f1": 0.7, "champion_tail_macro_f1": 0.6}
+    assert "| tail macro-F1 | 0.6000 | 0.7000 | +0.1000 |" in summary_markdown(STAGED, promotion, TRAINED)
+
+
+def test_the_classes_table_signs_a_gain_as_it_signs_a_loss():
+    promotion = {"promoted": True, "reasons": ["better"], "challenger_version": "2", "champion_version_after": "2",
+                 "validation": {"challenger_accuracy": 0.9, "champion_accuracy": 0.8},
+                 "challenger_tail_macro_f1": 0.7, "champion_tail_macro_f1": 0.6,
+                 "class_changes": [{"class_id": "HUM", "support": 3, "champion_f1": 0.5, "challenger_f1": 0.75,
+                                    "difference": 0.25}]}
+    assert "| HUM | 3 | 0.500 | 0.750 | +0.250 |" in summary_markdown(STAGED, promotion, TRAINED)
+
+
+def test_the_summary_says_a_refresh_trained_nothing_and_names_a_rule_its_champion_served_otherwise():
+    """A refresh serves the champion's encoder with the exemplar rule: the summary says so, and where the champion
+    served another rule, that the gate judges a change of rule too."""
+    from tqc.retraining.pending import Champion
+
+    def refresh_of(rule: str, k: int | None) -> Trained:
+        return Trained(Path("data"), Path("model"), None, None, refreshed_from=Champion("3", Path("champion"), rule, k))
+
+    sentence = "Refreshed, not trained: version 3's encoder with the grown labeled questions as its exemplars"
+    assert f"{sentence}." in summary_markdown(STAGED, None, refresh_of("exemplars", 5))
+    assert f"{sentence} (version 3 serves the standard rule)." in summary_markdown(STAGED, None, refresh_of("standard", None))
+    assert "Refreshed" not in summary_markdown(STAGED, None, TRAINED)  # a training
+
+
+def test_a_file_that_added_nothing_and_gives_no_reason_is_still_said_to_have_added_nothing():
+    """The line's last resort, each file's own account, ended in a bare colon for a file with no reason of its own."""
+    from tqc.retrain import why_nothing_was_accepted
+
+    quiet = Staged(Path("raw"), [FileOutcome("inbox/empty.csv", "8" * 64, "labeled", "merged")])
+    assert why_nothing_was_accepted(quiet, [], Path("q.jsonl")) == "empty.csv: added nothing"

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tqc import retrain as steps
-from tqc.config import load_params
+from tqc.config import RetrainParams, load_params
 from tqc.io import DataFileError, read_jsonl
 from tqc.readers import MissingColumns, ReaderError, RejectedRow, RowsRejected
 from tqc.retraining import commit as retrain_commit, data_versions as retrain_dvc, inbox as retrain_inbox
@@ -91,6 +91,36 @@ def test_a_new_class_may_not_take_the_standard_question_of_another(project):
 
     catalog = outcome_of(staged, "catalog-new.csv")  # LOC again with its own text is fine; PLACE copies LOC's
     assert catalog.outcome == "unusable" and "line 3" in catalog.reason and "of class 'LOC'" in catalog.reason
+
+
+def test_a_new_class_may_not_take_the_standard_question_of_a_catalog_class_the_file_does_not_name(project):
+    """The file above restates LOC; this one gives only the new class, whose text is the catalog's LOC question."""
+    inbox = project / "data" / "incoming"
+    inbox.mkdir(parents=True)
+    (inbox / "catalog-new.csv").write_text("class_id,text\nPLACE,where is  THE place?\n")
+
+    staged, _ = deliver(project)
+
+    catalog = outcome_of(staged, "catalog-new.csv")
+    assert catalog.outcome == "unusable" and "line 2" in catalog.reason and "of class 'LOC'" in catalog.reason
+    assert staged.new_classes == 0 and not (staged.raw / "catalog.jsonl").exists()
+
+
+def test_a_catalog_file_adds_its_classes_to_those_merged_before_it(project):
+    """Each catalog file's classes go after those data.additions holds and those of the delivery's files before it:
+    written alone, they replaced them, and the labeled questions of those classes then matched none."""
+    params = load_params(project / "params.yaml")
+    inbox = project / "data" / "incoming"
+    inbox.mkdir(parents=True)
+    (inbox / "catalog-food.csv").write_text("class_id,text\nFOOD,Which food is it?\n")
+    steps.commit(params, *deliver(project), [])
+    (inbox / "catalog-drink.csv").write_text("class_id,text\nDRINK,Which drink is it?\n")
+    (inbox / "catalog-game.csv").write_text("class_id,text\nGAME,Which game is it?\n")
+
+    staged, _ = deliver(project)
+
+    assert [r["class_id"] for r in read_jsonl(staged.raw / "catalog.jsonl")] == ["FOOD", "DRINK", "GAME"]
+    assert staged.new_classes == 2
 
 
 def test_a_new_class_id_alike_another_but_for_case_or_width_is_quarantined_not_merged(project, caplog):
@@ -260,6 +290,18 @@ def test_files_of_other_kinds_and_folders_in_the_inbox_are_named_in_a_warning(pr
     assert "folders are not read" in caplog.text and "monday" in caplog.text
 
 
+def test_a_file_whose_suffix_is_in_capitals_is_read_as_a_delivery(project, caplog):
+    """`BATCH.CSV`, as some tools name a CSV file, is one: neither read nor named among the files of other kinds, it
+    would wait in the inbox unsaid."""
+    drop(project, "BATCH.CSV", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
+
+    with caplog.at_level(logging.WARNING, logger="tqc.retrain"):
+        staged, files = deliver(project)
+
+    assert [f.path.name for f in files] == ["BATCH.CSV"] and outcome_of(staged, "BATCH.CSV").accepted == 2
+    assert "not read" not in caplog.text
+
+
 def test_rows_appended_to_a_file_during_a_run_are_read_by_the_next_one(project):
     """The file stays in the inbox when its bytes changed after pick-up; archiving it would have hidden the
     appended rows for good (the archived copy looks processed)."""
@@ -357,6 +399,21 @@ def test_a_run_refuses_to_merge_onto_an_older_copy_than_the_data_version_git_bro
     with pytest.raises(ReaderError, match=r"labeled\.jsonl: missing, though data/raw/labeled\.jsonl\.dvc records"):
         deliver(project)
     assert (project / "data" / "incoming" / "next.csv").exists()  # the delivery waits for the next run
+
+
+def test_a_run_refuses_to_merge_onto_nothing_where_a_recorded_file_is_gone_though_the_cache_holds_its_version(project):
+    """The cache holding the recorded version excuses a file edited here since it was recorded, not a file that is
+    gone (deleted by hand, a `git clean`): merged onto nothing, the new version would hold none of its rows."""
+    params = load_params(project / "params.yaml")
+    drop(project, "ours.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
+    steps.commit(params, *deliver(project), [])  # its version is in this checkout's DVC cache
+    (project / "data" / "raw" / "labeled.jsonl").unlink()
+    drop(project, "next.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
+
+    with pytest.raises(ReaderError, match=r"labeled\.jsonl: missing, though data/raw/labeled\.jsonl\.dvc records .*"
+                                          r"`dvc checkout data/raw/labeled\.jsonl\.dvc`"):
+        deliver(project)
+    assert (project / "data" / "incoming" / "next.csv").exists()
 
 
 def test_a_partly_quarantined_file_delivered_again_beside_a_catalog_file_merges_the_new_classs_rows(project):
@@ -459,6 +516,30 @@ def test_a_commit_that_fails_while_archiving_puts_everything_back(project, monke
     assert sorted(p.name for p in (project / "data" / "incoming").iterdir()) == ["a.csv", "b.csv"]
     staged_index = subprocess.run(["git", "diff", "--cached", "--name-only"], capture_output=True, text=True).stdout
     assert "labeled.jsonl.dvc" not in staged_index
+
+
+def test_a_move_to_the_archive_cut_short_leaves_no_part_copy_there_and_the_file_in_the_inbox(project, monkeypatch):
+    """A move to an archive on another disk is a copy, then a delete: one cut short (the disk full) leaves part of a
+    copy there. Journaled before it is made, the move is undone by the roll-back: the part copy deleted, the file
+    whole in the inbox, for the next run."""
+    import shutil
+
+    params = load_params(project / "params.yaml")
+    path = drop(project, "a.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 3)])
+    delivered = path.read_bytes()
+    staged, files = deliver(project)
+    archive, move = Path(params.retrain.archive).resolve(), shutil.move
+
+    def disk_full_in_the_archive(source, target):
+        if archive in Path(target).resolve().parents:
+            Path(target).write_bytes(Path(source).read_bytes()[:10])
+            raise OSError(28, "No space left on device")
+        return move(source, target)
+
+    monkeypatch.setattr(retrain_inbox.shutil, "move", disk_full_in_the_archive)
+    with pytest.raises(OSError, match="No space left"):
+        steps.commit(params, staged, files, [])
+    assert path.read_bytes() == delivered and not list(archive.glob("*a.csv"))
 
 
 def test_a_file_whose_name_is_near_the_limit_is_archived_and_a_journal_naming_an_impossible_name_rolls_back(project):
@@ -670,6 +751,22 @@ def test_a_failed_dvc_command_says_dvcs_reason_in_one_line(project):
         retrain_dvc._dvc("push", "no-such-file.dvc")
     message = str(failure.value)
     assert message.startswith("dvc push failed (exit") and "ERROR" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("output, said", [
+    ("ERROR: failed to transfer 'md5: 1a2b' - 403 Forbidden\nsome detail\n"
+     "ERROR: failed to push data to the cloud - 1 files failed to upload\n", "ERROR: failed to push data to the cloud"),
+    ("WARNING: the remote is slow\nsomething went wrong\n\n", "something went wrong"),  # no ERROR line: the last line
+    ("", "no output")])
+def test_a_failed_dvc_command_says_its_last_error_line_else_its_last_line(monkeypatch, output, said):
+    """DVC prints an error for each file it could not send, then what failed: the line said is its last ERROR line."""
+    import subprocess
+
+    monkeypatch.setattr(retrain_dvc.subprocess, "run",
+                        lambda command, **kwargs: subprocess.CompletedProcess(command, 1, stdout="", stderr=output))
+    with pytest.raises(steps.RetrainCommitError) as failure:
+        retrain_dvc._dvc("push", "data/raw/labeled.jsonl.dvc")
+    assert str(failure.value).startswith(f"dvc push failed (exit 1): {said}")
 
 
 def test_the_summary_names_why_a_delivered_files_rows_were_quarantined(project):
@@ -1503,6 +1600,60 @@ def test_a_pending_challengers_unpushed_data_version_is_marked_and_pushed_again_
     assert dvc_md5_of(project / "data" / "raw" / "labeled.jsonl.dvc") in on_remote
     assert steps.push_pending_version(params.retrain) is None  # pushed once: the mark no longer records it
     assert steps.pending_judge(params.retrain) == challenger  # still awaiting the gate
+
+
+@pytest.mark.parametrize("gone", ["data", "model"])
+def test_a_marked_challenger_whose_data_or_model_is_gone_is_refused_naming_it_and_the_mark(tmp_path, gone):
+    """The next run judges the marked challenger first: with its staged data or its model deleted since (the work
+    folder emptied by hand), it stops saying which is gone and which mark to delete, rather than failing in the gate."""
+    params = RetrainParams(work_dir=str(tmp_path / "work"))
+    folders = {name: tmp_path / name for name in ("data", "model")}
+    for folder in folders.values():
+        folder.mkdir()
+    challenger = steps.Trained(data=folders["data"], model=folders["model"], prior=None, validation_macro_f1=0.5)
+    retrain_pending.mark_judge_pending(params, challenger)
+    assert steps.pending_judge(params) == challenger
+
+    folders[gone].rmdir()
+    with pytest.raises(steps.RetrainCommitError, match="did not judge its challenger") as refused:
+        steps.pending_judge(params)
+    assert f"{folders[gone]} is gone" in str(refused.value)
+    assert str(steps.pending_judge_path(params)) in str(refused.value)
+
+
+def test_a_marked_unpushed_data_version_is_not_pushed_again_where_retrain_push_is_off(tmp_path, monkeypatch):
+    """retrain.push false: a run pushes no data version, neither its own nor the one a run before it left unpushed."""
+    params = RetrainParams(work_dir=str(tmp_path / "work"), push=False)
+    challenger = steps.Trained(data=tmp_path, model=tmp_path, prior=None, validation_macro_f1=0.5)
+    retrain_pending.mark_judge_pending(params, challenger, {"added": ["data/raw/labeled.jsonl.dvc"], "pushed": False,
+                                                            "push_failed": "dvc push failed (exit 1): ERROR: unreachable"})
+    pushes = []
+    monkeypatch.setattr(retrain_dvc, "_dvc", lambda command, *arguments: pushes.append((command, *arguments)) or "")
+
+    assert steps.push_pending_version(params) is None and not pushes
+    assert steps.push_pending_version(params.model_copy(update={"push": True})) == {
+        "added": ["data/raw/labeled.jsonl.dvc"], "pushed": True}  # set on again, it is pushed
+    assert pushes == [("push", "data/raw/labeled.jsonl.dvc")]
+
+
+def test_a_marked_refresh_comes_back_with_the_champion_whose_encoder_it_serves(tmp_path):
+    """A refresh's mark holds its champion (the gate and the version's tags need it): read back without it, the next
+    run judged the refresh as a training."""
+    params = RetrainParams(work_dir=str(tmp_path / "work"))
+    champion = retrain_pending.Champion("3", tmp_path / "champion", "exemplars", 5)
+    refresh = steps.Trained(data=tmp_path, model=tmp_path, prior=None, validation_macro_f1=None, refreshed_from=champion)
+    retrain_pending.mark_judge_pending(params, refresh)
+    assert steps.pending_judge(params) == refresh
+
+
+def test_a_judged_challengers_mark_is_cleared_and_clearing_no_mark_is_no_error(tmp_path):
+    """Once judged (or given up) the mark goes: left, every later run would judge that challenger again first."""
+    params = RetrainParams(work_dir=str(tmp_path / "work"))
+    retrain_pending.mark_judge_pending(params, steps.Trained(data=tmp_path, model=tmp_path, prior=None,
+                                                             validation_macro_f1=0.5))
+    steps.clear_pending_judge(params)
+    assert steps.pending_judge(params) is None and not steps.pending_judge_path(params).exists()
+    steps.clear_pending_judge(params)  # nothing marked: nothing to do
 
 
 def dvc_md5_of(dvc_file: Path) -> str:
