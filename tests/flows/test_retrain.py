@@ -66,6 +66,7 @@ def test_a_file_is_merged_trained_judged_then_nothing_then_a_repeat_adds_nothing
     assert not (project / "data" / "incoming" / "batch-1.csv").exists() and manifest(project)[0]["accepted"] == 8
     markdown = latest_artifact_markdown("batch-1.csv")
     assert "batch-1.csv" in markdown and "Promoted" in markdown
+    assert not (project / "data" / "retrain").exists()  # the staging folder (copies, models) goes with the run
 
     assert retrain(params_path="params.yaml") == {"status": "nothing to do"}
 
@@ -92,11 +93,14 @@ def test_the_retrain_runs_record_the_params_the_commit_and_each_epochs_curves(pr
     flow_run = runs["retrain"].data
     assert flow_run.params["stage_one.epochs"] == str(params["stage_one"]["epochs"])
     assert flow_run.params["seed"] == str(params["seed"]) and not any(k.startswith("tune.") for k in flow_run.params)
-    assert flow_run.tags["tqc.git_commit"]
+    assert flow_run.tags["tqc.git_commit"] and flow_run.tags["tqc.retrain.mode"] == "train"
     trained = runs["train"].info.run_id
     for stage in ("stage_one", "stage_two"):
         steps = [point.step for point in client.get_metric_history(trained, f"{stage}.validation_macro_f1")]
         assert steps == list(range(params[stage]["epochs"] + 1)), stage  # epoch 0 (the start) to the last
+    # and the challenger's figure, the epoch it kept, as a `dvc repro`'s stage two logs it
+    curve = {point.value for point in client.get_metric_history(trained, "stage_two.validation_macro_f1")}
+    assert runs["train"].data.metrics["stage_two.best_validation_macro_f1"] in curve
 
 
 def test_bad_rows_go_to_quarantine_and_the_good_ones_are_used(project, tmp_path):
@@ -331,8 +335,13 @@ def test_a_challenger_committed_but_never_judged_is_judged_by_the_next_run(proje
     again = retrain(params_path="params.yaml")  # an empty inbox
     assert again == {"status": "nothing to do", "pending_challenger_promoted": True}
     assert champion_version(project) == "1"
-    assert not (project / "data" / "retrain" / "judge-pending.json").exists()
+    assert not (project / "data" / "retrain").exists()  # the mark, and the judged challenger's folders, gone
     assert retrain(params_path="params.yaml") == {"status": "nothing to do"}
+    from mlflow import MlflowClient  # the runs that judged it say so
+
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    assert client.search_runs([client.get_experiment_by_name("flows").experiment_id],
+                              "tags.`tqc.retrain.judge` = 'pending'")
 
 
 KILLED_AROUND_COMMIT = """
@@ -450,8 +459,10 @@ def test_a_refresh_serves_the_new_questions_with_the_champions_encoder_and_train
     exemplars_after = {json.loads(line)["text"] for line in registered_file(project, "2", "exemplars").read_text().splitlines()}
     assert exemplars_before < exemplars_after and exemplars_after - exemplars_before <= {t for t, _ in new}
     assert MlflowClient().get_model_version("tqc-admc", "2").tags["refreshed_from"] == "1"
-    assert "Refreshed, not trained: version 1's encoder with the grown labeled questions as its exemplars." in \
-        latest_artifact_markdown("two.csv")
+    markdown = latest_artifact_markdown("two.csv")
+    assert "Refreshed, not trained: version 1's encoder with the grown labeled questions as its exemplars." in markdown
+    # judged as a refresh: its bound is promote.refresh_min_improvement, not a training's min_improvement
+    assert "a refresh of the champion's encoder needs only to be no worse" in markdown
 
 
 def test_a_refresh_without_a_champion_says_what_to_do_changes_nothing_and_is_not_retried(project, monkeypatch):
@@ -465,7 +476,8 @@ def test_a_refresh_without_a_champion_says_what_to_do_changes_nothing_and_is_not
     drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
     state = retrain(params_path="params.yaml", mode="refresh", return_state=True)  # the parameter, over params.yaml's train
     # The run fails with the reason as its message (no traceback through Prefect's engine), and the caller gets the error
-    assert state.is_failed() and "has no tqc-admc@champion to refresh; train one first" in state.message
+    assert state.is_failed() and state.message.startswith("retrain.mode refresh: the registry (")
+    assert "has no tqc-admc@champion to refresh; train one first" in state.message
     assert isinstance(state.result(raise_on_failure=False), steps.RefreshError)
     assert len(lookups) == 1  # a missing champion is permanent: no retry
     assert not added_rows(project) and (project / "data" / "incoming" / "one.csv").exists()
@@ -673,3 +685,127 @@ def test_the_stages_own_lines_reach_the_flow_runs_logs(project):
     assert any(line.startswith("prefect.flow_runs: retrain: 3 rows and 0 classes added; promoted: no champion yet: the "
                                "first model becomes champion") for line in lines), lines
     assert logging.getLogger("tqc").level == logging.NOTSET and not logging.getLogger("tqc").handlers  # for the run only
+
+
+def test_a_pending_mark_whose_challenger_is_gone_fails_the_run_in_one_line(project):
+    """A commit's error (`RetrainCommitError`: here the last run's mark names a challenger whose folders are gone) names
+    the file and the way out: the run fails with that message, not "Flow run encountered an exception: …" with
+    Prefect's traceback, and `python flows/retrain.py` says it in one line; the delivery waits in the inbox."""
+    from flows.retrain import main
+    from tqc import retrain as steps
+    from tqc.config import load_params
+    from tqc.retraining.pending import mark_judge_pending
+
+    retrain_params = load_params("params.yaml").retrain
+    work = project / "data" / "retrain"
+    mark_judge_pending(retrain_params, steps.Trained(work / "data", work / "models" / "stage_two", None, 0.5))
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
+    state = retrain(params_path="params.yaml", return_state=True)
+    mark = steps.pending_judge_path(retrain_params)
+    assert state.is_failed() and state.message.startswith(f"{mark}: the last run committed its data but did not judge "
+                                                          "its challenger, and ")
+    assert isinstance(state.result(raise_on_failure=False), steps.RetrainCommitError)
+    with pytest.raises(SystemExit) as exited:
+        main([])
+    assert str(exited.value).startswith(f"retrain failed: {mark}: the last run committed") and "\n" not in str(exited.value)
+    assert (project / "data" / "incoming" / "one.csv").exists() and not added_rows(project)
+
+
+def test_a_training_that_fails_for_a_reason_a_retry_may_change_is_tried_again_as_retrain_retries_says(project, monkeypatch):
+    """`retrain.retries` is for the steps that can flake (training, the registry): a training that raised an error a
+    retry may change (a GPU's, say) was tried once only, were the step's retries not passed to its task."""
+    from tqc import retrain as steps
+
+    set_params(project, retrain={"retries": 2})
+    tries = []
+
+    def flaky(*args, **kwargs):
+        tries.append(args)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(steps, "train", flaky)
+    drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        retrain(params_path="params.yaml")
+    assert len(tries) == 3  # the first try and retrain.retries more
+    assert not added_rows(project) and (project / "data" / "incoming" / "one.csv").exists()  # nothing committed
+
+
+def test_the_flows_params_file_is_params_yaml_unless_a_run_names_another(project):
+    """prefect.yaml's schedules pass only `mode`: their runs read the flow's default params file, the project's."""
+    assert retrain() == {"status": "nothing to do"}
+
+
+def test_a_line_from_a_thread_with_no_run_context_is_the_flow_runs_and_one_with_a_context_keeps_it():
+    """The stages' lines from a thread with no run context (the readers of a launched stage's output) carried no flow
+    run, and Prefect's API handler dropped them; one logged inside a run (a task's) is left to its own context."""
+    import logging
+
+    from prefect import flow
+
+    from flows.retrain import _of_run
+
+    def line() -> logging.LogRecord:
+        return logging.LogRecord("tqc.training", logging.INFO, __file__, 1, "stage one: epoch 1", None, None)
+
+    mark = _of_run("the-flow-run")
+    outside = line()
+    assert mark(outside) and outside.flow_run_id == "the-flow-run"
+    marked = line()
+    marked.flow_run_id = "another-run"
+    assert mark(marked) and marked.flow_run_id == "another-run"
+
+    @flow
+    def in_a_run():
+        record = line()
+        mark(record)
+        return getattr(record, "flow_run_id", None)
+
+    assert in_a_run() is None  # the API handler takes the run from the context
+
+
+def test_the_flow_script_exits_non_zero_for_a_delivery_that_added_nothing_but_not_for_repeats_alone(monkeypatch):
+    """New files none of whose rows were accepted want a look (cron sees a non-zero exit); a delivery of files already
+    merged (repeats) is no fault."""
+    import flows.retrain as script
+
+    outcomes = iter([{"status": "no rows accepted", "new_files": 1, "repeats": 0},
+                     {"status": "no rows accepted", "new_files": 0, "repeats": 1}])
+    monkeypatch.setattr(script, "retrain", lambda *parameters: next(outcomes))
+    with pytest.raises(SystemExit) as exited:
+        script.main([])
+    assert str(exited.value) == ("retrain: no row of the delivery was accepted; data/archive/manifest.jsonl and the "
+                                 "quarantine say why")
+    assert script.main([]) is None
+
+
+def test_the_flow_script_keeps_a_users_own_analytics_setting(monkeypatch):
+    """The script turns the embedded server's usage report off (offline it logs an ERROR at each start), but a user's
+    own PREFECT_SERVER_ANALYTICS_ENABLED stands."""
+    import flows.retrain as script
+
+    monkeypatch.setattr(script, "retrain", lambda *parameters: {"status": "nothing to do"})
+    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "true")
+    script.main([])
+    assert os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "true"
+    monkeypatch.delenv("PREFECT_SERVER_ANALYTICS_ENABLED")
+    script.main([])
+    assert os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
+
+
+def test_a_gate_that_raises_is_named_with_the_unpushed_data_only_where_the_data_is_unpushed():
+    """`naming_unpushed`: a gate's error in a run whose data version reached the remote (or made none) is the gate's
+    own, as it was; only where the push failed does the run fail naming both, with the gate's error as its cause."""
+    from flows.retrain import naming_unpushed
+    from tqc import retrain as steps
+
+    for result in ({"status": "nothing to do"}, {"dvc": {"added": ["data/raw/labeled.jsonl.dvc"], "pushed": True}}):
+        with pytest.raises(RuntimeError) as raised, naming_unpushed(result):
+            raise RuntimeError("the model registry is unreachable")
+        assert type(raised.value) is RuntimeError and str(raised.value) == "the model registry is unreachable"
+    unpushed = {"dvc": {"added": ["data/raw/labeled.jsonl.dvc"], "pushed": False, "push_failed": "403"}}
+    with pytest.raises(steps.JudgeFailedUnpushed) as both, naming_unpushed(unpushed):
+        raise RuntimeError("the model registry is unreachable")
+    assert str(both.value).startswith("the model registry is unreachable; and the new data version "
+                                      "(data/raw/labeled.jsonl.dvc) is committed, but it is not on the DVC remote")
+    assert isinstance(both.value.__cause__, RuntimeError)
