@@ -82,6 +82,18 @@ def test_the_summary_gives_a_reason_for_a_file_whose_rows_were_quarantined():
     assert "| bad.csv | labeled | merged | 3 | 1 | 2 | e.g. line 3: no_leakage |" in summary_markdown(staged, None, None)
 
 
+def test_each_files_reason_cites_a_quarantined_row_of_its_own():
+    """Where two files of a delivery had rows quarantined, each file's cell gives one of its own rows, not the first
+    file's: the reason said for the second file would otherwise be another file's line."""
+    staged = Staged(Path("raw"), [FileOutcome("inbox/a.csv", "5" * 64, "labeled", "merged", read=2, accepted=1, quarantined=1),
+                                  FileOutcome("inbox/b.csv", "7" * 64, "labeled", "merged", read=2, accepted=1, quarantined=1)],
+                    [quarantine_record("inbox/a.csv", "5" * 64, {"line": 3, "expectations": ["no_leakage"]}),
+                     quarantine_record("inbox/b.csv", "7" * 64, {"line": 2, "expectations": ["no_duplicates"]})])
+    summary = summary_markdown(staged, None, None)
+    assert "| a.csv | labeled | merged | 2 | 1 | 1 | e.g. line 3: no_leakage |" in summary
+    assert "| b.csv | labeled | merged | 2 | 1 | 1 | e.g. line 2: no_duplicates |" in summary
+
+
 def test_the_summary_lists_repeat_deliveries():
     """A delivery of repeats only published a files table with no row."""
     repeat = Incoming(Path("inbox/again.csv"), "6" * 64)

@@ -123,6 +123,23 @@ def test_a_catalog_file_adds_its_classes_to_those_merged_before_it(project):
     assert staged.new_classes == 2
 
 
+def test_a_class_an_earlier_catalog_file_of_the_delivery_added_is_known_to_the_next_one(project):
+    """A class merged before (by data.additions or an earlier file of the delivery) is known like the dataset's: a
+    later file restating it with another text keeps the first text, quarantined, rather than adding the class twice."""
+    inbox = project / "data" / "incoming"
+    inbox.mkdir(parents=True)
+    (inbox / "catalog-a.csv").write_text("class_id,text\nFOOD,Which food is it?\n")
+    (inbox / "catalog-b.csv").write_text("class_id,text\nFOOD,What dish is this?\nDRINK,Which drink is it?\n")
+
+    staged, _ = deliver(project)
+
+    later = outcome_of(staged, "catalog-b.csv")
+    assert (later.outcome, later.read, later.accepted, later.quarantined) == ("merged", 2, 1, 1)
+    assert [(r["class_id"], r["text"]) for r in read_jsonl(staged.raw / retrain_staging.ADDED_CATALOG)] == [
+        ("FOOD", "Which food is it?"), ("DRINK", "Which drink is it?")]
+    assert staged.new_classes == 2
+
+
 def test_a_new_class_id_alike_another_but_for_case_or_width_is_quarantined_not_merged(project, caplog):
     """`hum` beside the catalog's `HUM`, or `Veh` and `veh` in one delivery, were merged as classes: every label written
     either way then matched neither, and was quarantined with a hint naming one of them."""
@@ -1228,6 +1245,19 @@ def test_an_error_about_another_file_or_whose_constructor_does_not_take_its_argu
         with pytest.raises(DataFileError) as raised, retrain_staging._naming_kept(copy, tmp_path / "kept"):
             raise other
         assert raised.value is other
+
+
+def test_an_attribute_an_error_about_the_staged_copy_carries_beyond_its_arguments_is_kept_and_names_the_kept_file(tmp_path):
+    """An error without a `__reduce__` of its own is made again from its arguments alone; an attribute set on it
+    besides (the file a caller attached, say) would be lost, or name the copy the run deletes, were its state not
+    carried over and renamed too."""
+    copy, kept = tmp_path / "staging" / "raw", tmp_path / "kept"
+    error = DataFileError(f"{copy / 'labeled.jsonl'}, line 2: not valid JSON")
+    error.file, error.line = str(copy / "labeled.jsonl"), 2
+    with pytest.raises(DataFileError) as raised, retrain_staging._naming_kept(copy, kept):
+        raise error
+    assert str(raised.value) == f"{kept / 'labeled.jsonl'}, line 2: not valid JSON"
+    assert (raised.value.file, raised.value.line) == (str(kept / "labeled.jsonl"), 2)
 
 
 def test_a_delivered_copy_of_a_question_the_data_holds_under_two_labels_is_quarantined_when_judged(project):
