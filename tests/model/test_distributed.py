@@ -70,10 +70,15 @@ def _stage_two_weights(model_dir: str, batch_size: int = 16, device: str = "cpu"
     return before, {k: v.detach().clone() for k, v in model.state_dict().items()}, fitted.history[1].train_loss
 
 
-def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str, batch_size: int = 16,
-            negatives: str = "mined", k: int = 2) -> None:
+def _as_torchrun_rank(rank: int, world: int, port: int) -> None:
+    """This spawned process's environment as torchrun gives rank `rank` of `world` on one host."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
+
+
+def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str, batch_size: int = 16,
+            negatives: str = "mined", k: int = 2) -> None:
+    _as_torchrun_rank(rank, world, port)
     distributed.setup("gloo")
     try:
         assert distributed.active() and distributed.shard(list(range(6))) == list(range(rank, 6, world))
@@ -426,8 +431,7 @@ def _hanging_peer_worker(rank: int, world: int, port: int, out_dir: str) -> None
     from tqc import cli
     from tqc.config import Params
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    _as_torchrun_rank(rank, world, port)
     said = Path(out_dir) / "rank0.txt"
     cli._join_or_launch(Params().with_overrides({"distributed": {"backend": "gloo", "timeout_minutes": 0.05}}),
                         argparse.Namespace(argv=["stage-one"], command="stage-one"))
@@ -487,8 +491,7 @@ def _early_stopping_worker(rank: int, world: int, port: int, out_dir: str) -> No
     from tqc.config import Schedule
     from tqc.training import fit
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    _as_torchrun_rank(rank, world, port)
     distributed.setup("gloo")
     try:
         torch.manual_seed(0)
@@ -551,8 +554,7 @@ def _dropout_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     from tqc.config import Schedule
     from tqc.training import fit
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    _as_torchrun_rank(rank, world, port)
     distributed.setup("gloo")
     try:
         torch.manual_seed(0)
@@ -960,8 +962,7 @@ def test_on_a_gpu_node_each_process_takes_its_local_gpu_and_the_backend_asked_fo
 
 def _broadcast_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """A linear model initialised from each rank's own seed, then `broadcast_parameters`: what each replica holds."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    _as_torchrun_rank(rank, world, port)
     distributed.setup("gloo")
     try:
         torch.manual_seed(rank)  # replicas that start apart, as heads drawn from streams that differ would
