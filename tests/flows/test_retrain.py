@@ -21,12 +21,18 @@ from tqc.config import read_yaml
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
-def champion_version(project: Path) -> str | None:
+def registry(project: Path):
+    """An MLflow client on the project's own local store, where its retrains record and register."""
     from mlflow import MlflowClient
+
+    return MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+
+
+def champion_version(project: Path) -> str | None:
     from mlflow.exceptions import MlflowException
 
     try:
-        return str(MlflowClient(f"sqlite:///{project / 'mlflow.db'}").get_model_version_by_alias("tqc-admc", "champion").version)
+        return str(registry(project).get_model_version_by_alias("tqc-admc", "champion").version)
     except MlflowException:
         return None
 
@@ -82,12 +88,10 @@ def test_a_file_is_merged_trained_judged_then_nothing_then_a_repeat_adds_nothing
 def test_the_retrain_runs_record_the_params_the_commit_and_each_epochs_curves(project):
     """A retrain's MLflow runs held no params and only stage two's best figure: nothing told what its challenger was
     trained with, nor how its stages' epochs went, where a `dvc repro`'s runs have both."""
-    from mlflow import MlflowClient
-
     drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])
     assert retrain(params_path="params.yaml")["status"] == "retrained"
 
-    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    client = registry(project)
     runs = {run.info.run_name: run for run in client.search_runs([client.get_experiment_by_name("flows").experiment_id])}
     params = read_yaml((project / "params.yaml").read_text())
     flow_run = runs["retrain"].data
@@ -337,9 +341,7 @@ def test_a_challenger_committed_but_never_judged_is_judged_by_the_next_run(proje
     assert champion_version(project) == "1"
     assert not (project / "data" / "retrain").exists()  # the mark, and the judged challenger's folders, gone
     assert retrain(params_path="params.yaml") == {"status": "nothing to do"}
-    from mlflow import MlflowClient  # the runs that judged it say so
-
-    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    client = registry(project)  # the runs that judged it say so
     assert client.search_runs([client.get_experiment_by_name("flows").experiment_id],
                               "tags.`tqc.retrain.judge` = 'pending'")
 
@@ -431,8 +433,6 @@ def registered_file(project: Path, version: str, artifact: str) -> Path:
 
 
 def test_a_refresh_serves_the_new_questions_with_the_champions_encoder_and_trains_nothing(project, monkeypatch):
-    from mlflow import MlflowClient
-
     import tqc.pipeline
     from tqc.serving import folder_digest
 
@@ -458,7 +458,7 @@ def test_a_refresh_serves_the_new_questions_with_the_champions_encoder_and_train
     exemplars_before = {json.loads(line)["text"] for line in registered_file(project, "1", "exemplars").read_text().splitlines()}
     exemplars_after = {json.loads(line)["text"] for line in registered_file(project, "2", "exemplars").read_text().splitlines()}
     assert exemplars_before < exemplars_after and exemplars_after - exemplars_before <= {t for t, _ in new}
-    assert MlflowClient().get_model_version("tqc-admc", "2").tags["refreshed_from"] == "1"
+    assert registry(project).get_model_version("tqc-admc", "2").tags["refreshed_from"] == "1"
     markdown = latest_artifact_markdown("two.csv")
     assert "Refreshed, not trained: version 1's encoder with the grown labeled questions as its exemplars." in markdown
     # judged as a refresh: its bound is promote.refresh_min_improvement, not a training's min_improvement
