@@ -328,6 +328,9 @@ class StageOneParams(TrainParams):
     # w of supervised contrast among the batch's own questions (SharpReCL Eq. 2, at the stage's τ): each question also
     # pulled toward its classmates in the batch, which the exemplar rule ranks by. 0: off (ADMC's loss alone).
     question_contrast: float = Field(0.0, ge=0.0)
+    # w of the reverse direction of the batch's loss (CLIP's other half, at the stage's τ): each of the batch's standard
+    # questions picks its own questions out of the batch's. 0: off (ADMC's loss alone).
+    standard_contrast: float = Field(0.0, ge=0.0)
 
 
 class WarmupParams(Optimisation):

@@ -127,6 +127,33 @@ def supervised_contrastive(vectors: torch.Tensor, labels: torch.Tensor, *, tempe
         return row_loss[has_classmate].mean()
 
 
+def standard_contrast(scores: torch.Tensor, target: torch.Tensor, excluded: torch.Tensor | None = None, *,
+                      temperature: float = 0.1) -> torch.Tensor:
+    """The reverse direction of the batch's loss (CLIP's other half): each standard question picks its own questions
+    out of the batch's. scores (B, C), target (B,), excluded (B, C) as the other losses take them → scalar.
+
+    Column c's positives are the rows whose target it is; each is −log of its softmax share among itself and the
+    column's negatives (scores[:, c] / τ), averaged over the column's positives, then over the columns that are some
+    row's target. Its other positives are not in the denominator: as a question is never pushed from its own standard
+    question, a standard question never pushes one of its questions away from it for another (Khosla et al.'s L_out,
+    with all positives in the denominator, pushes a positive already ahead back toward an equal share). An excluded
+    cell (a row of a class whose standard question is the column's text) is neither positive nor negative; a column
+    with no negative adds 0. A constant added down a column (a class's prior offset) cancels, so the term needs none.
+    """
+    logits = _masked(scores / temperature, excluded).T  # (C, B)
+    positives = F.one_hot(target, scores.shape[1]).bool().T  # (C, B)
+    negatives = torch.isfinite(logits) & ~positives  # (C, B)
+    has_negative = negatives.any(dim=1, keepdim=True)  # (C, 1)
+    # a column without negatives gets finite dummy logits, so that logsumexp and its gradient stay finite
+    negative_logits = logits.masked_fill(~negatives, float("-inf")).masked_fill(~has_negative, 0.0)  # (C, B)
+    negatives_lse = torch.logsumexp(negative_logits, dim=1, keepdim=True)  # (C, 1)
+    pair_loss = F.softplus(negatives_lse - logits.masked_fill(~positives, 0.0))  # (C, B): log(1 + Σ_neg e^(l_n − l_p))
+    pair_loss = pair_loss.masked_fill(~(positives & has_negative), 0.0)
+    n_positives = positives.sum(dim=1)  # (C,)
+    column_loss = pair_loss.sum(dim=1) / n_positives.clamp(min=1)  # (C,)
+    return column_loss[n_positives > 0].mean()
+
+
 def class_log_prior(gold: torch.Tensor, n_classes: int) -> torch.Tensor:
     """(N,) training rows' class indices → (P,) float32 log π, by the prior stage's rule (`log_prior_of_counts`):
     one pseudo-count so no class is −∞, and a class with no row at the mean of the others."""

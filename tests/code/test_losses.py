@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tqc.losses import (bpr, class_log_prior, decoupled, hinge, make_loss, nt_xent, prior_offsets, same_class_mask, sdml,
-                        supervised_contrastive, triplet_margin)
+                        standard_contrast, supervised_contrastive, triplet_margin)
 from tqc.stages.stage_one import candidate_classes
 from tqc.stages.stage_two import candidate_columns
 
@@ -272,6 +272,72 @@ def test_supervised_contrastive_is_zero_with_a_graph_when_no_row_has_a_classmate
     loss = supervised_contrastive(vectors, torch.tensor([0, 1, 2]))
     loss.backward()
     assert loss.item() == 0.0 and torch.equal(vectors.grad, torch.zeros_like(vectors))
+
+
+def _standard_contrast_by_hand(scores, target, excluded, temperature):
+    """Each column's positives (its target rows), each against the column's negatives, written as loops: the oracle."""
+    column_losses = []
+    for c in range(scores.shape[1]):
+        positives = [b for b in range(len(target)) if target[b] == c]
+        if not positives:
+            continue
+        negatives = [b for b in range(len(target)) if b not in positives and not excluded[b, c]]
+        if not negatives:
+            column_losses.append(0.0)
+            continue
+        pushed = sum(math.exp(float(scores[n, c]) / temperature) for n in negatives)
+        column_losses.append(sum(-math.log(math.exp(float(scores[p, c]) / temperature)
+                                           / (math.exp(float(scores[p, c]) / temperature) + pushed))
+                                 for p in positives) / len(positives))
+    return sum(column_losses) / len(column_losses)
+
+
+def test_standard_contrast_equals_its_loops_with_cells_excluded_and_a_column_no_row_targets():
+    torch.manual_seed(0)
+    scores = torch.rand(6, 4) * 2 - 1  # (B, C) cosines
+    target = torch.tensor([0, 2, 0, 1, 2, 0])  # column 3 is no row's target: it adds nothing
+    excluded = torch.zeros(6, 4, dtype=torch.bool)
+    excluded[3, 0] = excluded[1, 3] = True  # row 3 neither positive nor negative for column 0
+    loss = standard_contrast(scores, target, excluded, temperature=0.5)
+    assert loss.item() == pytest.approx(_standard_contrast_by_hand(scores, target, excluded, 0.5), rel=1e-5)
+    nothing_excluded = torch.zeros_like(excluded)
+    assert standard_contrast(scores, target, temperature=0.5).item() == pytest.approx(
+        _standard_contrast_by_hand(scores, target, nothing_excluded, 0.5), rel=1e-5)
+    assert standard_contrast(scores, target, excluded, temperature=0.5) != standard_contrast(scores, target, temperature=0.5)
+
+
+def test_standard_contrast_of_a_column_without_negatives_is_zero_with_a_finite_gradient():
+    scores = torch.rand(3, 2, requires_grad=True)
+    target = torch.tensor([0, 0, 1])
+    excluded = torch.tensor([[False, False], [False, False], [True, False]])  # column 0's one other row is its twin's
+    loss = standard_contrast(scores, target, excluded)
+    loss.backward()
+    # column 0 adds 0 and pulls nothing; column 1 (rows 0 and 1 its negatives) alone trains
+    assert loss.item() == pytest.approx(_standard_contrast_by_hand(scores.detach(), target, excluded, 0.1), rel=1e-5)
+    assert torch.isfinite(scores.grad).all() and scores.grad[:, 0].abs().sum() == 0 and scores.grad[:, 1].abs().sum() > 0
+
+
+def test_standard_contrast_with_one_question_a_class_is_nt_xent_of_the_transposed_scores():
+    """One row a class, one column a row: each standard question's softmax over the questions is NT-Xent with the
+    roles swapped (CLIP's two halves)."""
+    torch.manual_seed(2)
+    scores = torch.rand(4, 4)
+    permutation = torch.tensor([2, 0, 3, 1])  # row b's class is column permutation[b]
+    inverse = torch.argsort(permutation)  # column c's row
+    assert standard_contrast(scores, permutation, temperature=0.1).item() == pytest.approx(
+        nt_xent(scores.T, inverse, temperature=0.1).item(), rel=1e-6)
+
+
+def test_standard_contrast_raises_each_columns_own_rows_and_lowers_the_others_and_ignores_column_offsets():
+    scores = torch.tensor([[0.5, 0.1], [0.2, 0.4], [0.3, 0.3]], requires_grad=True)  # (3, 2)
+    target = torch.tensor([0, 1, 0])
+    standard_contrast(scores, target, temperature=0.1).backward()
+    step = -scores.grad  # gradient descent's move of each score
+    assert step[0, 0] > 0 and step[2, 0] > 0 and step[1, 0] < 0  # column 0: its rows 0 and 2 up, row 1 down
+    assert step[1, 1] > 0 and step[0, 1] < 0 and step[2, 1] < 0
+    offsets = torch.tensor([[0.7, -0.4]])  # a class's prior offset, the same down its column
+    assert standard_contrast(scores + offsets, target, temperature=0.1).item() == pytest.approx(
+        standard_contrast(scores, target, temperature=0.1).item(), rel=1e-6)
 
 
 def test_supervised_contrastive_ignores_vector_length():

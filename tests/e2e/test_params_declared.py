@@ -26,12 +26,13 @@ CHECKED_ONLY = {"mine": ("model.similarity",)}
 # pool file the warmup stage reads, whose change changes models/warmup, so models/stage_one, which evaluate depends on
 FOLLOWS_FROM_A_DEP = {"evaluate": ("data.data_dir", "data.custom.encoding")}
 # the options that reach further code, each off by default: the warm-up, more seeds on their own splits, EDA rows,
-# SharpReCL's prototype mixup, CEAA's cross-encoding, question contrast, in-batch negatives in stage two, the MLP scorer
+# SharpReCL's prototype mixup, CEAA's cross-encoding, question and standard contrast, in-batch negatives in stage two,
+# the MLP scorer
 OPTIONS_ON = {"warmup": {"enabled": True, "unlabelled": "unlabelled.csv", "candidates": 4, "batch_size": 8, "max_steps": 1},
               "evaluate": {"seeds": 2, "resplit": True},
               "augment": {"explicit": "eda", "prototype_mixup": {"enabled": True, "per_class": 2},
                           "cross_encoding": {"enabled": True}},
-              "stage_one": {"question_contrast": 1.0, "max_steps": 2},
+              "stage_one": {"question_contrast": 1.0, "standard_contrast": 1.0, "max_steps": 2},
               "stage_two": {"negatives": "mined_and_in_batch", "max_steps": 2},
               "model": {"similarity": "mlp"}}
 

@@ -387,6 +387,60 @@ def test_question_contrast_adds_supervised_contrast_among_each_batchs_own_questi
     assert with_contrast > base
 
 
+def test_standard_contrast_adds_the_reverse_direction_on_the_batchs_own_scores(tiny_model_dir, monkeypatch):
+    calls = []
+    real_contrast = stage_one.standard_contrast
+
+    def recording_contrast(scores, target, excluded, *, temperature):
+        value = real_contrast(scores, target, excluded, temperature=temperature)
+        calls.append((scores.shape, target.tolist(), excluded, temperature, value.item()))
+        return value
+
+    monkeypatch.setattr(stage_one, "standard_contrast", recording_contrast)
+
+    def first_loss(weight: float) -> float:
+        torch.manual_seed(0)  # the same dropout draws in both runs: the term draws no random numbers
+        model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+        params = PARAMS.model_copy(update={"learning_rate": 1e-12, "standard_contrast": weight})  # no step
+        return stage_one.train(model, long_tail_rows(), long_tail_rows()[:4], CATALOG, params, seed=0,
+                               augment=AugmentParams(implicit=[])).history[1].train_loss
+
+    base = first_loss(0.0)
+    assert calls == []  # off: never computed
+    with_contrast = first_loss(0.5)
+    assert len(calls) == PARAMS.max_steps
+    for shape, target, excluded, temperature, _ in calls:
+        assert shape[0] == len(target) == PARAMS.batch_size and temperature == PARAMS.temperature
+        assert sorted(set(target)) == list(range(shape[1]))  # in-batch: each column is some row's class
+        assert excluded is None  # no two classes share a standard question
+    assert with_contrast == pytest.approx(base + 0.5 * sum(c[4] for c in calls) / len(calls), rel=1e-5)
+    assert with_contrast > base
+
+
+def test_standard_contrast_leaves_out_a_class_that_shares_the_columns_standard_question(tiny_model_dir, monkeypatch):
+    twins = Catalog([StandardQuestion("DESC", "what is it?"), StandardQuestion("LOC", "where is the place?"),
+                     StandardQuestion("NUM", "where is the place?")])  # NUM's text is LOC's
+    rows = [LabeledQuestion(f"{text} {i}", label) for i in range(4)
+            for text, label in (("what is a bat", "DESC"), ("where is rome", "LOC"), ("how far is rome", "NUM"))]
+    masks = []
+
+    def recording_contrast(scores, target, excluded, *, temperature):
+        masks.append((target.tolist(), excluded))
+        return scores.sum() * 0.0
+
+    monkeypatch.setattr(stage_one, "standard_contrast", recording_contrast)
+    torch.manual_seed(0)
+    model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+    stage_one.train(model, rows, rows[:3], twins, PARAMS.model_copy(update={"standard_contrast": 1.0}), seed=0,
+                    augment=AugmentParams(implicit=[]))
+    whole = [(target, excluded) for target, excluded in masks if set(target) == {0, 1, 2}]  # columns DESC, LOC, NUM
+    assert whole
+    twin_of = {0: set(), 1: {2}, 2: {1}}  # a LOC row's twin column is NUM's, a NUM row's LOC's; DESC has none
+    for target, excluded in whole:
+        assert [set(torch.nonzero(excluded[row]).flatten().tolist()) for row in range(len(target))] == \
+            [twin_of[own] for own in target]
+
+
 def test_deferred_keeps_every_generated_row_out_of_stage_one_whatever_made_it():
     """The test above uses oversampled copies alone: EDA's and an offline file's rows are generated rows too."""
     from dataclasses import replace

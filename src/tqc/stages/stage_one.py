@@ -12,6 +12,12 @@ inputs whose target is an "is relevant" / "is not relevant" text.
 `stage_one.question_contrast: w` adds w × supervised contrast among the batch's own questions (SharpReCL Eq. 2):
 each question is also pulled toward its classmates in the batch, which the exemplar rule ranks by. Under torchrun
 each process contrasts its own share of the batch.
+
+`stage_one.standard_contrast: w` adds w × the reverse direction of the batch's loss (CLIP's symmetric half): each of
+the batch's standard questions against the batch's questions, its own class's questions the positives. ADMC's loss
+asks each question to find its standard question; this asks each standard question to sit nearer its own questions
+than the batch's others, where the standard-question rule needs it. It scores the same matrix, so it encodes nothing
+more; under torchrun each process contrasts its own share of the batch.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import torch
 from tqc import distributed
 from tqc.config import AugmentParams, CrossEncodingParams, ModelParams, PrototypeMixupParams, StageOneParams
 from tqc.device import pick_device, seed_everything
-from tqc.losses import LossFn, class_log_prior, prior_offsets, same_class_mask, supervised_contrastive
+from tqc.losses import LossFn, class_log_prior, prior_offsets, same_class_mask, standard_contrast, supervised_contrastive
 from tqc.model.cross_encoding import joined_inputs, question_that_fits
 from tqc.model.encoder import BiEncoder
 from tqc.model.prototype_mixup import balanced_set, synthetic_share
@@ -133,12 +139,16 @@ def _column_offsets(gold: torch.Tensor, n_classes: int, params: StageOneParams,
 
 def _optional_terms(model: BiEncoder, loss_fn: LossFn, params: StageOneParams, augment: AugmentParams,
                     catalog: Catalog, total_steps: int, seed: int, groups: np.ndarray | None) -> list[_Term]:
-    """The weighted terms that are on, in the order the loss adds them: question contrast, prototype mixup, cross
-    encoding. Mixup's generator is seeded before cross encoding's; each term encodes (if at all) in that order."""
+    """The weighted terms that are on, in the order the loss adds them: question contrast, standard contrast,
+    prototype mixup, cross encoding. Mixup's generator is seeded before cross encoding's; each term encodes (if at
+    all) in that order."""
     terms: list[_Term] = []
     if params.question_contrast:
         terms.append(lambda batch: params.question_contrast * supervised_contrastive(
             batch.questions, batch.gold.to(batch.questions.device), temperature=params.temperature))
+    if params.standard_contrast:
+        terms.append(lambda batch: params.standard_contrast * _standard_contrast_term(model, batch, groups,
+                                                                                      params.temperature))
     mixup, cross = augment.prototype_mixup, augment.cross_encoding
     if mixup.enabled:
         mixup_term = _prototype_mixup_term(model, loss_fn, mixup, total_steps, seed, groups)
@@ -171,6 +181,17 @@ def _main_loss(model: BiEncoder, loss_fn: LossFn, batch: _Batch, column_offsets:
     twins = twin_columns(groups, batch.gold, batch.candidates, batch.target)  # (B, U) or None
     device = batch.questions.device
     return loss_fn(scores, batch.target.to(device), None if twins is None else twins.to(device))
+
+
+def _standard_contrast_term(model: BiEncoder, batch: _Batch, groups: np.ndarray | None,
+                            temperature: float) -> torch.Tensor:
+    """The batch's standard questions, each against the batch's questions (`losses.standard_contrast`); a question
+    of a class that shares the column's standard question is neither its positive nor its negative."""
+    scores = model.score(batch.questions, batch.standards)  # (B, U)
+    twins = twin_columns(groups, batch.gold, batch.candidates, batch.target)  # (B, U) or None
+    device = scores.device
+    return standard_contrast(scores, batch.target.to(device), None if twins is None else twins.to(device),
+                             temperature=temperature)
 
 
 def _prototype_mixup_term(model: BiEncoder, loss_fn: LossFn, params: PrototypeMixupParams, total_steps: int,
