@@ -137,7 +137,8 @@ def standard_contrast(scores: torch.Tensor, target: torch.Tensor, excluded: torc
     row's target. Its other positives are not in the denominator: as a question is never pushed from its own standard
     question, a standard question never pushes one of its questions away from it for another (Khosla et al.'s L_out,
     with all positives in the denominator, pushes a positive already ahead back toward an equal share). An excluded
-    cell (a row of a class whose standard question is the column's text) is neither positive nor negative; a column
+    cell (a row of a class whose standard question is the column's text; never a row's own target, as
+    `same_class_mask` and `twin_columns` make them) is neither positive nor negative; a column
     with no negative adds 0. A constant added down a column (a class's prior offset) cancels, so the term needs none.
     """
     logits = _masked(scores / temperature, excluded).T  # (C, B)

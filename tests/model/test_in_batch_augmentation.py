@@ -417,6 +417,23 @@ def test_standard_contrast_adds_the_reverse_direction_on_the_batchs_own_scores(t
     assert with_contrast > base
 
 
+def test_standard_contrast_term_scores_each_row_by_its_column_at_the_stages_temperature(monkeypatch):
+    """A batch without the catalog's first class: its columns are classes 1 and 2, so a row's column (its target)
+    is not its class index (its gold)."""
+    seen = []
+    monkeypatch.setattr(stage_one, "standard_contrast", lambda scores, target, excluded, *, temperature:
+                        seen.append((scores.shape, target.tolist(), excluded, temperature)) or scores.sum())
+
+    class Cosine:
+        def score(self, questions, standards):
+            return questions @ standards.T
+
+    batch = stage_one._Batch(texts=["a", "b", "c"], gold=torch.tensor([1, 2, 2]), candidates=torch.tensor([1, 2]),
+                             target=torch.tensor([0, 1, 1]), questions=torch.randn(3, 4), standards=torch.randn(2, 4))
+    stage_one._standard_contrast_term(Cosine(), batch, None, 0.05)
+    assert seen == [((3, 2), [0, 1, 1], None, 0.05)]
+
+
 def test_standard_contrast_leaves_out_a_class_that_shares_the_columns_standard_question(tiny_model_dir, monkeypatch):
     twins = Catalog([StandardQuestion("DESC", "what is it?"), StandardQuestion("LOC", "where is the place?"),
                      StandardQuestion("NUM", "where is the place?")])  # NUM's text is LOC's

@@ -16,8 +16,8 @@ each process contrasts its own share of the batch.
 `stage_one.standard_contrast: w` adds w × the reverse direction of the batch's loss (CLIP's symmetric half): each of
 the batch's standard questions against the batch's questions, its own class's questions the positives. ADMC's loss
 asks each question to find its standard question; this asks each standard question to sit nearer its own questions
-than the batch's others, where the standard-question rule needs it. It scores the same matrix, so it encodes nothing
-more; under torchrun each process contrasts its own share of the batch.
+than the batch's others. It scores the same embeddings, so it encodes nothing more; under torchrun each process
+contrasts its own share of the batch.
 """
 
 from __future__ import annotations
