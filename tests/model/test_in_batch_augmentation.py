@@ -357,63 +357,54 @@ def test_cross_encoding_never_joins_a_class_sharing_the_gold_standard_question_a
     assert all(len(targets) == 1 for joins in by_row.values() for targets in joins.values())  # no text with both targets
 
 
-def test_question_contrast_adds_supervised_contrast_among_each_batchs_own_questions(tiny_model_dir, monkeypatch):
+def recorded_calls(monkeypatch, loss_name: str) -> list:
+    """stage_one's `loss_name` made to record each call's (arguments, keyword options, value) as it runs."""
     calls = []
-    real_contrast = stage_one.supervised_contrastive
+    real = getattr(stage_one, loss_name)
 
-    def recording_contrast(vectors, labels, *, temperature):
-        value = real_contrast(vectors, labels, temperature=temperature)
-        calls.append((vectors.shape, labels.tolist(), temperature, value.item()))
+    def recording(*arguments, **options):
+        value = real(*arguments, **options)
+        calls.append((arguments, options, value.item()))
         return value
 
-    monkeypatch.setattr(stage_one, "supervised_contrastive", recording_contrast)
+    monkeypatch.setattr(stage_one, loss_name, recording)
+    return calls
 
-    def first_loss(weight: float) -> float:
-        torch.manual_seed(0)  # the same dropout draws in both runs: the term draws no random numbers
-        model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
-        params = PARAMS.model_copy(update={"learning_rate": 1e-12, "question_contrast": weight})  # no step
-        return stage_one.train(model, long_tail_rows(), long_tail_rows()[:4], CATALOG, params, seed=0,
-                               augment=AugmentParams(implicit=[])).history[1].train_loss
 
-    base = first_loss(0.0)
+def first_training_loss(tiny_model_dir, **update) -> float:
+    """Stage one's mean loss over its first epoch, with no optimizer step taken, at PARAMS with `update`."""
+    torch.manual_seed(0)  # the same dropout draws in every call: the optional terms draw no random numbers
+    model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+    params = PARAMS.model_copy(update={"learning_rate": 1e-12, **update})  # no step
+    return stage_one.train(model, long_tail_rows(), long_tail_rows()[:4], CATALOG, params, seed=0,
+                           augment=AugmentParams(implicit=[])).history[1].train_loss
+
+
+def test_question_contrast_adds_supervised_contrast_among_each_batchs_own_questions(tiny_model_dir, monkeypatch):
+    calls = recorded_calls(monkeypatch, "supervised_contrastive")
+    base = first_training_loss(tiny_model_dir, question_contrast=0.0)
     assert calls == []  # off: never computed
-    with_contrast = first_loss(0.5)
+    with_contrast = first_training_loss(tiny_model_dir, question_contrast=0.5)
     assert len(calls) == PARAMS.max_steps
     trained_on = {CATALOG.index(r.class_id) for r in long_tail_rows()}
-    for shape, labels, temperature, _ in calls:
-        assert shape[0] == len(labels) == PARAMS.batch_size and temperature == PARAMS.temperature
-        assert set(labels) <= trained_on  # the batch's own gold classes
-    assert with_contrast == pytest.approx(base + 0.5 * sum(c[3] for c in calls) / len(calls), rel=1e-5)
+    for (vectors, labels), options, _ in calls:
+        assert vectors.shape[0] == len(labels) == PARAMS.batch_size and options["temperature"] == PARAMS.temperature
+        assert set(labels.tolist()) <= trained_on  # the batch's own gold classes
+    assert with_contrast == pytest.approx(base + 0.5 * sum(value for *_, value in calls) / len(calls), rel=1e-5)
     assert with_contrast > base
 
 
 def test_standard_contrast_adds_the_reverse_direction_on_the_batchs_own_scores(tiny_model_dir, monkeypatch):
-    calls = []
-    real_contrast = stage_one.standard_contrast
-
-    def recording_contrast(scores, target, excluded, *, temperature):
-        value = real_contrast(scores, target, excluded, temperature=temperature)
-        calls.append((scores.shape, target.tolist(), excluded, temperature, value.item()))
-        return value
-
-    monkeypatch.setattr(stage_one, "standard_contrast", recording_contrast)
-
-    def first_loss(weight: float) -> float:
-        torch.manual_seed(0)  # the same dropout draws in both runs: the term draws no random numbers
-        model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
-        params = PARAMS.model_copy(update={"learning_rate": 1e-12, "standard_contrast": weight})  # no step
-        return stage_one.train(model, long_tail_rows(), long_tail_rows()[:4], CATALOG, params, seed=0,
-                               augment=AugmentParams(implicit=[])).history[1].train_loss
-
-    base = first_loss(0.0)
+    calls = recorded_calls(monkeypatch, "standard_contrast")
+    base = first_training_loss(tiny_model_dir, standard_contrast=0.0)
     assert calls == []  # off: never computed
-    with_contrast = first_loss(0.5)
+    with_contrast = first_training_loss(tiny_model_dir, standard_contrast=0.5)
     assert len(calls) == PARAMS.max_steps
-    for shape, target, excluded, temperature, _ in calls:
-        assert shape[0] == len(target) == PARAMS.batch_size and temperature == PARAMS.temperature
-        assert sorted(set(target)) == list(range(shape[1]))  # in-batch: each column is some row's class
+    for (scores, target, excluded), options, _ in calls:
+        assert scores.shape[0] == len(target) == PARAMS.batch_size and options["temperature"] == PARAMS.temperature
+        assert sorted(set(target.tolist())) == list(range(scores.shape[1]))  # in-batch: each column is some row's class
         assert excluded is None  # no two classes share a standard question
-    assert with_contrast == pytest.approx(base + 0.5 * sum(c[4] for c in calls) / len(calls), rel=1e-5)
+    assert with_contrast == pytest.approx(base + 0.5 * sum(value for *_, value in calls) / len(calls), rel=1e-5)
     assert with_contrast > base
 
 
