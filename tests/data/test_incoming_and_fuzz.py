@@ -215,8 +215,9 @@ def test_a_few_bad_rows_are_quarantined_by_line_and_a_wholesale_failure_names_it
     foreign.write_text("question,label\nfine question,a\nwho,zzz\nwhat,zzz\n")
     assert main(foreign, current_data, strict) == UNUSABLE  # 2 of 15: 13.3 %
     out = capsys.readouterr().out
-    assert "label_in_catalog on train (2 rows, 13.3%, more than validate.max_quarantined_fraction (0.05), e.g. " in out
-    assert f"{foreign} line 3, {foreign} line 4)" in out
+    assert "label_in_catalog on train (2 row(s), 13.3%, more than validate.max_quarantined_fraction (0.05), e.g. " in out
+    assert (f"{foreign} line 3 (label_in_catalog: 'zzz' is no class of the catalog (a delivery adds a class with a "
+            f"catalog*.csv file of its standard question beside the rows)), {foreign} line 4)") in out  # its reason, once
 
 
 def test_an_inbox_batch_is_read_in_data_custom_encoding_as_ingest_reads_the_custom_files(tmp_path, current_data):

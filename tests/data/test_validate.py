@@ -126,9 +126,9 @@ def test_a_stopped_stage_names_the_failing_rows_and_leaves_the_last_validated_da
     run_validate(tmp_path)
     before = {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()}
     write_splits(tmp_path / "in", [("x", "zzz"), ("y", "zzz"), ("z", "a")], [("fine", "a")], [("held out", "a")])
-    with pytest.raises(ValidationFailed, match=r"label_in_catalog on train \(2 rows, 66.7%, more than validate.max_quarantined_fraction "
-                                               r"\(0.1\), e.g. train.csv line 1, "
-                                               r"train.csv line 2\); every failing row, with its reasons, is in .*quarantine.jsonl"):
+    with pytest.raises(ValidationFailed, match=r"label_in_catalog on train \(2 row\(s\), 66.7%, more than validate.max_quarantined_fraction "
+                                               r"\(0.1\), e.g. train.csv line 1 \(label_in_catalog: 'zzz' is no class of "
+                                               r"the catalog\), train.csv line 2\); every failing row, with its reasons, is in .*quarantine.jsonl"):
         run_validate(tmp_path, ValidateParams(max_quarantined_fraction=0.1, min_examples_per_class=1))
     assert {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()} == before  # `tqc validate FILE` judges against it
     assert len(read_jsonl(tmp_path / "quarantine.jsonl")) == 2  # the diagnosis is written all the same
@@ -145,8 +145,9 @@ def test_a_stop_names_the_setting_it_exceeds_and_the_files_first_failing_lines(t
     322, train.csv line 319, train.csv line 320)": neither the knob that decides (nor its value) nor the file's first
     failing lines, which came in ingest's shuffled order."""
     write_train_lines(tmp_path / "in", [(5, "x", "zzz"), (1, "ok", "a"), (9, "w", "zzz"), (2, "y", "zzz"), (3, "b", "b")])
-    with pytest.raises(ValidationFailed, match=r"label_in_catalog on train \(3 rows, 60.0%, more than "
-                                               r"validate.max_quarantined_fraction \(0.1\), e.g. train.csv line 2, "
+    with pytest.raises(ValidationFailed, match=r"label_in_catalog on train \(3 row\(s\), 60.0%, more than "
+                                               r"validate.max_quarantined_fraction \(0.1\), e.g. train.csv line 2 "
+                                               r"\(label_in_catalog: 'zzz' is no class of the catalog\), "
                                                r"train.csv line 5, train.csv line 9\)"):
         run_validate(tmp_path, ValidateParams(max_quarantined_fraction=0.1, min_examples_per_class=1))
 
@@ -156,7 +157,7 @@ def test_rows_quarantined_under_the_threshold_are_named_in_the_warning(tmp_path,
     write_train_lines(tmp_path / "in", [(7, "", "a"), (1, "ok", "a"), (4, "  ", "b"), (2, "b one", "b"), (3, "a two", "a")])
     with caplog.at_level(logging.WARNING):
         run_validate(tmp_path, ValidateParams(max_quarantined_fraction=0.5, min_examples_per_class=1))
-    assert ("expectation non_empty_text on train failed for 2 rows, e.g. train.csv line 4, train.csv line 7: "
+    assert ("expectation non_empty_text on train failed for 2 row(s), e.g. train.csv line 4, train.csv line 7: "
             "rows quarantined" in caplog.text)
 
 
@@ -292,7 +293,7 @@ def test_has_letter_or_digit_made_critical_stops_the_stage_on_wholesale_failure(
     write_splits(tmp_path / "in", [("???", "a"), ("!!!", "b"), ("fine", "a")], [("also fine", "a")], [("held out", "a")])
     params = ValidateParams(max_quarantined_fraction=0.1, min_examples_per_class=1,
                             critical=[*ValidateParams().critical, "has_letter_or_digit"])
-    with pytest.raises(ValidationFailed, match=r"has_letter_or_digit on train \(2 rows, 66.7%"):
+    with pytest.raises(ValidationFailed, match=r"has_letter_or_digit on train \(2 row\(s\), 66.7%"):
         run_validate(tmp_path, params)
 
 
@@ -311,9 +312,9 @@ def test_test_rows_leave_test_only_when_they_cannot_be_scored(tmp_path, caplog):
     # each expectation's warning says where its rows went: the log said "rows quarantined" of rows kept in test
     said = {m.split(" failed")[0]: m for m in caplog.messages if m.startswith("expectation ")}
     assert said["expectation no_control_characters on test"].endswith(
-        "failed for 1 rows, e.g. test.csv line 3: kept in test (the report's test_rows_kept_with_warnings) unless "
+        "failed for 1 row(s), e.g. test.csv line 3: kept in test (the report's test_rows_kept_with_warnings) unless "
         "another expectation quarantined them")
-    assert said["expectation non_empty_text on test"].endswith("failed for 1 rows, e.g. test.csv line 4: rows quarantined")
+    assert said["expectation non_empty_text on test"].endswith("failed for 1 row(s), e.g. test.csv line 4: rows quarantined")
     kept = [q["text"] for q in read_jsonl(tmp_path / "out" / "test.jsonl")]
     assert kept == ["held out", "Held  out", "bell\x07", "other"]  # a repeat and a control character are scored
     flagged = {(q["line"], tuple(q["expectations"])) for q in report["test_rows_kept_with_warnings"]}
@@ -346,7 +347,7 @@ def test_a_test_row_failing_an_expectation_made_critical_is_said_quarantined_not
     assert [q["text"] for q in read_jsonl(tmp_path / "out" / "test.jsonl")] == ["held out", "other"]
     assert report["test_rows_kept_with_warnings"] == []
     said = [m for m in caplog.messages if m.startswith("expectation no_control_characters on test")]
-    assert said == ["expectation no_control_characters on test failed for 1 rows, e.g. test.csv line 2: rows quarantined"]
+    assert said == ["expectation no_control_characters on test failed for 1 row(s), e.g. test.csv line 2: rows quarantined"]
 
 
 def test_a_validation_split_emptied_by_quarantine_stops_the_stage(tmp_path):

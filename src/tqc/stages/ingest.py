@@ -413,7 +413,7 @@ def _report(params: DataParams, read: _Read, split: _Split, started: float) -> d
 def _log_summary(params: DataParams, read: _Read, report: dict, quarantine_path: Path, out_dir: Path) -> None:
     """The report's gist, then each quarantined row."""
     log.info(
-        "ingest %s: %d classes; train %d, validation %d, test %d; %d rows quarantined to %s; wrote %s in %.1fs",
+        "ingest %s: %d classes; train %d, validation %d, test %d; %d row(s) quarantined to %s; wrote %s in %.1fs",
         params.dataset, report["classes"], report["rows"]["train"], report["rows"]["validation"], report["rows"]["test"],
         len(read.rejected), quarantine_path, out_dir, report["seconds"],
     )

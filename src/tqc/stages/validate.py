@@ -527,18 +527,18 @@ def raise_on_critical(report: dict, params: ValidateParams, quarantined: list[di
         too_many = not row_level or e["failing_fraction"] > params.max_quarantined_fraction
         if e["severity"] == "critical" and too_many:
             # the knob that decides, as ingest names data.max_rejected_fraction: raise it, or fix the rows
-            detail = (f" ({e['failing_rows']} rows, {e['failing_fraction']:.1%}, more than validate.max_quarantined_"
+            detail = (f" ({e['failing_rows']} row(s), {e['failing_fraction']:.1%}, more than validate.max_quarantined_"
                       f"fraction ({params.max_quarantined_fraction}){_first_rows(quarantined or [], e)})"
                       if row_level else f" ({_observation(e['observed'])})")
             failures.append(where + detail)
         elif row_level and e["table"] == "test" and e["severity"] != "critical" and e["name"] not in UNSCORABLE:
             # such test rows stay in test, flagged (check's test policy): "quarantined" would be untrue of them. A
             # critical one's (under the fraction) leave test, as unscorable ones do, and are said quarantined below
-            log.warning("expectation %s failed for %d rows%s: kept in test (the report's test_rows_kept_with_warnings) "
+            log.warning("expectation %s failed for %d row(s)%s: kept in test (the report's test_rows_kept_with_warnings) "
                         "unless another expectation quarantined them", where, e["failing_rows"],
                         _first_rows([*(quarantined or []), *(flagged or [])], e))
         elif row_level:
-            log.warning("expectation %s failed for %d rows%s: rows quarantined", where, e["failing_rows"],
+            log.warning("expectation %s failed for %d row(s)%s: rows quarantined", where, e["failing_rows"],
                         _first_rows(quarantined or [], e))
         else:
             log.warning("expectation %s failed (warning): %s", where, _observation(e["observed"]))
@@ -548,10 +548,13 @@ def raise_on_critical(report: dict, params: ValidateParams, quarantined: list[di
 
 
 def _first_rows(quarantined: list[dict], expectation: dict, shown: int = 3) -> str:
-    """", e.g. train.csv line 4, train.csv line 9": where the first rows failing `expectation` were read, by file
-    and line (the rows come in ingest's order, which shuffles each class)."""
+    """", e.g. test.csv line 8 (label_in_catalog: 'ABBREV' is no class of the catalog), test.csv line 9": where the
+    first rows failing `expectation` were read, by file and line (the rows come in ingest's order, which shuffles each
+    class), the first with its reason where that says more than the expectations' names (which label, which copy)."""
     rows = sorted((q for q in quarantined
                    if q.get("split") == expectation["table"] and expectation["name"] in q.get("expectations", ())),
                   key=lambda q: (str(q["file"]), q.get("line") if q.get("line") is not None else -1))
     places = [f"{q['file']} line {q['line']}" if q.get("line") is not None else q["file"] for q in rows[:shown]]
+    if places and rows[0].get("reason") and rows[0]["reason"] != ", ".join(rows[0].get("expectations", ())):
+        places[0] += f" ({rows[0]['reason']})"
     return f", e.g. {', '.join(places)}" if places else ""
