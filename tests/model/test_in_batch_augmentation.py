@@ -357,8 +357,10 @@ def test_cross_encoding_never_joins_a_class_sharing_the_gold_standard_question_a
     assert all(len(targets) == 1 for joins in by_row.values() for targets in joins.values())  # no text with both targets
 
 
-def recorded_calls(monkeypatch, loss_name: str) -> list:
-    """stage_one's `loss_name` made to record each call's (arguments, keyword options, value) as it runs."""
+def weighted_term_calls(tiny_model_dir, monkeypatch, loss_name: str, weight_name: str) -> list:
+    """Stage one's first epoch (no optimizer step) with `weight_name` at 0, then at 0.5, recording each call of
+    stage_one's `loss_name` as (arguments, keyword options, value): at 0 it is never called, at 0.5 once a step, and the
+    epoch's mean loss grows by 0.5 × the mean of its values. The calls at 0.5 are returned for the caller's checks."""
     calls = []
     real = getattr(stage_one, loss_name)
 
@@ -368,44 +370,37 @@ def recorded_calls(monkeypatch, loss_name: str) -> list:
         return value
 
     monkeypatch.setattr(stage_one, loss_name, recording)
+
+    def first_loss(weight: float) -> float:
+        torch.manual_seed(0)  # the same dropout draws in both runs: the optional terms draw no random numbers
+        model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+        params = PARAMS.model_copy(update={"learning_rate": 1e-12, weight_name: weight})  # no step
+        return stage_one.train(model, long_tail_rows(), long_tail_rows()[:4], CATALOG, params, seed=0,
+                               augment=AugmentParams(implicit=[])).history[1].train_loss
+
+    base = first_loss(0.0)
+    assert calls == []  # off: never computed
+    weighted = first_loss(0.5)
+    assert len(calls) == PARAMS.max_steps
+    assert weighted == pytest.approx(base + 0.5 * sum(value for *_, value in calls) / len(calls), rel=1e-5)
+    assert weighted > base
     return calls
 
 
-def first_training_loss(tiny_model_dir, **update) -> float:
-    """Stage one's mean loss over its first epoch, with no optimizer step taken, at PARAMS with `update`."""
-    torch.manual_seed(0)  # the same dropout draws in every call: the optional terms draw no random numbers
-    model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
-    params = PARAMS.model_copy(update={"learning_rate": 1e-12, **update})  # no step
-    return stage_one.train(model, long_tail_rows(), long_tail_rows()[:4], CATALOG, params, seed=0,
-                           augment=AugmentParams(implicit=[])).history[1].train_loss
-
-
 def test_question_contrast_adds_supervised_contrast_among_each_batchs_own_questions(tiny_model_dir, monkeypatch):
-    calls = recorded_calls(monkeypatch, "supervised_contrastive")
-    base = first_training_loss(tiny_model_dir, question_contrast=0.0)
-    assert calls == []  # off: never computed
-    with_contrast = first_training_loss(tiny_model_dir, question_contrast=0.5)
-    assert len(calls) == PARAMS.max_steps
     trained_on = {CATALOG.index(r.class_id) for r in long_tail_rows()}
-    for (vectors, labels), options, _ in calls:
+    for (vectors, labels), options, _ in weighted_term_calls(tiny_model_dir, monkeypatch, "supervised_contrastive",
+                                                             "question_contrast"):
         assert vectors.shape[0] == len(labels) == PARAMS.batch_size and options["temperature"] == PARAMS.temperature
         assert set(labels.tolist()) <= trained_on  # the batch's own gold classes
-    assert with_contrast == pytest.approx(base + 0.5 * sum(value for *_, value in calls) / len(calls), rel=1e-5)
-    assert with_contrast > base
 
 
 def test_standard_contrast_adds_the_reverse_direction_on_the_batchs_own_scores(tiny_model_dir, monkeypatch):
-    calls = recorded_calls(monkeypatch, "standard_contrast")
-    base = first_training_loss(tiny_model_dir, standard_contrast=0.0)
-    assert calls == []  # off: never computed
-    with_contrast = first_training_loss(tiny_model_dir, standard_contrast=0.5)
-    assert len(calls) == PARAMS.max_steps
-    for (scores, target, excluded), options, _ in calls:
+    for (scores, target, excluded), options, _ in weighted_term_calls(tiny_model_dir, monkeypatch, "standard_contrast",
+                                                                      "standard_contrast"):
         assert scores.shape[0] == len(target) == PARAMS.batch_size and options["temperature"] == PARAMS.temperature
         assert sorted(set(target.tolist())) == list(range(scores.shape[1]))  # in-batch: each column is some row's class
         assert excluded is None  # no two classes share a standard question
-    assert with_contrast == pytest.approx(base + 0.5 * sum(value for *_, value in calls) / len(calls), rel=1e-5)
-    assert with_contrast > base
 
 
 def test_standard_contrast_term_scores_each_row_by_its_column_at_the_stages_temperature(monkeypatch):
@@ -415,13 +410,18 @@ def test_standard_contrast_term_scores_each_row_by_its_column_at_the_stages_temp
     monkeypatch.setattr(stage_one, "standard_contrast", lambda scores, target, excluded, *, temperature:
                         seen.append((scores.shape, target.tolist(), excluded, temperature)) or scores.sum())
 
-    class Cosine:
+    class Encoder:
+        def embed_questions(self, texts):
+            return torch.randn(len(texts), 4)
+
+        embed_standards = embed_questions
+
         def score(self, questions, standards):
             return questions @ standards.T
 
-    batch = stage_one._Batch(texts=["a", "b", "c"], gold=torch.tensor([1, 2, 2]), candidates=torch.tensor([1, 2]),
-                             target=torch.tensor([0, 1, 1]), questions=torch.randn(3, 4), standards=torch.randn(2, 4))
-    stage_one._standard_contrast_term(Cosine(), batch, None, 0.05)
+    gold = torch.tensor([0, 1, 2, 2])  # (N,) the training rows' classes
+    batch = stage_one._encoded_batch(Encoder(), [1, 2, 3], ["a", "b", "c", "d"], gold, CATALOG, "in_batch", None)
+    stage_one._standard_contrast_term(batch, 0.05)
     assert seen == [((3, 2), [0, 1, 1], None, 0.05)]
 
 

@@ -88,7 +88,7 @@ def train(
 
 
 class _Batch(NamedTuple):
-    """A batch's rows and their encodings, which every term of the loss reads."""
+    """A batch's rows, their encodings and scores, which every term of the loss reads."""
 
     texts: list[str]
     gold: torch.Tensor  # (B,) each row's class
@@ -96,6 +96,8 @@ class _Batch(NamedTuple):
     target: torch.Tensor  # (B,) each row's column among them
     questions: torch.Tensor  # (B, D)
     standards: torch.Tensor  # (U, D)
+    scores: torch.Tensor  # (B, U) each question against each standard question, no offsets
+    twins: torch.Tensor | None  # (B, U) a row's columns of classes sharing its standard question, on the scores' device
 
 
 _Term = Callable[[_Batch], torch.Tensor]
@@ -116,8 +118,8 @@ def _batch_loss(model: BiEncoder, train_rows: list[LabeledQuestion], catalog: Ca
     terms = _optional_terms(model, loss_fn, params, augment, catalog, total_steps, seed, groups)
 
     def batch_loss(rows: list[int]) -> torch.Tensor:
-        batch = _encoded_batch(model, rows, texts, gold, catalog, negatives)
-        loss = _main_loss(model, loss_fn, batch, column_offsets, groups)
+        batch = _encoded_batch(model, rows, texts, gold, catalog, negatives, groups)
+        loss = _main_loss(loss_fn, batch, column_offsets)
         for term in terms:
             loss = loss + term(batch)
         return loss
@@ -147,8 +149,7 @@ def _optional_terms(model: BiEncoder, loss_fn: LossFn, params: StageOneParams, a
         terms.append(lambda batch: params.question_contrast * supervised_contrastive(
             batch.questions, batch.gold.to(batch.questions.device), temperature=params.temperature))
     if params.standard_contrast:
-        terms.append(lambda batch: params.standard_contrast * _standard_contrast_term(model, batch, groups,
-                                                                                      params.temperature))
+        terms.append(lambda batch: params.standard_contrast * _standard_contrast_term(batch, params.temperature))
     mixup, cross = augment.prototype_mixup, augment.cross_encoding
     if mixup.enabled:
         mixup_term = _prototype_mixup_term(model, loss_fn, mixup, total_steps, seed, groups)
@@ -161,37 +162,34 @@ def _optional_terms(model: BiEncoder, loss_fn: LossFn, params: StageOneParams, a
 
 
 def _encoded_batch(model: BiEncoder, rows: list[int], texts: list[str], gold: torch.Tensor, catalog: Catalog,
-                   negatives: str) -> _Batch:
-    """The rows' questions, then their candidate classes' standard questions, encoded in that order."""
+                   negatives: str, groups: np.ndarray | None) -> _Batch:
+    """The rows' questions, then their candidate classes' standard questions, encoded in that order, and scored once
+    for every term that reads the scores (the main loss, standard contrast)."""
     batch_gold = gold[rows]
     candidates, target = candidate_classes(batch_gold, len(catalog), negatives)
     batch_texts = [texts[i] for i in rows]
     questions = model.embed_questions(batch_texts)  # (B, D)
     standards = model.embed_standards([catalog.texts[c] for c in candidates.tolist()])  # (U, D)
-    return _Batch(batch_texts, batch_gold, candidates, target, questions, standards)
+    scores = model.score(questions, standards)  # (B, U)
+    twins = twin_columns(groups, batch_gold, candidates, target)  # (B, U) or None
+    return _Batch(batch_texts, batch_gold, candidates, target, questions, standards, scores,
+                  None if twins is None else twins.to(scores.device))
 
 
-def _main_loss(model: BiEncoder, loss_fn: LossFn, batch: _Batch, column_offsets: torch.Tensor | None,
-               groups: np.ndarray | None) -> torch.Tensor:
+def _main_loss(loss_fn: LossFn, batch: _Batch, column_offsets: torch.Tensor | None) -> torch.Tensor:
     """The stage's loss (NT-Xent unless `loss` says otherwise) of the batch's questions against its standard
     questions, each column shifted by its class's offset; a question's own class is its target."""
-    scores = model.score(batch.questions, batch.standards)  # (B, U)
+    scores = batch.scores  # (B, U)
     if column_offsets is not None:
         scores = scores + column_offsets[batch.candidates].to(scores.device)  # (B, U)
-    twins = twin_columns(groups, batch.gold, batch.candidates, batch.target)  # (B, U) or None
-    device = batch.questions.device
-    return loss_fn(scores, batch.target.to(device), None if twins is None else twins.to(device))
+    return loss_fn(scores, batch.target.to(scores.device), batch.twins)
 
 
-def _standard_contrast_term(model: BiEncoder, batch: _Batch, groups: np.ndarray | None,
-                            temperature: float) -> torch.Tensor:
-    """The batch's standard questions, each against the batch's questions (`losses.standard_contrast`); a question
-    of a class that shares the column's standard question is neither its positive nor its negative."""
-    scores = model.score(batch.questions, batch.standards)  # (B, U)
-    twins = twin_columns(groups, batch.gold, batch.candidates, batch.target)  # (B, U) or None
-    device = scores.device
-    return standard_contrast(scores, batch.target.to(device), None if twins is None else twins.to(device),
-                             temperature=temperature)
+def _standard_contrast_term(batch: _Batch, temperature: float) -> torch.Tensor:
+    """The batch's standard questions, each against the batch's questions (`losses.standard_contrast`), on the main
+    loss's scores without their offsets (a column's offset cancels in it); a question of a class that shares the
+    column's standard question is neither its positive nor its negative."""
+    return standard_contrast(batch.scores, batch.target.to(batch.scores.device), batch.twins, temperature=temperature)
 
 
 def _prototype_mixup_term(model: BiEncoder, loss_fn: LossFn, params: PrototypeMixupParams, total_steps: int,
