@@ -37,6 +37,12 @@ def split_source(source: str) -> tuple[str, int | None]:
     return (file, int(line)) if file and line.isdigit() else (source, None)
 
 
+def quarantine_reason(expectations: list[str], reason: str | None = None) -> str:
+    """A quarantined row's reason: what its check said of it, or where nothing more is known than the expectations it
+    fails, their names (validate's rows and the retrain inbox's alike)."""
+    return reason or ", ".join(expectations)
+
+
 def file_and_line(source: str | None, unnamed: str = "training rows") -> str:
     """A row's `source` ("file:line") as errors and quarantine reasons write it: "file, line N"; `unnamed` for a row
     of no file."""

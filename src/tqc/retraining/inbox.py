@@ -16,6 +16,7 @@ from tqc.io import file_digest, name_within_limit, read_jsonl, write_jsonl
 from tqc.locks import exclusive
 from tqc.readers import TABLE_SUFFIXES
 from tqc.retraining.errors import RetrainBusy
+from tqc.schema import quarantine_reason
 
 log = logging.getLogger("tqc.retrain")  # one logger for the retrain steps, whichever module says it
 
@@ -123,7 +124,7 @@ def quarantine_record(file: str, sha256: str, row: dict) -> dict:
     line null). `content` is the row as read ({text, class_id}), or the raw line where it could not be read."""
     expectations = list(row.get("expectations") or [])
     return {"file": file, "sha256": sha256, "line": row.get("line"), "expectations": expectations,
-            "reason": row.get("reason") or ", ".join(expectations), "content": row.get("content")}
+            "reason": quarantine_reason(expectations, row.get("reason")), "content": row.get("content")}
 
 
 def repeat_outcome(incoming: Incoming) -> FileOutcome:

@@ -21,7 +21,8 @@ import pandas as pd
 
 from tqc.config import ValidateParams
 from tqc.io import atomic_directory, write_json, write_jsonl
-from tqc.schema import Catalog, LabeledQuestion, file_and_line, load_questions, save_questions, split_source
+from tqc.schema import (Catalog, LabeledQuestion, file_and_line, load_questions, quarantine_reason, save_questions,
+                        split_source)
 from tqc.text import (ALIKE, CONTROL_CHARACTERS, LETTER_OR_DIGIT, catalog_label_key, compared_text, faulty_text,
                       ids_by_label_key)
 
@@ -325,7 +326,7 @@ def quarantine_record(question: LabeledQuestion, split: str, expectations: list[
         "file": file,
         "line": line,
         "expectations": expectations,
-        "reason": reason or ", ".join(expectations),
+        "reason": quarantine_reason(expectations, reason),
         "content": {"text": question.text, "class_id": question.class_id},
     }
 
@@ -555,6 +556,6 @@ def _first_rows(quarantined: list[dict], expectation: dict, shown: int = 3) -> s
                    if q.get("split") == expectation["table"] and expectation["name"] in q.get("expectations", ())),
                   key=lambda q: (str(q["file"]), q.get("line") if q.get("line") is not None else -1))
     places = [f"{q['file']} line {q['line']}" if q.get("line") is not None else q["file"] for q in rows[:shown]]
-    if places and rows[0].get("reason") and rows[0]["reason"] != ", ".join(rows[0].get("expectations", ())):
+    if places and rows[0].get("reason") and rows[0]["reason"] != quarantine_reason(rows[0].get("expectations", [])):
         places[0] += f" ({rows[0]['reason']})"
     return f", e.g. {', '.join(places)}" if places else ""
