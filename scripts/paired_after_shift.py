@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import subprocess
 from pathlib import Path
 
-from scipy.stats import t as student_t
+from tqc.ablate import paired_difference
 
 FIGURES = {  # name → its path in metrics.json
     "validation macro-F1": ("validation", "macro_f1"), "validation accuracy": ("validation", "accuracy"),
@@ -49,13 +48,6 @@ def figures_by_variant(report: dict, grid: str) -> dict[str, dict[int, dict[str,
             for row in report["rows"] if row["grid"] == grid}
 
 
-def interval(differences: list[float]) -> tuple[float, float, float]:
-    """The mean of paired differences and its 95% t-interval."""
-    mean = statistics.mean(differences)
-    half = student_t.ppf(0.975, len(differences) - 1) * statistics.stdev(differences) / math.sqrt(len(differences))
-    return mean, mean - half, mean + half
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report_folder", type=Path, help="the grid's --out folder, holding ablations.json")
@@ -72,13 +64,14 @@ def main() -> None:
             print(f"  {name:30s} {statistics.mean(values):6.2f} ± {spread:4.2f}   " + " ".join(f"{v:6.2f}" for v in values))
     reference, variant = by_variant[args.reference], by_variant[args.variant]
     common = sorted(set(reference) & set(variant))
-    print(f"{args.variant} minus {args.reference}, paired over seeds {common} (95% t-interval)")
+    print(f"{args.variant} minus {args.reference}, paired over seeds {common} (95% t-interval; tqc ablate's own)")
     if len(common) < 2:
         raise SystemExit("fewer than two seeds done in both: no interval")
     for name in FIGURES:
-        differences = [variant[s][name] - reference[s][name] for s in common]
-        mean, low, high = interval(differences)
-        print(f"  {name:30s} {mean:+6.2f} [{low:+6.2f}, {high:+6.2f}]   per seed " + " ".join(f"{d:+.2f}" for d in differences))
+        paired = paired_difference({s: variant[s][name] for s in common}, {s: reference[s][name] for s in common})
+        low, high = paired["ci95"]
+        print(f"  {name:30s} {paired['mean']:+6.2f} [{low:+6.2f}, {high:+6.2f}]   higher in {paired['higher_in']} of "
+              f"{len(common)}, per seed " + " ".join(f"{variant[s][name] - reference[s][name]:+.2f}" for s in common))
 
 
 if __name__ == "__main__":
