@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from tqc.ablate import FIGURES, CellResult, _dig, local_overrides, select_cells, without_prior_shift, write_report
+from tqc.ablate import FIGURES, CellResult, dig, local_overrides, select_cells, without_prior_shift, write_report
 from tqc.arguments import where_filters
 from tqc.config import ConfigError, Params, load_params, unflatten
 from tqc.io import file_digest, tree_digests, write_json, write_text
@@ -145,7 +145,7 @@ def train_cell(base: Params, cell, prepared: Path, work: Path, device_overrides:
     metrics = metrics if cell.about_prior_shift else without_prior_shift(metrics)
     augment_report = json.loads((data / "reports" / "augment.json").read_text(encoding="utf-8"))
     return {"experiment": cell.name, "grid": cell.grid, "variant": cell.variant, "seed": cell.seed,
-            "figures": {name: _dig(metrics, keys) for name, (_, keys) in FIGURES.items()},
+            "figures": {name: dig(metrics, keys) for name, (_, keys) in FIGURES.items()},
             "generated_rows": augment_report["rows"]["generated"], "seconds": time.perf_counter() - started,
             "code_version": code_version,
             "epochs_trained": {stage: len(fit.history) - 1 for stage, fit in outputs.fits.items() if fit.history}}

@@ -17,7 +17,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from tqc.ablate import paired_difference
+from tqc.ablate import dig, paired_difference
 
 FIGURES = {  # name → its path in metrics.json
     "validation macro-F1": ("validation", "macro_f1"), "validation accuracy": ("validation", "accuracy"),
@@ -33,13 +33,7 @@ FIGURES = {  # name → its path in metrics.json
 def cell_figures(rev: str) -> dict[str, float]:
     """One experiment's figures in percent, from the metrics.json of its commit."""
     metrics = json.loads(subprocess.check_output(["git", "show", f"{rev}:reports/metrics.json"]))
-    figures = {}
-    for name, path in FIGURES.items():
-        value = metrics
-        for key in path:
-            value = value[key]
-        figures[name] = 100 * value
-    return figures
+    return {name: 100 * dig(metrics, path) for name, path in FIGURES.items()}
 
 
 def figures_by_variant(report: dict, grid: str) -> dict[str, dict[int, dict[str, float]]]:

@@ -205,7 +205,7 @@ def read_cell(cell: Cell, project: Path, refs: dict[str, str]) -> CellResult:
     metrics = json.loads(_git(project, "show", f"{ref}:reports/metrics.json"))
     metrics = metrics if cell.about_prior_shift else without_prior_shift(metrics)
     augment = json.loads(_git(project, "show", f"{ref}:reports/augment.json"))
-    figures = {name: _dig(metrics, keys) for name, (_, keys) in FIGURES.items()}
+    figures = {name: dig(metrics, keys) for name, (_, keys) in FIGURES.items()}
     run = metrics.get("run") or {}
     code_version = run.get("code_version")  # evaluate's record of the commit it ran
     # the commit, and '-dirty' where the code itself was edited (`code_edited`): inside `dvc exp run -S` params.yaml
@@ -276,7 +276,8 @@ def _cells_of_old_row(row: dict) -> list[dict]:
             for i, (name, seed) in enumerate(zip(names, row["seeds_done"]))]
 
 
-def _dig(tree: dict, keys: tuple[str, ...]):
+def dig(tree: dict, keys: tuple[str, ...]):
+    """The value at `keys` down a metrics tree; None below a section the run wrote as null."""
     for key in keys:
         if tree is None:  # a section the cell did not produce (nc: null when NC was not trained)
             return None

@@ -230,7 +230,7 @@ def test_a_narrowed_or_failed_run_keeps_every_earlier_record_in_the_json(tmp_pat
 
 
 def test_cells_are_read_before_their_class_prior_shift():
-    from tqc.ablate import FIGURES, _dig, without_prior_shift
+    from tqc.ablate import FIGURES, dig, without_prior_shift
 
     def figures(accuracy: float) -> dict:
         return {"accuracy": accuracy, "macro_f1": accuracy - 0.1, "macro_f1_gold_classes": accuracy}
@@ -239,7 +239,7 @@ def test_cells_are_read_before_their_class_prior_shift():
                "nc": None, "prior_shift": {"admc": {"weight": 0.5, "test_unshifted": figures(0.7), "validation_unshifted": figures(0.6)},
                                            "stage_one": {"weight": 0.0, "test_unshifted": figures(0.85),
                                                          "validation_unshifted": figures(0.8)}}}
-    read = {name: _dig(without_prior_shift(metrics), keys) for name, (_, keys) in FIGURES.items()}
+    read = {name: dig(without_prior_shift(metrics), keys) for name, (_, keys) in FIGURES.items()}
     assert read["admc_accuracy"] == 0.7 and read["admc_validation_macro_f1"] == pytest.approx(0.5)
     assert read["ac_accuracy"] == 0.85 and read["nc_accuracy"] is None
     assert without_prior_shift({"test": figures(0.9)})["test"]["accuracy"] == 0.9  # a cell from before the prior stage
