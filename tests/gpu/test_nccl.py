@@ -11,23 +11,17 @@ and tells `active` so, and every collective (`broadcast_parameters`, `average_gr
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as multiprocessing
 
-from tests.model.test_distributed import _stage_two_weights
+from tests.model.test_distributed import _as_torchrun_rank, _stage_two_weights
+from tests.servers import free_port
 from tqc import distributed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _deterministic() -> None:
@@ -46,8 +40,7 @@ def _single_process(_index: int, model_dir: str, out_dir: str) -> None:
 def _nccl_worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    _as_torchrun_rank(rank, world, port)
     _deterministic()
     if world > 1:
         distributed.setup("nccl")
@@ -69,7 +62,7 @@ def _nccl_worker(rank: int, world: int, port: int, model_dir: str, out_dir: str)
 def test_stage_two_over_nccl_takes_the_single_process_steps_on_every_gpu(tiny_model_dir, tmp_path):
     world = torch.cuda.device_count()
     multiprocessing.spawn(_single_process, args=(str(tiny_model_dir), str(tmp_path)), nprocs=1, join=True)
-    multiprocessing.spawn(_nccl_worker, args=(world, _free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=world,
+    multiprocessing.spawn(_nccl_worker, args=(world, free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=world,
                           join=True)
     single = torch.load(tmp_path / "single.pt")
     saved = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(world)]

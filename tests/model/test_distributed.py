@@ -9,7 +9,6 @@ through the CLI and torchrun, and must write one model; so must docs/scaling.md'
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,16 +22,11 @@ from torch import nn
 import yaml
 
 from tests.conftest import CLASSES, synthetic_questions, tiny_params, write_custom_dataset
+from tests.servers import free_port
 from tqc import distributed
 from tqc.config import ModelParams, StageTwoParams
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _always_better(*_):
@@ -115,7 +109,7 @@ def test_two_processes_end_with_the_weights_of_one_process_on_the_whole_batch(ti
     # and each process must still score its rows against all of the batch's
     start, single, single_loss = _stage_two_weights(str(tiny_model_dir), batch_size, negatives=negatives, k=k)
     assert any(not torch.equal(start[name], single[name]) for name in single)  # the epoch trained something
-    multiprocessing.spawn(_worker, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path), batch_size, negatives, k),
+    multiprocessing.spawn(_worker, args=(2, free_port(), str(tiny_model_dir), str(tmp_path), batch_size, negatives, k),
                           nprocs=2, join=True)
     saved = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
     assert [r["rows_seen"] for r in saved] == rows_seen  # each process trained on its share of the 48 rows
@@ -340,7 +334,7 @@ def test_the_readmes_multi_node_command_trains_as_one_job_of_two_nodes(tiny_mode
     each gets its own rank, they train as one job of two processes, and global rank 0 alone writes."""
     project, environment = _ingested_project(tmp_path, tiny_model_dir)
     node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
-            "--rdzv_backend", "c10d", "--rdzv_id", "tqc", "--rdzv_endpoint", f"127.0.0.1:{_free_port()}",
+            "--rdzv_backend", "c10d", "--rdzv_id", "tqc", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
             "-m", "tqc.cli", "--set", "tracking.enabled=false", "stage-one", "--data", "data/ingested",
             "--train", "data/ingested/train.jsonl", "--out", "models/stage_one", "--history", "history.csv"]
     nodes = [subprocess.Popen(node, cwd=project, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -451,7 +445,7 @@ def _hanging_peer_worker(rank: int, world: int, port: int, out_dir: str) -> None
 def test_a_collective_fails_after_distributed_timeout_minutes_where_another_process_hangs(tmp_path):
     """tqc passed init_process_group 30 minutes, whatever the run: a process of a multi-node job whose peer died or hung
     waited that long (NCCL's own default is 10). distributed.timeout_minutes sets it; gloo keeps to it too."""
-    context = multiprocessing.spawn(_hanging_peer_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False)
+    context = multiprocessing.spawn(_hanging_peer_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=False)
     deadline = time.monotonic() + 120
     try:
         while not context.join(timeout=5):
@@ -508,7 +502,7 @@ def _early_stopping_worker(rank: int, world: int, port: int, out_dir: str) -> No
 def test_every_process_takes_rank_0s_early_stopping_choice(tmp_path):
     """Each process's own validation figure may differ (kernels not bitwise reproducible across GPUs); a process
     that stopped alone would leave the others waiting in their next all-reduce. Rank 0's figures decide for all."""
-    context = multiprocessing.spawn(_early_stopping_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False)
+    context = multiprocessing.spawn(_early_stopping_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=False)
     deadline = time.monotonic() + 120
     try:
         while not context.join(timeout=5):  # False while a process still runs (join returns as each one exits)
@@ -575,7 +569,7 @@ def _dropout_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 def test_each_process_draws_its_own_dropout(tmp_path):
     """Every process was seeded alike, so the two halves of a batch got the same dropout masks, row for row (and the
     same embedding cutoff): half the noise one process gives a batch. Each process now draws from a stream of its own."""
-    multiprocessing.spawn(_dropout_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    multiprocessing.spawn(_dropout_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     masks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
     assert masks[0].shape == masks[1].shape == (4, 16) and masks[0].any()
     assert not torch.equal(masks[0], masks[1])
@@ -976,7 +970,7 @@ def _broadcast_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 def test_every_replica_starts_from_rank_0s_weights(tmp_path):
     """The stage tests seed every process alike, so their replicas start equal with or without the broadcast; here
     they do not, and after it each holds rank 0's weights (its own seed's)."""
-    multiprocessing.spawn(_broadcast_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    multiprocessing.spawn(_broadcast_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     replicas = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
     torch.manual_seed(0)
     expected = nn.Linear(4, 3).state_dict()
