@@ -8,24 +8,29 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 # Which FAISS build: cpu (faiss-cpu) or gpu (faiss-gpu-cu12, CUDA 12), never both (pyproject.toml)
 FAISS ?= cpu
+# Every package at the version the suite last passed with and the committed reports were made with (`make lock`
+# writes it); `make run CONSTRAINTS=` installs the newest versions pyproject.toml allows instead.
+CONSTRAINTS ?= constraints.txt
+PIN := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
-.PHONY: run test test-optuna-min install install-test bench
+.PHONY: run test test-optuna-min install install-test bench lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
 # One stamp per FAISS build, so `make run FAISS=gpu` in a venv made with cpu installs again; the other build goes
-# first, as the two share the `faiss` package
-$(VENV)/.installed-$(FAISS): $(BIN)/python pyproject.toml
+# first, as the two share the `faiss` package. torch goes in without the constraints: a TORCH with --index-url reads
+# its dependencies from that index alone, which may lack the pinned versions; the next line sets them to the pins.
+$(VENV)/.installed-$(FAISS): $(BIN)/python pyproject.toml $(CONSTRAINTS)
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip uninstall -q -y $(if $(filter gpu,$(FAISS)),faiss-cpu,faiss-gpu-cu12) 2>/dev/null || true
-	$(BIN)/pip install -q -e ".[$(FAISS)]"
+	$(BIN)/pip install -q $(PIN) -e ".[$(FAISS)]"
 	rm -f $(VENV)/.installed-*
 	touch $@
 
 $(VENV)/.installed-test-$(FAISS): $(VENV)/.installed-$(FAISS)
-	$(BIN)/pip install -q -e ".[$(FAISS),test]"
+	$(BIN)/pip install -q $(PIN) -e ".[$(FAISS),test]"
 	touch $@
 
 install: $(VENV)/.installed-$(FAISS)
@@ -58,3 +63,19 @@ bench: install
 	$(BIN)/tqc bench validate --dataset trec50 --out reports/bench/validate-trec50.json
 	$(BIN)/tqc bench read --rows 500000 --out reports/bench/read.json
 	$(BIN)/tqc bench serve --out reports/bench/serve.json
+
+# constraints.txt anew: the newest versions pyproject.toml allows, resolved in a scratch venv (torch is $(TORCH), so
+# it is left out). Then `make test` (and `dvc repro`, whose reports the versions make) before committing it.
+LOCK_VENV := .cache/lock-venv
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install -q --upgrade pip
+	$(LOCK_VENV)/bin/pip install -q $(TORCH)
+	$(LOCK_VENV)/bin/pip install -q -e ".[cpu,test,server]"
+	{ echo "# make lock's resolution of pyproject.toml (extras cpu, test, server) with $(TORCH); make run and make test"; \
+	  echo "# install these versions (make run CONSTRAINTS= the newest allowed). Regenerate with make lock, then make test."; \
+	  $(LOCK_VENV)/bin/pip freeze --exclude-editable | grep -v -i '^torch=='; \
+	} > constraints.txt.tmp
+	mv constraints.txt.tmp constraints.txt
+	rm -rf $(LOCK_VENV)
