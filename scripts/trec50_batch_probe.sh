@@ -10,12 +10,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 T=".venv/bin/tqc"
 OUT="$(realpath -m "${1:-/tmp/trec50-temperature-probe}")"
+source scripts/trec50_probe_data.sh  # admc_chain
 for seed in 0 1 2; do
   W=$OUT/s$seed
   S=(--set data.dataset=trec50 --set seed=$seed --set tracking.enabled=false --set stage_one.batch_size=16)
-  $T "${S[@]}" stage-one --data $W/validated --train $W/augmented/train.jsonl --warmup $W/warmup --out $W/stage_one-b16 --history $W/stage_one-b16.csv
-  $T "${S[@]}" mine --data $W/validated --train $W/augmented/train.jsonl --model $W/stage_one-b16 --out $W/negatives-b16.jsonl --report $W/r/mining-b16.json
-  $T "${S[@]}" stage-two --data $W/validated --train $W/augmented/train.jsonl --negatives $W/negatives-b16.jsonl --model $W/stage_one-b16 --out $W/stage_two-b16 --history $W/stage_two-b16.csv
+  admc_chain b16 $W/augmented/train.jsonl
   rm -rf $W/stage_one-b16 $W/stage_two-b16  # the histories hold what is judged
   echo "seed $seed done $(date)"
 done

@@ -25,9 +25,7 @@ for seed in 0 1 2; do
   for v in none eda; do
     V=(${VARIANT[$v]})
     $T "${S[@]}" "${V[@]}" augment --train $W/validated/train.jsonl --generated $W/validated/generated.jsonl --held-out $W/validated/validation.jsonl $W/validated/test.jsonl --catalog $W/validated/catalog.jsonl --out $W/augmented-$v/train.jsonl --report $W/r/augment-$v.json
-    $T "${S[@]}" "${V[@]}" stage-one --data $W/validated --train $W/augmented-$v/train.jsonl --warmup $W/warmup --out $W/stage_one-$v --history $W/stage_one-$v.csv
-    $T "${S[@]}" "${V[@]}" mine --data $W/validated --train $W/augmented-$v/train.jsonl --model $W/stage_one-$v --out $W/negatives-$v.jsonl --report $W/r/mining-$v.json
-    $T "${S[@]}" "${V[@]}" stage-two --data $W/validated --train $W/augmented-$v/train.jsonl --negatives $W/negatives-$v.jsonl --model $W/stage_one-$v --out $W/stage_two-$v --history $W/stage_two-$v.csv
+    admc_chain $v $W/augmented-$v/train.jsonl "${V[@]}"
     rm -rf $W/stage_one-$v $W/stage_two-$v  # the histories hold what is judged
   done
   echo "seed $seed done $(date)"
