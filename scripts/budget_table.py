@@ -1,8 +1,8 @@
-"""The table of ADMC at 4 / 2 epochs on TREC-50 (docs/results.md), from the committed records, and its rule's verdict.
+"""The tables of TREC-50 at twice the budget (docs/results.md), from the committed records, and the ADMC rule's verdict.
 
     python scripts/budget_table.py
 
-Reads, per seed: `scripts/rescore.py`'s output for ADMC at 4 / 2 (reports/trec50-admc-4-2/seed<S>-rescore.txt), the
+Prints NC at 6 epochs against the default's 3, then ADMC at 4 / 2 against the default's 2 / 1. Reads, per seed: `scripts/rescore.py`'s output for ADMC at 4 / 2 (reports/trec50-admc-4-2/seed<S>-rescore.txt), the
 default budget's `dvc exp run` record (reports/trec50-9b77167/metrics-seed<S>.json, unshifted figures) and NC at 6
 epochs (`scripts/nc_score.py`'s lines in reports/trec50-nc-protocol-probe/*scores*.jsonl, model `s<S>/nc-E`).
 The rule (scripts/trec50_admc_budget_seeds.sh): the mean over seeds 0-4 of ADMC's validation macro-F1 at the checkpoint
@@ -50,8 +50,9 @@ def nc_scores(paths: list[Path]) -> dict[tuple[int, str], Figures]:
     return scores
 
 
-def default_figures(path: Path) -> dict[str, Figures]:
-    shift = json.loads(path.read_text(encoding="utf-8"))["prior_shift"]["admc"]
+def default_figures(path: Path, model: str = "admc") -> dict[str, Figures]:
+    """The default budget's unshifted figures of one model (admc, stage_one, nc) from a dvc exp run's metrics.json."""
+    shift = json.loads(path.read_text(encoding="utf-8"))["prior_shift"][model]
     return {split: tuple(100 * shift[f"{split}_unshifted"][k] for k in ("accuracy", "macro_f1", "macro_f1_gold_classes"))
             for split in ("validation", "test")}
 
@@ -94,13 +95,47 @@ def mean_std(table: list[dict], key: str, index: int) -> str:
     return f"{statistics.mean(values):.2f}" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
 
 
+def nc_rows(default_dir: Path, nc: dict[tuple[int, str], Figures]) -> list[dict]:
+    """NC at 3 epochs (the default run's) against NC at 6 epochs, with ADMC's default-budget test figures beside."""
+    table = []
+    for seed in sorted({seed for seed, _ in nc}):
+        metrics_path = default_dir / f"metrics-seed{seed}.json"
+        nc3, admc = default_figures(metrics_path, "nc"), default_figures(metrics_path, "admc")
+        shifted = json.loads(metrics_path.read_text(encoding="utf-8"))["test"]
+        table.append({
+            "seed": seed, "nc3_validation": nc3["validation"][1], "nc6_validation": nc[seed, "validation"][1],
+            "nc3_test": nc3["test"], "nc6_test": nc[seed, "test"], "admc_test": admc["test"],
+            "admc_test_shifted": (100 * shifted["accuracy"], 100 * shifted["macro_f1"], 100 * shifted["macro_f1_gold_classes"]),
+        })
+    return table
+
+
+def print_nc_table(table: list[dict]) -> None:
+    print("| seed | NC validation macro-F1: 3 epochs | 6 epochs | gain | NC test, 3 epochs | NC test, 6 epochs"
+          " | ADMC test, unshifted | ADMC test, shifted |")
+    print("| --- " * 8 + "|")
+    for row in table:
+        print(f"| {row['seed']} | {row['nc3_validation']:.2f} | {row['nc6_validation']:.2f}"
+              f" | {row['nc6_validation'] - row['nc3_validation']:+.2f} | {pair(row['nc3_test'], gold=True)}"
+              f" | {pair(row['nc6_test'], gold=True)} | {pair(row['admc_test'], gold=True)} | {pair(row['admc_test_shifted'])} |")
+    gain = mean_of(table, "nc6_validation") - mean_of(table, "nc3_validation")
+    print(f"\nNC validation {mean_of(table, 'nc3_validation'):.2f} → {mean_of(table, 'nc6_validation'):.2f} ({gain:+.2f})")
+    for label, key in (("NC at 3 epochs", "nc3_test"), ("NC at 6 epochs", "nc6_test"),
+                       ("ADMC, unshifted", "admc_test"), ("ADMC, shifted", "admc_test_shifted")):
+        print(f"test, {label}: {mean_std(table, key, 0)} / {mean_std(table, key, 1)} ({mean_of(table, key, 2):.2f})")
+    above = sum(row["nc6_test"][1] > row["admc_test"][1] for row in table)
+    print(f"NC at 6 epochs above ADMC (default budget, unshifted) on test macro-F1 at {above} of {len(table)} seeds\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--admc", type=Path, default=Path("reports/trec50-admc-4-2"))
     parser.add_argument("--default", type=Path, default=Path("reports/trec50-9b77167"))
     parser.add_argument("--nc", type=Path, nargs="*", default=sorted(Path("reports/trec50-nc-protocol-probe").glob("*scores*.jsonl")))
     arguments = parser.parse_args()
-    table = rows(arguments.admc, arguments.default, nc_scores(arguments.nc))
+    nc = nc_scores(arguments.nc)
+    print_nc_table(nc_rows(arguments.default, nc))
+    table = rows(arguments.admc, arguments.default, nc)
 
     print("| seed | validation: default | 4 / 2 | gain | stage two − stage one (validation) | ADMC test | AC test"
           " | exemplar rule test | ADMC test at the default budget | NC at 6 epochs test |")

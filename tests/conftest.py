@@ -7,11 +7,13 @@ The synthetic questions below are made up for tests only; they are not a dataset
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import random
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import yaml
@@ -43,6 +45,14 @@ CLASSES = {
 }
 NOUNS = ["paris", "the tower", "a river", "the moon", "music", "bread", "a bridge", "the lake", "chess", "tea",
          "the museum", "gold", "a castle", "the island", "coffee", "a planet"]
+
+
+def load_script(name: str) -> ModuleType:
+    """A module of the repository's scripts/ folder (not a package), loaded from its file."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def synthetic_questions(seed: int, per_class: int) -> list[tuple[str, str]]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 LINE = "{model:10s} {split:10s} accuracy {a:6.2f}  macro-F1 {f:6.2f}  macro-F1 over gold classes {g:6.2f}  (n=499)"
@@ -14,10 +15,7 @@ LINE = "{model:10s} {split:10s} accuracy {a:6.2f}  macro-F1 {f:6.2f}  macro-F1 o
 
 @pytest.fixture(scope="module")
 def budget_table():
-    spec = importlib.util.spec_from_file_location("budget_table", ROOT / "scripts" / "budget_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("budget_table")
 
 
 def rescore_text(figures: dict[tuple[str, str], tuple[float, float, float]]) -> str:
@@ -61,7 +59,10 @@ def test_rows_pair_each_seed_with_its_default_and_nc_at_6_epochs(budget_table, t
 
 def test_the_committed_records_all_parse(budget_table):
     reports = ROOT / "reports"
-    table = budget_table.rows(reports / "trec50-admc-4-2", reports / "trec50-9b77167",
-                              budget_table.nc_scores(sorted((reports / "trec50-nc-protocol-probe").glob("*scores*.jsonl"))))
+    nc = budget_table.nc_scores(sorted((reports / "trec50-nc-protocol-probe").glob("*scores*.jsonl")))
+    table = budget_table.rows(reports / "trec50-admc-4-2", reports / "trec50-9b77167", nc)
     assert [row["seed"] for row in table] == list(range(len(table))) and len(table) >= 4
     assert all(row["nc6_test"] is not None for row in table)
+    nc_table = budget_table.nc_rows(reports / "trec50-9b77167", nc)
+    assert [row["seed"] for row in nc_table] == [0, 1, 2, 3, 4]
+    assert all(0 < row["nc3_validation"] <= 100 and 0 < row["nc6_validation"] <= 100 for row in nc_table)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_script
 from tqc.ablate import FIGURES
 from tqc.config import load_params
 
@@ -16,10 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def gpu_grid():
-    spec = importlib.util.spec_from_file_location("gpu_grid", ROOT / "scripts" / "gpu_grid.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_grid")
 
 
 @pytest.fixture(scope="module")
