@@ -45,3 +45,29 @@ def test_docs_force_one_stage_only_with_single_item():
                 forced.append((doc.name, " ".join(words)))
     assert forced  # the docs do force single stages; each must say -s
     assert [f for f in forced if not {"-s", "--single-item"} & set(f[1].split())] == []
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a file's headings: lower case, punctuation dropped, spaces to hyphens, repeats numbered."""
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+?)\s*$", re.sub(r"```.*?```", "", markdown, flags=re.S), re.M):
+        base = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        anchor, repeat = base, 0
+        while anchor in anchors:
+            repeat += 1
+            anchor = f"{base}-{repeat}"
+        anchors.add(anchor)
+    return anchors
+
+
+def test_every_link_to_a_docs_heading_finds_it():
+    # The docs' sections are renamed as results come in; a README row's link must not go dead silently.
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    dead = []
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", text):
+            linked = (page.parent / target).resolve() if target else page
+            if linked.suffix == ".md" and anchor not in github_anchors(linked.read_text(encoding="utf-8")):
+                dead.append(f"{page.relative_to(ROOT)} → {target or page.name}#{anchor}")
+    assert dead == []
