@@ -1059,6 +1059,27 @@ def test_a_custom_file_that_is_not_there_is_named_by_its_setting(tmp_path, key, 
         read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), additions=None, custom=custom))
 
 
+@pytest.mark.parametrize("name,data", [
+    ("train.json", b'[{"question": "where is rome", "intent": "LOC"}, {"question": "who is he", "intent": "HUM"}]\n'),
+    ("train.txt", b'{"question": "where is rome", "intent": "LOC"}\n{"question": "who is he", "intent": "HUM"}\n'),
+])
+def test_json_under_a_csv_name_is_said_to_be_json_not_blamed_on_its_columns(tmp_path, name, data):
+    """A JSON array in train.json said "the header repeats column(s) ['"intent": "LOC"}', ...]", and JSONL named .txt
+    "missing column(s) ['question', 'intent']": the file and line, but the wrong reason."""
+    path = write(tmp_path, name, data)
+    with pytest.raises(ReaderError, match=rf"^{re.escape(str(path))}, line 1: JSON, not a CSV header; .*\.jsonl or \.ndjson"):
+        read_table(path, "question", "intent")
+
+
+def test_a_folder_named_as_a_custom_file_is_named_by_its_setting(tmp_path):
+    """`train: sub` (a folder) said "/data/sub: a folder, not a file", naming no setting, where a missing file names it."""
+    (tmp_path / "sub").mkdir()
+    write(tmp_path, "test.csv", b"question,label\nwhere is paris,LOC\n")
+    custom = {"train": "sub", "test": "test.csv", "text_column": "question"}
+    with pytest.raises(ReaderError, match=r"^data.custom.train 'sub': a folder, not a file: .*sub \(the path is relative"):
+        read_dataset(DataParams(dataset="custom", data_dir=str(tmp_path), additions=None, custom=custom))
+
+
 @pytest.mark.parametrize("custom,said", [
     ({"text_column": "utterence"}, r"train.csv, line 1: missing column\(s\) \['utterence'\]: the header has "
                                    r"\['question', 'label'\] \(named by data.custom.text_column\)$"),

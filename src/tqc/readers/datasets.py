@@ -74,7 +74,8 @@ def read_validation(params: DataParams, catalog: Catalog | None = None) -> ReadR
         raise ReaderError(f"data.validation_file {path} is the training split ({train_path}): validation must be "
                           "questions the model is not trained on; name another file, or unset it to carve one from train")
     if not path.is_file():  # named here: the reader's own "file not found" would not say which param, nor that
-        raise ReaderError(f"data.validation_file {params.validation_file!r}: no file {path} (the path is relative to "
+        what = "a folder, not a file:" if path.is_dir() else "no file"
+        raise ReaderError(f"data.validation_file {params.validation_file!r}: {what} {path} (the path is relative to "
                           f"data.data_dir, {params.data_dir})")
     return _labels_as_train_labels(params, require_rows(_dataset_reader(params)(path), path, params.max_rejected_fraction),
                                    catalog)
@@ -107,8 +108,9 @@ def _custom_file(params: DataParams, key: str) -> Path:
     is: the reader's own "file not found" says neither which setting to fix nor that the path is under data_dir."""
     named = getattr(params.custom, key)
     path = Path(params.data_dir) / named
-    if not path.exists():
-        raise ReaderError(f"data.custom.{key} {named!r}: no file {path} (the path is relative to data.data_dir, "
+    if not path.is_file():
+        what = "a folder, not a file:" if path.is_dir() else "no file"
+        raise ReaderError(f"data.custom.{key} {named!r}: {what} {path} (the path is relative to data.data_dir, "
                           f"{params.data_dir})")
     return path
 
