@@ -46,6 +46,8 @@ def test_bad_rows_are_quarantined_with_file_line_expectation_and_content(tmp_pat
     assert said[("train.csv", 10)] == "no_leakage: also in validation at validation.csv, line 2"
     assert said[("train.csv", 3)] == "label_in_catalog: 'zzz' is no class of the catalog"
     assert said[("train.csv", 2)] == "non_empty_text"
+    assert said[("train.csv", 8)] == "no_control_characters: U+0007 at character 5"  # which one, and where: "bell\x07"
+    assert said[("train.csv", 9)] == "text_length: 1001 characters, over validate.max_text_chars"
     assert [q["text"] for q in read_jsonl(tmp_path / "out" / "train.jsonl")] == ["good one", "good two", "good three"]
     for split in ("train", "validation", "test"):  # nothing silently lost
         assert report["accepted"][split] + report["quarantined"][split] == report["read"][split]
@@ -312,8 +314,8 @@ def test_test_rows_leave_test_only_when_they_cannot_be_scored(tmp_path, caplog):
     # each expectation's warning says where its rows went: the log said "rows quarantined" of rows kept in test
     said = {m.split(" failed")[0]: m for m in caplog.messages if m.startswith("expectation ")}
     assert said["expectation no_control_characters on test"].endswith(
-        "failed for 1 row(s), e.g. test.csv line 3: kept in test (the report's test_rows_kept_with_warnings) unless "
-        "another expectation quarantined them")
+        "failed for 1 row(s), e.g. test.csv line 3 (no_control_characters: U+0007 at character 5): kept in test "
+        "(the report's test_rows_kept_with_warnings) unless another expectation quarantined them")
     assert said["expectation non_empty_text on test"].endswith("failed for 1 row(s), e.g. test.csv line 4: rows quarantined")
     kept = [q["text"] for q in read_jsonl(tmp_path / "out" / "test.jsonl")]
     assert kept == ["held out", "Held  out", "bell\x07", "other"]  # a repeat and a control character are scored
@@ -347,7 +349,8 @@ def test_a_test_row_failing_an_expectation_made_critical_is_said_quarantined_not
     assert [q["text"] for q in read_jsonl(tmp_path / "out" / "test.jsonl")] == ["held out", "other"]
     assert report["test_rows_kept_with_warnings"] == []
     said = [m for m in caplog.messages if m.startswith("expectation no_control_characters on test")]
-    assert said == ["expectation no_control_characters on test failed for 1 row(s), e.g. test.csv line 2: rows quarantined"]
+    assert said == ["expectation no_control_characters on test failed for 1 row(s), e.g. test.csv line 2 "
+                    "(no_control_characters: U+0007 at character 5): rows quarantined"]
 
 
 def test_a_validation_split_emptied_by_quarantine_stops_the_stage(tmp_path):

@@ -23,8 +23,8 @@ from tqc.config import ValidateParams
 from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.schema import (Catalog, LabeledQuestion, file_and_line, load_questions, quarantine_reason, save_questions,
                         split_source)
-from tqc.text import (ALIKE, CONTROL_CHARACTERS, LETTER_OR_DIGIT, catalog_label_key, compared_text, faulty_text,
-                      ids_by_label_key)
+from tqc.text import (ALIKE, CONTROL_CHARACTERS, LETTER_OR_DIGIT, catalog_label_key, compared_text, control_character,
+                      faulty_text, ids_by_label_key)
 
 log = logging.getLogger(__name__)
 
@@ -371,6 +371,11 @@ class RowReasons:
                                                    for other in into)
         if name == "has_letter_or_digit":
             return "has_letter_or_digit: no letter or digit, so no question to classify"
+        if name == "no_control_characters":  # which one, and where: a tab or a line break is allowed, a bell is not
+            found = control_character(question.text)
+            return f"{name}: {found}" if found else name
+        if name == "text_length":
+            return f"text_length: {len(question.text)} characters, over validate.max_text_chars"
         if name == "label_in_catalog":
             return f"label_in_catalog: {question.class_id!r} is no class of the catalog{self._alike_hint(question.class_id)}"
         return name
