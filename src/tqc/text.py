@@ -136,13 +136,6 @@ def faulty_text(text: str, max_text_chars: int | None) -> bool:
     return bool(_CONTROL_CHARACTER.search(text)) or (max_text_chars is not None and len(text) > max_text_chars)
 
 
-def control_character(text: str) -> str:
-    """The first control character validate's no_control_characters finds in `text`, as "U+0007 at character 5" ("" for
-    none): a quarantine reason that says which, and where, is one a user can find in the file."""
-    found = _CONTROL_CHARACTER.search(text)
-    return f"U+{ord(found.group()):04X} at character {found.start() + 1}" if found else ""
-
-
 def fails_alone(text: str, key: str, max_text_chars: int | None) -> bool:
     """Whether validate quarantines a row of `text` (its `compared_text` `key`) wherever it stands: `faulty_text`, or
     no letter or digit."""
