@@ -331,8 +331,9 @@ def select_cells(params: Params, grids: list[str], seeds: list[int], local: dict
 
 def check_cells(project: Path, cells: list[Cell], params: Params) -> None:
     """Each cell's params as its experiment reads them (the project's params.yaml, not `tqc --set`'s, which no
-    experiment gets, under the cell's overrides): a value no stage takes (a bool written `maybe`, 0 epochs,
-    `explicit: file` with no file) fails here, named by its cell, instead of in the first stage of every experiment.
+    experiment gets, under the cell's overrides): a value the cell's other params refuse (`explicit: file` with no
+    file) fails here, named by its cell, instead of in the first stage of every experiment. A value no param takes on
+    its own (a bool written `maybe`, 0 epochs) was refused already, when the params loaded (`config.value_problem`).
     `params`: what is checked where the project has no params.yaml of its own."""
     if (project / "params.yaml").exists():
         params = load_params(project / "params.yaml")

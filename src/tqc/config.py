@@ -6,6 +6,7 @@ silently vanishes. Each stage loads only the sections it needs.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import posixpath
@@ -13,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 DatasetName = Literal["trec6", "trec50", "covidq-categories", "covidq-classes", "custom"]
 ImplicitAugmentation = Literal["dropout", "cutoff"]
@@ -779,6 +780,13 @@ class Params(Strict):
             if not grid.variants:
                 raise ValueError(f"ablate.grids.{grid_name}: no variants (a grid without one has no cell; e.g. "
                                  "variants: {default: {}})")
+            settings_of = {"budget": grid.budget, "base": grid.base, **{f"variants.{v}": o for v, o in grid.variants.items()},
+                           **{f"matrix.{path}": {path: value} for path, values in grid.matrix.items() for value in values}}
+            for where, settings in settings_of.items():  # said at load, not only by the `tqc ablate` that runs the grid
+                for path, value in settings.items():
+                    problem = value_problem(path, value)
+                    if problem:
+                        raise ValueError(f"ablate.grids.{grid_name}.{where}: {path} = {value!r}: {problem}")
             for variant, settings in grid.variants.items():  # the matrix's value was the one every cell ran, unsaid
                 both = sorted(set(settings) & set(grid.matrix))
                 if both:
@@ -789,6 +797,47 @@ class Params(Strict):
     def _tunable_paths(self) -> set[str]:
         """Dotted paths of every training/data param (a list or empty dict counts as a leaf)."""
         return set(flatten(self.model_dump(mode="json", by_alias=True, exclude={"tune", "retrain", "ablate"})))
+
+
+def value_problem(path: str, value: object) -> str:
+    """Why `value` is no value of the param at dotted `path` on its own ("" when it is one): a word for a number, a
+    pooling no encoder has. Rules across params (an epoch count against a budget, a file a setting needs) are checked
+    where a cell's params are joined (`ablate.check_cells`), and a path inside a mapping is not checked here."""
+    adapter = _leaf_adapter(path)
+    if adapter is None:
+        return ""
+    try:
+        adapter.validate_python(value)
+    except ValidationError as exc:
+        return "; ".join(error["msg"] for error in exc.errors())
+    return ""
+
+
+@functools.lru_cache(maxsize=None)  # a grid sets the same few paths in many cells: each adapter is built once
+def _leaf_adapter(path: str) -> TypeAdapter | None:
+    """The check of the param at `path` alone, as its model declares it (None: no model field there)."""
+    model: type[BaseModel] = Params
+    *sections, leaf = path.split(".")
+    for section in sections:
+        field = _field_named(model, section)
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return None
+        model = field.annotation
+    field = _field_named(model, leaf)
+    if field is None:
+        return None
+    annotated = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+    return TypeAdapter(annotated, config=None if _holds_a_model(field.annotation) else Strict.model_config)
+
+
+def _field_named(model: type[BaseModel], key: str):
+    return next((field for name, field in model.model_fields.items() if (field.alias or name) == key), None)
+
+
+def _holds_a_model(annotation: object) -> bool:
+    """A model's own config applies to it: TypeAdapter refuses another for a model type."""
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel) or any(
+        _holds_a_model(argument) for argument in getattr(annotation, "__args__", ()))
 
 
 class ConfigError(ValueError):

@@ -160,6 +160,26 @@ def test_a_misspelt_key_of_the_common_ablation_budget_is_named_as_the_budgets():
         Params.model_validate({"ablate": {"budget": {"stage_one.epoch": 1}}})
 
 
+@pytest.mark.parametrize("grid,said", [
+    ({"variants": {"a": {"stage_one.epochs": "two"}}}, r"ablate.grids.g.variants.a: stage_one.epochs = 'two': Input should be a valid integer"),
+    ({"base": {"model.pooling": "maxx"}}, r"ablate.grids.g.base: model.pooling = 'maxx': Input should be 'mean', 'cls' or 'attention'"),
+    ({"matrix": {"stage_one.temperature": [0.1, 0]}}, r"ablate.grids.g.matrix.stage_one.temperature: stage_one.temperature = 0: "
+                                                      r"Input should be greater than 0"),
+    ({"budget": {"stage_two.epochs": 1.5}}, r"ablate.grids.g.budget: stage_two.epochs = 1.5: Input should be a valid integer"),
+])
+def test_an_ablation_cell_value_no_param_takes_is_refused_at_load(grid, said):
+    """Only the `tqc ablate` that ran the grid said so (ablate.check_cells): `dvc repro`, and every other grid's run,
+    loaded such params without a word."""
+    with pytest.raises(ValidationError, match=said):
+        Params.model_validate({"ablate": {"grids": {"g": {"title": "t", **grid}}}})
+
+
+def test_ablation_cell_values_of_the_right_types_load():
+    grid = {"title": "t", "base": {"augment.rebalance": "none", "data.custom.train": "x.csv"},
+            "variants": {"a": {"stage_one.epochs": 4, "stage_one.temperature": 1}}, "matrix": {"data.imbalance_ratio": [10, 50]}}
+    assert Params.model_validate({"ablate": {"grids": {"g": grid}}}).ablate.grids["g"].variants["a"]["stage_one.epochs"] == 4
+
+
 def test_the_tuner_refuses_knobs_the_augment_stage_reads():
     """The tuner prepares data once: a knob of the augment stage would silently do nothing."""
     import pytest
@@ -573,8 +593,10 @@ def test_an_ablation_cell_whose_params_no_run_takes_is_named_before_any_runs(tmp
     from tqc.ablate import check_cells, select_cells
 
     shutil.copy("params.yaml", tmp_path / "params.yaml")
-    params = load_params("params.yaml", {"ablate": {"grids": {"covidq": {"variants": {"tied": {"model.tied": "maybe"}}}}}})
-    with pytest.raises(ConfigError, match=r"ablate.grids.covidq, cell tied: .*\n- model.tied: Input should be a valid boolean"):
+    # a value no param takes alone is refused at load (above); one the cell's other params refuse, only joined
+    params = load_params("params.yaml", {"ablate": {"grids": {"covidq": {"variants": {"tied": {"augment.explicit": "file"}}}}}})
+    with pytest.raises(ConfigError, match=r"ablate.grids.covidq, cell tied: .*\n- params: augment.explicit is 'file' but "
+                                          r"data.generated.path is not set"):
         check_cells(tmp_path, select_cells(params, ["covidq"], [0], {}), params)
     file_params = load_params("params.yaml")
     check_cells(tmp_path, select_cells(file_params, list(file_params.ablate.grids), [0], {}), file_params)  # own grids
