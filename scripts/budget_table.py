@@ -24,6 +24,12 @@ RESCORE_LINE = re.compile(
     r"\s+macro-F1 over gold classes\s+(?P<gold>[\d.]+)\s+\(n=\d+\)"
 )
 Figures = tuple[float, float, float]  # accuracy, macro-F1, macro-F1 over the classes the split holds; in percent
+FIGURE_KEYS = ("accuracy", "macro_f1", "macro_f1_gold_classes")
+
+
+def percent(metrics: dict) -> Figures:
+    """A metrics record's three figures (fractions) in percent."""
+    return tuple(100 * metrics[key] for key in FIGURE_KEYS)
 
 
 def parse_rescore(text: str, source: str = "<text>") -> dict[tuple[str, str], Figures]:
@@ -41,20 +47,24 @@ def nc_scores(paths: list[Path]) -> dict[tuple[int, str], Figures]:
     """(seed, split) → NC at 6 epochs' figures, from nc_score.py's JSON lines (the model folder names the seed)."""
     scores = {}
     for path in paths:
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for line in path.read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
             match = re.search(r"/s(\d+)/nc-E$", row["model"])
             if match is None:
                 continue  # another variant of the protocol probe (A-D)
-            scores[int(match[1]), row["split"]] = tuple(100 * row[k] for k in ("accuracy", "macro_f1", "macro_f1_gold_classes"))
+            scores[int(match[1]), row["split"]] = percent(row)
     return scores
 
 
-def default_figures(path: Path, model: str = "admc") -> dict[str, Figures]:
-    """The default budget's unshifted figures of one model (admc, stage_one, nc) from a dvc exp run's metrics.json."""
-    shift = json.loads(path.read_text(encoding="utf-8"))["prior_shift"][model]
-    return {split: tuple(100 * shift[f"{split}_unshifted"][k] for k in ("accuracy", "macro_f1", "macro_f1_gold_classes"))
-            for split in ("validation", "test")}
+def read_metrics(default_dir: Path, seed: int) -> dict:
+    """The default budget's dvc exp run record of one seed (its reports/metrics.json)."""
+    return json.loads((default_dir / f"metrics-seed{seed}.json").read_text(encoding="utf-8"))
+
+
+def unshifted(metrics: dict, model: str = "admc") -> dict[str, Figures]:
+    """One model's (admc, stage_one, nc) figures before its class-prior shift, by split, from a metrics.json record."""
+    shift = metrics["prior_shift"][model]
+    return {split: percent(shift[f"{split}_unshifted"]) for split in ("validation", "test")}
 
 
 def rows(admc_dir: Path, default_dir: Path, nc: dict[tuple[int, str], Figures]) -> list[dict]:
@@ -62,7 +72,7 @@ def rows(admc_dir: Path, default_dir: Path, nc: dict[tuple[int, str], Figures]) 
     for rescore in sorted(admc_dir.glob("seed*-rescore.txt")):
         seed = int(re.match(r"seed(\d+)-", rescore.name)[1])
         admc = parse_rescore(rescore.read_text(encoding="utf-8"), str(rescore))
-        default = default_figures(default_dir / f"metrics-seed{seed}.json")
+        default = unshifted(read_metrics(default_dir, seed))
         table.append({
             "seed": seed,
             "default_validation": default["validation"][1],
@@ -99,13 +109,12 @@ def nc_rows(default_dir: Path, nc: dict[tuple[int, str], Figures]) -> list[dict]
     """NC at 3 epochs (the default run's) against NC at 6 epochs, with ADMC's default-budget test figures beside."""
     table = []
     for seed in sorted({seed for seed, _ in nc}):
-        metrics_path = default_dir / f"metrics-seed{seed}.json"
-        nc3, admc = default_figures(metrics_path, "nc"), default_figures(metrics_path, "admc")
-        shifted = json.loads(metrics_path.read_text(encoding="utf-8"))["test"]
+        metrics = read_metrics(default_dir, seed)
+        nc3, admc = unshifted(metrics, "nc"), unshifted(metrics)
         table.append({
             "seed": seed, "nc3_validation": nc3["validation"][1], "nc6_validation": nc[seed, "validation"][1],
             "nc3_test": nc3["test"], "nc6_test": nc[seed, "test"], "admc_test": admc["test"],
-            "admc_test_shifted": (100 * shifted["accuracy"], 100 * shifted["macro_f1"], 100 * shifted["macro_f1_gold_classes"]),
+            "admc_test_shifted": percent(metrics["test"]),
         })
     return table
 
