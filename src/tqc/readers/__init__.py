@@ -16,7 +16,8 @@ Those that log (decoding, catalogs, datasets) log as "tqc.readers", the one logg
 from tqc.readers.catalogs import (label_in_words, labels_read_as_catalog, read_catalog_file, read_catalog_rows,
                                   shipped_catalog, with_added_classes, with_derived_classes)
 from tqc.readers.datasets import (ADDED_CATALOG, ADDED_QUESTIONS, added_standard_questions, official_files,
-                                  read_additions, read_custom_table, read_dataset, read_generated, read_validation)
+                                  read_additions, read_custom_table, read_dataset, read_generated, read_validation,
+                                  unusable_data_file)
 from tqc.readers.decoding import decode_argument, decode_bytes, decode_file, split_lines
 from tqc.readers.results import (DatasetSplits, MissingColumns, ReaderError, ReadResult, RejectedRow, RowsRejected,
                                  require_rows)
@@ -29,4 +30,4 @@ __all__ = ["ADDED_CATALOG", "ADDED_QUESTIONS", "JSONL_SUFFIXES", "TABLE_SUFFIXES
            "official_files", "read_additions", "read_catalog_file", "read_catalog_rows", "read_custom_table",
            "read_dataset", "read_generated", "read_headerless_pairs", "read_table", "read_texts", "read_trec",
            "read_unlabelled", "read_validation", "require_rows", "row_as_csv", "shipped_catalog", "split_lines",
-           "with_added_classes", "with_derived_classes"]
+           "unusable_data_file", "with_added_classes", "with_derived_classes"]

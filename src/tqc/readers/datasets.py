@@ -73,10 +73,9 @@ def read_validation(params: DataParams, catalog: Catalog | None = None) -> ReadR
     if resolved == train_path.resolve():
         raise ReaderError(f"data.validation_file {path} is the training split ({train_path}): validation must be "
                           "questions the model is not trained on; name another file, or unset it to carve one from train")
-    if not path.is_file():  # named here: the reader's own "file not found" would not say which param, nor that
-        what = "a folder, not a file:" if path.is_dir() else "no file"
-        raise ReaderError(f"data.validation_file {params.validation_file!r}: {what} {path} (the path is relative to "
-                          f"data.data_dir, {params.data_dir})")
+    problem = unusable_data_file("data.validation_file", params.validation_file, params.data_dir)
+    if problem:
+        raise ReaderError(problem)
     return _labels_as_train_labels(params, require_rows(_dataset_reader(params)(path), path, params.max_rejected_fraction),
                                    catalog)
 
@@ -107,12 +106,21 @@ def _custom_file(params: DataParams, key: str) -> Path:
     """`data.custom.<key>`'s file. One that is not there is named by its setting, as a missing data.validation_file
     is: the reader's own "file not found" says neither which setting to fix nor that the path is under data_dir."""
     named = getattr(params.custom, key)
-    path = Path(params.data_dir) / named
-    if not path.is_file():
-        what = "a folder, not a file:" if path.is_dir() else "no file"
-        raise ReaderError(f"data.custom.{key} {named!r}: {what} {path} (the path is relative to data.data_dir, "
-                          f"{params.data_dir})")
-    return path
+    problem = unusable_data_file(f"data.custom.{key}", named, params.data_dir)
+    if problem:
+        raise ReaderError(problem)
+    return Path(params.data_dir) / named
+
+
+def unusable_data_file(setting: str, named: str, data_dir: str) -> str:
+    """Why the file a setting names (`named`, relative to data.data_dir) cannot be read, named by that setting ("" when
+    it is a file): a reader's own "file not found" or "a folder, not a file" says neither which setting to fix nor
+    that the path is under data_dir."""
+    path = Path(data_dir) / named
+    if path.is_file():
+        return ""
+    what = "a folder, not a file:" if path.is_dir() else "no file"
+    return f"{setting} {named!r}: {what} {path} (the path is relative to data.data_dir, {data_dir})"
 
 
 def _naming_settings(read: Callable[[Path], T], settings: dict[str, str]) -> Callable[[Path], T]:

@@ -312,10 +312,10 @@ def _csv_dict_records(path: Path, columns: list[str], content: bytes | None = No
     header_line, header = first[0], [h.strip() for h in first[1]]  # the first record that is not blank
     # a label column to tell rows swallowed by an unclosed quote from a question over several lines (none: texts only)
     label_index = header.index(columns[1]) if len(columns) > 1 and columns[1] in header else None
-    labels = _file_labels(records, len(header), label_index)
     if header and header[0].startswith(("{", "[")):  # JSON under a .json or .txt name: its keys would be blamed as columns
         raise ReaderError(f"{path}, line {header_line}: JSON, not a CSV header; a file of one JSON object a line is read "
                           f"by its name: {' or '.join(sorted(JSONL_SUFFIXES))} (a JSON array: write it one object a line)")
+    labels = _file_labels(records, len(header), label_index)
     # Unnamed columns (a stray cell beside the table, as spreadsheets export it) hold nothing a mapping can name
     repeated = sorted({h for h in header if h and header.count(h) > 1})
     if repeated:

@@ -30,7 +30,7 @@ from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.losses import triplet_margin
 from tqc.model.encoder import BiEncoder
 from tqc.model.warm_start import SKIP_RECORD
-from tqc.readers import ReaderError, read_texts, read_unlabelled
+from tqc.readers import ReaderError, read_texts, read_unlabelled, unusable_data_file
 from tqc.schema import Catalog, LabeledQuestion, load_questions, split_source
 from tqc.stages.validate import LETTER_OR_DIGIT
 from tqc.text import compared_text
@@ -102,9 +102,9 @@ def _unlabelled_rows(params: WarmupParams, data_params: DataParams) -> tuple[lis
     that is not there, or does not parse, is an error naming the setting. It is read in data.custom.encoding, as the
     user's other files under data_dir are (a Chinese Excel's export of unlabelled questions is GBK as its labeled one)."""
     path = Path(data_params.data_dir) / params.unlabelled
-    if not path.is_file():
-        raise ConfigError(f"warmup.unlabelled {params.unlabelled!r}: no file {path} (the path is relative to "
-                          f"data.data_dir, {data_params.data_dir})")
+    problem = unusable_data_file("warmup.unlabelled", params.unlabelled, data_params.data_dir)
+    if problem:
+        raise ConfigError(problem)
     try:
         if params.label_column is None:
             texts, labelled = read_texts(path, params.text_column, data_params.custom.encoding), 0
