@@ -130,10 +130,15 @@ _CONTROL_CHARACTER = re.compile(CONTROL_CHARACTERS)
 _LETTER_OR_DIGIT = re.compile(LETTER_OR_DIGIT)
 
 
+def first_control_character(text: str) -> re.Match[str] | None:
+    """The first character of `text` that no_control_characters quarantines (not a tab or a line break), or None."""
+    return _CONTROL_CHARACTER.search(text)
+
+
 def faulty_text(text: str, max_text_chars: int | None) -> bool:
     """Whether `text` itself has a fault validate quarantines: a control character, or more than `max_text_chars`
     characters (None: no bound)."""
-    return bool(_CONTROL_CHARACTER.search(text)) or (max_text_chars is not None and len(text) > max_text_chars)
+    return bool(first_control_character(text)) or (max_text_chars is not None and len(text) > max_text_chars)
 
 
 def fails_alone(text: str, key: str, max_text_chars: int | None) -> bool:

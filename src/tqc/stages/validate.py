@@ -11,7 +11,6 @@ failure means the input is wrong (a bad column mapping, a foreign catalog).
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -25,10 +24,9 @@ from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.schema import (Catalog, LabeledQuestion, file_and_line, load_questions, quarantine_reason, save_questions,
                         split_source)
 from tqc.text import (ALIKE, CONTROL_CHARACTERS, LETTER_OR_DIGIT, catalog_label_key, compared_text, faulty_text,
-                      ids_by_label_key)
+                      first_control_character, ids_by_label_key)
 
 log = logging.getLogger(__name__)
-_CONTROL_CHARACTER = re.compile(CONTROL_CHARACTERS)
 
 SPLITS = ("train", "validation", "test")
 GENERATED = "generated"  # data.generated's attributed rows, when configured: checked like a split
@@ -374,7 +372,7 @@ class RowReasons:
         if name == "has_letter_or_digit":
             return "has_letter_or_digit: no letter or digit, so no question to classify"
         if name == "no_control_characters":  # which one, and where: a tab or a line break is allowed, a bell is not
-            found = _CONTROL_CHARACTER.search(question.text)
+            found = first_control_character(question.text)
             return f"{name}: U+{ord(found.group()):04X} at character {found.start() + 1}" if found else name
         if name == "text_length":
             return f"text_length: {len(question.text)} characters, over validate.max_text_chars"
