@@ -208,6 +208,9 @@ def mine(questions: np.ndarray, standards: np.ndarray, gold: np.ndarray, k: int,
     (P,): classes sharing a standard question, none of which is mined for another's questions (`exclude_gold`)."""
     n_classes = standards.shape[0]
     own_group = largest_group(groups)
+    if n_classes - own_group < 1:  # the mine stage says so of its catalog first; a direct caller (bench) gets this
+        raise ValueError(f"{n_classes} class(es), {n_classes - own_group} of them wrong for the largest group sharing a "
+                         "standard question: nothing to mine")
     if k > n_classes - own_group:
         log.warning("mine.k=%d but only %d wrong classes exist; mining %d", k, n_classes - own_group, n_classes - own_group,
                     extra=ALIKE_EVERY_TRAINING)  # the same at every tune trial or evaluate seed: said once there

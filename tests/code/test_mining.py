@@ -182,12 +182,54 @@ def test_negatives_of_another_catalog_ragged_or_hand_broken_are_named_by_file_an
     path = tmp_path / "negatives.jsonl"
     first = {"row": 0, "class_id": "a", "negatives": ["b", "c"]}
     for second, reason in [({"row": 1, "class_id": "b", "negatives": ["c", "z"]}, r"negatives \['z'\] are not in the catalog"),
-                           ({"row": 1, "class_id": "b", "negatives": ["c"]}, "1 negatives where line 1 has 2"),
+                           ({"row": 1, "class_id": "b", "negatives": ["c"]}, "1 negatives where the first record has 2"),
                            ({"row": 1, "class_id": "b"}, "no negatives"),
                            ({"row": 1, "class_id": "b", "negatives": ["c", "c"]}, r"row 1 lists \['c'\] more than once")]:
         _write_negatives(path, [first, second])
         with pytest.raises(StaleNegatives, match=f"negatives.jsonl, line 2: {reason}"):
             load_negatives(path, catalog, ["a", "b"])
+
+
+def test_negatives_are_named_by_the_file_s_own_line_past_a_blank_one_and_a_record_that_is_no_object(tmp_path):
+    """read_jsonl skips blank lines, and the record's index was given as its line; a list as the first record was
+    AttributeError 'list' object has no attribute 'get', naming no file."""
+    from tqc.schema import Catalog, StaleNegatives, StandardQuestion
+    from tqc.stages.mine import load_negatives
+
+    catalog = Catalog([StandardQuestion(c, f"{c}?") for c in "abc"])
+    path = tmp_path / "negatives.jsonl"
+    good = json.dumps({"row": 0, "class_id": "a", "negatives": ["b"]})
+    own_class = json.dumps({"row": 1, "class_id": "b", "negatives": ["b"]})
+    path.write_text(f"{good}\n\n{own_class}\n", encoding="utf-8")
+    with pytest.raises(StaleNegatives, match="negatives.jsonl, line 3: row 1 lists its own class 'b'"):
+        load_negatives(path, catalog, ["a", "b"])
+    path.write_text(f'["b"]\n{good}\n', encoding="utf-8")
+    with pytest.raises(StaleNegatives, match="negatives.jsonl, line 1: a JSON list, not an object"):
+        load_negatives(path, catalog, ["a", "a"])
+
+
+def test_negatives_that_list_none_are_refused_not_a_stage_two_that_learns_nothing(tmp_path):
+    """K = 0 left stage two's scores the gold column alone: every loss exactly 0, and a 'trained' model saved."""
+    from tqc.schema import Catalog, StaleNegatives, StandardQuestion
+    from tqc.stages.mine import load_negatives
+
+    catalog = Catalog([StandardQuestion(c, f"{c}?") for c in "abc"])
+    path = tmp_path / "negatives.jsonl"
+    _write_negatives(path, [{"row": 0, "class_id": "a", "negatives": []}, {"row": 1, "class_id": "b", "negatives": []}])
+    with pytest.raises(StaleNegatives, match="negatives.jsonl, line 1: no negatives; re-run mining"):
+        load_negatives(path, catalog, ["a", "b"])
+    path.write_text("", encoding="utf-8")
+    assert load_negatives(path, catalog, []).shape == (0, 0)  # two axes: stage two's log reads shape[1]
+
+
+def test_mining_with_no_wrong_class_is_an_error_saying_so_not_numpy_s():
+    """The mine stage refuses such a catalog first; mine() called directly (the benchmark) failed in statistics with
+    'attempt to get argmax of an empty sequence' or a broadcast error."""
+    questions = np.eye(3, 4, dtype=np.float32)
+    with pytest.raises(ValueError, match=r"1 class\(es\), 0 of them wrong .*nothing to mine"):
+        mine(questions, np.ones((1, 4), dtype=np.float32), np.zeros(3, dtype=np.int64), k=2)
+    with pytest.raises(ValueError, match=r"2 class\(es\), 0 of them wrong .*nothing to mine"):
+        mine(questions, np.eye(2, 4, dtype=np.float32), np.zeros(3, dtype=np.int64), k=2, groups=np.array([0, 0]))
 
 
 def test_a_negative_sharing_the_gold_standard_question_is_named_by_file_and_line(tmp_path):

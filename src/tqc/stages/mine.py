@@ -51,23 +51,30 @@ def run(data_dir: Path, train_path: Path, model_dir: Path, params: MineParams, o
 
 
 def load_negatives(path: Path, catalog: Catalog, train_class_ids: list[str]) -> np.ndarray:
-    """The mined negatives as class indices (N, K), checked row by row against the training rows' classes."""
-    from tqc.io import read_jsonl
+    """The mined negatives as class indices (N, K), checked row by row against the training rows' classes; each
+    refusal names the file's own line (a blank line between records shifts none)."""
+    from tqc.io import numbered_jsonl
 
-    rows = read_jsonl(path)
-    if len(rows) != len(train_class_ids):
-        raise StaleNegatives(f"{path}: {len(rows)} rows of mined negatives for {len(train_class_ids)} training rows; "
+    records = numbered_jsonl(path)
+    if len(records) != len(train_class_ids):
+        raise StaleNegatives(f"{path}: {len(records)} rows of mined negatives for {len(train_class_ids)} training rows; "
                              "re-run mining")
-    k = len(rows[0].get("negatives") or []) if rows else 0  # every row mined the same K
+    for line, mined in records:
+        if not isinstance(mined, dict):
+            raise StaleNegatives(f"{path}, line {line}: a JSON {type(mined).__name__}, not an object; re-run mining")
+    k = len(records[0][1].get("negatives") or []) if records else 0  # every row mined the same K
+    if records and k == 0:  # stage two's scores would be the gold column alone: every loss 0, nothing learnt
+        raise StaleNegatives(f"{path}, line {records[0][0]}: no negatives; re-run mining")
     standard_text = dict(zip(catalog.class_ids, standard_text_keys(catalog)))
-    for i, (mined, class_id) in enumerate(zip(rows, train_class_ids)):
-        _check_mined_row(path, i, mined, class_id, catalog, k)
-        _check_no_twin(path, i, mined["negatives"], class_id, standard_text)
-    return np.array([[catalog.index(c) for c in r["negatives"]] for r in rows], dtype=np.int64)
+    for row, ((line, mined), class_id) in enumerate(zip(records, train_class_ids)):
+        where = f"{path}, line {line}"
+        _check_mined_row(where, row, mined, class_id, catalog, k)
+        _check_no_twin(where, row, mined["negatives"], class_id, standard_text)
+    indices = [[catalog.index(c) for c in mined["negatives"]] for _, mined in records]
+    return np.array(indices, dtype=np.int64).reshape(len(records), k)  # (N, K), two axes for an empty file too
 
 
-def _check_mined_row(path: Path, i: int, mined: dict, class_id: str, catalog: Catalog, k: int) -> None:
-    where = f"{path}, line {i + 1}"
+def _check_mined_row(where: str, i: int, mined: dict, class_id: str, catalog: Catalog, k: int) -> None:
     missing = [key for key in ("row", "class_id", "negatives") if key not in mined]
     if missing or not isinstance(mined["negatives"], list):
         raise StaleNegatives(f"{where}: {'no ' + ', '.join(missing) if missing else 'negatives is not a list'}; "
@@ -85,15 +92,15 @@ def _check_mined_row(path: Path, i: int, mined: dict, class_id: str, catalog: Ca
         raise StaleNegatives(f"{where}: negatives {unknown} are not in the catalog ({len(catalog)} classes): mined "
                              "against another catalog; re-run mining")
     if len(mined["negatives"]) != k:
-        raise StaleNegatives(f"{where}: {len(mined['negatives'])} negatives where line 1 has {k}; re-run mining")
+        raise StaleNegatives(f"{where}: {len(mined['negatives'])} negatives where the first record has {k}; re-run mining")
 
 
-def _check_no_twin(path: Path, i: int, negatives: list[str], class_id: str, standard_text: dict[str, str]) -> None:
+def _check_no_twin(where: str, i: int, negatives: list[str], class_id: str, standard_text: dict[str, str]) -> None:
     """Mining never returns a class sharing the gold's standard question (`standard_text_groups`): stage two's
     `mined` columns have no twin mask of their own, so a hand-edited or other catalog's file would push a question
     away from its own standard question's text. A gold class the catalog lacks is `gold_indices`' to name, with its
     training row's source."""
     twins = [c for c in negatives if standard_text[c] == standard_text.get(class_id)]
     if twins:
-        raise StaleNegatives(f"{path}, line {i + 1}: row {i} lists {twins} as negatives, which share class "
+        raise StaleNegatives(f"{where}: row {i} lists {twins} as negatives, which share class "
                              f"{class_id!r}'s standard question; re-run mining")
