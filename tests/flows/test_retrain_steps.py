@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -380,6 +382,10 @@ def test_a_commit_refuses_to_write_over_data_raw_changed_during_the_run(project)
     assert raw.read_text() == fixed and path.exists()  # the fix stands; the delivery stays for the next run
     assert (Path(params.retrain.archive) / retrain_inbox.MANIFEST).read_bytes() == manifest
     assert not retrain_commit.journal_dir(params.retrain).exists()
+    with pytest.raises(ReaderError, match=r"labeled\.jsonl: not the version .* If you edited it, record the edit with "
+                                          r"`dvc add .*labeled\.jsonl`"):
+        deliver(project)  # the fix is not recorded yet: docs/retrain.md's `dvc add` first
+    subprocess.run([sys.executable, "-m", "dvc", "add", str(raw)], check=True, capture_output=True)
     staged, files = deliver(project)
     steps.commit(params, staged, files, [])
     assert [row["class_id"] for row in added_rows(project)] == ["LOC"] * 3 + ["HUM"] * 2 and not path.exists()
@@ -388,11 +394,8 @@ def test_a_commit_refuses_to_write_over_data_raw_changed_during_the_run(project)
 def test_a_run_refuses_to_merge_onto_an_older_copy_than_the_data_version_git_brought(project):
     """Another checkout committed a data version; here `git pull` brought its .dvc file, not its data (`dvc pull`).
     The run staged the older file it found, and its commit recorded a version without the other checkout's rows,
-    saying nothing. Now staging stops, naming the dvc pull; a version this checkout's cache holds (a file edited
-    here since it was recorded) is merged onto as before (test_a_commit_refuses_to_write_over_data_raw_…)."""
+    saying nothing. Now staging stops, naming the dvc pull."""
     import hashlib
-    import subprocess
-    import sys
 
     from dvc.repo import Repo
 
@@ -416,6 +419,33 @@ def test_a_run_refuses_to_merge_onto_an_older_copy_than_the_data_version_git_bro
     with pytest.raises(ReaderError, match=r"labeled\.jsonl: missing, though data/raw/labeled\.jsonl\.dvc records"):
         deliver(project)
     assert (project / "data" / "incoming" / "next.csv").exists()  # the delivery waits for the next run
+
+
+def test_a_run_refuses_to_merge_onto_an_older_copy_though_the_cache_holds_the_recorded_version(project):
+    """`git checkout` of an older commit with `dvc checkout`, then back without one: the file is the older version,
+    and the cache holds the recorded one. Taken for a hand edit, it was merged onto: the new version lost the
+    recorded one's rows, and the manifest still listed their delivery as merged, so it never merged again."""
+    params = load_params(project / "params.yaml")
+    raw = project / "data" / "raw" / "labeled.jsonl"
+    steps.commit(params, *deliver_rows(project, "a.csv", "LOC"), [])
+    first = raw.read_bytes()
+    steps.commit(params, *deliver_rows(project, "b.csv", "HUM"), [])
+    recorded = raw.read_bytes()
+    raw.write_bytes(first)
+    drop(project, "c.csv", [(q, "NUM") for q in unseen_questions(project, "NUM", 2)])
+
+    with pytest.raises(ReaderError, match=r"labeled\.jsonl: not the version data/raw/labeled\.jsonl\.dvc records "
+                                          r".*`dvc checkout data/raw/labeled\.jsonl\.dvc`"):
+        deliver(project)
+    assert (project / "data" / "incoming" / "c.csv").exists()  # the delivery waits for the next run
+    raw.write_bytes(recorded)  # the `dvc checkout` the message names
+    steps.commit(params, *deliver(project), [])
+    assert sorted(row["class_id"] for row in added_rows(project)) == ["HUM"] * 2 + ["LOC"] * 2 + ["NUM"] * 2
+
+
+def deliver_rows(project: Path, name: str, label: str) -> tuple[steps.Staged, list[steps.Incoming]]:
+    drop(project, name, [(q, label) for q in unseen_questions(project, label, 2)])
+    return deliver(project)
 
 
 def test_a_run_refuses_to_merge_onto_nothing_where_a_recorded_file_is_gone_though_the_cache_holds_its_version(project):

@@ -172,11 +172,12 @@ def additions_digests(folder: Path) -> dict[str, str | None]:
 
 
 def _require_the_recorded_versions(current: Path) -> None:
-    """Each merged file is the version its .dvc file records, or one made from it here. After a `git pull` that
-    brought another checkout's data version (a .dvc file) without its data (`dvc pull`), the file here is an older
-    version, or none: merged onto and committed, the new version would drop every row the other checkout added, and
-    say nothing. A version this checkout's DVC cache holds was recorded here, so a file that differs from it was
-    edited here since (a label fixed by hand), which the commit records with the delivery."""
+    """Each merged file is the version its .dvc file records. After a `git pull` that brought another checkout's data
+    version (a .dvc file) without its data (`dvc pull`), or a `git checkout` of another commit without `dvc checkout`,
+    the file here is another version, or none: merged onto and committed, the new version would drop every row the
+    recorded one holds, and say nothing (its deliveries, listed as merged, never merge again). A file edited here by
+    hand differs from its record too until `dvc add` records it, as docs/retrain.md asks: refused alike, naming both
+    ways out, since the two cannot be told apart when the cache holds the recorded version."""
     import yaml
 
     from tqc.tracking import dvc_md5
@@ -191,12 +192,17 @@ def _require_the_recorded_versions(current: Path) -> None:
             raise ReaderError(f"{record}: not a DVC record of {name} ({type(exc).__name__}: {exc}); restore it "
                               f"(`git checkout -- {record}`)") from None
         found = dvc_md5(data) if data.is_file() else None
-        if found == recorded or (found is not None and _in_dvc_cache(recorded)):
+        if found == recorded:
             continue
         if found is None:
             raise ReaderError(f"{data}: missing, though {record} records a version of it (md5 {recorded}): fetch it "
                               f"with `dvc pull {record}` (or `dvc checkout {record}`); merged onto nothing, the new "
                               "version would hold none of its rows")
+        if _in_dvc_cache(recorded):
+            raise ReaderError(f"{data}: not the version {record} records (md5 {recorded}): merged onto this copy, the "
+                              "new version would drop whatever rows the recorded one holds and it lacks. If you edited "
+                              f"it, record the edit with `dvc add {data}`; if it is an older copy (a `git checkout` "
+                              f"without `dvc checkout`), restore the recorded one with `dvc checkout {record}`")
         raise ReaderError(f"{data}: not the version {record} records (md5 {recorded}, which this checkout's DVC cache "
                           f"lacks: a `git pull` brought the record without its data): fetch it with `dvc pull {record}`; "
                           "merged onto this older copy, the new version would drop the rows the recorded one holds")
