@@ -16,7 +16,7 @@ from tqc.config import RetrainParams, load_params
 from tqc.io import DataFileError, read_jsonl
 from tqc.readers import MissingColumns, ReaderError, RejectedRow, RowsRejected
 from tqc.retraining import commit as retrain_commit, data_versions as retrain_dvc, inbox as retrain_inbox
-from tqc.retraining import pending as retrain_pending, staging as retrain_staging
+from tqc.retraining import pending as retrain_pending, staging as retrain_staging, summary as retrain_summary
 from tests.flows.conftest import added_rows, drop, unseen_questions
 
 
@@ -339,10 +339,11 @@ def test_rows_appended_to_a_file_during_a_run_are_read_by_the_next_one(project):
     assert sorted(r["text"] for r in added_rows(project)) == sorted(first + late) and not path.exists()
 
 
-def test_a_file_copied_again_over_itself_while_read_is_merged_as_read_and_stays_in_the_inbox(project, monkeypatch):
+def test_a_file_copied_again_over_itself_while_read_is_not_judged_and_stays_in_the_inbox(project):
     """Picked up whole, read while the same export is copied over it again (cp truncates, then writes), whole again
-    when archived: the bytes parsed are the bytes hashed, so the file is not archived on its pick-up hash with the
-    rows it did not hold when read (they were lost: the archived copy read as processed)."""
+    when archived. Once merged as read (one row) and archived on its pick-up hash, the other rows were lost; then
+    merged as read and left in the inbox, where a row cut inside its label could merge as another class (below).
+    Now it is not judged this run: nothing merged, nothing archived, and the next run reads it whole."""
     params = load_params(project / "params.yaml")
     questions = unseen_questions(project, "LOC", 6)
     path = drop(project, "export.csv", [(q, "LOC") for q in questions])
@@ -352,14 +353,35 @@ def test_a_file_copied_again_over_itself_while_read_is_merged_as_read_and_stays_
     staged = steps.stage(files, params, Path(params.retrain.work_dir))
     path.write_bytes(whole)  # the copy is done: the bytes picked up
 
-    entry, = steps.commit(params, staged, files, [])["archived"]
-
-    assert (entry["read"], entry["accepted"]) == (1, 1) and entry["sha256"] != files[0].sha256  # what was read
-    assert path.exists() and entry["archived_as"] is None and "next run reads it again" in entry["not_archived"]
-    staged_again, again = deliver(project)  # the whole file is new: not a repeat of what was read
-    assert outcome_of(staged_again, "export.csv").accepted == 5  # the first row is in the data already
+    assert staged.outcomes == [] and staged.still_changing == [str(files[0].path)]
+    said = "1 file(s) changed after pick-up, left in the inbox for the next run: export.csv"
+    assert retrain_summary.why_nothing_was_accepted(staged, [], Path("q.jsonl")) == said
+    assert "| export.csv | | left in the inbox |" in retrain_summary.summary_markdown(staged, None, None)
+    assert steps.commit(params, staged, files, [])["archived"] == [] and path.read_bytes() == whole
+    staged_again, again = deliver(project)
+    assert outcome_of(staged_again, "export.csv").accepted == 6
     steps.commit(params, staged_again, again, [])
     assert sorted(r["text"] for r in added_rows(project)) == sorted(questions) and not path.exists()
+
+
+def test_a_row_cut_inside_its_label_by_a_copy_in_progress_never_merges_as_another_class(project):
+    """`HUMAN` cut to `HUM` by a read mid-copy: both are classes, so the row was merged as HUM, and the whole row
+    quarantined as a conflict on the next run, the wrong label kept."""
+    params = load_params(project / "params.yaml")
+    inbox = project / "data" / "incoming"
+    inbox.mkdir(parents=True, exist_ok=True)
+    (inbox / "catalog.csv").write_text("class_id,text\nHUMAN,Which human being is it?\n")
+    questions = unseen_questions(project, "HUM", 3)
+    path = drop(project, "export.csv", [(q, "HUMAN") for q in questions])
+    whole = path.read_bytes()
+    files, _ = steps.pick_up(params.retrain)
+    path.write_bytes(whole[: whole.rindex(b"HUMAN") + 3])  # the copy so far ends inside the last row's label
+    staged = steps.stage(files, params, Path(params.retrain.work_dir))
+    path.write_bytes(whole)
+    steps.commit(params, staged, files, [])
+    steps.commit(params, *deliver(project), [])
+
+    assert {r["text"]: r["class_id"] for r in added_rows(project)} == dict.fromkeys(questions, "HUMAN")
 
 
 def test_a_commit_refuses_to_write_over_data_raw_changed_during_the_run(project):

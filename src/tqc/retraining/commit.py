@@ -107,9 +107,10 @@ def _replace_data(staged_raw: Path, committed: list[Path]) -> None:
 
 def _archive_delivered(staged: Staged, files: list[Incoming], repeats: list[Incoming], params: RetrainParams,
                        archived: list[tuple[Path, Path, str]]) -> list[dict]:
-    """Archive the files `staged` judged, then the repeats; each move recorded in `archived` for the roll-back."""
+    """Archive the files `staged` judged, then the repeats; each move recorded in `archived` for the roll-back. A file
+    that changed after pick-up was not judged, and stays in the inbox."""
     by_file = {o.file: o for o in staged.outcomes}
-    entries = [archive(f, by_file[str(f.path)], params, archived) for f in files]
+    entries = [archive(f, by_file[str(f.path)], params, archived) for f in files if str(f.path) not in staged.still_changing]
     return entries + [archive(f, repeat_outcome(f), params, archived) for f in repeats]
 
 

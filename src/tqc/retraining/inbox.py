@@ -149,8 +149,8 @@ def archive(incoming: Incoming, outcome: FileOutcome, params: RetrainParams,
     """Move a processed file out of the inbox and record it; the manifest write is atomic. A failure after the move
     (the manifest's write) leaves the move in `archived`, for the commit's roll-back to undo.
 
-    A file whose bytes are not those `outcome` judged (`stage` reads each file once: rows appended during the run,
-    or a copy still being written, then or since) stays in the inbox: what this run read is merged, and the next run
+    A file whose bytes are not those `outcome` judged (rows appended, or a copy still being written, since `stage`
+    read it; one that changed between pick-up and reading is not judged at all) stays in the inbox: what this run read is merged, and the next run
     reads the file again, so no row is lost (those merged already are quarantined there as duplicates)."""
     digest = outcome.sha256  # of the bytes judged, which may differ from the pick-up's
     archive_dir = Path(params.archive)

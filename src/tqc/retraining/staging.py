@@ -31,6 +31,8 @@ class Staged:
     quarantined_rows: list[dict] = field(default_factory=list)
     # each additions file's sha256 as `stage` copied it (None: there was none): `commit` refuses to write over a change
     base: dict[str, str | None] = field(default_factory=dict)
+    # the delivered files not judged, their bytes changed since pick-up: left in the inbox, neither merged nor archived
+    still_changing: list[str] = field(default_factory=list)
 
     @property
     def accepted(self) -> int:
@@ -66,9 +68,11 @@ def stage(files: list[Incoming], params: Params, staging: Path, checking: bool =
         if (current / name).exists():
             shutil.copy2(current / name, raw / name)
     staged = Staged(raw, base=additions_digests(raw))
-    read = [_read_once(incoming) for incoming in files]
+    attempts = [(incoming, _read_once(incoming)) for incoming in files]
+    staged.still_changing = [str(incoming.path) for incoming, read_now in attempts if read_now is None]
+    read = [read_now for _, read_now in attempts if read_now is not None]
     contents = {incoming.path: content for incoming, content in read}
-    files = [incoming for incoming, _ in read]  # each with the sha256 of the bytes read, which it is archived by
+    files = [incoming for incoming, _ in read]
     with _naming_kept(raw, current):
         _merge_files(files, contents, params, raw, staging, staged)
     _name_kept_in_reasons(staged, raw, current)
@@ -152,19 +156,21 @@ def _naming_kept(copy: Path, kept: Path) -> Iterator[None]:
         raise error.with_traceback(exc.__traceback__) from exc.__cause__
 
 
-def _read_once(incoming: Incoming) -> tuple[Incoming, bytes | None]:
-    """(the file with the sha256 of the bytes read now, those bytes): what is parsed is what is hashed, so a file
-    written again since it was picked up (a copy made over it, half done as it is read) is merged as read and, since
-    it no longer holds those bytes, stays in the inbox (`archive`). None where it cannot be read: the reader says why."""
+def _read_once(incoming: Incoming) -> tuple[Incoming, bytes | None] | None:
+    """(the file, its bytes as picked up), or (the file, None) where it cannot be read (the reader says why). None
+    where its bytes are no longer those picked up (a copy still being written, rows being appended): it is not judged
+    this run, since a row cut inside its label may read as another class's (`HUMAN` cut to `HUM`), and it stays in
+    the inbox for the next run to read whole. What is parsed is what was hashed; `archive` hashes it once more."""
     try:
         content = incoming.path.read_bytes()
     except OSError:
         return incoming, None
-    digest = hashlib.sha256(content).hexdigest()
-    if digest != incoming.sha256:
-        log.warning("retrain: %s changed after it was picked up: merged as it reads now, and left in the inbox unless it "
-                    "still reads so when archived", incoming.path)
-    return Incoming(incoming.path, digest), content
+    if hashlib.sha256(content).hexdigest() != incoming.sha256:
+        log.warning("retrain: %s changed after it was picked up (a copy still being written?): not read this run, left "
+                    "in the inbox for the next (deliver a file under another name, e.g. .part, and rename it when it "
+                    "is whole)", incoming.path)
+        return None
+    return incoming, content
 
 
 def additions_digests(folder: Path) -> dict[str, str | None]:

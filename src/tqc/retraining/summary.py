@@ -16,6 +16,7 @@ def why_nothing_was_accepted(staged: Staged, repeats: list[Incoming], quarantine
     parts = [f"{len(repeats)} repeat(s)"] if repeats else []
     unusable = staged.unusable
     parts += [f"{len(unusable)} unusable file(s)"] if unusable else []
+    parts += [_still_changing(staged)] if staged.still_changing else []
     rows = staged.rows_quarantined
     if rows:
         first = rows[0]
@@ -25,12 +26,18 @@ def why_nothing_was_accepted(staged: Staged, repeats: list[Incoming], quarantine
     return "; ".join(parts or [f"{Path(o.file).name}: {o.reason or 'added nothing'}" for o in staged.outcomes])
 
 
+def _still_changing(staged: Staged) -> str:
+    return (f"{len(staged.still_changing)} file(s) changed after pick-up, left in the inbox for the next run: "
+            + ", ".join(Path(f).name for f in staged.still_changing))
+
+
 def closing_line(staged: Staged, promotion: dict, committed: dict, quarantine: Path) -> str:
     """The flow's last log line after a training: what was added and quarantined, the gate's decision with its reasons,
     and the data version's .dvc files, which no commit records until a person commits them."""
     rows, unusable = staged.rows_quarantined, staged.unusable
     left_out = ([f"{len(rows)} row(s) quarantined to {quarantine}"] if rows else []) + (
-        [f"{len(unusable)} unusable file(s)"] if unusable else [])
+        [f"{len(unusable)} unusable file(s)"] if unusable else []) + (
+        [_still_changing(staged)] if staged.still_changing else [])
     line = (f"retrain: {staged.accepted - staged.new_classes} rows and {staged.new_classes} classes added"
             + (f" ({'; '.join(left_out)})" if left_out else "")
             + f"; {'promoted' if promotion['promoted'] else 'champion kept'}: {'; '.join(promotion['reasons'])}")
@@ -103,6 +110,8 @@ def summary_markdown(staged: Staged, promotion: dict | None, trained: Trained | 
              "| --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {Path(o.file).name} | {o.kind} | {o.outcome} | {o.read} | {o.accepted} | {o.quarantined} | "
               f"{_cell(file_reason(o, staged))} |" for o in [*staged.outcomes, *map(repeat_outcome, repeats)]]
+    lines += [f"| {_cell(Path(f).name)} | | left in the inbox | | | | changed after it was picked up: read next run |"
+              for f in staged.still_changing]
     lines += ["", f"Accepted rows: **{staged.accepted - staged.new_classes}**; new classes: **{staged.new_classes}**."]
     lines += _data_version_lines(committed or {})
     if trained and trained.refreshed_from:
