@@ -309,6 +309,29 @@ def test_files_of_other_kinds_and_folders_in_the_inbox_are_named_in_a_warning(pr
     assert "folders are not read" in caplog.text and "monday" in caplog.text
 
 
+def test_a_file_whose_name_is_not_utf8_is_left_in_the_inbox_and_the_others_go_on(project, caplog):
+    """A Latin-1 name (a Windows share's `café`) failed every run in the quarantine's write, a UnicodeEncodeError
+    naming no file, and no other file of the delivery merged."""
+    import os
+
+    drop(project, "ok.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
+    latin1 = project / "data" / "incoming" / os.fsdecode(b"caf\xe9-questions.csv")
+    latin1.write_text("question,label\nwho is he,HUM\n")
+
+    with caplog.at_level(logging.WARNING, logger="tqc.retrain"):
+        staged, files = deliver(project)
+
+    assert [f.path.name for f in files] == ["ok.csv"] and outcome_of(staged, "ok.csv").accepted == 2
+    assert "not read, its name is not UTF-8 ('caf\\udce9-questions.csv'); rename it" in caplog.text
+    steps.commit(load_params(project / "params.yaml"), staged, files, [])
+    assert latin1.exists()
+
+
+def test_the_push_command_given_by_hand_quotes_a_path_with_a_space():
+    assert retrain_dvc.push_command(["my data/raw/labeled.jsonl.dvc", "data/raw/catalog.jsonl.dvc"]) == (
+        "dvc push 'my data/raw/labeled.jsonl.dvc' data/raw/catalog.jsonl.dvc")
+
+
 def test_a_file_whose_suffix_is_in_capitals_is_read_as_a_delivery(project, caplog):
     """`BATCH.CSV`, as some tools name a CSV file, is one: neither read nor named among the files of other kinds, it
     would wait in the inbox unsaid."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shlex
 import subprocess
 import sys
 import time
@@ -103,6 +104,7 @@ def _has_default_remote() -> bool:
 
 
 def push_command(versions: list[str]) -> str:
-    """The command that pushes a data version whose push failed: its .dvc files, as every message about it gives it."""
-    return f"dvc push {' '.join(versions)}"
+    """The command that pushes a data version whose push failed: its .dvc files, as every message about it gives it,
+    quoted for a shell (a folder with a space was two targets)."""
+    return f"dvc push {shlex.join(versions)}"
 

@@ -68,7 +68,7 @@ def pick_up(params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
                     inbox.resolve())
         return [], []
     listed = sorted(inbox.iterdir())
-    present = [p for p in listed if p.is_file()]
+    present = [p for p in listed if p.is_file() and _utf8_name(p)]
     others = [p.name for p in present if p.suffix.lower() not in SUFFIXES]
     if others:  # left in the inbox, and said each run, rather than read as some format they may not be
         log.warning("retrain: %s: not read (only %s files are): %s", inbox, ", ".join(sorted(SUFFIXES)), ", ".join(others))
@@ -77,6 +77,18 @@ def pick_up(params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
         log.warning("retrain: %s: folders are not read (deliver their files into the inbox itself): %s", inbox,
                     ", ".join(folders))
     return split_repeats([incoming for p in present if p.suffix.lower() in SUFFIXES for incoming in _hashed(p)], params)
+
+
+def _utf8_name(path: Path) -> bool:
+    """Whether the name is UTF-8 (the manifest, the quarantine and the merged rows' sources write it as such). A name
+    in another encoding (Latin-1, from a Windows share) failed the whole run, every night, naming no file; it stays in
+    the inbox, said each run."""
+    try:
+        path.name.encode("utf-8")
+    except UnicodeEncodeError:
+        log.warning("retrain: %s: not read, its name is not UTF-8 (%s); rename it", path.parent, ascii(path.name))
+        return False
+    return True
 
 
 def split_repeats(files: list[Incoming], params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
