@@ -239,9 +239,21 @@ def test_seed_statistics_say_which_standard_deviation_they_give():
     runs = [{"admc": {"test": {"accuracy": a, "macro_f1": a, "macro_f1_gold_classes": a}}} for a in (0.90, 0.92, 0.95)]
     stats = seed_statistics(runs, resplit=False)
     assert list(stats)[:4] == ["n", "resplit", "std_ddof", "admc"] and stats["std_ddof"] == 1
-    assert list(stats["admc"]) == ["accuracy", "macro_f1", "macro_f1_gold_classes"]  # each figure the gate and tail read
+    assert list(stats["admc"]) == ["accuracy", "macro_f1", "macro_f1_gold_classes"]  # each figure the runs gave
     assert stats["admc"]["accuracy"]["std"] == pytest.approx(np.std([0.90, 0.92, 0.95], ddof=stats["std_ddof"]))
     assert stats["admc"]["accuracy"]["mean"] == pytest.approx(np.mean([0.90, 0.92, 0.95]))  # the mean, not the median
+
+
+def test_seed_statistics_cover_every_figure_of_the_summary_but_its_count_and_a_null_hits_at_k():
+    """MRR and Hits@k had their first seed's figure only; the spread was given for accuracy and macro-F1 alone."""
+    from tqc.stages.evaluate import seed_statistics
+
+    scores = np.array([[0.9, 0.1, 0.0], [0.2, 0.7, 0.1], [0.1, 0.3, 0.6]])  # (3, 3): Hits@3 and @10 reach the classes
+    runs = [{"admc": {"test": summary(scores, gold)}} for gold in (np.array([0, 1, 2]), np.array([0, 2, 2]))]
+    stats = seed_statistics(runs, resplit=False)["admc"]
+    assert list(stats) == ["accuracy", "macro_f1", "macro_f1_gold_classes", "mrr", "hits_at_1"]
+    assert stats["mrr"]["values"] == [1.0, pytest.approx((1 + 1 / 3 + 1) / 3)]  # the second row's gold ranks third
+    assert stats["hits_at_1"]["mean"] == pytest.approx((1 + 2 / 3) / 2)
 
 
 def test_seed_statistics_list_the_models_in_one_order_whatever_order_a_run_gave_them():
@@ -421,6 +433,41 @@ def test_each_extra_seed_splits_augments_and_trains_with_its_own_seed(monkeypatc
     params = Params.model_validate({"seed": 42, "evaluate": {"seeds": 3, "resplit": True}})
     evaluate._extra_seeds(params, tmp_path, {"test": []}, None)
     assert drawn == [(step, seed) for seed in (43, 44) for step in ("resplit", "augment", "train")]
+
+
+def test_each_extra_seed_augments_trains_and_is_scored_in_its_own_split_s_folder(monkeypatch, tmp_path):
+    """With evaluate.resplit, the seed's folder (its validation rows) must reach augment, training and scoring: given
+    the validated folder instead, its early stopping and prior shift would be fitted on rows it trained on."""
+    from tqc.config import Params
+    from tqc.schema import LabeledQuestion, load_questions, save_questions
+    from tqc.stages import evaluate
+
+    test = [LabeledQuestion("the test question", "A")]
+    save_questions(tmp_path / "validation.jsonl", [LabeledQuestion("the first draw's question", "A")])
+    folders, seen = {}, []
+
+    def resplit(params, data_dir, seed, out_dir):
+        folders[seed] = tmp_path / f"seed{seed}"
+        save_questions(folders[seed] / "validation.jsonl", [LabeledQuestion(f"seed {seed}'s question", "A")])
+        return folders[seed]
+
+    def score_chain(outputs, params, data_dir, splits, catalog):
+        seen.append(("score", data_dir, [q.text for q in splits["validation"]], splits["test"]))
+        return {"metrics": {}}, {}
+
+    monkeypatch.setattr(evaluate, "resplit", resplit)
+    monkeypatch.setattr(evaluate, "augmented_again",
+                        lambda params, seed_dir, validated, seed, work: seen.append(("augment", seed_dir, validated)))
+    monkeypatch.setattr(evaluate, "train_chain",
+                        lambda params, seed_dir, train, work, seed: seen.append(("train", seed_dir)))
+    monkeypatch.setattr(evaluate, "score_chain", score_chain)
+    params = Params.model_validate({"seed": 0, "evaluate": {"seeds": 3, "resplit": True}})
+    splits = {"test": test, "validation": load_questions(tmp_path / "validation.jsonl")}
+    evaluate._extra_seeds(params, tmp_path, splits, None)
+
+    assert seen == [step for seed in (1, 2) for step in (
+        ("augment", folders[seed], tmp_path), ("train", folders[seed]),
+        ("score", folders[seed], [f"seed {seed}'s question"], test))]
 
 
 def test_each_seeds_augmentation_holds_out_its_own_validation_split_and_test(monkeypatch, tmp_path):

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -39,6 +40,15 @@ def test_dvc_repro_end_to_end_then_nothing_then_only_evaluate(project):
 
     gold, first = [p["gold"] for p in predictions], [p["top_k"][0]["class_id"] for p in predictions]
     assert metrics["test"]["macro_f1"] == pytest.approx(f1_score(gold, first, average="macro"))
+    # classes.json: every model's per-class report, its gold classes' F1 averaging to that model's figure
+    classes = json.loads((project / "reports" / "classes.json").read_text())
+    assert list(classes) == ["admc", "stage_one", "nc", "zero_shot", "exemplars"]
+    for name, report in classes.items():
+        figures = metrics["test"] if name == "admc" else metrics[name]["test"]
+        gold_f1 = [c["f1"] for c in report["per_class"].values() if c["support"]]
+        assert sum(c["support"] for c in report["per_class"].values()) == figures["n"]
+        assert np.mean(gold_f1) == pytest.approx(figures["macro_f1_gold_classes"]), name
+        assert all(pair["count"] > 0 and pair["gold"] != pair["predicted"] for pair in report["most_confused"])
     fitted = json.loads((project / "models" / "prior.json").read_text())["models"]
     assert set(fitted) == set(metrics["prior_shift"]) == {"admc", "stage_one", "nc"}
     for name, shift in metrics["prior_shift"].items():

@@ -84,13 +84,16 @@ def evaluate_models(models: ChainOutputs, params: Params, splits: dict[str, list
 
 
 def seed_statistics(per_seed: list[dict], resplit: bool) -> dict:
-    """Mean ± sample std over seeds of every model's test accuracy and macro-F1; `std_ddof` says which std."""
+    """Mean ± sample std over seeds of every model's test figures (`summary`'s, but its count, and a Hits@k that is
+    null, k reaching the class count); `std_ddof` says which std."""
     # std_ddof: seed_std's ddof, named here rather than in metrics.py, which every training stage depends on
     # (tests/code/test_metrics.py holds the two together)
     stats = {"n": len(per_seed), "resplit": resplit, "std_ddof": 1}
     for name in (name for name in MODELS if name in per_seed[0]):
         stats[name] = {}
-        for metric in ("accuracy", "macro_f1", "macro_f1_gold_classes"):
+        for metric, first in per_seed[0][name]["test"].items():
+            if metric == "n" or first is None:
+                continue
             values = [run[name]["test"][metric] for run in per_seed]
             stats[name][metric] = {"mean": float(np.mean(values)), "std": seed_std(values), "values": values}
     return stats
@@ -110,7 +113,8 @@ def run(data_dir: Path, models: ChainOutputs, prior_path: Path, params: Params, 
     metrics = metrics_document(params, evaluated, shifts, seed_statistics(per_seed, params.evaluate.resplit))
     write_json(metrics_path, metrics)
     test_scores = evaluated["scores"]["test"]
-    write_json(classes_path, _class_report(test_scores["admc"], splits["test"], catalog, params.evaluate.confused_pairs))
+    write_json(classes_path, {name: _class_report(scores, splits["test"], catalog, params.evaluate.confused_pairs)
+                              for name, scores in test_scores.items()})  # every model, as metrics.json has them
     _write_predictions(predictions_path, test_scores["admc"], splits["test"], catalog, params.evaluate.top_k)
     _write_confusion(plots_dir / "confusion.csv", test_scores["admc"], splits["test"], catalog)
     # Figure 3 shows similarities: the scores before any class-prior shift
@@ -266,6 +270,7 @@ def metrics_document(params: Params, evaluated: dict, shifts: dict[str, PriorShi
 
 
 def _class_report(scores: np.ndarray, questions: list[LabeledQuestion], catalog: Catalog, top: int) -> dict:
+    """One model's per-class precision, recall, F1 and support on `questions`, and its `top` most-confused pairs."""
     gold, predicted = gold_indices(questions, catalog), scores.argmax(axis=1)
     per_class = per_class_prf(gold, predicted, np.arange(len(catalog)))
     return {
