@@ -385,7 +385,9 @@ class BaselineNCParams(Schedule):
     # false: the stage writes a marker instead of a model and evaluate reports no NC figures
     # (ablation grids compare ADMC variants with each other and skip the NC training).
     enabled: bool = True
-    epochs: int = Field(3, ge=1)
+    # null: stage_one.epochs + stage_two.epochs, ADMC's passes over the same data (the equal budget NC is compared
+    # at), followed when either changes; a number: a budget of NC's own (`Params.nc_schedule`)
+    epochs: int | None = Field(None, ge=1)
     learning_rate: float = Field(1e-4, gt=0.0)
     head_learning_rate: float = Field(1e-3, gt=0.0)
 
@@ -680,6 +682,12 @@ class Params(Strict):
         if problem:
             raise ValueError(problem)
         return self
+
+    def nc_schedule(self) -> BaselineNCParams:
+        """baseline_nc as NC trains: its epochs, or where null ADMC's, stage one's and stage two's together."""
+        if self.baseline_nc.epochs is not None:
+            return self.baseline_nc
+        return self.baseline_nc.model_copy(update={"epochs": self.stage_one.epochs + self.stage_two.epochs})
 
     def trained_sections(self) -> tuple[str, ...]:
         """The sections of the training stages, each batched under torchrun: the warm-up's and NC's when they are on

@@ -525,6 +525,8 @@ def _stage_params(stage: str, params: Params) -> dict:
                 "baseline_nc": ("seed", "model", "augment", "baseline_nc", "distributed"),
                 "promote": ("promote",)}.get(stage)
     chosen = {k: full[k] for k in sections} if sections else full
+    if stage == "baseline_nc":  # the budget it trained with: a null baseline_nc.epochs is ADMC's
+        chosen["baseline_nc"] = {**chosen["baseline_nc"], "epochs": params.nc_schedule().epochs}
     if "distributed" in chosen:
         # The processes that trained, which shape the result (stage one's in-batch negatives come from each process's
         # share): under a torchrun the user started (several nodes), distributed.nproc_per_node does not say them

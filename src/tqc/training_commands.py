@@ -81,7 +81,7 @@ def _stage_two(paths: StagePaths, params: Params, seed: int, on_epoch: OnEpoch |
 def _baseline_nc(paths: StagePaths, params: Params, seed: int, on_epoch: OnEpoch | None) -> FitResult:
     from tqc.stages import baseline_nc
 
-    return baseline_nc.run(paths["data"], paths["train"], params.model, params.augment, params.baseline_nc, seed,
+    return baseline_nc.run(paths["data"], paths["train"], params.model, params.augment, params.nc_schedule(), seed,
                            paths["out"], paths["history"], on_epoch=on_epoch)
 
 

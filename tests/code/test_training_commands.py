@@ -59,3 +59,31 @@ def test_the_chain_checks_a_stages_paths_before_it_launches_one():
     assert launched == []
     trainer(STAGE_ONE, {name: Path(name) for name in STAGE_ONE.paths}, None)
     assert launched == ["stage-one"]
+
+
+@pytest.mark.parametrize(("overrides", "epochs"), [
+    ({}, 3),  # stage one's 2 and stage two's 1
+    ({"stage_one": {"epochs": 15}, "stage_two": {"epochs": 10}}, 25),  # NC followed neither: 3 against 25
+    ({"stage_one": {"epochs": 15}, "baseline_nc": {"epochs": 6}}, 6),  # a budget of its own
+])
+def test_nc_trains_with_admc_s_budget_unless_given_its_own(monkeypatch, overrides, epochs):
+    """The issue's NC is fine-tuned "on the same data and budget": baseline_nc.epochs was a fixed 3, equal to stage
+    one + stage two only at their defaults, so gains_on_test's ADMC − NC compared unequal budgets, said nowhere."""
+    from tqc.stages import baseline_nc
+
+    handed = []
+    monkeypatch.setattr(baseline_nc, "run", lambda data, train, model, augment, params, seed, *rest, **kw:
+                        handed.append(params.epochs))
+    params = Params().with_overrides(overrides)
+    paths = {"data": Path("d"), "train": Path("t"), "out": Path("o"), "history": Path("h")}
+    BASELINE_NC.call(paths, params, 0, None)
+    assert handed == [epochs] and params.nc_schedule().epochs == epochs
+    assert Params().baseline_nc.epochs is None  # params.yaml's default, as the class's
+
+
+def test_an_nc_schedule_left_unresolved_is_refused_by_name(tmp_path):
+    from tqc.config import BaselineNCParams
+    from tqc.stages import baseline_nc
+
+    with pytest.raises(ValueError, match="baseline_nc.epochs is null.*Params.nc_schedule"):
+        baseline_nc.run(tmp_path, tmp_path / "t.jsonl", None, None, BaselineNCParams(), 0, tmp_path / "o", tmp_path / "h")

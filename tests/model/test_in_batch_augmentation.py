@@ -292,7 +292,7 @@ def test_every_training_stage_places_the_implicit_augmentation_where_params_say(
         "stage two": lambda: stage_two.run(tmp_path, tmp_path / "train.jsonl", tmp_path / "neg.jsonl", tmp_path / "one",
                                            augment_params, StageTwoParams(epochs=1, batch_size=8), 0, tmp_path / "out2",
                                            tmp_path / "h2.csv"),
-        "NC": lambda: baseline_nc.run(tmp_path, tmp_path / "train.jsonl", model_params, augment_params, BaselineNCParams(),
+        "NC": lambda: baseline_nc.run(tmp_path, tmp_path / "train.jsonl", model_params, augment_params, BaselineNCParams(epochs=1),
                                       0, tmp_path / "nc", tmp_path / "h3.csv"),
     }
     for stage, run in runs.items():

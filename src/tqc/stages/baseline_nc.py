@@ -1,6 +1,6 @@
 """NC baseline (the paper's naive classification): one encoder + a linear head, cross-entropy.
 
-Trained on the same augmented data as ADMC, with a budget of its own in params (by default
+Trained on the same augmented data as ADMC, with the budget `Params.nc_schedule` gives (by default
 the epochs of stage one and stage two together), and the same early stopping.
 """
 
@@ -130,13 +130,15 @@ def run(data_dir: Path, train_path: Path, model_params: ModelParams, augment_par
         on_epoch: OnEpoch | None = None) -> FitResult:
     if not params.enabled:
         return _write_disabled(out_dir, history_path)
+    if params.epochs is None:
+        raise ValueError("baseline_nc.epochs is null, ADMC's budget: pass Params.nc_schedule(), which resolves it")
     seed_everything(seed)
     catalog = Catalog.load(data_dir / "catalog.jsonl")
     train_rows, validation = load_questions(train_path), load_questions(data_dir / "validation.jsonl")
     encoder = TextEncoder.from_pretrained(model_params.pretrained, model_params.pooling, model_params.max_length)
     encoder.augmentation = EmbeddingAugmentation.from_params(augment_params)
     model = LinearClassifier(encoder, catalog.class_ids).to(pick_device())
-    log.info("NC baseline: %d training rows, %d classes", len(train_rows), len(catalog))
+    log.info("NC baseline: %d training rows, %d classes, %d epochs", len(train_rows), len(catalog), params.epochs)
     result = train(model, train_rows, validation, catalog, params, seed, on_epoch)
     metadata = result.model_record("baseline_nc", params, model_params.pretrained)
     return write_outputs("NC baseline", lambda: model.save(out_dir, metadata), out_dir, history_path, result)
