@@ -768,6 +768,31 @@ def test_a_dimension_added_to_or_removed_from_a_study_is_named_as_such(tmp_path,
         check_study_base(older, params, {**base, "data.max_rejected_fraction": 0.5})
 
 
+def test_a_range_whose_log_changed_since_the_study_sampled_it_is_refused_when_joining(tmp_path, tiny_model_dir):
+    """space_kinds records choices and int/float, not `log`: the edited space joined, and the first trial's draw failed
+    with Optuna's "Cannot set different log configuration" after the data was prepared. Re-bounding stays fine."""
+    from tqc.config import flatten
+    from tqc.tuning.space import sample_overrides
+    from tqc.tuning.study import join_study
+
+    params = Params.model_validate(tuning_params(tmp_path, tiny_model_dir))
+    study = optuna.create_study(study_name="s", direction="maximize")
+    base = flatten(params.model_dump(mode="json", by_alias=True, exclude={"tune"}))
+    join_study(study, params, base, "digest")
+    trial = study.ask()
+    sample_overrides(trial, params.tune.space, base)
+    study.tell(trial, 0.5)
+
+    def with_temperature(**dimension) -> Params:
+        space = {**params.tune.space, "stage_one.temperature": SearchDimension(**dimension)}
+        return params.model_copy(update={"tune": params.tune.model_copy(update={"space": space})})
+
+    join_study(study, with_temperature(low=0.01, high=0.9, log=True), base, "digest")  # re-bounded: the same kind
+    with pytest.raises(ConfigError, match=r"tune.space.stage_one.temperature: study 's' .* drew it from "
+                                          r"FloatDistribution\(.*log=True.*\(trial 0\), here .*log=False"):
+        join_study(study, with_temperature(low=0.05, high=0.5, log=False), base, "digest")
+
+
 def test_a_refused_worker_leaves_the_study_as_it_found_it(tmp_path, tiny_model_dir):
     """A worker with a dimension the study never searched, refused for its dataset, recorded that dimension as
     searched there first: a right worker was then refused ("searched there, fixed here")."""

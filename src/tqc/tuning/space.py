@@ -64,11 +64,23 @@ def _conditions_first(space: dict[str, SearchDimension]) -> list[tuple[str, Sear
 def _suggest(trial, name: str, dimension: SearchDimension, base_value=None):
     """An integer knob (its base value an int, e.g. mine.k) gets integers, any other range floats,
     whatever the YAML bounds look like (low: 0 for a margin, high: 12.0 for K)."""
+    drawn_from = distribution(name, dimension, base_value)
     if dimension.choices is not None:
-        return trial.suggest_categorical(name, dimension.choices)
+        return trial.suggest_categorical(name, drawn_from.choices)
+    suggest = trial.suggest_int if samples_integers(name, base_value) else trial.suggest_float
+    return suggest(name, drawn_from.low, drawn_from.high, log=drawn_from.log)
+
+
+def distribution(name: str, dimension: SearchDimension, base_value=None):
+    """The Optuna distribution `_suggest` draws `name` from: a study refuses another kind, other choices or another
+    `log` under a name it has sampled (`study.check_study_space`)."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if dimension.choices is not None:
+        return CategoricalDistribution(dimension.choices)
     if samples_integers(name, base_value):
-        return trial.suggest_int(name, math.ceil(dimension.low), math.floor(dimension.high), log=dimension.log)
-    return trial.suggest_float(name, float(dimension.low), float(dimension.high), log=dimension.log)
+        return IntDistribution(math.ceil(dimension.low), math.floor(dimension.high), log=dimension.log)
+    return FloatDistribution(float(dimension.low), float(dimension.high), log=dimension.log)
 
 
 def samples_integers(name: str, base_value) -> bool:

@@ -18,7 +18,7 @@ from tqc.config import ConfigError, Params, SearchDimension, redact_text
 from tqc.pipeline import PreparedData
 from tqc.schema import Catalog
 from tqc.tracking import same_code
-from tqc.tuning.space import NOT_TUNED_ON, flat_base, samples_integers
+from tqc.tuning.space import NOT_TUNED_ON, distribution, flat_base, samples_integers
 
 log = logging.getLogger("tqc.tune")  # one logger for tuning, whichever module says it
 
@@ -64,6 +64,9 @@ class _HeldRecords:
 
     def set_user_attr(self, key: str, value) -> None:
         self.records[key] = value
+
+    def get_trials(self, **kwargs) -> list:
+        return self.study.get_trials(**kwargs)
 
 
 def join_study(study, params: Params, base: dict, digest: str) -> None:
@@ -170,8 +173,30 @@ def check_study_space(study, params: Params, base: dict) -> None:
         shown = ", ".join(f"{name}: {recorded[name]!r} there, {mine[name]!r} here" for name in changed)
         raise ConfigError(f"study {study.study_name!r} in {redact_text(params.tune.storage)} sampled other values for {shown}; "
                           "Optuna cannot change them within a study: name another study with tune.study")
+    _check_sampled_distributions(study, params, base)
     if mine.keys() - recorded.keys():
         study.set_user_attr("space_kinds", {**recorded, **mine})
+
+
+def _check_sampled_distributions(study, params: Params, base: dict) -> None:
+    """What `space_kinds` does not hold (a range's `log`, and a study recorded before it did) checked against the
+    distributions the study's trials were drawn from: a changed `log` passed, and the first trial's draw failed
+    ("Cannot set different log configuration") after the data was prepared."""
+    from optuna.distributions import check_distribution_compatibility
+
+    wanted = {name: distribution(name, dimension, base.get(name)) for name, dimension in params.tune.space.items()}
+    for trial in study.get_trials(deepcopy=False):
+        for name, drawn_from in trial.distributions.items():
+            if name not in wanted:
+                continue
+            try:
+                check_distribution_compatibility(drawn_from, wanted[name])
+            except ValueError as exc:
+                raise ConfigError(f"tune.space.{name}: study {study.study_name!r} in {redact_text(params.tune.storage)} "
+                                  f"drew it from {drawn_from} (trial {trial.number}), here {wanted[name]}: {exc} Optuna "
+                                  "cannot change that within a study: name another study with tune.study, or undo "
+                                  "the change") from None
+            del wanted[name]  # one trial's draw says what the study holds for the name
 
 
 def enqueue_baseline(study, base_values: dict, version: str) -> None:
