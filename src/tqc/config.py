@@ -493,6 +493,10 @@ class SearchDimension(Strict):
     def _range_or_choices(self) -> "SearchDimension":
         if (self.choices is None) == (self.low is None or self.high is None):
             raise ValueError("give either low and high, or choices")
+        if self.choices is not None and (self.low is not None or self.high is not None or self.log):
+            # a stray bound or log beside choices was read as nothing: the choices alone were drawn
+            stray = [key for key in ("low", "high") if getattr(self, key) is not None] + (["log"] if self.log else [])
+            raise ValueError(f"choices with {', '.join(stray)}: a dimension is a range or a set of choices, not both")
         if self.choices is None and self.low > self.high:
             raise ValueError(f"low {self.low} is above high {self.high}")
         if self.choices is None and self.log and self.low <= 0:
@@ -775,9 +779,12 @@ class Params(Strict):
     @model_validator(mode="after")
     def _ablation_keys_are_params(self) -> "Params":
         known = self._tunable_paths()
-        for path in self.ablate.budget:  # every grid's: said as the budget's, not the first grid's
+        for path, value in self.ablate.budget.items():  # every grid's: said as the budget's, not the first grid's
             if path == "seed" or path not in known:
                 raise ValueError(f"ablate.budget: {path!r} is not a parameter a cell may set (e.g. stage_one.epochs)")
+            problem = value_problem(path, value)
+            if problem:  # was said once a cell, as each grid's cell's, by the `tqc ablate` that ran them
+                raise ValueError(f"ablate.budget: {path} = {value!r}: {problem}")
         for grid_name, grid in self.ablate.grids.items():
             overrides = [grid.budget, grid.base, grid.matrix, *grid.variants.values()]
             for path in (path for override in overrides for path in override):

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tqc.config import ConfigError, Params, load_params, read_yaml
+from tqc.config import ConfigError, Params, SearchDimension, load_params, read_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -172,6 +172,21 @@ def test_an_ablation_cell_value_no_param_takes_is_refused_at_load(grid, said):
     loaded such params without a word."""
     with pytest.raises(ValidationError, match=said):
         Params.model_validate({"ablate": {"grids": {"g": {"title": "t", **grid}}}})
+
+
+def test_a_value_of_the_common_ablation_budget_its_param_refuses_is_named_as_the_budgets_at_load():
+    """Only its keys were checked at load: `stage_one.epochs: 0` loaded, and `tqc ablate` blamed each grid's cells."""
+    with pytest.raises(ValidationError, match=r"ablate.budget: stage_one.epochs = 0: Input should be greater than or "
+                                              r"equal to 1"):
+        Params.model_validate({"ablate": {"budget": {"stage_one.epochs": 0}}})
+
+
+@pytest.mark.parametrize("dimension,stray", [({"choices": [8, 16], "low": 4}, "low"),
+                                             ({"choices": [8, 16], "log": True}, "log"),
+                                             ({"choices": [8, 16], "high": 40, "log": True}, "high, log")])
+def test_a_bound_or_log_beside_choices_is_refused_not_ignored(dimension, stray):
+    with pytest.raises(ValidationError, match=f"choices with {stray}: a dimension is a range or a set of choices"):
+        SearchDimension.model_validate(dimension)
 
 
 def test_ablation_cell_values_of_the_right_types_load():

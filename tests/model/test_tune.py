@@ -1002,6 +1002,27 @@ def test_a_knob_of_a_feature_off_in_every_trial_is_refused_and_searched_with_its
     check_space(space({"augment.prototype_mixup.enabled": {"choices": [False, True]}}))  # the switch itself
 
 
+def test_a_knob_no_trial_reads_beside_the_settings_every_trial_has_is_refused():
+    """augment.rate with augment.implicit empty (the augmentation grids' base), or a stage's head_learning_rate with
+    mean pooling and cosine (the defaults), passed: chance values written into best_params.yaml."""
+    from tqc.tuning.space import check_space
+
+    def space(dimensions: dict, **sections) -> Params:
+        return Params.model_validate({**sections, "tune": {"space": dimensions, "pruner": "none"}})
+
+    rate, placement = {"augment.rate": {"low": 0.0, "high": 0.3}}, {"augment.implicit_at": {"choices": ["input", "output"]}}
+    for dimension, name in ((rate, "augment.rate"), (placement, "augment.implicit_at")):
+        with pytest.raises(ConfigError, match=f"tune.space.{name}: augment.implicit is empty, so no trial augments"):
+            check_space(space(dimension, augment={"implicit": []}))
+        check_space(space(dimension))  # the default augments: read by every trial
+    head = {"stage_one.head_learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}}
+    with pytest.raises(ConfigError, match=r"tune.space.stage_one.head_learning_rate: it trains the heads, and no trial "
+                                          r"has one \(model.pooling: attention or model.similarity: mlp\)"):
+        check_space(space(head))
+    check_space(space(head, model={"pooling": "attention"}))
+    check_space(space({**head, "model.similarity": {"choices": ["cosine", "mlp"]}}))  # a head in some trials
+
+
 def test_a_listed_when_is_checked_value_by_value_and_says_a_knob_drawn_with_a_loss_that_never_reads_it(caplog):
     """`when: {stage_two.loss: [nt_xent, bpr]}`: each listed value is one the params accept and a trial can have; a
     temperature listed with every loss but hinge is drawn only where it acts, so nothing is said; listed with hinge,

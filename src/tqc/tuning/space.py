@@ -149,6 +149,7 @@ def check_space(params: Params) -> None:
                 _accepted(params, {**needed, name: value}, name, value, f"tune.space.{name}")
         _acts_in_some_trial(name, dimension, space, base)
         _switched_on_in_some_trial(name, space, base)
+        _read_in_some_trial(name, space, base)
     _combinations_accepted(params, space, base)
 
 
@@ -259,6 +260,28 @@ def _switched_on_in_some_trial(name: str, space: dict[str, SearchDimension], bas
                                   f"{switch}: true, or search {switch} too, with when: {{{switch}: true}} on {name}")
             return
         section = section.rpartition(".")[0]
+
+
+# A knob read only beside some other setting: (path, value) pairs, one of which a trial must have. The stage heads' own
+# rate: attention pooling and the MLP scorer are the heads (`BiEncoder.head_parameters`); without one it trains nothing.
+_HEADS = (("model.pooling", "attention"), ("model.similarity", "mlp"))
+READ_ONLY_WITH = {"stage_one.head_learning_rate": _HEADS, "stage_two.head_learning_rate": _HEADS}
+# Read only where augment.implicit lists an augmentation (the encoder's EmbeddingAugmentation); a list is never a
+# search choice, so its base value decides
+READ_ONLY_WITH_IMPLICIT = ("augment.rate", "augment.implicit_at")
+
+
+def _read_in_some_trial(name: str, space: dict[str, SearchDimension], base: dict) -> None:
+    """A knob no trial reads, beside the settings every trial has, is refused, as a feature's switched off: its best
+    value would be chance, and best_params.yaml would carry it."""
+    if name in READ_ONLY_WITH_IMPLICIT and not base.get("augment.implicit"):
+        raise ConfigError(f"tune.space.{name}: augment.implicit is empty, so no trial augments and none reads it; "
+                          "list an implicit augmentation in augment.implicit (dropout, cutoff)")
+    needs = READ_ONLY_WITH.get(name, ())
+    if needs and not any(_some_trial_can_have(space, path, value, base) for path, value in needs):
+        wanted = " or ".join(f"{path}: {value}" for path, value in needs)
+        raise ConfigError(f"tune.space.{name}: it trains the heads, and no trial has one ({wanted}); search or set "
+                          "one of them, or leave it out")
 
 
 def _values_to_check(name: str, dimension: SearchDimension, base: dict) -> list:
