@@ -691,6 +691,19 @@ def test_a_file_that_is_no_catalog_is_an_error_naming_its_line_under_either_rule
         assert "empty.jsonl: no standard questions, so no question can be answered" in capsys.readouterr().err
 
 
+def test_a_jsonl_catalog_row_with_no_words_is_refused_by_line_as_its_csv_twin_is(tiny_model_dir, tmp_path, capsys):
+    """The CSV form was refused; the JSONL one answered with the class '' and the standard question '   '."""
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    ask = ["predict", "--model", str(tmp_path / "model"), "--prior", "none", "where is paris", "--catalog"]
+    blank_text = '{"class_id": "loc", "text": "Where is it?"}\n\n{"class_id": "num", "text": "   "}\n'  # a blank line 2
+    no_id = '{"class_id": "\\u200b", "text": "Who is it?"}\n'  # a zero-width space alone
+    for text, said in ((blank_text, "line 3: catalog row unusable: text empty (no character a tokenizer reads): 'num'"),
+                       (no_id, "line 1: catalog row unusable: class_id empty")):
+        (tmp_path / "catalog.jsonl").write_text(text)
+        assert main(ask + [str(tmp_path / "catalog.jsonl")]) == 2
+        assert f"catalog.jsonl, {said}" in capsys.readouterr().err
+
+
 def test_a_catalog_csv_written_as_data_custom_catalog_is_answered_with_as_its_jsonl_is(tiny_model_dir, tmp_path, capsys):
     """`--catalog my/catalog.csv` stopped at "line 1: not valid JSON": the CSV users write for data.custom.catalog is
     read by ingest's catalog reader, and a bad row of it is an error naming the file and the line."""

@@ -68,7 +68,24 @@ def load_catalog(path: Path, csv_encoding: str | None = None) -> Catalog:
     (data/validated/catalog.jsonl, or that file under another name) as the pipeline's JSONL (`Catalog.load`), which
     the pipeline writes in UTF-8. A bad row is an error naming the file and the line either way."""
     path = Path(path)
-    return read_catalog_file(path, encoding=csv_encoding) if path.suffix.lower() == ".csv" else Catalog.load(path)
+    if path.suffix.lower() == ".csv":
+        return read_catalog_file(path, encoding=csv_encoding)
+    catalog = Catalog.load(path)
+    _require_words(catalog, path)
+    return catalog
+
+
+def _require_words(catalog: Catalog, path: Path) -> None:
+    """A JSONL catalog's class ids and standard questions each hold a character a tokenizer reads, as a CSV's must
+    (`read_catalog_rows`): a hand-made file's empty text was served as an answer, and an empty id as a class."""
+    for position, question in enumerate(catalog.questions):
+        empty = [field for field in ("class_id", "text") if not has_words(getattr(question, field))]
+        if empty:
+            from tqc.io import numbered_jsonl
+
+            line = numbered_jsonl(path)[position][0]  # read again only to name the line: Catalog keeps the order
+            raise ReaderError(f"{path}, line {line}: catalog row unusable: {' and '.join(empty)} empty (no character "
+                              f"a tokenizer reads): {question.class_id!r}, {question.text!r}")
 
 
 def shipped_catalog(dataset: str) -> Catalog:
