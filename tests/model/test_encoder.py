@@ -675,6 +675,28 @@ def test_a_partial_or_edited_model_folder_is_an_error_naming_the_file_not_an_unt
     assert BiEncoder.load(tmp_path / "whole").similarity == "mlp"  # the undamaged folder loads
 
 
+def test_a_saved_folder_whose_weights_are_pickled_is_refused_not_unpickled(tiny_model_dir, tmp_path):
+    """A folder with pytorch_model.bin in place of model.safetensors (swapped, or copied by hand) loaded: transformers
+    unpickled it, and the prior's weights digest, which hashes safetensors alone, skipped its staleness check."""
+    import shutil
+
+    from tqc.config import ConfigError
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "whole")
+    shutil.copytree(tmp_path / "whole", tmp_path / "pickled")
+    encoder_dir = tmp_path / "pickled" / "question_encoder"
+    weights = TextEncoder.load(encoder_dir).backbone.state_dict()
+    (encoder_dir / "model.safetensors").unlink()
+    torch.save(weights, encoder_dir / "pytorch_model.bin")
+    with pytest.raises(ConfigError, match=r"question_encoder: no model.safetensors; it holds pytorch_model.bin, pickled "
+                                          r"weights, which tqc never loads"):
+        BiEncoder.load(tmp_path / "pickled")
+    (encoder_dir / "pytorch_model.bin").unlink()
+    with pytest.raises(ConfigError, match=r"question_encoder: no model.safetensors: a model folder tqc saved"):
+        BiEncoder.load(tmp_path / "pickled")
+    assert BiEncoder.load(tmp_path / "whole").similarity == "cosine"
+
+
 def test_cls_pooling_takes_each_rows_first_real_token_on_either_padding_side():
     """With left padding, position 0 of a shorter row is a [PAD]: cls pooled the padding."""
     from tqc.model.encoder import Pooling

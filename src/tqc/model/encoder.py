@@ -85,6 +85,19 @@ def _damaged(files: list[Path], name: str, exc: SafetensorError, trained: bool) 
     return ConfigError(f"{where}: damaged, not a whole safetensors file ({' '.join(str(exc).split())}); {remedy}")
 
 
+PICKLED_WEIGHTS = (".bin", ".pt", ".pth", ".pkl", ".ckpt")  # torch.save's and pickle's: loading one can run code
+
+
+def _require_safetensors(folder: Path) -> None:
+    """A folder tqc saved holds its backbone's weights as safetensors (one file, or shards and their index)."""
+    if (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file():
+        return
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLED_WEIGHTS) if folder.is_dir() else []
+    held = f"; it holds {', '.join(pickled)}, pickled weights, which tqc never loads (unpickling can run code)" if pickled else ""
+    raise ConfigError(f"{folder}: no model.safetensors{held}: a model folder tqc saved holds its weights as safetensors; "
+                      "train the model again or copy its whole folder again")
+
+
 def _unparsable_weights(folder: Path) -> list[Path]:
     """The safetensors files in `folder` whose header does not parse, or whose tensors it says lie past the end."""
     unparsable = []
@@ -253,7 +266,10 @@ class TextEncoder(nn.Module):
         return next(self.parameters()).device
 
     @classmethod
-    def from_pretrained(cls, name: str, pooling: str = "mean", max_length: int = 48) -> "TextEncoder":
+    def from_pretrained(cls, name: str, pooling: str = "mean", max_length: int = 48,
+                        safetensors_only: bool = False) -> "TextEncoder":
+        """`safetensors_only`: a folder tqc saved (`load`), whose weights are safetensors: pickled ones beside or in
+        their place (pytorch_model.bin, a swapped or hand-copied folder) are never unpickled."""
         from transformers import AutoConfig, AutoModel, AutoModelForTextEncoding, AutoTokenizer
 
         path = resolve_pretrained(name)
@@ -266,7 +282,8 @@ class TextEncoder(nn.Module):
             loader = AutoModelForTextEncoding if config.is_encoder_decoder or encoder_alone else AutoModel
             # float32 whatever the checkpoint holds: transformers 5 keeps a folder's saved dtype (4.x made it float32),
             # and an fp16 backbone would meet float32 pooling weights, and train with updates lost to rounding
-            backbone = loader.from_pretrained(path, config=config).float()
+            safetensors = {"use_safetensors": True} if safetensors_only else {}
+            backbone = loader.from_pretrained(path, config=config, **safetensors).float()
         except OSError as exc:
             # The system failing to read a model that is there: its own reason, not bad config; as a plain OSError,
             # which `tqc` says in a line (a BrokenPipeError it would take for a reader of its output that stopped)
@@ -409,7 +426,8 @@ class TextEncoder(nn.Module):
     @classmethod
     def load(cls, directory: Path) -> "TextEncoder":
         config = _saved_config(directory / ENCODER_CONFIG, ("pooling", "max_length"))
-        encoder = cls.from_pretrained(str(directory), config["pooling"], config["max_length"])
+        _require_safetensors(Path(directory))
+        encoder = cls.from_pretrained(str(directory), config["pooling"], config["max_length"], safetensors_only=True)
         if encoder.pooling.attention is not None:
             encoder.pooling.load_state_dict(load_weights(directory / "pooling.safetensors", "attention pooling"))
         return encoder
