@@ -325,6 +325,18 @@ def test_real_datasets_read_every_line(dataset, train, test, classes):
     assert len(splits.catalog) == classes
 
 
+@pytest.mark.skipif(not SHARED.is_dir(), reason="shared datasets not present")
+@pytest.mark.parametrize("dataset", ["trec6", "trec50", "covidq-categories", "covidq-classes"])
+def test_no_shipped_standard_question_is_a_test_question(dataset):
+    """COVID-Q classes' catalog took each class's first train3 question, and two of them are testA questions word for
+    word ("how covid spreads"): those test rows were scored against themselves (1.0 for the zero-shot encoder)."""
+    from tqc.text import compared_text
+
+    splits = read_dataset(DataParams(dataset=dataset, data_dir=str(SHARED)))
+    tested = {compared_text(q.text) for q in splits.test.rows}
+    assert [q for q in splits.catalog.questions if compared_text(q.text) in tested] == []
+
+
 def test_fetch_verifies_checksums_and_never_keeps_a_bad_download(tmp_path):
     import hashlib
     import io
