@@ -111,15 +111,16 @@ def end_with_launcher() -> None:
     import ctypes
     import signal
 
+    launcher = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         log.warning("distributed: prctl(PR_SET_PDEATHSIG) failed (errno %d): this process outlives a killed torchrun",
                     ctypes.get_errno())
         return
-    # torchrun ended before the request stood, and no signal will ever come: this process belongs to init now. (Not
-    # told apart: a subreaper that took it in. Nor is the parent's command line checked: launchers that run torch's
-    # elastic agent in a process of their own, `accelerate launch` say, are not named torchrun.)
-    if os.getppid() == 1:
+    # torchrun ended while the request was made, and no signal will ever come: this process was taken in by init or
+    # a subreaper. Told by the parent changing, not by it being init: torchrun as a container's entrypoint is PID 1
+    # itself, and every rank killed itself at start. (One that ended before `launcher` was read is not caught.)
+    if os.getppid() != launcher:
         os.kill(os.getpid(), signal.SIGTERM)
 
 

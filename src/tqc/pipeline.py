@@ -193,6 +193,14 @@ def _release_cuda_cache() -> None:
 
 def _launcher(params: Params, seed: int, work_dir: Path, processes: int) -> _Launcher | None:
     """The torchrun launcher for `processes` > 1, or None: one process asked for, or this one is already a rank."""
+    if distributed.world_size() > 1 and not distributed.active():
+        # a rank of a torchrun the user started (evaluate.seeds > 1, the retrain flow) that joined no group: each rank
+        # trained the whole chain unsharded, and those but rank 0 saved no model, so their mining failed to load it
+        from tqc.config import ConfigError
+
+        raise ConfigError(f"this process is one of a torchrun's (WORLD_SIZE={distributed.world_size()}), and a training "
+                          "chain runs in one process: run this command without torchrun, and set "
+                          "distributed.nproc_per_node to have each training stage launch its own")
     if processes <= 1:
         return None
     if distributed.relaunch_command(processes, []) is None:  # said, not silently one process

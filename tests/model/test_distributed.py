@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -815,6 +816,21 @@ def test_a_chain_already_inside_torchrun_or_asked_for_one_process_launches_nothi
     assert not (tmp_path / "params.launched.yaml").exists()
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_chain_in_a_rank_of_a_torchrun_that_joined_no_group_is_refused(monkeypatch, tmp_path, processes):
+    """evaluate.seeds > 1 under a torchrun the user started: each rank trained the whole chain unsharded (no group was
+    joined), and every rank but 0 saved no stage-one model, so its mining failed to load one."""
+    from tqc.config import ConfigError, Params
+    from tqc.pipeline import _launcher
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    params = Params.model_validate({"distributed": {"nproc_per_node": processes}, "tracking": {"enabled": False}})
+    with pytest.raises(ConfigError, match=r"one of a torchrun's \(WORLD_SIZE=2\), and a training chain runs in one "
+                                          r"process: run this command without torchrun"):
+        _launcher(params, 0, tmp_path, processes=processes)
+
+
 def test_a_launched_stage_stopped_by_an_input_error_raises_it_as_one_so_the_retrain_flow_does_not_retry_it(
         tiny_model_dir, tmp_path, monkeypatch):
     """torchrun exits 1 whatever stopped its processes: a class the catalog lacks read as a crash, retried twice."""
@@ -899,6 +915,24 @@ def test_a_rank_ends_when_its_torchrun_is_killed_outright():
         started.kill()
         if rank_pid is not None and not _ended(rank_pid):
             os.kill(rank_pid, 9)
+
+
+@pytest.mark.parametrize(("parents", "ended"), [([1, 1], False), ([4321, 4321], False), ([4321, 1], True)])
+def test_a_rank_ends_at_start_only_where_its_launcher_ended_not_where_the_launcher_is_pid_1(monkeypatch, parents, ended):
+    """torchrun as a container's entrypoint (Kubernetes, `CMD ["torchrun", …]`) is PID 1: "my parent is init" read
+    as "torchrun has died", and every rank sent itself SIGTERM at start. A parent that changed while the request was
+    made is the one sign."""
+    from tqc import distributed
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    seen = iter(parents)
+    monkeypatch.setattr(distributed.os, "getppid", lambda: next(seen))
+    killed, asked = [], []
+    monkeypatch.setattr(distributed.os, "kill", lambda pid, sig: killed.append(sig))
+    # prctl itself stood in for: made in pytest's process, it would tie it to its parent
+    monkeypatch.setattr("ctypes.CDLL", lambda *_, **__: types.SimpleNamespace(prctl=lambda *args: asked.append(args) or 0))
+    distributed.end_with_launcher()
+    assert asked and bool(killed) == ended
 
 
 def test_every_tqc_command_asks_to_end_with_its_launcher_before_anything_else(monkeypatch, tmp_path):
