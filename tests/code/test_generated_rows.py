@@ -38,6 +38,17 @@ def test_each_row_is_attributed_to_the_question_it_was_made_from():
     assert attribution.copies == 2 and attribution.rejected == []
 
 
+def test_a_tokenised_original_and_its_typed_copy_or_paraphrase_share_their_words_as_validate_reads_them():
+    """Split raw, "What 's the annual fee of the gold card ?" and "What's the annual fee of the gold card?" shared
+    a third of their words: the copy and the paraphrase were quarantined as made from no training question."""
+    originals = [LabeledQuestion("What 's the annual fee of the gold card ?", "fee", "train.label:1"),
+                 LabeledQuestion("How do I close my account ?", "close", "train.label:2")]
+    rows = generated(("What's the annual fee of the gold card?", "fee"), ("What's the yearly fee of the gold card?", "fee"))
+    attribution = attribute_generated(rows, originals, GeneratedData())
+    assert attribution.rejected == [] and attribution.copies == 1
+    assert [(r.text, r.origins) for r in attribution.rows] == [("What's the yearly fee of the gold card?", ("train.label:1",))]
+
+
 def test_a_row_no_question_of_its_class_explains_is_quarantined_with_file_line_and_reason():
     rows = generated(("what are the first symptoms of covid", "transmission"),  # a symptoms question labelled otherwise
                      ("", "symptoms"))

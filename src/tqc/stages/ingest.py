@@ -142,7 +142,9 @@ def _rejected(row: LabeledQuestion, reason: str) -> RejectedRow:
 
 
 def _words(text: str) -> frozenset[str]:
-    return frozenset(text.casefold().split())
+    """The words of `text` as validate compares texts (`normalise`): "What 's the fee ?" has the words of "What's the
+    fee?" (split raw, a tokenised dataset's copy of its original overlapped it by a third, and was quarantined)."""
+    return frozenset(normalise(text).split())
 
 
 def attribute_generated(generated: list[LabeledQuestion], originals: list[LabeledQuestion],
