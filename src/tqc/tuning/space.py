@@ -64,10 +64,12 @@ def _conditions_first(space: dict[str, SearchDimension]) -> list[tuple[str, Sear
 def _suggest(trial, name: str, dimension: SearchDimension, base_value=None):
     """An integer knob (its base value an int, e.g. mine.k) gets integers, any other range floats,
     whatever the YAML bounds look like (low: 0 for a margin, high: 12.0 for K)."""
-    drawn_from = distribution(name, dimension, base_value)
-    if dimension.choices is not None:
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    drawn_from = distribution(name, dimension, base_value)  # the kind decided once, where the study check reads it
+    if isinstance(drawn_from, CategoricalDistribution):
         return trial.suggest_categorical(name, drawn_from.choices)
-    suggest = trial.suggest_int if samples_integers(name, base_value) else trial.suggest_float
+    suggest = trial.suggest_int if isinstance(drawn_from, IntDistribution) else trial.suggest_float
     return suggest(name, drawn_from.low, drawn_from.high, log=drawn_from.log)
 
 
