@@ -291,6 +291,30 @@ def test_a_text_of_no_letter_or_digit_is_quarantined_and_a_word_of_any_script_is
         ("train", "warning"), ("validation", "warning"), ("test", "warning")}
 
 
+def test_a_test_row_that_is_its_own_standard_question_is_flagged_and_stays(tmp_path):
+    """Such a row is answered by matching its own text and flatters every model: flagged (a warning), so the report
+    says how many test rows are free; a train or validation row may be its class's standard question."""
+    write_splits(tmp_path / "in", [("Question a?", "a"), ("y", "b")], [("question  A?", "a")],
+                 [("held out", "a"), ("QUESTION b?", "b")])
+    report = run_validate(tmp_path)
+    assert [(q["split"], q["line"], q["reason"]) for q in report["test_rows_kept_with_warnings"]] == [
+        ("test", 2, "not_own_standard_question: word for word the standard question of its class 'b', "
+                    "so it is scored against its own text")]
+    assert [q["text"] for q in read_jsonl(tmp_path / "out" / "test.jsonl")] == ["held out", "QUESTION b?"]
+    assert [q["text"] for q in read_jsonl(tmp_path / "out" / "validation.jsonl")] == ["question  A?"]
+    outcome = {e["table"]: e["success"] for e in report["expectations"] if e["name"] == "not_own_standard_question"}
+    assert outcome == {"train": True, "validation": True, "test": False}
+
+
+def test_a_test_row_that_is_its_own_standard_question_leaves_test_when_made_critical(tmp_path):
+    write_splits(tmp_path / "in", [("x", "a"), ("y", "b")], [("fine", "a")], [("held out", "a"), ("Question b?", "b")])
+    params = ValidateParams(max_quarantined_fraction=0.5, min_examples_per_class=1,
+                            critical=[*ValidateParams().critical, "not_own_standard_question"])
+    report = run_validate(tmp_path, params)
+    assert [q["text"] for q in read_jsonl(tmp_path / "out" / "test.jsonl")] == ["held out"]
+    assert report["quarantined_by_expectation"] == {"not_own_standard_question": 1}
+
+
 def test_has_letter_or_digit_made_critical_stops_the_stage_on_wholesale_failure(tmp_path):
     write_splits(tmp_path / "in", [("???", "a"), ("!!!", "b"), ("fine", "a")], [("also fine", "a")], [("held out", "a")])
     params = ValidateParams(max_quarantined_fraction=0.1, min_examples_per_class=1,

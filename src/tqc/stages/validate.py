@@ -79,6 +79,10 @@ def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, normali
         frame["label_conflict"] = [t and _is_label_conflict(labels_per_text[key], owners.get(key))
                                    for key, t in zip(keys, has_text)]
         frame["leaks"] = [any(key in other for other in later_splits) and t for key, t in zip(keys, has_text)]
+        # A test question that is its own class's standard question word for word is answered by matching its own
+        # text: every model scores it, so it flatters them all. Train and validation rows may be (it is a question).
+        frame["is_own_standard_question"] = [split == "test" and q.class_id in owners.get(key, ())
+                                             for key, q in zip(keys, rows)]
         frames[split] = frame.reset_index(drop=True)
     return frames
 
@@ -117,7 +121,8 @@ def row_expectations(catalog: Catalog, params: ValidateParams) -> list:
 
     e = gx.expectations
     return [
-        e.ExpectTableColumnsToMatchSet(column_set=COLUMNS + ["normalised_text", "is_repeat", "label_conflict", "leaks"],
+        e.ExpectTableColumnsToMatchSet(column_set=COLUMNS + ["normalised_text", "is_repeat", "label_conflict", "leaks",
+                                                            "is_own_standard_question"],
                                        exact_match=True, meta={"name": "schema"}),
         e.ExpectColumnValuesToBeOfType(column="text", type_="str", meta={"name": "schema"}),
         e.ExpectColumnValuesToNotBeNull(column="class_id", meta={"name": "schema"}),
@@ -130,6 +135,8 @@ def row_expectations(catalog: Catalog, params: ValidateParams) -> list:
         e.ExpectColumnValuesToBeInSet(column="is_repeat", value_set=[False], meta={"name": "no_duplicates"}),
         e.ExpectColumnValuesToBeInSet(column="label_conflict", value_set=[False], meta={"name": "no_label_conflicts"}),
         e.ExpectColumnValuesToBeInSet(column="leaks", value_set=[False], meta={"name": "no_leakage"}),
+        e.ExpectColumnValuesToBeInSet(column="is_own_standard_question", value_set=[False],
+                                      meta={"name": "not_own_standard_question"}),
     ]
 
 
@@ -160,7 +167,7 @@ def catalog_expectations() -> list:
 UNSCORABLE = {"non_empty_text", "label_in_catalog"}
 
 ROW_LEVEL = {"non_empty_text", "has_letter_or_digit", "text_length", "no_control_characters", "label_in_catalog",
-             "no_duplicates", "no_label_conflicts", "no_leakage"}
+             "no_duplicates", "no_label_conflicts", "no_leakage", "not_own_standard_question"}
 
 
 class Validator:
@@ -369,6 +376,9 @@ class RowReasons:
             into = [other for other in LEAKAGE_PAIRS[split] if key in self.leak_targets.get(other, {})]
             return "no_leakage: also " + ", ".join(f"in {other} at {file_and_line(self.leak_targets[other][key], NO_FILE)}"
                                                    for other in into)
+        if name == "not_own_standard_question":
+            return (f"not_own_standard_question: word for word the standard question of its class {question.class_id!r}, "
+                    "so it is scored against its own text")
         if name == "has_letter_or_digit":
             return "has_letter_or_digit: no letter or digit, so no question to classify"
         if name == "no_control_characters":  # which one, and where: a tab or a line break is allowed, a bell is not
