@@ -42,6 +42,7 @@ LOCAL_STORE = "sqlite:///mlflow.db"
 PARENT_ENV = "TQC_PARENT_RUN_ID"
 PIPELINE_TAG, REPRO_TAG, PARAMS_TAG, COMMIT_TAG = "tqc.kind", "tqc.repro", "tqc.params_hash", "tqc.git_commit"
 OWNER_TAG = "tqc.process"  # this_process() of the process a run is RUNNING in
+FAILED_STAGE_TAG = "tqc.failed_stage"  # on a pipeline run: a stage of its repro that failed (the last such)
 
 
 def tracking_uri(params: TrackingParams) -> str:
@@ -490,8 +491,9 @@ def _pipeline_parent(client, experiment_id: str, params: Params, commit: str) ->
 def stage_run(stage: str, params: Params, inputs: list[Path] = ()) -> Iterator[Tracker]:
     """A nested MLflow run for one pipeline stage, under this repro's parent run.
 
-    The parent is RUNNING while a stage runs and FINISHED (or FAILED) after it, so after the
-    repro it is FINISHED, ending with its last stage, whichever stages DVC chose to run.
+    The parent is RUNNING while a stage runs and FINISHED after it, so after the repro it is FINISHED, whichever
+    stages DVC chose to run; once a stage failed it is FAILED, and stays so when `dvc repro --keep-going` runs an
+    independent stage after the failure.
     """
     if not params.tracking.enabled or not distributed.is_main():  # under torchrun, rank 0 records the run
         yield Tracker(None)
@@ -514,7 +516,15 @@ def stage_run(stage: str, params: Params, inputs: list[Path] = ()) -> Iterator[T
         status = "FINISHED"
     finally:
         if owns_parent:
-            client.set_terminated(parent_id, status=status)
+            client.set_terminated(parent_id, status=_parent_status(client, parent_id, stage, status))
+
+
+def _parent_status(client, parent_id: str, stage: str, status: str) -> str:
+    """The pipeline run's status after `stage` ended with `status`: a failure marks it, and a marked run stays FAILED."""
+    if status == "FAILED":
+        client.set_tag(parent_id, FAILED_STAGE_TAG, stage)
+        return status
+    return "FAILED" if FAILED_STAGE_TAG in client.get_run(parent_id).data.tags else status
 
 
 def _stage_params(stage: str, params: Params) -> dict:

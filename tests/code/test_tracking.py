@@ -196,6 +196,33 @@ def test_a_training_stages_run_records_the_processes_that_trained_it(tmp_path, m
     assert not any(key.startswith("distributed.") for key in runs["mine"])  # one process, whatever torchrun says
 
 
+def test_a_repro_whose_stage_failed_stays_failed_when_keep_going_runs_another_stage(tmp_path, monkeypatch):
+    """Each stage set the pipeline run's status to its own: under `dvc repro --keep-going`, an independent stage that
+    ran after a failure (baseline_nc after stage_two) turned the run FINISHED."""
+    from mlflow import MlflowClient
+
+    from tqc import tracking
+    from tqc.config import Params
+
+    monkeypatch.delenv(tracking.PARENT_ENV, raising=False)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    params = Params.model_validate({"tracking": {"uri": store, "experiment": "pipeline"}})
+    with tracking.stage_run("stage_one", params):
+        pass
+    with pytest.raises(RuntimeError, match="out of memory"):
+        with tracking.stage_run("stage_two", params):
+            raise RuntimeError("out of memory")
+    with tracking.stage_run("baseline_nc", params):
+        pass
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("pipeline").experiment_id])
+    status = {run.info.run_name: run.info.status for run in runs}
+    parent, = [run for run in runs if run.data.tags.get(tracking.PIPELINE_TAG) == "pipeline"]
+    assert status == {parent.info.run_name: "FAILED", "stage_one": "FINISHED", "stage_two": "FAILED",
+                      "baseline_nc": "FINISHED"}
+    assert parent.data.tags[tracking.FAILED_STAGE_TAG] == "stage_two"
+
+
 def test_a_sqlite_stores_artifacts_go_beside_its_database_not_into_the_working_folder(tmp_path, monkeypatch):
     """MLflow's default artifact root is `./mlruns` of the process's folder: every test store (and a second project's
     store) wrote its models into this checkout's mlruns/."""
