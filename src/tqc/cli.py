@@ -451,7 +451,9 @@ def _training_stage(command: TrainingCommand) -> Callable[[argparse.Namespace, P
         if command.is_off(params):
             command.run(paths, params, params.seed)
             return
-        with stage_run(command.stage, params, [paths[name] for name in command.inputs]) as tracker:
+        # an optional path given is read too (stage one starts from the warm-up's model): logged with the inputs
+        read = [paths[name] for name in (*command.inputs, *command.optional) if name in paths]
+        with stage_run(command.stage, params, read) as tracker:
             result = command.run(paths, params, params.seed, tracker.on_epoch(command.stage))
             _log_fit(tracker, command.stage, result, paths[command.curves])
     return run
@@ -480,7 +482,9 @@ def _evaluate(args: argparse.Namespace, params: Params) -> None:
 
     models = ChainOutputs(args.stage_one, args.stage_two, args.nc)
     # --train is only recorded with the run, as the models' input: each extra seed augments its own training rows
-    with stage_run("evaluate", params, [args.data, args.train, args.stage_one, args.stage_two, args.nc]) as tracker:
+    # the prior's shift decides the headline figures: two shifts must not log the same inputs
+    inputs = [args.data, args.train, args.stage_one, args.stage_two, args.nc, args.prior]
+    with stage_run("evaluate", params, [path for path in inputs if path is not None]) as tracker:
         metrics = evaluate.run(args.data, models, args.prior, params, args.metrics, args.classes,
                                args.plots, args.predictions)
         # not `run`: its params are the stage's MLflow params already, and as metrics they would crowd the figures

@@ -119,6 +119,10 @@ def check_mlflow_records_both_repros(project: Path) -> None:
     lock = yaml.safe_load((project / "dvc.lock").read_text())
     locked = {d["path"]: d["md5"] for d in lock["stages"]["stage_one"]["deps"]}
     assert first["stage_one"].data.tags["dvc.data/validated"] == locked["data/validated"]
+    assert first["stage_one"].data.tags["dvc.models/warmup"] == locked["models/warmup"]  # an optional input, given
+    # the shift decides the headline figures: evaluate's record names the prior it read, as dvc.lock does
+    evaluated = {d["path"]: d["md5"] for d in lock["stages"]["evaluate"]["deps"]}
+    assert second["evaluate"].data.tags["dvc.models/prior.json"] == evaluated["models/prior.json"]
     artifacts = {a.path for a in client.list_artifacts(second["evaluate"].info.run_id)}
     assert {"metrics.json", "plots", "validation.json"} <= artifacts
 
