@@ -706,6 +706,11 @@ def test_tags_follow_the_alias_when_a_registry_write_fails_mid_promotion(tiny_mo
         promote.run(data_dir, challenger, None, params, tmp_path / "p.json", tracker)
     assert _alias_version() == "1"
     assert client().get_model_version("tqc-admc", "2").tags.get("promotion") != "champion"  # v1 still is
+    # the report was written before the registry: it said v2 promoted and champion, with the alias on v1
+    said = json.loads((tmp_path / "p.json").read_text())
+    assert not said["promoted"] and said["champion_version_after"] == "1"
+    assert said["reasons"][-1] == ("a registry write failed (RuntimeError: the registry dropped the alias write): "
+                                   "champion is v1 after it, and the stage failed")
 
     def champion_tag_of_v2_dropped(self, name, version, key, value):
         if str(version) == "2" and value == "champion":
@@ -717,6 +722,8 @@ def test_tags_follow_the_alias_when_a_registry_write_fails_mid_promotion(tiny_mo
     with standalone_run("promote", registry) as tracker, pytest.raises(RuntimeError, match="tag write"):
         promote.run(data_dir, challenger, None, params, tmp_path / "p.json", tracker)
     assert _alias_version() == "2"  # the retry judged v2 against v1 again, promoted it, and its tag write failed
+    said = json.loads((tmp_path / "p.json").read_text())
+    assert said["promoted"] and said["champion_version_after"] == "2" and "tag write" in said["reasons"][-1]
 
     monkeypatch.setattr(client, "set_model_version_tag", set_tag)
     with standalone_run("promote", registry) as tracker:

@@ -182,9 +182,33 @@ def _publish(client, params: PromoteParams, contest: _Contest, judged: _Judged, 
     _write_and_log(report_path, report, decision, tracker)
     # The registry last: a step before it that fails leaves the champion where it was, so a retry judges the
     # same two versions again instead of finding the challenger already holding the alias.
-    _move_alias_or_tag(client, params, version, decision.promote, contest.standing, judged.incomparable)
+    try:
+        _move_alias_or_tag(client, params, version, decision.promote, contest.standing, judged.incomparable)
+    except BaseException as exc:
+        if decision.promote:  # the report already said promoted: say who holds the alias now, then fail the stage
+            after = _alias_after_failure(client, params, report, exc)
+            _write_and_log(report_path, after, replace(decision, promote=after["promoted"]), tracker)
+        raise
     _write_registered(registered_path, mlflow.get_tracking_uri(), report)
     _log_outcome(params, version, contest.champion.version, decision)
+
+
+def _alias_after_failure(client, params: PromoteParams, report: dict, exc: BaseException) -> dict:
+    """`report` of a promotion whose registry writes failed part way: the alias holder read back (the alias may have
+    moved before a tag write failed), whether that is the challenger, and why."""
+    from tqc.serving import alias_version
+
+    try:
+        holder = alias_version(client, params.model_name, params.alias)
+        after, read = (str(holder.version) if holder is not None else None), True
+    except Exception:  # the registry is down: nothing can be said of the alias
+        after, read = None, False
+    promoted = read and after == report["challenger_version"]
+    said = (f"{params.alias} is v{after} after it" if read and after else
+            f"no version holds {params.alias} after it" if read else f"{params.alias} could not be read back after it")
+    return {**report, "promoted": promoted, "champion_version_after": after,
+            "reasons": [*report["reasons"], f"a registry write failed ({type(exc).__name__}: {redact_text(str(exc))}): "
+                                            f"{said}, and the stage failed"]}
 
 
 def _log_outcome(params: PromoteParams, version: str, champion_version: str | None, decision: Decision) -> None:
