@@ -135,6 +135,9 @@ def test_missing_catalog_texts_are_derived_with_a_warning(caplog):
     assert "train.csv, line 2: class 'lost_card' has no catalog text; using the derived text 'lost card'" in caplog.text
     assert "train.csv, line 4: class 'billing-question'" in caplog.text  # where each label is first used
     assert label_in_words("ENTY:dismed") == "ENTY dismed"
+    # camel case is words too: `lostCard` was derived as itself, while `lost_card` became `lost card`
+    assert [label_in_words(label) for label in ("lostCard", "HTTPError", "card2Lost", "ABBR", "lost_card")] == [
+        "lost Card", "HTTP Error", "card2 Lost", "ABBR", "lost card"]
 
 
 def test_with_no_catalog_file_every_class_derives_in_one_line_not_a_warning_each(tmp_path, caplog):

@@ -18,8 +18,10 @@ log = logging.getLogger(__package__)  # "tqc.readers" for every reader: incoming
 
 
 def label_in_words(class_id: str) -> str:
-    """A derived standard question for a class with no catalog text: its label name in words."""
-    return re.sub(r"[_\-:/.]+", " ", class_id).strip()
+    """A derived standard question for a class with no catalog text: its label name in words, split at punctuation
+    and at camel case (`lostCard`, `HTTPError`: `lost Card`, `HTTP Error`), the case kept."""
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", " ", class_id)
+    return re.sub(r"[_\-:/.\s]+", " ", spaced).strip()
 
 
 def read_catalog_file(path: Path, id_column: str = "class_id", text_column: str = "text",
