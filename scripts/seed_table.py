@@ -29,8 +29,20 @@ def figures(path: Path) -> tuple[int, dict[str, float | None]]:
     return metrics["run"]["params"]["seed"], {name: None if v is None else 100 * v for name, v in values.items()}
 
 
+def by_seed(paths: list[Path]) -> dict[int, dict[str, float | None]]:
+    """Each run's figures by its seed, in seed order; two records of one seed are refused, naming both: one would
+    have been dropped from the mean unsaid (or sorting their figures failed)."""
+    runs: dict[int, tuple[Path, dict[str, float | None]]] = {}
+    for path in paths:
+        seed, row = figures(path)
+        if seed in runs:
+            raise SystemExit(f"{path} and {runs[seed][0]} are both runs of seed {seed}: give one record a seed")
+        runs[seed] = (path, row)
+    return {seed: runs[seed][1] for seed in sorted(runs)}
+
+
 def main() -> None:
-    runs = dict(sorted(figures(Path(name)) for name in sys.argv[1:]))
+    runs = by_seed([Path(name) for name in sys.argv[1:]])
     print("seed " + " ".join(f"{name:>13s}" for name in COLUMNS) + "  stage two − one (F1)")
     for seed, row in runs.items():
         gain = row["ADMC F1"] - row["AC F1"]
