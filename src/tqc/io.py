@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -198,7 +199,20 @@ def write_text(path: str | Path, text: str) -> None:
 
 def write_json(path: str | Path, obj) -> None:
     # Insertion order is kept (no sort_keys): writers build dicts in a fixed, readable order.
-    write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    write_text(path, json.dumps(finite(obj), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+
+
+def finite(value):
+    """`value` with every NaN or infinite float as None (JSON's null): Python writes them as `NaN` and `Infinity`,
+    which no JSON parser but Python's reads (a warm-up curve's epoch 0 loss, before any step, is NaN), and DVC's
+    metrics files are read by other tools too."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
 
 
 def read_json(path: str | Path):

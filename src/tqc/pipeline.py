@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import subprocess
 from dataclasses import dataclass, field
@@ -178,7 +179,9 @@ def _launched_history(command: TrainingCommand, paths: StagePaths) -> list[Epoch
     curves = paths[command.curves]
     if command.curves == "history":
         return read_history(curves)
-    return [EpochRecord(**record) for record in json.loads(curves.read_text(encoding="utf-8"))["history"]]
+    # JSON has no NaN: write_json wrote epoch 0's loss (no step taken yet) as null
+    return [EpochRecord(**{key: math.nan if value is None else value for key, value in record.items()})
+            for record in json.loads(curves.read_text(encoding="utf-8"))["history"]]
 
 
 def _release_cuda_cache() -> None:

@@ -280,3 +280,23 @@ def test_a_link_to_a_folder_above_the_root_is_not_followed(tmp_path):
     (root / "w.safetensors").write_bytes(b"w")
     (root / "up").symlink_to(outer, target_is_directory=True)
     assert list(tree_digests(root, ".safetensors")) == ["w.safetensors"]
+
+
+def test_json_files_are_valid_json_with_nan_and_infinity_written_as_null(tmp_path):
+    """Python wrote NaN (a warm-up curve's epoch 0 loss) as `NaN`, which strict JSON parsers refuse: the file is a DVC
+    metrics file that other tools read."""
+    import json
+    import math
+
+    import numpy as np
+
+    write_json(tmp_path / "report.json", {"loss": math.nan, "nested": [{"high": math.inf, "low": -math.inf}],
+                                          "kept": 0.5, "pair": (1.0, np.float64("nan"))})
+    text = (tmp_path / "report.json").read_text(encoding="utf-8")
+    assert "NaN" not in text and "Infinity" not in text
+
+    def refuse(constant):
+        raise ValueError(constant)
+
+    assert json.loads(text, parse_constant=refuse) == {"loss": None, "nested": [{"high": None, "low": None}],
+                                                        "kept": 0.5, "pair": [1.0, None]}

@@ -87,3 +87,21 @@ def test_an_nc_schedule_left_unresolved_is_refused_by_name(tmp_path):
 
     with pytest.raises(ValueError, match="baseline_nc.epochs is null.*Params.nc_schedule"):
         baseline_nc.run(tmp_path, tmp_path / "t.jsonl", None, None, BaselineNCParams(), 0, tmp_path / "o", tmp_path / "h")
+
+
+def test_a_launched_warm_ups_curves_read_back_with_epoch_0s_loss_as_nan(tmp_path):
+    """The warm-up's report is JSON, which has no NaN: its epoch 0 loss (no step taken) is written as null, and the
+    launched stage's curves, read back for its MLflow run, must give the record it had."""
+    import math
+    from dataclasses import asdict
+
+    from tqc.io import write_json
+    from tqc.pipeline import _launched_history
+    from tqc.training import EpochRecord
+    from tqc.training_commands import WARMUP
+
+    history = [EpochRecord(0, math.nan, 0.5, 0.4, 0.0), EpochRecord(1, 0.7, 0.6, 0.5, 2.0)]
+    write_json(tmp_path / "warmup.json", {"history": [asdict(record) for record in history]})
+    first, second = _launched_history(WARMUP, {"report": tmp_path / "warmup.json"})
+    assert math.isnan(first.train_loss) and (first.epoch, first.validation_macro_f1) == (0, 0.4)
+    assert second == history[1]
