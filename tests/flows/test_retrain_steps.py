@@ -1614,6 +1614,17 @@ def test_the_data_version_is_recorded_only_in_a_dvc_project_and_pushed_only_wher
     assert Path(f"{data}.dvc").read_text() == before  # not added
     assert retrain_dvc.dvc_record([data], push=False)["added"]  # never pushing, the remotes do not matter
 
+    # a default named in the project's config, defined in a config.local this checkout lacks: it added without
+    # pushing, unsaid, and retrain.on_push_failure never fired
+    (tmp_path / ".dvc" / "config.local").unlink()
+    (tmp_path / ".dvc" / "config").write_text("[core]\n    remote = store\n")
+    before = Path(f"{data}.dvc").read_text()
+    data.write_text(data.read_text() + '{"text": "what is it", "class_id": "DESC"}\n')
+    with pytest.raises(steps.RetrainCommitError, match=r"default remote is 'store', which no DVC config here defines, so "
+                                                       r"dvc push would fail: define it \(`dvc remote add --local store"):
+        retrain_dvc.dvc_record([data], push=True)
+    assert Path(f"{data}.dvc").read_text() == before  # not added
+
     (tmp_path / ".dvc" / "config.local").write_text("[core\n")  # unreadable: one line naming the command, no traceback
     with pytest.raises(steps.RetrainCommitError, match=r"^dvc remote list failed: ") as failure:
         retrain_dvc._has_default_remote()

@@ -100,6 +100,12 @@ def _has_default_remote() -> bool:
         raise RetrainCommitError(f"retrain.push is true and DVC names remote(s) {', '.join(remotes)} but no default one, "
                                  "so dvc push would not know where to send the data: make one the default with "
                                  "`dvc remote default NAME`, or set retrain.push: false")
+    default = config["core"].get("remote")
+    if default and default not in config["remote"]:  # e.g. defined in a .dvc/config.local this checkout lacks
+        defined = f" (it defines {', '.join(remotes)})" if remotes else ""
+        raise RetrainCommitError(f"retrain.push is true and DVC's default remote is {default!r}, which no DVC config "
+                                 f"here defines{defined}, so dvc push would fail: define it (`dvc remote add --local {default} URL`, as on the machines "
+                                 "that push), or set retrain.push: false")
     return bool(remotes)
 
 
