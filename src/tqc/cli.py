@@ -241,7 +241,8 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
             path = getattr(args, name)
             if not Path(path).exists():
                 raise FileNotFoundError(f"--{name} {path}: no such file or folder")
-        logging.getLogger(__name__).info("distributed: launching %s", " ".join(command))
+        # the command repeats the user's --set values: a database URL's password is not logged
+        logging.getLogger(__name__).info("distributed: launching %s", redact_text(" ".join(command)))
         raise SystemExit(_launch(command, params.distributed.nproc_per_node))
     launched = distributed.world_size()
     if params.distributed.nproc_per_node > launched and distributed.is_main():  # said once, not by every rank

@@ -8,6 +8,7 @@ through the CLI and torchrun, and must write one model; so must docs/scaling.md'
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -1010,3 +1011,22 @@ def test_every_replica_starts_from_rank_0s_weights(tmp_path):
     expected = nn.Linear(4, 3).state_dict()
     for name, tensor in expected.items():
         assert torch.equal(replicas[0][name], tensor) and torch.equal(replicas[1][name], tensor), name
+
+
+def test_the_relaunch_command_is_logged_without_a_database_password_given_with_set(tmp_path, monkeypatch, caplog):
+    """The launched command repeats the user's --set values: a tracking.uri's password was logged in clear."""
+    from tqc import cli
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    launched = []
+    monkeypatch.setattr(cli, "_launch", lambda command, processes: launched.append(command) or 0)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"distributed": {"nproc_per_node": 2},
+                                                          "warmup": {"enabled": True}, "tracking": {"enabled": False}}))
+    argv = ["--params", str(tmp_path / "params.yaml"), "--set", "tracking.uri=postgresql://mlflow:s3cret@db.internal/mlflow",
+            "warmup", "--data", str(tmp_path), "--out", str(tmp_path / "warmup"), "--report", str(tmp_path / "warmup.json"),
+            "--quarantine", str(tmp_path / "quarantine.jsonl")]
+    with caplog.at_level(logging.INFO, logger="tqc.cli"), pytest.raises(SystemExit):
+        cli.main(argv)
+    assert any("s3cret" in part for part in launched[0])  # the processes are given the setting as it was written
+    said = [m for m in caplog.messages if m.startswith("distributed: launching")]
+    assert len(said) == 1 and "s3cret" not in said[0] and "postgresql://mlflow:***@db.internal/mlflow" in said[0]
