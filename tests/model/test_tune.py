@@ -1408,6 +1408,32 @@ def test_a_storage_that_cannot_be_opened_is_said_in_one_line_naming_it_before_an
     assert said in message and "\n" not in message and "hunter2" not in message
 
 
+def test_a_database_server_that_takes_the_connection_and_never_answers_is_given_up_on(monkeypatch):
+    """libpq waits for ever by default: a server half up (or a proxy in front of one that is down) held the tuning
+    worker, and the weekly flow's runs queued behind it. Now the driver's connect timeout is tracking's bound
+    (CONNECT_SECONDS, made 1 s here) and the worker stops with one line naming tune.storage."""
+    import socket
+    import time
+
+    from tqc import tracking
+    from tqc.tuning import study as tuning_study
+
+    assert tuning_study.connect_bound("postgresql://u@h/db") == {"connect_args": {"connect_timeout": tracking.CONNECT_SECONDS}}
+    assert tuning_study.connect_bound("sqlite:///optuna.db") is None  # SQLite's timeout is its wait on a locked file
+    monkeypatch.setattr(tracking, "CONNECT_SECONDS", 1)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # takes connections (the kernel's backlog) and never says a word
+        port = silent.getsockname()[1]
+        params = Params.model_validate({"tune": {"storage": f"postgresql://optuna:hunter2@127.0.0.1:{port}/optuna",
+                                                 "space": {"mine.k": {"low": 1, "high": 3}}}})
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match=r"^tune.storage 'postgresql://optuna:\*\*\*@127.0.0.1:\d+/optuna': cannot "
+                                              r"open the study's database: .*timeout expired"):
+            tuning_study.open_storage(params, 0, attempts=1)
+    assert time.monotonic() - started < 30
+
+
 def test_a_tracking_store_that_cannot_be_made_is_said_before_any_data_is_prepared(tmp_path, monkeypatch):
     """It was opened with the study's MLflow run, after the data was prepared: minutes of ingest, validate and augment
     before the misspelt folder was said."""

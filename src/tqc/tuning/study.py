@@ -262,7 +262,8 @@ def open_storage(params: Params, worker: int, attempts: int = 5):
             # Heartbeats: a trial whose worker was killed (no Ctrl-C to mark it) is failed once it has been silent
             # for the grace period, instead of staying RUNNING for ever
             with _heartbeats_are_experimental():
-                return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
+                return optuna.storages.RDBStorage(url, engine_kwargs=connect_bound(url), heartbeat_interval=HEARTBEAT_SECONDS,
+                                                  grace_period=GRACE_SECONDS,
                                                   **{_stale_trial_callback_keyword(): _record_lost_worker})
         except (SQLAlchemyError, ImportError, RuntimeError) as error:  # RuntimeError: Optuna's, of its schema's version
             if not isinstance(error, retried) or attempt == attempts - 1:
@@ -270,6 +271,20 @@ def open_storage(params: Params, worker: int, attempts: int = 5):
                 raise ConfigError(f"tune.storage {redact_text(url)!r}: cannot open the study's database: "
                                   f"{redact_text(said)}") from None
             time.sleep(1.0 + worker)
+
+
+def connect_bound(url: str) -> dict | None:
+    """The engine arguments that bound how long a database server has to answer a connection (tracking's
+    CONNECT_SECONDS): libpq's default is to wait for ever, so a server that takes the connection and never answers
+    held a tuning worker, and the weekly flow's runs queued behind it. SQLite's timeout is its wait on a locked file
+    between workers: left as Optuna sets it."""
+    from sqlalchemy.engine import make_url
+
+    from tqc.tracking import CONNECT_SECONDS, CONNECT_TIMEOUT
+
+    driver = make_url(url).get_driver_name()
+    key = CONNECT_TIMEOUT.get(driver) if driver != "pysqlite" else None
+    return {"connect_args": {key: CONNECT_SECONDS}} if key else None
 
 
 def _stale_trial_callback_keyword() -> str:
