@@ -561,8 +561,25 @@ def check_store(params: TrackingParams) -> None:
     elif uri.startswith(("http://", "https://")):  # a tracking server: one read, which makes nothing
         import mlflow
 
-        first_call(lambda: mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1), uri, SETTING,
-                   "the store could not be read", STORE_WAY_OUT)
+        with _request_timeout(CONNECT_SECONDS):
+            first_call(lambda: mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1), uri, SETTING,
+                       "the store could not be read", STORE_WAY_OUT)
+
+
+@contextmanager
+def _request_timeout(seconds: int) -> Iterator[None]:
+    """MLflow's HTTP read timeout bounded to `seconds` for the probe alone (a user's own MLFLOW_HTTP_REQUEST_TIMEOUT
+    stands): its default of 120 s a try made a server that takes the connection and never answers hold every command
+    for six minutes before the one-line error. Not set for the run's own calls, whose artifact uploads take time."""
+    name = "MLFLOW_HTTP_REQUEST_TIMEOUT"
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = str(seconds)
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
 
 
 @contextmanager
