@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -325,11 +327,28 @@ def test_a_class_that_shares_its_standard_question_is_no_negative_in_either_stag
     balanced = [excluded for scores, excluded in calls if scores.shape[0] == 3 * 2]  # (P·per_class, P)
     assert balanced and all(m is not None and m[:, 1].sum() == 0 and m[:, [0, 2]].any(1).sum() == 4 for m in balanced)
 
-    calls = _record_loss_calls(monkeypatch, stage_two)
+    calls, stage_loss = [], stage_two.stage_loss  # (target, excluded, loss) of each of stage two's loss calls
+
+    def recording(*args):
+        loss_fn = stage_loss(*args)
+
+        def loss(scores, target, excluded):
+            value = loss_fn(scores, target, excluded)
+            calls.append((target.cpu(), excluded.cpu(), value.item()))
+            return value
+        return loss
+
+    monkeypatch.setattr(stage_two, "stage_loss", recording)
     negatives = torch.tensor([[1, 2] if r.class_id != "HUM" else [0, 2] for r in rows])  # (N, 2), as mining may give
     stage_two.train(model, rows, negatives, rows[:4], twins, StageTwoParams(epochs=1, batch_size=8, max_steps=2,
                                                                              negatives="mined_and_in_batch"), seed=0)
-    assert any(excluded is not None and excluded.any() for _, excluded in calls)
+    assert calls and any(excluded.any() for _, excluded, _ in calls)
+    # the twin's column, never the row's own: a mask built on another column left each target out (an infinite
+    # loss every step, and a "trained" model), and one that masks anything passed `any()`
+    for target, excluded, value in calls:
+        assert math.isfinite(value)
+        assert not excluded[torch.arange(len(target)), target].any()
+        assert excluded.sum(1).le(1).all()  # one twin a row at most: NUM's for LOC, LOC's for NUM, none for HUM
 
 
 def test_cross_encoding_never_joins_a_class_sharing_the_gold_standard_question_as_not_relevant(tiny_model_dir, monkeypatch):
