@@ -38,6 +38,16 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+@contextlib.contextmanager
+def silent_server() -> Iterator[int]:
+    """A local port that takes connections (into the kernel's backlog) and never says a word: a server half up, or a
+    proxy in front of one that is down. Yields the port."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        yield silent.getsockname()[1]
+
+
 def _postgres_bin() -> Path:
     """The folder with initdb and pg_ctl: PATH's first, else Debian's newest /usr/lib/postgresql/<version>/bin."""
     found = shutil.which("initdb")

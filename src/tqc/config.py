@@ -127,7 +127,8 @@ class DataParams(Strict):
 
 ExpectationName = Literal[
     "schema", "non_empty_text", "has_letter_or_digit", "text_length", "no_control_characters", "label_in_catalog",
-    "no_duplicates", "no_label_conflicts", "no_leakage", "not_own_standard_question", "min_examples_per_class", "class_imbalance",
+    "no_duplicates", "no_label_conflicts", "no_leakage", "not_own_standard_question", "min_examples_per_class",
+    "class_imbalance",
     "catalog_unique_ids", "catalog_non_empty_texts", "catalog_unique_texts",
 ]
 

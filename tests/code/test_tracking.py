@@ -281,23 +281,21 @@ def test_a_tracking_server_that_takes_the_connection_and_never_answers_is_said_i
     command for six minutes. The probe before a command's work reads with tracking's bound (CONNECT_SECONDS, 1 s
     here), and leaves MLflow's own timeout as it was for the run's calls."""
     import os
-    import socket
     import time
 
     from mlflow.exceptions import MlflowException
 
+    from tests.servers import silent_server
     from tqc import tracking
 
     monkeypatch.setattr(tracking, "CONNECT_SECONDS", 1)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(8)  # takes connections (the kernel's backlog) and never says a word
+    with silent_server() as port:
         started = time.monotonic()
         with pytest.raises(MlflowException, match=r"^tracking.uri .*http://127.0.0.1:\d+: the store could not be read "
                                                   r"\(.*read timeout=1\)"):
-            tracking.check_store(TrackingParams(uri=f"http://127.0.0.1:{silent.getsockname()[1]}"))
+            tracking.check_store(TrackingParams(uri=f"http://127.0.0.1:{port}"))
     assert time.monotonic() - started < 20
     assert "MLFLOW_HTTP_REQUEST_TIMEOUT" not in os.environ
 

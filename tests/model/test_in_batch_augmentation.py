@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -111,8 +112,16 @@ def test_cross_encoding_feeds_joined_inputs_and_relevance_targets(tiny_model_dir
     assert any(call == ["is relevant", "is not relevant"] for call in standards)
 
 
-def _record_loss_calls(monkeypatch, stage) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """(scores, excluded) of every call of `stage`'s loss from here on, on the CPU."""
+class LossCall(NamedTuple):
+    """One call of a stage's loss, on the CPU."""
+    scores: torch.Tensor  # (B, U)
+    target: torch.Tensor  # (B,) each row's column
+    excluded: torch.Tensor | None  # (B, U) the columns left out of each row's negatives
+    value: float
+
+
+def _record_loss_calls(monkeypatch, stage) -> list[LossCall]:
+    """Every call of `stage`'s loss from here on."""
     calls = []
     stage_loss = stage.stage_loss
 
@@ -120,8 +129,10 @@ def _record_loss_calls(monkeypatch, stage) -> list[tuple[torch.Tensor, torch.Ten
         loss_fn = stage_loss(*args)
 
         def loss(scores, target, excluded):
-            calls.append((scores.detach().cpu(), None if excluded is None else excluded.cpu()))
-            return loss_fn(scores, target, excluded)
+            value = loss_fn(scores, target, excluded)
+            calls.append(LossCall(scores.detach().cpu(), target.cpu(), None if excluded is None else excluded.cpu(),
+                                  value.item()))
+            return value
         return loss
 
     monkeypatch.setattr(stage, "stage_loss", recording)
@@ -132,7 +143,7 @@ def test_cross_encoding_never_pushes_a_joined_question_away_from_its_own_standar
     calls = _record_loss_calls(monkeypatch, stage_one)
     train_recording(tiny_model_dir, AugmentParams(cross_encoding={"enabled": True, "share": 0.5}))
     # (J, U+2) of each cross-encoding call; the bi-encoder's own calls pass None (their columns are distinct)
-    masks = [excluded for _, excluded in calls if excluded is not None]
+    masks = [call.excluded for call in calls if call.excluded is not None]
     assert masks, "the cross-encoding term excluded nothing"
     for mask in masks:  # one own-class column per joined input, never a relevance text (the target)
         assert mask[:, :-2].sum(dim=1).tolist() == [1] * mask.shape[0] and not mask[:, -2:].any()
@@ -193,7 +204,7 @@ def _scores_and_columns(monkeypatch, stage, columns_function: str, train):
         calls = _record_loss_calls(patch, stage)
         _record(patch, stage, columns_function, columns)
         train()
-    return [scores for scores, _ in calls], columns
+    return [call.scores for call in calls], columns
 
 
 def test_logit_adjusted_loss_offsets_each_column_by_its_own_class_prior_in_both_stages(tiny_model_dir, monkeypatch):
@@ -316,7 +327,7 @@ def test_a_class_that_shares_its_standard_question_is_no_negative_in_either_stag
     model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
     calls = _record_loss_calls(monkeypatch, stage_one)
     stage_one.train(model, rows, rows[:4], twins, PARAMS.model_copy(update={"negatives": "all_classes"}), seed=0)
-    masks = [excluded for _, excluded in calls]
+    masks = [call.excluded for call in calls]
     assert masks and all(m is not None and m.shape[1] == 3 for m in masks)
     assert all(m[:, 1].sum() == 0 for m in masks)  # HUM shares no text: never left out
     assert all(m[:, [0, 2]].sum(1).le(1).all() for m in masks) and any(m[:, [0, 2]].any() for m in masks)
@@ -324,31 +335,20 @@ def test_a_class_that_shares_its_standard_question_is_no_negative_in_either_stag
     calls = _record_loss_calls(monkeypatch, stage_one)  # prototype mixup: the balanced set against every prototype
     stage_one.train(model, rows, rows[:4], twins, PARAMS, seed=0,
                     augment=AugmentParams(prototype_mixup={"enabled": True, "per_class": 2}))
-    balanced = [excluded for scores, excluded in calls if scores.shape[0] == 3 * 2]  # (P·per_class, P)
+    balanced = [call.excluded for call in calls if call.scores.shape[0] == 3 * 2]  # (P·per_class, P)
     assert balanced and all(m is not None and m[:, 1].sum() == 0 and m[:, [0, 2]].any(1).sum() == 4 for m in balanced)
 
-    calls, stage_loss = [], stage_two.stage_loss  # (target, excluded, loss) of each of stage two's loss calls
-
-    def recording(*args):
-        loss_fn = stage_loss(*args)
-
-        def loss(scores, target, excluded):
-            value = loss_fn(scores, target, excluded)
-            calls.append((target.cpu(), excluded.cpu(), value.item()))
-            return value
-        return loss
-
-    monkeypatch.setattr(stage_two, "stage_loss", recording)
+    calls = _record_loss_calls(monkeypatch, stage_two)
     negatives = torch.tensor([[1, 2] if r.class_id != "HUM" else [0, 2] for r in rows])  # (N, 2), as mining may give
     stage_two.train(model, rows, negatives, rows[:4], twins, StageTwoParams(epochs=1, batch_size=8, max_steps=2,
                                                                              negatives="mined_and_in_batch"), seed=0)
-    assert calls and any(excluded.any() for _, excluded, _ in calls)
+    assert calls and any(call.excluded.any() for call in calls)
     # the twin's column, never the row's own: a mask built on another column left each target out (an infinite
     # loss every step, and a "trained" model), and one that masks anything passed `any()`
-    for target, excluded, value in calls:
-        assert math.isfinite(value)
-        assert not excluded[torch.arange(len(target)), target].any()
-        assert excluded.sum(1).le(1).all()  # one twin a row at most: NUM's for LOC, LOC's for NUM, none for HUM
+    for call in calls:
+        assert math.isfinite(call.value)
+        assert not call.excluded[torch.arange(len(call.target)), call.target].any()
+        assert call.excluded.sum(1).le(1).all()  # one twin a row at most: NUM's for LOC, LOC's for NUM, none for HUM
 
 
 def test_cross_encoding_never_joins_a_class_sharing_the_gold_standard_question_as_not_relevant(tiny_model_dir, monkeypatch):

@@ -1412,19 +1412,16 @@ def test_a_database_server_that_takes_the_connection_and_never_answers_is_given_
     """libpq waits for ever by default: a server half up (or a proxy in front of one that is down) held the tuning
     worker, and the weekly flow's runs queued behind it. Now the driver's connect timeout is tracking's bound
     (CONNECT_SECONDS, made 1 s here) and the worker stops with one line naming tune.storage."""
-    import socket
     import time
 
+    from tests.servers import silent_server
     from tqc import tracking
     from tqc.tuning import study as tuning_study
 
     assert tuning_study.connect_bound("postgresql://u@h/db") == {"connect_args": {"connect_timeout": tracking.CONNECT_SECONDS}}
     assert tuning_study.connect_bound("sqlite:///optuna.db") is None  # SQLite's timeout is its wait on a locked file
     monkeypatch.setattr(tracking, "CONNECT_SECONDS", 1)
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(8)  # takes connections (the kernel's backlog) and never says a word
-        port = silent.getsockname()[1]
+    with silent_server() as port:
         params = Params.model_validate({"tune": {"storage": f"postgresql://optuna:hunter2@127.0.0.1:{port}/optuna",
                                                  "space": {"mine.k": {"low": 1, "high": 3}}}})
         started = time.monotonic()

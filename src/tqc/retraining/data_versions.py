@@ -95,17 +95,16 @@ def _has_default_remote() -> bool:
         config = Config.from_cwd()
     except DvcException as error:  # an unreadable config: one line, as _dvc says a failed command
         raise RetrainCommitError(f"dvc remote list failed: {error}") from None
-    remotes = sorted(config["remote"])
-    if remotes and not config["core"].get("remote"):
+    remotes, default = sorted(config["remote"]), config["core"].get("remote")
+    if remotes and not default:
         raise RetrainCommitError(f"retrain.push is true and DVC names remote(s) {', '.join(remotes)} but no default one, "
                                  "so dvc push would not know where to send the data: make one the default with "
                                  "`dvc remote default NAME`, or set retrain.push: false")
-    default = config["core"].get("remote")
     if default and default not in config["remote"]:  # e.g. defined in a .dvc/config.local this checkout lacks
         defined = f" (it defines {', '.join(remotes)})" if remotes else ""
         raise RetrainCommitError(f"retrain.push is true and DVC's default remote is {default!r}, which no DVC config "
-                                 f"here defines{defined}, so dvc push would fail: define it (`dvc remote add --local {default} URL`, as on the machines "
-                                 "that push), or set retrain.push: false")
+                                 f"here defines{defined}, so dvc push would fail: define it (`dvc remote add --local "
+                                 f"{default} URL`, as on the machines that push), or set retrain.push: false")
     return bool(remotes)
 
 

@@ -262,8 +262,8 @@ def open_storage(params: Params, worker: int, attempts: int = 5):
             # Heartbeats: a trial whose worker was killed (no Ctrl-C to mark it) is failed once it has been silent
             # for the grace period, instead of staying RUNNING for ever
             with _heartbeats_are_experimental():
-                return optuna.storages.RDBStorage(url, engine_kwargs=connect_bound(url), heartbeat_interval=HEARTBEAT_SECONDS,
-                                                  grace_period=GRACE_SECONDS,
+                return optuna.storages.RDBStorage(url, engine_kwargs=connect_bound(url),
+                                                  heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
                                                   **{_stale_trial_callback_keyword(): _record_lost_worker})
         except (SQLAlchemyError, ImportError, RuntimeError) as error:  # RuntimeError: Optuna's, of its schema's version
             if not isinstance(error, retried) or attempt == attempts - 1:
