@@ -179,9 +179,15 @@ def broadcast_parameters(model: nn.Module) -> None:
 
 
 def own_seed(seed: int) -> int:
-    """The seed of a random stream each process draws on its own share (seed + rank under torchrun): `seed` itself in
-    one process, and in rank 0, so they draw as before."""
-    return seed + rank() if active() else seed
+    """The seed of a random stream each process draws on its own share: `seed` itself in one process, and in rank 0,
+    so they draw as before; another rank's is drawn from (seed, rank). Not seed + rank: evaluate's seeds are
+    consecutive, so rank 1 of seed 0 would draw rank 0 of seed 1's stream, and two of the runs whose spread is
+    reported would share their dropout."""
+    if not active() or rank() == 0:
+        return seed
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, rank()]).generate_state(1, dtype=np.uint64)[0] >> 1)  # under 2**63
 
 
 def seed_own_stream(seed: int) -> None:
@@ -228,6 +234,19 @@ def mean_over_processes(value: float) -> float:
     tensor = torch.tensor([value], dtype=torch.float64, device=_collective_device())
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return float(tensor.item()) / world_size()
+
+
+def true_in_every_process(flag: bool) -> bool:
+    """Whether `flag` holds in every process (a step's loss finite everywhere): a decision every process must take
+    alike, since one process skipping a step the others take would leave them waiting in its gradient all-reduce."""
+    if not active():
+        return flag
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([int(flag)], dtype=torch.int32, device=_collective_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return bool(tensor.item())
 
 
 def union_over_processes(present: "torch.Tensor") -> "torch.Tensor":

@@ -12,6 +12,7 @@ import math
 import random
 import re
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
@@ -238,10 +239,12 @@ def fit(
     for epoch in range(1, schedule.epochs + 1):
         started = time.perf_counter()
         progress = _epoch_batches(n_rows, schedule, rng, description, epoch)
-        mean_loss = _train_epoch(model, batch_loss, progress, optimizer, scheduler, device, average.update)
+        losses = _train_epoch(model, batch_loss, progress, optimizer, scheduler, device, average.update)
         train_seconds = time.perf_counter() - started  # the epoch's training steps only, not validation
+        if losses.skipped_every_step(description, epoch):
+            break
         with average.applied():  # what is validated, and kept when best, is the average
-            history.append(_record(epoch, mean_loss, _validated(validate, description, epoch), train_seconds))
+            history.append(_record(epoch, losses.mean, _validated(validate, description, epoch), train_seconds))
             _report_epoch(history[-1], description, on_epoch)
             stops = kept.stops_after(history[-1], model, description)
         if stops:
@@ -377,18 +380,53 @@ def check_rows_per_process(n_rows: int, description: str) -> None:
                           "(distributed.nproc_per_node, or your torchrun's)")
 
 
+@dataclass(frozen=True)
+class EpochLoss:
+    """What an epoch's steps came to: the mean loss of the steps taken, and how many of its steps were skipped for
+    a non-finite loss (`_train_epoch`)."""
+
+    mean: float
+    steps: int
+    skipped: int
+
+    def skipped_every_step(self, description: str, epoch: int) -> bool:
+        """Whether no step of the epoch was taken, and training stops there. Says how many were skipped, if any. A
+        few (a bf16 overflow in one batch) cost those steps alone, so a long run is not lost over them; a whole epoch
+        of them is a diverged model (too high a learning rate) or a broken input, and further epochs would skip
+        alike, so training ends and keeps the best epoch before it, as a diverged validation does (`_validated`)."""
+        if self.skipped == 0:
+            return False
+        if self.skipped < self.steps:
+            log.warning("%s: epoch %d: %d of its %d steps had a non-finite loss (NaN or inf) and were skipped",
+                        description, epoch, self.skipped, self.steps)
+            return False
+        log.warning("%s: epoch %d: every one of its %d steps had a non-finite loss (NaN or inf), so none was taken; "
+                    "training stops and keeps its best epoch so far (a lower learning_rate may train)",
+                    description, epoch, self.steps)
+        return True
+
+
 def _train_epoch(model: nn.Module, batch_loss: Callable[[list[int]], torch.Tensor], progress, optimizer, scheduler,
-                 device: torch.device, after_step: Callable[[], None]) -> float:
+                 device: torch.device, after_step: Callable[[], None]) -> EpochLoss:
     """One pass over the epoch's batches (`progress`: row indices per batch, with a progress bar); each process
     takes its share of a batch and the gradients are averaged; `after_step` runs after each optimizer step (the weight
-    average's update). Returns the epoch's mean loss over its batches, each
-    batch's the mean over all its rows (as one process records it), whatever the processes' shares."""
+    average's update). A batch whose loss is not finite in some process is skipped by every process: no backward
+    pass, no step (one NaN step would make every weight NaN), but the schedule moves on as if it were taken, so the
+    learning rate stays where the run's length puts it. The mean loss is over the steps taken, each batch's the mean
+    over all its rows (as one process records it), whatever the processes' shares."""
     model.train()
-    losses, weighted = [], []
+    losses, weighted, skipped = [], [], 0
     for rows in progress:
         share = distributed.shard(rows)
         with autocast(device):
             loss = batch_loss(share)
+        value = loss.item()
+        if not distributed.true_in_every_process(math.isfinite(value)):
+            skipped += 1
+            with warnings.catch_warnings():  # torch's "scheduler stepped before the optimizer", if the first is skipped
+                warnings.simplefilter("ignore", UserWarning)
+                scheduler.step()
+            continue
         # Each process's mean, weighted by its share of the batch: averaged over the processes, the
         # gradient is the mean over the batch's rows even where the shares differ in size (64 rows on 3 GPUs)
         weight = distributed.share_weight(len(share), len(rows))
@@ -398,10 +436,11 @@ def _train_epoch(model: nn.Module, batch_loss: Callable[[list[int]], torch.Tenso
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         after_step()
-        losses.append(loss.item())
+        losses.append(value)
         weighted.append(losses[-1] * weight)  # so is the loss: the share means' plain mean would not be the batch's
         progress.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
-    return distributed.mean_over_processes(float(np.mean(weighted)))
+    mean = distributed.mean_over_processes(float(np.mean(weighted))) if weighted else math.nan
+    return EpochLoss(mean, len(losses) + skipped, skipped)
 
 
 def _validated(validate: Callable[[], dict], description: str, epoch: int) -> dict:

@@ -102,6 +102,22 @@ def test_without_torchrun_everything_is_one_process(monkeypatch):
     assert distributed.relaunch_command(2, ["stage-one"]) is None
 
 
+def test_no_process_of_one_seeds_run_draws_the_stream_of_a_process_of_another(monkeypatch):
+    """evaluate.seeds trains with seeds 0, 1, 2, ...: with seed + rank, rank 1 of seed 0 drew rank 0 of seed 1's
+    dropout. Rank 0 keeps the seed itself (a one-GPU torchrun draws as one process), and every other (seed, rank) its
+    own seed."""
+    monkeypatch.setattr(distributed, "active", lambda: True)
+    seeds = {}
+    for rank in range(4):
+        monkeypatch.setenv("RANK", str(rank))
+        for seed in range(10):
+            seeds[seed, rank] = distributed.own_seed(seed)
+    assert all(seeds[seed, 0] == seed for seed in range(10))
+    assert len(set(seeds.values())) == len(seeds) and all(0 <= value < 2**63 for value in seeds.values())
+    monkeypatch.setenv("RANK", "1")
+    assert distributed.own_seed(3) == seeds[3, 1]  # the same in every run
+
+
 @pytest.mark.parametrize("batch_size, rows_seen, negatives, k", [(16, [24, 24], "mined", 2), (13, [26, 22], "mined", 2),
                                                                 (4, [24, 24], "mined_and_in_batch", 1)])
 def test_two_processes_end_with_the_weights_of_one_process_on_the_whole_batch(tiny_model_dir, tmp_path, batch_size, rows_seen,
@@ -517,6 +533,41 @@ def test_every_process_takes_rank_0s_early_stopping_choice(tmp_path):
     assert saved[0] == saved[1] == {"epochs_run": 3, "best_epoch": 3}  # rank 0's rising figures: every epoch kept
 
 
+def _non_finite_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """`fit` on a linear model whose loss is NaN in rank 1 alone, at its second step: rank 0's is finite there."""
+    from tqc.config import Schedule
+    from tqc.training import fit
+
+    _as_torchrun_rank(rank, world, port)
+    distributed.setup("gloo")
+    try:
+        torch.manual_seed(0)
+        model, inputs, calls = nn.Linear(4, 1), torch.randn(8, 4), []  # (rows, features)
+
+        def batch_loss(rows):
+            calls.append(rows)
+            loss = model(inputs[rows]).pow(2).mean()
+            return loss * float("nan") if rank == 1 and len(calls) == 2 else loss
+
+        epochs = iter(range(1000))  # a gain every epoch: the last epoch's weights are kept
+        fit(model, [{"params": list(model.parameters()), "lr": 0.1}], batch_loss, len(inputs),
+            lambda: {"accuracy": 0.0, "macro_f1": next(epochs) / 1000}, Schedule(epochs=2, batch_size=4, patience=5),
+            seed=0, description="toy")
+        torch.save({"weights": model.state_dict(), "steps": len(calls)}, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        distributed.teardown()
+
+
+def test_a_step_whose_loss_is_not_finite_in_one_process_is_skipped_by_every_process(tmp_path):
+    """A process that skipped a step alone would pair its next gradient all-reduce with the others' current one (or
+    spread its NaN into every process's weights, had it stepped): every process skips it, and all end alike."""
+    multiprocessing.spawn(_non_finite_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    saved = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    assert saved[0]["steps"] == saved[1]["steps"] == 4  # 2 epochs of 8 rows in batches of 4
+    assert all(torch.isfinite(v).all() for v in saved[0]["weights"].values())
+    assert all(torch.equal(v, saved[1]["weights"][k]) for k, v in saved[0]["weights"].items())
+
+
 def test_a_training_set_too_small_to_give_every_process_two_rows_is_one_line_before_training(monkeypatch):
     """Batch sizes are checked at load, but 3 rows on 2 processes made one batch of 3: a process trained on one row (no
     negative, a loss of 0) without a word; 1 row left rank 1 none, and it failed alone with the tokenizer's IndexError
@@ -618,7 +669,7 @@ def _first_draws(monkeypatch, rank: int, world: int, seed: int = 7) -> tuple[lis
 
 def test_each_process_draws_its_own_mixup_partners_and_joined_pairs(monkeypatch):
     """Prototype mixup's generator and cross-encoding's rng were seeded alike in every process, so each drew the same
-    partners and joined pairs for its share as the others did for theirs. Each process now draws from seed + rank;
+    partners and joined pairs for its share as the others did for theirs. Each process now draws from its own seed (own_seed);
     one process, and rank 0, draw exactly what one process drew before (the seed's own streams)."""
     import random
 

@@ -963,3 +963,27 @@ def test_an_encoder_decoder_backbone_is_loaded_as_its_encoder_alone(tmp_path):
     assert vectors.shape == (2, 32)
     model.save(tmp_path / "saved")
     assert torch.equal(BiEncoder.load(tmp_path / "saved").question.encode(["where is paris", "who invented chess"]), vectors)
+
+
+@pytest.mark.parametrize("shared_standard", [False, True])
+def test_stage_one_says_how_many_batches_had_no_in_batch_negative(tiny_model_dir, caplog, shared_standard):
+    """A batch of one class (or of classes sharing one standard question, masked as twins) gives every question no
+    negative: the main loss is 0 with no gradient, and the stage trained nothing on it. It says how many, and
+    says nothing where every batch had one."""
+    import logging
+
+    texts = {"LOC": "Where is the place?", "HUM": "Where is the place?" if shared_standard else "Who is the person?",
+             "NUM": "How many are there?"}
+    catalog = Catalog([StandardQuestion(c, t) for c, t in texts.items()])
+    rows = [LabeledQuestion(t, c) for t, c in synthetic_questions(0, 8)]
+    narrow = [q for q in rows if q.class_id in ({"LOC", "HUM"} if shared_standard else {"LOC"})]
+    params = StageOneParams(epochs=2, batch_size=4, max_steps=2)
+    with caplog.at_level(logging.WARNING, logger="tqc.stages.stage_one"):
+        stage_one.train(tiny_bi_encoder(tiny_model_dir), narrow, rows[:6], catalog, params, seed=0)
+    assert ("stage one: 4 of its 4 batches had no negative for any question (one class, or classes sharing one "
+            "standard question), so the main loss trained nothing on them") in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tqc.stages.stage_one"):
+        stage_one.train(tiny_bi_encoder(tiny_model_dir), rows, rows[:6], catalog,
+                        params.model_copy(update={"negatives": "all_classes"}), seed=0)
+    assert "had no negative" not in caplog.text

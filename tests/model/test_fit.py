@@ -330,3 +330,60 @@ def test_each_torchrun_process_picks_its_own_gpu_by_local_rank(monkeypatch):
     assert pick_device() == torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert pick_device() == torch.device("cpu")
+
+
+def _fit_with_non_finite_steps(non_finite_calls: set[int], schedule: Schedule, figures: list[float]):
+    """`fit` of a linear model whose loss is NaN at the given calls of `batch_loss` (0 first), inf at none."""
+    torch.manual_seed(0)
+    model, inputs = nn.Linear(3, 3), torch.randn(7, 3)  # (rows, features)
+    calls, losses, scripted = [], [], iter(figures)
+
+    def batch_loss(rows):
+        calls.append(rows)
+        loss = model(inputs[rows]).pow(2).mean()
+        if len(calls) - 1 in non_finite_calls:
+            return loss * float("nan")
+        losses.append(loss.item())
+        return loss
+
+    result = fit(model, [{"params": model.parameters(), "lr": 0.05}], batch_loss, len(inputs),
+                 lambda: {"accuracy": 0.25, "macro_f1": next(scripted)}, schedule, seed=3, description="toy")
+    return result, model, inputs, calls, losses
+
+
+def test_a_step_whose_loss_is_not_finite_is_skipped_while_the_schedule_moves_on(caplog):
+    """One NaN batch (a bf16 overflow on a GPU) no longer makes every weight NaN and ends a long run: its step is
+    skipped, the schedule keeps its place as if it were taken, the epoch's loss is the mean of the steps taken, and
+    the log says how many were skipped. The weights match a plain loop that skips that one step."""
+    schedule = Schedule(epochs=2, batch_size=2, warmup_ratio=0.3, patience=5)
+    with caplog.at_level(logging.WARNING, logger="tqc.training"):
+        result, model, inputs, calls, losses = _fit_with_non_finite_steps({1}, schedule, [0.1, 0.2, 0.3])
+    assert "toy: epoch 1: 1 of its 3 steps had a non-finite loss (NaN or inf) and were skipped" in caplog.text
+    assert "epoch 2:" not in caplog.text and len(calls) == 6
+
+    torch.manual_seed(0)
+    plain = nn.Linear(3, 3)
+    optimizer = adamw([{"params": plain.parameters(), "lr": 0.05}], schedule.weight_decay)
+    scheduler = linear_warmup(optimizer, 2 * steps_per_epoch(7, 2, None), schedule.warmup_ratio)
+    for step, rows in enumerate(calls):
+        if step != 1:
+            plain(inputs[rows]).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+    assert all(torch.isfinite(v).all() for v in model.state_dict().values())
+    assert all(torch.equal(v, plain.state_dict()[k]) for k, v in model.state_dict().items())
+    assert result.history[1].train_loss == pytest.approx(np.mean(losses[:2]))  # steps 0 and 2 of epoch 1
+
+
+def test_an_epoch_in_which_no_loss_was_finite_ends_training_and_keeps_the_best_epoch_before_it(caplog):
+    """A whole epoch of non-finite losses (a diverged model, a broken input) would be skipped alike epoch after
+    epoch: training ends there, as a diverged validation does, with the best epoch before it kept and the reason said."""
+    schedule = Schedule(epochs=4, batch_size=2, patience=5)
+    with caplog.at_level(logging.WARNING, logger="tqc.training"):
+        result, model, _, calls, _ = _fit_with_non_finite_steps({3, 4, 5}, schedule, [0.1, 0.5, 0.9])
+    assert len(calls) == 6 and [r.epoch for r in result.history] == [0, 1]  # epoch 2 was not validated, 3 not run
+    assert result.best_epoch == 1 and result.best_validation_macro_f1 == 0.5
+    assert ("toy: epoch 2: every one of its 3 steps had a non-finite loss (NaN or inf), so none was taken; training "
+            "stops and keeps its best epoch so far") in caplog.text
+    assert all(torch.isfinite(v).all() for v in model.state_dict().values())

@@ -30,6 +30,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from tqc import distributed
 from tqc.config import AugmentParams, CrossEncodingParams, ModelParams, PrototypeMixupParams, StageOneParams
@@ -73,8 +74,9 @@ def train(
     on_epoch: OnEpoch | None = None,
     augment: AugmentParams | None = None,
 ) -> FitResult:
-    batch_loss = _batch_loss(model, train_rows, catalog, params, seed, augment or AugmentParams())
-    return fit(
+    without_negatives = _BatchesWithoutNegatives()
+    batch_loss = _batch_loss(model, train_rows, catalog, params, seed, augment or AugmentParams(), without_negatives)
+    result = fit(
         model,
         bi_encoder_parameter_groups(model, params, "stage_one"),
         batch_loss,
@@ -85,6 +87,32 @@ def train(
         description="stage one",
         on_epoch=on_epoch,
     )
+    without_negatives.report()
+    return result
+
+
+class _BatchesWithoutNegatives:
+    """Counts the batches in which no question had a negative column: in-batch negatives of a batch of one class
+    (or of classes that share one standard question). The main loss is 0 there with no gradient, so such a batch
+    trains nothing but the optional terms, which a small batch over few classes makes common. Under torchrun each
+    process counts the shares of the batches it scored, and rank 0 says its own."""
+
+    def __init__(self):
+        self.batches = self.without = 0
+
+    def count(self, batch: "_Batch") -> None:
+        self.batches += 1
+        negative = ~F.one_hot(batch.target, len(batch.candidates)).bool()  # (B, U) columns not the row's target
+        if batch.twins is not None:
+            negative &= ~batch.twins.cpu()
+        self.without += not bool(negative.any())
+
+    def report(self) -> None:
+        if self.without:
+            log.warning("stage one: %d of its %d batches had no negative for any question (one class, or classes "
+                        "sharing one standard question), so the main loss trained nothing on them; a larger "
+                        "stage_one.batch_size, or stage_one.negatives: all_classes, gives every batch negatives",
+                        self.without, self.batches)
 
 
 class _Batch(NamedTuple):
@@ -104,9 +132,10 @@ _Term = Callable[[_Batch], torch.Tensor]
 
 
 def _batch_loss(model: BiEncoder, train_rows: list[LabeledQuestion], catalog: Catalog, params: StageOneParams,
-                seed: int, augment: AugmentParams) -> Callable[[list[int]], torch.Tensor]:
+                seed: int, augment: AugmentParams,
+                without_negatives: _BatchesWithoutNegatives | None = None) -> Callable[[list[int]], torch.Tensor]:
     """rows → the main loss, plus each optional term in the order `_optional_terms` gives (float addition is not
-    associative: that order is the figures')."""
+    associative: that order is the figures'). `without_negatives` counts the batches whose main loss had none."""
     gold = torch.as_tensor(gold_indices(train_rows, catalog))
     texts = [q.text for q in train_rows]
     loss_fn = stage_loss(params, "stage_one")
@@ -119,6 +148,8 @@ def _batch_loss(model: BiEncoder, train_rows: list[LabeledQuestion], catalog: Ca
 
     def batch_loss(rows: list[int]) -> torch.Tensor:
         batch = _encoded_batch(model, rows, texts, gold, catalog, negatives, groups)
+        if without_negatives is not None:
+            without_negatives.count(batch)
         loss = _main_loss(loss_fn, batch, column_offsets)
         for term in terms:
             loss = loss + term(batch)
@@ -200,7 +231,7 @@ def _prototype_mixup_term(model: BiEncoder, loss_fn: LossFn, params: PrototypeMi
     No class prior on its scores: the set has `per_class` rows of every class, so its labels are uniform, and the
     logit-adjusted loss on uniform labels is minimised by scores biased by −w·log π, toward the tail (the prior corrects
     the imbalanced anchors, the batch's own columns above, SharpReCL Eq. 11)."""
-    # Each process its own draws (seed + rank): seeded alike, every process drew the same partners for its share
+    # Each process its own draws (distributed.own_seed): seeded alike, every process drew the same partners for its share
     generator = torch.Generator().manual_seed(distributed.own_seed(seed))
     step_numbers = itertools.count(1)  # t of t / T: the call's step, 1 at the first
 
