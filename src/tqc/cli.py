@@ -452,8 +452,10 @@ def _training_stage(command: TrainingCommand) -> Callable[[argparse.Namespace, P
         if command.is_off(params):
             command.run(paths, params, params.seed)
             return
-        # an optional path given is read too (stage one starts from the warm-up's model): logged with the inputs
+        # an optional path given is read too (stage one starts from the warm-up's model), and a file its params name
+        # (the warm-up's unlabelled questions): logged with the inputs
         read = [paths[name] for name in (*command.inputs, *command.optional) if name in paths]
+        read += command.params_inputs(params)
         with stage_run(command.stage, params, read) as tracker:
             result = command.run(paths, params, params.seed, tracker.on_epoch(command.stage))
             _log_fit(tracker, command.stage, result, paths[command.curves])

@@ -31,6 +31,8 @@ class TrainingCommand:
     optional: tuple[str, ...] = ()  # path arguments it may be given
     curves: str = "history"  # the path argument its epochs' curves are written to
     switch: str | None = None  # the params section whose `enabled: false` turns it off; None: always on
+    # files its params name that it reads too (the warm-up's unlabelled file), logged with its inputs
+    params_inputs: Callable[[Params], list[Path]] = lambda params: []
 
     def is_off(self, params: Params) -> bool:
         """Its switch is off (the warm-up, the NC baseline): it writes only its skip record, and trains nothing."""
@@ -85,8 +87,15 @@ def _baseline_nc(paths: StagePaths, params: Params, seed: int, on_epoch: OnEpoch
                            paths["out"], paths["history"], on_epoch=on_epoch)
 
 
+def _warmup_inputs(params: Params) -> list[Path]:
+    """The unlabelled file the warm-up reads beside its data folder, if warmup.unlabelled names one."""
+    unlabelled = params.warmup.unlabelled
+    return [Path(params.data.data_dir) / unlabelled] if unlabelled else []
+
+
 WARMUP = TrainingCommand(name="warmup", stage="warmup", paths=("data", "out", "report", "quarantine"), inputs=("data",),
-                        call=_warmup, curves="report", switch="warmup")  # its report holds its curves
+                        call=_warmup, curves="report", switch="warmup",  # its report holds its curves
+                        params_inputs=_warmup_inputs)
 STAGE_ONE = TrainingCommand(name="stage-one", stage="stage_one", paths=("data", "train", "out", "history"),
                             inputs=("data", "train"), call=_stage_one,
                             optional=("warmup",))  # the warm-up's folder: it starts from the model there, if any

@@ -627,3 +627,20 @@ def test_the_augment_stage_s_refusals_are_pinned_and_write_nothing(tmp_path):
         augment.run(tmp_path / "train.jsonl", AugmentParams(), 0, out, report, catalog_path=tmp_path / "nowhere.jsonl")
     assert "nowhere.jsonl" in str(no_catalog.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_added_question_and_its_copy_written_otherwise_go_to_one_split():
+    """The retrain flow's added questions are split by a hash of their text: of the raw text, a copy in other case or
+    spacing drew its own split, and "where is paris ?" could be trained on while "Where is Paris?" judged the model.
+    Hashed as validate compares texts, each pair goes to one split, and a text already in that form keeps its split."""
+    from tqc.stages.ingest import stable_split
+
+    originals = [LabeledQuestion(f"Where is place number {i}?", "LOC") for i in range(200)]
+    copies = [LabeledQuestion(f"  where IS place number {i} ?", "LOC") for i in range(200)]
+    for seed in range(3):
+        held_out = {q.text for q in stable_split(originals, 0.3, seed)[1]}
+        held_out_copies = {q.text for q in stable_split(copies, 0.3, seed)[1]}
+        assert 30 < len(held_out) < 90
+        assert {text.strip().lower().replace(" ?", "?") for text in held_out_copies} == {t.lower() for t in held_out}
+    normalised = LabeledQuestion("where can i get tested number 11 today", "c")  # test_generated_rows' held-out one
+    assert stable_split([normalised], 0.1, 5)[1] == [normalised]

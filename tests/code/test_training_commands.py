@@ -105,3 +105,28 @@ def test_a_launched_warm_ups_curves_read_back_with_epoch_0s_loss_as_nan(tmp_path
     first, second = _launched_history(WARMUP, {"report": tmp_path / "warmup.json"})
     assert math.isnan(first.train_loss) and (first.epoch, first.validation_macro_f1) == (0, 0.4)
     assert second == history[1]
+
+
+def test_a_tracked_warm_up_logs_its_unlabelled_file_with_its_inputs(monkeypatch, tmp_path):
+    """The warm-up reads warmup.unlabelled, a file its params name under data.data_dir rather than a path argument:
+    its MLflow run tagged the data folder alone, so two runs on different pools looked alike."""
+    from contextlib import contextmanager
+
+    from tqc import cli
+
+    logged = []
+
+    @contextmanager
+    def stage_run(stage, params, inputs=()):
+        logged.append((stage, list(inputs)))
+        yield type("Tracker", (), {"on_epoch": lambda self, stage: None})()
+
+    monkeypatch.setattr(cli, "stage_run", stage_run)
+    monkeypatch.setattr(cli, "_log_fit", lambda *args: None)
+    params = Params().with_overrides({"data": {"data_dir": str(tmp_path / "raw")},
+                                      "warmup": {"enabled": True, "unlabelled": "pool/questions.csv"}})
+    paths = {name: tmp_path / name for name in WARMUP.paths}
+    cli._training_stage(replace(WARMUP, call=lambda *args: None))(parse_arguments(
+        [WARMUP.name, *WARMUP.arguments(paths)]), params)
+    assert logged == [("warmup", [tmp_path / "data", tmp_path / "raw" / "pool" / "questions.csv"])]
+    assert STAGE_ONE.params_inputs(params) == [] and WARMUP.params_inputs(Params()) == []

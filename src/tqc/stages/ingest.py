@@ -118,9 +118,11 @@ def _class_counts(questions: list[LabeledQuestion]) -> dict[str, int]:
 
 def stable_split(questions: list[LabeledQuestion], fraction: float, seed: int) -> tuple[list, list]:
     """Each added question's split is a hash of its text: it never changes as more data arrives,
-    so a champion is never judged on validation questions it was trained on."""
+    so a champion is never judged on validation questions it was trained on. The text as validate compares it
+    (`compared_text`), as the carved split draws: "Where is Paris?" and "where is paris ?" go to one split, never
+    one to train and its copy to validation."""
     def in_validation(question: LabeledQuestion) -> bool:
-        digest = hashlib.sha256(f"{seed}:{question.text}".encode("utf-8")).digest()
+        digest = hashlib.sha256(f"{seed}:{compared_text(question.text)}".encode("utf-8")).digest()
         return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
     return [q for q in questions if not in_validation(q)], [q for q in questions if in_validation(q)]
