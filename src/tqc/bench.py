@@ -32,7 +32,7 @@ from tqc.mining import mine
 from tqc.model.encoder import PASS_ROWS, BiEncoder
 from tqc.schema import Catalog, LabeledQuestion, load_questions
 from tqc.stages import stage_one, stage_two
-from tqc.training import adamw, gold_indices, parameter_groups, steps_per_epoch
+from tqc.training import adamw, gold_indices, parameter_groups, standard_text_groups, steps_per_epoch
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +59,24 @@ def _alternating_rounds(rounds: int, groups: list[list[tuple[str, Timed]]]) -> d
 
 def _summarised(header: dict, figures: dict[str, list[float]], unit: str, ratios: dict[str, tuple[str, str]]) -> dict:
     """`header`, each setting's median over its rounds as `<setting>_<unit>`, then each ratio of `ratios` (its
-    name: the settings over and under the line); printed a line a figure."""
+    name: the settings over and under the line) of those medians, and the ratio's smallest and largest in a single
+    round (`<ratio>_range`); printed a line a figure. The report ends with every round's figures (`rounds_<unit>`):
+    a ratio whose rounds spread wider than its distance from a bar has not shown which side of the bar it is on."""
     report = {**header, **{f"{name}_{unit}": float(np.median(values)) for name, values in figures.items()}}
-    report.update({ratio: report[f"{over}_{unit}"] / report[f"{under}_{unit}"]
-                   for ratio, (over, under) in ratios.items()})
+    for ratio, (over, under) in ratios.items():
+        report[ratio] = report[f"{over}_{unit}"] / report[f"{under}_{unit}"]
+        in_rounds = [o / u for o, u in zip(figures[over], figures[under])]
+        report[f"{ratio}_range"] = [min(in_rounds), max(in_rounds)]
     _print_figures(report, 3)
+    report[f"rounds_{unit}"] = {name: list(values) for name, values in figures.items()}
     return report
 
 
 def _print_figures(report: dict, decimals: int) -> None:
     """A line a figure, `key: value`, floats to `decimals` places."""
     for key, value in report.items():
+        if isinstance(value, list) and all(isinstance(item, float) for item in value):
+            value = "[" + ", ".join(f"{item:.{decimals}f}" for item in value) + "]"
         print(f"{key}: {value:.{decimals}f}" if isinstance(value, float) else f"{key}: {value}")
 
 
@@ -150,8 +157,9 @@ def _mined_negatives(params: Params, setup: _TrainingSetup) -> torch.Tensor:
     """Stage two's hard negatives of the training rows (N, k), mined with the fresh model."""
     model, catalog, train_rows = setup.model, setup.catalog, setup.train_rows
     questions = model.question.encode([q.text for q in train_rows]).numpy()
+    # as the mine stage does: classes sharing one standard question are no negatives of each other
     negatives, _ = mine(questions, model.standard.encode(catalog.texts).numpy(), gold_indices(train_rows, catalog),
-                        params.mine.k, model.similarity, model.score)
+                        params.mine.k, model.similarity, model.score, standard_text_groups(catalog))
     return torch.as_tensor(negatives)
 
 
@@ -286,7 +294,12 @@ def reading(rows: int) -> dict:
                  f"read = read_table(Path({str(path)!r}), 'question', 'label'); seconds = time.perf_counter() - started; "
                  "print(json.dumps({'rows_read': len(read.rows), 'seconds': seconds, "
                  "'peak_mib_over_imports': (peak() - before) / 1024}))")  # VmHWM: KiB
-        finished = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
+        finished = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+        if finished.returncode != 0:  # its own reason, not a traceback quoting the probe's code
+            said = finished.stderr.strip().splitlines()
+            reason = said[-1] if said else f"ended by signal {-finished.returncode}" if finished.returncode < 0 else \
+                f"exit status {finished.returncode}"
+            raise ConfigError(f"bench read: reading {rows} rows failed in its process: {reason}")
         report = {"rows": rows, "file_mib": path.stat().st_size / 2**20, **json.loads(finished.stdout.splitlines()[-1])}
     _print_figures(report, 2)
     return report

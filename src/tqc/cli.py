@@ -190,9 +190,9 @@ def _add_bench_sizes(bench: argparse.ArgumentParser) -> None:
                        "(default 20)")
     bench.add_argument("--rounds", type=at_least_one, help="epochs, passes: rounds, alternating the stages or "
                        "the settings; each figure is the median of its rounds (default 3)")
-    bench.add_argument("--batch-size", type=at_least_two, help="epochs: both stages' batch size; passes: "
-                       "stage one's, which must exceed the rows per pass (32) for there to be passes (default 32); serve: "
-                       "questions a frame (default 256)")
+    bench.add_argument("--batch-size", type=at_least_two, help="epochs: both stages' batch size (default 32); "
+                       "passes: stage one's, which must exceed the rows per pass (32) for there to be passes (default "
+                       "64); serve: questions a frame (default 256)")
     bench.add_argument("--calls", type=at_least_one, help="serve: timed calls of one question each, per rule "
                        "(default 50)")
 
@@ -631,7 +631,7 @@ def writable_out(path: Path, what: str, folder: bool) -> None:
         raise ConfigError(f"--out {path}: {existing} is not writable by this user; {what}")
 
 
-# Each benchmark's flags and their defaults (batch_size: 256 for serve, `_with_bench_defaults`)
+# Each benchmark's flags and their defaults (batch_size: 64 for passes, 256 for serve, `_with_bench_defaults`)
 BENCH_DEFAULTS = {"steps": 20, "rounds": 3, "batch_size": 32, "calls": 50, "model": Path("models/stage_two"),
                   "prior": Path("models/prior.json"), "rows": 500_000, "dataset": "trec50", "data": Path("data/validated"),
                   "train": Path("data/augmented/train.jsonl")}
@@ -651,7 +651,8 @@ def _with_bench_defaults(args: argparse.Namespace) -> argparse.Namespace:
     if args.prior is not None and not args.prior.is_file():  # the default may be absent (no shift); one asked for not
         raise ConfigError(f"--prior {args.prior}: no such file (leave --prior out to time the rule without a shift "
                           "where models/prior.json is not there)")
-    defaults = {**BENCH_DEFAULTS, **({"batch_size": 256} if args.what == "serve" else {})}
+    # passes needs batches of more than one pass (PASS_ROWS, 32): 32 was refused as its own default
+    defaults = {**BENCH_DEFAULTS, **{"serve": {"batch_size": 256}, "passes": {"batch_size": 64}}.get(args.what, {})}
     return argparse.Namespace(**{**vars(args), **{name: default for name, default in defaults.items()
                                                   if getattr(args, name) is None}})
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from tests.conftest import CLASSES, synthetic_questions, tiny_params
@@ -13,8 +15,25 @@ from tqc.training import steps_per_epoch
 
 
 def printed(report: dict, decimals: int) -> list[str]:
-    """The lines a benchmark prints of its figures: one a key, in the report's order, floats to `decimals` places."""
-    return [f"{key}: {value:.{decimals}f}" if isinstance(value, float) else f"{key}: {value}" for key, value in report.items()]
+    """The lines a benchmark prints of its figures: one a key, in the report's order, floats to `decimals` places (a
+    list of floats too), the rounds' own figures (`rounds_*`, written to the report only) left out."""
+    def shown(value):
+        if isinstance(value, list):
+            return "[" + ", ".join(f"{item:.{decimals}f}" for item in value) + "]"
+        return f"{value:.{decimals}f}" if isinstance(value, float) else value
+
+    return [f"{key}: {shown(value)}" for key, value in report.items() if not key.startswith("rounds_")]
+
+
+def assert_rounds_behind_the_figures(report: dict, unit: str, ratios: dict[str, tuple[str, str]]) -> None:
+    """Each setting's figure is the median of its rounds, and each ratio's range the least and most of the ratio
+    round by round: what shows whether a ratio near a bar is on one side of it in every round."""
+    rounds = report[f"rounds_{unit}"]
+    for name, values in rounds.items():
+        assert report[f"{name}_{unit}"] == pytest.approx(statistics.median(values)) and len(values) == report["rounds"]
+    for ratio, (over, under) in ratios.items():
+        in_rounds = [o / u for o, u in zip(rounds[over], rounds[under])]
+        assert report[f"{ratio}_range"] == pytest.approx([min(in_rounds), max(in_rounds)]), ratio
 
 
 def test_both_stages_are_timed_after_untimed_warm_up_steps(tiny_model_dir, tmp_path, monkeypatch, capsys):
@@ -43,8 +62,11 @@ def test_both_stages_are_timed_after_untimed_warm_up_steps(tiny_model_dir, tmp_p
     assert report["stage_two_over_stage_one"] == pytest.approx(
         report["stage_two_seconds_per_epoch"] / report["stage_one_seconds_per_epoch"])
     assert list(report) == ["rows", "batch_size", "timed_steps", "rounds", "k", "stage_one_seconds_per_epoch",
-                            "stage_two_seconds_per_epoch", "stage_two_over_stage_one"]
-    assert capsys.readouterr().out.splitlines()[-len(report):] == printed(report, 3)
+                            "stage_two_seconds_per_epoch", "stage_two_over_stage_one", "stage_two_over_stage_one_range",
+                            "rounds_seconds_per_epoch"]
+    assert_rounds_behind_the_figures(report, "seconds_per_epoch",
+                                     {"stage_two_over_stage_one": ("stage_two", "stage_one")})
+    assert capsys.readouterr().out.splitlines()[-len(report) + 1:] == printed(report, 3)
 
 
 def test_the_validate_benchmark_reads_the_params_it_is_given_with_their_overrides(tmp_path):
@@ -167,11 +189,15 @@ def test_the_passes_benchmark_times_both_settings_of_each_in_every_round(tiny_mo
     for setting in ("train_one_pass", "train_passes", "encode_one_pass", "encode_passes", "adamw_default", "adamw_fused"):
         assert report[f"{setting}_seconds"] > 0, setting
     assert report["adamw_fused_over_default"] == pytest.approx(report["adamw_fused_seconds"] / report["adamw_default_seconds"])
+    ratios = {"train_passes_over_one_pass": ("train_passes", "train_one_pass"),
+              "encode_passes_over_one_pass": ("encode_passes", "encode_one_pass"),
+              "adamw_fused_over_default": ("adamw_fused", "adamw_default")}
     assert list(report) == ["rows_per_pass", "batch_size", "timed_steps", "encoded_questions", "rounds",
                             "train_one_pass_seconds", "train_passes_seconds", "encode_one_pass_seconds",
                             "encode_passes_seconds", "adamw_default_seconds", "adamw_fused_seconds",
-                            "train_passes_over_one_pass", "encode_passes_over_one_pass", "adamw_fused_over_default"]
-    assert capsys.readouterr().out.splitlines()[-len(report):] == printed(report, 3)
+                            *(part for ratio in ratios for part in (ratio, f"{ratio}_range")), "rounds_seconds"]
+    assert_rounds_behind_the_figures(report, "seconds", ratios)
+    assert capsys.readouterr().out.splitlines()[-len(report) + 1:] == printed(report, 3)
 
 
 def test_the_reading_benchmark_reads_every_row_it_wrote_in_a_fresh_process(capsys):
@@ -308,3 +334,54 @@ def test_a_few_timed_steps_are_scaled_up_to_a_whole_epoch():
     """2 s for 2 steps of an 8-step epoch (64 rows, batches of 8) is 8 s an epoch; the test above timed a whole one."""
     timed = bench._seconds_per_epoch(lambda schedule: 2.0, rows=64, steps=2, batch_size=8)
     assert timed(0) == pytest.approx(8.0)
+
+
+def test_bench_passes_runs_at_its_own_default_batch_size():
+    """Its default was the epochs benchmark's 32, which passes refuses (one pass of 32 rows times nothing else)."""
+    from tqc.cli import _with_bench_defaults, parse_arguments
+    from tqc.model.encoder import PASS_ROWS
+
+    assert _with_bench_defaults(parse_arguments(["bench", "passes"])).batch_size == 64 > PASS_ROWS
+    assert _with_bench_defaults(parse_arguments(["bench", "epochs"])).batch_size == 32
+    assert _with_bench_defaults(parse_arguments(["bench", "passes", "--batch-size", "48"])).batch_size == 48
+
+
+def test_a_reading_process_that_fails_is_one_line_with_its_own_reason(monkeypatch):
+    """The child's failure (a memory limit on a large --rows) was CalledProcessError quoting the probe's code, its
+    reason dropped."""
+    import subprocess
+
+    from tqc.config import ConfigError
+
+    def failing(command, **kwargs):
+        return subprocess.CompletedProcess(command, 1, "", "Traceback (most recent call last):\n  ...\nMemoryError\n")
+
+    monkeypatch.setattr(bench.subprocess, "run", failing)
+    with pytest.raises(ConfigError, match=r"^bench read: reading 10 rows failed in its process: MemoryError$"):
+        bench.reading(10)
+    monkeypatch.setattr(bench.subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(command, -9, "", ""))
+    with pytest.raises(ConfigError, match=r"failed in its process: ended by signal 9$"):
+        bench.reading(10)
+
+
+def test_the_benchmarks_negatives_are_mined_as_the_mine_stage_mines_them(monkeypatch):
+    """Classes sharing one standard question are no negatives of each other in the mine stage; the benchmark mined
+    without that, so with such a catalog its stage two trained on other negatives than the pipeline's."""
+    import numpy as np
+    import torch
+
+    catalog = Catalog([StandardQuestion("A", "Same?"), StandardQuestion("B", "Same?"), StandardQuestion("C", "Other?")])
+    seen = {}
+
+    def mine(*args):
+        seen["groups"] = args[6]
+        return np.zeros((1, 1), dtype=int), {}
+
+    class Encoder:
+        def encode(self, texts):
+            return torch.zeros(len(texts), 2)
+
+    model = type("Model", (), {"question": Encoder(), "standard": Encoder(), "similarity": "cosine", "score": None})()
+    monkeypatch.setattr(bench, "mine", mine)
+    bench._mined_negatives(Params(), bench._TrainingSetup(catalog, [LabeledQuestion("q", "A")], [], model))
+    assert seen["groups"].tolist() == [0, 0, 2]  # A and B one group, C its own
