@@ -13,16 +13,26 @@ FAISS ?= cpu
 CONSTRAINTS ?= constraints.txt
 PIN := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
-.PHONY: run test test-optuna-min install install-test bench lock
+.PHONY: run test test-optuna-min install install-test bench lock FORCE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# What the venv was installed with. Its recipe runs every time but rewrites the file only when the settings differ,
+# so `make run CONSTRAINTS=` or another TORCH installs again in a venv made otherwise, and a plain `make test` after
+# them puts the pins back (the stamps below depend on the files alone, and took neither change for one).
+INSTALL_SETTINGS := torch: $(TORCH); constraints: $(CONSTRAINTS); faiss: $(FAISS)
+$(VENV)/.install-settings: FORCE
+	@mkdir -p $(VENV)
+	@echo '$(INSTALL_SETTINGS)' | cmp -s - $@ || echo '$(INSTALL_SETTINGS)' > $@
+
+FORCE:
+
 # One stamp per FAISS build, so `make run FAISS=gpu` in a venv made with cpu installs again; the other build goes
 # first, as the two share the `faiss` package. torch goes in without the constraints: a TORCH with --index-url reads
 # its dependencies from that index alone, which may lack the pinned versions; the next line sets them to the pins.
-$(VENV)/.installed-$(FAISS): $(BIN)/python pyproject.toml $(CONSTRAINTS)
+$(VENV)/.installed-$(FAISS): $(BIN)/python pyproject.toml $(CONSTRAINTS) $(VENV)/.install-settings
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip uninstall -q -y $(if $(filter gpu,$(FAISS)),faiss-cpu,faiss-gpu-cu12) 2>/dev/null || true
 	$(BIN)/pip install -q $(PIN) -e ".[$(FAISS)]"
@@ -65,7 +75,7 @@ bench: install
 	$(BIN)/tqc bench serve --out reports/bench/serve.json
 
 # constraints.txt anew: the newest versions pyproject.toml allows, resolved in a scratch venv (torch is $(TORCH), so
-# it is left out). Then `make test` (and `dvc repro`, whose reports the versions make) before committing it.
+# it is left out, and so is pip; setuptools stays, which torch needs at run time and plain `pip freeze` omits). Then `make test` (and `dvc repro`, whose reports the versions make) before committing it.
 LOCK_VENV := .cache/lock-venv
 lock:
 	rm -rf $(LOCK_VENV)
@@ -75,7 +85,7 @@ lock:
 	$(LOCK_VENV)/bin/pip install -q -e ".[cpu,test,server]"
 	{ echo "# make lock's resolution of pyproject.toml (extras cpu, test, server) with $(TORCH); make run and make test"; \
 	  echo "# install these versions (make run CONSTRAINTS= the newest allowed). Regenerate with make lock, then make test."; \
-	  $(LOCK_VENV)/bin/pip freeze --exclude-editable | grep -v -i '^torch=='; \
+	  $(LOCK_VENV)/bin/pip freeze --all --exclude-editable | grep -v -i -E '^(torch|pip)=='; \
 	} > constraints.txt.tmp
 	mv constraints.txt.tmp constraints.txt
 	rm -rf $(LOCK_VENV)

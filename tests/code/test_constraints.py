@@ -7,6 +7,7 @@ caught here, before CI's clean checkout meets them.
 
 from __future__ import annotations
 
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -70,3 +71,35 @@ def test_the_makefile_installs_through_the_constraints_and_make_lock_writes_them
     assert len(installs) == 2 and all("$(PIN)" in line for line in installs), installs
     lock = makefile.split("\nlock:\n")[1]
     assert lock.index("> constraints.txt.tmp") < lock.index("mv constraints.txt.tmp constraints.txt")
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
+def test_a_venv_installed_with_other_settings_is_installed_again(tmp_path):
+    """The install stamps depended on the files alone: `make run CONSTRAINTS=` (the newest versions) or another
+    TORCH in a venv made with the pins installed nothing, and a plain `make test` after `CONSTRAINTS=` kept the
+    unpinned versions. Run on a copy of the Makefile with a pip that only says what it was asked."""
+    import subprocess
+    import time
+
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "constraints.txt").write_text("")
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text("")
+    (bin_dir / "pip").write_text('#!/bin/sh\necho PIP "$@"\n')
+    (bin_dir / "pip").chmod(0o755)
+
+    def installs(*settings: str) -> list[str]:
+        time.sleep(1.1)  # make compares modification times, to the second on some file systems
+        done = subprocess.run(["make", "-s", "install", *settings], cwd=tmp_path, capture_output=True, text=True,
+                              check=True)
+        return [line for line in done.stdout.splitlines() if line.startswith("PIP install")]
+
+    assert installs() == ["PIP install -q torch==2.13.0", "PIP install -q -c constraints.txt -e .[cpu]"]
+    assert installs() == []  # nothing changed: nothing installed
+    assert installs("CONSTRAINTS=") == ["PIP install -q torch==2.13.0", "PIP install -q -e .[cpu]"]
+    assert installs("CONSTRAINTS=") == []
+    assert installs()[-1] == "PIP install -q -c constraints.txt -e .[cpu]"  # the pins back
+    assert installs("TORCH=torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")[0] == (
+        "PIP install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
