@@ -23,8 +23,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-# A word: a run of letters, digits or underscores; what lies between (spaces, punctuation) is kept as it is
-WORD = re.compile(r"\w+")
+from tqc.eda import UNSPACED, VOICING_MARKS
+
+# A word: a run of letters, digits or underscores, but each character of a script written without spaces (Chinese,
+# Japanese) a word of its own, as EDA splits them (`eda.words_of`): a whole unspaced question was one word, which
+# the ⌊half of the words⌋ cap never masks, so such a pool made no structure triplet. What lies between (spaces,
+# punctuation) is kept as it is.
+WORD = re.compile(rf"(?=\w)[{UNSPACED}][{VOICING_MARKS}]*|(?:(?![{UNSPACED}])\w)+")
 
 
 @dataclass(frozen=True)

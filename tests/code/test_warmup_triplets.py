@@ -110,6 +110,19 @@ def test_words_are_letters_and_digits_of_any_script_not_only_ascii():
     assert masked(text, words(text), [0, 6], "[MASK]") == "[MASK] est la tour Eiffel, n° [MASK]?"
 
 
+def test_each_character_of_an_unspaced_script_is_a_word_so_a_chinese_question_gets_a_structure_triplet():
+    """A Chinese question was one word (a run of \\w), which ⌊0.5 × 1⌋ = 0 masks: a Chinese pool made no structure
+    triplet, unsaid. Each character is a word now, as EDA splits such scripts; spaced words keep their runs."""
+    question, title = "我的银行卡丢了怎么办？", "银行卡丢失怎么办？"
+    assert [question[a:b] for a, b in words(question)] == list("我的银行卡丢了怎么办")
+    assert [t[a:b] for t in ["我的card丢了"] for a, b in words(t)] == ["我", "的", "card", "丢", "了"]
+    one_hot = {ch: i for i, ch in enumerate(dict.fromkeys((question + title).replace("？", "")))}
+    alike = WordVectors(lambda word: [one_hot[word]] if word in one_hot else [], torch.eye(len(one_hot)))
+    dropped = structure_triplet(0, title, question, alike, 0.8, 0.5, "[MASK]")
+    # 银 行 卡 丢 怎 么 办 are the title's (cosine 1): 7 of 10 words, at most 5 masked, in reading order
+    assert dropped is not None and dropped.farther == "我的[MASK][MASK][MASK][MASK]了[MASK]么办？"
+
+
 def test_closeness_is_a_cosine_whatever_the_length_of_the_embedding_rows():
     """The threshold is on cosines: an encoder whose embedding rows are three times as long makes the same words
     alike, not every word 9 times as alike."""
