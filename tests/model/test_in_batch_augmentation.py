@@ -478,3 +478,63 @@ def test_deferred_keeps_every_generated_row_out_of_stage_one_whatever_made_it():
     made = [replace(original, generated=True, source=source) for source in ("oversample:x", "eda:x", "file:y")]
     assert stage_one_rows([original, *made], deferred=True) == [original]
     assert stage_one_rows([original, *made], deferred=False) == [original, *made]
+
+
+def test_the_cross_encoding_term_is_added_to_the_loss_at_its_weight(tiny_model_dir, monkeypatch):
+    """The joined inputs and their targets were tested, not that the term reaches the loss: 0 × the term passed
+    every test. At weight 0.5 the epoch's loss is the loss at weight 0 plus half the term's mean (no step is taken,
+    and both runs draw alike: the term is computed, and its rows drawn, whatever its weight)."""
+    values = []
+    real = stage_one._cross_encoding_term
+
+    def recording(*args, **kwargs):
+        term = real(*args, **kwargs)
+
+        def recorded(*term_args):
+            value = term(*term_args)
+            values.append(value.item())
+            return value
+        return recorded
+
+    monkeypatch.setattr(stage_one, "_cross_encoding_term", recording)
+
+    def first_loss(weight: float) -> float:
+        values.clear()
+        torch.manual_seed(0)
+        model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+        params = PARAMS.model_copy(update={"learning_rate": 1e-12})  # no step
+        augment = AugmentParams(implicit=[], cross_encoding={"enabled": True, "share": 0.5, "weight": weight})
+        return stage_one.train(model, long_tail_rows(), long_tail_rows()[:4], CATALOG, params, seed=0,
+                               augment=augment).history[1].train_loss
+
+    base, base_values = first_loss(0.0), list(values)
+    weighted = first_loss(0.5)
+    assert len(values) == PARAMS.max_steps and values == pytest.approx(base_values)  # the same term in both runs
+    assert weighted == pytest.approx(base + 0.5 * sum(values) / len(values), rel=1e-5) and weighted > base
+
+
+def test_prototype_mixup_shifts_each_main_loss_column_by_its_classs_prior_with_the_sign_of_the_logit_adjusted_loss(
+        tiny_model_dir, monkeypatch):
+    """SharpReCL's logit compensation adds τ·w·log π_y to each class's score in the main loss (the tail's column
+    lowest). Only "the loss moved" was asserted: the compensation's sign flipped passed every test."""
+    from tqc.losses import class_log_prior
+    from tqc.training import gold_indices
+
+    rows = long_tail_rows()
+    offsets = PARAMS.temperature * 1.0 * class_log_prior(torch.as_tensor(gold_indices(rows, CATALOG)), len(CATALOG))
+
+    def main_scores(prior_weight: float) -> list[torch.Tensor]:
+        with monkeypatch.context() as patch:
+            calls = _record_loss_calls(patch, stage_one)
+            torch.manual_seed(0)
+            model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+            params = PARAMS.model_copy(update={"learning_rate": 1e-12})
+            stage_one.train(model, rows, rows[:4], CATALOG, params, seed=0, augment=AugmentParams(
+                implicit=[], prototype_mixup={"enabled": True, "weight": 0.0, "prior_weight": prior_weight}))
+        return [call.scores for call in calls if call.scores.shape[0] == PARAMS.batch_size]  # (B, P): the main loss's
+
+    plain, compensated = main_scores(0.0), main_scores(1.0)
+    assert len(plain) == len(compensated) == PARAMS.max_steps
+    for before, after in zip(plain, compensated):
+        assert torch.allclose(after - before, offsets.expand_as(after), atol=1e-5)
+    assert offsets[CATALOG.index("NUM")] == offsets.min() < 0  # NUM, the tail, is held back most
