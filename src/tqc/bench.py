@@ -27,7 +27,7 @@ import yaml
 from torch import nn
 
 from tqc.config import ConfigError, Params, StageOneParams
-from tqc.device import pick_device, seed_everything
+from tqc.device import pick_device, seed_everything, wait_for
 from tqc.mining import mine
 from tqc.model.encoder import PASS_ROWS, BiEncoder
 from tqc.schema import Catalog, LabeledQuestion, load_questions
@@ -242,17 +242,12 @@ def _optimizer_seconds(model: BiEncoder, schedule: StageOneParams, steps: int, f
         p.grad = torch.randn_like(p) * 1e-3
     optimizer = adamw(parameter_groups(nn.ParameterList(copy), schedule.learning_rate), schedule.weight_decay, fused)
     optimizer.step()  # allocates the moments: not timed
-    _wait_for_the_device(copy[0])
+    wait_for(copy[0].device)
     started = time.perf_counter()
     for _ in range(steps):
         optimizer.step()
-    _wait_for_the_device(copy[0])  # a CUDA step returns once queued: the time is the updates', not their launches'
+    wait_for(copy[0].device)  # a CUDA step returns once queued: the time is the updates', not their launches'
     return time.perf_counter() - started
-
-
-def _wait_for_the_device(tensor: torch.Tensor) -> None:
-    if tensor.device.type == "cuda":
-        torch.cuda.synchronize(tensor.device)
 
 
 def validate_stage(params: Params, dataset: str) -> dict:

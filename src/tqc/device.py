@@ -23,6 +23,13 @@ def autocast(device: torch.device) -> AbstractContextManager:
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
+def wait_for(device: torch.device) -> None:
+    """Returns once `device` has done all the work queued on it: a CUDA call returns once its kernels are queued, so
+    a clock read without this leaves out whatever is still queued (an epoch's last backward pass and step)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)

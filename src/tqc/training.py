@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from tqc import distributed
 from tqc.config import ConfigError, Schedule, TrainParams
-from tqc.device import autocast
+from tqc.device import autocast, wait_for
 from tqc.io import atomic_path
 from tqc.losses import LossFn, make_loss, same_class_mask
 from tqc.metrics import DivergedScores, summary
@@ -240,6 +240,7 @@ def fit(
         started = time.perf_counter()
         progress = _epoch_batches(n_rows, schedule, rng, description, epoch)
         losses = _train_epoch(model, batch_loss, progress, optimizer, scheduler, device, average.update)
+        wait_for(device)  # on a GPU the last step may still be queued: its time is the epoch's
         train_seconds = time.perf_counter() - started  # the epoch's training steps only, not validation
         if losses.skipped_every_step(description, epoch):
             break

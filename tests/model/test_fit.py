@@ -387,3 +387,24 @@ def test_an_epoch_in_which_no_loss_was_finite_ends_training_and_keeps_the_best_e
     assert ("toy: epoch 2: every one of its 3 steps had a non-finite loss (NaN or inf), so none was taken; training "
             "stops and keeps its best epoch so far") in caplog.text
     assert all(torch.isfinite(v).all() for v in model.state_dict().values())
+
+
+def test_an_epochs_seconds_are_read_once_the_device_has_done_its_queued_work(monkeypatch):
+    """A CUDA call returns once its kernels are queued: the clock was read with the epoch's last step possibly still
+    queued, short by up to a step (the bench's ratio read it too). fit waits for the device before reading it, and
+    waiting is a no-op on the CPU."""
+    from tqc import device as device_module
+    from tqc import training
+
+    waited = []
+    monkeypatch.setattr(training, "wait_for", lambda device: waited.append(device.type))
+    model = nn.Linear(2, 1)
+    fit(model, [{"params": model.parameters(), "lr": 0.1}], lambda rows: model(torch.ones(len(rows), 2)).sum(), 4,
+        lambda: {"accuracy": 0.0, "macro_f1": 0.0}, Schedule(epochs=2, batch_size=2, patience=5), seed=0,
+        description="toy")
+    assert waited == ["cpu", "cpu"]  # once an epoch
+    synchronized = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device: synchronized.append(device))
+    device_module.wait_for(torch.device("cpu"))
+    device_module.wait_for(torch.device("cuda", 1))
+    assert synchronized == [torch.device("cuda", 1)]
