@@ -53,26 +53,41 @@ def trained_scorers(stage_one: Path, stage_two: Path, nc: Path | None, batch_siz
     return {name: scorer_for(model, batch_size) for name, model in trained_models(stage_one, stage_two, nc).items()}
 
 
-def logit_temperatures(params: Params, stage_two: Path | None = None) -> dict[str, float | None]:
+def logit_temperatures(params: Params, stage_two: Path | None = None,
+                       stage_one: Path | None = None) -> dict[str, float | None]:
     """τ with which each model's scores became logits in training (scores / τ); NC's are logits already.
 
     None where the model's last stage trained with a loss that has no τ (hinge): its scale is
     then fitted on validation (tqc.prior.fit), not taken from a temperature training never used.
     ADMC's are stage one's where stage two kept its starting weights (`best_epoch` 0 in `stage_two`'s
     tqc_model.json): those were trained at stage one's τ, which tuning draws apart from stage two's.
+    Each model's loss and τ are its own record's (the `params` its tqc_model.json keeps), where a folder is given
+    and its record has them: `tqc prior` on models trained before params.yaml changed scaled their scores by a τ
+    they never trained at. `params`' sections otherwise.
     """
-    def trained_with(stage) -> float | None:
-        return None if stage.loss in SCALE_FREE_LOSSES else stage.temperature
-
-    kept_stage_one = stage_two is not None and _best_epoch(stage_two) == 0
-    return {"admc": trained_with(params.stage_one if kept_stage_one else params.stage_two),
-            "stage_one": trained_with(params.stage_one), "nc": 1.0}
+    one = _trained_with(stage_one, params.stage_one.loss, params.stage_one.temperature)
+    kept_stage_one = stage_two is not None and _record(stage_two).get("best_epoch") == 0
+    admc = one if kept_stage_one else _trained_with(stage_two, params.stage_two.loss, params.stage_two.temperature)
+    return {"admc": _logit_scale(*admc), "stage_one": _logit_scale(*one), "nc": 1.0}
 
 
-def _best_epoch(model_dir: Path) -> int | None:
+def _trained_with(model_dir: Path | None, loss: str, temperature: float) -> tuple[str, float]:
+    """(loss, τ) the model in `model_dir` trained with, by its record; `loss` and `temperature` where it says none."""
+    trained = (_record(model_dir).get("params") or {}) if model_dir is not None else {}
+    if "loss" in trained and "temperature" in trained:
+        return trained["loss"], float(trained["temperature"])
+    return loss, temperature
+
+
+def _logit_scale(loss: str, temperature: float) -> float | None:
+    return None if loss in SCALE_FREE_LOSSES else temperature
+
+
+def _record(model_dir: Path) -> dict:
+    """A model folder's tqc_model.json, or {} where it has none (its absence is loading's error to say)."""
     import json
 
     from tqc.model.encoder import MODEL_CONFIG
 
-    config = Path(model_dir) / MODEL_CONFIG  # its absence is loading's error to say, not this one's
-    return json.loads(config.read_text(encoding="utf-8")).get("best_epoch") if config.exists() else None
+    config = Path(model_dir) / MODEL_CONFIG
+    return json.loads(config.read_text(encoding="utf-8")) if config.exists() else {}

@@ -385,3 +385,29 @@ def test_the_weights_digest_changes_when_two_encoders_swap_weights(tmp_path):
     (tmp_path / "question" / "model.safetensors").write_bytes(b"S")
     (tmp_path / "standard" / "model.safetensors").write_bytes(b"Q")
     assert prior.weights_digest(tmp_path) != before
+
+
+def test_each_models_temperature_is_the_one_its_record_says_it_trained_at(tmp_path):
+    """`tqc prior` on models trained before params.yaml's τ or loss changed scaled their scores by the current τ,
+    one they never trained at. A model's tqc_model.json keeps its stage's params: its τ and loss are read there, and
+    the params' only where a folder keeps none."""
+    import json
+
+    from tqc.config import Params
+    from tqc.scoring import logit_temperatures
+
+    def folder(name: str, record: dict) -> Path:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tqc_model.json").write_text(json.dumps({"tied": False, "similarity": "cosine", **record}))
+        return tmp_path / name
+
+    params = Params.model_validate({"stage_one": {"temperature": 0.07}, "stage_two": {"temperature": 0.2}})
+    one = folder("one", {"best_epoch": 3, "params": {"loss": "nt_xent", "temperature": 0.05}})
+    two = folder("two", {"best_epoch": 2, "params": {"loss": "nt_xent", "temperature": 0.3}})
+    assert logit_temperatures(params, two, one) == {"admc": 0.3, "stage_one": 0.05, "nc": 1.0}
+    hinge = folder("hinge", {"best_epoch": 1, "params": {"loss": "hinge", "temperature": 0.3}})
+    assert logit_temperatures(params, hinge, one)["admc"] is None  # params say nt_xent: the record says hinge
+    kept = folder("kept", {"best_epoch": 0, "params": {"loss": "nt_xent", "temperature": 0.3}})
+    assert logit_temperatures(params, kept, one)["admc"] == 0.05  # stage one's weights, at stage one's own τ
+    bare = folder("bare", {"best_epoch": 2})  # a record without params: the params' τ
+    assert logit_temperatures(params, bare, bare) == {"admc": 0.2, "stage_one": 0.07, "nc": 1.0}

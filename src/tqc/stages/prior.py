@@ -3,7 +3,7 @@
 For ADMC, AC and NC alike: λ from `prior.weights` with the best validation likelihood
 (`prior.target`: over questions, or class-balanced), and π from the validated training
 rows before augmentation (the labeled traffic's own class mix, not the rebalanced one).
-τ is the model's training temperature, or fitted on validation for a hinge-trained model.
+τ is the model's training temperature (its own record's), or fitted on validation for a hinge-trained model.
 Evaluate applies the shifts; promote registers the promoted model's with it, so the
 registry serves what evaluate measured.
 """
@@ -32,7 +32,7 @@ def fit_shifts(data_dir: Path, stage_one: Path, stage_two: Path, nc: Path | None
     train, validation = load_questions(data_dir / "train.jsonl"), load_questions(data_dir / "validation.jsonl")
     log_pi = prior.log_prior([q.class_id for q in train], catalog.class_ids)  # (P,)
     gold = gold_indices(validation, catalog)
-    temperatures = logit_temperatures(params, stage_two)
+    temperatures = logit_temperatures(params, stage_two, stage_one)
     return {name: prior.fit(scorer(validation, catalog), gold, log_pi, temperatures[name], params.prior.weights,
                            params.prior.target)
             for name, scorer in trained_scorers(stage_one, stage_two, nc, params.evaluate.batch_size).items()}
