@@ -308,6 +308,8 @@ def dispatch(args: argparse.Namespace) -> None:
     if args.command == "ablate":
         _refuse_what_no_cell_reads(args.overrides)
     params = load_params(args.params, parse_overrides(args.overrides))
+    if args.command != "check-inputs":  # which names each setting as written, resolving it itself
+        params = _data_paths_from_params_folder(params, args.params)
     if args.command in ("stage-one", "mine", "tune"):  # mining needs FAISS after stage one: said before an hour of
         # training; where this process mines (mine, tune's trials), its GPU index is tried before CUDA starts
         _check_faiss(_similarities(params, args.command), mines_here=args.command != "stage-one")
@@ -347,6 +349,20 @@ def _check_faiss(similarities: set[str], mines_here: bool) -> None:
             check_faiss_for(similarity, mines_here)
     except (ImportError, RuntimeError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _data_paths_from_params_folder(params: Params, params_path: Path) -> Params:
+    """data.data_dir and data.additions, where relative, as DVC reads them: from the params file's folder. Run from
+    another folder (`tqc --params elsewhere/params.yaml ingest`), a stage read them from the working folder instead,
+    unlike check-inputs and dvc.yaml's deps. From the params file's own folder (`dvc repro`, `make run`) they are kept
+    as written, so what a stage records is unchanged."""
+    folder = params_path.absolute().parent  # not resolve(), as in _check_inputs
+    if folder == Path.cwd():
+        return params
+    data = params.data
+    moved = {name: str(folder / value) for name, value in (("data_dir", data.data_dir), ("additions", data.additions))
+             if value is not None and not Path(value).is_absolute()}
+    return params.model_copy(update={"data": data.model_copy(update=moved)}) if moved else params
 
 
 def _check_inputs(args: argparse.Namespace, params: Params) -> None:

@@ -192,6 +192,36 @@ def test_check_inputs_resolves_relative_folders_from_the_params_files_folder_as_
     assert f"mkdir -p {project / 'data' / 'raw'}," in error
 
 
+def test_ingest_reads_relative_data_folders_from_the_params_files_folder_as_check_inputs_does(tmp_path, monkeypatch):
+    """`tqc --params project/params.yaml ingest`, run from another folder, read a relative data.data_dir and
+    data.additions from the working folder, while check-inputs and DVC read them from the params file's folder: the
+    check passed and ingest then found no dataset (or another one, or no additions)."""
+    import json
+
+    from tests.conftest import write_custom_dataset
+    from tqc.cli import main
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    write_custom_dataset(project / "raw")
+    (project / "additions").mkdir()
+    (project / "additions" / "labeled.jsonl").write_text(
+        json.dumps({"text": "an added question from the additions folder", "class_id": "LOC"}) + "\n")
+    elsewhere.mkdir()
+    (project / "params.yaml").write_text(yaml.safe_dump({"data": {
+        "dataset": "custom", "data_dir": "raw", "additions": "additions",
+        "custom": {"train": "train.csv", "test": "test.csv", "catalog": "catalog.csv", "text_column": "question"}}}))
+    monkeypatch.chdir(elsewhere)
+    out = ["--out", str(tmp_path / "out"), "--quarantine", str(tmp_path / "q.jsonl"), "--report", str(tmp_path / "r.json")]
+    assert main(["--params", str(project / "params.yaml"), "check-inputs"]) == 0
+    assert main(["--params", str(project / "params.yaml"), "ingest", *out]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["read"]["additions"] == 1, report["read"]
+    written = [json.loads(line)["text"] for name in ("train.jsonl", "validation.jsonl")
+               for line in (tmp_path / "out" / name).read_text().splitlines()]
+    assert "an added question from the additions folder" in written
+    assert not list(elsewhere.iterdir())  # nothing read or made where the command was started
+
+
 def test_check_inputs_hint_names_the_tqc_that_ran_wherever_it_ran(tmp_path, monkeypatch, capsys):
     """The fetch hint said `.venv/bin/tqc fetch`, a path from the project: run from another folder, no such command."""
 
