@@ -98,9 +98,9 @@ def answering(uri: str, way_out: str, setting: str = SETTING) -> str:
     said = redact_text(uri)
     try:
         engine = sqlalchemy.create_engine(uri, poolclass=NullPool)
-        timeout = CONNECT_TIMEOUT.get(engine.dialect.driver)
-        if timeout:  # the dialect's driver, known once the engine is made: each names its connect timeout its own way
-            engine = sqlalchemy.create_engine(uri, poolclass=NullPool, connect_args={timeout: CONNECT_SECONDS})
+        bound = connect_timeout_args(engine.dialect.driver)  # the driver is known once the engine is made
+        if bound:
+            engine = sqlalchemy.create_engine(uri, poolclass=NullPool, connect_args=bound)
     except ImportError as exc:  # the URL is right, its driver not installed: installing it is the way out
         raise ConfigError(f"{setting} {said}: its database driver is not installed ({exc}); for PostgreSQL "
                           f"pip install -e '.[server]', else {way_out}") from None
@@ -134,6 +134,13 @@ def _engine_name(uri: str) -> str | None:
 CONNECT_TIMEOUT = {"psycopg2": "connect_timeout", "psycopg": "connect_timeout", "pg8000": "timeout",
                    "mysqldb": "connect_timeout", "pymysql": "connect_timeout", "mysqlconnector": "connection_timeout",
                    "pyodbc": "timeout", "pymssql": "login_timeout", "pysqlite": "timeout"}
+
+
+def connect_timeout_args(driver: str) -> dict:
+    """The connect_args that give a database CONNECT_SECONDS to answer, for a SQLAlchemy driver name ({} for one
+    not in CONNECT_TIMEOUT): each driver names its timeout its own way."""
+    key = CONNECT_TIMEOUT.get(driver)
+    return {key: CONNECT_SECONDS} if key else {}
 
 
 def _one_line(error: BaseException) -> str:

@@ -280,11 +280,11 @@ def connect_bound(url: str) -> dict | None:
     between workers: left as Optuna sets it."""
     from sqlalchemy.engine import make_url
 
-    from tqc.tracking import CONNECT_SECONDS, CONNECT_TIMEOUT
+    from tqc.tracking import connect_timeout_args
 
     driver = make_url(url).get_driver_name()
-    key = CONNECT_TIMEOUT.get(driver) if driver != "pysqlite" else None
-    return {"connect_args": {key: CONNECT_SECONDS}} if key else None
+    bound = connect_timeout_args(driver) if driver != "pysqlite" else {}
+    return {"connect_args": bound} if bound else None
 
 
 def _stale_trial_callback_keyword() -> str:
