@@ -25,11 +25,12 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from tqc.tracking import offline_mlflow
+from tqc.tracking import mlflow_without_telemetry
 
 # The matcher subclasses MLflow's PythonModel, so MLflow is imported with this module; a library user importing it (a
-# script, a notebook) would otherwise have MLflow send usage records and write ~/.config/mlflow, as the CLI never lets
-offline_mlflow()
+# script, a notebook) would otherwise have MLflow send usage records and write ~/.config/mlflow, as the CLI never lets.
+# Only that: the entry points' retry bound (`offline_mlflow`) would change the importer's own MLflow client.
+mlflow_without_telemetry()
 import mlflow.pyfunc  # noqa: E402
 import pandas as pd  # noqa: E402
 from mlflow.models import ModelSignature  # noqa: E402

@@ -306,13 +306,19 @@ def param_chunks(params: dict, size: int = 100) -> list[dict[str, str]]:
     return [dict(items[start : start + size]) for start in range(0, len(items), size)]
 
 
-def offline_mlflow() -> None:
+def mlflow_without_telemetry() -> None:
     """MLflow 3 sends usage records to its own servers unless told not to, and writes ~/.config/mlflow on import: tqc
-    never needs the network, so every entry point (the CLI, the flows, the first tracked call) says not to, before
-    MLflow is imported. A user's own MLFLOW_DISABLE_TELEMETRY or DO_NOT_TRACK setting stands. It also bounds how long
-    a tracking server that does not answer is retried."""
+    never needs the network, so it says not to before MLflow is imported. A user's own MLFLOW_DISABLE_TELEMETRY or
+    DO_NOT_TRACK setting stands."""
     if "DO_NOT_TRACK" not in os.environ:
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+def offline_mlflow() -> None:
+    """What every entry point (the CLI, the flows, the first tracked call) sets before MLflow is imported: no telemetry
+    (`mlflow_without_telemetry`), and a bound on how long a tracking server that does not answer is retried. Not at
+    import: the retry bound would change a notebook's own MLflow client."""
+    mlflow_without_telemetry()
     # A tracking server that is down: MLflow's own default (7 retries, back-off to 120 s) held a command for minutes
     # before its one-line error. Two quick retries ride out a server's restart; a user's own settings stand
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")

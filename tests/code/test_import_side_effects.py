@@ -1,7 +1,8 @@
 """No side effects at import: importing any tqc module writes no file and leaves the environment as it was.
 
 The one exception is documented (docs/tracking.md): `tqc.serving`'s model class subclasses MLflow's PythonModel, so it
-imports MLflow, and first sets tqc's offline MLflow defaults, the variables `offline_mlflow` sets, and nothing else.
+imports MLflow, and first turns MLflow's usage records off (MLFLOW_DISABLE_TELEMETRY), and nothing else: not the
+entry points' bound on MLflow's retries, which would change an importing notebook's own MLflow client.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ print(json.dumps(found))
 
 TEST_OR_CI = {"PYTEST_CURRENT_TEST", "CI", "GITHUB_ACTIONS", "CIRCLECI", "GITLAB_CI", "JENKINS_URL", "TRAVIS", "TF_BUILD",
               "BITBUCKET_BUILD_NUMBER", "CODEBUILD_BUILD_ARN", "BUILDKITE", "TEAMCITY_VERSION", "CLOUD_RUN_EXECUTION"}
-MLFLOW_DEFAULTS = {"MLFLOW_DISABLE_TELEMETRY", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"}
+MLFLOW_DEFAULTS = {"MLFLOW_DISABLE_TELEMETRY"}
 
 
 def imported_in_a_fresh_process(tmp_path: Path, modules: list[str]) -> dict:

@@ -89,12 +89,13 @@ def test_build_triplets_is_deterministic_and_keeps_to_the_top_candidates():
 def test_the_pool_quarantines_held_out_empty_and_wordless_rows_and_merges_repeats():
     rows = [PoolRow("Where is Paris ?", "u.csv", 2), PoolRow("  ", "u.csv", 3), PoolRow("?!", "u.csv", 4),
             PoolRow("WHERE is paris?", "u.csv", 5), PoolRow("who is the  person", "u.csv", 6),
-            PoolRow("how many moons", "train.csv", 9)]
+            PoolRow("how many moons", "train.csv", 9), PoolRow("how many\x00 suns", "u.csv", 7)]
     held_out = {"who is the person": "test"}
     pool = question_pool(rows, held_out)
     assert pool.texts == ["Where is Paris ?", "how many moons"] and pool.duplicates == 1
     assert [(q["file"], q["line"], q["reason"].split(":")[0]) for q in pool.quarantined] == [
-        ("u.csv", 3, "non_empty_text"), ("u.csv", 4, "has_letter_or_digit"), ("u.csv", 6, "no_leakage")]
+        ("u.csv", 3, "non_empty_text"), ("u.csv", 4, "has_letter_or_digit"), ("u.csv", 6, "no_leakage"),
+        ("u.csv", 7, "no_control_characters")]  # validate quarantines it in a training question too
     assert "a test question" in pool.quarantined[2]["reason"]
     assert pool.quarantined[2]["content"] == {"text": "who is the  person"}
 

@@ -32,8 +32,7 @@ from tqc.model.encoder import BiEncoder
 from tqc.model.warm_start import SKIP_RECORD
 from tqc.readers import ReaderError, read_texts, read_unlabelled, unusable_data_file
 from tqc.schema import Catalog, LabeledQuestion, load_questions, split_source
-from tqc.stages.validate import LETTER_OR_DIGIT
-from tqc.text import compared_text
+from tqc.text import LETTER_OR_DIGIT, compared_text, first_control_character
 from tqc.training import FitResult, OnEpoch, bi_encoder_validator, fit, parameter_groups
 from tqc.warmup_triplets import Triplet, WordVectors, build_triplets
 
@@ -62,7 +61,7 @@ def question_pool(rows: list[PoolRow], held_out: dict[str, str]) -> Pool:
     pool, seen = Pool(), set()
     for row in rows:
         key = compared_text(row.text)
-        reason = _unusable(key, held_out)
+        reason = _unusable(row.text, key, held_out)
         if reason:
             pool.quarantined.append({"stage": "warmup", "file": row.file, "line": row.line, "reason": reason,
                                      "content": {"text": row.text}})
@@ -74,8 +73,11 @@ def question_pool(rows: list[PoolRow], held_out: dict[str, str]) -> Pool:
     return pool
 
 
-def _unusable(key: str, held_out: dict[str, str]) -> str:
-    """Why a row with this compared text cannot join the pool ("" when it can)."""
+def _unusable(text: str, key: str, held_out: dict[str, str]) -> str:
+    """Why a row of `text` (its compared text `key`) cannot join the pool ("" when it can): validate's rules for a
+    question on its own, bar its length bound (validate's param), and no held-out question."""
+    if control := first_control_character(text):
+        return f"no_control_characters: U+{ord(control.group()):04X} at character {control.start() + 1}"  # as validate says
     if not key:
         return "non_empty_text: no text (empty, or no character a tokenizer reads)"
     if not re.search(LETTER_OR_DIGIT, key):
