@@ -31,8 +31,7 @@ from tqc.tracking import COMMIT_TAG, git_commit, nested_run, offline_mlflow, run
 def user_errors() -> tuple[type[Exception], ...]:
     """Failures whose message is the whole story: bad params, data or a prior file (`tqc.errors.input_errors`, each
     naming the file and what is wrong: the current dataset's file gone, say), a champion the gate cannot read or ask
-    (`registry_errors`, naming the version and the way out), no champion to refresh, a dvc step of the commit. A
-    function, as input_errors is: the list reaches into validate, which importing the flow must not."""
+    (`registry_errors`, naming the version and the way out), no champion to refresh, a dvc step of the commit."""
     return (*input_errors(), *registry_errors(), steps.RefreshError, steps.RetrainCommitError,
             steps.JudgeFailedUnpushed)  # the gate's task has logged its own traceback
 

@@ -75,8 +75,8 @@ def tune(params_path: str = "params.yaml", workers: int = 2, trials_per_worker: 
     trials = params.tune.trials if trials_per_worker is None else trials_per_worker
     futures = [tune_worker.submit(params_path, i, trials, overrides or [], out, work) for i in range(workers)]
     results = [f.result() for f in futures]
-    study = params.tune.study + ("-data-<digest of the data>" if params.tune.on_new_data == "new_study" else "")
-    get_run_logger().info("tune: %d workers × %d trials in study %r: %s", workers, trials, study, results)
+    # each worker's last line names the study it ran (with tune.on_new_data new_study, one named by the data's digest)
+    get_run_logger().info("tune: %d workers × %d trials: %s", workers, trials, results)
     return results
 
 

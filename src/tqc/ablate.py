@@ -641,12 +641,10 @@ def _key(value) -> str:
 
 def plot(rows: list[dict], grids: list[str], path: Path) -> None:
     """One panel per grid: macro-F1 (mean ± std over seeds) of ADMC and AC per variant."""
-    import matplotlib
+    from matplotlib.figure import Figure  # not pyplot: no global backend switched, no figure left open
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(len(grids), 1, figsize=(10, 3.2 * len(grids)), squeeze=False)
+    figure = Figure(figsize=(10, 3.2 * len(grids)))
+    axes = figure.subplots(len(grids), 1, squeeze=False)
     for axis, grid in zip(axes[:, 0], grids):
         members = [r for r in rows if r["grid"] == grid and r["admc_macro_f1"]["mean"] is not None]
         axis.set_title(grid)
@@ -667,4 +665,3 @@ def plot(rows: list[dict], grids: list[str], path: Path) -> None:
     figure.tight_layout()
     with atomic_path(path) as tmp:
         figure.savefig(tmp, format="png", dpi=110)
-    plt.close(figure)

@@ -595,7 +595,8 @@ def _tune(args: argparse.Namespace, params: Params) -> None:
     apply = ("the baseline is best: the params' values stand, nothing to apply"
              if baseline and baseline["number"] == best["number"] else
              f"apply with: {apply_command(args.params, args.out)}")
-    print(f"best validation macro-F1 {best['validation_macro_f1']:.4f} (trial {best['number']}{against}); {apply}")
+    print(f"best validation macro-F1 {best['validation_macro_f1']:.4f} (trial {best['number']}{against}) in study "
+          f"{result.study_name!r}; {apply}")
 
 
 def _ablate(args: argparse.Namespace, params: Params) -> None:

@@ -16,6 +16,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
+from tqc.errors import InputError
+
 DatasetName = Literal["trec6", "trec50", "covidq-categories", "covidq-classes", "custom"]
 ImplicitAugmentation = Literal["dropout", "cutoff"]
 RetrainMode = Literal["train", "refresh"]
@@ -439,6 +441,7 @@ class PromoteParams(Strict):
     # The same for a refresh (retrain.mode refresh: the champion's own encoder serving the grown labeled questions),
     # which needs only to be no worse: below zero, a tie on validation promotes it and its new questions are served.
     # Not where it would switch a standard-rule champion to the exemplar rule and `rule` is not exemplars: min_improvement.
+    # A challenger that answers classes the champion cannot (the catalog grew since) needs only this bound too.
     refresh_min_improvement: float = Field(-0.01, ge=-1.0, le=1.0)
     tail_fraction: float = Field(1 / 3, gt=0.0, le=1.0)  # the rarest classes in train, by count
     tail_tolerance: float = Field(0.02, ge=0.0, le=1.0)  # allowed drop of tail-class macro-F1
@@ -641,6 +644,43 @@ class DistributedParams(Strict):
     # At most 1e9 (some 1,900 years, as good as never): a timedelta holds no more than about 1.4e12 minutes, and
     # beyond that every process's setup stopped on OverflowError, not on this key
     timeout_minutes: float = Field(30.0, gt=0, le=1e9)
+
+
+# The params each DVC stage reads, as dvc.yaml's `params:` lists them (a test keeps the two equal): what the stage's
+# MLflow run logs, and what evaluate records in metrics.json. A dotted key is one key of its section.
+STAGE_PARAMS: dict[str, tuple[str, ...]] = {
+    "ingest": ("seed", "data", "validate.max_text_chars"),
+    "validate": ("validate",),
+    "augment": ("seed", "augment"),
+    "warmup": ("seed", "model", "warmup", "data.custom.encoding", "distributed.nproc_per_node", "distributed.backend"),
+    "stage_one": ("seed", "model", "augment.deferred", "augment.implicit", "augment.rate", "augment.implicit_at",
+                  "augment.prototype_mixup", "augment.cross_encoding", "stage_one", "distributed.nproc_per_node",
+                  "distributed.backend"),
+    "mine": ("mine",),
+    "stage_two": ("seed", "augment.implicit", "augment.rate", "augment.implicit_at", "stage_two",
+                  "distributed.nproc_per_node", "distributed.backend"),
+    "baseline_nc": ("seed", "model.pretrained", "model.pooling", "model.max_length", "augment.implicit", "augment.rate",
+                    "augment.implicit_at", "baseline_nc", "stage_one.epochs", "stage_two.epochs",
+                    "distributed.nproc_per_node", "distributed.backend"),
+    "prior": ("prior", "stage_one.temperature", "stage_two.temperature", "stage_one.loss", "stage_two.loss",
+              "evaluate.batch_size"),
+    "evaluate": ("seed", "data.dataset", "data.validation_fraction", "model", "augment", "warmup", "stage_one", "mine",
+                 "stage_two", "baseline_nc", "prior", "evaluate", "distributed.nproc_per_node", "distributed.backend"),
+    "promote": ("seed", "promote", "evaluate.exemplar_k", "tracking"),
+}
+
+
+def selected(nested: dict, keys: tuple[str, ...]) -> dict:
+    """`keys` (sections, or dotted section.key paths, as STAGE_PARAMS names them) of a params dict, nested as
+    params.yaml nests them, in the order of `keys`."""
+    chosen: dict = {}
+    for path in keys:
+        *sections, key = path.split(".")
+        source, target = nested, chosen
+        for section in sections:
+            source, target = source[section], target.setdefault(section, {})
+        target[key] = source[key]
+    return chosen
 
 
 class Params(Strict):
@@ -856,7 +896,7 @@ def _holds_a_model(annotation: object) -> bool:
         _holds_a_model(argument) for argument in getattr(annotation, "__args__", ()))
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError, ValueError):
     pass
 
 

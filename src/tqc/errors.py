@@ -1,32 +1,30 @@
-"""The failures that bad input causes, for the entry points that report them (`tqc`, the retrain flow).
+"""The failures that bad input, or a registry's state, cause: the base classes the entry points (`tqc`, the retrain flow) catch.
 
-Not in config.py: every stage imports config, and this list reaches into the readers, validate and prior.
+A leaf module, importing nothing of tqc's: every module whose errors derive from InputError imports it.
 """
 
 from __future__ import annotations
 
 
-def input_errors() -> tuple[type[Exception], ...]:
-    """The failures that bad params, data files or a prior file cause. Each message names the file and what is wrong
-    with it, and running again unchanged fails the same way: `tqc` says them in one line, and the retrain flow does
-    not retry them. Imported when called, so importing this module costs nothing."""
-    from tqc.config import ConfigError
-    from tqc.incoming import UnreadableReference
-    from tqc.io import DataFileError
-    from tqc.launched import LaunchedInputError
-    from tqc.prior import PriorFileError
-    from tqc.readers import ReaderError
-    from tqc.schema import StaleClassifier, StaleNegatives, UnknownClass
-    from tqc.stages.validate import ValidationFailed
+class InputError(Exception):
+    """The base of every failure that bad params, data files or a prior file cause (ConfigError, ReaderError,
+    ValidationFailed, DataFileError, …): each message names the file and what is wrong with it, and running again
+    unchanged fails the same way. A new such error derives from it, and `tqc` and the retrain flow treat it so; a list
+    of classes here was one more place to forget it, and a forgotten one was a traceback, retried three times."""
 
-    return (ConfigError, ReaderError, ValidationFailed, PriorFileError, UnreadableReference, UnknownClass, StaleNegatives,
-            StaleClassifier, DataFileError, LaunchedInputError)
+
+def input_errors() -> tuple[type[Exception], ...]:
+    """The failures bad input causes (`InputError`): `tqc` says them in one line, and the retrain flow does not retry
+    them."""
+    return (InputError,)
+
+
+class RegistryError(Exception):
+    """The base of the failures of a registry whose state stops a command (ChampionUnavailable: a champion that cannot
+    answer), each message naming the version and the way out: repair it, or move the alias."""
 
 
 def registry_errors() -> tuple[type[Exception], ...]:
-    """The failures of a registry whose state stops a command, each message naming the version and the way out (a
-    champion that cannot answer: repair it, or move the alias): said in one line, as a passing fault (exit 1), since
-    the same command passes once the registry is put right. Imported when called."""
-    from tqc.stages.promote import ChampionUnavailable
-
-    return (ChampionUnavailable,)
+    """The registry's failures (`RegistryError`): said in one line, as a passing fault (exit 1), since the same
+    command passes once the registry is put right."""
+    return (RegistryError,)

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tqc.errors import InputError
 from tqc.retraining import inbox, staging
 from tqc.config import ConfigError, Params
 from tqc.readers import ReaderError, labels_read_as_catalog, read_custom_table, require_rows
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 CLEAN, QUARANTINED, UNUSABLE = 0, 1, 2
 
 
-class UnreadableReference(Exception):
+class UnreadableReference(InputError):
     """The current data a batch is checked against cannot be read: no fault of the batch's."""
 
 

@@ -13,8 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from tqc.errors import InputError
 
-class DataFileError(ValueError):
+
+class DataFileError(InputError, ValueError):
     """A file that cannot be read as the data it should hold; the message names the file and the line. An input
     error (`tqc.errors.input_errors`): said in one line, and never retried, since reading again fails the same way."""
 

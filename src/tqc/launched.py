@@ -20,10 +20,12 @@ from collections import deque
 from pathlib import Path
 from typing import IO
 
+from tqc.errors import InputError
+
 ERROR_FILE_ENV = "TQC_INPUT_ERROR_FILE"  # the launcher's path; each process writes it + ".rank<RANK>"
 
 
-class LaunchedInputError(RuntimeError):
+class LaunchedInputError(InputError, RuntimeError):
     """An input error that stopped a command launched under torchrun, as its processes said it."""
 
 

@@ -70,7 +70,7 @@ def prepare_data(params: Params, work_dir: Path) -> PreparedData:
 def train_chain(params: Params, data_dir: Path, train_path: Path, work_dir: Path, seed: int, with_nc: bool = True,
                 on_epoch: EpochHook | None = None, processes: int | None = None) -> ChainOutputs:
     """(the warm-up, when warmup.enabled →) stage one → mine → stage two (→ the NC baseline) in `work_dir`; `on_epoch`
-    sees every epoch of the last four.
+    sees every epoch of stage one, stage two and the NC baseline (the warm-up's are not reported).
 
     `processes` (default distributed.nproc_per_node) above 1: each training stage, the warm-up's too, runs as that
     many torchrun processes, through the stage's own CLI command, as `dvc repro` runs it; `on_epoch` then sees a

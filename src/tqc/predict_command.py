@@ -293,6 +293,7 @@ def _is_nc_baseline(folder: Path) -> bool:
 def _matcher(args: argparse.Namespace):
     """`tqc predict`'s matcher: the standard-question rule with --model's class-prior shift, or with
     --exemplars the exemplar rule, which has no shift."""
+    from tqc.readers import MissingColumns
     from tqc.serving import local_matcher
 
     if args.exemplars is None:
@@ -305,6 +306,10 @@ def _matcher(args: argparse.Namespace):
             return local_matcher(args.model, args.catalog, args.top_k,
                                  _prior_for(args.model, args.prior, args.catalog, args.encoding) if whole else None,
                                  catalog_encoding=args.encoding)
+        except MissingColumns as exc:  # a catalog under data.custom's own column names, which predict does not read
+            raise ConfigError(f"{exc}: a .csv --catalog is read by its class_id and text columns (tqc predict reads no "
+                              "params.yaml, so not data.custom.catalog_id_column or catalog_text_column): rename them, "
+                              "or give the catalog the pipeline wrote, data/validated/catalog.jsonl") from None
         except ValueError as exc:  # e.g. a catalog's bad line, or a prior file with no entry for the model: each names its file
             raise ConfigError(str(exc)) from None
     # predict reads no params.yaml: evaluate.exemplar_k's default, not the project's setting

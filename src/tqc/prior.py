@@ -30,13 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
+from tqc.errors import InputError
 from tqc.io import UnreadableJson, read_json, tree_digests
 from tqc.metrics import summary
 
 log = logging.getLogger(__name__)
 
 
-class PriorFileError(ValueError):
+class PriorFileError(InputError, ValueError):
     """A prior stage's file that cannot serve a model: not such a file, no entry fitted for the model, an entry fitted
     for earlier weights, or for another catalog. The CLI says it in one line."""
 

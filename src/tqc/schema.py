@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tqc.errors import InputError
 from tqc.io import DataFileError, numbered_jsonl, write_jsonl
 
 
@@ -59,15 +60,15 @@ def usable_generated(questions: list[LabeledQuestion], generated: list[LabeledQu
     return [row for row in generated if row.origins and set(row.origins) <= in_train]
 
 
-class UnknownClass(ValueError):
+class UnknownClass(InputError, ValueError):
     """A question whose class the catalog lacks: the two were made by different runs or for different data."""
 
 
-class StaleNegatives(ValueError):
+class StaleNegatives(InputError, ValueError):
     """A mined-negatives file that does not fit the training rows or the catalog it is used with."""
 
 
-class StaleClassifier(ValueError):
+class StaleClassifier(InputError, ValueError):
     """A classifier whose output rows are another catalog's classes, or in another order."""
 
 

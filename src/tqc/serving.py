@@ -105,6 +105,14 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
         self.shift = torch.as_tensor(shift, dtype=torch.float32)  # (P,): 0 for a model registered without one
         self.default_top_k = int(config.get("top_k", 5))
 
+    def answerable_class_ids(self) -> list[str]:
+        """The catalog's classes this model can answer with: every one under the standard rule, those with an exemplar
+        under the exemplar rule. In catalog order."""
+        if self.exemplars is None:
+            return list(self.catalog.class_ids)
+        with_exemplars = set(self.exemplars.classes.tolist())
+        return [c for i, c in enumerate(self.catalog.class_ids) if i in with_exemplars]
+
     # The hint is the registry's contract (`signature`: a "question" column); MLflow infers no schema
     # from a DataFrame hint, so it keeps the logged signature, and without a hint it warns on every import.
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
@@ -345,12 +353,14 @@ def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_pat
     return matcher
 
 
-def served_top1(uri: str, questions: list[str]) -> list[str]:
-    """(N,) the class id of each question's first answer, from a registered version's pyfunc as it is served."""
+def served_first_answers(uri: str, questions: list[str]) -> tuple[list[str], list[str]]:
+    """(N,) the class id of each question's first answer, from a registered version's pyfunc as it is served; and the
+    classes it can answer with (`answerable_class_ids`)."""
     served = mlflow.pyfunc.load_model(uri)
-    served.unwrap_python_model().says_cut = False  # validation questions, which evaluate scores cut as silently
+    matcher = served.unwrap_python_model()
+    matcher.says_cut = False  # validation questions, which evaluate scores cut as silently
     answers = served.predict(pd.DataFrame({"question": questions}), params={"top_k": 1})
-    return answers[answers["rank"] == 1]["class_id"].tolist()  # in question order
+    return answers[answers["rank"] == 1]["class_id"].tolist(), matcher.answerable_class_ids()  # in question order
 
 
 # What the registry answers when the model or its alias is not there; any other error is the registry failing.

@@ -33,7 +33,8 @@ from typing import Callable, Iterator
 from urllib.parse import quote
 
 from tqc import distributed
-from tqc.config import ConfigError, Params, TrackingParams, flatten, redact_secrets, redact_text
+from tqc.config import (STAGE_PARAMS, ConfigError, Params, TrackingParams, flatten, redact_secrets, redact_text,
+                        selected)
 from tqc.io import file_digest
 
 log = logging.getLogger(__name__)
@@ -541,13 +542,10 @@ def _parent_status(client, parent_id: str, stage: str, status: str) -> str:
 
 
 def _stage_params(stage: str, params: Params) -> dict:
-    full = run_params(params)
-    sections = {"warmup": ("seed", "model", "warmup", "distributed"),
-                "stage_one": ("seed", "model", "augment", "stage_one", "distributed"), "mine": ("mine",),
-                "stage_two": ("seed", "augment", "stage_two", "distributed"),
-                "baseline_nc": ("seed", "model", "augment", "baseline_nc", "distributed"),
-                "promote": ("promote",)}.get(stage)
-    chosen = {k: full[k] for k in sections} if sections else full
+    """The params a stage's run logs: those it reads (`STAGE_PARAMS`, dvc.yaml's), so that runs compared in MLflow
+    differ only in params that could change them (stage two logged all of augment, and promote none of the tracking
+    it registers to). The pipeline's run above them logs every section."""
+    chosen = selected(run_params(params), STAGE_PARAMS[stage])
     if stage == "baseline_nc":  # the budget it trained with: a null baseline_nc.epochs is ADMC's
         chosen["baseline_nc"] = {**chosen["baseline_nc"], "epochs": params.nc_schedule().epochs}
     if "distributed" in chosen:

@@ -350,12 +350,17 @@ def test_a_name_run_under_several_baselines_reads_the_one_under_head_else_the_ne
 
 
 def test_a_grid_without_finished_cells_gets_a_panel_that_says_so(tmp_path, monkeypatch):
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     from tqc.ablate import plot
 
-    drawn = []
-    monkeypatch.setattr(plt, "close", lambda figure: drawn.append(figure))
+    drawn, savefig = [], Figure.savefig
+
+    def saved(figure, *args, **kwargs):
+        drawn.append(figure)
+        return savefig(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", saved)
     figure = {"mean": 0.9, "std": 0.01, "values": [0.9, 0.91]}
     rows = [{"grid": "done", "variant": "none", "admc_macro_f1": figure, "ac_macro_f1": figure}]
     plot(rows, ["done", "empty"], tmp_path / "ablations.png")

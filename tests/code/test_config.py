@@ -561,7 +561,7 @@ def test_every_stage_run_logs_its_params_with_database_passwords_redacted():
     params = Params.model_validate({"tracking": {"uri": "postgresql://u:s3cret@db/mlflow"}})
     for stage in ("ingest", "evaluate", "prior", "stage_one", "promote"):
         assert "s3cret" not in str(_stage_params(stage, params))
-    assert _stage_params("evaluate", params)["tracking"]["uri"] == "postgresql://u:***@db/mlflow"
+    assert _stage_params("promote", params)["tracking"]["uri"] == "postgresql://u:***@db/mlflow"
 
 
 def test_set_values_read_as_yaml_1_2_and_text_stays_text():

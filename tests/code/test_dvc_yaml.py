@@ -30,7 +30,8 @@ SRC = DVC_YAML.parent / "src"
 # Imported by every stage, yet no stage's outputs follow from their code: the version string, a docstring, and the
 # params' schema (each stage declares the params it reads, so their values are deps; a new knob in config.py
 # would otherwise re-run the whole pipeline).
-NOT_DEPENDENCIES = {"src/tqc/__init__.py", "src/tqc/stages/__init__.py", "src/tqc/config.py"}
+# config.py: DVC tracks the params themselves; errors.py: the base class of the input errors, which no output depends on
+NOT_DEPENDENCIES = {"src/tqc/__init__.py", "src/tqc/stages/__init__.py", "src/tqc/config.py", "src/tqc/errors.py"}
 
 
 def module_file(module: str) -> Path | None:
@@ -98,6 +99,19 @@ def test_every_stage_declares_the_code_it_runs():
         if missing:
             undeclared[name] = missing
     assert undeclared == {}, undeclared
+
+
+def test_each_stage_reads_and_logs_the_params_dvc_yaml_declares_for_it():
+    """Which params a stage reads was written in dvc.yaml and again in tracking, and the two disagreed: stage two's
+    MLflow run logged all of augment, promote's none of the tracking it registers to, prior's every section."""
+    from tqc.config import STAGE_PARAMS, Params
+    from tqc.tracking import _stage_params
+
+    stages = yaml.safe_load(DVC_YAML.read_text(encoding="utf-8"))["stages"]
+    assert {name: tuple(stage.get("params", ())) for name, stage in stages.items()} == STAGE_PARAMS
+    logged = _stage_params("stage_two", Params())
+    assert set(logged["augment"]) == {"implicit", "rate", "implicit_at"} and "model" not in logged
+    assert set(_stage_params("promote", Params())) == {"seed", "promote", "evaluate", "tracking"}
 
 
 def test_metrics_json_records_the_params_evaluate_declares_and_no_others():

@@ -300,3 +300,22 @@ def test_json_files_are_valid_json_with_nan_and_infinity_written_as_null(tmp_pat
 
     assert json.loads(text, parse_constant=refuse) == {"loss": None, "nested": [{"high": None, "low": None}],
                                                         "kept": 0.5, "pair": [1.0, None]}
+
+
+def test_the_errors_bad_input_causes_share_one_base_that_tqc_and_the_retrain_flow_catch():
+    """`tqc.errors.input_errors` was a list of ten classes: one more place a new input error had to be added, else
+    `tqc` printed its traceback (exit 1) and the retrain flow retried it three times."""
+    from tqc.config import ConfigError
+    from tqc.errors import InputError, input_errors
+    from tqc.incoming import UnreadableReference
+    from tqc.io import DataFileError
+    from tqc.launched import LaunchedInputError
+    from tqc.prior import PriorFileError
+    from tqc.readers import MissingColumns, ReaderError, RowsRejected
+    from tqc.schema import StaleClassifier, StaleNegatives, UnknownClass
+    from tqc.stages.validate import ValidationFailed
+
+    for error in (ConfigError, UnreadableReference, DataFileError, LaunchedInputError, PriorFileError, ReaderError,
+                  MissingColumns, RowsRejected, StaleClassifier, StaleNegatives, UnknownClass, ValidationFailed):
+        assert issubclass(error, input_errors()), error
+    assert input_errors() == (InputError,)

@@ -404,9 +404,24 @@ def test_data_too_small_for_a_validation_split_is_a_clear_error(tmp_path):
     write(tmp_path, "test.csv", b"text,label\na three,a\n")
     params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None,
                         custom={"train": "train.csv", "test": "test.csv"})
-    with pytest.raises(ReaderError, match="validation split carved from train is empty"):
+    with pytest.raises(ReaderError, match="validation split carved from train is empty") as too_small:
         ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and "none could be drawn" not in str(too_small.value)
+
+
+def test_a_test_file_that_copies_train_is_said_to_leave_nothing_to_draw_for_validation(tmp_path):
+    """Every training question also a test one: the error said only "add labeled questions", though there were
+    enough; the reason is that no question in test is ever drawn for validation."""
+    from tqc.stages import ingest
+
+    rows = b"text,label\n" + b"".join(f"{c} question {i},{c}\n".encode() for c in "ab" for i in range(4))
+    write(tmp_path, "train.csv", rows)
+    write(tmp_path, "test.csv", rows)
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None,
+                        custom={"train": "train.csv", "test": "test.csv"})
+    with pytest.raises(ReaderError, match=r"none could be drawn from 2 class\(es\) of 3 or more \('a', 'b'\): each of "
+                                          r"their training rows repeats, is empty, is a test or standard question"):
+        ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
 
 
 def test_a_validation_file_is_the_validation_split_whole_and_train_trains_whole(tmp_path):

@@ -73,6 +73,19 @@ def test_a_validation_row_labeled_otherwise_in_train_names_the_training_row_and_
     assert said[("test", 2)] == "label_in_catalog: 'B' is no class of the catalog (the catalog has 'b', alike but for case, width or a float's .0)"
 
 
+def test_a_test_row_labeled_otherwise_in_train_is_flagged_and_its_training_copy_names_the_other_label(tmp_path):
+    """The train copy went as leakage, its reason naming no label, and the test row stayed with its disputed gold
+    label unflagged, though the same conflict within test, or between validation and train, is said."""
+    write_splits(tmp_path / "in", [("is it safe", "a"), ("other", "b")], [("fine", "a")],
+                 [("held out", "a"), ("Is it  safe", "b")])
+    report = run_validate(tmp_path)
+    said = {(q["split"], q["line"]): q["reason"] for q in read_jsonl(tmp_path / "quarantine.jsonl")}
+    assert said == {("train", 1): "no_leakage: also in test at test.csv, line 2, labeled 'b'"}
+    assert [(q["split"], q["line"], q["reason"]) for q in report["test_rows_kept_with_warnings"]] == [
+        ("test", 2, "no_label_conflicts: conflicts with train.csv, line 1 (train), labeled 'a'")]
+    assert [q["text"] for q in read_jsonl(tmp_path / "out" / "test.jsonl")] == ["held out", "Is it  safe"]
+
+
 def test_a_label_alike_two_catalog_ids_is_said_to_match_neither_not_to_be_a_misspelling_of_one(tmp_path):
     """`hum` and `HUM` both ids: ingest reads a `Hum` as neither, and the hint named only the last of them."""
     catalog = (("a", "Question a?"), ("hum", "Who is it?"), ("HUM", "Which person?"), ("ＬＯＣ", "Where is it?"))

@@ -723,6 +723,13 @@ def test_a_catalog_csv_written_as_data_custom_catalog_is_answered_with_as_its_js
     (tmp_path / "bad.csv").write_text("class_id,text\nloc,Where is it?\nhum,\n")
     assert main(ask + ["--catalog", str(tmp_path / "bad.csv")]) == 2
     assert f"{tmp_path / 'bad.csv'}, line 3: catalog row unusable" in capsys.readouterr().err
+    # under data.custom's own column names, which predict does not read: said, with the ways out
+    (tmp_path / "mine.csv").write_text("intent,standard\n" + rows)
+    assert main(ask + ["--catalog", str(tmp_path / "mine.csv")]) == 2
+    error = capsys.readouterr().err
+    assert f"{tmp_path / 'mine.csv'}, line 1: missing column(s)" in error
+    assert "not data.custom.catalog_id_column or catalog_text_column): rename them, or give the catalog the pipeline " \
+           "wrote, data/validated/catalog.jsonl" in error
 
 
 def test_a_long_question_is_searched_for_a_word_a_piece_at_a_time_with_the_answer_normalising_it_whole_gives(

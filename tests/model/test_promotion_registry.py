@@ -286,6 +286,43 @@ def test_a_champion_of_another_catalog_is_not_comparable_and_stays(tiny_model_di
     assert mlflow.MlflowClient().get_model_version("tqc-admc", report["challenger_version"]).tags["promotion"] == "incomparable"
 
 
+def test_a_challenger_answering_a_class_the_champion_cannot_needs_only_to_be_no_worse(tiny_model_dir, data_dir, tmp_path,
+                                                                                     registry, monkeypatch):
+    """A class added to the catalog since the champion was registered: the champion can never answer it, yet under
+    min_improvement the challenger, right on one more of its validation questions and alike elsewhere, never cleared
+    the bound (CI [0, ...]), so the alias stayed on a model that cannot serve the new intent, and no reason said so."""
+    from tqc import serving
+
+    added = "NUM"
+    before = tmp_path / "before"  # the catalog and rows before the class was added
+    Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items() if c != added]).save(before / "catalog.jsonl")
+    for split in ("train", "validation"):
+        save_questions(before / f"{split}.jsonl", [q for q in load_questions(data_dir / f"{split}.jsonl") if q.class_id != added])
+    gold = {q.text: q.class_id for q in load_questions(data_dir / "validation.jsonl")}
+
+    def served(uri, questions):  # alike on every question but one of the added class, which only the challenger gets
+        champion = uri.endswith("/1")
+        first_added = next(i for i, text in enumerate(questions) if gold[text] == added)
+        answers = [("LOC" if champion or i != first_added else added) if gold[text] == added else gold[text]
+                   for i, text in enumerate(questions)]
+        return answers, [c for c in CLASSES if not (champion and c == added)]
+
+    model = untrained(tiny_model_dir, tmp_path / "model")
+    with standalone_run("promote", registry) as tracker:
+        assert promote.run(before, model, None, PromoteParams(), tmp_path / "p.json", tracker)["promoted"]
+    grown = Path(shutil.copytree(model, tmp_path / "grown"))
+    (grown / "NOTE.txt").write_text("trained on the grown catalog")  # other content: a new version
+    monkeypatch.setattr(serving, "served_first_answers", served)
+    for gate, promoted in ((PromoteParams(refresh_min_improvement=0.0), False), (PromoteParams(), True)):
+        with standalone_run("promote", registry) as tracker:
+            report = promote.run(data_dir, grown, None, gate, tmp_path / "p.json", tracker)
+        assert report["bootstrap"]["low"] == 0.0 and report["bootstrap"]["difference"] > 0, report["bootstrap"]
+        assert report["promoted"] is promoted, report["reasons"]
+    assert report["champion_version_after"] == report["challenger_version"]
+    assert report["reasons"][0] == ("the challenger answers 1 class(es) of this catalog that the champion, v1, cannot "
+                                    "(NUM): it needs only to be no worse, the bound promote.refresh_min_improvement")
+
+
 def test_the_same_weights_with_another_training_record_are_the_same_version(tiny_model_dir, data_dir, tmp_path, registry,
                                                                           monkeypatch):
     """tqc_model.json also records how a model was trained: stage two keeping stage one's weights under other params
@@ -1188,7 +1225,7 @@ def test_a_registered_version_whose_model_config_is_damaged_is_a_one_line_error(
 def test_rule_auto_judges_validation_questions_over_max_length_without_a_cut_warning(tiny_model_dir, data_dir, tmp_path,
                                                                                      caplog):
     """The served model says the questions it cuts at model.max_length; promote's judging is of validation questions,
-    which evaluate scores cut as silently, so it says none (served_top1 did not; rule auto's two rules each did, by
+    which evaluate scores cut as silently, so it says none (served_first_answers, then served_top1, did not; rule auto's two rules each did, by
     rows of a frame the user never sees)."""
     model_dir = untrained(tiny_model_dir, tmp_path / "model")
     long = " ".join(["where is paris"] * 20)  # 62 tokens, over the 48 of model.max_length
@@ -1221,7 +1258,8 @@ def _promote_steps(tiny_model_dir, data_dir, tmp_path, registry, monkeypatch, ca
     def answers(uri, validation, catalog_):
         gold = np.array([catalog.index(q.class_id) for q in validation])
         wrong = (gold + 1) % len(catalog)
-        return np.where(np.arange(len(gold)) < round(right[uri.rsplit("/", 1)[1]] * len(gold)), gold, wrong)
+        first = np.where(np.arange(len(gold)) < round(right[uri.rsplit("/", 1)[1]] * len(gold)), gold, wrong)
+        return promote._Served(first, frozenset(catalog.class_ids))  # every version answers every class
 
     monkeypatch.setattr(promote, "_validation_predictions", answers)
     monkeypatch.setattr(promote, "_local_top1", lambda model_dir, data_dir_, prior, exemplars, questions, *cache:

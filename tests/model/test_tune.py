@@ -1485,8 +1485,9 @@ def test_a_losss_own_knob_searched_where_no_trial_trains_that_loss_is_refused(ca
 
 
 @pytest.mark.parametrize("best_number, said", [
-    (4, "best validation macro-F1 0.8100 (trial 4; the baseline, trial 0: 0.8000); apply with: tqc --params "),
-    (0, "best validation macro-F1 0.8000 (trial 0); the baseline is best: the params' values stand, nothing to apply"),
+    (4, "best validation macro-F1 0.8100 (trial 4; the baseline, trial 0: 0.8000) in study 's'; apply with: tqc --params "),
+    (0, "best validation macro-F1 0.8000 (trial 0) in study 's'; the baseline is best: the params' values stand, nothing "
+        "to apply"),
 ])
 def test_tune_ends_with_the_best_against_the_baseline_and_how_to_apply_it(tmp_path, monkeypatch, capsys, best_number, said):
     """It printed the tuned values as a Python dict; where they are and how to apply them was in the log only."""

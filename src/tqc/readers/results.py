@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tqc.errors import InputError
 from tqc.schema import Catalog, LabeledQuestion
 
 
-class ReaderError(ValueError):
+class ReaderError(InputError, ValueError):
     """The file as a whole is unusable (missing, empty, wrong columns)."""
 
 

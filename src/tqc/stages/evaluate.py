@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from tqc import prior
-from tqc.config import Params
+from tqc.config import STAGE_PARAMS, Params, selected
 from tqc.device import pick_device
 from tqc.exemplars import exemplar_scorer
 from tqc.io import atomic_path, write_json, write_jsonl
@@ -221,20 +221,12 @@ UNSHIFTED_FIGURES = ("accuracy", "macro_f1", "macro_f1_gold_classes")
 # them runs evaluate again, so its record in metrics.json is never stale. The others (validate's thresholds, data's
 # paths and columns) shape the validated data, whose hash dvc.lock records; recorded here, a change that left the data
 # as it was would leave their values stale.
-RECORDED_PARAMS = ("seed", "data.dataset", "data.validation_fraction", "model", "augment", "warmup", "stage_one", "mine",
-                   "stage_two", "baseline_nc", "prior", "evaluate", "distributed.nproc_per_node", "distributed.backend")
+RECORDED_PARAMS = STAGE_PARAMS["evaluate"]
 
 
 def recorded_params(params: Params) -> dict:
     """`RECORDED_PARAMS` of `params`, nested as params.yaml nests them, in its order."""
-    everything, recorded = params.to_dict(), {}
-    for path in RECORDED_PARAMS:
-        section, _, key = path.partition(".")
-        if key:
-            recorded.setdefault(section, {})[key] = everything[section][key]
-        else:
-            recorded[section] = everything[section]
-    return recorded
+    return selected(params.to_dict(), RECORDED_PARAMS)
 
 
 def metrics_document(params: Params, evaluated: dict, shifts: dict[str, PriorShift], seeds: dict) -> dict:
@@ -296,14 +288,12 @@ def _write_confusion(path: Path, scores: np.ndarray, questions: list[LabeledQues
 def _write_similarity_profile(plots_dir: Path, scores: dict[str, np.ndarray], questions: list[LabeledQuestion],
                               catalog: Catalog, params: Params) -> None:
     """The paper's Figure 3: each sampled question's similarity to every standard question, before and after training."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: no global backend switched, no figure left open
 
     sample = sorted(random.Random(params.seed).sample(range(len(questions)), min(params.evaluate.profile_questions, len(questions))))
     rows = [["question", "gold", "class", "before", "after"]]
-    figure, axes = plt.subplots(len(sample), 1, figsize=(max(6, 0.25 * len(catalog) + 2), 2.2 * len(sample)), squeeze=False)
+    figure = Figure(figsize=(max(6, 0.25 * len(catalog) + 2), 2.2 * len(sample)))
+    axes = figure.subplots(len(sample), 1, squeeze=False)
     for axis, i in zip(axes[:, 0], sample):
         before, after = scores["zero_shot"][i], scores["admc"][i]
         for c, class_id in enumerate(catalog.class_ids):
@@ -324,7 +314,6 @@ def _write_similarity_profile(plots_dir: Path, scores: dict[str, np.ndarray], qu
     _write_csv(plots_dir / "similarity_profile.csv", rows)
     with atomic_path(plots_dir / "similarity_profile.png") as tmp:
         figure.savefig(tmp, format="png", dpi=110)
-    plt.close(figure)
 
 
 def _drawn(text: str) -> str:

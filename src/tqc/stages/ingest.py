@@ -369,9 +369,13 @@ def _split(params: DataParams, seed: int, read: _Read) -> _Split:
     added_train, added_validation = stable_split(read.added.rows, params.validation_fraction, seed)
     train, validation = read.train + added_train, read.validation + added_validation
     if not validation:
+        # a test file that copies train leaves every class so: said, not only "add labeled questions"
+        undrawable = (f"; none could be drawn from {len(read.undrawable)} class(es) of 3 or more "
+                      f"({first_of([repr(c) for c in sorted(read.undrawable)])}): each of their training rows repeats, is empty, is a "
+                      "test or standard question, or fails a check of validate's on its own" if read.undrawable else "")
         raise ReaderError(f"{params.dataset}: the validation split carved from train is empty (only classes with at "
-                          "least 3 training rows give it rows), so early stopping and every selection would have "
-                          "nothing to judge by: add labeled questions, or name a data.validation_file")
+                          f"least 3 training rows give it rows{undrawable}), so early stopping and every selection "
+                          "would have nothing to judge by: add labeled questions, or name a data.validation_file")
     missing_a_split = classes_missing_a_split(train, validation, read.undrawable)  # one warning, for both facts
     return _Split(train, validation, carved_share, missing_a_split)
 

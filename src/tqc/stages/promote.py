@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tqc.config import ConfigError, PromoteParams, redact_text
+from tqc.errors import RegistryError
 from tqc.io import write_json
 from tqc.promotion import Decision, class_changes, decide, refresh_changes_rule, tail_classes
 from tqc.schema import Catalog, LabeledQuestion, load_questions
@@ -30,7 +31,7 @@ from tqc.tracking import Tracker, offline_mlflow
 log = logging.getLogger(__name__)
 
 
-class ChampionUnavailable(RuntimeError):
+class ChampionUnavailable(RegistryError, RuntimeError):
     """The registry's champion cannot answer, so no challenger can be judged against it."""
 
 
@@ -306,15 +307,20 @@ def _judge(client, params: PromoteParams, seed: int, champion: _Champion, challe
                             params.tail_fraction)
     if not asked.unseen and champion.version is not None:  # every validation question is one the champion or the challenger learnt from
         return _Judged(gold, gold, False, _nothing_unseen(len(asked.validation), tail_ids))
-    challenger_answers, champion_answers = (
+    challenger_served, champion_served = (
         _answers_on_validation(client, params.model_name, challenger.version, champion.version, asked.unseen,
                                asked.catalog)
-        if asked.unseen else (gold, None))  # no question to ask: the first model still becomes champion
+        if asked.unseen else (_Served(gold, frozenset(asked.catalog.class_ids)), None))  # no question to ask: the first model still becomes champion
+    challenger_answers = challenger_served.answers
+    champion_answers = None if champion_served is None else champion_served.answers
     # A champion answering with classes this catalog lacks has no accuracy here that means anything: none is reported
     incomparable = not standing.is_champion and champion_answers is not None and bool(np.any(champion_answers < 0))
     if incomparable:
         champion_answers = None
     gate, refresh_reason = _refresh_gate(params, challenger.refresh, champion)
+    if champion_answers is not None and not standing.is_champion:
+        gate, refresh_reason = _new_classes_gate(gate, refresh_reason, params, champion.version, asked.catalog,
+                                                 challenger_served.answerable - champion_served.answerable)
     decision = decide(gold, challenger_answers, champion_answers, np.array([asked.catalog.index(c) for c in tail_ids]),
                       tail_ids, gate, seed)
     decision = replace(decision, reasons=decision.reasons + _unjudged_reasons(asked.catalog.class_ids, judged) +
@@ -323,6 +329,20 @@ def _judge(client, params: PromoteParams, seed: int, champion: _Champion, challe
     if refresh_reason is not None and champion_answers is not None:
         decision = replace(decision, reasons=[refresh_reason] + decision.reasons)
     return _Judged(challenger_answers, champion_answers, incomparable, decision)
+
+
+def _new_classes_gate(gate: PromoteParams, reason: str | None, params: PromoteParams, champion_version: str,
+                      catalog: Catalog, new_classes: frozenset[str]) -> tuple[PromoteParams, str | None]:
+    """Where the challenger answers classes of this catalog the champion cannot (the catalog grew since the champion
+    was registered, or the exemplar rule has rows for them now), it needs only to be no worse, as a refresh does:
+    under min_improvement a new intent was served only once the challenger won by a margin its few validation
+    questions could rarely show, so the alias stayed on a model that can never answer it."""
+    if not new_classes or gate.min_improvement <= params.refresh_min_improvement:
+        return gate, reason
+    named = [c for c in catalog.class_ids if c in new_classes]
+    return (params.model_copy(update={"min_improvement": params.refresh_min_improvement}),
+            f"the challenger answers {len(named)} class(es) of this catalog that the champion, v{champion_version}, "
+            f"cannot ({first_of(named)}): it needs only to be no worse, the bound promote.refresh_min_improvement")
 
 
 def _unjudged_reasons(class_ids: list[str], judged: set[str]) -> list[str]:
@@ -436,7 +456,7 @@ def _local_top1(model_dir: Path, data_dir: Path, prior_path: Path | None, exempl
 
     matcher = local_matcher(model_dir, data_dir / "catalog.jsonl", 1, None if exemplars else prior_path, exemplars,
                             exemplar_cache)
-    matcher.says_cut = False  # validation questions, which evaluate scores cut as silently (as `served_top1`)
+    matcher.says_cut = False  # validation questions, which evaluate scores cut as silently (as `served_first_answers`)
     answers = matcher.predict(None, pd.DataFrame({"question": [q.text for q in questions]}), params={"top_k": 1})
     return answers[answers["rank"] == 1]["class_id"].to_numpy()  # in question order
 
@@ -548,10 +568,11 @@ def _tags_follow_the_alias(client, model_name: str, holder) -> None:
 
 
 def _answers_on_validation(client, model_name: str, version: str, champion_version: str | None, validation,
-                           catalog: Catalog) -> tuple[np.ndarray, np.ndarray | None]:
-    """(challenger's, champion's) first answers (N,) through the served pyfunc; the champion's None when there is
-    none. A challenger that cannot answer is tagged `promotion: failed` (registered, never judged) and the error
-    raised; a champion that cannot answer raises an error naming it, and the challenger is left untagged."""
+                           catalog: Catalog) -> tuple[_Served, _Served | None]:
+    """(challenger's, champion's) first answers (N,) through the served pyfunc, each with the classes it can answer;
+    the champion's None when there is none. A challenger that cannot answer is tagged `promotion: failed`
+    (registered, never judged) and the error raised; a champion that cannot answer raises an error naming it, and the
+    challenger is left untagged."""
     try:
         challenger = _validation_predictions(f"models:/{model_name}/{version}", validation, catalog)
     except Exception:
@@ -652,11 +673,17 @@ def _report(params: PromoteParams, registered: _Challenger, champion_version: st
     }
 
 
-def _validation_predictions(uri: str, validation, catalog: Catalog) -> np.ndarray:
-    """(N,) catalog indices predicted by a registered model; -1 for a class the catalog lacks."""
-    from tqc.serving import served_top1
+class _Served(NamedTuple):
+    """A registered version's first answers to the validation questions asked, and the classes it can answer with."""
+    answers: np.ndarray  # (N,) catalog indices; -1 for a class the catalog lacks
+    answerable: frozenset[str]
 
-    return np.array([catalog.index(c) if c in catalog else -1 for c in served_top1(uri, [q.text for q in validation])])
+
+def _validation_predictions(uri: str, validation, catalog: Catalog) -> _Served:
+    from tqc.serving import served_first_answers
+
+    first, answerable = served_first_answers(uri, [q.text for q in validation])
+    return _Served(np.array([catalog.index(c) if c in catalog else -1 for c in first]), frozenset(answerable))
 
 
 def taken_by_hand_tag(alias: str) -> str:

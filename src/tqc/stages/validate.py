@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from tqc.config import ValidateParams
+from tqc.errors import InputError
 from tqc.io import atomic_directory, write_json, write_jsonl
 from tqc.schema import (Catalog, LabeledQuestion, file_and_line, load_questions, quarantine_reason, save_questions,
                         split_source)
@@ -33,9 +34,13 @@ GENERATED = "generated"  # data.generated's attributed rows, when configured: ch
 COLUMNS = ["text", "class_id", "source", "generated"]
 # Leakage: a row of the first split whose text also appears in the second is quarantined.
 LEAKAGE_PAIRS = {"train": ("validation", "test"), "validation": ("test",), "test": (), GENERATED: ("validation", "test")}
+# Label conflicts: a row of these splits is also compared with train's rows. A made row that is another class's
+# training question would teach it both labels; a validation or test row labelled otherwise in train would be judged
+# by a disputed label (its train copy goes as leakage).
+CONFLICTS_WITH_TRAIN = (GENERATED, "validation", "test")
 
 
-class ValidationFailed(RuntimeError):
+class ValidationFailed(InputError, RuntimeError):
     pass
 
 
@@ -51,10 +56,13 @@ class ExpectationOutcome:
 
 
 def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, normalised: dict[str, list[str]],
-             firsts: dict[str, dict[str, int]], leak_targets: dict[str, dict[str, str]]) -> dict[str, pd.DataFrame]:
+             firsts: dict[str, dict[str, int]], leak_targets: dict[str, dict[str, str]],
+             train: list[LabeledQuestion] | None = None) -> dict[str, pd.DataFrame]:
     """One frame per split of `splits` with the derived columns the row-level expectations test. `normalised`: each
     split's rows' normalised texts (train's too); `firsts`: each split's `first_copies`; `leak_targets`: split → the
-    normalised texts a row of an earlier split leaks into (`LEAKAGE_PAIRS`)."""
+    normalised texts a row of an earlier split leaks into (`LEAKAGE_PAIRS`); `train`: the rows a split of
+    CONFLICTS_WITH_TRAIN is compared with (default: `splits`' own train, where it has one)."""
+    train = splits.get("train") if train is None else train
     # A row that is word for word a standard question of classes other than its own is labelled against the catalog
     owners = _standard_question_owners(catalog)
     frames = {}
@@ -62,10 +70,8 @@ def annotate(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, normali
         frame = pd.DataFrame([{c: getattr(q, c) for c in COLUMNS} for q in rows], columns=COLUMNS)
         keys = normalised[split]
         labels_per_text: dict[str, set[str]] = {}
-        # A made row that is another class's training question would teach it both labels; a validation row
-        # labelled otherwise in train would be judged by a disputed label (its train copy goes as leakage).
-        if split in (GENERATED, "validation"):
-            for key, q in zip(normalised["train"], splits["train"]):
+        if split in CONFLICTS_WITH_TRAIN and train is not None:  # `tqc validate` of a test file alone has none
+            for key, q in zip(normalised["train"], train):
                 labels_per_text.setdefault(key, set()).add(q.class_id)
         for key, q in zip(keys, rows):
             labels_per_text.setdefault(key, set()).add(q.class_id)
@@ -262,8 +268,10 @@ def check(splits: dict[str, list[LabeledQuestion]], catalog: Catalog, params: Va
     verdicts: dict[str, _Verdicts] = {}
     if "test" in splits:  # test leaks into nothing: no other split's verdict decides its frame
         test_only = ({"test": splits["test"]}, catalog, keys, {"test": firsts["test"]}, {})
-        verdicts["test"] = _judged_split("test", annotate(*test_only)["test"], splits["test"], catalog, params,
-                                         validator, RowReasons(*test_only), critical)
+        # its label conflicts with train's rows are said too, as for validation (a test row stays, flagged)
+        with_train = ({"test": splits["test"], **({"train": splits["train"]} if "train" in splits else {})}, *test_only[1:])
+        verdicts["test"] = _judged_split("test", annotate(*test_only, train=splits.get("train"))["test"], splits["test"],
+                                         catalog, params, validator, RowReasons(*with_train), critical)
     standing = {split: verdicts[split].kept if split in verdicts else range(len(rows)) for split, rows in splits.items()}
     leak_targets = {split: first_sources(splits[split], keys[split], standing[split]) for split in splits}
     rest = {split: rows for split, rows in splits.items() if split not in verdicts}
@@ -375,6 +383,7 @@ class RowReasons:
         if name == "no_leakage":
             into = [other for other in LEAKAGE_PAIRS[split] if key in self.leak_targets.get(other, {})]
             return "no_leakage: also " + ", ".join(f"in {other} at {file_and_line(self.leak_targets[other][key], NO_FILE)}"
+                                                   f"{self._labeled_otherwise(other, key, question.class_id)}"
                                                    for other in into)
         if name == "not_own_standard_question":
             return (f"not_own_standard_question: word for word the standard question of its class {question.class_id!r}, "
@@ -398,12 +407,16 @@ class RowReasons:
             return f" (the catalog has {' and '.join(map(repr, like))}, each {ALIKE}, so it was read as neither)"
         return f" (the catalog has {like[0]!r}, {ALIKE})" if like else ""
 
+    def _labeled_otherwise(self, split: str, key: str, label: str) -> str:
+        """", labeled 'X'" where `split`'s rows of this text carry no `label`, the first other label; else ""."""
+        labels = self.labeled.get(split, {}).get(key, {})
+        return "" if not labels or label in labels else f", labeled {next(iter(labels))!r}"
+
     def _other_label(self, split: str, key: str, label: str) -> str:
         owners = sorted(self.standard.get(key, {label}))
         if label not in owners:
             return f"the standard question of class{'es' if len(owners) > 1 else ''} {', '.join(map(repr, owners))}"
-        # as annotate compares: a generated or validation row with train's rows too
-        for other in (split, "train") if split in (GENERATED, "validation") else (split,):
+        for other in (split, "train") if split in CONFLICTS_WITH_TRAIN else (split,):  # as annotate compares
             found = next(((lab, source) for lab, source in self.labeled.get(other, {}).get(key, {}).items() if lab != label),
                          None)
             if found:
