@@ -2008,3 +2008,16 @@ def test_ctrl_c_in_a_trial_leaves_no_optuna_traceback_and_other_failures_keep_th
         assert records[0].exc_info[0] is ValueError and "failed with value" in records[1].getMessage()
     finally:
         logger.removeHandler(handler)
+
+
+def test_a_refusal_is_the_trials_only_where_it_names_a_drawn_key_whole():
+    """A substring match read a refusal of `stage_one.temperature_floor` as one of a drawn `stage_one.temperature`:
+    the trial failed, where a refusal the draw did not cause must stop the worker."""
+    from tqc.tuning.trials import names_a_key
+
+    drawn = {"stage_one.temperature": 0.01, "mine.k": 3}
+    assert names_a_key("stage_one.temperature 0.01 is below …", drawn)
+    assert names_a_key("refused: mine.k.", drawn) and names_a_key("(mine.k)", drawn)
+    assert not names_a_key("stage_one.temperature_floor is 0.05", drawn)
+    assert not names_a_key("xmine.k is 3", drawn) and not names_a_key("submine.k is 3", drawn)
+    assert not names_a_key("model.max_length 600 is beyond the model's 512 positions", drawn)

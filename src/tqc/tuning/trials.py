@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import socket
 from contextlib import contextmanager
@@ -156,6 +157,13 @@ def _draw(trial, worker: _Worker) -> _Draw:
     return _Draw(baseline, overrides, trial_params, trained_values)
 
 
+def names_a_key(message: str, keys) -> bool:
+    """Whether `message` names one of the params `keys` whole: `stage_one.temperature` in "stage_one.temperature 0.01
+    is …", not inside `stage_one.temperature_floor` or `xstage_one.temperature` (a substring match read another key's
+    refusal as the trial's, and the trial failed where the worker should have stopped)."""
+    return any(re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", message) for key in keys)
+
+
 def _refused(trial, refuser: str, error: ConfigError) -> TrialRefused:
     """Said and kept as the trial's `refused` reason: the failure to raise for params the `refuser` refuses."""
     log.warning("tune: trial %d drew params the %s refuses, and fails: %s", trial.number, refuser, error)
@@ -211,7 +219,7 @@ def _train_chain(training: _Training, replayed: set[int]) -> float:
         # The draw's fault only where the refusal names a param the trial drew (tqc's refusals name their
         # key); the base params', or another fault said as one (a model folder unreadable), would fail every
         # trial alike: the worker stops, loudly
-        if draw.baseline or not any(name in str(error) for name in draw.overrides):
+        if draw.baseline or not names_a_key(str(error), draw.overrides):
             raise
         raise _refused(trial, "model", error) from None
     except TRIAL_FAILURES as error:  # Optuna logs the reason but keeps none: the study's reports name it
