@@ -30,14 +30,15 @@ def main() -> None:
     offline_mlflow()  # before MLflow is imported
     import mlflow
 
-    from tqc.serving import served_top1
+    from tqc.serving import served_first_answers
 
     params = load_params(args.params)
     mlflow.set_tracking_uri(tracking_uri(params.tracking))
     rows = load_questions(args.split)
     gold_ids = [q.class_id for q in rows]
     for version in args.version:
-        predicted_ids = served_top1(f"models:/{params.promote.model_name}/{version}", [q.text for q in rows])
+        uri = f"models:/{params.promote.model_name}/{version}"
+        predicted_ids, _ = served_first_answers(uri, [q.text for q in rows])
         names = sorted(set(gold_ids) | set(predicted_ids))  # indices over gold ∪ predicted, as the evaluate stage's
         gold = np.array([names.index(c) for c in gold_ids])
         predicted = np.array([names.index(c) for c in predicted_ids])

@@ -441,7 +441,8 @@ class PromoteParams(Strict):
     # The same for a refresh (retrain.mode refresh: the champion's own encoder serving the grown labeled questions),
     # which needs only to be no worse: below zero, a tie on validation promotes it and its new questions are served.
     # Not where it would switch a standard-rule champion to the exemplar rule and `rule` is not exemplars: min_improvement.
-    # A challenger that answers classes the champion cannot (the catalog grew since) needs only this bound too.
+    # A challenger that answers classes the champion cannot (the catalog grew since) needs only this bound too, on the
+    # validation questions of the classes both answer (unless it is a refresh that changes the rule).
     refresh_min_improvement: float = Field(-0.01, ge=-1.0, le=1.0)
     tail_fraction: float = Field(1 / 3, gt=0.0, le=1.0)  # the rarest classes in train, by count
     tail_tolerance: float = Field(0.02, ge=0.0, le=1.0)  # allowed drop of tail-class macro-F1

@@ -214,6 +214,10 @@ def _launcher(params: Params, seed: int, work_dir: Path, processes: int) -> _Lau
     # What the training commands read, with this chain's seed; tracking off (the chain's caller records the run), and
     # no section that may hold a secret (tracking.uri, tune.storage) written to disk.
     read = {name: value for name, value in params.to_dict().items() if name in LAUNCHED_SECTIONS}
+    # The launched commands resolve a relative data folder from their params file's folder (work_dir), as DVC does:
+    # written absolute, they read the folders this process reads, from its working folder
+    read["data"] = {**read["data"], **{name: str(Path(read["data"][name]).absolute()) for name in ("data_dir", "additions")
+                                       if read["data"][name] is not None}}
     launched = Params.model_validate({**read, "seed": seed, "distributed": {**read["distributed"], "nproc_per_node": processes},
                                        "tracking": {"enabled": False}})
     params_file = work_dir / "params.launched.yaml"

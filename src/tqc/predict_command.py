@@ -293,7 +293,6 @@ def _is_nc_baseline(folder: Path) -> bool:
 def _matcher(args: argparse.Namespace):
     """`tqc predict`'s matcher: the standard-question rule with --model's class-prior shift, or with
     --exemplars the exemplar rule, which has no shift."""
-    from tqc.readers import MissingColumns
     from tqc.serving import local_matcher
 
     if args.exemplars is None:
@@ -306,12 +305,8 @@ def _matcher(args: argparse.Namespace):
             return local_matcher(args.model, args.catalog, args.top_k,
                                  _prior_for(args.model, args.prior, args.catalog, args.encoding) if whole else None,
                                  catalog_encoding=args.encoding)
-        except MissingColumns as exc:  # a catalog under data.custom's own column names, which predict does not read
-            raise ConfigError(f"{exc}: a .csv --catalog is read by its class_id and text columns (tqc predict reads no "
-                              "params.yaml, so not data.custom.catalog_id_column or catalog_text_column): rename them, "
-                              "or give the catalog the pipeline wrote, data/validated/catalog.jsonl") from None
         except ValueError as exc:  # e.g. a catalog's bad line, or a prior file with no entry for the model: each names its file
-            raise ConfigError(str(exc)) from None
+            raise _said(exc, args.catalog) from None
     # predict reads no params.yaml: evaluate.exemplar_k's default, not the project's setting
     k = EvaluateParams().exemplar_k if args.exemplar_k is None else args.exemplar_k
     if k < 1:
@@ -323,7 +318,19 @@ def _matcher(args: argparse.Namespace):
         return local_matcher(args.model, args.catalog, args.top_k, None, (args.exemplars, k),
                              _exemplar_cache(args.exemplar_cache), args.encoding)
     except ValueError as exc:  # e.g. an exemplar file's bad line or unknown class: each message names its file
-        raise ConfigError(str(exc)) from None
+        raise _said(exc, args.catalog) from None
+
+
+def _said(error: ValueError, catalog: Path) -> ConfigError:
+    """A loader's error as one line; a .csv --catalog without the class_id and text columns is told why: it may hold
+    data.custom's own column names, which predict, reading no params.yaml, does not know."""
+    from tqc.readers import MissingColumns
+
+    if isinstance(error, MissingColumns) and Path(catalog).suffix.lower() == ".csv" and str(error).startswith(str(catalog)):
+        return ConfigError(f"{error}: a .csv --catalog is read by its class_id and text columns (tqc predict reads no "
+                           "params.yaml, so not data.custom.catalog_id_column or catalog_text_column): rename them, or "
+                           "give the catalog the pipeline wrote, data/validated/catalog.jsonl")
+    return ConfigError(str(error))
 
 
 def _exemplar_cache(choice: str | None) -> Path | None:

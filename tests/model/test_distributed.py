@@ -773,7 +773,10 @@ def test_the_chain_of_a_retrain_or_an_extra_seed_trains_each_stage_as_torchrun_p
         monkeypatch.delenv(name, raising=False)
     write_custom_dataset(tmp_path / "raw")
     (tmp_path / "raw" / "unlabelled.csv").write_text("text\nwhere is the old castle\nwho invented tea\n")
-    params = Params.model_validate(tiny_params(tmp_path / "raw", tiny_model_dir)).with_overrides(
+    # data.data_dir relative, as params.yaml ships it: the launched commands read params.launched.yaml from the chain's
+    # folder, and once read warmup.unlabelled from there (`tqc --params` resolves a relative folder from its file's)
+    monkeypatch.chdir(tmp_path)
+    params = Params.model_validate(tiny_params(Path("raw"), tiny_model_dir)).with_overrides(
         {"distributed": {"nproc_per_node": 2}, "tracking": {"enabled": False, "uri": "postgresql://user:secret@db/mlflow"},
          "baseline_nc": {"enabled": False}, **WARM_UP_SETTINGS,
          "warmup": {**WARM_UP_SETTINGS["warmup"], "unlabelled": "unlabelled.csv"}})
@@ -796,6 +799,7 @@ def test_the_chain_of_a_retrain_or_an_extra_seed_trains_each_stage_as_torchrun_p
     written = read_history(tmp_path / "chain" / "stage_two.csv")  # by rank 0
     assert outputs.fits["stage_two"].best_validation_macro_f1 == max(record.validation_macro_f1 for record in written)
     launched = json.loads((tmp_path / "chain" / "params.launched.yaml").read_text())
+    assert launched["data"]["data_dir"] == str(tmp_path / "raw")
     assert launched["seed"] == 3 and launched["tracking"]["enabled"] is False  # the chain's seed; its caller tracks
     assert "secret" not in json.dumps(launched)  # no tracking URI or tune storage written to disk
 

@@ -730,6 +730,9 @@ def test_a_catalog_csv_written_as_data_custom_catalog_is_answered_with_as_its_js
     assert f"{tmp_path / 'mine.csv'}, line 1: missing column(s)" in error
     assert "not data.custom.catalog_id_column or catalog_text_column): rename them, or give the catalog the pipeline " \
            "wrote, data/validated/catalog.jsonl" in error
+    (tmp_path / "exemplars.jsonl").write_text(json.dumps({"text": "where is the tower", "class_id": "loc"}) + "\n")
+    assert main(ask + ["--catalog", str(tmp_path / "mine.csv"), "--exemplars", str(tmp_path / "exemplars.jsonl")]) == 2
+    assert "rename them, or give the catalog the pipeline wrote" in capsys.readouterr().err  # the exemplar rule's too
 
 
 def test_a_long_question_is_searched_for_a_word_a_piece_at_a_time_with_the_answer_normalising_it_whole_gives(
@@ -1350,3 +1353,19 @@ def test_an_empty_column_with_a_plain_file_is_refused(tmp_path):
     path.write_text("is it safe?\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="--column ''"):
         predict_command._question_file_lines(path, "")
+
+
+def test_a_matcher_says_which_classes_it_can_answer_with_under_either_rule(tiny_model_dir, tmp_path):
+    """The promotion gate judges a challenger that answers classes the champion cannot on the classes both answer:
+    every catalog class under the standard rule, only those with an exemplar under the exemplar rule."""
+    from tqc.schema import LabeledQuestion, save_questions
+    from tqc.serving import local_matcher
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    save_questions(tmp_path / "train.jsonl", [LabeledQuestion("where is the tower", "loc"),
+                                              LabeledQuestion("who wrote it", "hum")])
+    standard = local_matcher(tmp_path / "model", tmp_path / "catalog.jsonl")
+    assert standard.answerable_class_ids() == CATALOG.class_ids
+    exemplars = local_matcher(tmp_path / "model", tmp_path / "catalog.jsonl", exemplars=(tmp_path / "train.jsonl", 1))
+    assert exemplars.answerable_class_ids() == ["loc", "hum"] != CATALOG.class_ids

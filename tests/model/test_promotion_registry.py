@@ -3,6 +3,7 @@ team shares one), with tiny models."""
 
 import contextlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -286,11 +287,13 @@ def test_a_champion_of_another_catalog_is_not_comparable_and_stays(tiny_model_di
     assert mlflow.MlflowClient().get_model_version("tqc-admc", report["challenger_version"]).tags["promotion"] == "incomparable"
 
 
-def test_a_challenger_answering_a_class_the_champion_cannot_needs_only_to_be_no_worse(tiny_model_dir, data_dir, tmp_path,
-                                                                                     registry, monkeypatch):
+def test_a_challenger_answering_a_class_the_champion_cannot_is_judged_no_worse_on_the_classes_both_answer(
+        tiny_model_dir, data_dir, tmp_path, registry, monkeypatch):
     """A class added to the catalog since the champion was registered: the champion can never answer it, yet under
     min_improvement the challenger, right on one more of its validation questions and alike elsewhere, never cleared
-    the bound (CI [0, ...]), so the alias stayed on a model that cannot serve the new intent, and no reason said so."""
+    the bound (CI [0, ...]), so the alias stayed on a model that cannot serve the new intent, and no reason said so.
+    It is judged on the questions of the classes both answer, where it needs only to be no worse: on every question,
+    the champion's certain misses on the new class would hide a loss on the others."""
     from tqc import serving
 
     added = "NUM"
@@ -299,28 +302,47 @@ def test_a_challenger_answering_a_class_the_champion_cannot_needs_only_to_be_no_
     for split in ("train", "validation"):
         save_questions(before / f"{split}.jsonl", [q for q in load_questions(data_dir / f"{split}.jsonl") if q.class_id != added])
     gold = {q.text: q.class_id for q in load_questions(data_dir / "validation.jsonl")}
+    challenger = {"right_on_added": 1, "wrong_on_shared": 0}
 
-    def served(uri, questions):  # alike on every question but one of the added class, which only the challenger gets
-        champion = uri.endswith("/1")
-        first_added = next(i for i, text in enumerate(questions) if gold[text] == added)
-        answers = [("LOC" if champion or i != first_added else added) if gold[text] == added else gold[text]
-                   for i, text in enumerate(questions)]
-        return answers, [c for c in CLASSES if not (champion and c == added)]
+    def served(uri, questions):  # the champion right on every question but the added class's, which it cannot answer
+        if uri.endswith("/1"):
+            return ["LOC" if gold[text] == added else gold[text] for text in questions], [c for c in CLASSES if c != added]
+        added_seen = shared_seen = 0
+        answers = []
+        for text in questions:
+            if gold[text] == added:
+                added_seen += 1
+                answers.append(added if added_seen <= challenger["right_on_added"] else "LOC")
+            else:
+                shared_seen += 1
+                answers.append(added if shared_seen <= challenger["wrong_on_shared"] else gold[text])
+        return answers, list(CLASSES)
 
     model = untrained(tiny_model_dir, tmp_path / "model")
     with standalone_run("promote", registry) as tracker:
         assert promote.run(before, model, None, PromoteParams(), tmp_path / "p.json", tracker)["promoted"]
-    grown = Path(shutil.copytree(model, tmp_path / "grown"))
-    (grown / "NOTE.txt").write_text("trained on the grown catalog")  # other content: a new version
     monkeypatch.setattr(serving, "served_first_answers", served)
-    for gate, promoted in ((PromoteParams(refresh_min_improvement=0.0), False), (PromoteParams(), True)):
+
+    def judged(name: str, gate: PromoteParams, right_on_added: int, wrong_on_shared: int) -> dict:
+        challenger.update(right_on_added=right_on_added, wrong_on_shared=wrong_on_shared)
+        grown = Path(shutil.copytree(model, tmp_path / name))
+        (grown / "NOTE.txt").write_text(name)  # other content: a new version
         with standalone_run("promote", registry) as tracker:
-            report = promote.run(data_dir, grown, None, gate, tmp_path / "p.json", tracker)
-        assert report["bootstrap"]["low"] == 0.0 and report["bootstrap"]["difference"] > 0, report["bootstrap"]
-        assert report["promoted"] is promoted, report["reasons"]
-    assert report["champion_version_after"] == report["challenger_version"]
-    assert report["reasons"][0] == ("the challenger answers 1 class(es) of this catalog that the champion, v1, cannot "
-                                    "(NUM): it needs only to be no worse, the bound promote.refresh_min_improvement")
+            return promote.run(data_dir, grown, None, gate, tmp_path / "p.json", tracker)
+
+    # better on the whole, worse on the classes both answer: not promoted
+    worse = judged("worse", PromoteParams(), right_on_added=len(gold), wrong_on_shared=3)
+    assert not worse["promoted"] and worse["bootstrap"]["difference"] < 0, worse["reasons"]
+    assert worse["validation"]["challenger_accuracy"] > worse["validation"]["champion_accuracy"]
+    # alike on the classes both answer: promoted under the no-worse bound, not under a bound of 0
+    assert not judged("tie-at-0", PromoteParams(refresh_min_improvement=0.0), 1, 0)["promoted"]
+    alike = judged("alike", PromoteParams(), 1, 0)
+    assert alike["promoted"] and alike["champion_version_after"] == alike["challenger_version"], alike["reasons"]
+    assert re.fullmatch(
+        r"the challenger answers 1 class\(es\) of this catalog that the champion, v1, cannot \(NUM\): judged on the "
+        r"[1-9]\d* validation question\(s\) of the classes both answer, where it needs only to be no worse "
+        r"\(promote.refresh_min_improvement\); the other [1-9]\d* only it can answer", alike["reasons"][0]), alike["reasons"]
+    assert alike["bootstrap"]["difference"] == 0.0 and alike["bootstrap"]["low"] == 0.0
 
 
 def test_the_same_weights_with_another_training_record_are_the_same_version(tiny_model_dir, data_dir, tmp_path, registry,
@@ -604,6 +626,29 @@ def test_under_auto_a_refresh_that_would_change_a_standard_champions_rule_must_w
     exemplar_champion_refreshed = promote_with("auto", refresh=True, exemplar_k=2)
     assert exemplar_champion_refreshed["promoted"]
     assert exemplar_champion_refreshed["reasons"][0].startswith("a refresh of the champion's encoder needs only to be no worse")
+
+
+def test_a_refresh_that_changes_the_rule_must_win_though_it_answers_a_class_the_champion_cannot(tiny_model_dir, data_dir,
+                                                                                               tmp_path, registry):
+    """The catalog grew since a standard-rule champion was registered, and a refresh under auto serves the exemplar
+    rule with the new class's rows: the lenient bound of a challenger answering new classes overrode the guard that
+    a change of rule must win, and the reason that said so was dropped."""
+    added = "NUM"
+    before = tmp_path / "before"
+    Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items() if c != added]).save(before / "catalog.jsonl")
+    for split in ("train", "validation"):
+        save_questions(before / f"{split}.jsonl", [q for q in load_questions(data_dir / f"{split}.jsonl") if q.class_id != added])
+    model = untrained(tiny_model_dir, tmp_path / "model")
+    bounds = {"bootstrap_samples": 200, "min_improvement": 1.0, "refresh_min_improvement": -1.0, "tail_tolerance": 1.0}
+    with standalone_run("promote", registry) as tracker:
+        assert promote.run(before, model, None, PromoteParams(rule="standard", **bounds), tmp_path / "p.json", tracker)["promoted"]
+    with standalone_run("promote", registry) as tracker:
+        refreshed = promote.run(data_dir, model, None, PromoteParams(rule="auto", **bounds), tmp_path / "p.json", tracker,
+                                exemplar_k=1, refresh=True)
+    assert refreshed["rule"] == "exemplars" and not refreshed["promoted"], refreshed["reasons"]  # min_improvement judged
+    assert refreshed["reasons"][0].startswith("promote.rule auto: the champion, v1, serves the standard-question rule")
+    assert ("the challenger answers 1 class(es) of this catalog that the champion, v1, cannot (NUM); it changes the rule "
+            "too, so it must still win") in refreshed["reasons"]
 
 
 def test_rule_auto_keeps_the_standard_rule_on_a_tie_and_with_nothing_to_judge(monkeypatch, tmp_path):
@@ -1225,7 +1270,7 @@ def test_a_registered_version_whose_model_config_is_damaged_is_a_one_line_error(
 def test_rule_auto_judges_validation_questions_over_max_length_without_a_cut_warning(tiny_model_dir, data_dir, tmp_path,
                                                                                      caplog):
     """The served model says the questions it cuts at model.max_length; promote's judging is of validation questions,
-    which evaluate scores cut as silently, so it says none (served_first_answers, then served_top1, did not; rule auto's two rules each did, by
+    which evaluate scores cut as silently, so it says none (served_first_answers, named served_top1 then, did not; rule auto's two rules each did, by
     rows of a frame the user never sees)."""
     model_dir = untrained(tiny_model_dir, tmp_path / "model")
     long = " ".join(["where is paris"] * 20)  # 62 tokens, over the 48 of model.max_length

@@ -318,11 +318,17 @@ def _judge(client, params: PromoteParams, seed: int, champion: _Champion, challe
     if incomparable:
         champion_answers = None
     gate, refresh_reason = _refresh_gate(params, challenger.refresh, champion)
-    if champion_answers is not None and not standing.is_champion:
-        gate, refresh_reason = _new_classes_gate(gate, refresh_reason, params, champion.version, asked.catalog,
-                                                 challenger_served.answerable - champion_served.answerable)
-    decision = decide(gold, challenger_answers, champion_answers, np.array([asked.catalog.index(c) for c in tail_ids]),
-                      tail_ids, gate, seed)
+    new_classes = (challenger_served.answerable - champion_served.answerable
+                   if champion_answers is not None and not standing.is_champion else frozenset())
+    if new_classes and not _switches_rule(params, challenger.refresh, champion):
+        decision = _judged_on_shared_classes(asked, judged, tail_ids, challenger_answers, champion_answers,
+                                             champion_served.answerable, new_classes, gate, params, champion.version, seed)
+    else:
+        decision = decide(gold, challenger_answers, champion_answers,
+                          np.array([asked.catalog.index(c) for c in tail_ids]), tail_ids, gate, seed)
+        if new_classes:  # a change of rule must still win: said, with the classes only the challenger answers
+            decision = replace(decision, reasons=[_new_classes_said(asked.catalog, new_classes, champion.version)
+                                                  + "; it changes the rule too, so it must still win"] + decision.reasons)
     decision = replace(decision, reasons=decision.reasons + _unjudged_reasons(asked.catalog.class_ids, judged) +
                        _left_out_reasons(len(asked.validation), len(asked.unseen),
                                          None if standing.is_champion else champion.version, champion.learnt))
@@ -331,18 +337,38 @@ def _judge(client, params: PromoteParams, seed: int, champion: _Champion, challe
     return _Judged(challenger_answers, champion_answers, incomparable, decision)
 
 
-def _new_classes_gate(gate: PromoteParams, reason: str | None, params: PromoteParams, champion_version: str,
-                      catalog: Catalog, new_classes: frozenset[str]) -> tuple[PromoteParams, str | None]:
-    """Where the challenger answers classes of this catalog the champion cannot (the catalog grew since the champion
-    was registered, or the exemplar rule has rows for them now), it needs only to be no worse, as a refresh does:
-    under min_improvement a new intent was served only once the challenger won by a margin its few validation
-    questions could rarely show, so the alias stayed on a model that can never answer it."""
-    if not new_classes or gate.min_improvement <= params.refresh_min_improvement:
-        return gate, reason
+def _judged_on_shared_classes(asked: _Asked, judged: set[str], tail_ids: list[str], challenger: np.ndarray,
+                              champion: np.ndarray, champion_classes: frozenset[str], new_classes: frozenset[str],
+                              gate: PromoteParams, params: PromoteParams, champion_version: str, seed: int) -> Decision:
+    """The gate where the challenger answers classes of this catalog the champion cannot (the catalog grew since the
+    champion was registered, or the exemplar rule has rows for them now): judged on the validation questions of the
+    classes both answer, where it needs only to be no worse (promote.refresh_min_improvement), its tail drawn from
+    those classes. Under min_improvement a new intent was served only once the challenger won by a margin its few
+    validation questions could rarely show, so the alias stayed on a model that can never answer it; judged on every
+    question, the champion's certain misses on the new classes would hide a loss on the others."""
+    lenient = gate.model_copy(update={"min_improvement": min(gate.min_improvement, params.refresh_min_improvement)})
+    gold = asked.gold
+    shared = np.isin(gold, [asked.catalog.index(c) for c in champion_classes])  # (N,) questions both can answer right
+    said = _new_classes_said(asked.catalog, new_classes, champion_version)
+    if not shared.any():  # every question asked is of a class only the challenger answers
+        decision = decide(gold, challenger, champion, np.array([asked.catalog.index(c) for c in tail_ids]), tail_ids,
+                          lenient, seed)
+        return replace(decision, reasons=[f"{said}; no validation question asked is of a class both answer, so it is "
+                                          "judged on them all"] + decision.reasons)
+    shared_ids = [c for c in asked.catalog.class_ids if c in judged and c in champion_classes]
+    shared_tail = tail_classes([q.class_id for q in asked.train], shared_ids, params.tail_fraction)
+    decision = decide(gold[shared], challenger[shared], champion[shared],
+                      np.array([asked.catalog.index(c) for c in shared_tail]), shared_tail, lenient, seed)
+    return replace(decision, reasons=[
+        f"{said}: judged on the {int(shared.sum())} validation question(s) of the classes both answer, where it needs "
+        f"only to be no worse (promote.refresh_min_improvement); the other {int((~shared).sum())} only it can answer"]
+        + decision.reasons)
+
+
+def _new_classes_said(catalog: Catalog, new_classes: frozenset[str], champion_version: str) -> str:
     named = [c for c in catalog.class_ids if c in new_classes]
-    return (params.model_copy(update={"min_improvement": params.refresh_min_improvement}),
-            f"the challenger answers {len(named)} class(es) of this catalog that the champion, v{champion_version}, "
-            f"cannot ({first_of(named)}): it needs only to be no worse, the bound promote.refresh_min_improvement")
+    return (f"the challenger answers {len(named)} class(es) of this catalog that the champion, v{champion_version}, "
+            f"cannot ({first_of(named)})")
 
 
 def _unjudged_reasons(class_ids: list[str], judged: set[str]) -> list[str]:
@@ -355,12 +381,16 @@ def _unjudged_reasons(class_ids: list[str], judged: set[str]) -> list[str]:
             f"the tail is drawn from the other {len(class_ids) - len(unjudged)}: {first_of(unjudged)}"]
 
 
+def _switches_rule(params: PromoteParams, refresh: bool, champion: _Champion) -> bool:
+    """Whether the challenger is a refresh that would switch a standard-rule champion to the exemplar rule, which,
+    under auto (or standard, in a run judging an earlier run's refresh), must win."""
+    return refresh and champion.holder is not None and refresh_changes_rule(
+        params.rule, champion.holder.tags.get("rule", "standard"))
+
+
 def _refresh_gate(params: PromoteParams, refresh: bool, champion: _Champion) -> tuple[PromoteParams, str | None]:
     """The params the gate judges with, and where the challenger is a refresh, the reason that names its bound."""
-    # Under auto (or standard, in a run judging an earlier run's refresh), a refresh that would switch a
-    # standard-rule champion to the exemplar rule must win
-    switches_rule = refresh and champion.holder is not None and refresh_changes_rule(
-        params.rule, champion.holder.tags.get("rule", "standard"))
+    switches_rule = _switches_rule(params, refresh, champion)
     lenient = refresh and not switches_rule
     if lenient:
         return (params.model_copy(update={"min_improvement": params.refresh_min_improvement}),
