@@ -18,10 +18,9 @@ import numpy as np
 
 from tqc.exemplars import ExemplarBank, catalog_indices
 from tqc.metrics import summary
-from tqc.model.encoder import LastEncodings
-from tqc.schema import Catalog, load_questions
+from tqc.model.encoder import LastEncodings, catalog_scores
+from tqc.schema import Catalog, gold_indices, load_questions
 from tqc.scoring import trained_models
-from tqc.training import catalog_scores, gold_indices
 
 WEIGHTS = np.round(np.linspace(0.0, 1.0, 11), 1)
 

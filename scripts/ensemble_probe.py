@@ -22,9 +22,8 @@ import numpy as np
 from tqc.config import load_params
 from tqc.exemplars import exemplar_scorer
 from tqc.metrics import summary
-from tqc.model.encoder import BiEncoder
-from tqc.schema import Catalog, load_questions
-from tqc.training import catalog_scores, gold_indices
+from tqc.model.encoder import BiEncoder, catalog_scores
+from tqc.schema import Catalog, gold_indices, load_questions
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

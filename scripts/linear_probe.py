@@ -19,12 +19,11 @@ import numpy as np
 import torch
 from sklearn.linear_model import LogisticRegression
 
+from tqc.device import pick_device
 from tqc.exemplars import ExemplarBank, catalog_indices
 from tqc.metrics import summary
-from tqc.device import pick_device
-from tqc.model.encoder import BiEncoder, LastEncodings
-from tqc.schema import Catalog, load_questions
-from tqc.training import catalog_scores, gold_indices
+from tqc.model.encoder import BiEncoder, LastEncodings, catalog_scores
+from tqc.schema import Catalog, gold_indices, load_questions
 
 INVERSE_REGULARISATION = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0)
 SPLITS = ("train", "validation", "test")

@@ -13,10 +13,9 @@ import sys
 from pathlib import Path
 
 from tqc import metrics
-from tqc.schema import Catalog, load_questions
+from tqc.model.linear import LinearClassifier
+from tqc.schema import Catalog, gold_indices, load_questions
 from tqc.scoring import scorer_for
-from tqc.stages.baseline_nc import LinearClassifier
-from tqc.training import gold_indices
 
 SPLITS = ("validation", "test")
 KEYS = ("accuracy", "macro_f1", "macro_f1_gold_classes", "n")

@@ -20,9 +20,8 @@ import torch
 from tqc.config import load_params
 from tqc.exemplars import exemplar_scorer
 from tqc.metrics import summary
-from tqc.model.encoder import BiEncoder, TextEncoder
-from tqc.schema import Catalog, load_questions
-from tqc.training import catalog_scores, gold_indices
+from tqc.model.encoder import BiEncoder, TextEncoder, catalog_scores
+from tqc.schema import Catalog, gold_indices, load_questions
 
 
 def interpolated(pretrained: dict[str, torch.Tensor], trained: dict[str, torch.Tensor], alpha: float) -> dict:

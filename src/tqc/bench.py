@@ -30,9 +30,9 @@ from tqc.config import ConfigError, Params, StageOneParams
 from tqc.device import pick_device, seed_everything, wait_for
 from tqc.mining import mine
 from tqc.model.encoder import PASS_ROWS, BiEncoder
-from tqc.schema import Catalog, LabeledQuestion, load_questions
+from tqc.schema import Catalog, LabeledQuestion, gold_indices, load_questions
 from tqc.stages import stage_one, stage_two
-from tqc.training import adamw, gold_indices, parameter_groups, standard_text_groups, steps_per_epoch
+from tqc.training import adamw, parameter_groups, standard_text_groups, steps_per_epoch
 
 log = logging.getLogger(__name__)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from tqc.errors import InputError
 from tqc.io import DataFileError, numbered_jsonl, write_jsonl
 
@@ -170,3 +172,15 @@ def load_questions(path: str | Path) -> list[LabeledQuestion]:
     """A file of labeled questions (`save_questions`' JSONL); a line that is no labeled question is an error naming
     the file and the line."""
     return [_labeled_question(row, f"{path}, line {line}") for line, row in numbered_jsonl(path)]
+
+
+def gold_indices(questions: list[LabeledQuestion], catalog: Catalog) -> np.ndarray:
+    """(N,) catalog index of each question's class; a class the catalog lacks is an error naming the first such row."""
+    unknown = next((i for i, q in enumerate(questions) if q.class_id not in catalog), None)
+    if unknown is not None:
+        question = questions[unknown]
+        raise UnknownClass(
+            f"question {unknown + 1} of {len(questions)} ({question.source or 'no source recorded'}: {question.text!r}) "
+            f"is class {question.class_id!r}, which the catalog of {len(catalog)} classes lacks: the questions and the "
+            "catalog come from different runs or datasets (re-run the stages before this one)")
+    return np.array([catalog.index(q.class_id) for q in questions], dtype=np.int64)

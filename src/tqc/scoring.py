@@ -14,10 +14,9 @@ import numpy as np
 from tqc.config import Params
 from tqc.device import pick_device
 from tqc.losses import SCALE_FREE_LOSSES
-from tqc.model.encoder import BiEncoder
+from tqc.model.encoder import BiEncoder, catalog_scores
+from tqc.model.linear import LinearClassifier, is_disabled
 from tqc.schema import Catalog, LabeledQuestion
-from tqc.stages.baseline_nc import LinearClassifier, is_disabled
-from tqc.training import catalog_scores
 
 Scorer = Callable[[list[LabeledQuestion], Catalog], np.ndarray]  # (questions, catalog) → scores (N, P)
 

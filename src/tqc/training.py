@@ -30,8 +30,8 @@ from tqc.device import autocast, wait_for
 from tqc.io import atomic_path
 from tqc.losses import LossFn, make_loss, same_class_mask
 from tqc.metrics import DivergedScores, summary
-from tqc.model.encoder import BiEncoder, LastEncodings, TextEncoder
-from tqc.schema import Catalog, LabeledQuestion, UnknownClass
+from tqc.model.encoder import BiEncoder, catalog_scores
+from tqc.schema import Catalog, LabeledQuestion, gold_indices
 from tqc.text import first_of, normalise, sharing_a_key
 
 log = logging.getLogger(__name__)
@@ -472,18 +472,6 @@ def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return snapshot
 
 
-@torch.no_grad()
-def catalog_scores(model: BiEncoder, questions: list[LabeledQuestion], catalog: Catalog, batch_size: int = 256,
-                   question_encoder: TextEncoder | LastEncodings | None = None) -> np.ndarray:
-    """Scores (N, P) of each question against every standard question, for prediction and ranking.
-    `question_encoder`: what encodes the questions in place of `model.question` (evaluate passes one that
-    keeps its last encodings, so the exemplar rule reuses them)."""
-    standards = model.standard.encode(catalog.texts, batch_size, "encoding catalog")  # (P, D)
-    encoder = question_encoder or model.question
-    encoded = encoder.encode([q.text for q in questions], batch_size, "encoding questions")  # (N, D)
-    return model.score(encoded, standards).float().cpu().numpy()
-
-
 def standard_text_keys(catalog: Catalog) -> list[str]:
     """(P,) each class's standard question as classes are compared for sharing one (as validate compares texts)."""
     return [normalise(text) for text in catalog.texts]
@@ -513,18 +501,6 @@ def twin_columns(groups: np.ndarray | None, row_classes: torch.Tensor, column_cl
     lookup = torch.as_tensor(groups)
     grouped = lambda classes: torch.where(classes >= 0, lookup[classes.clamp(min=0)], -1)  # noqa: E731
     return same_class_mask(grouped(row_classes), grouped(column_classes), target)
-
-
-def gold_indices(questions: list[LabeledQuestion], catalog: Catalog) -> np.ndarray:
-    """(N,) catalog index of each question's class; a class the catalog lacks is an error naming the first such row."""
-    unknown = next((i for i, q in enumerate(questions) if q.class_id not in catalog), None)
-    if unknown is not None:
-        question = questions[unknown]
-        raise UnknownClass(
-            f"question {unknown + 1} of {len(questions)} ({question.source or 'no source recorded'}: {question.text!r}) "
-            f"is class {question.class_id!r}, which the catalog of {len(catalog)} classes lacks: the questions and the "
-            "catalog come from different runs or datasets (re-run the stages before this one)")
-    return np.array([catalog.index(q.class_id) for q in questions], dtype=np.int64)
 
 
 def warn_cut_standards(model: BiEncoder, catalog: Catalog, most: int = 5) -> None:

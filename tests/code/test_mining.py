@@ -174,8 +174,7 @@ def test_load_negatives_refuses_stale_or_self_negatives(tmp_path):
 
 def test_negatives_of_another_catalog_ragged_or_hand_broken_are_named_by_file_and_line(tmp_path):
     """These got past the checks above as a bare KeyError, or as NumPy's "inhomogeneous shape", naming no file."""
-    from tqc.schema import StaleNegatives
-    from tqc.schema import Catalog, StandardQuestion
+    from tqc.schema import Catalog, StaleNegatives, StandardQuestion
     from tqc.stages.mine import load_negatives
 
     catalog = Catalog([StandardQuestion(c, f"{c}?") for c in "abc"])
@@ -252,9 +251,8 @@ def test_a_negative_sharing_the_gold_standard_question_is_named_by_file_and_line
 def test_negatives_of_a_training_row_whose_class_the_catalog_lacks_leave_it_to_gold_indices_to_name(tmp_path):
     """The twin check read that class's standard question, and stage two stopped on a bare KeyError traceback in
     place of gold_indices' UnknownClass line naming the training row's source."""
-    from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, UnknownClass
+    from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, UnknownClass, gold_indices
     from tqc.stages.mine import load_negatives
-    from tqc.training import gold_indices
 
     catalog = Catalog([StandardQuestion("a", "Where is it?"), StandardQuestion("c", "Who is it?")])
     path = tmp_path / "negatives.jsonl"
@@ -266,9 +264,7 @@ def test_negatives_of_a_training_row_whose_class_the_catalog_lacks_leave_it_to_g
 
 def test_a_question_of_a_class_the_catalog_lacks_is_named_by_its_source(tmp_path):
     from tqc.errors import input_errors
-    from tqc.schema import UnknownClass
-    from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
-    from tqc.training import gold_indices
+    from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, UnknownClass, gold_indices
 
     catalog = Catalog([StandardQuestion(c, f"{c}?") for c in "ab"])
     questions = [LabeledQuestion("first", "a", "train.csv:2"), LabeledQuestion("where?", "LOC", "train.csv:3")]

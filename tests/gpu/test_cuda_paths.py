@@ -19,10 +19,9 @@ from tests.conftest import CLASSES, synthetic_questions, tiny_params
 from tqc.config import AugmentParams, ModelParams, Params, StageOneParams, StageTwoParams
 from tqc.device import autocast, pick_device
 from tqc.mining import build_index, mine, retrieve
-from tqc.model.encoder import BiEncoder
-from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, save_questions
+from tqc.model.encoder import BiEncoder, catalog_scores
+from tqc.schema import Catalog, LabeledQuestion, StandardQuestion, gold_indices, save_questions
 from tqc.stages import stage_one, stage_two
-from tqc.training import catalog_scores, gold_indices
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -42,8 +42,8 @@ def _stage_two_weights(model_dir: str, batch_size: int = 16, device: str = "cpu"
     """One epoch of stage two on synthetic rows, dropout off so runs are comparable; the weights before and after,
     and the epoch's training loss as its history records it."""
     from tqc.mining import mine
+    from tqc.schema import gold_indices
     from tqc.stages import stage_two
-    from tqc.training import gold_indices
 
     torch.manual_seed(0)
     catalog = Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()])

@@ -227,9 +227,9 @@ def test_stage_one_learns_the_synthetic_classes(tiny_model_dir):
 def test_nc_classifier_round_trip_keeps_its_classes_and_refuses_another_catalog_order(tiny_model_dir, tmp_path):
     import json
 
+    from tqc.model.linear import LinearClassifier
     from tqc.schema import StaleClassifier
     from tqc.scoring import scorer_for
-    from tqc.stages.baseline_nc import LinearClassifier
 
     torch.manual_seed(0)
     model = LinearClassifier(TextEncoder.from_pretrained(str(tiny_model_dir)), ["a", "b", "c"])
@@ -281,7 +281,7 @@ def test_a_damaged_or_missing_nc_head_is_an_error_naming_its_file(tiny_model_dir
     """head.safetensors was read by a bare load_file: a damaged one stopped prior and evaluate with safetensors'
     traceback, naming no file, and a missing one with a FileNotFoundError."""
     from tqc.config import ConfigError
-    from tqc.stages.baseline_nc import LinearClassifier
+    from tqc.model.linear import LinearClassifier
 
     LinearClassifier(TextEncoder.from_pretrained(str(tiny_model_dir)), ["a", "b"]).save(tmp_path / "nc")
     head = tmp_path / "nc" / "head.safetensors"
@@ -297,8 +297,8 @@ def test_a_damaged_or_missing_nc_head_is_an_error_naming_its_file(tiny_model_dir
 def test_stage_two_trains_against_mined_negatives(tiny_model_dir, negatives):
     from tqc.config import StageTwoParams
     from tqc.mining import mine
+    from tqc.schema import gold_indices
     from tqc.stages import stage_two
-    from tqc.training import gold_indices
 
     torch.manual_seed(0)
     catalog = Catalog([StandardQuestion(c, s) for c, (s, _) in CLASSES.items()])

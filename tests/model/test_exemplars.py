@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from tqc.config import ModelParams
+from tqc.exemplars import exemplar_scorer, exemplar_scores
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, LabeledQuestion, StandardQuestion
-from tqc.exemplars import exemplar_scorer, exemplar_scores
 
 
 def unit(*angles_in_degrees: float) -> torch.Tensor:
@@ -75,8 +75,7 @@ def test_the_scorer_ranks_a_question_first_for_the_class_of_its_own_text(tiny_mo
 def test_last_encodings_let_the_exemplar_rule_reuse_the_standard_rules_encodings_of_a_split(tiny_model_dir, monkeypatch):
     """LastEncodings answers the same texts from its last call: the exemplar rule reuses ADMC's encodings of a
     split, and the scores are those of encoding afresh."""
-    from tqc.model.encoder import LastEncodings
-    from tqc.training import catalog_scores
+    from tqc.model.encoder import LastEncodings, catalog_scores
 
     torch.manual_seed(0)
     model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir), tied=False))  # the catalog: another encoder

@@ -210,8 +210,8 @@ def _scores_and_columns(monkeypatch, stage, columns_function: str, train):
 def test_logit_adjusted_loss_offsets_each_column_by_its_own_class_prior_in_both_stages(tiny_model_dir, monkeypatch):
     from tqc.config import StageTwoParams
     from tqc.losses import class_log_prior
+    from tqc.schema import gold_indices
     from tqc.stages import stage_two
-    from tqc.training import gold_indices
 
     # Three distinct class sizes, so each has its own log π, and two catalog classes first with no rows, so a
     # batch's columns are never simply 0..U−1: a column given another class's offset shows.
@@ -518,7 +518,7 @@ def test_prototype_mixup_shifts_each_main_loss_column_by_its_classs_prior_with_t
     """SharpReCL's logit compensation adds τ·w·log π_y to each class's score in the main loss (the tail's column
     lowest). Only "the loss moved" was asserted: the compensation's sign flipped passed every test."""
     from tqc.losses import class_log_prior
-    from tqc.training import gold_indices
+    from tqc.schema import gold_indices
 
     rows = long_tail_rows()
     offsets = PARAMS.temperature * 1.0 * class_log_prior(torch.as_tensor(gold_indices(rows, CATALOG)), len(CATALOG))

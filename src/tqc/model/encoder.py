@@ -11,6 +11,7 @@ import json
 import logging
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,11 @@ from tqc import distributed
 from tqc.config import AugmentParams, ConfigError, ModelParams
 from tqc.io import atomic_directory
 from tqc.model.similarity import make_scorer
+
+if TYPE_CHECKING:  # annotations only: the model needs no catalog to load
+    import numpy as np
+
+    from tqc.schema import Catalog, LabeledQuestion
 
 log = logging.getLogger(__name__)
 
@@ -549,3 +555,15 @@ def _saved_weights(path: Path, what: str) -> Path:
     if not path.is_file():
         raise ValueError(f"{path}: missing, so the model's {what} would start untrained; copy the whole model folder")
     return path
+
+
+@torch.no_grad()
+def catalog_scores(model: BiEncoder, questions: list[LabeledQuestion], catalog: Catalog, batch_size: int = 256,
+                   question_encoder: TextEncoder | LastEncodings | None = None) -> np.ndarray:
+    """Scores (N, P) of each question against every standard question, for prediction and ranking.
+    `question_encoder`: what encodes the questions in place of `model.question` (evaluate passes one that
+    keeps its last encodings, so the exemplar rule reuses them)."""
+    standards = model.standard.encode(catalog.texts, batch_size, "encoding catalog")  # (P, D)
+    encoder = question_encoder or model.question
+    encoded = encoder.encode([q.text for q in questions], batch_size, "encoding questions")  # (N, D)
+    return model.score(encoded, standards).float().cpu().numpy()

@@ -26,17 +26,17 @@ from tqc.device import pick_device
 from tqc.exemplars import exemplar_scorer
 from tqc.io import atomic_path, write_json, write_jsonl
 from tqc.metrics import DivergedScores, confused_pairs, per_class_prf, seed_std, summary
-from tqc.model.encoder import BiEncoder, LastEncodings, TextEncoder
+from tqc.model.encoder import BiEncoder, LastEncodings, TextEncoder, catalog_scores
 from tqc.pipeline import ChainOutputs, train_chain
 from tqc.prior import PriorShift
-from tqc.schema import Catalog, LabeledQuestion, load_questions, save_questions
+from tqc.schema import Catalog, LabeledQuestion, gold_indices, load_questions, save_questions
 from tqc.scoring import Scorer, scorer_for, trained_folders, trained_models
 from tqc.stages import augment
 from tqc.stages import prior as prior_stage
 from tqc.stages.ingest import stratified_split
 from tqc.text import compared_text
 from tqc.tracking import CODE, git_commit
-from tqc.training import catalog_scores, each_warning_once, gold_indices
+from tqc.training import each_warning_once
 
 log = logging.getLogger(__name__)
 

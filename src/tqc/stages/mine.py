@@ -13,8 +13,8 @@ from tqc.device import pick_device
 from tqc.io import DataFileError, write_json, write_jsonl
 from tqc.mining import mine
 from tqc.model.encoder import BiEncoder
-from tqc.schema import Catalog, StaleNegatives, load_questions
-from tqc.training import gold_indices, standard_text_groups, standard_text_keys
+from tqc.schema import Catalog, StaleNegatives, gold_indices, load_questions
+from tqc.training import standard_text_groups, standard_text_keys
 
 log = logging.getLogger(__name__)
 

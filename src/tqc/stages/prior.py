@@ -19,9 +19,8 @@ from tqc import prior
 from tqc.config import Params
 from tqc.io import write_json
 from tqc.prior import PriorShift
-from tqc.schema import Catalog, load_questions
+from tqc.schema import Catalog, gold_indices, load_questions
 from tqc.scoring import logit_temperatures, trained_folders, trained_scorers
-from tqc.training import gold_indices
 
 log = logging.getLogger(__name__)
 

@@ -35,15 +35,16 @@ import torch.nn.functional as F
 from tqc import distributed
 from tqc.config import AugmentParams, CrossEncodingParams, ModelParams, PrototypeMixupParams, StageOneParams
 from tqc.device import pick_device, seed_everything
-from tqc.losses import LossFn, class_log_prior, prior_offsets, same_class_mask, standard_contrast, supervised_contrastive
+from tqc.losses import (LossFn, class_log_prior, prior_offsets, same_class_mask, standard_contrast,
+                        supervised_contrastive)
 from tqc.model.cross_encoding import joined_inputs, question_that_fits
 from tqc.model.encoder import BiEncoder
 from tqc.model.prototype_mixup import balanced_set, synthetic_share
-from tqc.model.warm_start import starting_model, warmed_model
 from tqc.model.similarity import scores_directions_only
-from tqc.schema import Catalog, LabeledQuestion, load_questions
-from tqc.training import (FitResult, OnEpoch, bi_encoder_parameter_groups, bi_encoder_validator, fit, gold_indices,
-                           standard_text_groups, stage_loss, steps_per_epoch, twin_columns, write_outputs)
+from tqc.model.warm_start import starting_model, warmed_model
+from tqc.schema import Catalog, LabeledQuestion, gold_indices, load_questions
+from tqc.training import (FitResult, OnEpoch, bi_encoder_parameter_groups, bi_encoder_validator, fit, stage_loss,
+                          standard_text_groups, steps_per_epoch, twin_columns, write_outputs)
 
 log = logging.getLogger(__name__)
 

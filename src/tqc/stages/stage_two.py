@@ -16,10 +16,10 @@ from tqc.config import AugmentParams, StageTwoParams
 from tqc.device import pick_device, seed_everything
 from tqc.losses import class_log_prior, prior_offsets
 from tqc.model.encoder import BiEncoder
-from tqc.schema import Catalog, LabeledQuestion, load_questions
+from tqc.schema import Catalog, LabeledQuestion, gold_indices, load_questions
 from tqc.stages.mine import load_negatives
-from tqc.training import (FitResult, OnEpoch, bi_encoder_parameter_groups, bi_encoder_validator, fit, gold_indices,
-                           standard_text_groups, stage_loss, twin_columns, write_outputs)
+from tqc.training import (FitResult, OnEpoch, bi_encoder_parameter_groups, bi_encoder_validator, fit, stage_loss,
+                          standard_text_groups, twin_columns, write_outputs)
 
 log = logging.getLogger(__name__)
 

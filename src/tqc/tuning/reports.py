@@ -218,9 +218,8 @@ def _test_metrics(model_dir: Path, data: PreparedData, params: Params) -> dict:
     shift, since a trial fits none: compare them with metrics.json's `prior_shift.admc.test_unshifted`, not its
     headline `test`."""
     from tqc.metrics import summary
-    from tqc.model.encoder import BiEncoder
-    from tqc.schema import Catalog, load_questions
-    from tqc.training import catalog_scores, gold_indices
+    from tqc.model.encoder import BiEncoder, catalog_scores
+    from tqc.schema import Catalog, gold_indices, load_questions
 
     catalog = Catalog.load(data.directory / "catalog.jsonl")
     test = load_questions(data.directory / "test.jsonl")
