@@ -32,7 +32,8 @@ from tqc.mining import mine
 from tqc.model.encoder import PASS_ROWS, BiEncoder
 from tqc.schema import Catalog, LabeledQuestion, gold_indices, load_questions
 from tqc.stages import stage_one, stage_two
-from tqc.training import adamw, parameter_groups, standard_text_groups, steps_per_epoch
+from tqc.training import adamw, parameter_groups, steps_per_epoch
+from tqc.twins import standard_text_groups
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import torch
 
 from tqc.metrics import DivergedScores
 from tqc.model.similarity import WEIGHT_FREE, scores_directions_only
-from tqc.training import ALIKE_EVERY_TRAINING
+from tqc.warn_once import ALIKE_EVERY_TRAINING
 
 if TYPE_CHECKING:  # for the annotations only: importing faiss goes through load_faiss, which checks the build
     import faiss
@@ -190,7 +190,7 @@ def exclude_gold(neighbours: np.ndarray, gold: np.ndarray, k: int, groups: np.nd
     """neighbours (N, depth ≥ k+1), gold (N,) → the k nearest wrong classes (N, k).
 
     Retrieving k+1 guarantees k wrong classes remain whether or not gold was retrieved. With `groups` (P,), classes
-    that share a standard question (`training.standard_text_groups`), the gold's whole group is left out, and
+    that share a standard question (`twins.standard_text_groups`), the gold's whole group is left out, and
     depth ≥ k + the largest group guarantees it.
     """
     own_group = largest_group(groups)

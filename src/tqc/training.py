@@ -32,14 +32,10 @@ from tqc.losses import LossFn, make_loss, same_class_mask
 from tqc.metrics import DivergedScores, summary
 from tqc.model.encoder import BiEncoder, catalog_scores
 from tqc.schema import Catalog, LabeledQuestion, gold_indices
-from tqc.text import first_of, normalise, sharing_a_key
+from tqc.text import first_of
+from tqc.warn_once import ALIKE_EVERY_TRAINING
 
 log = logging.getLogger(__name__)
-# `extra` of a warning about the settings or the catalog, the same at every training: `each_warning_once` says it once.
-# Another (an epoch whose validation diverged) is this training's own news, said at every training that has it.
-ALIKE_EVERY_TRAINING = {"alike_every_training": True}
-# The loggers such warnings come from: training's, and mining's (a mine.k above the wrong classes, at every trial).
-_ALIKE_LOGGERS = (__name__, "tqc.mining")
 
 
 def stage_loss(params: TrainParams, section: str) -> LossFn:
@@ -472,26 +468,6 @@ def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return snapshot
 
 
-def standard_text_keys(catalog: Catalog) -> list[str]:
-    """(P,) each class's standard question as classes are compared for sharing one (as validate compares texts)."""
-    return [normalise(text) for text in catalog.texts]
-
-
-def standard_text_groups(catalog: Catalog) -> np.ndarray | None:
-    """(P,) one group id per class, shared by classes whose standard questions are one text (as validate compares
-    texts), or None where each has its own, as validate's critical `catalog_unique_texts` ensures unless demoted.
-    Such classes encode alike, so no training can tell them apart by their standard question (the exemplar rule
-    still can, by their questions): neither is a negative of the other's questions, in mining or in a loss."""
-    keys = standard_text_keys(catalog)
-    if len(set(keys)) == len(keys):
-        return None
-    first = {}
-    groups = np.array([first.setdefault(key, index) for index, key in enumerate(keys)])  # (P,) the group's first class
-    log.warning("classes that share a standard question are never each other's negatives: %s",
-                "; ".join(" = ".join(ids) for ids in sharing_a_key(catalog.class_ids, keys)), extra=ALIKE_EVERY_TRAINING)
-    return groups
-
-
 def twin_columns(groups: np.ndarray | None, row_classes: torch.Tensor, column_classes: torch.Tensor,
                  target: torch.Tensor) -> torch.Tensor | None:
     """(B, C) True where a column is another class with the row's standard question (`standard_text_groups`), for
@@ -515,41 +491,6 @@ def warn_cut_standards(model: BiEncoder, catalog: Catalog, most: int = 5) -> Non
         log.warning("%d standard question(s) longer than model.max_length (%d tokens) are cut to their first %d tokens, "
                     "in training and wherever the model matches them: class(es) %s; shorten them or raise model.max_length",
                     len(cut), model.standard.max_length, model.standard.max_length, classes, extra=ALIKE_EVERY_TRAINING)
-
-
-class _EachOnce(logging.Filter):
-    """Lets a warning `ALIKE_EVERY_TRAINING` through the first time its text is logged, and drops it after; every
-    other line passes."""
-
-    def __init__(self):
-        super().__init__()
-        self.said: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING or not getattr(record, "alike_every_training", False):
-            return True
-        message = record.getMessage()
-        if message in self.said:
-            return False
-        self.said.add(message)
-        return True
-
-
-@contextmanager
-def each_warning_once() -> Iterator[None]:
-    """Within the block, each of training's warnings about its settings or catalog is said once, not at every
-    training: the callers that train chain after chain in one process (tune's trials, evaluate's seeds) would say the
-    same cut standard questions, shared standard questions and loss notes twice a chain, and mining its clipped mine.k
-    once a chain. A warning whose text differs (another max_length) is said, and so is each training's own (a
-    diverged epoch's, whose text repeats)."""
-    once, loggers = _EachOnce(), [logging.getLogger(name) for name in _ALIKE_LOGGERS]
-    for logger in loggers:  # one filter for all, so a text is said once whichever logger says it
-        logger.addFilter(once)
-    try:
-        yield
-    finally:
-        for logger in loggers:
-            logger.removeFilter(once)
 
 
 def bi_encoder_validator(model: BiEncoder, validation: list[LabeledQuestion], catalog: Catalog) -> Callable[[], dict]:

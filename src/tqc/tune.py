@@ -26,7 +26,8 @@ from tqc.mining import largest_group
 from tqc.pipeline import PreparedData, prepare_data
 from tqc.schema import Catalog
 from tqc.tracking import check_store, code_version, run_params, standalone_run
-from tqc.training import each_warning_once, standard_text_groups
+from tqc.twins import standard_text_groups
+from tqc.warn_once import each_warning_once
 from tqc.tuning.reports import TuneResult, reports_lock, write_reports
 from tqc.tuning.space import check_space, default_values, flat_base, within_wrong_classes
 from tqc.tuning.study import (check_storage, data_digest, enqueue_baseline, join_study, open_storage, open_study,

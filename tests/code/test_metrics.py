@@ -321,7 +321,7 @@ def test_evaluates_extra_seeds_say_each_training_warning_once(monkeypatch, caplo
     from tqc.config import Params
     from tqc.stages import evaluate
 
-    from tqc.training import ALIKE_EVERY_TRAINING
+    from tqc.warn_once import ALIKE_EVERY_TRAINING
 
     def train_chain(*_, **__):  # as warn_cut_standards says it
         logging.getLogger("tqc.training").warning("1 standard question(s) longer than model.max_length (8 tokens)",
@@ -342,7 +342,8 @@ def test_a_diverged_epoch_is_said_at_every_training_that_has_it_within_each_warn
     """each_warning_once dropped every repeated warning of tqc.training: a second tuning trial (or evaluate seed)
     whose stage diverged at the same epoch, with the same message, was not said, where the first was."""
     from tqc.metrics import DivergedScores
-    from tqc.training import _validated, each_warning_once
+    from tqc.training import _validated
+    from tqc.warn_once import each_warning_once
 
     def diverged():
         raise DivergedScores("scores hold NaN or +inf in 40 row(s) (first: [0, 1, 2, 3, 4]): the model diverged")
@@ -558,3 +559,4 @@ def test_similarity_profile_puts_zero_shot_before_and_admc_after_and_samples_by_
     first = profile(tmp_path / "one")
     assert {(row["before"], row["after"]) for row in first} == {("0.250000", "0.750000")}
     assert profile(tmp_path / "two") == first and len({row["question"] for row in first}) == 3
+

@@ -556,12 +556,31 @@ def test_the_hardest_negative_similarity_is_the_first_mined_ones_not_a_twins():
 
 def test_standard_text_groups_join_classes_whose_standard_questions_are_one_text(caplog):
     from tqc.schema import Catalog, StandardQuestion
-    from tqc.training import standard_text_groups
+    from tqc.twins import standard_text_groups
 
     assert standard_text_groups(Catalog([StandardQuestion("a", "Where?"), StandardQuestion("b", "Who?")])) is None
     catalog = Catalog([StandardQuestion("a", "Where is it?"), StandardQuestion("b", "Who?"), StandardQuestion("c", "where  is IT?")])
     assert standard_text_groups(catalog).tolist() == [0, 1, 0]
     assert "a = c" in caplog.text
+
+
+def test_within_each_warning_once_classes_sharing_a_standard_question_are_said_once(caplog):
+    """Every training of a chain (stage one, mining, stage two) and every tune trial or evaluate seed finds the same
+    twins: within `each_warning_once` they are said once, whichever module finds them; outside it, again."""
+    import logging
+
+    from tqc.schema import Catalog, StandardQuestion
+    from tqc.twins import standard_text_groups
+    from tqc.warn_once import each_warning_once
+
+    catalog = Catalog([StandardQuestion("a", "Where is it?"), StandardQuestion("b", "Who?"), StandardQuestion("c", "where is it?")])
+    with caplog.at_level(logging.WARNING):
+        with each_warning_once():
+            for _ in range(3):
+                assert standard_text_groups(catalog).tolist() == [0, 1, 0]
+        standard_text_groups(catalog)
+    said = [r.getMessage() for r in caplog.records if "share a standard question" in r.getMessage()]
+    assert said == ["classes that share a standard question are never each other's negatives: a = c"] * 2
 
 
 @pytest.mark.parametrize("texts", [["Where?"], ["Where?", "where ?"]])
@@ -619,7 +638,7 @@ def test_within_each_warning_once_a_k_above_the_wrong_classes_is_said_once(caplo
     import logging
 
     from tqc.mining import mine
-    from tqc.training import each_warning_once
+    from tqc.warn_once import each_warning_once
 
     rng = np.random.default_rng(0)
     questions, standards = rng.normal(size=(8, 4)).astype(np.float32), rng.normal(size=(3, 4)).astype(np.float32)
@@ -631,3 +650,4 @@ def test_within_each_warning_once_a_k_above_the_wrong_classes_is_said_once(caplo
         mine(questions, standards, gold, k=5)  # outside it, said again
     said = [r.getMessage() for r in caplog.records if "wrong classes exist" in r.getMessage()]
     assert said == ["mine.k=5 but only 2 wrong classes exist; mining 2"] * 2
+

@@ -248,7 +248,7 @@ def test_evaluate_and_prior_score_the_trained_models_on_the_gpu(tiny_model_dir, 
 
 def test_twin_classes_and_cross_encoding_train_on_the_gpu(tiny_model_dir):
     """The twin mask and CEAA's exclusions are built on the CPU and meet the scores on the GPU, in both stages."""
-    from tqc.training import standard_text_groups
+    from tqc.twins import standard_text_groups
 
     twins = Catalog([StandardQuestion("LOC", "Where is the place?"), StandardQuestion("HUM", "Who is the person?"),
                      StandardQuestion("NUM", "where is the place?")])

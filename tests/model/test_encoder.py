@@ -868,7 +868,8 @@ def test_within_each_warning_once_a_cut_warning_is_said_once_and_another_max_len
     """tune's trials (and evaluate's seeds) train in one process, and said the same warning twice a training chain:
     within `each_warning_once` it is said once, another max_length (which cuts other classes) is said too, and
     outside the block every call says it."""
-    from tqc.training import each_warning_once, warn_cut_standards
+    from tqc.training import warn_cut_standards
+    from tqc.warn_once import each_warning_once
 
     catalog = Catalog([StandardQuestion("LOC", "where is the place where is the place where"),  # 11 tokens
                        StandardQuestion("HUM", "who is the person who is"),  # 8 tokens

@@ -30,7 +30,7 @@ def joined_inputs(questions: list[str], gold: list[int], batch_classes: list[int
     """For round(share·B) rows (at least one): one join with the gold standard question and
     up to `negatives` joins with other classes among `batch_classes`. `fit(question, " [SEP] standard question")`
     shortens a question that would push its standard question past the encoder's length (`question_that_fits`).
-    `groups` (P,): classes that share a standard question (`training.standard_text_groups`); a class of the gold's
+    `groups` (P,): classes that share a standard question (`twins.standard_text_groups`); a class of the gold's
     group is never joined as "is not relevant", since its join is the very text whose target is "is relevant"."""
     group = (lambda c: c) if groups is None else (lambda c: groups[c])  # noqa: E731
     chosen = sorted(rng.sample(range(len(questions)), max(1, round(share * len(questions)))))

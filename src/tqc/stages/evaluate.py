@@ -36,7 +36,7 @@ from tqc.stages import prior as prior_stage
 from tqc.stages.ingest import stratified_split
 from tqc.text import compared_text
 from tqc.tracking import CODE, git_commit
-from tqc.training import each_warning_once
+from tqc.warn_once import each_warning_once
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from tqc.io import DataFileError, write_json, write_jsonl
 from tqc.mining import mine
 from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, StaleNegatives, gold_indices, load_questions
-from tqc.training import standard_text_groups, standard_text_keys
+from tqc.twins import standard_text_groups, standard_text_keys
 
 log = logging.getLogger(__name__)
 

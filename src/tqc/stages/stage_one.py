@@ -44,7 +44,8 @@ from tqc.model.similarity import scores_directions_only
 from tqc.model.warm_start import starting_model, warmed_model
 from tqc.schema import Catalog, LabeledQuestion, gold_indices, load_questions
 from tqc.training import (FitResult, OnEpoch, bi_encoder_parameter_groups, bi_encoder_validator, fit, stage_loss,
-                          standard_text_groups, steps_per_epoch, twin_columns, write_outputs)
+                          steps_per_epoch, twin_columns, write_outputs)
+from tqc.twins import standard_text_groups
 
 log = logging.getLogger(__name__)
 

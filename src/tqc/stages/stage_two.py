@@ -19,7 +19,8 @@ from tqc.model.encoder import BiEncoder
 from tqc.schema import Catalog, LabeledQuestion, gold_indices, load_questions
 from tqc.stages.mine import load_negatives
 from tqc.training import (FitResult, OnEpoch, bi_encoder_parameter_groups, bi_encoder_validator, fit, stage_loss,
-                          standard_text_groups, twin_columns, write_outputs)
+                          twin_columns, write_outputs)
+from tqc.twins import standard_text_groups
 
 log = logging.getLogger(__name__)
 
