@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import subprocess
 import sys
 import typing
 from pathlib import Path
@@ -258,34 +257,15 @@ def _join_or_launch(params, args: argparse.Namespace) -> None:
 
 
 def _launch(command: list[str], processes: int) -> int:
-    """torchrun's exit status. An input error its processes stopped on (a class the catalog lacks: the same in each) is
-    raised here as one, so the command ends on its line and exits 2 as in one process, not 1 after torchrun's summary.
-    Stopped itself (SIGTERM, Ctrl-C), this command asks torchrun to stop its processes first (`launched.wait_for_torchrun`): a
-    SIGTERM used to end it alone, and torchrun, left to init, trained on and wrote the stage's outputs after it."""
-    import signal
+    """torchrun's exit status, its processes writing to this command's streams. An input error they stopped on is
+    raised here as one, so the command ends on its line and exits 2 as in one process, not 1 after torchrun's summary;
+    stopped itself, this command asks torchrun to stop them first (`launched.run_torchrun`)."""
     import tempfile
-    import threading
 
-    from tqc import distributed
-    from tqc.launched import ERROR_FILE_ENV, launched_input_error, wait_for_torchrun
+    from tqc.launched import run_torchrun
 
-    def stop(signum, _frame):
-        raise SystemExit(128 + signum)  # as the signal's default action exits, once torchrun has been asked to stop
-
-    handles = threading.current_thread() is threading.main_thread()  # only the main thread may set a handler
-    previous = signal.signal(signal.SIGTERM, stop) if handles else None
-    try:
-        with tempfile.TemporaryDirectory(prefix="tqc-launch-") as folder:
-            error_file = Path(folder) / "input-error"  # each process writes it + ".rank<RANK>" (launched.record_input_error)
-            environment = {**distributed.launch_environment(processes), ERROR_FILE_ENV: str(error_file)}  # threads too
-            status = wait_for_torchrun(subprocess.Popen(command, env=environment))
-            said = launched_input_error(error_file) if status != 0 else None
-    finally:
-        if handles:
-            signal.signal(signal.SIGTERM, previous)
-    if said is not None:
-        raise said
-    return status
+    with tempfile.TemporaryDirectory(prefix="tqc-launch-") as folder:
+        return run_torchrun(command, processes, Path(folder) / "input-error").status
 
 
 def dispatch(args: argparse.Namespace) -> None:

@@ -1,4 +1,5 @@
-"""What a tqc command launched under torchrun tells the process that launched it (pipeline.train_chain).
+"""Launching a tqc command under torchrun (`run_torchrun`), for both launchers: a stage command's own relaunch
+(`cli._join_or_launch`) and the retrain chain's (`pipeline._Launcher`); and what the launched command tells them.
 
 torchrun exits 1 whatever stopped its processes, so an input error (the same on every retry) would read as a crash
 (retried): each process that stops on one writes it to a file the launcher named, and the launcher raises it. Its
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import signal
 import logging
 import os
 import re
@@ -17,6 +19,9 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -138,8 +143,7 @@ TERMINATE_GRACE_SECONDS = 30  # torchrun's own grace for its processes after SIG
 
 
 def wait_for_torchrun(launched: subprocess.Popen) -> int:
-    """torchrun's exit status, for both launchers (the retrain chain's `pipeline._Launcher`, a stage command's
-    `cli._launch`). Interrupted (a cancelled flow run, Ctrl-C), it is asked to stop first: torchrun passes SIGTERM on
+    """torchrun's exit status (`run_torchrun`). Interrupted (a cancelled flow run, Ctrl-C), it is asked to stop first: torchrun passes SIGTERM on
     to its processes, which run in sessions of their own; killed outright, it would leave them to their own request
     to end with it (`distributed.end_with_launcher`, Linux only)."""
     try:
@@ -151,3 +155,75 @@ def wait_for_torchrun(launched: subprocess.Popen) -> int:
         except subprocess.TimeoutExpired:
             launched.kill()
         raise
+
+
+OUTPUT_GRACE_SECONDS = 30  # after torchrun ended, for its processes' last lines
+
+
+@dataclass(frozen=True)
+class TorchrunEnded:
+    """How a torchrun that stopped on no input error ended: its exit status, and, where its output was followed, the
+    last lines its processes wrote (stdout and stderr as one stream, in order) and their first error lines."""
+    status: int
+    last_lines: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def run_torchrun(command: list[str], processes: int, error_file: Path,
+                 followed_by: logging.Logger | logging.LoggerAdapter | None = None, name: str = "") -> TorchrunEnded:
+    """Runs `command` (a torchrun of `processes` processes, `distributed.relaunch_command`) until it ends. An input
+    error its processes stopped on (a class the catalog lacks: the same in each, and on every retry) is raised here as
+    one (`LaunchedInputError`), not left as torchrun's status 1. `followed_by`: each line the processes write is
+    logged there as `name: line` as it comes (a flow run's logs, not only the worker's console); else they write to
+    this process's own streams. Stopped itself by SIGTERM (a `kill`, a job scheduler) or Ctrl-C, this process first
+    asks torchrun to stop its processes (`wait_for_torchrun`): SIGTERM's default action ended it alone, and torchrun,
+    left to init, trained on and wrote the stage's outputs after it."""
+    from tqc import distributed
+
+    clear_input_errors(error_file)  # each process writes error_file + ".rank<RANK>" (record_input_error)
+    environment = {**distributed.launch_environment(processes), ERROR_FILE_ENV: str(error_file)}  # threads too
+    with _sigterm_raises():
+        if followed_by is None:
+            status, output = wait_for_torchrun(subprocess.Popen(command, env=environment)), None
+        else:
+            # One pipe for both streams: the lines stay in the order the processes wrote them (two pipes, read by two
+            # threads, interleave as the threads happen to run), in the log and in a failure's last lines
+            launched = subprocess.Popen(command, env={**environment, "PYTHONUNBUFFERED": "1"},  # lines as they come
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            output = FollowedOutput(launched, followed_by, name)
+            status = wait_for_torchrun(launched)
+    last_lines = _last_lines(output, followed_by, name, status)
+    said = launched_input_error(error_file) if status != 0 else None
+    if said is not None:
+        raise said
+    return TorchrunEnded(status, last_lines, output.errors if output is not None else [])
+
+
+def _last_lines(output: FollowedOutput | None, log: logging.Logger | logging.LoggerAdapter | None, name: str,
+                status: int) -> list[str]:
+    if output is None:
+        return []
+    last_lines, _ = output.join(timeout=OUTPUT_GRACE_SECONDS)
+    if output.cut_short:
+        log.warning("%s: torchrun ended (status %s) but a process of its still holds its output; not waiting for it",
+                    name, status)
+    return last_lines
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises SystemExit(128 + SIGTERM), as its default action exits, so that the block's
+    `finally` and `except` (`wait_for_torchrun`'s) run first. A handler already set is kept: a Prefect flow run's turns
+    SIGTERM into its own exception, which marks the run cancelled. Only the main thread may set one; elsewhere (a
+    flow's task thread) the block runs as it is."""
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    handles = (threading.current_thread() is threading.main_thread()
+               and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+    previous = signal.signal(signal.SIGTERM, stop) if handles else None
+    try:
+        yield
+    finally:
+        if handles:
+            signal.signal(signal.SIGTERM, previous)

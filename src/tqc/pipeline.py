@@ -10,14 +10,13 @@ import json
 import logging
 import math
 import os
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from tqc import distributed
 from tqc.config import Params
-from tqc.launched import ERROR_FILE_ENV, FollowedOutput, clear_input_errors, launched_input_error, wait_for_torchrun
+from tqc.launched import run_torchrun
 from tqc.io import write_text
 from tqc.stages import augment, ingest, mine, validate
 from tqc.training import EpochRecord, FitResult, OnEpoch, read_history
@@ -132,7 +131,6 @@ class StageLaunchFailed(RuntimeError):
 
 
 LAST_LINES_SAID = 20  # of the launched processes' output, in StageLaunchFailed's message (all of it is logged)
-OUTPUT_GRACE_SECONDS = 30  # after torchrun ended, for its processes' last lines
 
 
 @dataclass(frozen=True)
@@ -145,29 +143,17 @@ class _Launcher:
     def __call__(self, command: TrainingCommand, paths: StagePaths, on_epoch: OnEpoch | None) -> FitResult:
         launch = distributed.relaunch_command(self.processes, ["--params", str(self.params_file), command.name,
                                                                *command.arguments(paths)])
-        error_file = self.params_file.with_name(f"input-error.{command.name}")
-        clear_input_errors(error_file)
         _release_cuda_cache()  # this process's cached blocks (mining's model, say) would crowd rank 0's GPU
         log.info("distributed: launching %s", " ".join(launch))
-        environment = {**distributed.launch_environment(self.processes), ERROR_FILE_ENV: str(error_file),
-                       "PYTHONUNBUFFERED": "1"}  # lines as they come
-        # One pipe for both streams: the lines stay in the order the processes wrote them (two pipes, read by two
-        # threads, interleave as the threads happen to run), in the log and in the failure's last lines
-        launched = subprocess.Popen(launch, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        output = FollowedOutput(launched, log, command.name)  # its lines in this process's log: a flow run's, say
-        status = wait_for_torchrun(launched)
-        last_lines, _ = output.join(timeout=OUTPUT_GRACE_SECONDS)
-        if output.cut_short:
-            log.warning("%s: torchrun ended (status %s) but a process of its still holds its output; not waiting for it",
-                        command.name, status)
-        if status != 0:
-            said = launched_input_error(error_file)
-            if said is not None:  # the same on every retry: an input error, which the retrain flow does not retry
-                raise said
-            errors = "".join(f"\n  {line}" for line in output.errors) or " none recognised"
-            raise StageLaunchFailed(f"{command.name}: its {self.processes} torchrun processes exited with status {status}; "
-                                    f"their errors:{errors}\nthe last lines they wrote:\n"
-                                    + "\n".join(last_lines[-LAST_LINES_SAID:]))
+        # its lines in this process's log (a flow run's, say); an input error its processes stopped on is raised as
+        # one, which the retrain flow does not retry
+        ended = run_torchrun(launch, self.processes, self.params_file.with_name(f"input-error.{command.name}"),
+                             followed_by=log, name=command.name)
+        if ended.status != 0:
+            errors = "".join(f"\n  {line}" for line in ended.errors) or " none recognised"
+            raise StageLaunchFailed(f"{command.name}: its {self.processes} torchrun processes exited with status "
+                                    f"{ended.status}; their errors:{errors}\nthe last lines they wrote:\n"
+                                    + "\n".join(ended.last_lines[-LAST_LINES_SAID:]))
         history = _launched_history(command, paths)
         for record in history if on_epoch else ():
             on_epoch(record)

@@ -1,14 +1,20 @@
-"""tqc.launched.FollowedOutput: a launched process's lines, logged as they come, in the launcher's context."""
+"""tqc.launched: a launched process's lines, logged as they come, in the launcher's context (FollowedOutput); the one
+launcher both a stage command's relaunch and the retrain chain run torchrun through (run_torchrun)."""
 
 from __future__ import annotations
 
 import contextvars
 import logging
+import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from tqc.launched import FollowedOutput, launched_input_error
+import pytest
+
+from tqc.launched import FollowedOutput, launched_input_error, run_torchrun
 
 RUN = contextvars.ContextVar("run", default=None)
 
@@ -111,3 +117,74 @@ def test_the_input_error_raised_is_the_lowest_ranks_by_number(tmp_path):
         (tmp_path / f"input-error.json.rank{rank}").write_text(f'{{"error": "ReaderError", "message": "rank {rank}"}}')
     assert str(launched_input_error(path)) == "ReaderError: rank 2"
     assert launched_input_error(tmp_path / "none.json") is None
+
+
+# A launcher in a process of its own, following its "torchrun" (a child that sleeps, having written its pid) as the
+# retrain chain's does: it is what receives the SIGTERM
+LAUNCHER = """
+import logging, sys
+from pathlib import Path
+from tqc.launched import run_torchrun
+child = "import os, time; open(%r, 'w').write(str(os.getpid())); time.sleep(600)" % sys.argv[1]
+run_torchrun([sys.executable, "-c", child], 2, Path(sys.argv[2]), followed_by=logging.getLogger("launcher"), name="x")
+"""
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"  # a zombie, not reaped
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_launcher_stopped_with_sigterm_stops_its_torchrun_first(tmp_path):
+    """The retrain chain's launcher (evaluate.seeds > 1 under `dvc repro`, say) had no SIGTERM handler: a `kill` of it
+    ended it alone, and its torchrun trained on. Both launchers now run torchrun through `run_torchrun`, which asks it
+    to stop first; the launcher then exits 143, as SIGTERM's default action would."""
+    pid_file = tmp_path / "child.pid"
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(pid_file), str(tmp_path / "input-error")],
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    child = None
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert launcher.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while not _ended(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _ended(child), "the launched torchrun ran on after its launcher"
+    finally:
+        launcher.kill()
+        if child is not None and not _ended(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_sigterm_handler_already_set_is_kept_while_torchrun_runs(tmp_path):
+    """A Prefect flow run turns SIGTERM into its own exception, which marks the run cancelled: run_torchrun leaves it."""
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        tells_its_parent = "import os, signal; os.kill(os.getppid(), signal.SIGTERM)"
+        ended = run_torchrun([sys.executable, "-c", tells_its_parent], 2, tmp_path / "input-error")
+        assert ended.status == 0 and seen == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # still the caller's after
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_input_error_the_processes_recorded_is_raised_through_either_launcher(tmp_path):
+    from tqc.launched import ERROR_FILE_ENV, LaunchedInputError
+
+    records = ("import json, os; open(os.environ[%r] + '.rank0', 'w').write(json.dumps("
+               "{'error': 'UnknownClass', 'message': 'nowhere'})); raise SystemExit(1)" % ERROR_FILE_ENV)
+    for followed_by in (None, logging.getLogger("launcher")):
+        with pytest.raises(LaunchedInputError, match="UnknownClass: nowhere"):
+            run_torchrun([sys.executable, "-c", records], 2, tmp_path / "input-error", followed_by=followed_by)
+    crash = run_torchrun([sys.executable, "-c", "print('RuntimeError: out of memory'); raise SystemExit(1)"], 2,
+                         tmp_path / "input-error", followed_by=logging.getLogger("launcher"))
+    assert crash.status == 1 and crash.errors == ["RuntimeError: out of memory"]  # a stale record is not read again
