@@ -35,11 +35,20 @@ def require_finite_or_minus_inf(scores: np.ndarray) -> None:
 
 
 def per_class_prf(gold: np.ndarray, predicted: np.ndarray, labels: np.ndarray) -> dict[int, dict[str, float]]:
-    """Precision, recall, F1 and support for each label; 0 where undefined (as scikit-learn)."""
+    """Precision, recall, F1 and support for each label; 0 where undefined (as scikit-learn). The counts are taken in
+    one pass over the N rows, not one a label: evaluate's and promote's per-class reports, and every macro-F1, run it
+    over a catalog's every class (O(N + P), where a pass a label was O(N · P))."""
+    seen, inverse = np.unique(np.concatenate([np.asarray(gold), np.asarray(predicted)]), return_inverse=True)
+    gold_at, predicted_at = inverse[:len(gold)], inverse[len(gold):]  # (N,) each row's index into `seen`
+    supports = np.bincount(gold_at, minlength=len(seen))  # (len(seen),)
+    predicted_counts = np.bincount(predicted_at, minlength=len(seen))
+    true_positives = np.bincount(gold_at[gold_at == predicted_at], minlength=len(seen))
     result = {}
     for label in labels:
-        true_positive = int(np.sum((predicted == label) & (gold == label)))
-        predicted_count, support = int(np.sum(predicted == label)), int(np.sum(gold == label))
+        at = int(np.searchsorted(seen, label))
+        found = at < len(seen) and seen[at] == label  # a label in neither gold nor predicted counts 0 of each
+        true_positive = int(true_positives[at]) if found else 0
+        predicted_count, support = (int(predicted_counts[at]), int(supports[at])) if found else (0, 0)
         precision = true_positive / predicted_count if predicted_count else 0.0
         recall = true_positive / support if support else 0.0
         f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0

@@ -95,12 +95,15 @@ def paired_bootstrap_macro_f1(gold: np.ndarray, challenger: np.ndarray, champion
 def _macro_f1_of_counts(counts: np.ndarray, triples: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """(S, U) counts of the (gold, challenger, champion) `triples` → (S, 2) macro-F1 over `labels` of the challenger and
     the champion; a label with no question and no answer counts as 0, as in `macro_f1_over`."""
+    # float64, not integers or booleans: numpy multiplies those without BLAS, about 50 times slower (27.7 s against
+    # 0.59 s at 2,000 samples, 5,000 questions, 667 tail classes); counts far below 2^53 stay exact
+    counts = counts.astype(np.float64)
     gold = triples[:, 0][:, None] == labels[None, :]  # (U, L)
     scores = []
     for column in (1, 2):
         answered = triples[:, column][:, None] == labels[None, :]  # (U, L)
-        true_positives = counts @ (gold & answered)  # (S, L)
-        wrong = counts @ (gold ^ answered)  # false positives + false negatives
+        true_positives = counts @ (gold & answered).astype(np.float64)  # (S, L)
+        wrong = counts @ (gold ^ answered).astype(np.float64)  # false positives + false negatives
         denominator = 2 * true_positives + wrong
         f1 = np.divide(2 * true_positives, denominator, out=np.zeros(denominator.shape), where=denominator > 0)
         scores.append(f1.mean(axis=1) if len(labels) else np.zeros(len(counts)))

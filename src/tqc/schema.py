@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -82,10 +83,15 @@ class Catalog:
 
     def __post_init__(self) -> None:
         ids = [q.class_id for q in self.questions]
-        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)
         if duplicates:
             raise ValueError(f"catalog has duplicate class ids: {duplicates}")
         self._index = {q.class_id: i for i, q in enumerate(self.questions)}
+        # Built once, not at each read: callers index them in loops (each mined row's negatives, each served answer's
+        # top k, each stage-two batch's candidates), where a list rebuilt per read cost O(P) an index. A catalog is not
+        # changed after it is made, and these lists are not to be changed either.
+        self._class_ids = ids
+        self._texts = [q.text for q in self.questions]
 
     def __len__(self) -> int:
         return len(self.questions)
@@ -95,11 +101,11 @@ class Catalog:
 
     @property
     def class_ids(self) -> list[str]:
-        return [q.class_id for q in self.questions]
+        return self._class_ids
 
     @property
     def texts(self) -> list[str]:
-        return [q.text for q in self.questions]
+        return self._texts
 
     def index(self, class_id: str) -> int:
         return self._index[class_id]

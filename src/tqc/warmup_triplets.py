@@ -42,9 +42,21 @@ class Triplet:
 
 def ranked_candidates(scores: np.ndarray, candidates: int) -> list[list[int]]:
     """scores (P titles, N questions) → for each title its `candidates` best questions' indices, best first; equal
-    scores keep the pool's order."""
-    order = np.argsort(-scores, axis=1, kind="stable")  # (P, N)
-    return [row[:candidates].tolist() for row in order]
+    scores keep the pool's order. Each row's best are found by partition, not by sorting the whole pool: with
+    `warmup.include_train` the pool holds every training question (O(P · N) for P titles, where a sort of each row
+    was O(P · N log N) and held an (P, N) index array besides)."""
+    if candidates >= scores.shape[1]:
+        return [row[:candidates].tolist() for row in np.argsort(-scores, axis=1, kind="stable")]
+    least = -np.partition(-scores, candidates - 1, axis=1)[:, candidates - 1]  # (P,) each row's candidates-th best
+    return [_best_in_pool_order(row, bound, candidates) for row, bound in zip(scores, least)]
+
+
+def _best_in_pool_order(row: np.ndarray, bound: float, candidates: int) -> list[int]:
+    """The `candidates` best of one title's (N,) scores, best first, ties in pool order: those scoring at least
+    `bound` (the candidates-th best, so every tie at the edge is among them), sorted stably. A row with fewer finite
+    scores than `candidates` (NaN ranks last) is sorted whole."""
+    kept = np.arange(len(row)) if np.isnan(bound) else np.flatnonzero(row >= bound)  # ascending: the pool's order
+    return kept[np.argsort(-row[kept], kind="stable")][:candidates].tolist()
 
 
 def token_triplets(title: int, ranked: list[int], pool: list[str]) -> list[Triplet]:

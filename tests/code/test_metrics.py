@@ -560,3 +560,18 @@ def test_similarity_profile_puts_zero_shot_before_and_admc_after_and_samples_by_
     assert {(row["before"], row["after"]) for row in first} == {("0.250000", "0.750000")}
     assert profile(tmp_path / "two") == first and len({row["question"] for row in first}) == 3
 
+
+def test_per_class_figures_count_labels_absent_or_negative_as_scikit_learn_does():
+    """One pass over the rows for every label: a label in neither gold nor predicted scores 0 with support 0, and
+    promote's −1 (a class the catalog lacks) is a label like any other."""
+    rng = np.random.default_rng(0)
+    gold, predicted = rng.integers(-1, 5, size=200), rng.integers(-1, 5, size=200)
+    labels = np.array([4, -1, 0, 7, 2])  # 7 in neither; not in order
+    precision, recall, f1, support = precision_recall_fscore_support(gold, predicted, labels=labels, zero_division=0)
+    ours = per_class_prf(gold, predicted, labels)
+    assert list(ours) == labels.tolist()
+    assert [ours[c]["precision"] for c in labels] == pytest.approx(precision.tolist())
+    assert [ours[c]["recall"] for c in labels] == pytest.approx(recall.tolist())
+    assert [ours[c]["f1"] for c in labels] == pytest.approx(f1.tolist())
+    assert [ours[c]["support"] for c in labels] == support.tolist()
+    assert per_class_prf(np.array([], dtype=int), np.array([], dtype=int), np.array([3]))[3]["f1"] == 0.0

@@ -651,3 +651,19 @@ def test_within_each_warning_once_a_k_above_the_wrong_classes_is_said_once(caplo
     said = [r.getMessage() for r in caplog.records if "wrong classes exist" in r.getMessage()]
     assert said == ["mine.k=5 but only 2 wrong classes exist; mining 2"] * 2
 
+
+def test_a_catalogs_ids_and_texts_are_built_once_not_at_each_read():
+    """Mining writes each row's negatives by `catalog.class_ids[c]`, serving each answer's top k by both: a list
+    rebuilt at each read cost O(P) an index (5.7 s to write 50k rows' negatives at P = 2,000, against 0.06 s)."""
+    from dataclasses import replace
+
+    from tqc.schema import Catalog, StandardQuestion
+
+    catalog = Catalog([StandardQuestion("a", "Where?"), StandardQuestion("b", "Who?")])
+    assert catalog.class_ids is catalog.class_ids and catalog.texts is catalog.texts
+    assert (catalog.class_ids, catalog.texts) == (["a", "b"], ["Where?", "Who?"])
+    other = replace(catalog, questions=[StandardQuestion("c", "When?")])
+    assert (other.class_ids, other.texts, catalog.class_ids) == (["c"], ["When?"], ["a", "b"])
+    with pytest.raises(ValueError, match=r"duplicate class ids: \['a'\]"):
+        Catalog([StandardQuestion("a", "Where?"), StandardQuestion("b", "Who?"), StandardQuestion("a", "How?")])
+

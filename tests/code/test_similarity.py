@@ -88,3 +88,22 @@ def test_directions_only_says_whether_the_scorer_ignores_vector_lengths(kind):
 def test_directions_only_rejects_an_unknown_similarity():
     with pytest.raises(ValueError, match="unknown similarity 'dot'"):
         scores_directions_only("dot")
+
+
+def test_the_mlp_scorer_scores_fewer_rows_at_once_for_a_large_catalog():
+    """256 questions at once against 2,000 standard questions of 384 dimensions was a 3 GiB pair tensor: the chunk
+    is bounded by `pair_elements` too, and the scores do not change."""
+    torch.manual_seed(0)
+    scorer = MLPScorer(8, pair_elements=4 * 5 * 8 * 3)  # 3 rows of pairs against 5 standard questions
+    torch.nn.init.normal_(scorer.layers[-1].weight)
+    chunks, score = [], scorer._score
+    scorer._score = lambda questions, standards: chunks.append(len(questions)) or score(questions, standards)
+    q, s = vectors(0, 7), vectors(1, 5)
+    bounded = scorer(q, s)
+    assert chunks == [3, 3, 1]
+    assert torch.allclose(bounded, MLPScorer.forward(_unbounded(scorer), q, s), atol=1e-6)
+
+
+def _unbounded(scorer: MLPScorer) -> MLPScorer:
+    scorer.pair_elements, scorer._score = 2 ** 25, MLPScorer._score.__get__(scorer)
+    return scorer

@@ -144,3 +144,13 @@ def test_a_half_precision_embedding_table_is_read_in_float32():
     question, title = ["where", "spot", "paris", "wherever", "city"], ["place", "where", "city"]
     half = TABLE.half()
     assert WordVectors(pieces, half).closeness(question, title) == WordVectors(pieces, half.float()).closeness(question, title)
+
+
+def test_the_partition_ranks_as_a_stable_sort_of_the_whole_pool_with_ties_at_the_edge_and_nan():
+    """Each title's best are found by partition, not a sort of the whole pool; they must be what the sort gave."""
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 6, size=(40, 30)).astype(float)  # many ties, some at each row's edge
+    scores[3, :28] = np.nan  # fewer finite scores than candidates: NaN ranks last, as the sort put it
+    for candidates in (1, 5, 29, 30, 31):
+        expected = [row[:candidates].tolist() for row in np.argsort(-scores, axis=1, kind="stable")]
+        assert ranked_candidates(scores, candidates) == expected

@@ -46,17 +46,21 @@ class MLPScorer(nn.Module):
 
     kind = "mlp"
 
-    def __init__(self, dim: int, hidden: int | None = None, chunk_rows: int = 256):
+    def __init__(self, dim: int, hidden: int | None = None, chunk_rows: int = 256, pair_elements: int = 2 ** 25):
         super().__init__()
         hidden = hidden or dim
         self.layers = nn.Sequential(nn.Linear(4 * dim, hidden), nn.GELU(), nn.Linear(hidden, 1))
         nn.init.zeros_(self.layers[-1].weight)
         nn.init.zeros_(self.layers[-1].bias)
-        self.chunk_rows = chunk_rows  # bounds the (rows, C, 4D) pair tensor when scoring a whole catalog
+        # Bound the (rows, C, 4D) pair tensor when scoring a whole catalog: at most `chunk_rows` questions, and fewer
+        # for a large catalog, so that it holds at most `pair_elements` (128 MiB in float32). 256 rows alone held
+        # 3 GiB at C = 2,000 and D = 384.
+        self.chunk_rows, self.pair_elements = chunk_rows, pair_elements
 
     def forward(self, questions: torch.Tensor, standards: torch.Tensor) -> torch.Tensor:
         questions, standards = F.normalize(questions, dim=-1), F.normalize(standards, dim=-1)
-        return torch.cat([self._score(chunk, standards) for chunk in questions.split(self.chunk_rows)])
+        rows = min(self.chunk_rows, max(1, self.pair_elements // (4 * standards.shape[0] * standards.shape[1])))
+        return torch.cat([self._score(chunk, standards) for chunk in questions.split(rows)])
 
     def _score(self, questions: torch.Tensor, standards: torch.Tensor) -> torch.Tensor:
         q = questions.unsqueeze(1).expand(-1, standards.shape[0], -1)  # (B, C, D)
