@@ -214,8 +214,9 @@ def _last_lines(output: FollowedOutput | None, log: logging.Logger | logging.Log
 def _sigterm_raises() -> Iterator[None]:
     """Within the block, SIGTERM raises SystemExit(128 + SIGTERM), as its default action exits, so that the block's
     `finally` and `except` (`wait_for_torchrun`'s) run first. A handler already set is kept: a Prefect flow run's turns
-    SIGTERM into its own exception, which marks the run cancelled. Only the main thread may set one; elsewhere (a
-    flow's task thread) the block runs as it is."""
+    SIGTERM into its own exception, which marks the run cancelled; and a SIGTERM this process was told to ignore
+    (SIG_IGN, inherited from whatever started it) stays ignored, as it would without a launch. Only the main thread
+    may set one; elsewhere (a flow's task thread) the block runs as it is."""
     def stop(signum, _frame):
         raise SystemExit(128 + signum)
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from tqc.errors import InputError
 from tqc.io import UnreadableJson, read_json, tree_digests
-from tqc.metrics import macro_f1
+from tqc.metrics import macro_f1, require_finite_or_minus_inf
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,7 @@ def fit(validation_scores: np.ndarray, gold: np.ndarray, log_pi: np.ndarray, tem
         raise ValueError(f"unknown prior target {target!r}; expected one of {sorted(TARGETS)}")
     if len(gold) == 0:
         raise ValueError("no validation questions to fit the class-prior shift on")
+    require_finite_or_minus_inf(validation_scores)  # a diverged model's: refused here, not fitted into NaN likelihoods
     if temperature is None:
         temperature = fit_temperature(validation_scores, gold)
     balanced = class_balanced_weights(gold)  # (N,)

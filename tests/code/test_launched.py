@@ -188,3 +188,14 @@ def test_an_input_error_the_processes_recorded_is_raised_through_either_launcher
     crash = run_torchrun([sys.executable, "-c", "print('RuntimeError: out of memory'); raise SystemExit(1)"], 2,
                          tmp_path / "input-error", followed_by=logging.getLogger("launcher"))
     assert crash.status == 1 and crash.errors == ["RuntimeError: out of memory"]  # a stale record is not read again
+
+
+def test_a_sigterm_this_process_ignores_stays_ignored_while_torchrun_runs(tmp_path):
+    """SIG_IGN inherited from whatever started the command: the launch does not make SIGTERM end it."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        tells_its_parent = "import os, signal; os.kill(os.getppid(), signal.SIGTERM)"
+        assert run_torchrun([sys.executable, "-c", tells_its_parent], 2, tmp_path / "input-error").status == 0
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -575,3 +575,27 @@ def test_per_class_figures_count_labels_absent_or_negative_as_scikit_learn_does(
     assert [ours[c]["f1"] for c in labels] == pytest.approx(f1.tolist())
     assert [ours[c]["support"] for c in labels] == support.tolist()
     assert per_class_prf(np.array([], dtype=int), np.array([], dtype=int), np.array([3]))[3]["f1"] == 0.0
+    assert per_class_prf(gold, predicted, labels) == _per_label_reference(gold, predicted, labels)  # to the last digit
+
+
+def _per_label_reference(gold, predicted, labels):
+    """The pass a label that per_class_prf's one pass replaced: the figures evaluate and promote recorded before."""
+    result = {}
+    for label in labels:
+        true_positive = int(np.sum((predicted == label) & (gold == label)))
+        predicted_count, support = int(np.sum(predicted == label)), int(np.sum(gold == label))
+        precision = true_positive / predicted_count if predicted_count else 0.0
+        recall = true_positive / support if support else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        result[int(label)] = {"precision": precision, "recall": recall, "f1": f1, "support": support}
+    return result
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_per_class_figures_are_the_per_label_passes_to_the_last_digit(seed):
+    rng = np.random.default_rng(seed)
+    gold = rng.integers(0, 50, size=500)
+    predicted = np.where(rng.random(500) < 0.7, gold, rng.integers(0, 60, size=500))  # some classes only predicted
+    labels = np.union1d(gold, predicted)
+    assert per_class_prf(gold, predicted, labels) == _per_label_reference(gold, predicted, labels)
+    assert macro_f1(gold, predicted) == float(np.mean([v["f1"] for v in _per_label_reference(gold, predicted, labels).values()]))

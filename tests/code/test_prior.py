@@ -411,3 +411,17 @@ def test_each_models_temperature_is_the_one_its_record_says_it_trained_at(tmp_pa
     assert logit_temperatures(params, kept, one)["admc"] == 0.05  # stage one's weights, at stage one's own τ
     bare = folder("bare", {"best_epoch": 2})  # a record without params: the params' τ
     assert logit_temperatures(params, bare, bare) == {"admc": 0.2, "stage_one": 0.07, "nc": 1.0}
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_diverged_models_scores_are_refused_by_name_not_fitted_into_nan_likelihoods(bad):
+    """fit took its macro-F1 from `summary`, whose check refused them; recording macro-F1 alone, it wrote a prior.json
+    of NaN likelihoods, and the failure came later, in evaluate or in the retrain flow's judging."""
+    from tqc.metrics import DivergedScores
+
+    scores = np.random.default_rng(0).normal(size=(8, 4))
+    scores[2, 1] = bad
+    with pytest.raises(DivergedScores, match=r"1 row\(s\) \(first: \[2\]\)"):
+        prior.fit(scores, np.arange(8) % 4, np.log(np.full(4, 0.25)), temperature=0.1, weights=[0.0, 0.5])
+    scores[2, 1] = -np.inf  # a score, which ranks last: fitted
+    assert prior.fit(scores, np.arange(8) % 4, np.log(np.full(4, 0.25)), temperature=0.1, weights=[0.0, 0.5]).weight == 0.0

@@ -59,7 +59,8 @@ class MLPScorer(nn.Module):
 
     def forward(self, questions: torch.Tensor, standards: torch.Tensor) -> torch.Tensor:
         questions, standards = F.normalize(questions, dim=-1), F.normalize(standards, dim=-1)
-        rows = min(self.chunk_rows, max(1, self.pair_elements // (4 * standards.shape[0] * standards.shape[1])))
+        pair_row = 4 * standards.shape[0] * standards.shape[1]  # elements a question's pairs take; 0: no catalog
+        rows = min(self.chunk_rows, max(1, self.pair_elements // max(1, pair_row)))
         return torch.cat([self._score(chunk, standards) for chunk in questions.split(rows)])
 
     def _score(self, questions: torch.Tensor, standards: torch.Tensor) -> torch.Tensor:
