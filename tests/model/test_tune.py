@@ -1541,6 +1541,39 @@ def test_an_importance_plot_from_fewer_than_ten_trials_says_it_is_noise(tmp_path
     assert importance_caveat(study) is None
 
 
+PLOTS_IN_A_PROCESS = """
+import os, sys
+import optuna
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+if sys.argv[2] == "pyplot in use":  # a backend of the caller's, drawing as Agg does (Jupyter's inline one does)
+    import matplotlib
+    matplotlib.use("module://notebook_like")
+    import matplotlib.pyplot
+from pathlib import Path
+from tqc.tuning.reports import _plots
+study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=2)
+_plots(study, Path(sys.argv[1]))
+import matplotlib
+print(matplotlib.get_backend().lower())
+"""
+
+
+@pytest.mark.parametrize("chosen, backend", [("nothing", "agg"), ("pyplot in use", "module://notebook_like")])
+def test_the_study_plots_choose_a_file_backend_only_where_nothing_chose_one(tmp_path, chosen, backend):
+    """The plots switched every caller to Agg, a notebook's inline figures included."""
+    import subprocess
+
+    (tmp_path / "notebook_like.py").write_text(
+        "from matplotlib.backends.backend_agg import FigureCanvasAgg\n\n\nclass FigureCanvas(FigureCanvasAgg):\n    pass\n")
+    environment = {key: value for key, value in os.environ.items() if key != "MPLBACKEND"}
+    environment["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *sys.path])
+    ran = subprocess.run([sys.executable, "-c", PLOTS_IN_A_PROCESS, str(tmp_path), chosen], env=environment,
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.split()[-1] == backend and (tmp_path / "history.png").stat().st_size > 0
+
+
 def test_the_apply_command_names_a_params_file_other_than_params_yaml():
     """best_params.yaml's comment said `tqc tune --apply …` for a study run with `--params team.yaml`, which would
     have written the values into params.yaml."""

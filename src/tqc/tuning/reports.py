@@ -252,6 +252,20 @@ def importance_caveat(study) -> str | None:
             f"{IMPORTANCE_MIN_TRIALS} trials on")
 
 
+def _file_backend_unless_chosen() -> None:
+    """Optuna draws its plots with pyplot, which needs a backend: Agg (files only, no display) where nothing in this
+    process has chosen one (`tqc tune`, a flow's worker). A notebook's or a script's own choice (MPLBACKEND, as
+    Jupyter sets it, or pyplot already in use) is left as it is: switching it would change how their figures show."""
+    import os
+    import sys
+
+    if "MPLBACKEND" in os.environ or "matplotlib.pyplot" in sys.modules:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+
+
 def apply_command(params_file: Path, out_dir: Path) -> str:
     """The command that applies `out_dir`'s best values to `params_file` (params.yaml needs no --params)."""
     option = "" if params_file == Path("params.yaml") else f" --params {params_file}"
@@ -261,9 +275,7 @@ def apply_command(params_file: Path, out_dir: Path) -> str:
 def _plots(study, out_dir: Path) -> None:
     import warnings
 
-    import matplotlib
-
-    matplotlib.use("Agg")
+    _file_backend_unless_chosen()
     import matplotlib.pyplot as plt
     from optuna.visualization import matplotlib as optuna_plots
 
