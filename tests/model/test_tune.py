@@ -1263,22 +1263,26 @@ def test_a_refusal_in_training_fails_its_trial_alone_only_where_it_names_a_param
     study, objective, _ = _study_of_stub_trials(tmp_path, monkeypatch, [
         ConfigError("stage_one.temperature 0.1: refused by the model"),  # the baseline's: the base params' fault
         ConfigError("model.model_dir: not a model folder"),  # names no param the trial drew
+        # names another key that begins with the drawn one's name: a substring match read it as the trial's
+        ConfigError("stage_one.temperature_floor 0.05: refused by the model"),
         ConfigError("stage_one.temperature 0.3: refused by the model"),  # names the trial's draw
         0.7])
-    for _ in range(2):
+    for _ in range(3):
         with pytest.raises(ConfigError):  # the worker stops
             study.optimize(objective, n_trials=1, catch=TRIAL_FAILURES)
     with caplog.at_level(logging.WARNING, logger="tqc.tune"):
         study.optimize(objective, n_trials=2, catch=TRIAL_FAILURES)  # the refused trial fails, the next one runs
 
-    assert [t.state.name for t in study.trials] == ["FAIL", "FAIL", "FAIL", "COMPLETE"]
+    assert [t.state.name for t in study.trials] == ["FAIL", "FAIL", "FAIL", "FAIL", "COMPLETE"]
     assert failure_reasons(study) == {0: "ConfigError: stage_one.temperature 0.1: refused by the model",
                                       1: "ConfigError: model.model_dir: not a model folder",
-                                      2: "stage_one.temperature 0.3: refused by the model"}
-    assert "refused" in study.trials[2].user_attrs and "failed" not in study.trials[2].user_attrs
-    assert "tune: trial 2 drew params the model refuses, and fails: stage_one.temperature 0.3: refused by the model" \
+                                      2: "ConfigError: stage_one.temperature_floor 0.05: refused by the model",
+                                      3: "stage_one.temperature 0.3: refused by the model"}
+    assert "refused" in study.trials[3].user_attrs and "failed" not in study.trials[3].user_attrs
+    assert "refused" not in study.trials[2].user_attrs
+    assert "tune: trial 3 drew params the model refuses, and fails: stage_one.temperature 0.3: refused by the model" \
         in caplog.messages
-    assert _part_trained(tmp_path, 0, 1, 2) == []  # the trials that stopped the worker drop theirs too
+    assert _part_trained(tmp_path, 0, 1, 2, 3) == []  # the trials that stopped the worker drop theirs too
 
 
 def _part_trained(tmp_path: Path, *trials: int) -> list[str]:
