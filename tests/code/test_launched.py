@@ -10,10 +10,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.processes import ended as _ended
 from tqc.launched import FollowedOutput, launched_input_error, run_torchrun
 
 RUN = contextvars.ContextVar("run", default=None)
@@ -128,13 +128,6 @@ from tqc.launched import run_torchrun
 child = "import os, time; open(%r, 'w').write(str(os.getpid())); time.sleep(600)" % sys.argv[1]
 run_torchrun([sys.executable, "-c", child], 2, Path(sys.argv[2]), followed_by=logging.getLogger("launcher"), name="x")
 """
-
-
-def _ended(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"  # a zombie, not reaped
-    except FileNotFoundError:
-        return True
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

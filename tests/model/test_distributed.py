@@ -24,6 +24,7 @@ from torch import nn
 import yaml
 
 from tests.conftest import CLASSES, synthetic_questions, tiny_params, write_custom_dataset
+from tests.processes import ended as _ended
 from tests.servers import free_port
 from tqc import distributed
 from tqc.config import ModelParams, StageTwoParams
@@ -934,15 +935,6 @@ def test_an_interrupted_launch_asks_torchrun_to_stop_its_processes_before_killin
     with pytest.raises(KeyboardInterrupt):
         wait_for_torchrun(launched)
     assert launched.calls == [("wait", None), "terminate", ("wait", 30)]  # stopped within the grace: no kill
-
-
-def _ended(pid: int) -> bool:
-    """No such process, or a zombie: reparented to a PID 1 that need not reap it."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state in ("Z", "X")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
