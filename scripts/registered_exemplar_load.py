@@ -17,7 +17,9 @@ import mlflow
 import numpy as np
 import pandas as pd
 
-from tqc.serving import local_matcher, log_and_register
+from tqc.registry import log_and_register
+
+from tqc.serving import local_matcher
 
 
 def main() -> None:

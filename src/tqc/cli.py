@@ -507,7 +507,7 @@ def _promote(args: argparse.Namespace, params: Params) -> None:
 
 def _trained_on(args: argparse.Namespace, params: Params) -> None:
     from tqc.schema import load_questions
-    from tqc.serving import record_trained_on
+    from tqc.registry import record_trained_on
 
     _use_the_registry(params, "record into")
     questions = [q.text for path in args.train for q in load_questions(path)]

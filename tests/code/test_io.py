@@ -135,7 +135,7 @@ def test_tree_digests_walk_linked_sub_folders_follow_no_cycle_and_filter_by_suff
 
 
 def test_the_registry_digest_of_a_model_folder_changes_with_a_linked_encoder(tmp_path):
-    from tqc.serving import folder_digest
+    from tqc.registry import folder_digest
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -426,7 +426,7 @@ def registered_file(project: Path, version: str, artifact: str) -> Path:
     """A registered version's artifact (its model folder, its exemplars), downloaded."""
     import mlflow
 
-    from tqc.serving import registered_artifacts
+    from tqc.registry import registered_artifacts
 
     mlflow.set_tracking_uri(f"sqlite:///{project / 'mlflow.db'}")
     return registered_artifacts("tqc-admc", version, project / "downloads" / version)[0][artifact]
@@ -434,7 +434,7 @@ def registered_file(project: Path, version: str, artifact: str) -> Path:
 
 def test_a_refresh_serves_the_new_questions_with_the_champions_encoder_and_trains_nothing(project, monkeypatch):
     import tqc.pipeline
-    from tqc.serving import folder_digest
+    from tqc.registry import folder_digest
 
     set_params(project, promote={"rule": "exemplars"})
     drop(project, "one.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 3)])

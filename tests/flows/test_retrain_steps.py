@@ -1532,7 +1532,7 @@ def test_the_champion_to_refresh_is_read_with_its_rule_and_k_into_a_folder_empti
 
     import mlflow
 
-    import tqc.serving
+    import tqc.registry
     from tqc.retraining import renew
 
     versions = {"tqc-admc": SimpleNamespace(version=4, tags={})}
@@ -1543,8 +1543,8 @@ def test_the_champion_to_refresh_is_read_with_its_rule_and_k_into_a_folder_empti
         return {"model": destination / "model"}, config
 
     monkeypatch.setattr(mlflow, "MlflowClient", lambda *args, **kwargs: None)
-    monkeypatch.setattr(tqc.serving, "alias_version", lambda client, name, alias: versions.get(name))
-    monkeypatch.setattr(tqc.serving, "registered_artifacts", registered_artifacts)
+    monkeypatch.setattr(tqc.registry, "alias_version", lambda client, name, alias: versions.get(name))
+    monkeypatch.setattr(tqc.registry, "registered_artifacts", registered_artifacts)
     destination = tmp_path / "champion"
     destination.mkdir()
     (destination / "left-over.bin").write_text("an earlier download's")

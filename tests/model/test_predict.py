@@ -496,7 +496,8 @@ def test_exemplar_vectors_are_keyed_by_the_questions_encoded_not_by_a_file_that_
     from types import SimpleNamespace
 
     from tqc.exemplars import load_exemplars
-    from tqc.serving import _encoded_exemplars, folder_digest
+    from tqc.exemplar_cache import encoded_exemplars
+    from tqc.registry import folder_digest
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "weights").write_bytes(b"w")
@@ -513,10 +514,10 @@ def test_exemplar_vectors_are_keyed_by_the_questions_encoded_not_by_a_file_that_
     with exemplars.open("a", encoding="utf-8") as rows:
         rows.write(json.dumps({"text": "q4", "class_id": "loc"}) + "\n")
     digest = folder_digest(tmp_path / "model")
-    assert _encoded_exemplars(model, read_before, digest, exemplars, cache).shape == (4, 8)
+    assert encoded_exemplars(model, read_before, digest, exemplars, cache).shape == (4, 8)
     read_after = load_exemplars(exemplars)
-    assert _encoded_exemplars(model, read_after, digest, exemplars, cache).shape == (5, 8)
-    assert _encoded_exemplars(model, read_after, digest, exemplars, cache).shape == (5, 8)
+    assert encoded_exemplars(model, read_after, digest, exemplars, cache).shape == (5, 8)
+    assert encoded_exemplars(model, read_after, digest, exemplars, cache).shape == (5, 8)
     assert [len(texts) for texts in encoded] == [4, 5]  # the third call read the second's entry
 
 
@@ -540,37 +541,37 @@ def test_exemplar_vectors_are_read_from_a_whole_registered_entry_else_a_whole_ca
     from safetensors.torch import load_file, save_file
 
     from tqc.schema import LabeledQuestion
-    from tqc.serving import _cache_key, _encoded_exemplars
+    from tqc.exemplar_cache import cache_key, encoded_exemplars
 
     model, encoded = _counting_encoder()
     rows = [LabeledQuestion("where is paris", "loc"), LabeledQuestion("who wrote it", "hum")]
     digest, exemplars, cache, shipped = {"weights": "w"}, tmp_path / "train.jsonl", tmp_path / "cache", tmp_path / "shipped"
-    slot, entry = _cache_key(digest, rows, exemplars)
+    slot, entry = cache_key(digest, rows, exemplars)
     cached = cache / f"{slot}-{entry}.safetensors"
 
-    assert _encoded_exemplars(model, rows, None, exemplars, cache).shape == (2, 8)  # no digest: encoded, not cached
+    assert encoded_exemplars(model, rows, None, exemplars, cache).shape == (2, 8)  # no digest: encoded, not cached
     assert encoded == [2] and not cache.exists()
 
     shipped.mkdir()
     registered = torch.randn(2, 8)
     save_file({"vectors": registered}, str(shipped / f"{'0' * 16}-{entry}.safetensors"))  # slot: another file's path
-    assert torch.equal(_encoded_exemplars(model, rows, digest, exemplars, cache, shipped), registered)
+    assert torch.equal(encoded_exemplars(model, rows, digest, exemplars, cache, shipped), registered)
     assert encoded == [2] and not cache.exists()
 
     said = f"{shipped}: no registered vectors for these weights, rows and encoding code; the exemplars are encoded"
     damaged = (shipped / f"{'0' * 16}-{entry}.safetensors").read_bytes()[:-9]
     (shipped / f"{'0' * 16}-{entry}.safetensors").write_bytes(damaged)
-    with caplog.at_level("INFO", logger="tqc.serving"):
-        vectors = _encoded_exemplars(model, rows, digest, exemplars, cache, shipped)
+    with caplog.at_level("INFO", logger="tqc.exemplar_cache"):
+        vectors = encoded_exemplars(model, rows, digest, exemplars, cache, shipped)
     assert encoded == [2, 2] and [r.getMessage() for r in caplog.records] == [said]
     assert (shipped / f"{'0' * 16}-{entry}.safetensors").read_bytes() == damaged  # the registered entry is never written
     assert [path.name for path in cache.iterdir()] == [cached.name] and torch.equal(load_file(cached)["vectors"], vectors)
 
     caplog.clear()
-    with caplog.at_level("INFO", logger="tqc.serving"):  # no registered folder: said, and the cache's entry is read
-        assert torch.equal(_encoded_exemplars(model, rows, digest, exemplars, cache, tmp_path / "nowhere"), vectors)
+    with caplog.at_level("INFO", logger="tqc.exemplar_cache"):  # no registered folder: said, and the cache's entry is read
+        assert torch.equal(encoded_exemplars(model, rows, digest, exemplars, cache, tmp_path / "nowhere"), vectors)
     assert encoded == [2, 2] and [r.getMessage() for r in caplog.records] == [said.replace(str(shipped), str(tmp_path / "nowhere"))]
-    assert torch.equal(_encoded_exemplars(model, rows, digest, exemplars, cache), vectors) and encoded == [2, 2]
+    assert torch.equal(encoded_exemplars(model, rows, digest, exemplars, cache), vectors) and encoded == [2, 2]
 
     for bad in ({"vectors": torch.full((2, 8), float("nan"))}, {"other": torch.zeros(2, 8)}, {"vectors": torch.zeros(16)},
                 {"vectors": torch.zeros(3, 8)}, {"vectors": torch.zeros(2, 8, dtype=torch.float64)}, None):
@@ -578,28 +579,29 @@ def test_exemplar_vectors_are_read_from_a_whole_registered_entry_else_a_whole_ca
             cached.write_bytes(cached.read_bytes()[:-9])  # cut short
         else:
             save_file(bad, str(cached))
-        again = _encoded_exemplars(model, rows, digest, exemplars, cache)
+        again = encoded_exemplars(model, rows, digest, exemplars, cache)
         assert again.shape == (2, 8) and torch.equal(load_file(cached)["vectors"], again)  # encoded again, replaced
     assert encoded == [2, 2] + [2] * 6
 
-    assert _encoded_exemplars(model, rows, digest, exemplars, None).shape == (2, 8)  # no cache: encoded every call
+    assert encoded_exemplars(model, rows, digest, exemplars, None).shape == (2, 8)  # no cache: encoded every call
     assert encoded[-1] == 2 and len(encoded) == 9
 
 
 def test_registering_exemplar_vectors_hashes_the_exemplar_questions_once(tiny_model_dir, tmp_path, monkeypatch):
     """Promote's `_registered_vectors` keyed its entry, then `_encoded_exemplars` keyed it again: every exemplar
     question hashed twice. The key is passed along; the entry registered is the one a cache of the same rows holds."""
-    from tqc import serving
+    from tqc import exemplar_cache, registry
     from tqc.schema import LabeledQuestion, save_questions
 
     torch.manual_seed(0)
     tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
     save_questions(tmp_path / "train.jsonl", [LabeledQuestion("where is paris", "loc"), LabeledQuestion("who wrote it", "hum")])
     keyed = []
-    real = serving._cache_key
-    monkeypatch.setattr(serving, "_cache_key", lambda *args: keyed.append(args) or real(*args))
+    real = exemplar_cache.cache_key
+    for keys_in in (exemplar_cache, registry):  # where the entry is keyed to register it, and where it is written
+        monkeypatch.setattr(keys_in, "cache_key", lambda *args: keyed.append(args) or real(*args))
 
-    folder = serving._registered_vectors(tmp_path / "model", tmp_path / "train.jsonl", tmp_path / "registered")
+    folder = registry._registered_vectors(tmp_path / "model", tmp_path / "train.jsonl", tmp_path / "registered")
 
     assert len(keyed) == 1
     slot, entry = real(*keyed[0])
@@ -822,7 +824,7 @@ def test_an_exemplar_cache_that_cannot_be_written_costs_time_not_the_answers(tin
            "--exemplars", str(tmp_path / "train.jsonl"), "where is the louvre"]
     assert main([*ask, "--exemplar-cache", "none"]) == 0
     uncached = capsys.readouterr().out
-    with caplog.at_level("WARNING", logger="tqc.serving"):
+    with caplog.at_level("WARNING", logger="tqc.exemplar_cache"):
         assert main([*ask, "--exemplar-cache", str(tmp_path / "a-file" / "cache")]) == 0
     assert capsys.readouterr().out == uncached
     assert "a-file/cache not written" in caplog.text
@@ -831,7 +833,7 @@ def test_an_exemplar_cache_that_cannot_be_written_costs_time_not_the_answers(tin
 def test_exemplar_vectors_cached_by_other_encoding_code_are_not_served(tiny_model_dir, tmp_path, capsys, monkeypatch):
     """The cache was keyed by the weights and the questions alone: after a change to how tqc encodes (f3f0ddc's cls
     pooling), `tqc predict --exemplars` answered from vectors the old code made."""
-    from tqc import serving
+    from tqc import exemplar_cache
     from tqc.schema import LabeledQuestion, save_questions
 
     tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
@@ -841,8 +843,8 @@ def test_exemplar_vectors_cached_by_other_encoding_code_are_not_served(tiny_mode
            str(tmp_path / "train.jsonl"), "--exemplar-cache", str(tmp_path / "cache"), "where is the louvre"]
     assert main(ask) == 0
     first, = (tmp_path / "cache").glob("*.safetensors")
-    code = serving.encoding_code()
-    monkeypatch.setattr(serving, "encoding_code", lambda: {**code, "encoder": "another version of encoder.py"})
+    code = exemplar_cache.encoding_code()
+    monkeypatch.setattr(exemplar_cache, "encoding_code", lambda: {**code, "encoder": "another version of encoder.py"})
     assert main(ask) == 0
     second, = (tmp_path / "cache").glob("*.safetensors")  # encoded again, in place of the old entry
     assert second.name != first.name and second.name.split("-")[0] == first.name.split("-")[0]
@@ -933,23 +935,23 @@ def test_the_exemplar_cache_keeps_the_entries_used_last_and_forgets_older_models
     good. It keeps the EXEMPLAR_CACHE_ENTRIES used last; an entry read is used, so it outlives older writes."""
     import os
 
-    from tqc import serving
+    from tqc import exemplar_cache
     from tqc.schema import LabeledQuestion
 
-    monkeypatch.setattr(serving, "EXEMPLAR_CACHE_ENTRIES", 3)
+    monkeypatch.setattr(exemplar_cache, "EXEMPLAR_CACHE_ENTRIES", 3)
     cache = tmp_path / "cache"
     torch.manual_seed(0)
     model = tiny_bi_encoder(tiny_model_dir).eval()
     rows = [LabeledQuestion("where is paris", "loc"), LabeledQuestion("who wrote it", "hum")]
     for n in range(4):  # four models' entries, each a second later than the one before
-        serving._encoded_exemplars(model, rows, {"weights": f"model {n}"}, tmp_path / "train.jsonl", cache)
+        exemplar_cache.encoded_exemplars(model, rows, {"weights": f"model {n}"}, tmp_path / "train.jsonl", cache)
         for entry in cache.glob("*.safetensors"):
             os.utime(entry, (entry.stat().st_mtime - 1, entry.stat().st_mtime - 1))
     assert len(list(cache.glob("*.safetensors"))) == 3  # model 0's went
     first_kept = min(cache.glob("*.safetensors"), key=lambda entry: entry.stat().st_mtime)
-    read = serving._encoded_exemplars(model, rows, {"weights": "model 1"}, tmp_path / "train.jsonl", cache)
+    read = exemplar_cache.encoded_exemplars(model, rows, {"weights": "model 1"}, tmp_path / "train.jsonl", cache)
     assert read.shape == (2, model.question.encode(["x"]).shape[1])
-    serving._encoded_exemplars(model, rows, {"weights": "model 4"}, tmp_path / "train.jsonl", cache)
+    exemplar_cache.encoded_exemplars(model, rows, {"weights": "model 4"}, tmp_path / "train.jsonl", cache)
     kept = {entry.name for entry in cache.glob("*.safetensors")}
     assert len(kept) == 3 and first_kept.name in kept  # model 1's was read last-but-one, so model 2's went instead
 

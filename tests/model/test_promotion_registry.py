@@ -351,7 +351,7 @@ def test_the_same_weights_with_another_training_record_are_the_same_version(tiny
     serves what the champion serves, so it is the champion, not a new version rejected at a difference of 0."""
     import mlflow
 
-    from tqc import serving
+    from tqc import registry as model_registry
 
     torch.manual_seed(1)
     model = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
@@ -363,7 +363,7 @@ def test_the_same_weights_with_another_training_record_are_the_same_version(tiny
             return promote.run(data_dir, folder, None, PromoteParams(), tmp_path / "p.json", tracker)
 
     with monkeypatch.context() as before:  # a registry filled by the code that hashed tqc_model.json whole
-        before.setattr(serving, "served_files_digest", serving.folder_digest)
+        before.setattr(model_registry, "served_files_digest", model_registry.folder_digest)
         assert promote_model(tmp_path / "a")["challenger_version"] == "1"
     again = promote_model(tmp_path / "a")
     assert again["challenger_version"] == "1" and again["challenger_registered_before"]  # found by the old digest
@@ -453,7 +453,7 @@ def test_an_unchanged_model_is_not_registered_again_and_a_changed_shift_is(tiny_
 
 def test_a_version_registered_under_the_whole_prior_entrys_digest_is_found_again(tiny_model_dir, data_dir, tmp_path,
                                                                                  registry, monkeypatch):
-    from tqc import serving
+    from tqc import registry as model_registry
     from tqc.io import write_json
 
     models = tmp_path / "models"
@@ -468,8 +468,8 @@ def test_a_version_registered_under_the_whole_prior_entrys_digest_is_found_again
                                tmp_path / "p.json", tracker)
 
     with monkeypatch.context() as before:  # the digest as the last version of tqc computed it
-        whole_prior = serving._prior_part
-        before.setattr(serving, "_prior_part", lambda entry, whole: whole_prior(entry, whole=True))
+        whole_prior = model_registry._prior_part
+        before.setattr(model_registry, "_prior_part", lambda entry, whole: whole_prior(entry, whole=True))
         assert promote_model()["challenger_version"] == "1"
     again = promote_model()
     assert again["challenger_version"] == "1" and again["challenger_registered_before"]
@@ -522,7 +522,8 @@ def test_a_version_serving_the_exemplar_rule_loads_the_vectors_registered_with_i
     import mlflow
 
     from tqc.model.encoder import TextEncoder
-    from tqc.serving import EXEMPLAR_VECTORS, local_matcher, registered_artifacts
+    from tqc.registry import EXEMPLAR_VECTORS, registered_artifacts
+    from tqc.serving import local_matcher
 
     model_dir = untrained(tiny_model_dir, tmp_path / "models" / "stage_two")
     with standalone_run("promote", registry) as tracker:
@@ -552,7 +553,7 @@ def test_a_version_serving_the_exemplar_rule_loads_the_vectors_registered_with_i
     from tqc.serving import StandardQuestionMatcher
 
     matcher = StandardQuestionMatcher()
-    with caplog.at_level("INFO", logger="tqc.serving"):
+    with caplog.at_level("INFO", logger="tqc.exemplar_cache"):
         matcher.load_context(SimpleNamespace(artifacts={k: str(v) for k, v in artifacts.items()},
                                              model_config={"top_k": 2, "rule": "exemplars", "exemplar_k": 2}))
     assert ("encoding exemplars", len(load_questions(data_dir / "train.jsonl"))) in encoded
@@ -588,7 +589,7 @@ def test_rule_auto_serves_the_rule_right_more_often_on_validation_and_says_so(ti
         report = promote.run(data_dir, model_dir, models / "prior.json", PromoteParams(bootstrap_samples=200, rule="auto"),
                              tmp_path / "p.json", tracker, exemplar_k=1)
 
-    from tqc.serving import question_hash
+    from tqc.registry import question_hash
 
     learnt = {question_hash(q.text) for q in load_questions(data_dir / "train.jsonl")}
     validation = [q for q in load_questions(data_dir / "validation.jsonl") if question_hash(q.text) not in learnt]
@@ -973,7 +974,7 @@ def test_the_gate_leaves_out_validation_questions_the_champion_learnt_from(tiny_
     judges on the rest, a question written another way (case, spaces) counting as the same question."""
     import mlflow
 
-    from tqc.serving import question_hash, trained_on_record
+    from tqc.registry import question_hash, trained_on_record
 
     first_train = synthetic_questions(0, 40)
     first = split_of(tmp_path / "first", first_train, [(t + " again", c) for t, c in synthetic_questions(1, 5)])
@@ -1122,10 +1123,10 @@ def test_a_refresh_of_a_champion_without_a_record_registers_none_rather_than_a_s
                                                                                          tmp_path, registry):
     import mlflow
 
-    from tqc import serving
+    from tqc import registry as model_registry
 
     with standalone_run("register", registry):
-        version, _, _ = serving.register(untrained(tiny_model_dir, tmp_path / "old"), data_dir / "catalog.jsonl", None,
+        version, _, _ = model_registry.register(untrained(tiny_model_dir, tmp_path / "old"), data_dir / "catalog.jsonl", None,
                                          "tqc-admc", 5)
     mlflow.MlflowClient().set_registered_model_alias("tqc-admc", "champion", version)
     refreshed = Path(shutil.copytree(tmp_path / "old", tmp_path / "refreshed"))
@@ -1137,20 +1138,20 @@ def test_a_refresh_of_a_champion_without_a_record_registers_none_rather_than_a_s
     # registered as `standard`, it was the champion's encoder without its class-prior shift
     assert report["rule"] == "exemplars"
     assert mlflow.MlflowClient().get_model_version("tqc-admc", report["challenger_version"]).tags["rule"] == "exemplars"
-    assert serving.trained_on_record("tqc-admc", report["challenger_version"], tmp_path / "record") is None
+    assert model_registry.trained_on_record("tqc-admc", report["challenger_version"], tmp_path / "record") is None
 
 
 def test_a_champion_registered_without_a_record_is_named_as_such(tiny_model_dir, data_dir, tmp_path, registry):
     """Versions registered before records were kept: the gate cannot leave their training questions out, and says so."""
     import mlflow
 
-    from tqc import serving
+    from tqc import registry as model_registry
 
     with standalone_run("register", registry):
-        version, _, _ = serving.register(untrained(tiny_model_dir, tmp_path / "old"), data_dir / "catalog.jsonl", None,
+        version, _, _ = model_registry.register(untrained(tiny_model_dir, tmp_path / "old"), data_dir / "catalog.jsonl", None,
                                          "tqc-admc", 5)
     mlflow.MlflowClient().set_registered_model_alias("tqc-admc", "champion", version)
-    assert serving.trained_on_record("tqc-admc", version, tmp_path / "record") is None
+    assert model_registry.trained_on_record("tqc-admc", version, tmp_path / "record") is None
     with standalone_run("promote", registry) as tracker:
         report = promote.run(data_dir, trained(tiny_model_dir, data_dir, tmp_path / "new"), None, PromoteParams(),
                              tmp_path / "p.json", tracker)
@@ -1164,12 +1165,13 @@ def test_a_champion_given_its_record_afterwards_is_judged_without_its_training_q
     import mlflow
     import yaml
 
-    from tqc import cli, serving
+    from tqc import cli
+    from tqc import registry as model_registry
 
     first_train = synthetic_questions(0, 40)
     first = split_of(tmp_path / "first", first_train, [(t + " again", c) for t, c in synthetic_questions(1, 5)])
     with standalone_run("register", registry):  # as versions were registered before records were kept
-        version, _, _ = serving.register(untrained(tiny_model_dir, tmp_path / "old"), first / "catalog.jsonl", None,
+        version, _, _ = model_registry.register(untrained(tiny_model_dir, tmp_path / "old"), first / "catalog.jsonl", None,
                                          "tqc-admc", 5)
     mlflow.MlflowClient().set_registered_model_alias("tqc-admc", "champion", version)
     params = tmp_path / "params.yaml"
@@ -1180,12 +1182,12 @@ def test_a_champion_given_its_record_afterwards_is_judged_without_its_training_q
     assert cli.main(record[:-1] + [str(tmp_path / "empty.jsonl")]) == 2  # an empty record would stand for good
     assert "empty.jsonl: no labeled questions to record" in capsys.readouterr().err
     assert cli.main(record[:4] + ["0" + version] + record[5:]) == 0  # "01": MLflow reads it as 1
-    distinct = {serving.question_hash(t) for t, _ in first_train}
+    distinct = {model_registry.question_hash(t) for t, _ in first_train}
     said = capsys.readouterr().out
     assert said.startswith(f"tqc-admc v{version}: recorded") and f"/trained_on-v{version}/" in said  # as the registry spells it
     assert f"recorded {len(distinct)} distinct questions of {len(first_train)} rows" in said
     assert "its pipeline run was at commit unknown" in said  # a standalone run outside a pipeline records none
-    assert serving.trained_on_record("tqc-admc", version, tmp_path / "record") == distinct
+    assert model_registry.trained_on_record("tqc-admc", version, tmp_path / "record") == distinct
     assert cli.main(record[:-1] + [str(first / "validation.jsonl")]) == 2  # never replaced, whatever file is given
     assert "has a record of the questions it learnt from already" in capsys.readouterr().err
     assert cli.main(record[:4] + ["7"] + record[5:]) == 2  # no such version: one line, not a traceback
@@ -1207,8 +1209,8 @@ def test_a_champion_given_its_record_afterwards_is_judged_without_its_training_q
     (refreshed / "NOTE.txt").write_text("refreshed")
     with standalone_run("promote", registry) as tracker:
         refresh = promote.run(second, refreshed, None, PromoteParams(), tmp_path / "p.json", tracker, refresh=True)
-    assert serving.trained_on_record("tqc-admc", refresh["challenger_version"], tmp_path / "record2") == distinct | {
-        serving.question_hash(t + " now") for t, _ in synthetic_questions(2, 30)}
+    assert model_registry.trained_on_record("tqc-admc", refresh["challenger_version"], tmp_path / "record2") == distinct | {
+        model_registry.question_hash(t + " now") for t, _ in synthetic_questions(2, 30)}
 
 
 def test_a_refresh_records_what_its_source_learnt_from_even_when_the_alias_moved_since(tiny_model_dir, data_dir, tmp_path,
@@ -1217,13 +1219,13 @@ def test_a_refresh_records_what_its_source_learnt_from_even_when_the_alias_moved
     record takes its source's questions (`refreshed_from`), not those of whoever holds the alias when it is judged."""
     import mlflow
 
-    from tqc import serving
+    from tqc import registry as model_registry
 
     source_questions, other_questions = {"a" * 16, "b" * 16}, {"c" * 16}
     with standalone_run("register", registry):
-        source, _, _ = serving.register(untrained(tiny_model_dir, tmp_path / "source"), data_dir / "catalog.jsonl", None,
+        source, _, _ = model_registry.register(untrained(tiny_model_dir, tmp_path / "source"), data_dir / "catalog.jsonl", None,
                                         "tqc-admc", 5, trained_on=source_questions)
-        moved_to, _, _ = serving.register(trained(tiny_model_dir, data_dir, tmp_path / "other"), data_dir / "catalog.jsonl",
+        moved_to, _, _ = model_registry.register(trained(tiny_model_dir, data_dir, tmp_path / "other"), data_dir / "catalog.jsonl",
                                           None, "tqc-admc", 5, trained_on=other_questions)
     mlflow.MlflowClient().set_registered_model_alias("tqc-admc", "champion", moved_to)  # after the refresh took `source`
     refreshed = Path(shutil.copytree(tmp_path / "source", tmp_path / "refreshed"))
@@ -1231,8 +1233,8 @@ def test_a_refresh_records_what_its_source_learnt_from_even_when_the_alias_moved
     with standalone_run("promote", registry) as tracker:
         report = promote.run(data_dir, refreshed, None, PromoteParams(), tmp_path / "p.json", tracker, refresh=True,
                              refreshed_from=source)
-    own = {serving.question_hash(q.text) for q in load_questions(data_dir / "train.jsonl")}
-    assert serving.trained_on_record("tqc-admc", report["challenger_version"], tmp_path / "record") == own | source_questions
+    own = {model_registry.question_hash(q.text) for q in load_questions(data_dir / "train.jsonl")}
+    assert model_registry.trained_on_record("tqc-admc", report["challenger_version"], tmp_path / "record") == own | source_questions
 
 
 def test_a_registered_version_whose_model_config_is_damaged_is_a_one_line_error(tiny_model_dir, data_dir, tmp_path,

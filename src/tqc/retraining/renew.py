@@ -62,7 +62,7 @@ def champion_model(model_name: str, alias: str, destination: Path) -> Champion:
     """The registry's `alias` version, its model folder downloaded to `destination`."""
     import mlflow
 
-    from tqc.serving import alias_version, registered_artifacts
+    from tqc.registry import alias_version, registered_artifacts
 
     version = alias_version(mlflow.MlflowClient(), model_name, alias)
     if version is None:

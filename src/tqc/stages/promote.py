@@ -40,7 +40,7 @@ class _Champion:
     """The registry's alias holder when promote starts, and what it learnt from."""
     holder: Any  # the MLflow model version holding the alias; None: no champion yet
     version: str | None
-    learnt: set[str] | None  # its `serving.question_hash`es; None without a record, or one that cannot be read
+    learnt: set[str] | None  # its `registry.question_hash`es; None without a record, or one that cannot be read
     unreadable: Exception | None  # why its artifacts could not be read: raised once the challenger is registered
 
 
@@ -49,7 +49,7 @@ class _Challenger:
     """The version registered for this model, and the rule it serves."""
     version: str
     registered_before: bool  # found by its content digest
-    answers_digest: str  # `serving.ANSWERS_TAG`: what it answers, however it is served
+    answers_digest: str  # `registry.ANSWERS_TAG`: what it answers, however it is served
     rule: str
     rule_figures: dict | None  # under auto, what chose the rule (`_served_rule`)
     exemplars: tuple[Path, int] | None  # the exemplar rule's rows and k; None for the standard rule
@@ -124,7 +124,7 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     have moved since the refresh downloaded it.
 
     The gate judges on the validation questions neither model learnt from: each version registers the questions it
-    learnt from (`serving.TRAINED_ON`), and a champion's may be in this validation split (data grown, or a split
+    learnt from (`registry.TRAINED_ON`), and a champion's may be in this validation split (data grown, or a split
     drawn another way since), where it would answer them from memory.
 
     `registered_path`: where to write which registry holds the challenger, and as which version (`_write_registered`)."""
@@ -197,7 +197,7 @@ def _publish(client, params: PromoteParams, contest: _Contest, judged: _Judged, 
 def _alias_after_failure(client, params: PromoteParams, report: dict, exc: BaseException) -> dict:
     """`report` of a promotion whose registry writes failed part way: the alias holder read back (the alias may have
     moved before a tag write failed), whether that is the challenger, and why."""
-    from tqc.serving import alias_version
+    from tqc.registry import alias_version
 
     try:
         holder = alias_version(client, params.model_name, params.alias)
@@ -233,7 +233,7 @@ def _tracking_disabled(params: PromoteParams, report_path: Path, registered_path
 
 def _champion(client, params: PromoteParams) -> _Champion:
     """The alias holder and the questions it learnt from; artifacts it cannot read are kept to raise later."""
-    from tqc.serving import alias_version
+    from tqc.registry import alias_version
 
     holder = alias_version(client, params.model_name, params.alias)  # a failing registry raises: never "no champion"
     version = str(holder.version) if holder is not None else None
@@ -246,8 +246,8 @@ def _champion(client, params: PromoteParams) -> _Champion:
 def _challenger_learnt(train: list[LabeledQuestion], model_name: str, champion: _Champion, refresh: bool,
                        refreshed_from: str | None) -> tuple[set[str], set[str] | None]:
     """(the questions the challenger learnt from, the record it registers of them: None where they are unknown in
-    part), as `serving.question_hash`es."""
-    from tqc.serving import question_hash
+    part), as `registry.question_hash`es."""
+    from tqc.registry import question_hash
 
     learnt = {question_hash(q.text) for q in train}  # the training questions; the exemplar rule's rows too
     if not refresh:
@@ -263,7 +263,7 @@ def _register_challenger(params: PromoteParams, model_dir: Path, data_dir: Path,
                          questions: list[LabeledQuestion]) -> _Challenger:
     """The rule the challenger serves, chosen on `questions` (`_served_rule`), and its registered version, which
     records `record` as the questions it learnt from."""
-    from tqc.serving import register
+    from tqc.registry import register
 
     # A refresh is the exemplar rule by what it is (the champion's encoder, grown exemplars, no prior stage), whatever
     # the params of the run that judges it say: a retrain run judging the last run's refresh may train, with `standard`
@@ -291,7 +291,7 @@ def _gives_champions_answers(client, params: PromoteParams, champion: _Champion,
                              model_dir: Path, data_dir: Path, prior_path: Path | None) -> bool:
     """Whether the challenger gives the champion's answers, served otherwise (top_k): no validation gate can tell the
     two apart, so none judges it."""
-    from tqc.serving import answers_of
+    from tqc.registry import answers_of
 
     return champion.holder is not None and challenger.answers_digest == answers_of(
         client, params.model_name, champion.holder, model_dir, data_dir / "catalog.jsonl",
@@ -505,7 +505,7 @@ def set_champion(params: PromoteParams, version: str) -> tuple[str, str | None]:
     offline_mlflow()
     import mlflow
 
-    from tqc.serving import alias_version
+    from tqc.registry import alias_version
 
     client = mlflow.MlflowClient()
     chosen = _servable_version(client, params, version)
@@ -537,7 +537,7 @@ def _registered_version(client, model_name: str, version: str):
     """The registry's `model_name` `version`; one it does not hold is a ConfigError, any other failure its own."""
     from mlflow.exceptions import MlflowException
 
-    from tqc.serving import NOT_FOUND_CODES
+    from tqc.registry import NOT_FOUND_CODES
 
     try:
         return client.get_model_version(model_name, version)
@@ -625,10 +625,10 @@ def _answers_on_validation(client, model_name: str, version: str, champion_versi
 
 
 def _learnt_from(model_name: str, version: str | None) -> set[str] | None:
-    """The questions registered `version` learnt from (`serving.question_hash`es); None without a version or a record."""
+    """The questions registered `version` learnt from (`registry.question_hash`es); None without a version or a record."""
     if version is None:
         return None
-    from tqc.serving import trained_on_record
+    from tqc.registry import trained_on_record
 
     with tempfile.TemporaryDirectory(prefix="tqc-promote-") as scratch:
         return trained_on_record(model_name, version, Path(scratch))
@@ -651,7 +651,7 @@ def _source_learnt(model_name: str, refreshed_from: str | None, champion_version
 def _unseen(validation: list[LabeledQuestion], challenger_learnt: set[str],
             champion_learnt: set[str] | None) -> list[LabeledQuestion]:
     """The validation questions neither model learnt from, in order."""
-    from tqc.serving import question_hash
+    from tqc.registry import question_hash
 
     learnt = challenger_learnt | (champion_learnt or set())
     return [q for q in validation if question_hash(q.text) not in learnt]
@@ -727,7 +727,7 @@ def _taken_by_hand(client, params: PromoteParams, version: str, answers: str) ->
     (An alias moved in MLflow's own UI or client leaves no such mark, and a rollback made before the tag existed none
     either: the holder's `alias_set_by_hand` outlives a later gate promotion, so it cannot tell which version a person
     took it from.)"""
-    from tqc.serving import ANSWERS_TAG
+    from tqc.registry import ANSWERS_TAG
 
     tag = taken_by_hand_tag(params.alias)
     same = client.search_model_versions(f"name='{params.model_name}' and tags.{ANSWERS_TAG}='{answers}'")
