@@ -217,9 +217,10 @@ def _is_json_record(line: str) -> bool:
 
 
 def _registered_answers(args: argparse.Namespace) -> tuple[Callable, object]:
-    """A registered version's answers (a frame of questions → its ranked answers), through its pyfunc as the registry
-    serves it: its catalog, and its class-prior shift or exemplar rows, are its own, so none is given here; and the
-    `StandardQuestionMatcher` that answers."""
+    """A registered version's answers (a frame of questions → its ranked answers), from its matcher as the registry
+    serves it, built from its files (`registered_matcher`: no code stored with the version runs): its catalog, and its
+    class-prior shift or exemplar rows, are its own, so none is given here; and the `StandardQuestionMatcher` that
+    answers."""
     given = [flag for flag, value in (("--catalog", args.catalog), ("--exemplars", args.exemplars),
                                       ("--exemplar-k", args.exemplar_k), ("--exemplar-cache", args.exemplar_cache))
              if value is not None] + (["--prior"] if args.prior != "auto" else [])
@@ -230,10 +231,12 @@ def _registered_answers(args: argparse.Namespace) -> tuple[Callable, object]:
     import mlflow
     from mlflow.exceptions import MlflowException
 
+    from tqc.serving import registered_matcher
+
     uri = _registry_uri(args)
     mlflow.set_tracking_uri(uri)
     try:
-        model = mlflow.pyfunc.load_model(args.model)
+        matcher = registered_matcher(args.model)  # built from its files: no code stored with the version is run
     except MlflowException as exc:  # no such model, version or alias, or its artifacts unreadable: MLflow says which
         missing = "No such artifact" in exc.message
         hint = ("the version's files may be gone from its artifact store; --tracking-uri names another registry" if missing
@@ -248,8 +251,8 @@ def _registered_answers(args: argparse.Namespace) -> tuple[Callable, object]:
         raise ConfigError(f"--model {args.model}: the registered version does not load ({reason}); "
                           "register it again, or serve another version") from None
     # no --top-k: the version's own top_k, as it is served
-    return (lambda questions: model.predict(questions, params=None if args.top_k is None else {"top_k": args.top_k}),
-            model.unwrap_python_model())
+    return (lambda questions: matcher.predict(None, questions, params=None if args.top_k is None else {"top_k": args.top_k}),
+            matcher)
 
 
 def _registry_uri(args: argparse.Namespace) -> str:

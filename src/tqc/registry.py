@@ -9,9 +9,11 @@ imports no MLflow.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,13 +74,41 @@ def alias_version(client, model_name: str, alias: str):
 
 def registered_artifacts(model_name: str, version: str, destination: Path) -> tuple[dict[str, Path], dict]:
     """A registered version downloaded to `destination`: ({artifact name: its local path}, its model_config)."""
+    return version_artifacts(f"models:/{model_name}/{version}", destination)
+
+
+@contextlib.contextmanager
+def _quiet_download():
+    """No MLflow download bar on stderr, where a command's own lines (a one-line error) are read, as
+    `mlflow.pyfunc.load_model` loads a version without one; a user's own MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR stands."""
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    if key in os.environ:
+        yield
+        return
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
+
+
+def version_artifacts(uri: str, destination: Path) -> tuple[dict[str, Path], dict]:
+    """The version `uri` names (models:/NAME/VERSION or models:/NAME@ALIAS) downloaded to `destination`: ({artifact
+    name: its local path}, its model_config). Its files are only read: no code stored with it is run. An artifact
+    whose path leads out of the download (`..`, an absolute path) is an error, so a version cannot have a local file
+    read as its catalog."""
     _mlflow()
     import mlflow.artifacts
     from mlflow.models import Model
 
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{version}", dst_path=str(destination)))
-    flavor = Model.load(local).flavors["python_function"]
-    return {name: local / artifact["path"] for name, artifact in flavor["artifacts"].items()}, flavor.get("config") or {}
+    with _quiet_download():
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(destination)))
+    flavor = Model.load(local).flavors.get("python_function") or {}
+    artifacts = {name: local / artifact["path"] for name, artifact in (flavor.get("artifacts") or {}).items()}
+    outside = sorted(name for name, path in artifacts.items() if not path.resolve().is_relative_to(local.resolve()))
+    if outside:
+        raise ValueError(f"{uri}: its artifact(s) {', '.join(outside)} lie outside the version's own files")
+    return artifacts, flavor.get("config") or {}
 
 
 def signature(top_k: int) -> ModelSignature:

@@ -182,13 +182,38 @@ def local_matcher(model_dir: Path, catalog_path: Path, top_k: int = 5, prior_pat
     return matcher
 
 
+def registered_matcher(uri: str) -> StandardQuestionMatcher:
+    """The matcher a registered version serves (models:/NAME@ALIAS or models:/NAME/VERSION), built by this installed
+    tqc from the version's files and model_config, as its `served_model.py` builds it where MLflow serves it.
+
+    Not through `mlflow.pyfunc.load_model`, which runs the code stored with a version: `served_model.py` for one tqc
+    registered, but a pickle for one logged with a Python object, which unpickling runs. Whoever can register a version
+    in a shared registry and move the alias could otherwise run code wherever tqc loads the champion (predict,
+    promote, set-champion). A version without tqc's artifacts is refused, its files never read as a model."""
+    import tempfile
+    from types import SimpleNamespace
+
+    from tqc.registry import version_artifacts
+
+    with tempfile.TemporaryDirectory(prefix="tqc-registered-") as scratch:
+        artifacts, config = version_artifacts(uri, Path(scratch))
+        missing = [name for name in ("model", "catalog") if name not in artifacts]
+        if missing:
+            raise ValueError(f"{uri} is not a version tqc registered (it has no {' or '.join(missing)} artifact), so it "
+                             "is not loaded: tqc never runs the code or pickle another tool stored with a version")
+        matcher = StandardQuestionMatcher()
+        # Everything is read here (weights, tokenizer, catalog, shift, exemplar vectors), so the download can go
+        matcher.load_context(SimpleNamespace(artifacts={name: str(path) for name, path in artifacts.items()},
+                                             model_config=config))
+    return matcher
+
+
 def served_first_answers(uri: str, questions: list[str]) -> tuple[list[str], list[str]]:
-    """(N,) the class id of each question's first answer, from a registered version's pyfunc as it is served; and the
+    """(N,) the class id of each question's first answer, from a registered version's matcher as it is served; and the
     classes it can answer with (`answerable_class_ids`)."""
-    served = mlflow.pyfunc.load_model(uri)
-    matcher = served.unwrap_python_model()
+    matcher = registered_matcher(uri)
     matcher.says_cut = False  # validation questions, which evaluate scores cut as silently
-    answers = served.predict(pd.DataFrame({"question": questions}), params={"top_k": 1})
+    answers = matcher.predict(None, pd.DataFrame({"question": questions}), params={"top_k": 1})
     return answers[answers["rank"] == 1]["class_id"].tolist(), matcher.answerable_class_ids()  # in question order
 
 

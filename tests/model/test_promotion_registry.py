@@ -1126,8 +1126,8 @@ def test_a_refresh_of_a_champion_without_a_record_registers_none_rather_than_a_s
     from tqc import registry as model_registry
 
     with standalone_run("register", registry):
-        version, _, _ = model_registry.register(untrained(tiny_model_dir, tmp_path / "old"), data_dir / "catalog.jsonl", None,
-                                         "tqc-admc", 5)
+        version, _, _ = model_registry.register(untrained(tiny_model_dir, tmp_path / "old"), data_dir / "catalog.jsonl",
+                                                None, "tqc-admc", 5)
     mlflow.MlflowClient().set_registered_model_alias("tqc-admc", "champion", version)
     refreshed = Path(shutil.copytree(tmp_path / "old", tmp_path / "refreshed"))
     (refreshed / "NOTE.txt").write_text("refreshed")
@@ -1148,8 +1148,8 @@ def test_a_champion_registered_without_a_record_is_named_as_such(tiny_model_dir,
     from tqc import registry as model_registry
 
     with standalone_run("register", registry):
-        version, _, _ = model_registry.register(untrained(tiny_model_dir, tmp_path / "old"), data_dir / "catalog.jsonl", None,
-                                         "tqc-admc", 5)
+        version, _, _ = model_registry.register(untrained(tiny_model_dir, tmp_path / "old"), data_dir / "catalog.jsonl",
+                                                None, "tqc-admc", 5)
     mlflow.MlflowClient().set_registered_model_alias("tqc-admc", "champion", version)
     assert model_registry.trained_on_record("tqc-admc", version, tmp_path / "record") is None
     with standalone_run("promote", registry) as tracker:
@@ -1171,8 +1171,8 @@ def test_a_champion_given_its_record_afterwards_is_judged_without_its_training_q
     first_train = synthetic_questions(0, 40)
     first = split_of(tmp_path / "first", first_train, [(t + " again", c) for t, c in synthetic_questions(1, 5)])
     with standalone_run("register", registry):  # as versions were registered before records were kept
-        version, _, _ = model_registry.register(untrained(tiny_model_dir, tmp_path / "old"), first / "catalog.jsonl", None,
-                                         "tqc-admc", 5)
+        version, _, _ = model_registry.register(untrained(tiny_model_dir, tmp_path / "old"), first / "catalog.jsonl",
+                                                None, "tqc-admc", 5)
     mlflow.MlflowClient().set_registered_model_alias("tqc-admc", "champion", version)
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({"tracking": {"uri": registry.uri, "experiment": registry.experiment}}))
@@ -1223,10 +1223,12 @@ def test_a_refresh_records_what_its_source_learnt_from_even_when_the_alias_moved
 
     source_questions, other_questions = {"a" * 16, "b" * 16}, {"c" * 16}
     with standalone_run("register", registry):
-        source, _, _ = model_registry.register(untrained(tiny_model_dir, tmp_path / "source"), data_dir / "catalog.jsonl", None,
-                                        "tqc-admc", 5, trained_on=source_questions)
-        moved_to, _, _ = model_registry.register(trained(tiny_model_dir, data_dir, tmp_path / "other"), data_dir / "catalog.jsonl",
-                                          None, "tqc-admc", 5, trained_on=other_questions)
+        source, _, _ = model_registry.register(untrained(tiny_model_dir, tmp_path / "source"),
+                                               data_dir / "catalog.jsonl", None, "tqc-admc", 5,
+                                               trained_on=source_questions)
+        moved_to, _, _ = model_registry.register(trained(tiny_model_dir, data_dir, tmp_path / "other"),
+                                                 data_dir / "catalog.jsonl", None, "tqc-admc", 5,
+                                                 trained_on=other_questions)
     mlflow.MlflowClient().set_registered_model_alias("tqc-admc", "champion", moved_to)  # after the refresh took `source`
     refreshed = Path(shutil.copytree(tmp_path / "source", tmp_path / "refreshed"))
     (refreshed / "NOTE.txt").write_text("refreshed")
@@ -1350,3 +1352,63 @@ def test_promote_is_pinned_step_for_step(tiny_model_dir, data_dir, tmp_path, reg
     assert sorted(outputs) == sorted(p.stem for p in PINNED_PROMOTE.iterdir())
     for step, text in outputs.items():
         assert text == (PINNED_PROMOTE / f"{step}.txt").read_text(encoding="utf-8"), step
+
+
+class _RunsWhenUnpickled:
+    """Writes `marker` when unpickled: what a pickled model in a shared registry could do instead."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.write_text, (self.marker, "ran")
+
+
+def test_a_version_holding_a_pickle_is_refused_and_never_unpickled(tmp_path, registry, capsys):
+    """`tqc predict`, promote and set-champion loaded a registered version with `mlflow.pyfunc.load_model`, which
+    unpickles a version logged with a Python object: whoever could register one in a shared registry and move the
+    alias ran code on the machine that loaded the champion. tqc builds the matcher from a version's files instead."""
+    import mlflow
+    import mlflow.pyfunc
+
+    from tqc.config import ConfigError
+    from tqc.cli import main
+
+    class PickledModel(mlflow.pyfunc.PythonModel):
+        def __init__(self, marker: Path):
+            self.payload = _RunsWhenUnpickled(marker)
+
+        def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+            return model_input
+
+    marker = tmp_path / "code-ran"
+    with standalone_run("register", registry):  # no requirements inferred: that would load (unpickle) it at once
+        info = mlflow.pyfunc.log_model(name="model", python_model=PickledModel(marker), pip_requirements=[])
+    version = mlflow.register_model(info.model_uri, "tqc-admc").version
+    mlflow.MlflowClient().set_registered_model_alias("tqc-admc", "champion", version)
+    assert not marker.exists()
+
+    capsys.readouterr()
+    assert main(["predict", "--model", "models:/tqc-admc@champion", "--tracking-uri", registry.uri, "where is paris"]) == 2
+    assert "models:/tqc-admc@champion is not a version tqc registered (it has no model or catalog artifact)" in \
+        capsys.readouterr().err
+    with pytest.raises(ConfigError, match="cannot be loaded, so it cannot be served"):
+        promote.set_champion(PromoteParams(), str(version))
+    assert not marker.exists()
+    mlflow.pyfunc.load_model("models:/tqc-admc@champion")  # what loading through MLflow does: the pickle's code runs
+    assert marker.read_text() == "ran"
+
+
+def test_a_version_whose_artifact_lies_outside_its_files_is_refused(tmp_path):
+    import yaml
+
+    from tqc.registry import version_artifacts
+
+    version = tmp_path / "version"
+    version.mkdir()
+    (tmp_path / "secret.txt").write_text("not the version's")
+    (version / "MLmodel").write_text(yaml.safe_dump({"flavors": {"python_function": {
+        "loader_module": "mlflow.pyfunc.loaders.code_model",
+        "artifacts": {"model": {"path": "artifacts/model"}, "catalog": {"path": "../secret.txt"}}}}}))
+    with pytest.raises(ValueError, match="its artifact.s. catalog lie outside the version's own files"):
+        version_artifacts(str(version), tmp_path / "download")

@@ -549,11 +549,12 @@ def _registered_version(client, model_name: str, version: str):
 
 def _require_loadable(params: PromoteParams, version: str) -> None:
     """Loaded as serving loads it: an alias on a version whose files are gone would serve nothing."""
-    import mlflow.pyfunc
     from mlflow.exceptions import MlflowException
 
+    from tqc.serving import registered_matcher
+
     try:
-        mlflow.pyfunc.load_model(f"models:/{params.model_name}/{version}")
+        registered_matcher(f"models:/{params.model_name}/{version}")
     except (MlflowException, OSError, ValueError) as exc:
         raise ConfigError(f"{params.model_name} v{version} cannot be loaded, so it cannot be served "
                           f"({type(exc).__name__}: {exc}); {params.alias} stays where it is") from None
