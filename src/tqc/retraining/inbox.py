@@ -3,13 +3,17 @@ archived with their outcome, and quarantine records."""
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import logging
+import os
 import shutil
+import stat
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from tqc.config import ConfigError, RetrainParams
 from tqc.io import file_digest, name_within_limit, read_jsonl, write_jsonl
@@ -46,6 +50,39 @@ def sha256(path: Path) -> str:
     return file_digest(path, "sha256")
 
 
+def delivered_bytes(path: Path) -> bytes:
+    """A delivered file's bytes, never through a link (`_opened_delivery`)."""
+    with _opened_delivery(path) as delivered:
+        return delivered.read()
+
+
+def _delivered_sha256(path: Path) -> str:
+    with _opened_delivery(path) as delivered:
+        return hashlib.file_digest(delivered, "sha256").hexdigest()
+
+
+def _opened_delivery(path: Path) -> BinaryIO:
+    """A delivered file opened for reading, never through a link: a link put in a shared inbox (`delivery.csv` →
+    someone's ~/.pgpass) would have the flow read, as its own user, a file the one who delivered could not, and echo
+    its lines in the log and the quarantine. A link (ELOOP) or anything but a regular file is an OSError, so it is left
+    unread, as an unreadable file is."""
+    try:
+        delivered = os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb")
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotADeliveredFile(errno.ELOOP, "a link, not a file", str(path)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(delivered.fileno()).st_mode):
+        delivered.close()
+        raise NotADeliveredFile(errno.EINVAL, "not a regular file", str(path))
+    return delivered
+
+
+class NotADeliveredFile(OSError):
+    """What is in the inbox under a delivery's name is a link (or a pipe, a device): never read, not even by the
+    readers, which would follow it."""
+
+
 def rows_of(path: Path) -> list[dict]:
     """A JSONL file's rows; none when it does not exist yet."""
     return read_jsonl(path) if path.exists() else []
@@ -68,11 +105,15 @@ def pick_up(params: RetrainParams) -> tuple[list[Incoming], list[Incoming]]:
                     inbox.resolve())
         return [], []
     listed = sorted(inbox.iterdir())
-    present = [p for p in listed if p.is_file() and _utf8_name(p)]
+    links = [p.name for p in listed if p.is_symlink()]
+    if links:  # a link may lead to any file the flow's user can read (`delivered_bytes`); a delivery is the file itself
+        log.warning("retrain: %s: links are not read (deliver the file itself, not a link to it): %s", inbox,
+                    ", ".join(links))
+    present = [p for p in listed if p.is_file() and not p.is_symlink() and _utf8_name(p)]
     others = [p.name for p in present if p.suffix.lower() not in SUFFIXES]
     if others:  # left in the inbox, and said each run, rather than read as some format they may not be
         log.warning("retrain: %s: not read (only %s files are): %s", inbox, ", ".join(sorted(SUFFIXES)), ", ".join(others))
-    folders = [p.name for p in listed if p.is_dir()]
+    folders = [p.name for p in listed if p.is_dir() and not p.is_symlink()]
     if folders:  # a delivery unpacked into a folder would otherwise wait there unseen
         log.warning("retrain: %s: folders are not read (deliver their files into the inbox itself): %s", inbox,
                     ", ".join(folders))
@@ -112,7 +153,7 @@ def _hashed(path: Path) -> list[Incoming]:
     """[the file, hashed], or none where it cannot be read (another user's file in a shared inbox): it stays there,
     said each run, and the other files go on."""
     try:
-        return [Incoming(path, sha256(path))]
+        return [Incoming(path, _delivered_sha256(path))]
     except OSError as exc:
         log.warning("retrain: %s: cannot be read, left in the inbox: %s", path, exc.strerror or exc)
         return []

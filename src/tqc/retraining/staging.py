@@ -17,7 +17,8 @@ from typing import Iterator
 from tqc.config import Params
 from tqc.io import DataFileError, write_jsonl
 from tqc.readers import ADDED_CATALOG, ADDED_QUESTIONS, MissingColumns, ReaderError, RejectedRow, read_catalog_rows
-from tqc.retraining.inbox import FileOutcome, Incoming, quarantine_record, rows_of, sha256
+from tqc.retraining.inbox import (FileOutcome, Incoming, NotADeliveredFile, delivered_bytes, quarantine_record, rows_of,
+                                  sha256)
 from tqc.schema import Catalog, StandardQuestion
 from tqc.text import catalog_label_key
 
@@ -162,7 +163,11 @@ def _read_once(incoming: Incoming) -> tuple[Incoming, bytes | None] | None:
     this run, since a row cut inside its label may read as another class's (`HUMAN` cut to `HUM`), and it stays in
     the inbox for the next run to read whole. What is parsed is what was hashed; `archive` hashes it once more."""
     try:
-        content = incoming.path.read_bytes()
+        content = delivered_bytes(incoming.path)  # never through a link put there since it was picked up
+    except NotADeliveredFile:  # None would have the reader open the path, and follow the link
+        log.warning("retrain: %s is a link (or not a file) since it was picked up: not read, left in the inbox",
+                    incoming.path)
+        return None
     except OSError:
         return incoming, None
     if hashlib.sha256(content).hexdigest() != incoming.sha256:
