@@ -20,7 +20,7 @@ from prefect.exceptions import MissingContextError
 from prefect.states import Failed
 
 from tqc.arguments import parse_overrides
-from tqc.config import ConfigError, load_params
+from tqc.config import ConfigError, holds_password, load_params, redact_text
 from tqc.launched import run_logging_lines
 
 
@@ -65,6 +65,7 @@ def tune(params_path: str = "params.yaml", workers: int = 2, trials_per_worker: 
     `trials_per_worker` trials, by default `tune.trials` (a per-worker count, as for `tqc tune`). A count below 1 fails
     the run in one line naming it, before any worker starts, as the script and `tqc tune --trials` refuse it."""
     try:
+        _no_credentials(overrides or [])
         _at_least_one("workers", workers)
         if trials_per_worker is not None:
             _at_least_one("trials_per_worker", trials_per_worker)
@@ -78,6 +79,18 @@ def tune(params_path: str = "params.yaml", workers: int = 2, trials_per_worker: 
     # each worker's last line names the study it ran (with tune.on_new_data new_study, one named by the data's digest)
     get_run_logger().info("tune: %d workers × %d trials: %s", workers, trials, results)
     return results
+
+
+def _no_credentials(overrides: list[str]) -> None:
+    """A flow run's parameters are Prefect's: its server keeps and shows them as given, and each worker's --set would
+    put them on a command line any user of the machine can list. An override holding a password or token is refused,
+    shown redacted, with where to put it instead."""
+    held = [redact_text(override) for override in overrides if holds_password(override)]
+    if held:
+        raise ConfigError(f"overrides {held}: a password or token in a flow's parameters is kept and shown by Prefect "
+                          "as given; set it in params.yaml, in the environment (MLFLOW_TRACKING_URI, "
+                          "MLFLOW_TRACKING_TOKEN) or in the database client's own store (PGPASSWORD, ~/.pgpass), "
+                          "and name the server without it")
 
 
 def _at_least_one(name: str, count: int) -> None:

@@ -1063,25 +1063,36 @@ def deep_merge(base: dict, update: dict) -> dict:
 
 
 def redact_text(text: str) -> str:
-    """Text with every URL's password and `password=` value replaced by ***, for logs, MLflow params and messages: a
-    database URL in tune.storage or tracking.uri may carry one (postgresql://user:secret@host/db, or libpq's and
-    SQLAlchemy's ?password=…), and MLflow's and SQLAlchemy's errors quote the URL they failed to reach. Edited in
-    place, not parsed and rebuilt, so the rest of the text stays as written (urlunsplit turns sqlite:///x into
-    sqlite:/x)."""
-    return TEXT_PASSWORD.sub(r"\1***", URL_PASSWORD.sub(r"\1***@", text))
+    """Text with every URL's password, an http(s) URL's bare token and the value of `password=`, `token=`, `secret=`
+    and the like replaced by ***, for logs, MLflow params and messages: a database URL in tune.storage or tracking.uri
+    may carry one (postgresql://user:secret@host/db, or libpq's and SQLAlchemy's ?password=…), an MLflow server's URL a
+    token (https://TOKEN@mlflow.example/, as git hosts take it), and MLflow's and SQLAlchemy's errors quote the URL
+    they failed to reach. Edited in place, not parsed and rebuilt, so the rest of the text stays as written
+    (urlunsplit turns sqlite:///x into sqlite:/x)."""
+    text = URL_PASSWORD.sub(r"\1***@", text)
+    return TEXT_SECRET.sub(r"\1***", URL_TOKEN.sub(r"\1***@", text))
+
+
+def holds_password(text: str) -> bool:
+    """Whether `text` holds something `redact_text` hides: a password, token or secret written into it."""
+    return redact_text(text) != text
 
 
 # user:password@ after a scheme and one slash or more (postgresql:/u:… is a typo that still holds a password); the
 # password runs to the last @ before a space or a quote, slashes and @s in it (pa/ss, p@ss@host: SQLAlchemy reads a
 # slash as part of it), so a later @ in the same word is hidden too, which is the side to err on
 URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*:/+[^\s:/@]*:)[^\s'\"]*@")
-TEXT_PASSWORD = re.compile(r"(\bpassword=)[^&\s'\"]*", re.IGNORECASE)
+# http(s)://TOKEN@host: a user part alone is a token there (a database URL's user@ is only a name, and stays)
+URL_TOKEN = re.compile(r"(\bhttps?:/+)(?!\*\*\*@)[^\s:/@'\"]+@", re.IGNORECASE)
+# password=…, passwd, pwd, token, secret, api_key and their prefixed forms (sslpassword, access_token, client_secret)
+TEXT_SECRET = re.compile(r"(\b[A-Za-z_]*(?:password|passwd|pwd|token|secret|api_?key)=)[^&\s'\"]*", re.IGNORECASE)
 
 
 def redact_secrets(value):
-    """`value` (a params dump: dicts, lists, strings) with every URL's password redacted (`redact_text`)."""
+    """`value` (a params dump: dicts, lists, strings) with every password or token in its strings redacted
+    (`redact_text`)."""
     if isinstance(value, dict):
         return {key: redact_secrets(item) for key, item in value.items()}
     if isinstance(value, list):
         return [redact_secrets(item) for item in value]
-    return redact_text(value) if isinstance(value, str) and ":/" in value else value
+    return redact_text(value) if isinstance(value, str) else value

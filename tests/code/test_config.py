@@ -534,6 +534,20 @@ def test_a_password_in_a_database_url_is_redacted_in_what_is_logged():
                                       "weights": [0.0, "https://u:***@h/x"]}
 
 
+def test_tokens_and_other_secrets_are_redacted_as_passwords_are():
+    from tqc.config import holds_password, redact_secrets, redact_text
+
+    assert redact_text("https://ghp_s3cret@mlflow.example/") == "https://***@mlflow.example/"  # a bare token
+    assert redact_text("postgresql:///db?sslpassword=k3y&user=u") == "postgresql:///db?sslpassword=***&user=u"
+    for key in ("passwd", "pwd", "token", "access_token", "client_secret", "api_key", "APIKEY"):
+        assert redact_text(f"x://h/db?{key}=s3cret&a=1") == f"x://h/db?{key}=***&a=1", key
+    # a string with no scheme in a params dump is redacted too, where before only those with :/ were looked at
+    assert redact_secrets({"note": "token=s3cret"}) == {"note": "token=***"}
+    assert holds_password("postgresql://u:p@h/db") and holds_password("https://tok@h/")
+    for plain in ("sqlite:///optuna.db", "postgresql://tuner@db/optuna", "http://mlflow:5000", "stage_one.temperature=0.05"):
+        assert not holds_password(plain), plain
+
+
 def test_an_invalid_override_beside_a_database_url_does_not_print_its_password(tmp_path, capsys):
     """A typo in one --set value printed every override raw, a tracking.uri's password with them."""
     from tqc import cli

@@ -175,6 +175,27 @@ def test_bad_params_fail_the_run_with_the_key_and_the_reason_and_the_script_says
     assert not (project / "reports").exists()  # no worker started
 
 
+def test_a_password_in_the_flows_overrides_is_refused_and_not_repeated(project, monkeypatch):
+    """A database URL with its password given as an override ran: Prefect kept it among the run's parameters, and each
+    worker's `--set` showed it on a command line to every user of the machine. Refused before any worker, redacted."""
+    import flows.tune as tune_flow
+
+    class NoWorker:
+        def submit(self, *arguments):
+            raise AssertionError(f"a worker started: {arguments}")
+
+    monkeypatch.setattr(tune_flow, "tune_worker", NoWorker())
+    state = tune(params_path="params.yaml", workers=1, return_state=True,
+                 overrides=["stage_one.epochs=1", "tune.storage=postgresql://tuner:s3cret@db/optuna"])
+    assert state.is_failed() and state.message.startswith(
+        "overrides ['tune.storage=postgresql://tuner:***@db/optuna']: a password or token")
+    assert "s3cret" not in state.message and "PGPASSWORD" in state.message
+    # a URL naming no password is a fine override, and the run goes on to the params
+    state = tune(params_path="params.yaml", workers=1, return_state=True, overrides=["stage_one.epochs=abc",
+                 "tune.storage=postgresql://tuner@db/optuna"])
+    assert state.is_failed() and "stage_one.epochs: Input should be a valid integer" in state.message
+
+
 @pytest.mark.parametrize("counts, said", [({"workers": 0}, "workers: 0: must be at least 1"),
                                           ({"trials_per_worker": 0}, "trials_per_worker: 0: must be at least 1"),
                                           ({"workers": -1}, "workers: -1: must be at least 1")])
