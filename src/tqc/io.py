@@ -123,12 +123,35 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp_path.chmod(0o666 & ~_umask())  # mkstemp makes it 0600; the file should read like any other the user writes
     try:
         yield tmp_path
-        _readable(tmp_path)  # again: a writer that replaced the file (safetensors' save_file) made it 0600
+        replaced = _stat_or_none(path)
+        if replaced:  # a file rewritten keeps who may read it: a 0600 file of secrets stays 0600, a shared one its group
+            _take_mode_and_group(tmp_path, replaced)
+        else:
+            _readable(tmp_path)  # again: a writer that replaced the file (safetensors' save_file) made it 0600
         _fsync(tmp_path, os.O_RDONLY)
         os.replace(tmp_path, path)
         _fsync(path.parent, _FOLDER)
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def _stat_or_none(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
+
+
+def _take_mode_and_group(path: Path, replaced: os.stat_result) -> None:
+    """Give `path` the permission bits and group of the file or folder it replaces: a rename would else put the new
+    one's (the umask's, the writer's primary group) in its place, widening a file kept private or taking a shared
+    one from its group. A group the writer may not set (not one of its own) is left as made."""
+    if path.stat().st_gid != replaced.st_gid:
+        try:
+            os.chown(path, -1, replaced.st_gid)
+        except PermissionError:
+            pass
+    path.chmod(replaced.st_mode & 0o7777)  # after the chown, which clears setuid and setgid bits
 
 
 def _readable(path: Path) -> None:
@@ -175,6 +198,9 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
         for folder, _, files in os.walk(staging):  # save_pretrained's model.safetensors comes out 0600
             for name in files:
                 _readable(Path(folder) / name)
+        replaced = _stat_or_none(path)
+        if replaced:  # as atomic_path: the folder keeps its mode and group
+            _take_mode_and_group(staging, replaced)
         _fsync_tree(staging)
         # Rename the old folder aside, the new one in, then delete the old: a crash or a failed delete
         # leaves the old model beside `path` (`.name.….old`), never neither model.

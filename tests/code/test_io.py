@@ -45,6 +45,45 @@ def test_files_a_writer_makes_private_are_readable_as_the_umask_allows(tmp_path,
     assert stat.S_IMODE((tmp_path / "model" / "encoder" / "model.safetensors").stat().st_mode) == readable
 
 
+def test_a_rewritten_file_or_folder_keeps_its_mode_and_group(tmp_path, monkeypatch):
+    """A rewrite renamed a new file in with the umask's mode and the writer's group: a 0600 file was left 0644, readable
+    by every user, and a file shared through its group (0660, group g) lost that group."""
+    private, shared, model = tmp_path / "private.json", tmp_path / "shared.json", tmp_path / "model"
+    write_json(private, {"a": 1})
+    private.chmod(0o600)
+    write_json(shared, {"a": 1})
+    os.chown(shared, -1, 4321)  # the tests run as root, which may set any group
+    shared.chmod(0o660)
+    model.mkdir()
+    os.chown(model, -1, 4321)
+    model.chmod(0o2770)  # setgid: files made in it take its group
+    previous = os.umask(0o022)
+    try:
+        write_json(private, {"a": 2})
+        write_json(shared, {"a": 2})
+        with atomic_directory(model) as staging:
+            (staging / "weights.safetensors").write_bytes(b"x")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600 and read_json(private) == {"a": 2}
+    assert (stat.S_IMODE(shared.stat().st_mode), shared.stat().st_gid) == (0o660, 4321)
+    assert (stat.S_IMODE(model.stat().st_mode), model.stat().st_gid) == (0o2770, 4321)
+    assert (model / "weights.safetensors").read_bytes() == b"x"
+
+    def not_yours(*arguments):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "chown", not_yours)  # a group the writer is not in: the mode is still kept
+    write_json(shared, {"a": 3})
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o660 and read_json(shared) == {"a": 3}
+    previous = os.umask(0o022)
+    try:
+        write_json(tmp_path / "new.json", {"a": 1})  # a file written for the first time still follows the umask
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "new.json").stat().st_mode) == 0o644
+
+
 def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path):
     write_jsonl(tmp_path / "rows.jsonl", [{"a": 1}])
 
