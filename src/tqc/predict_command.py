@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> None:
                           else "no questions: give them as arguments or with --file")
     if args.top_k is not None and args.top_k < 1:
         raise ConfigError(f"--top-k {args.top_k}: must be at least 1")
+    _refuse_too_long(asked)
     answer, matcher = _registered_answers(args) if args.model.startswith(REGISTERED) else _local_answers(args)
     _say_cut(matcher, asked)
     # JSON's \u escapes where stdout is not UTF-8 (a Latin-1 locale): a character it cannot encode was a traceback
@@ -110,19 +111,32 @@ def run(args: argparse.Namespace) -> None:
         sys.stdout.flush()
 
 
+def _refuse_too_long(asked: list[tuple[str, int, str]]) -> None:
+    """Questions past serving's MAX_QUESTION_CHARS, named by argument or line before the model is loaded: the matcher
+    would refuse them by their row in a chunk."""
+    from tqc.serving import MAX_QUESTION_CHARS
+
+    too_long = [i for i, (_, _, text) in enumerate(asked) if len(text) > MAX_QUESTION_CHARS]
+    if too_long:
+        raise ConfigError(f"a question may be at most {MAX_QUESTION_CHARS:,} characters (the model reads only its "
+                          f"first tokens): {_where(asked, too_long)}")
+
+
+def _where(asked: list[tuple[str, int, str]], indexes: list[int]) -> str:
+    """The questions `indexes` of `asked` (where, position, text), named by argument or line."""
+    positions: dict[str, list[int]] = {}
+    for i in indexes:
+        positions.setdefault(asked[i][0], []).append(asked[i][1])
+    return "; ".join(f"{source} {first_of(numbers)}" for source, numbers in positions.items())
+
+
 def _say_cut(matcher, asked: list[tuple[str, int, str]]) -> None:
     """One warning for the questions (where, position, text) the model cuts at its max_length, named by argument or
     line: the matcher, which would name them by their row in each chunk it is given, says none."""
     from tqc.serving import say_cut
 
-    def where(cut: list[int]) -> str:
-        positions: dict[str, list[int]] = {}
-        for i in cut:
-            positions.setdefault(asked[i][0], []).append(asked[i][1])
-        return "; ".join(f"{source} {first_of(numbers)}" for source, numbers in positions.items())
-
     matcher.says_cut = False
-    say_cut(matcher.model.question, [text for _, _, text in asked], where)
+    say_cut(matcher.model.question, [text for _, _, text in asked], lambda cut: _where(asked, cut))
 
 
 def _argument_questions(arguments: list[str]) -> list[tuple[int, str]]:

@@ -39,6 +39,9 @@ from tqc.text import first_of, has_words, normalise, sharing_a_key  # noqa: E402
 OUTPUT_COLUMNS = ["question", "rank", "class_id", "standard_question", "score"]
 # Versions registered before model_config named their prior file's entry always carried ADMC's.
 FIRST_REGISTERED_ENTRY = "admc"
+# A question is read to the model's max_length tokens (128 by default), but the tokenizer reads it whole first, twice
+# (the cut said, then encoded): a 2 MB question held a served process 9 s and 1.1 GB. Far above any question asked.
+MAX_QUESTION_CHARS = 100_000
 
 
 class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
@@ -243,4 +246,8 @@ def _questions(model_input) -> list[str]:
     bad = [(row, q) for row, q in enumerate(asked) if not isinstance(q, str) or not has_words(q)]
     if bad:
         raise ValueError(f"every question must be non-blank text: {first_of([f'row {row} ({q!r})' for row, q in bad], 5)}")
+    too_long = [f"row {row} ({len(q):,} characters)" for row, q in enumerate(asked) if len(q) > MAX_QUESTION_CHARS]
+    if too_long:
+        raise ValueError(f"a question may be at most {MAX_QUESTION_CHARS:,} characters (the model reads only its "
+                         f"first tokens): {first_of(too_long, 5)}")
     return asked

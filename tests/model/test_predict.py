@@ -813,6 +813,32 @@ def test_a_question_with_no_character_the_tokenizer_reads_is_no_question(tiny_mo
         local_matcher(tmp_path / "model", tmp_path / "catalog.jsonl", 1, None, (tmp_path / "exemplars.jsonl", 1))
 
 
+def test_a_question_past_the_length_bound_is_refused_by_row_or_line_before_it_is_tokenised(tiny_model_dir, tmp_path,
+                                                                                           capsys, monkeypatch):
+    """A 2 MB question was tokenised whole, twice, to be cut to max_length tokens: 9 s and 1.1 GB of a served process.
+    The matcher refuses one past MAX_QUESTION_CHARS naming its row, and `tqc predict` names the argument or the line
+    before any model is loaded (the model path below is no model at all)."""
+    import pandas as pd
+
+    from tqc import serving
+    from tqc.serving import local_matcher
+
+    monkeypatch.setattr(serving, "MAX_QUESTION_CHARS", 50)
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "model")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    matcher = local_matcher(tmp_path / "model", tmp_path / "catalog.jsonl", 1)
+    long = "where " * 9  # 54 characters
+    with pytest.raises(ValueError, match=r"at most 50 characters \(the model reads only its first tokens\): row 1 \(54 "):
+        matcher.predict(None, pd.DataFrame({"question": ["where is paris", long]}))
+    assert len(matcher.predict(None, pd.DataFrame({"question": ["where is paris", long[:50]]}))) == 2
+
+    (tmp_path / "asked.txt").write_text(f"where is paris\n{long}\nwho wrote it\n{long}\n", encoding="utf-8")
+    assert main(["predict", "--model", str(tmp_path / "nowhere"), "--file", str(tmp_path / "asked.txt"), "who", long]) == 2
+    said = capsys.readouterr().err
+    assert "at most 50 characters" in said and "question argument(s) 2; " in said and "asked.txt: line(s) 2, 4" in said
+    assert "nowhere" not in said  # refused before the model was looked for
+
+
 def test_an_exemplar_cache_that_cannot_be_written_costs_time_not_the_answers(tiny_model_dir, tmp_path, capsys, caplog):
     from tqc.schema import LabeledQuestion, save_questions
 
