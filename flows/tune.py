@@ -5,7 +5,7 @@
 
 Each task is one `tqc tune --worker i` process (separate processes, so trials really run in
 parallel); they share one study through `tune.storage`, and each writes the reports from the whole study
-under a file lock keyed by `out` (`tqc.tuning.reports.reports_lock`), so the last writer's reports hold every worker's trials.
+under a file lock beside `out` (`tqc.tuning.reports.reports_lock`), so the last writer's reports hold every worker's trials.
 """
 
 from __future__ import annotations

@@ -588,6 +588,39 @@ def test_report_writers_on_one_out_dir_wait_for_each_other_and_leave_no_lock_fil
     assert not out.exists() or not any(out.iterdir())  # nothing left in the (git-tracked) reports folder
 
 
+def test_the_reports_lock_lies_beside_the_reports_and_a_held_one_is_an_error_naming_it(tmp_path):
+    """The lock was a name in the system temp folder: each machine's own, so workers on two machines sharing the
+    reports folder did not exclude each other, and any user could take the name first; a held lock was waited on
+    forever. It lies beside the reports (git-ignored), and a wait past the timeout names the file."""
+    import threading
+
+    from tqc.config import ConfigError
+    from tqc.tuning.reports import reports_lock, reports_lock_path
+
+    out = tmp_path / "reports" / "tuning"
+    assert reports_lock_path(out) == tmp_path / "reports" / ".tuning.tune-reports.lock"
+    ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", "reports/.tuning.tune-reports.lock"],
+                             cwd=Path(__file__).resolve().parents[2])
+    assert ignored.returncode == 0  # git-ignored, in the repository's own reports folder
+    said: list[str] = []
+
+    def waiting_worker() -> None:
+        try:
+            with reports_lock(out, timeout_s=0.2):
+                said.append("got it")
+        except ConfigError as error:
+            said.append(str(error))
+
+    with reports_lock(out):
+        assert reports_lock_path(out).exists()
+        other = threading.Thread(target=waiting_worker)
+        other.start()
+        other.join(timeout=10)
+    assert len(said) == 1 and said[0].startswith(f"{reports_lock_path(out)}: another tune worker has held the reports")
+    with reports_lock(out, timeout_s=0.2):  # released: the next takes it at once
+        pass
+
+
 def test_a_worker_that_comes_back_to_a_study_draws_anew_and_a_new_study_draws_as_before(tmp_path):
     from tqc.tuning.study import open_study
 

@@ -3,9 +3,7 @@ and baseline trials' test figures (reported, never chosen by), trials.csv and th
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import tempfile
 import textwrap
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,20 +30,42 @@ class TuneResult:
     summary: dict
 
 
+# How long a worker waits for another's reports: writing them takes seconds to a few minutes (the plots); a holder
+# gone for this long is stuck, and a worker waiting forever would hide it
+REPORTS_LOCK_TIMEOUT_S = 30 * 60
+
+
+def reports_lock_path(out_dir: Path) -> Path:
+    """`<parent>/.<name>.tune-reports.lock`, beside out_dir: shared by workers on every machine that sees the folder
+    (not the system temp folder, which is each machine's own, and where any user could take the name first), and
+    outside out_dir, whose reports git tracks (the name is in .gitignore)."""
+    out_dir = out_dir.resolve()
+    return out_dir.parent / f".{out_dir.name}.tune-reports.lock"
+
+
 @contextmanager
-def reports_lock(out_dir: Path) -> Iterator[None]:
-    """One writer at a time for the reports in `out_dir`, across this machine's workers.
+def reports_lock(out_dir: Path, timeout_s: float = REPORTS_LOCK_TIMEOUT_S) -> Iterator[None]:
+    """One writer at a time for the reports in `out_dir`, across the workers sharing it.
 
     Workers that share a study and an out_dir finish at nearly the same time; without it, one that
     read the study before another's last trial completed could write its stale summary last. Each
     reads the study inside the lock, so the last writer has seen every trial finished before it.
-    The lock file lives in the system's temp folder (named by out_dir), not in the git-tracked reports.
     """
-    from filelock import FileLock
+    from filelock import FileLock, Timeout
 
-    key = hashlib.sha256(str(out_dir.resolve()).encode()).hexdigest()[:16]
-    with FileLock(str(Path(tempfile.gettempdir()) / f"tqc-tune-reports-{key}.lock")):
+    path = reports_lock_path(out_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=timeout_s)
+    except Timeout:
+        raise ConfigError(f"{path}: another tune worker has held the reports of {out_dir} for {timeout_s:.0f} s; "
+                          "if none is running (a worker killed on another machine may leave it held on a network "
+                          "folder), delete the file and run again") from None
+    try:
         yield
+    finally:
+        lock.release()
 
 
 def current_baseline(complete: list, params: Params):
