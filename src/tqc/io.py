@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from stat import S_ISDIR, S_ISGID, S_ISUID
 from typing import Iterable, Iterator
 
 from tqc.errors import InputError
@@ -151,7 +152,10 @@ def _take_mode_and_group(path: Path, replaced: os.stat_result) -> None:
             os.chown(path, -1, replaced.st_gid)
         except PermissionError:
             pass
-    path.chmod(replaced.st_mode & 0o7777)  # after the chown, which clears setuid and setgid bits
+    mode = replaced.st_mode & 0o7777
+    if not S_ISDIR(replaced.st_mode):  # a folder's setgid (its files take its group) is kept; a file's is not:
+        mode &= ~(S_ISUID | S_ISGID)  # the new file is the writer's, and a setuid file replaced would run as it
+    path.chmod(mode)  # after the chown, which clears setuid and setgid bits
 
 
 def _readable(path: Path) -> None:

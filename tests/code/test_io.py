@@ -84,6 +84,17 @@ def test_a_rewritten_file_or_folder_keeps_its_mode_and_group(tmp_path, monkeypat
     assert stat.S_IMODE((tmp_path / "new.json").stat().st_mode) == 0o644
 
 
+def test_a_rewritten_file_never_keeps_a_setuid_or_setgid_bit(tmp_path):
+    """A rewrite copied every mode bit of the file it replaced: another user's setuid file, rewritten by root, came
+    back a setuid file owned by root. The rewrite is the writer's file, so its setuid and setgid bits go."""
+    tool = tmp_path / "tool.json"
+    write_json(tool, {"a": 1})
+    os.chown(tool, 1234, 1234)  # the tests run as root, which may give a file to any user
+    tool.chmod(0o6755)
+    write_json(tool, {"a": 2})
+    assert stat.S_IMODE(tool.stat().st_mode) == 0o755 and read_json(tool) == {"a": 2}
+
+
 def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path):
     write_jsonl(tmp_path / "rows.jsonl", [{"a": 1}])
 
