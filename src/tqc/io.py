@@ -146,13 +146,14 @@ def _stat_or_none(path: Path) -> os.stat_result | None:
 def _take_mode_and_group(path: Path, replaced: os.stat_result) -> None:
     """Give `path` the permission bits and group of the file or folder it replaces: a rename would else put the new
     one's (the umask's, the writer's primary group) in its place, widening a file kept private or taking a shared
-    one from its group. A group the writer may not set (not one of its own) is left as made."""
+    one from its group. A group the writer may not set (not one of its own) is left as made, and given no more than
+    others may do: the bits the old file gave its group were not meant for the writer's."""
+    mode = replaced.st_mode & 0o7777
     if path.stat().st_gid != replaced.st_gid:
         try:
             os.chown(path, -1, replaced.st_gid)
-        except PermissionError:
-            pass
-    mode = replaced.st_mode & 0o7777
+        except PermissionError:  # the group bits were given to that group, not the writer's: it gets no more than others
+            mode &= ~0o070 | (mode & 0o007) << 3
     if not S_ISDIR(replaced.st_mode):  # a folder's setgid (its files take its group) is kept; a file's is not:
         mode &= ~(S_ISUID | S_ISGID)  # the new file is the writer's, and a setuid file replaced would run as it
     path.chmod(mode)  # after the chown, which clears setuid and setgid bits

@@ -73,9 +73,17 @@ def test_a_rewritten_file_or_folder_keeps_its_mode_and_group(tmp_path, monkeypat
     def not_yours(*arguments):
         raise PermissionError(1, "Operation not permitted")
 
+    readable = tmp_path / "readable.json"
+    write_json(readable, {"a": 1})
+    os.chown(readable, -1, 4321)
+    readable.chmod(0o644)
     monkeypatch.setattr(os, "chown", not_yours)  # a group the writer is not in: the mode is still kept
+    write_json(readable, {"a": 3})
+    assert stat.S_IMODE(readable.stat().st_mode) == 0o644 and read_json(readable) == {"a": 3}
+    # but not the group's write: 0660 for group 4321 is not 0660 for the writer's own group, which may be every user's
     write_json(shared, {"a": 3})
-    assert stat.S_IMODE(shared.stat().st_mode) == 0o660 and read_json(shared) == {"a": 3}
+    assert (stat.S_IMODE(shared.stat().st_mode), shared.stat().st_gid) == (0o600, os.getgid())
+    assert read_json(shared) == {"a": 3}
     previous = os.umask(0o022)
     try:
         write_json(tmp_path / "new.json", {"a": 1})  # a file written for the first time still follows the umask
