@@ -101,6 +101,10 @@ def version_artifacts(uri: str, destination: Path) -> tuple[dict[str, Path], dic
     import mlflow.artifacts
     from mlflow.models import Model
 
+    links = _links_in_local_source(uri)
+    if links:  # MLflow's download of a local store copies what a link leads to, so the check below would not see it
+        raise ValueError(f"{uri}: its file(s) {', '.join(links[:5])} are links in the artifact store, which could lead "
+                         "to any file this user can read: not loaded")
     with _quiet_download():
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(destination)))
     flavor = Model.load(local).flavors.get("python_function") or {}
@@ -109,6 +113,27 @@ def version_artifacts(uri: str, destination: Path) -> tuple[dict[str, Path], dic
     if outside:
         raise ValueError(f"{uri}: its artifact(s) {', '.join(outside)} lie outside the version's own files")
     return artifacts, flavor.get("config") or {}
+
+
+def _links_in_local_source(uri: str) -> list[str]:
+    """The links (relative paths) among a version's files where its artifact store is a local folder (a file: store,
+    or a folder given as the URI); none where it is a server, which reads its own files."""
+    from urllib.parse import urlparse
+    from urllib.request import url2pathname
+
+    if uri.startswith("models:/"):
+        from mlflow.store.artifact.models_artifact_repo import ModelsArtifactRepository
+
+        uri = ModelsArtifactRepository.get_underlying_uri(uri)
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("", "file"):
+        return []
+    source = Path(url2pathname(parsed.path) if parsed.scheme else uri)
+    links = []
+    for folder, folders, files in os.walk(source):  # links to folders are listed, never walked into
+        links += [str((Path(folder) / name).relative_to(source)) for name in [*folders, *files]
+                  if (Path(folder) / name).is_symlink()]
+    return sorted(links)
 
 
 def signature(top_k: int) -> ModelSignature:

@@ -1412,3 +1412,23 @@ def test_a_version_whose_artifact_lies_outside_its_files_is_refused(tmp_path):
         "artifacts": {"model": {"path": "artifacts/model"}, "catalog": {"path": "../secret.txt"}}}}}))
     with pytest.raises(ValueError, match="its artifact.s. catalog lie outside the version's own files"):
         version_artifacts(str(version), tmp_path / "download")
+
+
+def test_a_version_holding_a_link_in_a_local_store_is_refused(tmp_path):
+    """The path check saw only the downloaded copy: MLflow's download from a local store copies what a link leads to,
+    so a version whose catalog was a link to another user's file had that file read as its catalog."""
+    import yaml
+
+    from tqc.registry import version_artifacts
+
+    version = tmp_path / "version"
+    (version / "artifacts" / "model").mkdir(parents=True)
+    (tmp_path / "secret.txt").write_text("db:5432:*:alice:hunter2")
+    (version / "artifacts" / "catalog.jsonl").symlink_to(tmp_path / "secret.txt")
+    (version / "MLmodel").write_text(yaml.safe_dump({"flavors": {"python_function": {
+        "loader_module": "mlflow.pyfunc.loaders.code_model",
+        "artifacts": {"model": {"path": "artifacts/model"}, "catalog": {"path": "artifacts/catalog.jsonl"}}}}}))
+    with pytest.raises(ValueError, match="artifacts/catalog.jsonl are links in the artifact store"):
+        version_artifacts(str(version), tmp_path / "download")
+    assert not (tmp_path / "download").exists() or "hunter2" not in "".join(
+        p.read_text() for p in (tmp_path / "download").rglob("*") if p.is_file())
