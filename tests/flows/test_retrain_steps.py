@@ -1855,3 +1855,27 @@ def test_a_catalog_file_is_known_whatever_its_case():
     assert retrain_inbox.Incoming(Path("CATALOG_new.csv"), "0" * 64).is_catalog
     assert retrain_inbox.Incoming(Path("Catalog.jsonl"), "0" * 64).is_catalog
     assert not retrain_inbox.Incoming(Path("questions.csv"), "0" * 64).is_catalog
+
+
+def test_a_delivery_swapped_for_a_pipe_is_refused_not_waited_on(tmp_path):
+    """A pipe in a delivery's place is not a delivered file: opening it waited for a writer, forever, before the
+    check that it is a regular file, and the retrain run with it."""
+    import os
+    import threading
+
+    pipe = tmp_path / "delivery.csv"
+    os.mkfifo(pipe)
+    said: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            retrain_inbox.delivered_bytes(pipe)
+        except OSError as exc:
+            said.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    if reader.is_alive():  # let the stuck open return, so the test process can end
+        os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
+    assert len(said) == 1 and isinstance(said[0], retrain_inbox.NotADeliveredFile)

@@ -65,9 +65,10 @@ def _opened_delivery(path: Path) -> BinaryIO:
     """A delivered file opened for reading, never through a link: a link put in a shared inbox (`delivery.csv` →
     someone's ~/.pgpass) would have the flow read, as its own user, a file the one who delivered could not, and echo
     its lines in the log and the quarantine. A link (ELOOP) or anything but a regular file is an OSError, so it is left
-    unread, as an unreadable file is."""
+    unread, as an unreadable file is. Opened without blocking: a pipe put there would else hold the open until a
+    writer came, and the run with it."""
     try:
-        delivered = os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb")
+        delivered = os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)), "rb")
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise NotADeliveredFile(errno.ELOOP, "a link, not a file", str(path)) from None
