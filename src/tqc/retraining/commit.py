@@ -17,7 +17,7 @@ from typing import Iterator
 from tqc.config import Params, RetrainParams
 from tqc.io import atomic_directory, atomic_path, write_jsonl
 from tqc.readers import ADDED_CATALOG, ADDED_QUESTIONS
-from tqc.retraining.data_versions import dvc_record
+from tqc.retraining.data_versions import dvc_record, held_from_dvc
 from tqc.retraining.errors import RetrainCommitError
 from tqc.retraining.inbox import MANIFEST, Incoming, archive, free_name, repeat_outcome, rows_of, sha256
 from tqc.retraining.pending import Trained, mark_judge_pending, pending_judge_path
@@ -46,7 +46,8 @@ def commit(params: Params, staged: Staged, files: list[Incoming], repeats: list[
     dvc_written = [*(Path(f"{p}.dvc") for p in committed), raw / ".gitignore"]  # what dvc add writes beside the data
     before = _as_they_are(_touched_by_commit(params.retrain, committed, dvc_written, marks=challenger is not None))
     with _journaled(journal_dir(params.retrain), before, dvc_written) as moves:
-        _replace_data(staged.raw, committed)
+        with held_from_dvc(committed):  # not under a `dvc repro` reading data/raw
+            _replace_data(staged.raw, committed)
         dvc = dvc_record(committed, params.retrain.push)
         if staged.quarantined_rows:
             _quarantine(Path(params.retrain.quarantine), staged.quarantined_rows)

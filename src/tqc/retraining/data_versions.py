@@ -7,7 +7,9 @@ import shlex
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from tqc.retraining.errors import RetrainCommitError
 
@@ -17,6 +19,11 @@ DVC = (sys.executable, "-m", "dvc")  # the dvc beside this Python, whatever PATH
 # Seconds between `dvc push` tries: a network blip passes in these ~20 s; an outage longer than that leaves the commit
 # made and the push to be redone, rather than throwing the run's training away with a roll-back
 PUSH_RETRY_WAITS = (5.0, 15.0)
+# Seconds between tries while another dvc command holds a file of the commit in DVC's rwlock (`dvc repro`'s ingest
+# reading data/raw, which runs with the repo lock released, so --wait-for-lock does not wait for it), and how long in
+# all: a stage that reads data/raw takes seconds to minutes
+BUSY_WAIT, BUSY_PATIENCE = 1.0, 3600.0
+BUSY = "is busy, it is being blocked by"
 
 
 def dvc_record(paths: list[Path], push: bool) -> dict:
@@ -62,12 +69,60 @@ def _dvc(command: str, *arguments: str) -> str:
     It waits for DVC's lock where another dvc command holds it (a `dvc status`, an editor's DVC extension, a `dvc repro`
     in this checkout): DVC's own 3 s and a failure would throw this run's training away. The lock is the OS's, so a
     holder that dies frees it."""
-    done = subprocess.run([*DVC, "--wait-for-lock", command, *arguments], capture_output=True, text=True)
+    waited_until, said = time.monotonic() + BUSY_PATIENCE, False
+    while True:
+        done = subprocess.run([*DVC, "--wait-for-lock", command, *arguments], capture_output=True, text=True)
+        if done.returncode == 0 or BUSY not in done.stderr + done.stdout or time.monotonic() > waited_until:
+            break
+        if not said:  # once, not each second
+            log.info("retrain: dvc %s waits for another dvc command using %s", command, " ".join(arguments))
+            said = True
+        time.sleep(BUSY_WAIT)
     if done.returncode != 0:
         lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
         reason = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1] if lines else "no output")
         raise RetrainCommitError(f"dvc {command} failed (exit {done.returncode}): {reason}")
     return done.stdout
+
+
+@contextmanager
+def held_from_dvc(paths: list[Path]) -> Iterator[None]:
+    """`paths` held as DVC's own commands hold what they write (its rwlock, `.dvc/tmp/rwlock`), waiting while another
+    dvc command reads or writes them: a `dvc repro` whose ingest is reading data/raw (its stages run with DVC's repo lock
+    released) must not have the file replaced under it, or dvc.lock records the new data's md5 beside outputs made
+    from the old, and `dvc status` calls them up to date. Outside a DVC repository, nothing to hold."""
+    if not paths or not _in_dvc_repo():
+        yield
+        return
+    import os
+
+    from dvc.config import Config
+    from dvc.fs import LocalFileSystem
+    from dvc.lock import LockError
+    from dvc.repo import Repo
+    from dvc.rwlock import rwlock
+
+    tmp_dir = os.path.join(Repo.find_root(), Repo.DVC_DIR, "tmp")
+    os.makedirs(tmp_dir, exist_ok=True)
+    hardlink = Config.from_cwd()["core"].get("hardlink_lock", False)
+    written = [os.path.abspath(p) for p in paths]
+    waited_until, said = time.monotonic() + BUSY_PATIENCE, False
+    while True:
+        try:
+            lock = rwlock(tmp_dir, LocalFileSystem(), "tqc retrain commit", [], written, hardlink)
+            lock.__enter__()
+            break
+        except LockError as busy:
+            if time.monotonic() > waited_until:
+                raise RetrainCommitError(f"dvc: {str(busy).splitlines()[0]} for over {BUSY_PATIENCE:g} s") from None
+            if not said:  # once, not each second
+                log.info("retrain: waiting for another dvc command using %s", ", ".join(map(str, paths)))
+                said = True
+            time.sleep(BUSY_WAIT)
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
 
 
 # The two checks below, and _restage's, read DVC's files in this process, as `dvc root`, `dvc remote list` and `dvc

@@ -1,0 +1,79 @@
+"""A retrain's commit beside a `dvc repro` in the same checkout."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from tqc import retrain as steps
+from tqc.config import load_params
+from tests.flows.conftest import drop, unseen_questions
+from tests.flows.test_retrain_steps import deliver
+
+READS_RAW_SLOWLY = """stages:
+  ingest:
+    cmd: python -c "import shutil, time; shutil.copy('data/raw/labeled.jsonl', 'ingested.jsonl'); time.sleep(5)"
+    deps:
+      - data/raw
+    outs:
+      - ingested.jsonl
+"""
+
+
+def test_a_commit_waits_for_a_dvc_repro_reading_data_raw_and_leaves_dvc_lock_true(project):
+    """`dvc repro` runs a stage's command with DVC's repo lock released, holding only its rwlock on the stage's files,
+    which `--wait-for-lock` does not wait for: a commit while ingest read data/raw failed in `dvc add` ("is busy"),
+    the run's training thrown away, after replacing the data under the stage (whose dvc.lock could then record the new
+    data's md5 beside outputs made from the old). The commit waits for the stage, and `dvc status` then says the
+    ingested data is out of date, as it is."""
+    params = load_params(project / "params.yaml")
+    drop(project, "first.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
+    steps.commit(params, *deliver(project), [])
+    (project / "dvc.yaml").write_text(READS_RAW_SLOWLY)
+    drop(project, "second.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
+    staged, files = deliver(project)
+    repro = subprocess.Popen([sys.executable, "-m", "dvc", "repro"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    try:
+        while not (project / "ingested.jsonl").exists() and repro.poll() is None:
+            time.sleep(0.05)  # ingest has read data/raw
+        steps.commit(params, staged, files, [])
+    finally:
+        output = repro.communicate(timeout=120)[0]
+    assert repro.returncode == 0, output
+    raw = (project / "data" / "raw" / "labeled.jsonl").read_text().splitlines()
+    assert len(raw) == 4 and len((project / "ingested.jsonl").read_text().splitlines()) == 2
+    status = subprocess.run([sys.executable, "-m", "dvc", "status", "ingest"], capture_output=True, text=True, check=True)
+    assert "changed deps" in status.stdout and "data/raw" in status.stdout, status.stdout
+
+
+HOLDS_RAW = """import os, sys, time
+from dvc.fs import LocalFileSystem
+from dvc.rwlock import rwlock
+with rwlock(os.path.join('.dvc', 'tmp'), LocalFileSystem(), 'dvc repro', [os.path.abspath('data/raw')], [], False):
+    print('held', flush=True)
+    time.sleep(4)
+"""
+
+
+def test_dvc_add_waits_while_a_stage_started_after_the_replace_reads_data_raw(project):
+    """A `dvc repro` whose ingest starts between the data's replacement and `dvc add` reads the new data, and dvc.lock
+    will say so: the add waits for it (DVC's rwlock, which `--wait-for-lock` does not cover) instead of failing, which
+    rolled the data back under the stage that had read it."""
+    from tqc.retraining import data_versions
+
+    params = load_params(project / "params.yaml")
+    drop(project, "first.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
+    steps.commit(params, *deliver(project), [])
+    raw = project / "data" / "raw" / "labeled.jsonl"
+    with raw.open("a") as file:
+        file.write(raw.read_text().splitlines()[0] + "\n")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDS_RAW], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert data_versions.dvc_record([raw], push=False)["added"] == [f"{raw}.dvc"]
+    finally:
+        holder.wait(timeout=60)
+    status = subprocess.run([sys.executable, "-m", "dvc", "status", f"{raw}.dvc"], capture_output=True, text=True)
+    assert "up to date" in status.stdout, status.stdout
