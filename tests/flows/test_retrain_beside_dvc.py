@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tqc import retrain as steps
 from tqc.config import load_params
 from tests.flows.conftest import drop, unseen_questions
@@ -77,3 +79,42 @@ def test_dvc_add_waits_while_a_stage_started_after_the_replace_reads_data_raw(pr
         holder.wait(timeout=60)
     status = subprocess.run([sys.executable, "-m", "dvc", "status", f"{raw}.dvc"], capture_output=True, text=True)
     assert "up to date" in status.stdout, status.stdout
+
+
+READS_RAW_AT_START_AND_END = """import os, sys, time
+from dvc.fs import LocalFileSystem
+from dvc.rwlock import rwlock
+raw = 'data/raw/labeled.jsonl'
+with rwlock(os.path.join('.dvc', 'tmp'), LocalFileSystem(), 'dvc repro', [os.path.abspath('data/raw')], [], False):
+    print(len(open(raw).read().splitlines()), flush=True)  # what ingest reads
+    time.sleep(4)
+    print(len(open(raw).read().splitlines()), flush=True)  # what its dvc.lock entry hashes when it ends
+"""
+
+
+def test_a_roll_back_waits_for_a_dvc_repro_stage_reading_data_raw(project, monkeypatch):
+    """A commit that fails after its data replaced data/raw (archiving, on a full disk) puts the old data back; a
+    `dvc repro` stage that began reading data/raw in between read the new rows, and the data put back under it had
+    its dvc.lock record the old data's md5 beside outputs holding rows that went back to the inbox. The roll-back
+    waits for the stage, as the commit does."""
+    from tqc.retraining import commit as retrain_commit
+
+    params = load_params(project / "params.yaml")
+    drop(project, "first.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
+    steps.commit(params, *deliver(project), [])
+    drop(project, "second.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
+    staged, files = deliver(project)
+    stage = []
+
+    def a_stage_starts_then_the_disk_fills(*_):
+        stage.append(subprocess.Popen([sys.executable, "-c", READS_RAW_AT_START_AND_END], stdout=subprocess.PIPE,
+                                      text=True))
+        stage.append(stage[0].stdout.readline().strip())
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(retrain_commit, "_archive_delivered", a_stage_starts_then_the_disk_fills)
+    with pytest.raises(OSError, match="No space left"):
+        steps.commit(params, staged, files, [])
+    at_end = stage[0].communicate(timeout=60)[0].strip()
+    assert (stage[1], at_end) == ("4", "4")  # the stage saw one version of data/raw throughout
+    assert len((project / "data" / "raw" / "labeled.jsonl").read_text().splitlines()) == 2  # then it was put back

@@ -223,12 +223,15 @@ def roll_back_interrupted_commit(params: RetrainParams) -> bool:
 def _roll_back(before: dict[Path, bytes | None], archived: list[tuple[Path, Path, str]], dvc_files: list[Path]) -> None:
     # The data first: a move that cannot be undone (its journal kept, the next run tries again) then leaves the data
     # as it was, not holding rows the manifest never recorded.
-    for path, content in before.items():
-        if content is None:
-            path.unlink(missing_ok=True)
-        else:
-            with atomic_path(path) as tmp:
-                tmp.write_bytes(content)
+    # Under DVC's rwlock, as the commit replaced them: not under a `dvc repro` stage reading data/raw (one that started
+    # after the replacement read the new rows, and its dvc.lock would record the old data's md5 beside them)
+    with held_from_dvc(list(before)):
+        for path, content in before.items():
+            if content is None:
+                path.unlink(missing_ok=True)
+            else:
+                with atomic_path(path) as tmp:
+                    tmp.write_bytes(content)
     for inbox_path, archived_as, digest in reversed(archived):
         # lexists: False for a name the system refuses (exists() raised ENAMETOOLONG, and every later run with it)
         if not os.path.lexists(archived_as):  # the move was journaled and then not made, or already undone

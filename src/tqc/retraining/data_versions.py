@@ -97,6 +97,7 @@ def held_from_dvc(paths: list[Path]) -> Iterator[None]:
     import os
 
     from dvc.config import Config
+    from dvc.exceptions import DvcException
     from dvc.fs import LocalFileSystem
     from dvc.lock import LockError
     from dvc.repo import Repo
@@ -119,6 +120,8 @@ def held_from_dvc(paths: list[Path]) -> Iterator[None]:
                 log.info("retrain: waiting for another dvc command using %s", ", ".join(map(str, paths)))
                 said = True
             time.sleep(BUSY_WAIT)
+        except DvcException as error:  # its rwlock file unreadable, say: one line, as a failed dvc command says it
+            raise RetrainCommitError(f"dvc: {error}") from None
     try:
         yield
     finally:
