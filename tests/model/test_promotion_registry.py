@@ -834,6 +834,49 @@ def test_an_alias_moved_by_hand_leaves_one_version_tagged_champion(tiny_model_di
     assert v2["promotion"] == "superseded" and v2["superseded_by"] == "1"  # was still champion
 
 
+def test_a_champion_moved_while_the_gate_judged_is_not_overwritten(tiny_model_dir, data_dir, tmp_path, registry,
+                                                                     monkeypatch):
+    """The champion was read once, before minutes of judging, and the alias then set without looking again: a rollback
+    by hand (`tqc set-champion 1`) made meanwhile was overwritten by a challenger judged only against v2, and the
+    report said promoted over v2. The promotion is withdrawn, said first, the alias stays where it was moved, and the
+    challenger is tagged incomparable, not rejected."""
+    import mlflow
+
+    params = PromoteParams(bootstrap_samples=200, top_k=2, min_improvement=-1.0)  # any challenger wins
+    strong = trained(tiny_model_dir, data_dir, tmp_path / "strong")
+    torch.manual_seed(0)
+    other = BiEncoder.from_params(ModelParams(pretrained=str(tiny_model_dir)))
+    stage_one.train(other, load_questions(data_dir / "train.jsonl")[:32], load_questions(data_dir / "validation.jsonl")[:9],
+                    Catalog.load(data_dir / "catalog.jsonl"), StageOneParams(epochs=1, batch_size=16, warmup_ratio=0.0),
+                    seed=0)
+    other.save(tmp_path / "other")
+    for model_dir in (untrained(tiny_model_dir, tmp_path / "weak"), tmp_path / "other"):  # v1, then v2 champion
+        with standalone_run("promote", registry) as tracker:
+            promote.run(data_dir, model_dir, None, params, tmp_path / "promotion.json", tracker)
+    client = mlflow.MlflowClient()
+    assert str(client.get_model_version_by_alias("tqc-admc", "champion").version) == "2"
+    judged_then = promote._decided
+
+    def rolled_back_meanwhile(*arguments):
+        judged = judged_then(*arguments)
+        client.set_registered_model_alias("tqc-admc", "champion", "1")  # tqc set-champion 1, while the gate judged
+        return judged
+
+    monkeypatch.setattr(promote, "_decided", rolled_back_meanwhile)
+    with standalone_run("promote", registry) as tracker:
+        report = promote.run(data_dir, strong, None, params, tmp_path / "promotion.json", tracker)
+    assert report["challenger_version"] == "3" and not report["promoted"]
+    assert report["reasons"][0] == ("champion moved from v2 to v1 while the gate judged against v2: not promoted; "
+                                    "run promote again to judge against the new holder")
+    assert (report["champion_version_before"], report["champion_version_after"]) == ("2", "1")
+    assert str(client.get_model_version_by_alias("tqc-admc", "champion").version) == "1"
+    assert client.get_model_version("tqc-admc", "3").tags["promotion"] == "incomparable"
+    monkeypatch.setattr(promote, "_decided", judged_then)
+    with standalone_run("promote", registry) as tracker:  # judged again, against the new holder
+        again = promote.run(data_dir, strong, None, params, tmp_path / "promotion.json", tracker)
+    assert again["challenger_version"] == "3" and again["champion_version_before"] == "1" and again["promoted"]
+
+
 def test_set_champion_rolls_back_by_hand_with_the_tags_following_at_once(tiny_model_dir, data_dir, tmp_path, registry,
                                                                           capsys):
     """`tqc set-champion`: the documented rollback, so that no hand-moved alias leaves the tags saying otherwise until

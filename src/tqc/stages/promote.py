@@ -138,8 +138,9 @@ def run(data_dir: Path, model_dir: Path, prior_path: Path | None, params: Promot
     client = mlflow.MlflowClient()
     contest = _contest(client, params, catalog, train, data_dir, model_dir, prior_path, exemplar_k, refresh,
                        refreshed_from)
-    judged = _decided(client, params, seed, contest)
-    report = _report(params, contest.challenger, contest.champion.version, judged.decision, contest.asked,
+    holder_now, judged = _unless_the_champion_moved(client, params, contest.champion.version,
+                                                    _decided(client, params, seed, contest))
+    report = _report(params, contest.challenger, contest.champion.version, holder_now, judged.decision, contest.asked,
                      judged.challenger, judged.champion)
     _publish(client, params, contest, judged, report, report_path, registered_path, tracker)
     return report
@@ -157,12 +158,39 @@ def _contest(client, params: PromoteParams, catalog: Catalog, train: list[Labele
     challenger = _register_challenger(params, model_dir, data_dir, prior_path, exemplar_k, refresh, record,
                                       _unseen(validation, learnt, champion.learnt))
     _raise_if_unreadable(params.model_name, champion, challenger.version)
-    if champion.holder is not None:
-        _tags_follow_the_alias(client, params.model_name, champion.holder)
+    if champion.holder is not None:  # the holder read again: the alias may have moved while the challenger registered
+        _tags_follow_the_alias(client, params.model_name, _holder_now(client, params) or champion.holder)
     standing = _Standing.of(client, params, champion, challenger, model_dir, data_dir, prior_path)
     asked = _Asked.of(catalog, train, validation,
                       _unseen(validation, learnt, None if standing.is_champion else champion.learnt))
     return _Contest(champion, challenger, standing, asked)
+
+
+def _holder_now(client, params: PromoteParams):
+    from tqc.registry import alias_version
+
+    return alias_version(client, params.model_name, params.alias)
+
+
+def _unless_the_champion_moved(client, params: PromoteParams, judged_against: str | None,
+                               judged: _Judged) -> tuple[str | None, _Judged]:
+    """The alias holder now, and `judged` with its promotion withdrawn where the alias moved while the gate judged
+    (`tqc set-champion`, a rollback, or another promote: the retrain flow's beside `dvc repro`'s): moving it then would
+    overwrite, unsaid, a champion the challenger was never judged against. The challenger is tagged incomparable, not
+    rejected. MLflow sets an alias with no compare-and-set, so the window left is the report's writing between this
+    read and the move."""
+    holder = _holder_now(client, params)
+    now = str(holder.version) if holder is not None else None
+    if now == judged_against or not judged.decision.promote:
+        return now, judged
+    moved = (f"{params.alias} moved from {_named(judged_against)} to {_named(now)} while the gate judged against "
+             f"{_named(judged_against)}: not promoted; run promote again to judge against the new holder")
+    return now, judged._replace(incomparable=True, decision=replace(
+        judged.decision, promote=False, reasons=[moved, *judged.decision.reasons]))
+
+
+def _named(version: str | None) -> str:
+    return f"v{version}" if version is not None else "no version"
 
 
 def _decided(client, params: PromoteParams, seed: int, contest: _Contest) -> _Judged:
@@ -191,7 +219,7 @@ def _publish(client, params: PromoteParams, contest: _Contest, judged: _Judged, 
             _write_and_log(report_path, after, replace(decision, promote=after["promoted"]), tracker)
         raise
     _write_registered(registered_path, mlflow.get_tracking_uri(), report)
-    _log_outcome(params, version, contest.champion.version, decision)
+    _log_outcome(params, version, report["champion_version_after"], decision)
 
 
 def _alias_after_failure(client, params: PromoteParams, report: dict, exc: BaseException) -> dict:
@@ -677,10 +705,11 @@ def _nothing_unseen(total: int, tail_ids: list[str]) -> Decision:
                             "move the alias by hand"], None, tail_ids, None, None)
 
 
-def _report(params: PromoteParams, registered: _Challenger, champion_version: str | None, decision: Decision,
-            asked: _Asked, challenger: np.ndarray, champion: np.ndarray | None) -> dict:
-    """promotion.json: `registered` is the challenger's version and rule; `challenger` and `champion` are the two
-    versions' (N,) answers to the `asked.gold` questions."""
+def _report(params: PromoteParams, registered: _Challenger, champion_version: str | None, holder_now: str | None,
+            decision: Decision, asked: _Asked, challenger: np.ndarray, champion: np.ndarray | None) -> dict:
+    """promotion.json: `registered` is the challenger's version and rule; `champion_version` the version judged
+    against, `holder_now` the alias holder once judged (another, where the alias moved meanwhile); `challenger` and
+    `champion` are the two versions' (N,) answers to the `asked.gold` questions."""
     gold = asked.gold
     judged = len(gold) > 0
     return {
@@ -690,7 +719,7 @@ def _report(params: PromoteParams, registered: _Challenger, champion_version: st
         "rule": registered.rule,
         "challenger_registered_before": registered.registered_before,  # the same content (tag content_digest) was there: not registered again
         "champion_version_before": champion_version,
-        "champion_version_after": registered.version if decision.promote else champion_version,
+        "champion_version_after": registered.version if decision.promote else holder_now,
         "promoted": decision.promote,
         "validation": {
             "n": len(gold),  # the questions judged on
