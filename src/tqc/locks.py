@@ -1,5 +1,5 @@
-"""A lock that refuses a second holder at once (two retrains, two tune workers with one index): OS-level, so the
-kernel releases it even when its holder is killed."""
+"""A lock that refuses a second holder, at once (two retrains, two tune workers with one index) or after a wait (the
+tune workers' reports): OS-level, so the kernel releases it even when its holder is killed."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import Iterator
 
 
 @contextmanager
-def exclusive(path: Path, refusal: Exception, setting: str = "lock") -> Iterator[None]:
-    """Hold the lock file `path` for the block, or raise `refusal` at once when another process holds it. A `path` that
-    is a folder, or under a file, is a ConfigError naming `setting`: it was the OS's error, in two tracebacks."""
+def exclusive(path: Path, refusal: Exception, setting: str = "lock", timeout_s: float = 0) -> Iterator[None]:
+    """Hold the lock file `path` for the block, or raise `refusal` when another process holds it past `timeout_s` (at
+    once by default). A `path` that is a folder, or under a file, is a ConfigError naming `setting`: it was the OS's
+    error, in two tracebacks."""
     from filelock import FileLock, Timeout
 
     from tqc.config import ConfigError
@@ -24,7 +25,7 @@ def exclusive(path: Path, refusal: Exception, setting: str = "lock") -> Iterator
         raise ConfigError(f"{setting} {path}: {_why_no_folder(path, exc)}; a lock is a file, made in a folder") from None
     lock = FileLock(str(path))
     try:
-        lock.acquire(timeout=0)
+        lock.acquire(timeout=timeout_s)
     except Timeout:
         raise refusal from None
     try:

@@ -51,21 +51,14 @@ def reports_lock(out_dir: Path, timeout_s: float = REPORTS_LOCK_TIMEOUT_S) -> It
     read the study before another's last trial completed could write its stale summary last. Each
     reads the study inside the lock, so the last writer has seen every trial finished before it.
     """
-    from filelock import FileLock, Timeout
+    from tqc.locks import exclusive
 
     path = reports_lock_path(out_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path))
-    try:
-        lock.acquire(timeout=timeout_s)
-    except Timeout:
-        raise ConfigError(f"{path}: another tune worker has held the reports of {out_dir} for {timeout_s:.0f} s; "
-                          "if none is running (a worker killed on another machine may leave it held on a network "
-                          "folder), delete the file and run again") from None
-    try:
+    held = ConfigError(f"{path}: another tune worker has held the reports of {out_dir} for {timeout_s:.0f} s; if none "
+                       "is running (a worker killed on another machine may leave it held on a network folder), delete "
+                       "the file and run again")
+    with exclusive(path, held, "the tune reports lock", timeout_s):
         yield
-    finally:
-        lock.release()
 
 
 def current_baseline(complete: list, params: Params):
