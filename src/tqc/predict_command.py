@@ -114,12 +114,11 @@ def run(args: argparse.Namespace) -> None:
 def _refuse_too_long(asked: list[tuple[str, int, str]]) -> None:
     """Questions past serving's MAX_QUESTION_CHARS, named by argument or line before the model is loaded: the matcher
     would refuse them by their row in a chunk."""
-    from tqc.serving import MAX_QUESTION_CHARS
+    from tqc.serving import said_too_long, too_long
 
-    too_long = [i for i, (_, _, text) in enumerate(asked) if len(text) > MAX_QUESTION_CHARS]
-    if too_long:
-        raise ConfigError(f"a question may be at most {MAX_QUESTION_CHARS:,} characters (the model reads only its "
-                          f"first tokens): {_where(asked, too_long)}")
+    long_ones = too_long([text for _, _, text in asked])
+    if long_ones:
+        raise ConfigError(said_too_long(_where(asked, long_ones)))
 
 
 def _where(asked: list[tuple[str, int, str]], indexes: list[int]) -> str:

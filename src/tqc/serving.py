@@ -246,8 +246,16 @@ def _questions(model_input) -> list[str]:
     bad = [(row, q) for row, q in enumerate(asked) if not isinstance(q, str) or not has_words(q)]
     if bad:
         raise ValueError(f"every question must be non-blank text: {first_of([f'row {row} ({q!r})' for row, q in bad], 5)}")
-    too_long = [f"row {row} ({len(q):,} characters)" for row, q in enumerate(asked) if len(q) > MAX_QUESTION_CHARS]
-    if too_long:
-        raise ValueError(f"a question may be at most {MAX_QUESTION_CHARS:,} characters (the model reads only its "
-                         f"first tokens): {first_of(too_long, 5)}")
+    long_rows = too_long(asked)
+    if long_rows:
+        raise ValueError(said_too_long(first_of([f"row {row} ({len(asked[row]):,} characters)" for row in long_rows], 5)))
     return asked
+
+
+def too_long(questions: list[str]) -> list[int]:
+    """The indexes of the questions past MAX_QUESTION_CHARS, which serving refuses (`said_too_long`)."""
+    return [i for i, question in enumerate(questions) if len(question) > MAX_QUESTION_CHARS]
+
+
+def said_too_long(named: str) -> str:
+    return f"a question may be at most {MAX_QUESTION_CHARS:,} characters (the model reads only its first tokens): {named}"

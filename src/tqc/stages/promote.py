@@ -167,9 +167,15 @@ def _contest(client, params: PromoteParams, catalog: Catalog, train: list[Labele
 
 
 def _holder_now(client, params: PromoteParams):
+    """The version holding `params.alias` now, or None. A failing registry raises: never "no champion"."""
     from tqc.registry import alias_version
 
     return alias_version(client, params.model_name, params.alias)
+
+
+def _holder_version(client, params: PromoteParams) -> str | None:
+    holder = _holder_now(client, params)
+    return str(holder.version) if holder is not None else None
 
 
 def _unless_the_champion_moved(client, params: PromoteParams, judged_against: str | None,
@@ -179,8 +185,7 @@ def _unless_the_champion_moved(client, params: PromoteParams, judged_against: st
     overwrite, unsaid, a champion the challenger was never judged against. The challenger is tagged incomparable, not
     rejected. MLflow sets an alias with no compare-and-set, so the window left is the report's writing between this
     read and the move."""
-    holder = _holder_now(client, params)
-    now = str(holder.version) if holder is not None else None
+    now = _holder_version(client, params)
     if now == judged_against or not judged.decision.promote:
         return now, judged
     moved = (f"{params.alias} moved from {_named(judged_against)} to {_named(now)} while the gate judged against "
@@ -225,11 +230,8 @@ def _publish(client, params: PromoteParams, contest: _Contest, judged: _Judged, 
 def _alias_after_failure(client, params: PromoteParams, report: dict, exc: BaseException) -> dict:
     """`report` of a promotion whose registry writes failed part way: the alias holder read back (the alias may have
     moved before a tag write failed), whether that is the challenger, and why."""
-    from tqc.registry import alias_version
-
     try:
-        holder = alias_version(client, params.model_name, params.alias)
-        after, read = (str(holder.version) if holder is not None else None), True
+        after, read = _holder_version(client, params), True
     except Exception:  # the registry is down: nothing can be said of the alias
         after, read = None, False
     promoted = read and after == report["challenger_version"]
@@ -261,9 +263,7 @@ def _tracking_disabled(params: PromoteParams, report_path: Path, registered_path
 
 def _champion(client, params: PromoteParams) -> _Champion:
     """The alias holder and the questions it learnt from; artifacts it cannot read are kept to raise later."""
-    from tqc.registry import alias_version
-
-    holder = alias_version(client, params.model_name, params.alias)  # a failing registry raises: never "no champion"
+    holder = _holder_now(client, params)
     version = str(holder.version) if holder is not None else None
     try:
         return _Champion(holder, version, _learnt_from(params.model_name, version), None)
@@ -533,13 +533,10 @@ def set_champion(params: PromoteParams, version: str) -> tuple[str, str | None]:
     offline_mlflow()
     import mlflow
 
-    from tqc.registry import alias_version
-
     client = mlflow.MlflowClient()
     chosen = _servable_version(client, params, version)
     version = str(chosen.version)  # "01" is v1
-    holder = alias_version(client, params.model_name, params.alias)
-    before = str(holder.version) if holder is not None else None
+    before = _holder_version(client, params)
     if before == version:
         return version, before
     _move_alias(client, params, version)
