@@ -118,3 +118,34 @@ def test_a_roll_back_waits_for_a_dvc_repro_stage_reading_data_raw(project, monke
     at_end = stage[0].communicate(timeout=60)[0].strip()
     assert (stage[1], at_end) == ("4", "4")  # the stage saw one version of data/raw throughout
     assert len((project / "data" / "raw" / "labeled.jsonl").read_text().splitlines()) == 2  # then it was put back
+
+
+def test_a_dvc_command_holding_the_data_past_the_patience_ends_the_wait_with_a_named_error(project, monkeypatch,
+                                                                                            caplog):
+    """Both waits (holding data/raw for the commit, and `dvc add` itself) give up after BUSY_PATIENCE with DVC's own
+    reason, and say that they wait once, not each second."""
+    from tqc.retraining import data_versions
+    from tqc.retraining.errors import RetrainCommitError
+
+    params = load_params(project / "params.yaml")
+    drop(project, "first.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
+    steps.commit(params, *deliver(project), [])
+    raw = project / "data" / "raw" / "labeled.jsonl"
+    monkeypatch.setattr(data_versions, "BUSY_WAIT", 0.05)
+    monkeypatch.setattr(data_versions, "BUSY_PATIENCE", 0.5)
+    holds_for_long = HOLDS_RAW.replace("time.sleep(4)", "time.sleep(120)")  # past both waits, however slow dvc starts
+    holder = subprocess.Popen([sys.executable, "-c", holds_for_long], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with caplog.at_level("INFO", logger="tqc.retrain"):
+            with pytest.raises(RetrainCommitError, match=r"^dvc: .*for over 0.5 s"):
+                with data_versions.held_from_dvc([raw]):
+                    pytest.fail("held while another dvc command holds it")
+            with pytest.raises(RetrainCommitError, match=r"^dvc add failed .*busy"):
+                data_versions.dvc_record([raw], push=False)
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+    waits = [r.getMessage() for r in caplog.records if "wait" in r.getMessage()]
+    assert waits == [f"retrain: waiting for another dvc command using {raw}",
+                     f"retrain: dvc add waits for another dvc command using {raw}"], waits

@@ -7,7 +7,7 @@ import shlex
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -69,15 +69,11 @@ def _dvc(command: str, *arguments: str) -> str:
     It waits for DVC's lock where another dvc command holds it (a `dvc status`, an editor's DVC extension, a `dvc repro`
     in this checkout): DVC's own 3 s and a failure would throw this run's training away. The lock is the OS's, so a
     holder that dies frees it."""
-    waited_until, said = time.monotonic() + BUSY_PATIENCE, False
-    while True:
+    waiting = f"retrain: dvc {command} waits for another dvc command using {' '.join(arguments)}"
+    for _ in _tries_while_busy(waiting):
         done = subprocess.run([*DVC, "--wait-for-lock", command, *arguments], capture_output=True, text=True)
-        if done.returncode == 0 or BUSY not in done.stderr + done.stdout or time.monotonic() > waited_until:
+        if done.returncode == 0 or BUSY not in done.stderr + done.stdout:
             break
-        if not said:  # once, not each second
-            log.info("retrain: dvc %s waits for another dvc command using %s", command, " ".join(arguments))
-            said = True
-        time.sleep(BUSY_WAIT)
     if done.returncode != 0:
         lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
         reason = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1] if lines else "no output")
@@ -107,26 +103,30 @@ def held_from_dvc(paths: list[Path]) -> Iterator[None]:
     os.makedirs(tmp_dir, exist_ok=True)
     hardlink = Config.from_cwd()["core"].get("hardlink_lock", False)
     written = [os.path.abspath(p) for p in paths]
-    waited_until, said = time.monotonic() + BUSY_PATIENCE, False
-    while True:
-        try:
-            lock = rwlock(tmp_dir, LocalFileSystem(), "tqc retrain commit", [], written, hardlink)
-            lock.__enter__()
-            break
-        except LockError as busy:
-            if time.monotonic() > waited_until:
-                raise RetrainCommitError(f"dvc: {str(busy).splitlines()[0]} for over {BUSY_PATIENCE:g} s") from None
-            if not said:  # once, not each second
-                log.info("retrain: waiting for another dvc command using %s", ", ".join(map(str, paths)))
-                said = True
-            time.sleep(BUSY_WAIT)
-        except DvcException as error:  # its rwlock file unreadable, say: one line, as a failed dvc command says it
-            raise RetrainCommitError(f"dvc: {error}") from None
-    try:
+    waiting = f"retrain: waiting for another dvc command using {', '.join(map(str, paths))}"
+    with ExitStack() as held:
+        for _ in _tries_while_busy(waiting):
+            try:
+                held.enter_context(rwlock(tmp_dir, LocalFileSystem(), "tqc retrain commit", [], written, hardlink))
+                break
+            except LockError as error:
+                busy = error
+            except DvcException as error:  # its rwlock file unreadable, say: one line, as a failed dvc command says it
+                raise RetrainCommitError(f"dvc: {error}") from None
+        else:
+            raise RetrainCommitError(f"dvc: {str(busy).splitlines()[0]} for over {BUSY_PATIENCE:g} s")
         yield
-    finally:
-        lock.__exit__(None, None, None)
 
+
+def _tries_while_busy(waiting: str) -> Iterator[None]:
+    """Paces tries at a file another dvc command holds: the first at once, each later one BUSY_WAIT s after the last,
+    saying `waiting` once (not each second); it ends, the last try failed, once BUSY_PATIENCE s have passed."""
+    given_up_at = time.monotonic() + BUSY_PATIENCE
+    yield
+    log.info(waiting)
+    while time.monotonic() <= given_up_at:
+        time.sleep(BUSY_WAIT)
+        yield
 
 # The two checks below, and _restage's, read DVC's files in this process, as `dvc root`, `dvc remote list` and `dvc
 # config` would: a dvc process for each took about a second of every data commit. `dvc add` and `dvc push`, which do
