@@ -644,3 +644,23 @@ def test_an_added_question_and_its_copy_written_otherwise_go_to_one_split():
         assert {text.strip().lower().replace(" ?", "?") for text in held_out_copies} == {t.lower() for t in held_out}
     normalised = LabeledQuestion("where can i get tested number 11 today", "c")  # test_generated_rows' held-out one
     assert stable_split([normalised], 0.1, 5)[1] == [normalised]
+
+
+def test_ingest_names_the_first_quarantined_rows_and_counts_the_rest_not_a_warning_a_row(tmp_path, caplog):
+    """Each quarantined row was a warning of its own: a file with hundreds of bad rows (under
+    data.max_rejected_fraction, or a generated file's unattributable rows) buried the stage's log in them."""
+    from tqc.config import DataParams
+    from tqc.stages import ingest
+
+    good = "".join(f"question number {i},{'ab'[i % 2]}\n" for i in range(1000))
+    bad = "".join(f"a question with no label {i},\n" for i in range(30))  # "empty label": quarantined
+    (tmp_path / "train.csv").write_text("text,label\n" + good + bad)
+    (tmp_path / "test.csv").write_text("text,label\nheld out,a\n")
+    params = DataParams(dataset="custom", data_dir=str(tmp_path), additions=None,
+                        custom={"train": "train.csv", "test": "test.csv"})
+    with caplog.at_level("WARNING", logger="tqc.stages.ingest"):
+        report = ingest.run(params, 0, tmp_path / "out", tmp_path / "q.jsonl", tmp_path / "r.json")
+    assert report["quarantined"] == 30 and len((tmp_path / "q.jsonl").read_text().splitlines()) == 30
+    named = [r.getMessage() for r in caplog.records if r.getMessage().startswith("quarantined ")]
+    assert len(named) == ingest.QUARANTINED_SAID and "train.csv, line 1002: empty label" in named[0]
+    assert f"and {30 - ingest.QUARANTINED_SAID} more quarantined row(s)" in caplog.text and str(tmp_path / "q.jsonl") in caplog.text

@@ -418,8 +418,11 @@ def _report(params: DataParams, read: _Read, split: _Split, started: float) -> d
     }
 
 
+QUARANTINED_SAID = 10  # quarantined rows named one a line in the log; the rest are counted (all are in the file)
+
+
 def _log_summary(params: DataParams, read: _Read, report: dict, quarantine_path: Path, out_dir: Path) -> None:
-    """The report's gist, then each quarantined row."""
+    """The report's gist, then the first `QUARANTINED_SAID` quarantined rows, and how many more the file holds."""
     log.info(
         "ingest %s: %d classes; train %d, validation %d, test %d; %d row(s) quarantined to %s; wrote %s in %.1fs",
         params.dataset, report["classes"], report["rows"]["train"], report["rows"]["validation"], report["rows"]["test"],
@@ -431,8 +434,11 @@ def _log_summary(params: DataParams, read: _Read, report: dict, quarantine_path:
     if params.generated.path:
         log.info("ingest: generated rows (%s): %s", params.generated.path,
                  ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in report["generated"].items()))
-    for row in read.rejected:
+    for row in read.rejected[:QUARANTINED_SAID]:
         log.warning("quarantined %s, line %d: %s", row.file, row.line, row.reason)
+    if len(read.rejected) > QUARANTINED_SAID:  # a line a row was thousands of warnings for a bad generated file
+        log.warning("ingest: and %d more quarantined row(s); every one, with its file, line and reason, is in %s",
+                    len(read.rejected) - QUARANTINED_SAID, quarantine_path)
 
 
 def run(params: DataParams, seed: int, out_dir: Path, quarantine_path: Path, report_path: Path,
