@@ -63,7 +63,7 @@ class Seq2SeqModel:
         outputs = []
         size = self.params.batch_size
         for start in tqdm(range(0, len(texts), size), desc=f"rewriting with {Path(self.name).name}", leave=False,
-                          disable=len(texts) <= size):
+                          disable=True if len(texts) <= size else None):  # None: off where stderr is no terminal
             batch = self.tokenizer([self.prefix + t for t in texts[start : start + size]], padding=True, truncation=True,
                                    max_length=self.params.max_input_tokens, return_tensors="pt").to(self.model.device)
             batch.pop("token_type_ids", None)

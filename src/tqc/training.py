@@ -261,7 +261,9 @@ def _optimizer_and_schedule(param_groups: list[dict], schedule: Schedule, n_rows
 def _epoch_batches(n_rows: int, schedule: Schedule, rng: random.Random, description: str, epoch: int) -> tqdm:
     """The epoch's batches (`rng`'s next shuffle) behind a progress bar, shown by rank 0 only."""
     return tqdm(batches(n_rows, schedule.batch_size, rng, schedule.max_steps),
-                desc=f"{description} epoch {epoch}/{schedule.epochs}", leave=False, disable=not distributed.is_main())
+                desc=f"{description} epoch {epoch}/{schedule.epochs}", leave=False,
+                # None: tqdm's own test, off where stderr is no terminal (a log file, a pipe, a test)
+                disable=True if not distributed.is_main() else None)
 
 
 def _report_start(record: EpochRecord, description: str, on_epoch: OnEpoch | None) -> None:

@@ -402,6 +402,7 @@ def test_a_process_other_than_rank_0_logs_only_errors_and_draws_no_progress_bar(
     from tqc.model.encoder import TextEncoder
 
     encoder = TextEncoder.from_pretrained(str(tiny_model_dir), "mean", 16)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal's: a bar is drawn on no other
     encoder.encode(["a question", "another one", "a third"], batch_size=1, description="encoding as rank 0")
     assert "encoding as rank 0" in capsys.readouterr().err  # the bar as one process, or rank 0, draws it
     monkeypatch.setenv("WORLD_SIZE", "2")

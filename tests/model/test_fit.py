@@ -408,3 +408,23 @@ def test_an_epochs_seconds_are_read_once_the_device_has_done_its_queued_work(mon
     device_module.wait_for(torch.device("cpu"))
     device_module.wait_for(torch.device("cuda", 1))
     assert synchronized == [torch.device("cuda", 1)]
+
+
+def test_an_epochs_progress_bar_shows_on_a_terminal_and_not_in_a_log_file_or_pipe(monkeypatch):
+    """Shown whatever stderr was: a `dvc repro 2> log` or a cron job's log file got a frame of every epoch's bar a
+    tenth of a second, carriage returns and all."""
+    import io
+    import sys
+
+    from tqc.training import _epoch_batches
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stderr, shown in ((io.StringIO(), False), (Terminal(), True)):
+        monkeypatch.setattr(sys, "stderr", stderr)
+        bar = _epoch_batches(8, Schedule(epochs=1, batch_size=2), random.Random(0), "toy", 1)
+        assert bool(bar.disable) is not shown and len(list(bar)) == 4
+        bar.close()
+        assert ("toy epoch 1/1" in stderr.getvalue()) is shown

@@ -411,7 +411,8 @@ class TextEncoder(nn.Module):
         by_length = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         chunks = []
         for start in tqdm(range(0, len(texts), batch_size), desc=description, leave=False,
-                          disable=len(texts) <= batch_size or not distributed.is_main()):  # rank 0's bar, not one a process
+                          disable=True if len(texts) <= batch_size or not distributed.is_main() else None):  # rank 0's bar,
+                          # not one a process; None: off where stderr is no terminal (tqdm's own test)
             with autocast(self.device):
                 chunks.append(self([texts[i] for i in by_length[start : start + batch_size]]).float().cpu())
         self.train(was_training)
