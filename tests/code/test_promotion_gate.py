@@ -195,3 +195,17 @@ def test_under_tail_check_bootstrap_a_challenger_no_better_overall_is_not_promot
     same = GOLD.copy()
     decision = decide(GOLD, same, same.copy(), TAIL, ["2"], PromoteParams(tail_check="bootstrap"))
     assert "no loss beyond" in decision.reasons[1] and not decision.promote
+
+
+def test_promote_s_closing_line_says_no_version_holds_the_alias_not_v_none(caplog):
+    """A challenger not promoted while no version holds the alias (it moved off while the gate judged) was said as
+    "champion stays vNone"."""
+    from tqc.promotion import Decision
+    from tqc.stages.promote import _log_outcome
+
+    params = PromoteParams()
+    with caplog.at_level("INFO", logger="tqc.stages.promote"):
+        _log_outcome(params, "3", None, Decision(False, ["the alias moved"], None, [], 0.0, None))
+        _log_outcome(params, "4", "2", Decision(False, ["worse"], None, [], 0.0, None))
+    assert "vNone" not in caplog.text and f"not promoted ({params.alias} stays no version)" in caplog.text
+    assert f"not promoted ({params.alias} stays v2)" in caplog.text

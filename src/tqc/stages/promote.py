@@ -244,7 +244,7 @@ def _alias_after_failure(client, params: PromoteParams, report: dict, exc: BaseE
 
 def _log_outcome(params: PromoteParams, version: str, champion_version: str | None, decision: Decision) -> None:
     log.info("promote: %s v%s %s; %s", params.model_name, version,
-             f"is now {params.alias}" if decision.promote else f"not promoted ({params.alias} stays v{champion_version})",
+             f"is now {params.alias}" if decision.promote else f"not promoted ({params.alias} stays {_named(champion_version)})",
              "; ".join(decision.reasons))
 
 
