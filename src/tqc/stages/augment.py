@@ -271,9 +271,9 @@ def run(train_path: Path, params: AugmentParams, seed: int, out_path: Path, repo
     report = _report(params, targets, questions, augmented, made, file_report, started)
     write_json(report_path, report)
     log.info(
-        "augment: %d → %d training rows (%d generated, rebalance %s); implicit %s at %.2f on the %s; wrote %s",
-        len(questions), len(augmented), len(augmented) - len(questions), params.rebalance, params.implicit, params.rate,
-        params.implicit_at, out_path,
+        "augment: %d → %d training rows (%d generated, rebalance %s); implicit %s at %.2f on the %s; wrote %s and %s "
+        "(%.1fs)", len(questions), len(augmented), len(augmented) - len(questions), params.rebalance, params.implicit,
+        params.rate, params.implicit_at, out_path, report_path, report["seconds"],
     )
     return report
 
