@@ -84,7 +84,12 @@ class StandardQuestionMatcher(mlflow.pyfunc.PythonModel):
             _say_shared_standard_questions(self.catalog, context.artifacts["catalog"])
         if prior_file:  # the entry `_model_config` found for this model when it was logged
             name = config.get("prior_model", FIRST_REGISTERED_ENTRY)
-            entry = prior.read_file(Path(prior_file))[name]
+            entries = prior.read_file(Path(prior_file))
+            if name not in entries:  # was a KeyError naming the entry alone: a traceback from `tqc predict`
+                named_by = "its model_config's prior_model" if "prior_model" in config else "registered before prior_model"
+                raise prior.PriorFileError(f"{prior_file}: no entry {name!r} ({named_by}), only {sorted(entries)}: "
+                                           "this version's files do not belong together; register the model again")
+            entry = entries[name]
             shift = PriorShift.from_json(entry, self.catalog.class_ids, f"{prior_file}, entry {name!r}",
                                          catalog_may_drop_classes=True).shift
         else:

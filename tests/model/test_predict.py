@@ -386,6 +386,27 @@ def test_a_model_registered_before_its_config_named_the_prior_entry_serves_admcs
     assert matcher.predict(None, ["who wrote it"])["class_id"].tolist() == ["num"]
 
 
+def test_a_registered_prior_file_without_the_entry_its_config_serves_is_named_not_a_key_error(tiny_model_dir, tmp_path):
+    """A version's prior file lacking the entry its model_config names (or `admc`, for one registered before configs
+    named it) was a bare KeyError: a traceback out of `tqc predict --model models:/…`."""
+    from types import SimpleNamespace
+
+    from tqc.io import write_json
+    from tqc.prior import PriorFileError
+    from tqc.serving import StandardQuestionMatcher
+
+    tiny_bi_encoder(tiny_model_dir).save(tmp_path / "stage_two")
+    CATALOG.save(tmp_path / "catalog.jsonl")
+    zero = {"loc": 0.0, "hum": 0.0, "num": 0.0}
+    write_json(tmp_path / "prior.json", {"weights": [1.0], "models": {
+        "stage_one": {"model": "stage_one", "weight": 1.0, "temperature": 0.1, "shift": zero}}})
+    artifacts = {"model": str(tmp_path / "stage_two"), "catalog": str(tmp_path / "catalog.jsonl"),
+                 "prior": str(tmp_path / "prior.json")}
+    for config, entry in (({"top_k": 1}, "admc"), ({"top_k": 1, "prior_model": "nc"}, "nc")):
+        with pytest.raises(PriorFileError, match=f"prior.json: no entry '{entry}' .*only \\['stage_one'\\]"):
+            StandardQuestionMatcher().load_context(SimpleNamespace(artifacts=artifacts, model_config=config))
+
+
 def test_the_served_model_refuses_a_top_k_below_one_or_not_whole(tiny_model_dir, tmp_path):
     from types import SimpleNamespace
 
