@@ -152,17 +152,19 @@ def _cache_entries(cache_dir: Path) -> list[Path]:
 
 
 def encoding_code() -> dict[str, str]:
-    """What turns a question into a vector besides the weights: tqc's encoder and the libraries under it. Vectors
-    cached by another version of them (a pooling fix, say) are encoded again, not served."""
+    """What turns a question into a vector besides the weights: tqc's encoder and the libraries under it (tokenizers
+    too, whose releases transformers takes a range of). Vectors cached by another version of them (a pooling fix, say)
+    are encoded again, not served."""
     import hashlib
 
+    import tokenizers
     import torch
     import transformers
 
     from tqc.model import encoder
 
     return {"encoder": hashlib.sha256(Path(encoder.__file__).read_bytes()).hexdigest(), "torch": torch.__version__,
-            "transformers": transformers.__version__}
+            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
 
 
 def json_sha256(value) -> str:

@@ -898,6 +898,19 @@ def test_exemplar_vectors_cached_by_other_encoding_code_are_not_served(tiny_mode
     capsys.readouterr()
 
 
+def test_the_exemplar_cache_key_names_the_tokenizers_library_too(monkeypatch):
+    """A fast tokenizer's ids come from the `tokenizers` library, which upgrades apart from transformers (within the
+    range transformers takes): vectors encoded under another release of it were served from the cache and from a
+    version's registered vectors, keyed as if nothing had changed."""
+    import tokenizers
+
+    from tqc import exemplar_cache
+
+    before = exemplar_cache.encoding_code()
+    monkeypatch.setattr(tokenizers, "__version__", "0.0.1-another")
+    assert exemplar_cache.encoding_code() != before
+
+
 def test_blank_lines_of_a_question_file_are_named_and_stdin_is_read_as_utf8_bytes(tiny_model_dir, tmp_path, capsys, caplog,
                                                                                 monkeypatch):
     """A line of whitespace or invisible characters alone is no question (the served model refuses one), so it is not
