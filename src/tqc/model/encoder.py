@@ -410,9 +410,9 @@ class TextEncoder(nn.Module):
         # Batches of texts of similar length (by characters, a cheap stand-in for tokens) pad little
         by_length = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         chunks = []
-        for start in tqdm(range(0, len(texts), batch_size), desc=description, leave=False,
-                          disable=True if len(texts) <= batch_size or not distributed.is_main() else None):  # rank 0's bar,
-                          # not one a process; None: off where stderr is no terminal (tqdm's own test)
+        # rank 0's bar, not one a process; None leaves it to tqdm's own test: off where stderr is no terminal
+        hidden = True if len(texts) <= batch_size or not distributed.is_main() else None
+        for start in tqdm(range(0, len(texts), batch_size), desc=description, leave=False, disable=hidden):
             with autocast(self.device):
                 chunks.append(self([texts[i] for i in by_length[start : start + batch_size]]).float().cpu())
         self.train(was_training)
