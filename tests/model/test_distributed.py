@@ -850,11 +850,13 @@ def test_launched_processes_share_the_cores_unless_the_user_set_omp_num_threads(
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     for threads, processes in (("4", 2), ("2", 3), ("1", 16)):  # at least one
         assert cli._launch(launched, processes) == 1 and said.read_text() == threads
+        said.unlink()  # the stage's launch writes it anew: the command's value left there would pass for it
         with pytest.raises(StageLaunchFailed):
             _Launcher(tmp_path / "params.launched.yaml", processes)(STAGE_ONE, {"history": tmp_path / "h.csv"}, None)
         assert said.read_text() == threads
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's, even torchrun's own choice: kept
     assert cli._launch(launched, 2) == 1 and said.read_text() == "1"
+    said.unlink()
     with pytest.raises(StageLaunchFailed):
         _Launcher(tmp_path / "params.launched.yaml", 2)(STAGE_ONE, {"history": tmp_path / "h.csv"}, None)
     assert said.read_text() == "1"
