@@ -249,7 +249,7 @@ def test_a_grid_named_twice_gives_each_cell_once_and_a_selection_of_nothing_is_r
     out = tmp_path / "out"
     out.mkdir()
     (out / "ablations.md").write_text("the earlier report")
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=r"unknown variant\(s\) \['nonee'\]"):
         gpu_grid.main(["report", "--params", str(ROOT / "params.yaml"), "--grid", "rebalancing", "--variant", "nonee",
                        "-B", "stage_one.epochs=10", "--out", str(out)])
     assert (out / "ablations.md").read_text() == "the earlier report"
