@@ -17,6 +17,7 @@ from types import ModuleType
 
 import pytest
 import yaml
+from hypothesis import settings as hypothesis_settings
 
 
 def _threads_per_xdist_worker() -> str | None:
@@ -36,6 +37,13 @@ if _threads_per_xdist_worker() and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = _threads_per_xdist_worker()
     if "torch" in sys.modules:  # imported before this conftest (a plugin): its pool is sized already
         sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+# Hypothesis draws its examples from a fresh random seed each run by default: a property test could then fail on one
+# run and pass on the next at the same commit. Derandomized, each test draws the same examples every run (the seed is
+# the test's own), and no database of earlier runs' failing examples is replayed into a later one.
+hypothesis_settings.register_profile("tqc", derandomize=True, database=None)
+hypothesis_settings.load_profile("tqc")
 
 
 CLASSES = {
