@@ -708,6 +708,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     args.argv = argv  # what a torchrun relaunch repeats
     _escape_what_stdout_cannot_encode()
+    _no_library_bars_unless_on_a_terminal()
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=LOG_FORMAT)
     for noisy in ("httpx", "urllib3", "filelock", "great_expectations", "faiss", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -747,6 +748,15 @@ def _escape_what_stdout_cannot_encode() -> None:
     quarantined". It is written as a backslash escape instead, as Python writes it to stderr."""
     if getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
+
+
+def _no_library_bars_unless_on_a_terminal() -> None:
+    """Hugging Face's bars (transformers' "Loading weights" at each model load) are drawn whatever stderr is, so a
+    `dvc repro` logged to a file or a pipe got a frame of carriage returns at each load; tqc's own bars are off there
+    already (tqdm's own test). huggingface_hub reads this at import, which is why it is set before any command runs; a
+    user's own setting stands, and a torchrun relaunch inherits it."""
+    if not sys.stderr.isatty():
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 ENGINES = ("mlflow", "optuna", "sqlalchemy", "alembic")

@@ -428,3 +428,38 @@ def test_an_epochs_progress_bar_shows_on_a_terminal_and_not_in_a_log_file_or_pip
         assert bool(bar.disable) is not shown and len(list(bar)) == 4
         bar.close()
         assert ("toy epoch 1/1" in stderr.getvalue()) is shown
+
+
+LIBRARY_BARS = """import os, sys
+from tqc.cli import _no_library_bars_unless_on_a_terminal
+_no_library_bars_unless_on_a_terminal()
+from transformers.utils import logging
+print(logging.is_progress_bar_enabled(), os.environ.get('HF_HUB_DISABLE_PROGRESS_BARS'))
+"""
+
+
+@pytest.mark.parametrize("terminal, users_setting, shown", [(False, None, False), (True, None, True),
+                                                             (False, "0", True)])
+def test_hugging_faces_bars_are_off_where_stderr_is_no_terminal_unless_the_user_says(terminal, users_setting, shown):
+    """transformers drew its "Loading weights" bar at each model load into a `dvc repro` logged to a file. The CLI turns
+    Hugging Face's bars off there, before transformers is imported; on a terminal, or where the user set
+    HF_HUB_DISABLE_PROGRESS_BARS, they are as they were."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    if users_setting is not None:
+        env["HF_HUB_DISABLE_PROGRESS_BARS"] = users_setting
+    main_side, terminal_side = pty.openpty() if terminal else (None, None)
+    try:
+        done = subprocess.run([sys.executable, "-c", LIBRARY_BARS], stdout=subprocess.PIPE, text=True, env=env,
+                              stderr=terminal_side if terminal else subprocess.DEVNULL, check=True)
+    finally:
+        for end in (main_side, terminal_side):
+            if end is not None:
+                os.close(end)
+    enabled, setting = done.stdout.split()
+    assert enabled == str(shown)
+    assert setting == (users_setting or ("None" if terminal else "1"))
