@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -13,9 +15,43 @@ from tqc.config import load_params
 from tests.flows.conftest import drop, unseen_questions
 from tests.flows.test_retrain_steps import deliver
 
+
+class ReleasedOnceWaited(logging.Handler):
+    """Calls `release` when the retrain says it waits for another dvc command: the holder holds until then, so a test
+    cannot pass with the holder gone before the commit came (a loaded machine), and passing says the wait happened."""
+
+    def __init__(self, release):
+        super().__init__()
+        self.release, self.waited = release, False
+
+    def emit(self, record):
+        if not self.waited and "wait" in record.getMessage():
+            self.waited = True
+            self.release()
+
+
+@contextmanager
+def released_once_waited(release):
+    """The retrain's log watched for its wait; a wait that is never said ends in a minute, not BUSY_PATIENCE's hour."""
+    from tqc.retraining import data_versions
+
+    patience = data_versions.BUSY_PATIENCE
+    data_versions.BUSY_PATIENCE = 60.0
+    logger = logging.getLogger("tqc.retrain")
+    handler, level = ReleasedOnceWaited(release), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        data_versions.BUSY_PATIENCE = patience
+
+
 READS_RAW_SLOWLY = """stages:
   ingest:
-    cmd: python -c "import shutil, time; shutil.copy('data/raw/labeled.jsonl', 'ingested.jsonl'); time.sleep(5)"
+    cmd: python -c "import os, shutil, time; shutil.copy('data/raw/labeled.jsonl', 'ingested.jsonl'); [time.sleep(0.05) for _ in iter(lambda:os.path.exists('RELEASE'), True)]"
     deps:
       - data/raw
     outs:
@@ -23,7 +59,7 @@ READS_RAW_SLOWLY = """stages:
 """
 
 
-def test_a_commit_waits_for_a_dvc_repro_reading_data_raw_and_leaves_dvc_lock_true(project):
+def test_a_commit_waits_for_a_dvc_repro_reading_data_raw_and_leaves_dvc_lock_true(project, tmp_path):
     """`dvc repro` runs a stage's command with DVC's repo lock released, holding only its rwlock on the stage's files,
     which `--wait-for-lock` does not wait for: a commit while ingest read data/raw failed in `dvc add` ("is busy"),
     the run's training thrown away, after replacing the data under the stage (whose dvc.lock could then record the new
@@ -32,7 +68,8 @@ def test_a_commit_waits_for_a_dvc_repro_reading_data_raw_and_leaves_dvc_lock_tru
     params = load_params(project / "params.yaml")
     drop(project, "first.csv", [(q, "HUM") for q in unseen_questions(project, "HUM", 2)])
     steps.commit(params, *deliver(project), [])
-    (project / "dvc.yaml").write_text(READS_RAW_SLOWLY)
+    release = tmp_path / "release"
+    (project / "dvc.yaml").write_text(READS_RAW_SLOWLY.replace("RELEASE", str(release)))
     drop(project, "second.csv", [(q, "LOC") for q in unseen_questions(project, "LOC", 2)])
     staged, files = deliver(project)
     repro = subprocess.Popen([sys.executable, "-m", "dvc", "repro"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -40,10 +77,13 @@ def test_a_commit_waits_for_a_dvc_repro_reading_data_raw_and_leaves_dvc_lock_tru
     try:
         while not (project / "ingested.jsonl").exists() and repro.poll() is None:
             time.sleep(0.05)  # ingest has read data/raw
-        steps.commit(params, staged, files, [])
+        with released_once_waited(release.touch) as wait:
+            steps.commit(params, staged, files, [])
     finally:
+        release.touch()
         output = repro.communicate(timeout=120)[0]
     assert repro.returncode == 0, output
+    assert wait.waited
     raw = (project / "data" / "raw" / "labeled.jsonl").read_text().splitlines()
     assert len(raw) == 4 and len((project / "ingested.jsonl").read_text().splitlines()) == 2
     status = subprocess.run([sys.executable, "-m", "dvc", "status", "ingest"], capture_output=True, text=True, check=True)
@@ -55,7 +95,7 @@ from dvc.fs import LocalFileSystem
 from dvc.rwlock import rwlock
 with rwlock(os.path.join('.dvc', 'tmp'), LocalFileSystem(), 'dvc repro', [os.path.abspath('data/raw')], [], False):
     print('held', flush=True)
-    time.sleep(4)
+    sys.stdin.read()  # until the test closes it
 """
 
 
@@ -71,12 +111,16 @@ def test_dvc_add_waits_while_a_stage_started_after_the_replace_reads_data_raw(pr
     raw = project / "data" / "raw" / "labeled.jsonl"
     with raw.open("a") as file:
         file.write(raw.read_text().splitlines()[0] + "\n")
-    holder = subprocess.Popen([sys.executable, "-c", HOLDS_RAW], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDS_RAW], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        assert data_versions.dvc_record([raw], push=False)["added"] == [f"{raw}.dvc"]
+        with released_once_waited(holder.stdin.close) as wait:
+            assert data_versions.dvc_record([raw], push=False)["added"] == [f"{raw}.dvc"]
     finally:
+        holder.kill()
         holder.wait(timeout=60)
+    assert wait.waited
     status = subprocess.run([sys.executable, "-m", "dvc", "status", f"{raw}.dvc"], capture_output=True, text=True)
     assert "up to date" in status.stdout, status.stdout
 
@@ -87,7 +131,7 @@ from dvc.rwlock import rwlock
 raw = 'data/raw/labeled.jsonl'
 with rwlock(os.path.join('.dvc', 'tmp'), LocalFileSystem(), 'dvc repro', [os.path.abspath('data/raw')], [], False):
     print(len(open(raw).read().splitlines()), flush=True)  # what ingest reads
-    time.sleep(4)
+    sys.stdin.read()  # until the test closes it
     print(len(open(raw).read().splitlines()), flush=True)  # what its dvc.lock entry hashes when it ends
 """
 
@@ -107,15 +151,24 @@ def test_a_roll_back_waits_for_a_dvc_repro_stage_reading_data_raw(project, monke
     stage = []
 
     def a_stage_starts_then_the_disk_fills(*_):
-        stage.append(subprocess.Popen([sys.executable, "-c", READS_RAW_AT_START_AND_END], stdout=subprocess.PIPE,
-                                      text=True))
+        stage.append(subprocess.Popen([sys.executable, "-c", READS_RAW_AT_START_AND_END], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True))
         stage.append(stage[0].stdout.readline().strip())
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(retrain_commit, "_archive_delivered", a_stage_starts_then_the_disk_fills)
-    with pytest.raises(OSError, match="No space left"):
-        steps.commit(params, staged, files, [])
-    at_end = stage[0].communicate(timeout=60)[0].strip()
+    try:
+        with released_once_waited(lambda: stage[0].stdin.close()) as wait:
+            with pytest.raises(OSError, match="No space left"):
+                steps.commit(params, staged, files, [])
+        if not stage[0].stdin.closed:  # no wait said: the stage is let go all the same, and the test fails below
+            stage[0].stdin.close()
+        at_end = stage[0].stdout.read().strip()  # its stdin closed: communicate would flush it
+        stage[0].wait(timeout=60)
+    finally:
+        if stage:
+            stage[0].kill()
+    assert wait.waited
     assert (stage[1], at_end) == ("4", "4")  # the stage saw one version of data/raw throughout
     assert len((project / "data" / "raw" / "labeled.jsonl").read_text().splitlines()) == 2  # then it was put back
 
@@ -133,8 +186,8 @@ def test_a_dvc_command_holding_the_data_past_the_patience_ends_the_wait_with_a_n
     raw = project / "data" / "raw" / "labeled.jsonl"
     monkeypatch.setattr(data_versions, "BUSY_WAIT", 0.05)
     monkeypatch.setattr(data_versions, "BUSY_PATIENCE", 0.5)
-    holds_for_long = HOLDS_RAW.replace("time.sleep(4)", "time.sleep(120)")  # past both waits, however slow dvc starts
-    holder = subprocess.Popen([sys.executable, "-c", holds_for_long], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDS_RAW], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)  # held past both waits, however slowly dvc starts
     try:
         assert holder.stdout.readline().strip() == "held"
         with caplog.at_level("INFO", logger="tqc.retrain"):
