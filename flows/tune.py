@@ -27,7 +27,8 @@ from tqc.launched import run_logging_lines
 @task(cache_policy=NO_CACHE)
 def tune_worker(params_path: str, worker: int, trials: int, overrides: list[str], out: str, work: str) -> str:
     command = [sys.executable, "-m", "tqc.cli", "--params", params_path, *sum((["--set", o] for o in overrides), []),
-               "tune", "--worker", str(worker), "--trials", str(trials), "--out", out, "--work", work]
+               "tune", "--worker", str(worker), "--trials", str(trials), "--out", out, "--work", work,
+               "--parent-pid", str(os.getpid())]  # it ends with this process (a cancelled run's), its trial failed
     returncode, stdout, stderr = run_logging_lines(command, _logger(), f"tune worker {worker}", worker_environment(worker))
     if returncode != 0:
         raise RuntimeError(f"tune worker {worker} failed:\n" + "\n".join(stderr))

@@ -153,6 +153,9 @@ def _add_tune(commands: argparse._SubParsersAction) -> None:
     tune.add_argument("--worker", type=at_least_zero, default=0, help="this worker's index: its sampler seed is tune.seed + index")
     tune.add_argument("--out", type=Path, default=Path("reports/tuning"))
     tune.add_argument("--work", type=Path, default=Path("tuning"), help="trial folders and prepared data")
+    tune.add_argument("--parent-pid", type=at_least_one, default=None, metavar="PID",
+                      help="stop (the running trial failed, 'interrupted') once process PID is no longer this one's "
+                           "parent: the tune flow passes its own, so its workers end with a cancelled run")
     tune.add_argument("--apply", type=Path, metavar="BEST_PARAMS", help="write a best_params.yaml into --params; no search")
 
 
@@ -567,7 +570,10 @@ def _tune(args: argparse.Namespace, params: Params) -> None:
     from tqc.tune import tune
     from tqc.tuning.reports import apply_command
 
-    result = tune(params, args.out, args.work, args.worker, args.trials, params_file=args.params)
+    from tqc.tuning.parent_watch import ending_with
+
+    with ending_with(args.parent_pid):
+        result = tune(params, args.out, args.work, args.worker, args.trials, params_file=args.params)
     best, baseline = result.summary["best"], result.summary["baseline"]
     against = (f"; the baseline, trial {baseline['number']}: {baseline['validation_macro_f1']:.4f}"
                if baseline and baseline["number"] != best["number"] else

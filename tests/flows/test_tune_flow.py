@@ -53,9 +53,10 @@ def _pids_running_in(folder) -> list[int]:
 
 def test_a_tune_worker_ends_with_the_flow_process_that_started_it(project, tmp_path):
     # Prefect cancels a flow run by signalling its process alone (PrefectHQ/prefect#20979): were the workers it
-    # started to go on, they would keep writing trials into the study and holding the cores. They do not: a worker's
-    # stdout and stderr are pipes to the flow's process, so its next progress bar or log line after that process
-    # is gone fails (BrokenPipeError), Optuna marks the running trial failed, and the worker exits.
+    # started to go on, they would keep writing trials into the study and holding the cores. They do not: a worker
+    # is given the flow process's pid (`tqc tune --parent-pid`) and, once that process is no longer its parent, stops
+    # as Ctrl-C stops it, so Optuna marks the running trial failed. (A write to the dead process's pipe ended it once,
+    # but with no progress bars into a pipe a worker got to the end of its trial first.)
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["tune"].update(study="orphans", trials=50, storage=f"sqlite:///{project / 'optuna.db'}", pruner="none",
                           enqueue_defaults=False, space={"stage_one.temperature": {"low": 0.05, "high": 0.5, "log": True}})
@@ -228,7 +229,7 @@ def test_a_worker_runs_its_own_tqc_tune_on_its_gpu_and_fails_whenever_its_proces
     assert tune_flow.tune_worker.fn(*arguments) == "best validation macro-F1 0.5000"
     command, name, environment = started[0]
     assert command[1:] == ["-m", "tqc.cli", "--params", "team.yaml", "--set", "stage_one.epochs=1", "tune", "--worker", "1",
-                           "--trials", "3", "--out", "out", "--work", "work"]
+                           "--trials", "3", "--out", "out", "--work", "work", "--parent-pid", str(os.getpid())]
     assert name == "tune worker 1" and environment["CUDA_VISIBLE_DEVICES"] == "5"
     for returncode in (1, -9):
         outcome["now"] = (returncode, [], ["Killed"])

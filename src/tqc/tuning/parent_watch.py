@@ -1,0 +1,52 @@
+"""A tune worker that ends with the process that started it (the tune flow's)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+log = logging.getLogger("tqc.tune")
+
+POLL_SECONDS = 1.0
+STOP_SIGNAL = signal.SIGUSR1  # tqc's own, sent by the watcher to this process's main thread alone
+
+
+@contextmanager
+def ending_with(parent_pid: int | None) -> Iterator[None]:
+    """Within the block, this process stops as Ctrl-C stops it (KeyboardInterrupt in the main thread, so Optuna marks
+    the running trial failed, "interrupted") once `parent_pid` is no longer its parent: that process ended and this
+    one was handed to another. Prefect cancels a flow run by signalling its process alone (PrefectHQ/prefect#20979);
+    the workers it started went on training, holding the cores or a GPU and writing trials. A write to the dead
+    parent's pipe used to end them, but a worker writes no progress bars into a pipe and may say nothing for a whole
+    epoch. Checked against the pid the parent gave, not read here, so a parent dead before this line still counts.
+    None: nothing watched (a worker started by hand lives as its shell lets it)."""
+    if parent_pid is None:
+        yield
+        return
+    previous = signal.signal(STOP_SIGNAL, _stop)
+    stopped = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(parent_pid, stopped), name="tqc-parent-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        watcher.join()
+        signal.signal(STOP_SIGNAL, previous)
+
+
+def _watch(parent_pid: int, stopped: threading.Event) -> None:
+    while not stopped.wait(POLL_SECONDS):
+        if os.getppid() != parent_pid:
+            log.warning("tune: the process that started this worker (pid %d) has ended; stopping", parent_pid)
+            # a real signal, not _thread.interrupt_main: it also cuts short a sleep or a wait the main thread is in
+            signal.pthread_kill(threading.main_thread().ident, STOP_SIGNAL)
+            return
+
+
+def _stop(signum, frame) -> None:
+    raise KeyboardInterrupt(f"the process that started this worker has ended (signal {signum})")
