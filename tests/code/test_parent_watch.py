@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -35,3 +36,30 @@ def test_a_worker_whose_parent_lives_goes_on_and_nothing_is_watched_without_a_pi
             time.sleep(0.3)  # six polls
             finished.append(parent)
     assert finished == [os.getppid(), None]
+
+
+def test_a_parent_that_ends_as_the_block_ends_leaves_the_handler_restored_and_the_block_done(monkeypatch):
+    """The watcher saw the parent gone as the block was ending (its signal came while the block's own clean-up ran):
+    the KeyboardInterrupt came out of the clean-up, after the work was done, and the handler was left installed, so
+    a later SIGUSR1 (of anything else in the process) raised "the process that started this worker has ended"."""
+    before = signal.getsignal(parent_watch.STOP_SIGNAL)
+    watching, block_done, real_parent = threading.Event(), threading.Event(), os.getppid()
+
+    def parent_gone_once_the_block_is_done():
+        watching.set()
+        block_done.wait(30)  # bounded: a block that never ends (it failed) must not hang its clean-up
+        time.sleep(0.2)  # the main thread is in the clean-up, joining the watcher
+        return real_parent + 1_000_000
+
+    monkeypatch.setattr(parent_watch.os, "getppid", parent_gone_once_the_block_is_done)
+    try:
+        with parent_watch.ending_with(1):
+            assert watching.wait(10)
+            block_done.set()
+        time.sleep(0.2)  # a pending signal would be handled here
+    except KeyboardInterrupt:
+        pytest.fail("interrupted after the block was done")
+    finally:
+        after = signal.getsignal(parent_watch.STOP_SIGNAL)
+        signal.signal(parent_watch.STOP_SIGNAL, before)  # for the rest of the suite, whatever happened
+    assert after == before

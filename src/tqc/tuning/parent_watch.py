@@ -27,15 +27,24 @@ def ending_with(parent_pid: int | None) -> Iterator[None]:
     if parent_pid is None:
         yield
         return
-    previous = signal.signal(STOP_SIGNAL, _stop)
     stopped = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(parent_pid, stopped), name="tqc-parent-watch", daemon=True)
-    watcher.start()
+
+    def stop(signum, frame) -> None:
+        # The watcher may have sent its signal as the block ended: come now, in the clean-up below, it would stop
+        # nothing but the clean-up itself (the handler left installed, the block's work done and said interrupted)
+        if not stopped.is_set():
+            _stop(signum, frame)
+
+    previous = signal.signal(STOP_SIGNAL, stop)
     try:
-        yield
+        watcher = threading.Thread(target=_watch, args=(parent_pid, stopped), name="tqc-parent-watch", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            stopped.set()
+            watcher.join()  # its signal, if it sent one, has come by now (a pending one runs `stop` just below)
     finally:
-        stopped.set()
-        watcher.join()
         signal.signal(STOP_SIGNAL, previous)
 
 
