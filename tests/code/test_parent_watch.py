@@ -63,3 +63,27 @@ def test_a_parent_that_ends_as_the_block_ends_leaves_the_handler_restored_and_th
         after = signal.getsignal(parent_watch.STOP_SIGNAL)
         signal.signal(parent_watch.STOP_SIGNAL, before)  # for the rest of the suite, whatever happened
     assert after == before
+
+
+WITHOUT_SIGUSR1 = """
+import os, signal, sys, time
+del signal.SIGUSR1, signal.pthread_kill  # as on Windows
+from tqc.tuning import parent_watch
+parent_watch.POLL_SECONDS = 0.05
+try:
+    with parent_watch.ending_with(os.getppid() + 1_000_000):
+        for _ in range(600):
+            time.sleep(0.05)
+except KeyboardInterrupt:
+    print("stopped")
+"""
+
+
+def test_where_there_is_no_sigusr1_a_worker_still_stops_as_ctrl_c_stops_it():
+    """On Windows (no SIGUSR1, no pthread_kill) the module failed at its import: every `tqc tune` (the tune flow's
+    workers included) was an AttributeError, --parent-pid or not."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", WITHOUT_SIGUSR1], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "stopped", done.stderr

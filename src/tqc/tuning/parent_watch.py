@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import _thread
 import signal
 import threading
 from contextlib import contextmanager
@@ -12,7 +13,9 @@ from typing import Iterator
 log = logging.getLogger("tqc.tune")
 
 POLL_SECONDS = 1.0
-STOP_SIGNAL = signal.SIGUSR1  # tqc's own, sent by the watcher to this process's main thread alone
+# tqc's own, sent by the watcher to this process's main thread alone. None where there is none (Windows): the watcher
+# then interrupts the main thread as Ctrl-C does, at its next instruction (a sleep or a wait under way ends first)
+STOP_SIGNAL = signal.SIGUSR1 if hasattr(signal, "SIGUSR1") and hasattr(signal, "pthread_kill") else None
 
 
 @contextmanager
@@ -28,6 +31,15 @@ def ending_with(parent_pid: int | None) -> Iterator[None]:
         yield
         return
     stopped = threading.Event()
+    if STOP_SIGNAL is None:
+        watcher = threading.Thread(target=_watch, args=(parent_pid, stopped), name="tqc-parent-watch", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            stopped.set()
+            watcher.join()
+        return
 
     def stop(signum, frame) -> None:
         # The watcher may have sent its signal as the block ended: come now, in the clean-up below, it would stop
@@ -52,8 +64,10 @@ def _watch(parent_pid: int, stopped: threading.Event) -> None:
     while not stopped.wait(POLL_SECONDS):
         if os.getppid() != parent_pid:
             log.warning("tune: the process that started this worker (pid %d) has ended; stopping", parent_pid)
-            # a real signal, not _thread.interrupt_main: it also cuts short a sleep or a wait the main thread is in
-            signal.pthread_kill(threading.main_thread().ident, STOP_SIGNAL)
+            if STOP_SIGNAL is None:
+                _thread.interrupt_main()
+            else:  # a real signal, not _thread.interrupt_main: it also cuts short a sleep or a wait the main thread is in
+                signal.pthread_kill(threading.main_thread().ident, STOP_SIGNAL)
             return
 
 
