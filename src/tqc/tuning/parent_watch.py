@@ -32,13 +32,8 @@ def ending_with(parent_pid: int | None) -> Iterator[None]:
         return
     stopped = threading.Event()
     if STOP_SIGNAL is None:
-        watcher = threading.Thread(target=_watch, args=(parent_pid, stopped), name="tqc-parent-watch", daemon=True)
-        watcher.start()
-        try:
+        with _watching(parent_pid, stopped):
             yield
-        finally:
-            stopped.set()
-            watcher.join()
         return
 
     def stop(signum, frame) -> None:
@@ -49,15 +44,23 @@ def ending_with(parent_pid: int | None) -> Iterator[None]:
 
     previous = signal.signal(STOP_SIGNAL, stop)
     try:
-        watcher = threading.Thread(target=_watch, args=(parent_pid, stopped), name="tqc-parent-watch", daemon=True)
-        watcher.start()
-        try:
+        with _watching(parent_pid, stopped):
             yield
-        finally:
-            stopped.set()
-            watcher.join()  # its signal, if it sent one, has come by now (a pending one runs `stop` just below)
     finally:
         signal.signal(STOP_SIGNAL, previous)
+
+
+@contextmanager
+def _watching(parent_pid: int, stopped: threading.Event) -> Iterator[None]:
+    """`_watch` in a thread of its own while inside; stopped and joined on the way out, so that its signal, if it sent
+    one, has come by the time the block is left (a pending one runs the handler as the caller restores it)."""
+    watcher = threading.Thread(target=_watch, args=(parent_pid, stopped), name="tqc-parent-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        watcher.join()
 
 
 def _watch(parent_pid: int, stopped: threading.Event) -> None:
